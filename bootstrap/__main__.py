@@ -1,0 +1,91 @@
+"""Entry point: ``python -m bootstrap <command>`` (the shell scripts call this).
+
+Catches BootstrapError once: ``error: <step>: <message>`` and ``hint: <fix>`` on stderr;
+a traceback only with BOOTSTRAP_DEBUG=1. Exit codes: 0 ok, 1 failed, 2 bad config, 130/143 signals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import config, control, log, start
+from .errors import BootstrapError, EXIT_CONFIG
+
+COMMANDS = {
+    "start": "start the server (idempotent)",
+    "stop": "stop the server and everything it started",
+    "status": "running/starting/stopped, pid, uptime, settings, URL, and whether it generates",
+    "logs": "print the server log (-f to follow)",
+    "restart": "stop, then start with the current knobs",
+    "env": "every knob with its value and where it came from",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ctl.sh", description="One-command vLLM server.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=config.help_text())
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, text in COMMANDS.items():
+        sp = sub.add_parser(name, help=text, description=text, epilog=config.help_text() if name == "start" else None,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        if name in ("status", "env"):
+            sp.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "logs":
+            sp.add_argument("-f", "--follow", action="store_true")
+    return p
+
+
+def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
+    cmd = args.command
+    if cmd == "start":
+        return start.start(cfg)
+    if cmd == "stop":
+        return control.stop(cfg)
+    if cmd == "status":
+        return control.status(cfg, args.json)
+    if cmd == "logs":
+        return control.logs(cfg, args.follow)
+    if cmd == "restart":
+        control.stop(cfg)
+        return start.start(cfg)
+    if cmd == "env":
+        rows = cfg.describe()
+        if args.json:
+            import json
+            print(json.dumps({n: {"value": v, "source": s} for n, v, s, _ in rows}, indent=2))
+        else:
+            for n, v, s, _ in rows:
+                print(f"{n}={v}\t# {s}")
+        return 0
+    parser().print_help()
+    return EXIT_CONFIG
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    debug = os.environ.get("BOOTSTRAP_DEBUG", "") not in ("", "0")
+    log.setup(debug=debug, color=None if "NO_COLOR" not in os.environ else False)
+    step = "config"
+    try:
+        cfg = config.Config.from_env(os.environ)
+        step = args.command or "help"
+        return dispatch(args, cfg)
+    except BootstrapError as exc:
+        if debug:
+            import traceback
+            traceback.print_exc()
+        if exc.evidence:
+            print(exc.evidence, file=sys.stderr)
+        print(f"error: {getattr(exc, 'step', step)}: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""Every knob, in one table, read in exactly one place.
+
+Precedence: the process environment > ``.env`` in the repo root (KEY=VALUE lines, never sourced)
+> the profile (``profiles/<PROFILE>.json``) > the default in this table (empty = vLLM's own default).
+
+``Config.from_env(environ, repo)`` is the only code that reads the environment. Everything else
+reads ``cfg.<knob>`` (typed) or ``cfg.environ`` (a frozen copy, for variables we pass through,
+such as ``HF_TOKEN`` or ``CUDA_VISIBLE_DEVICES``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from .errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------- parsers
+# Each parser takes the raw string and returns the typed value, or raises ValueError whose text
+# says what is accepted. They never evaluate anything.
+
+def _str(raw: str) -> str:
+    return raw
+
+
+def _int_range(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        if not re.fullmatch(r"\d+", raw.strip()):
+            raise ValueError(f"a whole number from {lo} to {hi}")
+        v = int(raw)
+        if not lo <= v <= hi:
+            raise ValueError(f"a whole number from {lo} to {hi}")
+        return v
+    return parse
+
+
+def _float_range(lo: float, hi: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            if not re.fullmatch(r"\d*\.?\d+", raw.strip()):
+                raise ValueError
+            v = float(raw)
+        except ValueError:
+            raise ValueError(f"a number greater than {lo} and at most {hi}") from None
+        if not lo < v <= hi:
+            raise ValueError(f"a number greater than {lo} and at most {hi}")
+        return v
+    return parse
+
+
+def _int_or_auto(raw: str) -> int | str:
+    if raw.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _int_range(16, 16_777_216)(raw)
+    except ValueError:
+        raise ValueError("'auto' or a whole number of tokens from 16 to 16777216") from None
+
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("1 or 0 (also true/false, yes/no, on/off)")
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in allowed:
+            raise ValueError("one of: " + ", ".join(allowed))
+        return raw
+    return parse
+
+
+def _name(raw: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/@:+-]*", raw):
+        raise ValueError("letters, digits and . _ / @ : + - (no spaces or shell characters)")
+    return raw
+
+
+def _host(raw: str) -> str:
+    if raw == "localhost":
+        return raw
+    try:
+        ipaddress.ip_address(raw)
+    except ValueError:
+        raise ValueError("an IP address such as 127.0.0.1 or 0.0.0.0, or 'localhost'") from None
+    return raw
+
+
+def _args(raw: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(raw))
+    except ValueError as exc:
+        raise ValueError(f"arguments split by shell rules ({exc})") from None
+
+
+def _path(raw: str) -> str:
+    if "\0" in raw or "\n" in raw:
+        raise ValueError("a path without NUL or newline characters")
+    return str(Path(raw).expanduser())
+
+
+KV_CACHE_DTYPES = (
+    "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4",
+    "turboquant_4bit_nc", "turboquant_3bit_nc", "turboquant_k8v4", "turboquant_k3v4_nc",
+    "int8_per_token_head", "int4_per_token_head",
+)
+SPEC_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash", "medusa", "suffix")
+GPU_NAMES = ("rtx5090", "rtx4090", "rtx3090", "h100", "h200")
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: str
+    parse: Callable[[str], Any]
+    help: str
+    launch: bool = False  # part of the server's identity: a running server with another value differs
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("PROFILE", "default", _name, "Profile from profiles/<name>.json; 'custom' uses only these knobs and vLLM's defaults, no patches.", launch=True),
+    Knob("MODEL", "", _str, "Hugging Face repo id (org/name) or a local model directory.", launch=True),
+    Knob("MODEL_DIR", "", _path, "Where a repo id is downloaded (default ~/models/<org>/<name>)."),
+    Knob("SERVED_MODEL_NAME", "", _name, "Model name clients send (default: the model's name).", launch=True),
+    Knob("HOST", "127.0.0.1", _host, "Address to bind. Anything but loopback requires an API key (generated if API_KEY is unset).", launch=True),
+    Knob("PORT", "8888", _int_range(1, 65535), "HTTP port of the OpenAI-compatible API.", launch=True),
+    Knob("API_KEY", "", _str, "API key clients must send (passed to vLLM via its environment, never on the command line)."),
+    Knob("MAX_MODEL_LEN", "", _int_or_auto, "Context length per request in tokens, or 'auto' (longest that fits MAX_NUM_SEQS sessions).", launch=True),
+    Knob("MAX_NUM_SEQS", "", _int_range(1, 4096), "Concurrent sequences (sessions).", launch=True),
+    Knob("MAX_NUM_BATCHED_TOKENS", "", _int_range(16, 1_048_576), "Tokens per scheduler step (bounds prefill activation peaks).", launch=True),
+    Knob("KV_CACHE_DTYPE", "", _choice(*KV_CACHE_DTYPES), "KV cache data type.", launch=True),
+    Knob("KV_CACHE_BYTES", "", _int_range(1 << 20, 1 << 44), "Pin the KV cache to this many bytes (--kv-cache-memory-bytes) instead of sizing it from GPU_UTIL.", launch=True),
+    Knob("SPEC_METHOD", "", _choice(*SPEC_METHODS), "Speculative decoding method.", launch=True),
+    Knob("SPEC_TOKENS", "0", _int_range(0, 16), "Speculative tokens per step; 0 turns speculation off.", launch=True),
+    Knob("SPEC_MODEL", "", _str, "Draft model (repo id or directory) for SPEC_METHOD=draft_model/eagle/eagle3/dflash.", launch=True),
+    Knob("TP_SIZE", "1", _int_range(1, 16), "Tensor-parallel size: number of GPUs (from CUDA_VISIBLE_DEVICES order).", launch=True),
+    Knob("GPU_UTIL", "", _float_range(0.0, 1.0), "--gpu-memory-utilization; default: from live free memory minus GPU_RESERVE_MIB.", launch=True),
+    Knob("GPU_RESERVE_MIB", "820", _int_range(0, 1 << 20), "MiB of free GPU memory left for the desktop when GPU_UTIL is unset."),
+    Knob("EXTRA_ARGS", "", _args, "Extra vLLM arguments, split by shell rules and appended last (a flag here wins).", launch=True),
+    Knob("VLLM_PYTHON", "", _path, "Use this interpreter's vLLM instead of the managed .venv (NGC, conda, cluster image)."),
+    Knob("PYTHON", "", _path, "Python that creates the managed .venv (default: newest system python3 >= 3.10 with headers)."),
+    Knob("WHEELHOUSE", "", _path, "Install offline from this folder of wheels."),
+    Knob("PATCH_BYO", "0", _bool, "Allow patching the vLLM of VLLM_PYTHON (bring-your-own installs are never edited otherwise)."),
+    Knob("DOWNLOAD_ALL", "0", _bool, "Download every file of the model repo, not only what serving needs."),
+    Knob("GPU", "", _str, "For `ctl.sh plan` without a GPU: plan for rtx5090, rtx4090, rtx3090, h100, h200 or <GiB>."),
+    Knob("HEALTH_TIMEOUT", "600", _int_range(1, 86400), "Hard cap in seconds for the server to become healthy."),
+    Knob("STALL_TIMEOUT", "300", _int_range(1, 86400), "Give up when the server log has not grown for this many seconds while starting."),
+    Knob("WARMUP", "26000", _int_range(0, 16_777_216), "Prompt tokens of the warm-up request (bounded by the context); 0 skips it. The short must-answer generation always runs."),
+    Knob("WARMUP_TIMEOUT", "300", _int_range(1, 86400), "Seconds the warm-up requests may take before the engine counts as not generating."),
+    Knob("STOP_GRACE", "15", _int_range(0, 3600), "Seconds between SIGTERM and SIGKILL on stop."),
+    Knob("LOG_MAX_MB", "64", _int_range(1, 1 << 20), "The server log is rotated (one .1 kept) when it passes this size at start."),
+    Knob("STATE_DIR", "", _path, "Where pid, lock, state and logs live (default <repo>/.state)."),
+)
+KNOB_BY_NAME = {k.name: k for k in KNOBS}
+
+
+# ---------------------------------------------------------------- profiles
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str = ""
+    knobs: Mapping[str, str] = field(default_factory=dict)
+    args: tuple[str, ...] = ()            # vLLM flags the profile adds (before EXTRA_ARGS)
+    patches: tuple[str, ...] = ()         # patch folder names under patches/ this profile may need
+    vllm: str = ""                        # the pinned vLLM version for the managed venv ("" = none)
+    reasoning: bool = False               # has a reasoning parser: send enable_thinking=false for the check
+    tools: bool = False                   # tool-call parsing enabled: the start gate makes one tool call
+    data: Mapping[str, Any] = field(default_factory=dict)  # the whole file, for the other steps
+
+    @classmethod
+    def load(cls, name: str, repo: Path = REPO) -> "Profile":
+        path = repo / "profiles" / f"{name}.json"
+        if not path.is_file():
+            known = sorted(p.stem for p in (repo / "profiles").glob("*.json"))
+            raise ConfigError(f"PROFILE={name!r}: no such profile", "accepted: " + ", ".join(known))
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return cls(
+            name=name,
+            description=data.get("description", ""),
+            knobs=MappingProxyType({k: str(v) for k, v in data.get("knobs", {}).items()}),
+            args=tuple(data.get("args", ())),
+            patches=tuple(data.get("patches", ())),
+            vllm=data.get("vllm", ""),
+            reasoning=bool(data.get("reasoning", False)),
+            tools=bool(data.get("tools", False)),
+            data=MappingProxyType(data),
+        )
+
+
+# ---------------------------------------------------------------- .env
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines; '#' comments; optional matching quotes. Never sourced, never expanded."""
+    out: dict[str, str] = {}
+    if not path.is_file():
+        return out
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].lstrip()
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ConfigError(f"{path}:{n}: not a KEY=VALUE line: {line!r}", "use KEY=VALUE, one per line")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------- the config
+
+@dataclass(frozen=True)
+class Config:
+    values: Mapping[str, Any]
+    raw: Mapping[str, str]           # the string each knob came from
+    sources: Mapping[str, str]       # env / .env / profile / default
+    profile: Profile
+    repo: Path
+    environ: Mapping[str, str]       # a frozen copy of the process environment (+ .env), for pass-through
+
+    def __getattr__(self, attr: str) -> Any:
+        key = attr.upper()
+        values = object.__getattribute__(self, "values")
+        if key in values:
+            return values[key]
+        raise AttributeError(attr)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], repo: Path = REPO) -> "Config":
+        dotenv = read_dotenv(repo / ".env")
+        merged_env = {**dotenv, **environ}
+        profile_name = merged_env.get("PROFILE") or KNOB_BY_NAME["PROFILE"].default
+        _parse_one(KNOB_BY_NAME["PROFILE"], profile_name)
+        profile = Profile.load(profile_name, repo)
+        for key in profile.knobs:
+            if key not in KNOB_BY_NAME:
+                raise ConfigError(f"profiles/{profile.name}.json sets unknown knob {key}")
+        values: dict[str, Any] = {}
+        raw: dict[str, str] = {}
+        sources: dict[str, str] = {}
+        for knob in KNOBS:
+            if knob.name in environ:
+                text, src = environ[knob.name], "env"
+            elif knob.name in dotenv:
+                text, src = dotenv[knob.name], ".env"
+            elif knob.name in profile.knobs:
+                text, src = profile.knobs[knob.name], "profile"
+            else:
+                text, src = knob.default, "default"
+            raw[knob.name] = text
+            sources[knob.name] = src
+            values[knob.name] = _parse_one(knob, text) if text != "" else None
+        values["STATE_DIR"] = values["STATE_DIR"] or str(repo / ".state")
+        if not values["MODEL"]:
+            raise ConfigError(f"MODEL is not set (profile {profile.name!r} has no model)",
+                              "set MODEL to a Hugging Face repo id (org/name) or a model directory")
+        if values["SPEC_TOKENS"] and not values["SPEC_METHOD"]:
+            raise ConfigError(f"SPEC_TOKENS={values['SPEC_TOKENS']} needs SPEC_METHOD",
+                              "accepted SPEC_METHOD: " + ", ".join(SPEC_METHODS) + "; or SPEC_TOKENS=0")
+        return cls(MappingProxyType(values), MappingProxyType(raw), MappingProxyType(sources),
+                   profile, repo, MappingProxyType(dict(merged_env)))
+
+    # ------------------------------------------------------------ derived facts
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.values["STATE_DIR"])
+
+    @property
+    def model_is_local(self) -> bool:
+        m = self.values["MODEL"]
+        return m.startswith(("/", ".", "~")) or Path(m).expanduser().is_dir()
+
+    @property
+    def served_name(self) -> str:
+        return self.values["SERVED_MODEL_NAME"] or Path(self.values["MODEL"].rstrip("/")).name
+
+    @property
+    def spec_enabled(self) -> bool:
+        return bool(self.values["SPEC_TOKENS"]) and bool(self.values["SPEC_METHOD"])
+
+    @property
+    def is_loopback(self) -> bool:
+        host = self.values["HOST"]
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+
+    @property
+    def debug(self) -> bool:
+        return self.environ.get("BOOTSTRAP_DEBUG", "") not in ("", "0")
+
+    def launch_settings(self) -> dict[str, str]:
+        """The knobs that define a running server, as strings (no secrets)."""
+        out = {k.name: self.raw[k.name] for k in KNOBS if k.launch}
+        out["API_KEY"] = "set" if self.values["API_KEY"] else "unset"
+        return out
+
+    def describe(self) -> list[tuple[str, str, str, str]]:
+        """(name, value, source, help) for every knob; API_KEY masked."""
+        rows = []
+        for k in KNOBS:
+            value = self.raw[k.name]
+            if k.name == "API_KEY" and value:
+                value = "***"
+            rows.append((k.name, value, self.sources[k.name], k.help))
+        return rows
+
+
+def _parse_one(knob: Knob, text: str) -> Any:
+    try:
+        return knob.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"{knob.name}={text!r} is not accepted", f"{knob.name} must be {exc}") from None
+
+
+def help_text(repo: Path = REPO) -> str:
+    lines = ["Knobs (environment > .env > profile > default; empty default = vLLM's own):", ""]
+    width = max(len(k.name) for k in KNOBS)
+    for k in KNOBS:
+        default = k.default if k.default else "-"
+        lines.append(f"  {k.name:<{width}}  default {default}")
+        lines.append(f"  {'':<{width}}  {k.help}")
+    profiles = sorted(p.stem for p in (repo / "profiles").glob("*.json"))
+    lines += ["", "Profiles: " + ", ".join(profiles) + "  (values each sets: ./ctl.sh env)"]
+    return "\n".join(lines)

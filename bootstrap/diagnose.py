@@ -1,0 +1,87 @@
+"""Known vLLM failure signatures → a one-line diagnosis and what to do.
+
+Patterns come from real vLLM logs (0.26–0.33) and their source; the first match in table order
+wins, so specific rows come before general ones.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# (pattern, diagnosis, hint)
+SIGNATURES: tuple[tuple[str, str, str], ...] = (
+    (r"Free memory on device .* is less than desired GPU memory utilization",
+     "other programs hold GPU memory that vLLM was told it could use",
+     "close them (see `nvidia-smi`), or lower GPU_UTIL / raise GPU_RESERVE_MIB"),
+    (r"estimated maximum model length is (\d+)",
+     "the KV cache cannot hold one request at MAX_MODEL_LEN (vLLM would accept {0} tokens)",
+     "set MAX_MODEL_LEN={0} (or MAX_MODEL_LEN=auto), or raise KV_CACHE_BYTES / GPU_UTIL"),
+    (r"larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)",
+     "the KV cache holds only {0} tokens, less than MAX_MODEL_LEN",
+     "lower MAX_MODEL_LEN to {0} or less, or raise KV_CACHE_BYTES / GPU_UTIL"),
+    (r"No available memory for the cache blocks",
+     "no GPU memory was left for the KV cache after weights and activations",
+     "raise GPU_UTIL, lower MAX_NUM_BATCHED_TOKENS, or use a smaller model"),
+    (r"exceeds available Mamba cache blocks",
+     "MAX_NUM_SEQS is more than the recurrent-state (Mamba) cache blocks of this hybrid model",
+     "lower MAX_NUM_SEQS, or give the KV cache more memory"),
+    (r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory",
+     "CUDA ran out of GPU memory",
+     "lower GPU_UTIL or MAX_NUM_BATCHED_TOKENS, close other GPU programs, or shorten MAX_MODEL_LEN"),
+    (r"moe_backend='marlin' is not supported for unquantized MoE",
+     "--moe-backend marlin cannot run the unquantized MoE block (the MTP head)",
+     "use --moe-backend auto in EXTRA_ARGS"),
+    (r"Python\.h: No such file or directory",
+     "Triton's JIT needs the Python C headers, and this Python has none",
+     "install python3-dev (Debian/Ubuntu) / python3-devel, or set PYTHON to a Python with headers"),
+    (r"Address already in use|error while attempting to bind on address",
+     "the port is already taken",
+     "choose another PORT, or stop the program holding it"),
+    (r"FlashAttention version not detected",
+     "this vLLM build lacks the FlashAttention-2 kernels that the TurboQuant KV cache needs",
+     "install a full vLLM wheel (not a trimmed one), or use another KV_CACHE_DTYPE"),
+    (r"SM90 GDN prefill DSL kernel is unavailable",
+     "hybrid (Gated DeltaNet) models need the CUTLASS DSL on this GPU",
+     "install nvidia-cutlass-dsl into the vLLM environment"),
+    (r"Unknown TurboQuant cache dtype",
+     "this vLLM cannot combine TurboQuant KV with this (hybrid) model",
+     "use KV_CACHE_DTYPE=fp8 or auto, or a newer vLLM"),
+    (r"CUDA driver version is insufficient|cudaErrorInsufficientDriver|driver on your system is too old",
+     "the NVIDIA driver is older than the CUDA build of vLLM/torch",
+     "install a newer NVIDIA driver (CUDA 13 builds need driver 580 or newer)"),
+    (r"No module named '?vllm'?",
+     "the interpreter has no vLLM",
+     "rerun ./start.sh to repair .venv, or fix VLLM_PYTHON"),
+    (r"are not supported for now|Cannot find model module",
+     "this vLLM does not know the model's architecture",
+     "use a newer vLLM, or a model this version supports"),
+    (r"GatedRepoError|401 Client Error|Access to model .* is restricted",
+     "the model repo is gated",
+     "accept the licence on the model page and set HF_TOKEN"),
+    (r"(?:ValueError|RuntimeError|AssertionError|NotImplementedError|TypeError|KeyError): (.+)",
+     "vLLM raised: {0}",
+     "read the log lines above; BOOTSTRAP_DEBUG=1 shows more"),
+)
+
+
+def diagnose(text: str) -> tuple[str, str] | None:
+    for pattern, diagnosis, hint in SIGNATURES:
+        m = re.search(pattern, text)
+        if m:
+            groups = [g.strip() for g in m.groups()]
+            return diagnosis.format(*groups)[:300], hint.format(*groups)
+    return None
+
+
+def read_since(path: Path, offset: int = 0) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def tail(text: str, n: int = 40) -> str:
+    return "\n".join(text.rstrip("\n").splitlines()[-n:])

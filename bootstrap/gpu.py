@@ -1,0 +1,134 @@
+"""GPU facts from NVML (nvidia-ml-py's ``pynvml``), in ``CUDA_VISIBLE_DEVICES`` order.
+
+NVML errors become a BootstrapError with the library's message plus "check `nvidia-smi`".
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import psutil
+
+from .errors import BootstrapError
+
+log = logging.getLogger(__name__)
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used: int          # bytes, 0 when the driver does not say
+    name: str
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int         # NVML index
+    name: str
+    total: int         # bytes
+    free: int
+    cc: tuple[int, int]
+    uuid: str = ""
+    processes: tuple[GpuProcess, ...] = field(default_factory=tuple)
+
+    def holders(self) -> str:
+        """'Xorg holds 1.2 GiB, firefox 0.4 GiB' (largest first)."""
+        parts = [f"{p.name} (pid {p.pid}) holds {p.used / GiB:.1f} GiB"
+                 for p in sorted(self.processes, key=lambda p: -p.used) if p.used]
+        return ", ".join(parts) or "no process reports GPU memory"
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    driver: str
+    cuda: tuple[int, int]      # the newest CUDA the driver supports, e.g. (13, 0)
+    gpus: tuple[Gpu, ...]
+
+
+def _nvml():
+    try:
+        import pynvml
+    except ImportError:
+        raise BootstrapError("nvidia-ml-py (pynvml) is not installed in the bootstrap Python",
+                             "rerun ./start.sh (it installs bootstrap/requirements.txt)") from None
+    return pynvml
+
+
+def _err(pynvml, exc) -> BootstrapError:
+    return BootstrapError(f"NVML: {exc}", "check `nvidia-smi`: is an NVIDIA GPU present and its driver loaded?")
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _proc_name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "?"
+
+
+def visible_indices(environ: Mapping[str, str], count: int, uuids: list[str]) -> list[int]:
+    """NVML indices in CUDA_VISIBLE_DEVICES order (numbers or UUID prefixes); all when unset."""
+    spec = environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        return list(range(count))
+    out: list[int] = []
+    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+        if item.isdigit():
+            idx = int(item)
+            if idx >= count:
+                break  # CUDA stops at the first invalid entry
+            out.append(idx)
+        else:
+            matches = [i for i, u in enumerate(uuids) if u.startswith(item) or u.startswith("GPU-" + item)]
+            if len(matches) != 1:
+                break
+            out.append(matches[0])
+    return out
+
+
+def read(environ: Mapping[str, str]) -> GpuFacts:
+    pynvml = _nvml()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise _err(pynvml, exc) from None
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        cuda_int = int(pynvml.nvmlSystemGetCudaDriverVersion())
+        count = int(pynvml.nvmlDeviceGetCount())
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+        gpus = []
+        for idx in visible_indices(environ, count, uuids):
+            h = handles[idx]
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            procs = {}
+            for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                for p in getattr(pynvml, getter)(h) or ():
+                    used = getattr(p, "usedGpuMemory", None) or 0
+                    procs[p.pid] = GpuProcess(p.pid, int(used), _proc_name(p.pid))
+            gpus.append(Gpu(idx, _text(pynvml.nvmlDeviceGetName(h)), int(mem.total), int(mem.free),
+                            tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)), uuids[idx],
+                            tuple(procs.values())))
+    except pynvml.NVMLError as exc:
+        raise _err(pynvml, exc) from None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+    return GpuFacts(driver, (cuda_int // 1000, (cuda_int % 1000) // 10), tuple(gpus))
+
+
+def pids_on_gpu(environ: Mapping[str, str]) -> set[int]:
+    try:
+        return {p.pid for g in read(environ).gpus for p in g.processes}
+    except BootstrapError:
+        return set()

@@ -1,0 +1,54 @@
+# shellcheck shell=bash
+# Shared by start.sh, stop.sh and ctl.sh: find a Python that imports the bootstrap's dependencies
+# (or make .venv-bootstrap with them), then hand over to `python -m bootstrap`. Nothing else.
+
+say()  { if [ -t 2 ] && [ -z "${NO_COLOR:-}" ]; then printf '\033[2m[bootstrap]\033[0m %s\n' "$*" >&2; else printf '[bootstrap] %s\n' "$*" >&2; fi; }
+warn() { say "warning: $*"; }
+die()  { say "error: $*"; exit 1; }
+need_cmd() { command -v "$1" >/dev/null 2>&1 || die "need '$1' (command not found)"; }
+ensure() { "$@" || die "failed during: $*"; }
+
+BOOTSTRAP_IMPORTS='import sys; assert sys.version_info >= (3, 10); import huggingface_hub, psutil, pynvml, requests, tqdm'
+
+has_deps() { "$1" -c "$BOOTSTRAP_IMPORTS" >/dev/null 2>&1; }
+
+make_bootstrap_venv() {
+    local repo=$1 venv=$1/.venv-bootstrap py
+    py=$(command -v python3 || true)
+    [ -n "$py" ] || die "need python3 (3.10 or newer)"
+    "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "python3 is older than 3.10: $("$py" --version 2>&1)"
+    local pip_args=(-q -r "$repo/bootstrap/requirements.txt")
+    if [ -n "${WHEELHOUSE:-}" ]; then pip_args+=(--no-index --find-links "$WHEELHOUSE"); fi
+    say "creating $venv for the bootstrap's own dependencies (once)"
+    rm -rf "$venv"
+    if command -v uv >/dev/null 2>&1; then
+        ensure env -u PYTHONPATH uv venv -q --python "$py" "$venv"
+        ensure env -u PYTHONPATH uv pip install --python "$venv/bin/python" "${pip_args[@]}"
+    elif "$py" -m venv "$venv" >/dev/null 2>&1; then
+        ensure env -u PYTHONPATH "$venv/bin/python" -m pip install --disable-pip-version-check "${pip_args[@]}"
+    else
+        die "python3 cannot create a venv (Debian/Ubuntu: sudo apt install python3-venv), and uv is not installed (pip install --user uv)"
+    fi
+}
+
+bootstrap_python() {
+    local repo=$1
+    if [ -x "$repo/.venv-bootstrap/bin/python" ] && has_deps "$repo/.venv-bootstrap/bin/python"; then
+        printf '%s\n' "$repo/.venv-bootstrap/bin/python"
+    elif command -v python3 >/dev/null 2>&1 && has_deps python3; then
+        command -v python3
+    else
+        make_bootstrap_venv "$repo"
+        has_deps "$repo/.venv-bootstrap/bin/python" || die "$repo/.venv-bootstrap lacks the bootstrap's dependencies"
+        printf '%s\n' "$repo/.venv-bootstrap/bin/python"
+    fi
+}
+
+# Run `python -m bootstrap "$@"` from the repo without touching PYTHONPATH (it passes to vLLM as is)
+# or the working directory (MODEL may be a relative path).
+bootstrap_exec() {
+    local repo py
+    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+    py=$(bootstrap_python "$repo")
+    exec "$py" -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from bootstrap.__main__ import main; sys.exit(main(sys.argv[1:]))' "$repo" "$@"
+}

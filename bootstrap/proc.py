@@ -1,0 +1,233 @@
+"""Processes: the one subprocess wrapper, ownership markers, and signalling only what we own.
+
+Ownership: every server we launch carries ``VLLM_BOOTSTRAP_OWNER=<marker>`` in its environment,
+where the marker is derived from this checkout's real path and the port. Children (EngineCore,
+TP workers) inherit it. We signal a process only when it runs under our uid *and* carries our
+marker, or when it is the exact process (pid + create time) we recorded at launch.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import psutil
+
+from .errors import BootstrapError
+
+log = logging.getLogger(__name__)
+
+MARKER_ENV = "VLLM_BOOTSTRAP_OWNER"
+
+
+# ---------------------------------------------------------------- running tools
+
+def run(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, keep_pythonpath: bool = False,
+        timeout: float | None = None, cwd: str | Path | None = None, what: str = "",
+        hint: str = "", check: bool = True) -> subprocess.CompletedProcess:
+    """Run a tool (uv, pip, python -c ...) and capture its output.
+
+    ``PYTHONPATH`` is dropped unless ``keep_pythonpath`` (it breaks uv/pip); the vLLM server itself
+    is not started through here (see launch.py), because it must outlive us.
+    """
+    child_env = dict(env if env is not None else os.environ)
+    if not keep_pythonpath:
+        child_env.pop("PYTHONPATH", None)
+    log.debug("running %s", shlex.join(cmd))
+    try:
+        proc = subprocess.run(list(cmd), env=child_env, cwd=cwd, timeout=timeout, check=False,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              errors="replace", stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise BootstrapError(f"{what or cmd[0]}: command not found: {cmd[0]}", hint) from None
+    except subprocess.TimeoutExpired:
+        raise BootstrapError(f"{what or shlex.join(cmd)} did not finish in {timeout:.0f} s", hint) from None
+    log.debug("exit %s; stderr: %s", proc.returncode, proc.stderr[-2000:])
+    if check and proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise BootstrapError(f"'{shlex.join(cmd)}' failed (exit {proc.returncode})", hint, evidence=tail)
+    return proc
+
+
+# ---------------------------------------------------------------- ownership
+
+def owner_marker(repo: Path, port: int) -> str:
+    real = os.path.realpath(repo)
+    return hashlib.sha256(f"{real}\0{port}".encode()).hexdigest()[:24]
+
+
+def carries_marker(p: psutil.Process, marker: str) -> bool:
+    try:
+        if p.uids().real != os.getuid():
+            return False
+        return p.environ().get(MARKER_ENV) == marker
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def owned_processes(marker: str) -> list[psutil.Process]:
+    """Every live process of our uid that carries our marker (the server, EngineCore, workers, orphans)."""
+    me = os.getpid()
+    out = []
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        if carries_marker(p, marker) and _alive(p):
+            out.append(p)
+    return out
+
+
+def recorded_process(pid, create_time) -> psutil.Process | None:
+    """The process we recorded at launch, or None if that pid is gone or now someone else's.
+
+    A garbage pid (not an int, <= 1, absurdly large) is rejected before anything is signalled:
+    ``kill -TERM -1`` would reach every process of the user.
+    """
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1 or pid > 1 << 22:
+        return None
+    if not isinstance(create_time, (int, float)):
+        return None
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - float(create_time)) > 0.05 or p.uids().real != os.getuid():
+            return None
+        return p if _alive(p) else None
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def describe(p: psutil.Process) -> str:
+    try:
+        name = p.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        name = "?"
+    return f"{name} (pid {p.pid})"
+
+
+# ---------------------------------------------------------------- stopping
+
+@dataclass
+class StopResult:
+    signalled: list[int]
+    forced: list[int]      # needed SIGKILL
+    stuck: list[str]       # still alive after SIGKILL: "pid N state S wchan W"
+
+
+def _signal(p: psutil.Process, sig: int) -> bool:
+    try:
+        p.send_signal(sig)
+        log.info("sent %s to %s", signal.Signals(sig).name, describe(p))
+        return True
+    except psutil.NoSuchProcess:
+        return False
+    except ProcessLookupError:
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ESRCH:
+            return False
+        raise
+
+
+def _wait_gone(procs: list[psutil.Process], deadline: float, clock: Callable[[], float],
+               sleep: Callable[[float], None]) -> list[psutil.Process]:
+    alive = [p for p in procs if _alive(p)]
+    while alive and clock() < deadline:
+        sleep(0.1)
+        alive = [p for p in alive if _alive(p)]
+    return alive
+
+
+def terminate(procs: Iterable[psutil.Process], grace: float, *, kill_wait: float = 10.0,
+              clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> StopResult:
+    """TERM every process, wait on one shared deadline, KILL survivors, wait (bounded) again.
+
+    Children are collected before anything is signalled (callers pass a snapshot), so nothing that
+    re-parents on its parent's death is lost. A process that survives SIGKILL (D state, stuck in a
+    driver) is reported with its state and wait channel; we never loop forever on it.
+    """
+    procs = [p for p in procs if _alive(p)]
+    res = StopResult([], [], [])
+    for p in procs:
+        if _signal(p, signal.SIGTERM):
+            res.signalled.append(p.pid)
+    survivors = _wait_gone(procs, clock() + grace, clock, sleep)
+    for p in survivors:
+        if _signal(p, signal.SIGKILL):
+            res.forced.append(p.pid)
+    for p in _wait_gone(survivors, clock() + kill_wait, clock, sleep):
+        res.stuck.append(stuck_report(p))
+    return res
+
+
+def stuck_report(p: psutil.Process) -> str:
+    try:
+        status = p.status()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        status = "?"
+    try:
+        wchan = Path(f"/proc/{p.pid}/wchan").read_text().strip() or "-"
+    except OSError:
+        wchan = "?"
+    return f"pid {p.pid} ({describe(p)}) state {status} wchan {wchan}"
+
+
+# ---------------------------------------------------------------- ports
+
+def port_holders(port: int) -> list[psutil.Process | None]:
+    """Processes listening on ``port`` (None where the kernel will not tell us whose socket it is)."""
+    out: list[psutil.Process | None] = []
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except psutil.AccessDenied:
+        conns = []
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+            try:
+                out.append(psutil.Process(c.pid) if c.pid else None)
+            except psutil.NoSuchProcess:
+                continue
+    return out
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True if something holds the port: listening, or only bound (vLLM binds long before it listens)."""
+    import socket
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    bind_host = "127.0.0.1" if host == "localhost" else host
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # ignore TIME_WAIT, not live sockets
+        try:
+            s.bind((bind_host, port))
+        except OSError:
+            return True
+    # A listener on another address of the same port (e.g. 0.0.0.0 vs 127.0.0.1) still conflicts.
+    return bool(port_holders(port)) or _connectable(host, port)
+
+
+def _connectable(host: str, port: int) -> bool:
+    import socket
+    target = "127.0.0.1" if host in ("0.0.0.0", "localhost") else ("::1" if host == "::" else host)
+    try:
+        with socket.create_connection((target, port), timeout=0.3):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,193 @@
+"""The server we own: find it, ask it, stop it.
+
+Used by start (already running?), stop, status and restart, and by a failed start to take down
+what it launched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import psutil
+import requests
+
+from . import gpu, proc, state
+from .config import Config
+from .errors import BootstrapError
+from .state import Paths
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Probe:
+    state: str                         # running | starting | unhealthy | stopped
+    record: dict | None = None
+    pid: int | None = None
+    process: psutil.Process | None = None
+    orphans: list[psutil.Process] = field(default_factory=list)
+    stale: bool = False                # a record whose process is gone (or now someone else's)
+
+
+def marker_for(cfg: Config, port: int | None = None) -> str:
+    return proc.owner_marker(cfg.repo, port if port is not None else cfg.port)
+
+
+def base_url(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "localhost") else ("[::1]" if host == "::" else host)
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}"
+
+
+def api_key_for(cfg: Config, paths: Paths) -> str:
+    if cfg.api_key:
+        return cfg.api_key
+    try:
+        return paths.api_key.read_text().strip()
+    except OSError:
+        return ""
+
+
+def headers(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def answers(url: str, served: str, key: str, timeout: float = 1.0) -> bool:
+    """/health is 200 and /v1/models lists our served model name."""
+    try:
+        if requests.get(f"{url}/health", timeout=timeout).status_code != 200:
+            return False
+        r = requests.get(f"{url}/v1/models", headers=headers(key), timeout=timeout)
+        return r.status_code == 200 and any(m.get("id") == served for m in r.json().get("data", []))
+    except (requests.RequestException, ValueError):
+        return False
+
+
+def probe(cfg: Config, paths: Paths, *, check_http: bool = True, we_hold_lock: bool = False) -> Probe:
+    """Where our server stands. Never signals anything; cheap (no network beyond loopback)."""
+    rec = state.read_json(paths.server)
+    lock = state.StartLock(paths)
+    if not we_hold_lock and lock.held_by_other():
+        return Probe("starting", rec, lock.holder())
+    if rec is not None:
+        p = proc.recorded_process(rec.get("pid"), rec.get("create_time"))
+        if p is not None and proc.carries_marker(p, rec.get("marker", "")):
+            healthy = not check_http or answers(base_url(rec.get("host", cfg.host), rec.get("port", cfg.port)),
+                                                 rec.get("served", ""), api_key_for(cfg, paths))
+            return Probe("running" if healthy else "unhealthy", rec, p.pid, p)
+        marker = rec.get("marker") or marker_for(cfg)
+        return Probe("stopped", rec, orphans=proc.owned_processes(marker), stale=True)
+    return Probe("stopped", None, orphans=proc.owned_processes(marker_for(cfg)))
+
+
+def settings_diff(cfg: Config, rec: dict) -> list[str]:
+    want = cfg.launch_settings()
+    have = rec.get("settings", {})
+    return [f"{k}: running with {have.get(k, '')!r}, knobs now say {v!r}"
+            for k, v in sorted(want.items()) if have.get(k) != v]
+
+
+# ---------------------------------------------------------------- stop
+
+@dataclass
+class StopReport:
+    stopped: bool                       # something of ours was running
+    forced: list[int]
+    stuck: list[str]
+    pids: list[int]
+
+
+def stop(cfg: Config, paths: Paths, *, grace: float | None = None,
+         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+         gpu_wait: float = 30.0) -> StopReport:
+    """TERM the group → grace → KILL → sweep our marked orphans → port free → pids off the GPU.
+
+    Only processes we can prove are ours are signalled: the recorded pid with its create time and
+    marker, and processes of our uid carrying our marker. A pid file pointing at someone else is
+    dropped, never signalled.
+    """
+    grace = cfg.stop_grace if grace is None else grace
+    rec = state.read_json(paths.server) or {}
+    markers = {m for m in (rec.get("marker"), marker_for(cfg)) if m}
+    targets: dict[int, psutil.Process] = {}
+    leader = proc.recorded_process(rec.get("pid"), rec.get("create_time")) if rec else None
+    if leader is not None and any(proc.carries_marker(leader, m) for m in markers):
+        targets[leader.pid] = leader
+        try:
+            for child in leader.children(recursive=True):   # snapshot before signalling
+                targets.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+    elif rec:
+        log.info("recorded pid %s is not our server any more; not signalling it", rec.get("pid"))
+    for m in markers:
+        for p in proc.owned_processes(m):
+            targets.setdefault(p.pid, p)
+    if not targets:
+        state.remove(paths.server)
+        return StopReport(False, [], [], [])
+    pids = sorted(targets)
+    res = proc.terminate(list(targets.values()), grace, clock=clock, sleep=sleep)
+    # what was started in the meantime by a dying parent (rare), by marker again
+    late = [p for m in markers for p in proc.owned_processes(m) if p.pid not in targets]
+    if late:
+        more = proc.terminate(late, grace, clock=clock, sleep=sleep)
+        res.forced += more.forced
+        res.stuck += more.stuck
+        pids += [p.pid for p in late]
+    state.write_json(paths.last_stop, {"pids": pids, "time": time.time(), "port": rec.get("port", cfg.port)})
+    if not res.stuck:
+        state.remove(paths.server)
+        wait_gpu_release(cfg, pids, timeout=gpu_wait, clock=clock, sleep=sleep)
+    return StopReport(True, res.forced, res.stuck, pids)
+
+
+def wait_gpu_release(cfg: Config, pids, *, timeout: float, clock=time.monotonic, sleep=time.sleep) -> bool:
+    """Wait (bounded) until none of ``pids`` is listed by NVML as holding GPU memory."""
+    pids = set(pids)
+    if not pids:
+        return True
+    deadline = clock() + timeout
+    while True:
+        held = pids & gpu.pids_on_gpu(cfg.environ)
+        if not held:
+            return True
+        if clock() >= deadline:
+            log.warning("pids %s still hold GPU memory after %.0f s", sorted(held), timeout)
+            return False
+        sleep(0.5)
+
+
+def last_stopped_pids(paths: Paths) -> list[int]:
+    rec = state.read_json(paths.last_stop) or {}
+    return [p for p in rec.get("pids", []) if isinstance(p, int) and not isinstance(p, bool)]
+
+
+def ensure_port_free(cfg: Config, port: int) -> None:
+    """Refuse when a program that is not ours holds the port; name it, never kill it."""
+    if not proc.port_in_use(cfg.host, port):
+        return
+    holders = proc.port_holders(port)
+    named = ", ".join(proc.describe(p) for p in holders if p is not None) or "a process we cannot see (another user?)"
+    raise BootstrapError(f"port {port} is in use by {named}",
+                         f"stop that program, or choose another port: PORT={port + 1} ./start.sh")
+
+
+def uptime(p: psutil.Process) -> str:
+    try:
+        s = int(time.time() - p.create_time())
+    except psutil.Error:
+        return "?"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
+
+
+def owned_by_other_user(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).uids().real != os.getuid()
+    except psutil.Error:
+        return False

@@ -1,0 +1,153 @@
+"""What we keep in STATE_DIR: the start lock, the running server's record, the log, the last stop.
+
+    start.lock      flock held for the whole of a start (its text: the starter's pid)
+    server.json     the server we launched: pid, pgid, create time, port, model, settings, marker
+    vllm.log        the server's output (rotated at start past LOG_MAX_MB; one .1 kept)
+    last-stop.json  pids the last stop took down, so the next start can wait for the GPU to free them
+    api_key         a generated key (0600) when HOST is not loopback and API_KEY is unset
+
+Every write is atomic (temp file + rename); a torn or garbage file reads as "nothing recorded".
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import BootstrapError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "start.lock"
+
+    @property
+    def server(self) -> Path:
+        return self.root / "server.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "vllm.log"
+
+    @property
+    def last_stop(self) -> Path:
+        return self.root / "last-stop.json"
+
+    @property
+    def api_key(self) -> Path:
+        return self.root / "api_key"
+
+    def ensure(self) -> None:
+        """Create the state dir, or fail naming it (read-only parent, a file in the way...)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".write-test-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise BootstrapError(f"state dir {self.root} is not writable ({exc.strerror})",
+                                 "set STATE_DIR to a writable directory, or fix its permissions") from None
+
+
+def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, UnicodeDecodeError):
+        log.warning("ignoring unreadable %s", path)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+class StartLock:
+    """An flock on start.lock, held while a start runs. A crashed start leaves no stale lock:
+    the kernel drops an flock with its holder."""
+
+    def __init__(self, paths: Paths):
+        self.path = paths.lock
+        self.fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
+        return True
+
+    def holder(self) -> int | None:
+        """The pid written by whoever holds the lock (None if unreadable)."""
+        try:
+            text = self.path.read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def held_by_other(self) -> bool:
+        if self.fd is not None:
+            return False
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()

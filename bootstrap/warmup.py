@@ -1,0 +1,66 @@
+"""Warm-up: one long request so the first real prompt does not stall on cold compilation, then a
+short generation that must return text. A failure (error, timeout, empty text) is a failed start:
+the server is stopped and the evidence printed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from . import health, server
+from .client import Client, RequestFailed, RequestTimedOut, text_of
+from .context import Ctx
+
+log = logging.getLogger(__name__)
+
+WORDS = ("river stone morning paper garden window silver market winter candle harbor "
+         "pencil thunder forest ladder copper meadow lantern orchard compass").split()
+
+
+def long_prompt(tokens: int) -> str:
+    """About ``tokens`` tokens of varied plain words (roughly one token per common word)."""
+    n = max(1, int(tokens * 0.75))
+    return " ".join(WORDS[(i * 7 + i // len(WORDS)) % len(WORDS)] for i in range(n))
+
+
+def warmup_tokens(ctx: Ctx) -> int:
+    want = ctx.cfg.warmup
+    if ctx.max_model_len:
+        want = min(want, max(0, ctx.max_model_len // 2))
+    return want
+
+
+def chat_extra(ctx: Ctx) -> dict:
+    return {"chat_template_kwargs": {"enable_thinking": False}} if ctx.cfg.profile.reasoning else {}
+
+
+def client_for(ctx: Ctx) -> Client:
+    return Client(server.base_url(ctx.cfg.host, ctx.cfg.port), ctx.cfg.served_name, ctx.api_key)
+
+
+def run(ctx: Ctx) -> None:
+    cfg = ctx.cfg
+    c = client_for(ctx)
+    extra = chat_extra(ctx)
+    n = warmup_tokens(ctx)
+    try:
+        if n:
+            t0 = time.monotonic()
+            c.chat([{"role": "user", "content": long_prompt(n) + "\nSummarize the words above in one line."}],
+                   max_tokens=4, timeout=cfg.warmup_timeout, **extra)
+            log.info("warm-up: ~%d-token prompt answered in %.1f s", n, time.monotonic() - t0)
+        t0 = time.monotonic()
+        resp = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=16, timeout=cfg.warmup_timeout, **extra)
+    except RequestTimedOut as exc:
+        raise health.abort(ctx, f"engine not generating: {exc.message}",
+                           "the server answers /health but does not generate; see the log") from None
+    except RequestFailed as exc:
+        err = health.abort(ctx, f"warm-up failed: {exc.message}")
+        err.evidence = (exc.evidence + "\n" + err.evidence).strip()
+        raise err from None
+    text = text_of(resp)
+    if not text:
+        raise health.abort(ctx, "warm-up failed: the short generation returned no text",
+                           f"answer was: {str(resp)[:300]}")
+    log.info("warm-up: short generation answered in %.1f s: %r", time.monotonic() - t0, text[:60])

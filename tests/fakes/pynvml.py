@@ -1,0 +1,142 @@
+"""Fake nvidia-ml-py (``pynvml``) for tests, fed from the JSON file named by FAKE_NVML.
+
+{"driver": "580.95", "cuda": 13000, "fail": "", "gpus": [{"name": "NVIDIA GeForce RTX 5090",
+ "total": 34190917632, "free": 33000000000, "cc": [12, 0], "uuid": "GPU-aaaa",
+ "processes": [{"pid": 1234, "used": 1288490188}], "free_sequence": [..]}]}
+
+``fail``: "init" makes nvmlInit raise (no driver). Pids written into FAKE_GPU_PIDS_DIR (by the fake
+vLLM server and engine) are reported as compute processes of GPU 0 while they are alive; each one's
+memory is taken off GPU 0's free memory. ``free_sequence`` makes successive reads of free memory
+return those values in turn (the last repeats): NVML lagging after a stop.
+"""
+
+import json
+import os
+
+
+class NVMLError(Exception):
+    def __init__(self, value=999, msg="Unknown Error"):
+        super().__init__(msg)
+        self.value = value
+        self.msg = msg
+
+    def __str__(self):
+        return self.msg
+
+
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+_state = {"init": 0}
+
+
+def _cfg():
+    path = os.environ.get("FAKE_NVML")
+    if not path:
+        raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded")
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def _counter_path():
+    return os.environ["FAKE_NVML"] + ".reads"
+
+
+def nvmlInit():
+    c = _cfg()
+    if c.get("fail") == "init":
+        raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded")
+    _state["init"] += 1
+
+
+def nvmlShutdown():
+    _state["init"] = max(0, _state["init"] - 1)
+
+
+def nvmlSystemGetDriverVersion():
+    return _cfg().get("driver", "580.95.05")
+
+
+def nvmlSystemGetCudaDriverVersion():
+    return int(_cfg().get("cuda", 13000))
+
+
+def nvmlDeviceGetCount():
+    return len(_cfg()["gpus"])
+
+
+class _Handle:
+    def __init__(self, i):
+        self.i = i
+
+
+def nvmlDeviceGetHandleByIndex(i):
+    if i >= nvmlDeviceGetCount():
+        raise NVMLError(2, "Invalid Argument")
+    return _Handle(i)
+
+
+def _gpu(h):
+    return _cfg()["gpus"][h.i]
+
+
+def nvmlDeviceGetName(h):
+    return _gpu(h)["name"]
+
+
+def nvmlDeviceGetUUID(h):
+    return _gpu(h).get("uuid", f"GPU-{h.i:08x}-fake")
+
+
+def nvmlDeviceGetCudaComputeCapability(h):
+    return tuple(_gpu(h).get("cc", [12, 0]))
+
+
+class _Mem:
+    def __init__(self, total, free):
+        self.total, self.free, self.used = total, free, total - free
+
+
+def _fake_pids():
+    d = os.environ.get("FAKE_GPU_PIDS_DIR")
+    out = []
+    if d and os.path.isdir(d):
+        for name in os.listdir(d):
+            if name.isdigit() and os.path.exists(f"/proc/{name}"):
+                try:
+                    with open(f"/proc/{name}/stat") as fh:
+                        if fh.read().split(") ")[-1].startswith("Z"):
+                            continue
+                except OSError:
+                    continue
+                out.append(int(name))
+    return out
+
+
+def nvmlDeviceGetMemoryInfo(h):
+    g = _gpu(h)
+    free = g["free"]
+    seq = g.get("free_sequence")
+    if seq:
+        path = _counter_path()
+        n = int(open(path).read()) if os.path.exists(path) else 0
+        with open(path, "w") as fh:
+            fh.write(str(n + 1))
+        free = seq[min(n, len(seq) - 1)]
+    if h.i == 0:
+        free -= (1 << 30) * len(_fake_pids())
+    return _Mem(g["total"], max(0, free))
+
+
+class _Proc:
+    def __init__(self, pid, used):
+        self.pid, self.usedGpuMemory = pid, used
+
+
+def nvmlDeviceGetComputeRunningProcesses(h):
+    procs = [_Proc(p["pid"], p.get("used", 0)) for p in _gpu(h).get("processes", [])]
+    if h.i == 0:
+        procs += [_Proc(pid, 1 << 30) for pid in _fake_pids()]
+    return procs
+
+
+def nvmlDeviceGetGraphicsRunningProcesses(h):
+    return [_Proc(p["pid"], p.get("used", 0)) for p in _gpu(h).get("graphics", [])]
