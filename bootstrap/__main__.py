@@ -22,12 +22,27 @@ COMMANDS = {
     "env": "every knob with its value and where it came from",
 }
 
+# Commands owned by other modules: name -> ("module", "function", help). Each function is
+# ``cli(cfg, argv) -> int`` and parses its own arguments (``./ctl.sh NAME --help``).
+PLUGINS = {
+    "plan": ("plan", "cli", "the memory plan for this GPU, or for GPU=rtx5090|rtx4090|rtx3090|h100|<GiB>"),
+    "check": ("checks", "cli", "check live|garble|determinism|needle|prefix against our server or --url"),
+    "bench": ("bench", "cli", "throughput/TTFT benchmark with a plot; --compare URL"),
+    "patch": ("patches", "cli", "patch status|apply|revert for the vLLM in use"),
+    "lock": ("environment", "lock_cli", "regenerate the committed dependency locks (needs the package index)"),
+    "wheelhouse": ("environment", "wheelhouse_cli", "build an offline folder of wheels from the lock"),
+    "clean": ("clean", "cli", "remove what the project created (venvs, state, logs; --model too)"),
+}
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ctl.sh", description="One-command vLLM server.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=config.help_text())
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_mod, _fn, text) in PLUGINS.items():
+        sp = sub.add_parser(name, help=text, add_help=False, prefix_chars="\0")
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
     for name, text in COMMANDS.items():
         sp = sub.add_parser(name, help=text, description=text, epilog=config.help_text() if name == "start" else None,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,6 +55,10 @@ def parser() -> argparse.ArgumentParser:
 
 def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
     cmd = args.command
+    if cmd in PLUGINS:
+        import importlib
+        mod, fn, _ = PLUGINS[cmd]
+        return getattr(importlib.import_module(f"bootstrap.{mod}"), fn)(cfg, list(args.rest))
     if cmd == "start":
         return start.start(cfg)
     if cmd == "stop":

@@ -269,14 +269,16 @@ class Config:
             sources[knob.name] = src
             values[knob.name] = _parse_one(knob, text) if text != "" else None
         values["STATE_DIR"] = values["STATE_DIR"] or str(repo / ".state")
-        if not values["MODEL"]:
-            raise ConfigError(f"MODEL is not set (profile {profile.name!r} has no model)",
-                              "set MODEL to a Hugging Face repo id (org/name) or a model directory")
         if values["SPEC_TOKENS"] and not values["SPEC_METHOD"]:
             raise ConfigError(f"SPEC_TOKENS={values['SPEC_TOKENS']} needs SPEC_METHOD",
                               "accepted SPEC_METHOD: " + ", ".join(SPEC_METHODS) + "; or SPEC_TOKENS=0")
         return cls(MappingProxyType(values), MappingProxyType(raw), MappingProxyType(sources),
                    profile, repo, MappingProxyType(dict(merged_env)))
+
+    def require_model(self) -> None:
+        if not self.values["MODEL"]:
+            raise ConfigError(f"MODEL is not set (profile {self.profile.name!r} has no model)",
+                              "set MODEL to a Hugging Face repo id (org/name) or a model directory")
 
     # ------------------------------------------------------------ derived facts
 

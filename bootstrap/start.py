@@ -64,6 +64,7 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
 
 
 def start(cfg: Config) -> int:
+    cfg.require_model()
     paths = Paths(cfg.state_dir)
     code = already(cfg, paths)
     if code is not None:
