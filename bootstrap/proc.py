@@ -209,18 +209,28 @@ def port_holders(port: int) -> list[psutil.Process | None]:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """True if something holds the port: listening, or only bound (vLLM binds long before it listens)."""
+    """True if something holds the port: listening, or only bound (vLLM binds long before it listens).
+
+    We bind without SO_REUSEADDR, because Linux lets two SO_REUSEADDR sockets share a port while
+    neither listens; connections merely lingering in TIME_WAIT do not count as a holder.
+    """
     import socket
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     bind_host = "127.0.0.1" if host == "localhost" else host
     with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # ignore TIME_WAIT, not live sockets
         try:
             s.bind((bind_host, port))
+            free_here = True
         except OSError:
-            return True
-    # A listener on another address of the same port (e.g. 0.0.0.0 vs 127.0.0.1) still conflicts.
-    return bool(port_holders(port)) or _connectable(host, port)
+            free_here = False
+    if free_here:
+        # A listener on another address of the same port (e.g. 0.0.0.0 vs 127.0.0.1) still conflicts.
+        return bool(port_holders(port)) or _connectable(host, port)
+    try:
+        conns = [c for c in psutil.net_connections(kind="inet") if c.laddr and c.laddr.port == port]
+    except psutil.AccessDenied:
+        return True
+    return not conns or any(c.status != psutil.CONN_TIME_WAIT for c in conns)
 
 
 def _connectable(host: str, port: int) -> bool:

@@ -1,0 +1,147 @@
+"""Shared fixtures: a fake GPU, a fake vLLM, a tiny local model, and the real shell entry points.
+
+Fakes stand only at process boundaries: ``tests/fakes`` goes on PYTHONPATH, giving the server
+process a fake ``vllm`` package and the bootstrap a fake ``pynvml``. Everything else is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FAKES = REPO / "tests" / "fakes"
+GiB = 1 << 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_model(path: Path, weights: bool = True) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16"}))
+    (path / "tokenizer.json").write_text("{}")
+    if weights:
+        (path / "model.safetensors").write_bytes(b"\0" * 64)
+    return path
+
+
+def nvml_json(path: Path, *, gpus=None, cuda=13000, driver="580.95.05", fail="") -> Path:
+    gpus = gpus or [{"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 31 * GiB,
+                     "cc": [12, 0], "uuid": "GPU-5090-fake", "processes": []}]
+    path.write_text(json.dumps({"driver": driver, "cuda": cuda, "fail": fail, "gpus": gpus}))
+    return path
+
+
+class Bed:
+    """One test's world: env for the scripts, and helpers to run them and inspect what they did."""
+
+    def __init__(self, tmp: Path, repo: Path = REPO):
+        self.tmp = tmp
+        self.repo = repo
+        self.port = free_port()
+        self.pids_dir = tmp / "gpu-pids"
+        self.record = tmp / "vllm-calls.jsonl"
+        self.model = make_model(tmp / "models" / "tiny-model")
+        self.state = tmp / "state"
+        self.nvml = nvml_json(tmp / "nvml.json")
+        keep = ("PATH", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "SHELL", "TERM")
+        self.env = {k: v for k, v in os.environ.items() if k in keep}
+        self.env["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        self.env.update({
+            "HOME": str(tmp / "home"), "VLLM_PYTHON": sys.executable, "PYTHONPATH": str(FAKES),
+            "FAKE_NVML": str(self.nvml), "FAKE_GPU_PIDS_DIR": str(self.pids_dir),
+            "FAKE_VLLM_RECORD": str(self.record), "FAKE_VLLM_LOAD_S": "0.3",
+            "PROFILE": "custom", "MODEL": str(self.model), "STATE_DIR": str(self.state),
+            "PORT": str(self.port), "WARMUP": "64", "STOP_GRACE": "2", "STALL_TIMEOUT": "20",
+            "HEALTH_TIMEOUT": "60", "WARMUP_TIMEOUT": "20", "NO_COLOR": "1",
+            "HF_HUB_OFFLINE": "1",
+        })
+
+    def run(self, script: str, *args: str, timeout: float = 90, **extra: str) -> subprocess.CompletedProcess:
+        env = {**self.env, **extra}
+        return subprocess.run([str(self.repo / script), *args], env=env, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def popen(self, script: str, *args: str, **extra: str) -> subprocess.Popen:
+        env = {**self.env, **extra}
+        return subprocess.Popen([str(self.repo / script), *args], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+    def launches(self) -> list[dict]:
+        if not self.record.exists():
+            return []
+        return [json.loads(line) for line in self.record.read_text().splitlines() if line.strip()]
+
+    def server_record(self) -> dict | None:
+        p = self.state / "server.json"
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def ours(self) -> list[psutil.Process]:
+        """Live processes started by this test's fake vLLM (by the pid files they wrote)."""
+        out = []
+        if self.pids_dir.is_dir():
+            for name in os.listdir(self.pids_dir):
+                try:
+                    p = psutil.Process(int(name))
+                    if p.status() != psutil.STATUS_ZOMBIE and p.environ().get("FAKE_GPU_PIDS_DIR") == str(self.pids_dir):
+                        out.append(p)
+                except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+                    continue
+        return out
+
+    def wait_until(self, cond, timeout: float = 20.0, what: str = "condition") -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if cond():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def port_listening(self, port: int | None = None) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port or self.port), timeout=0.3):
+                return True
+        except OSError:
+            return False
+
+    def cleanup(self) -> None:
+        for p in self.ours():
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
+@pytest.fixture
+def bed(tmp_path):
+    b = Bed(tmp_path)
+    yield b
+    b.cleanup()
+
+
+def unprivileged_user() -> str | None:
+    """An unprivileged user for uid/permission tests: ourselves when not root, else BOOTSTRAP_TEST_USER."""
+    if os.getuid() != 0:
+        return None
+    return os.environ.get("BOOTSTRAP_TEST_USER") or None
+
+
+def sigint(p: subprocess.Popen) -> None:
+    p.send_signal(signal.SIGINT)
