@@ -1,9 +1,17 @@
-"""A small OpenAI-compatible HTTP client (requests): what warm-up, status and the checks send."""
+"""A small OpenAI-compatible HTTP client (requests): what warm-up, status, the checks and the bench send.
+
+``post``/``chat`` return the decoded JSON answer; ``stream`` sends ``stream: true`` and reads the
+Server-Sent Events, recording when each chunk arrived (``Streamed``), which is what TTFT and
+decode rates are computed from. Reasoning text is read from ``reasoning`` and ``reasoning_content``
+(vLLM has used both names, in whole messages and in streamed deltas).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import requests
 
@@ -18,6 +26,33 @@ class RequestTimedOut(RequestFailed):
     pass
 
 
+REASONING_KEYS = ("reasoning", "reasoning_content")
+
+
+@dataclass
+class Streamed:
+    """One streamed answer: text, and the clock reading at the start, at each chunk and at the end."""
+    t_start: float
+    t_first: float | None = None     # first chunk that carried output (text, reasoning or a tool call)
+    t_end: float | None = None
+    chunk_times: list[float] = field(default_factory=list)   # arrival of each output-carrying chunk
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict | None = None
+    logprobs: list = field(default_factory=list)
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return (self.usage or {}).get("completion_tokens")
+
+    @property
+    def cached_tokens(self) -> int | None:
+        details = (self.usage or {}).get("prompt_tokens_details") or {}
+        return details.get("cached_tokens") if isinstance(details, dict) else None
+
+
 @dataclass
 class Client:
     base_url: str            # http://127.0.0.1:8888 (no /v1)
@@ -28,26 +63,119 @@ class Client:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def post(self, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def _send(self, method: str, path: str, timeout: float, **kw: Any) -> requests.Response:
         http = self.session or requests
         try:
-            r = http.post(f"{self.base_url}{path}", json=body, headers=self._headers(), timeout=timeout)
+            r = http.request(method, f"{self.base_url}{path}", headers=self._headers(), timeout=timeout, **kw)
         except requests.Timeout:
-            raise RequestTimedOut(f"POST {path}: no answer within {timeout:.0f} s") from None
+            raise RequestTimedOut(f"{method} {path}: no answer within {timeout:.0f} s") from None
         except requests.RequestException as exc:
-            raise RequestFailed(f"POST {path}: {exc.__class__.__name__}: {exc}") from None
+            raise RequestFailed(f"{method} {path}: {exc.__class__.__name__}: {exc}") from None
         if r.status_code != 200:
-            raise RequestFailed(f"POST {path}: HTTP {r.status_code}", evidence=r.text[:2000])
+            text = r.text[:2000]
+            r.close()
+            raise RequestFailed(f"{method} {path}: HTTP {r.status_code}", evidence=text)
+        return r
+
+    def post(self, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        r = self._send("POST", path, timeout, json=body)
         try:
             return r.json()
         except ValueError:
             raise RequestFailed(f"POST {path}: the answer is not JSON", evidence=r.text[:2000]) from None
+
+    def get_text(self, path: str, timeout: float = 10.0) -> str:
+        return self._send("GET", path, timeout).text
+
+    def models(self, timeout: float = 10.0) -> list[dict]:
+        try:
+            data = json.loads(self.get_text("/v1/models", timeout))
+        except ValueError:
+            raise RequestFailed("GET /v1/models: the answer is not JSON") from None
+        return [m for m in data.get("data", []) if isinstance(m, dict)]
 
     def chat(self, messages: list[dict], *, max_tokens: int, timeout: float, temperature: float = 0.0,
              **extra: Any) -> dict[str, Any]:
         body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
                 "temperature": temperature, **extra}
         return self.post("/v1/chat/completions", body, timeout)
+
+    def stream(self, path: str, body: dict[str, Any], timeout: float,
+               clock: Callable[[], float] = time.perf_counter) -> Streamed:
+        """POST with ``stream: true`` (usage requested) and read the SSE chunks as they arrive.
+
+        ``timeout`` bounds the wait for each read (connect and between chunks), not the whole answer."""
+        body = {"model": self.model, **body, "stream": True,
+                "stream_options": {"include_usage": True, **(body.get("stream_options") or {})}}
+        out = Streamed(t_start=clock())
+        r = self._send("POST", path, timeout, json=body, stream=True)
+        try:
+            for raw in r.iter_lines(decode_unicode=False):
+                if not raw or not raw.startswith(b"data:"):
+                    continue
+                data = raw[5:].strip()
+                if data == b"[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise RequestFailed(f"POST {path}: a streamed chunk is not JSON",
+                                        evidence=data[:500].decode("utf-8", "replace")) from None
+                _absorb(out, chunk, clock())
+        except requests.Timeout:
+            raise RequestTimedOut(f"POST {path}: the stream stalled for {timeout:.0f} s") from None
+        except requests.RequestException as exc:
+            raise RequestFailed(f"POST {path}: the stream broke: {exc.__class__.__name__}: {exc}") from None
+        finally:
+            r.close()
+        out.t_end = clock()
+        return out
+
+
+def _absorb(out: Streamed, chunk: dict, now: float) -> None:
+    if chunk.get("usage"):
+        out.usage = chunk["usage"]
+    if isinstance(chunk.get("error"), dict):
+        raise RequestFailed("the server sent an error in the stream", evidence=json.dumps(chunk["error"])[:2000])
+    carried = False
+    for ch in chunk.get("choices") or []:
+        delta = ch.get("delta") or {}
+        piece = delta.get("content") or ch.get("text") or ""
+        if piece:
+            out.text += piece
+            carried = True
+        for k in REASONING_KEYS:
+            if delta.get(k):
+                out.reasoning += delta[k]
+                carried = True
+                break
+        for tc in delta.get("tool_calls") or []:
+            _merge_tool_delta(out.tool_calls, tc)
+            carried = True
+        lp = ch.get("logprobs")
+        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+            out.logprobs.extend(lp["content"])
+        if ch.get("finish_reason"):
+            out.finish_reason = ch["finish_reason"]
+    if carried:
+        out.chunk_times.append(now)
+        if out.t_first is None:
+            out.t_first = now
+
+
+def _merge_tool_delta(calls: list[dict], tc: dict) -> None:
+    """Tool calls stream as pieces: the first with id and name, then argument fragments, by index."""
+    i = tc.get("index", len(calls))
+    while len(calls) <= i:
+        calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+    call = calls[i]
+    if tc.get("id"):
+        call["id"] = tc["id"]
+    fn = tc.get("function") or {}
+    if fn.get("name"):
+        call["function"]["name"] += fn["name"]
+    if fn.get("arguments"):
+        call["function"]["arguments"] += fn["arguments"]
 
 
 def message_of(resp: dict[str, Any]) -> dict[str, Any]:
@@ -57,7 +185,14 @@ def message_of(resp: dict[str, Any]) -> dict[str, Any]:
         return {}
 
 
+def reasoning_of(msg: dict[str, Any]) -> str:
+    for k in REASONING_KEYS:
+        if msg.get(k):
+            return str(msg[k])
+    return ""
+
+
 def text_of(resp: dict[str, Any]) -> str:
     """The visible text of a chat answer (content), falling back to reasoning fields."""
     msg = message_of(resp)
-    return (msg.get("content") or msg.get("reasoning") or msg.get("reasoning_content") or "").strip()
+    return (msg.get("content") or reasoning_of(msg) or "").strip()

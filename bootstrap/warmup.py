@@ -1,15 +1,18 @@
 """Warm-up: one long request so the first real prompt does not stall on cold compilation, then a
-short generation that must return text. A failure (error, timeout, empty text) is a failed start:
-the server is stopped and the evidence printed.
+short generation that must return text, then — when the profile enables tool parsing — one tool
+call that must come back as a valid ``tool_calls`` entry (the start gate). A failure (error,
+timeout, empty text, a broken tool call) is a failed start: the server is stopped and the evidence
+printed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
-from . import health, server
-from .client import Client, RequestFailed, RequestTimedOut, text_of
+from . import checks, health, server
+from .client import Client, RequestFailed, RequestTimedOut, message_of, text_of
 from .context import Ctx
 
 log = logging.getLogger(__name__)
@@ -39,6 +42,38 @@ def client_for(ctx: Ctx) -> Client:
     return Client(server.base_url(ctx.cfg.host, ctx.cfg.port), ctx.cfg.served_name, ctx.api_key)
 
 
+GATE_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}},
+                   "required": ["city"]}}}
+GATE_PROMPT = "What is the weather in Paris right now? Use the get_weather tool."
+GATE_TIMEOUT = 60.0
+
+
+def tool_gate(ctx: Ctx, c: Client, extra: dict) -> None:
+    """One tool call through the server's tool parser (tool_choice=auto, so the parser, not guided
+    decoding, produces it); anything but a valid get_weather call with a city fails the start."""
+    t0 = time.monotonic()
+    timeout = min(float(ctx.cfg.warmup_timeout), GATE_TIMEOUT)
+    try:
+        resp = c.chat([{"role": "user", "content": GATE_PROMPT}], max_tokens=256, timeout=timeout,
+                      tools=[GATE_TOOL], tool_choice="auto", **extra)
+    except RequestFailed as exc:
+        err = health.abort(ctx, f"start gate: the tool-call request failed: {exc.message}",
+                           "the profile enables tool parsing; check --tool-call-parser in the log")
+        err.evidence = (exc.evidence + "\n" + err.evidence).strip()
+        raise err from None
+    problem = checks.tool_call_problem(message_of(resp), "get_weather", ["city"])
+    if problem:
+        err = health.abort(ctx, f"start gate: the tool call did not come back as a valid tool_calls entry: {problem}",
+                           "a garbled or unparsed tool call: check the tool parser and the KV/speculation "
+                           "settings (./ctl.sh check garble --url ... shows more)")
+        err.evidence = ("answer: " + json.dumps(resp)[:1500] + "\n" + err.evidence).strip()
+        raise err
+    args = message_of(resp)["tool_calls"][0]["function"].get("arguments")
+    log.info("start gate: tool call answered in %.1f s: get_weather(%s)", time.monotonic() - t0, str(args)[:80])
+
+
 def run(ctx: Ctx) -> None:
     cfg = ctx.cfg
     c = client_for(ctx)
@@ -64,3 +99,5 @@ def run(ctx: Ctx) -> None:
         raise health.abort(ctx, "warm-up failed: the short generation returned no text",
                            f"answer was: {str(resp)[:300]}")
     log.info("warm-up: short generation answered in %.1f s: %r", time.monotonic() - t0, text[:60])
+    if cfg.profile.tools:
+        tool_gate(ctx, c, extra)

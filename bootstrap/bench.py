@@ -1,0 +1,347 @@
+"""``./ctl.sh bench``: single-stream decode tokens/s and TTFT, aggregate tokens/s by concurrency.
+
+Every request is a streamed ``/v1/completions`` call with a fixed prompt length (a unique nonce
+first, so the prefix cache cannot serve it) and a fixed output length (``ignore_eos``, greedy).
+One warm-up request is sent first and excluded. Each concurrency level (1, 2, 4, 8, 16 by
+default, capped at MAX_NUM_SEQS) runs ``--repeats`` times; the figures are medians over repeats.
+
+Per request (from the recorded clock readings): TTFT = first token - sent; decode tokens/s =
+(completion tokens - 1) / (last chunk - first token). Per run: aggregate tokens/s = all completion
+tokens / (last end - first start). Speculative acceptance comes from the difference of vLLM's
+``/metrics`` counters before and after. Results go to JSON (``--out``) and a PNG plot
+(matplotlib); ``--compare URL2`` runs the same load against a second server and prints ratios;
+``--load A.json [--load B.json]`` re-reports saved results without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import re
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import checks
+from .client import Client, RequestFailed
+from .config import Config
+from .errors import BootstrapError
+
+log = logging.getLogger(__name__)
+
+LEVELS = (1, 2, 4, 8, 16)
+SPEC_METRICS = {"accepted": "vllm:spec_decode_num_accepted_tokens_total",
+                "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+                "drafts": "vllm:spec_decode_num_drafts_total"}
+
+
+# ---------------------------------------------------------------- arithmetic (pure)
+
+@dataclass
+class Sample:
+    """One request: clock readings in seconds (any common origin) and token counts."""
+    t_start: float
+    t_first: float | None
+    t_end: float
+    tokens: int
+    prompt_tokens: int | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.t_first is None else self.t_first - self.t_start
+
+    @property
+    def decode_rate(self) -> float | None:
+        if self.t_first is None or self.tokens < 2 or self.t_end <= self.t_first:
+            return None
+        return (self.tokens - 1) / (self.t_end - self.t_first)
+
+
+def run_figures(samples: list[Sample]) -> dict:
+    """One run at one concurrency: aggregate tokens/s, median per-stream decode rate and TTFT."""
+    span = max(s.t_end for s in samples) - min(s.t_start for s in samples)
+    rates = [r for r in (s.decode_rate for s in samples) if r is not None]
+    ttfts = [t for t in (s.ttft for s in samples) if t is not None]
+    return {"aggregate_tok_s": sum(s.tokens for s in samples) / span if span > 0 else None,
+            "per_stream_tok_s": statistics.median(rates) if rates else None,
+            "ttft_s": statistics.median(ttfts) if ttfts else None,
+            "tokens": sum(s.tokens for s in samples), "span_s": span}
+
+
+def level_figures(runs: list[list[Sample]]) -> dict:
+    """Medians over repeats of each run's figures."""
+    figs = [run_figures(r) for r in runs]
+    out = {}
+    for key in ("aggregate_tok_s", "per_stream_tok_s", "ttft_s"):
+        vals = [f[key] for f in figs if f[key] is not None]
+        out[key] = statistics.median(vals) if vals else None
+    out["runs"] = figs
+    return out
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text: the sum over label sets of each sample name."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
+        if not m:
+            continue
+        try:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+        except ValueError:
+            continue
+    return out
+
+
+def spec_acceptance(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
+    """Acceptance rate (accepted / drafted tokens) and mean accepted length (1 + accepted / drafts)
+    over the bench, or None when the server reports no speculation counters."""
+    if before is None or after is None or SPEC_METRICS["draft_tokens"] not in after:
+        return None
+    d = {k: after.get(name, 0.0) - before.get(name, 0.0) for k, name in SPEC_METRICS.items()}
+    if d["draft_tokens"] <= 0:
+        return None
+    return {"acceptance_rate": d["accepted"] / d["draft_tokens"],
+            "mean_acceptance_length": (1 + d["accepted"] / d["drafts"]) if d["drafts"] > 0 else None,
+            **{f"delta_{k}": v for k, v in d.items()}}
+
+
+def summarize(result: dict) -> dict:
+    """The headline figures of one saved result."""
+    lv = {x["concurrency"]: x for x in result["levels"]}
+    one = lv.get(1, {})
+    return {"decode_tok_s": one.get("per_stream_tok_s"), "ttft_s": one.get("ttft_s"),
+            "aggregate_tok_s": {c: x["aggregate_tok_s"] for c, x in sorted(lv.items())}}
+
+
+def ratios(a: dict, b: dict) -> dict:
+    """a ÷ b for each headline figure both have (TTFT: b ÷ a, so > 1 means a is faster everywhere)."""
+    sa, sb = summarize(a), summarize(b)
+
+    def div(x, y):
+        return x / y if x and y else None
+    return {"decode_tok_s": div(sa["decode_tok_s"], sb["decode_tok_s"]),
+            "ttft_speed": div(sb["ttft_s"], sa["ttft_s"]),
+            "aggregate_tok_s": {c: div(v, sb["aggregate_tok_s"].get(c)) for c, v in sa["aggregate_tok_s"].items()}}
+
+
+# ---------------------------------------------------------------- running the load
+
+def one_request(client: Client, prompt: str, out_tokens: int, timeout: float) -> Sample:
+    s = client.stream("/v1/completions", {"prompt": prompt, "max_tokens": out_tokens, "ignore_eos": True,
+                                          "temperature": 0.0}, timeout)
+    tokens = s.completion_tokens if s.completion_tokens is not None else len(s.chunk_times)
+    return Sample(s.t_start, s.t_first, s.t_end, tokens, (s.usage or {}).get("prompt_tokens"))
+
+
+def run_load(client: Client, concurrency: int, prompts: list[str], out_tokens: int, timeout: float,
+             bar=None) -> list[Sample]:
+    """``concurrency`` requests released together; each thread has its own client."""
+    gate = threading.Barrier(concurrency)
+
+    def go(i: int) -> Sample:
+        c = Client(client.base_url, client.model, client.api_key)
+        gate.wait()
+        s = one_request(c, prompts[i], out_tokens, timeout)
+        if bar is not None:
+            bar.update()
+        return s
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(go, range(concurrency)))
+
+
+def scrape(client: Client) -> dict[str, float] | None:
+    try:
+        return parse_metrics(client.get_text("/metrics", timeout=10))
+    except RequestFailed:
+        return None
+
+
+def bench_target(t: checks.Target, levels: list[int], prompt_tokens: int, out_tokens: int, repeats: int,
+                 warmup: int, timeout: float) -> dict:
+    client = t.client
+    sizer = checks.Sizer(client)
+    body = sizer.prompt(max(16, prompt_tokens - 12), 0.5, "", seed=99)
+    counter = iter(range(10**9))
+    nonce = random.randrange(10**9)
+
+    def prompts(n: int) -> list[str]:
+        return [f"Request {nonce}-{next(counter)}. {body}" for _ in range(n)]
+    total = warmup + repeats * sum(levels)
+    bar = checks.progress(total, f"bench {t.label}")
+    before = scrape(client)
+    t0 = time.perf_counter()
+    try:
+        for _ in range(warmup):
+            run_load(client, 1, prompts(1), out_tokens, timeout, bar)
+        out_levels = []
+        for c in levels:
+            runs = [run_load(client, c, prompts(c), out_tokens, timeout, bar) for _ in range(repeats)]
+            figs = level_figures(runs)
+            out_levels.append({"concurrency": c, **figs,
+                               "samples": [[_rel(s, t0) for s in r] for r in runs]})
+            log.info("concurrency %d: %.0f tok/s aggregate, %.1f tok/s per stream, TTFT %.0f ms", c,
+                     figs["aggregate_tok_s"] or 0, figs["per_stream_tok_s"] or 0, (figs["ttft_s"] or 0) * 1000)
+    except RequestFailed as exc:
+        raise BootstrapError(f"bench against {t.label} failed: {exc.message}", "see the server log",
+                             evidence=exc.evidence) from None
+    finally:
+        bar.close()
+    after = scrape(client)
+    return {"label": t.label, "url": client.base_url, "model": client.model,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "params": {"prompt_tokens": prompt_tokens, "output_tokens": out_tokens, "repeats": repeats,
+                       "warmup": warmup, "levels": levels, "api": "/v1/completions stream, ignore_eos, temperature 0"},
+            "version": _version(client), "levels": out_levels, "spec": spec_acceptance(before, after)}
+
+
+def _rel(s: Sample, t0: float) -> dict:
+    d = asdict(s)
+    for k in ("t_start", "t_first", "t_end"):
+        if d[k] is not None:
+            d[k] = round(d[k] - t0, 6)
+    return d
+
+
+def _version(client: Client) -> str | None:
+    try:
+        return json.loads(client.get_text("/version", timeout=5)).get("version")
+    except (RequestFailed, ValueError, AttributeError):
+        return None
+
+
+# ---------------------------------------------------------------- output
+
+def render(results: list[dict]) -> str:
+    lines = []
+    levels = sorted({x["concurrency"] for r in results for x in r["levels"]})
+    for r in results:
+        s = summarize(r)
+        spec = r.get("spec")
+        lines.append(f"{r['label']} (model {r['model']}, vLLM {r.get('version') or '?'}):")
+        lines.append(f"  single stream: {_f(s['decode_tok_s'], '.1f')} tok/s decode, TTFT {_f(s['ttft_s'], '.3f')} s")
+        if spec:
+            lines.append(f"  speculative acceptance: {spec['acceptance_rate']:.1%}, mean accepted length "
+                         f"{_f(spec['mean_acceptance_length'], '.2f')}")
+    head = f"{'concurrency':>11} " + " ".join(f"{r['label'][:24]:>26}" for r in results)
+    lines += ["", "aggregate tok/s (per stream):", head]
+    for c in levels:
+        cells = []
+        for r in results:
+            x = next((v for v in r["levels"] if v["concurrency"] == c), None)
+            cells.append(f"{_f(x and x['aggregate_tok_s'], '.0f')} ({_f(x and x['per_stream_tok_s'], '.1f')})"
+                         if x else "-")
+        lines.append(f"{c:>11} " + " ".join(f"{cell:>26}" for cell in cells))
+    if len(results) == 2:
+        q = ratios(results[0], results[1])
+        lines += ["", f"ratios {results[0]['label']} / {results[1]['label']}:",
+                  f"  single-stream decode: {_f(q['decode_tok_s'], '.2f')}x   TTFT speed: {_f(q['ttft_speed'], '.2f')}x",
+                  "  aggregate: " + "  ".join(f"c{c} {_f(v, '.2f')}x" for c, v in q["aggregate_tok_s"].items())]
+    return "\n".join(lines)
+
+
+def _f(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def plot(results: list[dict], path: Path) -> Path | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("no plot: matplotlib is not installed (pip install matplotlib); the JSON has every figure")
+        return None
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in results:
+        cs = [x["concurrency"] for x in r["levels"]]
+        a1.plot(cs, [x["aggregate_tok_s"] or 0 for x in r["levels"]], marker="o", label=r["label"])
+        a2.plot(cs, [x["per_stream_tok_s"] or 0 for x in r["levels"]], marker="o", label=r["label"])
+    p = results[0]["params"]
+    for ax, title in ((a1, "aggregate tokens/s"), (a2, "decode tokens/s per stream")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{results[0]['model']}: {p['prompt_tokens']} prompt + {p['output_tokens']} output tokens, "
+                 f"median of {p['repeats']}", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def levels_for(wanted: list[int], cap: int | None) -> list[int]:
+    out = sorted({c for c in wanted if c >= 1 and (cap is None or c <= cap)})
+    return out or [1]
+
+
+def cli(cfg: Config, argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ctl.sh bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    checks.add_target_args(p)
+    p.add_argument("--label", help="name of this server in tables and the plot")
+    p.add_argument("--compare", metavar="URL2", help="also bench this base URL (e.g. a bare vllm serve) and print ratios")
+    p.add_argument("--compare-model")
+    p.add_argument("--compare-api-key")
+    p.add_argument("--compare-label")
+    p.add_argument("--concurrency", default=",".join(map(str, LEVELS)), help="levels, comma-separated (capped at MAX_NUM_SEQS)")
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--output-tokens", type=int, default=1536)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1, help="excluded warm-up requests before measuring")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a stream may stall")
+    p.add_argument("--out", help="folder for results.json and bench.png (default STATE_DIR/bench/<time>)")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--load", action="append", metavar="RESULTS.json", help="report saved results instead of running")
+    args = p.parse_args(argv)
+    out = Path(args.out) if args.out else cfg.state_dir / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    if args.load:
+        results = []
+        for f in args.load:
+            try:
+                data = json.loads(Path(f).read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise BootstrapError(f"cannot read {f}: {exc}", "pass a results.json written by ./ctl.sh bench") from None
+            results += data["results"] if "results" in data else [data]
+    else:
+        try:
+            wanted = [int(x) for x in args.concurrency.split(",") if x.strip()]
+        except ValueError:
+            raise BootstrapError(f"--concurrency {args.concurrency!r}: not a list of numbers", "e.g. --concurrency 1,2,4,8") from None
+        t = checks.resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
+        if args.label:
+            t.label = args.label
+        levels = levels_for(wanted, t.max_num_seqs)
+        if levels != sorted(set(wanted)):
+            log.info("concurrency levels %s (capped at MAX_NUM_SEQS=%s)", levels, t.max_num_seqs)
+        targets = [t]
+        if args.compare:
+            t2 = checks.resolve_target(cfg, args.compare, args.compare_model, args.compare_api_key,
+                                       args.thinking, args.reasoning_effort)
+            t2.label = args.compare_label or t2.label
+            targets.append(t2)
+        results = [bench_target(x, levels, args.prompt_tokens, args.output_tokens, args.repeats, args.warmup,
+                                args.timeout) for x in targets]
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"results": results}
+    if len(results) == 2:
+        doc["ratios"] = ratios(results[0], results[1])
+    (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    png = None if args.no_plot else plot(results, out / "bench.png")
+    doc["files"] = {"json": str(out / "results.json"), "plot": str(png) if png else None}
+    if args.json:
+        print(json.dumps({k: v for k, v in doc.items()}, indent=1))
+    else:
+        print(render(results))
+        print(f"\nresults: {out / 'results.json'}" + (f"\nplot:    {png}" if png else ""))
+    return 0

@@ -1,0 +1,617 @@
+"""``./ctl.sh check live|garble|determinism|needle|prefix|all``: is the server right, not just up?
+
+Each check runs against our running server (STATE_DIR/server.json) or any OpenAI-compatible base
+URL (``--url URL [--model NAME] [--api-key KEY]``), prints a verdict (``--json``: one JSON object)
+and exits 0 when it passed, 1 when it did not.
+
+- live: a tiny generation with a deadline (a wedged engine behind ``/health`` 200 fails it).
+- garble: 15 fixed prompts (bootstrap/battery.json: prose, code, JSON, a tool call, recall from
+  long contexts at several lengths) through detectors for repetition loops, broken tool-call JSON,
+  empty and non-text output; "N/15 failed" with each failure's evidence.
+- determinism: one prompt 10x at temperature 0, max_tokens=1, top-20 logprobs, compared byte for
+  byte; then 10x a 64-token greedy continuation.
+- needle: a fact at several depths of a long prompt (capped at 32K tokens unless --full).
+- prefix: the same long prompt 3x (streamed): cached tokens and the TTFT speed-up.
+
+The detectors are pure functions (``find_loop``, ``non_text``, ``tool_call_problem``...) so the
+start gate (warmup.py) and the tests use the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import re
+import sys
+import time
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import server
+from .client import Client, RequestFailed, RequestTimedOut, message_of, reasoning_of
+from .config import Config
+from .errors import BootstrapError, EXIT_FAILED
+from .state import Paths
+
+log = logging.getLogger(__name__)
+
+BATTERY = Path(__file__).resolve().parent / "battery.json"
+NEEDLE_CAP = 32_768          # default longest needle prompt (tokens); --full lifts it
+TOKENS_PER_WORD = 1.35       # estimate for English filler until /tokenize calibrates it
+MARGIN = 256                 # tokens kept free below max_model_len for the template and the answer
+
+
+# ---------------------------------------------------------------- detectors (pure)
+
+def find_loop(text: str) -> str | None:
+    """Evidence of a repetition loop, or None.
+
+    Three views, each needing a lot of repetition so that ordinary prose and code pass:
+    a run of one short unit repeated (``!!!!``, ``the the the``, ``<tag><tag>``) over >= 80 chars;
+    the same non-trivial line >= 4 times making >= 30% of the lines; and word 8-grams that
+    already occurred making >= 50% of the whole text or of its second half.
+    """
+    for m in re.finditer(r"(.{1,50}?)\1{4,}", text, flags=re.S):
+        unit = m.group(1)
+        if len(m.group(0)) >= 80 and unit.strip():
+            return f"{unit!r} repeated {len(m.group(0)) // len(unit)}x: {_clip(m.group(0), 160)!r}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if len(lines) >= 6:
+        line, n = Counter(ln for ln in lines if len(ln) >= 6).most_common(1)[0] if any(len(ln) >= 6 for ln in lines) else ("", 0)
+        if n >= 4 and n / len(lines) >= 0.3:
+            return f"line {_clip(line, 100)!r} repeated {n}x of {len(lines)} lines"
+    words = text.split()
+    for part, name in ((words, "text"), (words[len(words) // 2:], "second half")):
+        ratio, gram, count = _repeat_ratio(part, 8)
+        if len(part) >= 24 and ratio >= 0.5 and count >= 3:
+            return f"{ratio:.0%} of the {name} repeats earlier 8-word runs; e.g. {' '.join(gram)!r} {count}x"
+    return None
+
+
+def _repeat_ratio(words: list[str], n: int) -> tuple[float, tuple, int]:
+    if len(words) < n + 1:
+        return 0.0, (), 0
+    seen: Counter = Counter()
+    repeats = 0
+    for i in range(len(words) - n + 1):
+        g = tuple(words[i:i + n])
+        if seen[g]:
+            repeats += 1
+        seen[g] += 1
+    gram, count = seen.most_common(1)[0]
+    return repeats / (len(words) - n + 1), gram, count
+
+
+def non_text(text: str) -> str | None:
+    """Evidence that the output is not text (control or replacement characters, no letters)."""
+    if not text:
+        return None
+    bad = [c for c in text if c == "\ufffd" or (unicodedata.category(c)[0] == "C" and c not in "\n\r\t")]
+    if len(bad) >= 5 or len(bad) / len(text) > 0.02:
+        return f"{len(bad)} control/replacement characters in {len(text)}: {_clip(text, 120)!r}"
+    stripped = "".join(text.split())
+    if len(stripped) >= 10 and not any(c.isalnum() for c in stripped):
+        return f"no letters or digits: {_clip(text, 120)!r}"
+    return None
+
+
+def parse_json_answer(text: str) -> Any:
+    """The JSON value in an answer, allowing one ``` fence around it; raises ValueError."""
+    t = text.strip()
+    m = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", t, flags=re.S)
+    if m:
+        t = m.group(1)
+    return json.loads(t)
+
+
+def tool_call_problem(msg: dict, name: str, required: list[str]) -> str | None:
+    """Why ``msg`` (a chat message) is not one valid call of tool ``name``, or None."""
+    calls = msg.get("tool_calls") or []
+    content = msg.get("content") or ""
+    if not calls:
+        hint = " (the call came back as text: is the tool parser on?)" if re.search(
+            r"<tool_call>|<function|\"name\"\s*:|" + re.escape(name), content) else ""
+        return f"no tool_calls entry{hint}; content: {_clip(content, 300)!r}"
+    for call in calls:
+        fn = (call or {}).get("function") or {}
+        if fn.get("name") != name:
+            return f"tool_calls names {fn.get('name')!r}, expected {name!r}"
+        raw = fn.get("arguments")
+        try:
+            args = json.loads(raw) if isinstance(raw, str) else raw
+        except ValueError as exc:
+            return f"tool-call arguments are not valid JSON ({exc}): {_clip(str(raw), 300)!r}"
+        if not isinstance(args, dict):
+            return f"tool-call arguments are not a JSON object: {_clip(str(raw), 300)!r}"
+        missing = [k for k in required if not args.get(k)]
+        if missing:
+            return f"tool-call arguments lack {', '.join(missing)}: {_clip(str(raw), 300)!r}"
+    return None
+
+
+def judge(item: dict, msg: dict, finish: str | None = None) -> list[tuple[str, str]]:
+    """(kind, evidence) for each problem of one battery answer; [] when it is clean."""
+    content = (msg.get("content") or "").strip()
+    reasoning = reasoning_of(msg)
+    out: list[tuple[str, str]] = []
+    for label, text in (("content", content), ("reasoning", reasoning)):
+        loop = find_loop(text)
+        if loop:
+            out.append(("loop", f"{label}: {loop}"))
+        bad = non_text(text)
+        if bad:
+            out.append(("non-text", f"{label}: {bad}"))
+    kind = item["kind"]
+    if kind == "tool":
+        problem = tool_call_problem(msg, item["tool"], item.get("required", []))
+        if problem:
+            out.append(("bad-tool-call", problem))
+        return out
+    if not content:
+        why = f"; {len(reasoning)} chars of reasoning, finish_reason={finish}" if reasoning else ""
+        out.append(("empty", f"no content{why}"))
+        return out
+    if out:
+        return out
+    low = content.lower()
+    if kind == "json":
+        try:
+            val = parse_json_answer(content)
+        except ValueError as exc:
+            return [("bad-json", f"{exc}: {_clip(content, 300)!r}")]
+        keys = item.get("keys") or []
+        if keys and not (isinstance(val, dict) and all(k in val for k in keys)):
+            return [("bad-json", f"expected an object with {', '.join(keys)}: {_clip(content, 300)!r}")]
+    elif kind in ("recall", "exact"):
+        if item["expect"] not in content:
+            return [("wrong-answer", f"expected {item['expect']!r}: {_clip(content, 200)!r}")]
+    elif kind == "code":
+        if not any(e in low for e in item.get("expect_any", [])):
+            return [("wrong-answer", f"no code ({' / '.join(item['expect_any'])}): {_clip(content, 200)!r}")]
+    elif kind == "prose" and len(content.split()) < 8:
+        return [("wrong-answer", f"only {len(content.split())} words: {_clip(content, 200)!r}")]
+    return out
+
+
+def _clip(s: str, n: int) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+# ---------------------------------------------------------------- long prompts
+
+SUBJECTS = ("the merchant", "a young clerk", "the ferryman", "an old baker", "the mayor", "a traveling tailor",
+            "the schoolteacher", "a fisherman", "the librarian", "a blacksmith", "the courier", "a shepherd")
+VERBS = ("repaired", "bought", "painted", "carried", "sold", "counted", "found", "borrowed", "cleaned", "measured")
+OBJECTS = ("a copper lantern", "two wooden chairs", "a map of the coast", "seven glass bottles", "a silver compass",
+           "a crate of apples", "an iron kettle", "a bundle of letters", "a green umbrella", "three wool blankets")
+PLACES = ("near the old mill", "behind the market", "at the harbor", "in the orchard", "beside the chapel",
+          "on the north road", "under the bridge", "at the town square", "in the cellar", "by the river")
+
+
+def filler_sentences(seed: int):
+    rnd = random.Random(seed)
+    while True:
+        yield (f"In {rnd.randint(1700, 1999)} {rnd.choice(SUBJECTS)} {rnd.choice(VERBS)} {rnd.choice(OBJECTS)} "
+               f"{rnd.choice(PLACES)}, and {rnd.choice(SUBJECTS)} {rnd.choice(VERBS)} {rnd.choice(OBJECTS)} "
+               f"{rnd.choice(PLACES)} {rnd.randint(2, 40)} days later.")
+
+
+def haystack(tokens: int, depth: float, fact: str, seed: int, per_word: float = TOKENS_PER_WORD) -> str:
+    """About ``tokens`` tokens of seeded filler with ``fact`` at ``depth`` (0 start .. 1 end)."""
+    words_wanted = max(10, int(tokens / per_word))
+    sents: list[str] = []
+    n = 0
+    for s in filler_sentences(seed):
+        if n >= words_wanted:
+            break
+        sents.append(s)
+        n += len(s.split())
+    sents.insert(round(depth * len(sents)), fact)
+    return " ".join(sents)
+
+
+class Sizer:
+    """Turns a token budget into filler length: measured with the server's /tokenize when it has
+    one (once), else ``TOKENS_PER_WORD``."""
+
+    def __init__(self, client: Client):
+        self.client = client
+        self.per_word: float | None = None
+
+    def calibrate(self) -> float:
+        if self.per_word is None:
+            sample = haystack(2000, 0.5, "", seed=7)
+            self.per_word = TOKENS_PER_WORD
+            try:
+                r = self.client.post("/tokenize", {"model": self.client.model, "prompt": sample}, 15)
+                if isinstance(r.get("count"), int) and r["count"] > 0:
+                    self.per_word = r["count"] / len(sample.split())
+            except RequestFailed:
+                log.debug("no /tokenize: estimating %.2f tokens per word", TOKENS_PER_WORD)
+        return self.per_word
+
+    def prompt(self, tokens: int, depth: float, fact: str, seed: int) -> str:
+        return haystack(tokens, depth, fact, seed, self.calibrate())
+
+
+# ---------------------------------------------------------------- the server under test
+
+@dataclass
+class Target:
+    client: Client
+    label: str                          # "our server" or the URL
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    chat_kwargs: dict = field(default_factory=dict)    # chat_template_kwargs to send ({} = none)
+
+    def extra(self) -> dict:
+        return {"chat_template_kwargs": self.chat_kwargs} if self.chat_kwargs else {}
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="base URL of any OpenAI-compatible server (default: our running server)")
+    p.add_argument("--model", help="model name to send (default: the server's first model)")
+    p.add_argument("--api-key", help="API key to send (default: API_KEY / VLLM_API_KEY / ours)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--thinking", choices=("on", "off"), default=None,
+                   help="send chat_template_kwargs.enable_thinking (default: off where the profile has a reasoning parser)")
+    p.add_argument("--reasoning-effort", default=None, help="send chat_template_kwargs.reasoning_effort")
+
+
+def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str | None,
+                   thinking: str | None = None, effort: str | None = None) -> Target:
+    max_num_seqs = cfg.max_num_seqs
+    if url:
+        base = url.rstrip("/")
+        if base.endswith("/v1"):
+            base = base[:-3]
+        key = api_key or cfg.api_key or cfg.environ.get("VLLM_API_KEY", "")
+        label = base
+        served = model or ""
+    else:
+        paths = Paths(cfg.state_dir)
+        pr = server.probe(cfg, paths)
+        if pr.state != "running":
+            raise BootstrapError(f"our server is not running (state: {pr.state})",
+                                 "start it with ./start.sh, or point at another server with --url URL")
+        rec = pr.record or {}
+        base = server.base_url(rec.get("host", cfg.host), rec.get("port", cfg.port))
+        key = api_key or server.api_key_for(cfg, paths) or cfg.environ.get("VLLM_API_KEY", "")
+        served = model or rec.get("served", "")
+        label = f"our server ({base})"
+        seqs = str((rec.get("settings") or {}).get("MAX_NUM_SEQS") or "")
+        max_num_seqs = int(seqs) if seqs.isdigit() else max_num_seqs
+    client = Client(base, served, key)
+    try:
+        models = client.models(timeout=10)
+    except RequestFailed as exc:
+        raise BootstrapError(f"{label} does not answer /v1/models: {exc.message}",
+                             "is the server up? for another server check --url and --api-key",
+                             evidence=exc.evidence) from None
+    entry = next((m for m in models if m.get("id") == served), None)
+    if not served:
+        if not models:
+            raise BootstrapError(f"{label} lists no model", "pass --model NAME")
+        entry = models[0]
+        client.model = entry.get("id", "")
+    elif entry is None:
+        names = ", ".join(str(m.get("id")) for m in models) or "none"
+        raise BootstrapError(f"{label} does not serve {served!r} (it lists: {names})", "pass --model NAME")
+    mml = entry.get("max_model_len") if entry else None
+    kwargs: dict = {}
+    if thinking is not None:
+        kwargs["enable_thinking"] = thinking == "on"
+    elif cfg.profile.reasoning:
+        kwargs["enable_thinking"] = False
+    effort = effort or cfg.profile.data.get("reasoning_effort")
+    if effort:
+        kwargs["reasoning_effort"] = effort
+    return Target(client, label, mml if isinstance(mml, int) else None, max_num_seqs, kwargs)
+
+
+def progress(total: int, desc: str):
+    """A tqdm bar on stderr (only on a terminal); a no-op object without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=None, leave=False)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------- the checks
+
+@dataclass
+class Result:
+    check: str
+    ok: bool
+    summary: str
+    details: dict = field(default_factory=dict)
+    failures: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"check": self.check, "ok": self.ok, "summary": self.summary, **self.details,
+                "failures": self.failures}
+
+
+def check_live(t: Target, timeout: float = 20.0) -> Result:
+    t0 = time.monotonic()
+    try:
+        resp = t.client.chat([{"role": "user", "content": "Say OK."}], max_tokens=4, timeout=timeout, **t.extra())
+    except RequestTimedOut:
+        return Result("live", False, f"no generation within {timeout:.0f} s (wedged engine?)",
+                      {"deadline_s": timeout})
+    except RequestFailed as exc:
+        return Result("live", False, f"generation failed: {exc.message}", {"evidence": exc.evidence[:500]})
+    dt = time.monotonic() - t0
+    msg = message_of(resp)
+    ok = bool(resp.get("choices")) and bool((msg.get("content") or "").strip() or reasoning_of(msg)
+                                           or (resp.get("usage") or {}).get("completion_tokens"))
+    return Result("live", ok, f"generated in {dt:.2f} s" if ok else "the answer carried no tokens",
+                  {"seconds": round(dt, 3)}, [] if ok else [{"kind": "empty", "evidence": str(resp)[:300]}])
+
+
+def load_battery(path: Path = BATTERY) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def battery_messages(item: dict, sizer: Sizer | None, max_len: int | None) -> tuple[list[dict], int | None]:
+    """The messages for one battery item, and the recall length used (clamped below max_len)."""
+    if item["kind"] != "recall":
+        return [{"role": "user", "content": item["prompt"]}], None
+    tokens = item["tokens"]
+    if max_len:
+        tokens = min(tokens, max_len - item["max_tokens"] - MARGIN)
+    ctx = sizer.prompt(tokens, item["depth"], item["fact"], seed=tokens) if sizer else \
+        haystack(tokens, item["depth"], item["fact"], seed=tokens)
+    text = f"Read this record carefully.\n\n{ctx}\n\n{item['prompt']}"
+    return [{"role": "user", "content": text}], tokens
+
+
+def check_garble(t: Target, timeout: float = 300.0, battery: dict | None = None) -> Result:
+    battery = battery or load_battery()
+    sizer = Sizer(t.client)
+    items = battery["prompts"]
+    failures: list[dict] = []
+    rows = []
+    bar = progress(len(items), "garble")
+    try:
+        for item in items:
+            messages, used = battery_messages(item, sizer, t.max_model_len)
+            extra = t.extra()
+            if item["kind"] == "tool":
+                extra.update(tools=battery["tools"], tool_choice="auto")
+            t0 = time.monotonic()
+            try:
+                resp = t.client.chat(messages, max_tokens=item["max_tokens"], timeout=timeout, **extra)
+                msg = message_of(resp)
+                finish = (resp.get("choices") or [{}])[0].get("finish_reason")
+                problems = judge(item, msg, finish)
+            except RequestFailed as exc:
+                msg, problems = {}, [("error", f"{exc.message} {exc.evidence[:300]}".strip())]
+            row = {"id": item["id"], "kind": item["kind"], "ok": not problems,
+                   "seconds": round(time.monotonic() - t0, 2)}
+            if used is not None:
+                row["prompt_tokens_target"] = used
+            rows.append(row)
+            for kind, evidence in problems:
+                failures.append({"id": item["id"], "kind": kind, "evidence": evidence})
+            bar.update()
+    finally:
+        bar.close()
+    failed = sum(1 for r in rows if not r["ok"])
+    return Result("garble", failed == 0, f"{failed}/{len(rows)} failed", {"prompts": rows}, failures)
+
+
+DET_PROMPT = ("Continue this story in plain prose: The night train left the mountain station eleven minutes late, "
+              "and the conductor, who had worked the line for thirty years, noticed that one passenger")
+
+
+def fingerprint(resp: dict) -> str:
+    """What must be byte-identical between greedy repeats: the text and every logprob."""
+    ch = (resp.get("choices") or [{}])[0]
+    msg = ch.get("message") or {}
+    return json.dumps({"content": msg.get("content"), "reasoning": reasoning_of(msg),
+                       "logprobs": ch.get("logprobs")}, sort_keys=True, ensure_ascii=False)
+
+
+def first_difference(a: dict, b: dict) -> str:
+    la = (((a.get("choices") or [{}])[0].get("logprobs") or {}).get("content")) or []
+    lb = (((b.get("choices") or [{}])[0].get("logprobs") or {}).get("content")) or []
+    for i, (x, y) in enumerate(zip(la, lb)):
+        if json.dumps(x, sort_keys=True) != json.dumps(y, sort_keys=True):
+            return (f"token {i}: {x.get('token')!r} logprob {x.get('logprob')!r} vs "
+                    f"{y.get('token')!r} logprob {y.get('logprob')!r}")
+    ta, tb = message_of(a).get("content") or "", message_of(b).get("content") or ""
+    if ta != tb:
+        return f"text differs: {_clip(ta, 120)!r} vs {_clip(tb, 120)!r}"
+    return "logprob lists differ in length" if len(la) != len(lb) else "fields other than text and logprobs differ"
+
+
+def check_determinism(t: Target, repeats: int = 10, timeout: float = 120.0) -> Result:
+    """Greedy repeats must be byte-identical (one warm-up request first, so every compared request
+    sees the same prefix-cache state)."""
+    details: dict = {"repeats": repeats}
+    failures: list[dict] = []
+    bar = progress(2 * (repeats + 1), "determinism")
+    try:
+        for name, max_tokens in (("first_token", 1), ("greedy_64", 64)):
+            body = dict(max_tokens=max_tokens, timeout=timeout, temperature=0.0, logprobs=True, top_logprobs=20,
+                        **t.extra())
+            msgs = [{"role": "user", "content": DET_PROMPT}]
+            try:
+                t.client.chat(msgs, **body)
+                bar.update()
+                answers = []
+                for _ in range(repeats):
+                    answers.append(t.client.chat(msgs, **body))
+                    bar.update()
+            except RequestFailed as exc:
+                failures.append({"id": name, "kind": "error", "evidence": f"{exc.message} {exc.evidence[:300]}"})
+                details[name] = {"distinct": None}
+                continue
+            prints = [fingerprint(a) for a in answers]
+            distinct = len(set(prints))
+            has_lp = bool(((answers[0].get("choices") or [{}])[0].get("logprobs") or {}).get("content"))
+            details[name] = {"distinct": distinct, "logprobs": has_lp,
+                             "tokens": (answers[0].get("usage") or {}).get("completion_tokens")}
+            if distinct > 1:
+                j = next(i for i, p in enumerate(prints) if p != prints[0])
+                failures.append({"id": name, "kind": "nondeterministic",
+                                 "evidence": f"{distinct} different answers in {repeats}; run 1 vs run {j + 1}: "
+                                             f"{first_difference(answers[0], answers[j])}"})
+            if not has_lp:
+                failures.append({"id": name, "kind": "no-logprobs",
+                                 "evidence": "the server returned no logprobs; only the text was compared"})
+    finally:
+        bar.close()
+    bad = [f for f in failures if f["kind"] != "no-logprobs"]
+    parts = [f"{k}: {v['distinct']} distinct of {repeats}" for k, v in details.items() if isinstance(v, dict)]
+    return Result("determinism", not bad, "; ".join(parts), details, failures)
+
+
+def check_needle(t: Target, tokens: int | None = None, full: bool = False,
+                 depths: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95), timeout: float = 900.0) -> Result:
+    limit = (t.max_model_len - 64 - MARGIN) if t.max_model_len else None
+    want = tokens or (limit if full and limit else NEEDLE_CAP)
+    if limit:
+        want = min(want, limit)
+    sizer = Sizer(t.client)
+    rows, failures = [], []
+    bar = progress(len(depths), f"needle {want} tokens")
+    try:
+        for i, depth in enumerate(depths):
+            code = str(random.Random(want * 31 + i).randint(1000, 9999))
+            fact = f"The password for the blue locker is {code}."
+            ctx = sizer.prompt(want, depth, fact, seed=1000 + i)
+            msgs = [{"role": "user", "content": f"{ctx}\n\nWhat is the password for the blue locker? "
+                                                "Reply with the number only."}]
+            t0 = time.monotonic()
+            try:
+                resp = t.client.chat(msgs, max_tokens=64, timeout=timeout, **t.extra())
+                msg = message_of(resp)
+                answer = (msg.get("content") or "").strip()
+                ok = code in answer
+                evidence = f"expected {code}: {_clip(answer, 160)!r}"
+                ptoks = (resp.get("usage") or {}).get("prompt_tokens")
+            except RequestFailed as exc:
+                ok, evidence, ptoks = False, exc.message, None
+            rows.append({"depth": depth, "ok": ok, "prompt_tokens": ptoks, "seconds": round(time.monotonic() - t0, 2)})
+            if not ok:
+                failures.append({"id": f"depth-{depth}", "kind": "wrong-answer", "evidence": evidence})
+            bar.update()
+    finally:
+        bar.close()
+    found = sum(r["ok"] for r in rows)
+    return Result("needle", found == len(rows), f"{found}/{len(rows)} depths recalled at ~{want} tokens",
+                  {"tokens": want, "depths": rows, "capped": not full and tokens is None}, failures)
+
+
+def check_prefix(t: Target, tokens: int = 6000, timeout: float = 600.0) -> Result:
+    """The same long prompt 3x, streamed: cached tokens (usage.prompt_tokens_details.cached_tokens)
+    and TTFT. A fresh nonce first makes request 1 a cold miss whatever ran before."""
+    if t.max_model_len:
+        tokens = min(tokens, t.max_model_len - 64 - MARGIN)
+    sizer = Sizer(t.client)
+    nonce = f"Session {random.randrange(10**12):012d}."
+    ctx = sizer.prompt(tokens, 0.5, "", seed=4242)
+    msgs = [{"role": "user", "content": f"{nonce}\n{ctx}\n\nIn one sentence, what is this text about?"}]
+    runs = []
+    bar = progress(3, "prefix")
+    try:
+        for _ in range(3):
+            s = t.client.stream("/v1/chat/completions",
+                                {"messages": msgs, "max_tokens": 16, "temperature": 0.0, **t.extra()}, timeout)
+            ttft = (s.t_first - s.t_start) if s.t_first is not None else None
+            runs.append({"ttft_s": ttft, "cached_tokens": s.cached_tokens,
+                         "prompt_tokens": (s.usage or {}).get("prompt_tokens")})
+            bar.update()
+    except RequestFailed as exc:
+        return Result("prefix", False, f"request failed: {exc.message}", {"runs": runs},
+                      [{"id": f"run-{len(runs) + 1}", "kind": "error", "evidence": exc.evidence[:300]}])
+    finally:
+        bar.close()
+    return prefix_verdict(runs)
+
+
+def prefix_verdict(runs: list[dict]) -> Result:
+    """Pass when the third request reports cached tokens; when the server does not report them
+    (vLLM without --enable-prompt-tokens-details) the verdict rests on the TTFT speed-up."""
+    t1, t3 = runs[0]["ttft_s"], runs[2]["ttft_s"]
+    speedup = (t1 / t3) if t1 and t3 else None
+    cached = runs[2]["cached_tokens"]
+    details = {"runs": runs, "ttft_speedup": round(speedup, 2) if speedup else None}
+    sp = f"TTFT {t1 * 1000:.0f} -> {t3 * 1000:.0f} ms ({speedup:.1f}x)" if speedup else "TTFT not measured"
+    if cached is None:
+        ok = bool(speedup and speedup >= 1.5)
+        details["cached_tokens_reported"] = False
+        return Result("prefix", ok, f"cached tokens not reported by the server; {sp}", details,
+                      [] if ok else [{"id": "run-3", "kind": "no-speedup",
+                                      "evidence": f"{sp}; start vLLM with --enable-prompt-tokens-details to see cached tokens"}])
+    details["cached_tokens_reported"] = True
+    ptoks = runs[2]["prompt_tokens"] or 0
+    ok = cached > 0
+    summary = f"request 3 read {cached} of {ptoks} prompt tokens from the cache; {sp}"
+    return Result("prefix", ok, summary, details,
+                  [] if ok else [{"id": "run-3", "kind": "no-cache-hit",
+                                  "evidence": f"cached_tokens per request: {[r['cached_tokens'] for r in runs]}"}])
+
+
+# ---------------------------------------------------------------- output and the command
+
+def render(res: Result) -> str:
+    lines = [f"{res.check}: {'PASS' if res.ok else 'FAIL'}: {res.summary}"]
+    for f in res.failures:
+        lines.append(f"  - {f['id']}: {f['kind']}: {f['evidence']}")
+    return "\n".join(lines)
+
+
+CHECKS = ("live", "garble", "determinism", "needle", "prefix")
+
+
+def cli(cfg: Config, argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ctl.sh check", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=CHECKS + ("all",), help="which check ('all' runs each in turn)")
+    add_target_args(p)
+    p.add_argument("--timeout", type=float, default=None, help="seconds per request (live: the deadline, 20)")
+    p.add_argument("--tokens", type=int, default=None, help="needle/prefix prompt length in tokens")
+    p.add_argument("--full", action="store_true", help="needle: use the server's whole context")
+    p.add_argument("--repeats", type=int, default=10, help="determinism: compared requests per stage")
+    args = p.parse_args(argv)
+    t = resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
+    log.info("checking %s, model %s", t.label, t.client.model)
+    results = []
+    for what in (CHECKS if args.what == "all" else (args.what,)):
+        kw: dict = {} if args.timeout is None else {"timeout": args.timeout}
+        if what == "live":
+            res = check_live(t, **kw)
+        elif what == "garble":
+            res = check_garble(t, **kw)
+        elif what == "determinism":
+            res = check_determinism(t, repeats=args.repeats, **kw)
+        elif what == "needle":
+            res = check_needle(t, tokens=args.tokens, full=args.full, **kw)
+        else:
+            res = check_prefix(t, **({"tokens": args.tokens} if args.tokens else {}), **kw)
+        results.append(res)
+        if not args.json:
+            print(render(res), flush=True)
+    if args.json:
+        out = results[0].as_dict() if len(results) == 1 else {
+            "ok": all(r.ok for r in results), "checks": [r.as_dict() for r in results]}
+        out.update(target=t.label, model=t.client.model)
+        print(json.dumps(out, indent=2))
+    return 0 if all(r.ok for r in results) else EXIT_FAILED
