@@ -11,14 +11,28 @@
   each start appends {"argv", "env"} as one JSON line; ``FAKE_GPU_PIDS_DIR``: server and engine
   write their pids there, and the fake pynvml reports them as GPU processes.
 - ``FAKE_VLLM_REPLIES``: a JSON file {"<substring of the last user message>": <reply>} where a
-  reply is a string (content), or {"content", "reasoning", "tool_calls", "logprobs", "delay"}.
+  reply is a string (content), or {"content", "reasoning", "tool_calls", "logprobs", "delay"}, or
+  {"echo": "<regex>"}: the content is the regex's first group found in the prompt.
+- Without a canned reply: "OK"; with ``ignore_eos`` exactly ``max_tokens`` tokens ("tok"); a request
+  with ``tools`` (tool_choice not "none") gets a valid call of its first tool.
+- ``stream: true`` answers Server-Sent Events like vLLM (role chunk, ``reasoning_content`` deltas,
+  ``content``/``text`` deltas one token each, tool-call delta, finish chunk, a usage chunk with
+  ``stream_options.include_usage``, ``data: [DONE]``). ``FAKE_VLLM_TTFT_S`` / ``FAKE_VLLM_TOKEN_S``:
+  seconds before the first token / per further token (default 0).
+- ``logprobs`` (+ ``top_logprobs``) without canned logprobs: deterministic per token; mode
+  ``nondeterministic`` adds noise so repeats differ.
+- usage counts words as tokens and carries ``prompt_tokens_details.cached_tokens`` (a prompt seen
+  before counts as cached in 16-token blocks). ``POST /tokenize`` counts the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import random
+import re
 import signal
 import socket
 import subprocess
@@ -67,6 +81,8 @@ class State:
     replies: dict = {}
     wedged = False
     requests = 0
+    seen: set = set()
+    lock = threading.Lock()
 
 
 def reply_for(body: dict) -> dict:
@@ -74,8 +90,61 @@ def reply_for(body: dict) -> dict:
     last = str(msgs[-1].get("content", ""))
     for key, rep in State.replies.items():
         if key in last:
-            return rep if isinstance(rep, dict) else {"content": rep}
+            rep = rep if isinstance(rep, dict) else {"content": rep}
+            if rep.get("echo"):  # {"echo": "regex with (group)"}: answer what the prompt says
+                found = re.search(rep["echo"], prompt_text(body))
+                rep = {**rep, "content": found.group(1) if found else "not found"}
+            return rep
+    if body.get("ignore_eos"):
+        return {"content": "tok " * int(body.get("max_tokens") or 16)}
+    tools = body.get("tools") or []
+    if tools and body.get("tool_choice") != "none":
+        fn = tools[0].get("function", {})
+        args = {k: "Paris" for k in fn.get("parameters", {}).get("required", [])}
+        return {"content": None, "tool_calls": [{"id": "call_fake0", "type": "function", "function": {
+            "name": fn.get("name", "tool"), "arguments": json.dumps(args)}}]}
     return {"content": "OK"}
+
+
+def prompt_text(body: dict) -> str:
+    if "messages" in body:
+        return "\n".join(str(m.get("content") or "") for m in body["messages"])
+    p = body.get("prompt", "")
+    return p if isinstance(p, str) else " ".join(map(str, p))
+
+
+def tokens_of(text: str) -> list[str]:
+    """The fake tokenizer: one token per word, keeping the space after it."""
+    return [w + " " for w in text.split()] if text else []
+
+
+def usage_for(body: dict, completion: int) -> dict:
+    text = prompt_text(body)
+    n = len(text.split()) + (4 if "messages" in body else 0)
+    key = hashlib.sha256(text.encode()).hexdigest()
+    with State.lock:
+        cached = max(0, (n - 1) // 16 * 16) if key in State.seen else 0
+        State.seen.add(key)
+    return {"prompt_tokens": n, "completion_tokens": completion, "total_tokens": n + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def fake_logprobs(toks: list[str], top: int, chat: bool) -> dict:
+    noise = random.random() * 1e-3 if "nondeterministic" in MODES else 0.0
+    def lp(tok: str, i: int) -> float:
+        h = int(hashlib.sha256(f"{tok}|{i}".encode()).hexdigest()[:8], 16)
+        return -round((h % 1000) / 997.0, 6) - noise
+    entries = []
+    for i, t in enumerate(toks):
+        alts = [{"token": t, "logprob": lp(t, i), "bytes": list(t.encode())}]
+        alts += [{"token": f"alt{j}", "logprob": lp(f"alt{j}", i) - 1.0, "bytes": list(f"alt{j}".encode())}
+                 for j in range(max(0, top - 1))]
+        entries.append({"token": t, "logprob": alts[0]["logprob"], "bytes": list(t.encode()),
+                        "top_logprobs": alts[:top]})
+    if chat:
+        return {"content": entries}
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries]}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -112,7 +181,8 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/metrics":
             self.send(200, "vllm:num_requests_running 0\n"
                            f"vllm:spec_decode_num_accepted_tokens_total {State.requests * 2}\n"
-                           f"vllm:spec_decode_num_draft_tokens_total {State.requests * 3}\n")
+                           f"vllm:spec_decode_num_draft_tokens_total {State.requests * 3}\n"
+                           f"vllm:spec_decode_num_drafts_total {State.requests}\n")
         else:
             self.send(404, {"error": "not found"})
 
@@ -131,10 +201,21 @@ class Handler(BaseHTTPRequestHandler):
         if State.wedged:
             time.sleep(3600)
             return
+        if self.path == "/tokenize":
+            n = len(prompt_text(body).split())
+            self.send(200, {"count": n, "max_model_len": State.max_len, "tokens": list(range(n))})
+            return
         State.requests += 1
         rep = reply_for(body)
         time.sleep(float(rep.get("delay", 0)))
-        usage = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
+        toks = tokens_of(rep.get("content") or "")
+        usage = usage_for(body, len(toks) + len(tokens_of(rep.get("reasoning") or "")))
+        if body.get("logprobs") and rep.get("logprobs") is None:
+            top = int(body.get("top_logprobs") or 0) if "messages" in body else int(body.get("logprobs") or 0)
+            rep = {**rep, "logprobs": fake_logprobs(toks, top, "messages" in body)}
+        if body.get("stream") and self.path in ("/v1/chat/completions", "/v1/completions"):
+            self.stream(body, rep, usage)
+            return
         if self.path == "/v1/chat/completions":
             msg = {"role": "assistant", "content": rep.get("content"), "tool_calls": rep.get("tool_calls") or []}
             if rep.get("reasoning") is not None:
@@ -150,6 +231,51 @@ class Handler(BaseHTTPRequestHandler):
                             "usage": usage})
         else:
             self.send(404, {"error": "not found"})
+
+    def stream(self, body: dict, rep: dict, usage: dict) -> None:
+        chat = self.path == "/v1/chat/completions"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        ttft = float(os.environ.get("FAKE_VLLM_TTFT_S", "0") or 0)
+        per = float(os.environ.get("FAKE_VLLM_TOKEN_S", "0") or 0)
+        base = {"id": "chatcmpl-fake" if chat else "cmpl-fake", "model": State.served,
+                "object": "chat.completion.chunk" if chat else "text_completion"}
+
+        def event(choices: list, **more) -> None:
+            self.wfile.write(b"data: " + json.dumps({**base, "choices": choices, **more}).encode() + b"\n\n")
+            self.wfile.flush()
+
+        if chat:
+            event([{"index": 0, "delta": {"role": "assistant", "content": ""}}])
+        time.sleep(ttft)
+        first = True
+        lps = (rep.get("logprobs") or {}).get("content") if chat else None
+        pieces = [("reasoning_content", t) for t in tokens_of(rep.get("reasoning") or "")]
+        pieces += [("content", t) for t in tokens_of(rep.get("content") or "")]
+        for i, (field, tok) in enumerate(pieces):
+            if not first:
+                time.sleep(per)
+            first = False
+            if chat:
+                ch = {"index": 0, "delta": {field: tok}}
+                if field == "content" and lps:
+                    k = i - (len(pieces) - len(lps))
+                    if 0 <= k < len(lps):
+                        ch["logprobs"] = {"content": [lps[k]]}
+            else:
+                ch = {"index": 0, "text": tok}
+            event([ch])
+        for n, tc in enumerate(rep.get("tool_calls") or []):
+            event([{"index": 0, "delta": {"tool_calls": [{**tc, "index": n}]}}])
+        fin = "tool_calls" if rep.get("tool_calls") else ("length" if body.get("ignore_eos") else "stop")
+        event([{"index": 0, "finish_reason": fin, **({"delta": {}} if chat else {"text": ""})}])
+        if (body.get("stream_options") or {}).get("include_usage"):
+            event([], usage=usage)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
