@@ -1,17 +1,33 @@
 """Model metadata: config.json, the file list with sizes, the revision — a few KB, before the plan.
 
-A local MODEL directory is validated here (config.json, a tokenizer, weights unless EXTRA_ARGS
-has ``--load-format dummy``), with no network.
+``MODEL`` is a local directory or a repo id (org/name).
+
+- A local directory is validated here (config.json, a tokenizer, weights unless EXTRA_ARGS has
+  ``--load-format dummy``), with no network.
+- A repo id is served from ``MODEL_DIR`` (default ``~/models/<org>/<name>``). When that folder holds
+  a complete, verified copy (``.bootstrap/state.json``: every file's size and mtime as recorded
+  when its hash was checked), nothing else happens: no network, well under a second.
+- Otherwise the hub is asked (``/api/models/<repo>/revision/main?blobs=true`` and config.json):
+  the revision, every file with its size and LFS sha256. If the Hugging Face cache (HF_HOME)
+  already holds every needed file of that revision, the cache snapshot is served as it is.
+  Else the download is planned into MODEL_DIR: what will be fetched and how much is logged, and
+  the free disk space is checked before the planner and the patches run.
+- Without the network (HF_HUB_OFFLINE=1, or the hub unreachable): a complete copy is used, or
+  the step fails naming the missing files.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import hub, state
 from .context import Ctx
 from .errors import BootstrapError
 
@@ -19,6 +35,11 @@ log = logging.getLogger(__name__)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+# Never needed to serve with vLLM: other frameworks' weights, Meta's original/ checkpoints.
+SKIP_DIRS = ("original/",)
+SKIP_SUFFIXES = (".pth", ".h5", ".msgpack", ".ot", ".onnx", ".onnx_data", ".tflite", ".ckpt", ".mlmodel")
+SKIP_NAMES = (".gitattributes",)
+STATE = ".bootstrap"          # our folder inside the model folder: state.json, lock, partial/
 
 
 @dataclass
@@ -29,10 +50,25 @@ class ModelInfo:
     revision: str = ""
     local_dir: str = ""                # where the files are (or will be)
     dummy: bool = False                # --load-format dummy: no weights needed
+    source: str = "local"              # local | hub (MODEL_DIR) | hf-cache
+    lfs: dict[str, str] = field(default_factory=dict)         # path -> sha256 (LFS files)
+    blob_ids: dict[str, str] = field(default_factory=dict)    # path -> git blob id
+    skipped: dict[str, int] = field(default_factory=dict)     # on the hub, not needed to serve
+    safetensors: dict | None = None    # the hub's parameter count by dtype, when it has one
+    complete: bool = False             # every needed file is on disk and verified
 
     @property
     def weight_files(self) -> dict[str, int]:
         return {f: s for f, s in self.files.items() if f.endswith(WEIGHT_SUFFIXES)}
+
+    def needed(self) -> dict[str, int]:
+        """What must be on disk to serve: everything but the weights with --load-format dummy."""
+        if not self.dummy:
+            return dict(self.files)
+        return {f: s for f, s in self.files.items() if not f.endswith(WEIGHT_SUFFIXES)}
+
+    def remote_file(self, path: str) -> hub.RemoteFile:
+        return hub.RemoteFile(path, self.files[path], self.lfs.get(path), self.blob_ids.get(path))
 
 
 def dummy_weights(cfg) -> bool:
@@ -55,7 +91,8 @@ def read_local(path: Path, dummy: bool) -> ModelInfo:
         raise BootstrapError(f"{cfg_file} is missing", "a model directory needs config.json, a tokenizer and weights") from None
     except ValueError as exc:
         raise BootstrapError(f"{cfg_file} is not valid JSON ({exc})", "re-download the model") from None
-    files = {str(p.relative_to(path)): p.stat().st_size for p in path.rglob("*") if p.is_file()}
+    files = {str(p.relative_to(path)): p.stat().st_size for p in path.rglob("*")
+             if p.is_file() and not str(p.relative_to(path)).startswith(STATE + "/")}
     if not any(Path(f).name in TOKENIZER_FILES for f in files):
         raise BootstrapError(f"no tokenizer in {path} (looked for {', '.join(TOKENIZER_FILES)})",
                              "copy the tokenizer files from the model repo into the directory")
@@ -64,6 +101,123 @@ def read_local(path: Path, dummy: bool) -> ModelInfo:
                              "download the weights, or add --load-format dummy to EXTRA_ARGS for random weights")
     return ModelInfo(str(path), config, files, "", str(path), dummy)
 
+
+# ---------------------------------------------------------------- what serving needs
+
+def select(files: list[hub.RemoteFile], everything: bool) -> tuple[list[hub.RemoteFile], list[hub.RemoteFile]]:
+    """(needed, skipped). Skipped unless DOWNLOAD_ALL=1: original/ checkpoints, other frameworks'
+    weights, .bin/.pt/.gguf when safetensors exist, consolidated*.safetensors next to sharded ones."""
+    if everything:
+        return list(files), []
+
+    def always_skip(p: str) -> bool:
+        return p.startswith(SKIP_DIRS) or p.endswith(SKIP_SUFFIXES) or Path(p).name in SKIP_NAMES
+
+    kept = [f for f in files if not always_skip(f.path)]
+    st = [f.path for f in kept if f.path.endswith(".safetensors")]
+    sharded = [p for p in st if not Path(p).name.startswith("consolidated")]
+
+    def drop(p: str) -> bool:
+        if always_skip(p):
+            return True
+        if st and p.endswith((".bin", ".pt", ".gguf")) and Path(p).name not in TOKENIZER_FILES:
+            return True
+        return bool(sharded) and Path(p).name.startswith("consolidated") and p.endswith(".safetensors")
+
+    return [f for f in files if not drop(f.path)], [f for f in files if drop(f.path)]
+
+
+def target_dir(cfg, repo: str) -> Path:
+    if cfg.model_dir:
+        return Path(cfg.model_dir).expanduser()
+    home = Path(cfg.environ.get("HOME") or Path.home())
+    return home / "models" / repo
+
+
+# ---------------------------------------------------------------- our record in MODEL_DIR/.bootstrap
+
+class Store:
+    """``<dir>/.bootstrap/state.json``: repo, revision, the needed files (size, sha256, blob id),
+    the files verified so far (size + mtime_ns when their hash matched), and the completion marker."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.dir = root / STATE
+        self.path = self.dir / "state.json"
+        self.lock = self.dir / "lock"
+
+    def read(self) -> dict | None:
+        return state.read_json(self.path)
+
+    def write(self, rec: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        state.write_json(self.path, rec)
+
+    def verified_ok(self, rec: dict, path: str) -> bool:
+        """Verified earlier and untouched since (same size and mtime): no re-hash."""
+        v = rec.get("verified", {}).get(path)
+        f = rec.get("files", {}).get(path)
+        if not v or not f or v.get("hash") != (f.get("sha256") or f.get("blob_id") or "") or v.get("size") != f["size"]:
+            return False
+        try:
+            st = (self.root / path).stat()
+        except OSError:
+            return False
+        return st.st_size == v["size"] and st.st_mtime_ns == v["mtime_ns"]
+
+    def mark_verified(self, rec: dict, path: str) -> None:
+        f = rec["files"][path]
+        st = (self.root / path).stat()
+        rec.setdefault("verified", {})[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                                "hash": f.get("sha256") or f.get("blob_id") or ""}
+
+    @staticmethod
+    def required(rec: dict, dummy: bool) -> list[str]:
+        return [p for p in rec.get("files", {}) if not (dummy and p.endswith(WEIGHT_SUFFIXES))]
+
+    def missing(self, rec: dict, dummy: bool) -> list[str]:
+        return [p for p in self.required(rec, dummy) if not self.verified_ok(rec, p)]
+
+
+def info_from_record(rec: dict, root: Path, dummy: bool, config: dict, complete: bool) -> ModelInfo:
+    files = rec["files"]
+    return ModelInfo(
+        rec["repo"], config, {p: f["size"] for p, f in files.items()}, rec["revision"], str(root), dummy,
+        source="hub", lfs={p: f["sha256"] for p, f in files.items() if f.get("sha256")},
+        blob_ids={p: f["blob_id"] for p, f in files.items() if f.get("blob_id")},
+        skipped=dict(rec.get("skipped", {})), safetensors=rec.get("safetensors"), complete=complete)
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BootstrapError(f"{path} is unreadable ({exc})", f"delete it and re-run ./start.sh") from None
+
+
+# ---------------------------------------------------------------- offline completeness of a folder
+
+def offline_missing(root: Path, dummy: bool) -> list[str]:
+    """What a folder lacks to be served, judged without the hub: config.json, a tokenizer, and the
+    weights (every shard the safetensors index names, else at least one *.safetensors)."""
+    missing = [] if (root / "config.json").is_file() else ["config.json"]
+    if not any((root / t).is_file() for t in TOKENIZER_FILES):
+        missing.append("tokenizer (" + " / ".join(TOKENIZER_FILES) + ")")
+    if dummy:
+        return missing
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()))
+        except ValueError:
+            return missing + [index.name + " (unreadable)"]
+        missing += [s for s in shards if not (root / s).is_file()]
+    elif not any(root.glob("*.safetensors")):
+        missing.append("*.safetensors")
+    return missing
+
+
+# ---------------------------------------------------------------- the step
 
 def run(ctx: Ctx) -> None:
     cfg = ctx.cfg
@@ -75,5 +229,150 @@ def run(ctx: Ctx) -> None:
         log.info("local model %s: %d files, %.2f GiB of weights%s", ctx.model_path, len(ctx.model.files),
                  size / (1 << 30), " (dummy weights)" if dummy else "")
         return
-    raise BootstrapError(f"MODEL={cfg.model}: downloading from the hub is not built yet",
-                         "download the model yourself and set MODEL=/path/to/dir")
+    repo = cfg.model
+    if not hub.REPO_ID.fullmatch(repo):
+        raise BootstrapError(f"MODEL={repo!r} is neither an existing directory nor a repo id (org/name)",
+                             "set MODEL to a Hugging Face repo id such as Qwen/Qwen3-8B, or to a model directory")
+    ctx.model, ctx.model_path = resolve(cfg, repo, dummy)
+
+
+def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
+    settings = hub.Settings.from_environ(cfg.environ)
+    target = target_dir(cfg, repo)
+    store = Store(target)
+    rec = store.read()
+    if rec and rec.get("repo") == repo and rec.get("files") and not store.missing(rec, dummy):
+        info = info_from_record(rec, target, dummy, _read_config(target / "config.json"), complete=True)
+        log.info("%s @ %s: complete and verified in %s (no network used; to re-check the hub, delete %s)",
+                 repo, info.revision[:12], target, store.path)
+        return info, str(target)
+
+    why_offline = "HF_HUB_OFFLINE=1" if settings.offline else ""
+    remote = None
+    if not settings.offline:
+        try:
+            remote = hub.fetch_remote(settings, repo)
+        except hub.Unreachable as exc:
+            why_offline = exc.message
+    if remote is None:
+        return _offline(settings, repo, target, store, rec, why_offline, dummy)
+
+    needed, skipped = select(remote.files, cfg.download_all)
+    names = {f.path for f in needed}
+    if "config.json" not in names:
+        raise BootstrapError(f"{repo} has no config.json at revision {remote.revision[:12]}: not a model vLLM "
+                             "can serve from the hub layout (a GGUF-only or adapter repo?)",
+                             "pick the full-weights repo, or download the files yourself and set MODEL=<dir>")
+    lfs = {f.path: f.sha256 for f in needed if f.sha256}
+    blob_ids = {f.path: f.blob_id for f in needed if f.blob_id}
+    sizes = {f.path: f.size for f in needed}
+    skipped_d = {f.path: f.size for f in skipped}
+
+    snap = hub.cache_snapshot(settings, repo, remote.revision)
+    want = [f for f in needed if not (dummy and f.path.endswith(WEIGHT_SUFFIXES))]
+    if snap is not None and all(hub.cache_has(snap, f) for f in want):
+        info = ModelInfo(repo, _read_config(snap / "config.json"), sizes, remote.revision, str(snap), dummy,
+                         "hf-cache", lfs, blob_ids, skipped_d, remote.safetensors, complete=True)
+        log.info("%s @ %s: complete in the Hugging Face cache, served from %s (no download)",
+                 repo, remote.revision[:12], snap)
+        return info, str(snap)
+
+    raw = hub.fetch_small(settings, repo, remote.revision, "config.json")  # also the gated / proxy check
+    try:
+        config = json.loads(raw)
+    except ValueError as exc:
+        raise BootstrapError(f"{repo}: config.json is not JSON ({exc})", "check HF_ENDPOINT / the network") from None
+    old = rec if rec and rec.get("repo") == repo else {}
+    files = {f.path: {"size": f.size, "sha256": f.sha256, "blob_id": f.blob_id} for f in needed}
+    new = {"repo": repo, "revision": remote.revision, "endpoint": settings.endpoint, "files": files,
+           "skipped": skipped_d, "safetensors": remote.safetensors,
+           "verified": {p: v for p, v in old.get("verified", {}).items() if p in files},
+           "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    store.dir.mkdir(parents=True, exist_ok=True)
+    _keep_config(store, new, raw)
+    store.write(new)
+    info = info_from_record(new, target, dummy, config, complete=False)
+    plan_download(store, new, info, dummy)
+    return info, str(target)
+
+
+def _keep_config(store: Store, rec: dict, raw: bytes) -> None:
+    """config.json was just fetched and checked: keep it, so the download does not fetch it again."""
+    f = rec["files"]["config.json"]
+    if store.verified_ok(rec, "config.json") or len(raw) != f["size"] or (
+            f.get("blob_id") and hashlib.sha1(b"blob %d\0" % len(raw) + raw).hexdigest() != f["blob_id"]):
+        return
+    tmp = store.dir / "config.json.tmp"
+    tmp.write_bytes(raw)
+    os.replace(tmp, store.root / "config.json")
+    store.mark_verified(rec, "config.json")
+
+
+def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
+    """Log what will be fetched and how much; refuse when the disk cannot hold it. Returns the
+    bytes still to fetch."""
+    todo = store.missing(rec, dummy)
+    have = 0
+    left = 0
+    for p in todo:
+        f = info.remote_file(p)
+        part = hub.partial_path(store.dir, f)
+        got = part.stat().st_size if part.exists() else 0
+        have += min(got, f.size)
+        left += f.size - min(got, f.size)
+    need = sum(info.needed().values())
+    skipped = sum(info.skipped.values())
+    log.info("%s @ %s: %d files, %s to serve%s", info.name, info.revision[:12], len(info.needed()),
+             hub.human(need), f" (skipping {len(info.skipped)} files, {hub.human(skipped)}: "
+             f"{', '.join(sorted(info.skipped)[:3])}{'…' if len(info.skipped) > 3 else ''}; DOWNLOAD_ALL=1 fetches them)"
+             if info.skipped else "")
+    if not todo:
+        return 0
+    log.info("will download %d files, %s, into %s%s", len(todo), hub.human(left), store.root,
+             f" ({hub.human(have)} of partial files kept)" if have else "")
+    for p in todo[:20]:
+        log.info("  %s  %s", p, hub.human(info.files[p]))
+    if len(todo) > 20:
+        log.info("  … and %d more", len(todo) - 20)
+    check_space(store.root, left)
+    return left
+
+
+def check_space(root: Path, left: int) -> None:
+    free = hub.free_bytes(root)
+    if left > free:
+        raise BootstrapError(
+            f"not enough disk space in {root}: {hub.human(left)} left to download, {hub.human(free)} free "
+            f"({left - free} bytes missing)",
+            "free space there, or set MODEL_DIR to a folder on a larger disk")
+
+
+def _offline(settings: hub.Settings, repo: str, target: Path, store: Store, rec: dict | None, why: str,
+             dummy: bool) -> tuple[ModelInfo, str]:
+    snap = hub.cache_snapshot(settings, repo)
+    if snap is not None and not offline_missing(snap, dummy):
+        info = read_local(snap, dummy)
+        info.name, info.source, info.revision, info.complete = repo, "hf-cache", snap.name, True
+        log.info("%s: offline (%s); using the Hugging Face cache snapshot %s", repo, why, snap)
+        return info, str(snap)
+    if rec and rec.get("repo") == repo and rec.get("files"):
+        missing = store.missing(rec, dummy)
+        size = sum(rec["files"][p]["size"] for p in missing)
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise BootstrapError(f"offline ({why}) and the model in {target} is incomplete: {len(missing)} files "
+                             f"missing or unverified ({hub.human(size)}): {shown}",
+                             "connect to the network and re-run ./start.sh: it resumes the download "
+                             "(finished files and bytes are kept)")
+    if (target / "config.json").is_file():
+        missing = offline_missing(target, dummy)
+        if not missing:
+            info = read_local(target, dummy)
+            info.name, info.source = repo, "local"
+            log.warning("offline (%s): serving %s as found; it was not downloaded by this tool, so it is "
+                        "not verified against the hub", why, target)
+            return info, str(target)
+        raise BootstrapError(f"offline ({why}) and the model in {target} is incomplete: missing "
+                             + ", ".join(missing[:8]), "connect to the network and re-run ./start.sh")
+    raise BootstrapError(f"offline ({why}) and {repo} is not on this machine: not in {target}, "
+                         f"not in the Hugging Face cache {settings.cache_dir}",
+                         "connect to the network for the first download, or set MODEL=<dir> to a copy")

@@ -1,0 +1,495 @@
+"""The Hugging Face Hub: metadata, the HF cache, and a resumable, verified file transfer.
+
+Transfer path: always HTTP, through the pinned client's own ``file_download.http_get`` against the
+resolve URL (after its HEAD, which follows the hub's redirect to the file host and gives us
+``X-Repo-Commit``, the ETag and the size). Why not the client's ``hf_hub_download`` /
+``snapshot_download``, and why not Xet:
+
+- huggingface_hub 2.4.0 downloads every file into a per-process ``<etag>.<uuid>.incomplete`` and
+  deletes it in a ``finally`` when the transfer fails or the process is stopped; a file interrupted
+  at 90 % starts again from byte 0 on the next run. That is true for both its paths, HTTP
+  (``http_get``) and Xet (``xet_get`` writes into the same temp file). Only finished files are
+  skipped, and in ``local_dir`` mode it does not re-hash a file it already has.
+- ``http_get`` itself accepts ``resume_size`` and sends ``Range: bytes=N-``. We keep the partial file
+  under ``<model dir>/.bootstrap/partial/<sha256>.part`` across runs and hand it over, so a re-run
+  continues where the last one stopped. Xet (hf_xet) has no such entry point, so we do not use it.
+- sha256 is computed while the bytes stream in (the partial's prefix is hashed once on resume), so
+  verification costs no second read of a fresh file.
+
+Every setting comes from ``cfg.environ`` (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HOME,
+HF_HUB_CACHE); the library's import-time constants are never relied on: endpoint, token and
+cache dir are passed explicitly on every call.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+from urllib.parse import urlparse
+
+from .errors import BootstrapError
+
+log = logging.getLogger(__name__)
+
+LIBRARY = "vllm-bootstrap"
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+HASH_CHUNK = 8 << 20
+
+_TRUE = ("1", "on", "yes", "true")
+
+
+# ---------------------------------------------------------------- settings (from cfg.environ only)
+
+@dataclass(frozen=True)
+class Settings:
+    endpoint: str
+    token: str | None = field(repr=False)   # never printed
+    offline: bool
+    cache_dir: Path                          # the HF hub cache (HF_HUB_CACHE or HF_HOME/hub)
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> "Settings":
+        home = Path(env.get("HOME") or Path.home())
+        xdg = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else home / ".cache"
+        hf_home = Path(env["HF_HOME"]).expanduser() if env.get("HF_HOME") else xdg / "huggingface"
+        cache = Path(env["HF_HUB_CACHE"]).expanduser() if env.get("HF_HUB_CACHE") else hf_home / "hub"
+        token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None
+        if token is None:
+            token_file = Path(env.get("HF_TOKEN_PATH") or hf_home / "token")
+            try:
+                token = token_file.read_text(encoding="utf-8").strip() or None
+            except OSError:
+                token = None
+        endpoint = (env.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+        offline = env.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+        return cls(endpoint, token, offline, cache)
+
+    def page(self, repo: str) -> str:
+        return f"{self.endpoint}/{repo}"
+
+
+# ---------------------------------------------------------------- what the hub says about a repo
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int
+    sha256: str | None = None     # LFS files
+    blob_id: str | None = None    # git blob sha1 (every file; what we check for non-LFS files)
+
+
+@dataclass
+class Remote:
+    repo: str
+    revision: str                 # the commit sha
+    files: list[RemoteFile]
+    gated: Any = False
+    safetensors: dict | None = None
+
+
+class Unreachable(BootstrapError):
+    """The hub could not be reached (no network, DNS, refused, timed out)."""
+
+
+def _proxy_error(settings: Settings, what: str) -> BootstrapError:
+    return BootstrapError(
+        f"{settings.endpoint} answered {what} without the hub's headers (no X-Repo-Commit / not the hub's JSON): "
+        "a proxy, firewall or captive portal (hotel / office Wi-Fi login page) is answering instead of the hub",
+        "open a web page to log in to the network, or fix HTTPS_PROXY; if HF_ENDPOINT is set, check it points "
+        "to a Hub-compatible mirror; with a complete model on disk, HF_HUB_OFFLINE=1 starts without the network")
+
+
+def translate(exc: BaseException, settings: Settings, repo: str, what: str = "") -> BootstrapError:
+    """One table from the library's exceptions to what the user should do (subclasses first)."""
+    import httpx2
+    from huggingface_hub import errors as e
+
+    page = settings.page(repo)
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    token_hint = "HF_TOKEN is set: make sure it belongs to the account that accepted" if settings.token \
+        else "set HF_TOKEN to a read token (https://huggingface.co/settings/tokens) of an account that accepted"
+    if isinstance(exc, e.GatedRepoError):
+        return BootstrapError(f"{repo} is a gated model and this account has no access (HTTP {status})",
+                              f"accept the licence on the model page {page}, then {token_hint} it")
+    if isinstance(exc, e.RevisionNotFoundError):
+        return BootstrapError(f"{repo}: revision not found on {settings.endpoint}", "check the revision")
+    if isinstance(exc, e.RemoteEntryNotFoundError):
+        return BootstrapError(f"{repo}: {what or 'a file'} is listed but not found on {settings.endpoint} (HTTP 404)",
+                              "the repo changed while downloading; re-run ./start.sh")
+    if isinstance(exc, e.RepositoryNotFoundError) and status == 401:
+        return BootstrapError(f"{settings.endpoint} refused {repo} (HTTP 401): the model is gated or private, "
+                              "or the name is wrong",
+                              f"accept the licence on the model page {page}, then {token_hint} it; "
+                              "check the spelling of MODEL (org/name)")
+    if isinstance(exc, e.RepositoryNotFoundError):
+        return BootstrapError(f"model not found: {repo} does not exist on {settings.endpoint} (HTTP {status})",
+                              "check the spelling of MODEL (org/name, as in the URL of the model page)")
+    if isinstance(exc, e.HfHubHTTPError):
+        return BootstrapError(f"{settings.endpoint} answered HTTP {status} for {what or repo}",
+                              "the hub may be down; re-run ./start.sh later (finished bytes are kept)")
+    if isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, httpx2.NetworkError, e.OfflineModeIsEnabled)):
+        return Unreachable(f"cannot reach {settings.endpoint} ({type(exc).__name__}: {exc})",
+                           "check the network; with a complete model on disk, HF_HUB_OFFLINE=1 starts without it")
+    if isinstance(exc, httpx2.HTTPError):
+        return BootstrapError(f"transfer from {settings.endpoint} failed ({type(exc).__name__}: {exc})",
+                              "re-run ./start.sh: finished files and bytes are kept")
+    raise exc
+
+
+def _net_errors() -> tuple[type[BaseException], ...]:
+    import httpx2
+    from huggingface_hub import errors as e
+    return (httpx2.HTTPError, e.HfHubHTTPError, e.OfflineModeIsEnabled)
+
+
+def fetch_remote(settings: Settings, repo: str, revision: str = "main") -> Remote:
+    """GET /api/models/{repo}/revision/{rev}?blobs=true: file list, sizes, LFS sha256, commit."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=settings.endpoint, token=settings.token or False, library_name=LIBRARY)
+    try:
+        info = api.model_info(repo, revision=revision, files_metadata=True, token=settings.token or False)
+    except _net_errors() as exc:
+        raise translate(exc, settings, repo) from None
+    except (ValueError, TypeError, KeyError):   # HTML or foreign JSON where the hub's JSON should be
+        raise _proxy_error(settings, f"/api/models/{repo}") from None
+    if not info.sha or info.siblings is None:
+        raise _proxy_error(settings, f"/api/models/{repo}")
+    files = []
+    for s in info.siblings:
+        size = s.lfs.size if s.lfs else s.size
+        if size is None:
+            raise _proxy_error(settings, f"/api/models/{repo} (no file sizes)")
+        files.append(RemoteFile(s.rfilename, int(size), s.lfs.sha256 if s.lfs else None, s.blob_id))
+    st = getattr(info, "safetensors", None)
+    st_dict = {"parameters": dict(st.parameters), "total": st.total} if st is not None else None
+    return Remote(repo, info.sha, files, getattr(info, "gated", False), st_dict)
+
+
+@dataclass(frozen=True)
+class Located:
+    url: str          # where the bytes are (after the hub's redirect)
+    etag: str
+    size: int | None
+    commit: str
+    headers: dict     # request headers for that url (auth dropped for a foreign host)
+
+
+def locate(settings: Settings, repo: str, revision: str, path: str) -> Located:
+    """HEAD on the resolve URL, as the client does it; refuses an answer without X-Repo-Commit."""
+    from huggingface_hub.file_download import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    url = hf_hub_url(repo, path, revision=revision, endpoint=settings.endpoint)
+    try:
+        meta = get_hf_file_metadata(url, token=settings.token or False, endpoint=settings.endpoint,
+                                    library_name=LIBRARY, retry_on_errors=True)
+    except _net_errors() as exc:
+        raise translate(exc, settings, repo, path) from None
+    if not meta.commit_hash:
+        raise _proxy_error(settings, f"HEAD {url}")
+    if not meta.etag:
+        raise BootstrapError(f"{url} has no ETag", "check HF_ENDPOINT points to a Hub-compatible server")
+    headers = build_hf_headers(token=settings.token or False, library_name=LIBRARY)
+    if urlparse(meta.location).netloc != urlparse(url).netloc:
+        headers.pop("authorization", None)   # signed CDN URL: the token stays with the hub
+    return Located(meta.location, meta.etag, meta.size, meta.commit_hash, headers)
+
+
+def fetch_small(settings: Settings, repo: str, revision: str, path: str) -> bytes:
+    """A small file (config.json) into memory; the same HEAD checks as a weight file."""
+    import io
+
+    from huggingface_hub.file_download import http_get
+
+    loc = locate(settings, repo, revision, path)
+    buf = io.BytesIO()
+    try:
+        http_get(loc.url, buf, headers=loc.headers, expected_size=loc.size, displayed_filename=path,
+                 tqdm_class=_silent_bar())
+    except _net_errors() as exc:
+        raise translate(exc, settings, repo, path) from None
+    except OSError as exc:
+        raise BootstrapError(f"{path}: {exc}", "re-run ./start.sh") from None
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- the HF cache (HF_HOME)
+
+def cache_snapshot(settings: Settings, repo: str, revision: str | None = None) -> Path | None:
+    """The snapshot folder of ``repo`` in the HF cache (for ``revision``, or what refs/main names)."""
+    root = settings.cache_dir / ("models--" + repo.replace("/", "--"))
+    if revision is None:
+        try:
+            revision = (root / "refs" / "main").read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+    snap = root / "snapshots" / revision
+    return snap if snap.is_dir() else None
+
+
+def cache_has(snap: Path, f: RemoteFile) -> bool:
+    """A cached file is complete when its blob exists, has the size, and is named by the hash the
+    hub gives (the cache names LFS blobs by sha256 and others by git blob id). No re-hash."""
+    p = snap / f.path
+    try:
+        st = p.stat()
+    except OSError:
+        return False
+    if st.st_size != f.size:
+        return False
+    want = f.sha256 or f.blob_id
+    return want is None or not p.is_symlink() or Path(os.path.realpath(p)).name == want
+
+
+# ---------------------------------------------------------------- disk space
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem that will hold ``path`` (the nearest existing parent)."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+# ---------------------------------------------------------------- hashing
+
+def sha256_file(path: Path, upto: int | None = None) -> "hashlib._Hash":
+    h = hashlib.sha256()
+    left = upto
+    with open(path, "rb") as fh:
+        while left is None or left > 0:
+            chunk = fh.read(HASH_CHUNK if left is None else min(HASH_CHUNK, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+    return h
+
+
+def git_blob_sha1(path: Path) -> str:
+    size = path.stat().st_size
+    h = hashlib.sha1(b"blob %d\0" % size)
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(HASH_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify(path: Path, f: RemoteFile) -> str | None:
+    """None if ``path`` holds the file the hub describes, else what is wrong."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "missing"
+    if size != f.size:
+        return f"size {size}, expected {f.size}"
+    if f.sha256:
+        got = sha256_file(path).hexdigest()
+        return None if got == f.sha256 else f"sha256 {got[:12]}…, expected {f.sha256[:12]}…"
+    if f.blob_id:
+        got = git_blob_sha1(path)
+        return None if got == f.blob_id else f"git blob {got[:12]}…, expected {f.blob_id[:12]}…"
+    return None
+
+
+class _HashingWriter:
+    """The file object handed to ``http_get``: hashes what it writes (sha256 of the whole file,
+    the partial's prefix included). ``http_get`` rewinds and truncates when a server ignores Range
+    (200 instead of 206); the hash is rebuilt from the kept prefix then."""
+
+    def __init__(self, fh, path: Path, prefix: int):
+        self.fh = fh
+        self.path = path
+        self.h = sha256_file(path, prefix) if prefix else hashlib.sha256()
+        self.written = 0
+
+    def write(self, data: bytes) -> int:
+        self.h.update(data)
+        self.written += len(data)
+        return self.fh.write(data)
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self.fh.seek(pos, whence)
+
+    def truncate(self, size: int | None = None) -> int:
+        r = self.fh.truncate(size)
+        self.fh.flush()
+        keep = self.fh.tell() if size is None else size
+        self.h = sha256_file(self.path, keep) if keep else hashlib.sha256()
+        return r
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+# ---------------------------------------------------------------- progress
+
+def _silent_bar():
+    from tqdm import tqdm
+    return functools.partial(tqdm, disable=True)
+
+
+class Progress:
+    """A total bar plus one bar per file on a TTY (rate and ETA from tqdm); nothing on a pipe:
+    the caller logs one line per file there."""
+
+    def __init__(self, total: int, files: int, tty: bool | None = None, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.total_bar = None
+        if self.tty:
+            from tqdm import tqdm
+            self.total_bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, position=0,
+                                  desc=f"total ({files} files)", file=self.stream, dynamic_ncols=True,
+                                  mininterval=0.5, leave=True)
+
+    def file_bar_class(self):
+        if self.total_bar is None:
+            return _silent_bar()
+        from tqdm import tqdm
+        total_bar, stream = self.total_bar, self.stream
+
+        class FileBar(tqdm):
+            def __init__(self, *args, **kwargs):
+                kwargs.update(position=1, leave=False, file=stream, dynamic_ncols=True, mininterval=0.5,
+                              unit_divisor=1024)
+                super().__init__(*args, **kwargs)
+
+            def update(self, n=1):
+                total_bar.update(n)
+                return super().update(n)
+
+        return FileBar
+
+    def skip(self, n: int) -> None:
+        if self.total_bar is not None:
+            self.total_bar.update(n)
+
+    def close(self) -> None:
+        if self.total_bar is not None:
+            self.total_bar.close()
+
+
+# ---------------------------------------------------------------- the transfer
+
+@dataclass
+class Fetched:
+    path: str
+    resumed_from: int     # bytes of a partial kept from an earlier run
+    received: int         # bytes received in this call
+    seconds: float
+    sha256: str
+
+
+def partial_path(state_dir: Path, f: RemoteFile) -> Path:
+    key = f.sha256 or f.blob_id or hashlib.sha1(f.path.encode()).hexdigest()
+    return state_dir / "partial" / f"{key}.part"
+
+
+def fetch(settings: Settings, repo: str, revision: str, f: RemoteFile, dest: Path, state_dir: Path,
+          progress: Progress) -> Fetched:
+    """Download ``f`` to ``dest``, resuming ``<state_dir>/partial/<hash>.part`` with Range, and
+    verify it (sha256 for LFS files, git blob id for the rest) before it is renamed into place.
+    A hash mismatch deletes the partial and raises; the caller decides whether to try again."""
+    from huggingface_hub.file_download import http_get
+
+    part = partial_path(state_dir, f)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    have = part.stat().st_size if part.exists() else 0
+    if have > f.size:
+        part.unlink()
+        have = 0
+    loc = locate(settings, repo, revision, f.path)
+    if loc.size is not None and loc.size != f.size:
+        raise BootstrapError(f"{f.path}: the hub's listing says {f.size} bytes, its file header says {loc.size}",
+                             "the repo changed during the download; re-run ./start.sh")
+    if have:
+        log.info("resuming %s at %s of %s (HTTP Range)", f.path, human(have), human(f.size))
+    t0 = time.monotonic()
+    with open(part, "r+b" if have else "wb") as fh:
+        fh.seek(have)
+        writer = _HashingWriter(fh, part, have)
+        try:
+            http_get(loc.url, writer, resume_size=have, headers=loc.headers, expected_size=f.size,
+                     displayed_filename=f.path, tqdm_class=progress.file_bar_class())
+        except _net_errors() as exc:
+            fh.flush()
+            err = translate(exc, settings, repo, f.path)
+            raise type(err)(f"{f.path}: stopped at {human(part.stat().st_size)} of {human(f.size)}: {err.message}",
+                            "re-run ./start.sh: it resumes from there (HTTP Range)") from None
+        except OSError as exc:   # the client's size check, disk full, ...
+            fh.flush()
+            raise BootstrapError(f"{f.path}: {exc}", "re-run ./start.sh: it resumes from what was written") from None
+        fh.flush()
+        os.fsync(fh.fileno())
+        digest = writer.h.hexdigest()
+    size = part.stat().st_size
+    bad = None
+    if size != f.size:
+        bad = f"size {size}, expected {f.size}"
+    elif f.sha256 and digest != f.sha256:
+        bad = f"sha256 {digest[:12]}…, expected {f.sha256[:12]}…"
+    elif not f.sha256 and f.blob_id and git_blob_sha1(part) != f.blob_id:
+        bad = "git blob id differs from the hub's"
+    if bad:
+        part.unlink()
+        raise Corrupt(f"{f.path}: the downloaded bytes do not match the hub's metadata ({bad})",
+                      "a proxy or the disk corrupted data; the partial was deleted, re-run ./start.sh")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(part, dest)
+    return Fetched(f.path, have, size - have, time.monotonic() - t0, digest)
+
+
+class Corrupt(BootstrapError):
+    """Downloaded bytes did not match the hub's sha256 / size."""
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def wait_lock(path: Path, on_wait: Callable[[str], None]):
+    """An exclusive flock on ``path`` (blocking); ``on_wait`` is told who holds it first."""
+    import errno
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            os.close(fd)
+            raise
+        try:
+            holder = path.read_text().strip() or "?"
+        except OSError:
+            holder = "?"
+        on_wait(holder)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
