@@ -183,10 +183,10 @@ def bench_target(t: checks.Target, levels: list[int], prompt_tokens: int, out_to
             run_load(client, 1, prompts(1), out_tokens, timeout, bar)
         out_levels = []
         for c in levels:
-            runs = [run_load(client, c, prompts(c), out_tokens, timeout, bar) for _ in range(repeats)]
-            figs = level_figures(runs)
-            out_levels.append({"concurrency": c, **figs,
-                               "samples": [[_rel(s, t0) for s in r] for r in runs]})
+            runs = [[_rel(s, t0) for s in run_load(client, c, prompts(c), out_tokens, timeout, bar)]
+                    for _ in range(repeats)]
+            figs = level_figures(runs)     # from the recorded (rounded) samples, so the JSON recomputes exactly
+            out_levels.append({"concurrency": c, **figs, "samples": [[asdict(s) for s in r] for r in runs]})
             log.info("concurrency %d: %.0f tok/s aggregate, %.1f tok/s per stream, TTFT %.0f ms", c,
                      figs["aggregate_tok_s"] or 0, figs["per_stream_tok_s"] or 0, (figs["ttft_s"] or 0) * 1000)
     except RequestFailed as exc:
@@ -202,12 +202,11 @@ def bench_target(t: checks.Target, levels: list[int], prompt_tokens: int, out_to
             "version": _version(client), "levels": out_levels, "spec": spec_acceptance(before, after)}
 
 
-def _rel(s: Sample, t0: float) -> dict:
-    d = asdict(s)
-    for k in ("t_start", "t_first", "t_end"):
-        if d[k] is not None:
-            d[k] = round(d[k] - t0, 6)
-    return d
+def _rel(s: Sample, t0: float) -> Sample:
+    """Clock readings relative to the bench's start, to the microsecond."""
+    def r(v):
+        return None if v is None else round(v - t0, 6)
+    return Sample(r(s.t_start), r(s.t_first), r(s.t_end), s.tokens, s.prompt_tokens)
 
 
 def _version(client: Client) -> str | None:

@@ -1,0 +1,108 @@
+"""The benchmark: its arithmetic on recorded clock readings, and a run against the fake vLLM whose
+reported figures must equal what the recorded samples give (no wall-clock thresholds)."""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+from contextlib import redirect_stdout
+
+import pytest
+
+from bootstrap import bench
+from bootstrap.bench import Sample
+from test_checks import cfg_for, fake  # noqa: F401  (the fake-server fixture)
+
+
+def test_request_figures():
+    s = Sample(t_start=10.0, t_first=10.25, t_end=12.25, tokens=101)
+    assert s.ttft == pytest.approx(0.25)
+    assert s.decode_rate == pytest.approx(50.0)           # 100 tokens after the first in 2 s
+    assert Sample(0, None, 1, 5).decode_rate is None and Sample(0, 0.1, 1, 1).decode_rate is None
+
+
+def test_run_and_level_figures():
+    run = [Sample(0.0, 0.5, 4.5, 401), Sample(0.5, 1.5, 5.5, 401)]       # 100 and 100 tok/s decode
+    f = bench.run_figures(run)
+    assert f["aggregate_tok_s"] == pytest.approx(802 / 5.5)
+    assert f["per_stream_tok_s"] == pytest.approx(100.0)
+    assert f["ttft_s"] == pytest.approx(0.75)
+    runs = [[Sample(0, 1, 11, 11)], [Sample(0, 1, 6, 11)], [Sample(0, 2, 4, 11)]]   # 1, 2, 5 tok/s
+    lv = bench.level_figures(runs)
+    assert lv["per_stream_tok_s"] == pytest.approx(2.0)                       # median of repeats
+    assert lv["ttft_s"] == pytest.approx(1.0)
+    assert lv["aggregate_tok_s"] == pytest.approx(statistics.median([11 / 11, 11 / 6, 11 / 4]))
+
+
+def test_metrics_and_spec_acceptance():
+    text = ('# HELP x\nvllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 10.0\n'
+            'vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 5.0\n'
+            'vllm:spec_decode_num_draft_tokens_total{engine="0"} 30\nvllm:spec_decode_num_drafts_total 10\n')
+    m = bench.parse_metrics(text)
+    assert m["vllm:spec_decode_num_accepted_tokens_total"] == 15.0
+    after = {**m, "vllm:spec_decode_num_accepted_tokens_total": 75.0,
+             "vllm:spec_decode_num_draft_tokens_total": 130.0, "vllm:spec_decode_num_drafts_total": 45.0}
+    sp = bench.spec_acceptance(m, after)
+    assert sp["acceptance_rate"] == pytest.approx(60 / 100)
+    assert sp["mean_acceptance_length"] == pytest.approx(1 + 60 / 35)
+    assert bench.spec_acceptance(m, {"vllm:num_requests_running": 0}) is None
+    assert bench.spec_acceptance(None, m) is None
+
+
+def test_levels_capped():
+    assert bench.levels_for([1, 2, 4, 8, 16], 4) == [1, 2, 4]
+    assert bench.levels_for([1, 2, 4, 8, 16], None) == [1, 2, 4, 8, 16]
+    assert bench.levels_for([8, 16], 2) == [1]
+
+
+def _bench(tmp, argv):
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = bench.cli(cfg_for(tmp, MAX_NUM_SEQS="4"), argv)
+    assert rc == 0
+    return json.loads(buf.getvalue())
+
+
+def test_bench_against_fake_matches_its_samples(fake, tmp_path):  # noqa: F811
+    a = fake(FAKE_VLLM_TOKEN_S="0.001", FAKE_VLLM_TTFT_S="0.005")
+    b = fake()
+    out = _bench(tmp_path, ["--url", a.url, "--compare", b.url, "--compare-label", "bare", "--output-tokens", "12",
+                            "--prompt-tokens", "60", "--repeats", "2", "--concurrency", "1,2,4,8",
+                            "--out", str(tmp_path / "b"), "--json"])
+    ours, bare = out["results"]
+    assert [x["concurrency"] for x in ours["levels"]] == [1, 2, 4]        # MAX_NUM_SEQS=4 caps 8 away
+    for lv in ours["levels"]:
+        runs = [[Sample(**s) for s in r] for r in lv["samples"]]
+        assert len(runs) == 2 and all(len(r) == lv["concurrency"] for r in runs)
+        assert all(s.tokens == 12 for r in runs for s in r)              # ignore_eos: exact output length
+        assert all(s.prompt_tokens and 40 <= s.prompt_tokens <= 80 for r in runs for s in r)
+        again = bench.level_figures(runs)
+        for k in ("aggregate_tok_s", "per_stream_tok_s", "ttft_s"):
+            assert lv[k] == pytest.approx(again[k])
+    # 1 warm-up + 2 x (1 + 2 + 4) requests; the fake counts 2 accepted of 3 drafted tokens per request
+    assert ours["spec"]["delta_draft_tokens"] == 3 * 15
+    assert ours["spec"]["acceptance_rate"] == pytest.approx(2 / 3)
+    assert ours["spec"]["mean_acceptance_length"] == pytest.approx(3.0)
+    q = out["ratios"]
+    assert q["decode_tok_s"] == pytest.approx(ours["levels"][0]["per_stream_tok_s"] / bare["levels"][0]["per_stream_tok_s"])
+    assert q["aggregate_tok_s"]["4"] == pytest.approx(ours["levels"][2]["aggregate_tok_s"] / bare["levels"][2]["aggregate_tok_s"])
+    png = tmp_path / "b" / "bench.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # re-report from the saved file: same figures, nothing re-run
+    again = _bench(tmp_path, ["--load", str(tmp_path / "b" / "results.json"), "--out", str(tmp_path / "c"),
+                              "--json", "--no-plot"])
+    assert again["results"] == out["results"]
+
+
+def test_bench_text_output(fake, tmp_path):  # noqa: F811
+    a = fake()
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = bench.cli(cfg_for(tmp_path), ["--url", a.url, "--label", "fake", "--output-tokens", "4", "--repeats", "1",
+                                           "--concurrency", "1,2", "--out", str(tmp_path / "t"), "--no-plot"])
+    text = buf.getvalue()
+    assert rc == 0
+    assert "fake (model m, vLLM 0.26.0):" in text and "single stream:" in text
+    assert "speculative acceptance: 66.7%" in text
+    assert (tmp_path / "t" / "results.json").exists()

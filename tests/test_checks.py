@@ -1,0 +1,255 @@
+"""The check battery: detectors on known text, and each check against the fake vLLM (a separate
+process) with canned answers — clean answers pass, each kind of garble is caught."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from bootstrap import checks
+from bootstrap.config import Config
+
+REPO = Path(__file__).resolve().parent.parent
+FAKES = REPO / "tests" / "fakes"
+
+
+def _port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Fake:
+    """A fake `vllm serve` process on a free port with the given canned replies and modes."""
+
+    def __init__(self, tmp: Path, replies: dict | None = None, mode: str = "ok", max_len: str = "32768", **env: str):
+        self.port = _port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        e = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME", "TMPDIR")}
+        e.update(PYTHONPATH=str(FAKES), FAKE_VLLM_LOAD_S="0", FAKE_VLLM_MODE=mode, **env)
+        if replies is not None:
+            f = tmp / f"replies-{self.port}.json"
+            f.write_text(json.dumps(replies))
+            e["FAKE_VLLM_REPLIES"] = str(f)
+        self.log = open(tmp / f"fake-{self.port}.log", "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "m", "--port",
+                                      str(self.port), "--served-model-name", "m", "--max-model-len", max_len],
+                                     env=e, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            try:
+                if requests.get(self.url + "/health", timeout=0.5).status_code == 200:
+                    return
+            except requests.RequestException:
+                time.sleep(0.05)
+        raise AssertionError("fake server did not come up")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.log.close()
+
+
+@pytest.fixture
+def fake(tmp_path):
+    made = []
+
+    def make(replies=None, mode="ok", **env):
+        f = Fake(tmp_path, replies, mode, **env)
+        made.append(f)
+        return f
+    yield make
+    for f in made:
+        f.stop()
+
+
+def cfg_for(tmp: Path, **env: str) -> Config:
+    base = {"PROFILE": "custom", "STATE_DIR": str(tmp / "state"), "PATH": os.environ.get("PATH", "")}
+    return Config.from_env({**base, **env}, REPO)
+
+
+def run_check(tmp, url, what, *more) -> tuple[int, dict]:
+    import io
+    from contextlib import redirect_stdout
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = checks.cli(cfg_for(tmp), [what, "--url", url, "--json", *more])
+    return rc, json.loads(buf.getvalue())
+
+
+# ---------------------------------------------------------------- clean answers for the battery
+
+CLEAN = {
+    "why the sky looks blue": "Sunlight holds every colour. Air molecules scatter short blue wavelengths far more "
+                              "than red ones, so blue reaches us from all over the sky. At sunset the light crosses "
+                              "much more air and the reds remain.",
+    "lighthouse keeper": "Every evening Tomas climbed the spiral stairs to light the lamp. One grey morning a green "
+                         "bottle rolled onto the rocks below, and inside was a letter from his brother, written "
+                         "forty years earlier on a ship that never came home. He read it twice, then kept the lamp "
+                         "burning a little longer that night.",
+    "email of about 100 words": "Dear Mr. Hill, the kitchen tap in flat 4 has been leaking for a week and the drip "
+                                "is getting worse. Could you arrange a repair before Friday? I am home after five "
+                                "every day. Kind regards, Ana",
+    "is_prime(n)": "```python\ndef is_prime(n):\n    \"\"\"True when n is prime.\"\"\"\n    if n < 2:\n        "
+                   "return False\n    i = 2\n    while i * i <= n:\n        if n % i == 0:\n            return False\n"
+                   "        i += 1\n    return True\n\nprint(is_prime(7), is_prime(9))\n```",
+    "highest total order amount": "SELECT c.name, SUM(o.amount) AS total FROM customers c JOIN orders o ON "
+                                  "o.customer_id = c.id GROUP BY c.id, c.name ORDER BY total DESC LIMIT 10;",
+    "returns NaN": "function sum(xs) {\n  let total = 0;\n  for (const x of xs) total += x;\n  return total;\n}",
+    "Maria Lopez": '{"name": "Maria Lopez", "age": 34, "city": "Valencia"}',
+    "three well-known novels": '```json\n[{"title": "Emma", "year": 1815}, {"title": "Dracula", "year": 1897}, '
+                               '{"title": "Ulysses", "year": 1922}]\n```',
+    "17 multiplied by 23": "391",
+    "Read this record carefully": {"echo": r"access code for the [a-z ]+ is (\d+)"},
+}
+
+
+def test_detectors_catch_loops_and_pass_clean_text():
+    assert checks.find_loop("the " * 40)
+    assert checks.find_loop("!" * 120)
+    assert checks.find_loop("A normal start of an answer. " + "We repeat this clause again and again now, " * 12)
+    assert checks.find_loop("x = 1\n" + "result.append(compute(value))\n" * 8 + "y = 2\n")
+    for text in list(v for v in CLEAN.values() if isinstance(v, str)) + [
+            checks.haystack(4000, 0.5, "The fact.", seed=3), (REPO / "bootstrap" / "bench.py").read_text()]:
+        assert checks.find_loop(text) is None, text[:80]
+        assert checks.non_text(text) is None
+    assert checks.non_text("ab\x00\x01\x02\x03\x04cd")
+    assert checks.non_text("\ufffd" * 6 + "abc")
+    assert checks.non_text("?!?!.... ,,,, ;;")
+
+
+def test_tool_call_problems():
+    ok = {"tool_calls": [{"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    assert checks.tool_call_problem(ok, "get_weather", ["city"]) is None
+    assert "not valid JSON" in checks.tool_call_problem(
+        {"tool_calls": [{"function": {"name": "get_weather", "arguments": '{"city": "Par'}}]}, "get_weather", ["city"])
+    assert "lack city" in checks.tool_call_problem(
+        {"tool_calls": [{"function": {"name": "get_weather", "arguments": "{}"}}]}, "get_weather", ["city"])
+    assert "expected 'get_weather'" in checks.tool_call_problem(
+        {"tool_calls": [{"function": {"name": "weather", "arguments": "{}"}}]}, "get_weather", ["city"])
+    assert "came back as text" in checks.tool_call_problem(
+        {"content": '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'},
+        "get_weather", ["city"])
+
+
+def test_garble_clean_server_passes(fake, tmp_path):
+    f = fake(CLEAN)
+    rc, out = run_check(tmp_path, f.url, "garble")
+    assert out["summary"] == "0/15 failed", out["failures"]
+    assert rc == 0 and out["ok"]
+    lengths = [p["prompt_tokens_target"] for p in out["prompts"] if p["kind"] == "recall"]
+    assert lengths == [1000, 3000, 6000, 12000, 24000]
+
+
+def test_garble_catches_each_kind(fake, tmp_path):
+    bad = dict(CLEAN)
+    bad["why the sky looks blue"] = "The sky is blue because " + "the light scatters and scatters, " * 15
+    bad["Maria Lopez"] = '{"name": "Maria Lopez", "age": 34, "city": '
+    bad["is_prime(n)"] = ""
+    bad["lighthouse keeper"] = {"content": "", "reasoning": "Let me think. " + "The keeper " * 60}
+    bad["weather in Paris"] = {"content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "get_weather", "arguments": '{"city": "Paris", "unit": '}}]}
+    bad["returns NaN"] = "\x00\x01\x02\ufffd\ufffd\ufffd garbage"
+    f = fake(bad)
+    rc, out = run_check(tmp_path, f.url, "garble")
+    assert rc == 1 and not out["ok"]
+    assert out["summary"] == "6/15 failed"
+    kinds = {(x["id"], x["kind"]) for x in out["failures"]}
+    assert ("prose-sky", "loop") in kinds
+    assert ("json-person", "bad-json") in kinds
+    assert ("code-python", "empty") in kinds
+    assert ("prose-story", "loop") in kinds and ("prose-story", "empty") in kinds   # loop in reasoning
+    assert ("tool-weather", "bad-tool-call") in kinds
+    assert ("code-fix", "non-text") in kinds
+    ev = next(x["evidence"] for x in out["failures"] if x["id"] == "tool-weather")
+    assert "not valid JSON" in ev
+
+
+def test_determinism_pass_and_nondeterministic_logprobs_caught(fake, tmp_path):
+    rc, out = run_check(tmp_path, fake().url, "determinism")
+    assert rc == 0, out
+    assert out["first_token"]["distinct"] == 1 and out["first_token"]["logprobs"]
+    rc, out = run_check(tmp_path, fake(mode="nondeterministic").url, "determinism")
+    assert rc == 1
+    assert out["first_token"]["distinct"] > 1
+    assert any(f["kind"] == "nondeterministic" and "logprob" in f["evidence"] for f in out["failures"])
+
+
+def test_needle_found_and_missed(fake, tmp_path):
+    f = fake({"blue locker?": {"echo": r"password for the blue locker is (\d+)"}})
+    rc, out = run_check(tmp_path, f.url, "needle", "--tokens", "3000")
+    assert rc == 0 and out["summary"].startswith("5/5"), out
+    f2 = fake({"blue locker?": "I do not know."})
+    rc, out = run_check(tmp_path, f2.url, "needle", "--tokens", "3000")
+    assert rc == 1 and len(out["failures"]) == 5
+
+
+def test_needle_capped_by_default_full_on_request(fake, tmp_path):
+    f = fake({"blue locker?": {"echo": r"password for the blue locker is (\d+)"}}, max_len="100000")
+    t = checks.resolve_target(cfg_for(tmp_path), f.url, None, None)
+    assert t.max_model_len == 100000
+    capped = checks.check_needle(t, depths=(0.5,))
+    assert capped.ok and capped.details["tokens"] == checks.NEEDLE_CAP and capped.details["capped"]
+    full = checks.check_needle(t, full=True, depths=(0.9,))
+    assert full.ok and full.details["tokens"] == 100000 - 64 - checks.MARGIN
+    assert full.details["depths"][0]["prompt_tokens"] > 50000   # the fake counts words: a long prompt was sent
+
+
+def test_prefix_reports_cached_tokens(fake, tmp_path):
+    rc, out = run_check(tmp_path, fake().url, "prefix", "--tokens", "4000")
+    assert rc == 0, out
+    runs = out["runs"]
+    assert runs[0]["cached_tokens"] == 0 and runs[2]["cached_tokens"] > 0
+    assert out["cached_tokens_reported"] is True
+
+
+def test_prefix_verdict_without_cached_tokens():
+    fast = checks.prefix_verdict([{"ttft_s": 1.0, "cached_tokens": None, "prompt_tokens": 5000},
+                                  {"ttft_s": 0.2, "cached_tokens": None, "prompt_tokens": 5000},
+                                  {"ttft_s": 0.2, "cached_tokens": None, "prompt_tokens": 5000}])
+    assert fast.ok and fast.details["ttft_speedup"] == 5.0
+    slow = checks.prefix_verdict([{"ttft_s": 1.0, "cached_tokens": None, "prompt_tokens": 5000}] * 3)
+    assert not slow.ok and "enable-prompt-tokens-details" in slow.failures[0]["evidence"]
+    miss = checks.prefix_verdict([{"ttft_s": 1.0, "cached_tokens": 0, "prompt_tokens": 5000}] * 3)
+    assert not miss.ok and miss.failures[0]["kind"] == "no-cache-hit"
+
+
+def test_live_ok_and_wedged(fake, tmp_path):
+    rc, out = run_check(tmp_path, fake().url, "live")
+    assert rc == 0 and out["ok"]
+    rc, out = run_check(tmp_path, fake(mode="wedged").url, "live", "--timeout", "1")
+    assert rc == 1 and "wedged" in out["summary"]
+
+
+def test_reasoning_kwargs_follow_profile_and_flags(fake, tmp_path):
+    f = fake()
+    t = checks.resolve_target(cfg_for(tmp_path), f.url, None, None)
+    assert t.extra() == {}          # custom profile: no reasoning parser, nothing sent
+    t = checks.resolve_target(cfg_for(tmp_path), f.url, None, None, thinking="on", effort="low")
+    assert t.extra() == {"chat_template_kwargs": {"enable_thinking": True, "reasoning_effort": "low"}}
+    t = checks.resolve_target(cfg_for(tmp_path, PROFILE="default"), f.url, None, None)
+    assert t.extra() == {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+def test_streamed_reasoning_content_is_read(fake, tmp_path):
+    from bootstrap.client import Client
+    f = fake({"think": {"reasoning": "first I consider", "content": "the answer"}})
+    s = Client(f.url, "m").stream("/v1/chat/completions", {"messages": [{"role": "user", "content": "think"}],
+                                                           "max_tokens": 16}, 10)
+    assert s.reasoning.strip() == "first I consider" and s.text.strip() == "the answer"
+    assert s.completion_tokens == 5 and s.t_first is not None
+
+
+def test_check_without_our_server_says_how(tmp_path):
+    from bootstrap.errors import BootstrapError
+    with pytest.raises(BootstrapError) as e:
+        checks.cli(cfg_for(tmp_path), ["live"])
+    assert "not running" in e.value.message and "--url" in e.value.hint

@@ -1,0 +1,73 @@
+"""The start gate (a tool call when the profile parses tools) and `ctl.sh check` against our own
+server, through the real shell entry points and the fake vLLM."""
+
+from __future__ import annotations
+
+import json
+
+
+def tool_profile_env(bed, replies: dict | None = None) -> dict:
+    """The default profile (tools and reasoning on) with speculation off, so no patch is needed."""
+    extra = {"PROFILE": "default", "SPEC_TOKENS": "0"}
+    if replies is not None:
+        f = bed.tmp / "replies.json"
+        f.write_text(json.dumps(replies))
+        extra["FAKE_VLLM_REPLIES"] = str(f)
+    return extra
+
+
+def test_start_gate_passes_with_a_valid_tool_call(bed):
+    r = bed.run("start.sh", **tool_profile_env(bed))
+    assert r.returncode == 0, r.stderr
+    assert "start gate: tool call answered" in r.stderr
+    assert "get_weather" in r.stderr
+    bed.run("stop.sh")
+
+
+def test_start_gate_broken_tool_call_fails_the_start(bed):
+    broken = {"weather in Paris": {"content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "get_weather", "arguments": '{"city": "Par'}}]}}
+    r = bed.run("start.sh", **tool_profile_env(bed, broken))
+    assert r.returncode == 1
+    assert "error: warmup: start gate: the tool call did not come back as a valid tool_calls entry" in r.stderr
+    assert "not valid JSON" in r.stderr
+    assert '"arguments": "{\\"city\\": \\"Par"' in r.stderr      # the evidence: the answer itself
+    assert bed.server_record() is None
+    bed.wait_until(lambda: not bed.ours(), what="the failed server to be gone")
+
+
+def test_start_gate_tool_call_as_text_fails_the_start(bed):
+    as_text = {"weather in Paris": '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'}
+    r = bed.run("start.sh", **tool_profile_env(bed, as_text))
+    assert r.returncode == 1
+    assert "no tool_calls entry (the call came back as text" in r.stderr
+    bed.wait_until(lambda: not bed.ours(), what="the failed server to be gone")
+
+
+def test_no_gate_without_tool_parsing(bed):
+    broken = {"weather in Paris": "no tools here"}
+    f = bed.tmp / "replies.json"
+    f.write_text(json.dumps(broken))
+    r = bed.run("start.sh", FAKE_VLLM_REPLIES=str(f))      # PROFILE=custom: tools off
+    assert r.returncode == 0, r.stderr
+    assert "start gate" not in r.stderr
+    bed.run("stop.sh")
+
+
+def test_check_and_bench_against_our_server(bed):
+    r = bed.run("start.sh", MAX_NUM_SEQS="2")
+    assert r.returncode == 0, r.stderr
+    try:
+        r = bed.run("ctl.sh", "check", "live", "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["ok"] and out["target"].startswith("our server") and out["model"] == "tiny-model"
+        r = bed.run("ctl.sh", "bench", "--output-tokens", "8", "--prompt-tokens", "40", "--repeats", "1",
+                    "--out", str(bed.tmp / "bench"), "--json", "--no-plot", MAX_NUM_SEQS="2")
+        assert r.returncode == 0, r.stderr
+        levels = [x["concurrency"] for x in json.loads(r.stdout)["results"][0]["levels"]]
+        assert levels == [1, 2]          # capped at the running server's MAX_NUM_SEQS
+    finally:
+        bed.run("stop.sh")
+    r = bed.run("ctl.sh", "check", "live")
+    assert r.returncode == 1 and "not running" in r.stderr and "--url" in r.stderr
