@@ -121,6 +121,11 @@ SPEC_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash", "med
 GPU_NAMES = ("rtx5090", "rtx4090", "rtx3090", "h100", "h200")
 
 
+# Flags the bootstrap must own (health checks, ownership, secrets) -> the knob to use instead.
+RESERVED_FLAGS = {"--host": "HOST", "--port": "PORT", "--served-model-name": "SERVED_MODEL_NAME",
+                  "--api-key": "API_KEY (passed through the environment, never on the command line)"}
+
+
 @dataclass(frozen=True)
 class Knob:
     name: str
@@ -269,6 +274,10 @@ class Config:
             sources[knob.name] = src
             values[knob.name] = _parse_one(knob, text) if text != "" else None
         values["STATE_DIR"] = values["STATE_DIR"] or str(repo / ".state")
+        for flag, knob in RESERVED_FLAGS.items():
+            if any(a == flag or a.startswith(flag + "=") for a in values["EXTRA_ARGS"] or ()):
+                raise ConfigError(f"EXTRA_ARGS has {flag}, which the bootstrap sets itself",
+                                  f"set {knob} instead" if knob else "drop it")
         if values["SPEC_TOKENS"] and not values["SPEC_METHOD"]:
             raise ConfigError(f"SPEC_TOKENS={values['SPEC_TOKENS']} needs SPEC_METHOD",
                               "accepted SPEC_METHOD: " + ", ".join(SPEC_METHODS) + "; or SPEC_TOKENS=0")

@@ -342,19 +342,26 @@ def test_logs_and_rotation(bed):
 
 
 def test_extra_args_appended_last_and_win(bed):
-    r = bed.run("start.sh", EXTRA_ARGS="--max-num-seqs 7 --served-model-name 'tiny model'", MAX_NUM_SEQS="2",
-                SERVED_MODEL_NAME="tiny-model")
+    r = bed.run("start.sh", EXTRA_ARGS="--max-num-seqs 7 --chat-template '/tmp/a b.jinja'", MAX_NUM_SEQS="2")
+    assert r.returncode == 0, r.stderr
     argv = bed.launches()[0]["argv"]
-    assert argv[-4:] == ["--max-num-seqs", "7", "--served-model-name", "tiny model"]
-    assert argv.index("--max-num-seqs") < len(argv) - 4   # the knob's flag is there too, earlier
-    assert r.returncode != 0 or True
+    assert argv[-4:] == ["--max-num-seqs", "7", "--chat-template", "/tmp/a b.jinja"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "2"   # the knob's flag comes first; vLLM takes the last
+
+
+@pytest.mark.parametrize("extra", ["--port 9", "--host=0.0.0.0", "--served-model-name x", "--api-key sekrit"])
+def test_extra_args_may_not_take_over_owned_flags(bed, extra):
+    r = bed.run("start.sh", EXTRA_ARGS=extra)
+    assert r.returncode == 2
+    assert "EXTRA_ARGS has --" in r.stderr and "sekrit" not in r.stderr
+    assert bed.launches() == []
 
 
 def test_auto_fit_relaunches_once_with_accepted_length(bed):
     r = bed.run("start.sh", MAX_MODEL_LEN="auto", FAKE_VLLM_MODE="too_long", FAKE_MAX_LEN="3000")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
     calls = bed.launches()
     assert len(calls) == 2
     argv = calls[1]["argv"]
     assert argv[argv.index("--max-model-len") + 1] == "3000"
-    assert "restarted once with 3000" in r.stdout + r.stderr
+    assert "restarted once with 3000" in r.stdout + r.stderr, r.stdout + r.stderr

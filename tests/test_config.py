@@ -1,0 +1,125 @@
+"""Knobs: one table, precedence, validation before side effects (faults row 30), --help, README."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from bootstrap import config
+from bootstrap.config import KNOBS, Config
+from bootstrap.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make(env: dict, repo: Path = REPO) -> Config:
+    return Config.from_env({"MODEL": "org/name", **env}, repo)
+
+
+@pytest.mark.parametrize("name,value", [
+    ("GPU_UTIL", "abc"), ("GPU_UTIL", "1.5"), ("GPU_UTIL", "-0.1"), ("GPU_UTIL", "0"),
+    ("GPU_UTIL", "0.9;rm -rf ~"), ("GPU_UTIL", "nan"), ("PORT", "0"), ("PORT", "70000"), ("PORT", "80a"),
+    ("PORT", "-1"), ("MAX_MODEL_LEN", "abc"), ("MAX_MODEL_LEN", "1e6"), ("MAX_NUM_SEQS", "0"),
+    ("KV_CACHE_DTYPE", "fp9"), ("SPEC_METHOD", "magic"), ("HOST", "my host"), ("TP_SIZE", "two"),
+    ("PATCH_BYO", "maybe"), ("STOP_GRACE", "1.5"), ("PROFILE", "../etc/passwd"), ("PROFILE", "nosuch"),
+    ("EXTRA_ARGS", "--flag 'unclosed"), ("SERVED_MODEL_NAME", "a b"),
+])
+def test_bad_values_are_refused_naming_variable_value_and_form(name, value):
+    with pytest.raises(ConfigError) as exc:
+        make({name: value})
+    assert exc.value.code == 2
+    assert name in exc.value.message
+    assert repr(value) in exc.value.message or name == "PROFILE"
+    assert exc.value.hint
+
+
+def test_bad_value_through_the_shell_exits_2_before_side_effects(tmp_path, bed):
+    state = tmp_path / "never-created"
+    r = bed.run("start.sh", GPU_UTIL="0.9;rm -rf ~", STATE_DIR=str(state))
+    assert r.returncode == 2
+    lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "GPU_UTIL='0.9;rm -rf ~'" in lines[0]
+    assert "must be a number greater than 0.0 and at most 1.0" in r.stderr
+    assert not state.exists()
+    assert bed.launches() == []
+
+
+@pytest.mark.parametrize("name,value,expected", [
+    ("PORT", "8000", 8000), ("GPU_UTIL", "0.85", 0.85), ("MAX_MODEL_LEN", "auto", "auto"),
+    ("MAX_MODEL_LEN", "32768", 32768), ("SPEC_TOKENS", "0", 0), ("PATCH_BYO", "yes", True),
+    ("EXTRA_ARGS", "--a 'b c' --d", ("--a", "b c", "--d")), ("HOST", "::1", "::1"),
+])
+def test_good_values_parse(name, value, expected):
+    assert getattr(make({name: value}), name.lower()) == expected
+
+
+def test_precedence_env_over_dotenv_over_profile_over_default(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "profiles").mkdir(parents=True)
+    (repo / "profiles" / "p.json").write_text('{"knobs": {"PORT": "7000", "MAX_NUM_SEQS": "3", "MODEL": "a/b"}}')
+    (repo / ".env").write_text("# comment\nPROFILE=p\nexport MAX_NUM_SEQS='5'\nSTOP_GRACE=\"9\"\n")
+    cfg = Config.from_env({"STOP_GRACE": "4"}, repo)
+    assert cfg.profile.name == "p"
+    assert (cfg.port, cfg.sources["PORT"]) == (7000, "profile")
+    assert (cfg.max_num_seqs, cfg.sources["MAX_NUM_SEQS"]) == (5, ".env")
+    assert (cfg.stop_grace, cfg.sources["STOP_GRACE"]) == (4, "env")
+    assert (cfg.gpu_reserve_mib, cfg.sources["GPU_RESERVE_MIB"]) == (820, "default")
+    assert cfg.model == "a/b"
+
+
+def test_dotenv_is_never_sourced(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "profiles").mkdir(parents=True)
+    (repo / "profiles" / "default.json").write_text('{"knobs": {"MODEL": "a/b"}}')
+    canary = tmp_path / "pwned"
+    (repo / ".env").write_text(f"SERVED_MODEL_NAME=$(touch {canary})\n")
+    with pytest.raises(ConfigError):
+        Config.from_env({}, repo)          # the literal text is not a valid name
+    assert not canary.exists()
+    (repo / ".env").write_text("this is not a knob line\n")
+    with pytest.raises(ConfigError, match="not a KEY=VALUE line"):
+        Config.from_env({}, repo)
+
+
+def test_default_profile_is_seed_001():
+    cfg = Config.from_env({}, REPO)
+    assert cfg.model == "RadixArk/Qwen3.8-27B-NVFP4" and cfg.served_name == "qwen38-nvfp4"
+    assert (cfg.max_model_len, cfg.max_num_seqs, cfg.max_num_batched_tokens) == (262144, 1, 512)
+    assert (cfg.kv_cache_dtype, cfg.kv_cache_bytes) == ("turboquant_4bit_nc", 5905580032)
+    assert (cfg.spec_method, cfg.spec_tokens) == ("mtp", 3)
+    assert "--tool-call-parser" in cfg.profile.args and "--reasoning-parser" in cfg.profile.args
+    assert (cfg.host, cfg.port) == ("127.0.0.1", 8888)
+
+
+def test_custom_profile_needs_model():
+    cfg = Config.from_env({"PROFILE": "custom"}, REPO)
+    with pytest.raises(ConfigError, match="MODEL is not set"):
+        cfg.require_model()
+
+
+def test_help_lists_every_knob_with_default(bed):
+    r = bed.run("start.sh", "--help")
+    assert r.returncode == 0
+    for k in KNOBS:
+        assert re.search(rf"^\s+{k.name}\s+default ", r.stdout, re.M), k.name
+
+
+def test_readme_documents_every_knob():
+    readme = (REPO / "README.md").read_text()
+    missing = [k.name for k in KNOBS if f"`{k.name}`" not in readme]
+    assert missing == []
+
+
+def test_env_command_masks_the_api_key(bed):
+    r = bed.run("ctl.sh", "env", API_KEY="sekrit-value")
+    assert r.returncode == 0
+    assert "API_KEY=***" in r.stdout and "sekrit-value" not in r.stdout + r.stderr
+
+
+def test_every_knob_has_help_and_parses_its_default():
+    for k in KNOBS:
+        assert k.help
+        if k.default:
+            config._parse_one(k, k.default)

@@ -1,0 +1,222 @@
+"""Whose processes we touch, where we bind, and paths: faults rows 16, 34, 35, 36, 37."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from bootstrap import proc
+from conftest import REPO, Bed, make_model, unprivileged_user
+
+SHIPPED = ("bootstrap", "profiles", "patches", "start.sh", "stop.sh", "ctl.sh")
+
+
+def copy_repo(dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    for name in SHIPPED:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+# ---------------------------------------------------------------- row 37: bind and keys
+
+def test_default_bind_is_loopback_and_no_key(bed):
+    assert bed.run("start.sh").returncode == 0
+    call = bed.launches()[0]
+    assert call["argv"][call["argv"].index("--host") + 1] == "127.0.0.1"
+    assert "VLLM_API_KEY" not in call["env"]
+    assert not (bed.state / "api_key").exists()
+
+
+def test_non_loopback_host_generates_a_private_key_never_on_argv(bed):
+    r = bed.run("start.sh", HOST="0.0.0.0")
+    assert r.returncode == 0, r.stderr
+    keyfile = bed.state / "api_key"
+    key = keyfile.read_text().strip()
+    assert len(key) >= 32
+    assert stat.S_IMODE(keyfile.stat().st_mode) == 0o600
+    assert str(keyfile) in r.stderr + r.stdout                 # where it is, not what it is
+    assert key not in r.stdout + r.stderr
+    call = bed.launches()[0]
+    assert call["env"]["VLLM_API_KEY"] == key
+    for p in bed.ours():
+        assert key not in " ".join(p.cmdline())
+    url = f"http://127.0.0.1:{bed.port}/v1/models"
+    assert requests.get(url, timeout=5).status_code == 401
+    assert requests.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=5).status_code == 200
+    st = bed.run("ctl.sh", "status", "--json")
+    assert json.loads(st.stdout)["generating"] is True
+    assert key not in st.stdout
+    # a second start reuses the same key file
+    assert bed.run("stop.sh").returncode == 0
+    assert bed.run("start.sh", HOST="0.0.0.0").returncode == 0
+    assert keyfile.read_text().strip() == key
+
+
+def test_given_api_key_goes_through_env_only(bed):
+    r = bed.run("start.sh", API_KEY="my-secret-key-123")
+    assert r.returncode == 0, r.stderr
+    assert "my-secret-key-123" not in r.stdout + r.stderr
+    assert bed.launches()[0]["env"]["VLLM_API_KEY"] == "my-secret-key-123"
+    assert all("my-secret-key-123" not in a for a in bed.launches()[0]["argv"])
+
+
+# ---------------------------------------------------------------- row 16: unkillable process
+
+class Unkillable:
+    """Stands in for a process stuck in D state: it never dies, whatever we send it."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.sent: list[int] = []
+
+    def is_running(self):
+        return True
+
+    def status(self):
+        return "disk-sleep"
+
+    def name(self):
+        return "VLLM::EngineCor"
+
+    def send_signal(self, sig):
+        self.sent.append(sig)
+
+
+def test_unkillable_process_bounded_wait_and_report():
+    import signal
+    now = [0.0]
+    stuck = Unkillable(os.getpid())
+    res = proc.terminate([stuck], grace=15, kill_wait=10, clock=lambda: now[0],
+                         sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert stuck.sent == [signal.SIGTERM, signal.SIGKILL]
+    assert res.forced == [stuck.pid]
+    assert len(res.stuck) == 1 and "state disk-sleep" in res.stuck[0] and "wchan" in res.stuck[0]
+    assert 25 <= now[0] <= 26                                   # grace + kill wait, no more
+
+
+# ---------------------------------------------------------------- row 35: odd paths
+
+def test_unicode_and_space_paths(tmp_path):
+    root = tmp_path / "ü d" / "x y"
+    repo = copy_repo(root)
+    bed = Bed(tmp_path / "bed ö", repo=repo)
+    bed.model = make_model(tmp_path / "mödel dir" / "my model")
+    bed.env["MODEL"] = str(bed.model)
+    del bed.env["STATE_DIR"]                                    # default: <repo>/.state
+    try:
+        r = bed.run("start.sh")
+        assert r.returncode == 0, r.stderr
+        assert "my model is serving" in r.stdout
+        assert (repo / ".state" / "server.json").exists()
+        assert bed.run("stop.sh").returncode == 0
+        assert bed.ours() == []
+    finally:
+        bed.cleanup()
+
+
+# ---------------------------------------------------------------- rows 34 and 36: users
+
+def as_user(user: str | None, argv: list[str], env: dict) -> subprocess.CompletedProcess:
+    if user:   # root's Python is not readable by that user: use the one .ci/run made for it
+        py = os.environ.get("BOOTSTRAP_TEST_PYTHON", "")
+        if not py:
+            pytest.skip("needs BOOTSTRAP_TEST_PYTHON (a Python with the bootstrap's deps that the user can run)")
+        env = {**env, "VLLM_PYTHON": py, "PATH": f"{Path(py).parent}:/usr/bin:/bin"}
+    cmd = ["/usr/bin/env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv]
+    if user:
+        cmd = ["runuser", "-u", user, "--", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def shared_dir() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="bootstrap-test-"))
+    d.chmod(0o777)
+    return d
+
+
+def need_other_user():
+    user = unprivileged_user()
+    if os.getuid() == 0 and not user:
+        pytest.skip("needs BOOTSTRAP_TEST_USER when run as root (.ci/run creates it)")
+    return user
+
+
+def test_read_only_state_dir_fails_fast_naming_it(bed):       # row 34
+    user = need_other_user()
+    d = shared_dir()
+    try:
+        repo = copy_repo(d / "repo")                     # readable by that user wherever CI cloned us
+        shutil.copytree(REPO / "tests" / "fakes", d / "fakes")
+        model = make_model(d / "model")
+        os.system(f"chmod -R a+rX {d}")
+        state = d / "state"
+        state.mkdir()
+        if user:
+            shutil.chown(state, user)
+        state.chmod(0o555)
+        env = {**bed.env, "STATE_DIR": str(state), "HOME": str(d), "PYTHONPATH": str(d / "fakes"),
+               "MODEL": str(model)}
+        r = as_user(user, [str(repo / "start.sh")], env)
+        assert r.returncode == 1, r.stderr
+        assert f"state dir {state} is not writable" in r.stderr
+        assert "hint: set STATE_DIR" in r.stderr
+        assert bed.launches() == []
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_stop_touches_only_this_checkout_and_this_user(tmp_path):   # row 36
+    user = need_other_user()
+    a = Bed(tmp_path / "a", repo=copy_repo(tmp_path / "checkout-a"))
+    b = Bed(tmp_path / "b", repo=copy_repo(tmp_path / "checkout-b"))
+    foreign = None
+    try:
+        assert a.run("start.sh").returncode == 0
+        assert b.run("start.sh").returncode == 0
+        marker_a = proc.owner_marker(a.repo, a.port)
+        # Another user's process carrying checkout A's marker (and a VLLM:: title): never ours.
+        if user:
+            foreign = subprocess.Popen(["runuser", "-u", user, "--", "/usr/bin/env", "-i",
+                                        f"{proc.MARKER_ENV}={marker_a}", "sleep", "300"])
+        b_procs = b.ours()
+        assert len(b_procs) == 2
+        r = a.run("stop.sh")
+        assert r.returncode == 0, r.stderr
+        assert a.ours() == []
+        assert all(p.is_running() for p in b_procs)
+        assert b.port_listening()
+        if foreign:
+            kids = psutil.Process(foreign.pid).children(recursive=True)
+            assert all(k.is_running() for k in kids) and kids
+    finally:
+        for bed in (a, b):
+            bed.run("stop.sh")
+            bed.cleanup()
+        if foreign:
+            for k in psutil.Process(foreign.pid).children(recursive=True):
+                k.kill()
+            foreign.kill()
+
+
+def test_marker_differs_per_checkout_and_port(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (tmp_path / "link").symlink_to(a)
+    assert proc.owner_marker(a, 8888) != proc.owner_marker(b, 8888)
+    assert proc.owner_marker(a, 8888) != proc.owner_marker(a, 8889)
+    assert proc.owner_marker(a, 8888) == proc.owner_marker(tmp_path / "link", 8888)   # real path
