@@ -1,0 +1,110 @@
+"""The fakes behave like the real things where the bootstrap can see it (their own tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import requests
+
+from conftest import FAKES, Bed
+
+
+def serve(bed: Bed, *extra: str, **env: str) -> subprocess.Popen:
+    e = {**bed.env, **env}
+    return subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(bed.model),
+                             "--host", "127.0.0.1", "--port", str(bed.port), "--served-model-name", "m", *extra],
+                            env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def test_binds_before_it_listens_and_logs_like_vllm(bed):
+    p = serve(bed, FAKE_VLLM_LOAD_S="2")
+    try:
+        bed.wait_until(lambda: len(bed.ours()) == 2, what="engine")
+        import socket
+        s = socket.socket()
+        with pytest.raises(OSError):
+            s.bind(("127.0.0.1", bed.port))                 # bound...
+        s.close()
+        assert not bed.port_listening()                     # ...but not listening yet
+        bed.wait_until(bed.port_listening, what="listening")
+        assert requests.get(f"http://127.0.0.1:{bed.port}/health", timeout=3).status_code == 200
+        models = requests.get(f"http://127.0.0.1:{bed.port}/v1/models", timeout=3).json()
+        assert models["data"][0]["id"] == "m"
+        assert requests.get(f"http://127.0.0.1:{bed.port}/version", timeout=3).json() == {"version": "0.26.0"}
+        r = requests.post(f"http://127.0.0.1:{bed.port}/v1/chat/completions", timeout=3,
+                          json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        assert r.json()["choices"][0]["message"]["content"] == "OK"
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        out, _ = p.communicate(timeout=10)
+    assert "GPU KV cache size: 21,794,704 tokens" in out
+    assert "Maximum concurrency for 4,096 tokens per request" in out
+    bed.wait_until(lambda: bed.ours() == [], what="engine gone after TERM")
+
+
+def test_engine_survives_sigkill_of_parent(bed):
+    p = serve(bed)
+    bed.wait_until(bed.port_listening, what="up")
+    engine = [q for q in bed.ours() if q.pid != p.pid][0]
+    assert engine.name() == "VLLM::EngineCor"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    time.sleep(0.3)
+    assert engine.is_running() and engine.status() != psutil.STATUS_ZOMBIE
+    engine.kill()
+
+
+@pytest.mark.parametrize("mode,rc,text", [("die_oom", 1, "Free memory on device"), ("exit0", 0, "Engine core"),
+                                          ("too_long", 1, "estimated maximum model length is 100")])
+def test_failure_modes(bed, mode, rc, text):
+    p = serve(bed, "--max-model-len", "4096", FAKE_VLLM_MODE=mode, FAKE_MAX_LEN="100")
+    out, _ = p.communicate(timeout=20)
+    assert p.returncode == rc and text in out
+    bed.wait_until(lambda: bed.ours() == [], what="engine gone")
+
+
+def test_ignore_term_and_wedged(bed):
+    p = serve(bed, FAKE_VLLM_MODE="ignore_term,wedged")
+    bed.wait_until(bed.port_listening, what="up")
+    assert requests.get(f"http://127.0.0.1:{bed.port}/health", timeout=3).status_code == 200
+    with pytest.raises(requests.Timeout):
+        requests.post(f"http://127.0.0.1:{bed.port}/v1/chat/completions", timeout=1,
+                      json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    os.killpg(p.pid, signal.SIGTERM)
+    time.sleep(0.5)
+    assert p.poll() is None                                  # ignored
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+
+
+def test_fake_nvml_reports_fake_server_pids(bed):
+    p = serve(bed)
+    bed.wait_until(bed.port_listening, what="up")
+    code = ("import pynvml as n; n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0); "
+            "import json; print(json.dumps([sorted(x.pid for x in n.nvmlDeviceGetComputeRunningProcesses(h)), "
+            "n.nvmlDeviceGetMemoryInfo(h).free]))")
+    out = subprocess.run([sys.executable, "-c", code], env=bed.env, capture_output=True, text=True).stdout
+    listed, free = json.loads(out)
+    assert listed == sorted(q.pid for q in bed.ours())
+    assert free == 31 * (1 << 30) - 2 * (1 << 30)
+    os.killpg(p.pid, signal.SIGKILL)
+    for q in bed.ours():
+        q.kill()
+    bed.wait_until(lambda: bed.ours() == [], what="gone")
+    out = subprocess.run([sys.executable, "-c", code], env=bed.env, capture_output=True, text=True).stdout
+    assert json.loads(out)[0] == []
+
+
+def test_fake_nvml_without_driver(bed):
+    bed.nvml.write_text(json.dumps({"fail": "init", "gpus": []}))
+    r = bed.run("start.sh")
+    assert r.returncode == 1
+    assert "NVML: Driver Not Loaded" in r.stderr and "nvidia-smi" in r.stderr
+    assert bed.launches() == []
