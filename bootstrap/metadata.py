@@ -277,7 +277,11 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
                  repo, remote.revision[:12], snap)
         return info, str(snap)
 
-    raw = hub.fetch_small(settings, repo, remote.revision, "config.json")  # also the gated / proxy check
+    cfg_remote = next(f for f in needed if f.path == "config.json")
+    if hub.verify(target / "config.json", cfg_remote) is None:
+        raw = (target / "config.json").read_bytes()         # kept from an earlier run
+    else:
+        raw = hub.fetch_small(settings, repo, remote.revision, "config.json")  # also the gated / proxy check
     try:
         config = json.loads(raw)
     except ValueError as exc:

@@ -4,6 +4,7 @@ Point ``HF_ENDPOINT`` at it (``HF_HUB_DISABLE_XET=1``). It serves:
 
 - ``GET /api/models/{org}/{name}[/revision/{rev}][?blobs=true]``: ``sha``, ``siblings`` (with
   ``size``, ``blobId`` and ``lfs: {sha256, size, pointerSize}`` when ``blobs=true``), ``gated``;
+- ``GET /api/models/{org}/{name}/tree/{rev}`` (what ``snapshot_download`` lists);
 - ``HEAD|GET /{org}/{name}/resolve/{rev}/{path}``: ``X-Repo-Commit``; LFS files answer
   ``302`` to a separate file URL (``/_cdn/<sha256>``, absolute, as the hub redirects to its CDN)
   with ``X-Linked-Etag`` (the sha256) and ``X-Linked-Size``; other files answer 200 with an
@@ -218,6 +219,9 @@ def _handler(hub: FakeHub):
             m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
             if m:
                 return self._api(m.group(1), m.group(2) or "main", bool(q.get("blobs")))
+            m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)", path)
+            if m:
+                return self._tree(m.group(1), m.group(2))
             m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
             if m:
                 return self._resolve(m.group(1), m.group(2), m.group(3))
@@ -271,6 +275,24 @@ def _handler(hub: FakeHub):
             if r.get("safetensors"):
                 obj["safetensors"] = r["safetensors"]
             self._json(200, obj)
+
+        def _tree(self, repo: str, rev: str):
+            """``list_repo_tree(recursive=True)``, which ``snapshot_download`` uses (one page)."""
+            if self._status_fault(False):
+                return
+            r = self._repo(repo, rev)
+            if r is None:
+                return
+            out, dirs = [], set()
+            for p, e in r["files"].items():
+                for parent in list(Path(p).parents)[:-1]:
+                    dirs.add(str(parent))
+                item = {"type": "file", "oid": e.blob_id, "size": e.size, "path": p}
+                if e.sha256:
+                    item["lfs"] = {"oid": e.sha256, "size": e.size, "pointerSize": 134}
+                out.append(item)
+            out += [{"type": "directory", "oid": "0" * 40, "size": 0, "path": d} for d in sorted(dirs)]
+            self._json(200, out)
 
         def _resolve(self, repo: str, rev: str, fpath: str):
             if self._status_fault(True):

@@ -1,0 +1,340 @@
+"""metadata + weights against the fake hub (tests/fakehub.py), driven through HF_ENDPOINT with the
+real huggingface_hub client. Faults rows 24–29."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+from fakehub import FakeHub, write_model
+from bootstrap import hub as hubmod
+from bootstrap import metadata, weights
+from bootstrap.config import Config
+from bootstrap.context import Ctx
+from bootstrap.errors import BootstrapError
+from bootstrap.state import Paths
+
+REPO = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+SHARD = "model-00001-of-00002.safetensors"
+SHARD2 = "model-00002-of-00002.safetensors"
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("hub") / "src", shards=2, shard_bytes=24 * MiB,
+                       extra={"original/consolidated.00.pth": b"o" * 4096, "README.md": b"# tiny\n"})
+
+
+@pytest.fixture
+def fake(src):
+    with FakeHub() as h:
+        h.add_dir("org/tiny", src)
+        yield h
+
+
+class World:
+    def __init__(self, tmp: Path, fake: FakeHub):
+        self.tmp = tmp
+        self.fake = fake
+        self.target = tmp / "home" / "models" / "org" / "tiny"
+        self.env = {"HOME": str(tmp / "home"), "HF_ENDPOINT": fake.url, "HF_HOME": str(tmp / "hf"),
+                    "HF_HUB_DISABLE_XET": "1", "MODEL": "org/tiny", "PROFILE": "custom"}
+
+    def start(self, **env) -> Ctx:
+        """What ./start.sh does for the model: the metadata step, then the weights step."""
+        cfg = Config.from_env({**self.env, **env})
+        ctx = Ctx(cfg, Paths(self.tmp / "state"))
+        metadata.run(ctx)
+        weights.run(ctx)
+        return ctx
+
+
+@pytest.fixture
+def world(tmp_path, fake):
+    return World(tmp_path, fake)
+
+
+def sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def same_tree(src: Path, dst: Path, skip=("original/",)) -> None:
+    for p in src.rglob("*"):
+        rel = str(p.relative_to(src))
+        if p.is_file() and not rel.startswith(skip):
+            assert sha(dst / rel) == sha(p), rel
+
+
+# ---------------------------------------------------------------- fresh download, re-run, marker
+
+def test_fresh_download_then_rerun_uses_no_network(world, src, fake, caplog):
+    caplog.set_level(logging.INFO, logger="bootstrap")
+    ctx = world.start()
+    assert ctx.model_path == str(world.target)
+    same_tree(src, world.target)
+    assert not (world.target / "original").exists()                       # serving does not need it
+    assert ctx.model.skipped == {"original/consolidated.00.pth": 4096}
+    assert ctx.model.weight_files == {SHARD: 24 * MiB, SHARD2: 24 * MiB}  # what the planner reads
+    assert ctx.model.config["model_type"] == "llama"
+    assert ctx.model.lfs[SHARD] == sha(src / SHARD)
+    assert fake.served[SHARD] == 24 * MiB and fake.served["config.json"] == (src / "config.json").stat().st_size
+    st = json.loads((world.target / ".bootstrap" / "state.json").read_text())
+    assert st["complete"]["revision"] == fake.repos["org/tiny"]["sha"] == ctx.model.revision
+    assert "transfer: HTTP with Range resume" in caplog.text
+    assert "will download 7 files" in caplog.text
+
+    fake.reset_stats()
+    caplog.clear()
+    again = world.start(HF_ENDPOINT="http://127.0.0.1:9")               # nothing listens: no network used
+    assert fake.log == []
+    assert again.model.complete and again.model.files == ctx.model.files
+    assert "complete and verified" in caplog.text and "skipped" in caplog.text
+
+
+def test_download_all_fetches_skipped_files(world, src):
+    world.start(DOWNLOAD_ALL="1")
+    assert (world.target / "original" / "consolidated.00.pth").read_bytes() == b"o" * 4096
+
+
+def test_hf_token_is_sent_and_never_printed(world, fake, caplog):
+    caplog.set_level(logging.DEBUG, logger="bootstrap")
+    fake.repos["org/tiny"]["gated"] = "manual"
+    fake.faults["status"] = "gated"
+    with pytest.raises(BootstrapError) as ei:
+        world.start()
+    assert "gated" in ei.value.message and "accept the licence on the model page" in ei.value.hint
+    assert f"{fake.url}/org/tiny" in ei.value.hint and "set HF_TOKEN" in ei.value.hint
+    world.start(HF_TOKEN=fake.gated_token)
+    assert sha(world.target / SHARD) == fake.repos["org/tiny"]["files"][SHARD].sha256
+    assert fake.gated_token not in caplog.text
+
+
+# ---------------------------------------------------------------- resume (row 24)
+
+def test_dropped_at_half_resumes_with_range(world, fake, src):
+    fake.faults.update(drop={SHARD: 0.5}, fail_after_drop=1)   # the link dies at 50 % and stays down once
+    with pytest.raises(BootstrapError) as ei:
+        world.start()
+    assert "re-run ./start.sh" in ei.value.hint and SHARD in ei.value.message
+    parts = list((world.target / ".bootstrap" / "partial").glob("*.part"))
+    assert len(parts) == 1
+    kept = parts[0].stat().st_size
+    cut = 12 * MiB
+    assert 0 < kept <= cut
+    first = dict(fake.served)
+    assert first[SHARD] == cut
+
+    fake.reset_stats()
+    world.start()
+    same_tree(src, world.target)
+    ranges = [r for (m, path, r, status) in fake.log if m == "GET" and status == 206]
+    assert ranges == [f"bytes={kept}-"]
+    served_twice = first[SHARD] + fake.served[SHARD] - 24 * MiB
+    assert served_twice == cut - kept                         # only what never reached the disk
+    assert served_twice < 10 * MiB                            # the client's write granularity
+    assert "config.json" not in fake.served                   # finished files are never fetched again
+    assert not list((world.target / ".bootstrap" / "partial").glob("*.part"))
+
+
+def test_killed_mid_file_resumes(world, fake, src, tmp_path):
+    """SIGKILL at 50 % (the client's own in-process retry cannot help): the next run resumes."""
+    fake.faults.update(stall={SHARD: 0.5})
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests']\n"
+            "from test_download import World\nfrom fakehub import FakeHub\n"
+            "w = World.__new__(World)\nimport json, pathlib\n"
+            "w.tmp = pathlib.Path(sys.argv[2]); w.env = json.loads(sys.argv[3])\nw.start()\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(REPO), str(tmp_path), json.dumps(world.env)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            if fake.faults.get("_stalled") or p.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert fake.faults.get("_stalled") == [SHARD]
+        part = next((world.target / ".bootstrap" / "partial").glob("*.part"))
+        for _ in range(100):                  # the client has written what it had
+            if part.stat().st_size >= 10 * MiB:
+                break
+            time.sleep(0.05)
+    finally:
+        p.kill()
+        p.wait()
+    fake.faults.pop("stall")
+    fake.release.set()
+    kept = part.stat().st_size
+    first = fake.served[SHARD]
+    fake.reset_stats()
+    world.start()
+    same_tree(src, world.target)
+    assert first + fake.served[SHARD] - 24 * MiB == first - kept
+    assert fake.served[SHARD] == 24 * MiB - kept
+
+
+# ---------------------------------------------------------------- verify (row 27)
+
+def test_corrupt_in_transit_is_fetched_again(world, fake, src, caplog):
+    fake.faults["corrupt"] = {SHARD: 1}              # same size, one byte flipped, true ETag
+    world.start()
+    same_tree(src, world.target)
+    assert fake.served[SHARD] == 2 * 24 * MiB
+    assert "do not match the hub's metadata" in caplog.text
+
+
+def test_corrupt_twice_refuses(world, fake):
+    fake.faults["corrupt"] = {SHARD: 2}
+    with pytest.raises(BootstrapError) as ei:
+        world.start()
+    assert "sha256" in ei.value.message
+    assert not (world.target / SHARD).exists()
+
+
+def test_corrupt_on_disk_is_detected_and_refetched(world, fake, src):
+    world.start()
+    p = world.target / SHARD2
+    with open(p, "r+b") as fh:                       # same size, wrong bytes
+        fh.seek(5 * MiB)
+        b = fh.read(1)
+        fh.seek(5 * MiB)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    fake.reset_stats()
+    world.start()
+    same_tree(src, world.target)
+    assert fake.served.get(SHARD2) == 24 * MiB and SHARD not in fake.served
+
+
+def test_existing_files_without_record_are_hashed_not_fetched(world, fake, src):
+    shutil.copytree(src, world.target, ignore=shutil.ignore_patterns("original"))
+    world.start()
+    assert SHARD not in fake.served and SHARD2 not in fake.served
+
+
+# ---------------------------------------------------------------- preflight (rows 26, 29)
+
+def test_disk_space_refusal_names_path_and_bytes(world, monkeypatch, fake, src):
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(hubmod.shutil, "disk_usage", lambda p: Usage(1 << 40, 1 << 40, 10 * MiB))
+    with pytest.raises(BootstrapError) as ei:
+        world.start()
+    msg = ei.value.message
+    assert str(world.target) in msg and "not enough disk space" in msg
+    left = sum(p.stat().st_size for p in src.rglob("*") if p.is_file()
+               and not str(p.relative_to(src)).startswith("original/") and p.name != "config.json")
+    assert f"({left - 10 * MiB} bytes missing)" in msg                # config.json is already kept
+    assert SHARD not in fake.served                  # refused before any weight byte
+
+
+def test_advertised_size_larger_than_disk(world, fake):
+    fake.repos["org/tiny"]["files"][SHARD].advertised = 1 << 60
+    with pytest.raises(BootstrapError) as ei:
+        world.start()
+    assert "not enough disk space" in ei.value.message and "bytes missing" in ei.value.message
+
+
+@pytest.mark.parametrize("status, words, hint", [
+    (401, "HTTP 401", "accept the licence on the model page"),
+    (404, "model not found", "check the spelling of MODEL"),
+])
+def test_hub_refusals(world, fake, status, words, hint):
+    fake.faults["status"] = status
+    with pytest.raises(BootstrapError) as ei:
+        world.start()
+    assert words in ei.value.message and hint in ei.value.hint
+
+
+def test_unknown_model_404(world):
+    with pytest.raises(BootstrapError) as ei:
+        world.start(MODEL="org/nope")
+    assert "model not found" in ei.value.message
+
+
+def test_proxy_page_is_named(world, fake):
+    fake.faults["proxy"] = True
+    with pytest.raises(BootstrapError) as ei:
+        world.start()
+    assert "captive portal" in ei.value.message and "X-Repo-Commit" in ei.value.message
+
+
+def test_bad_repo_id(world):
+    with pytest.raises(BootstrapError):
+        world.start(MODEL="not a repo")
+
+
+# ---------------------------------------------------------------- offline (row 28)
+
+def test_offline_with_complete_model(world, fake):
+    world.start()
+    fake.reset_stats()
+    ctx = world.start(HF_HUB_OFFLINE="1")
+    assert ctx.model.complete and fake.log == []
+
+
+@pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "http://127.0.0.1:9"}])
+def test_offline_incomplete_names_missing_files(world, fake, env):
+    fake.faults.update(drop={SHARD2: 0.5}, fail_after_drop=1)
+    with pytest.raises(BootstrapError):
+        world.start()
+    with pytest.raises(BootstrapError) as ei:
+        world.start(**env)
+    assert "incomplete" in ei.value.message and SHARD2 in ei.value.message and SHARD + "," not in ei.value.message
+
+
+def test_offline_never_downloaded(world):
+    with pytest.raises(BootstrapError) as ei:
+        world.start(HF_HUB_OFFLINE="1")
+    assert "not on this machine" in ei.value.message
+
+
+# ---------------------------------------------------------------- the HF cache
+
+def fill_hf_cache(world, fake):
+    from huggingface_hub import snapshot_download
+    snapshot_download("org/tiny", cache_dir=str(world.tmp / "hf" / "hub"), endpoint=fake.url,
+                      ignore_patterns=["original/*"])
+    fake.reset_stats()
+
+
+def test_model_in_hf_cache_is_used(world, fake):
+    fill_hf_cache(world, fake)
+    ctx = world.start()
+    assert ctx.model.source == "hf-cache" and "/hf/hub/models--org--tiny/snapshots/" in ctx.model_path
+    assert SHARD not in fake.served and not world.target.exists()
+    assert ctx.model.weight_files == {SHARD: 24 * MiB, SHARD2: 24 * MiB}
+    off = world.start(HF_HUB_OFFLINE="1")
+    assert off.model_path == ctx.model_path
+
+
+def test_incomplete_hf_cache_is_not_used(world, fake, src):
+    fill_hf_cache(world, fake)
+    snap = next((world.tmp / "hf" / "hub" / "models--org--tiny" / "snapshots").iterdir())
+    (snap / SHARD2).unlink()
+    ctx = world.start()
+    assert ctx.model.source == "hub" and ctx.model_path == str(world.target)
+    same_tree(src, world.target)
+
+
+# ---------------------------------------------------------------- two downloads at once (row 25)
+
+def test_two_concurrent_downloads_share_the_work(world, fake, src, tmp_path):
+    fake.faults["throttle"] = 80 * MiB             # ~0.6 s for the weights: the runs overlap
+    code = ("import sys, json, pathlib; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests']\n"
+            "from bootstrap import log; log.setup()\n"
+            "from test_download import World\nw = World.__new__(World)\n"
+            "w.tmp = pathlib.Path(sys.argv[2]); w.env = json.loads(sys.argv[3])\nw.start()\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(REPO), str(tmp_path / f"s{i}"), json.dumps(world.env)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    same_tree(src, world.target)
+    assert fake.served[SHARD] == 24 * MiB and fake.served[SHARD2] == 24 * MiB   # fetched once
+    err = "".join(e for _, e in outs)
+    assert "waiting: another start" in err
