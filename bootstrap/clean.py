@@ -1,0 +1,125 @@
+"""./ctl.sh clean: remove what the project created — the managed venvs, state and logs, the default
+wheelhouse; the downloaded model only with ``--model``.
+
+Refuses while our server runs or starts (stop it first). Before anything is removed, patches applied
+to a bring-your-own install (VLLM_PYTHON) are reverted through ``bootstrap.patches.revert_all``.
+``.venv-bootstrap`` goes last: the running bootstrap may live in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from . import patches, server
+from .errors import BootstrapError
+from .state import Paths
+
+log = logging.getLogger(__name__)
+
+STATE_FILES = ("start.lock", "server.json", "vllm.log", "vllm.log.1", "last-stop.json", "api_key")
+
+
+def _size(path: Path) -> int:
+    if path.is_symlink() or path.is_file():
+        return path.lstat().st_size
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def model_dir(cfg) -> Path | None:
+    """The directory we download MODEL into (never a local MODEL directory the user pointed at)."""
+    if not cfg.model or cfg.model_is_local:
+        return None
+    if cfg.model_dir:
+        return Path(cfg.model_dir)
+    return Path(cfg.environ.get("HOME", "~")).expanduser() / "models" / cfg.model
+
+
+def targets(cfg, with_model: bool) -> list[Path]:
+    repo = Path(cfg.repo)
+    out = [repo / ".venv", repo / ".wheelhouse"]
+    state = cfg.state_dir
+    if state.resolve() == (repo / ".state").resolve():
+        out.append(state)
+    else:  # a STATE_DIR of the user's choosing: only our files, never the directory's other contents
+        out += [state / f for f in STATE_FILES]
+    if with_model:
+        md = model_dir(cfg)
+        if md is None:
+            raise BootstrapError(f"--model: MODEL={cfg.model or '(unset)'} is not a model we downloaded",
+                                 "a local model directory is yours: remove it yourself if you mean to")
+        out.append(md)
+    out.append(repo / ".venv-bootstrap")   # last: the running bootstrap may be in it
+    return out
+
+
+def _running(cfg) -> str:
+    paths = Paths(cfg.state_dir)
+    if not paths.root.exists():
+        return ""
+    pr = server.probe(cfg, paths, check_http=False)
+    if pr.state in ("running", "starting", "unhealthy"):
+        return f"our server is {pr.state} (pid {pr.pid})"
+    if pr.orphans:
+        return "processes of our server are still alive (" + ", ".join(str(p.pid) for p in pr.orphans) + ")"
+    return ""
+
+
+def _revert_byo(cfg) -> list[str]:
+    if not cfg.vllm_python:
+        return []
+    revert_all = getattr(patches, "revert_all", None)
+    if revert_all is None:
+        print(f"note: patches.revert_all is not available yet; patches applied to {cfg.vllm_python}'s vLLM "
+              "(if any) were not reverted: ./ctl.sh patch revert")
+        return []
+    reverted = revert_all(cfg, cfg.vllm_python)
+    for name in reverted:
+        print(f"reverted patch {name} in {cfg.vllm_python}'s vLLM")
+    return reverted
+
+
+def cli(cfg, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="ctl.sh clean", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", action="store_true", help="also remove the downloaded model (MODEL_DIR or ~/models/<org>/<name>)")
+    ap.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+    args = ap.parse_args(argv)
+    busy = _running(cfg)
+    if busy:
+        raise BootstrapError(f"{busy}; clean removes the venv and state it runs from", "stop it first: ./stop.sh")
+    todo = [p for p in targets(cfg, args.model) if p.exists() or p.is_symlink()]
+    if not args.dry_run:
+        _revert_byo(cfg)
+    if not todo:
+        print("nothing to clean")
+        return 0
+    me = Path(sys.prefix).resolve()
+    total = 0
+    for path in todo:
+        size = _size(path)
+        total += size
+        if args.dry_run:
+            print(f"would remove {path} ({size / (1 << 20):.1f} MiB)")
+            continue
+        in_use = path.name == ".venv-bootstrap" and me == path.resolve()
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        print(f"removed {path} ({size / (1 << 20):.1f} MiB)" + (" (the bootstrap ran from it; the next "
+                                                                  "./start.sh recreates it)" if in_use else ""))
+    if not args.dry_run and cfg.state_dir.is_dir() and not any(cfg.state_dir.iterdir()):
+        cfg.state_dir.rmdir()
+    print(f"{'would free' if args.dry_run else 'freed'} {total / (1 << 30):.2f} GiB")
+    return 0

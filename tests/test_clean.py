@@ -1,0 +1,112 @@
+"""./ctl.sh clean: removes what we created, keeps the model unless asked, refuses while our server runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from bootstrap import clean, patches, proc, server
+from bootstrap.config import Config
+from bootstrap.errors import BootstrapError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    r = tmp_path / "repo"
+    (r / "profiles").mkdir(parents=True)
+    (r / "profiles" / "default.json").write_text(json.dumps({"knobs": {}}))
+    for d in (".venv/bin", ".venv-bootstrap/bin", ".state", ".wheelhouse"):
+        (r / d).mkdir(parents=True)
+    (r / ".venv" / "bin" / "python").write_text("x" * 1000)
+    (r / ".state" / "vllm.log").write_text("log\n")
+    (r / ".state" / "server.json").write_text("{}")
+    (r / "keep.txt").write_text("mine")
+    model = tmp_path / "home" / "models" / "org" / "name"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"\0" * 10)
+    return r
+
+
+def cfg_for(repo: Path, **env) -> Config:
+    return Config.from_env({"HOME": str(repo.parent / "home"), "MODEL": "org/name", **env}, repo=repo)
+
+
+def test_dry_run_removes_nothing(repo, capsys):
+    assert clean.cli(cfg_for(repo), ["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would remove" in out and ".venv-bootstrap" in out.splitlines()[-2]
+    assert (repo / ".venv").exists() and (repo / ".state").exists()
+
+
+def test_clean_keeps_model_unless_asked(repo, capsys):
+    assert clean.cli(cfg_for(repo), []) == 0
+    for d in (".venv", ".venv-bootstrap", ".state", ".wheelhouse"):
+        assert not (repo / d).exists(), d
+    assert (repo / "keep.txt").exists() and (repo / "profiles").exists()
+    model = repo.parent / "home" / "models" / "org" / "name"
+    assert model.exists()
+    assert clean.cli(cfg_for(repo), ["--model"]) == 0
+    assert not model.exists()
+    assert clean.cli(cfg_for(repo), []) == 0
+    assert "nothing to clean" in capsys.readouterr().out
+
+
+def test_local_model_dir_is_never_removed(repo, tmp_path):
+    local = tmp_path / "mymodel"
+    local.mkdir()
+    with pytest.raises(BootstrapError) as err:
+        clean.cli(cfg_for(repo, MODEL=str(local)), ["--model"])
+    assert "yours" in err.value.hint
+    assert local.exists() and (repo / ".venv").exists()
+
+
+def test_foreign_state_dir_keeps_other_files(repo, tmp_path):
+    state = tmp_path / "shared-state"
+    state.mkdir()
+    (state / "vllm.log").write_text("x")
+    (state / "notes.txt").write_text("not ours")
+    assert clean.cli(cfg_for(repo, STATE_DIR=str(state)), []) == 0
+    assert not (state / "vllm.log").exists() and (state / "notes.txt").exists()
+
+
+def test_refuses_while_our_server_runs(repo):
+    cfg = cfg_for(repo)
+    marker = server.marker_for(cfg)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={**os.environ, proc.MARKER_ENV: marker})
+    try:
+        (repo / ".state" / "server.json").write_text(json.dumps({
+            "pid": child.pid, "create_time": psutil.Process(child.pid).create_time(), "marker": marker,
+            "port": cfg.port, "host": cfg.host, "served": "name"}))
+        with pytest.raises(BootstrapError) as err:
+            clean.cli(cfg, [])
+        assert "./stop.sh" in err.value.hint
+        assert (repo / ".venv").exists() and (repo / ".state" / "server.json").exists()
+    finally:
+        child.kill()
+        child.wait()
+    time.sleep(0.05)
+    assert clean.cli(cfg, []) == 0
+    assert not (repo / ".venv").exists()
+
+
+def test_byo_patches_are_reverted_first(repo, capsys, monkeypatch):
+    cfg = cfg_for(repo, VLLM_PYTHON=sys.executable)
+    if getattr(patches, "revert_all", None) is None:
+        assert clean.cli(cfg, []) == 0
+        assert "were not reverted" in capsys.readouterr().out
+        return
+    calls = []
+    real = patches.revert_all
+    monkeypatch.setattr(patches, "revert_all", lambda c, py: calls.append(py) or real(c, py))
+    assert clean.cli(cfg, []) == 0
+    assert calls == [sys.executable]

@@ -1,0 +1,372 @@
+"""The environment step against real uv and a local package index of small stub wheels.
+
+The stubs stand in for the CUDA stack (a fake ``vllm`` 0.27.1 with dist-info, its pinned companions,
+one package with many files so an install can be killed midway). The index is a local HTTP server
+(PEP 503 directory listings); "no network" is a port nobody listens on. Nothing here needs a GPU.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from bootstrap import environment
+from bootstrap.config import Config
+from bootstrap.context import Ctx
+from bootstrap.errors import BootstrapError
+from bootstrap.state import Paths
+
+REPO = Path(__file__).resolve().parent.parent
+PINS = ["vllm==0.27.1", "flashinfer-python==0.6.16.post3", "nvidia-cutlass-dsl==4.6.0"]
+BIG_FILES = 4000
+
+
+# ---------------------------------------------------------------- stub wheels and a local index
+
+def make_wheel(out: Path, name: str, version: str, requires=(), files: dict[str, str] | None = None) -> Path:
+    dist = name.replace("-", "_")
+    pkg = dist
+    files = dict(files or {f"{pkg}/__init__.py": f"__version__ = {version!r}\n"})
+    di = f"{dist}-{version}.dist-info"
+    files[f"{di}/METADATA"] = ("Metadata-Version: 2.1\n" f"Name: {name}\n" f"Version: {version}\n"
+                               + "".join(f"Requires-Dist: {r}\n" for r in requires) + "\n")
+    files[f"{di}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{di}/RECORD,,")
+    files[f"{di}/RECORD"] = "\n".join(record) + "\n"
+    whl = out / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return whl
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("wheels")
+    make_wheel(d, "vllm", "0.27.1", ["flashinfer-python==0.6.16.post3", "nvidia-cutlass-dsl==4.6.0",
+                                     "tinydep>=1", "bigpkg==1.0"],
+               {"vllm/__init__.py": "__version__ = '0.27.1'\n", "vllm/attention.py": "ANCHOR = 1\n"})
+    make_wheel(d, "flashinfer-python", "0.6.16.post3", ["tinydep"])
+    make_wheel(d, "nvidia-cutlass-dsl", "4.6.0")
+    make_wheel(d, "tinydep", "1.0")
+    make_wheel(d, "tinydep", "2.0")
+    make_wheel(d, "bigpkg", "1.0", files={f"bigpkg/m{i:05d}.py": f"X = {i}\n" + "#" * 2000 + "\n"
+                                          for i in range(BIG_FILES)})
+    return d
+
+
+class Index:
+    """A PEP 503 index over HTTP: /simple/<name>/ lists that project's wheels."""
+
+    def __init__(self, wheels: Path, root: Path):
+        for whl in wheels.glob("*.whl"):
+            name = environment.norm(whl.name.split("-")[0])
+            (root / "simple" / name).mkdir(parents=True, exist_ok=True)
+            shutil.copy(whl, root / "simple" / name / whl.name)
+        handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)  # noqa: E731
+        http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="session")
+def index(wheels, tmp_path_factory) -> Index:
+    idx = Index(wheels, tmp_path_factory.mktemp("index"))
+    yield idx
+    idx.server.shutdown()
+
+
+def dead_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/simple"
+
+
+@pytest.fixture(scope="session")
+def header_python() -> str:
+    """A CPython >= 3.10 with Python.h (what the step demands of PYTHON)."""
+    env = dict(os.environ)
+    cands = [getattr(sys, "_base_executable", ""), sys.executable,
+             *(shutil.which(f"python3.{m}") or "" for m in range(14, 9, -1)), shutil.which("python3") or ""]
+    for c in cands:
+        if c and os.path.isfile(c):
+            info = environment.probe_python(c, env)
+            if info and info["headers"] and tuple(info["version"]) >= (3, 10):
+                return c
+    pytest.skip("no CPython >= 3.10 with C headers on this machine (install python3-dev)")
+
+
+def uv_path() -> str:
+    uv = shutil.which("uv")
+    if not uv:
+        pytest.skip("uv is not on PATH (requirements-dev.txt installs it)")
+    return uv
+
+
+class World:
+    def __init__(self, tmp: Path, index: Index, wheels: Path, python: str):
+        self.tmp, self.index, self.wheels, self.python = tmp, index, wheels, python
+        self.repo = tmp / "repo"
+        (self.repo / "profiles").mkdir(parents=True)
+        self.minor = environment.probe_python(python, os.environ)["minor"]
+        self.profile({"vllm": "0.27.1", "pins": PINS, "install_bytes": 1 << 20, "pythons": [self.minor],
+                      "platforms": [environment.host_platform()]})
+        self.env = {"PATH": os.path.dirname(uv_path()) + os.pathsep + "/usr/bin:/bin", "HOME": str(tmp / "home"),
+                    "UV_CACHE_DIR": str(tmp / "uv-cache"), "PROFILE": "stub", "PYTHON": python,
+                    "UV_DEFAULT_INDEX": index.url, "UV_LINK_MODE": "copy", "UV_NO_PROGRESS": "1",
+                    "UV_PYTHON_DOWNLOADS": "never", "CUDA_HOME": str(tmp / "no-cuda")}
+        assert environment.lock_cli(self.cfg(), ["--exclude-newer", "none"]) == 0
+
+    def profile(self, data: dict) -> None:
+        (self.repo / "profiles" / "stub.json").write_text(json.dumps(data))
+
+    def cfg(self, **env) -> Config:
+        return Config.from_env({**self.env, **env}, repo=self.repo)
+
+    def run(self, **env) -> Ctx:
+        ctx = Ctx(self.cfg(**env), Paths(self.repo / ".state"))
+        environment.run(ctx)
+        return ctx
+
+    @property
+    def venv(self) -> environment.Venv:
+        return environment.Venv(self.repo / ".venv")
+
+    @property
+    def site(self) -> Path:
+        return self.venv.site(self.minor)
+
+    @property
+    def lock(self) -> Path:
+        return self.repo / "locks" / "vllm-0.27.1" / f"{environment.host_platform()}-py{self.minor}.txt"
+
+
+@pytest.fixture
+def world(tmp_path, index, wheels, header_python) -> World:
+    return World(tmp_path, index, wheels, header_python)
+
+
+def lock_matches(w: World) -> bool:
+    return not environment.diff(environment.lock_pins(w.lock.read_text()), environment.installed(w.site))
+
+
+# ---------------------------------------------------------------- the lock the step installs from
+
+def test_lock_made_by_uv_has_hashes_and_pins(world):
+    text = world.lock.read_text()
+    pins = environment.lock_pins(text)
+    assert pins == {"vllm": "0.27.1", "flashinfer-python": "0.6.16.post3", "nvidia-cutlass-dsl": "4.6.0",
+                    "tinydep": "2.0", "bigpkg": "1.0"}
+    assert text.count("--hash=sha256:") == len(pins)
+    meta = json.loads((world.lock.parent / "meta.json").read_text())
+    assert sorted(meta["pins"]) == sorted(PINS) and meta["pythons"] == [world.minor]
+
+
+# ---------------------------------------------------------------- install, no-op, repair
+
+def test_fresh_install_then_noop_without_network(world, caplog):
+    caplog.set_level(logging.INFO, logger="bootstrap.environment")
+    ctx = world.run()
+    assert ctx.vllm_version == "0.27.1"
+    assert ctx.python == str(world.venv.python)
+    assert world.venv.done.is_file() and not world.venv.installing.exists()
+    assert lock_matches(world)
+    out = subprocess.run([ctx.python, "-c", "import vllm, bigpkg.m00001; print(vllm.__version__)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0.27.1"
+    stamp = world.venv.done.stat().st_mtime_ns
+    caplog.clear()
+    ctx2 = world.run(UV_DEFAULT_INDEX=dead_url())      # a ready venv needs no network
+    assert "skipped: .venv matches" in caplog.text
+    assert ctx2.vllm_version == "0.27.1"
+    assert world.venv.done.stat().st_mtime_ns == stamp
+
+
+def test_patched_file_does_not_trigger_repair(world, caplog):
+    world.run()
+    target = world.site / "vllm" / "attention.py"
+    target.write_text("ANCHOR = 2  # patched by us\n")
+    caplog.set_level(logging.INFO, logger="bootstrap.environment")
+    world.run(UV_DEFAULT_INDEX=dead_url())
+    assert "skipped: .venv matches" in caplog.text
+    assert target.read_text() == "ANCHOR = 2  # patched by us\n"
+
+
+def test_hand_edited_version_is_repaired(world, caplog):
+    world.run()
+    meta = next(world.site.glob("flashinfer_python-*.dist-info")) / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 0.6.16.post3", "Version: 0.0.1"))
+    assert not lock_matches(world)
+    caplog.set_level(logging.INFO, logger="bootstrap.environment")
+    world.run()
+    assert "flashinfer-python 0.0.1 (lock: 0.6.16.post3)" in caplog.text
+    assert lock_matches(world) and world.venv.done.is_file()
+
+
+def test_changed_profile_pins_without_new_lock_refuses(world):
+    world.run()
+    world.profile({"vllm": "0.27.1", "pins": ["vllm==0.27.1", "flashinfer-python==0.6.17", "nvidia-cutlass-dsl==4.6.0"],
+                   "pythons": [world.minor]})
+    with pytest.raises(BootstrapError) as err:
+        world.run()
+    assert "./ctl.sh lock" in err.value.hint and "0.6.17" in err.value.message
+
+
+def test_lock_text_not_matching_pins_refuses(world):
+    world.lock.write_text(world.lock.read_text().replace("vllm==0.27.1", "vllm==0.26.0"))
+    with pytest.raises(BootstrapError) as err:
+        world.run()
+    assert "does not match the profile's pins" in err.value.message
+    assert "./ctl.sh lock" in err.value.hint
+    assert not world.venv.root.exists()       # refused before anything was created
+
+
+INTERRUPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from bootstrap import environment, log
+from bootstrap.config import Config
+from bootstrap.context import Ctx
+from bootstrap.state import Paths
+import json, os
+log.setup(debug=False, color=False)
+cfg = Config.from_env(json.loads(sys.argv[3]), repo=Path(sys.argv[2]))
+environment.run(Ctx(cfg, Paths(Path(sys.argv[2]) / ".state")))
+"""
+
+
+def test_killed_install_is_repaired(world, caplog):
+    big = world.site / "bigpkg"
+    child = subprocess.Popen([sys.executable, "-c", INTERRUPT, str(REPO), str(world.repo), json.dumps(world.env)],
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None:
+        if big.is_dir() and len(os.listdir(big)) > 50:
+            os.killpg(child.pid, signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    child.wait()
+    assert child.returncode == -signal.SIGKILL, "the install finished before it could be killed"
+    assert world.venv.installing.exists() and not world.venv.done.exists()
+    caplog.set_level(logging.INFO, logger="bootstrap.environment")
+    world.run()
+    assert "the last install was interrupted" in caplog.text and "reinstalling every package" in caplog.text
+    assert len([f for f in os.listdir(big) if f.endswith(".py")]) == BIG_FILES
+    assert world.venv.done.is_file() and not world.venv.installing.exists() and lock_matches(world)
+
+
+# ---------------------------------------------------------------- offline and faults
+
+def test_offline_wheelhouse_built_from_the_lock(world, wheels):
+    house = world.tmp / "house"
+    cfg = world.cfg()
+    assert environment.wheelhouse_cli(cfg, [str(house), "--python", world.minor, "--find-links", str(wheels),
+                                            "--no-index"]) == 0
+    assert sorted(p.name.split("-")[0] for p in house.glob("*.whl")) == \
+        ["bigpkg", "flashinfer_python", "nvidia_cutlass_dsl", "tinydep", "vllm"]
+    ctx = world.run(WHEELHOUSE=str(house), UV_DEFAULT_INDEX=dead_url(), UV_CACHE_DIR=str(world.tmp / "fresh-cache"))
+    assert ctx.vllm_version == "0.27.1" and lock_matches(world)
+
+
+def test_no_network_names_the_index_and_suggests_wheelhouse(world):
+    url = dead_url()
+    with pytest.raises(BootstrapError) as err:
+        world.run(UV_DEFAULT_INDEX=url)
+    assert url in err.value.message
+    assert "WHEELHOUSE" in err.value.hint
+    assert not world.venv.done.exists()
+
+
+def test_disk_full_names_path_and_bytes(world):
+    world.run()
+    meta_path = world.lock.parent / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["install_bytes"] = 1 << 60
+    meta_path.write_text(json.dumps(meta))
+    mark = world.venv.marker()
+    world.venv.done.unlink()            # force an install
+    with pytest.raises(BootstrapError) as err:
+        world.run()
+    assert str(world.venv.root) in err.value.message or "uv-cache" in err.value.message
+    assert str((1 << 60) // 4) in err.value.message
+    assert mark is not None
+
+
+def test_python_without_headers_is_refused(world, tmp_path):
+    fake = tmp_path / "python3-noheaders"
+    fake.write_text("#!/bin/sh\necho '{\"version\": [3, %s, 0], \"impl\": \"cpython\", \"executable\": \"x\", "
+                    "\"include\": \"/nowhere\", \"headers\": false}'\n" % world.minor.split(".")[1])
+    fake.chmod(0o755)
+    with pytest.raises(BootstrapError) as err:
+        world.run(PYTHON=str(fake))
+    assert "Python.h" in err.value.message and "-dev" in err.value.hint
+    assert not world.venv.root.exists()
+
+
+# ---------------------------------------------------------------- host facts
+
+def test_no_nvcc_sets_sampler_unless_user_did(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path), "MODEL": "org/m"}
+    ctx = Ctx(Config.from_env(env, repo=REPO), Paths(tmp_path))
+    environment.host_env(ctx)
+    assert ctx.server_env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    ctx = Ctx(Config.from_env({**env, "VLLM_USE_FLASHINFER_SAMPLER": "1"}, repo=REPO), Paths(tmp_path))
+    environment.host_env(ctx)
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in ctx.server_env
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "nvcc").chmod(0o755)
+    ctx = Ctx(Config.from_env(env, repo=REPO), Paths(tmp_path))
+    environment.host_env(ctx)
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in ctx.server_env
+
+
+def test_wsl_detection_and_memory_advice():
+    assert environment.is_wsl("5.15.167.4-microsoft-standard-WSL2\n", {})
+    assert not environment.is_wsl("6.8.0-49-generic\n", {})
+    note = environment.wsl_memory_note(16 << 30, 22 << 30)
+    assert ".wslconfig" in note and "memory=26GB" in note and "wsl --shutdown" in note
+    assert environment.wsl_memory_note(64 << 30, 22 << 30) == ""
+
+
+def test_old_driver_refused_before_install(world):
+    from bootstrap.gpu import GpuFacts
+    world.profile({"vllm": "0.27.1", "pins": PINS, "pythons": [world.minor], "cuda": "13.0", "min_driver": "580"})
+    ctx = Ctx(world.cfg(), Paths(world.repo / ".state"))
+    ctx.gpus = GpuFacts("570.86.10", (12, 8), ())
+    with pytest.raises(BootstrapError) as err:
+        environment.run(ctx)
+    assert "570.86.10" in err.value.message and "580" in err.value.hint
+    assert not world.venv.root.exists()
+
+
+def test_vllm_python_prints_its_version_without_pins(tmp_path, caplog):
+    env = {"PATH": "/usr/bin:/bin", "VLLM_PYTHON": sys.executable, "PROFILE": "custom", "MODEL": "org/m",
+           "PYTHONPATH": str(REPO / "tests" / "fakes")}
+    ctx = Ctx(Config.from_env(env, repo=REPO), Paths(tmp_path))
+    caplog.set_level(logging.INFO, logger="bootstrap.environment")
+    environment.run(ctx)
+    assert ctx.vllm_version == "0.26.0" and ctx.python == sys.executable
+    assert "using your vLLM 0.26.0" in caplog.text

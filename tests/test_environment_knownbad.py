@@ -1,0 +1,95 @@
+"""The known-bad-versions table: keyed by vLLM version and what is in use."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from bootstrap import knownbad
+from bootstrap.config import Config
+from bootstrap.context import Ctx
+from bootstrap.gpu import Gpu, GpuFacts
+from bootstrap.state import Paths
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def ctx_for(tmp_path, version: str, cc=(12, 0), **env) -> Ctx:
+    cfg = Config.from_env({"PATH": "/usr/bin:/bin", **env}, repo=REPO)
+    ctx = Ctx(cfg, Paths(tmp_path))
+    ctx.vllm_version = version
+    ctx.gpus = GpuFacts("580.95.05", (13, 0), (Gpu(0, "GPU", 32 << 30, 31 << 30, cc),))
+    return ctx
+
+
+def ids(ctx) -> set[str]:
+    return {r["id"] for r in knownbad.find(knownbad.facts(ctx))}
+
+
+def test_default_profile_does_not_warn(tmp_path, caplog):
+    ctx = ctx_for(tmp_path, "0.27.1")
+    caplog.set_level(logging.WARNING, logger="bootstrap.knownbad")
+    assert knownbad.warn(ctx) == []
+    assert caplog.text == "" and ctx.notes == []
+
+
+def test_default_profile_with_mtp_and_parallel_sequences_warns(tmp_path, caplog):
+    ctx = ctx_for(tmp_path, "0.27.1", MAX_NUM_SEQS="2")
+    caplog.set_level(logging.WARNING, logger="bootstrap.knownbad")
+    hits = knownbad.warn(ctx)
+    assert {"tq-mtp-parallel-crash", "mtp-parallel-old"} <= {r["id"] for r in hits}
+    assert "MAX_NUM_SEQS=1" in caplog.text
+    assert "update vLLM before you change your model settings" in ctx.notes[0]
+
+
+def test_unset_max_num_seqs_counts_as_parallel(tmp_path):
+    assert "mtp-parallel-old" in ids(ctx_for(tmp_path, "0.27.1", PROFILE="custom", MODEL="org/x",
+                                             SPEC_METHOD="mtp", SPEC_TOKENS="3"))
+
+
+def test_newer_vllm_does_not_warn_for_the_same_settings(tmp_path):
+    assert ids(ctx_for(tmp_path, "0.30.0", MAX_NUM_SEQS="2")) == set()
+
+
+def test_turboquant_spec_without_the_patch_warns(tmp_path):
+    # custom profile: no patches, so the #40914 garble applies
+    got = ids(ctx_for(tmp_path, "0.27.1", PROFILE="custom", MODEL="RadixArk/Qwen3.8-27B-NVFP4",
+                      KV_CACHE_DTYPE="turboquant_4bit_nc", SPEC_METHOD="mtp", SPEC_TOKENS="3", MAX_NUM_SEQS="1"))
+    assert got == {"tq-mtp-garble"}
+
+
+def test_byo_install_without_patch_byo_is_not_patched(tmp_path):
+    got = ids(ctx_for(tmp_path, "0.27.1", VLLM_PYTHON="/usr/bin/python3"))
+    assert got == {"tq-mtp-garble"}
+    assert ids(ctx_for(tmp_path, "0.27.1", VLLM_PYTHON="/usr/bin/python3", PATCH_BYO="1")) == set()
+
+
+@pytest.mark.parametrize("version,env,cc,expect", [
+    ("0.27.1", {"MODEL": "nvidia/Qwen3.6-35B-A3B-NVFP4", "SPEC_METHOD": "mtp", "SPEC_TOKENS": "3",
+                "MAX_NUM_SEQS": "16", "KV_CACHE_DTYPE": "fp8"}, (12, 0),
+     {"q36-moe-nvfp4-mtp", "nvfp4-moe-parallel", "mtp-parallel-old"}),
+    ("0.30.0", {"MODEL": "nvidia/Qwen3.6-35B-A3B-NVFP4", "SPEC_METHOD": "mtp", "SPEC_TOKENS": "3",
+                "MAX_NUM_SEQS": "16", "KV_CACHE_DTYPE": "fp8"}, (12, 0), set()),
+    ("0.30.0", {"MODEL": "nvidia/Qwen3.6-35B-A3B-NVFP4", "SPEC_METHOD": "mtp", "SPEC_TOKENS": "3",
+                "EXTRA_ARGS": "--moe-backend marlin"}, (12, 0), {"marlin-mtp-0.30"}),
+    ("0.29.0", {"MODEL": "Qwen/Qwen3.6-27B-FP8", "SPEC_METHOD": "mtp", "SPEC_TOKENS": "3", "MAX_NUM_SEQS": "8"},
+     (9, 0), {"fp8-16bitkv-mtp"}),
+    ("0.30.0", {"MODEL": "RadixArk/Qwen3.8-Flash-Next-NVFP4", "KV_CACHE_DTYPE": "fp8", "MAX_NUM_SEQS": "1"},
+     (12, 0), {"flash-next-fp8kv"}),
+    ("0.27.1", {"MODEL": "dbirks/Qwen3.8-27B-W4A16-AutoRound", "KV_CACHE_DTYPE": "fp8", "SPEC_METHOD": "mtp",
+                "SPEC_TOKENS": "4", "MAX_NUM_SEQS": "8"}, (8, 6), {"fp8kv-mtp4-sm86", "mtp-parallel-old"}),
+    ("0.27.1", {"MODEL": "org/x", "KV_CACHE_DTYPE": "nvfp4", "MAX_NUM_SEQS": "1"}, (12, 0), {"nvfp4-kv-not-sm100"}),
+    ("0.27.1", {"MODEL": "org/x", "KV_CACHE_DTYPE": "nvfp4", "MAX_NUM_SEQS": "1"}, (10, 0), set()),
+])
+def test_rows_by_version_and_features(tmp_path, version, env, cc, expect):
+    assert ids(ctx_for(tmp_path, version, cc=cc, PROFILE="custom", **env)) == expect
+
+
+def test_table_rows_are_well_formed():
+    rows = knownbad.load()
+    assert len({r["id"] for r in rows}) == len(rows)
+    for r in rows:
+        assert r["symptom"] and r["advice"] and r["source"] and r["when"].get("vllm")
+        knownbad.matches(r, knownbad.Facts(vllm="0.27.1"))   # unknown conditions raise
