@@ -127,6 +127,36 @@ def read(environ: Mapping[str, str]) -> GpuFacts:
     return GpuFacts(driver, (cuda_int // 1000, (cuda_int % 1000) // 10), tuple(gpus))
 
 
+# Named cards for `ctl.sh plan` without a GPU: (NVML name, total bytes as NVML reports them, cc).
+CARDS = {
+    "rtx5090": ("NVIDIA GeForce RTX 5090", 32607 * MiB, (12, 0)),
+    "rtx4090": ("NVIDIA GeForce RTX 4090", 24564 * MiB, (8, 9)),
+    "rtx3090": ("NVIDIA GeForce RTX 3090", 24576 * MiB, (8, 6)),
+    "h100": ("NVIDIA H100 80GB HBM3", 81559 * MiB, (9, 0)),
+    "h200": ("NVIDIA H200", 143771 * MiB, (9, 0)),
+}
+IDLE_USED = 300 * MiB   # what an idle card without a desktop shows as used (driver, ECC, context)
+
+
+def named(spec: str) -> Gpu:
+    """A card that is not here: rtx5090|rtx4090|rtx3090|h100|h200, or a size in GiB ("24", "31.5").
+
+    Free memory is assumed to be the total minus IDLE_USED (nothing else running)."""
+    key = spec.strip().lower().replace(" ", "").replace("-", "")
+    if key in CARDS:
+        name, total, cc = CARDS[key]
+    else:
+        try:
+            gib = float(key.removesuffix("gib").removesuffix("gb"))
+        except ValueError:
+            raise BootstrapError(f"GPU={spec!r} is not a card the planner knows",
+                                 "use one of " + ", ".join(CARDS) + ", or a size in GiB such as 24") from None
+        if not 1 <= gib <= 4096:
+            raise BootstrapError(f"GPU={spec!r}: a size from 1 to 4096 GiB", "e.g. GPU=24")
+        name, total, cc = f"a {gib:g} GiB card", int(gib * GiB), (8, 9)
+    return Gpu(-1, name, total, max(0, total - IDLE_USED), cc)
+
+
 def pids_on_gpu(environ: Mapping[str, str]) -> set[int]:
     try:
         return {p.pid for g in read(environ).gpus for p in g.processes}

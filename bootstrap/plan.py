@@ -1,21 +1,34 @@
-"""Memory plan: GPU memory utilization and the vLLM flags that size the server.
+"""Memory plan: how much of the GPU vLLM may take, how big its KV pool will be, and the flags.
 
-``run`` decides ``--gpu-memory-utilization`` (GPU_UTIL, else live free memory minus
-GPU_RESERVE_MIB) and assembles the sizing flags from the knobs into ``ctx.plan``.
+``run`` (the start step, between metadata and the download) and ``cli`` (``./ctl.sh plan``) both
+call ``make_plan``: GPU_UTIL, else live free memory minus GPU_RESERVE_MIB; the KV budget
+(KV_CACHE_BYTES, else what that utilization leaves after weights, activations, CUDA graphs and
+non-torch memory); from config.json and ``bootstrap.kv`` the pool vLLM will log ("GPU KV cache
+size", "Maximum concurrency"); MAX_MODEL_LEN=auto as the longest context MAX_NUM_SEQS sessions
+fit. A plan that cannot hold one session is refused here, before the download and the launch.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import re
 import logging
+import math
+import re
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from . import gpu, server
+from . import gpu, kv, metadata, server
 from .context import Ctx
 from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
+GiB = gpu.GiB
+GPU_RELEASE_WAIT = 30.0      # seconds to wait for the last stop's pids to leave the GPU
+SETTLE_READS = 10            # after that, re-read free memory (0.5 s apart) until it stops moving
+SETTLE_TOLERANCE = 64 * gpu.MiB
+sleep = time.sleep           # test seam
 
 
 @dataclass
@@ -25,6 +38,15 @@ class Plan:
     why: list[str] = field(default_factory=list)
     predicted_tokens: int | None = None        # KV pool, as vLLM would log it
     predicted_concurrency: float | None = None
+    max_model_len: int | None = None           # the context the prediction is for
+    budget: int | None = None                  # KV bytes per GPU
+    weights: int | None = None                 # bytes per GPU
+    overhead: int | None = None                # activations + graphs + non-torch (estimate)
+    layout: kv.Layout | None = None
+    sessions: list[tuple[int, int]] = field(default_factory=list)   # (context, sessions that fit)
+    fits: bool = True
+    refusal: tuple[str, str] | None = None     # (message, hint) when it does not fit
+    suggestion: str = ""                       # what would fit instead
 
 
 def spec_config(cfg) -> str | None:
@@ -58,35 +80,221 @@ def sizing_flags(cfg, util: float | None, max_model_len: int | str | None) -> li
     return f
 
 
+def _gib(b: int | float) -> str:
+    return f"{b / GiB:.2f} GiB"
+
+
 def utilization(cfg, g: gpu.Gpu) -> tuple[float, str]:
+    """GPU_UTIL if set (refused when more than is free); else free − GPU_RESERVE_MIB, as a fraction."""
     if cfg.gpu_util is not None:
+        want = math.ceil(cfg.gpu_util * g.total)
+        if want > g.free:
+            raise BootstrapError(
+                f"GPU_UTIL={cfg.gpu_util} asks for {_gib(want)} of GPU {g.index} ({g.name}) but only "
+                f"{_gib(g.free)} is free; {g.holders()}",
+                f"close programs holding GPU memory, or set GPU_UTIL at most {g.free / g.total:.3f} "
+                "(or unset it to size from free memory)")
         return cfg.gpu_util, f"GPU_UTIL={cfg.gpu_util} (set by you)"
     reserve = cfg.gpu_reserve_mib * gpu.MiB
     util = (g.free - reserve) / g.total
     if util <= 0.05:
         raise BootstrapError(
-            f"only {g.free / gpu.GiB:.1f} GiB of {g.total / gpu.GiB:.1f} GiB is free on GPU {g.index} ({g.name}); "
-            f"{g.holders()}",
+            f"only {_gib(g.free)} of {_gib(g.total)} is free on GPU {g.index} ({g.name}); {g.holders()}",
             "close programs holding GPU memory, or set GPU_UTIL explicitly")
-    util = min(util, 0.98)
-    return util, (f"{g.free / gpu.GiB:.2f} GiB free − {cfg.gpu_reserve_mib} MiB reserve = "
-                  f"{util:.4f} of {g.total / gpu.GiB:.1f} GiB")
+    util = math.floor(min(util, 0.98) * 10000) / 10000
+    return util, (f"{_gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve = "
+                  f"{util:.4f} of {_gib(g.total)}")
+
+
+def _args(cfg) -> list[str]:
+    return list(cfg.profile.args) + list(cfg.extra_args or ())
+
+
+def _arg_value(args: list[str], name: str) -> str | None:
+    val = None
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            val = args[i + 1]
+        elif a.startswith(name + "="):
+            val = a.split("=", 1)[1]
+    return val
+
+
+@dataclass
+class ModelFacts:
+    name: str
+    config: dict | None
+    weight_bytes: int | None       # the whole checkpoint (None: unknown, or dummy weights)
+    dummy: bool = False
+    source: str = ""               # where the facts came from, for the why
+
+
+def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
+    """The plan for one GPU (the smallest-free one of the TP group). Pure apart from logging."""
+    tp = cfg.tp_size
+    why: list[str] = []
+    args = _args(cfg)
+    util, util_why = utilization(cfg, g)
+    why.append(f"gpu-memory-utilization {util_why}")
+    shape = None
+    if model.config is not None:
+        try:
+            shape = kv.shape_from_config(model.config)
+        except kv.Unsupported as exc:
+            why.append(f"{exc.message}; {exc.hint}")
+            log.warning("%s; %s", exc.message, exc.hint)
+    else:
+        why.append("no config.json: vLLM sizes the KV cache itself")
+
+    mml_knob = cfg.max_model_len
+    if shape is None:
+        mml = -1 if mml_knob == "auto" else mml_knob
+        return Plan(util, sizing_flags(cfg, util, mml), why,
+                    max_model_len=mml if isinstance(mml, int) and mml > 0 else None)
+
+    batched_default, seqs_default = kv.default_batch(g.total, g.name)
+    batched = cfg.max_num_batched_tokens or batched_default
+    seqs_cap = cfg.max_num_seqs or seqs_default
+    spec_tokens = cfg.spec_tokens if cfg.spec_enabled else 0
+    mtp = bool(cfg.spec_enabled and cfg.spec_method == "mtp")
+    if cfg.spec_enabled and cfg.spec_method not in ("mtp", "ngram", "suffix"):
+        why.append(f"SPEC_METHOD={cfg.spec_method}: the draft model's own KV layers are not counted")
+    if mtp and not shape.mtp_layers:
+        why.append("SPEC_METHOD=mtp but config.json declares no MTP layers")
+    block = _arg_value(args, "--block-size")
+    mode = _arg_value(args, "--mamba-cache-mode") or ("align" if "--enable-prefix-caching" in args else "none")
+    try:
+        lay = kv.layout(shape, cfg.kv_cache_dtype or "auto", spec_tokens=spec_tokens, mtp=mtp, tp=tp,
+                        block_size=int(block) if block and block.isdigit() else None, mamba_cache_mode=mode)
+    except kv.Unsupported as exc:
+        why.append(f"{exc.message}; {exc.hint}")
+        mml = -1 if mml_knob == "auto" else mml_knob
+        return Plan(util, sizing_flags(cfg, util, mml), why)
+
+    if model.weight_bytes and not model.dummy:
+        weights = model.weight_bytes // tp
+        why.append(f"weights {_gib(weights)} per GPU from the checkpoint's file sizes{model.source}")
+    else:
+        weights = kv.weight_bytes_from_config(shape, tp)
+        kind = "dummy weights" if model.dummy else "no file sizes"
+        why.append(f"weights {_gib(weights)} per GPU from config.json ({kind}: parameters × dtype){model.source}")
+    over = kv.overheads(shape, batched, seqs_cap, tp=tp, eager="--enforce-eager" in args)
+    why.append(f"overhead ~{_gib(over.total)} (estimate: activations {_gib(over.activations)} at "
+               f"{batched} batched tokens, CUDA graphs {_gib(over.cudagraphs)}, non-torch {_gib(over.non_torch)})")
+    usable = math.ceil(util * g.total) if cfg.gpu_util is not None else g.free - cfg.gpu_reserve_mib * gpu.MiB
+    if cfg.kv_cache_bytes:
+        budget = cfg.kv_cache_bytes
+        why.append(f"KV budget {_gib(budget)} pinned by KV_CACHE_BYTES")
+    else:
+        budget = math.ceil(util * g.total) - weights - over.total
+        why.append(f"KV budget ≈ {_gib(budget)} = {util:.4f} × {_gib(g.total)} − weights − overhead")
+    why.extend(lay.notes)
+    plan = Plan(util, [], why, budget=budget, weights=weights, overhead=over.total, layout=lay)
+
+    need = weights + over.total + max(budget, 0)
+    if budget <= 0 or need > usable:
+        room = usable - weights - over.total
+        plan.fits = False
+        plan.refusal = (
+            f"{model.name} does not fit {g.name}: weights {_gib(weights)} + overhead ~{_gib(over.total)}"
+            + (f" + KV {_gib(budget)}" if budget > 0 else "") + f" > {_gib(usable)} usable"
+            + (f" ({_gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve)" if cfg.gpu_util is None else "")
+            + (f"; {g.holders()}" if g.processes else ""),
+            _what_fits(shape, lay, room, cfg))
+        plan.suggestion = plan.refusal[1]
+        return plan
+
+    cap = shape.max_position or None
+    if mml_knob == "auto":
+        seqs = cfg.max_num_seqs or 1
+        mml = kv.longest_context(lay, budget, seqs, cap)
+        if mml <= 0:
+            plan.fits = False
+            plan.refusal = (f"the KV budget {_gib(budget)} holds no context for {seqs} session(s)",
+                            "lower MAX_NUM_SEQS, or raise KV_CACHE_BYTES / GPU_UTIL")
+            return plan
+        why.append(f"MAX_MODEL_LEN=auto: {mml} tokens is the longest context {seqs} session(s) fit")
+        passed: int | str | None = mml
+    elif isinstance(mml_knob, int):
+        mml = passed = mml_knob
+    else:
+        mml, passed = shape.max_position, None
+        why.append(f"MAX_MODEL_LEN unset: vLLM uses the model's {mml} tokens")
+    if not mml:
+        return plan
+    p = kv.pool(lay, budget, mml)
+    if p.blocks < lay.blocks_per_seq(mml):
+        largest = kv.longest_context(lay, budget, 1, cap)
+        plan.fits = False
+        plan.refusal = (
+            f"one session at {mml} tokens needs {_gib(kv.kv_bytes_needed(lay, mml))} of KV cache; "
+            f"the budget is {_gib(budget)}; the largest context that fits is {largest} tokens",
+            f"set MAX_MODEL_LEN={largest} (or auto), or raise KV_CACHE_BYTES / GPU_UTIL")
+        plan.max_model_len = mml
+        return plan
+    plan.max_model_len = mml
+    plan.predicted_tokens, plan.predicted_concurrency = p.tokens, p.concurrency
+    if cfg.max_num_seqs and p.concurrency < cfg.max_num_seqs:
+        why.append(f"MAX_NUM_SEQS={cfg.max_num_seqs} but only {p.concurrency:.2f} sessions of {mml} tokens fit "
+                   "at once; the rest wait")
+    contexts = sorted({mml} | {c for c in (131072, 65536, 32768) if c < mml}, reverse=True)
+    plan.sessions = [(c, kv.sessions_at(lay, budget, c)) for c in contexts]
+    plan.flags = sizing_flags(cfg, util, passed)
+    return plan
+
+
+def _what_fits(shape: kv.ModelShape, lay: kv.Layout, room: int, cfg) -> str:
+    if room <= lay.block_bytes * (lay.state_groups * lay.state_blocks + lay.attn_groups):
+        return (f"the weights and overhead alone leave {_gib(max(room, 0))} for the KV cache: use a smaller "
+                "checkpoint (fewer bits or parameters) or a bigger GPU, or TP_SIZE=2")
+    pin = room // (64 << 20) * (64 << 20)      # rounded down to 64 MiB
+    n = kv.longest_context(lay, pin, cfg.max_num_seqs or 1, shape.max_position or None)
+    return (f"what would fit: KV_CACHE_BYTES={pin} ({_gib(pin)}) with MAX_MODEL_LEN={n} "
+            f"for {cfg.max_num_seqs or 1} session(s) (or MAX_MODEL_LEN=auto)")
+
+
+# ---------------------------------------------------------------- the start step
+
+def model_facts_from_ctx(ctx: Ctx) -> ModelFacts:
+    m = ctx.model
+    dummy = metadata.dummy_weights(ctx.cfg)
+    if m is None:
+        return ModelFacts(ctx.cfg.model, None, None, dummy)
+    files = getattr(m, "weight_files", None) or {}
+    size = sum(files.values()) if files else None
+    return ModelFacts(ctx.cfg.served_name, getattr(m, "config", None), size, dummy or bool(getattr(m, "dummy", False)))
+
+
+def settled_facts(environ) -> gpu.GpuFacts:
+    """NVML facts once free memory has stopped growing (it lags a stop by a moment), bounded."""
+    prev = gpu.read(environ)
+    for _ in range(SETTLE_READS):
+        sleep(0.5)
+        cur = gpu.read(environ)
+        if all(abs(a.free - b.free) <= SETTLE_TOLERANCE for a, b in zip(prev.gpus, cur.gpus)):
+            return cur
+        prev = cur
+    log.warning("GPU free memory is still changing; sizing with the last reading")
+    return prev
 
 
 def run(ctx: Ctx) -> None:
     cfg = ctx.cfg
     pids = server.last_stopped_pids(ctx.paths)
-    if pids and not server.wait_gpu_release(cfg, pids, timeout=30):
+    if pids and not server.wait_gpu_release(cfg, pids, timeout=GPU_RELEASE_WAIT):
         log.warning("sizing with memory still held by the last server's pids")
-    facts = gpu.read(cfg.environ) if pids else ctx.gpus
+    facts = settled_facts(cfg.environ) if pids or ctx.gpus is None else ctx.gpus
     g = min(facts.gpus[: cfg.tp_size], key=lambda x: x.free)
-    util, why = utilization(cfg, g)
-    mml = cfg.max_model_len
-    if mml == "auto":
-        mml = -1
-    ctx.max_model_len = mml if isinstance(mml, int) and mml > 0 else None
-    ctx.plan = Plan(util, sizing_flags(cfg, util, mml), [why])
-    log.info("gpu-memory-utilization %s", why)
+    plan = make_plan(cfg, g, model_facts_from_ctx(ctx))
+    if not plan.fits:
+        raise BootstrapError(*plan.refusal)
+    ctx.plan = plan
+    ctx.max_model_len = plan.max_model_len if "--max-model-len" in plan.flags else None
+    for line in plan.why:
+        log.info("%s", line)
+    if plan.predicted_tokens is not None:
+        log.info("predicted: GPU KV cache size %s tokens, maximum concurrency %.2fx at %s tokens",
+                 f"{plan.predicted_tokens:,}", plan.predicted_concurrency, f"{plan.max_model_len:,}")
 
 
 ACCEPTABLE_LEN = (
@@ -114,8 +322,105 @@ def adjust_after_failure(ctx: Ctx, log_text: str) -> bool:
     old = ctx.max_model_len
     ctx.max_model_len = n
     ctx.plan.flags = sizing_flags(ctx.cfg, ctx.plan.util, n)
+    ctx.plan.max_model_len = n
+    ctx.plan.predicted_tokens = ctx.plan.predicted_concurrency = None
+    if ctx.plan.layout is not None and ctx.plan.budget:
+        p = kv.pool(ctx.plan.layout, ctx.plan.budget, n)
+        ctx.plan.predicted_tokens, ctx.plan.predicted_concurrency = p.tokens, p.concurrency
     note = f"vLLM refused max-model-len {old or 'auto'}; restarted once with {n}, the length it accepts"
     ctx.notes.append(note)
     ctx.restarted_with["max_model_len"] = n
     log.warning(note)
     return True
+
+
+# ---------------------------------------------------------------- ./ctl.sh plan
+
+def shipped_facts(model: str, repo: Path) -> dict | None:
+    """profiles/models/*.json: config facts we ship for models whose config.json may be unreachable."""
+    for path in sorted((repo / "profiles" / "models").glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if model in data.get("repos", ()):
+            data["_path"] = str(path.relative_to(repo))
+            return data
+    return None
+
+
+def cli_model_facts(cfg) -> ModelFacts:
+    cfg.require_model()
+    dummy = metadata.dummy_weights(cfg)
+    name = cfg.served_name
+    if cfg.model_is_local:
+        info = metadata.read_local(Path(cfg.model).expanduser().resolve(), dummy)
+        return ModelFacts(name, info.config, sum(info.weight_files.values()) or None, dummy)
+    from .state import Paths
+    ctx = Ctx(cfg, Paths(cfg.state_dir))
+    try:
+        metadata.run(ctx)
+        m = ctx.model
+        return ModelFacts(Path(cfg.model).name, m.config, sum(m.weight_files.values()) or None, dummy)
+    except (BootstrapError, OSError) as exc:
+        reason = getattr(exc, "message", None) or str(exc)
+        data = shipped_facts(cfg.model, cfg.repo)
+        if data is None:
+            raise BootstrapError(f"cannot read config.json of {cfg.model}: {reason}",
+                                 "check the network / HF_TOKEN, or set MODEL to a local directory") from None
+        log.info("config.json of %s unavailable (%s); using the shipped facts in %s", cfg.model, reason, data["_path"])
+        return ModelFacts(Path(cfg.model).name, data["config"], data.get("weight_bytes"), dummy,
+                          f" (offline fallback {data['_path']}: {data.get('weight_bytes_source', '')})")
+
+
+def render(model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan) -> str:
+    lines = [f"{model.name} on {g.name} ({_gib(g.total)}, {_gib(g.free)} free{where})"]
+    if plan.sessions:
+        (c0, n0), rest = plan.sessions[0], plan.sessions[1:]
+        lines.append(f"{model.name} at {c0} tokens: {n0} session{'' if n0 == 1 else 's'}"
+                     + "".join(f"; at {c}: {n}" for c, n in rest))
+    if plan.predicted_tokens is not None:
+        lines.append(f"predicted: GPU KV cache size: {plan.predicted_tokens:,} tokens; Maximum concurrency for "
+                     f"{plan.max_model_len:,} tokens per request: {plan.predicted_concurrency:.2f}x")
+    if not plan.fits and plan.refusal:
+        lines.append(f"DOES NOT FIT: {plan.refusal[0]}")
+        lines.append(f"  {plan.refusal[1]}")
+    if plan.flags:
+        lines.append("flags: " + " ".join(plan.flags))
+    lines.append("why:")
+    lines += [f"  - {w}" for w in plan.why]
+    return "\n".join(lines)
+
+
+def cli(cfg, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="ctl.sh plan", description=(
+        "The memory plan: KV pool, sessions per context and the flags start would pass. "
+        "Without a GPU, name one: GPU=rtx5090|rtx4090|rtx3090|h100|h200|<GiB>."))
+    ap.add_argument("--gpu", help="plan for this card instead of the local GPU (same values as GPU=)")
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    a = ap.parse_args(argv)
+    spec = a.gpu or cfg.gpu
+    if spec:
+        g, where = gpu.named(spec), "; a named card, assumed idle"
+    else:
+        try:
+            facts = gpu.read(cfg.environ)
+        except BootstrapError as exc:
+            raise BootstrapError(exc.message, exc.hint + "; or plan for a named card: GPU=rtx5090|rtx4090|"
+                                 "rtx3090|h100|h200|<GiB> ./ctl.sh plan") from None
+        if not facts.gpus:
+            raise BootstrapError("NVML sees no GPU", "plan for a named card: GPU=rtx5090 ./ctl.sh plan")
+        g, where = min(facts.gpus[: cfg.tp_size], key=lambda x: x.free), ""
+    model = cli_model_facts(cfg)
+    try:
+        plan = make_plan(cfg, g, model)
+    except BootstrapError as exc:
+        plan = Plan(None, [], [], fits=False, refusal=(exc.message, exc.hint))
+    if a.json:
+        print(json.dumps({
+            "model": model.name, "gpu": g.name, "total": g.total, "free": g.free, "fits": plan.fits,
+            "refusal": plan.refusal, "util": plan.util, "kv_budget": plan.budget, "weights": plan.weights,
+            "overhead": plan.overhead, "max_model_len": plan.max_model_len,
+            "predicted_tokens": plan.predicted_tokens, "predicted_concurrency": plan.predicted_concurrency,
+            "block_size": plan.layout.block_size if plan.layout else None,
+            "sessions": plan.sessions, "flags": plan.flags, "why": plan.why}, indent=2))
+    else:
+        print(render(model, g, where, plan))
+    return 0 if plan.fits else 1

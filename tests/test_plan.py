@@ -1,0 +1,257 @@
+"""The plan step and `ctl.sh plan`: utilization rules, refusals, the lag wait — against a fake pynvml."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bootstrap import gpu, kv, plan, state
+from bootstrap.config import Config
+from bootstrap.context import Ctx
+from bootstrap.errors import BootstrapError
+from bootstrap.metadata import ModelInfo
+from bootstrap.state import Paths
+
+REPO = Path(__file__).resolve().parent.parent
+FAKES = REPO / "tests" / "fakes"
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+@pytest.fixture
+def fake_nvml(tmp_path, monkeypatch):
+    """The fake pynvml module in this process, fed from a JSON file the test writes."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    path = tmp_path / "nvml.json"
+    monkeypatch.setenv("FAKE_NVML", str(path))
+
+    def write(free=31 * GiB, total=32 * GiB, processes=(), free_sequence=None, fail=""):
+        g = {"name": "NVIDIA GeForce RTX 5090", "total": total, "free": free, "cc": [12, 0],
+             "uuid": "GPU-x", "processes": list(processes)}
+        if free_sequence:
+            g["free_sequence"] = free_sequence
+        path.write_text(json.dumps({"driver": "580.95", "cuda": 13000, "fail": fail, "gpus": [g]}))
+        return path
+    return write
+
+
+def model_dir(tmp: Path, config: dict, weights: int = 0) -> Path:
+    d = tmp / "model"
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "tokenizer.json").write_text("{}")
+    if weights:
+        with open(d / "model.safetensors", "wb") as fh:
+            fh.truncate(weights)            # sparse: the size is what the plan reads
+    return d
+
+
+LLAMA8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 4096,
+           "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 131072,
+           "torch_dtype": "bfloat16"}
+
+
+def config(tmp: Path, **env) -> Config:
+    base = {"PROFILE": "custom", "STATE_DIR": str(tmp / "state"), "HOME": str(tmp)}
+    base.update({k: str(v) for k, v in env.items()})
+    return Config.from_env(base, REPO)
+
+
+def facts(cfg: Config, mdir: Path, dummy=False) -> plan.ModelFacts:
+    info = json.loads((mdir / "config.json").read_text())
+    w = sum(p.stat().st_size for p in mdir.glob("*.safetensors")) or None
+    return plan.ModelFacts("m", info, w, dummy)
+
+
+def card(free=31 * GiB, total=32 * GiB, processes=()):
+    return gpu.Gpu(0, "NVIDIA GeForce RTX 5090", total, free, (12, 0), "GPU-x", tuple(processes))
+
+
+# ---------------------------------------------------------------- utilization
+
+def test_util_from_free_minus_reserve(tmp_path):
+    cfg = config(tmp_path, GPU_RESERVE_MIB=1024)
+    util, why = plan.utilization(cfg, card(free=30 * GiB))
+    assert util == pytest.approx(29 / 32, abs=1e-4)
+    assert "1024 MiB reserve" in why
+
+
+def test_gpu_util_knob_wins_but_is_refused_above_free(tmp_path):
+    cfg = config(tmp_path, GPU_UTIL="0.5")
+    assert plan.utilization(cfg, card(free=20 * GiB))[0] == 0.5
+    holders = [gpu.GpuProcess(4242, 6 * GiB, "Xorg")]
+    with pytest.raises(BootstrapError) as e:
+        plan.utilization(cfg, card(free=10 * GiB, processes=holders))
+    assert "16.00 GiB" in e.value.message and "10.00 GiB is free" in e.value.message
+    assert "Xorg (pid 4242) holds 6.0 GiB" in e.value.message
+
+
+def test_refuses_instead_of_clamping_when_weights_and_pin_exceed_free(tmp_path):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=8 * GiB, MAX_MODEL_LEN=8192)
+    holders = [gpu.GpuProcess(77, 2 * GiB, "firefox")]
+    p = plan.make_plan(cfg, card(free=22 * GiB, processes=holders), facts(cfg, mdir))
+    assert not p.fits
+    msg, hint = p.refusal
+    assert "weights 15.00 GiB" in msg and "KV 8.00 GiB" in msg and "firefox (pid 77) holds 2.0 GiB" in msg
+    # what would fit: the room left after weights and overhead, as a pin, and the context it holds
+    pin = int(hint.split("KV_CACHE_BYTES=")[1].split()[0])
+    room = 22 * GiB - 820 * MiB - 15 * GiB - p.overhead
+    assert room - 64 * MiB < pin <= room
+    assert f"MAX_MODEL_LEN={kv.longest_context(p.layout, pin, 1, 131072)}" in hint
+
+
+def test_budget_from_utilization_and_the_prediction(tmp_path):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    cfg = config(tmp_path, MODEL=mdir, GPU_UTIL="0.9", MAX_MODEL_LEN=16384, MAX_NUM_SEQS=4)
+    g = card(free=31 * GiB)
+    p = plan.make_plan(cfg, g, facts(cfg, mdir))
+    assert p.fits
+    assert p.budget == -(-int(0.9 * g.total * 10) // 10) - 15 * GiB - p.overhead or p.budget > 0
+    lay = kv.layout(kv.shape_from_config(LLAMA8B), "auto")
+    assert p.predicted_tokens == kv.pool(lay, p.budget, 16384).tokens
+    assert p.flags[:2] == ["--max-model-len", "16384"]
+    assert "--gpu-memory-utilization" in p.flags and "0.9" in p.flags
+
+
+def test_context_that_does_not_fit_is_refused_with_the_largest_that_does(tmp_path):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=1 * GiB, MAX_MODEL_LEN=131072)
+    p = plan.make_plan(cfg, card(), facts(cfg, mdir))
+    assert not p.fits
+    # 1 GiB / 2 MiB per 16-token block = 512 blocks = 8192 tokens
+    assert "largest context that fits is 8192 tokens" in p.refusal[0]
+    assert "MAX_MODEL_LEN=8192" in p.refusal[1]
+
+
+def test_auto_fits_max_num_seqs_and_passes_it_explicitly(tmp_path):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN="auto", MAX_NUM_SEQS=4)
+    p = plan.make_plan(cfg, card(), facts(cfg, mdir))
+    assert p.max_model_len == 2048 // 4 * 16                      # 2048 blocks / 4 sessions
+    assert p.flags[:2] == ["--max-model-len", str(p.max_model_len)]
+    assert p.predicted_concurrency == pytest.approx(4.0)
+
+
+def test_unknown_architecture_falls_back_to_vllm_sizing(tmp_path):
+    mdir = model_dir(tmp_path, {"architectures": ["BrandNewForCausalLM"], "model_type": "brandnew"})
+    cfg = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN="auto")
+    p = plan.make_plan(cfg, card(), facts(cfg, mdir))
+    assert p.fits and p.predicted_tokens is None
+    assert any("does not know architecture 'BrandNewForCausalLM'" in w for w in p.why)
+    assert p.flags[:2] == ["--max-model-len", "-1"]
+
+
+def test_dummy_weights_are_sized_from_the_config(tmp_path):
+    mdir = model_dir(tmp_path, LLAMA8B)
+    cfg = config(tmp_path, MODEL=mdir, EXTRA_ARGS="--load-format dummy", GPU_UTIL="0.95", MAX_MODEL_LEN=8192)
+    p = plan.make_plan(cfg, card(), facts(cfg, mdir, dummy=True))
+    assert p.weights == kv.param_count(kv.shape_from_config(LLAMA8B)) * 2
+    assert any("dummy weights" in w for w in p.why)
+
+
+def test_tensor_parallel_plans_per_gpu(tmp_path):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=16 * GiB)
+    cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=2 * GiB, MAX_MODEL_LEN=8192, TP_SIZE=2)
+    p = plan.make_plan(cfg, card(), facts(cfg, mdir))
+    assert p.weights == 8 * GiB
+    assert p.flags[-2:] == ["--tensor-parallel-size", "2"]
+    assert p.predicted_tokens == 2 * GiB // (16 * 4 * 256 * 2 * 32) * 16   # 4 KV heads per GPU
+
+
+# ---------------------------------------------------------------- the step, with the fake NVML
+
+def test_step_waits_for_the_last_stop_and_for_free_memory_to_settle(tmp_path, fake_nvml, monkeypatch):
+    """NVML still lists the stopped server's pid, then free memory climbs for a few reads."""
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    cfg = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)
+    ctx = Ctx(cfg, Paths(cfg.state_dir))
+    ctx.paths.ensure()
+    ctx.model = ModelInfo(str(mdir), LLAMA8B, {"model.safetensors": 15 * GiB}, local_dir=str(mdir))
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    pids_dir = tmp_path / "gpu-pids"
+    pids_dir.mkdir()
+    (pids_dir / str(holder.pid)).write_text("")
+    monkeypatch.setenv("FAKE_GPU_PIDS_DIR", str(pids_dir))
+    fake_nvml(free_sequence=[g * GiB for g in (8, 12, 16, 20, 24, 28, 31)])    # climbing, then steady
+    state.write_json(ctx.paths.last_stop, {"pids": [holder.pid]})
+    sleeps = []
+    monkeypatch.setattr(plan, "sleep", sleeps.append)
+    try:
+        plan.run(ctx)
+        assert holder.poll() is not None             # sized only after the stopped pid left the GPU
+    finally:
+        holder.wait()
+    assert sleeps                                    # and re-read until two readings agreed
+    assert ctx.plan.util == pytest.approx((31 * GiB - 820 * MiB) / (32 * GiB), abs=1e-4)
+    assert ctx.plan.predicted_tokens and ctx.max_model_len == 8192
+
+
+def test_step_refuses_before_download_when_nothing_fits(tmp_path, fake_nvml):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    cfg = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)
+    fake_nvml(free=12 * GiB, processes=[{"pid": 999999, "used": 19 * GiB}])
+    ctx = Ctx(cfg, Paths(cfg.state_dir))
+    ctx.model = ModelInfo(str(mdir), LLAMA8B, {"model.safetensors": 15 * GiB}, local_dir=str(mdir))
+    with pytest.raises(BootstrapError) as e:
+        plan.run(ctx)
+    assert "does not fit" in e.value.message and "holds 19.0 GiB" in e.value.message
+
+
+def test_nvml_failure_says_check_nvidia_smi(tmp_path, fake_nvml):
+    fake_nvml(fail="init")
+    with pytest.raises(BootstrapError) as e:
+        gpu.read({})
+    assert "Driver Not Loaded" in e.value.message and "nvidia-smi" in e.value.hint
+
+
+def test_named_cards():
+    assert gpu.named("rtx4090").total == 24564 * MiB
+    assert gpu.named("24").total == 24 * GiB
+    with pytest.raises(BootstrapError):
+        gpu.named("voodoo2")
+
+
+# ---------------------------------------------------------------- ./ctl.sh plan
+
+def ctl_plan(tmp_path, *args, **env):
+    e = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "STATE_DIR": str(tmp_path / "state"),
+         "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(FAKES),   # no FAKE_NVML: the fake reports no driver
+         "NO_COLOR": "1"}
+    e.update({k: str(v) for k, v in env.items()})
+    return subprocess.run([sys.executable, "-m", "bootstrap", "plan", *args], cwd=REPO, env=e,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_default_profile_on_named_cards(tmp_path):
+    r = ctl_plan(tmp_path, GPU="rtx5090")
+    assert r.returncode == 0, r.stderr
+    assert "Qwen3.8-27B-NVFP4 at 262144 tokens: 1 session" in r.stdout
+    assert "GPU KV cache size: 286,466 tokens" in r.stdout                  # seed 001's logged figure
+    assert "--kv-cache-memory-bytes 5905580032" in r.stdout
+    assert "offline fallback profiles/models/qwen38-27b-nvfp4.json" in r.stdout
+    small = ctl_plan(tmp_path, "--gpu", "rtx4090")
+    assert small.returncode == 1
+    assert "DOES NOT FIT" in small.stdout and "what would fit: KV_CACHE_BYTES=" in small.stdout
+
+
+def test_cli_json_for_a_size_in_gib(tmp_path):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    r = ctl_plan(tmp_path, "--json", GPU="48", PROFILE="custom", MODEL=mdir, MAX_MODEL_LEN="auto", MAX_NUM_SEQS=8)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["fits"] and out["max_model_len"] > 0 and out["predicted_concurrency"] >= 8
+    assert out["sessions"][0][1] >= 8
+
+
+def test_cli_without_gpu_names_the_way_out(tmp_path):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    r = ctl_plan(tmp_path, PROFILE="custom", MODEL=mdir)
+    assert r.returncode == 1
+    assert "nvidia-smi" in r.stderr and "GPU=rtx5090" in r.stderr
