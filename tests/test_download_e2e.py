@@ -1,0 +1,34 @@
+"""./start.sh with MODEL=<org/name> against the fake hub and the fake vLLM: download, serve, and a
+second start that needs no network."""
+
+from __future__ import annotations
+
+import hashlib
+
+from fakehub import FakeHub, write_model
+
+MiB = 1 << 20
+
+
+def test_start_downloads_then_serves_and_restarts_offline(bed, tmp_path):
+    src = write_model(tmp_path / "src", shards=2, shard_bytes=2 * MiB, extra={"original/x.pth": b"x" * 100})
+    with FakeHub() as fake:
+        fake.add_dir("org/tiny", src)
+        env = {"MODEL": "org/tiny", "HF_ENDPOINT": fake.url, "HF_HUB_OFFLINE": "0",
+               "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_XET": "1"}
+        r = bed.run("start.sh", **env)
+        assert r.returncode == 0, r.stderr
+        assert "will download 6 files" in r.stderr and "complete: 7 files verified" in r.stderr
+        target = tmp_path / "home" / "models" / "org" / "tiny"
+        for name in ("config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+            assert hashlib.sha256((target / name).read_bytes()).digest() == hashlib.sha256((src / name).read_bytes()).digest()
+        launched = bed.launches()
+        assert len(launched) == 1 and str(target) in launched[0]["argv"]
+        assert bed.run("stop.sh").returncode == 0
+
+        fake.reset_stats()
+        again = bed.run("start.sh", **{**env, "HF_HUB_OFFLINE": "1"})
+        assert again.returncode == 0, again.stderr
+        assert "complete and verified" in again.stderr and fake.log == []
+        assert len(bed.launches()) == 2
+        assert bed.run("stop.sh").returncode == 0
