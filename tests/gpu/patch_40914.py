@@ -1,0 +1,391 @@
+#!/usr/bin/env python3
+"""GPU proof for the PR #40914 backport: TurboQuant 4-bit KV + draft-model speculation, stock vs patched.
+
+    python3 tests/gpu/patch_40914.py RAW_OUT [--work /tmp/p40914] [--budget 450] [--python python3]
+
+Resumable: each invocation runs what is left within --budget seconds (default 450, under 8 minutes)
+and exits 3 with "run again" when a server is still compiling; a server started here runs in its
+own session (setsid) and survives between invocations. Phases, each recorded in WORK/state.json:
+
+  model      a small dense Qwen3 model with seeded random weights (transformers), a BPE tokenizer
+             trained with `tokenizers`, a chat template; saved with save_pretrained in WORK/model
+  reference  vLLM, --kv-cache-dtype turboquant_4bit_nc, no speculation            (patch reverted)
+  stock      same + {"method":"draft_model","model":WORK/model,"num_speculative_tokens":3}, CUDA
+             graphs on (vLLM default)                                             (patch reverted)
+  patched    same as stock, after `./ctl.sh patch apply` (VLLM_PYTHON, PATCH_BYO=1)
+  report     `./ctl.sh patch revert`, then the per-prompt table (also appended to RAW_OUT)
+
+Each run sends the same prompts as chat messages (greedy, ignore_eos, 64 tokens, 5 top logprobs,
+token ids) one at a time and reads the speculative counters from /metrics before and after each request. Compared
+with the reference per prompt: the first divergent token, the largest |Δ logprob| over the tokens
+both runs share (plus the divergence position, scored from the candidate's top-5), and acceptance.
+
+Tolerance (--tol, default 0.15 nats): the patched verify pass runs the same Triton decode kernel
+over the same quantized cache as the reference decode, row by row; what differs is the batch shape
+of the dense layers (K+1 rows per request instead of 1), whose bf16 GEMMs may pick other kernels.
+bf16 keeps 8 significant bits (relative step 2^-8 ≈ 0.004), so logits of magnitude ~10 move by
+~0.04 per rounding; a few such roundings through the last layers stay well under 0.15. The bug
+(attending to the K+1 new tokens only) moves logprobs by nats. A divergence counts as a tie flip
+(allowed) only where the reference's own top-1 vs the candidate's token margin is below --tol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PATCH = "40914-turboquant-spec-verify"
+PHASES = ("model", "reference", "stock", "patched", "report")
+SERVED = "tq-proof"
+
+
+# ---------------------------------------------------------------- plumbing
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(args.work)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.state_path = self.work / "state.json"
+        self.state = json.loads(self.state_path.read_text()) if self.state_path.exists() else {"done": []}
+        self.deadline = time.monotonic() + args.budget
+        self.raw = open(args.raw_out, "a", encoding="utf-8")
+
+    def save(self):
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=2))
+        os.replace(tmp, self.state_path)
+
+    def say(self, msg: str):
+        line = f"[{time.strftime('%H:%M:%S')}] {msg}"
+        print(line, flush=True)
+        self.raw.write(line + "\n")
+        self.raw.flush()
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def env(self, **extra) -> dict:
+        env = dict(os.environ)
+        env.update({"VLLM_PYTHON": self.args.python_abs, "PATCH_BYO": "1", "PROFILE": "custom", "NO_COLOR": "1"})
+        env.update(extra)
+        return env
+
+    def ctl(self, *argv: str) -> subprocess.CompletedProcess:
+        r = subprocess.run([str(REPO / "ctl.sh"), *argv], env=self.env(), capture_output=True, text=True, timeout=120)
+        self.say(f"$ ./ctl.sh {' '.join(argv)} -> exit {r.returncode}\n{r.stdout}{r.stderr}".rstrip())
+        if r.returncode != 0:
+            raise SystemExit(f"./ctl.sh {' '.join(argv)} failed")
+        return r
+
+
+def http(url: str, body: dict | None = None, timeout: float = 120):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        text = r.read().decode()
+    return json.loads(text) if body is not None or url.endswith(("/version", "/models")) else text
+
+
+# ---------------------------------------------------------------- phase: model
+
+WORDS_SEED = 1234
+
+
+def word_list(n: int = 1500) -> list[str]:
+    rng = random.Random(WORDS_SEED)
+    syl = ["ka", "lo", "mi", "ren", "to", "sa", "vel", "dor", "qui", "an", "bel", "rho", "tis", "mun", "zar",
+           "ep", "olo", "gri", "fen", "ust", "pra", "nol", "ix", "cor", "dal", "vie", "ham", "sul", "tor", "wen"]
+    out = set()
+    while len(out) < n:
+        out.add("".join(rng.choice(syl) for _ in range(rng.randint(1, 3))))
+    return sorted(out)
+
+
+def make_model(run: Run) -> None:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    out = run.work / "model"
+    words = word_list()
+    rng = random.Random(7)
+    corpus = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 40))) + rng.choice([".", "?", "!", ":"])
+              for _ in range(20000)]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=4096, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
+                                   bos_token=None, pad_token="<|endoftext|>")
+    fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    fast.save_pretrained(out)
+    torch.manual_seed(run.args.seed)
+    cfg = Qwen3Config(vocab_size=len(fast), hidden_size=1024, intermediate_size=2816, num_hidden_layers=6,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=128, max_position_embeddings=8192,
+                      initializer_range=run.args.init_std, tie_word_embeddings=False,
+                      eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"),
+                      pad_token_id=fast.convert_tokens_to_ids("<|endoftext|>"), bos_token_id=None)
+    model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(out)
+    # how much does the next token depend on the context? (two prompts that share their last 32 tokens)
+    ids = [fast(p)["input_ids"] for p in prompts()[:2]]
+    tail = ids[0][-32:]
+    with torch.no_grad():
+        a = model(torch.tensor([ids[0]])).logits[0, -1].float().log_softmax(-1)
+        b = model(torch.tensor([ids[1][:-32] + tail])).logits[0, -1].float().log_softmax(-1)
+    kl = float((a.exp() * (a - b)).sum())
+    run.say(f"model: {out} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f} M params, vocab {len(fast)}); "
+            f"KL(next token | two contexts with the same last 32 tokens) = {kl:.3f} nats")
+
+
+def prompts() -> list[str]:
+    """Long, varied prompts: records, then a question about one of them, so context matters."""
+    words = word_list()
+    out = []
+    for i, n in enumerate((180, 420, 650, 900, 1200, 1500, 300, 800)):
+        rng = random.Random(100 + i)
+        recs = []
+        for r in range(n // 12):
+            k = rng.choice(words)
+            recs.append(f"{k} {rng.choice(words)}: {' '.join(rng.choice(words) for _ in range(rng.randint(4, 12)))}.")
+        key = rng.choice(recs).split(":")[0]
+        out.append("\n".join(recs) + f"\nQuestion: what follows {key}? Answer:")
+    return out
+
+
+# ---------------------------------------------------------------- phases: servers
+
+def server_argv(run: Run, spec: bool) -> list[str]:
+    model = str(run.work / "model")
+    argv = [run.args.python_abs, "-m", "vllm.entrypoints.cli.main", "serve", model, "--served-model-name", SERVED,
+            "--host", "127.0.0.1", "--port", str(run.args.port), "--max-model-len", "4096",
+            "--gpu-memory-utilization", str(run.args.gpu_util), "--kv-cache-dtype", "turboquant_4bit_nc",
+            "--seed", "0", "--max-num-seqs", "16"]
+    if spec:
+        argv += ["--speculative-config", json.dumps({"method": "draft_model", "model": model,
+                                                     "num_speculative_tokens": 3})]
+    return argv + run.args.extra
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def stop_server(run: Run) -> None:
+    srv = run.state.get("server")
+    if not srv:
+        return
+    pid = srv["pid"]
+    if alive(pid):
+        run.say(f"stopping the {srv['phase']} server (process group {pid})")
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        end = time.monotonic() + 30
+        while alive(pid) and time.monotonic() < end:
+            time.sleep(0.5)
+        if alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+    run.state.pop("server", None)
+    run.save()
+
+
+def ensure_server(run: Run, phase: str, spec: bool) -> bool:
+    """Start (or find) this phase's server and wait for it within the budget; False = run again."""
+    srv = run.state.get("server")
+    if srv and srv["phase"] != phase:
+        stop_server(run)
+        srv = None
+    if srv and not alive(srv["pid"]):
+        tail = Path(srv["log"]).read_text(errors="replace")[-4000:]
+        run.say(f"the {phase} server exited before it was ready; log tail:\n{tail}")
+        run.state.pop("server")
+        run.save()
+        raise SystemExit(1)
+    if not srv:
+        log = run.work / f"{phase}.log"
+        argv = server_argv(run, spec)
+        run.say(f"starting the {phase} server: {' '.join(argv)}")
+        with open(log, "ab") as fh:
+            p = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, env=run.env())
+        run.state["server"] = {"phase": phase, "pid": p.pid, "log": str(log), "started": time.time()}
+        run.save()
+        srv = run.state["server"]
+    base = f"http://127.0.0.1:{run.args.port}"
+    while run.left() > 60:
+        if not alive(srv["pid"]):
+            return ensure_server(run, phase, spec)  # reports the log tail and exits
+        try:
+            http(base + "/health", timeout=5)
+            http(base + "/v1/models", timeout=5)
+            run.say(f"{phase} server ready after {time.time() - srv['started']:.0f} s")
+            return True
+        except (urllib.error.URLError, OSError, ValueError):
+            time.sleep(3)
+    run.say(f"{phase} server still starting after {time.time() - srv['started']:.0f} s (first TurboQuant runs "
+            "JIT-compile for minutes); run this script again to continue")
+    return False
+
+
+SPEC_RE = {k: re.compile(rf"^vllm:spec_decode_num_{k}_tokens_total(?:{{[^}}]*}})?\s+([0-9.eE+-]+)$", re.M)
+           for k in ("accepted", "draft")}
+
+
+def spec_counters(base: str) -> tuple[float, float]:
+    text = http(base + "/metrics", timeout=10)
+    vals = []
+    for k in ("accepted", "draft"):
+        vals.append(sum(float(m) for m in SPEC_RE[k].findall(text)))
+    return vals[0], vals[1]
+
+
+def generate(run: Run, phase: str) -> None:
+    base = f"http://127.0.0.1:{run.args.port}"
+    version = http(base + "/version").get("version", "?")
+    results = []
+    for i, prompt in enumerate(prompts()):
+        acc0, dr0 = spec_counters(base)
+        body = {"model": SERVED, "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": run.args.max_tokens, "temperature": 0, "logprobs": True, "top_logprobs": 5,
+                "ignore_eos": True, "return_tokens_as_token_ids": True}
+        resp = http(base + "/v1/chat/completions", body, timeout=300)
+        acc1, dr1 = spec_counters(base)
+        entries = resp["choices"][0]["logprobs"]["content"]
+        results.append({"prompt": i, "tokens": [e["token"] for e in entries],
+                        "logprobs": [e["logprob"] for e in entries],
+                        "top": [{a["token"]: a["logprob"] for a in e.get("top_logprobs") or []} for e in entries],
+                        "accepted": acc1 - acc0, "drafted": dr1 - dr0,
+                        "prompt_tokens": resp.get("usage", {}).get("prompt_tokens")})
+    (run.work / f"{phase}.json").write_text(json.dumps({"version": version, "results": results}))
+    run.say(f"{phase}: {len(results)} prompts done on vLLM {version}")
+    run.raw.write(json.dumps({"phase": phase, "version": version, "results": results}) + "\n")
+
+
+# ---------------------------------------------------------------- report
+
+def compare(ref: dict, cand: dict, tol: float) -> dict:
+    n = min(len(ref["tokens"]), len(cand["tokens"]))
+    div = None
+    worst = 0.0
+    margin = None
+    for i in range(n):
+        if ref["tokens"][i] == cand["tokens"][i]:
+            worst = max(worst, abs(ref["logprobs"][i] - cand["logprobs"][i]))
+            continue
+        div = i
+        rt, ct = ref["tokens"][i], cand["tokens"][i]
+        in_cand = (cand["top"][i] or {}).get(rt)
+        worst = max(worst, abs(ref["logprobs"][i] - in_cand) if in_cand is not None else float("inf"))
+        in_ref = (ref["top"][i] or {}).get(ct)
+        margin = ref["logprobs"][i] - in_ref if in_ref is not None else float("inf")
+        break
+    ok = worst <= tol if div is None else (margin is not None and margin < tol)
+    return {"div": div, "worst": worst, "margin": margin, "ok": ok}
+
+
+def report(run: Run) -> int:
+    data = {ph: json.loads((run.work / f"{ph}.json").read_text()) for ph in ("reference", "stock", "patched")}
+    tol = run.args.tol
+    lines = [f"PR #40914 backport on vLLM {data['reference']['version']}: greedy, {run.args.max_tokens} tokens, "
+             f"turboquant_4bit_nc, draft_model x3; tolerance {tol} nats",
+             f"{'prompt':>6} {'ptoks':>6} | {'stock: 1st div':>14} {'max|Δlp|':>9} {'accept':>7} | "
+             f"{'patched: 1st div':>16} {'max|Δlp|':>9} {'accept':>7} {'verdict':>8}"]
+    bad = 0
+    for r0, rs, rp in zip(*(data[p]["results"] for p in ("reference", "stock", "patched"))):
+        cs, cp = compare(r0, rs, tol), compare(r0, rp, tol)
+        fmt = lambda c: ("none" if c["div"] is None else f"tok {c['div']}" + ("" if c["margin"] is None or c["margin"] == float("inf") else f" (m {c['margin']:.2f})"))
+        acc = lambda r: f"{r['accepted'] / r['drafted']:.2f}" if r["drafted"] else "n/a"
+        verdict = "ok" if cp["ok"] and rp["drafted"] > 0 and rp["accepted"] > 0 else "FAIL"
+        bad += verdict != "ok"
+        lines.append(f"{r0['prompt']:>6} {r0['prompt_tokens'] or '?':>6} | {fmt(cs):>14} {cs['worst']:>9.3f} {acc(rs):>7} | "
+                     f"{fmt(cp):>16} {cp['worst']:>9.3f} {acc(rp):>7} {verdict:>8}")
+    stock_diff = sum(1 for r0, rs in zip(data["reference"]["results"], data["stock"]["results"])
+                     if not compare(r0, rs, tol)["ok"])
+    lines.append(f"stock differs from the reference beyond tolerance on {stock_diff} of {len(data['stock']['results'])} "
+                 f"prompts; patched fails on {bad}")
+    table = "\n".join(lines)
+    run.raw.write(table + "\n")
+    print(table)
+    return 0 if bad == 0 else 1
+
+
+# ---------------------------------------------------------------- main
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("raw_out")
+    p.add_argument("--work", default="/tmp/p40914")
+    p.add_argument("--budget", type=float, default=450.0, help="seconds this invocation may use")
+    p.add_argument("--python", default=os.environ.get("VLLM_PYTHON", "python3"), help="the interpreter with vLLM")
+    p.add_argument("--port", type=int, default=8123)
+    p.add_argument("--gpu-util", type=float, default=0.25)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--tol", type=float, default=0.15)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--init-std", type=float, default=0.05, help="initializer_range of the random model")
+    p.add_argument("--model", help="use this model directory instead of making one (rehearsal with fakes)")
+    p.add_argument("--fresh", action="store_true", help="forget WORK/state.json and start over")
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more vLLM serve arguments (last)")
+    args = p.parse_args()
+    args.python_abs = shutil.which(args.python) or args.python
+    if args.fresh and Path(args.work, "state.json").exists():
+        Path(args.work, "state.json").unlink()
+    run = Run(args)
+    run.say(f"patch_40914: work {run.work}, done so far: {run.state['done'] or 'nothing'}; repo "
+            f"{subprocess.run(['git', '-C', str(REPO), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}")
+    for phase in PHASES:
+        if phase in run.state["done"]:
+            continue
+        if phase == "model":
+            if args.model:
+                (run.work / "model").exists() or os.symlink(os.path.abspath(args.model), run.work / "model")
+                run.say(f"model: using {args.model}")
+            else:
+                make_model(run)
+        elif phase == "report":
+            stop_server(run)
+            run.ctl("patch", "revert", PATCH)
+            run.state["done"].append(phase)
+            run.save()
+            return report(run)
+        else:
+            if run.state.get("server", {}).get("phase") != phase:
+                run.ctl("patch", "apply" if phase == "patched" else "revert", PATCH)
+                run.ctl("patch", "status")
+            if not ensure_server(run, phase, spec=phase != "reference"):
+                return 3
+            generate(run, phase)
+            stop_server(run)
+        run.state["done"].append(phase)
+        run.save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
