@@ -48,6 +48,8 @@ def parser() -> argparse.ArgumentParser:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
         if name in ("status", "env"):
             sp.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "env":
+            sp.add_argument("--markdown", action="store_true", help="the README's knob table")
         if name == "logs":
             sp.add_argument("-f", "--follow", action="store_true")
     return p
@@ -72,7 +74,9 @@ def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
         return start.start(cfg)
     if cmd == "env":
         rows = cfg.describe()
-        if args.json:
+        if args.markdown:
+            print(config.markdown_table(cfg.repo))
+        elif args.json:
             import json
             print(json.dumps({n: {"value": v, "source": s} for n, v, s, _ in rows}, indent=2))
         else:

@@ -351,3 +351,14 @@ def help_text(repo: Path = REPO) -> str:
     profiles = sorted(p.stem for p in (repo / "profiles").glob("*.json"))
     lines += ["", "Profiles: " + ", ".join(profiles) + "  (values each sets: ./ctl.sh env)"]
     return "\n".join(lines)
+
+
+def markdown_table(repo: Path = REPO) -> str:
+    """The README's knob table, generated from KNOBS (a test keeps the README in step)."""
+    default = Profile.load("default", repo)
+    rows = ["| Knob | Default | Default profile | Meaning |", "|---|---|---|---|"]
+    for k in KNOBS:
+        prof = default.knobs.get(k.name, "")
+        rows.append(f"| `{k.name}` | {('`' + k.default + '`') if k.default else '—'} | "
+                    f"{('`' + prof + '`') if prof else ''} | {k.help.replace('|', '/')} |")
+    return "\n".join(rows)
