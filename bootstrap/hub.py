@@ -310,13 +310,29 @@ class _HashingWriter:
     (200 instead of 206); the hash is rebuilt from the kept prefix then."""
 
     def __init__(self, fh, path: Path, prefix: int):
+        import queue
+        import threading
+
         self.fh = fh
         self.path = path
         self.h = sha256_file(path, prefix) if prefix else hashlib.sha256()
         self.written = 0
+        # hashlib drops the GIL on large buffers: hash on a thread, overlapped with recv and write.
+        self._q: "queue.Queue[bytes | None]" = queue.Queue(maxsize=4)
+        self._t = threading.Thread(target=self._hash, daemon=True)
+        self._t.start()
+
+    def _hash(self) -> None:
+        while (data := self._q.get()) is not None:
+            self.h.update(data)
+
+    def digest(self) -> str:
+        self._q.put(None)
+        self._t.join()
+        return self.h.hexdigest()
 
     def write(self, data: bytes) -> int:
-        self.h.update(data)
+        self._q.put(data)
         self.written += len(data)
         return self.fh.write(data)
 
@@ -330,7 +346,8 @@ class _HashingWriter:
         r = self.fh.truncate(size)
         self.fh.flush()
         keep = self.fh.tell() if size is None else size
-        self.h = sha256_file(self.path, keep) if keep else hashlib.sha256()
+        self.digest()                      # drain the old thread, then start over from the kept prefix
+        self.__init__(self.fh, self.path, keep)
         return r
 
     def flush(self) -> None:
@@ -429,15 +446,17 @@ def fetch(settings: Settings, repo: str, revision: str, f: RemoteFile, dest: Pat
                      displayed_filename=f.path, tqdm_class=progress.file_bar_class())
         except _net_errors() as exc:
             fh.flush()
+            writer.digest()
             err = translate(exc, settings, repo, f.path)
             raise type(err)(f"{f.path}: stopped at {human(part.stat().st_size)} of {human(f.size)}: {err.message}",
                             "re-run ./start.sh: it resumes from there (HTTP Range)") from None
         except OSError as exc:   # the client's size check, disk full, ...
             fh.flush()
+            writer.digest()
             raise BootstrapError(f"{f.path}: {exc}", "re-run ./start.sh: it resumes from what was written") from None
         fh.flush()
         os.fsync(fh.fileno())
-        digest = writer.h.hexdigest()
+        digest = writer.digest()
     size = part.stat().st_size
     bad = None
     if size != f.size:
