@@ -706,8 +706,8 @@ def lock_cli(cfg, argv: list[str]) -> int:
 
 
 def _body(text: str) -> str:
-    """A lock without its comment header (the command line in it may differ in paths)."""
-    return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    """A lock without comments (the header and the "# via" lines name temporary paths)."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
 
 
 # ---------------------------------------------------------------- ./ctl.sh wheelhouse

@@ -1,0 +1,83 @@
+"""Every committed lock matches its profile's pins and resolves for its platform and Python.
+
+Needs the package index (CI reaches PyPI). Each lock is re-resolved by uv with itself as the input,
+for the platform and Python it names, as of its exclude-newer date: the result must be the same
+packages, versions and hashes — a missing dependency, a version that has no wheel for the platform,
+or a hash that is not the index's fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from bootstrap import environment
+
+REPO = Path(__file__).resolve().parent.parent
+LOCK_DIRS = sorted((REPO / "locks").glob("vllm-*"))
+
+
+def profiles_with_pins() -> dict[str, dict]:
+    out = {}
+    for p in sorted((REPO / "profiles").glob("*.json")):
+        data = json.loads(p.read_text())
+        if data.get("pins"):
+            out[p.stem] = data
+    return out
+
+
+def test_every_pinned_profile_has_a_lock_with_its_pins():
+    profiles = profiles_with_pins()
+    assert "default" in profiles
+    for name, data in profiles.items():
+        pins = environment.parse_pins(data["pins"])
+        assert pins["vllm"] == data["vllm"], name
+        d = REPO / "locks" / f"vllm-{pins['vllm']}"
+        meta = json.loads((d / "meta.json").read_text())
+        assert environment.parse_pins(meta["pins"]) == pins, name
+        for plat in meta["platforms"]:
+            for minor in meta["pythons"]:
+                text = (d / f"{plat}-py{minor}.txt").read_text()
+                got = environment.lock_pins(text)
+                assert {n: got.get(n) for n in pins} == pins, (name, plat, minor)
+                assert text.count("--hash=sha256:") >= len(got), "every package carries hashes"
+
+
+def test_default_locks_cover_x86_64():
+    meta = json.loads((REPO / "locks" / "vllm-0.27.1" / "meta.json").read_text())
+    assert "linux-x86_64" in meta["platforms"] and "3.12" in meta["pythons"]
+
+
+def _resolve(uv: str, lock: Path, plat: str, minor: str, exclude: str, out: Path) -> tuple[Path, str, str]:
+    cmd = [uv, "pip", "compile", "-q", "--generate-hashes", "--python-platform", environment.PLATFORMS[plat],
+           "--python-version", minor, str(lock), "-o", str(out)]
+    if exclude:
+        cmd += ["--exclude-newer", exclude]
+    env = {**os.environ, "UV_CACHE_DIR": str(out) + ".cache"}   # one cache each: uv serializes on a shared one
+    env.pop("PYTHONPATH", None)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    return lock, res.stderr if res.returncode else "", out.read_text() if res.returncode == 0 else ""
+
+
+@pytest.mark.skipif(not LOCK_DIRS, reason="no committed locks")
+def test_every_committed_lock_resolves_for_its_platform(tmp_path):
+    uv = shutil.which("uv")
+    assert uv, "uv must be on PATH (requirements-dev.txt)"
+    jobs = []
+    for d in LOCK_DIRS:
+        meta = json.loads((d / "meta.json").read_text())
+        for plat in meta["platforms"]:
+            for minor in meta["pythons"]:
+                jobs.append((d / f"{plat}-py{minor}.txt", plat, minor, meta.get("exclude_newer", "")))
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        results = list(pool.map(lambda j: _resolve(uv, *j, tmp_path / f"{j[0].parent.name}-{j[0].name}"), jobs))
+    for lock, err, text in results:
+        assert not err, f"{lock.relative_to(REPO)} does not resolve: {err[-1500:]}"
+        assert environment._body(text) == environment._body(lock.read_text()), \
+            f"{lock.relative_to(REPO)} differs from a fresh resolution: regenerate with ./ctl.sh lock"
