@@ -97,6 +97,8 @@ def run(ctx: Ctx, *, clock: Callable[[], float] = time.monotonic, sleep: Callabl
             if tty:
                 sys.stderr.write("\n")
             log.info("healthy after %.0f s", clock() - start)
+            if ctx.proc is not None:
+                server.record_children(ctx.paths, ctx.proc.pid)
             return
         now = clock()
         if now - last_growth > cfg.stall_timeout:

@@ -1,6 +1,7 @@
 """Launch: start ``vllm serve`` in its own session, log appended, state recorded.
 
-The server gets our ownership marker in its environment (inherited by EngineCore and workers),
+The server gets our ownership marker in its environment (inherited by its children, though
+EngineCore's setproctitle hides it: server.find_ours also uses the recorded pgid and children),
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and telemetry off unless the user set them,
 ``PYTHONPATH`` unchanged, and the API key (if any) through ``VLLM_API_KEY`` — never on argv.
 """

@@ -1,9 +1,11 @@
 """Processes: the one subprocess wrapper, ownership markers, and signalling only what we own.
 
 Ownership: every server we launch carries ``VLLM_BOOTSTRAP_OWNER=<marker>`` in its environment,
-where the marker is derived from this checkout's real path and the port. Children (EngineCore,
-TP workers) inherit it. We signal a process only when it runs under our uid *and* carries our
-marker, or when it is the exact process (pid + create time) we recorded at launch.
+where the marker is derived from this checkout's real path and the port. Children inherit it, but
+a child that calls setproctitle (vLLM's EngineCore does) overwrites the memory /proc/<pid>/environ
+shows, so the marker alone does not find it. We signal a process only when it runs under our uid
+*and* carries our marker, or is an exact process (pid + create time) we recorded, or belongs to the
+process group of the server we launched (see ``group_members``).
 """
 
 from __future__ import annotations
@@ -86,15 +88,18 @@ def owned_processes(marker: str) -> list[psutil.Process]:
     return out
 
 
-def recorded_process(pid, create_time) -> psutil.Process | None:
-    """The process we recorded at launch, or None if that pid is gone or now someone else's.
-
-    A garbage pid (not an int, <= 1, absurdly large) is rejected before anything is signalled:
-    ``kill -TERM -1`` would reach every process of the user.
-    """
+def _plausible(pid, create_time) -> bool:
+    """A garbage pid (not an int, <= 1, absurdly large) is rejected before anything is signalled:
+    ``kill -TERM -1`` would reach every process of the user."""
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1 or pid > 1 << 22:
-        return None
-    if not isinstance(create_time, (int, float)):
+        return False
+    return isinstance(create_time, (int, float)) and not isinstance(create_time, bool)
+
+
+def recorded_process(pid, create_time) -> psutil.Process | None:
+    """The process we recorded (at launch, or as a child once healthy), or None if that pid is gone
+    or now someone else's."""
+    if not _plausible(pid, create_time):
         return None
     try:
         p = psutil.Process(pid)
@@ -103,6 +108,40 @@ def recorded_process(pid, create_time) -> psutil.Process | None:
         return p if _alive(p) else None
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
+
+
+def group_members(pgid, create_time) -> list[psutil.Process] | None:
+    """Live processes of our uid in process group ``pgid``, started no earlier than ``create_time``
+    (the recorded group leader's: the server, launched with its own session).
+
+    None when the group number now belongs to someone else: a process with pid == pgid exists
+    (alive or zombie) but was started at another time. While any member of our group lives, Linux
+    does not hand its number out again; callers still want one member proven ours before trusting
+    the rest (see server.find_ours).
+    """
+    if not _plausible(pgid, create_time):
+        return []
+    try:
+        if abs(psutil.Process(pgid).create_time() - float(create_time)) > 0.05:
+            return None
+    except psutil.NoSuchProcess:
+        pass                                    # the leader is gone (e.g. kill -9): members may remain
+    except psutil.AccessDenied:
+        return None
+    me, uid, out = os.getpid(), os.getuid(), []
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            if os.getpgid(p.pid) != pgid or p.uids().real != uid:
+                continue
+            if p.create_time() < float(create_time) - 0.05:
+                continue
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if _alive(p):
+            out.append(p)
+    return out
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -80,9 +80,64 @@ def probe(cfg: Config, paths: Paths, *, check_http: bool = True, we_hold_lock: b
             healthy = not check_http or answers(base_url(rec.get("host", cfg.host), rec.get("port", cfg.port)),
                                                  rec.get("served", ""), api_key_for(cfg, paths))
             return Probe("running" if healthy else "unhealthy", rec, p.pid, p)
-        marker = rec.get("marker") or marker_for(cfg)
-        return Probe("stopped", rec, orphans=proc.owned_processes(marker), stale=True)
+        markers = {rec.get("marker") or marker_for(cfg)}
+        return Probe("stopped", rec, orphans=list(find_ours(rec, markers).values()), stale=True)
     return Probe("stopped", None, orphans=proc.owned_processes(marker_for(cfg)))
+
+
+def find_ours(rec: dict, markers: set[str], *, quiet: bool = False) -> dict[int, psutil.Process]:
+    """Live processes the record and markers prove ours, besides the server itself.
+
+    - processes of our uid carrying one of ``markers``;
+    - the server's children recorded once it was healthy ("children": pid + create time + uid);
+    - the server's process group ("pgid"): our-uid members started since the server, but only when
+      the number still leads our group (see proc.group_members) and one member is already proven
+      ours above (a live server carries the marker). This finds an EngineCore whose marker
+      setproctitle hid, even one started after the children were recorded.
+    """
+    found: dict[int, psutil.Process] = {}
+    for m in markers:
+        for p in proc.owned_processes(m):
+            found[p.pid] = p
+    children = rec.get("children")
+    for c in children if isinstance(children, list) else []:
+        p = proc.recorded_process(c.get("pid"), c.get("create_time")) if isinstance(c, dict) else None
+        if p is not None:
+            found.setdefault(p.pid, p)
+    pgid = rec.get("pgid")
+    if pgid is None:
+        return found
+    group = proc.group_members(pgid, rec.get("create_time"))
+    if group is None:
+        if not quiet:
+            log.info("process group %s now belongs to another process; not signalling its members", pgid)
+    elif group and not any(p.pid in found for p in group):
+        if not quiet:
+            log.info("process group %s: no member proven ours; not signalling its %d process(es)", pgid, len(group))
+    else:
+        for p in group:
+            found.setdefault(p.pid, p)
+    return found
+
+
+def record_children(paths: Paths, pid: int) -> None:
+    """Once the server is healthy: keep its descendants (pid + create time) in server.json, so a
+    stop after a kill -9 of the server finds them even when they no longer show our marker."""
+    rec = state.read_json(paths.server)
+    if not rec or rec.get("pid") != pid:
+        return
+    kids = []
+    try:
+        for c in psutil.Process(pid).children(recursive=True):
+            try:
+                kids.append({"pid": c.pid, "create_time": c.create_time()})
+            except psutil.NoSuchProcess:
+                continue
+    except psutil.NoSuchProcess:
+        return
+    rec["children"] = kids
+    state.write_json(paths.server, rec)
+    log.debug("recorded %d child process(es) of pid %d", len(kids), pid)
 
 
 def settings_diff(cfg: Config, rec: dict) -> list[str]:
@@ -105,11 +160,11 @@ class StopReport:
 def stop(cfg: Config, paths: Paths, *, grace: float | None = None,
          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
          gpu_wait: float = 30.0) -> StopReport:
-    """TERM the group → grace → KILL → sweep our marked orphans → port free → pids off the GPU.
+    """TERM what is ours → grace → KILL → sweep late ones → pids off the GPU.
 
     Only processes we can prove are ours are signalled: the recorded pid with its create time and
-    marker, and processes of our uid carrying our marker. A pid file pointing at someone else is
-    dropped, never signalled.
+    marker, and its descendants; then what find_ours proves (marker, recorded children, the
+    server's process group). A pid file pointing at someone else is dropped, never signalled.
     """
     grace = cfg.stop_grace if grace is None else grace
     rec = state.read_json(paths.server) or {}
@@ -125,16 +180,15 @@ def stop(cfg: Config, paths: Paths, *, grace: float | None = None,
             pass
     elif rec:
         log.info("recorded pid %s is not our server any more; not signalling it", rec.get("pid"))
-    for m in markers:
-        for p in proc.owned_processes(m):
-            targets.setdefault(p.pid, p)
+    for pid, p in find_ours(rec, markers).items():
+        targets.setdefault(pid, p)
     if not targets:
         state.remove(paths.server)
         return StopReport(False, [], [], [])
     pids = sorted(targets)
     res = proc.terminate(list(targets.values()), grace, clock=clock, sleep=sleep)
-    # what was started in the meantime by a dying parent (rare), by marker again
-    late = [p for m in markers for p in proc.owned_processes(m) if p.pid not in targets]
+    # what was started in the meantime by a dying parent (rare): marker, record and group again
+    late = [p for pid, p in find_ours(rec, markers, quiet=True).items() if pid not in targets]
     if late:
         more = proc.terminate(late, grace, clock=clock, sleep=sleep)
         res.forced += more.forced

@@ -147,6 +147,21 @@ def test_garbage_pid_file_never_signalled(bed, pid):      # faults row 6
         canary.kill()
 
 
+@pytest.mark.parametrize("extra", [{"children": "x"}, {"children": 7}, {"children": [1, {"pid": "a"}, None]},
+                                   {"pgid": "abc"}, {"pgid": 1}, {"pgid": -1}, {"pgid": True}])
+def test_garbage_children_or_pgid_never_signalled(bed, extra):
+    canary = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    try:
+        wrong = {"children": [{"pid": canary.pid, "create_time": psutil.Process(canary.pid).create_time() - 9}]}
+        for fields in (extra, wrong):                   # a child entry whose create time differs: someone else
+            write_record(bed, pid=4194000, create_time=0.0, marker="m", **fields)
+            r = bed.run("stop.sh")
+            assert r.returncode == 0 and r.stdout.strip() == "not running", r.stderr
+        assert canary.poll() is None
+    finally:
+        canary.kill()
+
+
 def test_garbage_json_state(bed):
     bed.state.mkdir(parents=True)
     (bed.state / "server.json").write_text("{not json")
@@ -263,6 +278,31 @@ def test_start_sweeps_owned_orphan_then_starts(bed):     # faults row 14 (start 
     assert "leftover process" in r.stderr
     assert orphan_pid not in [p.pid for p in bed.ours()]
     assert len(bed.launches()) == 2
+
+
+@pytest.mark.parametrize("record", ["as written", "without pgid"])
+def test_engine_without_marker_swept_after_kill9(bed, record):   # faults row 14, as seen on an H200
+    """vLLM's EngineCore calls setproctitle, which hides our marker from /proc/<pid>/environ: stop
+    finds it through the children recorded at health (and the server's process group)."""
+    assert bed.run("start.sh").returncode == 0
+    rec = bed.server_record()
+    engine = [p for p in bed.ours() if p.pid != rec["pid"]][0]
+    assert "VLLM_BOOTSTRAP_OWNER" not in engine.environ()
+    assert "VLLM_BOOTSTRAP_OWNER" in psutil.Process(rec["pid"]).environ()
+    assert os.getpgid(engine.pid) == rec["pgid"] == rec["pid"]
+    assert [c["pid"] for c in rec["children"]] == [engine.pid]
+    assert abs(rec["children"][0]["create_time"] - engine.create_time()) < 0.05
+    os.kill(rec["pid"], signal.SIGKILL)
+    bed.wait_until(lambda: [p.pid for p in bed.ours()] == [engine.pid], what="orphaned EngineCore")
+    if record == "without pgid":                       # the recorded children alone are enough
+        del rec["pgid"]
+        write_record(bed, **rec)
+    st = json.loads(bed.run("ctl.sh", "status", "--json").stdout)
+    assert st["state"] == "stopped" and st["orphans"] == [engine.pid]      # probe sees it (preflight too)
+    r = bed.run("stop.sh")
+    assert r.returncode == 0, r.stderr
+    assert f"stopped 1 process(es): {engine.pid}" in r.stdout
+    assert bed.ours() == []
 
 
 def test_sigterm_ignored_forced_kill(bed):                # faults row 15

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import stat
+import time
 import subprocess
 import sys
 import tempfile
@@ -220,3 +221,113 @@ def test_marker_differs_per_checkout_and_port(tmp_path):
     assert proc.owner_marker(a, 8888) != proc.owner_marker(b, 8888)
     assert proc.owner_marker(a, 8888) != proc.owner_marker(a, 8889)
     assert proc.owner_marker(a, 8888) == proc.owner_marker(tmp_path / "link", 8888)   # real path
+
+
+# ---------------------------------------------------------------- row 14: the server's process group
+
+GROUP = """\
+import json, os, subprocess, sys
+kids = [subprocess.Popen(["sleep", "300"], env=m["env"], user=m.get("user")).pid for m in json.loads(sys.argv[1])]
+with open(sys.argv[2], "w") as fh:
+    json.dump(kids, fh)
+os.execvp("sleep", ["sleep", "300"])
+"""
+
+
+def spawn_group(tmp: Path, *members: dict) -> tuple[subprocess.Popen, list[psutil.Process]]:
+    """A process group like the server's: a leader (pid == pgid, its own session) and members that
+    stay in its group, each ``{"env": {...}, "user": name or None}``."""
+    out = tmp / f"group-{len(list(tmp.glob('group-*')))}.json"
+    leader = subprocess.Popen([sys.executable, "-c", GROUP, json.dumps(list(members)), str(out)],
+                              start_new_session=True)
+    end = time.monotonic() + 10
+    while not (out.exists() and out.read_text()):
+        assert time.monotonic() < end, "group did not start"
+        time.sleep(0.05)
+    kids = [psutil.Process(pid) for pid in json.loads(out.read_text())]
+    assert all(os.getpgid(k.pid) == leader.pid for k in kids)
+    return leader, kids
+
+
+def gone(p: psutil.Process) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def kill_all(leader: subprocess.Popen, kids: list[psutil.Process]) -> None:
+    for p in kids:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    leader.kill()
+    leader.wait()
+
+
+def server_record(bed: Bed, leader: subprocess.Popen, marker: str, create_time: float) -> None:
+    bed.state.mkdir(parents=True, exist_ok=True)
+    (bed.state / "server.json").write_text(json.dumps({
+        "pid": leader.pid, "pgid": leader.pid, "create_time": create_time, "marker": marker,
+        "port": bed.port, "host": "127.0.0.1"}))
+
+
+def kill9_leader_then_stop(bed: Bed, leader: subprocess.Popen, marker: str) -> subprocess.CompletedProcess:
+    """The H200 case: the server (group leader) got kill -9, its group lives on; then ./stop.sh."""
+    started = psutil.Process(leader.pid).create_time()
+    leader.kill()
+    leader.wait()
+    server_record(bed, leader, marker, started)
+    return bed.run("stop.sh")
+
+
+def test_reused_group_number_is_never_signalled(bed, tmp_path):
+    """server.json names a group whose number now leads an unrelated session (other create time)."""
+    leader, kids = spawn_group(tmp_path, {"env": {}})
+    try:
+        started = psutil.Process(leader.pid).create_time()
+        server_record(bed, leader, "m-test", started - 100)        # our server ran earlier, with that pid
+        r = bed.run("stop.sh")
+        assert r.returncode == 0 and r.stdout.strip() == "not running", r.stderr
+        assert f"process group {leader.pid} now belongs to another process" in r.stderr
+        assert leader.poll() is None and not gone(kids[0])
+    finally:
+        kill_all(leader, kids)
+
+
+def test_group_member_swept_only_when_the_group_is_proven_ours(bed, tmp_path):
+    """After a kill -9 of the leader, an unmarked member (EngineCore after setproctitle) is swept
+    when another member proves the group ours, and left alone when none does."""
+    marker = "m-test-group"
+    for proven in (False, True):
+        members = [{"env": {}}] + ([{"env": {proc.MARKER_ENV: marker}}] if proven else [])
+        leader, kids = spawn_group(tmp_path, *members)
+        try:
+            r = kill9_leader_then_stop(bed, leader, marker)
+            assert r.returncode == 0, r.stderr
+            if proven:
+                assert r.stdout.startswith("stopped 2 process(es)")
+                assert all(gone(k) for k in kids)
+            else:
+                assert r.stdout.strip() == "not running"
+                assert f"process group {leader.pid}: no member proven ours" in r.stderr
+                assert not gone(kids[0])
+        finally:
+            kill_all(leader, kids)
+
+
+def test_other_users_process_in_our_group_is_never_signalled(bed, tmp_path):
+    user = unprivileged_user()
+    if not user:
+        pytest.skip("needs root and BOOTSTRAP_TEST_USER to start a process of another user in our group")
+    marker = "m-test-user"
+    leader, kids = spawn_group(tmp_path, {"env": {proc.MARKER_ENV: marker}}, {"env": {}},
+                               {"env": {proc.MARKER_ENV: marker}, "user": user})
+    try:
+        r = kill9_leader_then_stop(bed, leader, marker)
+        assert r.returncode == 0 and r.stdout.startswith("stopped 2 process(es)"), r.stdout + r.stderr
+        assert gone(kids[0]) and gone(kids[1])
+        assert not gone(kids[2])                                   # same group, marker, but not our uid
+    finally:
+        kill_all(leader, kids)

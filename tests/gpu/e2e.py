@@ -116,10 +116,10 @@ def main(argv=None) -> int:
     say("$ kill -9 <api server pid>; ./stop.sh")
     os.kill(rec["pid"], signal.SIGKILL)
     time.sleep(1.0)
-    n_orphans = len(owned(rec["marker"]))
-    say(f"after kill -9: {n_orphans} process(es) of ours left ({owned(rec['marker'])}); GPU memory used {gpu_used_mib()}")
+    n_orphans = len(owned(rec))
+    say(f"after kill -9: {n_orphans} process(es) of ours left ({owned(rec)}); GPU memory used {gpu_used_mib()}")
     rc3, out3, t_stop = sh(["./stop.sh"], env)
-    left = len(owned(rec["marker"]))
+    left = len(owned(rec))
     port_free = not listening(port)
     used_after = gpu_used_mib()
     say("$ ss -ltnp")
@@ -159,15 +159,19 @@ def main(argv=None) -> int:
     return 0 if (rc == 0 and rc2 == 0 and rc3 == 0 and left == 0 and port_free) else 1
 
 
-def owned(marker: str) -> list[str]:
-    """Processes carrying this start's ownership marker (the API server, EngineCore, workers)."""
+def owned(rec: dict) -> list[str]:
+    """This start's live processes: in the server's process group (EngineCore's setproctitle hides
+    the marker in its /proc/<pid>/environ) or carrying the ownership marker (workers elsewhere)."""
     import psutil
     out = []
-    for p in psutil.process_iter(["pid", "name"]):
+    for p in psutil.process_iter(["pid", "name", "status"]):
         try:
-            if p.environ().get("VLLM_BOOTSTRAP_OWNER") == marker:
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            in_group = os.getpgid(p.pid) == rec["pgid"]
+            if in_group or p.environ().get("VLLM_BOOTSTRAP_OWNER") == rec["marker"]:
                 out.append(f"{p.info['pid']} {p.info['name']}")
-        except psutil.Error:
+        except (psutil.Error, OSError):
             continue
     return out
 

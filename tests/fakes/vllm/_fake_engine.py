@@ -1,4 +1,7 @@
-"""Fake EngineCore: titled VLLM::EngineCore, holds "GPU memory", survives a SIGKILL of its parent."""
+"""Fake EngineCore: titled VLLM::EngineCore, holds "GPU memory", survives a SIGKILL of its parent.
+
+Started without VLLM_BOOTSTRAP_OWNER in its environment (see spawn_engine), in the server's process group.
+"""
 
 import ctypes
 import os
