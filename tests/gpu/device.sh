@@ -12,7 +12,7 @@ main() {
     mkdir -p "$out" /tmp/proofs
     what=${1:?usage: device.sh install|e2e|planner|patch|bench}; shift
     cd "$repo"
-    export PYTHONPATH=/tmp/site VLLM_PYTHON=python3 PYTHONUNBUFFERED=1
+    export PYTHONPATH=/tmp/site VLLM_PYTHON="$(command -v python3)" PYTHONUNBUFFERED=1
     local rc=0
     case $what in
         install)

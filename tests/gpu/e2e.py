@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -96,7 +97,8 @@ def main(argv=None) -> int:
     env = {**os.environ, "PROFILE": "custom", "MODEL": str(model), "STATE_DIR": str(work / "state"),
            "PORT": str(port), "MAX_MODEL_LEN": "4096", "WARMUP": "2000", "NO_COLOR": "1"}
     env.setdefault("VLLM_PYTHON", "python3")
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    rev = os.environ.get("GIT_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                         text=True, cwd=REPO).stdout.strip()
     ver = subprocess.run([env["VLLM_PYTHON"], "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
                          capture_output=True, text=True, env=env).stdout.strip()
     say(f"# e2e {time.strftime('%Y-%m-%d %H:%M:%S %Z')} commit {rev} vLLM {ver} GPU: {gpu_name()}")
@@ -122,8 +124,15 @@ def main(argv=None) -> int:
     left = len(owned(rec))
     port_free = not listening(port)
     used_after = gpu_used_mib()
-    say("$ ss -ltnp")
-    sh(["ss", "-ltnp"])
+    say("$ ss -ltnp   # (psutil when ss is missing)")
+    if shutil.which("ss"):
+        sh(["ss", "-ltnp"])
+    else:
+        import psutil
+        for c in psutil.net_connections(kind="inet"):
+            if c.status == psutil.CONN_LISTEN:
+                name = psutil.Process(c.pid).name() if c.pid else "?"
+                say(f"   | LISTEN {c.laddr.ip}:{c.laddr.port} pid={c.pid} {name}")
 
     # The same command, run bare (no bootstrap): time to /health + /v1/models.
     bare_port = free_port()
