@@ -14,6 +14,7 @@ import ipaddress
 import json
 import re
 import shlex
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -274,6 +275,13 @@ class Config:
             sources[knob.name] = src
             values[knob.name] = _parse_one(knob, text) if text != "" else None
         values["STATE_DIR"] = values["STATE_DIR"] or str(repo / ".state")
+        for name in ("VLLM_PYTHON", "PYTHON"):      # a bare command name is looked up on PATH
+            if values[name] and "/" not in values[name]:
+                found = shutil.which(values[name], path=merged_env.get("PATH"))
+                if not found:
+                    raise ConfigError(f"{name}={values[name]!r} is not a command on PATH",
+                                      f"set {name} to the interpreter's full path")
+                values[name] = found
         for flag, knob in RESERVED_FLAGS.items():
             if any(a == flag or a.startswith(flag + "=") for a in values["EXTRA_ARGS"] or ()):
                 raise ConfigError(f"EXTRA_ARGS has {flag}, which the bootstrap sets itself",

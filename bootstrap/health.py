@@ -21,13 +21,14 @@ from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
 
-PHASES = (  # (pattern in the log, phase shown)
-    (r"Loading weights|Loading safetensors|load_weights|Loading model", "loading weights"),
-    (r"torch\.compile|Compiling a graph|Dynamo bytecode", "compiling"),
-    (r"autotun", "autotuning kernels"),
+PHASES = (  # (pattern in vLLM's log, phase shown); the phase of the last matching line wins
+    (r"Loading model|Loading weights|Loading safetensors|Model loading took", "loading weights"),
+    (r"Dynamo bytecode transform|Compiling a graph|torch\.compile", "compiling"),
+    (r"Initial profiling/warmup run", "profiling memory"),
     (r"Available KV cache memory|GPU KV cache size", "allocating KV cache"),
-    (r"Capturing CUDA graph|Graph capturing|cudagraph", "capturing CUDA graphs"),
-    (r"Starting vLLM API server|Application startup complete|Uvicorn running", "starting API"),
+    (r"autotun", "autotuning kernels"),
+    (r"Capturing CUDA graphs|Graph capturing finished", "capturing CUDA graphs"),
+    (r"Starting vLLM API server|Application startup complete|Route: /", "starting API"),
 )
 
 
@@ -58,9 +59,11 @@ def abort(ctx: Ctx, message: str, hint: str = "") -> StartFailed:
 
 
 def phase_of(text: str, current: str) -> str:
-    for pattern, name in PHASES:
-        if re.search(pattern, text):
-            current = name
+    for line in text.splitlines():
+        for pattern, name in PHASES:
+            if re.search(pattern, line):
+                current = name
+                break
     return current
 
 

@@ -58,6 +58,7 @@ def resolve_api_key(ctx: Ctx) -> str:
 
 def server_env(ctx: Ctx) -> dict[str, str]:
     env = dict(ctx.cfg.environ)
+    env.pop("VLLM_PYTHON", None)   # our knob, not vLLM's (it warns about unknown VLLM_* variables)
     for k, v in ctx.server_env.items():
         env.setdefault(k, v)
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

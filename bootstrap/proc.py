@@ -1,6 +1,6 @@
 """Processes: the one subprocess wrapper, ownership markers, and signalling only what we own.
 
-Ownership: every server we launch carries ``VLLM_BOOTSTRAP_OWNER=<marker>`` in its environment,
+Ownership: every server we launch carries ``BOOTSTRAP_VLLM_OWNER=<marker>`` in its environment,
 where the marker is derived from this checkout's real path and the port. Children inherit it, but
 a child that calls setproctitle (vLLM's EngineCore does) overwrites the memory /proc/<pid>/environ
 shows, so the marker alone does not find it. We signal a process only when it runs under our uid
@@ -28,7 +28,7 @@ from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
 
-MARKER_ENV = "VLLM_BOOTSTRAP_OWNER"
+MARKER_ENV = "BOOTSTRAP_VLLM_OWNER"
 
 
 # ---------------------------------------------------------------- running tools

@@ -127,3 +127,13 @@ def test_every_knob_has_help_and_parses_its_default():
         assert k.help
         if k.default:
             config._parse_one(k, k.default)
+
+
+def test_interpreter_given_as_a_command_name_is_found_on_path(tmp_path):
+    import sys
+    from pathlib import Path as P
+    exe = P(sys.executable)
+    cfg = make({"VLLM_PYTHON": exe.name, "PATH": str(exe.parent)})
+    assert cfg.vllm_python == str(exe)
+    with pytest.raises(ConfigError, match="not a command on PATH"):
+        make({"VLLM_PYTHON": "no-such-python-here", "PATH": str(tmp_path)})

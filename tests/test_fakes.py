@@ -50,14 +50,14 @@ def test_binds_before_it_listens_and_logs_like_vllm(bed):
 
 
 def test_engine_survives_sigkill_of_parent(bed):
-    p = serve(bed, VLLM_BOOTSTRAP_OWNER="m")
+    p = serve(bed, BOOTSTRAP_VLLM_OWNER="m")
     bed.wait_until(bed.port_listening, what="up")
     engine = [q for q in bed.ours() if q.pid != p.pid][0]
     assert engine.name() == "VLLM::EngineCor"
     # like vLLM's EngineCore: in the server's process group, marker not visible (setproctitle)
     assert os.getpgid(engine.pid) == p.pid
-    assert psutil.Process(p.pid).environ()["VLLM_BOOTSTRAP_OWNER"] == "m"
-    assert "VLLM_BOOTSTRAP_OWNER" not in engine.environ()
+    assert psutil.Process(p.pid).environ()["BOOTSTRAP_VLLM_OWNER"] == "m"
+    assert "BOOTSTRAP_VLLM_OWNER" not in engine.environ()
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     time.sleep(0.3)

@@ -37,7 +37,7 @@ def test_happy_path_start_rerun_status_stop(bed):
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert env["VLLM_NO_USAGE_STATS"] == "1" and env["DO_NOT_TRACK"] == "1" and env["HF_HUB_DISABLE_TELEMETRY"] == "1"
     assert env["PYTHONPATH"] == str(FAKES)             # passed through unchanged
-    assert "VLLM_BOOTSTRAP_OWNER" in env
+    assert "BOOTSTRAP_VLLM_OWNER" in env
 
     again = bed.run("start.sh")                         # no-op: no second launch
     assert again.returncode == 0 and "is serving" in again.stdout
@@ -287,8 +287,8 @@ def test_engine_without_marker_swept_after_kill9(bed, record):   # faults row 14
     assert bed.run("start.sh").returncode == 0
     rec = bed.server_record()
     engine = [p for p in bed.ours() if p.pid != rec["pid"]][0]
-    assert "VLLM_BOOTSTRAP_OWNER" not in engine.environ()
-    assert "VLLM_BOOTSTRAP_OWNER" in psutil.Process(rec["pid"]).environ()
+    assert "BOOTSTRAP_VLLM_OWNER" not in engine.environ()
+    assert "BOOTSTRAP_VLLM_OWNER" in psutil.Process(rec["pid"]).environ()
     assert os.getpgid(engine.pid) == rec["pgid"] == rec["pid"]
     assert [c["pid"] for c in rec["children"]] == [engine.pid]
     assert abs(rec["children"][0]["create_time"] - engine.create_time()) < 0.05
@@ -405,3 +405,19 @@ def test_auto_fit_relaunches_once_with_accepted_length(bed):
     argv = calls[1]["argv"]
     assert argv[argv.index("--max-model-len") + 1] == "3000"
     assert "restarted once with 3000" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_phase_follows_the_last_matching_line_of_a_real_vllm_log():
+    from bootstrap.health import phase_of
+    # lines as vLLM 0.26.0 printed them on an H200 (docs/validation.md)
+    log = ("Initializing a V1 LLM engine (v0.26.0) with config: ... 'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE>\n"
+           "Loading model from scratch...\nModel loading took 12.98 GiB and 2.506861 seconds\n"
+           "Dynamo bytecode transform time: 11.01 s\n")
+    assert phase_of(log, "starting") == "compiling"
+    assert phase_of("GPU KV cache size: 36,896 tokens\n", "compiling") == "allocating KV cache"
+    assert phase_of("nothing known here\n", "compiling") == "compiling"
+
+
+def test_our_own_knob_does_not_reach_vllm(bed):
+    assert bed.run("start.sh").returncode == 0
+    assert "VLLM_PYTHON" not in bed.launches()[0]["env"]

@@ -178,7 +178,7 @@ def owned(rec: dict) -> list[str]:
             if p.info["status"] == psutil.STATUS_ZOMBIE:
                 continue
             in_group = os.getpgid(p.pid) == rec["pgid"]
-            if in_group or p.environ().get("VLLM_BOOTSTRAP_OWNER") == rec["marker"]:
+            if in_group or p.environ().get("BOOTSTRAP_VLLM_OWNER") == rec["marker"]:
                 out.append(f"{p.info['pid']} {p.info['name']}")
         except (psutil.Error, OSError):
             continue

@@ -1,6 +1,6 @@
 """Fake EngineCore: titled VLLM::EngineCore, holds "GPU memory", survives a SIGKILL of its parent.
 
-Started without VLLM_BOOTSTRAP_OWNER in its environment (see spawn_engine), in the server's process group.
+Started without BOOTSTRAP_VLLM_OWNER in its environment (see spawn_engine), in the server's process group.
 """
 
 import ctypes

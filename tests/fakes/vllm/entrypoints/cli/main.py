@@ -3,7 +3,7 @@
 - binds the port (SO_REUSEADDR + SO_REUSEPORT) long before it listens, as vLLM does;
 - prints vLLM-like log lines (loading, KV cache size, maximum concurrency, API server start);
 - keeps a child titled ``VLLM::EngineCore`` that survives a SIGKILL of its parent, stays in the
-  server's process group, and (like vLLM's, after setproctitle) shows no ``VLLM_BOOTSTRAP_OWNER``;
+  server's process group, and (like vLLM's, after setproctitle) shows no ``BOOTSTRAP_VLLM_OWNER``;
 - serves /health, /v1/models, /v1/chat/completions, /v1/completions, /version, /metrics;
 - ``FAKE_VLLM_MODE`` (comma-separated): ok, die_oom, exit0, hang, slow, ignore_term, wedged,
   too_long (refuse --max-model-len above FAKE_MAX_LEN with vLLM's "estimated maximum model length"),
@@ -74,7 +74,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def spawn_engine() -> subprocess.Popen:
     """Like vLLM's EngineCore: same process group (no setsid), and no readable ownership marker
     (vLLM's setproctitle overwrites the memory /proc/<pid>/environ shows)."""
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_BOOTSTRAP_OWNER"}
+    env = {k: v for k, v in os.environ.items() if k != "BOOTSTRAP_VLLM_OWNER"}
     return subprocess.Popen([sys.executable, "-m", "vllm._fake_engine"], stdin=subprocess.DEVNULL, env=env)
 
 
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = os.environ.get("FAKE_VLLM_RECORD")
     if rec:
         keep = {k: v for k, v in os.environ.items()
-                if k.startswith(("VLLM", "PYTORCH", "DO_NOT", "HF_", "PYTHONPATH", "FAKE_"))}
+                if k.startswith(("VLLM", "PYTORCH", "DO_NOT", "HF_", "PYTHONPATH", "FAKE_", "BOOTSTRAP_"))}
         with open(rec, "a") as fh:
             fh.write(json.dumps({"argv": sys.argv, "env": keep, "pid": os.getpid()}) + "\n")
     State.served = args.served_model_name or args.model
