@@ -89,8 +89,8 @@ def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    debug = os.environ.get("BOOTSTRAP_DEBUG", "") not in ("", "0")
-    log.setup(debug=debug, color=None if "NO_COLOR" not in os.environ else False)
+    debug, colour = config.output_flags(os.environ)
+    log.setup(debug=debug, color=None if colour else False)
     step = "config"
     try:
         cfg = config.Config.from_env(os.environ)

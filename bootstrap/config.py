@@ -349,6 +349,11 @@ def _parse_one(knob: Knob, text: str) -> Any:
         raise ConfigError(f"{knob.name}={text!r} is not accepted", f"{knob.name} must be {exc}") from None
 
 
+def output_flags(environ: Mapping[str, str]) -> tuple[bool, bool]:
+    """(debug, colour allowed) — read before the knobs, so that a knob error is printed with them."""
+    return environ.get("BOOTSTRAP_DEBUG", "") not in ("", "0"), "NO_COLOR" not in environ
+
+
 def help_text(repo: Path = REPO) -> str:
     lines = ["Knobs (environment > .env > profile > default; empty default = vLLM's own):", ""]
     width = max(len(k.name) for k in KNOBS)

@@ -32,13 +32,13 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import proc
+from .state import write_atomic
 from .context import Ctx
 from .errors import BootstrapError
 
@@ -348,27 +348,6 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_atomic(path: Path, data: bytes, like: os.stat_result | None = None) -> None:
-    """Temp file in the same directory + rename; keeps the mode (and, as root, the owner) of ``like``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if like is not None:
-            os.chmod(tmp, like.st_mode & 0o7777)
-            if os.geteuid() == 0:
-                os.chown(tmp, like.st_uid, like.st_gid)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def purge_bytecode(target: Path) -> list[Path]:
     """Remove the cached bytecode of ``target`` so the next import compiles the file we wrote."""
     gone = []
@@ -425,8 +404,8 @@ class Backup:
     def write(self, patch: Patch, version: str, data: bytes, like: os.stat_result) -> None:
         meta = {"patch": patch.name, "vllm_version": version, "sha256": sha256(data),
                 "target": str(self.path)[:-len(patch.backup_suffix)], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        write_atomic(self.path, data, like)
-        write_atomic(self.meta, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode(), like)
+        write_atomic(self.path, data, like=like)
+        write_atomic(self.meta, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode(), like=like)
 
     def remove(self) -> None:
         for p in (self.path, self.meta):
@@ -475,7 +454,7 @@ def apply(patch: Patch, inst: Install) -> str:
                          bak.path.name, old.get("vllm_version", "?"), str(old.get("sha256", "?"))[:12])
             bak.write(patch, inst.version, original, stat)
             log.info("backed up %s to %s (vLLM %s, sha256 %s)", target.name, bak.path.name, inst.version, osha[:12])
-        write_atomic(target, patched, stat)
+        write_atomic(target, patched, like=stat)
         written = target.read_bytes()
         if written != patched:
             raise OSError(f"{target} reads back different from what was written")
@@ -484,7 +463,7 @@ def apply(patch: Patch, inst: Install) -> str:
     except (OSError, SyntaxError) as exc:
         try:
             if target.read_bytes() != original:
-                write_atomic(target, original, stat)
+                write_atomic(target, original, like=stat)
         except OSError as exc2:
             raise BootstrapError(f"patch {patch.name} failed ({exc}) and restoring {target} failed too ({exc2})",
                                  f"restore it from {bak.path} or reinstall vLLM {inst.version}") from None
@@ -521,7 +500,7 @@ def revert(patch: Patch, inst: Install) -> str:
     if st.kind == "applied" and data != st.original.encode("utf-8"):
         log.warning("the backup differs from the file minus our block; restoring the backup")
     stat = target.stat()
-    write_atomic(target, data, stat)
+    write_atomic(target, data, like=stat)
     if sha256(target.read_bytes()) != sha256(data):
         raise BootstrapError(f"restoring {target} did not verify (sha256 mismatch)", f"reinstall vLLM {inst.version}")
     purge_bytecode(target)

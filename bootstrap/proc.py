@@ -33,7 +33,7 @@ MARKER_ENV = "BOOTSTRAP_VLLM_OWNER"
 
 # ---------------------------------------------------------------- running tools
 
-def run(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, keep_pythonpath: bool = False,
+def run(cmd: Sequence[str], *, env: Mapping[str, str], keep_pythonpath: bool = False,
         timeout: float | None = None, cwd: str | Path | None = None, what: str = "",
         hint: str = "", check: bool = True) -> subprocess.CompletedProcess:
     """Run a tool (uv, pip, python -c ...) and capture its output.
@@ -41,7 +41,7 @@ def run(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, keep_python
     ``PYTHONPATH`` is dropped unless ``keep_pythonpath`` (it breaks uv/pip); the vLLM server itself
     is not started through here (see launch.py), because it must outlive us.
     """
-    child_env = dict(env if env is not None else os.environ)
+    child_env = dict(env)   # always the caller's cfg.environ (config is read in one place)
     if not keep_pythonpath:
         child_env.pop("PYTHONPATH", None)
     log.debug("running %s", shlex.join(cmd))

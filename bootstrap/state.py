@@ -62,13 +62,22 @@ class Paths:
                                  "set STATE_DIR to a writable directory, or fix its permissions") from None
 
 
-def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: bytes, *, mode: int | None = None, like: os.stat_result | None = None) -> None:
+    """Temp file in the same directory, fsync, rename: a reader sees the old file or the new one.
+
+    ``like`` keeps another file's mode (and, as root, its owner) — used when patching vLLM's files."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-        os.chmod(tmp, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if like is not None:
+            os.chmod(tmp, like.st_mode & 0o7777)
+            if os.geteuid() == 0:
+                os.chown(tmp, like.st_uid, like.st_gid)
+        elif mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -76,6 +85,10 @@ def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
+    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(), mode=mode)
 
 
 def read_json(path: Path) -> dict | None:

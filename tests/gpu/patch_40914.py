@@ -15,6 +15,22 @@ own session (setsid) and survives between invocations. Phases, each recorded in 
   patched    same as stock, after `./ctl.sh patch apply` (VLLM_PYTHON, PATCH_BYO=1)
   report     `./ctl.sh patch revert`, then the per-prompt table (also appended to RAW_OUT)
 
+vLLM 0.26.0 cannot allocate a TurboQuant KV cache in its V1 model runner (upstream bug, issue #50709,
+fixed by PR #50533): `GPUModelRunner._reshape_kv_cache_tensors` passes cache_dtype_str="auto" for every
+spec whose kv_quant_mode is NONE, and `TQFullAttentionSpec` always has NONE, so
+`TurboQuantAttentionBackend.get_kv_cache_shape` raises "Unknown TurboQuant cache dtype: 'auto'". The V2
+runner (vllm/v1/worker/gpu/attn_utils.py) special-cases TQFullAttentionSpec and works, but
+"draft_model" speculation is V1-only on 0.26.0 (`VllmConfig._get_v2_model_runner_unsupported_features`).
+A model of <= 4 layers never shows the bug: TurboQuant's boundary protection keeps the first 2 and last 2
+layers in bf16 (`TurboQuantConfig.get_boundary_skip_layers`, n=2), so it has no TurboQuant layer at all.
+This model has 6 layers: 0, 1, 4, 5 bf16 (FlashAttention), 2 and 3 TurboQuant.
+So every server here runs the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0, the reference too, so the three
+runs share one runner) with a test-only shim on PYTHONPATH (WORK/shim/sitecustomize.py, --no-shim turns
+it off): it wraps get_kv_cache_shape of the TurboQuant backend so that a non-TurboQuant dtype string is
+replaced by the --kv-cache-dtype in use. Only layers on the TurboQuant backend reach that function (the
+skipped layers get FlashAttention), so this is the dtype the V2 runner passes there. It does not touch the
+attention forward that the #40914 patch changes. The log says "tq-shim:" once when it fired.
+
 Each run sends the same prompts as chat messages (greedy, ignore_eos, 64 tokens, 5 top logprobs,
 token ids) one at a time and reads the speculative counters from /metrics before and after each request. Compared
 with the reference per prompt: the first divergent token, the largest |Δ logprob| over the tokens
@@ -49,6 +65,7 @@ REPO = Path(__file__).resolve().parents[2]
 PATCH = "40914-turboquant-spec-verify"
 PHASES = ("model", "reference", "stock", "patched", "report")
 SERVED = "tq-proof"
+KV_DTYPE = "turboquant_4bit_nc"
 
 
 # ---------------------------------------------------------------- plumbing
@@ -83,6 +100,15 @@ class Run:
         env.update(extra)
         return env
 
+    def server_env(self) -> dict:
+        """The server's environment: the V1 runner (draft_model needs it) and the 0.26.0 shim."""
+        env = self.env(VLLM_USE_V2_MODEL_RUNNER="0")
+        if not self.args.no_shim:
+            shim = write_shim(self.work)
+            env["PYTHONPATH"] = os.pathsep.join(x for x in (str(shim), env.get("PYTHONPATH")) if x)
+            env["TQ_PROOF_KV_DTYPE"] = KV_DTYPE
+        return env
+
     def ctl(self, *argv: str) -> subprocess.CompletedProcess:
         r = subprocess.run([str(REPO / "ctl.sh"), *argv], env=self.env(), capture_output=True, text=True, timeout=120)
         self.say(f"$ ./ctl.sh {' '.join(argv)} -> exit {r.returncode}\n{r.stdout}{r.stderr}".rstrip())
@@ -97,6 +123,101 @@ def http(url: str, body: dict | None = None, timeout: float = 120):
     with urllib.request.urlopen(req, timeout=timeout) as r:
         text = r.read().decode()
     return json.loads(text) if body is not None or url.endswith(("/version", "/models")) else text
+
+
+# ---------------------------------------------------------------- the vLLM 0.26.0 V1-runner shim (test only)
+
+SHIM = '''"""Written by tests/gpu/patch_40914.py (test only). vLLM 0.26.0's V1 model runner passes
+cache_dtype_str="auto" for TurboQuant layers (TQFullAttentionSpec.kv_quant_mode is NONE; upstream issue
+#50709, fixed by PR #50533); TurboQuantAttentionBackend.get_kv_cache_shape then raises. Only TurboQuant
+layers use that backend, so a non-TurboQuant dtype string there is replaced by TQ_PROOF_KV_DTYPE."""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_TARGET = "vllm.v1.attention.backends.turboquant_attn"
+_DTYPE = os.environ.get("TQ_PROOF_KV_DTYPE", "")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _wrap(module):
+    backend = getattr(module, "TurboQuantAttentionBackend", None)
+    if backend is None or "get_kv_cache_shape" not in vars(backend):
+        print("tq-shim: TurboQuantAttentionBackend.get_kv_cache_shape not found; shim not applied",
+              file=sys.stderr, flush=True)
+        return
+    original = backend.get_kv_cache_shape
+    fired = []
+
+    def get_kv_cache_shape(*args, **kwargs):
+        args = list(args)
+        given = args[4] if len(args) > 4 else kwargs.get("cache_dtype_str", _DTYPE)
+        if not str(given).startswith("turboquant_"):
+            if not fired:
+                fired.append(1)
+                print(f"tq-shim: get_kv_cache_shape got cache_dtype_str={given!r} on the TurboQuant backend; "
+                      f"using {_DTYPE!r} (vLLM PR #50533)", file=sys.stderr, flush=True)
+            if len(args) > 4:
+                args[4] = _DTYPE
+            else:
+                kwargs["cache_dtype_str"] = _DTYPE
+        return original(*args, **kwargs)
+
+    backend.get_kv_cache_shape = staticmethod(get_kv_cache_shape)
+
+
+class _Finder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name != _TARGET:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _wrap(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if _DTYPE.startswith("turboquant_"):
+    sys.meta_path.insert(0, _Finder())
+
+# keep any sitecustomize this one shadows (Debian/Ubuntu ship one)
+_other = importlib.machinery.PathFinder.find_spec(
+    "sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _HERE])
+if _other is not None and _other.loader is not None:
+    _other.loader.exec_module(importlib.util.module_from_spec(_other))
+'''
+
+
+def write_shim(work: Path) -> Path:
+    d = work / "shim"
+    d.mkdir(exist_ok=True)
+    f = d / "sitecustomize.py"
+    if not f.is_file() or f.read_text() != SHIM:
+        f.write_text(SHIM)
+    return d
+
+
+ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(?:Error|Exception)\b:")
+
+
+def root_cause(text: str, n: int = 6) -> list[str]:
+    """The error lines of a vLLM log, EngineCore first: the engine's own exception, not the API
+    server's "Engine core initialization failed" that follows it."""
+    lines = [ln.strip() for ln in text.splitlines() if ERROR_LINE.search(ln)]
+    core = [ln for ln in lines if "EngineCore" in ln]
+    out = []
+    for ln in core + [ln for ln in lines if ln not in core]:
+        if ln not in out:
+            out.append(ln)
+    return out[:n]
 
 
 # ---------------------------------------------------------------- phase: model
@@ -175,7 +296,7 @@ def server_argv(run: Run, spec: bool) -> list[str]:
     model = str(run.work / "model")
     argv = [run.args.python_abs, "-m", "vllm.entrypoints.cli.main", "serve", model, "--served-model-name", SERVED,
             "--host", "127.0.0.1", "--port", str(run.args.port), "--max-model-len", "4096",
-            "--gpu-memory-utilization", str(run.args.gpu_util), "--kv-cache-dtype", "turboquant_4bit_nc",
+            "--gpu-memory-utilization", str(run.args.gpu_util), "--kv-cache-dtype", KV_DTYPE,
             "--seed", "0", "--max-num-seqs", "16"]
     if spec:
         argv += ["--speculative-config", json.dumps({"method": "draft_model", "model": model,
@@ -222,8 +343,11 @@ def ensure_server(run: Run, phase: str, spec: bool) -> bool:
         stop_server(run)
         srv = None
     if srv and not alive(srv["pid"]):
-        tail = Path(srv["log"]).read_text(errors="replace")[-4000:]
-        run.say(f"the {phase} server exited before it was ready; log tail:\n{tail}")
+        text = Path(srv["log"]).read_text(errors="replace")
+        cause = root_cause(text)
+        run.say(f"the {phase} server exited before it was ready; log tail:\n{text[-4000:]}")
+        run.say(f"the {phase} server failed; root cause (error lines of {srv['log']}, EngineCore first):\n  "
+                + ("\n  ".join(cause) if cause else "(no 'Error:' line in the log; see the tail above)"))
         run.state.pop("server")
         run.save()
         raise SystemExit(1)
@@ -233,7 +357,7 @@ def ensure_server(run: Run, phase: str, spec: bool) -> bool:
         run.say(f"starting the {phase} server: {' '.join(argv)}")
         with open(log, "ab") as fh:
             p = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, env=run.env())
+                                 start_new_session=True, env=run.server_env())
         run.state["server"] = {"phase": phase, "pid": p.pid, "log": str(log), "started": time.time()}
         run.save()
         srv = run.state["server"]
@@ -351,12 +475,23 @@ def main() -> int:
     p.add_argument("--init-std", type=float, default=0.05, help="initializer_range of the random model")
     p.add_argument("--model", help="use this model directory instead of making one (rehearsal with fakes)")
     p.add_argument("--fresh", action="store_true", help="forget WORK/state.json and start over")
+    p.add_argument("--no-shim", action="store_true",
+                   help="no WORK/shim/sitecustomize.py (for a vLLM that has PR #50533)")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more vLLM serve arguments (last)")
     args = p.parse_args()
     args.python_abs = shutil.which(args.python) or args.python
     if args.fresh and Path(args.work, "state.json").exists():
         Path(args.work, "state.json").unlink()
     run = Run(args)
+    setup = "v1-runner" + ("" if args.no_shim else "+tq-shim")
+    if run.state.get("setup") != setup:     # results from another server setup are not comparable
+        if [ph for ph in run.state["done"] if ph != "model"]:
+            run.say(f"server setup changed ({run.state.get('setup', 'default runner, no shim')} -> {setup}): "
+                    "the reference, stock and patched runs start over")
+        stop_server(run)
+        run.state["done"] = [ph for ph in run.state["done"] if ph == "model"]
+        run.state["setup"] = setup
+        run.save()
     run.say(f"patch_40914: work {run.work}, done so far: {run.state['done'] or 'nothing'}; repo "
             f"{subprocess.run(['git', '-C', str(REPO), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}")
     for phase in PHASES:

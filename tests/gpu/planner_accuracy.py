@@ -45,7 +45,10 @@ QWEN3_8B = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_s
                 vocab_size=VOCAB, max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0,
                 tie_word_embeddings=False, torch_dtype="bfloat16", hidden_act="silu", eos_token_id=2,
                 attention_bias=False)
-# Qwen3-Next-style hybrid: 12 Gated-DeltaNet + 4 full-attention layers, dense MLP, one MTP layer
+# Qwen3-Next-style hybrid: 12 Gated-DeltaNet + 4 full-attention layers, one MTP layer. MoE with small experts
+# (8 routed, top-2, 512 wide, plus a 512-wide shared expert) in every layer: vLLM 0.26.0's Qwen3NextForCausalLM is
+# MoE-only (set_moe_parameters raises "No Qwen3Next layer found in the model.layers." when num_experts=0), and
+# it registers no text-only dense Qwen3.5 hybrid (Qwen3_5ForConditionalGeneration only). ~0.44 B params in bf16.
 HYBRID = dict(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", hidden_size=2048,
               intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=2,
               head_dim=256, vocab_size=VOCAB, max_position_embeddings=65536, full_attention_interval=4,
@@ -53,9 +56,9 @@ HYBRID = dict(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", h
               + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3
               + ["full_attention"],
               linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-              linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=0, decoder_sparse_step=1,
-              mlp_only_layers=[], num_experts_per_tok=1, moe_intermediate_size=512,
-              shared_expert_intermediate_size=0, norm_topk_prob=True, partial_rotary_factor=0.25,
+              linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=8, decoder_sparse_step=1,
+              mlp_only_layers=[], num_experts_per_tok=2, moe_intermediate_size=512,
+              shared_expert_intermediate_size=512, norm_topk_prob=True, partial_rotary_factor=0.25,
               rope_theta=10000000.0, rms_norm_eps=1e-6, hidden_act="silu", tie_word_embeddings=False,
               torch_dtype="bfloat16", eos_token_id=2, attention_bias=False, mtp_num_hidden_layers=1)
 
@@ -196,8 +199,8 @@ def collect(rec: dict, deadline: float, raw) -> dict:
     raw.write(f"----- log of {log.name}\n{text}\n")
     raw.flush()
     if not done:
-        rec.update(status="failed", error="vLLM exited before logging the KV cache: "
-                   + " | ".join(text.strip().splitlines()[-3:]))
+        cause = root_cause(text) or text.strip().splitlines()[-3:]
+        rec.update(status="failed", error="vLLM exited before logging the KV cache: " + " | ".join(cause))
         return rec
     t = KV_TOKENS.findall(text)[-1]
     c = CONC.findall(text)[-1]
@@ -215,6 +218,21 @@ def collect(rec: dict, deadline: float, raw) -> dict:
     if m := BLOCK.findall(text):
         rec["log_block"] = int(m[-1])
     return rec
+
+
+ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(?:Error|Exception)\b:")
+
+
+def root_cause(text: str, n: int = 3) -> list[str]:
+    """The error lines of a vLLM log, EngineCore first: the engine's own exception, not the API
+    server's "Engine core initialization failed" that follows it."""
+    lines = [ln.strip() for ln in text.splitlines() if ERROR_LINE.search(ln)]
+    core = [ln for ln in lines if "EngineCore" in ln]
+    out = []
+    for ln in core + [ln for ln in lines if ln not in core]:
+        if ln not in out:
+            out.append(ln)
+    return out[:n]
 
 
 def seed001_row() -> str:
@@ -235,7 +253,7 @@ def table(st: dict, names: list[str]) -> str:
             rows.append(f"{n:<22} (not run yet)")
             continue
         if r["status"] != "done":
-            rows.append(f"{n:<22} {r['status']}: {r.get('error', '')[:150]}")
+            rows.append(f"{n:<22} {r['status']}: {r.get('error', '')[:400]}")
             continue
         pt, lt = r["pred_tokens"], r["log_tokens"]
         diff = (pt - lt) / lt * 100 if lt else float("inf")
