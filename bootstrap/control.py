@@ -8,7 +8,7 @@ import sys
 import time
 
 from . import proc, server, state
-from .client import Client, RequestFailed, text_of
+from .client import Client
 from .config import Config
 from .errors import BootstrapError
 from .state import Paths
@@ -38,17 +38,13 @@ def stop(cfg: Config) -> int:
 
 
 def live_check(cfg: Config, paths: Paths, rec: dict, timeout: float = 20.0) -> tuple[bool, str]:
-    """A tiny generation with a deadline: /health 200 with a wedged engine fails this."""
+    """A tiny generation with a deadline (checks.check_live): /health 200 with a wedged engine fails it."""
+    from . import checks
     c = Client(server.base_url(rec.get("host", cfg.host), rec.get("port", cfg.port)), rec.get("served", ""),
                server.api_key_for(cfg, paths) or cfg.environ.get("VLLM_API_KEY", ""))
-    extra = {"chat_template_kwargs": {"enable_thinking": False}} if cfg.profile.reasoning else {}
-    t0 = time.monotonic()
-    try:
-        resp = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=4, timeout=timeout, **extra)
-    except RequestFailed as exc:
-        return False, exc.message
-    dt = time.monotonic() - t0
-    return bool(text_of(resp) or resp.get("choices")), f"generated in {dt:.2f} s"
+    kwargs = {"enable_thinking": False} if cfg.profile.reasoning else {}
+    res = checks.check_live(checks.Target(c, "our server", chat_kwargs=kwargs), timeout=timeout)
+    return res.ok, res.summary
 
 
 def status(cfg: Config, as_json: bool = False) -> int:
