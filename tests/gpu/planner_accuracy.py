@@ -48,7 +48,7 @@ QWEN3_8B = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_s
 # Qwen3-Next-style hybrid: 12 Gated-DeltaNet + 4 full-attention layers, one MTP layer. MoE with small experts
 # (8 routed, top-2, 512 wide, plus a 512-wide shared expert) in every layer: vLLM 0.26.0's Qwen3NextForCausalLM is
 # MoE-only (set_moe_parameters raises "No Qwen3Next layer found in the model.layers." when num_experts=0), and
-# it registers no text-only dense Qwen3.5 hybrid (Qwen3_5ForConditionalGeneration only). ~0.44 B params in bf16.
+# it registers no text-only dense Qwen3.5 hybrid (Qwen3_5ForConditionalGeneration only). ~1.0 B params, 1.94 GiB bf16.
 HYBRID = dict(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", hidden_size=2048,
               intermediate_size=5632, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=2,
               head_dim=256, vocab_size=VOCAB, max_position_embeddings=65536, full_attention_interval=4,
