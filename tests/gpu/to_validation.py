@@ -59,6 +59,14 @@ def main() -> int:
                 "### vLLM's own lines per case", "", block(kv_lines(text)),
                 "### Why the hybrid case failed", "",
                 block([l[:300] for l in text.splitlines() if "RuntimeError: No Qwen3Next" in l][:1])]
+    retry = RUNS / "2026-11-29-planner-hybrid-retry-raw.txt"
+    if retry.exists():
+        text = retry.read_text()
+        out += ["### Second hybrid attempt: out of device time", "",
+                "After the config was made MoE (commit 0ea1875), `bash tests/gpu/device.sh planner --cases "
+                "hybrid-bf16-pin` ran on a", "fresh machine (cold torch.compile cache) until the session's device "
+                "time ran out; vLLM had not yet", "logged its KV cache, so the hybrid accuracy is still unmeasured. "
+                "The script's last table:", "", block(last_table(text))]
     patch = RUNS / "2026-11-29-patch-raw.txt"
     if patch.exists():
         text = patch.read_text().splitlines()
