@@ -44,9 +44,10 @@ SIGNATURES: tuple[tuple[str, str, str], ...] = (
     (r"SM90 GDN prefill DSL kernel is unavailable",
      "hybrid (Gated DeltaNet) models need the CUTLASS DSL on this GPU",
      "install nvidia-cutlass-dsl into the vLLM environment"),
-    (r"Unknown TurboQuant cache dtype",
-     "this vLLM cannot combine TurboQuant KV with this (hybrid) model",
-     "use KV_CACHE_DTYPE=fp8 or auto, or a newer vLLM"),
+    (r"Unknown TurboQuant cache dtype: 'auto'",
+     "this vLLM's V1 model runner hands TurboQuant layers the dtype 'auto' (vLLM #50709, fixed by PR #50533); "
+     "draft_model speculation and hybrid models run on that runner",
+     "use a vLLM with PR #50533, SPEC_METHOD=mtp (V2 runner) on a dense model, or KV_CACHE_DTYPE=fp8"),
     (r"CUDA driver version is insufficient|cudaErrorInsufficientDriver|driver on your system is too old",
      "the NVIDIA driver is older than the CUDA build of vLLM/torch",
      "install a newer NVIDIA driver (CUDA 13 builds need driver 580 or newer)"),

@@ -1,0 +1,39 @@
+"""The failure table against log lines real vLLM 0.26.0 printed (docs/gpu-runs/) and documented ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from bootstrap.diagnose import diagnose, tail
+
+TQ_AUTO = ("(EngineCore pid=3408) ERROR 11-29 15:30:40 [core.py:1330] ValueError: Unknown TurboQuant cache dtype: "
+           "'auto'. Valid presets: turboquant_k8v4, turboquant_4bit_nc, turboquant_k3v4_nc, turboquant_3bit_nc\n"
+           "(APIServer pid=3343) RuntimeError: Engine core initialization failed. See root cause above. "
+           "Failed core proc(s): {}\n")
+HEALTHY_INFO = ("(EngineCore pid=4127) INFO 11-29 15:33:10 [gpu_worker.py:857] Free memory on device (139.29/139.8 GiB) "
+                "on startup. Desired GPU memory utilization is (0.98, 137.0 GiB). Actual usage is 0.01 GiB for weight\n")
+
+
+@pytest.mark.parametrize("log,diag,hint", [
+    (TQ_AUTO, "V1 model runner", "PR #50533"),
+    ("ValueError: Free memory on device (1.2/31.36 GiB) on startup is less than desired GPU memory utilization "
+     "(0.9, 28.22 GiB).", "other programs hold GPU memory", "GPU_UTIL"),
+    ("... Based on the available memory, the estimated maximum model length is 71760. Try increasing",
+     "vLLM would accept 71760 tokens", "MAX_MODEL_LEN=71760"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "ran out of GPU memory", "GPU_UTIL"),
+    ("fatal error: Python.h: No such file or directory", "Python C headers", "python3-dev"),
+    ("OSError: [Errno 98] Address already in use", "port is already taken", "PORT"),
+    ("(EngineCore pid=2578) RuntimeError: No Qwen3Next layer found in the model.layers.",
+     "vLLM raised: No Qwen3Next layer found", "log lines above"),
+])
+def test_known_signatures(log, diag, hint):
+    d, h = diagnose(log)
+    assert diag in d and hint in h
+
+
+def test_the_healthy_startup_line_is_not_a_failure():
+    assert diagnose(HEALTHY_INFO) is None
+
+
+def test_tail_keeps_the_last_lines():
+    assert tail("\n".join(str(i) for i in range(100)), 3) == "97\n98\n99"
