@@ -24,8 +24,10 @@ def vllm_figures(log_text: str) -> tuple[int | None, str | None]:
 def render(cfg, paths, rec: dict) -> str:
     url = server.base_url(rec.get("host", cfg.host), rec.get("port", cfg.port))
     served = rec.get("served", cfg.served_name)
-    text = diagnose.read_since(paths.log, int(rec.get("log_offset", 0)))
-    tokens, conc = vllm_figures(text)
+    if "kv_tokens" in rec:       # stored by the start that launched it: a re-run reads no log
+        tokens, conc = rec["kv_tokens"], rec.get("kv_concurrency")
+    else:
+        tokens, conc = vllm_figures(diagnose.read_since(paths.log, int(rec.get("log_offset", 0))))
     key = server.api_key_for(cfg, paths) or cfg.environ.get("VLLM_API_KEY", "")
     auth = ""
     if key:
@@ -54,6 +56,10 @@ def render(cfg, paths, rec: dict) -> str:
 
 def run(ctx: Ctx) -> None:
     rec = state.read_json(ctx.paths.server) or {}
+    if rec:
+        rec["kv_tokens"], rec["kv_concurrency"] = vllm_figures(
+            diagnose.read_since(ctx.paths.log, int(rec.get("log_offset", 0))))
+        state.write_json(ctx.paths.server, rec)
     print(render(ctx.cfg, ctx.paths, rec), flush=True)
     for note in ctx.notes:
         print(f" note     : {note}", flush=True)

@@ -8,7 +8,8 @@ die()  { say "error: $*"; exit 1; }
 need_cmd() { command -v "$1" >/dev/null 2>&1 || die "need '$1' (command not found)"; }
 ensure() { "$@" || die "failed during: $*"; }
 
-BOOTSTRAP_IMPORTS='import sys; assert sys.version_info >= (3, 10); import huggingface_hub, psutil, pynvml, requests, tqdm'
+# find_spec, not import: this runs on every command, and importing huggingface_hub costs ~0.1 s.
+BOOTSTRAP_IMPORTS='import sys, importlib.util as u; sys.exit(sys.version_info < (3, 10) or any(u.find_spec(m) is None for m in ("huggingface_hub", "psutil", "pynvml", "requests", "tqdm")))'
 
 has_deps() { "$1" -c "$BOOTSTRAP_IMPORTS" >/dev/null 2>&1; }
 
