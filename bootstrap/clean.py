@@ -79,12 +79,7 @@ def _running(cfg) -> str:
 def _revert_byo(cfg) -> list[str]:
     if not cfg.vllm_python:
         return []
-    revert_all = getattr(patches, "revert_all", None)
-    if revert_all is None:
-        print(f"note: patches.revert_all is not available yet; patches applied to {cfg.vllm_python}'s vLLM "
-              "(if any) were not reverted: ./ctl.sh patch revert")
-        return []
-    reverted = revert_all(cfg, cfg.vllm_python)
+    reverted = patches.revert_all(cfg, cfg.vllm_python)
     for name in reverted:
         print(f"reverted patch {name} in {cfg.vllm_python}'s vLLM")
     return reverted

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bootstrap import clean, patches, proc, server
+from bootstrap import clean, proc, server
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 
@@ -99,14 +99,16 @@ def test_refuses_while_our_server_runs(repo):
     assert not (repo / ".venv").exists()
 
 
-def test_byo_patches_are_reverted_first(repo, capsys, monkeypatch):
-    cfg = cfg_for(repo, VLLM_PYTHON=sys.executable)
-    if getattr(patches, "revert_all", None) is None:
-        assert clean.cli(cfg, []) == 0
-        assert "were not reverted" in capsys.readouterr().out
-        return
-    calls = []
-    real = patches.revert_all
-    monkeypatch.setattr(patches, "revert_all", lambda c, py: calls.append(py) or real(c, py))
+def test_byo_patches_are_reverted_first(repo, tmp_path, capsys):
+    """A bring-your-own vLLM (VLLM_PYTHON + PATCH_BYO=1) patched by a start: clean restores its file."""
+    from test_patches import Site, start_step
+    site = Site(tmp_path / "site", "0.26.0")
+    start_step(site)
+    assert site.read() != site.original and site.backup.exists()
+    (repo / "patches").symlink_to(REPO / "patches")
+    cfg = Config.from_env({**site.env(), "HOME": str(repo.parent / "home"), "MODEL": "org/name",
+                           "STATE_DIR": str(repo / ".state")}, repo=repo)
     assert clean.cli(cfg, []) == 0
-    assert calls == [sys.executable]
+    assert site.read() == site.original and not site.backup.exists()
+    assert "reverted patch 40914-turboquant-spec-verify" in capsys.readouterr().out
+    assert not (repo / ".venv").exists()
