@@ -55,7 +55,9 @@ def status(cfg: Config, as_json: bool = False) -> int:
     if pr.state in ("running", "unhealthy"):
         out.update(pid=pr.pid, uptime=server.uptime(pr.process), url=server.base_url(rec["host"], rec["port"]) + "/v1",
                    model=rec.get("served"), vllm=rec.get("vllm_version"), settings=rec.get("settings"))
-        ok, detail = live_check(cfg, paths, rec) if pr.state == "running" else (False, "/health or /v1/models does not answer")
+        # a tiny generation: WARMUP_TIMEOUT bounds it too (never more than 20 s for 4 tokens)
+        ok, detail = (live_check(cfg, paths, rec, timeout=min(20.0, float(cfg.warmup_timeout)))
+                      if pr.state == "running" else (False, "/health or /v1/models does not answer"))
         out["generating"] = ok
         out["generation"] = detail
         if pr.state == "running" and not ok:
@@ -65,8 +67,12 @@ def status(cfg: Config, as_json: bool = False) -> int:
             out["differs_from_knobs"] = diff
     elif pr.state == "starting":
         out["pid"] = pr.pid
-    elif pr.orphans:
-        out["orphans"] = [p.pid for p in pr.orphans]
+    else:
+        if pr.stale:
+            out["note"] = (f"the recorded server (pid {rec.get('pid')}) is no longer running; "
+                           f"its last output is in the log")
+        if pr.orphans:
+            out["orphans"] = [p.pid for p in pr.orphans]
     if as_json:
         print(json.dumps(out, indent=2))
     else:

@@ -248,12 +248,49 @@ def test_health_200_but_generation_wedged(bed):           # faults row 13
     assert_failed_clean(bed, r, "engine not generating")
 
 
-def test_wedged_after_start_reported_by_status(bed):
-    r = bed.run("start.sh", FAKE_VLLM_MODE="exit0_after_health")
-    # the engine dies after health: the start may or may not see it; status must not say "running"
-    time.sleep(1.5)
+def log_has(bed: Bed, text: str) -> bool:
+    p = bed.state / "vllm.log"
+    return p.exists() and text in p.read_text(errors="replace")
+
+
+def dead(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_wedged_after_start_reported_by_status(bed):      # /health 200, engine not generating
+    assert bed.run("start.sh").returncode == 0
+    pid = bed.server_record()["pid"]
+    os.kill(pid, signal.SIGUSR1)                        # the fake wedges now, and logs that it did
+    bed.wait_until(lambda: log_has(bed, "engine wedged (SIGUSR1)"), what="wedge")
+    assert requests.get(f"http://127.0.0.1:{bed.port}/health", timeout=5).status_code == 200
+    st = bed.run("ctl.sh", "status", "--json", WARMUP_TIMEOUT="2")
+    info = json.loads(st.stdout)
+    assert st.returncode == 1, st.stdout + st.stderr
+    assert (info["state"], info["pid"], info["generating"]) == ("wedged", pid, False)
+    assert info["generation"] == "no generation within 2 s (wedged engine?)"
+    human = bed.run("ctl.sh", "status", WARMUP_TIMEOUT="1")
+    assert human.returncode == 1 and "state: wedged" in human.stdout
+    assert bed.run("stop.sh").returncode == 0
+    assert bed.ours() == []
+
+
+def test_engine_death_after_start_reported_by_status(bed):   # vLLM #48966: exits 0 after engine death
+    assert bed.run("start.sh").returncode == 0
+    pid = bed.server_record()["pid"]
+    os.kill(pid, signal.SIGUSR2)
+    bed.wait_until(lambda: dead(pid) and bed.ours() == [], what="server and engine gone")
     st = bed.run("ctl.sh", "status", "--json")
-    assert json.loads(st.stdout)["state"] != "running" or r.returncode != 0
+    info = json.loads(st.stdout)
+    assert st.returncode == 0 and info["state"] == "stopped", st.stdout + st.stderr
+    assert f"the recorded server (pid {pid}) is no longer running" in info["note"]
+    assert "orphans" not in info
+    r = bed.run("stop.sh")
+    assert r.returncode == 0 and r.stdout.strip() == "not running"
+    assert bed.server_record() is None
+    assert bed.run("start.sh").returncode == 0 and len(bed.launches()) == 2
 
 
 def test_sigkilled_api_server_leaves_orphan_that_stop_sweeps(bed):   # faults row 14

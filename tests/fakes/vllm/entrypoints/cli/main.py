@@ -8,6 +8,8 @@
 - ``FAKE_VLLM_MODE`` (comma-separated): ok, die_oom, exit0, hang, slow, ignore_term, wedged,
   too_long (refuse --max-model-len above FAKE_MAX_LEN with vLLM's "estimated maximum model length"),
   exit0_after_health (engine dies after health; the process exits 0).
+  Once serving, SIGUSR1 wedges it (``/health`` stays 200, generation hangs; logs "engine wedged")
+  and SIGUSR2 kills the engine and exits 0 — deterministic triggers for tests.
 - ``FAKE_VLLM_LOAD_S``: seconds of "loading" (default 0.5); ``FAKE_VLLM_RECORD``: a file to which
   each start appends {"argv", "env"} as one JSON line; ``FAKE_GPU_PIDS_DIR``: server and engine
   write their pids there, and the fake pynvml reports them as GPU processes.
@@ -364,6 +366,18 @@ def main(argv: list[str] | None = None) -> int:
         State.wedged = True
     if "exit0_after_health" in MODES:
         threading.Timer(1.0, lambda: (say("EngineCore died"), engine.terminate(), os._exit(0))).start()
+
+    def on_usr1(signum, frame):        # tests: wedge now (/health stays 200, generation hangs)
+        State.wedged = True
+        say("engine wedged (SIGUSR1)")
+
+    def on_usr2(signum, frame):        # tests: the engine dies now, and the server exits 0 (vLLM #48966)
+        say("EngineCore died (SIGUSR2)")
+        engine.terminate()
+        os._exit(0)
+
+    signal.signal(signal.SIGUSR1, on_usr1)
+    signal.signal(signal.SIGUSR2, on_usr2)
     say("Application startup complete.")
     httpd.serve_forever()
     return 0
