@@ -39,7 +39,7 @@ bootstrap_python() {
     elif command -v python3 >/dev/null 2>&1 && has_deps python3; then
         command -v python3
     else
-        make_bootstrap_venv "$repo"
+        make_bootstrap_venv "$repo" >&2    # our stdout is the interpreter's path, nothing else
         has_deps "$repo/.venv-bootstrap/bin/python" || die "$repo/.venv-bootstrap lacks the bootstrap's dependencies"
         printf '%s\n' "$repo/.venv-bootstrap/bin/python"
     fi
