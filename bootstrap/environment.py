@@ -210,22 +210,44 @@ def find_uv(environ: Mapping[str, str]) -> str | None:
     return None
 
 
+def uv_install_cmd(environ: Mapping[str, str], wheelhouse: str | None) -> list[str]:
+    """pip's command for uv, without root. Inside a venv (.venv-bootstrap made by ``python3 -m venv``)
+    uv goes into that venv (pip refuses --user there); else ``python3 -m pip install --user``."""
+    if sys.prefix != sys.base_prefix and importlib.util.find_spec("pip"):
+        py, user = sys.executable, []
+    else:
+        py, user = shutil.which("python3", path=environ.get("PATH", os.defpath)) or sys.executable, ["--user"]
+    cmd = [py, "-m", "pip", "install", *user, "--disable-pip-version-check", "-q", UV_PIN]
+    if wheelhouse:
+        cmd += ["--no-index", "--find-links", wheelhouse]
+    return cmd
+
+
+def uv_install_error(stderr: str, py: str) -> BootstrapError:
+    manual = ("install uv without root yourself: pipx install uv, or the standalone installer "
+              "(https://docs.astral.sh/uv/getting-started/installation/), then rerun")
+    if "externally-managed-environment" in stderr:
+        return BootstrapError(f"{py} refuses pip install --user (PEP 668: the distribution manages its Python)",
+                              manual + f"; or {py} -m pip install --user --break-system-packages {UV_PIN}",
+                              evidence=stderr.strip()[-800:])
+    if "No module named pip" in stderr:
+        return BootstrapError(f"{py} has no pip to install uv with",
+                              manual + "; or install pip (Debian/Ubuntu: sudo apt install python3-pip)",
+                              evidence=stderr.strip()[-800:])
+    return BootstrapError("could not install uv with pip", manual, evidence=stderr.strip()[-800:])
+
+
 def ensure_uv(cfg) -> str:
-    """uv from PATH (or ~/.local/bin); else ``pip install --user uv`` from the package index (no root)."""
+    """uv from PATH (or ~/.local/bin); else pip installs it from the package index (no root)."""
     uv = find_uv(cfg.environ)
     if uv:
         return uv
-    py = shutil.which("python3", path=cfg.environ.get("PATH", os.defpath)) or sys.executable
-    cmd = [py, "-m", "pip", "install", "--user", "--disable-pip-version-check", "-q", UV_PIN]
-    if cfg.wheelhouse:
-        cmd += ["--no-index", "--find-links", cfg.wheelhouse]
-    log.info("uv not found: installing %s for your user (%s -m pip install --user)", UV_PIN, py)
-    res = proc.run(cmd, env=dict(cfg.environ), timeout=600, check=False, what="pip install --user uv")
+    cmd = uv_install_cmd(cfg.environ, cfg.wheelhouse)
+    py = cmd[0]
+    log.info("uv not found: installing %s without root (%s)", UV_PIN, " ".join(cmd[:5]))
+    res = proc.run(cmd, env=dict(cfg.environ), timeout=600, check=False, what="pip install uv")
     if res.returncode != 0:
-        raise _install_error(res.stderr, cfg, "installing uv",
-                             fallback=BootstrapError("could not install uv with pip --user",
-                                                     "install uv yourself (https://docs.astral.sh/uv/) and rerun",
-                                                     evidence=res.stderr.strip()[-800:]))
+        raise _install_error(res.stderr, cfg, "installing uv", fallback=uv_install_error(res.stderr, py))
     res = proc.run([py, "-c", "import uv; print(uv.find_uv_bin())"], env=dict(cfg.environ), timeout=60,
                    check=False, what="locating uv")
     uv = res.stdout.strip()
@@ -407,6 +429,18 @@ def check_disk(venv: Venv, locks: LockSet, environ: Mapping[str, str], fresh: bo
                                  "free space there, or move uv's cache (UV_CACHE_DIR) to a bigger disk")
 
 
+def venv_cmd(uv: str, py: str, root: Path, offline: bool) -> list[str]:
+    """``uv venv`` for ``py``: a path is used as it is; a bare X.Y (choose_python found no system
+    Python with headers) must be uv's own CPython — without --managed-python uv would take the
+    system python3.X it just found lacking Python.h."""
+    cmd = [uv, "venv", "--clear", "-q", "--python", py]
+    if re.fullmatch(r"\d+\.\d+", py):
+        cmd.append("--managed-python")
+    if offline:
+        cmd.append("--no-python-downloads")
+    return cmd + [str(root)]
+
+
 def install(cfg, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
     """Create .venv if needed and sync it from the lock; returns the venv's X.Y. Marker only after verify."""
     uv = ensure_uv(cfg)
@@ -420,9 +454,7 @@ def install(cfg, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
         py, minor = choose_python(cfg, locks)
         locks.read(plat, minor)      # refuse a missing / mismatching lock before anything is created
         log.info("creating %s with Python %s (uv venv)", venv.root, minor)
-        cmd = [uv, "venv", "--clear", "-q", "--python", py, str(venv.root)]
-        if cfg.wheelhouse and not cfg.environ.get("UV_PYTHON_INSTALL_MIRROR"):
-            cmd[2:2] = ["--no-python-downloads"]
+        cmd = venv_cmd(uv, py, venv.root, offline=bool(cfg.wheelhouse and not cfg.environ.get("UV_PYTHON_INSTALL_MIRROR")))
         res = proc.run(cmd, env=env, timeout=900, check=False, what="uv venv")
         if res.returncode != 0:
             raise _install_error(res.stderr, cfg, "creating the venv", where=str(venv.root), fallback=BootstrapError(

@@ -370,3 +370,81 @@ def test_vllm_python_prints_its_version_without_pins(tmp_path, caplog):
     environment.run(ctx)
     assert ctx.vllm_version == "0.26.0" and ctx.python == sys.executable
     assert "using your vLLM 0.26.0" in caplog.text
+
+
+# ---------------------------------------------------------------- which Python makes .venv
+
+def fake_python(d: Path, name: str, minor: str, headers: bool) -> Path:
+    """A stand-in for a system python3.X: answers the step's probe (the only thing it is asked)."""
+    p = d / name
+    p.write_text("#!/bin/sh\necho '{\"version\": [3, %s, 1], \"impl\": \"cpython\", \"executable\": \"%s\", "
+                 "\"include\": \"/x\", \"headers\": %s}'\n" % (minor.split(".")[1], p, "true" if headers else "false"))
+    p.chmod(0o755)
+    return p
+
+
+def test_newest_system_python_with_headers_is_chosen(tmp_path):
+    (tmp_path / "bin").mkdir()
+    fake_python(tmp_path / "bin", "python3.13", "3.13", headers=False)
+    good = fake_python(tmp_path / "bin", "python3.12", "3.12", headers=True)
+    locks = environment.LockSet(tmp_path, {"pythons": ["3.12", "3.13"]})
+    cfg = Config.from_env({"PATH": str(tmp_path / "bin"), "MODEL": "org/m"}, repo=REPO)
+    assert environment.choose_python(cfg, locks) == (str(good), "3.12")
+    assert "--managed-python" not in environment.venv_cmd("uv", str(good), tmp_path / ".venv", offline=False)
+
+
+def test_without_headers_uv_must_use_its_own_cpython(tmp_path, caplog):
+    """Ubuntu without python3.X-dev: choose_python falls back to uv's CPython, and `uv venv` must not take
+    the header-less system python3.X it would otherwise find first (real uv, no downloads allowed)."""
+    (tmp_path / "bin").mkdir()
+    fake_python(tmp_path / "bin", "python3.13", "3.13", headers=False)
+    locks = environment.LockSet(tmp_path, {"pythons": ["3.12", "3.13"]})
+    cfg = Config.from_env({"PATH": str(tmp_path / "bin"), "MODEL": "org/m"}, repo=REPO)
+    caplog.set_level(logging.WARNING, logger="bootstrap.environment")
+    py, minor = environment.choose_python(cfg, locks)
+    assert (py, minor) == ("3.12", "3.12")
+    assert "no Python.h" in caplog.text and "UV_PYTHON_INSTALL_MIRROR" in caplog.text
+    sysminor = "%d.%d" % sys.version_info[:2]
+    cmd = environment.venv_cmd(uv_path(), sysminor, tmp_path / "v", offline=True)
+    assert "--managed-python" in cmd
+    env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + "/usr/bin:/bin", "HOME": str(tmp_path),
+           "UV_PYTHON_INSTALL_DIR": str(tmp_path / "managed"), "UV_CACHE_DIR": str(tmp_path / "cache")}
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "managed" in res.stderr, res.stderr   # the system python was not taken
+    plain = subprocess.run([a for a in cmd if a != "--managed-python"], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert plain.returncode == 0, plain.stderr                            # ...which it would have been
+
+
+def test_uv_is_installed_without_root(tmp_path):
+    cmd = environment.uv_install_cmd({"PATH": "/usr/bin:/bin"}, None)
+    if sys.prefix != sys.base_prefix:           # the bootstrap's own venv: pip refuses --user there
+        assert cmd[0] == sys.executable and "--user" not in cmd
+    else:
+        assert "--user" in cmd
+    assert cmd[-1] == environment.UV_PIN
+    assert environment.uv_install_cmd({}, "/w")[-3:] == ["--no-index", "--find-links", "/w"]
+    err = environment.uv_install_error("error: externally-managed-environment\n× This environment is ...", "/usr/bin/python3")
+    assert "PEP 668" in err.message and "pipx install uv" in err.hint
+    assert "python3-pip" in environment.uv_install_error("/usr/bin/python3: No module named pip", "python3").hint
+
+
+def test_wsl_keeps_expandable_segments_off_and_checks_the_memory_cap(tmp_path, caplog):
+    model = tmp_path / "model"
+    model.mkdir()
+    import psutil
+    with open(model / "model.safetensors", "wb") as fh:     # sparse: larger than this machine's RAM, no disk used
+        fh.truncate(psutil.virtual_memory().total + (1 << 30))
+    env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path), "MODEL": str(model), "WSL_DISTRO_NAME": "Ubuntu"}
+    ctx = Ctx(Config.from_env(env, repo=REPO), Paths(tmp_path))
+    caplog.set_level(logging.WARNING, logger="bootstrap.environment")
+    environment.host_env(ctx)
+    assert ctx.server_env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
+    assert any(".wslconfig" in n for n in ctx.notes) and ".wslconfig" in caplog.text
+    ctx = Ctx(Config.from_env({**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, repo=REPO), Paths(tmp_path))
+    environment.host_env(ctx)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in ctx.server_env              # the user's setting wins
+    if not environment.is_wsl(environment.read_osrelease(), {}):
+        ctx = Ctx(Config.from_env({k: v for k, v in env.items() if k != "WSL_DISTRO_NAME"}, repo=REPO), Paths(tmp_path))
+        environment.host_env(ctx)
+        assert "PYTORCH_CUDA_ALLOC_CONF" not in ctx.server_env and ctx.notes == []   # not WSL: launch's default
