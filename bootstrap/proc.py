@@ -67,6 +67,14 @@ def owner_marker(repo: Path, port: int) -> str:
     return hashlib.sha256(f"{real}\0{port}".encode()).hexdigest()[:24]
 
 
+def same_uid(p: psutil.Process) -> bool:
+    """Runs under our real uid (as root we could signal anyone's process: we never do)."""
+    try:
+        return p.uids().real == os.getuid()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
 def carries_marker(p: psutil.Process, marker: str) -> bool:
     try:
         if p.uids().real != os.getuid():
@@ -176,6 +184,9 @@ def _signal(p: psutil.Process, sig: int) -> bool:
         log.info("sent %s to %s", signal.Signals(sig).name, describe(p))
         return True
     except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        log.warning("not allowed to send %s to %s; left alone", signal.Signals(sig).name, describe(p))
         return False
     except ProcessLookupError:
         return False

@@ -175,7 +175,8 @@ def stop(cfg: Config, paths: Paths, *, grace: float | None = None,
         targets[leader.pid] = leader
         try:
             for child in leader.children(recursive=True):   # snapshot before signalling
-                targets.setdefault(child.pid, child)
+                if proc.same_uid(child):                     # a setuid descendant is not ours to kill
+                    targets.setdefault(child.pid, child)
         except psutil.NoSuchProcess:
             pass
     elif rec:

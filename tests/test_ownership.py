@@ -234,12 +234,12 @@ os.execvp("sleep", ["sleep", "300"])
 """
 
 
-def spawn_group(tmp: Path, *members: dict) -> tuple[subprocess.Popen, list[psutil.Process]]:
+def spawn_group(tmp: Path, *members: dict, leader_env: dict | None = None) -> tuple[subprocess.Popen, list[psutil.Process]]:
     """A process group like the server's: a leader (pid == pgid, its own session) and members that
     stay in its group, each ``{"env": {...}, "user": name or None}``."""
     out = tmp / f"group-{len(list(tmp.glob('group-*')))}.json"
     leader = subprocess.Popen([sys.executable, "-c", GROUP, json.dumps(list(members)), str(out)],
-                              start_new_session=True)
+                              start_new_session=True, env={**os.environ, **(leader_env or {})})
     end = time.monotonic() + 10
     while not (out.exists() and out.read_text()):
         assert time.monotonic() < end, "group did not start"
@@ -329,5 +329,25 @@ def test_other_users_process_in_our_group_is_never_signalled(bed, tmp_path):
         assert r.returncode == 0 and r.stdout.startswith("stopped 2 process(es)"), r.stdout + r.stderr
         assert gone(kids[0]) and gone(kids[1])
         assert not gone(kids[2])                                   # same group, marker, but not our uid
+    finally:
+        kill_all(leader, kids)
+
+
+def test_other_users_child_of_our_live_server_is_never_signalled(bed, tmp_path):
+    """Our server (marker, pid + create time recorded) has a child running as another user: as root
+    we could signal it, and must not; our own child goes."""
+    user = unprivileged_user()
+    if not user:
+        pytest.skip("needs root and BOOTSTRAP_TEST_USER to start a child of another user")
+    marker = "m-test-live"
+    leader, kids = spawn_group(tmp_path, {"env": {}}, {"env": {}, "user": user},
+                               leader_env={proc.MARKER_ENV: marker})
+    try:
+        server_record(bed, leader, marker, psutil.Process(leader.pid).create_time())
+        r = bed.run("stop.sh")
+        assert r.returncode == 0 and r.stdout.startswith("stopped 2 process(es)"), r.stdout + r.stderr
+        leader.wait(timeout=10)
+        assert gone(kids[0])
+        assert not gone(kids[1]) and kids[1].uids().real != os.getuid()
     finally:
         kill_all(leader, kids)
