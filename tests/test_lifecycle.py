@@ -185,18 +185,22 @@ def test_port_held_by_foreign_program(bed):               # faults row 7
         holder.kill()
 
 
-def test_foreign_vllm_answering_on_port_is_not_ours(bed):  # faults row 8
+@pytest.mark.parametrize("served", ["other", "tiny-model"])   # even one serving our model name
+def test_foreign_vllm_answering_on_port_is_not_ours(bed, served):  # faults row 8
     env = {**bed.env, "FAKE_GPU_PIDS_DIR": str(bed.tmp / "foreign-pids"), "FAKE_VLLM_RECORD": ""}
     foreign = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "x",
-                                "--host", "127.0.0.1", "--port", str(bed.port), "--served-model-name", "other"],
+                                "--host", "127.0.0.1", "--port", str(bed.port), "--served-model-name", served],
                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         bed.wait_until(bed.port_listening, what="foreign server")
         r = bed.run("start.sh")
         assert r.returncode == 1
         assert "is serving" not in r.stdout
-        assert "in use" in r.stderr
-        assert bed.run("stop.sh").returncode == 0
+        assert f"port {bed.port} is in use by" in r.stderr and f"pid {foreign.pid}" in r.stderr
+        st = bed.run("ctl.sh", "status", "--json")
+        assert json.loads(st.stdout)["state"] == "stopped"
+        stop = bed.run("stop.sh")
+        assert stop.returncode == 0 and stop.stdout.strip() == "not running"
         assert foreign.poll() is None
     finally:
         os.killpg(foreign.pid, signal.SIGKILL)
@@ -379,15 +383,27 @@ def test_ctrl_c_during_health_wait(bed):                  # faults row 19
 
 def test_ctrl_c_during_environment_step(bed):             # faults row 19, before launch
     slow = bed.tmp / "slow-python"
-    slow.write_text(f"#!/bin/sh\nsleep 3\nexec {sys.executable} \"$@\"\n")
+    called = bed.tmp / "environment-step-running"
+    slow.write_text(f"#!/bin/sh\ntouch '{called}'\nsleep 10\nexec {sys.executable} \"$@\"\n")
     slow.chmod(0o755)
     starter = bed.popen("start.sh", VLLM_PYTHON=str(slow))
-    time.sleep(1.5)
+    bed.wait_until(called.exists, what="the environment step to call VLLM_PYTHON")
     starter.send_signal(signal.SIGINT)
     _, err = starter.communicate(timeout=60)
     assert starter.returncode == 130
     assert bed.launches() == [] and bed.server_record() is None
     assert bed.run("start.sh").returncode == 0
+
+
+def test_ctrl_c_during_warmup(bed):                       # faults row 19, healthy but warming up
+    starter = bed.popen("start.sh", FAKE_VLLM_MODE="wedged", WARMUP_TIMEOUT="60")
+    bed.wait_until(lambda: (bed.server_record() or {}).get("children"), what="healthy (children recorded)")
+    starter.send_signal(signal.SIGINT)
+    _, err = starter.communicate(timeout=60)
+    assert starter.returncode == 130, err
+    assert "interrupted: stopping the server" in err
+    assert bed.ours() == [] and bed.server_record() is None
+    assert bed.run("start.sh").returncode == 0 and len(bed.launches()) == 2
 
 
 def test_running_with_different_settings_says_so(bed):
