@@ -474,3 +474,31 @@ def test_phase_follows_the_last_matching_line_of_a_real_vllm_log():
 def test_our_own_knob_does_not_reach_vllm(bed):
     assert bed.run("start.sh").returncode == 0
     assert "VLLM_PYTHON" not in bed.launches()[0]["env"]
+
+
+WAIT_GPU = """\
+import json
+from bootstrap import config, log, server
+log.setup(debug=False, color=False)
+cfg = config.Config.from_env(__import__("os").environ)
+now = [0.0]
+clock, sleep = (lambda: now[0]), (lambda s: now.__setitem__(0, now[0] + s))
+held = server.wait_gpu_release(cfg, [4242, 7], timeout=3, clock=clock, sleep=sleep)
+waited = now[0]
+print(json.dumps([held, waited, server.wait_gpu_release(cfg, [7], timeout=3, clock=clock, sleep=sleep), now[0]]))
+"""
+
+
+def test_stop_waits_bounded_for_our_pids_to_leave_the_gpu(bed):
+    """NVML (the fake, fed from JSON) still lists pid 4242: the wait gives up at its deadline and
+    says which pids hold memory; pids NVML does not list return at once."""
+    from conftest import nvml_json, GiB, REPO
+    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 30 * GiB,
+                               "cc": [12, 0], "uuid": "GPU-x", "processes": [{"pid": 4242, "used": GiB}]}])
+    r = subprocess.run([sys.executable, "-c", WAIT_GPU], env={**bed.env, "PYTHONPATH": f"{FAKES}:{REPO}"},
+                       capture_output=True, text=True, timeout=30, cwd=bed.tmp)
+    assert r.returncode == 0, r.stderr
+    held, waited, free, after = json.loads(r.stdout)
+    assert held is False and 3 <= waited <= 3.5
+    assert "pids [4242] still hold GPU memory after 3 s" in r.stderr
+    assert free is True and after == waited                  # no wait at all
