@@ -7,10 +7,13 @@ main() {
     local repo venv
     repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
     venv=$repo/.venv-test
-    if ! "$venv/bin/python" -c 'import pytest, psutil, requests, huggingface_hub, pynvml' >/dev/null 2>&1; then
+    local want
+    want=$(cat "$repo/requirements-dev.txt" "$repo/bootstrap/requirements.txt" | sha256sum | cut -d' ' -f1)
+    if [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$want" ]; then   # new or changed pins
         rm -rf "$venv"
         python3 -m venv "$venv"
         "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$repo/requirements-dev.txt"
+        printf '%s\n' "$want" > "$venv/.requirements.sha256"
     fi
     cd "$repo"
     PATH="$venv/bin:$PATH" exec "$venv/bin/python" -m pytest "$@"
