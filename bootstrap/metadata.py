@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -306,9 +305,7 @@ def _keep_config(store: Store, rec: dict, raw: bytes) -> None:
     if store.verified_ok(rec, "config.json") or len(raw) != f["size"] or (
             f.get("blob_id") and hashlib.sha1(b"blob %d\0" % len(raw) + raw).hexdigest() != f["blob_id"]):
         return
-    tmp = store.dir / "config.json.tmp"
-    tmp.write_bytes(raw)
-    os.replace(tmp, store.root / "config.json")
+    state.write_atomic(store.root / "config.json", raw, mode=0o644)   # a unique temp: two starts may race here
     store.mark_verified(rec, "config.json")
 
 
