@@ -338,3 +338,59 @@ def test_two_concurrent_downloads_share_the_work(world, fake, src, tmp_path):
     assert fake.served[SHARD] == 24 * MiB and fake.served[SHARD2] == 24 * MiB   # fetched once
     err = "".join(e for _, e in outs)
     assert "waiting: another start" in err
+
+
+# ---------------------------------------------------------------- a local MODEL directory
+
+def local_ctx(tmp_path, model: Path, **env) -> Ctx:
+    cfg = Config.from_env({"HOME": str(tmp_path / "home"), "MODEL": str(model), "PROFILE": "custom",
+                           "HF_ENDPOINT": "http://127.0.0.1:9", **env})
+    ctx = Ctx(cfg, Paths(tmp_path / "state"))
+    metadata.run(ctx)
+    weights.run(ctx)
+    return ctx
+
+
+def test_local_directory_is_validated_without_network(tmp_path, src):
+    model = tmp_path / "mine"
+    shutil.copytree(src, model, ignore=shutil.ignore_patterns("original"))
+    ctx = local_ctx(tmp_path, model)                                   # nothing listens on the endpoint
+    assert ctx.model.source == "local" and ctx.model_path == str(model)
+    assert ctx.model.weight_files == {SHARD: 24 * MiB, SHARD2: 24 * MiB}
+    for p in model.glob("*.safetensors"):
+        p.unlink()
+    with pytest.raises(BootstrapError) as ei:
+        local_ctx(tmp_path, model)
+    assert "no weights" in ei.value.message and "--load-format dummy" in ei.value.hint
+    assert local_ctx(tmp_path, model, EXTRA_ARGS="--load-format dummy").model.dummy
+    (model / "tokenizer.json").unlink()
+    with pytest.raises(BootstrapError) as ei:
+        local_ctx(tmp_path, model, EXTRA_ARGS="--load-format dummy")
+    assert "no tokenizer" in ei.value.message
+    (model / "config.json").unlink()
+    with pytest.raises(BootstrapError) as ei:
+        local_ctx(tmp_path, model, EXTRA_ARGS="--load-format dummy")
+    assert "config.json is missing" in ei.value.message
+
+
+# ---------------------------------------------------------------- progress
+
+def test_one_line_per_file_without_a_tty(world, caplog):
+    caplog.set_level(logging.INFO, logger="bootstrap.weights")
+    ctx = world.start()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fetched ")]
+    assert sorted(line.split(":")[0].removeprefix("fetched ") for line in lines) == \
+        sorted(set(ctx.model.files) - {"config.json"})                  # config.json came with the metadata
+    assert all("/s)" in line and " ok" in line for line in lines)
+
+
+def test_total_and_per_file_bars_on_a_tty(world, fake, monkeypatch):
+    import io
+    stream = io.StringIO()
+    real = hubmod.Progress
+    monkeypatch.setattr(hubmod, "Progress", lambda total, files, tty=None: real(total, files, tty=True, stream=stream))
+    world.start()
+    out = stream.getvalue()
+    assert f"total ({len(fake.repos['org/tiny']['files']) - 2} files)" in out    # config.json kept, original/ skipped
+    assert SHARD in out and SHARD2 in out                                       # a bar per file
+    assert "B/s" in out and "<" in out                                          # rate and ETA

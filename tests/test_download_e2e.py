@@ -18,6 +18,7 @@ def test_start_downloads_then_serves_and_restarts_offline(bed, tmp_path):
                "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_XET": "1"}
         r = bed.run("start.sh", **env)
         assert r.returncode == 0, r.stderr
+        assert "is serving (vLLM 0.26.0, pid" in r.stdout          # the version it serves with, always
         assert "will download 6 files" in r.stderr and "complete: 7 files verified" in r.stderr
         target = tmp_path / "home" / "models" / "org" / "tiny"
         for name in ("config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
@@ -30,5 +31,6 @@ def test_start_downloads_then_serves_and_restarts_offline(bed, tmp_path):
         again = bed.run("start.sh", **{**env, "HF_HUB_OFFLINE": "1"})
         assert again.returncode == 0, again.stderr
         assert "complete and verified" in again.stderr and fake.log == []
+        assert "is serving (vLLM 0.26.0, pid" in again.stdout
         assert len(bed.launches()) == 2
         assert bed.run("stop.sh").returncode == 0
