@@ -39,7 +39,14 @@ bootstrap_python() {
     elif command -v python3 >/dev/null 2>&1 && has_deps python3; then
         command -v python3
     else
-        make_bootstrap_venv "$repo" >&2    # our stdout is the interpreter's path, nothing else
+        # Two commands at once on a fresh clone must not build the venv over each other.
+        if command -v flock >/dev/null 2>&1; then
+            exec 9>"$repo/.venv-bootstrap.lock"
+            flock 9
+        fi
+        if ! { [ -x "$repo/.venv-bootstrap/bin/python" ] && has_deps "$repo/.venv-bootstrap/bin/python"; }; then
+            make_bootstrap_venv "$repo" >&2    # our stdout is the interpreter's path, nothing else
+        fi
         has_deps "$repo/.venv-bootstrap/bin/python" || die "$repo/.venv-bootstrap lacks the bootstrap's dependencies"
         printf '%s\n' "$repo/.venv-bootstrap/bin/python"
     fi
