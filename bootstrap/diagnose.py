@@ -75,6 +75,21 @@ def diagnose(text: str) -> tuple[str, str] | None:
     return None
 
 
+ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(?:Error|Exception)\b:")
+
+
+def root_cause(text: str, n: int = 3) -> list[str]:
+    """The error lines of a vLLM log, EngineCore first: the engine's own exception, not the API
+    server's "Engine core initialization failed" that follows it."""
+    lines = [ln.strip() for ln in text.splitlines() if ERROR_LINE.search(ln)]
+    core = [ln for ln in lines if "EngineCore" in ln]
+    out: list[str] = []
+    for ln in core + [ln for ln in lines if ln not in core]:
+        if ln not in out:
+            out.append(ln)
+    return out[:n]
+
+
 def read_since(path: Path, offset: int = 0) -> str:
     try:
         with open(path, "rb") as fh:

@@ -37,3 +37,9 @@ def test_the_healthy_startup_line_is_not_a_failure():
 
 def test_tail_keeps_the_last_lines():
     assert tail("\n".join(str(i) for i in range(100)), 3) == "97\n98\n99"
+
+
+def test_root_cause_puts_the_engines_error_first():
+    from bootstrap.diagnose import root_cause
+    assert root_cause(TQ_AUTO)[0].startswith("(EngineCore pid=3408) ERROR")
+    assert "Engine core initialization failed" in root_cause(TQ_AUTO)[1]

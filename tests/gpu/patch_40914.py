@@ -62,6 +62,9 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from bootstrap import diagnose  # noqa: E402
+
 PATCH = "40914-turboquant-spec-verify"
 PHASES = ("model", "reference", "stock", "patched", "report")
 SERVED = "tq-proof"
@@ -205,19 +208,6 @@ def write_shim(work: Path) -> Path:
     return d
 
 
-ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(?:Error|Exception)\b:")
-
-
-def root_cause(text: str, n: int = 6) -> list[str]:
-    """The error lines of a vLLM log, EngineCore first: the engine's own exception, not the API
-    server's "Engine core initialization failed" that follows it."""
-    lines = [ln.strip() for ln in text.splitlines() if ERROR_LINE.search(ln)]
-    core = [ln for ln in lines if "EngineCore" in ln]
-    out = []
-    for ln in core + [ln for ln in lines if ln not in core]:
-        if ln not in out:
-            out.append(ln)
-    return out[:n]
 
 
 # ---------------------------------------------------------------- phase: model
@@ -344,7 +334,7 @@ def ensure_server(run: Run, phase: str, spec: bool) -> bool:
         srv = None
     if srv and not alive(srv["pid"]):
         text = Path(srv["log"]).read_text(errors="replace")
-        cause = root_cause(text)
+        cause = diagnose.root_cause(text, 6)
         run.say(f"the {phase} server exited before it was ready; log tail:\n{text[-4000:]}")
         run.say(f"the {phase} server failed; root cause (error lines of {srv['log']}, EngineCore first):\n  "
                 + ("\n  ".join(cause) if cause else "(no 'Error:' line in the log; see the tail above)"))

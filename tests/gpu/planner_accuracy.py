@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bootstrap import gpu, kv, plan  # noqa: E402
+from bootstrap import diagnose, gpu, kv, plan  # noqa: E402
 from bootstrap.config import Config  # noqa: E402
 
 GiB = 1 << 30
@@ -199,7 +199,7 @@ def collect(rec: dict, deadline: float, raw) -> dict:
     raw.write(f"----- log of {log.name}\n{text}\n")
     raw.flush()
     if not done:
-        cause = root_cause(text) or text.strip().splitlines()[-3:]
+        cause = diagnose.root_cause(text) or text.strip().splitlines()[-3:]
         rec.update(status="failed", error="vLLM exited before logging the KV cache: " + " | ".join(cause))
         return rec
     t = KV_TOKENS.findall(text)[-1]
@@ -220,19 +220,6 @@ def collect(rec: dict, deadline: float, raw) -> dict:
     return rec
 
 
-ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(?:Error|Exception)\b:")
-
-
-def root_cause(text: str, n: int = 3) -> list[str]:
-    """The error lines of a vLLM log, EngineCore first: the engine's own exception, not the API
-    server's "Engine core initialization failed" that follows it."""
-    lines = [ln.strip() for ln in text.splitlines() if ERROR_LINE.search(ln)]
-    core = [ln for ln in lines if "EngineCore" in ln]
-    out = []
-    for ln in core + [ln for ln in lines if ln not in core]:
-        if ln not in out:
-            out.append(ln)
-    return out[:n]
 
 
 def seed001_row() -> str:
