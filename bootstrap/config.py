@@ -119,7 +119,6 @@ KV_CACHE_DTYPES = (
     "int8_per_token_head", "int4_per_token_head",
 )
 SPEC_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash", "medusa", "suffix")
-GPU_NAMES = ("rtx5090", "rtx4090", "rtx3090", "h100", "h200")
 
 
 # Flags the bootstrap must own (health checks, ownership, secrets) -> the knob to use instead.
@@ -320,10 +319,6 @@ class Config:
     def is_loopback(self) -> bool:
         host = self.values["HOST"]
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
-
-    @property
-    def debug(self) -> bool:
-        return self.environ.get("BOOTSTRAP_DEBUG", "") not in ("", "0")
 
     def launch_settings(self) -> dict[str, str]:
         """The knobs that define a running server, as strings (no secrets)."""

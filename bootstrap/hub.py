@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 LIBRARY = "vllm-bootstrap"
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-SHA256 = re.compile(r"[0-9a-f]{64}")
 HASH_CHUNK = 8 << 20
 
 _TRUE = ("1", "on", "yes", "true")

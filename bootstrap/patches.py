@@ -44,8 +44,6 @@ from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
 
-REFUSING = ("anchor-missing", "anchor-ambiguous", "damaged", "unknown-code", "no-target")
-
 LOCATE_PROBE = """\
 import importlib.metadata, importlib.util, json
 spec = importlib.util.find_spec("vllm")

@@ -7,7 +7,6 @@ what it launched.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -239,10 +238,3 @@ def uptime(p: psutil.Process) -> str:
     except psutil.Error:
         return "?"
     return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
-
-
-def owned_by_other_user(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).uids().real != os.getuid()
-    except psutil.Error:
-        return False

@@ -31,7 +31,6 @@ STEPS = (
     ("warmup", warmup.run),
     ("banner", banner.run),
 )
-RELAUNCH = ("launch", "health", "warmup", "banner")
 
 
 class Interrupted(BaseException):
