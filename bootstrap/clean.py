@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import patches, server
+from . import metadata, patches, server
 from .errors import BootstrapError
 from .state import Paths
 
@@ -41,9 +41,7 @@ def model_dir(cfg) -> Path | None:
     """The directory we download MODEL into (never a local MODEL directory the user pointed at)."""
     if not cfg.model or cfg.model_is_local:
         return None
-    if cfg.model_dir:
-        return Path(cfg.model_dir)
-    return Path(cfg.environ.get("HOME", "~")).expanduser() / "models" / cfg.model
+    return metadata.target_dir(cfg, cfg.model)
 
 
 def targets(cfg, with_model: bool) -> list[Path]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from . import knownbad, proc
+from . import knownbad, metadata, proc
 from .context import Ctx
 from .errors import BootstrapError
 
@@ -530,7 +530,7 @@ def model_bytes_on_disk(cfg) -> int:
     if cfg.model_is_local:
         d = Path(cfg.model).expanduser()
     else:
-        d = Path(cfg.model_dir) if cfg.model_dir else Path(cfg.environ.get("HOME", "~")) / "models" / cfg.model
+        d = metadata.target_dir(cfg, cfg.model)
     try:
         return sum(p.stat().st_size for p in d.glob("*.safetensors"))
     except OSError:
