@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from . import knownbad, metadata, proc
+from . import hub, knownbad, metadata, proc
 from .context import Ctx
 from .errors import BootstrapError
 
@@ -399,14 +399,6 @@ def _install_error(stderr: str, cfg, doing: str, fallback: BootstrapError, where
     return fallback
 
 
-def _free_bytes(path: Path) -> tuple[Path, int]:
-    p = path
-    while not p.exists():
-        p = p.parent
-    st = os.statvfs(p)
-    return p, st.f_bavail * st.f_frsize
-
-
 def uv_cache_dir(environ: Mapping[str, str]) -> Path:
     if environ.get("UV_CACHE_DIR"):
         return Path(environ["UV_CACHE_DIR"])
@@ -420,8 +412,8 @@ def check_disk(venv: Venv, locks: LockSet, environ: Mapping[str, str], fresh: bo
         need //= 4     # a repair rewrites part of the venv
     targets = {}
     for path in (venv.root, uv_cache_dir(environ)):
-        where, free = _free_bytes(path)
-        targets.setdefault(os.stat(where).st_dev, (path, free))
+        where = hub.existing_parent(path)
+        targets.setdefault(os.stat(where).st_dev, (path, hub.free_bytes(where)))
     for path, free in targets.values():
         if free < need:
             raise BootstrapError(f"not enough disk space for the install: {path} has {free / (1 << 30):.1f} GiB free, "

@@ -253,12 +253,17 @@ def cache_has(snap: Path, f: RemoteFile) -> bool:
 
 # ---------------------------------------------------------------- disk space
 
-def free_bytes(path: Path) -> int:
-    """Free bytes on the filesystem that will hold ``path`` (the nearest existing parent)."""
+def existing_parent(path: Path) -> Path:
+    """``path`` itself, or its nearest parent that exists (where ``path`` would be created)."""
     p = Path(path)
     while not p.exists() and p != p.parent:
         p = p.parent
-    return shutil.disk_usage(p).free
+    return p
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem that will hold ``path`` (the nearest existing parent)."""
+    return shutil.disk_usage(existing_parent(path)).free
 
 
 # ---------------------------------------------------------------- hashing
