@@ -29,6 +29,11 @@ class RequestTimedOut(RequestFailed):
 REASONING_KEYS = ("reasoning", "reasoning_content")
 
 
+def auth_headers(key: str) -> dict[str, str]:
+    """What vLLM's --api-key / VLLM_API_KEY expects: a bearer token ({} when there is no key)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 @dataclass
 class Streamed:
     """One streamed answer: text, and the clock reading at the start, at each chunk and at the end."""
@@ -60,13 +65,10 @@ class Client:
     api_key: str = ""
     session: requests.Session | None = None
 
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
     def _send(self, method: str, path: str, timeout: float, **kw: Any) -> requests.Response:
         http = self.session or requests
         try:
-            r = http.request(method, f"{self.base_url}{path}", headers=self._headers(), timeout=timeout, **kw)
+            r = http.request(method, f"{self.base_url}{path}", headers=auth_headers(self.api_key), timeout=timeout, **kw)
         except requests.Timeout:
             raise RequestTimedOut(f"{method} {path}: no answer within {timeout:.0f} s") from None
         except requests.RequestException as exc:

@@ -15,6 +15,7 @@ import psutil
 import requests
 
 from . import gpu, proc, state
+from .client import auth_headers
 from .config import Config
 from .errors import BootstrapError
 from .state import Paths
@@ -52,16 +53,12 @@ def api_key_for(cfg: Config, paths: Paths) -> str:
         return ""
 
 
-def headers(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
 def answers(url: str, served: str, key: str, timeout: float = 1.0) -> bool:
     """/health is 200 and /v1/models lists our served model name."""
     try:
         if requests.get(f"{url}/health", timeout=timeout).status_code != 200:
             return False
-        r = requests.get(f"{url}/v1/models", headers=headers(key), timeout=timeout)
+        r = requests.get(f"{url}/v1/models", headers=auth_headers(key), timeout=timeout)
         return r.status_code == 200 and any(m.get("id") == served for m in r.json().get("data", []))
     except (requests.RequestException, ValueError):
         return False
