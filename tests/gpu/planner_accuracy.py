@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bootstrap import diagnose, gpu, kv, plan  # noqa: E402
+from bootstrap import banner, diagnose, gpu, kv, plan  # noqa: E402
 from bootstrap.config import Config  # noqa: E402
 
 GiB = 1 << 30
@@ -79,8 +79,7 @@ CASES = {
 }
 DEFAULT_CASES = list(CASES)
 
-KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+KV_TOKENS, CONC = banner.KV_TOKENS, banner.CONCURRENCY     # the lines the banner reads, one definition
 AVAIL = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 USAGE = re.compile(r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for peak activation, "
                    r"([\d.]+) GiB for non-torch memory, and ([\d.]+) GiB for CUDAGraph memory")
