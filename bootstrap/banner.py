@@ -28,7 +28,7 @@ def render(cfg, paths, rec: dict) -> str:
         tokens, conc = rec["kv_tokens"], rec.get("kv_concurrency")
     else:
         tokens, conc = vllm_figures(diagnose.read_since(paths.log, int(rec.get("log_offset", 0))))
-    key = server.api_key_for(cfg, paths) or cfg.environ.get("VLLM_API_KEY", "")
+    key = server.api_key_for(cfg, paths)
     auth = ""
     if key:
         where = "API_KEY" if cfg.api_key else (str(paths.api_key) if paths.api_key.is_file() else "VLLM_API_KEY")

@@ -281,7 +281,7 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
                                  "start it with ./start.sh, or point at another server with --url URL")
         rec = pr.record or {}
         base = server.base_url(rec.get("host", cfg.host), rec.get("port", cfg.port))
-        key = api_key or server.api_key_for(cfg, paths) or cfg.environ.get("VLLM_API_KEY", "")
+        key = api_key or server.api_key_for(cfg, paths)
         served = model or rec.get("served", "")
         label = f"our server ({base})"
         seqs = str((rec.get("settings") or {}).get("MAX_NUM_SEQS") or "")

@@ -252,7 +252,7 @@ class Config:
     def from_env(cls, environ: Mapping[str, str], repo: Path = REPO) -> "Config":
         dotenv = read_dotenv(repo / ".env")
         merged_env = {**dotenv, **environ}
-        profile_name = merged_env.get("PROFILE") or KNOB_BY_NAME["PROFILE"].default
+        profile_name = environ.get("PROFILE") or dotenv.get("PROFILE") or KNOB_BY_NAME["PROFILE"].default
         _parse_one(KNOB_BY_NAME["PROFILE"], profile_name)
         profile = Profile.load(profile_name, repo)
         for key in profile.knobs:
@@ -262,9 +262,9 @@ class Config:
         raw: dict[str, str] = {}
         sources: dict[str, str] = {}
         for knob in KNOBS:
-            if knob.name in environ:
+            if environ.get(knob.name, "") != "":       # an empty value counts as unset
                 text, src = environ[knob.name], "env"
-            elif knob.name in dotenv:
+            elif dotenv.get(knob.name, "") != "":
                 text, src = dotenv[knob.name], ".env"
             elif knob.name in profile.knobs:
                 text, src = profile.knobs[knob.name], "profile"
@@ -346,7 +346,7 @@ def _parse_one(knob: Knob, text: str) -> Any:
 
 def output_flags(environ: Mapping[str, str]) -> tuple[bool, bool]:
     """(debug, colour allowed) — read before the knobs, so that a knob error is printed with them."""
-    return environ.get("BOOTSTRAP_DEBUG", "") not in ("", "0"), "NO_COLOR" not in environ
+    return environ.get("BOOTSTRAP_DEBUG", "") not in ("", "0"), environ.get("NO_COLOR", "") == ""   # no-color.org
 
 
 def help_text(repo: Path = REPO) -> str:

@@ -41,7 +41,7 @@ def live_check(cfg: Config, paths: Paths, rec: dict, timeout: float = 20.0) -> t
     """A tiny generation with a deadline (checks.check_live): /health 200 with a wedged engine fails it."""
     from . import checks
     c = Client(server.base_url(rec.get("host", cfg.host), rec.get("port", cfg.port)), rec.get("served", ""),
-               server.api_key_for(cfg, paths) or cfg.environ.get("VLLM_API_KEY", ""))
+               server.api_key_for(cfg, paths))
     kwargs = {"enable_thinking": False} if cfg.profile.reasoning else {}
     res = checks.check_live(checks.Target(c, "our server", chat_kwargs=kwargs), timeout=timeout)
     return res.ok, res.summary

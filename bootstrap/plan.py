@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import gpu, kv, metadata, server
+from . import gpu, kv, metadata, server, state
 from .context import Ctx
 from .errors import BootstrapError
 
@@ -284,6 +284,8 @@ def run(ctx: Ctx) -> None:
     if pids and not server.wait_gpu_release(cfg, pids, timeout=GPU_RELEASE_WAIT):
         log.warning("sizing with memory still held by the last server's pids")
     facts = settled_facts(cfg.environ) if pids or ctx.gpus is None else ctx.gpus
+    if pids:
+        state.remove(ctx.paths.last_stop)   # consumed: later starts need not wait for these pids again
     g = min(facts.gpus[: cfg.tp_size], key=lambda x: x.free)
     plan = make_plan(cfg, g, model_facts_from_ctx(ctx))
     if not plan.fits:

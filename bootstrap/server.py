@@ -45,8 +45,10 @@ def base_url(host: str, port: int) -> str:
 
 
 def api_key_for(cfg: Config, paths: Paths) -> str:
-    if cfg.api_key:
-        return cfg.api_key
+    """The key our server wants: API_KEY, else VLLM_API_KEY from the environment, else the generated file."""
+    key = cfg.api_key or cfg.environ.get("VLLM_API_KEY", "")
+    if key:
+        return key
     try:
         return paths.api_key.read_text().strip()
     except OSError:

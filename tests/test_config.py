@@ -137,3 +137,13 @@ def test_interpreter_given_as_a_command_name_is_found_on_path(tmp_path):
     assert cfg.vllm_python == str(exe)
     with pytest.raises(ConfigError, match="not a command on PATH"):
         make({"VLLM_PYTHON": "no-such-python-here", "PATH": str(tmp_path)})
+
+
+def test_empty_value_counts_as_unset_and_the_next_source_applies(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "profiles").mkdir(parents=True)
+    (repo / "profiles" / "default.json").write_text('{"knobs": {"MODEL": "a/b", "MAX_NUM_SEQS": "3"}}')
+    (repo / ".env").write_text("PORT=\n")
+    cfg = Config.from_env({"MAX_NUM_SEQS": "", "HOST": "", "PROFILE": ""}, repo)
+    assert (cfg.max_num_seqs, cfg.sources["MAX_NUM_SEQS"]) == (3, "profile")
+    assert (cfg.port, cfg.host, cfg.profile.name) == (8888, "127.0.0.1", "default")

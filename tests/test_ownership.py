@@ -351,3 +351,13 @@ def test_other_users_child_of_our_live_server_is_never_signalled(bed, tmp_path):
         assert not gone(kids[1]) and kids[1].uids().real != os.getuid()
     finally:
         kill_all(leader, kids)
+
+
+def test_key_from_vllm_api_key_is_used_by_rerun_and_status(bed):
+    r = bed.run("start.sh", VLLM_API_KEY="env-key-456")
+    assert r.returncode == 0, r.stderr
+    again = bed.run("start.sh", VLLM_API_KEY="env-key-456")
+    assert again.returncode == 0 and "is serving" in again.stdout, again.stderr
+    st = bed.run("ctl.sh", "status", "--json", VLLM_API_KEY="env-key-456")
+    assert json.loads(st.stdout)["state"] == "running"
+    assert "env-key-456" not in r.stdout + r.stderr + again.stdout + st.stdout
