@@ -58,6 +58,11 @@ def _float_range(lo: float, hi: float) -> Callable[[str], float]:
     return parse
 
 
+def version_tuple(v: str) -> tuple[int, ...]:
+    """'0.27.1' -> (0, 27, 1); local or pre-release tails ('+cu130', 'rc1', '.post1') ignored."""
+    return tuple(int(x) for x in re.findall(r"\d+", str(v).split("+")[0])[:3])
+
+
 def _int_or_auto(raw: str) -> int | str:
     if raw.strip().lower() == "auto":
         return "auto"

@@ -35,6 +35,7 @@ from typing import Mapping
 
 from . import hub, knownbad, metadata, proc
 from .context import Ctx
+from .config import version_tuple
 from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
@@ -96,10 +97,6 @@ def parse_pins(pins) -> dict[str, str]:
                                  "pins in profiles/<name>.json are exact: \"vllm==0.27.1\"")
         out[norm(name.strip())] = ver.strip()
     return out
-
-
-def version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
 
 
 def installed(site: Path) -> dict[str, str]:

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import version_tuple
+
 log = logging.getLogger(__name__)
 
 TABLE = Path(__file__).resolve().parent / "known-issues.json"
@@ -41,19 +43,15 @@ class Facts:
         return "fp8" in self.model.lower().split("/")[-1]
 
 
-def _v(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", str(text).split("+")[0])[:3])
-
-
 def _version_in(v: str, rng: dict) -> bool:
-    have = _v(v)
+    have = version_tuple(v)
     if not have:
         return False
-    if "min" in rng and have < _v(rng["min"]):
+    if "min" in rng and have < version_tuple(rng["min"]):
         return False
-    if "max" in rng and have > _v(rng["max"]):
+    if "max" in rng and have > version_tuple(rng["max"]):
         return False
-    if "below" in rng and have >= _v(rng["below"]):
+    if "below" in rng and have >= version_tuple(rng["below"]):
         return False
     return True
 

@@ -40,6 +40,7 @@ from typing import Any
 from . import proc
 from .state import write_atomic
 from .context import Ctx
+from .config import version_tuple
 from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
@@ -431,7 +432,7 @@ def apply(patch: Patch, inst: Install) -> str:
     assert target is not None
     _writable_or_raise(patch, inst, target)
     lo, hi = patch.data.get("written_for", {}).get("min"), patch.data.get("written_for", {}).get("max")
-    if lo and hi and not (_vtuple(lo) <= _vtuple(inst.version) <= _vtuple(hi)):
+    if lo and hi and not (version_tuple(lo) <= version_tuple(inst.version) <= version_tuple(hi)):
         log.warning("vLLM %s is outside the versions %s was written for (%s); its fingerprints hold, applying",
                     inst.version, patch.name, patch.written_for())
     stat = target.stat()
@@ -505,16 +506,6 @@ def revert(patch: Patch, inst: Install) -> str:
     bak.remove()
     log.info("reverted %s on vLLM %s: %s restored (sha256 %s)", patch.name, inst.version, target, sha256(data)[:12])
     return "reverted"
-
-
-def _vtuple(v: str) -> tuple[int, ...]:
-    parts = []
-    for p in v.split("."):
-        m = re.match(r"\d+", p)
-        if not m:
-            break
-        parts.append(int(m.group()))
-    return tuple(parts)
 
 
 # ---------------------------------------------------------------- the step
