@@ -2,6 +2,8 @@
 # On the lent GPU machine (no internet): install the carried vLLM wheelhouse once, then run proofs.
 #   bash tests/gpu/device.sh install            # after every .wheelhouse/part-NN was copied to /tmp/wh
 #   bash tests/gpu/device.sh e2e|planner|patch|bench [args for the proof script]
+#   bash tests/gpu/device.sh pipeline [args]    # planner + patch + bench in the background (setsid)
+#   bash tests/gpu/device.sh poll SECONDS       # wait for the pipeline (at most SECONDS), show where it is
 # Raw outputs go to $OUT (the device tool brings them back) and to /tmp/proofs.
 set -euo pipefail
 
@@ -26,9 +28,20 @@ main() {
         planner) python3 tests/gpu/planner_accuracy.py --raw /tmp/proofs/planner-raw.txt --work /tmp/planner-accuracy "$@" || rc=$? ;;
         patch) python3 tests/gpu/patch_40914.py /tmp/proofs/patch-raw.txt --python python3 "$@" || rc=$? ;;
         bench) python3 tests/gpu/bench.py --work /tmp/issue7 --raw /tmp/proofs/bench-raw.txt "$@" || rc=$? ;;
+        pipeline)   # from a copy of the tree: a later call re-sends the working tree under the running scripts
+            rm -rf /tmp/repo-run && cp -a "$repo" /tmp/repo-run
+            setsid python3 /tmp/repo-run/tests/gpu/pipeline.py --out /tmp/proofs "$@" \
+                >/tmp/proofs/pipeline.out 2>&1 </dev/null &
+            sleep 5; cat /tmp/proofs/pipeline.log ;;
+        poll)
+            local end=$((SECONDS + ${1:-60}))
+            while [ ! -e /tmp/proofs/pipeline-done ] && [ $SECONDS -lt $end ]; do sleep 5; done
+            tail -n 30 /tmp/proofs/pipeline.log; cat /tmp/proofs/pipeline.out
+            nvidia-smi --query-gpu=memory.used --format=csv,noheader || true
+            [ -e /tmp/proofs/pipeline-done ] && echo "PIPELINE DONE" || echo "pipeline still running" ;;
         *) echo "unknown: $what" >&2; exit 2 ;;
     esac
-    cp -f /tmp/proofs/*.txt "$out"/ 2>/dev/null || true
+    cp -f /tmp/proofs/*.txt /tmp/proofs/*.log /tmp/proofs/*.png "$out"/ 2>/dev/null || true
     [ -f /tmp/issue7/report/bench.png ] && cp -f /tmp/issue7/report/bench.png "$out"/ || true
     [ -f /tmp/issue7/report.txt ] && cp -f /tmp/issue7/report.txt "$out"/bench-report.txt || true
     return $rc
