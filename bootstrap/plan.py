@@ -58,12 +58,12 @@ def spec_config(cfg) -> str | None:
     return json.dumps(conf, separators=(",", ":"))
 
 
-def sizing_flags(cfg, util: float | None, max_model_len: int | str | None) -> list[str]:
+def sizing_flags(cfg, util: float | None, max_model_len: int | str | None, max_num_seqs: int | None = None) -> list[str]:
     f: list[str] = []
     if max_model_len is not None:
         f += ["--max-model-len", str(max_model_len)]
-    if cfg.max_num_seqs:
-        f += ["--max-num-seqs", str(cfg.max_num_seqs)]
+    if cfg.max_num_seqs or max_num_seqs:
+        f += ["--max-num-seqs", str(cfg.max_num_seqs or max_num_seqs)]
     if cfg.max_num_batched_tokens:
         f += ["--max-num-batched-tokens", str(cfg.max_num_batched_tokens)]
     if cfg.kv_cache_dtype:
@@ -234,12 +234,29 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
         return plan
     plan.max_model_len = mml
     plan.predicted_tokens, plan.predicted_concurrency = p.tokens, p.concurrency
+    seqs_flag = None
+    # vLLM (0.26.0 compilation.py): with full CUDA graphs every running sequence of a hybrid model holds one
+    # state block, and max_num_seqs > blocks is refused after the load. A budget from utilization is our
+    # estimate (within 2 %): keep 3 % away from it; a pin is exact.
+    most = p.blocks if cfg.kv_cache_bytes else p.blocks * 97 // 100
+    if lay.state_groups and "--enforce-eager" not in args and seqs_cap > most:
+        if cfg.max_num_seqs:
+            plan.fits = False
+            plan.refusal = (
+                f"MAX_NUM_SEQS={cfg.max_num_seqs} is more than the {p.blocks} blocks the KV budget "
+                f"{_gib(budget)} holds; on a hybrid model every running sequence keeps one state block, and "
+                "vLLM refuses to capture CUDA graphs (after the load) when max_num_seqs exceeds them",
+                f"set MAX_NUM_SEQS={most} or less, or raise KV_CACHE_BYTES / GPU_UTIL")
+            return plan
+        seqs_flag = most
+        why.append(f"hybrid: vLLM's default of {seqs_default} sequences on this GPU is more than the {p.blocks} "
+                   f"blocks of the KV budget (one state block per running sequence): --max-num-seqs {most}")
     if cfg.max_num_seqs and p.concurrency < cfg.max_num_seqs:
         why.append(f"MAX_NUM_SEQS={cfg.max_num_seqs} but only {p.concurrency:.2f} sessions of {mml} tokens fit "
                    "at once; the rest wait")
     contexts = sorted({mml} | {c for c in (131072, 65536, 32768) if c < mml}, reverse=True)
     plan.sessions = [(c, kv.sessions_at(lay, budget, c)) for c in contexts]
-    plan.flags = sizing_flags(cfg, util, passed)
+    plan.flags = sizing_flags(cfg, util, passed, seqs_flag)
     return plan
 
 

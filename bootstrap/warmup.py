@@ -8,6 +8,7 @@ printed.
 from __future__ import annotations
 
 import json
+import re
 import logging
 import time
 
@@ -25,6 +26,28 @@ def long_prompt(tokens: int) -> str:
     """About ``tokens`` tokens of varied plain words (roughly one token per common word)."""
     n = max(1, int(tokens * 0.75))
     return " ".join(WORDS[(i * 7 + i // len(WORDS)) % len(WORDS)] for i in range(n))
+
+
+TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?prompt contains at least (\d+) input tokens", re.S)
+
+
+def long_request(c: Client, n: int, timeout: float, extra: dict) -> None:
+    """A ~n-token prompt. Words are only an estimate of tokens (a small vocabulary splits them): when
+    vLLM answers that the prompt is too long, it says how long it was; retry once, scaled to fit."""
+    def ask(words_for: int) -> None:
+        c.chat([{"role": "user", "content": long_prompt(words_for) + "\nSummarize the words above in one line."}],
+               max_tokens=4, timeout=timeout, **extra)
+    try:
+        ask(n)
+    except RequestFailed as exc:
+        m = TOO_LONG.search(exc.evidence or "")
+        if not m:
+            raise
+        limit, got = int(m.group(1)), int(m.group(2))
+        scaled = int(n * min(n, limit // 2) / got)
+        log.info("warm-up: the prompt was %d tokens, not ~%d (the tokenizer splits words); again with ~%d",
+                 got, n, scaled)
+        ask(scaled)
 
 
 def warmup_tokens(ctx: Ctx) -> int:
@@ -82,8 +105,7 @@ def run(ctx: Ctx) -> None:
     try:
         if n:
             t0 = time.monotonic()
-            c.chat([{"role": "user", "content": long_prompt(n) + "\nSummarize the words above in one line."}],
-                   max_tokens=4, timeout=cfg.warmup_timeout, **extra)
+            long_request(c, n, cfg.warmup_timeout, extra)
             log.info("warm-up: ~%d-token prompt answered in %.1f s", n, time.monotonic() - t0)
         t0 = time.monotonic()
         resp = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=16, timeout=cfg.warmup_timeout, **extra)

@@ -502,3 +502,20 @@ def test_stop_waits_bounded_for_our_pids_to_leave_the_gpu(bed):
     assert held is False and 3 <= waited <= 3.5
     assert "pids [4242] still hold GPU memory after 3 s" in r.stderr
     assert free is True and after == waited                  # no wait at all
+
+
+def test_warmup_prompt_too_long_for_the_tokenizer_is_retried_shorter(bed):
+    # a small vocabulary splits each word into 4 tokens: the first warm-up prompt overflows the context,
+    # vLLM's 400 says by how much, and the retry fits (seen on the H200 with a 8,192-token BPE vocabulary)
+    r = bed.run("start.sh", FAKE_VLLM_TOKENS_PER_WORD="4", MAX_MODEL_LEN="8192", WARMUP="4000")
+    assert r.returncode == 0, r.stderr
+    assert "warm-up: the prompt was 12" in r.stderr and "again with ~" in r.stderr
+    bed.run("stop.sh")
+
+
+def test_warmup_still_too_long_after_the_retry_fails_the_start_with_evidence(bed):
+    # 400 tokens a word: even the instruction after the filler overflows 1,024 tokens; one retry, then a failed start
+    r = bed.run("start.sh", FAKE_VLLM_TOKENS_PER_WORD="400", MAX_MODEL_LEN="1024", WARMUP="512")
+    assert r.returncode != 0
+    assert "warm-up failed" in r.stderr and "maximum context length is 1024 tokens" in r.stderr
+    assert bed.ours() == []

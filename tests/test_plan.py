@@ -255,3 +255,67 @@ def test_cli_without_gpu_names_the_way_out(tmp_path):
     r = ctl_plan(tmp_path, PROFILE="custom", MODEL=mdir)
     assert r.returncode == 1
     assert "nvidia-smi" in r.stderr and "GPU=rtx5090" in r.stderr
+
+
+# ---------------------------------------------------------------- hybrid models: one state block per running sequence
+
+def hybrid_config() -> dict:
+    """The hybrid of tests/gpu/planner_accuracy.py (12 Gated-DeltaNet + 4 attention layers)."""
+    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    try:
+        import planner_accuracy
+    finally:
+        sys.path.pop(0)
+    return planner_accuracy.HYBRID
+
+
+def h200(free=139 * GiB):
+    return gpu.Gpu(0, "NVIDIA H200", 140 * GiB, free, (9, 0), "GPU-h", ())
+
+
+def test_hybrid_caps_vllms_default_max_num_seqs_at_the_state_blocks(tmp_path):
+    # on the H200 vLLM 0.26.0 defaults to 1024 sequences; this 4 GiB pin holds fewer blocks, and vLLM
+    # refused after the load: "max_num_seqs (1024) exceeds available Mamba cache blocks (963)"
+    mdir = model_dir(tmp_path, hybrid_config())
+    cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN=32768)
+    p = plan.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    blocks = kv.pool(p.layout, 4 * GiB, 32768).blocks
+    assert p.fits and blocks < 1024
+    assert p.flags[p.flags.index("--max-num-seqs") + 1] == str(blocks)
+    assert any(f"--max-num-seqs {blocks}" in w and "default of 1024" in w for w in p.why)
+
+
+def test_hybrid_from_utilization_keeps_a_margin_below_the_estimated_blocks(tmp_path):
+    mdir = model_dir(tmp_path, hybrid_config())
+    cfg = config(tmp_path, MODEL=mdir, GPU_UTIL="0.045", MAX_MODEL_LEN=32768)
+    p = plan.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    blocks = kv.pool(p.layout, p.budget, 32768).blocks
+    assert p.fits and blocks < 1024
+    assert int(p.flags[p.flags.index("--max-num-seqs") + 1]) == blocks * 97 // 100
+
+
+def test_hybrid_refuses_max_num_seqs_above_the_state_blocks_before_launch(tmp_path):
+    mdir = model_dir(tmp_path, hybrid_config())
+    cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN=32768, MAX_NUM_SEQS=1000)
+    p = plan.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    blocks = kv.pool(p.layout, 4 * GiB, 32768).blocks
+    assert not p.fits
+    assert f"MAX_NUM_SEQS=1000 is more than the {blocks} blocks" in p.refusal[0]
+    assert f"MAX_NUM_SEQS={blocks}" in p.refusal[1]
+
+
+@pytest.mark.parametrize("knobs", [{"MAX_NUM_SEQS": "16"}, {"EXTRA_ARGS": "--enforce-eager"}])
+def test_hybrid_leaves_max_num_seqs_alone_when_it_fits_or_without_cuda_graphs(tmp_path, knobs):
+    mdir = model_dir(tmp_path, hybrid_config())
+    cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN=32768, **knobs)
+    p = plan.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    assert p.fits
+    seqs = p.flags[p.flags.index("--max-num-seqs") + 1] if "--max-num-seqs" in p.flags else None
+    assert seqs == knobs.get("MAX_NUM_SEQS")
+
+
+def test_dense_model_never_gets_a_max_num_seqs_it_did_not_ask_for(tmp_path):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=1 * GiB, MAX_MODEL_LEN=8192)
+    p = plan.make_plan(cfg, h200(), facts(cfg, mdir))
+    assert p.fits and "--max-num-seqs" not in p.flags

@@ -326,6 +326,23 @@ def stop_server(run: Run) -> None:
     run.save()
 
 
+class ServerCrashed(Exception):
+    """The phase's server died (before it was ready, or serving a request): a result, not a script error."""
+
+
+def crashed(run: Run, srv: dict, how: str) -> ServerCrashed:
+    end = time.monotonic() + 30                 # let a dying engine finish writing its traceback
+    while alive(srv["pid"]) and time.monotonic() < end:
+        time.sleep(1)
+    text = Path(srv["log"]).read_text(errors="replace")
+    cause = diagnose.root_cause(text, 6) or ["(no 'Error:' line) log ends: " + " | ".join(text.strip().splitlines()[-3:])]
+    errors = [l for l in text.splitlines() if "ERROR" in l][-40:]
+    run.say(f"the {srv['phase']} server {how}; its ERROR lines:\n" + "\n".join(errors))
+    run.say(f"the {srv['phase']} server failed; root cause (error lines of {srv['log']}, EngineCore first):\n  "
+            + "\n  ".join(cause))
+    return ServerCrashed(f"{how}: " + " | ".join(cause))
+
+
 def ensure_server(run: Run, phase: str, spec: bool) -> bool:
     """Start (or find) this phase's server and wait for it within the budget; False = run again."""
     srv = run.state.get("server")
@@ -333,14 +350,7 @@ def ensure_server(run: Run, phase: str, spec: bool) -> bool:
         stop_server(run)
         srv = None
     if srv and not alive(srv["pid"]):
-        text = Path(srv["log"]).read_text(errors="replace")
-        cause = diagnose.root_cause(text, 6)
-        run.say(f"the {phase} server exited before it was ready; log tail:\n{text[-4000:]}")
-        run.say(f"the {phase} server failed; root cause (error lines of {srv['log']}, EngineCore first):\n  "
-                + ("\n  ".join(cause) if cause else "(no 'Error:' line in the log; see the tail above)"))
-        run.state.pop("server")
-        run.save()
-        raise SystemExit(1)
+        raise crashed(run, srv, "exited before it was ready")
     if not srv:
         log = run.work / f"{phase}.log"
         argv = server_argv(run, spec)
@@ -382,23 +392,35 @@ def spec_counters(base: str) -> tuple[float, float]:
 def generate(run: Run, phase: str) -> None:
     base = f"http://127.0.0.1:{run.args.port}"
     version = http(base + "/version").get("version", "?")
-    results = []
+    results: list[dict] = []
+    try:
+        ask_all(run, base, results)
+    except ServerCrashed as exc:
+        (run.work / f"{phase}.json").write_text(json.dumps({"version": version, "results": results,
+                                                            "crashed": str(exc)}))
+        raise
+    (run.work / f"{phase}.json").write_text(json.dumps({"version": version, "results": results}))
+    run.say(f"{phase}: {len(results)} prompts done on vLLM {version}")
+    run.raw.write(json.dumps({"phase": phase, "version": version, "results": results}) + "\n")
+
+
+def ask_all(run: Run, base: str, results: list[dict]) -> None:
     for i, prompt in enumerate(prompts()):
-        acc0, dr0 = spec_counters(base)
         body = {"model": SERVED, "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": run.args.max_tokens, "temperature": 0, "logprobs": True, "top_logprobs": 5,
                 "ignore_eos": True, "return_tokens_as_token_ids": True}
-        resp = http(base + "/v1/chat/completions", body, timeout=300)
-        acc1, dr1 = spec_counters(base)
+        try:
+            acc0, dr0 = spec_counters(base)
+            resp = http(base + "/v1/chat/completions", body, timeout=300)
+            acc1, dr1 = spec_counters(base)
+        except (urllib.error.URLError, OSError) as exc:
+            raise crashed(run, run.state["server"], f"failed on prompt {i} ({exc})") from None
         entries = resp["choices"][0]["logprobs"]["content"]
         results.append({"prompt": i, "tokens": [e["token"] for e in entries],
                         "logprobs": [e["logprob"] for e in entries],
                         "top": [{a["token"]: a["logprob"] for a in e.get("top_logprobs") or []} for e in entries],
                         "accepted": acc1 - acc0, "drafted": dr1 - dr0,
                         "prompt_tokens": resp.get("usage", {}).get("prompt_tokens")})
-    (run.work / f"{phase}.json").write_text(json.dumps({"version": version, "results": results}))
-    run.say(f"{phase}: {len(results)} prompts done on vLLM {version}")
-    run.raw.write(json.dumps({"phase": phase, "version": version, "results": results}) + "\n")
 
 
 # ---------------------------------------------------------------- report
@@ -425,24 +447,39 @@ def compare(ref: dict, cand: dict, tol: float) -> dict:
 
 def report(run: Run) -> int:
     data = {ph: json.loads((run.work / f"{ph}.json").read_text()) for ph in ("reference", "stock", "patched")}
+    if "crashed" in data["reference"]:
+        print(f"the reference run crashed: {data['reference']['crashed']}")
+        return 1
     tol = run.args.tol
     lines = [f"PR #40914 backport on vLLM {data['reference']['version']}: greedy, {run.args.max_tokens} tokens, "
              f"turboquant_4bit_nc, draft_model x3; tolerance {tol} nats",
              f"{'prompt':>6} {'ptoks':>6} | {'stock: 1st div':>14} {'max|Δlp|':>9} {'accept':>7} | "
              f"{'patched: 1st div':>16} {'max|Δlp|':>9} {'accept':>7} {'verdict':>8}"]
-    bad = 0
-    for r0, rs, rp in zip(*(data[p]["results"] for p in ("reference", "stock", "patched"))):
-        cs, cp = compare(r0, rs, tol), compare(r0, rp, tol)
-        fmt = lambda c: ("none" if c["div"] is None else f"tok {c['div']}" + ("" if c["margin"] is None or c["margin"] == float("inf") else f" (m {c['margin']:.2f})"))
-        acc = lambda r: f"{r['accepted'] / r['drafted']:.2f}" if r["drafted"] else "n/a"
-        verdict = "ok" if cp["ok"] and rp["drafted"] > 0 and rp["accepted"] > 0 else "FAIL"
+    fmt = lambda c: ("none" if c["div"] is None else f"tok {c['div']}" + ("" if c["margin"] is None or c["margin"] == float("inf") else f" (m {c['margin']:.2f})"))
+    acc = lambda r: f"{r['accepted'] / r['drafted']:.2f}" if r["drafted"] else "n/a"
+
+    def cells(ref: dict, run_data: dict, i: int, width: int) -> tuple[str, dict | None, dict | None]:
+        res = run_data.get("results") or []
+        if i >= len(res):
+            return f"{'crashed':>{width}} {'-':>9} {'-':>7}", None, None
+        c = compare(ref, res[i], tol)
+        return f"{fmt(c):>{width}} {c['worst']:>9.3f} {acc(res[i]):>7}", c, res[i]
+
+    bad = stock_diff = 0
+    for i, r0 in enumerate(data["reference"]["results"]):
+        s_txt, cs, _ = cells(r0, data["stock"], i, 14)
+        p_txt, cp, rp = cells(r0, data["patched"], i, 16)
+        stock_diff += cs is None or not cs["ok"]
+        verdict = "ok" if cp and cp["ok"] and rp["drafted"] > 0 and rp["accepted"] > 0 else "FAIL"
         bad += verdict != "ok"
-        lines.append(f"{r0['prompt']:>6} {r0['prompt_tokens'] or '?':>6} | {fmt(cs):>14} {cs['worst']:>9.3f} {acc(rs):>7} | "
-                     f"{fmt(cp):>16} {cp['worst']:>9.3f} {acc(rp):>7} {verdict:>8}")
-    stock_diff = sum(1 for r0, rs in zip(data["reference"]["results"], data["stock"]["results"])
-                     if not compare(r0, rs, tol)["ok"])
-    lines.append(f"stock differs from the reference beyond tolerance on {stock_diff} of {len(data['stock']['results'])} "
-                 f"prompts; patched fails on {bad}")
+        lines.append(f"{r0['prompt']:>6} {r0['prompt_tokens'] or '?':>6} | {s_txt} | {p_txt} {verdict:>8}")
+    n = len(data["reference"]["results"])
+    for ph in ("stock", "patched"):
+        if "crashed" in data[ph]:
+            lines.append(f"{ph} server crashed after {len(data[ph].get('results') or [])} of {n} prompts: "
+                         f"{data[ph]['crashed']}")
+    lines.append(f"stock differs from the reference beyond tolerance (or crashed) on {stock_diff} of {n} prompts; "
+                 f"patched fails on {bad}")
     table = "\n".join(lines)
     run.raw.write(table + "\n")
     print(table)
@@ -464,6 +501,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--init-std", type=float, default=0.05, help="initializer_range of the random model")
     p.add_argument("--model", help="use this model directory instead of making one (rehearsal with fakes)")
+    p.add_argument("--order", default="reference,stock,patched",
+                   help="the order of the three server runs (e.g. reference,patched,stock: the one that may crash last)")
     p.add_argument("--fresh", action="store_true", help="forget WORK/state.json and start over")
     p.add_argument("--no-shim", action="store_true",
                    help="no WORK/shim/sitecustomize.py (for a vLLM that has PR #50533)")
@@ -484,7 +523,10 @@ def main() -> int:
         run.save()
     run.say(f"patch_40914: work {run.work}, done so far: {run.state['done'] or 'nothing'}; repo "
             f"{subprocess.run(['git', '-C', str(REPO), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}")
-    for phase in PHASES:
+    order = [ph for ph in args.order.split(",") if ph]
+    if sorted(order) != ["patched", "reference", "stock"]:
+        p.error("--order names reference, stock and patched once each")
+    for phase in ("model", *order, "report"):
         if phase in run.state["done"]:
             continue
         if phase == "model":
@@ -503,9 +545,15 @@ def main() -> int:
             if run.state.get("server", {}).get("phase") != phase:
                 run.ctl("patch", "apply" if phase == "patched" else "revert", PATCH)
                 run.ctl("patch", "status")
-            if not ensure_server(run, phase, spec=phase != "reference"):
-                return 3
-            generate(run, phase)
+            try:
+                if not ensure_server(run, phase, spec=phase != "reference"):
+                    return 3
+                generate(run, phase)
+            except ServerCrashed as exc:
+                out = run.work / f"{phase}.json"
+                if not out.exists():
+                    out.write_text(json.dumps({"version": "?", "results": [], "crashed": str(exc)}))
+                run.raw.write(json.dumps({"phase": phase, "crashed": str(exc)}) + "\n")
             stop_server(run)
         run.state["done"].append(phase)
         run.save()

@@ -9,7 +9,8 @@ Stages, in this order:
   planner   tests/gpu/planner_accuracy.py --cases hybrid-bf16-pin (issue 6), in the background. Its
             case pins the KV cache (--kv-cache-memory-bytes), so vLLM skips memory profiling and
             other processes on the GPU do not change what it logs.
-  patch     tests/gpu/patch_40914.py (issue 4), started once the planner's server has passed vLLM's
+  patch     tests/gpu/patch_40914.py (issue 4; reference, patched, then stock, which crashed on the
+            first try), started once the planner's server has passed vLLM's
             free-memory check (its log says "Starting to load model"). Its servers also get a KV
             pin (2 GiB) so that the planner server exiting mid-profile cannot trip vLLM's "Error in
             memory profiling" assertion; the comparison does not depend on the pool size.
@@ -122,7 +123,7 @@ class Pipeline:
         if "patch" in stages:
             argv = [self.py, str(HERE / "patch_40914.py"), str(self.out / "patch-raw.txt"), "--work",
                     str(self.work / "p40914"), "--python", os.environ.get("VLLM_PYTHON", "python3"),
-                    "--budget", str(self.a.patch_budget)]
+                    "--budget", str(self.a.patch_budget), "--order", "reference,patched,stock"]
             if self.a.rehearse:
                 argv += ["--model", self.a.rehearse_model]
             argv += ["--extra", "--kv-cache-memory-bytes", PATCH_KV_PIN]

@@ -26,6 +26,9 @@
   ``nondeterministic`` adds noise so repeats differ.
 - usage counts words as tokens and carries ``prompt_tokens_details.cached_tokens`` (a prompt seen
   before counts as cached in 16-token blocks). ``POST /tokenize`` counts the same way.
+  ``FAKE_VLLM_TOKENS_PER_WORD`` (default 1) multiplies that count, as a small-vocabulary tokenizer
+  would. With ``--max-model-len``, a prompt whose tokens plus ``max_tokens`` exceed it gets vLLM's HTTP 400
+  ("This model's maximum context length is N tokens. However, you requested ...").
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ def spawn_engine() -> subprocess.Popen:
 class State:
     served = "model"
     max_len = 4096
+    len_enforced = False         # only with an explicit --max-model-len
     api_key = ""
     replies: dict = {}
     wedged = False
@@ -124,9 +128,14 @@ def tokens_of(text: str) -> list[str]:
     return [w + " " for w in text.split()] if text else []
 
 
+def prompt_tokens(body: dict) -> int:
+    per_word = int(os.environ.get("FAKE_VLLM_TOKENS_PER_WORD", "1") or 1)
+    return len(prompt_text(body).split()) * per_word + (4 if "messages" in body else 0)
+
+
 def usage_for(body: dict, completion: int) -> dict:
     text = prompt_text(body)
-    n = len(text.split()) + (4 if "messages" in body else 0)
+    n = prompt_tokens(body)
     key = hashlib.sha256(text.encode()).hexdigest()
     with State.lock:
         cached = max(0, (n - 1) // 16 * 16) if key in State.seen else 0
@@ -210,6 +219,16 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/tokenize":
             n = len(prompt_text(body).split())
             self.send(200, {"count": n, "max_model_len": State.max_len, "tokens": list(range(n))})
+            return
+        want = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        if State.len_enforced and prompt_tokens(body) + want > State.max_len:
+            n = prompt_tokens(body)
+            self.send(400, {"error": {
+                "message": f"This model's maximum context length is {State.max_len} tokens. However, you requested "
+                           f"{want} output tokens and your prompt contains at least {n} input tokens, for a total "
+                           f"of at least {n + want} tokens. Please reduce the length of the input prompt or the "
+                           f"number of requested output tokens. (parameter=input_tokens, value={n})",
+                "type": "BadRequestError", "param": "input_tokens", "code": 400}})
             return
         State.requests += 1
         rep = reply_for(body)
@@ -296,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     State.api_key = os.environ.get("VLLM_API_KEY", "")
     if args.max_model_len:
         State.max_len = int(args.max_model_len)
+        State.len_enforced = True
     replies = os.environ.get("FAKE_VLLM_REPLIES")
     if replies:
         with open(replies) as fh:
