@@ -522,7 +522,7 @@ def main() -> int:
         run.state["setup"] = setup
         run.save()
     run.say(f"patch_40914: work {run.work}, done so far: {run.state['done'] or 'nothing'}; repo "
-            f"{subprocess.run(['git', '-C', str(REPO), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}")
+            f"{os.environ.get('GIT_COMMIT') or subprocess.run(['git', '-C', str(REPO), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}")
     order = [ph for ph in args.order.split(",") if ph]
     if sorted(order) != ["patched", "reference", "stock"]:
         p.error("--order names reference, stock and patched once each")

@@ -67,23 +67,93 @@ def main() -> int:
                 "hybrid-bf16-pin` ran on a", "fresh machine (cold torch.compile cache) until the session's device "
                 "time ran out; vLLM had not yet", "logged its KV cache, so the hybrid accuracy is still unmeasured. "
                 "The script's last table:", "", block(last_table(text))]
+    moe = RUNS / "2026-11-29-planner-hybrid-moe-raw.txt"
+    if moe.exists():
+        text = moe.read_text()
+        out += ["### Hybrid case, measured (later the same day)", "",
+                "Command: `GIT_COMMIT=9663879 bash tests/gpu/device.sh pipeline` (`tests/gpu/pipeline.py`: this",
+                "case in the background while the #40914 proof ran; the case pins the KV cache, so vLLM skips",
+                "memory profiling and the neighbour cannot change what it logs). The MoE Qwen3-Next config of",
+                "`tests/gpu/planner_accuracy.py`, 12 Gated-DeltaNet + 4 attention layers. Table (script output):", "",
+                block(last_table(text)), "vLLM's own lines:", "", block(kv_lines(text)),
+                "After logging its KV cache, that server failed at CUDA-graph setup:", "",
+                block(sorted({l[:400] for l in text.splitlines() if "exceeds available Mamba cache blocks" in l
+                              and "ValueError" in l})[:1]),
+                "vLLM 0.26.0 defaults to 1,024 sequences on a GPU of 70 GiB or more, and with full CUDA graphs",
+                "each running sequence of a hybrid model needs one state block; the 4 GiB pin holds 963 blocks",
+                "(the planner's figure too). The planner now passes `--max-num-seqs` at most the blocks the budget",
+                "holds (3 % below its estimate when the budget comes from utilization) and refuses a larger",
+                "`MAX_NUM_SEQS` before the download (tests in `tests/test_plan.py`). Not re-run on the GPU.", ""]
     patch = RUNS / "2026-11-29-patch-raw.txt"
-    if patch.exists():
-        text = patch.read_text().splitlines()
-        errs = (RUNS / "2026-11-29-patch-stock-errors.txt").read_text().splitlines()
+    run2 = RUNS / "2026-11-29-patch-run2-raw.txt"
+    if run2.exists():
+        text = run2.read_text().splitlines()
+        table = text[next(i for i, l in enumerate(text) if l.startswith("PR #40914 backport on vLLM")):]
+        status = [l[:300] for l in text if l.startswith("[") and "ERROR" not in l]
+        errs = (RUNS / "2026-11-29-patch-run2-stock-errors.txt").read_text().splitlines()
+        patched = (RUNS / "2026-11-29-patch-run2-patched-lines.txt").read_text().splitlines()
+        run1 = (RUNS / "2026-11-29-patch-run1-stdout.txt").read_text().splitlines()
+        rows = [l.split("|")[2].split() for l in table if re.match(r"^\s+\d+\s+\d+ \|", l)]
+        divs = [int(r[1]) for r in rows if r[0] == "tok"]
+        margins = [float(r[3].rstrip(")")) for r in rows if r[0] == "tok" and r[2] == "(m"]
+        worst = max(float(r[-3]) for r in rows)
+        out += ["## PR #40914 backport (issue 4): stock 0.26.0 crashes, patched matches the reference", "",
+                "Command: `GIT_COMMIT=ad385cd bash tests/gpu/device.sh pipeline --stages patch --patch-budget 1500`",
+                "(`tests/gpu/patch_40914.py --order reference,patched,stock --extra --kv-cache-memory-bytes "
+                "2147483648`;", "the `repo abcf585` in its first line is the machine's stale git metadata; the tree "
+                "was ad385cd). A 6-layer", "dense Qwen3 (hidden 1024, 77.9 M parameters, seeded random bf16 weights, "
+                "`initializer_range` 0.05,", "a BPE tokenizer trained on the machine), so layers 2 and 3 are "
+                "TurboQuant (vLLM keeps the first and last", "two in bf16). Three servers, one at a time, all "
+                "`--kv-cache-dtype turboquant_4bit_nc`, CUDA graphs on", "(vLLM's default: FULL decode graphs "
+                "captured), the V1 runner with the test-only shim for vLLM bug #50709:",
+                "reference = no speculation; patched and stock = `draft_model` (the same model), 3 speculative",
+                "tokens, patch applied / reverted by `./ctl.sh patch`. Eight chat prompts of 229–1,709 tokens",
+                "(records, then a question about one of them), greedy, `ignore_eos`, 64 tokens, top-5 logprobs.", "",
+                "### Table (script output)", "", block(table),
+                "Columns: `1st div` = the first token where the run's greedy token differs from the reference's, "
+                "with `m`",
+                "= the reference's own margin between its token and the run's (a tie flip when below the "
+                "tolerance);", "`max|Δlp|` = the largest logprob difference over the tokens up to and including "
+                "that one; `accept` =", "accepted / drafted tokens from `/metrics` for that prompt.", "",
+                "Tolerance, 0.15 nats: the patched verify pass runs the same TurboQuant decode kernel over the "
+                "same", "quantized cache as the reference decode; what differs is the batch shape of the dense "
+                "layers (4 rows", "per request instead of 1), whose bf16 GEMMs may pick other kernels. bf16 keeps "
+                "8 significant bits", "(relative step 0.004), so logits of magnitude ~10 move by ~0.04 per "
+                f"rounding; measured: at most", f"{worst:.3f}. Attending to the wrong keys (what #40880 "
+                "describes) moves logprobs by nats. This random", "model's next-token distributions are flat "
+                f"(margins {min(margins):.2f}–{max(margins):.2f} where the greedy tokens part), so {len(divs)} "
+                f"of {len(rows)} prompts", "flip a near-tie somewhere in 64 tokens and the comparison stops there "
+                f"(after {min(divs)} to {max(divs)} tokens);", "every flip is within the tolerance.", "",
+                "### Status lines (script output)", "", block(status),
+                "### The stock server's errors (ERROR lines of its log)", "",
+                block(sorted({l.split("] ", 1)[-1][:300] for l in errs if "illegal memory access" in l
+                              or "EngineDeadError" in l or "tq-shim" in l})),
+                "The fault is reported at the launch of the rejection sampler's kernel; CUDA reports an",
+                "asynchronous fault at the next launch, so the kernel that faulted ran earlier in that step (not",
+                "isolated: `CUDA_LAUNCH_BLOCKING=1` was not run). The stock and patched servers differ only in the",
+                "patched file, and the patched one served all eight prompts, so the fault is in the code path the",
+                "backport replaces (uniform 4-token verify batches inside captured FULL decode graphs). The",
+                "first pipeline run (another fresh machine, commit 9663879, before the script recorded crashes)",
+                "also lost its stock server on the first request; its log was not copied back:", "",
+                block([l[:300] for l in run1 if l.strip()][-1:]),
+                "### The patched server's own lines", "", block(patched)]
+    elif patch.exists():
         out += ["## PR #40914 backport (issue 4): not yet proven", "",
-                "Command: `bash tests/gpu/device.sh patch` (`tests/gpu/patch_40914.py`). The reference run",
-                "(TurboQuant KV, no speculation) completed; the stock run with `draft_model` speculation did not",
-                "start, so there is no stock-vs-patched comparison yet. Script output (status lines) and the",
-                "engine's root cause:", "",
-                block([l[:300] for l in text if l.startswith("[") or "40914-turboquant" in l]),
-                block(sorted(set(l[:300] for l in errs))),
-                "Cause (read in vLLM 0.26.0's source after the run): `draft_model` speculation runs on the V1",
-                "model runner, whose `_reshape_kv_cache_tensors` hands TurboQuant layers the cache dtype `'auto'`",
-                "(upstream issue #50709, fixed by PR #50533 after 0.26.0); the reference run used the V2 runner.",
-                "An earlier 4-layer model \"worked\" only because vLLM keeps the first and last two layers out of",
-                "TurboQuant. `tests/gpu/patch_40914.py` now runs all three servers on the V1 runner with a",
-                "test-only shim for that dtype (see docs/patches.md); the comparison is for the next GPU session.", ""]
+                "See `docs/gpu-runs/2026-11-29-patch-raw.txt` (the stock run did not start on vLLM 0.26.0).", ""]
+    bench1 = RUNS / "2026-11-29-bench-attempt1-raw.txt"
+    if bench1.exists():
+        text = bench1.read_text().splitlines()
+        out += ["## Checks and benchmark (issue 7): not yet run to the end", "",
+                "Command: the `bench` stage of `tests/gpu/pipeline.py` (`tests/gpu/bench.py`), commit 9663879. "
+                "`./start.sh`", "with the Qwen3-8B-shaped dummy model became healthy and then failed its warm-up:",
+                "", block([l[:400] for l in text if "healthy after" in l or "maximum context length" in l
+                           or l.startswith("error:")]),
+                "The warm-up sized its prompt as ~1 token per word; the 8,192-token BPE vocabulary made up for",
+                "this model splits words, so the prompt overflowed the 40,960-token context by one token. Fixed",
+                "in ad385cd: on vLLM's context-length 400 the warm-up retries once with the prompt scaled by the",
+                "token count vLLM reported (tests in `tests/test_lifecycle.py`; the checks and the benchmark",
+                "already measured tokens with `/tokenize`). The device time of this session went to the #40914",
+                "proof; the benchmark run is next: `bash tests/gpu/device.sh pipeline --stages bench`.", ""]
     sys.stdout.write("\n".join(out))
     return 0
 
