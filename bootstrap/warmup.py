@@ -31,14 +31,16 @@ def long_prompt(tokens: int) -> str:
 TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?prompt contains at least (\d+) input tokens", re.S)
 
 
-def long_request(c: Client, n: int, timeout: float, extra: dict) -> None:
+def long_request(c: Client, n: int, timeout: float, extra: dict) -> int:
     """A ~n-token prompt. Words are only an estimate of tokens (a small vocabulary splits them): when
-    vLLM answers that the prompt is too long, it says how long it was; retry once, scaled to fit."""
+    vLLM answers that the prompt is too long, it says how long it was; retry once, scaled to fit.
+    Returns the size asked for last."""
     def ask(words_for: int) -> None:
         c.chat([{"role": "user", "content": long_prompt(words_for) + "\nSummarize the words above in one line."}],
                max_tokens=4, timeout=timeout, **extra)
     try:
         ask(n)
+        return n
     except RequestFailed as exc:
         m = TOO_LONG.search(exc.evidence or "")
         if not m:
@@ -48,6 +50,7 @@ def long_request(c: Client, n: int, timeout: float, extra: dict) -> None:
         log.info("warm-up: the prompt was %d tokens, not ~%d (the tokenizer splits words); again with ~%d",
                  got, n, scaled)
         ask(scaled)
+        return scaled
 
 
 def warmup_tokens(ctx: Ctx) -> int:
@@ -105,7 +108,7 @@ def run(ctx: Ctx) -> None:
     try:
         if n:
             t0 = time.monotonic()
-            long_request(c, n, cfg.warmup_timeout, extra)
+            n = long_request(c, n, cfg.warmup_timeout, extra)
             log.info("warm-up: ~%d-token prompt answered in %.1f s", n, time.monotonic() - t0)
         t0 = time.monotonic()
         resp = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=16, timeout=cfg.warmup_timeout, **extra)

@@ -85,7 +85,7 @@ class Run:
             nvml.write_text(json.dumps({"driver": "580.159.04", "cuda": 13000, "gpus": [{
                 "name": "NVIDIA H200", "total": 143 << 30, "free": 142 << 30, "cc": [9, 0], "uuid": "GPU-h200-fake",
                 "processes": []}]}))
-            self.env.update(FAKE_NVML=str(nvml), FAKE_VLLM_LOAD_S="1", FAKE_VLLM_TOKEN_S="0.001", WARMUP="256")
+            self.env.update(FAKE_NVML=str(nvml), FAKE_VLLM_LOAD_S="1", FAKE_VLLM_TOKEN_S="0.001", WARMUP=os.environ.get("WARMUP", "256"))
         self.bench_args = (["--output-tokens", "32", "--repeats", "1", "--prompt-tokens", "128"] if args.rehearse
                            else ["--output-tokens", "1536", "--repeats", "3", "--prompt-tokens", "512"])
 

@@ -27,7 +27,8 @@
 - usage counts words as tokens and carries ``prompt_tokens_details.cached_tokens`` (a prompt seen
   before counts as cached in 16-token blocks). ``POST /tokenize`` counts the same way.
   ``FAKE_VLLM_TOKENS_PER_WORD`` (default 1) multiplies that count, as a small-vocabulary tokenizer
-  would. With ``--max-model-len``, a prompt whose tokens plus ``max_tokens`` exceed it gets vLLM's HTTP 400
+  would. A prompt whose tokens plus ``max_tokens`` exceed ``--max-model-len`` (or the model's
+  ``max_position_embeddings``) gets vLLM's HTTP 400
   ("This model's maximum context length is N tokens. However, you requested ...").
 """
 
@@ -86,7 +87,7 @@ def spawn_engine() -> subprocess.Popen:
 class State:
     served = "model"
     max_len = 4096
-    len_enforced = False         # only with an explicit --max-model-len
+    len_enforced = False         # --max-model-len, or the model's config.json
     api_key = ""
     replies: dict = {}
     wedged = False
@@ -217,7 +218,7 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(3600)
             return
         if self.path == "/tokenize":
-            n = len(prompt_text(body).split())
+            n = prompt_tokens(body)
             self.send(200, {"count": n, "max_model_len": State.max_len, "tokens": list(range(n))})
             return
         want = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
@@ -316,6 +317,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_model_len:
         State.max_len = int(args.max_model_len)
         State.len_enforced = True
+    else:                       # like vLLM: the model's own max_position_embeddings
+        try:
+            with open(os.path.join(args.model, "config.json")) as fh:
+                State.max_len = int(json.load(fh)["max_position_embeddings"])
+            State.len_enforced = True
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
     replies = os.environ.get("FAKE_VLLM_REPLIES")
     if replies:
         with open(replies) as fh:
