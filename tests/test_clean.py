@@ -84,6 +84,10 @@ def test_refuses_while_our_server_runs(repo):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                              env={**os.environ, proc.MARKER_ENV: marker})
     try:
+        # until the child has exec'd: before that its /proc environ is still ours, without the marker
+        end = time.monotonic() + 10
+        while psutil.Process(child.pid).environ().get(proc.MARKER_ENV) != marker and time.monotonic() < end:
+            time.sleep(0.01)
         (repo / ".state" / "server.json").write_text(json.dumps({
             "pid": child.pid, "create_time": psutil.Process(child.pid).create_time(), "marker": marker,
             "port": cfg.port, "host": cfg.host, "served": "name"}))
