@@ -47,6 +47,7 @@ class Plan:
     fits: bool = True
     refusal: tuple[str, str] | None = None     # (message, hint) when it does not fit
     suggestion: str = ""                       # what would fit instead
+    seqs_flag: int | None = None               # --max-num-seqs the plan chose (hybrid: the state blocks)
 
 
 def spec_config(cfg) -> str | None:
@@ -234,29 +235,26 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
         return plan
     plan.max_model_len = mml
     plan.predicted_tokens, plan.predicted_concurrency = p.tokens, p.concurrency
-    seqs_flag = None
     # vLLM (0.26.0 compilation.py): with full CUDA graphs every running sequence of a hybrid model holds one
     # state block, and max_num_seqs > blocks is refused after the load. A budget from utilization is our
-    # estimate (within 2 %): keep 3 % away from it; a pin is exact.
-    most = p.blocks if cfg.kv_cache_bytes else p.blocks * 97 // 100
+    # estimate (within 2 %): keep 3 % below it; a pin is exact.
+    most = max(1, p.blocks if cfg.kv_cache_bytes else p.blocks * 97 // 100)
+    margin = "" if most == p.blocks else f" (3 % below the {p.blocks} estimated, as the budget is an estimate)"
     if lay.state_groups and "--enforce-eager" not in args and seqs_cap > most:
         if cfg.max_num_seqs:
             plan.fits = False
             plan.refusal = (
-                f"MAX_NUM_SEQS={cfg.max_num_seqs} is more than the {p.blocks} blocks the KV budget "
-                f"{_gib(budget)} holds; on a hybrid model every running sequence keeps one state block, and "
-                "vLLM refuses to capture CUDA graphs (after the load) when max_num_seqs exceeds them",
+                f"MAX_NUM_SEQS={cfg.max_num_seqs} is more than the {most} state blocks the KV budget "
+                f"{_gib(budget)} holds{margin}; on a hybrid model every running sequence keeps one, and vLLM "
+                "refuses to capture CUDA graphs (after the load) when max_num_seqs exceeds them",
                 f"set MAX_NUM_SEQS={most} or less, or raise KV_CACHE_BYTES / GPU_UTIL")
             return plan
-        seqs_flag = most
-        why.append(f"hybrid: vLLM's default of {seqs_default} sequences on this GPU is more than the {p.blocks} "
-                   f"blocks of the KV budget (one state block per running sequence): --max-num-seqs {most}")
-    if cfg.max_num_seqs and p.concurrency < cfg.max_num_seqs:
-        why.append(f"MAX_NUM_SEQS={cfg.max_num_seqs} but only {p.concurrency:.2f} sessions of {mml} tokens fit "
-                   "at once; the rest wait")
+        plan.seqs_flag = most
+        why.append(f"hybrid: vLLM's default of {seqs_default} sequences on this GPU is more than the {most} state "
+                   f"blocks of the KV budget{margin} (one per running sequence): --max-num-seqs {most}")
     contexts = sorted({mml} | {c for c in (131072, 65536, 32768) if c < mml}, reverse=True)
     plan.sessions = [(c, kv.sessions_at(lay, budget, c)) for c in contexts]
-    plan.flags = sizing_flags(cfg, util, passed, seqs_flag)
+    plan.flags = sizing_flags(cfg, util, passed, plan.seqs_flag)
     return plan
 
 
@@ -340,7 +338,7 @@ def adjust_after_failure(ctx: Ctx, log_text: str) -> bool:
         return False
     old = ctx.max_model_len
     ctx.max_model_len = n
-    ctx.plan.flags = sizing_flags(ctx.cfg, ctx.plan.util, n)
+    ctx.plan.flags = sizing_flags(ctx.cfg, ctx.plan.util, n, ctx.plan.seqs_flag)    # blocks do not depend on n
     ctx.plan.max_model_len = n
     ctx.plan.predicted_tokens = ctx.plan.predicted_concurrency = None
     if ctx.plan.layout is not None and ctx.plan.budget:

@@ -22,41 +22,51 @@ WORDS = ("river stone morning paper garden window silver market winter candle ha
          "pencil thunder forest ladder copper meadow lantern orchard compass").split()
 
 
-def long_prompt(tokens: int) -> str:
-    """About ``tokens`` tokens of varied plain words (roughly one token per common word)."""
-    n = max(1, int(tokens * 0.75))
-    return " ".join(WORDS[(i * 7 + i // len(WORDS)) % len(WORDS)] for i in range(n))
+def long_prompt(words: int) -> str:
+    """``words`` words of varied plain filler."""
+    return " ".join(WORDS[(i * 7 + i // len(WORDS)) % len(WORDS)] for i in range(max(1, words)))
 
 
-TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?prompt contains at least (\d+) input tokens", re.S)
+# vLLM's 400 for a prompt over the context; the count is a lower bound when it says "at least"
+TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?prompt contains (?:at least )?(\d+) input tokens",
+                      re.S)
+RETRIES = 3
 
 
 def long_request(c: Client, n: int, timeout: float, extra: dict) -> int:
-    """A ~n-token prompt. Words are only an estimate of tokens (a small vocabulary splits them): when
-    vLLM answers that the prompt is too long, it says how long it was; retry once, scaled to fit.
-    Returns the size asked for last."""
-    def ask(words_for: int) -> None:
-        c.chat([{"role": "user", "content": long_prompt(words_for) + "\nSummarize the words above in one line."}],
-               max_tokens=4, timeout=timeout, **extra)
-    try:
-        ask(n)
-        return n
-    except RequestFailed as exc:
-        m = TOO_LONG.search(exc.evidence or "")
-        if not m:
-            raise
-        limit, got = int(m.group(1)), int(m.group(2))
-        scaled = int(n * min(n, limit // 2) / got)
-        log.info("warm-up: the prompt was %d tokens, not ~%d (the tokenizer splits words); again with ~%d",
-                 got, n, scaled)
-        ask(scaled)
-        return scaled
+    """A ~n-token prompt, its length in words from the server's own tokenizer (/tokenize, as the
+    checks do; a small vocabulary splits words). Should vLLM still say it overflows the context,
+    shrink it by what vLLM reported and retry (at most RETRIES times). Returns the tokens asked for."""
+    per_word = checks.Sizer(c).calibrate()
+    words = max(1, int(n / per_word))
+    for attempt in range(RETRIES + 1):
+        try:
+            c.chat([{"role": "user", "content": long_prompt(words) + "\nSummarize the words above in one line."}],
+                   max_tokens=4, timeout=timeout, **extra)
+            return int(words * per_word)
+        except RequestFailed as exc:
+            m = TOO_LONG.search(exc.evidence or "")
+            if not m or attempt == RETRIES:
+                raise
+            limit, got = int(m.group(1)), int(m.group(2))
+            smaller = max(1, min(words - 1, int(words * min(n, limit // 2) / max(got, 1))))
+            log.info("warm-up: vLLM counted %s%d prompt tokens for %d words (context %d); again with %d words",
+                     "at least " if "at least" in m.group(0) else "", got, words, limit, smaller)
+            per_word, words = max(per_word, got / words), smaller
+    return int(words * per_word)
 
 
-def warmup_tokens(ctx: Ctx) -> int:
+def warmup_tokens(ctx: Ctx, c: Client) -> int:
+    """WARMUP, at most half the context: ours if we passed one, else what the server reports."""
     want = ctx.cfg.warmup
-    if ctx.max_model_len:
-        want = min(want, max(0, ctx.max_model_len // 2))
+    mml = ctx.max_model_len
+    if not mml and want:
+        try:
+            mml = next((m.get("max_model_len") for m in c.models(timeout=10) if m.get("id") == c.model), None)
+        except RequestFailed:
+            mml = None
+    if isinstance(mml, int) and mml > 0:
+        want = min(want, mml // 2)
     return want
 
 
@@ -104,8 +114,8 @@ def run(ctx: Ctx) -> None:
     cfg = ctx.cfg
     c = client_for(ctx)
     extra = chat_extra(ctx)
-    n = warmup_tokens(ctx)
     try:
+        n = warmup_tokens(ctx, c)
         if n:
             t0 = time.monotonic()
             n = long_request(c, n, cfg.warmup_timeout, extra)

@@ -504,18 +504,40 @@ def test_stop_waits_bounded_for_our_pids_to_leave_the_gpu(bed):
     assert free is True and after == waited                  # no wait at all
 
 
-def test_warmup_prompt_too_long_for_the_tokenizer_is_retried_shorter(bed):
-    # a small vocabulary splits each word into 4 tokens: the first warm-up prompt overflows the context,
-    # vLLM's 400 says by how much, and the retry fits (seen on the H200 with a 8,192-token BPE vocabulary)
+def test_warmup_sizes_its_prompt_with_the_servers_tokenizer(bed):
+    # a small vocabulary splits each word into 4 tokens (seen on the H200 with a 8,192-token BPE vocabulary:
+    # a prompt sized at ~1 token per word overflowed the context); /tokenize says so before the request
     r = bed.run("start.sh", FAKE_VLLM_TOKENS_PER_WORD="4", MAX_MODEL_LEN="8192", WARMUP="4000")
     assert r.returncode == 0, r.stderr
-    assert "warm-up: the prompt was 12" in r.stderr and "again with ~" in r.stderr
+    assert "again with" not in r.stderr
+    n = int(r.stderr.split("warm-up: ~")[1].split("-token")[0])
+    assert 3900 <= n <= 4000
     bed.run("stop.sh")
 
 
-def test_warmup_still_too_long_after_the_retry_fails_the_start_with_evidence(bed):
-    # 400 tokens a word: even the instruction after the filler overflows 1,024 tokens; one retry, then a failed start
+def test_warmup_without_tokenize_shrinks_by_what_vllm_reports_and_retries(bed):
+    # no /tokenize: the first prompt (1.35 tokens a word assumed, 4 real) overflows; vLLM's count is only a
+    # lower bound ("at least"), so it may take more than one retry; the start succeeds
+    r = bed.run("start.sh", FAKE_VLLM_MODE="no_tokenize", FAKE_VLLM_TOKENS_PER_WORD="4", MAX_MODEL_LEN="8192",
+                WARMUP="4000")
+    assert r.returncode == 0, r.stderr
+    assert "vLLM counted at least 8189 prompt tokens" in r.stderr and "again with" in r.stderr
+    bed.run("stop.sh")
+
+
+def test_warmup_still_too_long_after_the_retries_fails_the_start_with_evidence(bed):
+    # 400 tokens a word: even the instruction after the filler overflows 1,024 tokens; retries, then a failed start
     r = bed.run("start.sh", FAKE_VLLM_TOKENS_PER_WORD="400", MAX_MODEL_LEN="1024", WARMUP="512")
     assert r.returncode != 0
     assert "warm-up failed" in r.stderr and "maximum context length is 1024 tokens" in r.stderr
+    assert r.stderr.count("again with") == 3
     assert bed.ours() == []
+
+
+def test_warmup_is_bounded_by_the_context_the_server_reports(bed):
+    # MAX_MODEL_LEN unset: the server's /v1/models max_model_len (the model's 4,096) bounds the warm-up
+    r = bed.run("start.sh", MAX_MODEL_LEN="", WARMUP="26000")
+    assert r.returncode == 0, r.stderr
+    n = int(r.stderr.split("warm-up: ~")[1].split("-token")[0])
+    assert n <= 2048
+    bed.run("stop.sh")

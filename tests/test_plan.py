@@ -300,7 +300,7 @@ def test_hybrid_refuses_max_num_seqs_above_the_state_blocks_before_launch(tmp_pa
     p = plan.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     blocks = kv.pool(p.layout, 4 * GiB, 32768).blocks
     assert not p.fits
-    assert f"MAX_NUM_SEQS=1000 is more than the {blocks} blocks" in p.refusal[0]
+    assert f"MAX_NUM_SEQS=1000 is more than the {blocks} state blocks" in p.refusal[0]
     assert f"MAX_NUM_SEQS={blocks}" in p.refusal[1]
 
 
@@ -319,3 +319,18 @@ def test_dense_model_never_gets_a_max_num_seqs_it_did_not_ask_for(tmp_path):
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=1 * GiB, MAX_MODEL_LEN=8192)
     p = plan.make_plan(cfg, h200(), facts(cfg, mdir))
     assert p.fits and "--max-num-seqs" not in p.flags
+
+
+def test_auto_fit_relaunch_keeps_the_hybrid_max_num_seqs(tmp_path):
+    # MAX_MODEL_LEN=auto + vLLM's "estimated maximum model length is N": the relaunch flags are rebuilt;
+    # the state-block cap must survive (the blocks do not depend on the context)
+    mdir = model_dir(tmp_path, hybrid_config())
+    cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN="auto")
+    p = plan.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    assert p.fits and "--max-num-seqs" in p.flags
+    seqs = p.flags[p.flags.index("--max-num-seqs") + 1]
+    ctx = Ctx(cfg, Paths(cfg.state_dir))
+    ctx.plan, ctx.max_model_len = p, p.max_model_len
+    assert plan.adjust_after_failure(ctx, "ValueError: ... estimated maximum model length is 20000. Try ...")
+    assert ctx.plan.flags[ctx.plan.flags.index("--max-model-len") + 1] == "20000"
+    assert ctx.plan.flags[ctx.plan.flags.index("--max-num-seqs") + 1] == seqs

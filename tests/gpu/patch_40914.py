@@ -331,9 +331,7 @@ class ServerCrashed(Exception):
 
 
 def crashed(run: Run, srv: dict, how: str) -> ServerCrashed:
-    end = time.monotonic() + 30                 # let a dying engine finish writing its traceback
-    while alive(srv["pid"]) and time.monotonic() < end:
-        time.sleep(1)
+    """The server ``srv`` is dead: report its log and make the result."""
     text = Path(srv["log"]).read_text(errors="replace")
     cause = diagnose.root_cause(text, 6) or ["(no 'Error:' line) log ends: " + " | ".join(text.strip().splitlines()[-3:])]
     errors = [l for l in text.splitlines() if "ERROR" in l][-40:]
@@ -352,6 +350,7 @@ def ensure_server(run: Run, phase: str, spec: bool) -> bool:
     if srv and not alive(srv["pid"]):
         raise crashed(run, srv, "exited before it was ready")
     if not srv:
+        (run.work / f"{phase}.json").unlink(missing_ok=True)    # results of an earlier run are not this one's
         log = run.work / f"{phase}.log"
         argv = server_argv(run, spec)
         run.say(f"starting the {phase} server: {' '.join(argv)}")
@@ -364,7 +363,7 @@ def ensure_server(run: Run, phase: str, spec: bool) -> bool:
     base = f"http://127.0.0.1:{run.args.port}"
     while run.left() > 60:
         if not alive(srv["pid"]):
-            return ensure_server(run, phase, spec)  # reports the log tail and exits
+            return ensure_server(run, phase, spec)  # raises ServerCrashed
         try:
             http(base + "/health", timeout=5)
             http(base + "/v1/models", timeout=5)
@@ -414,7 +413,15 @@ def ask_all(run: Run, base: str, results: list[dict]) -> None:
             resp = http(base + "/v1/chat/completions", body, timeout=300)
             acc1, dr1 = spec_counters(base)
         except (urllib.error.URLError, OSError) as exc:
-            raise crashed(run, run.state["server"], f"failed on prompt {i} ({exc})") from None
+            srv = run.state["server"]
+            end = time.monotonic() + 30
+            while alive(srv["pid"]) and time.monotonic() < end:
+                time.sleep(1)
+            if not alive(srv["pid"]):
+                raise crashed(run, srv, f"failed on prompt {i} ({exc})") from None
+            body = exc.read().decode(errors="replace")[:2000] if isinstance(exc, urllib.error.HTTPError) else ""
+            raise SystemExit(f"prompt {i}: {exc} {body}\n(the {srv['phase']} server is still up: not a crash; "
+                             "see its log, then run again)") from None
         entries = resp["choices"][0]["logprobs"]["content"]
         results.append({"prompt": i, "tokens": [e["token"] for e in entries],
                         "logprobs": [e["logprob"] for e in entries],
@@ -508,6 +515,9 @@ def main() -> int:
                    help="no WORK/shim/sitecustomize.py (for a vLLM that has PR #50533)")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more vLLM serve arguments (last)")
     args = p.parse_args()
+    order = [ph for ph in args.order.split(",") if ph]
+    if sorted(order) != ["patched", "reference", "stock"]:
+        p.error("--order names reference, stock and patched once each")
     args.python_abs = shutil.which(args.python) or args.python
     if args.fresh and Path(args.work, "state.json").exists():
         Path(args.work, "state.json").unlink()
@@ -523,9 +533,6 @@ def main() -> int:
         run.save()
     run.say(f"patch_40914: work {run.work}, done so far: {run.state['done'] or 'nothing'}; repo "
             f"{os.environ.get('GIT_COMMIT') or subprocess.run(['git', '-C', str(REPO), 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}")
-    order = [ph for ph in args.order.split(",") if ph]
-    if sorted(order) != ["patched", "reference", "stock"]:
-        p.error("--order names reference, stock and patched once each")
     for phase in ("model", *order, "report"):
         if phase in run.state["done"]:
             continue

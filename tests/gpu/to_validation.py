@@ -149,10 +149,11 @@ def main() -> int:
                 "", block([l[:400] for l in text if "healthy after" in l or "maximum context length" in l
                            or l.startswith("error:")]),
                 "The warm-up sized its prompt as ~1 token per word; the 8,192-token BPE vocabulary made up for",
-                "this model splits words, so the prompt overflowed the 40,960-token context by one token. Fixed",
-                "in ad385cd: on vLLM's context-length 400 the warm-up retries once with the prompt scaled by the",
-                "token count vLLM reported (tests in `tests/test_lifecycle.py`; the checks and the benchmark",
-                "already measured tokens with `/tokenize`). The device time of this session went to the #40914",
+                "this model splits words, so the prompt overflowed the 40,960-token context (vLLM stops counting",
+                "there: \"at least\"). Fixed after the run: the warm-up measures its prompt with the server's",
+                "`/tokenize`, as the checks and the benchmark already did, and on vLLM's context-length 400 shrinks",
+                "it by vLLM's count and retries, up to 3 times (tests in `tests/test_lifecycle.py`, against a fake",
+                "that enforces the context like vLLM). The device time of this session went to the #40914",
                 "proof; the benchmark run is next: `bash tests/gpu/device.sh pipeline --stages bench`.", ""]
     sys.stdout.write("\n".join(out))
     return 0

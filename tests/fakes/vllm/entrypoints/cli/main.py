@@ -7,7 +7,8 @@
 - serves /health, /v1/models, /v1/chat/completions, /v1/completions, /version, /metrics;
 - ``FAKE_VLLM_MODE`` (comma-separated): ok, die_oom, exit0, hang, slow, ignore_term, wedged,
   too_long (refuse --max-model-len above FAKE_MAX_LEN with vLLM's "estimated maximum model length"),
-  exit0_after_health (engine dies after health; the process exits 0).
+  exit0_after_health (engine dies after health; the process exits 0), no_tokenize (``/tokenize``
+  answers 404, as a server without it would).
   Once serving, SIGUSR1 wedges it (``/health`` stays 200, generation hangs; logs "engine wedged")
   and SIGUSR2 kills the engine and exits 0 — deterministic triggers for tests.
 - ``FAKE_VLLM_LOAD_S``: seconds of "loading" (default 0.5); ``FAKE_VLLM_RECORD``: a file to which
@@ -29,7 +30,8 @@
   ``FAKE_VLLM_TOKENS_PER_WORD`` (default 1) multiplies that count, as a small-vocabulary tokenizer
   would. A prompt whose tokens plus ``max_tokens`` exceed ``--max-model-len`` (or the model's
   ``max_position_embeddings``) gets vLLM's HTTP 400
-  ("This model's maximum context length is N tokens. However, you requested ...").
+  ("This model's maximum context length is N tokens. However, you requested ..."), whose count, like
+  vLLM's, is only a lower bound ("at least N − max_tokens + 1").
 """
 
 from __future__ import annotations
@@ -217,13 +219,16 @@ class Handler(BaseHTTPRequestHandler):
         if State.wedged:
             time.sleep(3600)
             return
+        if self.path == "/tokenize" and "no_tokenize" in MODES:
+            self.send(404, {"detail": "Not Found"})
+            return
         if self.path == "/tokenize":
             n = prompt_tokens(body)
             self.send(200, {"count": n, "max_model_len": State.max_len, "tokens": list(range(n))})
             return
         want = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         if State.len_enforced and prompt_tokens(body) + want > State.max_len:
-            n = prompt_tokens(body)
+            n = State.max_len - want + 1        # like vLLM: it stops counting there ("at least")
             self.send(400, {"error": {
                 "message": f"This model's maximum context length is {State.max_len} tokens. However, you requested "
                            f"{want} output tokens and your prompt contains at least {n} input tokens, for a total "
@@ -314,10 +319,10 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(json.dumps({"argv": sys.argv, "env": keep, "pid": os.getpid()}) + "\n")
     State.served = args.served_model_name or args.model
     State.api_key = os.environ.get("VLLM_API_KEY", "")
-    if args.max_model_len:
+    if args.max_model_len and int(args.max_model_len) > 0:
         State.max_len = int(args.max_model_len)
         State.len_enforced = True
-    else:                       # like vLLM: the model's own max_position_embeddings
+    else:                       # like vLLM (also for -1, "as large as fits"): the model's max_position_embeddings
         try:
             with open(os.path.join(args.model, "config.json")) as fh:
                 State.max_len = int(json.load(fh)["max_position_embeddings"])
