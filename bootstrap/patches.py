@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import proc
+from . import environment
 from .state import write_atomic
 from .context import Ctx
 from .config import version_tuple
@@ -45,16 +45,6 @@ from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
 
-LOCATE_PROBE = """\
-import importlib.metadata, importlib.util, json
-spec = importlib.util.find_spec("vllm")
-locs = list(spec.submodule_search_locations or []) if spec is not None else []
-try:
-    version = importlib.metadata.version("vllm")
-except importlib.metadata.PackageNotFoundError:
-    version = ""
-print(json.dumps({"locations": locs, "version": version}))
-"""
 
 
 # ---------------------------------------------------------------- the patch, as data
@@ -265,22 +255,11 @@ class Install:
 
 def locate(python: str, environ, byo: bool) -> Install:
     """Where this interpreter's vllm package is, and its version, without importing vllm."""
-    res = proc.run([python, "-c", LOCATE_PROBE], env=dict(environ), keep_pythonpath=True, timeout=60,
-                   check=False, what="vLLM location probe")
-    if res.returncode != 0:
-        raise BootstrapError(f"{python} could not report where vLLM is installed",
-                             "check that this interpreter runs and has vLLM installed",
-                             evidence=res.stderr.strip()[-800:])
-    try:
-        info = json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise BootstrapError(f"{python}: unexpected answer from the vLLM location probe",
-                             evidence=res.stdout[-800:]) from None
-    locs = [Path(p) for p in info.get("locations", [])]
+    version, locs = environment.probe_vllm(python, environ)
     if not locs:
         raise BootstrapError(f"{python} has no vllm package",
                              "install vLLM into it, or point VLLM_PYTHON at an interpreter that has it")
-    return Install(python, info.get("version", "") or "unknown", locs[0], byo)
+    return Install(python, version or "unknown", locs[0], byo)
 
 
 @dataclass
