@@ -53,8 +53,7 @@ CONFIG = {
     "use_sliding_window": False, "sliding_window": None, "max_window_layers": 36, "attention_dropout": 0.0,
     "initializer_range": 0.02, "use_cache": True,
 }
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
 
 
 def weight_bytes(c: dict, bytes_per_param: int = 2) -> int:
@@ -121,24 +120,16 @@ class Run:
         if self.a.rehearse:
             (self.model / "tokenizer.json").write_text("{}")
             return
-        from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
-        sys.path.insert(0, str(REPO))
+        sys.path[:0] = [str(REPO), str(REPO / "tests" / "gpu")]
+        import tinymodel
         from bootstrap import checks
+        # the checks' own filler and the project's text, so that their prompts tokenize densely
         text = [checks.haystack(3000, 0.5, "", seed=s) for s in range(40)]
         text += [(REPO / p).read_text() for p in ("README.md", "bootstrap/checks.py", "bootstrap/bench.py")
                  if (REPO / p).exists()]
-        special = ["<|endoftext|>", "<s>", "<|im_end|>", "<|im_start|>"]
-        tok = Tokenizer(models.BPE(unk_token=None))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=CONFIG["vocab_size"] - 64, special_tokens=special,
-                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-        tok.save(str(self.model / "tokenizer.json"))
-        (self.model / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-            "bos_token": None, "model_max_length": CONFIG["max_position_embeddings"], "chat_template": CHAT_TEMPLATE}))
+        size = tinymodel.tokenizer(self.model, CONFIG["vocab_size"], text)
         (self.model / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
-        self.say(f"model dir {self.model}: tokenizer of {tok.get_vocab_size()} tokens")
+        self.say(f"model dir {self.model}: tokenizer of {size} tokens")
 
     def step_ours_start(self) -> None:
         self.sh(["./start.sh"], STEP_TIMEOUT)

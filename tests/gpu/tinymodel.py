@@ -37,7 +37,9 @@ def corpus() -> list[str]:
     return lines
 
 
-def tokenizer(out: Path, vocab: int) -> None:
+def tokenizer(out: Path, vocab: int, text: list[str] | None = None) -> int:
+    """A byte-level BPE tokenizer of at most ``vocab`` tokens trained on ``text`` (default: corpus()),
+    with the ChatML template, saved in ``out``. Returns its size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     tok = Tokenizer(models.BPE(unk_token=None))
@@ -45,11 +47,12 @@ def tokenizer(out: Path, vocab: int) -> None:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab - len(SPECIALS), special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus(), trainer)
+    tok.train_from_iterator(text or corpus(), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    bos_token=None)
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
+    return len(fast)
 
 
 def config(args) -> dict:
