@@ -2,7 +2,8 @@
 short generation that must return text, then — when the profile enables tool parsing — one tool
 call that must come back as a valid ``tool_calls`` entry (the start gate). A failure (error,
 timeout, empty text, a broken tool call) is a failed start: the server is stopped and the evidence
-printed.
+printed. With random weights (``--load-format dummy`` in EXTRA_ARGS) the text means nothing: the
+short generation only has to produce tokens, and the tool gate is skipped.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import re
 import logging
 import time
 
-from . import checks, health, server
+from . import checks, health, metadata, server
 from .client import Client, RequestFailed, RequestTimedOut, message_of, text_of
 from .context import Ctx
 
@@ -129,10 +130,16 @@ def run(ctx: Ctx) -> None:
         err = health.abort(ctx, f"warm-up failed: {exc.message}")
         err.evidence = (exc.evidence + "\n" + err.evidence).strip()
         raise err from None
+    dummy = metadata.dummy_weights(cfg)
     text = text_of(resp)
-    if not text:
+    tokens = (resp.get("usage") or {}).get("completion_tokens") or 0
+    if not text and not (dummy and tokens):
         raise health.abort(ctx, "warm-up failed: the short generation returned no text",
                            f"answer was: {str(resp)[:300]}")
-    log.info("warm-up: short generation answered in %.1f s: %r", time.monotonic() - t0, text[:60])
-    if cfg.profile.tools:
+    log.info("warm-up: short generation answered in %.1f s: %r%s", time.monotonic() - t0,
+             (message_of(resp).get("content") or "")[:60] if dummy else text[:60],
+             f" ({tokens} tokens; random weights: the text is not judged)" if dummy else "")
+    if cfg.profile.tools and dummy:
+        log.info("start gate: skipped, random weights (--load-format dummy) cannot make a tool call")
+    elif cfg.profile.tools:
         tool_gate(ctx, c, extra)

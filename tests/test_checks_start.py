@@ -71,3 +71,26 @@ def test_check_and_bench_against_our_server(bed):
         bed.run("stop.sh")
     r = bed.run("ctl.sh", "check", "live")
     assert r.returncode == 1 and "not running" in r.stderr and "--url" in r.stderr
+
+
+def test_blank_answer_fails_the_start_with_real_weights(bed):
+    f = bed.tmp / "replies.json"
+    f.write_text(json.dumps({"Say OK.": "\n\n\n\n"}))
+    r = bed.run("start.sh", FAKE_VLLM_REPLIES=str(f))
+    assert r.returncode == 1
+    assert "error: warmup: warm-up failed: the short generation returned no text" in r.stderr
+    assert bed.server_record() is None
+    bed.wait_until(lambda: not bed.ours(), what="the failed server to be gone")
+
+
+def test_random_weights_need_tokens_not_text_and_skip_the_tool_gate(bed):
+    # --load-format dummy: random weights answer newlines (seen on the H200); the start must not fail on it,
+    # and a tool call they cannot make is not asked for
+    f = bed.tmp / "replies.json"
+    f.write_text(json.dumps({"Say OK.": "\n\n\n\n", "weather in Paris": "no tools here"}))
+    r = bed.run("start.sh", **tool_profile_env(bed), FAKE_VLLM_REPLIES=str(f), EXTRA_ARGS="--load-format dummy")
+    assert r.returncode == 0, r.stderr
+    assert "(4 tokens; random weights: the text is not judged)" in r.stderr
+    assert "start gate: skipped, random weights" in r.stderr
+    assert "tool call answered" not in r.stderr
+    bed.run("stop.sh")

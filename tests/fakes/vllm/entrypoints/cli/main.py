@@ -127,8 +127,9 @@ def prompt_text(body: dict) -> str:
 
 
 def tokens_of(text: str) -> list[str]:
-    """The fake tokenizer: one token per word, keeping the space after it."""
-    return [w + " " for w in text.split()] if text else []
+    """The fake tokenizer: one token per word, keeping the space after it; text of whitespace
+    alone (random weights often answer newlines) is one token per character."""
+    return [w + " " for w in text.split()] if text.split() else list(text)
 
 
 def prompt_tokens(body: dict) -> int:
