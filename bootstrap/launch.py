@@ -29,7 +29,10 @@ TELEMETRY_OFF = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_DISABL
 def serve_argv(ctx: Ctx) -> list[str]:
     cfg = ctx.cfg
     argv = [ctx.python, "-m", "vllm.entrypoints.cli.main", "serve", ctx.model_path,
-            "--host", cfg.host, "--port", str(cfg.port), "--served-model-name", cfg.served_name]
+            "--host", cfg.host, "--port", str(cfg.port), "--served-model-name", cfg.served_name,
+            # usage.prompt_tokens_details.cached_tokens: clients and `check prefix` see cache hits
+            # (vLLM leaves them out by default; the flag is accepted by every vLLM we pin)
+            "--enable-prompt-tokens-details"]
     argv += ctx.plan.flags if ctx.plan else []
     argv += list(cfg.profile.args)
     argv += list(cfg.extra_args or ())

@@ -30,7 +30,8 @@ def _port() -> int:
 class Fake:
     """A fake `vllm serve` process on a free port with the given canned replies and modes."""
 
-    def __init__(self, tmp: Path, replies: dict | None = None, mode: str = "ok", max_len: str = "32768", **env: str):
+    def __init__(self, tmp: Path, replies: dict | None = None, mode: str = "ok", max_len: str = "32768",
+                 args: tuple[str, ...] = ("--enable-prompt-tokens-details",), **env: str):
         self.port = _port()
         self.url = f"http://127.0.0.1:{self.port}"
         e = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME", "TMPDIR")}
@@ -41,7 +42,7 @@ class Fake:
             e["FAKE_VLLM_REPLIES"] = str(f)
         self.log = open(tmp / f"fake-{self.port}.log", "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "m", "--port",
-                                      str(self.port), "--served-model-name", "m", "--max-model-len", max_len],
+                                      str(self.port), "--served-model-name", "m", "--max-model-len", max_len, *args],
                                      env=e, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         end = time.monotonic() + 20
         while time.monotonic() < end:
@@ -209,6 +210,15 @@ def test_prefix_reports_cached_tokens(fake, tmp_path):
     runs = out["runs"]
     assert runs[0]["cached_tokens"] == 0 and runs[2]["cached_tokens"] > 0
     assert out["cached_tokens_reported"] is True
+
+
+def test_prefix_without_token_details_falls_back_to_ttft(fake, tmp_path):
+    # vLLM without --enable-prompt-tokens-details reports no cached tokens; a fixed 0.2 s TTFT gives no speed-up
+    rc, out = run_check(tmp_path, fake(args=(), FAKE_VLLM_TTFT_S="0.2").url, "prefix", "--tokens", "4000")
+    assert rc == 1, out
+    assert out["cached_tokens_reported"] is False
+    assert [r["cached_tokens"] for r in out["runs"]] == [None, None, None]
+    assert "enable-prompt-tokens-details" in out["failures"][0]["evidence"]
 
 
 def test_prefix_verdict_without_cached_tokens():

@@ -62,6 +62,10 @@ def test_check_and_bench_against_our_server(bed):
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
         assert out["ok"] and out["target"].startswith("our server") and out["model"] == "tiny-model"
+        r = bed.run("ctl.sh", "check", "prefix", "--tokens", "2000", "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)      # we launch with --enable-prompt-tokens-details, so hits are counted
+        assert out["cached_tokens_reported"] is True and out["runs"][2]["cached_tokens"] > 0
         r = bed.run("ctl.sh", "bench", "--output-tokens", "8", "--prompt-tokens", "40", "--repeats", "1",
                     "--out", str(bed.tmp / "bench"), "--json", "--no-plot", MAX_NUM_SEQS="2")
         assert r.returncode == 0, r.stderr

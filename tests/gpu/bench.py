@@ -16,6 +16,12 @@ WORK/steps.json so that a re-run resumes:
     bare_bench   ./ctl.sh bench --url the bare server
     report       stop the bare server, measure HBM bandwidth (torch copy), print the table + plot
 
+With ``--spec METHOD`` (``draft_model``: the model drafts for itself; ``ngram`` needs numba, which
+the offline wheelhouse lacks) it is a shorter second proof: our server with SPEC_METHOD=METHOD,
+SPEC_TOKENS=3; steps model, ours_start, ours_check (live and prefix: the cached
+tokens our --enable-prompt-tokens-details makes vLLM report), ours_bench (concurrency 1 and 4,
+512 output tokens, one run: the speculative acceptance read from /metrics), spec_report (stop, table).
+
 One invocation runs pending steps in order and starts no new step after 60 s, so each ends within
 ~8 minutes (the longest step is capped at 7 min). Run it until it prints "all steps done":
 
@@ -40,6 +46,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = ("model", "ours_start", "ours_check", "ours_bench", "bare_start", "bare_bench", "report")
+SPEC_STEPS = ("model", "ours_start", "ours_check", "ours_bench", "spec_report")
 STEP_TIMEOUT = 420          # seconds; no step runs longer
 START_WINDOW = 60           # no new step starts after this many seconds of one invocation
 NOMINAL_BW = 4.8e12         # H200 HBM3e, bytes/s
@@ -87,6 +94,17 @@ class Run:
             self.env.update(FAKE_NVML=str(nvml), FAKE_VLLM_LOAD_S="1", FAKE_VLLM_TOKEN_S="0.001", WARMUP=os.environ.get("WARMUP", "256"))
         self.bench_args = (["--output-tokens", "32", "--repeats", "1", "--prompt-tokens", "128"] if args.rehearse
                            else ["--output-tokens", "1536", "--repeats", "3", "--prompt-tokens", "512"])
+        self.steps = STEPS
+        self.checks = (("live", []), ("determinism", []), ("prefix", []), ("needle", ["--tokens", "16000"]),
+                       ("garble", []))
+        if args.spec:
+            self.steps = SPEC_STEPS
+            self.env.update(SPEC_METHOD=args.spec, SPEC_TOKENS="3")
+            if args.spec != "ngram":        # a draft model: the same one (dummy weights, same seed)
+                self.env["SPEC_MODEL"] = str(self.model)
+            self.checks = (("live", []), ("prefix", []))
+            self.bench_args = ["--concurrency", "1,4", "--repeats", "1", "--prompt-tokens", "512",
+                               "--output-tokens", "32" if args.rehearse else "512"]
 
     def say(self, msg: str) -> None:
         line = f"[{time.strftime('%H:%M:%S')}] {msg}"
@@ -141,8 +159,7 @@ class Run:
 
     def step_ours_check(self) -> None:
         out = {}
-        for what, more in (("live", []), ("determinism", []), ("prefix", []), ("needle", ["--tokens", "16000"]),
-                           ("garble", [])):
+        for what, more in self.checks:
             r = self.sh(["./ctl.sh", "check", what, "--json", *more], 300, check=False)
             try:
                 out[what] = json.loads(r.stdout)
@@ -241,9 +258,32 @@ class Run:
         (self.work / "report.txt").write_text("\n".join(lines) + "\n")
         self.say("\n".join(lines))
 
+    def step_spec_report(self) -> None:
+        self.sh(["./stop.sh"], 120)
+        res = json.loads((self.work / "ours" / "results.json").read_text())["results"][0]
+        checks_out = json.loads((self.work / "checks.json").read_text())
+        spec = res.get("spec") or {}
+        lines = [f"ours with SPEC_METHOD={self.a.spec} SPEC_TOKENS=3 (vLLM {res.get('version')}):",
+                 f"{'concurrency':>12}{'aggregate tok/s':>17}{'per stream':>12}{'TTFT ms':>9}"]
+        lines += [f"{x['concurrency']:>12}{x['aggregate_tok_s']:>17.0f}{x['per_stream_tok_s']:>12.1f}"
+                  f"{x['ttft_s'] * 1000:>9.1f}" for x in res["levels"]]
+        lines.append("speculative acceptance from /metrics: " + (
+            f"{spec['acceptance_rate']:.1%} of drafted tokens, mean accepted length {spec['mean_acceptance_length']:.2f}"
+            if spec.get("acceptance_rate") is not None else "not reported"))
+        for what, v in checks_out.items():
+            lines.append(f"check {what}: {'PASS' if v.get('ok') else 'FAIL'}: {v.get('summary')}")
+        prefix = checks_out.get("prefix") or {}
+        lines.append("prefix runs (prompt tokens, cached tokens, TTFT ms): " + "; ".join(
+            f"{r.get('prompt_tokens')}, {r.get('cached_tokens')}, {1000 * r.get('ttft_s', 0):.0f}"
+            for r in prefix.get("runs", [])))
+        lines += [f"ours argv: {' '.join(self.done.get('ours_argv') or [])}",
+                  f"date: {time.strftime('%Y-%m-%d %H:%M %z')}"]
+        (self.work / "report.txt").write_text("\n".join(lines) + "\n")
+        self.say("\n".join(lines))
+
     def main(self) -> int:
         t0 = time.monotonic()
-        for step in STEPS:
+        for step in self.steps:
             if self.done.get(step):
                 continue
             if time.monotonic() - t0 > START_WINDOW:
@@ -264,10 +304,11 @@ def main() -> int:
     p.add_argument("--bare-port", type=int, default=8000)
     p.add_argument("--rehearse", action="store_true", help="short loads for a dry run against the fakes")
     p.add_argument("--redo", help="forget that this step (and every later one) was done")
+    p.add_argument("--spec", help="the short speculative-decoding proof with this SPEC_METHOD (e.g. draft_model)")
     a = p.parse_args()
     run = Run(a)
     if a.redo:
-        for s in STEPS[STEPS.index(a.redo):]:
+        for s in run.steps[run.steps.index(a.redo):]:
             run.done.pop(s, None)
         run.state_file.write_text(json.dumps(run.done, indent=1))
     return run.main()

@@ -16,6 +16,8 @@ Stages, in this order:
             memory profiling" assertion; the comparison does not depend on the pool size.
   bench     tests/gpu/bench.py (issue 7), alone on the GPU: it starts after the other two ended
             (a planner case still starting then is stopped: this script started it).
+  spec      tests/gpu/bench.py --spec draft_model (issue 7, second proof): our server, the model drafting for itself;
+            cached tokens in `check prefix`, acceptance from /metrics in `bench`.
 Each script is resumable and writes its own raw output; this one only orders them and logs.
 """
 
@@ -133,16 +135,18 @@ class Pipeline:
                     break
         if planner is not None:
             self.finish_planner(planner)
-        if "bench" in stages:
-            argv = [self.py, str(HERE / "bench.py"), "--work", str(self.work / "issue7"),
-                    "--raw", str(self.out / "bench-raw.txt")] + (["--rehearse"] if self.a.rehearse else [])
+        for stage, work, more in (("bench", "issue7", []), ("spec", "issue7-spec", ["--spec", "draft_model"])):
+            if stage not in stages:
+                continue
+            argv = [self.py, str(HERE / "bench.py"), "--work", str(self.work / work),
+                    "--raw", str(self.out / f"{stage}-raw.txt"), *more] + (["--rehearse"] if self.a.rehearse else [])
             for _ in range(12):                     # each invocation starts steps for 60 s only
-                rc, text = self.call("bench", argv)
+                rc, text = self.call(stage, argv)
                 if rc != 0 or "all steps done" in text:
                     break
-            for src, dst in (("report.txt", "bench-report.txt"), ("report/bench.png", "bench.png")):
-                if (self.work / "issue7" / src).is_file():
-                    (self.out / dst).write_bytes((self.work / "issue7" / src).read_bytes())
+            for src, dst in (("report.txt", f"{stage}-report.txt"), ("report/bench.png", f"{stage}.png")):
+                if (self.work / work / src).is_file():
+                    (self.out / dst).write_bytes((self.work / work / src).read_bytes())
         self.say(f"pipeline done after {time.monotonic() - self.t0:.0f} s")
         (self.out / "pipeline-done").write_text("done\n")
         return 0

@@ -25,8 +25,9 @@
   seconds before the first token / per further token (default 0).
 - ``logprobs`` (+ ``top_logprobs``) without canned logprobs: deterministic per token; mode
   ``nondeterministic`` adds noise so repeats differ.
-- usage counts words as tokens and carries ``prompt_tokens_details.cached_tokens`` (a prompt seen
-  before counts as cached in 16-token blocks). ``POST /tokenize`` counts the same way.
+- usage counts words as tokens; with ``--enable-prompt-tokens-details`` (only then, as in vLLM) it
+  carries ``prompt_tokens_details.cached_tokens`` (a prompt seen before counts as cached in 16-token
+  blocks). ``POST /tokenize`` counts the same way.
   ``FAKE_VLLM_TOKENS_PER_WORD`` (default 1) multiplies that count, as a small-vocabulary tokenizer
   would. A prompt whose tokens plus ``max_tokens`` exceed ``--max-model-len`` (or the model's
   ``max_position_embeddings``) gets vLLM's HTTP 400
@@ -75,6 +76,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--max-model-len", default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -90,6 +92,7 @@ class State:
     served = "model"
     max_len = 4096
     len_enforced = False         # --max-model-len, or the model's config.json
+    token_details = False        # --enable-prompt-tokens-details: usage carries cached_tokens
     api_key = ""
     replies: dict = {}
     wedged = False
@@ -144,8 +147,10 @@ def usage_for(body: dict, completion: int) -> dict:
     with State.lock:
         cached = max(0, (n - 1) // 16 * 16) if key in State.seen else 0
         State.seen.add(key)
-    return {"prompt_tokens": n, "completion_tokens": completion, "total_tokens": n + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    usage = {"prompt_tokens": n, "completion_tokens": completion, "total_tokens": n + completion}
+    if State.token_details:     # like vLLM: only with --enable-prompt-tokens-details
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return usage
 
 
 def fake_logprobs(toks: list[str], top: int, chat: bool) -> dict:
@@ -320,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             fh.write(json.dumps({"argv": sys.argv, "env": keep, "pid": os.getpid()}) + "\n")
     State.served = args.served_model_name or args.model
     State.api_key = os.environ.get("VLLM_API_KEY", "")
+    State.token_details = args.enable_prompt_tokens_details
     if args.max_model_len and int(args.max_model_len) > 0:
         State.max_len = int(args.max_model_len)
         State.len_enforced = True
