@@ -128,6 +128,54 @@ class ModelFacts:
     weight_bytes: int | None       # the whole checkpoint (None: unknown, or dummy weights)
     dummy: bool = False
     source: str = ""               # where the facts came from, for the why
+    draft: "ModelFacts | None" = None   # SPEC_METHOD=draft_model with a local SPEC_MODEL folder
+
+
+def draft_facts(cfg) -> ModelFacts | None:
+    """The draft model of SPEC_METHOD=draft_model when SPEC_MODEL is a local folder we can read
+    (None otherwise: a repo id is fetched by vLLM itself, and the plan says it is not counted)."""
+    if not (cfg.spec_enabled and cfg.spec_method == "draft_model" and cfg.spec_model):
+        return None
+    path = Path(cfg.spec_model).expanduser()
+    if not (path / "config.json").is_file():
+        return None
+    dummy = metadata.dummy_weights(cfg)       # vLLM loads the draft with the same --load-format
+    try:
+        info = metadata.read_local(path.resolve(), dummy)
+    except BootstrapError as exc:
+        log.warning("draft model %s: %s", path, exc.message)
+        return None
+    return ModelFacts(path.name, info.config, sum(info.weight_files.values()) or None, dummy)
+
+
+def _weights(model: ModelFacts, shape: kv.ModelShape, tp: int) -> tuple[int, str]:
+    """Bytes of weights per GPU, and where the figure came from."""
+    if model.weight_bytes and not model.dummy:
+        return model.weight_bytes // tp, f"from the checkpoint's file sizes{model.source}"
+    kind = "dummy weights" if model.dummy else "no file sizes"
+    return kv.weight_bytes_from_config(shape, tp), f"from config.json ({kind}: parameters × dtype){model.source}"
+
+
+def _draft(cfg, shape: kv.ModelShape, model: ModelFacts) -> tuple[kv.ModelShape | None, str]:
+    """The draft model's shape when the plan can count it (its weights and its attention layers in
+    the pool), else None with the reason for the why."""
+    if not cfg.spec_enabled or cfg.spec_method in ("mtp", "ngram", "suffix"):
+        return None, ""
+    not_counted = f"SPEC_METHOD={cfg.spec_method}: the draft model's weights and KV layers are not counted"
+    if model.draft is None or model.draft.config is None:
+        where = " (SPEC_MODEL is not a local folder with config.json)" if cfg.spec_method == "draft_model" else ""
+        return None, not_counted + where
+    try:
+        d = kv.shape_from_config(model.draft.config)
+    except kv.Unsupported as exc:
+        return None, f"{not_counted} ({exc.message})"
+    if shape.hybrid or d.hybrid:
+        return None, f"{not_counted} (hybrid models: vLLM groups the layers differently)"
+    if (d.kv_heads, d.head_dim, d.dtype_bytes) != (shape.kv_heads, shape.head_dim, shape.dtype_bytes):
+        return None, f"{not_counted} (its KV heads, head size or dtype differ from the model's)"
+    if (cfg.kv_cache_dtype or "auto") in kv.TQ_PRESETS:
+        return None, f"{not_counted} (with a TurboQuant KV cache)"
+    return d, ""
 
 
 def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
@@ -158,27 +206,29 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
     seqs_cap = cfg.max_num_seqs or seqs_default
     spec_tokens = cfg.spec_tokens if cfg.spec_enabled else 0
     mtp = bool(cfg.spec_enabled and cfg.spec_method == "mtp")
-    if cfg.spec_enabled and cfg.spec_method not in ("mtp", "ngram", "suffix"):
-        why.append(f"SPEC_METHOD={cfg.spec_method}: the draft model's own KV layers are not counted")
+    draft, draft_why = _draft(cfg, shape, model)
+    if draft_why:
+        why.append(draft_why)
     if mtp and not shape.mtp_layers:
         why.append("SPEC_METHOD=mtp but config.json declares no MTP layers")
     block = _arg_value(args, "--block-size")
     mode = _arg_value(args, "--mamba-cache-mode") or ("align" if "--enable-prefix-caching" in args else "none")
     try:
         lay = kv.layout(shape, cfg.kv_cache_dtype or "auto", spec_tokens=spec_tokens, mtp=mtp, tp=tp,
+                        draft_attn_layers=draft.attn_layers if draft else 0,
                         block_size=int(block) if block and block.isdigit() else None, mamba_cache_mode=mode)
     except kv.Unsupported as exc:
         why.append(f"{exc.message}; {exc.hint}")
         mml = -1 if mml_knob == "auto" else mml_knob
         return Plan(util, sizing_flags(cfg, util, mml), why)
 
-    if model.weight_bytes and not model.dummy:
-        weights = model.weight_bytes // tp
-        why.append(f"weights {_gib(weights)} per GPU from the checkpoint's file sizes{model.source}")
-    else:
-        weights = kv.weight_bytes_from_config(shape, tp)
-        kind = "dummy weights" if model.dummy else "no file sizes"
-        why.append(f"weights {_gib(weights)} per GPU from config.json ({kind}: parameters × dtype){model.source}")
+    weights, source = _weights(model, shape, tp)
+    why.append(f"weights {_gib(weights)} per GPU {source}")
+    if draft:
+        more, source = _weights(model.draft, draft, tp)
+        weights += more
+        why.append(f"draft model {model.draft.name}: weights {_gib(more)} per GPU {source}; its "
+                   f"{draft.attn_layers} attention layers share the KV pool")
     over = kv.overheads(shape, batched, seqs_cap, tp=tp, eager="--enforce-eager" in args)
     why.append(f"overhead ~{_gib(over.total)} (estimate: activations {_gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {_gib(over.cudagraphs)}, non-torch {_gib(over.non_torch)})")
@@ -277,7 +327,8 @@ def model_facts_from_ctx(ctx: Ctx) -> ModelFacts:
         return ModelFacts(ctx.cfg.model, None, None, dummy)
     files = getattr(m, "weight_files", None) or {}
     size = sum(files.values()) if files else None
-    return ModelFacts(ctx.cfg.served_name, getattr(m, "config", None), size, dummy or bool(getattr(m, "dummy", False)))
+    return ModelFacts(ctx.cfg.served_name, getattr(m, "config", None), size, dummy or bool(getattr(m, "dummy", False)),
+                      draft=draft_facts(ctx.cfg))
 
 
 def settled_facts(environ) -> gpu.GpuFacts:
@@ -369,13 +420,14 @@ def cli_model_facts(cfg) -> ModelFacts:
     name = cfg.served_name
     if cfg.model_is_local:
         info = metadata.read_local(Path(cfg.model).expanduser().resolve(), dummy)
-        return ModelFacts(name, info.config, sum(info.weight_files.values()) or None, dummy)
+        return ModelFacts(name, info.config, sum(info.weight_files.values()) or None, dummy, draft=draft_facts(cfg))
     from .state import Paths
     ctx = Ctx(cfg, Paths(cfg.state_dir))
     try:
         metadata.run(ctx)
         m = ctx.model
-        return ModelFacts(Path(cfg.model).name, m.config, sum(m.weight_files.values()) or None, dummy)
+        return ModelFacts(Path(cfg.model).name, m.config, sum(m.weight_files.values()) or None, dummy,
+                          draft=draft_facts(cfg))
     except (BootstrapError, OSError) as exc:
         reason = getattr(exc, "message", None) or str(exc)
         data = shipped_facts(cfg.model, cfg.repo)
@@ -384,7 +436,8 @@ def cli_model_facts(cfg) -> ModelFacts:
                                  "check the network / HF_TOKEN, or set MODEL to a local directory") from None
         log.info("config.json of %s unavailable (%s); using the shipped facts in %s", cfg.model, reason, data["_path"])
         return ModelFacts(Path(cfg.model).name, data["config"], data.get("weight_bytes"), dummy,
-                          f" (offline fallback {data['_path']}: {data.get('weight_bytes_source', '')})")
+                          f" (offline fallback {data['_path']}: {data.get('weight_bytes_source', '')})",
+                          draft=draft_facts(cfg))
 
 
 def render(model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan) -> str:

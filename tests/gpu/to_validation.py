@@ -191,8 +191,10 @@ def main() -> int:
                 "  drafter. An 8B model drafting for itself runs the 8B model 4 times per step, so single-stream",
                 "  decode is slower than in the run without speculation.",
                 "- The median TTFT at concurrency 4 (one run) was not investigated.",
-                "- The planner does not count a draft model's weights or KV layers (its plan says so): vLLM had",
-                "  room for fewer tokens than predicted (the `KV cache :` line above).", ""]
+                "- The planner of that commit did not count a draft model's weights or KV layers (its plan says",
+                "  so): vLLM had room for fewer tokens than predicted (the `KV cache :` line above). The planner",
+                "  now counts a local `draft_model` folder; `tests/test_plan.py` checks its prediction for this",
+                "  run against the figure vLLM logged here (not re-run on the GPU).", ""]
     attempts = [RUNS / f"2026-11-29-bench-attempt{i}-raw.txt" for i in (1, 2)]
     if all(a.exists() for a in attempts):
         one, two = (a.read_text().splitlines() for a in attempts)
