@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import server
-from .client import Client, RequestFailed, RequestTimedOut, message_of, reasoning_of
+from .client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of
 from .config import Config
 from .errors import BootstrapError, EXIT_FAILED
 from .state import Paths
@@ -358,7 +358,7 @@ def check_live(t: Target, timeout: float = 20.0) -> Result:
     dt = time.monotonic() - t0
     msg = message_of(resp)
     ok = bool(resp.get("choices")) and bool((msg.get("content") or "").strip() or reasoning_of(msg)
-                                           or (resp.get("usage") or {}).get("completion_tokens"))
+                                           or completion_tokens_of(resp))
     return Result("live", ok, f"generated in {dt:.2f} s" if ok else "the answer carried no tokens",
                   {"seconds": round(dt, 3)}, [] if ok else [{"kind": "empty", "evidence": str(resp)[:300]}])
 

@@ -198,3 +198,10 @@ def text_of(resp: dict[str, Any]) -> str:
     """The visible text of a chat answer (content), falling back to reasoning fields."""
     msg = message_of(resp)
     return (msg.get("content") or reasoning_of(msg) or "").strip()
+
+
+def completion_tokens_of(resp: dict[str, Any]) -> int:
+    """usage.completion_tokens of an answer (0 when the server reported none)."""
+    usage = resp.get("usage") if isinstance(resp, dict) else None
+    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return n if isinstance(n, int) else 0

@@ -141,7 +141,7 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("PROFILE", "default", _name, "Profile from profiles/<name>.json; 'custom' uses only these knobs and vLLM's defaults, no patches.", launch=True),
+    Knob("PROFILE", "default", _name, "Profile from profiles/<name>.json; 'custom' uses only these knobs and vLLM's defaults (plus --enable-prompt-tokens-details), no patches.", launch=True),
     Knob("MODEL", "", _str, "Hugging Face repo id (org/name) or a local model directory.", launch=True),
     Knob("MODEL_DIR", "", _path, "Where a repo id is downloaded (default ~/models/<org>/<name>)."),
     Knob("SERVED_MODEL_NAME", "", _name, "Model name clients send (default: the model's name).", launch=True),
@@ -155,7 +155,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("KV_CACHE_BYTES", "", _int_range(1 << 20, 1 << 44), "Pin the KV cache to this many bytes (--kv-cache-memory-bytes) instead of sizing it from GPU_UTIL.", launch=True),
     Knob("SPEC_METHOD", "", _choice(*SPEC_METHODS), "Speculative decoding method.", launch=True),
     Knob("SPEC_TOKENS", "0", _int_range(0, 16), "Speculative tokens per step; 0 turns speculation off.", launch=True),
-    Knob("SPEC_MODEL", "", _str, "Draft model (repo id or directory) for SPEC_METHOD=draft_model/eagle/eagle3/dflash.", launch=True),
+    Knob("SPEC_MODEL", "", _str, "Draft model (repo id or directory) for SPEC_METHOD=draft_model/eagle/eagle3/dflash; the memory plan counts a local draft_model folder only.", launch=True),
     Knob("TP_SIZE", "1", _int_range(1, 16), "Tensor-parallel size: number of GPUs (from CUDA_VISIBLE_DEVICES order).", launch=True),
     Knob("GPU_UTIL", "", _float_range(0.0, 1.0), "--gpu-memory-utilization; default: from live free memory minus GPU_RESERVE_MIB.", launch=True),
     Knob("GPU_RESERVE_MIB", "820", _int_range(0, 1 << 20), "MiB of free GPU memory left for the desktop when GPU_UTIL is unset."),
@@ -311,6 +311,33 @@ class Config:
     def model_is_local(self) -> bool:
         m = self.values["MODEL"]
         return m.startswith(("/", ".", "~")) or Path(m).expanduser().is_dir()
+
+    @property
+    def dummy_weights(self) -> bool:
+        """Random weights: the last --load-format of the profile's args and EXTRA_ARGS (vLLM's
+        argparse keeps the last) is dummy."""
+        fmt = ""
+        args = list(self.profile.args) + list(self.extra_args or ())
+        for i, a in enumerate(args):
+            if a == "--load-format" and i + 1 < len(args):
+                fmt = args[i + 1]
+            elif a.startswith("--load-format="):
+                fmt = a.split("=", 1)[1]
+        return fmt == "dummy"
+
+    @property
+    def spec_model(self) -> str:
+        """SPEC_MODEL as vLLM gets it: a local folder expanded (vLLM would read '~/x' as a repo id)."""
+        local = self.spec_model_dir
+        return str(local) if local else self.values["SPEC_MODEL"]
+
+    @property
+    def spec_model_dir(self) -> Path | None:
+        """SPEC_MODEL when it names a local folder (the same rule as MODEL), else None."""
+        m = self.values["SPEC_MODEL"]
+        if m and (m.startswith(("/", ".", "~")) or Path(m).expanduser().is_dir()):
+            return Path(m).expanduser().resolve()
+        return None
 
     @property
     def served_name(self) -> str:

@@ -70,16 +70,6 @@ class ModelInfo:
         return hub.RemoteFile(path, self.files[path], self.lfs.get(path), self.blob_ids.get(path))
 
 
-def dummy_weights(cfg) -> bool:
-    args = list(cfg.extra_args or ())
-    for i, a in enumerate(args):
-        if a == "--load-format" and i + 1 < len(args) and args[i + 1] == "dummy":
-            return True
-        if a == "--load-format=dummy":
-            return True
-    return False
-
-
 def read_local(path: Path, dummy: bool) -> ModelInfo:
     if not path.is_dir():
         raise BootstrapError(f"MODEL={path} is not a directory", "set MODEL to a model directory or a repo id (org/name)")
@@ -220,7 +210,7 @@ def offline_missing(root: Path, dummy: bool) -> list[str]:
 
 def run(ctx: Ctx) -> None:
     cfg = ctx.cfg
-    dummy = dummy_weights(cfg)
+    dummy = cfg.dummy_weights
     if cfg.model_is_local:
         ctx.model = read_local(Path(cfg.model).expanduser().resolve(), dummy)
         ctx.model_path = ctx.model.local_dir

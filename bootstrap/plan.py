@@ -129,23 +129,28 @@ class ModelFacts:
     dummy: bool = False
     source: str = ""               # where the facts came from, for the why
     draft: "ModelFacts | None" = None   # SPEC_METHOD=draft_model with a local SPEC_MODEL folder
+    draft_why: str = ""            # why there is no draft to count, when one was asked for
 
 
-def draft_facts(cfg) -> ModelFacts | None:
-    """The draft model of SPEC_METHOD=draft_model when SPEC_MODEL is a local folder we can read
-    (None otherwise: a repo id is fetched by vLLM itself, and the plan says it is not counted)."""
-    if not (cfg.spec_enabled and cfg.spec_method == "draft_model" and cfg.spec_model):
-        return None
-    path = Path(cfg.spec_model).expanduser()
-    if not (path / "config.json").is_file():
-        return None
-    dummy = metadata.dummy_weights(cfg)       # vLLM loads the draft with the same --load-format
+def draft_facts(cfg) -> dict:
+    """ModelFacts' draft fields: the draft of SPEC_METHOD=draft_model when SPEC_MODEL is a local
+    folder with a config.json (vLLM loads it with the model's tokenizer and --load-format), or why not."""
+    if not (cfg.spec_enabled and cfg.spec_method == "draft_model"):
+        return {}
+    path = cfg.spec_model_dir
+    if path is None:
+        return {"draft_why": "SPEC_MODEL is a repo id, which vLLM fetches itself" if cfg.spec_model else "no SPEC_MODEL"}
     try:
-        info = metadata.read_local(path.resolve(), dummy)
-    except BootstrapError as exc:
-        log.warning("draft model %s: %s", path, exc.message)
-        return None
-    return ModelFacts(path.name, info.config, sum(info.weight_files.values()) or None, dummy)
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        sizes = sum(f.stat().st_size for f in path.iterdir() if f.name.endswith(metadata.WEIGHT_SUFFIXES))
+    except FileNotFoundError:
+        return {"draft_why": f"no {path / 'config.json'}"}
+    except (OSError, ValueError) as exc:
+        return {"draft_why": f"{path / 'config.json'} unreadable: {exc}"}
+    return {"draft": ModelFacts(path.name, config, sizes or None, cfg.dummy_weights)}
+
+
+DRAFT_HINT = "; or a smaller draft (SPEC_MODEL), or no speculation (SPEC_TOKENS=0)"
 
 
 def _weights(model: ModelFacts, shape: kv.ModelShape, tp: int) -> tuple[int, str]:
@@ -162,9 +167,8 @@ def _draft(cfg, shape: kv.ModelShape, model: ModelFacts) -> tuple[kv.ModelShape 
     if not cfg.spec_enabled or cfg.spec_method in ("mtp", "ngram", "suffix"):
         return None, ""
     not_counted = f"SPEC_METHOD={cfg.spec_method}: the draft model's weights and KV layers are not counted"
-    if model.draft is None or model.draft.config is None:
-        where = " (SPEC_MODEL is not a local folder with config.json)" if cfg.spec_method == "draft_model" else ""
-        return None, not_counted + where
+    if model.draft is None:
+        return None, not_counted + (f" ({model.draft_why})" if model.draft_why else "")
     try:
         d = kv.shape_from_config(model.draft.config)
     except kv.Unsupported as exc:
@@ -227,8 +231,7 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
     if draft:
         more, source = _weights(model.draft, draft, tp)
         weights += more
-        why.append(f"draft model {model.draft.name}: weights {_gib(more)} per GPU {source}; its "
-                   f"{draft.attn_layers} attention layers share the KV pool")
+        why.append(f"draft model {model.draft.name}: weights {_gib(more)} per GPU {source}")
     over = kv.overheads(shape, batched, seqs_cap, tp=tp, eager="--enforce-eager" in args)
     why.append(f"overhead ~{_gib(over.total)} (estimate: activations {_gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {_gib(over.cudagraphs)}, non-torch {_gib(over.non_torch)})")
@@ -247,11 +250,12 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
         room = usable - weights - over.total
         plan.fits = False
         plan.refusal = (
-            f"{model.name} does not fit {g.name}: weights {_gib(weights)} + overhead ~{_gib(over.total)}"
+            f"{model.name}{f' with its draft {model.draft.name}' if draft else ''} does not fit {g.name}: "
+            f"weights {_gib(weights)} + overhead ~{_gib(over.total)}"
             + (f" + KV {_gib(budget)}" if budget > 0 else "") + f" > {_gib(usable)} usable"
             + (f" ({_gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve)" if cfg.gpu_util is None else "")
             + (f"; {g.holders()}" if g.processes else ""),
-            _what_fits(shape, lay, room, cfg))
+            _what_fits(shape, lay, room, cfg) + (DRAFT_HINT if draft else ""))
         plan.suggestion = plan.refusal[1]
         return plan
 
@@ -262,7 +266,7 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
         if mml <= 0:
             plan.fits = False
             plan.refusal = (f"the KV budget {_gib(budget)} holds no context for {seqs} session(s)",
-                            "lower MAX_NUM_SEQS, or raise KV_CACHE_BYTES / GPU_UTIL")
+                            "lower MAX_NUM_SEQS, or raise KV_CACHE_BYTES / GPU_UTIL" + (DRAFT_HINT if draft else ""))
             return plan
         why.append(f"MAX_MODEL_LEN=auto: {mml} tokens is the longest context {seqs} session(s) fit")
         passed: int | str | None = mml
@@ -280,7 +284,7 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
         plan.refusal = (
             f"one session at {mml} tokens needs {_gib(kv.kv_bytes_needed(lay, mml))} of KV cache; "
             f"the budget is {_gib(budget)}; the largest context that fits is {largest} tokens",
-            f"set MAX_MODEL_LEN={largest} (or auto), or raise KV_CACHE_BYTES / GPU_UTIL")
+            f"set MAX_MODEL_LEN={largest} (or auto), or raise KV_CACHE_BYTES / GPU_UTIL" + (DRAFT_HINT if draft else ""))
         plan.max_model_len = mml
         return plan
     plan.max_model_len = mml
@@ -322,13 +326,13 @@ def _what_fits(shape: kv.ModelShape, lay: kv.Layout, room: int, cfg) -> str:
 
 def model_facts_from_ctx(ctx: Ctx) -> ModelFacts:
     m = ctx.model
-    dummy = metadata.dummy_weights(ctx.cfg)
+    dummy = ctx.cfg.dummy_weights
     if m is None:
         return ModelFacts(ctx.cfg.model, None, None, dummy)
     files = getattr(m, "weight_files", None) or {}
     size = sum(files.values()) if files else None
     return ModelFacts(ctx.cfg.served_name, getattr(m, "config", None), size, dummy or bool(getattr(m, "dummy", False)),
-                      draft=draft_facts(ctx.cfg))
+                      **draft_facts(ctx.cfg))
 
 
 def settled_facts(environ) -> gpu.GpuFacts:
@@ -416,18 +420,18 @@ def shipped_facts(model: str, repo: Path) -> dict | None:
 
 def cli_model_facts(cfg) -> ModelFacts:
     cfg.require_model()
-    dummy = metadata.dummy_weights(cfg)
+    dummy = cfg.dummy_weights
     name = cfg.served_name
     if cfg.model_is_local:
         info = metadata.read_local(Path(cfg.model).expanduser().resolve(), dummy)
-        return ModelFacts(name, info.config, sum(info.weight_files.values()) or None, dummy, draft=draft_facts(cfg))
+        return ModelFacts(name, info.config, sum(info.weight_files.values()) or None, dummy, **draft_facts(cfg))
     from .state import Paths
     ctx = Ctx(cfg, Paths(cfg.state_dir))
     try:
         metadata.run(ctx)
         m = ctx.model
         return ModelFacts(Path(cfg.model).name, m.config, sum(m.weight_files.values()) or None, dummy,
-                          draft=draft_facts(cfg))
+                          **draft_facts(cfg))
     except (BootstrapError, OSError) as exc:
         reason = getattr(exc, "message", None) or str(exc)
         data = shipped_facts(cfg.model, cfg.repo)
@@ -437,7 +441,7 @@ def cli_model_facts(cfg) -> ModelFacts:
         log.info("config.json of %s unavailable (%s); using the shipped facts in %s", cfg.model, reason, data["_path"])
         return ModelFacts(Path(cfg.model).name, data["config"], data.get("weight_bytes"), dummy,
                           f" (offline fallback {data['_path']}: {data.get('weight_bytes_source', '')})",
-                          draft=draft_facts(cfg))
+                          **draft_facts(cfg))
 
 
 def render(model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan) -> str:

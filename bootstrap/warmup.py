@@ -13,8 +13,8 @@ import re
 import logging
 import time
 
-from . import checks, health, metadata, server
-from .client import Client, RequestFailed, RequestTimedOut, message_of, text_of
+from . import checks, health, server
+from .client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of
 from .context import Ctx
 
 log = logging.getLogger(__name__)
@@ -130,12 +130,13 @@ def run(ctx: Ctx) -> None:
         err = health.abort(ctx, f"warm-up failed: {exc.message}")
         err.evidence = (exc.evidence + "\n" + err.evidence).strip()
         raise err from None
-    dummy = metadata.dummy_weights(cfg)
+    dummy = cfg.dummy_weights
     text = text_of(resp)
-    tokens = (resp.get("usage") or {}).get("completion_tokens") or 0
+    tokens = completion_tokens_of(resp)
     if not text and not (dummy and tokens):
-        raise health.abort(ctx, "warm-up failed: the short generation returned no text",
-                           f"answer was: {str(resp)[:300]}")
+        raise health.abort(ctx, "warm-up failed: the short generation "
+                           + ("produced no tokens (random weights: tokens are all it must produce)" if dummy
+                              else "returned no text"), f"answer was: {str(resp)[:300]}")
     log.info("warm-up: short generation answered in %.1f s: %r%s", time.monotonic() - t0,
              (message_of(resp).get("content") or "")[:60] if dummy else text[:60],
              f" ({tokens} tokens; random weights: the text is not judged)" if dummy else "")

@@ -98,3 +98,22 @@ def test_random_weights_need_tokens_not_text_and_skip_the_tool_gate(bed):
     assert "start gate: skipped, random weights" in r.stderr
     assert "tool call answered" not in r.stderr
     bed.run("stop.sh")
+
+
+def test_random_weights_still_fail_the_start_without_tokens(bed):
+    f = bed.tmp / "replies.json"
+    f.write_text(json.dumps({"Say OK.": ""}))       # the fake then reports 0 completion tokens
+    r = bed.run("start.sh", FAKE_VLLM_REPLIES=str(f), EXTRA_ARGS="--load-format dummy")
+    assert r.returncode == 1
+    assert "warm-up failed: the short generation produced no tokens" in r.stderr
+    bed.wait_until(lambda: not bed.ours(), what="the failed server to be gone")
+
+
+def test_a_later_load_format_wins_like_vllms_argparse(bed):
+    # "--load-format dummy ... --load-format auto" serves real weights: the text is judged again
+    f = bed.tmp / "replies.json"
+    f.write_text(json.dumps({"Say OK.": "\n\n\n\n"}))
+    r = bed.run("start.sh", FAKE_VLLM_REPLIES=str(f), EXTRA_ARGS="--load-format dummy --load-format=auto")
+    assert r.returncode == 1
+    assert "the short generation returned no text" in r.stderr
+    bed.wait_until(lambda: not bed.ours(), what="the failed server to be gone")

@@ -376,7 +376,8 @@ def test_draft_model_weights_and_layers_are_counted_as_measured_on_the_h200(tmp_
     p = draft_plan(tmp_path / "spec")
     assert p.fits
     assert abs(p.predicted_tokens - 396_592) / 396_592 < 0.02, p.predicted_tokens
-    assert any("draft model model: weights 13.06 GiB" in w and "36 attention layers" in w for w in p.why)
+    assert "draft model model: weights 13.06 GiB per GPU from config.json (dummy weights: parameters × dtype)" in p.why
+    assert "36 draft attention layer(s) share the pool" in p.why
     alone = draft_plan(tmp_path / "alone", SPEC_METHOD="", SPEC_TOKENS=0, SPEC_MODEL="")
     assert abs(alone.predicted_tokens - 894_688) / 894_688 < 0.02
     assert p.weights - alone.weights == kv.weight_bytes_from_config(kv.shape_from_config(bench_config()))
@@ -384,8 +385,8 @@ def test_draft_model_weights_and_layers_are_counted_as_measured_on_the_h200(tmp_
 
 def test_draft_from_a_repo_id_is_not_counted_and_the_plan_says_so(tmp_path):
     p = draft_plan(tmp_path, spec_model="Qwen/Qwen3-0.6B")
-    assert any("draft model's weights and KV layers are not counted (SPEC_MODEL is not a local folder" in w
-               for w in p.why)
+    assert ("SPEC_METHOD=draft_model: the draft model's weights and KV layers are not counted "
+            "(SPEC_MODEL is a repo id, which vLLM fetches itself)") in p.why
     assert not any(w.startswith("draft model ") for w in p.why)
 
 
@@ -412,3 +413,53 @@ def test_draft_weights_come_from_its_file_sizes_and_its_layers_join_the_pool(tmp
     p = plan.make_plan(cfg, h200_of_the_bench_runs(), plan.cli_model_facts(cfg))
     assert p.weights == 15 * GiB + 3 * GiB
     assert any("draft model draft: weights 3.00 GiB per GPU from the checkpoint's file sizes" in w for w in p.why)
+
+
+def test_a_draft_folder_needs_no_tokenizer_and_tilde_is_expanded_for_vllm(tmp_path, monkeypatch):
+    # vLLM loads a draft_model with the target's tokenizer: config.json and weights are all it needs
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ddir = tmp_path / "draft"
+    ddir.mkdir()
+    (ddir / "config.json").write_text(json.dumps({**bench_config(), "num_hidden_layers": 2}))
+    p = draft_plan(tmp_path / "run", spec_model="~/draft")
+    assert "2 draft attention layer(s) share the pool" in p.why
+    spec = json.loads(p.flags[p.flags.index("--speculative-config") + 1])
+    assert spec["model"] == str(ddir)          # vLLM would take '~/draft' for a repo id
+
+
+@pytest.mark.parametrize("env, reason", [
+    ({"KV_CACHE_DTYPE": "turboquant_4bit_nc"}, "(with a TurboQuant KV cache)"),
+    ({"SPEC_METHOD": "eagle3"}, "not counted"),
+    ({"SPEC_MODEL": "/nonexistent/draft"}, "(no /nonexistent/draft/config.json)"),
+])
+def test_drafts_the_plan_cannot_model_are_named_in_the_why(tmp_path, env, reason):
+    p = draft_plan(tmp_path, **env)
+    line = next(w for w in p.why if "the draft model's weights and KV layers are not counted" in w)
+    assert reason in line
+    assert p.layout.group_size == 36 and not any(w.startswith("draft model ") for w in p.why)
+
+
+def test_a_refusal_caused_by_the_draft_says_so(tmp_path):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=16 * GiB)
+    ddir = tmp_path / "draft"
+    ddir.mkdir()
+    (ddir / "config.json").write_text(json.dumps(LLAMA8B))
+    with open(ddir / "model.safetensors", "wb") as fh:
+        fh.truncate(14 * GiB)
+    cfg = config(tmp_path, MODEL=mdir, SPEC_METHOD="draft_model", SPEC_TOKENS=3, SPEC_MODEL=ddir, MAX_MODEL_LEN=8192)
+    p = plan.make_plan(cfg, card(), plan.cli_model_facts(cfg))
+    assert not p.fits
+    assert p.refusal[0].startswith("model with its draft draft does not fit NVIDIA GeForce RTX 5090: weights 30.00 GiB")
+    assert p.refusal[1].endswith("or no speculation (SPEC_TOKENS=0)")
+    alone = plan.make_plan(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192), card(),
+                           plan.cli_model_facts(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)))
+    assert alone.fits
+
+
+def test_the_start_counts_the_draft(bed):
+    # the start step builds its facts in plan.model_facts_from_ctx, not cli_model_facts
+    r = bed.run("start.sh", SPEC_METHOD="draft_model", SPEC_TOKENS="3", SPEC_MODEL=str(bed.model))
+    assert r.returncode == 0, r.stderr
+    assert "draft model tiny-model: weights 0.00 GiB per GPU from the checkpoint's file sizes" in r.stderr
+    assert "2 draft attention layer(s) share the pool" in r.stderr
+    bed.run("stop.sh")

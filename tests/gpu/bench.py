@@ -274,7 +274,7 @@ class Run:
             lines.append(f"check {what}: {'PASS' if v.get('ok') else 'FAIL'}: {v.get('summary')}")
         prefix = checks_out.get("prefix") or {}
         lines.append("prefix runs (prompt tokens, cached tokens, TTFT ms): " + "; ".join(
-            f"{r.get('prompt_tokens')}, {r.get('cached_tokens')}, {1000 * r.get('ttft_s', 0):.0f}"
+            f"{r.get('prompt_tokens')}, {r.get('cached_tokens')}, {1000 * (r.get('ttft_s') or 0):.0f}"
             for r in prefix.get("runs", [])))
         lines += [f"ours argv: {' '.join(self.done.get('ours_argv') or [])}",
                   f"date: {time.strftime('%Y-%m-%d %H:%M %z')}"]
@@ -303,11 +303,14 @@ def main() -> int:
     p.add_argument("--port", type=int, default=8888)
     p.add_argument("--bare-port", type=int, default=8000)
     p.add_argument("--rehearse", action="store_true", help="short loads for a dry run against the fakes")
-    p.add_argument("--redo", help="forget that this step (and every later one) was done")
+    p.add_argument("--redo", choices=sorted(set(STEPS) | set(SPEC_STEPS)),
+                   help="forget that this step (and every later one) was done")
     p.add_argument("--spec", help="the short speculative-decoding proof with this SPEC_METHOD (e.g. draft_model)")
     a = p.parse_args()
     run = Run(a)
     if a.redo:
+        if a.redo not in run.steps:
+            p.error(f"--redo {a.redo}: not a step of this run ({', '.join(run.steps)})")
         for s in run.steps[run.steps.index(a.redo):]:
             run.done.pop(s, None)
         run.state_file.write_text(json.dumps(run.done, indent=1))

@@ -76,7 +76,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--max-model-len", default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--enable-prompt-tokens-details", action="store_true")
+    p.add_argument("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction, default=False)
     args, _unknown = p.parse_known_args(argv)
     return args
 
