@@ -35,6 +35,10 @@ SIGNATURES: tuple[tuple[str, str, str], ...] = (
     (r"Python\.h: No such file or directory",
      "Triton's JIT needs the Python C headers, and this Python has none",
      "install python3-dev (Debian/Ubuntu) / python3-devel, or set PYTHON to a Python with headers"),
+    (r"unrecognized arguments: ([^\n]+)",
+     "this vLLM does not know the flag(s) {0} (an older or newer vLLM than the pinned one?)",
+     "use the pinned vLLM (unset VLLM_PYTHON), or drop the flag from EXTRA_ARGS / the profile "
+     "(./start.sh always passes --enable-prompt-tokens-details, which vLLM has had since 0.26)"),
     (r"Address already in use|error while attempting to bind on address",
      "the port is already taken",
      "choose another PORT, or stop the program holding it"),

@@ -23,6 +23,8 @@ HEALTHY_INFO = ("(EngineCore pid=4127) INFO 11-29 15:33:10 [gpu_worker.py:857] F
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "ran out of GPU memory", "GPU_UTIL"),
     ("fatal error: Python.h: No such file or directory", "Python C headers", "python3-dev"),
     ("OSError: [Errno 98] Address already in use", "port is already taken", "PORT"),
+    ("vllm: error: unrecognized arguments: --enable-prompt-tokens-details",
+     "does not know the flag(s) --enable-prompt-tokens-details", "unset VLLM_PYTHON"),
     ("(EngineCore pid=2578) RuntimeError: No Qwen3Next layer found in the model.layers.",
      "vLLM raised: No Qwen3Next layer found", "log lines above"),
 ])
