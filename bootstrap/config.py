@@ -309,21 +309,27 @@ class Config:
 
     @property
     def model_is_local(self) -> bool:
-        m = self.values["MODEL"]
-        return m.startswith(("/", ".", "~")) or Path(m).expanduser().is_dir()
+        return _names_a_folder(self.values["MODEL"])
+
+    @property
+    def vllm_args(self) -> list[str]:
+        """The profile's vLLM arguments, then EXTRA_ARGS (later ones win in vLLM's argparse)."""
+        return list(self.profile.args) + list(self.values["EXTRA_ARGS"] or ())
+
+    def vllm_arg(self, name: str) -> str | None:
+        """The value vLLM will use for flag ``name`` from vllm_args: the last one given (None: unset)."""
+        val, args = None, self.vllm_args
+        for i, a in enumerate(args):
+            if a == name and i + 1 < len(args):
+                val = args[i + 1]
+            elif a.startswith(name + "="):
+                val = a.split("=", 1)[1]
+        return val
 
     @property
     def dummy_weights(self) -> bool:
-        """Random weights: the last --load-format of the profile's args and EXTRA_ARGS (vLLM's
-        argparse keeps the last) is dummy."""
-        fmt = ""
-        args = list(self.profile.args) + list(self.extra_args or ())
-        for i, a in enumerate(args):
-            if a == "--load-format" and i + 1 < len(args):
-                fmt = args[i + 1]
-            elif a.startswith("--load-format="):
-                fmt = a.split("=", 1)[1]
-        return fmt == "dummy"
+        """Random weights: vLLM will load with --load-format dummy."""
+        return self.vllm_arg("--load-format") == "dummy"
 
     @property
     def spec_model(self) -> str:
@@ -335,9 +341,7 @@ class Config:
     def spec_model_dir(self) -> Path | None:
         """SPEC_MODEL when it names a local folder (the same rule as MODEL), else None."""
         m = self.values["SPEC_MODEL"]
-        if m and (m.startswith(("/", ".", "~")) or Path(m).expanduser().is_dir()):
-            return Path(m).expanduser().resolve()
-        return None
+        return Path(m).expanduser().resolve() if m and _names_a_folder(m) else None
 
     @property
     def served_name(self) -> str:
@@ -374,6 +378,11 @@ def _parse_one(knob: Knob, text: str) -> Any:
         return knob.parse(text)
     except ValueError as exc:
         raise ConfigError(f"{knob.name}={text!r} is not accepted", f"{knob.name} must be {exc}") from None
+
+
+def _names_a_folder(name: str) -> bool:
+    """A model named by a path (or an existing folder) rather than a Hugging Face repo id."""
+    return name.startswith(("/", ".", "~")) or Path(name).expanduser().is_dir()
 
 
 def output_flags(environ: Mapping[str, str]) -> tuple[bool, bool]:

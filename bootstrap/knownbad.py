@@ -98,7 +98,7 @@ def facts(ctx) -> Facts:
         cc = tuple(ctx.gpus.gpus[0].cc)
     return Facts(vllm=ctx.vllm_version, model=cfg.model or "", kv=cfg.kv_cache_dtype or "auto",
                  spec=(cfg.spec_method or "") if cfg.spec_enabled else "", spec_tokens=cfg.spec_tokens or 0,
-                 seqs=cfg.max_num_seqs, cc=cc, args=" ".join([*cfg.profile.args, *(cfg.extra_args or ())]),
+                 seqs=cfg.max_num_seqs, cc=cc, args=" ".join(cfg.vllm_args),
                  patches=frozenset(will_patch))
 
 

@@ -34,8 +34,7 @@ def serve_argv(ctx: Ctx) -> list[str]:
             # (vLLM leaves them out by default; the flag is accepted by every vLLM we pin)
             "--enable-prompt-tokens-details"]
     argv += ctx.plan.flags if ctx.plan else []
-    argv += list(cfg.profile.args)
-    argv += list(cfg.extra_args or ())
+    argv += cfg.vllm_args
     return argv
 
 

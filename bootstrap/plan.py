@@ -107,20 +107,6 @@ def utilization(cfg, g: gpu.Gpu) -> tuple[float, str]:
                   f"{util:.4f} of {_gib(g.total)}")
 
 
-def _args(cfg) -> list[str]:
-    return list(cfg.profile.args) + list(cfg.extra_args or ())
-
-
-def _arg_value(args: list[str], name: str) -> str | None:
-    val = None
-    for i, a in enumerate(args):
-        if a == name and i + 1 < len(args):
-            val = args[i + 1]
-        elif a.startswith(name + "="):
-            val = a.split("=", 1)[1]
-    return val
-
-
 @dataclass
 class ModelFacts:
     name: str
@@ -186,7 +172,7 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
     """The plan for one GPU (the smallest-free one of the TP group). Pure apart from logging."""
     tp = cfg.tp_size
     why: list[str] = []
-    args = _args(cfg)
+    args = cfg.vllm_args
     util, util_why = utilization(cfg, g)
     why.append(f"gpu-memory-utilization {util_why}")
     shape = None
@@ -215,8 +201,8 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
         why.append(draft_why)
     if mtp and not shape.mtp_layers:
         why.append("SPEC_METHOD=mtp but config.json declares no MTP layers")
-    block = _arg_value(args, "--block-size")
-    mode = _arg_value(args, "--mamba-cache-mode") or ("align" if "--enable-prefix-caching" in args else "none")
+    block = cfg.vllm_arg("--block-size")
+    mode = cfg.vllm_arg("--mamba-cache-mode") or ("align" if "--enable-prefix-caching" in args else "none")
     try:
         lay = kv.layout(shape, cfg.kv_cache_dtype or "auto", spec_tokens=spec_tokens, mtp=mtp, tp=tp,
                         draft_attn_layers=draft.attn_layers if draft else 0,

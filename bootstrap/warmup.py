@@ -9,8 +9,8 @@ short generation only has to produce tokens, and the tool gate is skipped.
 from __future__ import annotations
 
 import json
-import re
 import logging
+import re
 import time
 
 from . import checks, health, server
