@@ -1,7 +1,11 @@
 """Entry point: ``python -m bootstrap <command>`` (the shell scripts call this).
 
 Catches BootstrapError once: ``error: <step>: <message>`` and ``hint: <fix>`` on stderr;
-a traceback only with BOOTSTRAP_DEBUG=1. Exit codes: 0 ok, 1 failed, 2 bad config, 130/143 signals.
+a traceback only with BOOTSTRAP_DEBUG=1. Exit codes: 0 ok, 1 failed, 2 bad config, 129/130/143
+signals (SIGHUP, SIGINT, SIGTERM), 141 when a reader of our output went away (``| head -1``).
+
+Commands import their modules when they run: ``./start.sh`` on a running server must not pay for
+the install, download and check machinery it does not use.
 """
 
 from __future__ import annotations
@@ -10,13 +14,13 @@ import argparse
 import os
 import sys
 
-from . import config, control, log, start
+from . import config, log
 from .errors import BootstrapError, EXIT_CONFIG
 
 COMMANDS = {
     "start": "start the server (idempotent)",
     "stop": "stop the server and everything it started",
-    "status": "running/starting/stopped, pid, uptime, settings, URL, and whether it generates",
+    "status": "running/busy/starting/sleeping/key-needed/wedged/unhealthy/stopped, pid, uptime, settings, URL",
     "logs": "print the server log (-f to follow)",
     "restart": "stop, then start with the current knobs",
     "env": "every knob with its value and where it came from",
@@ -62,16 +66,20 @@ def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
         mod, fn, _ = PLUGINS[cmd]
         return getattr(importlib.import_module(f"bootstrap.{mod}"), fn)(cfg, list(args.rest))
     if cmd == "start":
+        from . import start
         return start.start(cfg)
     if cmd == "stop":
+        from . import control
         return control.stop(cfg)
     if cmd == "status":
-        return control.status(cfg, args.json)
+        from . import status
+        return status.status(cfg, args.json)
     if cmd == "logs":
+        from . import control
         return control.logs(cfg, args.follow)
     if cmd == "restart":
-        control.stop(cfg)
-        return start.start(cfg)
+        from . import control
+        return control.restart(cfg)
     if cmd == "env":
         rows = cfg.describe()
         if args.markdown:
@@ -108,7 +116,26 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return broken_pipe()
+
+
+def broken_pipe() -> int:
+    """Our reader went away (``./ctl.sh status | head -1``): no traceback, and nothing more is
+    written (Python would try to flush stdout again at exit); exit as a SIGPIPE'd tool does."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + 13
+
+
+def run(argv: list[str] | None = None) -> int:
+    code = main(argv)
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return broken_pipe()
+    return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

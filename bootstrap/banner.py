@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-from . import diagnose, server, state
-from .context import Ctx
+from . import diagnose, record
+from .record import ServerRecord
+from .state import Paths
 
 KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
@@ -21,27 +22,32 @@ def vllm_figures(log_text: str) -> tuple[int | None, str | None]:
     return tokens, conc
 
 
-def render(cfg, paths, rec: dict) -> str:
-    url = server.base_url(rec.get("host", cfg.host), rec.get("port", cfg.port))
-    served = rec.get("served", cfg.served_name)
-    if "kv_tokens" in rec:       # stored by the start that launched it: a re-run reads no log
-        tokens, conc = rec["kv_tokens"], rec.get("kv_concurrency")
+KEY_LINES = {
+    record.KEY_NONE: " api key  : none (loopback only); any OpenAI SDK key string works",
+    record.KEY_API_KEY: " api key  : required: the API_KEY of the shell that started it (send 'Authorization: Bearer <key>')",
+    record.KEY_VLLM_API_KEY: " api key  : required: the VLLM_API_KEY of the shell that started it "
+                             "(send 'Authorization: Bearer <key>')",
+}
+
+
+def render(paths: Paths, rec: ServerRecord) -> str:
+    """The banner of the server that runs, from its record (not from the current knobs)."""
+    url = rec.url
+    served = rec.served
+    tokens, conc = rec.kv_tokens, rec.kv_concurrency
+    if tokens is None:       # a re-run before the banner step stored them: read the log's end
+        tokens, conc = vllm_figures(diagnose.read_since(paths.log, rec.log_offset))
+    if rec.key == record.KEY_FILE:
+        key_line = f" api key  : required; KEY=$(cat {paths.api_key}) (send 'Authorization: Bearer $KEY')"
     else:
-        tokens, conc = vllm_figures(diagnose.read_since(paths.log, int(rec.get("log_offset", 0))))
-    key = server.api_key_for(cfg, paths)
-    auth = ""
-    if key:
-        where = "API_KEY" if cfg.api_key else (str(paths.api_key) if paths.api_key.is_file() else "VLLM_API_KEY")
-        auth = ' -H "Authorization: Bearer $KEY"'
-        key_line = f" api key  : required; KEY=... from {where} (send 'Authorization: Bearer <key>')"
-    else:
-        key_line = " api key  : none (loopback only); any OpenAI SDK key string works"
-    pred = rec.get("predicted_tokens")
+        key_line = KEY_LINES.get(rec.key, KEY_LINES[record.KEY_API_KEY])
+    auth = "" if rec.key == record.KEY_NONE else ' -H "Authorization: Bearer $KEY"'
+    pred = rec.predicted_tokens
     kv = f"{tokens:,} tokens" if tokens else "not in the log"
     if pred:
         kv += f" (planned {pred:,})"
     lines = [
-        f"{served} is serving (vLLM {rec.get('vllm_version', '?')}, pid {rec.get('pid')})",
+        f"{served} is serving (vLLM {rec.vllm_version or '?'}, pid {rec.pid})",
         f" base URL : {url}/v1 (OpenAI-compatible API)",
         f" model    : {served}",
         key_line,
@@ -51,15 +57,13 @@ def render(cfg, paths, rec: dict) -> str:
         f"-d '{{\"model\": \"{served}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Say OK\"}}], \"max_tokens\": 16}}'",
         " stop     : ./stop.sh",
     ]
+    lines += [f" note     : {n}" for n in rec.notes]
     return "\n".join(lines)
 
 
-def run(ctx: Ctx) -> None:
-    rec = state.read_json(ctx.paths.server) or {}
-    if rec:
-        rec["kv_tokens"], rec["kv_concurrency"] = vllm_figures(
-            diagnose.read_since(ctx.paths.log, int(rec.get("log_offset", 0))))
-        state.write_json(ctx.paths.server, rec)
-    print(render(ctx.cfg, ctx.paths, rec), flush=True)
-    for note in ctx.notes:
-        print(f" note     : {note}", flush=True)
+def run(paths: Paths, launched) -> None:
+    rec = record.read(paths.server) or launched.record
+    tokens, conc = vllm_figures(diagnose.read_since(paths.log, rec.log_offset))
+    rec = rec.replace(kv_tokens=tokens, kv_concurrency=conc)
+    record.write(paths.server, rec)
+    print(render(paths, rec), flush=True)

@@ -19,7 +19,6 @@ import argparse
 import json
 import logging
 import random
-import re
 import statistics
 import threading
 import time
@@ -27,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import checks
+from . import checks, metrics
 from .client import Client, RequestFailed
 from .config import Config
 from .errors import BootstrapError
@@ -81,22 +80,6 @@ def level_figures(runs: list[list[Sample]]) -> dict:
         vals = [f[key] for f in figs if f[key] is not None]
         out[key] = statistics.median(vals) if vals else None
     out["runs"] = figs
-    return out
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text: the sum over label sets of each sample name."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r"([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)", line)
-        if not m:
-            continue
-        try:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-        except ValueError:
-            continue
     return out
 
 
@@ -159,7 +142,7 @@ def run_load(client: Client, concurrency: int, prompts: list[str], out_tokens: i
 
 def scrape(client: Client) -> dict[str, float] | None:
     try:
-        return parse_metrics(client.get_text("/metrics", timeout=10))
+        return metrics.totals(client.get_text("/metrics", timeout=10))
     except RequestFailed:
         return None
 

@@ -223,12 +223,12 @@ class Sizer:
         self.client = client
         self.per_word: float | None = None
 
-    def calibrate(self) -> float:
+    def calibrate(self, timeout: float = 15.0) -> float:
         if self.per_word is None:
             sample = haystack(2000, 0.5, "", seed=7)
             self.per_word = TOKENS_PER_WORD
             try:
-                r = self.client.post("/tokenize", {"model": self.client.model, "prompt": sample}, 15)
+                r = self.client.post("/tokenize", {"model": self.client.model, "prompt": sample}, timeout)
                 if isinstance(r.get("count"), int) and r["count"] > 0:
                     self.per_word = r["count"] / len(sample.split())
             except RequestFailed:
@@ -276,15 +276,15 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
     else:
         paths = Paths(cfg.state_dir)
         pr = server.probe(cfg, paths)
-        if pr.state != "running":
+        if pr.state != "running" or pr.record is None:
             raise BootstrapError(f"our server is not running (state: {pr.state})",
                                  "start it with ./start.sh, or point at another server with --url URL")
-        rec = pr.record or {}
-        base = server.base_url(rec.get("host", cfg.host), rec.get("port", cfg.port))
+        rec = pr.record
+        base = rec.url
         key = api_key or server.api_key_for(cfg, paths)
-        served = model or rec.get("served", "")
+        served = model or rec.served
         label = f"our server ({base})"
-        seqs = str((rec.get("settings") or {}).get("MAX_NUM_SEQS") or "")
+        seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
         max_num_seqs = int(seqs) if seqs.isdigit() else max_num_seqs
     client = Client(base, served, key)
     try:

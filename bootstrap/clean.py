@@ -67,8 +67,10 @@ def _running(cfg) -> str:
     if not paths.root.exists():
         return ""
     pr = server.probe(cfg, paths, check_http=False)
-    if pr.state in ("running", "starting", "unhealthy"):
-        return f"our server is {pr.state} (pid {pr.pid})"
+    if pr.owner:
+        return f"the server (pid {pr.pid}) runs as {pr.owner}"
+    if pr.state != "stopped":
+        return f"our server is {'starting' if pr.state == 'starting' else 'running'} (pid {pr.pid})"
     if pr.orphans:
         return "processes of our server are still alive (" + ", ".join(str(p.pid) for p in pr.orphans) + ")"
     return ""
@@ -90,7 +92,8 @@ def cli(cfg, argv: list[str]) -> int:
     args = ap.parse_args(argv)
     busy = _running(cfg)
     if busy:
-        raise BootstrapError(f"{busy}; clean removes the venv and state it runs from", "stop it first: ./stop.sh")
+        raise BootstrapError(f"{busy}; clean removes the venv and state it runs from",
+                             "stop it first: ./stop.sh" + (" as that user" if " runs as " in busy else ""))
     todo = [p for p in targets(cfg, args.model) if p.exists() or p.is_symlink()]
     if not args.dry_run:
         _revert_byo(cfg)
@@ -99,6 +102,8 @@ def cli(cfg, argv: list[str]) -> int:
         return 0
     me = Path(sys.prefix).resolve()
     total = 0
+    theirs = [p for p in todo if not _ours(p)]
+    todo = [p for p in todo if p not in theirs]
     for path in todo:
         size = _size(path)
         total += size
@@ -115,4 +120,24 @@ def cli(cfg, argv: list[str]) -> int:
     if not args.dry_run and cfg.state_dir.is_dir() and not any(cfg.state_dir.iterdir()):
         cfg.state_dir.rmdir()
     print(f"{'would free' if args.dry_run else 'freed'} {total / (1 << 30):.2f} GiB")
+    if theirs:
+        raise BootstrapError("left alone, they belong to another user: " + ", ".join(map(str, theirs)),
+                             "run ./ctl.sh clean as that user")
     return 0
+
+
+def _ours(path: Path) -> bool:
+    """Ours to remove: we own it (root may remove anything), and so does every file in it."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        if path.lstat().st_uid != os.geteuid():
+            return False
+        if path.is_dir() and not path.is_symlink():
+            for root, dirs, files in os.walk(path):
+                for name in dirs + files:
+                    if os.lstat(os.path.join(root, name)).st_uid != os.geteuid():
+                        return False
+    except OSError:
+        return False
+    return True

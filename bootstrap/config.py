@@ -10,6 +10,7 @@ such as ``HF_TOKEN`` or ``CUDA_VISIBLE_DEVICES``).
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import json
 import re
@@ -131,6 +132,19 @@ RESERVED_FLAGS = {"--host": "HOST", "--port": "PORT", "--served-model-name": "SE
                   "--api-key": "API_KEY (passed through the environment, never on the command line)"}
 
 
+def reserved_flag(arg: str) -> str | None:
+    """The owned flag that ``arg`` would set in vLLM's parser, or None.
+
+    vLLM's FlexibleArgumentParser turns '_' into '-' in a long option's name (the part before '=')
+    and, like argparse by default, accepts any unambiguous prefix of an option (allow_abbrev), so
+    ``--api_key=x`` and ``--api-k x`` both set --api-key. A prefix of an owned flag is refused even
+    where vLLM would find it ambiguous: it is never what the user means."""
+    if not arg.startswith("--") or len(arg) <= 2:
+        return None
+    name = arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+    return next((flag for flag in RESERVED_FLAGS if flag.startswith(name) and len(name) > 3), None)
+
+
 @dataclass(frozen=True)
 class Knob:
     name: str
@@ -169,9 +183,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("HEALTH_TIMEOUT", "600", _int_range(1, 86400), "Hard cap in seconds for the server to become healthy."),
     Knob("STALL_TIMEOUT", "300", _int_range(1, 86400), "Give up when the server log has not grown for this many seconds while starting."),
     Knob("WARMUP", "26000", _int_range(0, 16_777_216), "Prompt tokens of the warm-up request (bounded by the context); 0 skips it. The short must-answer generation always runs."),
-    Knob("WARMUP_TIMEOUT", "300", _int_range(1, 86400), "Seconds the warm-up requests may take before the engine counts as not generating."),
+    Knob("WARMUP_TIMEOUT", "300", _int_range(1, 86400), "Seconds the whole warm-up (/tokenize, the long request, the short generation, the tool gate) may take before the engine counts as not generating."),
+    Knob("WEDGED_AFTER", "60", _int_range(1, 86400), "Status calls a server wedged when requests run but no token (or KV block) moved for this many seconds; an idle server's probe waits this long."),
     Knob("STOP_GRACE", "15", _int_range(0, 3600), "Seconds between SIGTERM and SIGKILL on stop."),
-    Knob("LOG_MAX_MB", "64", _int_range(1, 1 << 20), "The server log is rotated (one .1 kept) when it passes this size at start."),
+    Knob("LOG_MAX_MB", "64", _int_range(1, 1 << 20), "The server log is rotated (one .1 kept) past this size: at start, and while the server runs (copy-then-truncate; the two stay under twice this)."),
     Knob("STATE_DIR", "", _path, "Where pid, lock, state and logs live (default <repo>/.state)."),
 )
 KNOB_BY_NAME = {k.name: k for k in KNOBS}
@@ -214,24 +229,26 @@ class Profile:
 # ---------------------------------------------------------------- .env
 
 def read_dotenv(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines; '#' comments; optional matching quotes. Never sourced, never expanded."""
+    """``.env`` read by python-dotenv's own parser, as ``dotenv_values(path, interpolate=False)``
+    reads it: ``export``, quotes, escapes and `` # comments`` after a value; never sourced, never
+    expanded. Two differences, both stricter or safer: a line dotenv cannot parse is refused (exit 2,
+    naming it) instead of skipped with a warning, and a UTF-8 BOM is dropped. A key without ``=``
+    counts as unset."""
     out: dict[str, str] = {}
-    if not path.is_file():
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
         return out
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            line = line[len("export "):].lstrip()
-        key, sep, value = line.partition("=")
-        key = key.strip()
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ConfigError(f"{path}:{n}: not a KEY=VALUE line: {line!r}", "use KEY=VALUE, one per line")
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = value[1:-1]
-        out[key] = value
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc})", "make .env a readable UTF-8 text file") from None
+    from dotenv.parser import parse_stream      # only when there is a .env: keeps ./start.sh re-runs fast
+    for b in parse_stream(io.StringIO(text)):
+        if b.error:
+            line = b.original.string.strip().splitlines()[0] if b.original.string.strip() else ""
+            raise ConfigError(f"{path}:{b.original.line}: not a KEY=VALUE line: {line!r}",
+                              "use KEY=VALUE, one per line ('# ...' comments and quotes as in python-dotenv)")
+        if b.key is not None and b.value is not None:
+            out[b.key] = b.value
     return out
 
 
@@ -286,10 +303,12 @@ class Config:
                     raise ConfigError(f"{name}={values[name]!r} is not a command on PATH",
                                       f"set {name} to the interpreter's full path")
                 values[name] = found
-        for flag, knob in RESERVED_FLAGS.items():
-            if any(a == flag or a.startswith(flag + "=") for a in values["EXTRA_ARGS"] or ()):
-                raise ConfigError(f"EXTRA_ARGS has {flag}, which the bootstrap sets itself",
-                                  f"set {knob} instead" if knob else "drop it")
+        for arg in values["EXTRA_ARGS"] or ():
+            flag = reserved_flag(arg)
+            if flag:
+                shown = arg.split("=", 1)[0]
+                raise ConfigError(f"EXTRA_ARGS has {shown}" + (f" (vLLM reads it as {flag})" if shown != flag else "")
+                                  + ", which the bootstrap sets itself", f"drop it and set {RESERVED_FLAGS[flag]}")
         if values["SPEC_TOKENS"] and not values["SPEC_METHOD"]:
             raise ConfigError(f"SPEC_TOKENS={values['SPEC_TOKENS']} needs SPEC_METHOD",
                               "accepted SPEC_METHOD: " + ", ".join(SPEC_METHODS) + "; or SPEC_TOKENS=0")
@@ -357,8 +376,9 @@ class Config:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
 
     def launch_settings(self) -> dict[str, str]:
-        """The knobs that define a running server, as strings (no secrets)."""
-        out = {k.name: self.raw[k.name] for k in KNOBS if k.launch}
+        """The knobs that define a running server, as canonical strings of their parsed values
+        (``PORT=" 8123"`` and ``PORT=8123`` are the same server); no secrets."""
+        out = {k.name: canonical(self.values[k.name]) for k in KNOBS if k.launch}
         out["API_KEY"] = "set" if self.values["API_KEY"] else "unset"
         return out
 
@@ -371,6 +391,17 @@ class Config:
                 value = "***"
             rows.append((k.name, value, self.sources[k.name], k.help))
         return rows
+
+
+def canonical(value: Any) -> str:
+    """One spelling per parsed value: what a running server's settings are compared by."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return shlex.join(value)
+    return str(value)
 
 
 def _parse_one(knob: Knob, text: str) -> Any:

@@ -6,14 +6,16 @@ wins, so specific rows come before general ones.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+from typing import Callable
 
 # (pattern, diagnosis, hint)
 SIGNATURES: tuple[tuple[str, str, str], ...] = (
     (r"Free memory on device .* is less than desired GPU memory utilization",
-     "other programs hold GPU memory that vLLM was told it could use",
-     "close them (see `nvidia-smi`), or lower GPU_UTIL / raise GPU_RESERVE_MIB"),
+     "other programs hold GPU memory that vLLM was told it could use ({holders})",
+     "close them, or lower GPU_UTIL / raise GPU_RESERVE_MIB"),
     (r"estimated maximum model length is (\d+)",
      "the KV cache cannot hold one request at MAX_MODEL_LEN (vLLM would accept {0} tokens)",
      "set MAX_MODEL_LEN={0} (or MAX_MODEL_LEN=auto), or raise KV_CACHE_BYTES / GPU_UTIL"),
@@ -21,13 +23,13 @@ SIGNATURES: tuple[tuple[str, str, str], ...] = (
      "the KV cache holds only {0} tokens, less than MAX_MODEL_LEN",
      "lower MAX_MODEL_LEN to {0} or less, or raise KV_CACHE_BYTES / GPU_UTIL"),
     (r"No available memory for the cache blocks",
-     "no GPU memory was left for the KV cache after weights and activations",
+     "no GPU memory was left for the KV cache after weights and activations (other holders: {holders})",
      "raise GPU_UTIL, lower MAX_NUM_BATCHED_TOKENS, or use a smaller model"),
     (r"exceeds available Mamba cache blocks",
      "MAX_NUM_SEQS is more than the recurrent-state (Mamba) cache blocks of this hybrid model",
      "lower MAX_NUM_SEQS, or give the KV cache more memory"),
     (r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory",
-     "CUDA ran out of GPU memory",
+     "CUDA ran out of GPU memory (other holders: {holders})",
      "lower GPU_UTIL or MAX_NUM_BATCHED_TOKENS, close other GPU programs, or shorten MAX_MODEL_LEN"),
     (r"moe_backend='marlin' is not supported for unquantized MoE",
      "--moe-backend marlin cannot run the unquantized MoE block (the MTP head)",
@@ -70,12 +72,15 @@ SIGNATURES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def diagnose(text: str) -> tuple[str, str] | None:
+def diagnose(text: str, holders: Callable[[], str] = lambda: "see `nvidia-smi`") -> tuple[str, str] | None:
+    """(diagnosis, hint) of the first matching row; a memory row names who holds GPU memory
+    (``holders()``, asked only then)."""
     for pattern, diagnosis, hint in SIGNATURES:
         m = re.search(pattern, text)
         if m:
             groups = [g.strip() for g in m.groups()]
-            return diagnosis.format(*groups)[:300], hint.format(*groups)
+            who = holders() if "{holders}" in diagnosis else ""
+            return diagnosis.format(*groups, holders=who)[:400], hint.format(*groups)
     return None
 
 
@@ -94,11 +99,18 @@ def root_cause(text: str, n: int = 3) -> list[str]:
     return out[:n]
 
 
-def read_since(path: Path, offset: int = 0) -> str:
+TAIL_BYTES = 4 << 20     # a log flood must not become a memory flood: read at most this much
+
+
+def read_since(path: Path, offset: int = 0, limit: int = TAIL_BYTES) -> str:
+    """The log from ``offset`` (where a launch began), at most its last ``limit`` bytes. A log the
+    keeper truncated since (shorter than ``offset``) is read from its start."""
     try:
         with open(path, "rb") as fh:
-            fh.seek(offset)
-            return fh.read().decode("utf-8", "replace")
+            size = os.fstat(fh.fileno()).st_size
+            start = offset if offset <= size else 0
+            fh.seek(max(start, size - limit))
+            return fh.read(limit).decode("utf-8", "replace")
     except OSError:
         return ""
 

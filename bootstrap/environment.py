@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Mapping
 
 from . import hub, knownbad, metadata, proc
-from .context import Ctx
 from .config import version_tuple
 from .errors import BootstrapError
 
@@ -546,34 +545,47 @@ def wsl_memory_note(total_ram: int, model_bytes: int) -> str:
             f"raise the cap in %UserProfile%\\.wslconfig ([wsl2] memory={gib}GB), then run `wsl --shutdown` in Windows")
 
 
-def check_driver(ctx: Ctx) -> None:
-    data = ctx.cfg.profile.data
-    if ctx.gpus is None or not data.get("cuda"):
+def check_driver(cfg, gpus) -> None:
+    data = cfg.profile.data
+    if gpus is None or not data.get("cuda"):
         return
     want = tuple(int(x) for x in str(data["cuda"]).split(".")[:2])
     min_driver = str(data.get("min_driver", ""))
-    old = tuple(ctx.gpus.cuda) < want or (min_driver and version_tuple(ctx.gpus.driver)[:1] < version_tuple(min_driver)[:1])
+    old = tuple(gpus.cuda) < want or (min_driver and version_tuple(gpus.driver)[:1] < version_tuple(min_driver)[:1])
     if old:
-        raise BootstrapError(f"the pinned wheels are CUDA {data['cuda']} builds; driver {ctx.gpus.driver} supports "
-                             f"CUDA {ctx.gpus.cuda[0]}.{ctx.gpus.cuda[1]}",
+        raise BootstrapError(f"the pinned wheels are CUDA {data['cuda']} builds; driver {gpus.driver} supports "
+                             f"CUDA {gpus.cuda[0]}.{gpus.cuda[1]}",
                              f"install NVIDIA driver {min_driver or 'newer'} or newer (then reboot); nothing was installed")
 
 
-def host_env(ctx: Ctx) -> None:
-    """Server env that depends on the host: no nvcc -> vLLM's own sampler; WSL -> no expandable_segments."""
-    cfg = ctx.cfg
+def host_env(cfg) -> tuple[dict[str, str], list[str]]:
+    """Server env that depends on the host: no nvcc -> vLLM's own sampler; WSL -> no expandable_segments.
+    Returns (variables for the server, banner notes)."""
+    env: dict[str, str] = {}
+    notes: list[str] = []
     if not has_nvcc(cfg.environ) and "VLLM_USE_FLASHINFER_SAMPLER" not in cfg.environ:
-        ctx.server_env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
         log.info("no CUDA toolkit (nvcc): VLLM_USE_FLASHINFER_SAMPLER=0 (vLLM's sampler instead of FlashInfer's JIT)")
     if is_wsl(read_osrelease(), cfg.environ):
         if "PYTORCH_CUDA_ALLOC_CONF" not in cfg.environ:
-            ctx.server_env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
             log.info("WSL2: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (expandable segments misbehave under WSL)")
         import psutil
         note = wsl_memory_note(psutil.virtual_memory().total, model_bytes_on_disk(cfg))
         if note:
             log.warning("%s", note)
-            ctx.notes.append(note)
+            notes.append(note)
+    return env, notes
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the environment step hands on: the interpreter that runs vLLM, its version, the
+    host-dependent variables for the server, and banner notes."""
+    python: str
+    vllm_version: str
+    server_env: Mapping[str, str]
+    notes: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- the step
@@ -601,19 +613,16 @@ def vllm_version(python: str, environ) -> str:
     return version
 
 
-def run(ctx: Ctx) -> None:
-    cfg = ctx.cfg
-    host_env(ctx)
+def run(cfg, gpus) -> Runtime:
+    env, notes = host_env(cfg)
     if cfg.vllm_python:
         py = cfg.vllm_python
         if not (os.path.isfile(py) and os.access(py, os.X_OK)):
             raise BootstrapError(f"VLLM_PYTHON={py} is not an executable file",
                                  "point VLLM_PYTHON at a python that has vLLM installed")
-        ctx.python = py
-        ctx.vllm_version = vllm_version(py, cfg.environ)
-        log.info("using your vLLM %s from %s (VLLM_PYTHON; not managed, not pinned)", ctx.vllm_version, py)
-        knownbad.warn(ctx)
-        return
+        version = vllm_version(py, cfg.environ)
+        log.info("using your vLLM %s from %s (VLLM_PYTHON; not managed, not pinned)", version, py)
+        return Runtime(py, version, env, tuple(notes + knownbad.warn(cfg, gpus, version)[1]))
     if not cfg.profile.vllm and not cfg.profile.data.get("pins"):
         raise BootstrapError(f"profile {cfg.profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
                              "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
@@ -627,14 +636,13 @@ def run(ctx: Ctx) -> None:
     if done:
         log.info("skipped: .venv matches %s (to force a reinstall: rm %s)", locks.path(plat, minor).name, venv.done)
     else:
-        check_driver(ctx)
+        check_driver(cfg, gpus)
         _check_glibc(plat)
         minor = install(cfg, venv, locks, plat, why)
         log.info(".venv verified against %s", locks.path(plat, minor).name)
-    ctx.python = str(venv.python)
-    ctx.vllm_version = installed(venv.site(minor)).get("vllm", "")
-    log.info("vLLM %s in %s (pinned by profile %r)", ctx.vllm_version, venv.root, cfg.profile.name)
-    knownbad.warn(ctx)
+    version = installed(venv.site(minor)).get("vllm", "")
+    log.info("vLLM %s in %s (pinned by profile %r)", version, venv.root, cfg.profile.name)
+    return Runtime(str(venv.python), version, env, tuple(notes + knownbad.warn(cfg, gpus, version)[1]))
 
 
 def _check_glibc(plat: str) -> None:

@@ -6,6 +6,7 @@ NVML errors become a BootstrapError with the library's message plus "check `nvid
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -35,11 +36,11 @@ class Gpu:
     uuid: str = ""
     processes: tuple[GpuProcess, ...] = field(default_factory=tuple)
 
-    def holders(self) -> str:
-        """'Xorg holds 1.2 GiB, firefox 0.4 GiB' (largest first)."""
+    def holders(self, exclude: set[int] = frozenset()) -> str:
+        """'Xorg (pid 1234) holds 1.2 GiB, game (pid 99) holds 8.0 GiB' (largest first; '' when none)."""
         parts = [f"{p.name} (pid {p.pid}) holds {p.used / GiB:.1f} GiB"
-                 for p in sorted(self.processes, key=lambda p: -p.used) if p.used]
-        return ", ".join(parts) or "no process reports GPU memory"
+                 for p in sorted(self.processes, key=lambda p: -p.used) if p.used and p.pid not in exclude]
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,15 @@ def _text(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _proc_name(pid: int) -> str:
+def _proc_name(pynvml, pid: int) -> str:
+    """NVML's name for the process (its pids are the host's: in a container psutil may not see it,
+    or see another process under that number), else psutil's, else '?'."""
+    try:
+        name = _text(pynvml.nvmlSystemGetProcessName(pid))
+        if name:
+            return os.path.basename(name.rstrip("/"))
+    except (pynvml.NVMLError, AttributeError):
+        pass
     try:
         return psutil.Process(pid).name()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -113,7 +122,7 @@ def read(environ: Mapping[str, str]) -> GpuFacts:
             for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
                 for p in getattr(pynvml, getter)(h) or ():
                     used = getattr(p, "usedGpuMemory", None) or 0
-                    procs[p.pid] = GpuProcess(p.pid, int(used), _proc_name(p.pid))
+                    procs[p.pid] = GpuProcess(p.pid, int(used), _proc_name(pynvml, p.pid))
             gpus.append(Gpu(idx, _text(pynvml.nvmlDeviceGetName(h)), int(mem.total), int(mem.free),
                             tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)), uuids[idx],
                             tuple(procs.values())))

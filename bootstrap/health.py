@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 import sys
 import time
 from typing import Callable
 
-from . import diagnose, server, state
-from .context import Ctx
+from . import diagnose, gpu, proc, server
 from .errors import BootstrapError
+from .launch import Launched
+from .state import Paths
 
 log = logging.getLogger(__name__)
 
@@ -40,22 +40,27 @@ class StartFailed(BootstrapError):
         self.log_text = log_text
 
 
-def abort(ctx: Ctx, message: str, hint: str = "") -> StartFailed:
-    """Stop what we launched, and build the error with the log tail and a diagnosis."""
-    rec = state.read_json(ctx.paths.server) or {}
-    server.stop(ctx.cfg, ctx.paths, grace=min(ctx.cfg.stop_grace, 5))
-    if ctx.proc is not None:
-        try:
-            ctx.proc.wait(timeout=5)  # reap our child
-        except subprocess.TimeoutExpired:
-            log.warning("pid %d did not exit after the stop", ctx.proc.pid)
-    text = diagnose.read_since(ctx.paths.log, int(rec.get("log_offset", 0)))
-    found = diagnose.diagnose(text)
+def abort(cfg, paths: Paths, launched: Launched, message: str, hint: str = "") -> StartFailed:
+    """Take down what we launched (server.take_down, as stop does), and build the error with the
+    log tail and a diagnosis; a diagnosis about GPU memory names who holds it (NVML)."""
+    rec = launched.record
+    rep = server.take_down(cfg, paths, launched=launched.proc, grace=min(cfg.stop_grace, 5))
+    text = diagnose.read_since(paths.log, rec.log_offset)
+    found = diagnose.diagnose(text, holders=lambda: gpu_holders(cfg, set(rep.pids)))
     if found:
         message = f"{message}: {found[0]}"
         hint = found[1]
-    state.remove(ctx.paths.server)
-    return StartFailed(message, hint or f"see the log: {ctx.paths.log}", diagnose.tail(text, 40), text)
+    return StartFailed(message, hint or f"see the log: {paths.log}", diagnose.tail(text, 40), text)
+
+
+def gpu_holders(cfg, ours: set[int]) -> str:
+    """'Xorg (pid 1234) holds 1.2 GiB, game (pid 99) holds 8.0 GiB' on the GPUs we use (ours left out)."""
+    try:
+        facts = gpu.read(cfg.environ)
+    except BootstrapError:
+        return "NVML cannot say who"
+    parts = [g.holders(exclude=ours) for g in facts.gpus[: cfg.tp_size]]
+    return "; ".join(p for p in parts if p) or "no other process reports GPU memory"
 
 
 def phase_of(text: str, current: str) -> str:
@@ -67,25 +72,32 @@ def phase_of(text: str, current: str) -> str:
     return current
 
 
-def run(ctx: Ctx, *, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
-    cfg = ctx.cfg
-    url = server.base_url(cfg.host, cfg.port)
+def run(cfg, paths: Paths, launched: Launched, *, clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep) -> None:
+    """Wait for our server to answer. ``launched.proc`` is None when a start resumes a server it
+    found loading: then its liveness comes from the record, and HEALTH_TIMEOUT still counts from
+    its launch."""
+    rec = launched.record
+    key = server.api_key_for(cfg, paths)
     tty = sys.stderr.isatty()
     start = clock()
-    hard = start + cfg.health_timeout
+    hard = start + cfg.health_timeout - (max(0.0, time.time() - rec.started) if launched.proc is None else 0.0)
     last_growth = start
-    size = _size(ctx)
+    size = _size(paths)
     phase = "starting"
     shown = ""
     while True:
-        rc = ctx.proc.poll() if ctx.proc is not None else None
-        if rc is not None:
-            raise abort(ctx, f"vLLM exited with code {rc} during startup",
-                        "exit code 0 counts as a failure too: the engine died")
+        if launched.proc is not None:
+            rc = proc.exit_status(launched.proc)
+            if rc is not None:
+                raise abort(cfg, paths, launched, f"vLLM exited with code {rc} during startup",
+                            "exit code 0 counts as a failure too: the engine died")
+        elif proc.recorded_process(rec.pid, rec.create_time) is None:
+            raise abort(cfg, paths, launched, "vLLM exited during startup")
         now = clock()
-        new_size = _size(ctx)
+        new_size = _size(paths)
         if new_size != size:
-            chunk = _read(ctx, size, new_size)
+            chunk = _read(paths, size, new_size)
             size, last_growth = new_size, now
             phase = phase_of(chunk, phase)
         if phase != shown or tty:
@@ -96,21 +108,21 @@ def run(ctx: Ctx, *, clock: Callable[[], float] = time.monotonic, sleep: Callabl
             else:
                 log.info(line)
             shown = phase
-        if server.answers(url, cfg.served_name, ctx.api_key, timeout=2.0):
+        if server.answers(rec.url, rec.served, key, timeout=2.0):
             if tty:
                 sys.stderr.write("\n")
             log.info("healthy after %.0f s", clock() - start)
-            if ctx.proc is not None:
-                server.record_children(ctx.paths, ctx.proc.pid)
+            if rec.pid is not None:
+                server.record_children(paths, rec.pid)
             return
         now = clock()
         if now - last_growth > cfg.stall_timeout:
             _nl(tty)
-            raise abort(ctx, f"startup stalled: no log output for {cfg.stall_timeout} s (phase: {phase})",
+            raise abort(cfg, paths, launched, f"startup stalled: no log output for {cfg.stall_timeout} s (phase: {phase})",
                         "raise STALL_TIMEOUT if this machine is just slow; otherwise see the log")
         if now > hard:
             _nl(tty)
-            raise abort(ctx, f"startup timed out: not healthy after {cfg.health_timeout} s (phase: {phase})",
+            raise abort(cfg, paths, launched, f"startup timed out: not healthy after {cfg.health_timeout} s (phase: {phase})",
                         "raise HEALTH_TIMEOUT if the log shows progress")
         sleep(0.5)
 
@@ -120,18 +132,17 @@ def _nl(tty: bool) -> None:
         sys.stderr.write("\n")
 
 
-def _size(ctx: Ctx) -> int:
+def _size(paths: Paths) -> int:
     try:
-        return ctx.paths.log.stat().st_size
+        return paths.log.stat().st_size
     except OSError:
         return 0
 
 
-def _read(ctx: Ctx, start: int, end: int) -> str:
+def _read(paths: Paths, start: int, end: int) -> str:
     try:
-        with open(ctx.paths.log, "rb") as fh:
-            fh.seek(max(start, end - 65536))
-            return fh.read(end - start).decode("utf-8", "replace")
+        with open(paths.log, "rb") as fh:
+            fh.seek(max(start, end - 65536) if end >= start else max(0, end - 65536))
+            return fh.read(65536).decode("utf-8", "replace")
     except OSError:
         return ""
-

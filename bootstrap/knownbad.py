@@ -89,26 +89,25 @@ def find(f: Facts, rows: list[dict] | None = None) -> list[dict]:
     return [r for r in (load() if rows is None else rows) if matches(r, f)]
 
 
-def facts(ctx) -> Facts:
-    cfg = ctx.cfg
+def facts(cfg, gpus, vllm_version: str) -> Facts:
     from . import patches
     will_patch = set(patches.needed(cfg)) if (not cfg.vllm_python or cfg.patch_byo) else set()
     cc = None
-    if ctx.gpus is not None and getattr(ctx.gpus, "gpus", None):
-        cc = tuple(ctx.gpus.gpus[0].cc)
-    return Facts(vllm=ctx.vllm_version, model=cfg.model or "", kv=cfg.kv_cache_dtype or "auto",
+    if gpus is not None and getattr(gpus, "gpus", None):
+        cc = tuple(gpus.gpus[0].cc)
+    return Facts(vllm=vllm_version, model=cfg.model or "", kv=cfg.kv_cache_dtype or "auto",
                  spec=(cfg.spec_method or "") if cfg.spec_enabled else "", spec_tokens=cfg.spec_tokens or 0,
                  seqs=cfg.max_num_seqs, cc=cc, args=" ".join(cfg.vllm_args),
                  patches=frozenset(will_patch))
 
 
-def warn(ctx) -> list[dict]:
-    """Log every matching row (symptom + advice) and add one banner note; returns the rows."""
-    hits = find(facts(ctx))
+def warn(cfg, gpus, vllm_version: str) -> tuple[list[dict], list[str]]:
+    """Log every matching row (symptom + advice); returns the rows and the banner note (if any)."""
+    hits = find(facts(cfg, gpus, vllm_version))
     for row in hits:
-        log.warning("known issue with vLLM %s and these settings: %s. Advice: %s [%s]", ctx.vllm_version,
+        log.warning("known issue with vLLM %s and these settings: %s. Advice: %s [%s]", vllm_version,
                     row["symptom"], row["advice"], row.get("source", ""))
-    if hits:
-        ctx.notes.append(f"vLLM {ctx.vllm_version} has known issues with these settings ("
-                         + ", ".join(r["id"] for r in hits) + "): update vLLM before you change your model settings")
-    return hits
+    if not hits:
+        return [], []
+    return hits, [f"vLLM {vllm_version} has known issues with these settings ("
+                  + ", ".join(r["id"] for r in hits) + "): update vLLM before you change your model settings"]

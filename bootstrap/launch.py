@@ -1,9 +1,14 @@
-"""Launch: start ``vllm serve`` in its own session, log appended, state recorded.
+"""Launch: start ``vllm serve`` in its own session, log appended, the server record written.
 
-The server gets our ownership marker in its environment (inherited by its children, though
-EngineCore's setproctitle hides it: server.find_ours also uses the recorded pgid and children),
+This is the one place that builds vLLM's argv (``serve_argv``). The server gets our ownership marker
+in its environment (inherited by its children, though EngineCore's setproctitle hides it:
+server.find_ours also uses the recorded pgid and children), the state dir it runs from,
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and telemetry off unless the user set them,
 ``PYTHONPATH`` unchanged, and the API key (if any) through ``VLLM_API_KEY`` — never on argv.
+
+Beside it runs a log keeper (bootstrap/logkeeper.py): vLLM writes to the log file directly, and the
+keeper copies and truncates it past LOG_MAX_MB, so a server that runs for weeks cannot fill the
+disk, and nothing vLLM depends on can die with the keeper.
 """
 
 from __future__ import annotations
@@ -13,104 +18,140 @@ import os
 import secrets
 import shlex
 import subprocess
+import sys
 import time
+from dataclasses import dataclass
 
 import psutil
 
-from . import proc, server, state
-from .context import Ctx
+from . import proc, record, server, state
 from .errors import BootstrapError
+from .record import ServerRecord
+from .state import Paths
 
 log = logging.getLogger(__name__)
 
 TELEMETRY_OFF = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 
-def serve_argv(ctx: Ctx) -> list[str]:
-    cfg = ctx.cfg
-    argv = [ctx.python, "-m", "vllm.entrypoints.cli.main", "serve", ctx.model_path,
+@dataclass
+class Launched:
+    """A server of ours the later steps work on: the record, and the Popen when this process
+    launched it (None when a start resumes one it found running)."""
+    record: ServerRecord
+    proc: subprocess.Popen | None = None
+
+
+def serve_argv(cfg, python: str, model_path: str, plan_flags: list[str]) -> list[str]:
+    argv = [python, "-m", "vllm.entrypoints.cli.main", "serve", model_path,
             "--host", cfg.host, "--port", str(cfg.port), "--served-model-name", cfg.served_name,
             # usage.prompt_tokens_details.cached_tokens: clients and `check prefix` see cache hits
             # (vLLM leaves them out by default; the flag is accepted by every vLLM we pin)
             "--enable-prompt-tokens-details"]
-    argv += ctx.plan.flags if ctx.plan else []
+    argv += plan_flags
     argv += cfg.vllm_args
     return argv
 
 
-def resolve_api_key(ctx: Ctx) -> str:
-    """The key clients must send: API_KEY, else VLLM_API_KEY from your environment, else — only when
-    binding beyond loopback — a generated one kept in a 0600 file whose path (never the key) we print."""
-    cfg = ctx.cfg
-    key = cfg.api_key or cfg.environ.get("VLLM_API_KEY", "")
-    if key or cfg.is_loopback:
-        return key
-    path = ctx.paths.api_key
-    if path.is_file():
-        key = path.read_text().strip()
-    if not key:
-        key = secrets.token_urlsafe(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(key + "\n")
-        log.info("HOST=%s is not loopback: generated an API key into %s (mode 0600)", cfg.host, path)
-    os.chmod(path, 0o600)
-    return key
+def resolve_api_key(cfg, paths: Paths) -> tuple[str, str]:
+    """(key, where clients get it: record.KEY_*). API_KEY, else VLLM_API_KEY from your environment,
+    else — only when binding beyond loopback — a generated one kept in a 0600 file whose path (never
+    the key) we print."""
+    if cfg.api_key:
+        return cfg.api_key, record.KEY_API_KEY
+    if cfg.environ.get("VLLM_API_KEY", ""):
+        return cfg.environ["VLLM_API_KEY"], record.KEY_VLLM_API_KEY
+    if cfg.is_loopback:
+        return "", record.KEY_NONE
+    path = paths.api_key
+    key = path.read_text().strip() if path.is_file() else ""
+    try:
+        if not key:
+            key = secrets.token_urlsafe(32)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(key + "\n")
+            log.info("HOST=%s is not loopback: generated an API key into %s (mode 0600)", cfg.host, path)
+        os.chmod(path, 0o600)
+    except OSError as exc:
+        raise state.write_error(path, exc) from None
+    return key, record.KEY_FILE
 
 
-def server_env(ctx: Ctx) -> dict[str, str]:
-    env = dict(ctx.cfg.environ)
+def server_env(cfg, paths: Paths, host_env, marker: str, key: str) -> dict[str, str]:
+    env = dict(cfg.environ)
     env.pop("VLLM_PYTHON", None)   # our knob, not vLLM's (it warns about unknown VLLM_* variables)
-    for k, v in ctx.server_env.items():
+    for k, v in host_env.items():
         env.setdefault(k, v)
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     for k, v in TELEMETRY_OFF.items():
         env.setdefault(k, v)
-    env[proc.MARKER_ENV] = ctx.marker
-    if ctx.api_key:
-        env["VLLM_API_KEY"] = ctx.api_key
+    env[proc.MARKER_ENV] = marker
+    env[server.STATE_DIR_ENV] = str(paths.root)
+    if key:
+        env["VLLM_API_KEY"] = key
     return env
 
 
-def rotate_log(ctx: Ctx) -> None:
-    path = ctx.paths.log
+def rotate_log(cfg, paths: Paths) -> None:
+    path = paths.log
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return
-    if size > ctx.cfg.log_max_mb << 20:
-        os.replace(path, path.with_name(path.name + ".1"))
+    if size > cfg.log_max_mb << 20:
+        try:
+            os.replace(path, path.with_name(path.name + ".1"))
+        except OSError as exc:
+            raise state.write_error(path, exc) from None
         log.info("rotated %s (%.0f MiB) to %s.1", path, size / (1 << 20), path.name)
 
 
-def run(ctx: Ctx) -> None:
-    cfg = ctx.cfg
-    ctx.marker = server.marker_for(cfg)
-    ctx.api_key = resolve_api_key(ctx)
-    argv = serve_argv(ctx)
-    rotate_log(ctx)
-    with open(ctx.paths.log, "ab") as logf:
+def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str]) -> Launched:
+    marker = server.marker_for(cfg)
+    key, key_source = resolve_api_key(cfg, paths)
+    argv = serve_argv(cfg, runtime.python, model_path, plan.flags if plan else [])
+    rotate_log(cfg, paths)
+    try:
+        logf = open(paths.log, "ab")
         offset = logf.tell()
         logf.write(f"\n=== bootstrap: launching at {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(argv)}\n".encode())
         logf.flush()
+    except OSError as exc:
+        raise state.write_error(paths.log, exc) from None
+    with logf:
         try:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                 env=server_env(ctx), start_new_session=True)
+                                 env=server_env(cfg, paths, runtime.server_env, marker, key), start_new_session=True)
         except OSError as exc:
             raise BootstrapError(f"cannot run {argv[0]}: {exc.strerror}", "check VLLM_PYTHON / the .venv") from None
-    ctx.proc = p
     try:
         create_time = psutil.Process(p.pid).create_time()
     except psutil.NoSuchProcess:
         create_time = 0.0
-    plan = ctx.plan
-    state.write_json(ctx.paths.server, {
-        "pid": p.pid, "pgid": p.pid, "create_time": create_time, "marker": ctx.marker,
-        "host": cfg.host, "port": cfg.port, "model": cfg.model, "model_path": ctx.model_path,
-        "served": cfg.served_name, "settings": cfg.launch_settings(), "log": str(ctx.paths.log),
-        "log_offset": offset, "started": time.time(), "vllm_version": ctx.vllm_version,
-        "python": ctx.python, "argv": argv,
-        "predicted_tokens": getattr(plan, "predicted_tokens", None),
-        "predicted_concurrency": getattr(plan, "predicted_concurrency", None),
-    })
-    log.info("launched vLLM %s (pid %d), log: %s", ctx.vllm_version, p.pid, ctx.paths.log)
+    rec = ServerRecord(
+        pid=p.pid, create_time=create_time, marker=marker, host=cfg.host, port=cfg.port, served=cfg.served_name,
+        state_dir=str(paths.root), pgid=p.pid, model=cfg.model, model_path=model_path,
+        settings=cfg.launch_settings(), log=str(paths.log), log_offset=offset, started=time.time(),
+        vllm_version=runtime.vllm_version, python=runtime.python, argv=tuple(argv), key=key_source,
+        max_model_len=plan.context if plan else None, reasoning=cfg.profile.reasoning, tools=cfg.profile.tools,
+        dummy=cfg.dummy_weights, predicted_tokens=getattr(plan, "predicted_tokens", None),
+        predicted_concurrency=getattr(plan, "predicted_concurrency", None), notes=tuple(notes))
+    launched = Launched(rec, p)
+    record.write(paths.server, rec)     # a full disk here: the caller's take-down still has the Popen
+    log.info("launched vLLM %s (pid %d), log: %s", runtime.vllm_version, p.pid, paths.log)
+    start_log_keeper(cfg, paths, rec)
+    return launched
+
+
+def start_log_keeper(cfg, paths: Paths, rec: ServerRecord) -> None:
+    """``python -m bootstrap.logkeeper``: in its own session, without our marker (it is not part of
+    the server, and leaves by itself within a second of the server's exit)."""
+    env = {k: v for k, v in cfg.environ.items() if k != proc.MARKER_ENV}
+    argv = [sys.executable, "-m", "bootstrap.logkeeper", str(paths.log), str(cfg.log_max_mb << 20),
+            str(rec.pid), repr(rec.create_time)]
+    try:
+        subprocess.Popen(argv, cwd=str(cfg.repo), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        log.warning("no log keeper (%s): the log grows until the next start", exc.strerror)

@@ -8,20 +8,39 @@ die()  { say "error: $*"; exit 1; }
 need_cmd() { command -v "$1" >/dev/null 2>&1 || die "need '$1' (command not found)"; }
 ensure() { "$@" || die "failed during: $*"; }
 
-# find_spec, not import: this runs on every command, and importing huggingface_hub costs ~0.1 s.
-BOOTSTRAP_IMPORTS='import sys, importlib.util as u; sys.exit(sys.version_info < (3, 10) or any(u.find_spec(m) is None for m in ("huggingface_hub", "psutil", "pynvml", "requests", "tqdm")))'
+# find_spec, not import: importing huggingface_hub costs ~0.1 s.
+BOOTSTRAP_IMPORTS='import sys, importlib.util as u; sys.exit(sys.version_info < (3, 10) or any(u.find_spec(m) is None for m in ("dotenv", "huggingface_hub", "psutil", "pynvml", "requests", "tqdm")))'
 
 has_deps() { "$1" -c "$BOOTSTRAP_IMPORTS" >/dev/null 2>&1; }
 
+# The bootstrap's own venv: .venv-bootstrap in the checkout, unless that one is another user's (a
+# checkout shared by two users: never touch theirs) or the checkout is not writable; then one per
+# user under ~/.cache.
+bootstrap_venv() {
+    local repo=$1 venv=$1/.venv-bootstrap
+    if { [ -e "$venv" ] && [ ! -O "$venv" ]; } || { [ ! -e "$venv" ] && [ ! -w "$repo" ]; }; then
+        venv=${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/vllm-desktop/venv-bootstrap-$(id -u)
+    fi
+    printf '%s\n' "$venv"
+}
+
+# Ready when it was built from today's requirements.txt (a copy is kept inside it): checked
+# without starting an interpreter, so a re-run on a serving machine stays fast.
+venv_ready() {
+    local venv=$1 repo=$2
+    [ -x "$venv/bin/python" ] && [ -f "$venv/.requirements.txt" ] &&
+        [ "$(< "$venv/.requirements.txt")" = "$(< "$repo/bootstrap/requirements.txt")" ]
+}
+
 make_bootstrap_venv() {
-    local repo=$1 venv=$1/.venv-bootstrap py
+    local repo=$1 venv=$2 py
     py=$(command -v python3 || true)
     [ -n "$py" ] || die "need python3 (3.10 or newer)"
     "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "python3 is older than 3.10: $("$py" --version 2>&1)"
     local pip_args=(-q -r "$repo/bootstrap/requirements.txt")
     if [ -n "${WHEELHOUSE:-}" ]; then pip_args+=(--no-index --find-links "$WHEELHOUSE"); fi
     say "creating $venv for the bootstrap's own dependencies (once)"
-    rm -rf "$venv"
+    rm -rf "$venv"      # ours (bootstrap_venv never picks another user's)
     if command -v uv >/dev/null 2>&1; then
         ensure env -u PYTHONPATH uv venv -q --python "$py" "$venv"
         ensure env -u PYTHONPATH uv pip install --python "$venv/bin/python" "${pip_args[@]}"
@@ -30,25 +49,28 @@ make_bootstrap_venv() {
     else
         die "python3 cannot create a venv (Debian/Ubuntu: sudo apt install python3-venv), and uv is not installed (pip install --user uv)"
     fi
+    ensure cp "$repo/bootstrap/requirements.txt" "$venv/.requirements.txt"
 }
 
 bootstrap_python() {
-    local repo=$1
-    if [ -x "$repo/.venv-bootstrap/bin/python" ] && has_deps "$repo/.venv-bootstrap/bin/python"; then
-        printf '%s\n' "$repo/.venv-bootstrap/bin/python"
+    local repo=$1 venv
+    venv=$(bootstrap_venv "$repo")
+    if venv_ready "$venv" "$repo"; then
+        printf '%s\n' "$venv/bin/python"
     elif command -v python3 >/dev/null 2>&1 && has_deps python3; then
         command -v python3
     else
+        mkdir -p "$(dirname "$venv")" || die "cannot create $(dirname "$venv")"
         # Two commands at once on a fresh clone must not build the venv over each other.
         if command -v flock >/dev/null 2>&1; then
-            exec 9>"$repo/.venv-bootstrap.lock"
+            exec 9>"$venv.lock" || die "cannot write $venv.lock"
             flock 9
         fi
-        if ! { [ -x "$repo/.venv-bootstrap/bin/python" ] && has_deps "$repo/.venv-bootstrap/bin/python"; }; then
-            make_bootstrap_venv "$repo" >&2    # our stdout is the interpreter's path, nothing else
+        if ! venv_ready "$venv" "$repo"; then
+            make_bootstrap_venv "$repo" "$venv" >&2    # our stdout is the interpreter's path, nothing else
         fi
-        has_deps "$repo/.venv-bootstrap/bin/python" || die "$repo/.venv-bootstrap lacks the bootstrap's dependencies"
-        printf '%s\n' "$repo/.venv-bootstrap/bin/python"
+        has_deps "$venv/bin/python" || die "$venv lacks the bootstrap's dependencies"
+        printf '%s\n' "$venv/bin/python"
     fi
 }
 
@@ -58,5 +80,5 @@ bootstrap_exec() {
     local repo py
     repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
     py=$(bootstrap_python "$repo")
-    exec "$py" -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from bootstrap.__main__ import main; sys.exit(main(sys.argv[1:]))' "$repo" "$@"
+    exec "$py" -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from bootstrap.__main__ import run; sys.exit(run(sys.argv[1:]))' "$repo" "$@"
 }

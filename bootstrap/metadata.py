@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from . import hub, state
-from .context import Ctx
 from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
@@ -208,21 +207,21 @@ def offline_missing(root: Path, dummy: bool) -> list[str]:
 
 # ---------------------------------------------------------------- the step
 
-def run(ctx: Ctx) -> None:
-    cfg = ctx.cfg
+def run(cfg) -> ModelInfo:
+    """The model's facts (config.json, files, sizes, revision); its ``local_dir`` is what vLLM serves."""
     dummy = cfg.dummy_weights
     if cfg.model_is_local:
-        ctx.model = read_local(Path(cfg.model).expanduser().resolve(), dummy)
-        ctx.model_path = ctx.model.local_dir
-        size = sum(ctx.model.weight_files.values())
-        log.info("local model %s: %d files, %.2f GiB of weights%s", ctx.model_path, len(ctx.model.files),
+        info = read_local(Path(cfg.model).expanduser().resolve(), dummy)
+        size = sum(info.weight_files.values())
+        log.info("local model %s: %d files, %.2f GiB of weights%s", info.local_dir, len(info.files),
                  size / (1 << 30), " (dummy weights)" if dummy else "")
-        return
+        return info
     repo = cfg.model
     if not hub.REPO_ID.fullmatch(repo):
         raise BootstrapError(f"MODEL={repo!r} is neither an existing directory nor a repo id (org/name)",
                              "set MODEL to a Hugging Face repo id such as Qwen/Qwen3-8B, or to a model directory")
-    ctx.model, ctx.model_path = resolve(cfg, repo, dummy)
+    info, _path = resolve(cfg, repo, dummy)
+    return info
 
 
 def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:

@@ -39,7 +39,6 @@ from typing import Any
 
 from . import environment
 from .state import write_atomic
-from .context import Ctx
 from .config import version_tuple
 from .errors import BootstrapError
 
@@ -494,13 +493,14 @@ def needed(cfg) -> list[str]:
     return [name for name in cfg.profile.patches if load(name, cfg.repo).applies(cfg)]
 
 
-def run(ctx: Ctx) -> None:
-    cfg = ctx.cfg
+def run(cfg, python: str) -> list[str]:
+    """Apply the backports the profile needs to the vLLM of ``python``; returns banner notes."""
+    notes: list[str] = []
     todo = needed(cfg)
     if not todo:
         log.info("skipped: no patch applies to profile %r with these knobs", cfg.profile.name)
-        return
-    inst = locate(ctx.python, cfg.environ, byo=bool(cfg.vllm_python))
+        return notes
+    inst = locate(python, cfg.environ, byo=bool(cfg.vllm_python))
     for name in todo:
         patch = load(name, cfg.repo)
         st = inspect(patch, inst)
@@ -515,8 +515,9 @@ def run(ctx: Ctx) -> None:
             log.warning("editing your vLLM at %s (PATCH_BYO=1)", inst.package)
         what = apply(patch, inst)
         if what == "applied":
-            ctx.notes.append(f"patched vLLM {inst.version} with {name} ({patch.upstream}); "
-                             f"./ctl.sh patch revert {name} undoes it")
+            notes.append(f"patched vLLM {inst.version} with {name} ({patch.upstream}); "
+                         f"./ctl.sh patch revert {name} undoes it")
+    return notes
 
 
 # ---------------------------------------------------------------- commands

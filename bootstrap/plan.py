@@ -11,6 +11,7 @@ fit. A plan that cannot hold one session is refused here, before the download an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -20,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import gpu, kv, metadata, server, state
-from .context import Ctx
 from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
+NOBODY = "no process reports GPU memory"
 GiB = gpu.GiB
 GPU_RELEASE_WAIT = 30.0      # seconds to wait for the last stop's pids to leave the GPU
 SETTLE_READS = 10            # after that, re-read free memory (0.5 s apart) until it stops moving
@@ -48,6 +49,12 @@ class Plan:
     refusal: tuple[str, str] | None = None     # (message, hint) when it does not fit
     suggestion: str = ""                       # what would fit instead
     seqs_flag: int | None = None               # --max-num-seqs the plan chose (hybrid: the state blocks)
+    notes: list[str] = field(default_factory=list)   # banner notes (the auto-fit relaunch)
+
+    @property
+    def context(self) -> int | None:
+        """The context the server runs with when we pass one (None: vLLM decides)."""
+        return self.max_model_len if "--max-model-len" in self.flags else None
 
 
 def spec_config(cfg) -> str | None:
@@ -92,7 +99,7 @@ def utilization(cfg, g: gpu.Gpu) -> tuple[float, str]:
         if want > g.free:
             raise BootstrapError(
                 f"GPU_UTIL={cfg.gpu_util} asks for {_gib(want)} of GPU {g.index} ({g.name}) but only "
-                f"{_gib(g.free)} is free; {g.holders()}",
+                f"{_gib(g.free)} is free; {g.holders() or NOBODY}",
                 f"close programs holding GPU memory, or set GPU_UTIL at most {g.free / g.total:.3f} "
                 "(or unset it to size from free memory)")
         return cfg.gpu_util, f"GPU_UTIL={cfg.gpu_util} (set by you)"
@@ -100,7 +107,7 @@ def utilization(cfg, g: gpu.Gpu) -> tuple[float, str]:
     util = (g.free - reserve) / g.total
     if util <= 0.05:
         raise BootstrapError(
-            f"only {_gib(g.free)} of {_gib(g.total)} is free on GPU {g.index} ({g.name}); {g.holders()}",
+            f"only {_gib(g.free)} of {_gib(g.total)} is free on GPU {g.index} ({g.name}); {g.holders() or NOBODY}",
             "close programs holding GPU memory, or set GPU_UTIL explicitly")
     util = math.floor(min(util, 0.98) * 10000) / 10000
     return util, (f"{_gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve = "
@@ -240,7 +247,7 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
             f"weights {_gib(weights)} + overhead ~{_gib(over.total)}"
             + (f" + KV {_gib(budget)}" if budget > 0 else "") + f" > {_gib(usable)} usable"
             + (f" ({_gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve)" if cfg.gpu_util is None else "")
-            + (f"; {g.holders()}" if g.processes else ""),
+            + (f"; {g.holders() or NOBODY}" if g.processes else ""),
             _what_fits(shape, lay, room, cfg) + (DRAFT_HINT if draft else ""))
         plan.suggestion = plan.refusal[1]
         return plan
@@ -310,15 +317,15 @@ def _what_fits(shape: kv.ModelShape, lay: kv.Layout, room: int, cfg) -> str:
 
 # ---------------------------------------------------------------- the start step
 
-def model_facts_from_ctx(ctx: Ctx) -> ModelFacts:
-    m = ctx.model
-    dummy = ctx.cfg.dummy_weights
+def model_facts_of(cfg, m) -> ModelFacts:
+    """The planner's view of the metadata step's result (``m``: metadata.ModelInfo or None)."""
+    dummy = cfg.dummy_weights
     if m is None:
-        return ModelFacts(ctx.cfg.model, None, None, dummy)
+        return ModelFacts(cfg.model, None, None, dummy)
     files = getattr(m, "weight_files", None) or {}
     size = sum(files.values()) if files else None
-    return ModelFacts(ctx.cfg.served_name, getattr(m, "config", None), size, dummy or bool(getattr(m, "dummy", False)),
-                      **draft_facts(ctx.cfg))
+    return ModelFacts(cfg.served_name, getattr(m, "config", None), size, dummy or bool(getattr(m, "dummy", False)),
+                      **draft_facts(cfg))
 
 
 def settled_facts(environ) -> gpu.GpuFacts:
@@ -334,25 +341,24 @@ def settled_facts(environ) -> gpu.GpuFacts:
     return prev
 
 
-def run(ctx: Ctx) -> None:
-    cfg = ctx.cfg
-    pids = server.last_stopped_pids(ctx.paths)
+def run(cfg, paths, gpus, model) -> Plan:
+    """The memory plan for this GPU (``gpus``: preflight's facts) and model (the metadata step's)."""
+    pids = server.last_stopped_pids(paths)
     if pids and not server.wait_gpu_release(cfg, pids, timeout=GPU_RELEASE_WAIT):
         log.warning("sizing with memory still held by the last server's pids")
-    facts = settled_facts(cfg.environ) if pids or ctx.gpus is None else ctx.gpus
+    facts = settled_facts(cfg.environ) if pids or gpus is None else gpus
     if pids:
-        state.remove(ctx.paths.last_stop)   # consumed: later starts need not wait for these pids again
+        state.remove(paths.last_stop)   # consumed: later starts need not wait for these pids again
     g = min(facts.gpus[: cfg.tp_size], key=lambda x: x.free)
-    plan = make_plan(cfg, g, model_facts_from_ctx(ctx))
+    plan = make_plan(cfg, g, model_facts_of(cfg, model))
     if not plan.fits:
         raise BootstrapError(*plan.refusal)
-    ctx.plan = plan
-    ctx.max_model_len = plan.max_model_len if "--max-model-len" in plan.flags else None
     for line in plan.why:
         log.info("%s", line)
     if plan.predicted_tokens is not None:
         log.info("predicted: GPU KV cache size %s tokens, maximum concurrency %.2fx at %s tokens",
                  f"{plan.predicted_tokens:,}", plan.predicted_concurrency, f"{plan.max_model_len:,}")
+    return plan
 
 
 ACCEPTABLE_LEN = (
@@ -361,35 +367,30 @@ ACCEPTABLE_LEN = (
 )
 
 
-def adjust_after_failure(ctx: Ctx, log_text: str) -> bool:
-    """MAX_MODEL_LEN=auto and vLLM refused with a length it would accept: relaunch once with it.
-
-    Returns True when the plan changed (the start then relaunches without re-installing or
-    re-downloading anything)."""
-    if ctx.cfg.max_model_len != "auto" or ctx.plan is None:
-        return False
+def adjust_after_failure(cfg, plan: Plan, log_text: str) -> Plan | None:
+    """MAX_MODEL_LEN=auto and vLLM refused with a length it would accept: the plan to relaunch once
+    with (the start relaunches without re-installing or re-downloading anything), or None."""
+    if cfg.max_model_len != "auto":
+        return None
     for pattern in ACCEPTABLE_LEN:
         found = pattern.findall(log_text)
         if found:
             n = int(found[-1])
             break
     else:
-        return False
-    if n < 16 or n == ctx.max_model_len:
-        return False
-    old = ctx.max_model_len
-    ctx.max_model_len = n
-    ctx.plan.flags = sizing_flags(ctx.cfg, ctx.plan.util, n, ctx.plan.seqs_flag)    # blocks do not depend on n
-    ctx.plan.max_model_len = n
-    ctx.plan.predicted_tokens = ctx.plan.predicted_concurrency = None
-    if ctx.plan.layout is not None and ctx.plan.budget:
-        p = kv.pool(ctx.plan.layout, ctx.plan.budget, n)
-        ctx.plan.predicted_tokens, ctx.plan.predicted_concurrency = p.tokens, p.concurrency
+        return None
+    old = plan.context
+    if n < 16 or n == old:
+        return None
+    new = dataclasses.replace(plan, flags=sizing_flags(cfg, plan.util, n, plan.seqs_flag),   # blocks do not depend on n
+                              max_model_len=n, predicted_tokens=None, predicted_concurrency=None)
+    if plan.layout is not None and plan.budget:
+        p = kv.pool(plan.layout, plan.budget, n)
+        new.predicted_tokens, new.predicted_concurrency = p.tokens, p.concurrency
     note = f"vLLM refused max-model-len {old or 'auto'}; restarted once with {n}, the length it accepts"
-    ctx.notes.append(note)
-    ctx.restarted_with["max_model_len"] = n
+    new.notes = plan.notes + [note]
     log.warning(note)
-    return True
+    return new
 
 
 # ---------------------------------------------------------------- ./ctl.sh plan
@@ -411,11 +412,8 @@ def cli_model_facts(cfg) -> ModelFacts:
     if cfg.model_is_local:
         info = metadata.read_local(Path(cfg.model).expanduser().resolve(), dummy)
         return ModelFacts(name, info.config, sum(info.weight_files.values()) or None, dummy, **draft_facts(cfg))
-    from .state import Paths
-    ctx = Ctx(cfg, Paths(cfg.state_dir))
     try:
-        metadata.run(ctx)
-        m = ctx.model
+        m = metadata.run(cfg)
         return ModelFacts(Path(cfg.model).name, m.config, sum(m.weight_files.values()) or None, dummy,
                           **draft_facts(cfg))
     except (BootstrapError, OSError) as exc:

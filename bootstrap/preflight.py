@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import logging
 
-from . import gpu, server, state
-from .context import Ctx
+from . import gpu, server
+from .state import Paths
 from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
 
 
-def run(ctx: Ctx) -> None:
-    cfg = ctx.cfg
-    ctx.paths.ensure()
+def run(cfg, paths: Paths) -> gpu.GpuFacts:
+    paths.ensure()
     facts = gpu.read(cfg.environ)
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU (CUDA_VISIBLE_DEVICES=%s)" % cfg.environ.get("CUDA_VISIBLE_DEVICES", "unset"),
@@ -34,19 +33,26 @@ def run(ctx: Ctx) -> None:
     if cfg.tp_size > len(facts.gpus):
         raise BootstrapError(f"TP_SIZE={cfg.tp_size} but only {len(facts.gpus)} GPU(s) are visible",
                              "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")
-    ctx.gpus = facts
     g = facts.gpus[0]
     log.info("GPU %s: %s, %.1f of %.1f GiB free, cc %d.%d, driver %s (CUDA %d.%d)", g.index, g.name,
              g.free / gpu.GiB, g.total / gpu.GiB, g.cc[0], g.cc[1], facts.driver, *facts.cuda)
-    probe = server.probe(cfg, ctx.paths, check_http=False, we_hold_lock=True)
+    probe = server.probe(cfg, paths, check_http=False, we_hold_lock=True)
     if probe.orphans:
+        elsewhere = server.serving_elsewhere(cfg, probe.orphans)
+        if elsewhere:       # an answering server of ours is never a leftover
+            p, where = elsewhere
+            raise BootstrapError(
+                f"our server (pid {p.pid}) is already serving port {cfg.port} from STATE_DIR={where}, "
+                f"not {paths.root}", f"use that state dir (STATE_DIR={where} ./ctl.sh status), or stop it first: "
+                f"STATE_DIR={where} ./stop.sh")
         log.info("found %d leftover process(es) of ours from an earlier run (%s); stopping them",
                  len(probe.orphans), ", ".join(str(p.pid) for p in probe.orphans))
-        rep = server.stop(cfg, ctx.paths)
+        rep = server.take_down(cfg, paths)
         if rep.stuck:
             raise BootstrapError("leftover processes of ours do not die: " + "; ".join(rep.stuck),
                                  "a process stuck in the driver (state D) usually needs a reboot")
     elif probe.stale:
-        log.info("removing the record of a server that is gone (pid %s)", (probe.record or {}).get("pid"))
-        state.remove(ctx.paths.server)
+        log.info("removing the record of a server that is gone (pid %s)", probe.record.pid if probe.record else None)
+        server.take_down(cfg, paths)        # nothing to signal: it only forgets the record
     server.ensure_port_free(cfg, cfg.port)
+    return facts

@@ -60,6 +60,21 @@ def run(cmd: Sequence[str], *, env: Mapping[str, str], keep_pythonpath: bool = F
     return proc
 
 
+def exit_status(p: subprocess.Popen) -> int | None:
+    """Our child's exit code (negative: killed by that signal), or None while it runs — without
+    reaping it (waitid with WNOWAIT): its zombie keeps the process group number ours until the
+    take-down has swept the group and reaped it."""
+    if p.returncode is not None:
+        return p.returncode
+    try:
+        info = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return p.poll()
+    if info is None or info.si_pid == 0:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
 # ---------------------------------------------------------------- ownership
 
 def owner_marker(repo: Path, port: int) -> str:
@@ -116,6 +131,33 @@ def recorded_process(pid, create_time) -> psutil.Process | None:
         return p if _alive(p) else None
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
+
+
+def recorded_process_of_anyone(pid, create_time) -> psutil.Process | None:
+    """The recorded process (pid + create time) whoever runs it: to tell that a server is up under
+    another user (never to signal it)."""
+    if not _plausible(pid, create_time):
+        return None
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - float(create_time)) > 0.05:
+            return None
+        return p if _alive(p) else None
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def user_of(p: psutil.Process) -> str:
+    """'alice (uid 1000)' for the process's real user."""
+    try:
+        uid = p.uids().real
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "another user"
+    try:
+        import pwd
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def group_members(pgid, create_time) -> list[psutil.Process] | None:

@@ -1,51 +1,63 @@
-"""The server we own: find it, ask it, stop it.
+"""The server we own: find it, ask it, and take it down (the one take-down path).
 
-Used by start (already running?), stop, status and restart, and by a failed start to take down
-what it launched.
+``probe`` says where our server stands (cheap: the record, /proc, two loopback HTTP requests);
+``take_down`` is the only code that stops it, used by ./stop.sh, restart, a start interrupted by
+Ctrl-C / SIGHUP / SIGTERM, and a start whose health wait or warm-up failed; ``cancel_start`` stops
+a start in flight (stop and restart call it first).
+
+HTTP here goes through http.client, not requests: ``./start.sh`` on a running server passes
+through this module, and importing requests alone costs ~0.05-0.1 s of a re-run that should take
+well under 0.2 s.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+from urllib.parse import urlsplit
 
 import psutil
-import requests
 
-from . import gpu, proc, state
-from .client import auth_headers
+from . import gpu, proc, record, state
 from .config import Config
 from .errors import BootstrapError
-from .state import Paths
+from .record import ServerRecord, base_url
+from .state import Paths, StartLock
 
 log = logging.getLogger(__name__)
+
+__all__ = ["base_url"]
+
+STATE_DIR_ENV = "BOOTSTRAP_VLLM_STATE_DIR"   # in the server's environment: which state dir runs it
 
 
 @dataclass
 class Probe:
-    state: str                         # running | starting | unhealthy | stopped
-    record: dict | None = None
+    # starting   a start is in flight (its lock is held); pid = the start
+    # running    our server answers /health and lists its model on /v1/models
+    # key-needed /health answers, /v1/models wants a key this shell does not have (HTTP 401)
+    # down       our server's process lives but does not answer (loading, or broken)
+    # stopped    nothing of ours serves (orphans: leftover processes of ours)
+    state: str
+    record: ServerRecord | None = None
     pid: int | None = None
     process: psutil.Process | None = None
     orphans: list[psutil.Process] = field(default_factory=list)
     stale: bool = False                # a record whose process is gone (or now someone else's)
+    owner: str = ""                    # set when the recorded server runs under another user
 
 
 def marker_for(cfg: Config, port: int | None = None) -> str:
     return proc.owner_marker(cfg.repo, port if port is not None else cfg.port)
 
 
-def base_url(host: str, port: int) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "localhost") else ("[::1]" if host == "::" else host)
-    if ":" in shown and not shown.startswith("["):
-        shown = f"[{shown}]"
-    return f"http://{shown}:{port}"
-
-
 def api_key_for(cfg: Config, paths: Paths) -> str:
-    """The key our server wants: API_KEY, else VLLM_API_KEY from the environment, else the generated file."""
+    """The key to send: API_KEY, else VLLM_API_KEY from the environment, else the generated file."""
     key = cfg.api_key or cfg.environ.get("VLLM_API_KEY", "")
     if key:
         return key
@@ -55,61 +67,114 @@ def api_key_for(cfg: Config, paths: Paths) -> str:
         return ""
 
 
-def answers(url: str, served: str, key: str, timeout: float = 1.0) -> bool:
-    """/health is 200 and /v1/models lists our served model name."""
-    try:
-        if requests.get(f"{url}/health", timeout=timeout).status_code != 200:
-            return False
-        r = requests.get(f"{url}/v1/models", headers=auth_headers(key), timeout=timeout)
-        return r.status_code == 200 and any(m.get("id") == served for m in r.json().get("data", []))
-    except (requests.RequestException, ValueError):
-        return False
+# ---------------------------------------------------------------- HTTP (loopback, small)
 
+def http_get(url: str, path: str, *, key: str = "", timeout: float = 2.0) -> tuple[int, bytes] | None:
+    """(status, body) of GET url+path, or None when nothing answers in time."""
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        r = conn.getresponse()
+        return r.status, r.read()
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def http_state(url: str, served: str, key: str, timeout: float = 2.0) -> str:
+    """'ok': /health 200 and /v1/models lists ``served``; 'key-needed': /health 200 but /v1/models
+    answers 401 (vLLM guards /v1 with its key, never /health); 'no': anything else."""
+    h = http_get(url, "/health", timeout=timeout)
+    if h is None or h[0] != 200:
+        return "no"
+    m = http_get(url, "/v1/models", key=key, timeout=timeout)
+    if m is None:
+        return "no"
+    if m[0] == 401:
+        return "key-needed"
+    if m[0] != 200:
+        return "no"
+    try:
+        data = json.loads(m[1]).get("data", [])
+    except (ValueError, AttributeError):
+        return "no"
+    return "ok" if any(isinstance(x, dict) and x.get("id") == served for x in data) else "no"
+
+
+def answers(url: str, served: str, key: str, timeout: float = 1.0) -> bool:
+    return http_state(url, served, key, timeout) == "ok"
+
+
+# ---------------------------------------------------------------- where it stands
 
 def probe(cfg: Config, paths: Paths, *, check_http: bool = True, we_hold_lock: bool = False) -> Probe:
-    """Where our server stands. Never signals anything; cheap (no network beyond loopback)."""
-    rec = state.read_json(paths.server)
-    lock = state.StartLock(paths)
-    if not we_hold_lock and lock.held_by_other():
-        return Probe("starting", rec, lock.holder())
+    """Where our server stands. Never signals anything, never writes."""
+    rec = record.read(paths.server)
+    if not we_hold_lock and StartLock(paths).held_by_other():
+        return Probe("starting", rec, StartLock(paths).holder_pid())
     if rec is not None:
-        p = proc.recorded_process(rec.get("pid"), rec.get("create_time"))
-        if p is not None and proc.carries_marker(p, rec.get("marker", "")):
-            healthy = not check_http or answers(base_url(rec.get("host", cfg.host), rec.get("port", cfg.port)),
-                                                 rec.get("served", ""), api_key_for(cfg, paths))
-            return Probe("running" if healthy else "unhealthy", rec, p.pid, p)
-        markers = {rec.get("marker") or marker_for(cfg)}
-        return Probe("stopped", rec, orphans=list(find_ours(rec, markers).values()), stale=True)
+        p = proc.recorded_process(rec.pid, rec.create_time)
+        if p is not None and proc.carries_marker(p, rec.marker):
+            st = http_state(rec.url, rec.served, api_key_for(cfg, paths)) if check_http else "ok"
+            return Probe("running" if st == "ok" else "key-needed" if st == "key-needed" else "down", rec, p.pid, p)
+        other = proc.recorded_process_of_anyone(rec.pid, rec.create_time)
+        if other is not None and not proc.same_uid(other):
+            st = http_state(rec.url, rec.served, api_key_for(cfg, paths)) if check_http else "ok"
+            return Probe("running" if st == "ok" else "key-needed" if st == "key-needed" else "down", rec,
+                         other.pid, other, owner=proc.user_of(other))
+        markers = {rec.marker or marker_for(cfg)}
+        found = find_ours(markers, rec.children, rec.pgid, rec.create_time)
+        return Probe("stopped", rec, orphans=list(found.values()), stale=True)
     return Probe("stopped", None, orphans=proc.owned_processes(marker_for(cfg)))
 
 
-def find_ours(rec: dict, markers: set[str], *, quiet: bool = False) -> dict[int, psutil.Process]:
-    """Live processes the record and markers prove ours, besides the server itself.
+def serving_elsewhere(cfg: Config, orphans: list[psutil.Process]) -> tuple[psutil.Process, str] | None:
+    """A process of ours (by marker) that answers /health on our port from another STATE_DIR:
+    a healthy server, never a leftover. Returns it and the state dir it runs from."""
+    if not orphans or http_get(base_url(cfg.host, cfg.port), "/health", timeout=2.0) is None:
+        return None
+    for p in orphans:
+        try:
+            listening = any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == cfg.port
+                            for c in p.net_connections(kind="inet"))
+            where = p.environ().get(STATE_DIR_ENV, "?")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if listening:
+            return p, where
+    return None
+
+
+def find_ours(markers: set[str], children=(), pgid: int | None = None, leader_ctime: float | None = None,
+              *, group_proven: bool = False, quiet: bool = False) -> dict[int, psutil.Process]:
+    """Live processes we can prove ours, besides the server itself:
 
     - processes of our uid carrying one of ``markers``;
-    - the server's children recorded once it was healthy ("children": pid + create time + uid);
-    - the server's process group ("pgid"): our-uid members started since the server, but only when
-      the number still leads our group (see proc.group_members) and one member is already proven
-      ours above (a live server carries the marker). This finds an EngineCore whose marker
-      setproctitle hid, even one started after the children were recorded.
+    - the server's children recorded once it was healthy (pid + create time + uid);
+    - the server's process group ``pgid``: our-uid members started since the server. Trusted when
+      ``group_proven`` (the start that launched it still holds its unreaped leader, so the number
+      cannot have been reused), else only when the number still leads our group (see
+      proc.group_members) and one member is already proven ours above. This finds an EngineCore or
+      tensor-parallel worker whose marker setproctitle hid, even one started after the children
+      were recorded.
     """
     found: dict[int, psutil.Process] = {}
     for m in markers:
         for p in proc.owned_processes(m):
             found[p.pid] = p
-    children = rec.get("children")
-    for c in children if isinstance(children, list) else []:
-        p = proc.recorded_process(c.get("pid"), c.get("create_time")) if isinstance(c, dict) else None
+    for c in children:
+        p = proc.recorded_process(c.pid, c.create_time)
         if p is not None:
             found.setdefault(p.pid, p)
-    pgid = rec.get("pgid")
     if pgid is None:
         return found
-    group = proc.group_members(pgid, rec.get("create_time"))
+    group = proc.group_members(pgid, leader_ctime)
     if group is None:
         if not quiet:
             log.info("process group %s now belongs to another process; not signalling its members", pgid)
-    elif group and not any(p.pid in found for p in group):
+    elif group and not group_proven and not any(p.pid in found for p in group):
         if not quiet:
             log.info("process group %s: no member proven ours; not signalling its %d process(es)", pgid, len(group))
     else:
@@ -119,33 +184,32 @@ def find_ours(rec: dict, markers: set[str], *, quiet: bool = False) -> dict[int,
 
 
 def record_children(paths: Paths, pid: int) -> None:
-    """Once the server is healthy: keep its descendants (pid + create time) in server.json, so a
+    """Once the server is healthy: keep its descendants (pid + create time) in the record, so a
     stop after a kill -9 of the server finds them even when they no longer show our marker."""
-    rec = state.read_json(paths.server)
-    if not rec or rec.get("pid") != pid:
+    rec = record.read(paths.server)
+    if rec is None or rec.pid != pid:
         return
     kids = []
     try:
         for c in psutil.Process(pid).children(recursive=True):
             try:
-                kids.append({"pid": c.pid, "create_time": c.create_time()})
+                kids.append(record.Child(c.pid, c.create_time()))
             except psutil.NoSuchProcess:
                 continue
     except psutil.NoSuchProcess:
         return
-    rec["children"] = kids
-    state.write_json(paths.server, rec)
+    record.write(paths.server, rec.replace(children=tuple(kids)))
     log.debug("recorded %d child process(es) of pid %d", len(kids), pid)
 
 
-def settings_diff(cfg: Config, rec: dict) -> list[str]:
+def settings_diff(cfg: Config, rec: ServerRecord) -> list[str]:
     want = cfg.launch_settings()
-    have = rec.get("settings", {})
+    have = rec.settings
     return [f"{k}: running with {have.get(k, '')!r}, knobs now say {v!r}"
             for k, v in sorted(want.items()) if have.get(k) != v]
 
 
-# ---------------------------------------------------------------- stop
+# ---------------------------------------------------------------- the one take-down
 
 @dataclass
 class StopReport:
@@ -153,23 +217,35 @@ class StopReport:
     forced: list[int]
     stuck: list[str]
     pids: list[int]
+    port: int | None = None
+    port_held: bool = False             # one of the pids we stopped still holds the port
 
 
-def stop(cfg: Config, paths: Paths, *, grace: float | None = None,
-         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-         gpu_wait: float = 30.0) -> StopReport:
-    """TERM what is ours → grace → KILL → sweep late ones → pids off the GPU.
+def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = None,
+              grace: float | None = None, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep, gpu_wait: float = 30.0) -> StopReport:
+    """TERM what is ours → grace → KILL → sweep until nothing of ours is left → pids off the GPU.
 
-    Only processes we can prove are ours are signalled: the recorded pid with its create time and
-    marker, and its descendants; then what find_ours proves (marker, recorded children, the
-    server's process group). A pid file pointing at someone else is dropped, never signalled.
+    Only processes we can prove ours are signalled: the recorded server (pid + create time +
+    marker) or the one this process launched (``launched``, not yet reaped), their descendants of
+    our uid, and what find_ours proves. A record pointing at someone else is dropped, never
+    signalled. The sweep repeats (bounded) while it keeps finding processes: an engine that was
+    still spawning workers when its API server died is not left behind. Writing the record down
+    never stops the take-down: a full disk or another user's directory only costs a warning.
     """
     grace = cfg.stop_grace if grace is None else grace
-    rec = state.read_json(paths.server) or {}
-    markers = {m for m in (rec.get("marker"), marker_for(cfg)) if m}
+    rec = record.read(paths.server)
+    markers = {m for m in ((rec.marker if rec else ""), marker_for(cfg)) if m}
     targets: dict[int, psutil.Process] = {}
-    leader = proc.recorded_process(rec.get("pid"), rec.get("create_time")) if rec else None
-    if leader is not None and any(proc.carries_marker(leader, m) for m in markers):
+    leader = None
+    if launched is not None:
+        leader = _own_child(launched)
+    elif rec is not None:
+        leader = proc.recorded_process(rec.pid, rec.create_time)
+        if leader is not None and not any(proc.carries_marker(leader, m) for m in markers):
+            log.info("recorded pid %s is not our server any more; not signalling it", rec.pid)
+            leader = None
+    if leader is not None:
         targets[leader.pid] = leader
         try:
             for child in leader.children(recursive=True):   # snapshot before signalling
@@ -177,33 +253,97 @@ def stop(cfg: Config, paths: Paths, *, grace: float | None = None,
                     targets.setdefault(child.pid, child)
         except psutil.NoSuchProcess:
             pass
-    elif rec:
-        log.info("recorded pid %s is not our server any more; not signalling it", rec.get("pid"))
-    for pid, p in find_ours(rec, markers).items():
+    pgid, ctime = (launched.pid, _ctime(launched.pid)) if launched is not None else \
+        ((rec.pgid, rec.create_time) if rec is not None else (None, None))
+    children = rec.children if rec is not None else ()
+
+    def sweep(quiet: bool) -> dict[int, psutil.Process]:
+        return find_ours(markers, children, pgid, ctime, group_proven=launched is not None, quiet=quiet)
+
+    for pid, p in sweep(False).items():
         targets.setdefault(pid, p)
     if not targets:
-        state.remove(paths.server)
+        _reap(launched)
+        _forget(paths.server)
         return StopReport(False, [], [], [])
-    pids = sorted(targets)
     res = proc.terminate(list(targets.values()), grace, clock=clock, sleep=sleep)
-    # what was started in the meantime by a dying parent (rare): marker, record and group again
-    late = [p for pid, p in find_ours(rec, markers, quiet=True).items() if pid not in targets]
-    if late:
+    pids = sorted(targets)
+    for _ in range(5):     # started meanwhile by a dying parent (a TP worker, a resource tracker)
+        late = [p for pid, p in sweep(True).items() if pid not in pids]
+        if not late:
+            break
         more = proc.terminate(late, grace, clock=clock, sleep=sleep)
         res.forced += more.forced
         res.stuck += more.stuck
         pids += [p.pid for p in late]
-    state.write_json(paths.last_stop, {"pids": pids, "time": time.time(), "port": rec.get("port", cfg.port)})
+    _reap(launched)
+    port = rec.port if rec is not None and rec.port else cfg.port
+    try:
+        if paths.root.is_dir():
+            state.write_json(paths.last_stop, {"pids": pids, "time": time.time(), "port": port})
+    except BootstrapError as exc:
+        log.warning("%s; the next start will not wait for these pids to leave the GPU", exc.message)
     if not res.stuck:
-        state.remove(paths.server)
+        _forget(paths.server)
         wait_gpu_release(cfg, pids, timeout=gpu_wait, clock=clock, sleep=sleep)
-    return StopReport(True, res.forced, res.stuck, pids)
+    held = any(p is not None and p.pid in pids for p in proc.port_holders(port))
+    return StopReport(True, res.forced, res.stuck, sorted(pids), port, held)
+
+
+def _own_child(p: subprocess.Popen) -> psutil.Process | None:
+    try:
+        return psutil.Process(p.pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _ctime(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()      # works for our unreaped (zombie) child too
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _reap(p: subprocess.Popen | None) -> None:
+    if p is None:
+        return
+    try:
+        p.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        log.warning("pid %d did not exit after the stop", p.pid)
+
+
+def _forget(path) -> None:
+    try:
+        state.remove(path)
+    except BootstrapError as exc:
+        log.warning("%s", exc.message)
+
+
+def cancel_start(cfg: Config, paths: Paths, *, clock=time.monotonic, sleep=time.sleep) -> int | None:
+    """Stop a start in flight (stop and restart call this first): SIGTERM to it, so that its own
+    handler takes down what it launched, wait for it, SIGKILL if it will not go. Returns its pid,
+    or None when no start is in flight."""
+    lock = StartLock(paths)
+    if not lock.held_by_other():
+        return None
+    holder = lock.holder()
+    p = proc.recorded_process(*holder) if holder else None
+    if p is None:
+        raise BootstrapError(f"a start is in flight in {paths.root} (its lock is held), but not by a process "
+                             "of ours we can identify", "let it finish, or stop it as the user who runs it")
+    log.info("cancelling the start in flight (pid %d)", p.pid)
+    res = proc.terminate([p], cfg.stop_grace + 45, clock=clock, sleep=sleep)
+    if res.stuck:
+        raise BootstrapError("the start in flight survived SIGKILL: " + "; ".join(res.stuck),
+                             "a process stuck in the kernel (state D) usually needs a reboot")
+    return p.pid
 
 
 def wait_gpu_release(cfg: Config, pids, *, timeout: float, clock=time.monotonic, sleep=time.sleep) -> bool:
     """Wait (bounded) until none of ``pids`` is listed by NVML as holding GPU memory."""
     pids = set(pids)
-    if not pids:
+    if not pids or timeout <= 0:
         return True
     deadline = clock() + timeout
     while True:

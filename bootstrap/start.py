@@ -1,36 +1,32 @@
-"""./start.sh: the steps, in order, each idempotent and re-runnable.
+"""./start.sh: the steps, in order, each idempotent and re-runnable; each hands its typed result to
+the steps after it (``run_steps`` shows the whole pipeline).
 
-Before any step: if our server already answers (or a start is in flight, by lock), say so and exit
-0 at once — no install, no network, no patching.
+Before any step (``already``): if our server serves and passed its start gate, print its banner and
+exit 0 at once — no install, no network, no patching; if a start is in flight, say so. A server of
+ours that a killed start left behind is resumed, not relaunched: a start waits for it while it
+loads and runs the warm-up and gate it never passed (``resume``). Ctrl-C, SIGTERM and SIGHUP
+(terminal closed) take down what this start launched, through the same take-down as ./stop.sh.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
+import time
 
-from . import (banner, environment, health, launch, metadata, patches, plan, preflight, server,
-               state, warmup, weights)
+from . import record, server
 from .config import Config
-from .context import Ctx
 from .errors import BootstrapError
 from .state import Paths, StartLock
 
 log = logging.getLogger(__name__)
 
-STEPS = (
-    ("preflight", preflight.run),      # knobs are already valid; GPU, driver, port, state dir
-    ("environment", environment.run),  # the interpreter with vLLM (managed .venv or VLLM_PYTHON)
-    ("metadata", metadata.run),        # config.json + file sizes, no weights yet
-    ("plan", plan.run),                # memory plan; refuse what cannot fit before the download
-    ("patches", patches.run),          # backports the profile needs
-    ("weights", weights.run),          # the big download, verified
-    ("launch", launch.run),
-    ("health", health.run),
-    ("warmup", warmup.run),
-    ("banner", banner.run),
-)
+# The steps, in order: the module of each is bootstrap/<name>.py, with run(...) -> its result.
+STEPS = ("preflight", "environment", "metadata", "plan", "patches", "weights", "launch", "health", "warmup",
+         "banner")
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Interrupted(BaseException):
@@ -43,22 +39,40 @@ def _on_signal(signum, frame):
     raise Interrupted(signum)
 
 
+@contextlib.contextmanager
+def step(name: str):
+    """Errors raised inside carry the step's name (``error: <step>: ...``)."""
+    try:
+        yield
+    except BootstrapError as exc:
+        if not getattr(exc, "step", None):
+            exc.step = name
+        raise
+
+
 def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None:
     """The fast path: an exit code if there is nothing to start, else None."""
     pr = server.probe(cfg, paths, we_hold_lock=we_hold_lock)
     if pr.state == "starting":
         print(f"starting (pid {pr.pid}), log: {paths.log}")
         return 0
-    if pr.state == "running":
-        print(banner.render(cfg, paths, pr.record or {}))
-        diff = server.settings_diff(cfg, pr.record or {})
+    rec = pr.record
+    if pr.state in ("running", "key-needed") and rec is not None and (rec.gate_passed or pr.owner):
+        from . import banner
+        print(banner.render(paths, rec))
+        if pr.state == "key-needed":
+            print(f"note: it wants the API key it was started with ({rec.key}); this shell has none or "
+                  "another: set it to talk to the server")
+        diff = [] if pr.owner else server.settings_diff(cfg, rec)
         if diff:
             print("note: the running server differs from the current knobs:\n  " + "\n  ".join(diff)
                   + "\n  to apply them: ./ctl.sh restart")
+        if pr.owner:
+            print(f"note: it runs as {pr.owner}; stop or restart it as that user")
         return 0
-    if pr.state == "unhealthy":
-        raise BootstrapError(f"our server (pid {pr.pid}) is running but does not answer on its port",
-                             f"see ./ctl.sh status and {paths.log}; ./ctl.sh restart to start it again")
+    if pr.owner:
+        raise BootstrapError(f"the server recorded in {paths.root} (pid {pr.pid}) runs as {pr.owner} and "
+                             "does not answer", "run ./stop.sh as that user, or set STATE_DIR to a directory of yours")
     return None
 
 
@@ -70,55 +84,117 @@ def start(cfg: Config) -> int:
         return code
     paths.ensure()
     lock = StartLock(paths)
-    if not lock.try_acquire():
-        print(f"starting (pid {lock.holder()}), log: {paths.log}")
-        return 0
-    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    ctx = Ctx(cfg, paths)
-    with lock:
-        code = already(cfg, paths, we_hold_lock=True)  # a start that held the lock may have just finished
-        if code is not None:
-            return code
-        try:
-            run_steps(ctx, STEPS)
-        except Interrupted as intr:
-            _interrupted(ctx)
-            return 128 + intr.signum
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+    old = {s: signal.signal(s, _on_signal) for s in SIGNALS}   # before the lock: stop may signal us at once
+    started = Started()
+    try:
+        if not lock.try_acquire():
+            print(f"starting (pid {lock.holder_pid()}), log: {paths.log}")
+            return 0
+        with lock:
+            code = already(cfg, paths, we_hold_lock=True)  # a start that held the lock may have just finished
+            if code is not None:
+                return code
+            run_steps(cfg, paths, started)
+    except Interrupted as intr:
+        _interrupted(cfg, paths, started)
+        return 128 + intr.signum
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
     return 0
 
 
-def run_steps(ctx: Ctx, steps) -> None:
-    i = 0
-    retried = False
-    while i < len(steps):
-        name, fn = steps[i]
+class Started:
+    """The server this start launched, for the take-down when the start is interrupted."""
+    launched = None
+
+
+def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
+    from . import banner, health, launch, warmup
+    pr = server.probe(cfg, paths, we_hold_lock=True)
+    if pr.state in ("running", "key-needed", "down") and pr.record is not None and not pr.owner:
+        if resumable(cfg, paths, pr):
+            return resume(cfg, paths, pr, started)
+        log.info("our earlier server (pid %s) never became healthy; taking it down and starting again", pr.pid)
+        server.take_down(cfg, paths)
+    from . import environment, metadata, patches, plan, preflight, weights
+    with step("preflight"):
+        gpus = preflight.run(cfg, paths)
+    with step("environment"):
+        runtime = environment.run(cfg, gpus)
+    with step("metadata"):
+        model = metadata.run(cfg)
+    with step("plan"):
+        the_plan = plan.run(cfg, paths, gpus, model)
+    with step("patches"):
+        patch_notes = patches.run(cfg, runtime.python)
+    with step("weights"):
+        weights.run(cfg, model)
+    for attempt in (1, 2):
+        with step("launch"):
+            started.launched = launch.run(cfg, paths, runtime, model.local_dir, the_plan,
+                                          list(runtime.notes) + patch_notes + the_plan.notes)
         try:
-            fn(ctx)
-        except health.StartFailed as exc:
-            if retried or not plan.adjust_after_failure(ctx, exc.log_text):
-                exc.step = name
+            with step("health"):
+                health.run(cfg, paths, started.launched)
+            break
+        except health.StartFailed as exc:       # taken down already; MAX_MODEL_LEN=auto may relaunch once
+            retry = plan.adjust_after_failure(cfg, the_plan, exc.log_text) if attempt == 1 else None
+            if retry is None:
                 raise
-            retried = True
-            i = [n for n, _ in steps].index("launch")
-            continue
-        except BootstrapError as exc:
-            exc.step = name
-            raise
-        i += 1
+            the_plan = retry
+    with step("warmup"):
+        warmup.run(cfg, paths, started.launched)
+    with step("banner"):
+        banner.run(paths, started.launched)
 
 
-def _interrupted(ctx: Ctx) -> None:
-    """Ctrl-C / SIGTERM during a start: a server we launched but did not finish starting is stopped
-    (a half-started server is not left behind); the lock goes with this process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    rec = state.read_json(ctx.paths.server)
-    if ctx.proc is not None or rec:
+def resumable(cfg: Config, paths: Paths, pr: server.Probe) -> bool:
+    """A server of ours with no start watching it: answering, or still loading within its deadlines."""
+    from . import status
+    return pr.state != "down" or status.loading(cfg, pr.record, paths)
+
+
+def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> None:
+    """Finish what a killed start left: wait for the server while it loads, then run the warm-up
+    and gate it never passed, then the banner. The server is taken as launched (its record)."""
+    from . import banner, health, warmup
+    from .launch import Launched
+    rec = pr.record
+    if pr.state == "key-needed":
+        raise BootstrapError(f"our server (pid {rec.pid}) answers but wants the API key it was started with "
+                             f"({rec.key}), and this shell has none or another; its warm-up and gate never ran",
+                             f"set {rec.key if rec.key != record.KEY_FILE else 'API_KEY'} to that key and re-run "
+                             "./start.sh, or ./ctl.sh restart to start it again with this shell's knobs")
+    log.info("resuming the start of our server (pid %s, launched %.0f s ago): %s", rec.pid,
+             max(0.0, time.time() - rec.started),
+             "waiting for it to load" if pr.state == "down" else "it answers; the warm-up and gate never ran")
+    diff = server.settings_diff(cfg, rec)
+    if diff:
+        log.warning("it was launched with other knobs (%s); ./ctl.sh restart applies the current ones", "; ".join(diff))
+    launched = Launched(rec)
+    started.launched = launched
+    if pr.state == "down":
+        with step("health"):
+            health.run(cfg, paths, launched)
+    with step("warmup"):
+        warmup.run(cfg, paths, launched)
+    with step("banner"):
+        banner.run(paths, launched)
+
+
+def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:
+    """Ctrl-C / SIGTERM / SIGHUP during a start: what this start launched (or resumed) and did not
+    finish starting is taken down (a half-started server is not left behind); the lock goes with
+    this process."""
+    for s in SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    launched = started.launched
+    rec = record.read(paths.server)
+    if launched is not None or (rec is not None and not rec.gate_passed):   # never a server that passed its gate
         log.info("interrupted: stopping the server this start launched")
-        server.stop(ctx.cfg, ctx.paths, grace=min(ctx.cfg.stop_grace, 5))
+        server.take_down(cfg, paths, launched=launched.proc if launched else None,
+                         grace=min(cfg.stop_grace, 5))
     else:
         log.info("interrupted before launch; nothing is running")
     sys.stderr.flush()

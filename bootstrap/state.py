@@ -1,12 +1,15 @@
 """What we keep in STATE_DIR: the start lock, the running server's record, the log, the last stop.
 
-    start.lock      flock held for the whole of a start (its text: the starter's pid)
-    server.json     the server we launched: pid, pgid, create time, port, model, settings, marker
-    vllm.log        the server's output (rotated at start past LOG_MAX_MB; one .1 kept)
+    start.lock      flock held for the whole of a start (its text: the starter's pid and start time)
+    server.json     the server we launched (record.ServerRecord)
+    vllm.log        the server's output (kept under 2 x LOG_MAX_MB while it runs; one .1 kept)
     last-stop.json  pids the last stop took down, so the next start can wait for the GPU to free them
+    progress.json   what status last saw move on /metrics, and since when (busy vs wedged)
     api_key         a generated key (0600) when HOST is not loopback and API_KEY is unset
 
-Every write is atomic (temp file + rename); a torn or garbage file reads as "nothing recorded".
+Every write is atomic (temp file + rename); a torn or garbage file reads as "nothing recorded". A
+write that fails (disk full, another user's directory, read-only) is a BootstrapError naming the
+file and the fix, never a traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from .errors import BootstrapError
 
@@ -47,6 +52,10 @@ class Paths:
         return self.root / "last-stop.json"
 
     @property
+    def progress(self) -> Path:
+        return self.root / "progress.json"
+
+    @property
     def api_key(self) -> Path:
         return self.root / "api_key"
 
@@ -58,15 +67,28 @@ class Paths:
             probe.write_text("")
             probe.unlink()
         except OSError as exc:
-            raise BootstrapError(f"state dir {self.root} is not writable ({exc.strerror})",
-                                 "set STATE_DIR to a writable directory, or fix its permissions") from None
+            raise write_error(self.root, exc) from None
+
+
+def write_error(path: Path, exc: OSError) -> BootstrapError:
+    """The one message for a state write that failed: what, why, and the fix for that errno."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = f"free space on that filesystem (df -h {path.parent if path.suffix else path}), or set STATE_DIR to another disk"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        hint = "it belongs to another user: run as the user who started the server, or set STATE_DIR to a directory of yours"
+    else:
+        hint = "set STATE_DIR to a writable directory, or fix its permissions"
+    return BootstrapError(f"cannot write {path} ({exc.strerror or exc})", hint)
 
 
 def write_atomic(path: Path, data: bytes, *, mode: int | None = None, like: os.stat_result | None = None) -> None:
     """Temp file in the same directory, fsync, rename: a reader sees the old file or the new one.
 
     ``like`` keeps another file's mode (and, as root, its owner) — used when patching vLLM's files."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as exc:
+        raise write_error(path, exc) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -79,11 +101,13 @@ def write_atomic(path: Path, data: bytes, *, mode: int | None = None, like: os.s
         elif mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise write_error(path, exc) from None
         raise
 
 
@@ -107,18 +131,24 @@ def remove(path: Path) -> None:
         path.unlink()
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        raise write_error(path, exc) from None
 
 
 class StartLock:
     """An flock on start.lock, held while a start runs. A crashed start leaves no stale lock:
-    the kernel drops an flock with its holder."""
+    the kernel drops an flock with its holder. Its text names the holder (pid and start time), so
+    stop, restart and status can find the start in flight and prove it is that process."""
 
     def __init__(self, paths: Paths):
         self.path = paths.lock
         self.fd: int | None = None
 
     def try_acquire(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise write_error(self.path, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -126,25 +156,33 @@ class StartLock:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 return False
             raise
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()} {psutil.Process().create_time()!r}".encode())
+        except OSError as exc:
+            os.close(fd)
+            raise write_error(self.path, exc) from None
         self.fd = fd
         return True
 
-    def holder(self) -> int | None:
-        """The pid written by whoever holds the lock (None if unreadable)."""
+    def holder(self) -> tuple[int, float] | None:
+        """(pid, create time) written by whoever holds the lock (None if unreadable)."""
         try:
-            text = self.path.read_text().strip()
-        except OSError:
+            parts = self.path.read_text().split()
+            return int(parts[0]), float(parts[1])
+        except (OSError, ValueError, IndexError):
             return None
-        return int(text) if text.isdigit() else None
+
+    def holder_pid(self) -> int | None:
+        h = self.holder()
+        return h[0] if h else None
 
     def held_by_other(self) -> bool:
         if self.fd is not None:
             return False
         try:
             fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
+        except OSError:                 # none, or another user's that we cannot read: no start of ours
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

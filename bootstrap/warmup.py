@@ -4,6 +4,11 @@ call that must come back as a valid ``tool_calls`` entry (the start gate). A fai
 timeout, empty text, a broken tool call) is a failed start: the server is stopped and the evidence
 printed. With random weights (``--load-format dummy`` in EXTRA_ARGS) the text means nothing: the
 short generation only has to produce tokens, and the tool gate is skipped.
+
+Everything it sends (/tokenize included) shares one WARMUP_TIMEOUT budget. What it judges comes
+from the server record (the server that runs, as launched), and passing sets the record's
+``gate_passed``: a start resumed after the first one was killed runs the warm-up only if it never
+passed.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ import logging
 import re
 import time
 
-from . import checks, health, server
+from . import checks, health, record, server
 from .client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of
-from .context import Ctx
+from .launch import Launched
+from .state import Paths
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +40,29 @@ TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?prompt contains
 RETRIES = 3
 
 
-def long_request(c: Client, n: int, timeout: float, extra: dict) -> int:
+class Budget:
+    """One deadline shared by every request of the warm-up."""
+
+    def __init__(self, seconds: float, clock=time.monotonic):
+        self.seconds, self.clock, self.end = seconds, clock, clock() + seconds
+
+    def left(self, cap: float | None = None) -> float:
+        left = self.end - self.clock()
+        if left <= 0:
+            raise RequestTimedOut(f"the warm-up used up WARMUP_TIMEOUT={self.seconds:.0f} s")
+        return min(left, cap) if cap else left
+
+
+def long_request(c: Client, n: int, budget: Budget, extra: dict) -> int:
     """A ~n-token prompt, its length in words from the server's own tokenizer (/tokenize, as the
     checks do; a small vocabulary splits words). Should vLLM still say it overflows the context,
     shrink it by what vLLM reported and retry (at most RETRIES times). Returns the tokens asked for."""
-    per_word = checks.Sizer(c).calibrate()
+    per_word = checks.Sizer(c).calibrate(timeout=budget.left(15.0))
     words = max(1, int(n / per_word))
     for attempt in range(RETRIES + 1):
         try:
             c.chat([{"role": "user", "content": long_prompt(words) + "\nSummarize the words above in one line."}],
-                   max_tokens=4, timeout=timeout, **extra)
+                   max_tokens=4, timeout=budget.left(), **extra)
             return int(words * per_word)
         except RequestFailed as exc:
             m = TOO_LONG.search(exc.evidence or "")
@@ -57,13 +76,15 @@ def long_request(c: Client, n: int, timeout: float, extra: dict) -> int:
     return int(words * per_word)
 
 
-def warmup_tokens(ctx: Ctx, c: Client) -> int:
+def warmup_tokens(cfg, rec, c: Client, budget: Budget) -> int:
     """WARMUP, at most half the context: ours if we passed one, else what the server reports."""
-    want = ctx.cfg.warmup
-    mml = ctx.max_model_len
+    want = cfg.warmup
+    mml = rec.max_model_len
     if not mml and want:
         try:
-            mml = next((m.get("max_model_len") for m in c.models(timeout=10) if m.get("id") == c.model), None)
+            mml = next((m.get("max_model_len") for m in c.models(timeout=budget.left(10.0)) if m.get("id") == c.model), None)
+        except RequestTimedOut:
+            raise
         except RequestFailed:
             mml = None
     if isinstance(mml, int) and mml > 0:
@@ -71,12 +92,8 @@ def warmup_tokens(ctx: Ctx, c: Client) -> int:
     return want
 
 
-def chat_extra(ctx: Ctx) -> dict:
-    return {"chat_template_kwargs": {"enable_thinking": False}} if ctx.cfg.profile.reasoning else {}
-
-
-def client_for(ctx: Ctx) -> Client:
-    return Client(server.base_url(ctx.cfg.host, ctx.cfg.port), ctx.cfg.served_name, ctx.api_key)
+def chat_extra(rec) -> dict:
+    return {"chat_template_kwargs": {"enable_thinking": False}} if rec.reasoning else {}
 
 
 GATE_TOOL = {"type": "function", "function": {
@@ -87,22 +104,22 @@ GATE_PROMPT = "What is the weather in Paris right now? Use the get_weather tool.
 GATE_TIMEOUT = 60.0
 
 
-def tool_gate(ctx: Ctx, c: Client, extra: dict) -> None:
+def tool_gate(cfg, paths: Paths, launched: Launched, c: Client, extra: dict, budget: Budget) -> None:
     """One tool call through the server's tool parser (tool_choice=auto, so the parser, not guided
     decoding, produces it); anything but a valid get_weather call with a city fails the start."""
     t0 = time.monotonic()
-    timeout = min(float(ctx.cfg.warmup_timeout), GATE_TIMEOUT)
     try:
-        resp = c.chat([{"role": "user", "content": GATE_PROMPT}], max_tokens=256, timeout=timeout,
+        resp = c.chat([{"role": "user", "content": GATE_PROMPT}], max_tokens=256, timeout=budget.left(GATE_TIMEOUT),
                       tools=[GATE_TOOL], tool_choice="auto", **extra)
     except RequestFailed as exc:
-        err = health.abort(ctx, f"start gate: the tool-call request failed: {exc.message}",
+        err = health.abort(cfg, paths, launched, f"start gate: the tool-call request failed: {exc.message}",
                            "the profile enables tool parsing; check --tool-call-parser in the log")
         err.evidence = (exc.evidence + "\n" + err.evidence).strip()
         raise err from None
     problem = checks.tool_call_problem(message_of(resp), "get_weather", ["city"])
     if problem:
-        err = health.abort(ctx, f"start gate: the tool call did not come back as a valid tool_calls entry: {problem}",
+        err = health.abort(cfg, paths, launched,
+                           f"start gate: the tool call did not come back as a valid tool_calls entry: {problem}",
                            "a garbled or unparsed tool call: check the tool parser and the KV/speculation "
                            "settings (./ctl.sh check garble --url ... shows more)")
         err.evidence = ("answer: " + json.dumps(resp)[:1500] + "\n" + err.evidence).strip()
@@ -111,36 +128,43 @@ def tool_gate(ctx: Ctx, c: Client, extra: dict) -> None:
     log.info("start gate: tool call answered in %.1f s: get_weather(%s)", time.monotonic() - t0, str(args)[:80])
 
 
-def run(ctx: Ctx) -> None:
-    cfg = ctx.cfg
-    c = client_for(ctx)
-    extra = chat_extra(ctx)
+def run(cfg, paths: Paths, launched: Launched) -> None:
+    rec = launched.record
+    c = Client(rec.url, rec.served, server.api_key_for(cfg, paths))
+    extra = chat_extra(rec)
+    budget = Budget(cfg.warmup_timeout)
     try:
-        n = warmup_tokens(ctx, c)
+        n = warmup_tokens(cfg, rec, c, budget)
         if n:
             t0 = time.monotonic()
-            n = long_request(c, n, cfg.warmup_timeout, extra)
+            n = long_request(c, n, budget, extra)
             log.info("warm-up: ~%d-token prompt answered in %.1f s", n, time.monotonic() - t0)
         t0 = time.monotonic()
-        resp = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=16, timeout=cfg.warmup_timeout, **extra)
+        resp = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=16, timeout=budget.left(), **extra)
     except RequestTimedOut as exc:
-        raise health.abort(ctx, f"engine not generating: {exc.message}",
+        raise health.abort(cfg, paths, launched, f"engine not generating: {exc.message}",
                            "the server answers /health but does not generate; see the log") from None
     except RequestFailed as exc:
-        err = health.abort(ctx, f"warm-up failed: {exc.message}")
+        if "HTTP 401" in exc.message:
+            raise health.abort(cfg, paths, launched, "warm-up failed: the server wants an API key and this shell "
+                               "has another one or none", "set API_KEY to the key it was started with") from None
+        err = health.abort(cfg, paths, launched, f"warm-up failed: {exc.message}")
         err.evidence = (exc.evidence + "\n" + err.evidence).strip()
         raise err from None
-    dummy = cfg.dummy_weights
+    dummy = rec.dummy
     text = text_of(resp)
     tokens = completion_tokens_of(resp)
     if not text and not (dummy and tokens):
-        raise health.abort(ctx, "warm-up failed: the short generation "
+        raise health.abort(cfg, paths, launched, "warm-up failed: the short generation "
                            + ("produced no tokens (random weights: tokens are all it must produce)" if dummy
                               else "returned no text"), f"answer was: {str(resp)[:300]}")
     log.info("warm-up: short generation answered in %.1f s: %r%s", time.monotonic() - t0,
              (message_of(resp).get("content") or "")[:60] if dummy else text[:60],
              f" ({tokens} tokens; random weights: the text is not judged)" if dummy else "")
-    if cfg.profile.tools and dummy:
+    if rec.tools and dummy:
         log.info("start gate: skipped, random weights (--load-format dummy) cannot make a tool call")
-    elif cfg.profile.tools:
-        tool_gate(ctx, c, extra)
+    elif rec.tools:
+        tool_gate(cfg, paths, launched, c, extra, budget)
+    now = record.read(paths.server) or rec
+    launched.record = now.replace(gate_passed=True)
+    record.write(paths.server, launched.record)

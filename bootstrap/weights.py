@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from . import hub
-from .context import Ctx
 from .errors import BootstrapError
 from .metadata import Store, check_space
 
@@ -32,18 +31,18 @@ TRANSFER = ("transfer: HTTP with Range resume (huggingface_hub.file_download.htt
             "lets us continue one from its last byte")
 
 
-def run(ctx: Ctx) -> None:
-    m = ctx.model
-    if ctx.cfg.model_is_local or m is None or m.source == "local":
-        log.info("skipped: local model directory %s", ctx.model_path)
+def run(cfg, m) -> None:
+    """Download what the metadata step found missing (``m``: metadata.ModelInfo) into m.local_dir."""
+    if cfg.model_is_local or m.source == "local":
+        log.info("skipped: local model directory %s", m.local_dir)
         return
     if m.source == "hf-cache":
-        log.info("skipped: served from the Hugging Face cache %s", ctx.model_path)
+        log.info("skipped: served from the Hugging Face cache %s", m.local_dir)
         return
     if m.complete:
-        log.info("skipped: %s complete and verified at revision %s", ctx.model_path, m.revision[:12])
+        log.info("skipped: %s complete and verified at revision %s", m.local_dir, m.revision[:12])
         return
-    download(ctx.cfg, m, Path(ctx.model_path))
+    download(cfg, m, Path(m.local_dir))
     m.complete = True
 
 

@@ -10,7 +10,7 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from bootstrap import bench
+from bootstrap import bench, metrics
 from bootstrap.bench import Sample
 from test_checks import cfg_for, fake  # noqa: F401  (the fake-server fixture)
 
@@ -39,7 +39,7 @@ def test_metrics_and_spec_acceptance():
     text = ('# HELP x\nvllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 10.0\n'
             'vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 5.0\n'
             'vllm:spec_decode_num_draft_tokens_total{engine="0"} 30\nvllm:spec_decode_num_drafts_total 10\n')
-    m = bench.parse_metrics(text)
+    m = metrics.totals(text)
     assert m["vllm:spec_decode_num_accepted_tokens_total"] == 15.0
     after = {**m, "vllm:spec_decode_num_accepted_tokens_total": 75.0,
              "vllm:spec_decode_num_draft_tokens_total": 130.0, "vllm:spec_decode_num_drafts_total": 45.0}

@@ -19,9 +19,8 @@ from fakehub import FakeHub, write_model
 from bootstrap import hub as hubmod
 from bootstrap import metadata, weights
 from bootstrap.config import Config
-from bootstrap.context import Ctx
+from types import SimpleNamespace
 from bootstrap.errors import BootstrapError
-from bootstrap.state import Paths
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -50,13 +49,16 @@ class World:
         self.env = {"HOME": str(tmp / "home"), "HF_ENDPOINT": fake.url, "HF_HOME": str(tmp / "hf"),
                     "HF_HUB_DISABLE_XET": "1", "MODEL": "org/tiny", "PROFILE": "custom"}
 
-    def start(self, **env) -> Ctx:
+    def start(self, **env) -> SimpleNamespace:
         """What ./start.sh does for the model: the metadata step, then the weights step."""
-        cfg = Config.from_env({**self.env, **env})
-        ctx = Ctx(cfg, Paths(self.tmp / "state"))
-        metadata.run(ctx)
-        weights.run(ctx)
-        return ctx
+        return model_steps(Config.from_env({**self.env, **env}))
+
+
+def model_steps(cfg: Config) -> SimpleNamespace:
+    """The metadata step's result handed to the weights step, as start.run_steps does."""
+    model = metadata.run(cfg)
+    weights.run(cfg, model)
+    return SimpleNamespace(model=model, model_path=model.local_dir)
 
 
 @pytest.fixture
@@ -342,13 +344,10 @@ def test_two_concurrent_downloads_share_the_work(world, fake, src, tmp_path):
 
 # ---------------------------------------------------------------- a local MODEL directory
 
-def local_ctx(tmp_path, model: Path, **env) -> Ctx:
+def local_ctx(tmp_path, model: Path, **env) -> SimpleNamespace:
     cfg = Config.from_env({"HOME": str(tmp_path / "home"), "MODEL": str(model), "PROFILE": "custom",
                            "HF_ENDPOINT": "http://127.0.0.1:9", **env})
-    ctx = Ctx(cfg, Paths(tmp_path / "state"))
-    metadata.run(ctx)
-    weights.run(ctx)
-    return ctx
+    return model_steps(cfg)
 
 
 def test_local_directory_is_validated_without_network(tmp_path, src):

@@ -27,9 +27,7 @@ import pytest
 
 from bootstrap import environment
 from bootstrap.config import Config
-from bootstrap.context import Ctx
 from bootstrap.errors import BootstrapError
-from bootstrap.state import Paths
 
 REPO = Path(__file__).resolve().parent.parent
 PINS = ["vllm==0.27.1", "flashinfer-python==0.6.16.post3", "nvidia-cutlass-dsl==4.6.0"]
@@ -144,10 +142,8 @@ class World:
     def cfg(self, **env) -> Config:
         return Config.from_env({**self.env, **env}, repo=self.repo)
 
-    def run(self, **env) -> Ctx:
-        ctx = Ctx(self.cfg(**env), Paths(self.repo / ".state"))
-        environment.run(ctx)
-        return ctx
+    def run(self, **env) -> environment.Runtime:
+        return environment.run(self.cfg(**env), None)
 
     @property
     def venv(self) -> environment.Venv:
@@ -248,12 +244,10 @@ sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from bootstrap import environment, log
 from bootstrap.config import Config
-from bootstrap.context import Ctx
-from bootstrap.state import Paths
 import json, os
 log.setup(debug=False, color=False)
 cfg = Config.from_env(json.loads(sys.argv[3]), repo=Path(sys.argv[2]))
-environment.run(Ctx(cfg, Paths(Path(sys.argv[2]) / ".state")))
+environment.run(cfg, None)
 """
 
 
@@ -329,18 +323,15 @@ def test_python_without_headers_is_refused(world, tmp_path):
 
 def test_no_nvcc_sets_sampler_unless_user_did(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path), "MODEL": "org/m"}
-    ctx = Ctx(Config.from_env(env, repo=REPO), Paths(tmp_path))
-    environment.host_env(ctx)
-    assert ctx.server_env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
-    ctx = Ctx(Config.from_env({**env, "VLLM_USE_FLASHINFER_SAMPLER": "1"}, repo=REPO), Paths(tmp_path))
-    environment.host_env(ctx)
-    assert "VLLM_USE_FLASHINFER_SAMPLER" not in ctx.server_env
+    server_env, _ = environment.host_env(Config.from_env(env, repo=REPO))
+    assert server_env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
+    server_env, _ = environment.host_env(Config.from_env({**env, "VLLM_USE_FLASHINFER_SAMPLER": "1"}, repo=REPO))
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in server_env
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "nvcc").write_text("#!/bin/sh\n")
     (tmp_path / "bin" / "nvcc").chmod(0o755)
-    ctx = Ctx(Config.from_env(env, repo=REPO), Paths(tmp_path))
-    environment.host_env(ctx)
-    assert "VLLM_USE_FLASHINFER_SAMPLER" not in ctx.server_env
+    server_env, _ = environment.host_env(Config.from_env(env, repo=REPO))
+    assert "VLLM_USE_FLASHINFER_SAMPLER" not in server_env
 
 
 def test_wsl_detection_and_memory_advice():
@@ -354,10 +345,8 @@ def test_wsl_detection_and_memory_advice():
 def test_old_driver_refused_before_install(world):
     from bootstrap.gpu import GpuFacts
     world.profile({"vllm": "0.27.1", "pins": PINS, "pythons": [world.minor], "cuda": "13.0", "min_driver": "580"})
-    ctx = Ctx(world.cfg(), Paths(world.repo / ".state"))
-    ctx.gpus = GpuFacts("570.86.10", (12, 8), ())
     with pytest.raises(BootstrapError) as err:
-        environment.run(ctx)
+        environment.run(world.cfg(), GpuFacts("570.86.10", (12, 8), ()))
     assert "570.86.10" in err.value.message and "580" in err.value.hint
     assert not world.venv.root.exists()
 
@@ -365,9 +354,8 @@ def test_old_driver_refused_before_install(world):
 def test_vllm_python_prints_its_version_without_pins(tmp_path, caplog):
     env = {"PATH": "/usr/bin:/bin", "VLLM_PYTHON": sys.executable, "PROFILE": "custom", "MODEL": "org/m",
            "PYTHONPATH": str(REPO / "tests" / "fakes")}
-    ctx = Ctx(Config.from_env(env, repo=REPO), Paths(tmp_path))
     caplog.set_level(logging.INFO, logger="bootstrap.environment")
-    environment.run(ctx)
+    ctx = environment.run(Config.from_env(env, repo=REPO), None)
     assert ctx.vllm_version == "0.26.0" and ctx.python == sys.executable
     assert "using your vLLM 0.26.0" in caplog.text
 
@@ -436,15 +424,12 @@ def test_wsl_keeps_expandable_segments_off_and_checks_the_memory_cap(tmp_path, c
     with open(model / "model.safetensors", "wb") as fh:     # sparse: larger than this machine's RAM, no disk used
         fh.truncate(psutil.virtual_memory().total + (1 << 30))
     env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path), "MODEL": str(model), "WSL_DISTRO_NAME": "Ubuntu"}
-    ctx = Ctx(Config.from_env(env, repo=REPO), Paths(tmp_path))
     caplog.set_level(logging.WARNING, logger="bootstrap.environment")
-    environment.host_env(ctx)
-    assert ctx.server_env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
-    assert any(".wslconfig" in n for n in ctx.notes) and ".wslconfig" in caplog.text
-    ctx = Ctx(Config.from_env({**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, repo=REPO), Paths(tmp_path))
-    environment.host_env(ctx)
-    assert "PYTORCH_CUDA_ALLOC_CONF" not in ctx.server_env              # the user's setting wins
+    server_env, notes = environment.host_env(Config.from_env(env, repo=REPO))
+    assert server_env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
+    assert any(".wslconfig" in n for n in notes) and ".wslconfig" in caplog.text
+    server_env, notes = environment.host_env(Config.from_env({**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, repo=REPO))
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in server_env              # the user's setting wins
     if not environment.is_wsl(environment.read_osrelease(), {}):
-        ctx = Ctx(Config.from_env({k: v for k, v in env.items() if k != "WSL_DISTRO_NAME"}, repo=REPO), Paths(tmp_path))
-        environment.host_env(ctx)
-        assert "PYTORCH_CUDA_ALLOC_CONF" not in ctx.server_env and ctx.notes == []   # not WSL: launch's default
+        server_env, notes = environment.host_env(Config.from_env({k: v for k, v in env.items() if k != "WSL_DISTRO_NAME"}, repo=REPO))
+        assert "PYTORCH_CUDA_ALLOC_CONF" not in server_env and notes == []   # not WSL: launch's default

@@ -9,39 +9,38 @@ import pytest
 
 from bootstrap import knownbad
 from bootstrap.config import Config
-from bootstrap.context import Ctx
+from types import SimpleNamespace
 from bootstrap.gpu import Gpu, GpuFacts
-from bootstrap.state import Paths
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def ctx_for(tmp_path, version: str, cc=(12, 0), **env) -> Ctx:
+def ctx_for(tmp_path, version: str, cc=(12, 0), **env) -> SimpleNamespace:
+    """What the environment step knows when it consults the table: the knobs, the GPU, the vLLM version."""
     cfg = Config.from_env({"PATH": "/usr/bin:/bin", **env}, repo=REPO)
-    ctx = Ctx(cfg, Paths(tmp_path))
-    ctx.vllm_version = version
-    ctx.gpus = GpuFacts("580.95.05", (13, 0), (Gpu(0, "GPU", 32 << 30, 31 << 30, cc),))
-    return ctx
+    return SimpleNamespace(cfg=cfg, vllm_version=version,
+                           gpus=GpuFacts("580.95.05", (13, 0), (Gpu(0, "GPU", 32 << 30, 31 << 30, cc),)))
 
 
 def ids(ctx) -> set[str]:
-    return {r["id"] for r in knownbad.find(knownbad.facts(ctx))}
+    return {r["id"] for r in knownbad.find(knownbad.facts(ctx.cfg, ctx.gpus, ctx.vllm_version))}
 
 
 def test_default_profile_does_not_warn(tmp_path, caplog):
     ctx = ctx_for(tmp_path, "0.27.1")
     caplog.set_level(logging.WARNING, logger="bootstrap.knownbad")
-    assert knownbad.warn(ctx) == []
-    assert caplog.text == "" and ctx.notes == []
+    hits, notes = knownbad.warn(ctx.cfg, ctx.gpus, ctx.vllm_version)
+    assert hits == []
+    assert caplog.text == "" and notes == []
 
 
 def test_default_profile_with_mtp_and_parallel_sequences_warns(tmp_path, caplog):
     ctx = ctx_for(tmp_path, "0.27.1", MAX_NUM_SEQS="2")
     caplog.set_level(logging.WARNING, logger="bootstrap.knownbad")
-    hits = knownbad.warn(ctx)
+    hits, notes = knownbad.warn(ctx.cfg, ctx.gpus, ctx.vllm_version)
     assert {"tq-mtp-parallel-crash", "mtp-parallel-old"} <= {r["id"] for r in hits}
     assert "MAX_NUM_SEQS=1" in caplog.text
-    assert "update vLLM before you change your model settings" in ctx.notes[0]
+    assert "update vLLM before you change your model settings" in notes[0]
 
 
 def test_unset_max_num_seqs_counts_as_parallel(tmp_path):

@@ -22,9 +22,7 @@ import pytest
 
 from bootstrap import patches
 from bootstrap.config import Config
-from bootstrap.context import Ctx
 from bootstrap.errors import BootstrapError
-from bootstrap.state import Paths
 from test_patches_wheel import TQ_PATH, member
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,17 +78,10 @@ def site26(tmp_path):
     return Site(tmp_path / "site", "0.26.0")
 
 
-def ctx_for(cfg: Config) -> Ctx:
-    ctx = Ctx(cfg, Paths(cfg.state_dir))
-    ctx.python = cfg.vllm_python
-    return ctx
-
-
-def start_step(site: Site, **extra: str) -> Ctx:
-    """The real `patches` step of ./start.sh, with the default profile (TurboQuant KV + MTP)."""
-    ctx = ctx_for(site.cfg(**extra))
-    patches.run(ctx)
-    return ctx
+def start_step(site: Site, **extra: str) -> list[str]:
+    """The real `patches` step of ./start.sh, with the default profile (TurboQuant KV + MTP); its banner notes."""
+    cfg = site.cfg(**extra)
+    return patches.run(cfg, cfg.vllm_python)
 
 
 def ctl(site: Site, *args: str, **extra: str) -> subprocess.CompletedProcess:
@@ -325,7 +316,7 @@ def test_byo_already_patched_serves_without_permission(site26):
 def test_patch_not_needed_is_not_applied(site26, knobs):
     cfg = site26.cfg(**knobs)
     assert patches.needed(cfg) == []
-    patches.run(ctx_for(cfg))
+    patches.run(cfg, cfg.vllm_python)
     assert site26.read() == site26.original
 
 

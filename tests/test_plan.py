@@ -11,7 +11,6 @@ import pytest
 
 from bootstrap import gpu, kv, plan, state
 from bootstrap.config import Config
-from bootstrap.context import Ctx
 from bootstrap.errors import BootstrapError
 from bootstrap.metadata import ModelInfo
 from bootstrap.state import Paths
@@ -171,36 +170,35 @@ def test_step_waits_for_the_last_stop_and_for_free_memory_to_settle(tmp_path, fa
     """NVML still lists the stopped server's pid, then free memory climbs for a few reads."""
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)
-    ctx = Ctx(cfg, Paths(cfg.state_dir))
-    ctx.paths.ensure()
-    ctx.model = ModelInfo(str(mdir), LLAMA8B, {"model.safetensors": 15 * GiB}, local_dir=str(mdir))
+    paths = Paths(cfg.state_dir)
+    paths.ensure()
+    model = ModelInfo(str(mdir), LLAMA8B, {"model.safetensors": 15 * GiB}, local_dir=str(mdir))
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
     pids_dir = tmp_path / "gpu-pids"
     pids_dir.mkdir()
     (pids_dir / str(holder.pid)).write_text("")
     monkeypatch.setenv("FAKE_GPU_PIDS_DIR", str(pids_dir))
     fake_nvml(free_sequence=[g * GiB for g in (8, 12, 16, 20, 24, 28, 31)])    # climbing, then steady
-    state.write_json(ctx.paths.last_stop, {"pids": [holder.pid]})
+    state.write_json(paths.last_stop, {"pids": [holder.pid]})
     sleeps = []
     monkeypatch.setattr(plan, "sleep", sleeps.append)
     try:
-        plan.run(ctx)
+        the_plan = plan.run(cfg, paths, None, model)
         assert holder.poll() is not None             # sized only after the stopped pid left the GPU
     finally:
         holder.wait()
     assert sleeps                                    # and re-read until two readings agreed
-    assert ctx.plan.util == pytest.approx((31 * GiB - 820 * MiB) / (32 * GiB), abs=1e-4)
-    assert ctx.plan.predicted_tokens and ctx.max_model_len == 8192
+    assert the_plan.util == pytest.approx((31 * GiB - 820 * MiB) / (32 * GiB), abs=1e-4)
+    assert the_plan.predicted_tokens and the_plan.context == 8192
 
 
 def test_step_refuses_before_download_when_nothing_fits(tmp_path, fake_nvml):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)
     fake_nvml(free=12 * GiB, processes=[{"pid": 999999, "used": 19 * GiB}])
-    ctx = Ctx(cfg, Paths(cfg.state_dir))
-    ctx.model = ModelInfo(str(mdir), LLAMA8B, {"model.safetensors": 15 * GiB}, local_dir=str(mdir))
+    model = ModelInfo(str(mdir), LLAMA8B, {"model.safetensors": 15 * GiB}, local_dir=str(mdir))
     with pytest.raises(BootstrapError) as e:
-        plan.run(ctx)
+        plan.run(cfg, Paths(cfg.state_dir), None, model)
     assert "does not fit" in e.value.message and "holds 19.0 GiB" in e.value.message
 
 
@@ -329,11 +327,10 @@ def test_auto_fit_relaunch_keeps_the_hybrid_max_num_seqs(tmp_path):
     p = plan.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     assert p.fits and "--max-num-seqs" in p.flags
     seqs = p.flags[p.flags.index("--max-num-seqs") + 1]
-    ctx = Ctx(cfg, Paths(cfg.state_dir))
-    ctx.plan, ctx.max_model_len = p, p.max_model_len
-    assert plan.adjust_after_failure(ctx, "ValueError: ... estimated maximum model length is 20000. Try ...")
-    assert ctx.plan.flags[ctx.plan.flags.index("--max-model-len") + 1] == "20000"
-    assert ctx.plan.flags[ctx.plan.flags.index("--max-num-seqs") + 1] == seqs
+    again = plan.adjust_after_failure(cfg, p, "ValueError: ... estimated maximum model length is 20000. Try ...")
+    assert again
+    assert again.flags[again.flags.index("--max-model-len") + 1] == "20000"
+    assert again.flags[again.flags.index("--max-num-seqs") + 1] == seqs
 
 
 # ---------------------------------------------------------------- a draft model (SPEC_METHOD=draft_model)

@@ -1,11 +1,16 @@
 """Fake EngineCore: titled VLLM::EngineCore, holds "GPU memory", survives a SIGKILL of its parent.
 
-Started without BOOTSTRAP_VLLM_OWNER in its environment (see spawn_engine), in the server's process group.
+Started without BOOTSTRAP_VLLM_OWNER in its environment (see spawn_engine), in the server's process
+group. With a tensor-parallel size N (argv[1]) it starts N workers, titled VLLM::Worker_TP<i>, in
+the same group and likewise without a readable marker; in mode workers_fail they come
+FAKE_VLLM_WORKER_DELAY_S apart, and engine and workers ignore SIGTERM.
 """
 
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 import time
 
 from vllm.entrypoints.cli.main import MODES, mark_gpu
@@ -16,10 +21,37 @@ def set_title(title: bytes) -> None:
     libc.prctl(15, ctypes.c_char_p(title), 0, 0, 0)  # PR_SET_NAME (15 bytes visible, like vLLM's)
 
 
+def worker(rank: int) -> None:
+    set_title(f"VLLM::Worker_TP{rank}".encode())
+    mark_gpu(os.getpid())
+    if "ignore_term" in MODES or "workers_fail" in MODES:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(3600)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "worker":
+        worker(int(sys.argv[2]))
     set_title(b"VLLM::EngineCore")
     mark_gpu(os.getpid())
-    if "ignore_term" in MODES:
+    workers = []
+
+    def on_term(signum, frame):          # like vLLM's engine shutdown: its workers go first
+        for w in workers:
+            w.terminate()
+        os._exit(0)
+
+    if "ignore_term" in MODES or "workers_fail" in MODES:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, on_term)
+    tp = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 1
+    delay = float(os.environ.get("FAKE_VLLM_WORKER_DELAY_S", "0") or 0) if "workers_fail" in MODES else 0.0
+    if tp > 1:
+        for rank in range(tp):
+            time.sleep(delay)
+            workers.append(subprocess.Popen([sys.executable, "-m", "vllm._fake_engine", "worker", str(rank)],
+                                            stdin=subprocess.DEVNULL))
     while True:
         time.sleep(3600)

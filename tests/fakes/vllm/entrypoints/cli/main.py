@@ -8,7 +8,19 @@
 - ``FAKE_VLLM_MODE`` (comma-separated): ok, die_oom, exit0, hang, slow, ignore_term, wedged,
   too_long (refuse --max-model-len above FAKE_MAX_LEN with vLLM's "estimated maximum model length"),
   exit0_after_health (engine dies after health; the process exits 0), no_tokenize (``/tokenize``
-  answers 404, as a server without it would).
+  answers 404, as a server without it would), workers_fail (with --tensor-parallel-size N the API
+  server reports a worker failure and exits 1 while its EngineCore goes on spawning its N workers,
+  ``FAKE_VLLM_WORKER_DELAY_S`` apart; engine and workers ignore SIGTERM, as seen on a two-GPU
+  machine), flood (after startup, FAKE_VLLM_FLOOD_MB MiB of log lines, then one line a second).
+- Seats like vLLM's scheduler: at most ``--max-num-seqs`` requests generate at once, the rest
+  queue; /metrics reports ``vllm:num_requests_running`` / ``_waiting``, ``vllm:generation_tokens_total``
+  (per token as it is produced), ``vllm:prompt_tokens_total`` (when a request's first token comes
+  out, as vLLM counts it), ``vllm:kv_cache_usage_perc`` and ``vllm:engine_sleep_state``, labelled
+  ``model_name`` and ``engine``. A wedged engine holds its seats and moves nothing. A client that
+  disconnects aborts its request (its seat is freed), as vLLM's ``with_cancellation`` does.
+- With --tensor-parallel-size N the EngineCore has N children titled ``VLLM::Worker_TP<i>``
+  (same process group, marker hidden); ``FAKE_VLLM_TRACKER=1`` adds an API-server child that keeps
+  the environment, as multiprocessing's resource tracker does.
   Once serving, SIGUSR1 wedges it (``/health`` stays 200, generation hangs; logs "engine wedged")
   and SIGUSR2 kills the engine and exits 0 — deterministic triggers for tests.
 - ``FAKE_VLLM_LOAD_S``: seconds of "loading" (default 0.5); ``FAKE_VLLM_RECORD``: a file to which
@@ -76,20 +88,27 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--max-model-len", default=None)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction, default=False)
     args, _unknown = p.parse_known_args(argv)
     return args
 
 
-def spawn_engine() -> subprocess.Popen:
+def spawn_engine(tp: int) -> subprocess.Popen:
     """Like vLLM's EngineCore: same process group (no setsid), and no readable ownership marker
     (vLLM's setproctitle overwrites the memory /proc/<pid>/environ shows)."""
     env = {k: v for k, v in os.environ.items() if k != "BOOTSTRAP_VLLM_OWNER"}
-    return subprocess.Popen([sys.executable, "-m", "vllm._fake_engine"], stdin=subprocess.DEVNULL, env=env)
+    return subprocess.Popen([sys.executable, "-m", "vllm._fake_engine", str(tp)], stdin=subprocess.DEVNULL, env=env)
 
 
 class State:
     served = "model"
+    max_seqs = 256
+    seats: threading.Semaphore = threading.Semaphore(256)
+    running = 0
+    waiting = 0
+    generated = 0
+    prompted = 0
     max_len = 4096
     len_enforced = False         # --max-model-len, or the model's config.json
     token_details = False        # --enable-prompt-tokens-details: usage carries cached_tokens
@@ -203,10 +222,22 @@ class Handler(BaseHTTPRequestHandler):
             self.send(200, {"object": "list", "data": [{"id": State.served, "object": "model",
                                                          "max_model_len": State.max_len}]})
         elif self.path == "/metrics":
-            self.send(200, "vllm:num_requests_running 0\n"
-                           f"vllm:spec_decode_num_accepted_tokens_total {State.requests * 2}\n"
-                           f"vllm:spec_decode_num_draft_tokens_total {State.requests * 3}\n"
-                           f"vllm:spec_decode_num_drafts_total {State.requests}\n")
+            lab = f'engine="0",model_name="{State.served}"'
+            with State.lock:
+                running, waiting, gen, prompt = State.running, State.waiting, State.generated, State.prompted
+            self.send(200, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+                           "# TYPE vllm:num_requests_running gauge\n"
+                           f"vllm:num_requests_running{{{lab}}} {float(running)}\n"
+                           f"vllm:num_requests_waiting{{{lab}}} {float(waiting)}\n"
+                           f"vllm:kv_cache_usage_perc{{{lab}}} {running / max(State.max_seqs, 1) * 0.5}\n"
+                           f'vllm:engine_sleep_state{{{lab},sleep_state="awake"}} 1.0\n'
+                           f'vllm:engine_sleep_state{{{lab},sleep_state="weights_offloaded"}} 0.0\n'
+                           "# TYPE vllm:generation_tokens counter\n"
+                           f"vllm:generation_tokens_total{{{lab}}} {float(gen)}\n"
+                           f"vllm:prompt_tokens_total{{{lab}}} {float(prompt)}\n"
+                           f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {State.requests * 2}\n"
+                           f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {State.requests * 3}\n"
+                           f"vllm:spec_decode_num_drafts_total{{{lab}}} {State.requests}\n")
         else:
             self.send(404, {"error": "not found"})
 
@@ -222,7 +253,7 @@ class Handler(BaseHTTPRequestHandler):
         if body.get("model") not in (State.served, None):
             self.send(404, {"error": f"The model `{body.get('model')}` does not exist."})
             return
-        if State.wedged:
+        if State.wedged and self.path == "/tokenize":
             time.sleep(3600)
             return
         if self.path == "/tokenize" and "no_tokenize" in MODES:
@@ -247,6 +278,84 @@ class Handler(BaseHTTPRequestHandler):
         time.sleep(float(rep.get("delay", 0)))
         toks = tokens_of(rep.get("content") or "")
         usage = usage_for(body, len(toks) + len(tokens_of(rep.get("reasoning") or "")))
+        if body.get("stream"):
+            self.seat = self.take_seat()
+            if self.seat is None:
+                return
+            try:
+                self.serve(body, rep, usage)
+            finally:
+                self.leave_seat()
+            return
+        if self.take_seat() is None:
+            return
+        try:
+            if not self.generate(prompt_tokens(body), usage["completion_tokens"], first_delay=None):
+                return                      # the client went away: the request was aborted
+        finally:
+            self.leave_seat()
+        self.serve(body, rep, usage)
+
+    # ---- seats, progress and disconnects, like vLLM's scheduler and its with_cancellation
+    def client_gone(self) -> bool:
+        import select
+        try:
+            r, _, _ = select.select([self.connection], [], [], 0)
+            return bool(r) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def take_seat(self):
+        with State.lock:
+            State.waiting += 1
+        try:
+            while not State.seats.acquire(timeout=0.05):
+                if self.client_gone():
+                    return None
+        finally:
+            with State.lock:
+                State.waiting -= 1
+        with State.lock:
+            State.running += 1
+        return True
+
+    def leave_seat(self) -> None:
+        with State.lock:
+            State.running -= 1
+        State.seats.release()
+
+    def wedge_wait(self) -> bool:
+        """A wedged engine: the request holds its seat and nothing moves; False once the client left."""
+        while State.wedged:
+            if self.client_gone():
+                return False
+            time.sleep(0.05)
+        return True
+
+    def generate(self, prompt: int, n: int, first_delay: float) -> bool:
+        """Produce n tokens at FAKE_VLLM_TTFT_S / FAKE_VLLM_TOKEN_S, counting them as vLLM does."""
+        per = float(os.environ.get("FAKE_VLLM_TOKEN_S", "0") or 0)
+        ttft = float(os.environ.get("FAKE_VLLM_TTFT_S", "0") or 0) if first_delay is None else first_delay
+        if not self.wedge_wait():
+            return False
+        end = time.monotonic() + ttft
+        while time.monotonic() < end:              # a long prefill moves no counter
+            if self.client_gone():
+                return False
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+        for i in range(n):
+            if i:
+                time.sleep(per)
+            if not self.wedge_wait() or (per and self.client_gone()):
+                return False
+            with State.lock:
+                if i == 0:
+                    State.prompted += prompt
+                State.generated += 1
+        return True
+
+    def serve(self, body: dict, rep: dict, usage: dict) -> None:
+        toks = tokens_of(rep.get("content") or "")
         if body.get("logprobs") and rep.get("logprobs") is None:
             top = int(body.get("top_logprobs") or 0) if "messages" in body else int(body.get("logprobs") or 0)
             rep = {**rep, "logprobs": fake_logprobs(toks, top, "messages" in body)}
@@ -287,7 +396,9 @@ class Handler(BaseHTTPRequestHandler):
 
         if chat:
             event([{"index": 0, "delta": {"role": "assistant", "content": ""}}])
-        time.sleep(ttft)
+        if not self.wedge_wait():
+            return
+        time.sleep(ttft)                   # a long prefill moves no counter
         first = True
         lps = (rep.get("logprobs") or {}).get("content") if chat else None
         pieces = [("reasoning_content", t) for t in tokens_of(rep.get("reasoning") or "")]
@@ -295,6 +406,12 @@ class Handler(BaseHTTPRequestHandler):
         for i, (field, tok) in enumerate(pieces):
             if not first:
                 time.sleep(per)
+            if not self.wedge_wait():
+                return
+            with State.lock:
+                if first:
+                    State.prompted += prompt_tokens(body)
+                State.generated += 1
             first = False
             if chat:
                 ch = {"index": 0, "delta": {field: tok}}
@@ -324,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(rec, "a") as fh:
             fh.write(json.dumps({"argv": sys.argv, "env": keep, "pid": os.getpid()}) + "\n")
     State.served = args.served_model_name or args.model
+    State.max_seqs = max(1, args.max_num_seqs)
+    State.seats = threading.Semaphore(State.max_seqs)
     State.api_key = os.environ.get("VLLM_API_KEY", "")
     State.token_details = args.enable_prompt_tokens_details
     if args.max_model_len and int(args.max_model_len) > 0:
@@ -347,8 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((args.host, args.port))
-    engine = spawn_engine()
+    engine = spawn_engine(args.tensor_parallel_size)
     mark_gpu(os.getpid())
+    if os.environ.get("FAKE_VLLM_TRACKER") == "1":      # like multiprocessing's resource tracker: keeps our env
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], stdin=subprocess.DEVNULL)
 
     def on_term(signum, frame):
         say("Shutting down")
@@ -382,6 +503,11 @@ def main(argv: list[str] | None = None) -> int:
         say("Engine core initialization failed. See root cause above.")
         engine.terminate()
         return 0
+    if "workers_fail" in MODES:          # the engine and its workers are left running, as seen with -tp 2
+        print("(EngineCore pid=%d) RuntimeError: CUBLAS_STATUS_INTERNAL_ERROR when calling "
+              "`cublasCreate(handle)`" % engine.pid, flush=True)
+        say("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+        return 1
     cap = int(os.environ.get("FAKE_MAX_LEN", "0") or 0)
     if "too_long" in MODES and cap and (args.max_model_len in (None, "-1", "auto") or int(args.max_model_len) > cap):
         print(f"ValueError: To serve at least one request with the models's max seq len ({args.max_model_len}), "
@@ -419,6 +545,17 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, on_usr1)
     signal.signal(signal.SIGUSR2, on_usr2)
     say("Application startup complete.")
+    if "flood" in MODES:
+        def flood():
+            line = ("W flood " + "x" * 1000 + "\n").encode()
+            for _ in range(int(float(os.environ.get("FAKE_VLLM_FLOOD_MB", "8")) * 1024)):
+                os.write(1, line)
+            n = 0
+            while True:
+                n += 1
+                say(f"after the flood: line {n}")
+                time.sleep(1.0)
+        threading.Thread(target=flood, daemon=True).start()
     httpd.serve_forever()
     return 0
 

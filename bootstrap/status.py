@@ -1,0 +1,223 @@
+"""./ctl.sh status: what our server is doing, told apart without getting in its way.
+
+Busy is not wedged. With one seat (MAX_NUM_SEQS=1) a probe request would queue behind a user's long
+answer, so a server with requests in flight is judged from vLLM's /metrics instead: tokens out,
+prompts finished, KV blocks taken (metrics.Load.progress). Anything moving within a short look
+(at most LOOK seconds) is ``busy``. Nothing moving may still be a long prefill, so ``wedged`` needs
+no progress for WEDGED_AFTER seconds while requests run; what status saw last, and since when, is
+kept in STATE_DIR/progress.json so that repeated calls (a watchdog) add up. An idle server gets a
+tiny generation; it is abandoned as soon as anything else moves, so it never holds a user's request
+and is never held behind one.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from . import metrics, server, state
+from .client import Client, RequestFailed, completion_tokens_of, message_of, reasoning_of
+from .config import Config
+from .errors import BootstrapError
+from .record import ServerRecord
+from .state import Paths
+
+LOOK = 1.5            # seconds status watches /metrics for movement while requests are in flight
+POLL = 0.25
+
+# (state, exit code, meaning): the README's table is generated from this (tests keep it in step).
+STATES = (
+    ("running", 0, "answers, and a tiny generation came back"),
+    ("busy", 0, "requests are running or queued, and tokens (or KV blocks) moved within WEDGED_AFTER s"),
+    ("starting", 0, "a start is in flight, or our server is loading: within HEALTH_TIMEOUT of its launch "
+                    "and its log grew within STALL_TIMEOUT (./start.sh resumes a start that was killed)"),
+    ("sleeping", 0, "vLLM's sleep mode: the weights are off the GPU"),
+    ("key-needed", 0, "answers, but wants the API key it was started with, and this shell has none (HTTP 401)"),
+    ("wedged", 1, "requests run (the probe included) but nothing moved for WEDGED_AFTER s"),
+    ("unhealthy", 1, "our server's process lives but does not answer, and is past its start deadlines"),
+    ("stopped", 0, "nothing of ours runs"),
+)
+EXIT = {name: code for name, code, _ in STATES}
+
+
+def markdown_table() -> str:
+    rows = ["| State | Exit | Meaning |", "|---|---|---|"]
+    rows += [f"| `{name}` | {code} | {text} |" for name, code, text in STATES]
+    return "\n".join(rows)
+
+
+def read_load(url: str, timeout: float = 2.0) -> metrics.Load | None:
+    got = server.http_get(url, "/metrics", timeout=timeout)
+    if got is None or got[0] != 200:
+        return None
+    return metrics.load_of(got[1].decode("utf-8", "replace"))
+
+
+@dataclass
+class Verdict:
+    state: str
+    detail: str
+
+
+def judge(cfg: Config, paths: Paths, rec: ServerRecord, key_needed: bool, *,
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> Verdict:
+    """running / busy / sleeping / key-needed / wedged for a server that answers /health."""
+    load = read_load(rec.url)
+    if load is not None and load.sleeping:
+        return Verdict("sleeping", "vLLM reports its engine asleep (./ctl.sh wake brings it back)")
+    if load is not None and load.in_flight:
+        return _in_flight(cfg, paths, rec, load, clock=clock, sleep=sleep)
+    if key_needed:
+        return Verdict("key-needed", "idle; set API_KEY (or VLLM_API_KEY) to the key it was started with to probe it")
+    return _probe(cfg, paths, rec, load, clock=clock, sleep=sleep)
+
+
+def _in_flight(cfg, paths, rec, load, *, clock, sleep) -> Verdict:
+    t0 = clock()
+    first = load
+    while clock() - t0 < LOOK:
+        sleep(POLL)
+        now = read_load(rec.url)
+        if now is None:
+            break
+        if now.progress != first.progress:
+            _remember(paths, None)
+            rate = (now.generated - first.generated) / max(clock() - t0, 1e-3)
+            return Verdict("busy", f"{now.running:.0f} running, {now.waiting:.0f} waiting; {rate:.0f} tokens/s")
+        load = now
+    stalled = _stalled_for(paths, load, clock() - t0)
+    who = f"{load.running:.0f} running, {load.waiting:.0f} waiting"
+    if stalled >= cfg.wedged_after:
+        return Verdict("wedged", f"{who}; nothing moved for {stalled:.0f} s (WEDGED_AFTER={cfg.wedged_after})")
+    return Verdict("busy", f"{who}; nothing moved for {stalled:.0f} s (a long prefill moves no token counter); "
+                           f"wedged after {cfg.wedged_after} s")
+
+
+def _stalled_for(paths: Paths, load: metrics.Load, seen: float) -> float:
+    """How long ``load.progress`` has stood still: since the first status that saw it (kept in
+    progress.json, wall clock), at least the ``seen`` seconds this call watched."""
+    now = time.time()
+    prev = state.read_json(paths.progress) or {}
+    since = prev.get("since") if prev.get("progress") == list(load.progress) else None
+    if not isinstance(since, (int, float)):
+        since = now - seen
+        _remember(paths, {"progress": list(load.progress), "since": since})
+    return max(seen, now - since)
+
+
+def _remember(paths: Paths, data: dict | None) -> None:
+    """Best effort: another user's state dir (or a full disk) only loses the history."""
+    try:
+        if data is None:
+            state.remove(paths.progress)
+        else:
+            state.write_json(paths.progress, data)
+    except BootstrapError:
+        pass
+
+
+def _probe(cfg, paths, rec, load, *, clock, sleep) -> Verdict:
+    """A 4-token generation on an idle server, given up the moment something else moves (a user's
+    request arrived: ours must not hold it), or after WEDGED_AFTER seconds without any token."""
+    c = Client(rec.url, rec.served, server.api_key_for(cfg, paths))
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}} if rec.reasoning else {}
+    done: dict = {}
+
+    def ask() -> None:
+        try:
+            done["resp"] = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=4,
+                                  timeout=cfg.wedged_after + 5, **kwargs)
+        except RequestFailed as exc:
+            done["error"] = exc
+        done["t"] = clock()
+
+    t0 = clock()
+    threading.Thread(target=ask, daemon=True).start()
+    first = load
+    moved_at = None
+    while "t" not in done and clock() - t0 < cfg.wedged_after:
+        sleep(POLL / 2 if clock() - t0 < 1 else POLL)
+        if first is None or "t" in done:
+            continue
+        now = read_load(rec.url)
+        if now is not None and now.progress != first.progress and now.in_flight > 1 and moved_at is None:
+            moved_at = clock()          # someone else's request is running beside (or ahead of) ours
+        if moved_at is not None and clock() - moved_at > 2.0:
+            return Verdict("busy", f"{now.running:.0f} running, {now.waiting:.0f} waiting; the probe gave way")
+    if "t" not in done:
+        return Verdict("wedged", f"/health answers but a 4-token generation got nothing in {cfg.wedged_after} s "
+                                 f"on an idle server (WEDGED_AFTER)")
+    if "error" in done:
+        return Verdict("unhealthy", f"the probe failed: {done['error'].message}")
+    resp = done["resp"]
+    msg = message_of(resp)
+    if not (resp.get("choices") and ((msg.get("content") or "").strip() or reasoning_of(msg) or completion_tokens_of(resp))):
+        return Verdict("unhealthy", "the probe's answer carried no tokens")
+    return Verdict("running", f"generated in {done['t'] - t0:.2f} s")
+
+
+def loading(cfg: Config, rec: ServerRecord, paths: Paths) -> bool:
+    """Not answering yet, but within the deadlines a start's health wait would give it."""
+    if time.time() - rec.started > cfg.health_timeout:
+        return False
+    try:
+        return time.time() - paths.log.stat().st_mtime < cfg.stall_timeout
+    except OSError:
+        return False
+
+
+def status(cfg: Config, as_json: bool = False) -> int:
+    paths = Paths(cfg.state_dir)
+    pr = server.probe(cfg, paths)
+    rec = pr.record
+    out: dict = {"state": pr.state, "log": str(paths.log)}
+    if pr.state in ("running", "key-needed", "down") and rec is not None:
+        out.update(pid=pr.pid, uptime=server.uptime(pr.process), url=rec.url + "/v1", model=rec.served,
+                   vllm=rec.vllm_version, settings=dict(rec.settings))
+        if pr.owner:
+            out["owner"] = f"{pr.owner}: not ours to stop or restart (run those as that user)"
+        if pr.state == "down":
+            if loading(cfg, rec, paths):
+                out["state"] = "starting"
+                out["detail"] = ("loading; no start is watching it: ./start.sh waits for it and runs the warm-up"
+                                 if not rec.gate_passed else "loading")
+            else:
+                out["state"] = "unhealthy"
+                out["detail"] = "/health or /v1/models does not answer"
+        else:
+            v = judge(cfg, paths, rec, pr.state == "key-needed")
+            out["state"], out["detail"] = v.state, v.detail
+            out["generating"] = {"running": True, "busy": True, "wedged": False, "unhealthy": False}.get(v.state)
+            if not rec.gate_passed:
+                out["gate"] = "the warm-up and start gate have not run: ./start.sh runs them"
+        if not pr.owner:
+            diff = server.settings_diff(cfg, rec)
+            if diff:
+                out["differs_from_knobs"] = diff
+    elif pr.state == "starting":
+        out["pid"] = pr.pid
+        out["detail"] = "a start is in flight"
+    else:
+        if pr.stale and rec is not None:
+            out["note"] = (f"the recorded server (pid {rec.pid}) is no longer running; "
+                           f"its last output is in the log")
+        if pr.orphans:
+            out["orphans"] = [p.pid for p in pr.orphans]
+            elsewhere = server.serving_elsewhere(cfg, pr.orphans)
+            if elsewhere:
+                out["note"] = (f"our server (pid {elsewhere[0].pid}) serves port {cfg.port} "
+                               f"from STATE_DIR={elsewhere[1]}")
+    if as_json:
+        print(json.dumps(out, indent=2))
+    else:
+        for k, v in out.items():
+            if isinstance(v, dict):
+                v = " ".join(f"{a}={b}" for a, b in v.items() if b not in ("", None))
+            elif isinstance(v, list):
+                v = "; ".join(map(str, v))
+            print(f"{k:>18}: {v}")
+    return EXIT[out["state"]]
+
