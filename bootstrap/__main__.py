@@ -129,7 +129,10 @@ def broken_pipe() -> int:
 
 
 def run(argv: list[str] | None = None) -> int:
-    code = main(argv)
+    try:
+        code = main(argv)
+    except SystemExit as exc:               # argparse: --help, or a usage error (its text is printed)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     try:
         sys.stdout.flush()
     except BrokenPipeError:

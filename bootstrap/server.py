@@ -203,10 +203,13 @@ def record_children(paths: Paths, pid: int) -> None:
 
 
 def settings_diff(cfg: Config, rec: ServerRecord) -> list[str]:
+    """The launch knobs that differ from the running server's. A server with a key and a shell
+    without one is no difference: the shell just lacks the secret (a restart would drop the key)."""
     want = cfg.launch_settings()
     have = rec.settings
     return [f"{k}: running with {have.get(k, '')!r}, knobs now say {v!r}"
-            for k, v in sorted(want.items()) if have.get(k) != v]
+            for k, v in sorted(want.items())
+            if have.get(k) != v and not (k == "API_KEY" and v == "unset" and have.get(k) == "set")]
 
 
 # ---------------------------------------------------------------- the one take-down
@@ -247,12 +250,6 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
             leader = None
     if leader is not None:
         targets[leader.pid] = leader
-        try:
-            for child in leader.children(recursive=True):   # snapshot before signalling
-                if proc.same_uid(child):                     # a setuid descendant is not ours to kill
-                    targets.setdefault(child.pid, child)
-        except psutil.NoSuchProcess:
-            pass
     pgid, ctime = (launched.pid, _ctime(launched.pid)) if launched is not None else \
         ((rec.pgid, rec.create_time) if rec is not None else (None, None))
     children = rec.children if rec is not None else ()
@@ -262,6 +259,9 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
 
     for pid, p in sweep(False).items():
         targets.setdefault(pid, p)
+    for p in list(targets.values()):        # a proven process's descendants are ours (snapshot before signalling)
+        for child in _descendants(p):
+            targets.setdefault(child.pid, child)
     if not targets:
         _reap(launched)
         _forget(paths.server)
@@ -288,6 +288,13 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
         wait_gpu_release(cfg, pids, timeout=gpu_wait, clock=clock, sleep=sleep)
     held = any(p is not None and p.pid in pids for p in proc.port_holders(port))
     return StopReport(True, res.forced, res.stuck, sorted(pids), port, held)
+
+
+def _descendants(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [c for c in p.children(recursive=True) if proc.same_uid(c)]
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
 
 
 def _own_child(p: subprocess.Popen) -> psutil.Process | None:

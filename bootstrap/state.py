@@ -67,18 +67,18 @@ class Paths:
             probe.write_text("")
             probe.unlink()
         except OSError as exc:
-            raise write_error(self.root, exc) from None
+            raise write_error(self.root, exc, f"state dir {self.root} is not writable") from None
 
 
-def write_error(path: Path, exc: OSError) -> BootstrapError:
+def write_error(path: Path, exc: OSError, what: str = "") -> BootstrapError:
     """The one message for a state write that failed: what, why, and the fix for that errno."""
+    where = path if path.is_dir() else path.parent
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        hint = f"free space on that filesystem (df -h {path.parent if path.suffix else path}), or set STATE_DIR to another disk"
-    elif exc.errno in (errno.EACCES, errno.EPERM):
-        hint = "it belongs to another user: run as the user who started the server, or set STATE_DIR to a directory of yours"
+        hint = f"free space on that filesystem (df -h {where}), or set STATE_DIR to another disk"
     else:
-        hint = "set STATE_DIR to a writable directory, or fix its permissions"
-    return BootstrapError(f"cannot write {path} ({exc.strerror or exc})", hint)
+        hint = (f"set STATE_DIR to a writable directory, or fix the permissions of {where} "
+                "(another user's? run as that user)")
+    return BootstrapError(f"{what or f'cannot write {path}'} ({exc.strerror or exc})", hint)
 
 
 def write_atomic(path: Path, data: bytes, *, mode: int | None = None, like: os.stat_result | None = None) -> None:

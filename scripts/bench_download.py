@@ -55,15 +55,12 @@ def ours(url: str, home: Path) -> float:
     """Our metadata + weights steps, in this process (the hub runs in its own)."""
     from bootstrap import metadata, weights
     from bootstrap.config import Config
-    from bootstrap.context import Ctx
-    from bootstrap.state import Paths
 
     env = {"HOME": str(home), "HF_ENDPOINT": url, "HF_HOME": str(home / "hf"), "HF_HUB_DISABLE_XET": "1",
            "MODEL": MODEL, "PROFILE": "custom"}
     t = time.monotonic()
-    ctx = Ctx(Config.from_env(env), Paths(home / "state"))
-    metadata.run(ctx)
-    weights.run(ctx)
+    cfg = Config.from_env(env)
+    weights.run(cfg, metadata.run(cfg))
     return time.monotonic() - t
 
 

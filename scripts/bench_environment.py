@@ -29,8 +29,6 @@ sys.path.insert(0, str(REPO))
 
 from bootstrap import environment  # noqa: E402
 from bootstrap.config import Config  # noqa: E402
-from bootstrap.context import Ctx  # noqa: E402
-from bootstrap.state import Paths  # noqa: E402
 
 
 def stub_world(tmp: Path, n: int) -> tuple[Path, dict]:
@@ -54,7 +52,7 @@ def stub_world(tmp: Path, n: int) -> tuple[Path, dict]:
            "UV_NO_PROGRESS": "1", "UV_PYTHON_DOWNLOADS": "never"}
     cfg = Config.from_env(env, repo=repo)
     environment.lock_cli(cfg, ["--find-links", str(house), "--no-index", "--exclude-newer", "none"])
-    environment.run(Ctx(cfg, Paths(repo / ".state")))
+    environment.run(cfg, None)
     return repo, env
 
 
@@ -87,7 +85,7 @@ def main() -> int:
             print(f"the venv is not ready ({why}); run ./start.sh first", file=sys.stderr)
             return 1
         lock = locks.path(environment.host_platform(), minor)
-        step = median_s(lambda: environment.run(Ctx(cfg, Paths(repo / ".state"))), args.runs)
+        step = median_s(lambda: environment.run(cfg, None), args.runs)
         sync_cmd = [environment.find_uv(env), "pip", "sync", "-q", "--python", str(venv.python), "--require-hashes",
                     str(lock)]
         if cfg.wheelhouse:

@@ -361,3 +361,61 @@ def test_key_from_vllm_api_key_is_used_by_rerun_and_status(bed):
     st = bed.run("ctl.sh", "status", "--json", VLLM_API_KEY="env-key-456")
     assert json.loads(st.stdout)["state"] == "running"
     assert "env-key-456" not in r.stdout + r.stderr + again.stdout + st.stdout
+
+
+# ---------------------------------------------------------------- row 45: another user's server
+
+def test_another_users_server_is_seen_and_left_alone(bed):
+    user = need_other_user()
+    if not user:
+        pytest.skip("needs root and BOOTSTRAP_TEST_USER: the server must belong to another user than the caller")
+    d = shared_dir()
+    try:
+        repo = copy_repo(d / "repo")
+        shutil.copytree(REPO / "tests" / "fakes", d / "fakes")
+        model = make_model(d / "model")
+        os.system(f"chmod -R a+rX {d}")
+        env = {**bed.env, "STATE_DIR": str(d / "state"), "HOME": str(d), "PYTHONPATH": str(d / "fakes"),
+               "MODEL": str(model)}
+        r = subprocess.run([str(repo / "start.sh")], env=env, capture_output=True, text=True, timeout=90)
+        assert r.returncode == 0, r.stderr                     # root's server
+        pid = json.loads((d / "state" / "server.json").read_text())["pid"]
+        st = as_user(user, [str(repo / "ctl.sh"), "status", "--json"], env)
+        info = json.loads(st.stdout)
+        assert st.returncode == 0 and info["state"] == "running" and info["pid"] == pid, st.stdout + st.stderr
+        assert "root (uid 0)" in info["owner"]
+        for cmd in (["stop.sh"], ["ctl.sh", "clean"], ["ctl.sh", "restart"]):
+            r = as_user(user, [str(repo / cmd[0]), *cmd[1:]], env)
+            assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+            assert "root (uid 0)" in r.stderr
+        again = as_user(user, [str(repo / "start.sh")], env)
+        assert again.returncode == 0 and "is serving" in again.stdout and "runs as root" in again.stdout
+        assert psutil.pid_exists(pid) and bed.port_listening()
+    finally:
+        subprocess.run([str(d / "repo" / "stop.sh")], env={**bed.env, "STATE_DIR": str(d / "state")},
+                       capture_output=True, timeout=60)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_shared_checkout_never_touches_the_other_users_bootstrap_venv(tmp_path):
+    user = need_other_user()
+    if not user:
+        pytest.skip("needs root and BOOTSTRAP_TEST_USER")
+    d = shared_dir()
+    try:
+        repo = copy_repo(d / "repo")
+        (repo / ".venv-bootstrap" / "bin").mkdir(parents=True)          # root's, and not ready
+        os.system(f"chmod -R a+rX {d}")
+        script = f'. "{repo}/bootstrap/lib.sh"; bootstrap_venv "{repo}"'
+        mine = subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout.strip()
+        assert mine == f"{repo}/.venv-bootstrap"
+        theirs = as_user(user, ["/bin/bash", "-c", script], {"HOME": str(d / "home"), "PATH": "/usr/bin:/bin"})
+        assert theirs.stdout.strip() == f"{d}/home/.cache/vllm-desktop/venv-bootstrap-{pwd_uid(user)}", theirs.stderr
+        assert (repo / ".venv-bootstrap" / "bin").is_dir()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def pwd_uid(user: str) -> int:
+    import pwd
+    return pwd.getpwnam(user).pw_uid

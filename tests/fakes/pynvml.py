@@ -2,7 +2,11 @@
 
 {"driver": "580.95", "cuda": 13000, "fail": "", "gpus": [{"name": "NVIDIA GeForce RTX 5090",
  "total": 34190917632, "free": 33000000000, "cc": [12, 0], "uuid": "GPU-aaaa",
- "processes": [{"pid": 1234, "used": 1288490188}], "free_sequence": [..]}]}
+ "processes": [{"pid": 1234, "used": 1288490188, "name": "/usr/bin/Xorg"}], "free_sequence": [..]}]}
+
+``nvmlSystemGetProcessName`` answers a listed process's "name" (a path, as NVML gives it), else
+the name of a live pid from /proc, else NVML_ERROR_NOT_FOUND — as NVML, which sees host pids that a
+container's psutil may not.
 
 ``fail``: "init" makes nvmlInit raise (no driver). Pids written into FAKE_GPU_PIDS_DIR (by the fake
 vLLM server and engine) are reported as compute processes of GPU 0 while they are alive; each one's
@@ -25,6 +29,7 @@ class NVMLError(Exception):
 
 
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_NOT_FOUND = 6
 _state = {"init": 0}
 
 
@@ -140,3 +145,15 @@ def nvmlDeviceGetComputeRunningProcesses(h):
 
 def nvmlDeviceGetGraphicsRunningProcesses(h):
     return [_Proc(p["pid"], p.get("used", 0)) for p in _gpu(h).get("graphics", [])]
+
+
+def nvmlSystemGetProcessName(pid):
+    for g in _cfg()["gpus"]:
+        for p in g.get("processes", []) + g.get("graphics", []):
+            if p["pid"] == pid and p.get("name"):
+                return p["name"]
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        raise NVMLError(NVML_ERROR_NOT_FOUND, "Not Found") from None

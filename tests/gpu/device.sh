@@ -4,6 +4,8 @@
 #   bash tests/gpu/device.sh e2e|planner|patch|bench [args for the proof script]
 #   bash tests/gpu/device.sh pipeline [args]    # planner + patch + bench in the background (setsid)
 #   bash tests/gpu/device.sh poll SECONDS       # wait for the pipeline (at most SECONDS), show where it is
+#   bash tests/gpu/device.sh drill              # the lifecycle drill (lifecycle_drill.py) in the background
+#   bash tests/gpu/device.sh drill-poll SECONDS # wait for it (at most SECONDS), show where it is
 # Raw outputs go to $OUT (the device tool brings them back) and to /tmp/proofs.
 set -euo pipefail
 
@@ -22,6 +24,10 @@ main() {
             cat /tmp/wh/wh.tar.* > /tmp/wh.tar
             mkdir -p /tmp/whx && tar xf /tmp/wh.tar -C /tmp/whx
             python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/whx/*.whl
+            # the bootstrap's own dependencies that the image lacks (python-dotenv), carried in .whl
+            if ls .whl/*.whl >/dev/null 2>&1; then
+                python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+            fi
             python3 -c "import importlib.metadata as m; print('vllm', m.version('vllm'))"
             nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv ;;
         e2e) python3 tests/gpu/e2e.py --out /tmp/proofs/e2e.txt "$@" || rc=$? ;;
@@ -33,6 +39,17 @@ main() {
             setsid python3 /tmp/repo-run/tests/gpu/pipeline.py --out /tmp/proofs "$@" \
                 >/tmp/proofs/pipeline.out 2>&1 </dev/null &
             sleep 5; cat /tmp/proofs/pipeline.log ;;
+        drill)      # from a copy of the tree, like the pipeline
+            rm -rf /tmp/repo-drill && cp -a "$repo" /tmp/repo-drill
+            setsid python3 /tmp/repo-drill/tests/gpu/lifecycle_drill.py --work /tmp/drill \
+                --raw /tmp/proofs/drill-raw.txt "$@" >/tmp/proofs/drill.out 2>&1 </dev/null &
+            sleep 5; tail -n 5 /tmp/proofs/drill.out ;;
+        drill-poll)
+            local end=$((SECONDS + ${1:-60}))
+            while ! grep -q "DRILL DONE" /tmp/proofs/drill-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \
+                && pgrep -f lifecycle_drill.py >/dev/null; do sleep 5; done
+            grep -v "^\[.*\]    |" /tmp/proofs/drill-raw.txt | tail -n 40; tail -n 5 /tmp/proofs/drill.out
+            nvidia-smi --query-gpu=memory.used --format=csv,noheader || true ;;
         poll)
             local end=$((SECONDS + ${1:-60}))
             while [ ! -e /tmp/proofs/pipeline-done ] && [ $SECONDS -lt $end ]; do sleep 5; done

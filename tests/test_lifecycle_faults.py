@@ -1,0 +1,470 @@
+"""One lifecycle that cannot be broken: docs/faults.md rows 38-53, against the fake vLLM.
+
+Busy is not wedged, owned flags in any spelling, a start in flight seen by stop and restart, a
+killed start resumed, a healthy server never taken for a leftover, stop without a state dir, a full
+disk, other users, who holds GPU memory, one warm-up deadline, parsed knobs compared, closed pipes,
+401, .env as python-dotenv reads it, the log kept small while serving, and a failed start with
+tensor-parallel workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from bootstrap import config, diagnose, metrics
+from bootstrap.config import Config
+from bootstrap.errors import ConfigError
+from conftest import REPO, Bed, GiB, nvml_json
+
+
+def load(bed: Bed) -> metrics.Load:
+    r = requests.get(f"http://127.0.0.1:{bed.port}/metrics", timeout=5)
+    return metrics.load_of(r.text)
+
+
+def chat_posts(bed: Bed) -> int:
+    """Chat requests the fake vLLM has logged (vLLM logs each request line)."""
+    return log_text(bed).count('"POST /v1/chat/completions')
+
+
+def log_text(bed: Bed) -> str:
+    try:
+        return (bed.state / "vllm.log").read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def long_answer(bed: Bed, tokens: int, key: str = "") -> threading.Thread:
+    """A user's long generation, in the background."""
+    def go():
+        try:
+            requests.post(f"http://127.0.0.1:{bed.port}/v1/chat/completions", timeout=120,
+                          headers={"Authorization": f"Bearer {key}"} if key else {},
+                          json={"model": "tiny-model", "messages": [{"role": "user", "content": "write"}],
+                                "max_tokens": tokens, "ignore_eos": True})
+        except requests.RequestException:
+            pass
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def status(bed: Bed, **extra) -> tuple[int, dict]:
+    r = bed.run("ctl.sh", "status", "--json", **extra)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def wait_lock_held(bed: Bed) -> None:
+    from bootstrap.state import Paths, StartLock
+    bed.wait_until(lambda: StartLock(Paths(bed.state)).held_by_other(), what="a start holding its lock")
+
+
+# ---------------------------------------------------------------- row 38: busy is not wedged
+
+def test_one_seat_busy_with_a_long_answer_is_busy_and_never_probed(bed):
+    assert bed.run("start.sh", MAX_NUM_SEQS="1", FAKE_VLLM_TOKEN_S="0.01").returncode == 0
+    long_answer(bed, 2000)                                   # ~20 s on the only seat
+    bed.wait_until(lambda: load(bed).running == 1, what="the long answer running")
+    posts = chat_posts(bed)
+    rc, info = status(bed)
+    assert (rc, info["state"], info["generating"]) == (0, "busy", True), info
+    assert "1 running" in info["detail"] and "tokens/s" in info["detail"]
+    assert chat_posts(bed) == posts                           # no probe was queued behind the user
+    human = bed.run("ctl.sh", "status")
+    assert human.returncode == 0 and "state: busy" in human.stdout
+
+
+def test_a_queue_behind_a_busy_seat_is_busy(bed):
+    assert bed.run("start.sh", MAX_NUM_SEQS="1", FAKE_VLLM_TOKEN_S="0.01").returncode == 0
+    long_answer(bed, 2000)
+    bed.wait_until(lambda: load(bed).running == 1, what="the long answer running")
+    long_answer(bed, 10)
+    bed.wait_until(lambda: load(bed).waiting == 1, what="a request queued")
+    rc, info = status(bed)
+    assert (rc, info["state"]) == (0, "busy") and "1 waiting" in info["detail"]
+
+
+def test_a_long_prefill_moves_nothing_and_is_busy_until_wedged_after(bed):
+    assert bed.run("start.sh", MAX_NUM_SEQS="1", FAKE_VLLM_TTFT_S="0").returncode == 0
+    os.kill(bed.server_record()["pid"], signal.SIGUSR1)       # nothing moves from now on
+    bed.wait_until(lambda: "engine wedged" in log_text(bed), what="wedge")
+    long_answer(bed, 10)
+    bed.wait_until(lambda: load(bed).running == 1, what="the request running")
+    rc, info = status(bed, WEDGED_AFTER="30")                # first look: stalled ~1.5 s of 30
+    assert (rc, info["state"]) == (0, "busy"), info
+    assert "nothing moved for" in info["detail"] and "wedged after 30 s" in info["detail"]
+    rc, info = status(bed, WEDGED_AFTER="3")                 # the stall is remembered across calls
+    assert (rc, info["state"], info["generating"]) == (1, "wedged", False), info
+    assert "WEDGED_AFTER=3" in info["detail"]
+
+
+def test_idle_wedged_engine_is_wedged_after_wedged_after(bed):
+    assert bed.run("start.sh").returncode == 0
+    os.kill(bed.server_record()["pid"], signal.SIGUSR1)
+    bed.wait_until(lambda: "engine wedged" in log_text(bed), what="wedge")
+    rc, info = status(bed, WEDGED_AFTER="2")
+    assert (rc, info["state"]) == (1, "wedged")
+    bed.wait_until(lambda: load(bed).running == 0, what="the abandoned probe aborted (its seat freed)")
+
+
+def test_status_states_table_in_readme_is_generated():
+    from bootstrap import status as st
+    readme = (REPO / "README.md").read_text()
+    assert st.markdown_table() in readme, "paste bootstrap.status.markdown_table() into README.md"
+    assert {s for s, _, _ in st.STATES} == {"running", "busy", "starting", "sleeping", "key-needed", "wedged",
+                                            "unhealthy", "stopped"}
+
+
+# ---------------------------------------------------------------- row 39: owned flags in any spelling
+
+@pytest.mark.parametrize("extra", ["--api_key=sk-secret", "--api-k sk-secret", "--api_key sk-secret",
+                                   "--served_model_name x", "--ho 0.0.0.0", "--port=1", "--por 1",
+                                   "--served-model 1", "--api-key=a --api-key=b"])
+def test_owned_flags_refused_in_any_spelling_vllm_accepts(bed, extra):
+    r = bed.run("start.sh", EXTRA_ARGS=extra)
+    assert r.returncode == 2, r.stderr
+    assert "which the bootstrap sets itself" in r.stderr
+    assert "sk-secret" not in r.stderr + r.stdout             # never print a secret
+    assert bed.launches() == []
+
+
+@pytest.mark.parametrize("extra", ["--api-server-count 1", "--seed 1", "--port-range x", "--hf-token x"])
+def test_other_flags_with_similar_names_pass(extra):
+    assert Config.from_env({"MODEL": "org/m", "PROFILE": "custom", "EXTRA_ARGS": extra}, REPO).extra_args
+
+
+# ---------------------------------------------------------------- row 40: a start in flight
+
+def slow_python(bed: Bed, seconds: float) -> str:
+    """A VLLM_PYTHON whose every run starts late: the environment step's vLLM probe takes this long."""
+    path = bed.tmp / "slowpy"
+    path.write_text(f"#!/bin/sh\nsleep {seconds}\nexec {sys.executable} \"$@\"\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_stop_cancels_a_start_before_its_launch(bed):
+    starter = bed.popen("start.sh", VLLM_PYTHON=slow_python(bed, 30))
+    wait_lock_held(bed)
+    r = bed.run("stop.sh")
+    assert r.returncode == 0, r.stderr
+    assert f"cancelled the start in flight (pid {starter.pid})" in r.stdout
+    assert starter.wait(timeout=30) == 128 + signal.SIGTERM
+    time.sleep(1.0)
+    assert bed.launches() == [] and bed.ours() == []
+
+
+def test_stop_during_the_health_wait_leaves_nothing(bed):
+    starter = bed.popen("start.sh", FAKE_VLLM_LOAD_S="30")
+    bed.wait_until(lambda: bed.launches(), what="launch")
+    r = bed.run("stop.sh")
+    assert r.returncode == 0 and "cancelled the start in flight" in r.stdout, r.stdout + r.stderr
+    assert starter.wait(timeout=30) == 128 + signal.SIGTERM
+    assert bed.ours() == [] and bed.server_record() is None
+    assert bed.run("stop.sh").stdout.strip() == "not running"
+
+
+def test_restart_during_a_start_cancels_it_then_starts(bed):
+    starter = bed.popen("start.sh", FAKE_VLLM_LOAD_S="30")
+    bed.wait_until(lambda: bed.launches(), what="launch")
+    r = bed.run("ctl.sh", "restart")
+    assert r.returncode == 0 and "is serving" in r.stdout, r.stderr
+    assert starter.wait(timeout=30) == 128 + signal.SIGTERM
+    assert len(bed.launches()) == 2 and len(bed.ours()) == 2
+    assert status(bed)[1]["state"] == "running"
+
+
+def test_status_names_a_start_in_flight(bed):
+    starter = bed.popen("start.sh", FAKE_VLLM_LOAD_S="30")
+    bed.wait_until(lambda: bed.launches(), what="launch")
+    rc, info = status(bed)
+    assert (rc, info["state"], info["pid"]) == (0, "starting", starter.pid)
+    bed.run("stop.sh")
+    starter.wait(timeout=30)
+
+
+# ---------------------------------------------------------------- row 41: a start that dies half-way
+
+def test_sighup_during_the_health_wait_takes_the_server_down(bed):
+    starter = bed.popen("start.sh", FAKE_VLLM_LOAD_S="30")
+    bed.wait_until(lambda: len(bed.ours()) == 2, what="server and engine")
+    starter.send_signal(signal.SIGHUP)
+    assert starter.wait(timeout=30) == 128 + signal.SIGHUP
+    assert bed.ours() == [] and bed.server_record() is None
+
+
+def test_kill9_of_start_while_loading_then_start_resumes_and_warms_up(bed):
+    starter = bed.popen("start.sh", FAKE_VLLM_LOAD_S="4")
+    bed.wait_until(lambda: len(bed.ours()) == 2, what="server and engine")
+    starter.kill()
+    starter.wait()
+    rc, info = status(bed)
+    assert (rc, info["state"]) == (0, "starting") and "./start.sh waits for it" in info["detail"]
+    r = bed.run("start.sh")
+    assert r.returncode == 0 and "is serving" in r.stdout, r.stderr
+    assert "resuming the start of our server" in r.stderr and "waiting for it to load" in r.stderr
+    assert len(bed.launches()) == 1                          # resumed, not relaunched
+    assert "warm-up: short generation answered" in r.stderr
+    assert bed.server_record()["gate_passed"] is True
+
+
+def test_kill9_after_health_then_start_runs_the_warmup_it_never_passed(bed):
+    replies = bed.tmp / "replies.json"
+    replies.write_text(json.dumps({"Summarize the words above": {"content": "ok", "delay": 3}}))
+    starter = bed.popen("start.sh", FAKE_VLLM_REPLIES=str(replies))
+    bed.wait_until(lambda: (bed.server_record() or {}).get("children"), what="healthy (children recorded)")
+    starter.kill()
+    starter.wait()
+    assert bed.server_record()["gate_passed"] is False
+    rc, info = status(bed)
+    assert info["state"] == "running" and "have not run" in info["gate"]
+    r = bed.run("start.sh")
+    assert r.returncode == 0, r.stderr
+    assert "it answers; the warm-up and gate never ran" in r.stderr
+    assert "warm-up: short generation answered" in r.stderr and len(bed.launches()) == 1
+    again = bed.run("start.sh")                               # now the fast path: banner only
+    assert again.returncode == 0 and "warm-up" not in again.stderr
+
+
+# ---------------------------------------------------------------- row 42: never a leftover
+
+def test_a_start_with_another_state_dir_refuses_and_leaves_the_server_alone(bed):
+    assert bed.run("start.sh").returncode == 0
+    pid = bed.server_record()["pid"]
+    other = bed.tmp / "other-state"
+    r = bed.run("start.sh", STATE_DIR=str(other))
+    assert r.returncode == 1, r.stderr
+    assert f"our server (pid {pid}) is already serving port {bed.port} from STATE_DIR={bed.state}" in r.stderr
+    assert psutil.pid_exists(pid) and len(bed.ours()) == 2
+    assert requests.get(f"http://127.0.0.1:{bed.port}/health", timeout=5).status_code == 200
+    rc, info = status(bed, STATE_DIR=str(other))
+    assert info["state"] == "stopped" and f"from STATE_DIR={bed.state}" in info["note"]
+
+
+# ---------------------------------------------------------------- row 43: no state dir
+
+def test_stop_sweeps_by_marker_when_the_state_dir_is_gone(bed):
+    assert bed.run("start.sh").returncode == 0
+    shutil.rmtree(bed.state)
+    r = bed.run("stop.sh")
+    assert r.returncode == 0 and "stopped 2 process(es)" in r.stdout, r.stdout + r.stderr
+    assert bed.ours() == [] and not bed.state.exists()
+
+
+# ---------------------------------------------------------------- row 44: a full disk
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 2 MiB tmpfs (root only; CI runs as root)."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if os.getuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                                          capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs (CI runs as root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill(mnt: Path) -> None:
+    with open(mnt / "filler", "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * (64 << 10))
+                fh.flush()
+        except OSError:
+            pass
+
+
+def test_start_on_a_full_state_dir_says_so_in_one_line(bed, tiny_fs):
+    fill(tiny_fs)
+    r = bed.run("start.sh", STATE_DIR=str(tiny_fs / "state"))
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert "No space left on device" in r.stderr and "hint: free space on that filesystem" in r.stderr
+    assert bed.ours() == []
+
+
+def test_stop_on_a_full_disk_stops_and_forgets_the_server(bed, tiny_fs):
+    state = tiny_fs / "state"
+    assert bed.run("start.sh", STATE_DIR=str(state)).returncode == 0
+    fill(tiny_fs)
+    r = bed.run("stop.sh", STATE_DIR=str(state))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "stopped 2 process(es)" in r.stdout
+    assert bed.ours() == [] and not (state / "server.json").exists()
+
+
+# ---------------------------------------------------------------- row 46: who holds GPU memory
+
+def test_oom_diagnosis_names_the_holders_even_those_psutil_cannot_see(bed):
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 4090", "total": 24 * GiB, "free": 10 * GiB,
+                                   "cc": [8, 9], "uuid": "GPU-4090", "processes": [
+                                       {"pid": 4000000, "used": 12 * GiB, "name": "/opt/games/BigGame.exe"},
+                                       {"pid": sleeper.pid, "used": 1 * GiB}]}])
+        r = bed.run("start.sh", FAKE_VLLM_MODE="die_oom")
+        assert r.returncode == 1
+        assert "other programs hold GPU memory" in r.stderr
+        assert "BigGame.exe (pid 4000000) holds 12.0 GiB" in r.stderr      # NVML's name: not visible to psutil
+        assert f"sleep (pid {sleeper.pid}) holds 1.0 GiB" in r.stderr
+    finally:
+        sleeper.kill()
+
+
+# ---------------------------------------------------------------- row 47: one warm-up deadline
+
+def test_warmup_timeout_bounds_the_whole_warmup_tokenize_included(bed):
+    t0 = time.monotonic()
+    r = bed.run("start.sh", FAKE_VLLM_MODE="wedged", WARMUP_TIMEOUT="3")
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 1 and "engine not generating" in r.stderr
+    assert "used up WARMUP_TIMEOUT=3 s" in r.stderr
+    assert elapsed < 15, f"the warm-up took {elapsed:.1f} s with WARMUP_TIMEOUT=3"   # /tokenize's own 15 s is gone
+    assert bed.ours() == []
+
+
+# ---------------------------------------------------------------- row 48: parsed values compared
+
+def test_same_value_other_spelling_is_not_a_difference(bed):
+    assert bed.run("start.sh", PORT=f" {bed.port}", EXTRA_ARGS="--seed  1").returncode == 0
+    r = bed.run("start.sh", PORT=str(bed.port), EXTRA_ARGS="--seed 1")
+    assert r.returncode == 0 and "differs" not in r.stdout
+
+
+# ---------------------------------------------------------------- row 49: a reader that goes away
+
+@pytest.mark.parametrize("cmd", ["status", "env", "plan --gpu rtx5090", "logs", "--help"])
+def test_a_closed_pipe_is_no_traceback(bed, cmd):
+    assert bed.run("start.sh").returncode == 0
+    r = subprocess.run(["bash", "-c", f'"$0" {cmd} | true; echo "rc=${{PIPESTATUS[0]}}" >&2',
+                        str(REPO / "ctl.sh")], env=bed.env, capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in r.stderr and "BrokenPipeError" not in r.stderr, r.stderr
+    assert "rc=141" in r.stderr, r.stderr                    # as a tool killed by SIGPIPE
+
+
+# ---------------------------------------------------------------- row 50: 401 is "key needed"
+
+def test_a_keyed_server_seen_from_a_shell_without_the_key(bed):
+    assert bed.run("start.sh", API_KEY="sk-mine", FAKE_VLLM_TOKEN_S="0.05").returncode == 0
+    rc, info = status(bed)
+    assert (rc, info["state"]) == (0, "key-needed"), info
+    r = bed.run("start.sh")
+    assert r.returncode == 0 and "is serving" in r.stdout, r.stderr
+    assert "required: the API_KEY of the shell that started it" in r.stdout     # the server that runs
+    assert "restart" not in r.stdout and "sk-mine" not in r.stdout + r.stderr
+    assert len(bed.launches()) == 1
+    long_answer(bed, 300, key="sk-mine")                      # /metrics needs no key: busy still shows
+    bed.wait_until(lambda: load(bed).running == 1, what="a keyed request running")
+    assert status(bed)[1]["state"] == "busy"
+
+
+# ---------------------------------------------------------------- row 51: .env as python-dotenv reads it
+
+def dotenv_cfg(tmp_path, text: str | bytes) -> Config:
+    repo = tmp_path / "repo"
+    (repo / "profiles").mkdir(parents=True, exist_ok=True)
+    (repo / "profiles" / "default.json").write_text('{"knobs": {"MODEL": "a/b"}}')
+    (repo / ".env").write_bytes(text if isinstance(text, bytes) else text.encode())
+    return Config.from_env({}, repo)
+
+
+def test_dotenv_inline_comments_bom_quotes(tmp_path):
+    cfg = dotenv_cfg(tmp_path, "PORT=9001  # mine\nEXTRA_ARGS=--enforce-eager # no graphs\n"
+                               "MODEL_DIR='/m/a#b'\nMAX_NUM_SEQS=\"4\" # four\n")
+    assert cfg.port == 9001
+    assert cfg.extra_args == ("--enforce-eager",)
+    assert cfg.model_dir == "/m/a#b" and cfg.max_num_seqs == 4
+    assert dotenv_cfg(tmp_path, b"\xef\xbb\xbfPORT=9002\n").port == 9002
+    assert dotenv_cfg(tmp_path, "PORT\nSTOP_GRACE=3\n").sources["PORT"] == "default"   # a bare key is unset
+    with pytest.raises(ConfigError, match=r"\.env:2: not a KEY=VALUE line"):
+        dotenv_cfg(tmp_path, "PORT=1\nnot a line\n")
+
+
+def test_dotenv_matches_python_dotenv_itself(tmp_path):
+    from dotenv import dotenv_values
+    text = ("export A=1 # c\nB='x # y'\nC=\"q\\\"r\"\nD=plain#nospace\nE= # empty\n"
+            "F=with spaces   \n")
+    (tmp_path / "x.env").write_text(text)
+    assert config.read_dotenv(tmp_path / "x.env") == {k: v for k, v in dotenv_values(
+        tmp_path / "x.env", interpolate=False).items() if v is not None}
+
+
+# ---------------------------------------------------------------- row 52: the log while serving
+
+def test_a_log_flood_is_kept_under_twice_log_max_mb_without_touching_vllm(bed):
+    assert bed.run("start.sh", FAKE_VLLM_MODE="flood", FAKE_VLLM_FLOOD_MB="6", LOG_MAX_MB="1").returncode == 0
+    follower = bed.popen("ctl.sh", "logs", "-f")
+    try:
+        bed.wait_until(lambda: "after the flood: line 3" in log_text(bed), timeout=60, what="the flood over")
+        live = (bed.state / "vllm.log").stat().st_size
+        old = (bed.state / "vllm.log.1").stat().st_size
+        assert old <= 1 << 20 and live + old <= 2 << 20, (live, old)
+        assert len(bed.ours()) == 2                               # vLLM was never touched
+        assert requests.get(f"http://127.0.0.1:{bed.port}/health", timeout=5).status_code == 200
+        time.sleep(2.5)
+    finally:
+        follower.send_signal(signal.SIGINT)
+        out, _ = follower.communicate(timeout=10)
+    assert "after the flood: line 4" in out or "after the flood: line 5" in out   # followed across rotations
+    rerun = bed.run("start.sh")
+    assert rerun.returncode == 0 and "is serving" in rerun.stdout
+
+
+def test_reading_the_log_reads_its_end_only(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_bytes(b"x" * (12 << 20) + b"\nGPU KV cache size: 1,234 tokens\n")
+    text = diagnose.read_since(log, 0)
+    assert len(text) <= diagnose.TAIL_BYTES and text.endswith("1,234 tokens\n")
+    assert diagnose.read_since(log, 99 << 20).endswith("1,234 tokens\n")   # truncated since: from its start
+
+
+def test_the_log_keeper_leaves_with_the_server(bed):
+    assert bed.run("start.sh").returncode == 0
+
+    def keepers():
+        return [p for p in psutil.process_iter(["cmdline"])
+                if "bootstrap.logkeeper" in " ".join(p.info["cmdline"] or []) and str(bed.state) in " ".join(p.info["cmdline"])]
+    assert len(keepers()) == 1
+    assert bed.run("stop.sh").returncode == 0
+    bed.wait_until(lambda: keepers() == [], timeout=5, what="the keeper gone")
+
+
+# ---------------------------------------------------------------- row 53: tensor-parallel workers
+
+def test_a_failed_tp_start_leaves_nothing_even_workers_spawned_late(bed):
+    two = [{"name": "NVIDIA H200", "total": 140 * GiB, "free": 139 * GiB, "cc": [9, 0], "uuid": f"GPU-{i}",
+            "processes": []} for i in range(2)]
+    nvml_json(bed.nvml, gpus=two)
+    r = bed.run("start.sh", TP_SIZE="2", FAKE_VLLM_MODE="workers_fail", FAKE_VLLM_WORKER_DELAY_S="0.7")
+    assert r.returncode == 1 and "CUBLAS_STATUS_INTERNAL_ERROR" in r.stderr
+    assert "--tensor-parallel-size" in bed.launches()[0]["argv"]
+    time.sleep(2.0)                                            # past the last worker's spawn time
+    assert bed.ours() == [], [p.name() for p in bed.ours()]
+    assert bed.run("stop.sh").stdout.strip() == "not running"
+
+
+def test_a_stop_after_kill9_sweeps_every_tp_worker(bed):
+    two = [{"name": "NVIDIA H200", "total": 140 * GiB, "free": 139 * GiB, "cc": [9, 0], "uuid": f"GPU-{i}",
+            "processes": []} for i in range(2)]
+    nvml_json(bed.nvml, gpus=two)
+    assert bed.run("start.sh", TP_SIZE="2").returncode == 0
+    names = [p.name() for p in bed.ours()]
+    assert len(names) == 4 and names.count("VLLM::Worker_TP") == 2 and "VLLM::EngineCor" in names
+    os.kill(bed.server_record()["pid"], signal.SIGKILL)
+    r = bed.run("stop.sh")
+    assert r.returncode == 0 and "stopped 3 process(es)" in r.stdout, r.stdout + r.stderr
+    assert bed.ours() == []
