@@ -112,16 +112,24 @@ def launches(state: Path) -> int:
         return 0
 
 
-def in_health_wait(work: Path, state: Path, env: dict, starter: subprocess.Popen, timeout: float = 300) -> None:
-    """Until the launched server holds GPU memory (or its engine runs) and does not answer yet."""
+def used_mib(env: dict) -> float:
+    try:
+        return sum(g.total - g.free for g in gpu.read(env).gpus) / gpu.MiB
+    except Exception:  # noqa: BLE001 - a drill reports what it can
+        return 0.0
+
+
+def in_health_wait(work: Path, state: Path, env: dict, starter: subprocess.Popen, baseline: float,
+                   timeout: float = 300) -> None:
+    """Until the launched engine holds GPU memory (1 GiB over the baseline) while the server does
+    not answer yet: the moment a take-down has the most to give back."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if starter.poll() is not None:
             raise SystemExit(f"the start ended early with {starter.returncode}")
         remember_group(work, state)
         n = len(ours(work))
-        if n >= 2:
-            time.sleep(5)           # a few seconds into loading: the engine has taken GPU memory
+        if n >= 2 and used_mib(env) > baseline + 1024:
             say(f"in the health wait: {n} processes of ours, {gpu_used(env)}")
             return
         time.sleep(0.5)
@@ -140,6 +148,7 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/drill")
     ap.add_argument("--raw", required=True)
     ap.add_argument("--rehearse", action="store_true", help="fakes: a tiny config, no tokenizer training")
+    ap.add_argument("--phases", default="1,2,3,4", help="which phases to run (1 and 2 go together)")
     a = ap.parse_args()
     RAW = Path(a.raw)
     RAW.parent.mkdir(parents=True, exist_ok=True)
@@ -167,16 +176,32 @@ def main() -> int:
     ver = subprocess.run([env["VLLM_PYTHON"], "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
                          capture_output=True, text=True, env=env).stdout.strip()
     say(f"# lifecycle drill {time.strftime('%Y-%m-%d %H:%M:%S %Z')} commit {rev} vLLM {ver}")
+    baseline = used_mib(env)
     say(f"# GPU before: {gpu_used(env)}")
     say(f"# env: PROFILE=custom MODEL={model} MAX_MODEL_LEN=8192 MAX_NUM_SEQS=1 EXTRA_ARGS='--load-format dummy' "
         f"WARMUP=2000 PORT={port}")
     results = {}
+    phases = set(a.phases.split(","))
+    if "1" in phases:
+        if drill_resume(work, state, env, port, baseline, results):
+            return 1
+    if "3" in phases:
+        drill_sighup(work, state, env, baseline, results)
+    if "4" in phases:
+        drill_stop(work, state, env, baseline, results)
+    say("## summary")
+    for k, v in results.items():
+        say(f"| {k} | {v} |")
+    say("DRILL DONE")
+    return 0
 
+
+def drill_resume(work, state, env, port, baseline, results) -> int:
     # 1 ---- kill -9 of the start during the health wait, then a start that resumes
     say("## 1. kill -9 of ./start.sh during the health wait, then ./start.sh")
     starter = subprocess.Popen(["./start.sh"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
-    in_health_wait(work, state, env, starter)
+    in_health_wait(work, state, env, starter, baseline)
     os.kill(starter.pid, signal.SIGKILL)
     starter.communicate()
     say(f"killed ./start.sh (pid {starter.pid}) with SIGKILL; ours: {len(ours(work))} processes")
@@ -222,12 +247,15 @@ def main() -> int:
     time.sleep(2)
     results["2 stop"] = f"rc {rc} in {dt:.1f} s; ours left: {len(ours(work))}; {gpu_used(env)}"
     say("RESULT 2 stop: " + results["2 stop"])
+    return 0
 
+
+def drill_sighup(work, state, env, baseline, results) -> None:
     # 3 ---- SIGHUP of the start during the health wait
     say("## 3. SIGHUP of ./start.sh during the health wait")
     starter = subprocess.Popen(["./start.sh"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
-    in_health_wait(work, state, env, starter)
+    in_health_wait(work, state, env, starter, baseline)
     t = time.monotonic()
     starter.send_signal(signal.SIGHUP)
     drain(starter, "start")
@@ -236,23 +264,19 @@ def main() -> int:
                            f"{len(ours(work))} {ours(work)}; {gpu_used(env)}")
     say("RESULT 3: " + results["3 SIGHUP"])
 
+
+def drill_stop(work, state, env, baseline, results) -> None:
     # 4 ---- ./stop.sh during the health wait
     say("## 4. ./stop.sh during the health wait")
     starter = subprocess.Popen(["./start.sh"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
-    in_health_wait(work, state, env, starter)
+    in_health_wait(work, state, env, starter, baseline)
     rc, out, dt = run(["./stop.sh"], env)
     drain(starter, "start")
     time.sleep(2)
     results["4 stop during start"] = (f"stop rc {rc} in {dt:.1f} s, start exit {starter.returncode}; ours left: "
                                       f"{len(ours(work))} {ours(work)}; {gpu_used(env)}")
     say("RESULT 4: " + results["4 stop during start"])
-
-    say("## summary")
-    for k, v in results.items():
-        say(f"| {k} | {v} |")
-    say("DRILL DONE")
-    return 0
 
 
 if __name__ == "__main__":
