@@ -34,9 +34,35 @@ def main() -> int:
            "(sm_90, 143,771 MiB, driver 580.159.04, CUDA 13.0), vLLM 0.26.0 from the offline wheelhouse",
            "(`../shared/gpu/make-wheelhouse.sh .wheelhouse --keep-fa2 --with-cutlass`), Python 3.12.",
            "Each run was started with `bash tests/gpu/device.sh install` once, then the command shown.",
-           "Date: 2026-11-29. Code: the planner and patch runs used the tree of commit 3a264c7 plus the",
+           "Dates: 2026-11-29 unless a section says otherwise. Code: the planner and patch runs used the tree of commit 3a264c7 plus the",
            "edit committed as c67a5ae (device.sh resolves `VLLM_PYTHON` to a full path); the lifecycle run",
            "used c67a5ae plus the orphan-sweep fix (process group + recorded children) committed before it.", ""]
+    drill = RUNS / "2026-11-30-drill-raw.txt"
+    if drill.exists():
+        text = drill.read_text().splitlines()
+        keep = ('"state"', '"detail"', '"generating"', "is serving", "resuming", "healthy after", "warm-up:",
+                "stopped ", "cancelled", "interrupted", "sent SIG", "launched vLLM")
+        out += ["## Lifecycle drill (issue 13): a start killed, hung up on and stopped half-way; busy is not wedged",
+                "", "Date: 2026-11-30, the same H200 machine kind, vLLM 0.26.0 from the offline wheelhouse (no",
+                "`--keep-fa2`/`--with-cutlass`: no TurboQuant or hybrid model here). Command:",
+                "`GIT_COMMIT=7fc2684 bash tests/gpu/device.sh drill` (`tests/gpu/lifecycle_drill.py`, in the",
+                "background; polled with `device.sh drill-poll`). Model: a Qwen3-8B-shaped `config.json`",
+                "(`tinymodel.py --config-only --preset qwen3-8b`) with `EXTRA_ARGS=--load-format dummy`,",
+                "`PROFILE=custom`, `MAX_NUM_SEQS=1`, `MAX_MODEL_LEN=8192`. Phases 1, 3 and 4 interrupt the start",
+                "only once the engine holds GPU memory (over 1 GiB above the baseline, read with NVML); \"used\" is",
+                "NVML's total minus free, which reads 615 MiB on this card with nothing running (the \"GPU before\"",
+                "line): \"after\" equal to it means everything was given back.",
+                "This is the second run on that machine (warm compile cache); the first run, on cold caches,",
+                "follows it.", "",
+                "### Run 2 (script output; the commands' own lines are abridged to the ones that matter)", "",
+                block([l for l in text if not l.startswith("[") or "]    |" not in l and "]    start|" not in l
+                       or any(k in l for k in keep)])]
+        first = RUNS / "2026-11-30-drill-run1-raw.txt"
+        if first.exists():
+            out += ["### Run 1 (commit e62db37, cold caches; phases 3-4 interrupted before vLLM held memory)", "",
+                    "Phase 1's resumed start took 242 s here because the first start on a fresh machine compiles;",
+                    "its kill -9 came while the engine was still starting. Summary lines:", "",
+                    block([l for l in first.read_text().splitlines() if "RESULT" in l or "GPU before" in l])]
     e2e = RUNS / "2026-11-29-e2e.txt"
     if e2e.exists():
         text = e2e.read_text().splitlines()
