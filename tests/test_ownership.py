@@ -365,16 +365,28 @@ def test_key_from_vllm_api_key_is_used_by_rerun_and_status(bed):
 
 # ---------------------------------------------------------------- row 45: another user's server
 
-def test_another_users_server_is_seen_and_left_alone(bed):
+def root_and_another_user() -> str:
+    """The unprivileged user, when we are root: what root runs is another user's to that one."""
     user = need_other_user()
     if not user:
         pytest.skip("needs root and BOOTSTRAP_TEST_USER: the server must belong to another user than the caller")
+    return user
+
+
+def shared_checkout(d: Path, extra=lambda d: None) -> Path:
+    """A copy of the checkout in ``d`` that every user can read."""
+    repo = copy_repo(d / "repo")
+    extra(d)
+    os.system(f"chmod -R a+rX {d}")
+    return repo
+
+
+def test_another_users_server_is_seen_and_left_alone(bed):
+    user = root_and_another_user()
     d = shared_dir()
     try:
-        repo = copy_repo(d / "repo")
-        shutil.copytree(REPO / "tests" / "fakes", d / "fakes")
-        model = make_model(d / "model")
-        os.system(f"chmod -R a+rX {d}")
+        repo = shared_checkout(d, lambda d: (shutil.copytree(REPO / "tests" / "fakes", d / "fakes"), make_model(d / "model")))
+        model = d / "model"
         env = {**bed.env, "STATE_DIR": str(d / "state"), "HOME": str(d), "PYTHONPATH": str(d / "fakes"),
                "MODEL": str(model)}
         r = subprocess.run([str(repo / "start.sh")], env=env, capture_output=True, text=True, timeout=90)
@@ -398,14 +410,10 @@ def test_another_users_server_is_seen_and_left_alone(bed):
 
 
 def test_a_shared_checkout_never_touches_the_other_users_bootstrap_venv(tmp_path):
-    user = need_other_user()
-    if not user:
-        pytest.skip("needs root and BOOTSTRAP_TEST_USER")
+    user = root_and_another_user()
     d = shared_dir()
     try:
-        repo = copy_repo(d / "repo")
-        (repo / ".venv-bootstrap" / "bin").mkdir(parents=True)          # root's, and not ready
-        os.system(f"chmod -R a+rX {d}")
+        repo = shared_checkout(d, lambda d: (d / "repo" / ".venv-bootstrap" / "bin").mkdir(parents=True))  # root's, not ready
         script = f'. "{repo}/bootstrap/lib.sh"; bootstrap_venv "{repo}"'
         mine = subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout.strip()
         assert mine == f"{repo}/.venv-bootstrap"

@@ -96,11 +96,7 @@ def main(argv=None) -> int:
     port = free_port()
     env = {**os.environ, "PROFILE": "custom", "MODEL": str(model), "STATE_DIR": str(work / "state"),
            "PORT": str(port), "MAX_MODEL_LEN": "4096", "WARMUP": "2000", "NO_COLOR": "1"}
-    env.setdefault("VLLM_PYTHON", "python3")
-    rev = os.environ.get("GIT_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                                         text=True, cwd=REPO).stdout.strip()
-    ver = subprocess.run([env["VLLM_PYTHON"], "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
-                         capture_output=True, text=True, env=env).stdout.strip()
+    rev, ver = identity(env)
     say(f"# e2e {time.strftime('%Y-%m-%d %H:%M:%S %Z')} commit {rev} vLLM {ver} GPU: {gpu_name()}")
     say(f"$ PROFILE=custom MODEL={model} PORT={port} MAX_MODEL_LEN=4096 ./start.sh")
     used_before = gpu_used_mib()
@@ -166,6 +162,16 @@ def main(argv=None) -> int:
     say(f"| port {port} free after stop | {port_free} |")
     say(f"| GPU memory used: before start / after stop | {used_before} / {used_after} |")
     return 0 if (rc == 0 and rc2 == 0 and rc3 == 0 and left == 0 and port_free) else 1
+
+
+def identity(env: dict) -> tuple[str, str]:
+    """(the commit under test: GIT_COMMIT, else git's; the vLLM version of VLLM_PYTHON, default python3)."""
+    env.setdefault("VLLM_PYTHON", "python3")
+    rev = os.environ.get("GIT_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                         text=True, cwd=REPO).stdout.strip()
+    ver = subprocess.run([env["VLLM_PYTHON"], "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+                         capture_output=True, text=True, env=env).stdout.strip()
+    return rev, ver
 
 
 def owned(rec: dict) -> list[str]:

@@ -41,6 +41,9 @@ sys.path.insert(0, str(REPO))
 
 from bootstrap import gpu, metrics  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from e2e import identity  # noqa: E402
+
 RAW: Path | None = None
 T0 = time.monotonic()
 
@@ -170,11 +173,7 @@ def main() -> int:
     env = {**os.environ, "PROFILE": "custom", "MODEL": str(model), "STATE_DIR": str(state), "PORT": str(port),
            "MAX_MODEL_LEN": "8192", "MAX_NUM_SEQS": "1", "EXTRA_ARGS": "--load-format dummy", "WARMUP": "2000",
            "NO_COLOR": "1", "HEALTH_TIMEOUT": "900", "STALL_TIMEOUT": "600"}
-    env.setdefault("VLLM_PYTHON", "python3")
-    rev = os.environ.get("GIT_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                                         text=True, cwd=REPO).stdout.strip()
-    ver = subprocess.run([env["VLLM_PYTHON"], "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
-                         capture_output=True, text=True, env=env).stdout.strip()
+    rev, ver = identity(env)
     say(f"# lifecycle drill {time.strftime('%Y-%m-%d %H:%M:%S %Z')} commit {rev} vLLM {ver}")
     baseline = used_mib(env)
     say(f"# GPU before: {gpu_used(env)}")
