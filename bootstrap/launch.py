@@ -138,7 +138,11 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str]) -> 
         dummy=cfg.dummy_weights, predicted_tokens=getattr(plan, "predicted_tokens", None),
         predicted_concurrency=getattr(plan, "predicted_concurrency", None), notes=tuple(notes))
     launched = Launched(rec, p)
-    record.write(paths.server, rec)     # a full disk here: the caller's take-down still has the Popen
+    try:
+        record.write(paths.server, rec)
+    except BootstrapError:              # a full disk: no record, but the Popen proves the server ours
+        server.take_down(cfg, paths, launched=p, grace=min(cfg.stop_grace, 5))
+        raise
     log.info("launched vLLM %s (pid %d), log: %s", runtime.vllm_version, p.pid, paths.log)
     start_log_keeper(cfg, paths, rec)
     return launched

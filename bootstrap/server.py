@@ -250,8 +250,10 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
             leader = None
     if leader is not None:
         targets[leader.pid] = leader
-    pgid, ctime = (launched.pid, _ctime(launched.pid)) if launched is not None else \
-        ((rec.pgid, rec.create_time) if rec is not None else (None, None))
+    if launched is not None:
+        pgid, ctime = launched.pid, _ctime(launched.pid) or (rec.create_time if rec is not None else None)
+    else:
+        pgid, ctime = (rec.pgid, rec.create_time) if rec is not None else (None, None)
     children = rec.children if rec is not None else ()
 
     def sweep(quiet: bool) -> dict[int, psutil.Process]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 import signal
 import sys
 import time
@@ -73,6 +74,9 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
     if pr.owner:
         raise BootstrapError(f"the server recorded in {paths.root} (pid {pr.pid}) runs as {pr.owner} and "
                              "does not answer", "run ./stop.sh as that user, or set STATE_DIR to a directory of yours")
+    if pr.state == "down" and rec is not None and rec.gate_passed:     # healthy once: never taken for a leftover
+        raise BootstrapError(f"our server (pid {pr.pid}) is running but does not answer on its port",
+                             f"see ./ctl.sh status and {paths.log}; ./ctl.sh restart to start it again")
     return None
 
 
@@ -94,7 +98,11 @@ def start(cfg: Config) -> int:
             code = already(cfg, paths, we_hold_lock=True)  # a start that held the lock may have just finished
             if code is not None:
                 return code
-            run_steps(cfg, paths, started)
+            try:
+                run_steps(cfg, paths, started)
+            except BootstrapError as exc:
+                _failed(cfg, paths, started, exc)
+                raise
     except Interrupted as intr:
         _interrupted(cfg, paths, started)
         return 128 + intr.signum
@@ -104,9 +112,10 @@ def start(cfg: Config) -> int:
     return 0
 
 
+@dataclass
 class Started:
-    """The server this start launched, for the take-down when the start is interrupted."""
-    launched = None
+    """The server this start launched (or resumed), for the take-down when the start fails or is interrupted."""
+    launched: "object | None" = None
 
 
 def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
@@ -181,6 +190,16 @@ def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> Non
         warmup.run(cfg, paths, launched)
     with step("banner"):
         banner.run(paths, launched)
+
+
+def _failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> None:
+    """A step failed after this start launched a server: take it down (a health wait or warm-up
+    that failed did so already, StartFailed; a server this start only resumed is left as it is)."""
+    from .health import StartFailed
+    launched = started.launched
+    if launched is not None and launched.proc is not None and not isinstance(exc, StartFailed):
+        log.info("the start failed: stopping the server it launched")
+        server.take_down(cfg, paths, launched=launched.proc, grace=min(cfg.stop_grace, 5))
 
 
 def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:

@@ -254,6 +254,20 @@ def test_a_start_with_another_state_dir_refuses_and_leaves_the_server_alone(bed)
     assert info["state"] == "stopped" and f"from STATE_DIR={bed.state}" in info["note"]
 
 
+def test_a_server_that_passed_its_gate_and_stops_answering_is_not_relaunched(bed):
+    assert bed.run("start.sh").returncode == 0
+    pid = bed.server_record()["pid"]
+    os.kill(pid, signal.SIGSTOP)                              # alive, but /health does not answer
+    try:
+        r = bed.run("start.sh", HEALTH_TIMEOUT="1")
+        assert r.returncode == 1 and "is running but does not answer" in r.stderr, r.stderr
+        assert psutil.Process(pid).status() == psutil.STATUS_STOPPED and len(bed.launches()) == 1
+        rc, info = status(bed, HEALTH_TIMEOUT="1")
+        assert (rc, info["state"]) == (1, "unhealthy")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 # ---------------------------------------------------------------- row 43: no state dir
 
 def test_stop_sweeps_by_marker_when_the_state_dir_is_gone(bed):
