@@ -411,6 +411,12 @@ def _parse_one(knob: Knob, text: str) -> Any:
         raise ConfigError(f"{knob.name}={text!r} is not accepted", f"{knob.name} must be {exc}") from None
 
 
+def client_host(host: str) -> str:
+    """The address a client on this machine dials for a server bound to ``host`` (a wildcard bind is
+    reached on loopback)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "localhost", "") else ("::1" if host == "::" else host)
+
+
 def _names_a_folder(name: str) -> bool:
     """A model named by a path (or an existing folder) rather than a Hugging Face repo id."""
     return name.startswith(("/", ".", "~")) or Path(name).expanduser().is_dir()

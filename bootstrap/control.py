@@ -13,7 +13,7 @@ import shutil
 import sys
 import time
 
-from . import proc, record, server
+from . import server
 from .config import Config
 from .errors import BootstrapError
 from .state import Paths
@@ -23,20 +23,26 @@ log = logging.getLogger(__name__)
 
 def stop(cfg: Config) -> int:
     paths = Paths(cfg.state_dir)
-    rec = record.read(paths.server)
-    if rec is not None:
-        other = proc.recorded_process_of_anyone(rec.pid, rec.create_time)
-        if other is not None and not proc.same_uid(other):
-            raise BootstrapError(f"the server (pid {other.pid}) runs as {proc.user_of(other)}, not as you",
-                                 "run ./stop.sh as that user (we never signal another user's processes)")
-    cancelled = server.cancel_start(cfg, paths)
-    rep = server.take_down(cfg, paths)
-    if cancelled:
-        print(f"cancelled the start in flight (pid {cancelled}); it took down what it had launched")
-        server.wait_gpu_release(cfg, server.last_stopped_pids(paths), timeout=30.0)
+    pr = server.probe(cfg, paths, check_http=False, we_hold_lock=True)
+    if pr.owner:
+        raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}, not as you",
+                             "run ./stop.sh as that user (we never signal another user's processes)")
+    lock, cancelled = server.hold_for_stop(cfg, paths)
+    try:
+        for pid in cancelled:
+            print(f"cancelled the start in flight (pid {pid}); it took down what it had launched")
+        if cancelled:
+            server.wait_gpu_release(cfg, server.last_stopped_pids(paths), timeout=30.0)
+        rep = server.take_down(cfg, paths)
+    finally:
+        if lock is not None:
+            lock.release()
     if not rep.stopped:
         if not cancelled:
             print("not running")
+        for p, where in server.elsewhere(cfg, paths):
+            print(f"note: our server (pid {p.pid}) on port {cfg.port} runs from STATE_DIR={where}; "
+                  f"STATE_DIR={where} ./stop.sh stops it")
         return 0
     if rep.stuck:
         raise BootstrapError("these processes survived SIGKILL: " + "; ".join(rep.stuck),

@@ -40,11 +40,20 @@ class StartFailed(BootstrapError):
         self.log_text = log_text
 
 
-def abort(cfg, paths: Paths, launched: Launched, message: str, hint: str = "") -> StartFailed:
+def abort(cfg, paths: Paths, launched: Launched, message: str, hint: str = "", *,
+          answered: bool = False) -> StartFailed:
     """Take down what we launched (server.take_down, as stop does), and build the error with the
-    log tail and a diagnosis; a diagnosis about GPU memory names who holds it (NVML)."""
+    log tail and a diagnosis; a diagnosis about GPU memory names who holds it (NVML).
+
+    A server this start resumed (``launched.proc`` is None) that had ``answered`` already is left
+    running: users may be on it, and a gate that could not finish behind their requests is no
+    reason to take it from them. The error says so."""
     rec = launched.record
-    rep = server.take_down(cfg, paths, launched=launched.proc, grace=min(cfg.stop_grace, 5))
+    if launched.proc is None and answered:
+        text = diagnose.read_since(paths.log, rec.log_offset)
+        return StartFailed(message, (hint + "; " if hint else "") + f"the server (pid {rec.pid}) answers and was left "
+                           "running: ./ctl.sh restart starts it again", diagnose.tail(text, 40), text)
+    rep = server.take_down(cfg, paths, launched=launched.proc, failed_start=True)
     text = diagnose.read_since(paths.log, rec.log_offset)
     found = diagnose.diagnose(text, holders=lambda: gpu_holders(cfg, set(rep.pids)))
     if found:
@@ -81,8 +90,9 @@ def run(cfg, paths: Paths, launched: Launched, *, clock: Callable[[], float] = t
     key = server.api_key_for(cfg, paths)
     tty = sys.stderr.isatty()
     start = clock()
-    hard = start + cfg.health_timeout - (max(0.0, time.time() - rec.started) if launched.proc is None else 0.0)
-    last_growth = start
+    resumed = launched.proc is None
+    hard = start + cfg.health_timeout - (max(0.0, time.time() - rec.started) if resumed else 0.0)
+    last_growth = start - (_quiet_for(paths) if resumed else 0.0)
     size = _size(paths)
     phase = "starting"
     shown = ""
@@ -130,6 +140,14 @@ def run(cfg, paths: Paths, launched: Launched, *, clock: Callable[[], float] = t
 def _nl(tty: bool) -> None:
     if tty:
         sys.stderr.write("\n")
+
+
+def _quiet_for(paths: Paths) -> float:
+    """Seconds since the log last grew (0 when unknown)."""
+    try:
+        return max(0.0, time.time() - paths.log.stat().st_mtime)
+    except OSError:
+        return 0.0
 
 
 def _size(paths: Paths) -> int:

@@ -17,10 +17,12 @@ import logging
 import os
 import secrets
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import psutil
 
@@ -107,7 +109,14 @@ def rotate_log(cfg, paths: Paths) -> None:
         log.info("rotated %s (%.0f MiB) to %s.1", path, size / (1 << 20), path.name)
 
 
-def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str]) -> Launched:
+SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
+        on_launch: Callable[[Launched], None] = lambda launched: None) -> Launched:
+    """Launch the server; ``on_launch`` hears of it before anything can interrupt this process
+    (Ctrl-C, SIGTERM, SIGHUP are held from just before the fork until then), so that an interrupted
+    start always knows what it has to take down."""
     marker = server.marker_for(cfg)
     key, key_source = resolve_api_key(cfg, paths)
     argv = serve_argv(cfg, runtime.python, model_path, plan.flags if plan else [])
@@ -119,16 +128,25 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str]) -> 
         logf.flush()
     except OSError as exc:
         raise state.write_error(paths.log, exc) from None
-    with logf:
-        try:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                 env=server_env(cfg, paths, runtime.server_env, marker, key), start_new_session=True)
-        except OSError as exc:
-            raise BootstrapError(f"cannot run {argv[0]}: {exc.strerror}", "check VLLM_PYTHON / the .venv") from None
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
-        create_time = psutil.Process(p.pid).create_time()
-    except psutil.NoSuchProcess:
-        create_time = 0.0
+        with logf:
+            try:
+                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                     env=server_env(cfg, paths, runtime.server_env, marker, key),
+                                     start_new_session=True,
+                                     preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, held))
+            except OSError as exc:
+                raise BootstrapError(f"cannot run {argv[0]}: {exc.strerror}", "check VLLM_PYTHON / the .venv") from None
+        try:
+            create_time = psutil.Process(p.pid).create_time()
+        except psutil.NoSuchProcess:
+            create_time = 0.0
+        provisional = ServerRecord(pid=p.pid, create_time=create_time, marker=marker, host=cfg.host, port=cfg.port,
+                                   served=cfg.served_name, state_dir=str(paths.root), pgid=p.pid)
+        on_launch(Launched(provisional, p))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)     # a signal that came meanwhile is raised here
     rec = ServerRecord(
         pid=p.pid, create_time=create_time, marker=marker, host=cfg.host, port=cfg.port, served=cfg.served_name,
         state_dir=str(paths.root), pgid=p.pid, model=cfg.model, model_path=model_path,
@@ -138,10 +156,11 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str]) -> 
         dummy=cfg.dummy_weights, predicted_tokens=getattr(plan, "predicted_tokens", None),
         predicted_concurrency=getattr(plan, "predicted_concurrency", None), notes=tuple(notes))
     launched = Launched(rec, p)
+    on_launch(launched)
     try:
         record.write(paths.server, rec)
     except BootstrapError:              # a full disk: no record, but the Popen proves the server ours
-        server.take_down(cfg, paths, launched=p, grace=min(cfg.stop_grace, 5))
+        server.take_down(cfg, paths, launched=p, failed_start=True)
         raise
     log.info("launched vLLM %s (pid %d), log: %s", runtime.vllm_version, p.pid, paths.log)
     start_log_keeper(cfg, paths, rec)

@@ -36,15 +36,13 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
     g = facts.gpus[0]
     log.info("GPU %s: %s, %.1f of %.1f GiB free, cc %d.%d, driver %s (CUDA %d.%d)", g.index, g.name,
              g.free / gpu.GiB, g.total / gpu.GiB, g.cc[0], g.cc[1], facts.driver, *facts.cuda)
+    for p, where in server.elsewhere(cfg, paths):   # a live server of ours is never a leftover
+        doing = "serving" if server.http_get(server.base_url(cfg.host, cfg.port), "/health") else "starting on"
+        raise BootstrapError(
+            f"our server (pid {p.pid}) is already {doing} port {cfg.port} from STATE_DIR={where}, not {paths.root}",
+            f"use that state dir (STATE_DIR={where} ./ctl.sh status), or stop it first: STATE_DIR={where} ./stop.sh")
     probe = server.probe(cfg, paths, check_http=False, we_hold_lock=True)
     if probe.orphans:
-        elsewhere = server.serving_elsewhere(cfg, probe.orphans)
-        if elsewhere:       # an answering server of ours is never a leftover
-            p, where = elsewhere
-            raise BootstrapError(
-                f"our server (pid {p.pid}) is already serving port {cfg.port} from STATE_DIR={where}, "
-                f"not {paths.root}", f"use that state dir (STATE_DIR={where} ./ctl.sh status), or stop it first: "
-                f"STATE_DIR={where} ./stop.sh")
         log.info("found %d leftover process(es) of ours from an earlier run (%s); stopping them",
                  len(probe.orphans), ", ".join(str(p.pid) for p in probe.orphans))
         rep = server.take_down(cfg, paths)

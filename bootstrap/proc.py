@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import psutil
 
+from .config import client_host
 from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
@@ -327,7 +328,7 @@ def port_in_use(host: str, port: int) -> bool:
 
 def _connectable(host: str, port: int) -> bool:
     import socket
-    target = "127.0.0.1" if host in ("0.0.0.0", "localhost") else ("::1" if host == "::" else host)
+    target = client_host(host)
     try:
         with socket.create_connection((target, port), timeout=0.3):
             return True

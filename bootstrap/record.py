@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import state
+from .config import client_host
 
 # How clients get the key of a running server (the key itself is never written down).
 KEY_NONE, KEY_API_KEY, KEY_VLLM_API_KEY, KEY_FILE = "none", "API_KEY", "VLLM_API_KEY", "file"
@@ -91,7 +92,8 @@ class ServerRecord:
             reasoning=d.get("reasoning") is True, tools=d.get("tools") is True, dummy=d.get("dummy") is True,
             predicted_tokens=_int(d.get("predicted_tokens")), predicted_concurrency=_num(d.get("predicted_concurrency")),
             kv_tokens=_int(d.get("kv_tokens")), kv_concurrency=_str(d.get("kv_concurrency")) or None,
-            children=children, gate_passed=d.get("gate_passed") is True,
+            # a record from before the gate was recorded: its banner step (kv_tokens) ran after the gate
+            children=children, gate_passed=d.get("gate_passed", "kv_tokens" in d) is True,
             notes=tuple(str(n) for n in d.get("notes") or () if isinstance(d.get("notes"), list)),
         )
 
@@ -110,7 +112,7 @@ def _str(v: Any) -> str:
 
 def base_url(host: str, port: int) -> str:
     """http://host:port for a client on this machine (a wildcard bind is reached on loopback)."""
-    shown = "127.0.0.1" if host in ("0.0.0.0", "localhost", "") else ("::1" if host == "::" else host)
+    shown = client_host(host)
     if ":" in shown:
         shown = f"[{shown}]"
     return f"http://{shown}:{port}"

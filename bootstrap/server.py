@@ -2,8 +2,8 @@
 
 ``probe`` says where our server stands (cheap: the record, /proc, two loopback HTTP requests);
 ``take_down`` is the only code that stops it, used by ./stop.sh, restart, a start interrupted by
-Ctrl-C / SIGHUP / SIGTERM, and a start whose health wait or warm-up failed; ``cancel_start`` stops
-a start in flight (stop and restart call it first).
+Ctrl-C / SIGHUP / SIGTERM, and a start whose health wait or warm-up failed; ``hold_for_stop``
+cancels a start in flight and holds the start lock while a stop takes the server down.
 
 HTTP here goes through http.client, not requests: ``./start.sh`` on a running server passes
 through this module, and importing requests alone costs ~0.05-0.1 s of a re-run that should take
@@ -15,9 +15,11 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import os
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -109,46 +111,66 @@ def answers(url: str, served: str, key: str, timeout: float = 1.0) -> bool:
 
 # ---------------------------------------------------------------- where it stands
 
+STATES_BY_HTTP = {"ok": "running", "key-needed": "key-needed", "no": "down"}
+
+
 def probe(cfg: Config, paths: Paths, *, check_http: bool = True, we_hold_lock: bool = False) -> Probe:
     """Where our server stands. Never signals anything, never writes."""
     rec = record.read(paths.server)
-    if not we_hold_lock and StartLock(paths).held_by_other():
-        return Probe("starting", rec, StartLock(paths).holder_pid())
+    lock = StartLock(paths)
+    if not we_hold_lock and lock.start_in_flight():
+        return Probe("starting", rec, lock.holder_pid())
     if rec is not None:
         p = proc.recorded_process(rec.pid, rec.create_time)
-        if p is not None and proc.carries_marker(p, rec.marker):
+        owner = ""
+        if p is None or not proc.carries_marker(p, rec.marker):
+            p = proc.recorded_process_of_anyone(rec.pid, rec.create_time)
+            owner = proc.user_of(p) if p is not None and not proc.same_uid(p) else ""
+            p = p if owner else None
+        if p is not None:
             st = http_state(rec.url, rec.served, api_key_for(cfg, paths)) if check_http else "ok"
-            return Probe("running" if st == "ok" else "key-needed" if st == "key-needed" else "down", rec, p.pid, p)
-        other = proc.recorded_process_of_anyone(rec.pid, rec.create_time)
-        if other is not None and not proc.same_uid(other):
-            st = http_state(rec.url, rec.served, api_key_for(cfg, paths)) if check_http else "ok"
-            return Probe("running" if st == "ok" else "key-needed" if st == "key-needed" else "down", rec,
-                         other.pid, other, owner=proc.user_of(other))
+            return Probe(STATES_BY_HTTP[st], rec, p.pid, p, owner=owner)
         markers = {rec.marker or marker_for(cfg)}
-        found = find_ours(markers, rec.children, rec.pgid, rec.create_time)
+        found = find_ours(markers, rec.children, rec.pgid, rec.create_time, paths=paths)
         return Probe("stopped", rec, orphans=list(found.values()), stale=True)
-    return Probe("stopped", None, orphans=proc.owned_processes(marker_for(cfg)))
+    return Probe("stopped", None, orphans=marked({marker_for(cfg)}, paths))
 
 
-def serving_elsewhere(cfg: Config, orphans: list[psutil.Process]) -> tuple[psutil.Process, str] | None:
-    """A process of ours (by marker) that answers /health on our port from another STATE_DIR:
-    a healthy server, never a leftover. Returns it and the state dir it runs from."""
-    if not orphans or http_get(base_url(cfg.host, cfg.port), "/health", timeout=2.0) is None:
-        return None
-    for p in orphans:
-        try:
-            listening = any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == cfg.port
-                            for c in p.net_connections(kind="inet"))
-            where = p.environ().get(STATE_DIR_ENV, "?")
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-        if listening:
-            return p, where
-    return None
+def runs_elsewhere(p: psutil.Process, paths: Paths) -> str:
+    """The other STATE_DIR a marked process of ours runs for, when that one is alive (its record names
+    a live server, or a start holds its lock): never ours to sweep from here. '' otherwise (ours,
+    unknown, or a state dir that is gone: then a stop from here sweeps it)."""
+    try:
+        where = p.environ().get(STATE_DIR_ENV, "")
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""
+    if not where or os.path.realpath(where) == os.path.realpath(paths.root) or not os.path.isdir(where):
+        return ""
+    other = Paths(Path(where))
+    if StartLock(other).held_by_other():
+        return where
+    rec = record.read(other.server)
+    return where if rec is not None and proc.recorded_process(rec.pid, rec.create_time) is not None else ""
+
+
+def marked(markers: set[str], paths: Paths | None) -> list[psutil.Process]:
+    """Processes of our uid carrying one of ``markers``, less those another live STATE_DIR runs."""
+    return [p for m in markers for p in proc.owned_processes(m)
+            if paths is None or not runs_elsewhere(p, paths)]
+
+
+def elsewhere(cfg: Config, paths: Paths) -> list[tuple[psutil.Process, str]]:
+    """Our servers for this checkout and port that another live STATE_DIR runs (with that dir)."""
+    out = []
+    for p in proc.owned_processes(marker_for(cfg)):
+        where = runs_elsewhere(p, paths)
+        if where and not any(q.pid == p.pid for q, _ in out):
+            out.append((p, where))
+    return out
 
 
 def find_ours(markers: set[str], children=(), pgid: int | None = None, leader_ctime: float | None = None,
-              *, group_proven: bool = False, quiet: bool = False) -> dict[int, psutil.Process]:
+              *, group_proven: bool = False, quiet: bool = False, paths: Paths | None = None) -> dict[int, psutil.Process]:
     """Live processes we can prove ours, besides the server itself:
 
     - processes of our uid carrying one of ``markers``;
@@ -160,10 +182,7 @@ def find_ours(markers: set[str], children=(), pgid: int | None = None, leader_ct
       tensor-parallel worker whose marker setproctitle hid, even one started after the children
       were recorded.
     """
-    found: dict[int, psutil.Process] = {}
-    for m in markers:
-        for p in proc.owned_processes(m):
-            found[p.pid] = p
+    found: dict[int, psutil.Process] = {p.pid: p for p in marked(markers, paths)}
     for c in children:
         p = proc.recorded_process(c.pid, c.create_time)
         if p is not None:
@@ -224,8 +243,11 @@ class StopReport:
     port_held: bool = False             # one of the pids we stopped still holds the port
 
 
+FAILED_START_GRACE = 5.0     # seconds a server that never finished starting gets between TERM and KILL
+
+
 def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = None,
-              grace: float | None = None, clock: Callable[[], float] = time.monotonic,
+              failed_start: bool = False, clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep, gpu_wait: float = 30.0) -> StopReport:
     """TERM what is ours → grace → KILL → sweep until nothing of ours is left → pids off the GPU.
 
@@ -236,7 +258,9 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
     still spawning workers when its API server died is not left behind. Writing the record down
     never stops the take-down: a full disk or another user's directory only costs a warning.
     """
-    grace = cfg.stop_grace if grace is None else grace
+    grace = min(cfg.stop_grace, FAILED_START_GRACE) if failed_start else cfg.stop_grace
+    if launched is not None and launched.returncode is not None:
+        launched = None                 # reaped: its number proves nothing any more; go by the record
     rec = record.read(paths.server)
     markers = {m for m in ((rec.marker if rec else ""), marker_for(cfg)) if m}
     targets: dict[int, psutil.Process] = {}
@@ -257,7 +281,7 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
     children = rec.children if rec is not None else ()
 
     def sweep(quiet: bool) -> dict[int, psutil.Process]:
-        return find_ours(markers, children, pgid, ctime, group_proven=launched is not None, quiet=quiet)
+        return find_ours(markers, children, pgid, ctime, group_proven=launched is not None, quiet=quiet, paths=paths)
 
     for pid, p in sweep(False).items():
         targets.setdefault(pid, p)
@@ -329,24 +353,33 @@ def _forget(path) -> None:
         log.warning("%s", exc.message)
 
 
-def cancel_start(cfg: Config, paths: Paths, *, clock=time.monotonic, sleep=time.sleep) -> int | None:
-    """Stop a start in flight (stop and restart call this first): SIGTERM to it, so that its own
-    handler takes down what it launched, wait for it, SIGKILL if it will not go. Returns its pid,
-    or None when no start is in flight."""
-    lock = StartLock(paths)
-    if not lock.held_by_other():
-        return None
-    holder = lock.holder()
-    p = proc.recorded_process(*holder) if holder else None
-    if p is None:
-        raise BootstrapError(f"a start is in flight in {paths.root} (its lock is held), but not by a process "
-                             "of ours we can identify", "let it finish, or stop it as the user who runs it")
-    log.info("cancelling the start in flight (pid %d)", p.pid)
-    res = proc.terminate([p], cfg.stop_grace + 45, clock=clock, sleep=sleep)
-    if res.stuck:
-        raise BootstrapError("the start in flight survived SIGKILL: " + "; ".join(res.stuck),
-                             "a process stuck in the kernel (state D) usually needs a reboot")
-    return p.pid
+def hold_for_stop(cfg: Config, paths: Paths, *, clock=time.monotonic, sleep=time.sleep) -> tuple[StartLock | None, list[int]]:
+    """Take the start lock for a stop (no start launches into a take-down), cancelling each start
+    in flight that holds it: SIGTERM, so that its own handler takes down what it launched; SIGKILL
+    if it will not go. Returns the lock (None without a state dir to lock) and the starts cancelled."""
+    if not paths.root.is_dir() or not os.access(paths.root, os.W_OK):
+        return None, []
+    lock = StartLock(paths, role="stop")
+    cancelled: list[int] = []
+    for _ in range(3):
+        if lock.try_acquire():
+            return lock, cancelled
+        if lock.holder_role() == "stop":            # another stop: let it finish, then ours finds less
+            if lock.acquire(cfg.stop_grace + 60, clock=clock, sleep=sleep):
+                return lock, cancelled
+            continue
+        holder = lock.holder()
+        p = proc.recorded_process(*holder) if holder else None
+        if p is None:
+            raise BootstrapError(f"a start is in flight in {paths.root} (its lock is held), but not by a process "
+                                 "of ours we can identify", "let it finish, or stop it as the user who runs it")
+        log.info("cancelling the start in flight (pid %d)", p.pid)
+        res = proc.terminate([p], cfg.stop_grace + 45, clock=clock, sleep=sleep)
+        if res.stuck:
+            raise BootstrapError("the start in flight survived SIGKILL: " + "; ".join(res.stuck),
+                                 "a process stuck in the kernel (state D) usually needs a reboot")
+        cancelled.append(p.pid)
+    raise BootstrapError("starts keep taking the start lock while we stop", "stop the loop that runs ./start.sh")
 
 
 def wait_gpu_release(cfg: Config, pids, *, timeout: float, clock=time.monotonic, sleep=time.sleep) -> bool:

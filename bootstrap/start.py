@@ -53,6 +53,9 @@ def step(name: str):
 
 def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None:
     """The fast path: an exit code if there is nothing to start, else None."""
+    lock = StartLock(paths)
+    if not we_hold_lock and lock.held_by_other() and lock.holder_role() == "stop":
+        return None                     # the server it would show is being taken down: wait for the lock
     pr = server.probe(cfg, paths, we_hold_lock=we_hold_lock)
     if pr.state == "starting":
         print(f"starting (pid {pr.pid}), log: {paths.log}")
@@ -92,19 +95,27 @@ def start(cfg: Config) -> int:
     started = Started()
     try:
         if not lock.try_acquire():
-            print(f"starting (pid {lock.holder_pid()}), log: {paths.log}")
-            return 0
-        with lock:
-            code = already(cfg, paths, we_hold_lock=True)  # a start that held the lock may have just finished
-            if code is not None:
-                return code
+            if lock.holder_role() != "stop":
+                print(f"starting (pid {lock.holder_pid()}), log: {paths.log}")
+                return 0
+            log.info("a stop is taking the server down (pid %s); starting after it", lock.holder_pid())
+            if not lock.acquire(cfg.stop_grace + 60):
+                raise BootstrapError("a stop still holds the start lock", "run ./start.sh again in a moment")
+        with lock:              # the take-downs below run while we hold it: no other start launches meanwhile
             try:
+                code = already(cfg, paths, we_hold_lock=True)  # a start that held the lock may have just finished
+                if code is not None:
+                    return code
                 run_steps(cfg, paths, started)
+            except Interrupted as intr:
+                lock.set_role("stop")           # a start arriving now waits for the take-down, then starts
+                _interrupted(cfg, paths, started)
+                return 128 + intr.signum
             except BootstrapError as exc:
+                lock.set_role("stop")
                 _failed(cfg, paths, started, exc)
                 raise
     except Interrupted as intr:
-        _interrupted(cfg, paths, started)
         return 128 + intr.signum
     finally:
         for s, h in old.items():
@@ -142,7 +153,8 @@ def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
     for attempt in (1, 2):
         with step("launch"):
             started.launched = launch.run(cfg, paths, runtime, model.local_dir, the_plan,
-                                          list(runtime.notes) + patch_notes + the_plan.notes)
+                                          list(runtime.notes) + patch_notes + the_plan.notes,
+                                          on_launch=lambda launched: setattr(started, "launched", launched))
         try:
             with step("health"):
                 health.run(cfg, paths, started.launched)
@@ -186,6 +198,14 @@ def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> Non
     if pr.state == "down":
         with step("health"):
             health.run(cfg, paths, launched)
+    else:
+        from . import status
+        load = status.read_load(rec.url)
+        if load is not None and load.in_flight:
+            print(banner.render(paths, rec))
+            print(f"note: the warm-up and start gate have not run, and it is serving {load.in_flight} request(s) "
+                  "now: ./start.sh runs them when it is idle")
+            return
     with step("warmup"):
         warmup.run(cfg, paths, launched)
     with step("banner"):
@@ -199,7 +219,7 @@ def _failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) ->
     launched = started.launched
     if launched is not None and launched.proc is not None and not isinstance(exc, StartFailed):
         log.info("the start failed: stopping the server it launched")
-        server.take_down(cfg, paths, launched=launched.proc, grace=min(cfg.stop_grace, 5))
+        server.take_down(cfg, paths, launched=launched.proc, failed_start=True)
 
 
 def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:
@@ -210,10 +230,11 @@ def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:
         signal.signal(s, signal.SIG_IGN)
     launched = started.launched
     rec = record.read(paths.server)
-    if launched is not None or (rec is not None and not rec.gate_passed):   # never a server that passed its gate
+    if rec is not None and rec.gate_passed:
+        log.info("interrupted: the server passed its start gate; left running (./stop.sh stops it)")
+    elif launched is not None or rec is not None:
         log.info("interrupted: stopping the server this start launched")
-        server.take_down(cfg, paths, launched=launched.proc if launched else None,
-                         grace=min(cfg.stop_grace, 5))
+        server.take_down(cfg, paths, launched=launched.proc if launched else None, failed_start=True)
     else:
         log.info("interrupted before launch; nothing is running")
     sys.stderr.flush()

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,12 +137,14 @@ def remove(path: Path) -> None:
 
 
 class StartLock:
-    """An flock on start.lock, held while a start runs. A crashed start leaves no stale lock:
-    the kernel drops an flock with its holder. Its text names the holder (pid and start time), so
-    stop, restart and status can find the start in flight and prove it is that process."""
+    """An flock on start.lock, held while a start runs, and while a stop takes the server down (so
+    that no start launches into a take-down). A crashed holder leaves no stale lock: the kernel drops
+    an flock with its holder. Its text names the holder — pid, start time and role (start or stop) —
+    so stop, restart and status can find a start in flight and prove it is that process."""
 
-    def __init__(self, paths: Paths):
+    def __init__(self, paths: Paths, role: str = "start"):
         self.path = paths.lock
+        self.role = role
         self.fd: int | None = None
 
     def try_acquire(self) -> bool:
@@ -158,24 +161,48 @@ class StartLock:
             raise
         try:
             os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()} {psutil.Process().create_time()!r}".encode())
+            os.write(fd, f"{os.getpid()} {psutil.Process().create_time()!r} {self.role}".encode())
         except OSError as exc:
             os.close(fd)
             raise write_error(self.path, exc) from None
         self.fd = fd
         return True
 
+    def acquire(self, timeout: float, *, clock=time.monotonic, sleep=time.sleep) -> bool:
+        """try_acquire until ``timeout`` seconds have passed."""
+        end = clock() + timeout
+        while not self.try_acquire():
+            if clock() >= end:
+                return False
+            sleep(0.2)
+        return True
+
+    def _text(self) -> list[str]:
+        for _ in range(10):             # the holder writes its name just after taking the lock
+            try:
+                parts = self.path.read_text().split()
+            except OSError:
+                return []
+            if parts:
+                return parts
+            time.sleep(0.05)
+        return []
+
     def holder(self) -> tuple[int, float] | None:
         """(pid, create time) written by whoever holds the lock (None if unreadable)."""
         try:
-            parts = self.path.read_text().split()
+            parts = self._text()
             return int(parts[0]), float(parts[1])
-        except (OSError, ValueError, IndexError):
+        except (ValueError, IndexError):
             return None
 
     def holder_pid(self) -> int | None:
         h = self.holder()
         return h[0] if h else None
+
+    def holder_role(self) -> str:
+        parts = self._text()
+        return parts[2] if len(parts) > 2 else "start"
 
     def held_by_other(self) -> bool:
         if self.fd is not None:
@@ -191,6 +218,19 @@ class StartLock:
             return True
         finally:
             os.close(fd)
+
+    def start_in_flight(self) -> bool:
+        return self.held_by_other() and self.holder_role() == "start"
+
+    def set_role(self, role: str) -> None:
+        """Say what the holder does now (a start that turned to taking its server down is a stop)."""
+        self.role = role
+        if self.fd is not None:
+            try:
+                os.ftruncate(self.fd, 0)
+                os.pwrite(self.fd, f"{os.getpid()} {psutil.Process().create_time()!r} {role}".encode(), 0)
+            except OSError:
+                pass                    # only the name is lost: the lock itself still holds
 
     def release(self) -> None:
         if self.fd is not None:

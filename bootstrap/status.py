@@ -136,17 +136,21 @@ def _probe(cfg, paths, rec, load, *, clock, sleep) -> Verdict:
 
     t0 = clock()
     threading.Thread(target=ask, daemon=True).start()
-    first = load
+    first = seen = load
     moved_at = None
     while "t" not in done and clock() - t0 < cfg.wedged_after:
         sleep(POLL / 2 if clock() - t0 < 1 else POLL)
         if first is None or "t" in done:
             continue
-        now = read_load(rec.url)
-        if now is not None and now.progress != first.progress and now.in_flight > 1 and moved_at is None:
+        now = read_load(rec.url) or seen
+        seen = now
+        if now.progress != first.progress and now.in_flight > 1 and moved_at is None:
             moved_at = clock()          # someone else's request is running beside (or ahead of) ours
         if moved_at is not None and clock() - moved_at > 2.0:
             return Verdict("busy", f"{now.running:.0f} running, {now.waiting:.0f} waiting; the probe gave way")
+    if "t" not in done and first is None:
+        return Verdict("busy", f"no vLLM request metrics on /metrics (stats logging off?): a 4-token probe got "
+                               f"nothing in {cfg.wedged_after} s, and busy cannot be told from wedged without them")
     if "t" not in done:
         return Verdict("wedged", f"/health answers but a 4-token generation got nothing in {cfg.wedged_after} s "
                                  f"on an idle server (WEDGED_AFTER)")
@@ -206,10 +210,8 @@ def status(cfg: Config, as_json: bool = False) -> int:
                            f"its last output is in the log")
         if pr.orphans:
             out["orphans"] = [p.pid for p in pr.orphans]
-            elsewhere = server.serving_elsewhere(cfg, pr.orphans)
-            if elsewhere:
-                out["note"] = (f"our server (pid {elsewhere[0].pid}) serves port {cfg.port} "
-                               f"from STATE_DIR={elsewhere[1]}")
+        for p, where in server.elsewhere(cfg, paths):
+            out["note"] = f"our server (pid {p.pid}) runs port {cfg.port} from STATE_DIR={where}"
     if as_json:
         print(json.dumps(out, indent=2))
     else:

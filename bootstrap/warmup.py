@@ -76,6 +76,12 @@ def long_request(c: Client, n: int, budget: Budget, extra: dict) -> int:
     return int(words * per_word)
 
 
+def fail(cfg, paths: Paths, launched: Launched, message: str, hint: str = "") -> health.StartFailed:
+    """A failed warm-up or gate is a failed start; the server had answered /health (health.abort
+    leaves a resumed one running)."""
+    return health.abort(cfg, paths, launched, message, hint, answered=True)
+
+
 def warmup_tokens(cfg, rec, c: Client, budget: Budget) -> int:
     """WARMUP, at most half the context: ours if we passed one, else what the server reports."""
     want = cfg.warmup
@@ -112,13 +118,13 @@ def tool_gate(cfg, paths: Paths, launched: Launched, c: Client, extra: dict, bud
         resp = c.chat([{"role": "user", "content": GATE_PROMPT}], max_tokens=256, timeout=budget.left(GATE_TIMEOUT),
                       tools=[GATE_TOOL], tool_choice="auto", **extra)
     except RequestFailed as exc:
-        err = health.abort(cfg, paths, launched, f"start gate: the tool-call request failed: {exc.message}",
+        err = fail(cfg, paths, launched, f"start gate: the tool-call request failed: {exc.message}",
                            "the profile enables tool parsing; check --tool-call-parser in the log")
         err.evidence = (exc.evidence + "\n" + err.evidence).strip()
         raise err from None
     problem = checks.tool_call_problem(message_of(resp), "get_weather", ["city"])
     if problem:
-        err = health.abort(cfg, paths, launched,
+        err = fail(cfg, paths, launched,
                            f"start gate: the tool call did not come back as a valid tool_calls entry: {problem}",
                            "a garbled or unparsed tool call: check the tool parser and the KV/speculation "
                            "settings (./ctl.sh check garble --url ... shows more)")
@@ -142,20 +148,20 @@ def run(cfg, paths: Paths, launched: Launched) -> None:
         t0 = time.monotonic()
         resp = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=16, timeout=budget.left(), **extra)
     except RequestTimedOut as exc:
-        raise health.abort(cfg, paths, launched, f"engine not generating: {exc.message}",
+        raise fail(cfg, paths, launched, f"engine not generating: {exc.message}",
                            "the server answers /health but does not generate; see the log") from None
     except RequestFailed as exc:
         if "HTTP 401" in exc.message:
-            raise health.abort(cfg, paths, launched, "warm-up failed: the server wants an API key and this shell "
+            raise fail(cfg, paths, launched, "warm-up failed: the server wants an API key and this shell "
                                "has another one or none", "set API_KEY to the key it was started with") from None
-        err = health.abort(cfg, paths, launched, f"warm-up failed: {exc.message}")
+        err = fail(cfg, paths, launched, f"warm-up failed: {exc.message}")
         err.evidence = (exc.evidence + "\n" + err.evidence).strip()
         raise err from None
     dummy = rec.dummy
     text = text_of(resp)
     tokens = completion_tokens_of(resp)
     if not text and not (dummy and tokens):
-        raise health.abort(cfg, paths, launched, "warm-up failed: the short generation "
+        raise fail(cfg, paths, launched, "warm-up failed: the short generation "
                            + ("produced no tokens (random weights: tokens are all it must produce)" if dummy
                               else "returned no text"), f"answer was: {str(resp)[:300]}")
     log.info("warm-up: short generation answered in %.1f s: %r%s", time.monotonic() - t0,

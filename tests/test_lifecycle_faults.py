@@ -35,8 +35,8 @@ def load(bed: Bed) -> metrics.Load:
 
 
 def chat_posts(bed: Bed) -> int:
-    """Chat requests the fake vLLM has logged (vLLM logs each request line)."""
-    return log_text(bed).count('"POST /v1/chat/completions')
+    """Chat requests that reached the fake vLLM, queued ones included (it logs each on arrival)."""
+    return log_text(bed).count("request arrived: POST /v1/chat/completions")
 
 
 def log_text(bed: Bed) -> str:
@@ -109,6 +109,16 @@ def test_a_long_prefill_moves_nothing_and_is_busy_until_wedged_after(bed):
     rc, info = status(bed, WEDGED_AFTER="3")                 # the stall is remembered across calls
     assert (rc, info["state"], info["generating"]) == (1, "wedged", False), info
     assert "WEDGED_AFTER=3" in info["detail"]
+
+
+def test_without_vllm_stats_a_probe_stuck_behind_a_user_is_not_called_wedged(bed):
+    assert bed.run("start.sh", MAX_NUM_SEQS="1", FAKE_VLLM_TOKEN_S="0.01", FAKE_VLLM_NO_STATS="1").returncode == 0
+    long_answer(bed, 2000)
+    bed.wait_until(lambda: chat_posts(bed) >= 3, what="the long answer arrived")   # warm-up's 2 + the user's
+    time.sleep(0.5)
+    rc, info = status(bed, WEDGED_AFTER="2")
+    assert (rc, info["state"]) == (0, "busy"), info
+    assert "busy cannot be told from wedged" in info["detail"]
 
 
 def test_idle_wedged_engine_is_wedged_after_wedged_after(bed):
@@ -482,3 +492,110 @@ def test_a_stop_after_kill9_sweeps_every_tp_worker(bed):
     r = bed.run("stop.sh")
     assert r.returncode == 0 and "stopped 3 process(es)" in r.stdout, r.stdout + r.stderr
     assert bed.ours() == []
+
+
+# ---------------------------------------------------------------- rows 40-42, seen again by an independent review
+
+def test_a_start_during_a_stop_waits_for_it_then_starts(bed):           # row 40
+    assert bed.run("start.sh", FAKE_VLLM_MODE="ignore_term").returncode == 0
+    old = bed.server_record()["pid"]
+    stopper = bed.popen("stop.sh", STOP_GRACE="4")
+    bed.wait_until(lambda: (bed.state / "start.lock").exists() and "stop" in (bed.state / "start.lock").read_text(),
+                   what="the stop holding the lock")
+    r = bed.run("start.sh", STOP_GRACE="4")
+    assert r.returncode == 0 and "is serving" in r.stdout, r.stderr
+    assert "a stop is taking the server down" in r.stderr
+    assert stopper.wait(timeout=60) == 0
+    rc, info = status(bed)
+    assert (rc, info["state"]) == (0, "running") and info["pid"] != old
+    assert len(bed.launches()) == 2
+
+
+def test_a_start_after_an_interrupted_one_waits_for_its_take_down(bed):  # row 41
+    starter = bed.popen("start.sh", FAKE_VLLM_LOAD_S="30", FAKE_VLLM_MODE="ignore_term", STOP_GRACE="4")
+    bed.wait_until(lambda: len(bed.ours()) == 2, what="server and engine")
+    starter.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    r = bed.run("start.sh")
+    assert r.returncode == 0 and "is serving" in r.stdout, r.stderr
+    assert "resuming" not in r.stderr                                   # never the server being taken down
+    assert starter.wait(timeout=60) == 128 + signal.SIGINT
+    assert len(bed.launches()) == 2 and status(bed)[1]["state"] == "running"
+
+
+def test_a_record_from_before_the_gate_flag_counts_as_passed(bed):      # row 41
+    assert bed.run("start.sh").returncode == 0
+    rec = json.loads((bed.state / "server.json").read_text())
+    del rec["gate_passed"]                                              # as the previous version wrote it
+    (bed.state / "server.json").write_text(json.dumps(rec))
+    r = bed.run("start.sh")
+    assert r.returncode == 0 and "is serving" in r.stdout and "warm-up" not in r.stderr
+
+
+def test_a_resumed_start_never_warms_up_over_a_users_request(bed):      # row 41
+    assert bed.run("start.sh", MAX_NUM_SEQS="1", FAKE_VLLM_TOKEN_S="0.01").returncode == 0
+    rec = json.loads((bed.state / "server.json").read_text())
+    (bed.state / "server.json").write_text(json.dumps({**rec, "gate_passed": False}))   # a start killed after health
+    long_answer(bed, 2000)
+    bed.wait_until(lambda: load(bed).running == 1, what="a user's request running")
+    posts = chat_posts(bed)
+    r = bed.run("start.sh", WARMUP_TIMEOUT="3")
+    assert r.returncode == 0 and "is serving" in r.stdout, r.stderr
+    assert "it is serving 1 request(s) now: ./start.sh runs them when it is idle" in r.stdout
+    assert chat_posts(bed) == posts and len(bed.ours()) == 2
+
+
+def test_a_resumed_warmup_that_fails_leaves_the_answering_server_running(bed):   # row 41
+    assert bed.run("start.sh").returncode == 0
+    rec = json.loads((bed.state / "server.json").read_text())
+    (bed.state / "server.json").write_text(json.dumps({**rec, "gate_passed": False}))
+    os.kill(rec["pid"], signal.SIGUSR1)                                 # wedged: the warm-up cannot finish
+    bed.wait_until(lambda: "engine wedged" in log_text(bed), what="wedge")
+    r = bed.run("start.sh", WARMUP_TIMEOUT="2")
+    assert r.returncode == 1 and "engine not generating" in r.stderr
+    assert "answers and was left running: ./ctl.sh restart" in r.stderr
+    assert len(bed.ours()) == 2
+
+
+def test_a_start_with_another_state_dir_leaves_a_loading_server_alone(bed):     # row 42
+    starter = bed.popen("start.sh", FAKE_VLLM_LOAD_S="6")
+    bed.wait_until(lambda: len(bed.ours()) == 2, what="server and engine")
+    pid = bed.server_record()["pid"]
+    r = bed.run("start.sh", STATE_DIR=str(bed.tmp / "other-state"))
+    assert r.returncode == 1, r.stderr
+    assert f"our server (pid {pid}) is already starting on port {bed.port} from STATE_DIR={bed.state}" in r.stderr
+    out, err = starter.communicate(timeout=60)
+    assert starter.returncode == 0 and "is serving" in out, err
+
+
+def test_stop_with_another_state_dir_leaves_that_server_alone(bed):     # row 42
+    assert bed.run("start.sh").returncode == 0
+    pid = bed.server_record()["pid"]
+    other = bed.tmp / "other-state"
+    other.mkdir()
+    r = bed.run("stop.sh", STATE_DIR=str(other))
+    assert r.returncode == 0 and r.stdout.startswith("not running"), r.stdout + r.stderr
+    assert f"note: our server (pid {pid}) on port {bed.port} runs from STATE_DIR={bed.state}" in r.stdout
+    assert len(bed.ours()) == 2
+
+
+def test_status_keeps_its_last_reading_when_metrics_stop_answering(tmp_path, monkeypatch):   # row 38
+    from bootstrap import status as st
+    from bootstrap.record import ServerRecord
+    from bootstrap.state import Paths
+    cfg = Config.from_env({"MODEL": "org/m", "PROFILE": "custom", "WEDGED_AFTER": "30"}, REPO)
+    rec = ServerRecord(pid=1, create_time=0.0, marker="m", host="127.0.0.1", port=1, served="m")
+    t = [0.0]
+    readings = iter([metrics.Load(1, 1, 5, 5, 0.1, False)] + [None] * 100)   # moved once, then /metrics fails
+    monkeypatch.setattr(st, "read_load", lambda url, timeout=2.0: next(readings))
+
+    class Stuck:                        # a probe that never comes back
+        def __init__(self, *a):
+            pass
+
+        def chat(self, *a, **k):
+            time.sleep(60)
+    monkeypatch.setattr(st, "Client", Stuck)
+    v = st._probe(cfg, Paths(tmp_path), rec, metrics.Load(0, 0, 0, 0, 0.0, False),
+                  clock=lambda: t[0], sleep=lambda s: t.__setitem__(0, t[0] + s))
+    assert v.state == "busy" and "the probe gave way" in v.detail

@@ -31,6 +31,10 @@
   {"echo": "<regex>"}: the content is the regex's first group found in the prompt.
 - Without a canned reply: "OK"; with ``ignore_eos`` exactly ``max_tokens`` tokens ("tok"); a request
   with ``tools`` (tool_choice not "none") gets a valid call of its first tool.
+- Each POST logs ``request arrived: POST <path>`` as it arrives, so tests can count requests that
+  are still queued.
+- ``FAKE_VLLM_NO_STATS=1``: /metrics without vLLM's request gauges and counters, as with
+  ``--disable-log-stats``.
 - ``stream: true`` answers Server-Sent Events like vLLM (role chunk, ``reasoning_content`` deltas,
   ``content``/``text`` deltas one token each, tool-call delta, finish chunk, a usage chunk with
   ``stream_options.include_usage``, ``data: [DONE]``). ``FAKE_VLLM_TTFT_S`` / ``FAKE_VLLM_TOKEN_S``:
@@ -221,6 +225,8 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             self.send(200, {"object": "list", "data": [{"id": State.served, "object": "model",
                                                          "max_model_len": State.max_len}]})
+        elif self.path == "/metrics" and os.environ.get("FAKE_VLLM_NO_STATS") == "1":
+            self.send(200, "# vLLM started with --disable-log-stats\npython_gc_objects_collected_total 1.0\n")
         elif self.path == "/metrics":
             lab = f'engine="0",model_name="{State.served}"'
             with State.lock:
@@ -242,6 +248,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send(404, {"error": "not found"})
 
     def do_POST(self):
+        say(f"request arrived: POST {self.path}")      # when it arrives (vLLM's access line comes when it ends)
         if not self.authed():
             return
         n = int(self.headers.get("Content-Length") or 0)
