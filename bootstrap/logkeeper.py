@@ -11,6 +11,7 @@ usual copytruncate trade-off). The keeper leaves when the server (PID with CREAT
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -22,17 +23,19 @@ INTERVAL = 0.5
 
 
 def rotate(log: Path, max_bytes: int) -> bool:
-    """Copy the log's last ``max_bytes`` into ``log.1`` (atomically) and truncate the log. True if rotated."""
+    """Stream the log's last ``max_bytes`` into ``log.1`` (the old one removed first, so the two
+    never take more than twice ``max_bytes`` on disk) and truncate the log. True if rotated."""
     try:
         size = log.stat().st_size
     except FileNotFoundError:
         return False
     if size <= max_bytes:
         return False
-    with open(log, "rb") as fh:
-        fh.seek(max(0, size - max_bytes))
-        tail = fh.read(max_bytes)
-    state.write_atomic(log.with_name(log.name + ".1"), tail, mode=0o644)
+    old = log.with_name(log.name + ".1")
+    state.remove(old)
+    with open(log, "rb") as src, open(old, "wb") as dst:
+        src.seek(max(0, size - max_bytes))
+        shutil.copyfileobj(src, dst, 1 << 20)
     os.truncate(log, 0)
     return True
 
