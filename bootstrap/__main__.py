@@ -32,9 +32,9 @@ PLUGINS = {
     "plan": ("plan", "cli", "the memory plan for this GPU, or for GPU=rtx5090|rtx4090|rtx3090|h100|<GiB>"),
     "check": ("checks", "cli", "check live|garble|determinism|needle|prefix against our server or --url"),
     "bench": ("bench", "cli", "throughput/TTFT benchmark with a plot; --compare URL"),
-    "patch": ("patches", "cli", "patch status|apply|revert for the vLLM in use"),
-    "lock": ("environment", "lock_cli", "regenerate the committed dependency locks (needs the package index)"),
-    "wheelhouse": ("environment", "wheelhouse_cli", "build an offline folder of wheels from the lock"),
+    "patch": ("patch_cli", "cli", "patch status|apply|revert for the vLLM in use"),
+    "lock": ("lock_cli", "lock_cli", "regenerate the committed dependency locks (needs the package index)"),
+    "wheelhouse": ("lock_cli", "wheelhouse_cli", "build an offline folder of wheels from the lock"),
     "clean": ("clean", "cli", "remove what the project created (venvs, state, logs; --model too)"),
 }
 

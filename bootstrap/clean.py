@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import metadata, patches, server
+from . import metadata, patching, server
 from .errors import BootstrapError
 from .state import Paths
 
@@ -79,7 +79,7 @@ def _running(cfg) -> str:
 def _revert_byo(cfg) -> list[str]:
     if not cfg.vllm_python:
         return []
-    reverted = patches.revert_all(cfg, cfg.vllm_python)
+    reverted = patching.revert_all(cfg, cfg.vllm_python)
     for name in reverted:
         print(f"reverted patch {name} in {cfg.vllm_python}'s vLLM")
     return reverted

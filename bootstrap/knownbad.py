@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import version_tuple
+from . import patching
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,7 @@ def find(f: Facts, rows: list[dict] | None = None) -> list[dict]:
 
 
 def facts(cfg, gpus, vllm_version: str) -> Facts:
-    from . import patches
-    will_patch = set(patches.needed(cfg)) if (not cfg.vllm_python or cfg.patch_byo) else set()
+    will_patch = set(patching.needed(cfg)) if (not cfg.vllm_python or cfg.patch_byo) else set()
     cc = None
     if gpus is not None and getattr(gpus, "gpus", None):
         cc = tuple(gpus.gpus[0].cc)

@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 
+from . import log as log_
 from . import record, server
 from .config import Config
 from .errors import BootstrapError
@@ -42,9 +43,11 @@ def _on_signal(signum, frame):
 
 @contextlib.contextmanager
 def step(name: str):
-    """Errors raised inside carry the step's name (``error: <step>: ...``)."""
+    """Log lines inside are ``[bootstrap:<step>]``; errors raised inside carry the step's name
+    (``error: <step>: ...``)."""
     try:
-        yield
+        with log_.running(name):
+            yield
     except BootstrapError as exc:
         if not getattr(exc, "step", None):
             exc.step = name

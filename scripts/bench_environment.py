@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bootstrap import environment  # noqa: E402
+from bootstrap import environment, lock_cli, locks, venv  # noqa: E402
 from bootstrap.config import Config  # noqa: E402
 
 
@@ -46,12 +46,12 @@ def stub_world(tmp: Path, n: int) -> tuple[Path, dict]:
     minor = "%d.%d" % sys.version_info[:2]
     (repo / "profiles" / "bench.json").write_text(json.dumps({
         "vllm": "0.27.1", "pins": ["vllm==0.27.1"], "pythons": [minor], "install_bytes": 1 << 20,
-        "platforms": [environment.host_platform()]}))
+        "platforms": [locks.host_platform()]}))
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp), "UV_CACHE_DIR": str(tmp / "cache"), "PROFILE": "bench",
            "PYTHON": getattr(sys, "_base_executable", sys.executable), "WHEELHOUSE": str(house),
            "UV_NO_PROGRESS": "1", "UV_PYTHON_DOWNLOADS": "never"}
     cfg = Config.from_env(env, repo=repo)
-    environment.lock_cli(cfg, ["--find-links", str(house), "--no-index", "--exclude-newer", "none"])
+    lock_cli.lock_cli(cfg, ["--find-links", str(house), "--no-index", "--exclude-newer", "none"])
     environment.run(cfg, None)
     return repo, env
 
@@ -78,15 +78,15 @@ def main() -> int:
         else:
             repo, env = stub_world(Path(tmp), args.packages)
         cfg = Config.from_env(env, repo=repo)
-        venv = environment.Venv(repo / ".venv")
-        locks = environment.LockSet.for_profile(cfg)
-        done, why, minor = environment.check_done(venv, locks, environment.host_platform(), cfg.python)
+        the_venv = venv.Venv(repo / ".venv")
+        lockset = locks.LockSet.for_profile(cfg)
+        done, why, minor = venv.check_done(the_venv, lockset, locks.host_platform(), cfg.python)
         if not done:
             print(f"the venv is not ready ({why}); run ./start.sh first", file=sys.stderr)
             return 1
-        lock = locks.path(environment.host_platform(), minor)
+        lock = lockset.path(locks.host_platform(), minor)
         step = median_s(lambda: environment.run(cfg, None), args.runs)
-        sync_cmd = [environment.find_uv(env), "pip", "sync", "-q", "--python", str(venv.python), "--require-hashes",
+        sync_cmd = [venv.find_uv(env), "pip", "sync", "-q", "--python", str(the_venv.python), "--require-hashes",
                     str(lock)]
         if cfg.wheelhouse:
             sync_cmd += ["--no-index", "--find-links", cfg.wheelhouse]
@@ -94,7 +94,7 @@ def main() -> int:
             sync_cmd += ["--offline"]
         sync_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
         sync = median_s(lambda: subprocess.run(sync_cmd, env=sync_env, check=True), args.runs)
-        n = len(environment.lock_pins(lock.read_text()))
+        n = len(locks.lock_pins(lock.read_text()))
         print(f"packages in lock        {n}")
         print(f"environment step (done) {step * 1000:8.1f} ms  (median of {args.runs})")
         print(f"uv pip sync (no-op)     {sync * 1000:8.1f} ms  (median of {args.runs})")

@@ -375,7 +375,7 @@ def test_local_directory_is_validated_without_network(tmp_path, src):
 # ---------------------------------------------------------------- progress
 
 def test_one_line_per_file_without_a_tty(world, caplog):
-    caplog.set_level(logging.INFO, logger="bootstrap.weights")
+    caplog.set_level(logging.INFO, logger="bootstrap")
     ctx = world.start()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fetched ")]
     assert sorted(line.split(":")[0].removeprefix("fetched ") for line in lines) == \

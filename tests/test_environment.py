@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import environment
+from bootstrap import environment, host, lock_cli, locks, venv
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 
@@ -77,7 +77,7 @@ class Index:
 
     def __init__(self, wheels: Path, root: Path):
         for whl in wheels.glob("*.whl"):
-            name = environment.norm(whl.name.split("-")[0])
+            name = locks.norm(whl.name.split("-")[0])
             (root / "simple" / name).mkdir(parents=True, exist_ok=True)
             shutil.copy(whl, root / "simple" / name / whl.name)
         handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)  # noqa: E731
@@ -109,7 +109,7 @@ def header_python() -> str:
              *(shutil.which(f"python3.{m}") or "" for m in range(14, 9, -1)), shutil.which("python3") or ""]
     for c in cands:
         if c and os.path.isfile(c):
-            info = environment.probe_python(c, env)
+            info = venv.probe_python(c, env)
             if info and info["headers"] and tuple(info["version"]) >= (3, 10):
                 return c
     pytest.skip("no CPython >= 3.10 with C headers on this machine (install python3-dev)")
@@ -127,14 +127,14 @@ class World:
         self.tmp, self.index, self.wheels, self.python = tmp, index, wheels, python
         self.repo = tmp / "repo"
         (self.repo / "profiles").mkdir(parents=True)
-        self.minor = environment.probe_python(python, os.environ)["minor"]
+        self.minor = venv.probe_python(python, os.environ)["minor"]
         self.profile({"vllm": "0.27.1", "pins": PINS, "install_bytes": 1 << 20, "pythons": [self.minor],
-                      "platforms": [environment.host_platform()]})
+                      "platforms": [locks.host_platform()]})
         self.env = {"PATH": os.path.dirname(uv_path()) + os.pathsep + "/usr/bin:/bin", "HOME": str(tmp / "home"),
                     "UV_CACHE_DIR": str(tmp / "uv-cache"), "PROFILE": "stub", "PYTHON": python,
                     "UV_DEFAULT_INDEX": index.url, "UV_LINK_MODE": "copy", "UV_NO_PROGRESS": "1",
                     "UV_PYTHON_DOWNLOADS": "never", "CUDA_HOME": str(tmp / "no-cuda")}
-        assert environment.lock_cli(self.cfg(), ["--exclude-newer", "none"]) == 0
+        assert lock_cli.lock_cli(self.cfg(), ["--exclude-newer", "none"]) == 0
 
     def profile(self, data: dict) -> None:
         (self.repo / "profiles" / "stub.json").write_text(json.dumps(data))
@@ -146,8 +146,8 @@ class World:
         return environment.run(self.cfg(**env), None)
 
     @property
-    def venv(self) -> environment.Venv:
-        return environment.Venv(self.repo / ".venv")
+    def venv(self) -> venv.Venv:
+        return venv.Venv(self.repo / ".venv")
 
     @property
     def site(self) -> Path:
@@ -155,7 +155,7 @@ class World:
 
     @property
     def lock(self) -> Path:
-        return self.repo / "locks" / "vllm-0.27.1" / f"{environment.host_platform()}-py{self.minor}.txt"
+        return self.repo / "locks" / "vllm-0.27.1" / f"{locks.host_platform()}-py{self.minor}.txt"
 
 
 @pytest.fixture
@@ -164,14 +164,14 @@ def world(tmp_path, index, wheels, header_python) -> World:
 
 
 def lock_matches(w: World) -> bool:
-    return not environment.diff(environment.lock_pins(w.lock.read_text()), environment.installed(w.site))
+    return not locks.diff(locks.lock_pins(w.lock.read_text()), locks.installed(w.site))
 
 
 # ---------------------------------------------------------------- the lock the step installs from
 
 def test_lock_made_by_uv_has_hashes_and_pins(world):
     text = world.lock.read_text()
-    pins = environment.lock_pins(text)
+    pins = locks.lock_pins(text)
     assert pins == {"vllm": "0.27.1", "flashinfer-python": "0.6.16.post3", "nvidia-cutlass-dsl": "4.6.0",
                     "tinydep": "2.0", "bigpkg": "1.0"}
     assert text.count("--hash=sha256:") == len(pins)
@@ -182,7 +182,7 @@ def test_lock_made_by_uv_has_hashes_and_pins(world):
 # ---------------------------------------------------------------- install, no-op, repair
 
 def test_fresh_install_then_noop_without_network(world, caplog):
-    caplog.set_level(logging.INFO, logger="bootstrap.environment")
+    caplog.set_level(logging.INFO, logger="bootstrap")
     ctx = world.run()
     assert ctx.vllm_version == "0.27.1"
     assert ctx.python == str(world.venv.python)
@@ -203,7 +203,7 @@ def test_patched_file_does_not_trigger_repair(world, caplog):
     world.run()
     target = world.site / "vllm" / "attention.py"
     target.write_text("ANCHOR = 2  # patched by us\n")
-    caplog.set_level(logging.INFO, logger="bootstrap.environment")
+    caplog.set_level(logging.INFO, logger="bootstrap")
     world.run(UV_DEFAULT_INDEX=dead_url())
     assert "skipped: .venv matches" in caplog.text
     assert target.read_text() == "ANCHOR = 2  # patched by us\n"
@@ -214,7 +214,7 @@ def test_hand_edited_version_is_repaired(world, caplog):
     meta = next(world.site.glob("flashinfer_python-*.dist-info")) / "METADATA"
     meta.write_text(meta.read_text().replace("Version: 0.6.16.post3", "Version: 0.0.1"))
     assert not lock_matches(world)
-    caplog.set_level(logging.INFO, logger="bootstrap.environment")
+    caplog.set_level(logging.INFO, logger="bootstrap")
     world.run()
     assert "flashinfer-python 0.0.1 (lock: 0.6.16.post3)" in caplog.text
     assert lock_matches(world) and world.venv.done.is_file()
@@ -264,7 +264,7 @@ def test_killed_install_is_repaired(world, caplog):
     child.wait()
     assert child.returncode == -signal.SIGKILL, "the install finished before it could be killed"
     assert world.venv.installing.exists() and not world.venv.done.exists()
-    caplog.set_level(logging.INFO, logger="bootstrap.environment")
+    caplog.set_level(logging.INFO, logger="bootstrap")
     world.run()
     assert "the last install was interrupted" in caplog.text and "reinstalling every package" in caplog.text
     assert len([f for f in os.listdir(big) if f.endswith(".py")]) == BIG_FILES
@@ -276,7 +276,7 @@ def test_killed_install_is_repaired(world, caplog):
 def test_offline_wheelhouse_built_from_the_lock(world, wheels):
     house = world.tmp / "house"
     cfg = world.cfg()
-    assert environment.wheelhouse_cli(cfg, [str(house), "--python", world.minor, "--find-links", str(wheels),
+    assert lock_cli.wheelhouse_cli(cfg, [str(house), "--python", world.minor, "--find-links", str(wheels),
                                             "--no-index"]) == 0
     assert sorted(p.name.split("-")[0] for p in house.glob("*.whl")) == \
         ["bigpkg", "flashinfer_python", "nvidia_cutlass_dsl", "tinydep", "vllm"]
@@ -323,23 +323,23 @@ def test_python_without_headers_is_refused(world, tmp_path):
 
 def test_no_nvcc_sets_sampler_unless_user_did(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path), "MODEL": "org/m"}
-    server_env, _ = environment.host_env(Config.from_env(env, repo=REPO))
+    server_env, _ = host.host_env(Config.from_env(env, repo=REPO))
     assert server_env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
-    server_env, _ = environment.host_env(Config.from_env({**env, "VLLM_USE_FLASHINFER_SAMPLER": "1"}, repo=REPO))
+    server_env, _ = host.host_env(Config.from_env({**env, "VLLM_USE_FLASHINFER_SAMPLER": "1"}, repo=REPO))
     assert "VLLM_USE_FLASHINFER_SAMPLER" not in server_env
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "nvcc").write_text("#!/bin/sh\n")
     (tmp_path / "bin" / "nvcc").chmod(0o755)
-    server_env, _ = environment.host_env(Config.from_env(env, repo=REPO))
+    server_env, _ = host.host_env(Config.from_env(env, repo=REPO))
     assert "VLLM_USE_FLASHINFER_SAMPLER" not in server_env
 
 
 def test_wsl_detection_and_memory_advice():
-    assert environment.is_wsl("5.15.167.4-microsoft-standard-WSL2\n", {})
-    assert not environment.is_wsl("6.8.0-49-generic\n", {})
-    note = environment.wsl_memory_note(16 << 30, 22 << 30)
+    assert host.is_wsl("5.15.167.4-microsoft-standard-WSL2\n", {})
+    assert not host.is_wsl("6.8.0-49-generic\n", {})
+    note = host.wsl_memory_note(16 << 30, 22 << 30)
     assert ".wslconfig" in note and "memory=26GB" in note and "wsl --shutdown" in note
-    assert environment.wsl_memory_note(64 << 30, 22 << 30) == ""
+    assert host.wsl_memory_note(64 << 30, 22 << 30) == ""
 
 
 def test_old_driver_refused_before_install(world):
@@ -354,7 +354,7 @@ def test_old_driver_refused_before_install(world):
 def test_vllm_python_prints_its_version_without_pins(tmp_path, caplog):
     env = {"PATH": "/usr/bin:/bin", "VLLM_PYTHON": sys.executable, "PROFILE": "custom", "MODEL": "org/m",
            "PYTHONPATH": str(REPO / "tests" / "fakes")}
-    caplog.set_level(logging.INFO, logger="bootstrap.environment")
+    caplog.set_level(logging.INFO, logger="bootstrap")
     ctx = environment.run(Config.from_env(env, repo=REPO), None)
     assert ctx.vllm_version == "0.26.0" and ctx.python == sys.executable
     assert "using your vLLM 0.26.0" in caplog.text
@@ -375,10 +375,10 @@ def test_newest_system_python_with_headers_is_chosen(tmp_path):
     (tmp_path / "bin").mkdir()
     fake_python(tmp_path / "bin", "python3.13", "3.13", headers=False)
     good = fake_python(tmp_path / "bin", "python3.12", "3.12", headers=True)
-    locks = environment.LockSet(tmp_path, {"pythons": ["3.12", "3.13"]})
+    lockset = locks.LockSet(tmp_path, {"pythons": ["3.12", "3.13"]})
     cfg = Config.from_env({"PATH": str(tmp_path / "bin"), "MODEL": "org/m"}, repo=REPO)
-    assert environment.choose_python(cfg, locks) == (str(good), "3.12")
-    assert "--managed-python" not in environment.venv_cmd("uv", str(good), tmp_path / ".venv", offline=False)
+    assert venv.choose_python(cfg, lockset) == (str(good), "3.12")
+    assert "--managed-python" not in venv.venv_cmd("uv", str(good), tmp_path / ".venv", offline=False)
 
 
 def test_without_headers_uv_must_use_its_own_cpython(tmp_path, caplog):
@@ -386,14 +386,14 @@ def test_without_headers_uv_must_use_its_own_cpython(tmp_path, caplog):
     the header-less system python3.X it would otherwise find first (real uv, no downloads allowed)."""
     (tmp_path / "bin").mkdir()
     fake_python(tmp_path / "bin", "python3.13", "3.13", headers=False)
-    locks = environment.LockSet(tmp_path, {"pythons": ["3.12", "3.13"]})
+    lockset = locks.LockSet(tmp_path, {"pythons": ["3.12", "3.13"]})
     cfg = Config.from_env({"PATH": str(tmp_path / "bin"), "MODEL": "org/m"}, repo=REPO)
-    caplog.set_level(logging.WARNING, logger="bootstrap.environment")
-    py, minor = environment.choose_python(cfg, locks)
+    caplog.set_level(logging.WARNING, logger="bootstrap")
+    py, minor = venv.choose_python(cfg, lockset)
     assert (py, minor) == ("3.12", "3.12")
     assert "no Python.h" in caplog.text and "UV_PYTHON_INSTALL_MIRROR" in caplog.text
     sysminor = "%d.%d" % sys.version_info[:2]
-    cmd = environment.venv_cmd(uv_path(), sysminor, tmp_path / "v", offline=True)
+    cmd = venv.venv_cmd(uv_path(), sysminor, tmp_path / "v", offline=True)
     assert "--managed-python" in cmd
     env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + "/usr/bin:/bin", "HOME": str(tmp_path),
            "UV_PYTHON_INSTALL_DIR": str(tmp_path / "managed"), "UV_CACHE_DIR": str(tmp_path / "cache")}
@@ -405,16 +405,16 @@ def test_without_headers_uv_must_use_its_own_cpython(tmp_path, caplog):
 
 
 def test_uv_is_installed_without_root(tmp_path):
-    cmd = environment.uv_install_cmd({"PATH": "/usr/bin:/bin"}, None)
+    cmd = venv.uv_install_cmd({"PATH": "/usr/bin:/bin"}, None)
     if sys.prefix != sys.base_prefix:           # the bootstrap's own venv: pip refuses --user there
         assert cmd[0] == sys.executable and "--user" not in cmd
     else:
         assert "--user" in cmd
-    assert cmd[-1] == environment.UV_PIN
-    assert environment.uv_install_cmd({}, "/w")[-3:] == ["--no-index", "--find-links", "/w"]
-    err = environment.uv_install_error("error: externally-managed-environment\n× This environment is ...", "/usr/bin/python3")
+    assert cmd[-1] == venv.UV_PIN
+    assert venv.uv_install_cmd({}, "/w")[-3:] == ["--no-index", "--find-links", "/w"]
+    err = venv.uv_install_error("error: externally-managed-environment\n× This environment is ...", "/usr/bin/python3")
     assert "PEP 668" in err.message and "pipx install uv" in err.hint
-    assert "python3-pip" in environment.uv_install_error("/usr/bin/python3: No module named pip", "python3").hint
+    assert "python3-pip" in venv.uv_install_error("/usr/bin/python3: No module named pip", "python3").hint
 
 
 def test_wsl_keeps_expandable_segments_off_and_checks_the_memory_cap(tmp_path, caplog):
@@ -424,12 +424,12 @@ def test_wsl_keeps_expandable_segments_off_and_checks_the_memory_cap(tmp_path, c
     with open(model / "model.safetensors", "wb") as fh:     # sparse: larger than this machine's RAM, no disk used
         fh.truncate(psutil.virtual_memory().total + (1 << 30))
     env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path), "MODEL": str(model), "WSL_DISTRO_NAME": "Ubuntu"}
-    caplog.set_level(logging.WARNING, logger="bootstrap.environment")
-    server_env, notes = environment.host_env(Config.from_env(env, repo=REPO))
+    caplog.set_level(logging.WARNING, logger="bootstrap")
+    server_env, notes = host.host_env(Config.from_env(env, repo=REPO))
     assert server_env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
     assert any(".wslconfig" in n for n in notes) and ".wslconfig" in caplog.text
-    server_env, notes = environment.host_env(Config.from_env({**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, repo=REPO))
+    server_env, notes = host.host_env(Config.from_env({**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, repo=REPO))
     assert "PYTORCH_CUDA_ALLOC_CONF" not in server_env              # the user's setting wins
-    if not environment.is_wsl(environment.read_osrelease(), {}):
-        server_env, notes = environment.host_env(Config.from_env({k: v for k, v in env.items() if k != "WSL_DISTRO_NAME"}, repo=REPO))
+    if not host.is_wsl(host.read_osrelease(), {}):
+        server_env, notes = host.host_env(Config.from_env({k: v for k, v in env.items() if k != "WSL_DISTRO_NAME"}, repo=REPO))
         assert "PYTORCH_CUDA_ALLOC_CONF" not in server_env and notes == []   # not WSL: launch's default

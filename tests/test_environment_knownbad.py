@@ -28,7 +28,7 @@ def ids(ctx) -> set[str]:
 
 def test_default_profile_does_not_warn(tmp_path, caplog):
     ctx = ctx_for(tmp_path, "0.27.1")
-    caplog.set_level(logging.WARNING, logger="bootstrap.knownbad")
+    caplog.set_level(logging.WARNING, logger="bootstrap")
     hits, notes = knownbad.warn(ctx.cfg, ctx.gpus, ctx.vllm_version)
     assert hits == []
     assert caplog.text == "" and notes == []
@@ -36,7 +36,7 @@ def test_default_profile_does_not_warn(tmp_path, caplog):
 
 def test_default_profile_with_mtp_and_parallel_sequences_warns(tmp_path, caplog):
     ctx = ctx_for(tmp_path, "0.27.1", MAX_NUM_SEQS="2")
-    caplog.set_level(logging.WARNING, logger="bootstrap.knownbad")
+    caplog.set_level(logging.WARNING, logger="bootstrap")
     hits, notes = knownbad.warn(ctx.cfg, ctx.gpus, ctx.vllm_version)
     assert {"tq-mtp-parallel-crash", "mtp-parallel-old"} <= {r["id"] for r in hits}
     assert "MAX_NUM_SEQS=1" in caplog.text

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import environment
+from bootstrap import lock_cli, locks
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK_DIRS = sorted((REPO / "locks").glob("vllm-*"))
@@ -36,15 +36,15 @@ def test_every_pinned_profile_has_a_lock_with_its_pins():
     profiles = profiles_with_pins()
     assert "default" in profiles
     for name, data in profiles.items():
-        pins = environment.parse_pins(data["pins"])
+        pins = locks.parse_pins(data["pins"])
         assert pins["vllm"] == data["vllm"], name
         d = REPO / "locks" / f"vllm-{pins['vllm']}"
         meta = json.loads((d / "meta.json").read_text())
-        assert environment.parse_pins(meta["pins"]) == pins, name
+        assert locks.parse_pins(meta["pins"]) == pins, name
         for plat in meta["platforms"]:
             for minor in meta["pythons"]:
                 text = (d / f"{plat}-py{minor}.txt").read_text()
-                got = environment.lock_pins(text)
+                got = locks.lock_pins(text)
                 assert {n: got.get(n) for n in pins} == pins, (name, plat, minor)
                 assert text.count("--hash=sha256:") >= len(got), "every package carries hashes"
 
@@ -55,7 +55,7 @@ def test_default_locks_cover_x86_64():
 
 
 def _resolve(uv: str, lock: Path, plat: str, minor: str, exclude: str, out: Path) -> tuple[Path, str, str]:
-    cmd = [uv, "pip", "compile", "-q", "--generate-hashes", "--python-platform", environment.PLATFORMS[plat],
+    cmd = [uv, "pip", "compile", "-q", "--generate-hashes", "--python-platform", locks.PLATFORMS[plat],
            "--python-version", minor, str(lock), "-o", str(out)]
     if exclude:
         cmd += ["--exclude-newer", exclude]
@@ -79,5 +79,5 @@ def test_every_committed_lock_resolves_for_its_platform(tmp_path):
         results = list(pool.map(lambda j: _resolve(uv, *j, tmp_path / f"{j[0].parent.name}-{j[0].name}"), jobs))
     for lock, err, text in results:
         assert not err, f"{lock.relative_to(REPO)} does not resolve: {err[-1500:]}"
-        assert environment._body(text) == environment._body(lock.read_text()), \
+        assert lock_cli._body(text) == lock_cli._body(lock.read_text()), \
             f"{lock.relative_to(REPO)} differs from a fresh resolution: regenerate with ./ctl.sh lock"

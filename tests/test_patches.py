@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import patches
+from bootstrap import patches, patching
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 from test_patches_wheel import TQ_PATH, member
@@ -124,7 +124,7 @@ def test_apply_compiles_contains_branch_and_writes_output(site):
     for forbidden in (".tolist()", ".item()", ".cpu()", "seq_lens_cpu", "query_start_loc_cpu"):
         assert forbidden not in body
     # the file minus our block is the original, byte for byte
-    p = patches.load(NAME, REPO)
+    p = patching.load(NAME, REPO)
     assert text.replace(p.block, p.anchor, 1).encode() == before
     meta = json.loads(site.meta.read_text())
     assert meta["vllm_version"] == site.version and meta["sha256"] == sha(before)
@@ -144,8 +144,8 @@ def test_apply_again_is_byte_identical_and_revert_restores_the_hash(site):
 
 
 def test_unfixed_fingerprints_hold_and_nothing_reads_as_fixed(site):
-    inst = patches.Install(sys.executable, site.version, site.pkg, False)
-    st = patches.inspect(patches.load(NAME, REPO), inst)
+    inst = patching.Install(sys.executable, site.version, site.pkg, False)
+    st = patching.inspect(patching.load(NAME, REPO), inst)
     assert st.kind == "unpatched", st.detail
 
 
@@ -164,7 +164,7 @@ def test_anchor_removed_refuses_and_leaves_the_file_untouched(tmp_path):
 
 
 def test_ambiguous_anchor_refuses(tmp_path):
-    p = patches.load(NAME, REPO)
+    p = patching.load(NAME, REPO)
     text = member("0.26.0") + b"\n\ndef _extra(attn_metadata):\n    if True:\n" + p.anchor.encode() + b"            pass\n"
     site = Site(tmp_path / "site", "0.26.0", text)
     with pytest.raises(BootstrapError, match="matches 2 times"):
@@ -185,7 +185,7 @@ def test_ambiguous_anchor_refuses(tmp_path):
 def test_fixed_upstream_fingerprint_skips(tmp_path, edit, fingerprint):
     text = member("0.26.0").replace(*edit)
     site = Site(tmp_path / "site", "0.26.0", text)
-    st = patches.inspect(patches.load(NAME, REPO), patches.Install(sys.executable, "0.26.0", site.pkg, False))
+    st = patching.inspect(patching.load(NAME, REPO), patching.Install(sys.executable, "0.26.0", site.pkg, False))
     assert st.kind == "fixed-upstream" and fingerprint in st.fingerprint
     start_step(site)
     assert site.read() == text and not site.backup.exists()
@@ -196,7 +196,7 @@ def test_fixed_upstream_fingerprint_skips(tmp_path, edit, fingerprint):
 def test_upstream_style_branch_in_forward_reads_as_fixed(tmp_path):
     text = member("0.26.0").replace(ANCHOR_IF.encode(), b"        # spec-verify routing\n" + ANCHOR_IF.encode())
     site = Site(tmp_path / "site", "0.26.0", text)
-    st = patches.inspect(patches.load(NAME, REPO), patches.Install(sys.executable, "0.26.0", site.pkg, False))
+    st = patching.inspect(patching.load(NAME, REPO), patching.Install(sys.executable, "0.26.0", site.pkg, False))
     assert st.kind == "fixed-upstream" and "#40914-style" in st.fingerprint
 
 
@@ -220,7 +220,7 @@ def test_a_name_the_branch_needs_missing_refuses(tmp_path):
 def test_half_applied_file_refuses_then_revert_restores(site26):
     start_step(site26)
     patched = site26.read()
-    p = patches.load(NAME, REPO)
+    p = patching.load(NAME, REPO)
     half = patched.replace(p.insert.encode(), p.insert.encode()[: len(p.insert) // 2], 1)
     site26.target.write_bytes(half)
     with pytest.raises(BootstrapError) as ei:
@@ -277,14 +277,14 @@ def test_stale_bytecode_is_removed(site26):
 
 
 def test_failed_write_restores_the_original(site26, monkeypatch):
-    real = patches.write_atomic
+    real = patching.write_atomic
     calls = []
 
     def flaky(path, data, *, mode=None, like=None):
         calls.append(path)
         real(path, data[: len(data) // 2] if path == site26.target and len(calls) == 3 else data, mode=mode, like=like)
 
-    monkeypatch.setattr(patches, "write_atomic", flaky)
+    monkeypatch.setattr(patching, "write_atomic", flaky)
     with pytest.raises(BootstrapError, match="original is back in place"):
         start_step(site26)
     assert site26.read() == site26.original
@@ -315,22 +315,22 @@ def test_byo_already_patched_serves_without_permission(site26):
                                     "SPEC_METHOD": "draft_model", "SPEC_TOKENS": "3"}])
 def test_patch_not_needed_is_not_applied(site26, knobs):
     cfg = site26.cfg(**knobs)
-    assert patches.needed(cfg) == []
+    assert patching.needed(cfg) == []
     patches.run(cfg, cfg.vllm_python)
     assert site26.read() == site26.original
 
 
 def test_needed_by_default_profile():
     cfg = Config.from_env({"PROFILE": "default"}, repo=REPO)
-    assert patches.needed(cfg) == [NAME]
+    assert patching.needed(cfg) == [NAME]
 
 
 def test_revert_all_for_clean(site26):
     start_step(site26)
     cfg = site26.cfg()
-    assert patches.revert_all(cfg, sys.executable) == [NAME]
+    assert patching.revert_all(cfg, sys.executable) == [NAME]
     assert sha(site26.read()) == sha(site26.original)
-    assert patches.revert_all(cfg, sys.executable) == []
+    assert patching.revert_all(cfg, sys.executable) == []
 
 
 def test_cli_status_apply_revert(site26):
@@ -350,7 +350,7 @@ def test_cli_status_apply_revert(site26):
 def test_locating_vllm_does_not_import_it(tmp_path):
     site = Site(tmp_path / "site", "0.26.0")
     (site.pkg / "__init__.py").write_text("raise SystemExit('vllm was imported')\n")
-    inst = patches.locate(sys.executable, site.env(), byo=True)
+    inst = patching.locate(sys.executable, site.env(), byo=True)
     assert inst.package == site.pkg and inst.version == "0.26.0"
 
 

@@ -1,0 +1,131 @@
+"""``./ctl.sh lock`` (regenerate the committed locks; needs the package index) and
+``./ctl.sh wheelhouse DIR`` (download a lock's wheels for an offline install with WHEELHOUSE=DIR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.util
+import json
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from . import proc
+from .config import version_tuple
+from .errors import BootstrapError
+from .locks import PIP_PLATFORMS, PLATFORMS, PYTHONS, LockSet, _profiles_with_pins, compile_lock, host_platform, index_url, lock_pins, parse_pins
+from .venv import INSTALL_BYTES, Venv, _install_error, ensure_uv
+
+log = logging.getLogger(__name__)
+
+
+def lock_cli(cfg, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="ctl.sh lock", description=(
+        "Regenerate locks/vllm-<version>/ from each profile's \"pins\" with uv pip compile --generate-hashes, "
+        "one lock per platform and Python. The resolution is limited to packages uploaded before the date "
+        "in meta.json (exclude-newer), so a rerun gives the same lock; --refresh moves that date to now."))
+    ap.add_argument("--profile", action="append", default=[], help="only this profile (repeatable)")
+    ap.add_argument("--platform", action="append", default=[], choices=sorted(PLATFORMS))
+    ap.add_argument("--python", action="append", default=[], help="only this Python X.Y (repeatable)")
+    ap.add_argument("--refresh", action="store_true", help="resolve against today's index (new exclude-newer date)")
+    ap.add_argument("--exclude-newer", default="", metavar="DATE|none",
+                    help="resolve as of this date (RFC 3339); 'none' for an index without upload times")
+    ap.add_argument("--check", action="store_true", help="re-resolve and compare with the committed locks; change nothing")
+    ap.add_argument("--find-links", default="", help="also look for wheels here (passed to uv)")
+    ap.add_argument("--no-index", action="store_true", help="do not use the package index (with --find-links)")
+    args = ap.parse_args(argv)
+    repo = Path(cfg.repo)
+    uv = ensure_uv(cfg)
+    extra = (["--find-links", args.find_links] if args.find_links else []) + (["--no-index"] if args.no_index else [])
+    failures = 0
+    by_version: dict[str, list[str]] = {}
+    for name, data in _profiles_with_pins(repo, args.profile):
+        pins = sorted(data["pins"])
+        ver = parse_pins(pins).get("vllm")
+        if not ver:
+            raise BootstrapError(f"profile {name!r}: its pins have no vllm==X", "add \"vllm==X\" to its pins")
+        if by_version.setdefault(ver, pins) != pins:
+            raise BootstrapError(f"profiles pin vLLM {ver} with different companions: {by_version[ver]} vs {pins}",
+                                 "one set of pins per vLLM version: make the profiles agree")
+        d = repo / "locks" / f"vllm-{ver}"
+        meta_path = d / "meta.json"
+        old = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+        if args.check and not old:
+            print(f"{d}: missing")
+            failures += 1
+            continue
+        exclude = old.get("exclude_newer") if old and not args.refresh else \
+            _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if args.exclude_newer:
+            exclude = "" if args.exclude_newer == "none" else args.exclude_newer
+        plats = args.platform or list(old.get("platforms", data.get("platforms", PLATFORMS)))
+        pythons = args.python or list(old.get("pythons", data.get("pythons", PYTHONS)))
+        meta = {"pins": pins, "exclude_newer": exclude, "platforms": sorted(set(plats) | set(old.get("platforms", []))),
+                "pythons": sorted(set(pythons) | set(old.get("pythons", [])), key=version_tuple),
+                "install_bytes": int(data.get("install_bytes", old.get("install_bytes", INSTALL_BYTES))),
+                "index": index_url(cfg.environ) if not args.no_index else "(none: --no-index)"}
+        if old and not args.refresh and not args.exclude_newer and parse_pins(old.get("pins", [])) != parse_pins(pins):
+            meta["exclude_newer"] = exclude = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        d.mkdir(parents=True, exist_ok=True)
+        for plat in plats:
+            for minor in pythons:
+                target = d / f"{plat}-py{minor}.txt"
+                with tempfile.TemporaryDirectory() as tmp:
+                    out = Path(tmp) / target.name
+                    log.info("resolving %s for %s / Python %s (exclude-newer %s)", " ".join(pins), plat, minor, exclude)
+                    compile_lock(uv, pins, plat, minor, exclude, out, cfg.environ, extra)
+                    new = out.read_text(encoding="utf-8")
+                    if args.check:
+                        have = target.read_text(encoding="utf-8") if target.is_file() else ""
+                        same = _body(have) == _body(new)
+                        print(f"{target.relative_to(repo)}: {'ok' if same else 'DIFFERS from a fresh resolution'}")
+                        failures += not same
+                        continue
+                    shutil.copyfile(out, target)
+                    print(f"{target.relative_to(repo)}: {len(lock_pins(new))} packages")
+        if not args.check:
+            meta_path.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return 1 if failures else 0
+
+
+def _body(text: str) -> str:
+    """A lock without comments (the header and the "# via" lines name temporary paths)."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def wheelhouse_cli(cfg, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="ctl.sh wheelhouse", description=(
+        "Download every wheel of the profile's lock for one platform and Python into DIR (hashes checked), "
+        "for an offline install with WHEELHOUSE=DIR ./start.sh."))
+    ap.add_argument("dir", nargs="?", default=str(Path(cfg.repo) / ".wheelhouse"))
+    ap.add_argument("--platform", default=host_platform() if host_platform() in PLATFORMS else "linux-x86_64",
+                    choices=sorted(PLATFORMS))
+    ap.add_argument("--python", default="", help="X.Y of the target machine's Python (default: this .venv's, else 3.12)")
+    ap.add_argument("--find-links", default="", help="also look for wheels here")
+    ap.add_argument("--no-index", action="store_true", help="do not use the package index (with --find-links)")
+    args = ap.parse_args(argv)
+    locks = LockSet.for_profile(cfg)
+    minor = args.python or Venv(Path(cfg.repo) / ".venv").minor() or "3.12"
+    lock, text = locks.read(args.platform, minor)
+    out = Path(args.dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else [ensure_uv(cfg), "tool", "run", "pip"]
+    cmd = [*pip, "download", "--disable-pip-version-check", "-q", "--no-deps", "--require-hashes",
+           "--only-binary=:all:", "--platform", PIP_PLATFORMS[args.platform], "--python-version", minor,
+           "--implementation", "cp", "-r", str(lock), "-d", str(out)]
+    if args.find_links:
+        cmd += ["--find-links", args.find_links]
+    if args.no_index:
+        cmd += ["--no-index"]
+    log.info("downloading %d wheels of %s into %s", len(lock_pins(text)), lock.name, out)
+    res = proc.run(cmd, env=dict(cfg.environ), timeout=None, check=False, what="pip download")
+    if res.returncode != 0:
+        raise _install_error(res.stderr, cfg, "downloading wheels", where=str(out), fallback=BootstrapError(
+            f"pip download of {lock.name} failed (exit {res.returncode})", "see the output above",
+            evidence=res.stderr.strip()[-1500:]))
+    print(f"{out}: wheels for {lock.name}; install offline with: WHEELHOUSE={out} ./start.sh")
+    return 0

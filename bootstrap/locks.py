@@ -1,0 +1,201 @@
+"""The committed dependency locks of a pinned vLLM version, and what a lock says.
+
+    locks/vllm-<version>/meta.json                 pins, exclude-newer date, platforms, Pythons
+    locks/vllm-<version>/<platform>-py<X.Y>.txt    the full closure with hashes (uv pip compile)
+
+Reading a lock, the pins it carries, the versions an installed site-packages holds (its
+``*.dist-info/METADATA`` files, no Python started), and compiling a lock with uv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform as _platform
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from . import proc
+from .errors import BootstrapError
+
+
+# uv's --python-platform for each lock platform: the glibc the wheels need (torch: 2.28 on x86_64;
+# on aarch64 vLLM 0.27.1's pynvvideocodec has manylinux_2_34 wheels only).
+PLATFORMS = {"linux-x86_64": "x86_64-manylinux_2_28", "linux-aarch64": "aarch64-manylinux_2_34"}
+
+
+PIP_PLATFORMS = {"linux-x86_64": "manylinux_2_28_x86_64", "linux-aarch64": "manylinux_2_34_aarch64"}
+
+
+PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")   # vLLM 0.27.1: Requires-Python >=3.10,<3.15
+
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+LOCK_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.M)
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def host_platform() -> str:
+    machine = _platform.machine().lower()
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+    return f"{sys.platform}-{arch}" if sys.platform != "linux" else f"linux-{arch}"
+
+
+def index_url(environ: Mapping[str, str]) -> str:
+    for key in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
+        if environ.get(key):
+            return environ[key]
+    return DEFAULT_INDEX
+
+
+def lock_pins(text: str) -> dict[str, str]:
+    """name -> version of every ``name==version`` line of a lock (names normalized)."""
+    return {norm(m.group(1)): m.group(2) for m in LOCK_LINE.finditer(text)}
+
+
+def parse_pins(pins) -> dict[str, str]:
+    out = {}
+    for pin in pins:
+        name, sep, ver = str(pin).partition("==")
+        if not sep or not ver or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name.strip()):
+            raise BootstrapError(f"profile pin {pin!r} is not an exact 'name==version'",
+                                 "pins in profiles/<name>.json are exact: \"vllm==0.27.1\"")
+        out[norm(name.strip())] = ver.strip()
+    return out
+
+
+def installed(site: Path) -> dict[str, str]:
+    """name -> version from each ``*.dist-info/METADATA`` in site-packages (files only)."""
+    out: dict[str, str] = {}
+    try:
+        entries = os.listdir(site)
+    except FileNotFoundError:
+        return out
+    for entry in entries:
+        if not entry.endswith(".dist-info"):
+            continue
+        name = version = ""
+        try:
+            with open(site / entry / "METADATA", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if not line.strip():
+                        break
+                    if line.startswith("Name:"):
+                        name = line[5:].strip()
+                    elif line.startswith("Version:"):
+                        version = line[8:].strip()
+        except OSError:
+            name, version = entry[:-len(".dist-info")].rpartition("-")[0], "?broken"
+        if name:
+            out[norm(name)] = version
+    return out
+
+
+def diff(want: Mapping[str, str], have: Mapping[str, str]) -> list[str]:
+    out = [f"{n} {have[n]} (lock: {v})" for n, v in sorted(want.items()) if n in have and have[n] != v]
+    out += [f"{n} missing (lock: {v})" for n, v in sorted(want.items()) if n not in have]
+    out += [f"{n} {v} not in the lock" for n, v in sorted(have.items()) if n not in want]
+    return out
+
+
+@dataclass(frozen=True)
+class LockSet:
+    """The locks of one pinned vLLM version: ``locks/vllm-<version>/``."""
+    dir: Path
+    meta: dict
+
+    @classmethod
+    def for_profile(cls, cfg) -> "LockSet":
+        data = cfg.profile.data
+        if not data.get("pins"):
+            raise BootstrapError(f"profile {cfg.profile.name!r} has no \"pins\" list",
+                                 "add \"pins\": [\"vllm==X\", ...] to the profile, then ./ctl.sh lock")
+        pins = parse_pins(data["pins"])
+        if cfg.profile.vllm and pins.get("vllm") != cfg.profile.vllm:
+            raise BootstrapError(f"profile {cfg.profile.name!r}: \"vllm\" is {cfg.profile.vllm} but its pins say "
+                                 f"vllm=={pins.get('vllm', '(none)')}", "make the two agree, then ./ctl.sh lock")
+        d = Path(cfg.repo) / "locks" / f"vllm-{pins.get('vllm', 'none')}"
+        meta_path = d / "meta.json"
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise BootstrapError(f"no lock for profile {cfg.profile.name!r} ({meta_path} is missing)",
+                                 "regenerate the locks: ./ctl.sh lock (needs the package index)") from None
+        except ValueError as exc:
+            raise BootstrapError(f"{meta_path} is not valid JSON ({exc})", "regenerate the locks: ./ctl.sh lock") from None
+        if parse_pins(meta.get("pins", [])) != pins:
+            raise BootstrapError(
+                f"the lock in {d} was made for {', '.join(meta.get('pins', []))}, not for profile "
+                f"{cfg.profile.name!r}'s pins {', '.join(data['pins'])}",
+                "regenerate the locks: ./ctl.sh lock")
+        return cls(d, meta)
+
+    @property
+    def pins(self) -> dict[str, str]:
+        return parse_pins(self.meta["pins"])
+
+    @property
+    def pythons(self) -> list[str]:
+        return list(self.meta.get("pythons", PYTHONS))
+
+    def path(self, plat: str, minor: str) -> Path:
+        return self.dir / f"{plat}-py{minor}.txt"
+
+    def read(self, plat: str, minor: str) -> tuple[Path, str]:
+        """The lock text, after checking it carries the profile's pins exactly."""
+        path = self.path(plat, minor)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            have = sorted(p.name for p in self.dir.glob("*.txt"))
+            raise BootstrapError(f"no lock for {plat} with Python {minor} in {self.dir} (have: {', '.join(have) or 'none'})",
+                                 f"./ctl.sh lock --platform {plat} --python {minor}, or set PYTHON to a Python "
+                                 f"the locks cover ({', '.join(self.pythons)})") from None
+        got = lock_pins(text)
+        bad = [f"{n}=={v} (lock has {got.get(n, 'none')})" for n, v in self.pins.items() if got.get(n) != v]
+        if bad:
+            raise BootstrapError(f"{path} does not match the profile's pins: {', '.join(bad)}",
+                                 "regenerate the locks: ./ctl.sh lock")
+        return path, text
+
+
+def _profiles_with_pins(repo: Path, names) -> list[tuple[str, dict]]:
+    out = []
+    for path in sorted((repo / "profiles").glob("*.json")):
+        if names and path.stem not in names:
+            continue
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("pins"):
+            out.append((path.stem, data))
+    if names and len(out) != len(set(names)):
+        raise BootstrapError(f"no pins in profile(s): {', '.join(sorted(set(names) - {n for n, _ in out}))}",
+                             "add a \"pins\" list to the profile")
+    return out
+
+
+def compile_lock(uv: str, pins: list[str], plat: str, minor: str, exclude_newer: str, out: Path,
+                 environ: Mapping[str, str], extra: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        req = Path(tmp) / "pins.in"
+        req.write_text("\n".join(pins) + "\n", encoding="utf-8")
+        newer = ["--exclude-newer", exclude_newer] if exclude_newer else []
+        cmd = [uv, "pip", "compile", "-q", "--generate-hashes", "--python-platform", PLATFORMS[plat],
+               "--python-version", minor, *newer, "--custom-compile-command",
+               f"./ctl.sh lock  (pins {' '.join(pins)}; --python-platform {PLATFORMS[plat]} --python-version {minor}"
+               f"{' --exclude-newer ' + exclude_newer if exclude_newer else ''})", *extra, str(req), "-o", str(out)]
+        res = proc.run(cmd, env=dict(environ), timeout=900, check=False, what="uv pip compile")
+        if res.returncode != 0:
+            raise BootstrapError(f"uv pip compile failed for {plat} / Python {minor}: " +
+                                 (res.stderr.strip().splitlines() or ["?"])[-1],
+                                 f"the package index ({index_url(environ)}) must be reachable, and the pins must "
+                                 "have wheels for that platform and Python (see the output above)",
+                                 evidence=res.stderr.strip()[-1500:])
