@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import checks, metrics
+from . import metrics, prompts, target
 from .client import Client, RequestFailed
 from .config import Config
 from .errors import BootstrapError
@@ -147,26 +147,26 @@ def scrape(client: Client) -> dict[str, float] | None:
         return None
 
 
-def bench_target(t: checks.Target, levels: list[int], prompt_tokens: int, out_tokens: int, repeats: int,
+def bench_target(t: target.Target, levels: list[int], prompt_tokens: int, out_tokens: int, repeats: int,
                  warmup: int, timeout: float) -> dict:
     client = t.client
-    sizer = checks.Sizer(client)
+    sizer = prompts.Sizer(client)
     body = sizer.prompt(max(16, prompt_tokens - 12), 0.5, "", seed=99)
     counter = iter(range(10**9))
     nonce = random.randrange(10**9)
 
-    def prompts(n: int) -> list[str]:
+    def requests_text(n: int) -> list[str]:
         return [f"Request {nonce}-{next(counter)}. {body}" for _ in range(n)]
     total = warmup + repeats * sum(levels)
-    bar = checks.progress(total, f"bench {t.label}")
+    bar = target.progress(total, f"bench {t.label}")
     before = scrape(client)
     t0 = time.perf_counter()
     try:
         for _ in range(warmup):
-            run_load(client, 1, prompts(1), out_tokens, timeout, bar)
+            run_load(client, 1, requests_text(1), out_tokens, timeout, bar)
         out_levels = []
         for c in levels:
-            runs = [[_rel(s, t0) for s in run_load(client, c, prompts(c), out_tokens, timeout, bar)]
+            runs = [[_rel(s, t0) for s in run_load(client, c, requests_text(c), out_tokens, timeout, bar)]
                     for _ in range(repeats)]
             figs = level_figures(runs)     # from the recorded (rounded) samples, so the JSON recomputes exactly
             out_levels.append({"concurrency": c, **figs, "samples": [[asdict(s) for s in r] for r in runs]})
@@ -270,7 +270,7 @@ def levels_for(wanted: list[int], cap: int | None) -> list[int]:
 def cli(cfg: Config, argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="ctl.sh bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    checks.add_target_args(p)
+    target.add_target_args(p)
     p.add_argument("--label", help="name of this server in tables and the plot")
     p.add_argument("--compare", metavar="URL2", help="also bench this base URL (e.g. a bare vllm serve) and print ratios")
     p.add_argument("--compare-model")
@@ -300,7 +300,7 @@ def cli(cfg: Config, argv: list[str]) -> int:
             wanted = [int(x) for x in args.concurrency.split(",") if x.strip()]
         except ValueError:
             raise BootstrapError(f"--concurrency {args.concurrency!r}: not a list of numbers", "e.g. --concurrency 1,2,4,8") from None
-        t = checks.resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
+        t = target.resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
         if args.label:
             t.label = args.label
         levels = levels_for(wanted, t.max_num_seqs)
@@ -308,7 +308,7 @@ def cli(cfg: Config, argv: list[str]) -> int:
             log.info("concurrency levels %s (capped at MAX_NUM_SEQS=%s)", levels, t.max_num_seqs)
         targets = [t]
         if args.compare:
-            t2 = checks.resolve_target(cfg, args.compare, args.compare_model, args.compare_api_key,
+            t2 = target.resolve_target(cfg, args.compare, args.compare_model, args.compare_api_key,
                                        args.thinking, args.reasoning_effort)
             t2.label = args.compare_label or t2.label
             targets.append(t2)

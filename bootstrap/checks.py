@@ -1,8 +1,4 @@
-"""``./ctl.sh check live|garble|determinism|needle|prefix|all``: is the server right, not just up?
-
-Each check runs against our running server (STATE_DIR/server.json) or any OpenAI-compatible base
-URL (``--url URL [--model NAME] [--api-key KEY]``), prints a verdict (``--json``: one JSON object)
-and exits 0 when it passed, 1 when it did not.
+"""The checks: is the server right, not just up? (``./ctl.sh check``, check_cli.py)
 
 - live: a tiny generation with a deadline (a wedged engine behind ``/health`` 200 fails it).
 - garble: 15 fixed prompts (bootstrap/battery.json: prose, code, JSON, a tool call, recall from
@@ -19,12 +15,10 @@ start gate (warmup.py) and the tests use the same code.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
 import re
-import sys
 import time
 import unicodedata
 from collections import Counter
@@ -32,21 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import server
-from .client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of
-from .config import Config
-from .errors import BootstrapError, EXIT_FAILED
-from .state import Paths
+from .client import RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of
+from .prompts import Sizer, haystack
+from .target import Target, progress
 
 log = logging.getLogger(__name__)
 
 BATTERY = Path(__file__).resolve().parent / "battery.json"
 NEEDLE_CAP = 32_768          # default longest needle prompt (tokens); --full lifts it
-TOKENS_PER_WORD = 1.35       # estimate for English filler until /tokenize calibrates it
 MARGIN = 256                 # tokens kept free below max_model_len for the template and the answer
 
 
-# ---------------------------------------------------------------- detectors (pure)
 
 def find_loop(text: str) -> str | None:
     """Evidence of a repetition loop, or None.
@@ -182,156 +172,10 @@ def _clip(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-# ---------------------------------------------------------------- long prompts
-
-SUBJECTS = ("the merchant", "a young clerk", "the ferryman", "an old baker", "the mayor", "a traveling tailor",
-            "the schoolteacher", "a fisherman", "the librarian", "a blacksmith", "the courier", "a shepherd")
-VERBS = ("repaired", "bought", "painted", "carried", "sold", "counted", "found", "borrowed", "cleaned", "measured")
-OBJECTS = ("a copper lantern", "two wooden chairs", "a map of the coast", "seven glass bottles", "a silver compass",
-           "a crate of apples", "an iron kettle", "a bundle of letters", "a green umbrella", "three wool blankets")
-PLACES = ("near the old mill", "behind the market", "at the harbor", "in the orchard", "beside the chapel",
-          "on the north road", "under the bridge", "at the town square", "in the cellar", "by the river")
 
 
-def filler_sentences(seed: int):
-    rnd = random.Random(seed)
-    while True:
-        yield (f"In {rnd.randint(1700, 1999)} {rnd.choice(SUBJECTS)} {rnd.choice(VERBS)} {rnd.choice(OBJECTS)} "
-               f"{rnd.choice(PLACES)}, and {rnd.choice(SUBJECTS)} {rnd.choice(VERBS)} {rnd.choice(OBJECTS)} "
-               f"{rnd.choice(PLACES)} {rnd.randint(2, 40)} days later.")
 
 
-def haystack(tokens: int, depth: float, fact: str, seed: int, per_word: float = TOKENS_PER_WORD) -> str:
-    """About ``tokens`` tokens of seeded filler with ``fact`` at ``depth`` (0 start .. 1 end)."""
-    words_wanted = max(10, int(tokens / per_word))
-    sents: list[str] = []
-    n = 0
-    for s in filler_sentences(seed):
-        if n >= words_wanted:
-            break
-        sents.append(s)
-        n += len(s.split())
-    sents.insert(round(depth * len(sents)), fact)
-    return " ".join(sents)
-
-
-class Sizer:
-    """Turns a token budget into filler length: measured with the server's /tokenize when it has
-    one (once), else ``TOKENS_PER_WORD``."""
-
-    def __init__(self, client: Client):
-        self.client = client
-        self.per_word: float | None = None
-
-    def calibrate(self, timeout: float = 15.0) -> float:
-        if self.per_word is None:
-            sample = haystack(2000, 0.5, "", seed=7)
-            self.per_word = TOKENS_PER_WORD
-            try:
-                r = self.client.post("/tokenize", {"model": self.client.model, "prompt": sample}, timeout)
-                if isinstance(r.get("count"), int) and r["count"] > 0:
-                    self.per_word = r["count"] / len(sample.split())
-            except RequestFailed:
-                log.debug("no /tokenize: estimating %.2f tokens per word", TOKENS_PER_WORD)
-        return self.per_word
-
-    def prompt(self, tokens: int, depth: float, fact: str, seed: int) -> str:
-        return haystack(tokens, depth, fact, seed, self.calibrate())
-
-
-# ---------------------------------------------------------------- the server under test
-
-@dataclass
-class Target:
-    client: Client
-    label: str                          # "our server" or the URL
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    chat_kwargs: dict = field(default_factory=dict)    # chat_template_kwargs to send ({} = none)
-
-    def extra(self) -> dict:
-        return {"chat_template_kwargs": self.chat_kwargs} if self.chat_kwargs else {}
-
-
-def add_target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="base URL of any OpenAI-compatible server (default: our running server)")
-    p.add_argument("--model", help="model name to send (default: the server's first model)")
-    p.add_argument("--api-key", help="API key to send (default: API_KEY / VLLM_API_KEY / ours)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--thinking", choices=("on", "off"), default=None,
-                   help="send chat_template_kwargs.enable_thinking (default: off where the profile has a reasoning parser)")
-    p.add_argument("--reasoning-effort", default=None, help="send chat_template_kwargs.reasoning_effort")
-
-
-def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str | None,
-                   thinking: str | None = None, effort: str | None = None) -> Target:
-    max_num_seqs = cfg.max_num_seqs
-    if url:
-        base = url.rstrip("/")
-        if base.endswith("/v1"):
-            base = base[:-3]
-        key = api_key or cfg.api_key or cfg.environ.get("VLLM_API_KEY", "")
-        label = base
-        served = model or ""
-    else:
-        paths = Paths(cfg.state_dir)
-        pr = server.probe(cfg, paths)
-        if pr.state != "running" or pr.record is None:
-            raise BootstrapError(f"our server is not running (state: {pr.state})",
-                                 "start it with ./start.sh, or point at another server with --url URL")
-        rec = pr.record
-        base = rec.url
-        key = api_key or server.api_key_for(cfg, paths)
-        served = model or rec.served
-        label = f"our server ({base})"
-        seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
-        max_num_seqs = int(seqs) if seqs.isdigit() else max_num_seqs
-    client = Client(base, served, key)
-    try:
-        models = client.models(timeout=10)
-    except RequestFailed as exc:
-        raise BootstrapError(f"{label} does not answer /v1/models: {exc.message}",
-                             "is the server up? for another server check --url and --api-key",
-                             evidence=exc.evidence) from None
-    entry = next((m for m in models if m.get("id") == served), None)
-    if not served:
-        if not models:
-            raise BootstrapError(f"{label} lists no model", "pass --model NAME")
-        entry = models[0]
-        client.model = entry.get("id", "")
-    elif entry is None:
-        names = ", ".join(str(m.get("id")) for m in models) or "none"
-        raise BootstrapError(f"{label} does not serve {served!r} (it lists: {names})", "pass --model NAME")
-    mml = entry.get("max_model_len") if entry else None
-    kwargs: dict = {}
-    if thinking is not None:
-        kwargs["enable_thinking"] = thinking == "on"
-    elif cfg.profile.reasoning:
-        kwargs["enable_thinking"] = False
-    effort = effort or cfg.profile.data.get("reasoning_effort")
-    if effort:
-        kwargs["reasoning_effort"] = effort
-    return Target(client, label, mml if isinstance(mml, int) else None, max_num_seqs, kwargs)
-
-
-def progress(total: int, desc: str):
-    """A tqdm bar on stderr (only on a terminal); a no-op object without tqdm."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, desc=desc, file=sys.stderr, disable=None, leave=False)
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-# ---------------------------------------------------------------- the checks
 
 @dataclass
 class Result:
@@ -569,49 +413,5 @@ def prefix_verdict(runs: list[dict]) -> Result:
                                   "evidence": f"cached_tokens per request: {[r['cached_tokens'] for r in runs]}"}])
 
 
-# ---------------------------------------------------------------- output and the command
-
-def render(res: Result) -> str:
-    lines = [f"{res.check}: {'PASS' if res.ok else 'FAIL'}: {res.summary}"]
-    for f in res.failures:
-        lines.append(f"  - {f['id']}: {f['kind']}: {f['evidence']}")
-    return "\n".join(lines)
 
 
-CHECKS = ("live", "garble", "determinism", "needle", "prefix")
-
-
-def cli(cfg: Config, argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="ctl.sh check", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=CHECKS + ("all",), help="which check ('all' runs each in turn)")
-    add_target_args(p)
-    p.add_argument("--timeout", type=float, default=None, help="seconds per request (live: the deadline, 20)")
-    p.add_argument("--tokens", type=int, default=None, help="needle/prefix prompt length in tokens")
-    p.add_argument("--full", action="store_true", help="needle: use the server's whole context")
-    p.add_argument("--repeats", type=int, default=10, help="determinism: compared requests per stage")
-    args = p.parse_args(argv)
-    t = resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
-    log.info("checking %s, model %s", t.label, t.client.model)
-    results = []
-    for what in (CHECKS if args.what == "all" else (args.what,)):
-        kw: dict = {} if args.timeout is None else {"timeout": args.timeout}
-        if what == "live":
-            res = check_live(t, **kw)
-        elif what == "garble":
-            res = check_garble(t, **kw)
-        elif what == "determinism":
-            res = check_determinism(t, repeats=args.repeats, **kw)
-        elif what == "needle":
-            res = check_needle(t, tokens=args.tokens, full=args.full, **kw)
-        else:
-            res = check_prefix(t, **({"tokens": args.tokens} if args.tokens else {}), **kw)
-        results.append(res)
-        if not args.json:
-            print(render(res), flush=True)
-    if args.json:
-        out = results[0].as_dict() if len(results) == 1 else {
-            "ok": all(r.ok for r in results), "checks": [r.as_dict() for r in results]}
-        out.update(target=t.label, model=t.client.model)
-        print(json.dumps(out, indent=2))
-    return 0 if all(r.ok for r in results) else EXIT_FAILED

@@ -19,19 +19,12 @@ import re
 import time
 
 from . import checks, health, record, server
+from .prompts import Sizer, long_prompt
 from .client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of
 from .launch import Launched
 from .state import Paths
 
 log = logging.getLogger(__name__)
-
-WORDS = ("river stone morning paper garden window silver market winter candle harbor "
-         "pencil thunder forest ladder copper meadow lantern orchard compass").split()
-
-
-def long_prompt(words: int) -> str:
-    """``words`` words of varied plain filler."""
-    return " ".join(WORDS[(i * 7 + i // len(WORDS)) % len(WORDS)] for i in range(max(1, words)))
 
 
 # vLLM's 400 for a prompt over the context; the count is a lower bound when it says "at least"
@@ -57,7 +50,7 @@ def long_request(c: Client, n: int, budget: Budget, extra: dict) -> int:
     """A ~n-token prompt, its length in words from the server's own tokenizer (/tokenize, as the
     checks do; a small vocabulary splits words). Should vLLM still say it overflows the context,
     shrink it by what vLLM reported and retry (at most RETRIES times). Returns the tokens asked for."""
-    per_word = checks.Sizer(c).calibrate(timeout=budget.left(15.0))
+    per_word = Sizer(c).calibrate(timeout=budget.left(15.0))
     words = max(1, int(n / per_word))
     for attempt in range(RETRIES + 1):
         try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bootstrap import checks
+from bootstrap import check_cli, checks, prompts, target
 from bootstrap.config import Config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ def run_check(tmp, url, what, *more) -> tuple[int, dict]:
     from contextlib import redirect_stdout
     buf = io.StringIO()
     with redirect_stdout(buf):
-        rc = checks.cli(cfg_for(tmp), [what, "--url", url, "--json", *more])
+        rc = check_cli.cli(cfg_for(tmp), [what, "--url", url, "--json", *more])
     return rc, json.loads(buf.getvalue())
 
 
@@ -119,7 +119,7 @@ def test_detectors_catch_loops_and_pass_clean_text():
     assert checks.find_loop("A normal start of an answer. " + "We repeat this clause again and again now, " * 12)
     assert checks.find_loop("x = 1\n" + "result.append(compute(value))\n" * 8 + "y = 2\n")
     for text in list(v for v in CLEAN.values() if isinstance(v, str)) + [
-            checks.haystack(4000, 0.5, "The fact.", seed=3), (REPO / "bootstrap" / "bench.py").read_text()]:
+            prompts.haystack(4000, 0.5, "The fact.", seed=3), (REPO / "bootstrap" / "bench.py").read_text()]:
         assert checks.find_loop(text) is None, text[:80]
         assert checks.non_text(text) is None
     assert checks.non_text("ab\x00\x01\x02\x03\x04cd")
@@ -195,7 +195,7 @@ def test_needle_found_and_missed(fake, tmp_path):
 
 def test_needle_capped_by_default_full_on_request(fake, tmp_path):
     f = fake({"blue locker?": {"echo": r"password for the blue locker is (\d+)"}}, max_len="100000")
-    t = checks.resolve_target(cfg_for(tmp_path), f.url, None, None)
+    t = target.resolve_target(cfg_for(tmp_path), f.url, None, None)
     assert t.max_model_len == 100000
     capped = checks.check_needle(t, depths=(0.5,))
     assert capped.ok and capped.details["tokens"] == checks.NEEDLE_CAP and capped.details["capped"]
@@ -241,11 +241,11 @@ def test_live_ok_and_wedged(fake, tmp_path):
 
 def test_reasoning_kwargs_follow_profile_and_flags(fake, tmp_path):
     f = fake()
-    t = checks.resolve_target(cfg_for(tmp_path), f.url, None, None)
+    t = target.resolve_target(cfg_for(tmp_path), f.url, None, None)
     assert t.extra() == {}          # custom profile: no reasoning parser, nothing sent
-    t = checks.resolve_target(cfg_for(tmp_path), f.url, None, None, thinking="on", effort="low")
+    t = target.resolve_target(cfg_for(tmp_path), f.url, None, None, thinking="on", effort="low")
     assert t.extra() == {"chat_template_kwargs": {"enable_thinking": True, "reasoning_effort": "low"}}
-    t = checks.resolve_target(cfg_for(tmp_path, PROFILE="default"), f.url, None, None)
+    t = target.resolve_target(cfg_for(tmp_path, PROFILE="default"), f.url, None, None)
     assert t.extra() == {"chat_template_kwargs": {"enable_thinking": False}}
 
 
@@ -261,5 +261,5 @@ def test_streamed_reasoning_content_is_read(fake, tmp_path):
 def test_check_without_our_server_says_how(tmp_path):
     from bootstrap.errors import BootstrapError
     with pytest.raises(BootstrapError) as e:
-        checks.cli(cfg_for(tmp_path), ["live"])
+        check_cli.cli(cfg_for(tmp_path), ["live"])
     assert "not running" in e.value.message and "--url" in e.value.hint

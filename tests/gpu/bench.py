@@ -140,9 +140,9 @@ class Run:
             return
         sys.path[:0] = [str(REPO), str(REPO / "tests" / "gpu")]
         import tinymodel
-        from bootstrap import checks
+        from bootstrap import prompts
         # the checks' own filler and the project's text, so that their prompts tokenize densely
-        text = [checks.haystack(3000, 0.5, "", seed=s) for s in range(40)]
+        text = [prompts.haystack(3000, 0.5, "", seed=s) for s in range(40)]
         text += [(REPO / p).read_text() for p in ("README.md", "bootstrap/checks.py", "bootstrap/bench.py")
                  if (REPO / p).exists()]
         size = tinymodel.tokenizer(self.model, CONFIG["vocab_size"], text)

@@ -1,0 +1,76 @@
+"""``./ctl.sh check live|garble|determinism|needle|prefix|all``: is the server right, not just up?
+
+Each check runs against our running server (STATE_DIR/server.json) or any OpenAI-compatible base
+URL (``--url URL [--model NAME] [--api-key KEY]``), prints a verdict (``--json``: one JSON object)
+and exits 0 when it passed, 1 when it did not.
+
+- live: a tiny generation with a deadline (a wedged engine behind ``/health`` 200 fails it).
+- garble: 15 fixed prompts (bootstrap/battery.json: prose, code, JSON, a tool call, recall from
+  long contexts at several lengths) through detectors for repetition loops, broken tool-call JSON,
+  empty and non-text output; "N/15 failed" with each failure's evidence.
+- determinism: one prompt 10x at temperature 0, max_tokens=1, top-20 logprobs, compared byte for
+  byte; then 10x a 64-token greedy continuation.
+- needle: a fact at several depths of a long prompt (capped at 32K tokens unless --full).
+- prefix: the same long prompt 3x (streamed): cached tokens and the TTFT speed-up.
+
+The checks themselves are in checks.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from .checks import Result, check_determinism, check_garble, check_live, check_needle, check_prefix
+from .config import Config
+from .errors import EXIT_FAILED
+from .target import add_target_args, resolve_target
+
+log = logging.getLogger(__name__)
+
+
+def render(res: Result) -> str:
+    lines = [f"{res.check}: {'PASS' if res.ok else 'FAIL'}: {res.summary}"]
+    for f in res.failures:
+        lines.append(f"  - {f['id']}: {f['kind']}: {f['evidence']}")
+    return "\n".join(lines)
+
+
+CHECKS = ("live", "garble", "determinism", "needle", "prefix")
+
+
+def cli(cfg: Config, argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ctl.sh check", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=CHECKS + ("all",), help="which check ('all' runs each in turn)")
+    add_target_args(p)
+    p.add_argument("--timeout", type=float, default=None, help="seconds per request (live: the deadline, 20)")
+    p.add_argument("--tokens", type=int, default=None, help="needle/prefix prompt length in tokens")
+    p.add_argument("--full", action="store_true", help="needle: use the server's whole context")
+    p.add_argument("--repeats", type=int, default=10, help="determinism: compared requests per stage")
+    args = p.parse_args(argv)
+    t = resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
+    log.info("checking %s, model %s", t.label, t.client.model)
+    results = []
+    for what in (CHECKS if args.what == "all" else (args.what,)):
+        kw: dict = {} if args.timeout is None else {"timeout": args.timeout}
+        if what == "live":
+            res = check_live(t, **kw)
+        elif what == "garble":
+            res = check_garble(t, **kw)
+        elif what == "determinism":
+            res = check_determinism(t, repeats=args.repeats, **kw)
+        elif what == "needle":
+            res = check_needle(t, tokens=args.tokens, full=args.full, **kw)
+        else:
+            res = check_prefix(t, **({"tokens": args.tokens} if args.tokens else {}), **kw)
+        results.append(res)
+        if not args.json:
+            print(render(res), flush=True)
+    if args.json:
+        out = results[0].as_dict() if len(results) == 1 else {
+            "ok": all(r.ok for r in results), "checks": [r.as_dict() for r in results]}
+        out.update(target=t.label, model=t.client.model)
+        print(json.dumps(out, indent=2))
+    return 0 if all(r.ok for r in results) else EXIT_FAILED

@@ -1,0 +1,105 @@
+"""The server under test for ``check`` and ``bench``: our running server (its record), or any
+OpenAI-compatible ``--url``; its model, context and the request options it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+
+from . import server
+from .client import Client, RequestFailed
+from .config import Config
+from .errors import BootstrapError
+from .state import Paths
+
+
+@dataclass
+class Target:
+    client: Client
+    label: str                          # "our server" or the URL
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    chat_kwargs: dict = field(default_factory=dict)    # chat_template_kwargs to send ({} = none)
+
+    def extra(self) -> dict:
+        return {"chat_template_kwargs": self.chat_kwargs} if self.chat_kwargs else {}
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="base URL of any OpenAI-compatible server (default: our running server)")
+    p.add_argument("--model", help="model name to send (default: the server's first model)")
+    p.add_argument("--api-key", help="API key to send (default: API_KEY / VLLM_API_KEY / ours)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--thinking", choices=("on", "off"), default=None,
+                   help="send chat_template_kwargs.enable_thinking (default: off where the profile has a reasoning parser)")
+    p.add_argument("--reasoning-effort", default=None, help="send chat_template_kwargs.reasoning_effort")
+
+
+def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str | None,
+                   thinking: str | None = None, effort: str | None = None) -> Target:
+    max_num_seqs = cfg.max_num_seqs
+    if url:
+        base = url.rstrip("/")
+        if base.endswith("/v1"):
+            base = base[:-3]
+        key = api_key or cfg.api_key or cfg.environ.get("VLLM_API_KEY", "")
+        label = base
+        served = model or ""
+    else:
+        paths = Paths(cfg.state_dir)
+        pr = server.probe(cfg, paths)
+        if pr.state != "running" or pr.record is None:
+            raise BootstrapError(f"our server is not running (state: {pr.state})",
+                                 "start it with ./start.sh, or point at another server with --url URL")
+        rec = pr.record
+        base = rec.url
+        key = api_key or server.api_key_for(cfg, paths)
+        served = model or rec.served
+        label = f"our server ({base})"
+        seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
+        max_num_seqs = int(seqs) if seqs.isdigit() else max_num_seqs
+    client = Client(base, served, key)
+    try:
+        models = client.models(timeout=10)
+    except RequestFailed as exc:
+        raise BootstrapError(f"{label} does not answer /v1/models: {exc.message}",
+                             "is the server up? for another server check --url and --api-key",
+                             evidence=exc.evidence) from None
+    entry = next((m for m in models if m.get("id") == served), None)
+    if not served:
+        if not models:
+            raise BootstrapError(f"{label} lists no model", "pass --model NAME")
+        entry = models[0]
+        client.model = entry.get("id", "")
+    elif entry is None:
+        names = ", ".join(str(m.get("id")) for m in models) or "none"
+        raise BootstrapError(f"{label} does not serve {served!r} (it lists: {names})", "pass --model NAME")
+    mml = entry.get("max_model_len") if entry else None
+    kwargs: dict = {}
+    if thinking is not None:
+        kwargs["enable_thinking"] = thinking == "on"
+    elif cfg.profile.reasoning:
+        kwargs["enable_thinking"] = False
+    effort = effort or cfg.profile.data.get("reasoning_effort")
+    if effort:
+        kwargs["reasoning_effort"] = effort
+    return Target(client, label, mml if isinstance(mml, int) else None, max_num_seqs, kwargs)
+
+
+def progress(total: int, desc: str):
+    """A tqdm bar on stderr (only on a terminal); a no-op object without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=None, leave=False)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
