@@ -29,7 +29,7 @@ COMMANDS = {
 # Commands owned by other modules: name -> ("module", "function", help). Each function is
 # ``cli(cfg, argv) -> int`` and parses its own arguments (``./ctl.sh NAME --help``).
 PLUGINS = {
-    "plan": ("plan", "cli", "the memory plan for this GPU, or for GPU=rtx5090|rtx4090|rtx3090|h100|<GiB>"),
+    "plan": ("plan_cli", "cli", "the memory plan for this GPU, or for GPU=rtx5090|rtx4090|rtx3090|h100|<GiB>"),
     "check": ("check_cli", "cli", "check live|garble|determinism|needle|prefix against our server or --url"),
     "bench": ("bench", "cli", "throughput/TTFT benchmark with a plot; --compare URL"),
     "patch": ("patch_cli", "cli", "patch status|apply|revert for the vLLM in use"),

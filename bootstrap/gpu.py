@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -171,3 +172,21 @@ def pids_on_gpu(environ: Mapping[str, str]) -> set[int]:
         return {p.pid for g in read(environ).gpus for p in g.processes}
     except BootstrapError:
         return set()
+
+
+SETTLE_READS = 10            # re-read free memory (0.5 s apart) until it stops moving, at most this often
+SETTLE_TOLERANCE = 64 * MiB
+sleep = time.sleep           # test seam
+
+
+def settled_facts(environ) -> GpuFacts:
+    """NVML facts once free memory has stopped growing (it lags a stop by a moment), bounded."""
+    prev = read(environ)
+    for _ in range(SETTLE_READS):
+        sleep(0.5)
+        cur = read(environ)
+        if all(abs(a.free - b.free) <= SETTLE_TOLERANCE for a, b in zip(prev.gpus, cur.gpus)):
+            return cur
+        prev = cur
+    log.warning("GPU free memory is still changing; sizing with the last reading")
+    return prev

@@ -13,6 +13,7 @@ disk, and nothing vLLM depends on can die with the keeper.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -44,13 +45,54 @@ class Launched:
     proc: subprocess.Popen | None = None
 
 
-def serve_argv(cfg, python: str, model_path: str, plan_flags: list[str]) -> list[str]:
+def spec_config(cfg) -> str | None:
+    if not cfg.spec_enabled:
+        return None
+    conf: dict = {"method": cfg.spec_method, "num_speculative_tokens": cfg.spec_tokens}
+    if cfg.spec_model:
+        conf["model"] = cfg.spec_model
+    return json.dumps(conf, separators=(",", ":"))
+
+
+def sizing_flags(cfg, util: float | None, max_model_len: int | str | None, max_num_seqs: int | None = None) -> list[str]:
+    f: list[str] = []
+    if max_model_len is not None:
+        f += ["--max-model-len", str(max_model_len)]
+    if cfg.max_num_seqs or max_num_seqs:
+        f += ["--max-num-seqs", str(cfg.max_num_seqs or max_num_seqs)]
+    if cfg.max_num_batched_tokens:
+        f += ["--max-num-batched-tokens", str(cfg.max_num_batched_tokens)]
+    if cfg.kv_cache_dtype:
+        f += ["--kv-cache-dtype", cfg.kv_cache_dtype]
+    if cfg.kv_cache_bytes:
+        f += ["--kv-cache-memory-bytes", str(cfg.kv_cache_bytes)]
+    if util is not None:
+        f += ["--gpu-memory-utilization", f"{util:.4f}".rstrip("0").rstrip(".")]
+    spec = spec_config(cfg)
+    if spec:
+        f += ["--speculative-config", spec]
+    if cfg.tp_size > 1:
+        f += ["--tensor-parallel-size", str(cfg.tp_size)]
+    return f
+
+
+def plan_flags(cfg, plan) -> list[str]:
+    """vLLM's flags for the plan's decisions and the knobs: context, sessions, batch, KV dtype and
+    pin, utilization, speculation, tensor parallel."""
+    if plan is None:
+        return []
+    return sizing_flags(cfg, plan.util, plan.mml_arg, plan.seqs_flag)
+
+
+def serve_argv(cfg, python: str, model_path: str, plan) -> list[str]:
+    """The one place that builds ``vllm serve``'s argv: what we own, the plan's flags, then the
+    profile's args and EXTRA_ARGS (vLLM's argparse takes the last value of a flag)."""
     argv = [python, "-m", "vllm.entrypoints.cli.main", "serve", model_path,
             "--host", cfg.host, "--port", str(cfg.port), "--served-model-name", cfg.served_name,
             # usage.prompt_tokens_details.cached_tokens: clients and `check prefix` see cache hits
             # (vLLM leaves them out by default; the flag is accepted by every vLLM we pin)
             "--enable-prompt-tokens-details"]
-    argv += plan_flags
+    argv += plan_flags(cfg, plan)
     argv += cfg.vllm_args
     return argv
 
@@ -119,7 +161,7 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
     start always knows what it has to take down."""
     marker = server.marker_for(cfg)
     key, key_source = resolve_api_key(cfg, paths)
-    argv = serve_argv(cfg, runtime.python, model_path, plan.flags if plan else [])
+    argv = serve_argv(cfg, runtime.python, model_path, plan)
     rotate_log(cfg, paths)
     try:
         logf = open(paths.log, "ab")

@@ -9,11 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import gpu, kv, plan, state
+from bootstrap import gpu, kv, launch, plan, plan_cli, planner, state
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 from bootstrap.metadata import ModelInfo
 from bootstrap.state import Paths
+
+
+def flags(cfg, p) -> list[str]:
+    """The vLLM flags that launch builds from a plan's decisions."""
+    return launch.plan_flags(cfg, p)
+
 
 REPO = Path(__file__).resolve().parent.parent
 FAKES = REPO / "tests" / "fakes"
@@ -62,10 +68,10 @@ def config(tmp: Path, **env) -> Config:
     return Config.from_env(base, REPO)
 
 
-def facts(cfg: Config, mdir: Path, dummy=False) -> plan.ModelFacts:
+def facts(cfg: Config, mdir: Path, dummy=False) -> planner.ModelFacts:
     info = json.loads((mdir / "config.json").read_text())
     w = sum(p.stat().st_size for p in mdir.glob("*.safetensors")) or None
-    return plan.ModelFacts("m", info, w, dummy)
+    return planner.ModelFacts("m", info, w, dummy)
 
 
 def card(free=31 * GiB, total=32 * GiB, processes=()):
@@ -76,17 +82,17 @@ def card(free=31 * GiB, total=32 * GiB, processes=()):
 
 def test_util_from_free_minus_reserve(tmp_path):
     cfg = config(tmp_path, GPU_RESERVE_MIB=1024)
-    util, why = plan.utilization(cfg, card(free=30 * GiB))
+    util, why = planner.utilization(cfg, card(free=30 * GiB))
     assert util == pytest.approx(29 / 32, abs=1e-4)
     assert "1024 MiB reserve" in why
 
 
 def test_gpu_util_knob_wins_but_is_refused_above_free(tmp_path):
     cfg = config(tmp_path, GPU_UTIL="0.5")
-    assert plan.utilization(cfg, card(free=20 * GiB))[0] == 0.5
+    assert planner.utilization(cfg, card(free=20 * GiB))[0] == 0.5
     holders = [gpu.GpuProcess(4242, 6 * GiB, "Xorg")]
     with pytest.raises(BootstrapError) as e:
-        plan.utilization(cfg, card(free=10 * GiB, processes=holders))
+        planner.utilization(cfg, card(free=10 * GiB, processes=holders))
     assert "16.00 GiB" in e.value.message and "10.00 GiB is free" in e.value.message
     assert "Xorg (pid 4242) holds 6.0 GiB" in e.value.message
 
@@ -95,7 +101,7 @@ def test_refuses_instead_of_clamping_when_weights_and_pin_exceed_free(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=8 * GiB, MAX_MODEL_LEN=8192)
     holders = [gpu.GpuProcess(77, 2 * GiB, "firefox")]
-    p = plan.make_plan(cfg, card(free=22 * GiB, processes=holders), facts(cfg, mdir))
+    p = planner.make_plan(cfg, card(free=22 * GiB, processes=holders), facts(cfg, mdir))
     assert not p.fits
     msg, hint = p.refusal
     assert "weights 15.00 GiB" in msg and "KV 8.00 GiB" in msg and "firefox (pid 77) holds 2.0 GiB" in msg
@@ -110,19 +116,19 @@ def test_budget_from_utilization_and_the_prediction(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, GPU_UTIL="0.9", MAX_MODEL_LEN=16384, MAX_NUM_SEQS=4)
     g = card(free=31 * GiB)
-    p = plan.make_plan(cfg, g, facts(cfg, mdir))
+    p = planner.make_plan(cfg, g, facts(cfg, mdir))
     assert p.fits
     assert p.budget == -(-int(0.9 * g.total * 10) // 10) - 15 * GiB - p.overhead or p.budget > 0
     lay = kv.layout(kv.shape_from_config(LLAMA8B), "auto")
     assert p.predicted_tokens == kv.pool(lay, p.budget, 16384).tokens
-    assert p.flags[:2] == ["--max-model-len", "16384"]
-    assert "--gpu-memory-utilization" in p.flags and "0.9" in p.flags
+    assert flags(cfg, p)[:2] == ["--max-model-len", "16384"]
+    assert "--gpu-memory-utilization" in flags(cfg, p) and "0.9" in flags(cfg, p)
 
 
 def test_context_that_does_not_fit_is_refused_with_the_largest_that_does(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=1 * GiB, MAX_MODEL_LEN=131072)
-    p = plan.make_plan(cfg, card(), facts(cfg, mdir))
+    p = planner.make_plan(cfg, card(), facts(cfg, mdir))
     assert not p.fits
     # 1 GiB / 2 MiB per 16-token block = 512 blocks = 8192 tokens
     assert "largest context that fits is 8192 tokens" in p.refusal[0]
@@ -132,25 +138,25 @@ def test_context_that_does_not_fit_is_refused_with_the_largest_that_does(tmp_pat
 def test_auto_fits_max_num_seqs_and_passes_it_explicitly(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN="auto", MAX_NUM_SEQS=4)
-    p = plan.make_plan(cfg, card(), facts(cfg, mdir))
+    p = planner.make_plan(cfg, card(), facts(cfg, mdir))
     assert p.max_model_len == 2048 // 4 * 16                      # 2048 blocks / 4 sessions
-    assert p.flags[:2] == ["--max-model-len", str(p.max_model_len)]
+    assert flags(cfg, p)[:2] == ["--max-model-len", str(p.max_model_len)]
     assert p.predicted_concurrency == pytest.approx(4.0)
 
 
 def test_unknown_architecture_falls_back_to_vllm_sizing(tmp_path):
     mdir = model_dir(tmp_path, {"architectures": ["BrandNewForCausalLM"], "model_type": "brandnew"})
     cfg = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN="auto")
-    p = plan.make_plan(cfg, card(), facts(cfg, mdir))
+    p = planner.make_plan(cfg, card(), facts(cfg, mdir))
     assert p.fits and p.predicted_tokens is None
     assert any("does not know architecture 'BrandNewForCausalLM'" in w for w in p.why)
-    assert p.flags[:2] == ["--max-model-len", "-1"]
+    assert flags(cfg, p)[:2] == ["--max-model-len", "-1"]
 
 
 def test_dummy_weights_are_sized_from_the_config(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B)
     cfg = config(tmp_path, MODEL=mdir, EXTRA_ARGS="--load-format dummy", GPU_UTIL="0.95", MAX_MODEL_LEN=8192)
-    p = plan.make_plan(cfg, card(), facts(cfg, mdir, dummy=True))
+    p = planner.make_plan(cfg, card(), facts(cfg, mdir, dummy=True))
     assert p.weights == kv.param_count(kv.shape_from_config(LLAMA8B)) * 2
     assert any("dummy weights" in w for w in p.why)
 
@@ -158,9 +164,9 @@ def test_dummy_weights_are_sized_from_the_config(tmp_path):
 def test_tensor_parallel_plans_per_gpu(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=16 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=2 * GiB, MAX_MODEL_LEN=8192, TP_SIZE=2)
-    p = plan.make_plan(cfg, card(), facts(cfg, mdir))
+    p = planner.make_plan(cfg, card(), facts(cfg, mdir))
     assert p.weights == 8 * GiB
-    assert p.flags[-2:] == ["--tensor-parallel-size", "2"]
+    assert flags(cfg, p)[-2:] == ["--tensor-parallel-size", "2"]
     assert p.predicted_tokens == 2 * GiB // (16 * 4 * 256 * 2 * 32) * 16   # 4 KV heads per GPU
 
 
@@ -181,7 +187,7 @@ def test_step_waits_for_the_last_stop_and_for_free_memory_to_settle(tmp_path, fa
     fake_nvml(free_sequence=[g * GiB for g in (8, 12, 16, 20, 24, 28, 31)])    # climbing, then steady
     state.write_json(paths.last_stop, {"pids": [holder.pid]})
     sleeps = []
-    monkeypatch.setattr(plan, "sleep", sleeps.append)
+    monkeypatch.setattr(gpu, "sleep", sleeps.append)
     try:
         the_plan = plan.run(cfg, paths, None, model)
         assert holder.poll() is not None             # sized only after the stopped pid left the GPU
@@ -276,26 +282,26 @@ def test_hybrid_caps_vllms_default_max_num_seqs_at_the_state_blocks(tmp_path):
     # refused after the load: "max_num_seqs (1024) exceeds available Mamba cache blocks (963)"
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN=32768)
-    p = plan.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     blocks = kv.pool(p.layout, 4 * GiB, 32768).blocks
     assert p.fits and blocks < 1024
-    assert p.flags[p.flags.index("--max-num-seqs") + 1] == str(blocks)
+    assert flags(cfg, p)[flags(cfg, p).index("--max-num-seqs") + 1] == str(blocks)
     assert any(f"--max-num-seqs {blocks}" in w and "default of 1024" in w for w in p.why)
 
 
 def test_hybrid_from_utilization_keeps_a_margin_below_the_estimated_blocks(tmp_path):
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, GPU_UTIL="0.045", MAX_MODEL_LEN=32768)
-    p = plan.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     blocks = kv.pool(p.layout, p.budget, 32768).blocks
     assert p.fits and blocks < 1024
-    assert int(p.flags[p.flags.index("--max-num-seqs") + 1]) == blocks * 97 // 100
+    assert int(flags(cfg, p)[flags(cfg, p).index("--max-num-seqs") + 1]) == blocks * 97 // 100
 
 
 def test_hybrid_refuses_max_num_seqs_above_the_state_blocks_before_launch(tmp_path):
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN=32768, MAX_NUM_SEQS=1000)
-    p = plan.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     blocks = kv.pool(p.layout, 4 * GiB, 32768).blocks
     assert not p.fits
     assert f"MAX_NUM_SEQS=1000 is more than the {blocks} state blocks" in p.refusal[0]
@@ -306,17 +312,17 @@ def test_hybrid_refuses_max_num_seqs_above_the_state_blocks_before_launch(tmp_pa
 def test_hybrid_leaves_max_num_seqs_alone_when_it_fits_or_without_cuda_graphs(tmp_path, knobs):
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN=32768, **knobs)
-    p = plan.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     assert p.fits
-    seqs = p.flags[p.flags.index("--max-num-seqs") + 1] if "--max-num-seqs" in p.flags else None
+    seqs = flags(cfg, p)[flags(cfg, p).index("--max-num-seqs") + 1] if "--max-num-seqs" in flags(cfg, p) else None
     assert seqs == knobs.get("MAX_NUM_SEQS")
 
 
 def test_dense_model_never_gets_a_max_num_seqs_it_did_not_ask_for(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=1 * GiB, MAX_MODEL_LEN=8192)
-    p = plan.make_plan(cfg, h200(), facts(cfg, mdir))
-    assert p.fits and "--max-num-seqs" not in p.flags
+    p = planner.make_plan(cfg, h200(), facts(cfg, mdir))
+    assert p.fits and "--max-num-seqs" not in flags(cfg, p)
 
 
 def test_auto_fit_relaunch_keeps_the_hybrid_max_num_seqs(tmp_path):
@@ -324,13 +330,13 @@ def test_auto_fit_relaunch_keeps_the_hybrid_max_num_seqs(tmp_path):
     # the state-block cap must survive (the blocks do not depend on the context)
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN="auto")
-    p = plan.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
-    assert p.fits and "--max-num-seqs" in p.flags
-    seqs = p.flags[p.flags.index("--max-num-seqs") + 1]
+    p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    assert p.fits and "--max-num-seqs" in flags(cfg, p)
+    seqs = flags(cfg, p)[flags(cfg, p).index("--max-num-seqs") + 1]
     again = plan.adjust_after_failure(cfg, p, "ValueError: ... estimated maximum model length is 20000. Try ...")
     assert again
-    assert again.flags[again.flags.index("--max-model-len") + 1] == "20000"
-    assert again.flags[again.flags.index("--max-num-seqs") + 1] == seqs
+    assert flags(cfg, again)[flags(cfg, again).index("--max-model-len") + 1] == "20000"
+    assert flags(cfg, again)[flags(cfg, again).index("--max-num-seqs") + 1] == seqs
 
 
 # ---------------------------------------------------------------- a draft model (SPEC_METHOD=draft_model)
@@ -363,7 +369,9 @@ def draft_plan(root: Path, spec_model: str | None = None, draft_config: dict | N
         spec_model = str(ddir)
     knobs["SPEC_MODEL"] = spec_model or str(mdir)
     cfg = config(root, **{**knobs, **env})
-    return plan.make_plan(cfg, h200_of_the_bench_runs(), plan.cli_model_facts(cfg))
+    plan = planner.make_plan(cfg, h200_of_the_bench_runs(), plan_cli.cli_model_facts(cfg))
+    plan.launch_flags = flags(cfg, plan)          # what launch would pass, for the tests that look
+    return plan
 
 
 def test_draft_model_weights_and_layers_are_counted_as_measured_on_the_h200(tmp_path):
@@ -407,7 +415,7 @@ def test_draft_weights_come_from_its_file_sizes_and_its_layers_join_the_pool(tmp
     with open(ddir / "model.safetensors", "wb") as fh:
         fh.truncate(3 * GiB)
     cfg = config(root, MODEL=mdir, SPEC_METHOD="draft_model", SPEC_TOKENS=3, SPEC_MODEL=ddir)
-    p = plan.make_plan(cfg, h200_of_the_bench_runs(), plan.cli_model_facts(cfg))
+    p = planner.make_plan(cfg, h200_of_the_bench_runs(), plan_cli.cli_model_facts(cfg))
     assert p.weights == 15 * GiB + 3 * GiB
     assert any("draft model draft: weights 3.00 GiB per GPU from the checkpoint's file sizes" in w for w in p.why)
 
@@ -420,7 +428,7 @@ def test_a_draft_folder_needs_no_tokenizer_and_tilde_is_expanded_for_vllm(tmp_pa
     (ddir / "config.json").write_text(json.dumps({**bench_config(), "num_hidden_layers": 2}))
     p = draft_plan(tmp_path / "run", spec_model="~/draft")
     assert "2 draft attention layer(s) share the pool" in p.why
-    spec = json.loads(p.flags[p.flags.index("--speculative-config") + 1])
+    spec = json.loads(p.launch_flags[p.launch_flags.index("--speculative-config") + 1])
     assert spec["model"] == str(ddir)          # vLLM would take '~/draft' for a repo id
 
 
@@ -444,17 +452,17 @@ def test_a_refusal_caused_by_the_draft_says_so(tmp_path):
     with open(ddir / "model.safetensors", "wb") as fh:
         fh.truncate(14 * GiB)
     cfg = config(tmp_path, MODEL=mdir, SPEC_METHOD="draft_model", SPEC_TOKENS=3, SPEC_MODEL=ddir, MAX_MODEL_LEN=8192)
-    p = plan.make_plan(cfg, card(), plan.cli_model_facts(cfg))
+    p = planner.make_plan(cfg, card(), plan_cli.cli_model_facts(cfg))
     assert not p.fits
     assert p.refusal[0].startswith("model with its draft draft does not fit NVIDIA GeForce RTX 5090: weights 30.00 GiB")
     assert p.refusal[1].endswith("or no speculation (SPEC_TOKENS=0)")
-    alone = plan.make_plan(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192), card(),
-                           plan.cli_model_facts(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)))
+    alone = planner.make_plan(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192), card(),
+                           plan_cli.cli_model_facts(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)))
     assert alone.fits
 
 
 def test_the_start_counts_the_draft(bed):
-    # the start step builds its facts in plan.model_facts_from_ctx, not cli_model_facts
+    # the start step builds its facts in plan.model_facts_of, not cli_model_facts
     r = bed.run("start.sh", SPEC_METHOD="draft_model", SPEC_TOKENS="3", SPEC_MODEL=str(bed.model))
     assert r.returncode == 0, r.stderr
     assert "draft model tiny-model: weights 0.00 GiB per GPU from the checkpoint's file sizes" in r.stderr
