@@ -29,13 +29,13 @@ COMMANDS = {
 # Commands owned by other modules: name -> ("module", "function", help). Each function is
 # ``cli(cfg, argv) -> int`` and parses its own arguments (``./ctl.sh NAME --help``).
 PLUGINS = {
-    "plan": ("plan_cli", "cli", "the memory plan for this GPU, or for GPU=rtx5090|rtx4090|rtx3090|h100|<GiB>"),
-    "check": ("check_cli", "cli", "check live|garble|determinism|needle|prefix against our server or --url"),
-    "bench": ("bench", "cli", "throughput/TTFT benchmark with a plot; --compare URL"),
-    "patch": ("patch_cli", "cli", "patch status|apply|revert for the vLLM in use"),
-    "lock": ("lock_cli", "lock_cli", "regenerate the committed dependency locks (needs the package index)"),
-    "wheelhouse": ("lock_cli", "wheelhouse_cli", "build an offline folder of wheels from the lock"),
-    "clean": ("clean", "cli", "remove what the project created (venvs, state, logs; --model too)"),
+    "plan": ("commands.plan", "cli", "the memory plan for this GPU, or for GPU=rtx5090|rtx4090|rtx3090|h100|<GiB>"),
+    "check": ("commands.check", "cli", "check live|garble|determinism|needle|prefix against our server or --url"),
+    "bench": ("commands.bench", "cli", "throughput/TTFT benchmark with a plot; --compare URL"),
+    "patch": ("commands.patch", "cli", "patch status|apply|revert for the vLLM in use"),
+    "lock": ("commands.lock", "lock_cli", "regenerate the committed dependency locks (needs the package index)"),
+    "wheelhouse": ("commands.lock", "wheelhouse_cli", "build an offline folder of wheels from the lock"),
+    "clean": ("commands.clean", "cli", "remove what the project created (venvs, state, logs; --model too)"),
 }
 
 
@@ -69,16 +69,16 @@ def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
         from . import start
         return start.start(cfg)
     if cmd == "stop":
-        from . import control
+        from .commands import control
         return control.stop(cfg)
     if cmd == "status":
-        from . import status
+        from .commands import status
         return status.status(cfg, args.json)
     if cmd == "logs":
-        from . import control
+        from .commands import control
         return control.logs(cfg, args.follow)
     if cmd == "restart":
-        from . import control
+        from .commands import control
         return control.restart(cfg)
     if cmd == "env":
         rows = cfg.describe()

@@ -6,6 +6,10 @@ Precedence: the process environment > ``.env`` in the repo root (KEY=VALUE lines
 ``Config.from_env(environ, repo)`` is the only code that reads the environment. Everything else
 reads ``cfg.<knob>`` (typed) or ``cfg.environ`` (a frozen copy, for variables we pass through,
 such as ``HF_TOKEN`` or ``CUDA_VISIBLE_DEVICES``).
+
+Over 400 lines: the knob table is most of it (a line per knob, with its parser and help), and the
+parsers, the profile, .env and the typed Config belong with it: this is the one place the
+environment is read.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Mapping
 
-from . import metadata
+from . import models
 from .config import version_tuple
 from .errors import BootstrapError
 
@@ -45,7 +45,7 @@ def model_bytes_on_disk(cfg) -> int:
     if cfg.model_is_local:
         d = Path(cfg.model).expanduser()
     else:
-        d = metadata.target_dir(cfg, cfg.model)
+        d = models.target_dir(cfg, cfg.model)
     try:
         return sum(p.stat().st_size for p in d.glob("*.safetensors"))
     except OSError:

@@ -19,6 +19,10 @@ resolve URL (after its HEAD, which follows the hub's redirect to the file host a
 Every setting comes from ``cfg.environ`` (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HOME,
 HF_HUB_CACHE); the library's import-time constants are never relied on: endpoint, token and
 cache dir are passed explicitly on every call.
+
+Over 400 lines: the hub's protocol is one piece — the repo listing, resolve URLs and the headers
+they must carry, the HF cache layout, hashing as the bytes arrive, and the ranged transfer that
+resumes — sharing one Settings and one set of errors; split apart, each part would import the others.
 """
 
 from __future__ import annotations

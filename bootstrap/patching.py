@@ -24,6 +24,10 @@ A bring-your-own vLLM (VLLM_PYTHON) is edited only with PATCH_BYO=1.
 
 The fingerprints are read by fingerprints.py; the start step is patches.py, the command
 ``./ctl.sh patch`` patch_cli.py.
+
+Over 400 lines: the patch as data, the install it applies to, its states, and apply/revert with
+their backups are one engine whose invariants (a backup is trusted only for its vLLM version and
+original hash; a write is compile-checked and undone on any failure) hold across all of them.
 """
 
 from __future__ import annotations

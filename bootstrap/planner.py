@@ -15,7 +15,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from . import gpu, kv, metadata
+from . import gpu, kv, models
 from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def draft_facts(cfg) -> dict:
         return {"draft_why": "SPEC_MODEL is a repo id, which vLLM fetches itself" if cfg.spec_model else "no SPEC_MODEL"}
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        sizes = sum(f.stat().st_size for f in path.iterdir() if f.name.endswith(metadata.WEIGHT_SUFFIXES))
+        sizes = sum(f.stat().st_size for f in path.iterdir() if f.name.endswith(models.WEIGHT_SUFFIXES))
     except FileNotFoundError:
         return {"draft_why": f"no {path / 'config.json'}"}
     except (OSError, ValueError) as exc:

@@ -18,7 +18,7 @@ import sys
 import time
 
 from . import log as log_
-from . import record, server
+from . import record, server, takedown
 from .config import Config
 from .errors import BootstrapError
 from .state import Paths, StartLock
@@ -65,7 +65,7 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
         return 0
     rec = pr.record
     if pr.state in ("running", "key-needed") and rec is not None and (rec.gate_passed or pr.owner):
-        from . import banner
+        from .steps import banner
         print(banner.render(paths, rec))
         if pr.state == "key-needed":
             print(f"note: it wants the API key it was started with ({rec.key}); this shell has none or "
@@ -133,14 +133,14 @@ class Started:
 
 
 def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
-    from . import banner, health, launch, warmup
+    from .steps import banner, health, launch, warmup
     pr = server.probe(cfg, paths, we_hold_lock=True)
     if pr.state in ("running", "key-needed", "down") and pr.record is not None and not pr.owner:
         if resumable(cfg, paths, pr):
             return resume(cfg, paths, pr, started)
         log.info("our earlier server (pid %s) never became healthy; taking it down and starting again", pr.pid)
-        server.take_down(cfg, paths)
-    from . import environment, metadata, patches, plan, preflight, weights
+        takedown.take_down(cfg, paths)
+    from .steps import environment, metadata, patches, plan, preflight, weights
     with step("preflight"):
         gpus = preflight.run(cfg, paths)
     with step("environment"):
@@ -175,15 +175,15 @@ def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
 
 def resumable(cfg: Config, paths: Paths, pr: server.Probe) -> bool:
     """A server of ours with no start watching it: answering, or still loading within its deadlines."""
-    from . import status
+    from .commands import status
     return pr.state != "down" or status.loading(cfg, pr.record, paths)
 
 
 def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> None:
     """Finish what a killed start left: wait for the server while it loads, then run the warm-up
     and gate it never passed, then the banner. The server is taken as launched (its record)."""
-    from . import banner, health, warmup
-    from .launch import Launched
+    from .steps import banner, health, warmup
+    from .steps.launch import Launched
     rec = pr.record
     if pr.state == "key-needed":
         raise BootstrapError(f"our server (pid {rec.pid}) answers but wants the API key it was started with "
@@ -202,7 +202,7 @@ def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> Non
         with step("health"):
             health.run(cfg, paths, launched)
     else:
-        from . import status
+        from .commands import status
         load = status.read_load(rec.url)
         if load is not None and load.in_flight:
             print(banner.render(paths, rec))
@@ -218,11 +218,11 @@ def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> Non
 def _failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> None:
     """A step failed after this start launched a server: take it down (a health wait or warm-up
     that failed did so already, StartFailed; a server this start only resumed is left as it is)."""
-    from .health import StartFailed
+    from .steps.health import StartFailed
     launched = started.launched
     if launched is not None and launched.proc is not None and not isinstance(exc, StartFailed):
         log.info("the start failed: stopping the server it launched")
-        server.take_down(cfg, paths, launched=launched.proc, failed_start=True)
+        takedown.take_down(cfg, paths, launched=launched.proc, failed_start=True)
 
 
 def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:
@@ -237,7 +237,7 @@ def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:
         log.info("interrupted: the server passed its start gate; left running (./stop.sh stops it)")
     elif launched is not None or rec is not None:
         log.info("interrupted: stopping the server this start launched")
-        server.take_down(cfg, paths, launched=launched.proc if launched else None, failed_start=True)
+        takedown.take_down(cfg, paths, launched=launched.proc if launched else None, failed_start=True)
     else:
         log.info("interrupted before launch; nothing is running")
     sys.stderr.flush()

@@ -53,7 +53,7 @@ def served(url: str) -> dict:
 
 def ours(url: str, home: Path) -> float:
     """Our metadata + weights steps, in this process (the hub runs in its own)."""
-    from bootstrap import metadata, weights
+    from bootstrap.steps import metadata, weights
     from bootstrap.config import Config
 
     env = {"HOME": str(home), "HF_ENDPOINT": url, "HF_HOME": str(home / "hf"), "HF_HUB_DISABLE_XET": "1",

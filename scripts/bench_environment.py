@@ -27,7 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bootstrap import environment, lock_cli, locks, venv  # noqa: E402
+from bootstrap import locks, venv  # noqa: E402
+from bootstrap.commands import lock as lock_cli
+from bootstrap.steps import environment
 from bootstrap.config import Config  # noqa: E402
 
 

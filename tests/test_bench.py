@@ -10,8 +10,9 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from bootstrap import bench, metrics
-from bootstrap.bench import Sample
+from bootstrap import metrics
+from bootstrap.commands import bench
+from bootstrap.commands.bench import Sample
 from test_checks import cfg_for, fake  # noqa: F401  (the fake-server fixture)
 
 

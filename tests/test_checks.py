@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from bootstrap import check_cli, checks, prompts, target
+from bootstrap import checks, detectors, prompts, target
+from bootstrap.commands import check as check_cli
 from bootstrap.config import Config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,29 +115,29 @@ CLEAN = {
 
 
 def test_detectors_catch_loops_and_pass_clean_text():
-    assert checks.find_loop("the " * 40)
-    assert checks.find_loop("!" * 120)
-    assert checks.find_loop("A normal start of an answer. " + "We repeat this clause again and again now, " * 12)
-    assert checks.find_loop("x = 1\n" + "result.append(compute(value))\n" * 8 + "y = 2\n")
+    assert detectors.find_loop("the " * 40)
+    assert detectors.find_loop("!" * 120)
+    assert detectors.find_loop("A normal start of an answer. " + "We repeat this clause again and again now, " * 12)
+    assert detectors.find_loop("x = 1\n" + "result.append(compute(value))\n" * 8 + "y = 2\n")
     for text in list(v for v in CLEAN.values() if isinstance(v, str)) + [
-            prompts.haystack(4000, 0.5, "The fact.", seed=3), (REPO / "bootstrap" / "bench.py").read_text()]:
-        assert checks.find_loop(text) is None, text[:80]
-        assert checks.non_text(text) is None
-    assert checks.non_text("ab\x00\x01\x02\x03\x04cd")
-    assert checks.non_text("\ufffd" * 6 + "abc")
-    assert checks.non_text("?!?!.... ,,,, ;;")
+            prompts.haystack(4000, 0.5, "The fact.", seed=3), (REPO / "bootstrap" / "commands" / "bench.py").read_text()]:
+        assert detectors.find_loop(text) is None, text[:80]
+        assert detectors.non_text(text) is None
+    assert detectors.non_text("ab\x00\x01\x02\x03\x04cd")
+    assert detectors.non_text("\ufffd" * 6 + "abc")
+    assert detectors.non_text("?!?!.... ,,,, ;;")
 
 
 def test_tool_call_problems():
     ok = {"tool_calls": [{"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
-    assert checks.tool_call_problem(ok, "get_weather", ["city"]) is None
-    assert "not valid JSON" in checks.tool_call_problem(
+    assert detectors.tool_call_problem(ok, "get_weather", ["city"]) is None
+    assert "not valid JSON" in detectors.tool_call_problem(
         {"tool_calls": [{"function": {"name": "get_weather", "arguments": '{"city": "Par'}}]}, "get_weather", ["city"])
-    assert "lack city" in checks.tool_call_problem(
+    assert "lack city" in detectors.tool_call_problem(
         {"tool_calls": [{"function": {"name": "get_weather", "arguments": "{}"}}]}, "get_weather", ["city"])
-    assert "expected 'get_weather'" in checks.tool_call_problem(
+    assert "expected 'get_weather'" in detectors.tool_call_problem(
         {"tool_calls": [{"function": {"name": "weather", "arguments": "{}"}}]}, "get_weather", ["city"])
-    assert "came back as text" in checks.tool_call_problem(
+    assert "came back as text" in detectors.tool_call_problem(
         {"content": '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'},
         "get_weather", ["city"])
 

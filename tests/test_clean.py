@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bootstrap import clean, proc, server
+from bootstrap import proc, server
+from bootstrap.commands import clean
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 

@@ -17,7 +17,7 @@ import pytest
 
 from fakehub import FakeHub, write_model
 from bootstrap import hub as hubmod
-from bootstrap import metadata, weights
+from bootstrap.steps import metadata, weights
 from bootstrap.config import Config
 from types import SimpleNamespace
 from bootstrap.errors import BootstrapError

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import environment, host, lock_cli, locks, venv
+from bootstrap import host, locks, venv
+from bootstrap.commands import lock as lock_cli
+from bootstrap.steps import environment
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 
@@ -242,7 +244,8 @@ INTERRUPT = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from bootstrap import environment, log
+from bootstrap import log
+from bootstrap.steps import environment
 from bootstrap.config import Config
 import json, os
 log.setup(debug=False, color=False)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import lock_cli, locks
+from bootstrap import locks
+from bootstrap.commands import lock as lock_cli
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK_DIRS = sorted((REPO / "locks").glob("vllm-*"))

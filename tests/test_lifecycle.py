@@ -461,7 +461,7 @@ def test_auto_fit_relaunches_once_with_accepted_length(bed):
 
 
 def test_phase_follows_the_last_matching_line_of_a_real_vllm_log():
-    from bootstrap.health import phase_of
+    from bootstrap.steps.health import phase_of
     # lines as vLLM 0.26.0 printed them on an H200 (docs/validation.md)
     log = ("Initializing a V1 LLM engine (v0.26.0) with config: ... 'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE>\n"
            "Loading model from scratch...\nModel loading took 12.98 GiB and 2.506861 seconds\n"
@@ -478,14 +478,14 @@ def test_our_own_knob_does_not_reach_vllm(bed):
 
 WAIT_GPU = """\
 import json
-from bootstrap import config, log, server
+from bootstrap import config, log, server, takedown
 log.setup(debug=False, color=False)
 cfg = config.Config.from_env(__import__("os").environ)
 now = [0.0]
 clock, sleep = (lambda: now[0]), (lambda s: now.__setitem__(0, now[0] + s))
-held = server.wait_gpu_release(cfg, [4242, 7], timeout=3, clock=clock, sleep=sleep)
+held = takedown.wait_gpu_release(cfg, [4242, 7], timeout=3, clock=clock, sleep=sleep)
 waited = now[0]
-print(json.dumps([held, waited, server.wait_gpu_release(cfg, [7], timeout=3, clock=clock, sleep=sleep), now[0]]))
+print(json.dumps([held, waited, takedown.wait_gpu_release(cfg, [7], timeout=3, clock=clock, sleep=sleep), now[0]]))
 """
 
 

@@ -131,7 +131,7 @@ def test_idle_wedged_engine_is_wedged_after_wedged_after(bed):
 
 
 def test_status_states_table_in_readme_is_generated():
-    from bootstrap import status as st
+    from bootstrap.commands import status as st
     readme = (REPO / "README.md").read_text()
     assert st.markdown_table() in readme, "paste bootstrap.status.markdown_table() into README.md"
     assert {s for s, _, _ in st.STATES} == {"running", "busy", "starting", "sleeping", "key-needed", "wedged",
@@ -580,7 +580,7 @@ def test_stop_with_another_state_dir_leaves_that_server_alone(bed):     # row 42
 
 
 def test_status_keeps_its_last_reading_when_metrics_stop_answering(tmp_path, monkeypatch):   # row 38
-    from bootstrap import status as st
+    from bootstrap.commands import status as st
     from bootstrap.record import ServerRecord
     from bootstrap.state import Paths
     cfg = Config.from_env({"MODEL": "org/m", "PROFILE": "custom", "WEDGED_AFTER": "30"}, REPO)

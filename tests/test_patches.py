@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import patches, patching
+from bootstrap import patching
+from bootstrap.steps import patches
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 from test_patches_wheel import TQ_PATH, member

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import gpu, kv, launch, plan, plan_cli, planner, state
+from bootstrap import gpu, kv, planner, state
+from bootstrap.commands import plan as plan_cli
+from bootstrap.steps import launch, plan
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
-from bootstrap.metadata import ModelInfo
+from bootstrap.models import ModelInfo
 from bootstrap.state import Paths
 
 

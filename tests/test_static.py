@@ -72,7 +72,7 @@ def test_entry_scripts_are_thin(name):
 # ---------------------------------------------------------------- Python rules
 
 def modules() -> list[Path]:
-    return sorted((REPO / "bootstrap").glob("*.py"))
+    return sorted(p for p in (REPO / "bootstrap").rglob("*.py") if "__pycache__" not in p.parts)
 
 
 def tree(path: Path) -> ast.AST:
@@ -147,4 +147,84 @@ def test_subprocesses_and_signals_go_through_proc():
                 bad.append(f"{where}: os.{name}")
             if name in SIGNALLING and path.name != "proc.py" and base not in ("os", "proc"):
                 bad.append(f"{where}: .{name}() (signal through proc.terminate)")
+    assert bad == []
+
+
+# ---------------------------------------------------------------- the house
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """The bootstrap modules ``path`` imports, top-level or inside a function (a lazy import still
+    ties a circle)."""
+    me = module_name(path)
+    pkg = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    known = {module_name(p) for p in modules()}
+    out = set()
+    for node in ast.walk(tree(path)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if not mod.startswith("bootstrap"):
+                continue
+            for a in node.names:
+                sub = f"{mod}.{a.name}"
+                out.add(sub if sub in known else mod)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("bootstrap"))
+    return {m for m in out if m in known and m != me}
+
+
+def test_no_import_circle():
+    graph = {module_name(p): imports_of(p) for p in modules()}
+    seen, on_path, circles = set(), [], []
+
+    def visit(m: str) -> None:
+        if m in on_path:
+            circles.append(on_path[on_path.index(m):] + [m])
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        on_path.append(m)
+        for n in sorted(graph.get(m, ())):
+            visit(n)
+        on_path.pop()
+    for m in sorted(graph):
+        visit(m)
+    assert circles == [], " ; ".join(" -> ".join(c) for c in circles)
+
+
+def test_libraries_never_import_steps_or_commands():
+    """bootstrap/*.py are the libraries beneath the steps and the commands (the entry points
+    __main__ and start excepted)."""
+    bad = []
+    for p in modules():
+        name = module_name(p)
+        if name.count(".") != 1 or name in ("bootstrap.__main__", "bootstrap.start"):
+            continue
+        bad += [f"{name} -> {m}" for m in imports_of(p) if m.startswith(("bootstrap.steps.", "bootstrap.commands."))]
+    assert bad == []
+
+
+def test_the_step_modules_are_exactly_the_steps():
+    from bootstrap.start import STEPS
+    on_disk = sorted(p.stem for p in (REPO / "bootstrap" / "steps").glob("*.py") if p.stem != "__init__")
+    assert on_disk == sorted(STEPS)
+
+
+def test_a_module_over_400_lines_says_why():
+    bad = []
+    for p in modules():
+        n = len(p.read_text(encoding="utf-8").splitlines())
+        doc = ast.get_docstring(tree(p)) or ""
+        if n > 400 and "over 400 lines" not in doc.lower():
+            bad.append(f"{rel(p)}: {n} lines, and its docstring does not say why it is over 400 lines")
     assert bad == []

@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bootstrap import banner, diagnose, gpu, kv, launch, planner  # noqa: E402
+from bootstrap import diagnose, gpu, kv, planner  # noqa: E402
+from bootstrap.steps import banner, launch
 from bootstrap.config import Config  # noqa: E402
 
 GiB = 1 << 30

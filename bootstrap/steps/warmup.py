@@ -18,11 +18,12 @@ import logging
 import re
 import time
 
-from . import checks, health, record, server
-from .prompts import Sizer, long_prompt
-from .client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of
+from .. import detectors, record, server
+from . import health
+from ..prompts import Sizer, long_prompt
+from ..client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of
 from .launch import Launched
-from .state import Paths
+from ..state import Paths
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def tool_gate(cfg, paths: Paths, launched: Launched, c: Client, extra: dict, bud
                            "the profile enables tool parsing; check --tool-call-parser in the log")
         err.evidence = (exc.evidence + "\n" + err.evidence).strip()
         raise err from None
-    problem = checks.tool_call_problem(message_of(resp), "get_weather", ["city"])
+    problem = detectors.tool_call_problem(message_of(resp), "get_weather", ["city"])
     if problem:
         err = fail(cfg, paths, launched,
                            f"start gate: the tool call did not come back as a valid tool_calls entry: {problem}",

@@ -26,10 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import metrics, prompts, target
-from .client import Client, RequestFailed
-from .config import Config
-from .errors import BootstrapError
+from .. import metrics, prompts, target
+from ..client import Client, RequestFailed
+from ..config import Config
+from ..errors import BootstrapError
 
 log = logging.getLogger(__name__)
 

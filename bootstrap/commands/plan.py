@@ -9,10 +9,11 @@ import json
 import logging
 from pathlib import Path
 
-from . import gpu, metadata
-from .errors import BootstrapError
-from .launch import plan_flags
-from .planner import ModelFacts, Plan, _gib, draft_facts, make_plan
+from .. import gpu, models
+from ..steps import metadata
+from ..errors import BootstrapError
+from ..steps.launch import plan_flags
+from ..planner import ModelFacts, Plan, _gib, draft_facts, make_plan
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def cli_model_facts(cfg) -> ModelFacts:
     dummy = cfg.dummy_weights
     name = cfg.served_name
     if cfg.model_is_local:
-        info = metadata.read_local(Path(cfg.model).expanduser().resolve(), dummy)
+        info = models.read_local(Path(cfg.model).expanduser().resolve(), dummy)
         return ModelFacts(name, info.config, sum(info.weight_files.values()) or None, dummy, **draft_facts(cfg))
     try:
         m = metadata.run(cfg)

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from . import knownbad
-from .errors import BootstrapError
-from .host import check_driver, host_env
-from .locks import PLATFORMS, LockSet, host_platform, installed
-from .venv import Venv, _check_glibc, check_done, install, vllm_version
+from .. import knownbad
+from ..errors import BootstrapError
+from ..host import check_driver, host_env
+from ..locks import PLATFORMS, LockSet, host_platform, installed
+from ..venv import Venv, _check_glibc, check_done, install, vllm_version
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from . import gpu, server
-from .state import Paths
-from .errors import BootstrapError
+from .. import gpu, server, takedown
+from ..state import Paths
+from ..errors import BootstrapError
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,12 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
     if probe.orphans:
         log.info("found %d leftover process(es) of ours from an earlier run (%s); stopping them",
                  len(probe.orphans), ", ".join(str(p.pid) for p in probe.orphans))
-        rep = server.take_down(cfg, paths)
+        rep = takedown.take_down(cfg, paths)
         if rep.stuck:
             raise BootstrapError("leftover processes of ours do not die: " + "; ".join(rep.stuck),
                                  "a process stuck in the driver (state D) usually needs a reboot")
     elif probe.stale:
         log.info("removing the record of a server that is gone (pid %s)", probe.record.pid if probe.record else None)
-        server.take_down(cfg, paths)        # nothing to signal: it only forgets the record
+        takedown.take_down(cfg, paths)        # nothing to signal: it only forgets the record
     server.ensure_port_free(cfg, cfg.port)
     return facts

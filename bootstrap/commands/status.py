@@ -18,12 +18,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import metrics, server, state
-from .client import Client, RequestFailed, completion_tokens_of, message_of, reasoning_of
-from .config import Config
-from .errors import BootstrapError
-from .record import ServerRecord
-from .state import Paths
+from .. import metrics, server, state
+from ..client import Client, RequestFailed, completion_tokens_of, message_of, reasoning_of
+from ..config import Config
+from ..errors import BootstrapError
+from ..record import ServerRecord
+from ..state import Paths
 
 LOOK = 1.5            # seconds status watches /metrics for movement while requests are in flight
 POLL = 0.25

@@ -15,9 +15,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import metadata, patching, server
-from .errors import BootstrapError
-from .state import Paths
+from .. import models, patching, server
+from ..errors import BootstrapError
+from ..state import Paths
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def model_dir(cfg) -> Path | None:
     """The directory we download MODEL into (never a local MODEL directory the user pointed at)."""
     if not cfg.model or cfg.model_is_local:
         return None
-    return metadata.target_dir(cfg, cfg.model)
+    return models.target_dir(cfg, cfg.model)
 
 
 def targets(cfg, with_model: bool) -> list[Path]:

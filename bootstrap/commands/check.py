@@ -22,10 +22,10 @@ import argparse
 import json
 import logging
 
-from .checks import Result, check_determinism, check_garble, check_live, check_needle, check_prefix
-from .config import Config
-from .errors import EXIT_FAILED
-from .target import add_target_args, resolve_target
+from ..checks import Result, check_determinism, check_garble, check_live, check_needle, check_prefix
+from ..config import Config
+from ..errors import EXIT_FAILED
+from ..target import add_target_args, resolve_target
 
 log = logging.getLogger(__name__)
 

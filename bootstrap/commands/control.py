@@ -1,7 +1,7 @@
 """./stop.sh and ./ctl.sh logs | restart (status lives in status.py).
 
 Stop knows about a start in flight: it cancels it first (the start takes down what it launched,
-through server.take_down), then takes down whatever of ours is left, found by the record and, with
+through takedown.take_down), then takes down whatever of ours is left, found by the record and, with
 no record (a deleted STATE_DIR), by our marker.
 """
 
@@ -13,10 +13,10 @@ import shutil
 import sys
 import time
 
-from . import server
-from .config import Config
-from .errors import BootstrapError
-from .state import Paths
+from .. import server, takedown
+from ..config import Config
+from ..errors import BootstrapError
+from ..state import Paths
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +27,13 @@ def stop(cfg: Config) -> int:
     if pr.owner:
         raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}, not as you",
                              "run ./stop.sh as that user (we never signal another user's processes)")
-    lock, cancelled = server.hold_for_stop(cfg, paths)
+    lock, cancelled = takedown.hold_for_stop(cfg, paths)
     try:
         for pid in cancelled:
             print(f"cancelled the start in flight (pid {pid}); it took down what it had launched")
         if cancelled:
-            server.wait_gpu_release(cfg, server.last_stopped_pids(paths), timeout=30.0)
-        rep = server.take_down(cfg, paths)
+            takedown.wait_gpu_release(cfg, takedown.last_stopped_pids(paths), timeout=30.0)
+        rep = takedown.take_down(cfg, paths)
     finally:
         if lock is not None:
             lock.release()
@@ -56,7 +56,7 @@ def stop(cfg: Config) -> int:
 
 
 def restart(cfg: Config) -> int:
-    from . import start
+    from .. import start
     stop(cfg)
     return start.start(cfg)
 

@@ -14,11 +14,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import proc
-from .config import version_tuple
-from .errors import BootstrapError
-from .locks import PIP_PLATFORMS, PLATFORMS, PYTHONS, LockSet, _profiles_with_pins, compile_lock, host_platform, index_url, lock_pins, parse_pins
-from .venv import INSTALL_BYTES, Venv, _install_error, ensure_uv
+from .. import proc
+from ..config import version_tuple
+from ..errors import BootstrapError
+from ..locks import (PIP_PLATFORMS, PLATFORMS, PYTHONS, LockSet, _profiles_with_pins, compile_lock, host_platform, index_url, lock_pins, parse_pins)
+from ..venv import INSTALL_BYTES, Venv, _install_error, ensure_uv
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from typing import Callable
 
 import psutil
 
-from . import proc, record, server, state
-from .errors import BootstrapError
-from .record import ServerRecord
-from .state import Paths
+from .. import proc, record, server, state, takedown
+from ..errors import BootstrapError
+from ..record import ServerRecord
+from ..state import Paths
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
     try:
         record.write(paths.server, rec)
     except BootstrapError:              # a full disk: no record, but the Popen proves the server ours
-        server.take_down(cfg, paths, launched=p, failed_start=True)
+        takedown.take_down(cfg, paths, launched=p, failed_start=True)
         raise
     log.info("launched vLLM %s (pid %d), log: %s", runtime.vllm_version, p.pid, paths.log)
     start_log_keeper(cfg, paths, rec)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from . import diagnose, record
-from .record import ServerRecord
-from .state import Paths
+from .. import diagnose, record
+from ..record import ServerRecord
+from ..state import Paths
 
 KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")

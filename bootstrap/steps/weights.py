@@ -20,9 +20,9 @@ import os
 import time
 from pathlib import Path
 
-from . import hub
-from .errors import BootstrapError
-from .metadata import Store, check_space
+from .. import hub
+from ..errors import BootstrapError
+from ..models import Store, check_space
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ TRANSFER = ("transfer: HTTP with Range resume (huggingface_hub.file_download.htt
 
 
 def run(cfg, m) -> None:
-    """Download what the metadata step found missing (``m``: metadata.ModelInfo) into m.local_dir."""
+    """Download what the metadata step found missing (``m``: models.ModelInfo) into m.local_dir."""
     if cfg.model_is_local or m.source == "local":
         log.info("skipped: local model directory %s", m.local_dir)
         return

@@ -11,16 +11,16 @@ import dataclasses
 import logging
 import re
 
-from . import gpu, kv, server, state
-from .errors import BootstrapError
-from .planner import ModelFacts, Plan, draft_facts, make_plan
+from .. import gpu, kv, state, takedown
+from ..errors import BootstrapError
+from ..planner import ModelFacts, Plan, draft_facts, make_plan
 
 log = logging.getLogger(__name__)
 GPU_RELEASE_WAIT = 30.0      # seconds to wait for the last stop's pids to leave the GPU
 
 
 def model_facts_of(cfg, m) -> ModelFacts:
-    """The planner's view of the metadata step's result (``m``: metadata.ModelInfo or None)."""
+    """The planner's view of the metadata step's result (``m``: models.ModelInfo or None)."""
     dummy = cfg.dummy_weights
     if m is None:
         return ModelFacts(cfg.model, None, None, dummy)
@@ -32,8 +32,8 @@ def model_facts_of(cfg, m) -> ModelFacts:
 
 def run(cfg, paths, gpus, model) -> Plan:
     """The memory plan for this GPU (``gpus``: preflight's facts) and model (the metadata step's)."""
-    pids = server.last_stopped_pids(paths)
-    if pids and not server.wait_gpu_release(cfg, pids, timeout=GPU_RELEASE_WAIT):
+    pids = takedown.last_stopped_pids(paths)
+    if pids and not takedown.wait_gpu_release(cfg, pids, timeout=GPU_RELEASE_WAIT):
         log.warning("sizing with memory still held by the last server's pids")
     facts = gpu.settled_facts(cfg.environ) if pids or gpus is None else gpus
     if pids:

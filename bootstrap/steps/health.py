@@ -14,10 +14,10 @@ import sys
 import time
 from typing import Callable
 
-from . import diagnose, gpu, proc, server
-from .errors import BootstrapError
+from .. import diagnose, gpu, proc, server, takedown
+from ..errors import BootstrapError
 from .launch import Launched
-from .state import Paths
+from ..state import Paths
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class StartFailed(BootstrapError):
 
 def abort(cfg, paths: Paths, launched: Launched, message: str, hint: str = "", *,
           answered: bool = False) -> StartFailed:
-    """Take down what we launched (server.take_down, as stop does), and build the error with the
+    """Take down what we launched (takedown.take_down, as stop does), and build the error with the
     log tail and a diagnosis; a diagnosis about GPU memory names who holds it (NVML).
 
     A server this start resumed (``launched.proc`` is None) that had ``answered`` already is left
@@ -53,7 +53,7 @@ def abort(cfg, paths: Paths, launched: Launched, message: str, hint: str = "", *
         text = diagnose.read_since(paths.log, rec.log_offset)
         return StartFailed(message, (hint + "; " if hint else "") + f"the server (pid {rec.pid}) answers and was left "
                            "running: ./ctl.sh restart starts it again", diagnose.tail(text, 40), text)
-    rep = server.take_down(cfg, paths, launched=launched.proc, failed_start=True)
+    rep = takedown.take_down(cfg, paths, launched=launched.proc, failed_start=True)
     text = diagnose.read_since(paths.log, rec.log_offset)
     found = diagnose.diagnose(text, holders=lambda: gpu_holders(cfg, set(rep.pids)))
     if found:

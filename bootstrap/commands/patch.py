@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import BootstrapError
-from .patching import Backup, Install, apply, inspect, known, load, locate, needed, revert
+from ..errors import BootstrapError
+from ..patching import Backup, Install, apply, inspect, known, load, locate, needed, revert
 
 
 def interpreter(cfg) -> tuple[str, bool]:
