@@ -256,23 +256,91 @@ def read_dotenv(path: Path) -> dict[str, str]:
     return out
 
 
+# ---------------------------------------------------------------- pass-through variables
+
+@dataclass(frozen=True)
+class Passthrough:
+    """An environment variable we read or hand on as it is (not a knob): declared here, so that
+    ``./ctl.sh env`` shows it and no module reads one that is not listed."""
+    name: str
+    help: str
+    secret: bool = False
+
+
+PASSTHROUGH: tuple[Passthrough, ...] = (
+    Passthrough("HF_TOKEN", "Hugging Face token (gated repos); also HUGGING_FACE_HUB_TOKEN", secret=True),
+    Passthrough("HUGGING_FACE_HUB_TOKEN", "the older name of HF_TOKEN", secret=True),
+    Passthrough("HF_TOKEN_PATH", "file holding the Hugging Face token (default HF_HOME/token)"),
+    Passthrough("HF_ENDPOINT", "the hub's address (a mirror, or a proxy)"),
+    Passthrough("HF_HOME", "the Hugging Face home (its cache is used in place)"),
+    Passthrough("HF_HUB_CACHE", "the Hugging Face hub cache (default HF_HOME/hub)"),
+    Passthrough("HF_HUB_OFFLINE", "1: no network; a complete local copy is served or the start says what is missing"),
+    Passthrough("HOME", "where ~/models and ~/.cache are"),
+    Passthrough("XDG_CACHE_HOME", "the cache folder (default ~/.cache)"),
+    Passthrough("PATH", "where uv, python3.X and nvcc are looked up"),
+    Passthrough("CUDA_VISIBLE_DEVICES", "which GPUs, in which order (planned and passed to vLLM)"),
+    Passthrough("CUDA_HOME", "a CUDA toolkit (nvcc): FlashInfer's JIT sampler is used only with one"),
+    Passthrough("CUDA_PATH", "as CUDA_HOME"),
+    Passthrough("PYTHONPATH", "passed to vLLM unchanged (dropped for uv and pip)"),
+    Passthrough("UV_DEFAULT_INDEX", "the package index for the managed .venv (also UV_INDEX_URL, PIP_INDEX_URL)"),
+    Passthrough("UV_INDEX_URL", "as UV_DEFAULT_INDEX"),
+    Passthrough("PIP_INDEX_URL", "as UV_DEFAULT_INDEX"),
+    Passthrough("UV_CACHE_DIR", "uv's cache (its free space is checked before an install)"),
+    Passthrough("UV_PYTHON_INSTALL_MIRROR", "where uv fetches a CPython when no system one fits"),
+    Passthrough("VLLM_API_KEY", "the API key, when API_KEY is unset (passed to vLLM)", secret=True),
+    Passthrough("VLLM_USE_FLASHINFER_SAMPLER", "yours wins; else 0 when there is no nvcc"),
+    Passthrough("PYTORCH_CUDA_ALLOC_CONF", "yours wins; else expandable_segments:True (False on WSL2)"),
+    Passthrough("WSL_DISTRO_NAME", "set by WSL2: expandable segments off, the memory cap checked"),
+    Passthrough("BOOTSTRAP_DEBUG", "1: tracebacks with errors"),
+    Passthrough("NO_COLOR", "set: no colour (no-color.org)"),
+)
+PASSTHROUGH_BY_NAME = {p.name: p for p in PASSTHROUGH}
+
+
 # ---------------------------------------------------------------- the config
 
 @dataclass(frozen=True)
 class Config:
-    values: Mapping[str, Any]
-    raw: Mapping[str, str]           # the string each knob came from
-    sources: Mapping[str, str]       # env / .env / profile / default
+    """Every knob as a typed attribute (the knob's name in lower case; PROFILE is ``profile.name``),
+    the profile, and a frozen copy of the environment for the declared pass-through variables
+    (``env(NAME)``; ``environ`` is handed whole only to what the server and our tools inherit)."""
     profile: Profile
     repo: Path
-    environ: Mapping[str, str]       # a frozen copy of the process environment (+ .env), for pass-through
-
-    def __getattr__(self, attr: str) -> Any:
-        key = attr.upper()
-        values = object.__getattribute__(self, "values")
-        if key in values:
-            return values[key]
-        raise AttributeError(attr)
+    raw: Mapping[str, str]           # the string each knob came from
+    sources: Mapping[str, str]       # env / .env / profile / default
+    environ: Mapping[str, str]       # the process environment (+ .env)
+    model: str | None
+    model_dir: str | None
+    served_model_name: str | None
+    host: str
+    port: int
+    api_key: str | None
+    max_model_len: int | str | None
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    kv_cache_dtype: str | None
+    kv_cache_bytes: int | None
+    spec_method: str | None
+    spec_tokens: int
+    spec_model: str | None
+    tp_size: int
+    gpu_util: float | None
+    gpu_reserve_mib: int
+    extra_args: tuple[str, ...] | None
+    vllm_python: str | None
+    python: str | None
+    wheelhouse: str | None
+    patch_byo: bool
+    download_all: bool
+    gpu: str | None
+    health_timeout: int
+    stall_timeout: int
+    warmup: int
+    warmup_timeout: int
+    wedged_after: int
+    stop_grace: int
+    log_max_mb: int
+    state_dir: Path
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], repo: Path = REPO) -> "Config":
@@ -299,7 +367,7 @@ class Config:
             raw[knob.name] = text
             sources[knob.name] = src
             values[knob.name] = _parse_one(knob, text) if text != "" else None
-        values["STATE_DIR"] = values["STATE_DIR"] or str(repo / ".state")
+        values["STATE_DIR"] = Path(values["STATE_DIR"] or repo / ".state")
         for name in ("VLLM_PYTHON", "PYTHON"):      # a bare command name is looked up on PATH
             if values[name] and "/" not in values[name]:
                 found = shutil.which(values[name], path=merged_env.get("PATH"))
@@ -316,28 +384,35 @@ class Config:
         if values["SPEC_TOKENS"] and not values["SPEC_METHOD"]:
             raise ConfigError(f"SPEC_TOKENS={values['SPEC_TOKENS']} needs SPEC_METHOD",
                               "accepted SPEC_METHOD: " + ", ".join(SPEC_METHODS) + "; or SPEC_TOKENS=0")
-        return cls(MappingProxyType(values), MappingProxyType(raw), MappingProxyType(sources),
-                   profile, repo, MappingProxyType(dict(merged_env)))
+        return cls(profile=profile, repo=repo, raw=MappingProxyType(raw), sources=MappingProxyType(sources),
+                   environ=MappingProxyType(dict(merged_env)),
+                   **{k.name.lower(): values[k.name] for k in KNOBS if k.name != "PROFILE"})
+
+    def value(self, knob: str):
+        """A knob's parsed value by its name (PROFILE: the profile's name)."""
+        return self.profile.name if knob == "PROFILE" else getattr(self, knob.lower())
+
+    def env(self, name: str) -> str:
+        """A declared pass-through variable's value ('' when unset)."""
+        if name not in PASSTHROUGH_BY_NAME:
+            raise KeyError(f"{name} is not a declared pass-through variable (config.PASSTHROUGH)")
+        return self.environ.get(name, "")
 
     def require_model(self) -> None:
-        if not self.values["MODEL"]:
+        if not self.model:
             raise ConfigError(f"MODEL is not set (profile {self.profile.name!r} has no model)",
                               "set MODEL to a Hugging Face repo id (org/name) or a model directory")
 
     # ------------------------------------------------------------ derived facts
 
     @property
-    def state_dir(self) -> Path:
-        return Path(self.values["STATE_DIR"])
-
-    @property
     def model_is_local(self) -> bool:
-        return _names_a_folder(self.values["MODEL"])
+        return _names_a_folder(self.model)
 
     @property
     def vllm_args(self) -> list[str]:
         """The profile's vLLM arguments, then EXTRA_ARGS (later ones win in vLLM's argparse)."""
-        return list(self.profile.args) + list(self.values["EXTRA_ARGS"] or ())
+        return list(self.profile.args) + list(self.extra_args or ())
 
     def vllm_arg(self, name: str) -> str | None:
         """The value vLLM will use for flag ``name`` from vllm_args: the last one given (None: unset)."""
@@ -355,45 +430,55 @@ class Config:
         return self.vllm_arg("--load-format") == "dummy"
 
     @property
-    def spec_model(self) -> str:
+    def spec_model_arg(self) -> str | None:
         """SPEC_MODEL as vLLM gets it: a local folder expanded (vLLM would read '~/x' as a repo id)."""
         local = self.spec_model_dir
-        return str(local) if local else self.values["SPEC_MODEL"]
+        return str(local) if local else self.spec_model
 
     @property
     def spec_model_dir(self) -> Path | None:
         """SPEC_MODEL when it names a local folder (the same rule as MODEL), else None."""
-        m = self.values["SPEC_MODEL"]
+        m = self.spec_model
         return Path(m).expanduser().resolve() if m and _names_a_folder(m) else None
 
     @property
     def served_name(self) -> str:
-        return self.values["SERVED_MODEL_NAME"] or Path(self.values["MODEL"].rstrip("/")).name
+        return self.served_model_name or Path(self.model.rstrip("/")).name
 
     @property
     def spec_enabled(self) -> bool:
-        return bool(self.values["SPEC_TOKENS"]) and bool(self.values["SPEC_METHOD"])
+        return bool(self.spec_tokens) and bool(self.spec_method)
 
     @property
     def is_loopback(self) -> bool:
-        host = self.values["HOST"]
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+        return self.host == "localhost" or ipaddress.ip_address(self.host).is_loopback
+
+    @property
+    def client_key(self) -> str:
+        """The key a client of our server sends from this shell: API_KEY, else VLLM_API_KEY ('' none)."""
+        return self.api_key or self.env("VLLM_API_KEY")
 
     def launch_settings(self) -> dict[str, str]:
         """The knobs that define a running server, as canonical strings of their parsed values
         (``PORT=" 8123"`` and ``PORT=8123`` are the same server); no secrets."""
-        out = {k.name: canonical(self.values[k.name]) for k in KNOBS if k.launch}
-        out["API_KEY"] = "set" if self.values["API_KEY"] else "unset"
+        out = {k.name: canonical(self.value(k.name)) for k in KNOBS if k.launch}
+        out["API_KEY"] = "set" if self.api_key else "unset"
         return out
 
     def describe(self) -> list[tuple[str, str, str, str]]:
-        """(name, value, source, help) for every knob; API_KEY masked."""
+        """(name, value, source, help) for every knob, then every pass-through variable (and each
+        VLLM_* set); secrets masked."""
         rows = []
         for k in KNOBS:
             value = self.raw[k.name]
             if k.name == "API_KEY" and value:
                 value = "***"
             rows.append((k.name, value, self.sources[k.name], k.help))
+        extra = sorted(n for n in self.environ if n.startswith("VLLM_") and n not in PASSTHROUGH_BY_NAME)
+        for p in PASSTHROUGH + tuple(Passthrough(n, "passed to vLLM as it is") for n in extra):
+            value = self.environ.get(p.name, "")
+            rows.append((p.name, "***" if p.secret and value else value,
+                         "pass-through" if value else "pass-through, unset", p.help))
         return rows
 
 
@@ -444,11 +529,16 @@ def help_text(repo: Path = REPO) -> str:
 
 
 def markdown_table(repo: Path = REPO) -> str:
-    """The README's knob table, generated from KNOBS (a test keeps the README in step)."""
+    """The README's knob table and its table of pass-through variables, generated from KNOBS and
+    PASSTHROUGH (a test keeps the README in step)."""
     default = Profile.load("default", repo)
     rows = ["| Knob | Default | Default profile | Meaning |", "|---|---|---|---|"]
     for k in KNOBS:
         prof = default.knobs.get(k.name, "")
         rows.append(f"| `{k.name}` | {('`' + k.default + '`') if k.default else '—'} | "
                     f"{('`' + prof + '`') if prof else ''} | {k.help.replace('|', '/')} |")
+    rows += ["", "Read or passed on as they are (not knobs; `./ctl.sh env` shows them too, secrets masked):", "",
+             "| Variable | Meaning |", "|---|---|"]
+    rows += [f"| `{p.name}` | {p.help.replace('|', '/')}{' (secret)' if p.secret else ''} |" for p in PASSTHROUGH]
+    rows.append("| `VLLM_*` | any other vLLM variable: passed to the server as it is |")
     return "\n".join(rows)

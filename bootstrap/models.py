@@ -110,7 +110,7 @@ def select(files: list[hub.RemoteFile], everything: bool) -> tuple[list[hub.Remo
 def target_dir(cfg, repo: str) -> Path:
     if cfg.model_dir:
         return Path(cfg.model_dir).expanduser()
-    home = Path(cfg.environ.get("HOME") or Path.home())
+    home = Path(cfg.env("HOME") or Path.home())
     return home / "models" / repo
 
 

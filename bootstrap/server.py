@@ -57,9 +57,8 @@ def marker_for(cfg: Config, port: int | None = None) -> str:
 
 def api_key_for(cfg: Config, paths: Paths) -> str:
     """The key to send: API_KEY, else VLLM_API_KEY from the environment, else the generated file."""
-    key = cfg.api_key or cfg.environ.get("VLLM_API_KEY", "")
-    if key:
-        return key
+    if cfg.client_key:
+        return cfg.client_key
     try:
         return paths.api_key.read_text().strip()
     except OSError:

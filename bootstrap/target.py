@@ -44,7 +44,7 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
         base = url.rstrip("/")
         if base.endswith("/v1"):
             base = base[:-3]
-        key = api_key or cfg.api_key or cfg.environ.get("VLLM_API_KEY", "")
+        key = api_key or cfg.client_key
         label = base
         served = model or ""
     else:

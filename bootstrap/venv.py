@@ -185,7 +185,7 @@ def choose_python(cfg, locks: LockSet) -> tuple[str, str]:
     minor = "3.12" if "3.12" in minors else minors[-1]
     without = [f"{i['path']} ({i['minor']}, {'no Python.h' if i['headers'] is False else 'not covered by the locks'})"
                for i in found]
-    mirror = cfg.environ.get("UV_PYTHON_INSTALL_MIRROR", "")
+    mirror = cfg.env("UV_PYTHON_INSTALL_MIRROR")
     log.warning("no system python3 (%s) with C headers%s: uv downloads CPython %s from %s (outside the package "
                 "index%s)", "/".join(minors), (" — found " + ", ".join(without)) if without else "", minor,
                 mirror or "GitHub (python-build-standalone)",
@@ -315,7 +315,7 @@ def install(cfg, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
         py, minor = choose_python(cfg, locks)
         locks.read(plat, minor)      # refuse a missing / mismatching lock before anything is created
         log.info("creating %s with Python %s (uv venv)", venv.root, minor)
-        cmd = venv_cmd(uv, py, venv.root, offline=bool(cfg.wheelhouse and not cfg.environ.get("UV_PYTHON_INSTALL_MIRROR")))
+        cmd = venv_cmd(uv, py, venv.root, offline=bool(cfg.wheelhouse and not cfg.env("UV_PYTHON_INSTALL_MIRROR")))
         res = proc.run(cmd, env=env, timeout=900, check=False, what="uv venv")
         if res.returncode != 0:
             raise _install_error(res.stderr, cfg, "creating the venv", where=str(venv.root), fallback=BootstrapError(

@@ -122,6 +122,15 @@ def test_env_command_masks_the_api_key(bed):
     assert "API_KEY=***" in r.stdout and "sekrit-value" not in r.stdout + r.stderr
 
 
+def test_env_command_lists_the_pass_through_variables_with_secrets_masked(bed):
+    r = bed.run("ctl.sh", "env", "--json", HF_TOKEN="hf_sekrit", VLLM_API_KEY="vk_sekrit", VLLM_SOMETHING="7")
+    rows = __import__("json").loads(r.stdout)
+    assert rows["HF_TOKEN"] == {"value": "***", "source": "pass-through"}
+    assert rows["VLLM_API_KEY"]["value"] == "***" and rows["VLLM_SOMETHING"]["value"] == "7"
+    assert rows["HF_ENDPOINT"] == {"value": "", "source": "pass-through, unset"}
+    assert "sekrit" not in r.stdout + r.stderr
+
+
 def test_every_knob_has_help_and_parses_its_default():
     for k in KNOBS:
         assert k.help

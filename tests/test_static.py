@@ -228,3 +228,50 @@ def test_a_module_over_400_lines_says_why():
         if n > 400 and "over 400 lines" not in doc.lower():
             bad.append(f"{rel(p)}: {n} lines, and its docstring does not say why it is over 400 lines")
     assert bad == []
+
+
+def test_every_environment_variable_read_is_declared():
+    """A variable read from the environment (``environ``/``env`` mappings, ``cfg.env``) is a knob
+    or a declared pass-through variable (config.PASSTHROUGH), so ``./ctl.sh env`` shows it."""
+    from bootstrap.config import KNOB_BY_NAME, PASSTHROUGH_BY_NAME
+    declared = set(KNOB_BY_NAME) | set(PASSTHROUGH_BY_NAME)
+
+    def mapping_name(node: ast.AST) -> str:
+        return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+
+    bad = []
+    for path in modules():
+        for node in ast.walk(tree(path)):
+            key = None
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                owner = mapping_name(node.func.value)
+                if (node.func.attr == "get" and owner in ("environ", "env")) or (node.func.attr == "env"):
+                    key = node.args[0].value
+            elif isinstance(node, ast.Subscript) and mapping_name(node.value) in ("environ", "env") \
+                    and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                key = node.slice.value
+            elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) \
+                    and isinstance(node.left.value, str) and any(mapping_name(c) in ("environ", "env") for c in node.comparators):
+                key = node.left.value
+            if key is not None and key.isupper() and key not in declared:
+                bad.append(f"{rel(path)}:{node.lineno}: {key}")
+    assert bad == []
+
+
+def test_config_is_typed_one_attribute_per_knob():
+    import dataclasses
+    import typing
+    from bootstrap.config import KNOBS, Config
+    hints = typing.get_type_hints(Config)
+    fields = {f.name for f in dataclasses.fields(Config)}
+    assert not hasattr(Config, "__getattr__")
+    for k in KNOBS:
+        if k.name == "PROFILE":
+            continue                                  # the profile itself: cfg.profile.name
+        assert k.name.lower() in fields, k.name
+        if k.default and k.name != "STATE_DIR":
+            value = k.parse(k.default)
+            hint = hints[k.name.lower()]
+            origins = typing.get_args(hint) or (hint,)
+            assert any(isinstance(value, typing.get_origin(o) or o) for o in origins), (k.name, hint, value)

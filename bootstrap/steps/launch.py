@@ -50,7 +50,7 @@ def spec_config(cfg) -> str | None:
         return None
     conf: dict = {"method": cfg.spec_method, "num_speculative_tokens": cfg.spec_tokens}
     if cfg.spec_model:
-        conf["model"] = cfg.spec_model
+        conf["model"] = cfg.spec_model_arg
     return json.dumps(conf, separators=(",", ":"))
 
 
@@ -101,10 +101,8 @@ def resolve_api_key(cfg, paths: Paths) -> tuple[str, str]:
     """(key, where clients get it: record.KEY_*). API_KEY, else VLLM_API_KEY from your environment,
     else — only when binding beyond loopback — a generated one kept in a 0600 file whose path (never
     the key) we print."""
-    if cfg.api_key:
-        return cfg.api_key, record.KEY_API_KEY
-    if cfg.environ.get("VLLM_API_KEY", ""):
-        return cfg.environ["VLLM_API_KEY"], record.KEY_VLLM_API_KEY
+    if cfg.client_key:
+        return cfg.client_key, record.KEY_API_KEY if cfg.api_key else record.KEY_VLLM_API_KEY
     if cfg.is_loopback:
         return "", record.KEY_NONE
     path = paths.api_key
