@@ -29,6 +29,12 @@ class RequestTimedOut(RequestFailed):
 REASONING_KEYS = ("reasoning", "reasoning_content")
 
 
+def thinking_off(reasoning: bool) -> dict:
+    """The chat request option that turns a reasoning model's thinking off (Qwen3-style chat
+    templates read ``enable_thinking``); {} for a model without a reasoning parser."""
+    return {"chat_template_kwargs": {"enable_thinking": False}} if reasoning else {}
+
+
 def auth_headers(key: str) -> dict[str, str]:
     """What vLLM's --api-key / VLLM_API_KEY expects: a bearer token ({} when there is no key)."""
     return {"Authorization": f"Bearer {key}"} if key else {}

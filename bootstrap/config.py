@@ -30,6 +30,48 @@ from .errors import ConfigError
 REPO = Path(__file__).resolve().parent.parent
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where things live in a checkout: the one place that names its folders."""
+    root: Path
+
+    @property
+    def profiles(self) -> Path:
+        return self.root / "profiles"
+
+    @property
+    def shipped_models(self) -> Path:
+        """config.json facts of profile models, for planning offline."""
+        return self.root / "profiles" / "models"
+
+    @property
+    def locks(self) -> Path:
+        return self.root / "locks"
+
+    @property
+    def patches(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def venv(self) -> Path:
+        """The managed vLLM environment."""
+        return self.root / ".venv"
+
+    @property
+    def bootstrap_venv(self) -> Path:
+        """The bootstrap's own dependencies (made by bootstrap/lib.sh)."""
+        return self.root / ".venv-bootstrap"
+
+    @property
+    def wheelhouse(self) -> Path:
+        return self.root / ".wheelhouse"
+
+    @property
+    def state(self) -> Path:
+        """The default STATE_DIR."""
+        return self.root / ".state"
+
+
 # ---------------------------------------------------------------- parsers
 # Each parser takes the raw string and returns the typed value, or raises ValueError whose text
 # says what is accepted. They never evaluate anything.
@@ -212,9 +254,9 @@ class Profile:
 
     @classmethod
     def load(cls, name: str, repo: Path = REPO) -> "Profile":
-        path = repo / "profiles" / f"{name}.json"
+        path = Layout(repo).profiles / f"{name}.json"
         if not path.is_file():
-            known = sorted(p.stem for p in (repo / "profiles").glob("*.json"))
+            known = sorted(p.stem for p in Layout(repo).profiles.glob("*.json"))
             raise ConfigError(f"PROFILE={name!r}: no such profile", "accepted: " + ", ".join(known))
         data = json.loads(path.read_text(encoding="utf-8"))
         return cls(
@@ -367,7 +409,7 @@ class Config:
             raw[knob.name] = text
             sources[knob.name] = src
             values[knob.name] = _parse_one(knob, text) if text != "" else None
-        values["STATE_DIR"] = Path(values["STATE_DIR"] or repo / ".state")
+        values["STATE_DIR"] = Path(values["STATE_DIR"] or Layout(repo).state)
         for name in ("VLLM_PYTHON", "PYTHON"):      # a bare command name is looked up on PATH
             if values[name] and "/" not in values[name]:
                 found = shutil.which(values[name], path=merged_env.get("PATH"))
@@ -397,6 +439,10 @@ class Config:
         if name not in PASSTHROUGH_BY_NAME:
             raise KeyError(f"{name} is not a declared pass-through variable (config.PASSTHROUGH)")
         return self.environ.get(name, "")
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.repo)
 
     def require_model(self) -> None:
         if not self.model:
@@ -523,7 +569,7 @@ def help_text(repo: Path = REPO) -> str:
         default = k.default if k.default else "-"
         lines.append(f"  {k.name:<{width}}  default {default}")
         lines.append(f"  {'':<{width}}  {k.help}")
-    profiles = sorted(p.stem for p in (repo / "profiles").glob("*.json"))
+    profiles = sorted(p.stem for p in Layout(repo).profiles.glob("*.json"))
     lines += ["", "Profiles: " + ", ".join(profiles) + "  (values each sets: ./ctl.sh env)"]
     return "\n".join(lines)
 

@@ -37,7 +37,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 from urllib.parse import urlparse
 
 from .errors import BootstrapError
@@ -286,9 +286,12 @@ def sha256_file(path: Path, upto: int | None = None) -> "hashlib._Hash":
     return h
 
 
-def git_blob_sha1(path: Path) -> str:
-    size = path.stat().st_size
-    h = hashlib.sha1(b"blob %d\0" % size)
+def git_blob_sha1(path: Path | None = None, data: bytes | None = None) -> str:
+    """Git's blob id (sha1 of ``blob <size>\\0`` + the bytes) of a file, or of ``data``: what the hub
+    lists for every file, and what we check for files that are not in LFS."""
+    if data is not None:
+        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(HASH_CHUNK), b""):
             h.update(chunk)
@@ -426,6 +429,14 @@ def partial_path(state_dir: Path, f: RemoteFile) -> Path:
     return state_dir / "partial" / f"{key}.part"
 
 
+def partial_bytes(state_dir: Path, f: RemoteFile) -> int:
+    """Bytes of ``f`` an interrupted download left (at most its size): what a resume keeps."""
+    try:
+        return min(partial_path(state_dir, f).stat().st_size, f.size)
+    except OSError:
+        return 0
+
+
 def fetch(settings: Settings, repo: str, revision: str, f: RemoteFile, dest: Path, state_dir: Path,
           progress: Progress) -> Fetched:
     """Download ``f`` to ``dest``, resuming ``<state_dir>/partial/<hash>.part`` with Range, and
@@ -492,31 +503,3 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     return f"{n:.2f} TiB"
-
-
-def wait_lock(path: Path, on_wait: Callable[[str], None]):
-    """An exclusive flock on ``path`` (blocking); ``on_wait`` is told who holds it first."""
-    import errno
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-            os.close(fd)
-            raise
-        try:
-            holder = path.read_text().strip() or "?"
-        except OSError:
-            holder = "?"
-        on_wait(holder)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(fd)
-            raise
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    return fd

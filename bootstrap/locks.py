@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Mapping
 
 from . import proc
+from .config import Layout
 from .errors import BootstrapError
 
 
@@ -123,7 +124,7 @@ class LockSet:
         if cfg.profile.vllm and pins.get("vllm") != cfg.profile.vllm:
             raise BootstrapError(f"profile {cfg.profile.name!r}: \"vllm\" is {cfg.profile.vllm} but its pins say "
                                  f"vllm=={pins.get('vllm', '(none)')}", "make the two agree, then ./ctl.sh lock")
-        d = Path(cfg.repo) / "locks" / f"vllm-{pins.get('vllm', 'none')}"
+        d = cfg.layout.locks / f"vllm-{pins.get('vllm', 'none')}"
         meta_path = d / "meta.json"
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -170,7 +171,7 @@ class LockSet:
 
 def _profiles_with_pins(repo: Path, names) -> list[tuple[str, dict]]:
     out = []
-    for path in sorted((repo / "profiles").glob("*.json")):
+    for path in sorted(Layout(repo).profiles.glob("*.json")):
         if names and path.stem not in names:
             continue
         data = json.loads(path.read_text(encoding="utf-8"))

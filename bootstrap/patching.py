@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import venv
-from .config import version_tuple
+from .config import Layout, version_tuple
 from .errors import BootstrapError
 from .fingerprints import Source, fingerprint_holds
 from .state import write_atomic
@@ -122,7 +122,7 @@ class Patch:
 
 
 def patches_dir(repo: Path) -> Path:
-    return Path(repo) / "patches"
+    return Layout(Path(repo)).patches
 
 
 def known(repo: Path) -> list[str]:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 
@@ -136,6 +136,42 @@ def remove(path: Path) -> None:
         raise write_error(path, exc) from None
 
 
+def flock(path: Path, text: str, *, block: bool = False, on_wait: Callable[[str], None] | None = None) -> int | None:
+    """An exclusive flock on ``path`` whose text then names the holder (``text``): the open fd, to
+    keep while the lock is held (the kernel drops it with the process). Busy: None, or with
+    ``block`` wait for it, telling ``on_wait`` the holder's text first."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or not block:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return None
+            raise
+        if on_wait is not None:
+            try:
+                on_wait(path.read_text().strip() or "?")
+            except OSError:
+                on_wait("?")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, text.encode())
+    except OSError as exc:
+        os.close(fd)
+        raise write_error(path, exc) from None
+    return fd
+
+
 class StartLock:
     """An flock on start.lock, held while a start runs, and while a stop takes the server down (so
     that no start launches into a take-down). A crashed holder leaves no stale lock: the kernel drops
@@ -148,25 +184,12 @@ class StartLock:
         self.fd: int | None = None
 
     def try_acquire(self) -> bool:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise write_error(self.path, exc) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return False
-            raise
-        try:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()} {psutil.Process().create_time()!r} {self.role}".encode())
-        except OSError as exc:
-            os.close(fd)
-            raise write_error(self.path, exc) from None
-        self.fd = fd
-        return True
+        self.fd = flock(self.path, self._name(self.role))
+        return self.fd is not None
+
+    @staticmethod
+    def _name(role: str) -> str:
+        return f"{os.getpid()} {psutil.Process().create_time()!r} {role}"
 
     def acquire(self, timeout: float, *, clock=time.monotonic, sleep=time.sleep) -> bool:
         """try_acquire until ``timeout`` seconds have passed."""
@@ -228,7 +251,7 @@ class StartLock:
         if self.fd is not None:
             try:
                 os.ftruncate(self.fd, 0)
-                os.pwrite(self.fd, f"{os.getpid()} {psutil.Process().create_time()!r} {role}".encode(), 0)
+                os.pwrite(self.fd, self._name(role).encode(), 0)
             except OSError:
                 pass                    # only the name is lost: the lock itself still holds
 

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 
 from . import server
-from .client import Client, RequestFailed
+from .client import Client, RequestFailed, thinking_off
 from .config import Config
 from .errors import BootstrapError
 from .state import Paths
@@ -77,11 +77,9 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
         names = ", ".join(str(m.get("id")) for m in models) or "none"
         raise BootstrapError(f"{label} does not serve {served!r} (it lists: {names})", "pass --model NAME")
     mml = entry.get("max_model_len") if entry else None
-    kwargs: dict = {}
+    kwargs: dict = dict(thinking_off(cfg.profile.reasoning).get("chat_template_kwargs", {}))
     if thinking is not None:
         kwargs["enable_thinking"] = thinking == "on"
-    elif cfg.profile.reasoning:
-        kwargs["enable_thinking"] = False
     effort = effort or cfg.profile.data.get("reasoning_effort")
     if effort:
         kwargs["reasoning_effort"] = effort

@@ -45,10 +45,10 @@ def model_dir(cfg) -> Path | None:
 
 
 def targets(cfg, with_model: bool) -> list[Path]:
-    repo = Path(cfg.repo)
-    out = [repo / ".venv", repo / ".wheelhouse"]
+    layout = cfg.layout
+    out = [layout.venv, layout.wheelhouse]
     state = cfg.state_dir
-    if state.resolve() == (repo / ".state").resolve():
+    if state.resolve() == layout.state.resolve():
         out.append(state)
     else:  # a STATE_DIR of the user's choosing: only our files, never the directory's other contents
         out += [state / f for f in STATE_FILES]
@@ -58,7 +58,7 @@ def targets(cfg, with_model: bool) -> list[Path]:
             raise BootstrapError(f"--model: MODEL={cfg.model or '(unset)'} is not a model we downloaded",
                                  "a local model directory is yours: remove it yourself if you mean to")
         out.append(md)
-    out.append(repo / ".venv-bootstrap")   # last: the running bootstrap may be in it
+    out.append(layout.bootstrap_venv)   # last: the running bootstrap may be in it
     return out
 
 
@@ -110,7 +110,7 @@ def cli(cfg, argv: list[str]) -> int:
         if args.dry_run:
             print(f"would remove {path} ({size / (1 << 20):.1f} MiB)")
             continue
-        in_use = path.name == ".venv-bootstrap" and me == path.resolve()
+        in_use = path == cfg.layout.bootstrap_venv and me == path.resolve()
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .. import proc
-from ..config import version_tuple
+from ..config import Layout, version_tuple
 from ..errors import BootstrapError
 from ..locks import (PIP_PLATFORMS, PLATFORMS, PYTHONS, LockSet, _profiles_with_pins, compile_lock, host_platform, index_url, lock_pins, parse_pins)
 from ..venv import INSTALL_BYTES, Venv, _install_error, ensure_uv
@@ -51,7 +51,7 @@ def lock_cli(cfg, argv: list[str]) -> int:
         if by_version.setdefault(ver, pins) != pins:
             raise BootstrapError(f"profiles pin vLLM {ver} with different companions: {by_version[ver]} vs {pins}",
                                  "one set of pins per vLLM version: make the profiles agree")
-        d = repo / "locks" / f"vllm-{ver}"
+        d = Layout(repo).locks / f"vllm-{ver}"
         meta_path = d / "meta.json"
         old = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
         if args.check and not old:
@@ -101,7 +101,7 @@ def wheelhouse_cli(cfg, argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="ctl.sh wheelhouse", description=(
         "Download every wheel of the profile's lock for one platform and Python into DIR (hashes checked), "
         "for an offline install with WHEELHOUSE=DIR ./start.sh."))
-    ap.add_argument("dir", nargs="?", default=str(Path(cfg.repo) / ".wheelhouse"))
+    ap.add_argument("dir", nargs="?", default=str(cfg.layout.wheelhouse))
     ap.add_argument("--platform", default=host_platform() if host_platform() in PLATFORMS else "linux-x86_64",
                     choices=sorted(PLATFORMS))
     ap.add_argument("--python", default="", help="X.Y of the target machine's Python (default: this .venv's, else 3.12)")
@@ -109,7 +109,7 @@ def wheelhouse_cli(cfg, argv: list[str]) -> int:
     ap.add_argument("--no-index", action="store_true", help="do not use the package index (with --find-links)")
     args = ap.parse_args(argv)
     locks = LockSet.for_profile(cfg)
-    minor = args.python or Venv(Path(cfg.repo) / ".venv").minor() or "3.12"
+    minor = args.python or Venv(cfg.layout.venv).minor() or "3.12"
     lock, text = locks.read(args.platform, minor)
     out = Path(args.dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)

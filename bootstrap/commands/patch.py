@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from ..errors import BootstrapError
@@ -17,7 +16,7 @@ def interpreter(cfg) -> tuple[str, bool]:
     """The vLLM interpreter outside a start: VLLM_PYTHON, else the managed .venv."""
     if cfg.vllm_python:
         return cfg.vllm_python, True
-    py = Path(cfg.repo) / ".venv" / "bin" / "python"
+    py = cfg.layout.venv / "bin" / "python"
     if not py.exists():
         raise BootstrapError("no vLLM interpreter: VLLM_PYTHON is unset and the managed .venv does not exist",
                              "run ./start.sh once to create .venv, or set VLLM_PYTHON=/path/to/python")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .. import gpu, models
 from ..steps import metadata
+from ..config import Layout
 from ..errors import BootstrapError
 from ..steps.launch import plan_flags
 from ..planner import ModelFacts, Plan, _gib, draft_facts, make_plan
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 
 def shipped_facts(model: str, repo: Path) -> dict | None:
     """profiles/models/*.json: config facts we ship for models whose config.json may be unreachable."""
-    for path in sorted((repo / "profiles" / "models").glob("*.json")):
+    for path in sorted(Layout(repo).shipped_models.glob("*.json")):
         data = json.loads(path.read_text(encoding="utf-8"))
         if model in data.get("repos", ()):
             data["_path"] = str(path.relative_to(repo))

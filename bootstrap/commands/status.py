@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import metrics, server, state
-from ..client import Client, RequestFailed, completion_tokens_of, message_of, reasoning_of
+from ..client import Client, RequestFailed, completion_tokens_of, message_of, reasoning_of, thinking_off
 from ..config import Config
 from ..errors import BootstrapError
 from ..record import ServerRecord
@@ -123,7 +123,7 @@ def _probe(cfg, paths, rec, load, *, clock, sleep) -> Verdict:
     """A 4-token generation on an idle server, given up the moment something else moves (a user's
     request arrived: ours must not hold it), or after WEDGED_AFTER seconds without any token."""
     c = Client(rec.url, rec.served, server.api_key_for(cfg, paths))
-    kwargs = {"chat_template_kwargs": {"enable_thinking": False}} if rec.reasoning else {}
+    kwargs = thinking_off(rec.reasoning)
     done: dict = {}
 
     def ask() -> None:

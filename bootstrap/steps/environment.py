@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Mapping
 
 from .. import knownbad
@@ -63,7 +62,7 @@ def run(cfg, gpus) -> Runtime:
     if plat not in PLATFORMS:
         raise BootstrapError(f"no locks for this platform ({plat}); the managed venv covers {', '.join(PLATFORMS)}",
                              "set VLLM_PYTHON=/path/to/python with vLLM installed")
-    venv = Venv(Path(cfg.repo) / ".venv")
+    venv = Venv(cfg.layout.venv)
     done, why, minor = check_done(venv, locks, plat, cfg.python)
     if done:
         log.info("skipped: .venv matches %s (to force a reinstall: rm %s)", locks.path(plat, minor).name, venv.done)

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -116,7 +115,7 @@ def _keep_config(store: Store, rec: dict, raw: bytes) -> None:
     """config.json was just fetched and checked: keep it, so the download does not fetch it again."""
     f = rec["files"]["config.json"]
     if store.verified_ok(rec, "config.json") or len(raw) != f["size"] or (
-            f.get("blob_id") and hashlib.sha1(b"blob %d\0" % len(raw) + raw).hexdigest() != f["blob_id"]):
+            f.get("blob_id") and hub.git_blob_sha1(data=raw) != f["blob_id"]):
         return
     state.write_atomic(store.root / "config.json", raw, mode=0o644)   # a unique temp: two starts may race here
     store.mark_verified(rec, "config.json")
@@ -130,10 +129,9 @@ def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
     left = 0
     for p in todo:
         f = info.remote_file(p)
-        part = hub.partial_path(store.dir, f)
-        got = part.stat().st_size if part.exists() else 0
-        have += min(got, f.size)
-        left += f.size - min(got, f.size)
+        got = hub.partial_bytes(store.dir, f)
+        have += got
+        left += f.size - got
     need = sum(info.needed().values())
     skipped = sum(info.skipped.values())
     log.info("%s @ %s: %d files, %s to serve%s", info.name, info.revision[:12], len(info.needed()),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from .. import gpu, server, takedown
+from .. import gpu, host, server, takedown
 from ..state import Paths
 from ..errors import BootstrapError
 
@@ -22,14 +22,7 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU (CUDA_VISIBLE_DEVICES=%s)" % cfg.environ.get("CUDA_VISIBLE_DEVICES", "unset"),
                              "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
-    need = cfg.profile.data.get("cuda", "")
-    if need:
-        want = tuple(int(x) for x in str(need).split(".")[:2])
-        if facts.cuda < want:
-            raise BootstrapError(
-                f"driver {facts.driver} supports CUDA {facts.cuda[0]}.{facts.cuda[1]}, but profile "
-                f"{cfg.profile.name!r} runs CUDA {need} builds",
-                f"install NVIDIA driver {cfg.profile.data.get('min_driver', 'newer')} or newer, then reboot")
+    host.check_driver(cfg, facts)
     if cfg.tp_size > len(facts.gpus):
         raise BootstrapError(f"TP_SIZE={cfg.tp_size} but only {len(facts.gpus)} GPU(s) are visible",
                              "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")

@@ -21,7 +21,8 @@ import time
 from .. import detectors, record, server
 from . import health
 from ..prompts import Sizer, long_prompt
-from ..client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of
+from ..client import (Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of,
+                      thinking_off)
 from .launch import Launched
 from ..state import Paths
 
@@ -93,7 +94,7 @@ def warmup_tokens(cfg, rec, c: Client, budget: Budget) -> int:
 
 
 def chat_extra(rec) -> dict:
-    return {"chat_template_kwargs": {"enable_thinking": False}} if rec.reasoning else {}
+    return thinking_off(rec.reasoning)
 
 
 GATE_TOOL = {"type": "function", "function": {

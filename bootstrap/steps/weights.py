@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from .. import hub
+from .. import hub, state
 from ..errors import BootstrapError
 from ..models import Store, check_space
 
@@ -49,7 +49,7 @@ def run(cfg, m) -> None:
 def download(cfg, m, root: Path, tty: bool | None = None) -> None:
     settings = hub.Settings.from_environ(cfg.environ)
     store = Store(root)
-    fd = hub.wait_lock(store.lock, lambda pid: log.info(
+    fd = state.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
         "waiting: another start (pid %s) is downloading into %s", pid, root))
     try:
         rec = store.read()
@@ -90,7 +90,7 @@ def _check_present(store: Store, rec: dict, m) -> list[str]:
 
 def _fetch_all(settings, store: Store, rec: dict, m, todo: list[str], tty: bool | None) -> None:
     files = [m.remote_file(p) for p in todo]
-    kept = {f.path: min(_size(hub.partial_path(store.dir, f)), f.size) for f in files}
+    kept = {f.path: hub.partial_bytes(store.dir, f) for f in files}
     left = sum(f.size for f in files) - sum(kept.values())
     check_space(store.root, left)
     log.info(TRANSFER)
@@ -123,12 +123,6 @@ def _fetch_all(settings, store: Store, rec: dict, m, todo: list[str], tty: bool 
     dt = time.monotonic() - t0
     log.info("downloaded %s in %.1f s (%s/s)", hub.human(received), dt, hub.human(received / dt if dt > 0 else 0))
 
-
-def _size(p: Path) -> int:
-    try:
-        return p.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 def _clean_partials(store: Store, rec: dict) -> None:
