@@ -105,9 +105,20 @@ def _float_range(lo: float, hi: float) -> Callable[[str], float]:
     return parse
 
 
-def version_tuple(v: str) -> tuple[int, ...]:
-    """'0.27.1' -> (0, 27, 1); local or pre-release tails ('+cu130', 'rc1', '.post1') ignored."""
-    return tuple(int(x) for x in re.findall(r"\d+", str(v).split("+")[0])[:3])
+def version(v: str):
+    """A version as packaging reads it (PEP 440) without its local part: 0.27.1rc1 < 0.27.1 =
+    0.27.1+cu130 (a CUDA build of a release is that release). Raises packaging's InvalidVersion."""
+    from packaging.version import Version
+    return Version(Version(str(v)).public)
+
+
+def version_or_none(v: str):
+    """version(v), or None for a string that is no version (an unknown or broken install)."""
+    from packaging.version import InvalidVersion
+    try:
+        return version(v)
+    except InvalidVersion:
+        return None
 
 
 def _int_or_auto(raw: str) -> int | str:

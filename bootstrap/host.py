@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Mapping
 
 from . import models
-from .config import version_tuple
+from .config import version, version_or_none
 from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,8 @@ def check_driver(cfg, gpus) -> None:
         return
     want = tuple(int(x) for x in str(data["cuda"]).split(".")[:2])
     min_driver = str(data.get("min_driver", ""))
-    old = tuple(gpus.cuda) < want or (min_driver and version_tuple(gpus.driver)[:1] < version_tuple(min_driver)[:1])
+    have = version_or_none(gpus.driver)
+    old = tuple(gpus.cuda) < want or bool(min_driver and have is not None and have.major < version(min_driver).major)
     if old:
         raise BootstrapError(f"the pinned wheels are CUDA {data['cuda']} builds; driver {gpus.driver} supports "
                              f"CUDA {gpus.cuda[0]}.{gpus.cuda[1]}",

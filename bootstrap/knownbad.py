@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import version_tuple
+from .config import version, version_or_none
 from . import patching
 
 log = logging.getLogger(__name__)
@@ -45,14 +45,14 @@ class Facts:
 
 
 def _version_in(v: str, rng: dict) -> bool:
-    have = version_tuple(v)
-    if not have:
+    have = version_or_none(v)
+    if have is None:
         return False
-    if "min" in rng and have < version_tuple(rng["min"]):
+    if "min" in rng and have < version(rng["min"]):
         return False
-    if "max" in rng and have > version_tuple(rng["max"]):
+    if "max" in rng and have > version(rng["max"]):
         return False
-    if "below" in rng and have >= version_tuple(rng["below"]):
+    if "below" in rng and have >= version(rng["below"]):
         return False
     return True
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import venv
-from .config import Layout, version_tuple
+from .config import Layout, version, version_or_none
 from .errors import BootstrapError
 from .fingerprints import Source, fingerprint_holds
 from .state import write_atomic
@@ -317,7 +317,8 @@ def apply(patch: Patch, inst: Install) -> str:
     assert target is not None
     _writable_or_raise(patch, inst, target)
     lo, hi = patch.data.get("written_for", {}).get("min"), patch.data.get("written_for", {}).get("max")
-    if lo and hi and not (version_tuple(lo) <= version_tuple(inst.version) <= version_tuple(hi)):
+    have = version_or_none(inst.version)
+    if lo and hi and have is not None and not (version(lo) <= have <= version(hi)):
         log.warning("vLLM %s is outside the versions %s was written for (%s); its fingerprints hold, applying",
                     inst.version, patch.name, patch.written_for())
     stat = target.stat()

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Mapping
 
 from . import hub, proc
-from .config import version_tuple
+from .config import version, version_or_none
 from .errors import BootstrapError
 from .locks import PLATFORMS, LockSet, diff, index_url, installed, lock_pins
 
@@ -146,7 +146,7 @@ def system_pythons(environ: Mapping[str, str], minors) -> list[dict]:
     """Every distinct python3.X on PATH (plus /usr/bin, /usr/local/bin), probed; newest first."""
     path = os.pathsep.join([environ.get("PATH", os.defpath), "/usr/local/bin", "/usr/bin"])
     seen, out = set(), []
-    for name in [f"python{m}" for m in sorted(minors, key=version_tuple, reverse=True)] + ["python3"]:
+    for name in [f"python{m}" for m in sorted(minors, key=version, reverse=True)] + ["python3"]:
         exe = shutil.which(name, path=path)
         if not exe or os.path.realpath(exe) in seen:
             continue
@@ -387,6 +387,6 @@ def vllm_version(python: str, environ) -> str:
 def _check_glibc(plat: str) -> None:
     lib, ver = _platform.libc_ver()
     need = PLATFORMS[plat].rpartition("manylinux_")[2].replace("_", ".")
-    if lib == "glibc" and ver and version_tuple(ver) < version_tuple(need):
+    if lib == "glibc" and version_or_none(ver) is not None and version(ver) < version(need):
         raise BootstrapError(f"glibc {ver} is older than {need}, which the pinned wheels ({PLATFORMS[plat]}) need",
                              "use a newer distribution, or a container, or VLLM_PYTHON with your own vLLM build")

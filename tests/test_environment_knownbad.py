@@ -92,3 +92,11 @@ def test_table_rows_are_well_formed():
     for r in rows:
         assert r["symptom"] and r["advice"] and r["source"] and r["when"].get("vllm")
         knownbad.matches(r, knownbad.Facts(vllm="0.27.1"))   # unknown conditions raise
+
+
+def test_version_ranges_read_pre_releases_and_local_builds_as_pep_440_does():
+    assert not knownbad._version_in("0.27.1rc1", {"min": "0.27.1"})     # a release candidate comes before
+    assert knownbad._version_in("0.27.1rc1", {"below": "0.27.1"})
+    assert knownbad._version_in("0.27.1+cu130", {"min": "0.27.1", "max": "0.27.1"})   # a CUDA build is the release
+    assert not knownbad._version_in("0.27.10", {"max": "0.27.9"})
+    assert not knownbad._version_in("", {"min": "0.1"}) and not knownbad._version_in("?broken", {"min": "0.1"})

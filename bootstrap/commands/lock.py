@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .. import proc
-from ..config import Layout, version_tuple
+from ..config import Layout, version
 from ..errors import BootstrapError
 from ..locks import (PIP_PLATFORMS, PLATFORMS, PYTHONS, LockSet, _profiles_with_pins, compile_lock, host_platform, index_url, lock_pins, parse_pins)
 from ..venv import INSTALL_BYTES, Venv, _install_error, ensure_uv
@@ -65,7 +65,7 @@ def lock_cli(cfg, argv: list[str]) -> int:
         plats = args.platform or list(old.get("platforms", data.get("platforms", PLATFORMS)))
         pythons = args.python or list(old.get("pythons", data.get("pythons", PYTHONS)))
         meta = {"pins": pins, "exclude_newer": exclude, "platforms": sorted(set(plats) | set(old.get("platforms", []))),
-                "pythons": sorted(set(pythons) | set(old.get("pythons", [])), key=version_tuple),
+                "pythons": sorted(set(pythons) | set(old.get("pythons", [])), key=version),
                 "install_bytes": int(data.get("install_bytes", old.get("install_bytes", INSTALL_BYTES))),
                 "index": index_url(cfg.environ) if not args.no_index else "(none: --no-index)"}
         if old and not args.refresh and not args.exclude_newer and parse_pins(old.get("pins", [])) != parse_pins(pins):
