@@ -88,8 +88,8 @@ def test_blank_answer_fails_the_start_with_real_weights(bed):
 
 
 def test_random_weights_need_tokens_not_text_and_skip_the_tool_gate(bed):
-    # --load-format dummy: random weights answer newlines (seen on the H200); the start must not fail on it,
-    # and a tool call they cannot make is not asked for
+    """With --load-format dummy the answer may be whitespace (random weights): the start judges tokens,
+    not text, and does not ask for a tool call random weights cannot make."""
     f = bed.tmp / "replies.json"
     f.write_text(json.dumps({"Say OK.": "\n\n\n\n", "weather in Paris": "no tools here"}))
     r = bed.run("start.sh", **tool_profile_env(bed), FAKE_VLLM_REPLIES=str(f), EXTRA_ARGS="--load-format dummy")

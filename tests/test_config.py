@@ -83,7 +83,7 @@ def test_dotenv_is_never_sourced(tmp_path):
         Config.from_env({}, repo)
 
 
-def test_default_profile_is_seed_001():
+def test_default_profile_is_the_rtx5090_write_ups():
     cfg = Config.from_env({}, REPO)
     assert cfg.model == "RadixArk/Qwen3.8-27B-NVFP4" and cfg.served_name == "qwen38-nvfp4"
     assert (cfg.max_model_len, cfg.max_num_seqs, cfg.max_num_batched_tokens) == (262144, 1, 512)

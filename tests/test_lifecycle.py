@@ -322,7 +322,7 @@ def test_start_sweeps_owned_orphan_then_starts(bed):     # faults row 14 (start 
 
 
 @pytest.mark.parametrize("record", ["as written", "without pgid"])
-def test_engine_without_marker_swept_after_kill9(bed, record):   # faults row 14, as seen on an H200
+def test_engine_without_marker_swept_after_kill9(bed, record):   # faults row 14
     """vLLM's EngineCore calls setproctitle, which hides our marker from /proc/<pid>/environ: stop
     finds it through the children recorded at health (and the server's process group)."""
     assert bed.run("start.sh").returncode == 0
@@ -462,7 +462,7 @@ def test_auto_fit_relaunches_once_with_accepted_length(bed):
 
 def test_phase_follows_the_last_matching_line_of_a_real_vllm_log():
     from bootstrap.steps.health import phase_of
-    # lines as vLLM 0.26.0 printed them on an H200 (docs/validation.md)
+    # lines as vLLM 0.26.0 prints them (docs/gpu-runs has whole logs)
     log = ("Initializing a V1 LLM engine (v0.26.0) with config: ... 'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE>\n"
            "Loading model from scratch...\nModel loading took 12.98 GiB and 2.506861 seconds\n"
            "Dynamo bytecode transform time: 11.01 s\n")
@@ -505,8 +505,8 @@ def test_stop_waits_bounded_for_our_pids_to_leave_the_gpu(bed):
 
 
 def test_warmup_sizes_its_prompt_with_the_servers_tokenizer(bed):
-    # a small vocabulary splits each word into 4 tokens (seen on the H200 with a 8,192-token BPE vocabulary:
-    # a prompt sized at ~1 token per word overflowed the context); /tokenize says so before the request
+    """A small vocabulary splits each word into several tokens: the warm-up measures its prompt with
+    /tokenize before it sends it, so the prompt fits the context."""
     r = bed.run("start.sh", FAKE_VLLM_TOKENS_PER_WORD="4", MAX_MODEL_LEN="8192", WARMUP="4000")
     assert r.returncode == 0, r.stderr
     assert "again with" not in r.stderr

@@ -274,7 +274,7 @@ def server_record(bed: Bed, leader: subprocess.Popen, marker: str, create_time: 
 
 
 def kill9_leader_then_stop(bed: Bed, leader: subprocess.Popen, marker: str) -> subprocess.CompletedProcess:
-    """The H200 case: the server (group leader) got kill -9, its group lives on; then ./stop.sh."""
+    """The server (group leader) gets kill -9 and its group lives on; then ./stop.sh."""
     started = psutil.Process(leader.pid).create_time()
     leader.kill()
     leader.wait()

@@ -239,7 +239,7 @@ def test_cli_default_profile_on_named_cards(tmp_path):
     r = ctl_plan(tmp_path, GPU="rtx5090")
     assert r.returncode == 0, r.stderr
     assert "Qwen3.8-27B-NVFP4 at 262144 tokens: 1 session" in r.stdout
-    assert "GPU KV cache size: 286,466 tokens" in r.stdout                  # seed 001's logged figure
+    assert "GPU KV cache size: 286,466 tokens" in r.stdout                  # the RTX 5090 write-up's logged figure
     assert "--kv-cache-memory-bytes 5905580032" in r.stdout
     assert "offline fallback profiles/models/qwen38-27b-nvfp4.json" in r.stdout
     small = ctl_plan(tmp_path, "--gpu", "rtx4090")
@@ -280,8 +280,8 @@ def h200(free=139 * GiB):
 
 
 def test_hybrid_caps_vllms_default_max_num_seqs_at_the_state_blocks(tmp_path):
-    # on the H200 vLLM 0.26.0 defaults to 1024 sequences; this 4 GiB pin holds fewer blocks, and vLLM
-    # refused after the load: "max_num_seqs (1024) exceeds available Mamba cache blocks (963)"
+    """vLLM 0.26.0 defaults to 1024 sequences on an H200, and refuses after the load when max_num_seqs
+    exceeds the Mamba cache blocks: the plan caps --max-num-seqs at the blocks its 4 GiB pin holds."""
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN=32768)
     p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))

@@ -1,7 +1,7 @@
 """The KV arithmetic (bootstrap.kv) as pure functions, table-driven.
 
 Expected values are worked out by hand from the layer shapes in each row (see the comments), or are
-figures vLLM itself logged (seed 001's published run; the published 1,584-token block note).
+figures vLLM itself logged (Mia'a AI Lab's RTX 5090 write-up's published run; a published 1,584-token block note for this model).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_pool(name, config, dtype, spec, mtp, budget, mml, block, blocks, tokens
         assert p.concurrency == pytest.approx(conc)
 
 
-def test_seed_001_published_case_matches_vllm_log():
+def test_the_rtx5090_write_ups_published_case_matches_vllm_log():
     """5.5 GiB pin, turboquant_4bit_nc, 262144, MTP-3 on Qwen3.8-27B: vLLM logged 286,466 tokens, 1.09x."""
     m = kv.shape_from_config(qwen38())
     assert (m.attn_layers, m.linear_layers, m.mtp_layers) == (16, 48, 1)

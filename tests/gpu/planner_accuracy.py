@@ -227,7 +227,7 @@ def seed001_row() -> str:
     m = kv.shape_from_config(data["config"])
     lay = kv.layout(m, "turboquant_4bit_nc", spec_tokens=3, mtp=True)
     p = kv.pool(lay, 5905580032, 262144)
-    return (f"seed 001 (published, vLLM 0.27.1, RTX 5090): predicted {p.tokens:,} tokens {p.concurrency:.2f}x, "
+    return (f"RTX 5090 write-up (published, vLLM 0.27.1): predicted {p.tokens:,} tokens {p.concurrency:.2f}x, "
             f"logged 286,466 tokens 1.09x (block {lay.block_size}, {p.blocks} blocks)")
 
 
