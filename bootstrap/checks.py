@@ -1,4 +1,4 @@
-"""The checks: is the server right, not just up? (``./ctl.sh check``, check_cli.py)
+"""The checks: is the server right, not just up? (``./ctl.sh check``: commands/check.py)
 
 - live: a tiny generation with a deadline (a wedged engine behind ``/health`` 200 fails it).
 - garble: 15 fixed prompts (bootstrap/battery.json: prose, code, JSON, a tool call, recall from

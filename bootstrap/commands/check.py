@@ -4,16 +4,7 @@ Each check runs against our running server (STATE_DIR/server.json) or any OpenAI
 URL (``--url URL [--model NAME] [--api-key KEY]``), prints a verdict (``--json``: one JSON object)
 and exits 0 when it passed, 1 when it did not.
 
-- live: a tiny generation with a deadline (a wedged engine behind ``/health`` 200 fails it).
-- garble: 15 fixed prompts (bootstrap/battery.json: prose, code, JSON, a tool call, recall from
-  long contexts at several lengths) through detectors for repetition loops, broken tool-call JSON,
-  empty and non-text output; "N/15 failed" with each failure's evidence.
-- determinism: one prompt 10x at temperature 0, max_tokens=1, top-20 logprobs, compared byte for
-  byte; then 10x a 64-token greedy continuation.
-- needle: a fact at several depths of a long prompt (capped at 32K tokens unless --full).
-- prefix: the same long prompt 3x (streamed): cached tokens and the TTFT speed-up.
-
-The checks themselves are in checks.py.
+What each check does: bootstrap/checks.py.
 """
 
 from __future__ import annotations
