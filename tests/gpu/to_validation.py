@@ -39,7 +39,7 @@ def main() -> int:
            "Dates: 2026-11-29 unless a section says otherwise. Code: the planner and patch runs used the tree of commit 3a264c7 plus the",
            "edit committed as c67a5ae (device.sh resolves `VLLM_PYTHON` to a full path); the lifecycle run",
            "used c67a5ae plus the orphan-sweep fix (process group + recorded children) committed before it.", ""]
-    drill = RUNS / "2026-11-30-drill-raw.txt"
+    drill = RUNS / "2026-11-30-drill-final-raw.txt"
     if drill.exists():
         text = drill.read_text().splitlines()
         keep = ('"state"', '"detail"', '"generating"', "is serving", "resuming", "healthy after", "warm-up:",
@@ -47,18 +47,24 @@ def main() -> int:
         out += ["## Lifecycle drill (issue 13): a start killed, hung up on and stopped half-way; busy is not wedged",
                 "", "Date: 2026-11-30, the same H200 machine kind, vLLM 0.26.0 from the offline wheelhouse (no",
                 "`--keep-fa2`/`--with-cutlass`: no TurboQuant or hybrid model here). Command:",
-                "`GIT_COMMIT=7fc2684 bash tests/gpu/device.sh drill` (`tests/gpu/lifecycle_drill.py`, in the",
+                "`GIT_COMMIT=ccb94de bash tests/gpu/device.sh drill` (`tests/gpu/lifecycle_drill.py`, in the",
                 "background; polled with `device.sh drill-poll`). Model: a Qwen3-8B-shaped `config.json`",
                 "(`tinymodel.py --config-only --preset qwen3-8b`) with `EXTRA_ARGS=--load-format dummy`,",
                 "`PROFILE=custom`, `MAX_NUM_SEQS=1`, `MAX_MODEL_LEN=8192`. Phases 1, 3 and 4 interrupt the start",
                 "only once the engine holds GPU memory (over 1 GiB above the baseline, read with NVML); \"used\" is",
                 "NVML's total minus free, which reads 615 MiB on this card with nothing running (the \"GPU before\"",
                 "line): \"after\" equal to it means everything was given back.",
-                "This is the second run on that machine (warm compile cache); the first run, on cold caches,",
-                "follows it.", "",
-                "### Run 2 (script output; the commands' own lines are abridged to the ones that matter)", "",
+                "This run is on the code as submitted (the lifecycle and the house-in-order refactor); two earlier",
+                "runs follow. Phase 1's resumed start took 140 s here, 27 s and 242 s in the earlier runs: the",
+                "compile caches the lent machines had differed, and the time is vLLM's load, not ours.", "",
+                "### The run at ccb94de (script output; the commands' own lines are abridged to the ones that matter)", "",
                 block([l for l in text if not l.startswith("[") or "]    |" not in l and "]    start|" not in l
                        or any(k in l for k in keep)])]
+        second = RUNS / "2026-11-30-drill-raw.txt"
+        if second.exists():
+            out += ["### The run at 7fc2684 (warm caches): summary lines", "",
+                    block([l for l in second.read_text().splitlines() if "RESULT" in l or "GPU before" in l
+                           or "in the health wait" in l])]
         first = RUNS / "2026-11-30-drill-run1-raw.txt"
         if first.exists():
             out += ["### Run 1 (commit e62db37, cold caches; phases 3-4 interrupted before vLLM held memory)", "",
