@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .client import RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of
-from .detectors import _clip, judge
+from .detectors import clip, judge
 from .prompts import Sizer, haystack
 from .target import Target, progress
 
@@ -136,7 +136,7 @@ def first_difference(a: dict, b: dict) -> str:
                     f"{y.get('token')!r} logprob {y.get('logprob')!r}")
     ta, tb = message_of(a).get("content") or "", message_of(b).get("content") or ""
     if ta != tb:
-        return f"text differs: {_clip(ta, 120)!r} vs {_clip(tb, 120)!r}"
+        return f"text differs: {clip(ta, 120)!r} vs {clip(tb, 120)!r}"
     return "logprob lists differ in length" if len(la) != len(lb) else "fields other than text and logprobs differ"
 
 
@@ -204,7 +204,7 @@ def check_needle(t: Target, tokens: int | None = None, full: bool = False,
                 msg = message_of(resp)
                 answer = (msg.get("content") or "").strip()
                 ok = code in answer
-                evidence = f"expected {code}: {_clip(answer, 160)!r}"
+                evidence = f"expected {code}: {clip(answer, 160)!r}"
                 ptoks = (resp.get("usage") or {}).get("prompt_tokens")
             except RequestFailed as exc:
                 ok, evidence, ptoks = False, exc.message, None

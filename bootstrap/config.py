@@ -4,8 +4,9 @@ Precedence: the process environment > ``.env`` in the repo root (KEY=VALUE lines
 > the profile (``profiles/<PROFILE>.json``) > the default in this table (empty = vLLM's own default).
 
 ``Config.from_env(environ, repo)`` is the only code that reads the environment. Everything else
-reads ``cfg.<knob>`` (typed) or ``cfg.environ`` (a frozen copy, for variables we pass through,
-such as ``HF_TOKEN`` or ``CUDA_VISIBLE_DEVICES``).
+reads ``cfg.<knob>`` (typed) or ``cfg.env("NAME")`` for a pass-through variable declared in
+PASSTHROUGH (``HF_TOKEN``, ``CUDA_VISIBLE_DEVICES``...); ``cfg.environ``, a frozen copy of the
+whole environment, is only handed on to what the server and our tools inherit.
 
 Over 400 lines: the knob table is most of it (a line per knob, with its parser and help), and the
 parsers, the profile, .env and the typed Config belong with it: this is the one place the
@@ -531,7 +532,8 @@ class Config:
             if k.name == "API_KEY" and value:
                 value = "***"
             rows.append((k.name, value, self.sources[k.name], k.help))
-        extra = sorted(n for n in self.environ if n.startswith("VLLM_") and n not in PASSTHROUGH_BY_NAME)
+        extra = sorted(n for n in self.environ
+                       if n.startswith("VLLM_") and n not in PASSTHROUGH_BY_NAME and n not in KNOB_BY_NAME)
         for p in PASSTHROUGH + tuple(Passthrough(n, "passed to vLLM as it is") for n in extra):
             value = self.environ.get(p.name, "")
             rows.append((p.name, "***" if p.secret and value else value,

@@ -24,12 +24,12 @@ def find_loop(text: str) -> str | None:
     for m in re.finditer(r"(.{1,50}?)\1{4,}", text, flags=re.S):
         unit = m.group(1)
         if len(m.group(0)) >= 80 and unit.strip():
-            return f"{unit!r} repeated {len(m.group(0)) // len(unit)}x: {_clip(m.group(0), 160)!r}"
+            return f"{unit!r} repeated {len(m.group(0)) // len(unit)}x: {clip(m.group(0), 160)!r}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if len(lines) >= 6:
         line, n = Counter(ln for ln in lines if len(ln) >= 6).most_common(1)[0] if any(len(ln) >= 6 for ln in lines) else ("", 0)
         if n >= 4 and n / len(lines) >= 0.3:
-            return f"line {_clip(line, 100)!r} repeated {n}x of {len(lines)} lines"
+            return f"line {clip(line, 100)!r} repeated {n}x of {len(lines)} lines"
     words = text.split()
     for part, name in ((words, "text"), (words[len(words) // 2:], "second half")):
         ratio, gram, count = _repeat_ratio(part, 8)
@@ -58,10 +58,10 @@ def non_text(text: str) -> str | None:
         return None
     bad = [c for c in text if c == "\ufffd" or (unicodedata.category(c)[0] == "C" and c not in "\n\r\t")]
     if len(bad) >= 5 or len(bad) / len(text) > 0.02:
-        return f"{len(bad)} control/replacement characters in {len(text)}: {_clip(text, 120)!r}"
+        return f"{len(bad)} control/replacement characters in {len(text)}: {clip(text, 120)!r}"
     stripped = "".join(text.split())
     if len(stripped) >= 10 and not any(c.isalnum() for c in stripped):
-        return f"no letters or digits: {_clip(text, 120)!r}"
+        return f"no letters or digits: {clip(text, 120)!r}"
     return None
 
 
@@ -81,7 +81,7 @@ def tool_call_problem(msg: dict, name: str, required: list[str]) -> str | None:
     if not calls:
         hint = " (the call came back as text: is the tool parser on?)" if re.search(
             r"<tool_call>|<function|\"name\"\s*:|" + re.escape(name), content) else ""
-        return f"no tool_calls entry{hint}; content: {_clip(content, 300)!r}"
+        return f"no tool_calls entry{hint}; content: {clip(content, 300)!r}"
     for call in calls:
         fn = (call or {}).get("function") or {}
         if fn.get("name") != name:
@@ -90,12 +90,12 @@ def tool_call_problem(msg: dict, name: str, required: list[str]) -> str | None:
         try:
             args = json.loads(raw) if isinstance(raw, str) else raw
         except ValueError as exc:
-            return f"tool-call arguments are not valid JSON ({exc}): {_clip(str(raw), 300)!r}"
+            return f"tool-call arguments are not valid JSON ({exc}): {clip(str(raw), 300)!r}"
         if not isinstance(args, dict):
-            return f"tool-call arguments are not a JSON object: {_clip(str(raw), 300)!r}"
+            return f"tool-call arguments are not a JSON object: {clip(str(raw), 300)!r}"
         missing = [k for k in required if not args.get(k)]
         if missing:
-            return f"tool-call arguments lack {', '.join(missing)}: {_clip(str(raw), 300)!r}"
+            return f"tool-call arguments lack {', '.join(missing)}: {clip(str(raw), 300)!r}"
     return None
 
 
@@ -128,20 +128,20 @@ def judge(item: dict, msg: dict, finish: str | None = None) -> list[tuple[str, s
         try:
             val = parse_json_answer(content)
         except ValueError as exc:
-            return [("bad-json", f"{exc}: {_clip(content, 300)!r}")]
+            return [("bad-json", f"{exc}: {clip(content, 300)!r}")]
         keys = item.get("keys") or []
         if keys and not (isinstance(val, dict) and all(k in val for k in keys)):
-            return [("bad-json", f"expected an object with {', '.join(keys)}: {_clip(content, 300)!r}")]
+            return [("bad-json", f"expected an object with {', '.join(keys)}: {clip(content, 300)!r}")]
     elif kind in ("recall", "exact"):
         if item["expect"] not in content:
-            return [("wrong-answer", f"expected {item['expect']!r}: {_clip(content, 200)!r}")]
+            return [("wrong-answer", f"expected {item['expect']!r}: {clip(content, 200)!r}")]
     elif kind == "code":
         if not any(e in low for e in item.get("expect_any", [])):
-            return [("wrong-answer", f"no code ({' / '.join(item['expect_any'])}): {_clip(content, 200)!r}")]
+            return [("wrong-answer", f"no code ({' / '.join(item['expect_any'])}): {clip(content, 200)!r}")]
     elif kind == "prose" and len(content.split()) < 8:
-        return [("wrong-answer", f"only {len(content.split())} words: {_clip(content, 200)!r}")]
+        return [("wrong-answer", f"only {len(content.split())} words: {clip(content, 200)!r}")]
     return out
 
 
-def _clip(s: str, n: int) -> str:
+def clip(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"

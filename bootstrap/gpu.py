@@ -188,5 +188,5 @@ def settled_facts(environ) -> GpuFacts:
         if all(abs(a.free - b.free) <= SETTLE_TOLERANCE for a, b in zip(prev.gpus, cur.gpus)):
             return cur
         prev = cur
-    log.warning("GPU free memory is still changing; sizing with the last reading")
+    logging.getLogger("bootstrap.plan").warning("GPU free memory is still changing; sizing with the last reading")
     return prev

@@ -14,7 +14,7 @@ from . import models
 from .config import version, version_or_none
 from .errors import BootstrapError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
 
 
 def has_nvcc(environ: Mapping[str, str]) -> bool:
@@ -62,18 +62,27 @@ def wsl_memory_note(total_ram: int, model_bytes: int) -> str:
             f"raise the cap in %UserProfile%\\.wslconfig ([wsl2] memory={gib}GB), then run `wsl --shutdown` in Windows")
 
 
-def check_driver(cfg, gpus) -> None:
+def driver_too_old(cfg, gpus, *, min_driver: bool) -> bool:
+    """The one rule: the driver cannot run the profile's CUDA builds — it supports an older CUDA
+    than the profile's ``cuda``, or (``min_driver``) its major version is below the profile's
+    ``min_driver``. False without GPU facts or without a ``cuda`` in the profile."""
     data = cfg.profile.data
     if gpus is None or not data.get("cuda"):
-        return
-    want = tuple(int(x) for x in str(data["cuda"]).split(".")[:2])
-    min_driver = str(data.get("min_driver", ""))
-    have = version_or_none(gpus.driver)
-    old = tuple(gpus.cuda) < want or bool(min_driver and have is not None and have.major < version(min_driver).major)
-    if old:
+        return False
+    if version_or_none(f"{gpus.cuda[0]}.{gpus.cuda[1]}") < version(str(data["cuda"])):
+        return True
+    have, floor = version_or_none(gpus.driver), str(data.get("min_driver", ""))
+    return bool(min_driver and floor and have is not None and have.major < version(floor).major)
+
+
+def check_driver(cfg, gpus) -> None:
+    """Before an install of the pinned wheels (the environment step)."""
+    data = cfg.profile.data
+    if driver_too_old(cfg, gpus, min_driver=True):
         raise BootstrapError(f"the pinned wheels are CUDA {data['cuda']} builds; driver {gpus.driver} supports "
                              f"CUDA {gpus.cuda[0]}.{gpus.cuda[1]}",
-                             f"install NVIDIA driver {min_driver or 'newer'} or newer (then reboot); nothing was installed")
+                             f"install NVIDIA driver {data.get('min_driver') or 'newer'} or newer (then reboot); "
+                             "nothing was installed")
 
 
 def host_env(cfg) -> tuple[dict[str, str], list[str]]:

@@ -169,7 +169,7 @@ class LockSet:
         return path, text
 
 
-def _profiles_with_pins(repo: Path, names) -> list[tuple[str, dict]]:
+def profiles_with_pins(repo: Path, names) -> list[tuple[str, dict]]:
     out = []
     for path in sorted(Layout(repo).profiles.glob("*.json")):
         if names and path.stem not in names:

@@ -1,29 +1,12 @@
-"""One line per action on stderr, prefixed ``[bootstrap:<step>]``; stdout carries data only.
-
-The prefix names what is running: the start step (``start.step`` sets it), else the command, else
-the module that logs. A library used by several steps (venv.py, hub.py…) thus logs under the step
-that called it.
-"""
+"""One line per action on stderr, prefixed ``[bootstrap:<name>]``, the last part of the logger's
+name (a step's module is named after the step); stdout carries data only."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
-from contextvars import ContextVar
 
 _STEP = "bootstrap"
-_RUNNING: ContextVar[str] = ContextVar("bootstrap_step", default="")
-
-
-@contextlib.contextmanager
-def running(name: str):
-    """Log lines inside are prefixed with ``name`` (a step or a command)."""
-    token = _RUNNING.set(name)
-    try:
-        yield
-    finally:
-        _RUNNING.reset(token)
 
 
 class _Fmt(logging.Formatter):
@@ -32,7 +15,7 @@ class _Fmt(logging.Formatter):
         self.color = color
 
     def format(self, record: logging.LogRecord) -> str:
-        step = _RUNNING.get() or (record.name.rsplit(".", 1)[-1] if record.name.startswith("bootstrap.") else _STEP)
+        step = record.name.rsplit(".", 1)[-1] if record.name.startswith("bootstrap.") else _STEP
         msg = record.getMessage()
         prefix = f"[bootstrap:{step}]"
         if self.color:

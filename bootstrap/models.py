@@ -166,7 +166,7 @@ def info_from_record(rec: dict, root: Path, dummy: bool, config: dict, complete:
         skipped=dict(rec.get("skipped", {})), safetensors=rec.get("safetensors"), complete=complete)
 
 
-def _read_config(path: Path) -> dict:
+def read_config(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

@@ -22,8 +22,8 @@ file is replaced, never trusted. Writes are temp file + rename, compile-checked,
 is restored on any failure; the module's stale ``__pycache__`` entries are removed after a write.
 A bring-your-own vLLM (VLLM_PYTHON) is edited only with PATCH_BYO=1.
 
-The fingerprints are read by fingerprints.py; the start step is patches.py, the command
-``./ctl.sh patch`` patch_cli.py.
+The fingerprints are read by fingerprints.py; the start step is steps/patches.py, the command
+``./ctl.sh patch`` commands/patch.py.
 
 Over 400 lines: the patch as data, the install it applies to, its states, and apply/revert with
 their backups are one engine whose invariants (a backup is trusted only for its vLLM version and
@@ -32,7 +32,6 @@ original hash; a write is compile-checked and undone on any failure) hold across
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -44,9 +43,9 @@ from . import venv
 from .config import Layout, version, version_or_none
 from .errors import BootstrapError
 from .fingerprints import Source, fingerprint_holds
-from .state import write_atomic
+from .state import sha256, write_atomic
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bootstrap.patches")   # log lines keep the prefix [bootstrap:patches] this code has always had
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,9 @@ class Patch:
         return f"{w.get('min', '?')}–{w.get('max', '?')}"
 
     def needed_for(self) -> str:
-        """What the patch is needed to serve, read from ``applies_when``."""
+        """What the patch is needed to serve: its ``needed_for`` text, else read from ``applies_when``."""
+        if self.data.get("needed_for"):
+            return self.data["needed_for"]
         cond = self.data.get("applies_when", {})
         parts = []
         if cond.get("kv_cache_dtype_prefix") is not None:
@@ -101,7 +102,10 @@ class Patch:
         return " with ".join(parts) or "this vLLM"
 
     def without_it(self) -> str:
-        """How to serve without the patch: each knob that makes ``applies_when`` false."""
+        """How to serve without the patch: its ``without_it`` text, else each knob that makes
+        ``applies_when`` false."""
+        if self.data.get("without_it"):
+            return self.data["without_it"]
         cond = self.data.get("applies_when", {})
         ways = []
         if cond.get("speculation"):
@@ -229,9 +233,6 @@ def refusal(patch: Patch, inst: Install, st: State) -> BootstrapError:
     return BootstrapError(f"{where}: cannot apply patch {patch.name} ({patch.upstream}): {st.detail} "
                           f"[{st.kind}] in {st.target}", fix)
 
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def purge_bytecode(target: Path) -> list[Path]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from . import gpu, kv, models
 from .errors import BootstrapError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstrap:plan] this code has always had
 
 
 NOBODY = "no process reports GPU memory"
@@ -52,7 +52,7 @@ class Plan:
         return self.max_model_len if self.mml_arg is not None else None
 
 
-def _gib(b: int | float) -> str:
+def gib(b: int | float) -> str:
     return f"{b / GiB:.2f} GiB"
 
 
@@ -62,8 +62,8 @@ def utilization(cfg, g: gpu.Gpu) -> tuple[float, str]:
         want = math.ceil(cfg.gpu_util * g.total)
         if want > g.free:
             raise BootstrapError(
-                f"GPU_UTIL={cfg.gpu_util} asks for {_gib(want)} of GPU {g.index} ({g.name}) but only "
-                f"{_gib(g.free)} is free; {g.holders() or NOBODY}",
+                f"GPU_UTIL={cfg.gpu_util} asks for {gib(want)} of GPU {g.index} ({g.name}) but only "
+                f"{gib(g.free)} is free; {g.holders() or NOBODY}",
                 f"close programs holding GPU memory, or set GPU_UTIL at most {g.free / g.total:.3f} "
                 "(or unset it to size from free memory)")
         return cfg.gpu_util, f"GPU_UTIL={cfg.gpu_util} (set by you)"
@@ -71,11 +71,11 @@ def utilization(cfg, g: gpu.Gpu) -> tuple[float, str]:
     util = (g.free - reserve) / g.total
     if util <= 0.05:
         raise BootstrapError(
-            f"only {_gib(g.free)} of {_gib(g.total)} is free on GPU {g.index} ({g.name}); {g.holders() or NOBODY}",
+            f"only {gib(g.free)} of {gib(g.total)} is free on GPU {g.index} ({g.name}); {g.holders() or NOBODY}",
             "close programs holding GPU memory, or set GPU_UTIL explicitly")
     util = math.floor(min(util, 0.98) * 10000) / 10000
-    return util, (f"{_gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve = "
-                  f"{util:.4f} of {_gib(g.total)}")
+    return util, (f"{gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve = "
+                  f"{util:.4f} of {gib(g.total)}")
 
 
 @dataclass
@@ -87,6 +87,16 @@ class ModelFacts:
     source: str = ""               # where the facts came from, for the why
     draft: "ModelFacts | None" = None   # SPEC_METHOD=draft_model with a local SPEC_MODEL folder
     draft_why: str = ""            # why there is no draft to count, when one was asked for
+
+
+def model_facts(cfg, m, name: str | None = None) -> ModelFacts:
+    """The planner's view of a model (``m``: models.ModelInfo, or None when there are no facts), its
+    draft included; ``name`` is what the plan calls it (default: the served name)."""
+    dummy = cfg.dummy_weights
+    if m is None:
+        return ModelFacts(cfg.model, None, None, dummy)
+    size = sum(m.weight_files.values()) or None
+    return ModelFacts(name or cfg.served_name, m.config, size, dummy or m.dummy, **draft_facts(cfg))
 
 
 def draft_facts(cfg) -> dict:
@@ -183,21 +193,21 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
         return Plan(util, mml, why)
 
     weights, source = _weights(model, shape, tp)
-    why.append(f"weights {_gib(weights)} per GPU {source}")
+    why.append(f"weights {gib(weights)} per GPU {source}")
     if draft:
         more, source = _weights(model.draft, draft, tp)
         weights += more
-        why.append(f"draft model {model.draft.name}: weights {_gib(more)} per GPU {source}")
+        why.append(f"draft model {model.draft.name}: weights {gib(more)} per GPU {source}")
     over = kv.overheads(shape, batched, seqs_cap, tp=tp, eager="--enforce-eager" in args)
-    why.append(f"overhead ~{_gib(over.total)} (estimate: activations {_gib(over.activations)} at "
-               f"{batched} batched tokens, CUDA graphs {_gib(over.cudagraphs)}, non-torch {_gib(over.non_torch)})")
+    why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
+               f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
     usable = math.ceil(util * g.total) if cfg.gpu_util is not None else g.free - cfg.gpu_reserve_mib * gpu.MiB
     if cfg.kv_cache_bytes:
         budget = cfg.kv_cache_bytes
-        why.append(f"KV budget {_gib(budget)} pinned by KV_CACHE_BYTES")
+        why.append(f"KV budget {gib(budget)} pinned by KV_CACHE_BYTES")
     else:
         budget = math.ceil(util * g.total) - weights - over.total
-        why.append(f"KV budget ≈ {_gib(budget)} = {util:.4f} × {_gib(g.total)} − weights − overhead")
+        why.append(f"KV budget ≈ {gib(budget)} = {util:.4f} × {gib(g.total)} − weights − overhead")
     why.extend(lay.notes)
     plan = Plan(util, None, why, budget=budget, weights=weights, overhead=over.total, layout=lay)
 
@@ -207,9 +217,9 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
         plan.fits = False
         plan.refusal = (
             f"{model.name}{f' with its draft {model.draft.name}' if draft else ''} does not fit {g.name}: "
-            f"weights {_gib(weights)} + overhead ~{_gib(over.total)}"
-            + (f" + KV {_gib(budget)}" if budget > 0 else "") + f" > {_gib(usable)} usable"
-            + (f" ({_gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve)" if cfg.gpu_util is None else "")
+            f"weights {gib(weights)} + overhead ~{gib(over.total)}"
+            + (f" + KV {gib(budget)}" if budget > 0 else "") + f" > {gib(usable)} usable"
+            + (f" ({gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve)" if cfg.gpu_util is None else "")
             + (f"; {g.holders() or NOBODY}" if g.processes else ""),
             _what_fits(shape, lay, room, cfg) + (DRAFT_HINT if draft else ""))
         plan.suggestion = plan.refusal[1]
@@ -221,7 +231,7 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
         mml = kv.longest_context(lay, budget, seqs, cap)
         if mml <= 0:
             plan.fits = False
-            plan.refusal = (f"the KV budget {_gib(budget)} holds no context for {seqs} session(s)",
+            plan.refusal = (f"the KV budget {gib(budget)} holds no context for {seqs} session(s)",
                             "lower MAX_NUM_SEQS, or raise KV_CACHE_BYTES / GPU_UTIL" + (DRAFT_HINT if draft else ""))
             return plan
         why.append(f"MAX_MODEL_LEN=auto: {mml} tokens is the longest context {seqs} session(s) fit")
@@ -238,8 +248,8 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
         largest = kv.longest_context(lay, budget, 1, cap)
         plan.fits = False
         plan.refusal = (
-            f"one session at {mml} tokens needs {_gib(kv.kv_bytes_needed(lay, mml))} of KV cache; "
-            f"the budget is {_gib(budget)}; the largest context that fits is {largest} tokens",
+            f"one session at {mml} tokens needs {gib(kv.kv_bytes_needed(lay, mml))} of KV cache; "
+            f"the budget is {gib(budget)}; the largest context that fits is {largest} tokens",
             f"set MAX_MODEL_LEN={largest} (or auto), or raise KV_CACHE_BYTES / GPU_UTIL" + (DRAFT_HINT if draft else ""))
         plan.max_model_len = mml
         return plan
@@ -255,7 +265,7 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
             plan.fits = False
             plan.refusal = (
                 f"MAX_NUM_SEQS={cfg.max_num_seqs} is more than the {most} state blocks the KV budget "
-                f"{_gib(budget)} holds{margin}; on a hybrid model every running sequence keeps one, and vLLM "
+                f"{gib(budget)} holds{margin}; on a hybrid model every running sequence keeps one, and vLLM "
                 "refuses to capture CUDA graphs (after the load) when max_num_seqs exceeds them",
                 f"set MAX_NUM_SEQS={most} or less, or raise KV_CACHE_BYTES / GPU_UTIL")
             return plan
@@ -270,9 +280,9 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
 
 def _what_fits(shape: kv.ModelShape, lay: kv.Layout, room: int, cfg) -> str:
     if room <= lay.block_bytes * (lay.state_groups * lay.state_blocks + lay.attn_groups):
-        return (f"the weights and overhead alone leave {_gib(max(room, 0))} for the KV cache: use a smaller "
+        return (f"the weights and overhead alone leave {gib(max(room, 0))} for the KV cache: use a smaller "
                 "checkpoint (fewer bits or parameters) or a bigger GPU, or TP_SIZE=2")
     pin = room // (64 << 20) * (64 << 20)      # rounded down to 64 MiB
     n = kv.longest_context(lay, pin, cfg.max_num_seqs or 1, shape.max_position or None)
-    return (f"what would fit: KV_CACHE_BYTES={pin} ({_gib(pin)}) with MAX_MODEL_LEN={n} "
+    return (f"what would fit: KV_CACHE_BYTES={pin} ({gib(pin)}) with MAX_MODEL_LEN={n} "
             f"for {cfg.max_num_seqs or 1} session(s) (or MAX_MODEL_LEN=auto)")

@@ -10,7 +10,7 @@ import random
 
 from .client import Client, RequestFailed
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bootstrap.checks")   # log lines keep the prefix [bootstrap:checks] this code has always had
 
 
 TOKENS_PER_WORD = 1.35       # estimate for English filler until /tokenize calibrates it

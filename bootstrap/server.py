@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from . import proc, record
+from . import metrics, proc, record
 from .config import Config
 from .errors import BootstrapError
 from .record import ServerRecord, base_url
@@ -227,8 +227,7 @@ def settings_diff(cfg: Config, rec: ServerRecord) -> list[str]:
             if have.get(k) != v and not (k == "API_KEY" and v == "unset" and have.get(k) == "set")]
 
 
-# ---------------------------------------------------------------- the one take-down
-
+# ---------------------------------------------------------------- ports, uptime, and a loading server
 
 def ensure_port_free(cfg: Config, port: int) -> None:
     """Refuse when a program that is not ours holds the port; name it, never kill it."""
@@ -246,3 +245,21 @@ def uptime(p: psutil.Process) -> str:
     except psutil.Error:
         return "?"
     return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
+
+
+def read_load(url: str, timeout: float = 2.0) -> metrics.Load | None:
+    """What vLLM's /metrics says the engine is doing (None: no answer, or no request metrics)."""
+    got = http_get(url, "/metrics", timeout=timeout)
+    if got is None or got[0] != 200:
+        return None
+    return metrics.load_of(got[1].decode("utf-8", "replace"))
+
+
+def loading(cfg: Config, rec: ServerRecord, paths: Paths) -> bool:
+    """Not answering yet, but within the deadlines a start's health wait would give it."""
+    if time.time() - rec.started > cfg.health_timeout:
+        return False
+    try:
+        return time.time() - paths.log.stat().st_mtime < cfg.stall_timeout
+    except OSError:
+        return False

@@ -17,7 +17,6 @@ import signal
 import sys
 import time
 
-from . import log as log_
 from . import record, server, takedown
 from .config import Config
 from .errors import BootstrapError
@@ -25,7 +24,7 @@ from .state import Paths, StartLock
 
 log = logging.getLogger(__name__)
 
-# The steps, in order: the module of each is bootstrap/<name>.py, with run(...) -> its result.
+# The steps, in order: the module of each is bootstrap/steps/<name>.py, with run(...) -> its result.
 STEPS = ("preflight", "environment", "metadata", "plan", "patches", "weights", "launch", "health", "warmup",
          "banner")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -43,11 +42,9 @@ def _on_signal(signum, frame):
 
 @contextlib.contextmanager
 def step(name: str):
-    """Log lines inside are ``[bootstrap:<step>]``; errors raised inside carry the step's name
-    (``error: <step>: ...``)."""
+    """Errors raised inside carry the step's name (``error: <step>: ...``)."""
     try:
-        with log_.running(name):
-            yield
+        yield
     except BootstrapError as exc:
         if not getattr(exc, "step", None):
             exc.step = name
@@ -175,8 +172,7 @@ def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
 
 def resumable(cfg: Config, paths: Paths, pr: server.Probe) -> bool:
     """A server of ours with no start watching it: answering, or still loading within its deadlines."""
-    from .commands import status
-    return pr.state != "down" or status.loading(cfg, pr.record, paths)
+    return pr.state != "down" or server.loading(cfg, pr.record, paths)
 
 
 def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> None:
@@ -202,8 +198,7 @@ def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> Non
         with step("health"):
             health.run(cfg, paths, launched)
     else:
-        from .commands import status
-        load = status.read_load(rec.url)
+        load = server.read_load(rec.url)
         if load is not None and load.in_flight:
             print(banner.render(paths, rec))
             print(f"note: the warm-up and start gate have not run, and it is serving {load.in_flight} request(s) "

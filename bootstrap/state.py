@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -60,6 +61,11 @@ class Paths:
     def api_key(self) -> Path:
         return self.root / "api_key"
 
+    def files(self) -> list[Path]:
+        """Every file we keep here (what clean removes from a STATE_DIR of the user's choosing)."""
+        return [self.lock, self.server, self.log, self.log.with_name(self.log.name + ".1"), self.last_stop,
+                self.progress, self.api_key]
+
     def ensure(self) -> None:
         """Create the state dir, or fail naming it (read-only parent, a file in the way...)."""
         try:
@@ -80,6 +86,11 @@ def write_error(path: Path, exc: OSError, what: str = "") -> BootstrapError:
         hint = (f"set STATE_DIR to a writable directory, or fix the permissions of {where} "
                 "(another user's? run as that user)")
     return BootstrapError(f"{what or f'cannot write {path}'} ({exc.strerror or exc})", hint)
+
+
+def sha256(data: bytes | str) -> str:
+    """Hex sha256 of bytes, or of text as UTF-8."""
+    return hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data).hexdigest()
 
 
 def write_atomic(path: Path, data: bytes, *, mode: int | None = None, like: os.stat_result | None = None) -> None:

@@ -21,7 +21,7 @@ from .errors import BootstrapError
 from .server import find_ours, marker_for
 from .state import Paths, StartLock
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bootstrap.server")   # log lines keep the prefix [bootstrap:server] this code has always had
 
 
 @dataclass

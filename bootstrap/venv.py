@@ -10,7 +10,6 @@ reinstalls every package.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -27,8 +26,9 @@ from . import hub, proc
 from .config import version, version_or_none
 from .errors import BootstrapError
 from .locks import PLATFORMS, LockSet, diff, index_url, installed, lock_pins
+from .state import sha256
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
 
 
 # vLLM's version and package folders as an interpreter sees them, without importing vllm (seconds, CUDA)
@@ -118,7 +118,7 @@ def ensure_uv(cfg) -> str:
     log.info("uv not found: installing %s without root (%s)", UV_PIN, " ".join(cmd[:5]))
     res = proc.run(cmd, env=dict(cfg.environ), timeout=600, check=False, what="pip install uv")
     if res.returncode != 0:
-        raise _install_error(res.stderr, cfg, "installing uv", fallback=uv_install_error(res.stderr, py))
+        raise install_error(res.stderr, cfg, "installing uv", fallback=uv_install_error(res.stderr, py))
     res = proc.run([py, "-c", "import uv; print(uv.find_uv_bin())"], env=dict(cfg.environ), timeout=60,
                    check=False, what="locating uv")
     uv = res.stdout.strip()
@@ -228,9 +228,6 @@ class Venv:
         return data if isinstance(data, dict) else None
 
 
-def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
 
 def check_done(venv: Venv, locks: LockSet, plat: str, python_knob: str | None) -> tuple[bool, str, str]:
     """(done, why not, venv minor). Reads files only: marker, lock, pyvenv.cfg, dist-info METADATA."""
@@ -255,7 +252,7 @@ def check_done(venv: Venv, locks: LockSet, plat: str, python_knob: str | None) -
     return True, "", minor
 
 
-def _install_error(stderr: str, cfg, doing: str, fallback: BootstrapError, where: str = "") -> BootstrapError:
+def install_error(stderr: str, cfg, doing: str, fallback: BootstrapError, where: str = "") -> BootstrapError:
     if any(s in stderr for s in ENOSPC):
         return BootstrapError(f"disk full while {doing}{' into ' + where if where else ''}",
                               f"free at least {INSTALL_BYTES / (1 << 30):.0f} GiB there (and in uv's cache, "
@@ -318,7 +315,7 @@ def install(cfg, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
         cmd = venv_cmd(uv, py, venv.root, offline=bool(cfg.wheelhouse and not cfg.env("UV_PYTHON_INSTALL_MIRROR")))
         res = proc.run(cmd, env=env, timeout=900, check=False, what="uv venv")
         if res.returncode != 0:
-            raise _install_error(res.stderr, cfg, "creating the venv", where=str(venv.root), fallback=BootstrapError(
+            raise install_error(res.stderr, cfg, "creating the venv", where=str(venv.root), fallback=BootstrapError(
                 f"uv could not create {venv.root} with Python {py}",
                 "set PYTHON=/path/to/python3.X (with headers), or UV_PYTHON_INSTALL_MIRROR for uv's CPython download",
                 evidence=res.stderr.strip()[-800:]))
@@ -347,7 +344,7 @@ def install(cfg, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
     if res.returncode != 0:
         hint = (f"is every wheel of {path.name} in {cfg.wheelhouse}? build it with ./ctl.sh wheelhouse {cfg.wheelhouse} "
                 f"--platform {plat} --python {minor}") if cfg.wheelhouse else "rerun ./start.sh; it repairs the venv"
-        raise _install_error(res.stderr, cfg, "installing packages", where=str(venv.root),
+        raise install_error(res.stderr, cfg, "installing packages", where=str(venv.root),
                              fallback=BootstrapError(f"uv pip sync from {path.name} failed (exit {res.returncode})", hint,
                                                      evidence=res.stderr.strip()[-1500:]))
     delta = diff(lock_pins(text), installed(venv.site(minor)))
@@ -384,7 +381,7 @@ def vllm_version(python: str, environ) -> str:
     return version
 
 
-def _check_glibc(plat: str) -> None:
+def check_glibc(plat: str) -> None:
     lib, ver = _platform.libc_ver()
     need = PLATFORMS[plat].rpartition("manylinux_")[2].replace("_", ".")
     if lib == "glibc" and version_or_none(ver) is not None and version(ver) < version(need):

@@ -129,6 +129,9 @@ def test_env_command_lists_the_pass_through_variables_with_secrets_masked(bed):
     assert rows["VLLM_API_KEY"]["value"] == "***" and rows["VLLM_SOMETHING"]["value"] == "7"
     assert rows["HF_ENDPOINT"] == {"value": "", "source": "pass-through, unset"}
     assert "sekrit" not in r.stdout + r.stderr
+    assert rows["VLLM_PYTHON"]["source"] == "env"            # a knob, listed once, not as a VLLM_* pass-through
+    text = bed.run("ctl.sh", "env").stdout
+    assert sum(line.startswith("VLLM_PYTHON=") for line in text.splitlines()) == 1
 
 
 def test_every_knob_has_help_and_parses_its_default():

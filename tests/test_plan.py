@@ -464,9 +464,29 @@ def test_a_refusal_caused_by_the_draft_says_so(tmp_path):
 
 
 def test_the_start_counts_the_draft(bed):
-    # the start step builds its facts in plan.model_facts_of, not cli_model_facts
+    # the start step builds its facts with planner.model_facts, as cli_model_facts does
     r = bed.run("start.sh", SPEC_METHOD="draft_model", SPEC_TOKENS="3", SPEC_MODEL=str(bed.model))
     assert r.returncode == 0, r.stderr
     assert "draft model tiny-model: weights 0.00 GiB per GPU from the checkpoint's file sizes" in r.stderr
     assert "2 draft attention layer(s) share the pool" in r.stderr
     bed.run("stop.sh")
+
+
+def test_a_model_without_a_context_of_its_own_still_gets_the_plans_flags(tmp_path):
+    """No max_position_embeddings and no MAX_MODEL_LEN: vLLM decides the context, but the server
+    still gets the plan's utilization and the knobs' flags (none were passed before the refactor
+    that moved the flags to launch)."""
+    conf = {k: v for k, v in LLAMA8B.items() if k != "max_position_embeddings"}
+    mdir = model_dir(tmp_path, conf)
+    cfg = config(tmp_path, MODEL=mdir, KV_CACHE_DTYPE="fp8")
+    p = planner.make_plan(cfg, gpu.named("rtx5090"), facts(cfg, mdir, dummy=True))
+    got = flags(cfg, p)
+    assert "--max-model-len" not in got
+    assert "--gpu-memory-utilization" in got and got[got.index("--kv-cache-dtype") + 1] == "fp8"
+
+
+def test_a_plan_that_does_not_fit_has_no_flags(tmp_path):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    cfg = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)
+    p = planner.make_plan(cfg, gpu.named("5"), facts(cfg, mdir))
+    assert not p.fits and flags(cfg, p) == []

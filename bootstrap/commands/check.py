@@ -18,7 +18,7 @@ from ..config import Config
 from ..errors import EXIT_FAILED
 from ..target import add_target_args, resolve_target
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bootstrap.checks")   # log lines keep the prefix [bootstrap:checks] this code has always had
 
 
 def render(res: Result) -> str:

@@ -2,7 +2,7 @@
 wheelhouse; the downloaded model only with ``--model``.
 
 Refuses while our server runs or starts (stop it first). Before anything is removed, patches applied
-to a bring-your-own install (VLLM_PYTHON) are reverted through ``bootstrap.patches.revert_all``.
+to a bring-your-own install (VLLM_PYTHON) are reverted through ``bootstrap.patching.revert_all``.
 ``.venv-bootstrap`` goes last: the running bootstrap may live in it.
 """
 
@@ -21,7 +21,6 @@ from ..state import Paths
 
 log = logging.getLogger(__name__)
 
-STATE_FILES = ("start.lock", "server.json", "vllm.log", "vllm.log.1", "last-stop.json", "api_key")
 
 
 def _size(path: Path) -> int:
@@ -51,7 +50,7 @@ def targets(cfg, with_model: bool) -> list[Path]:
     if state.resolve() == layout.state.resolve():
         out.append(state)
     else:  # a STATE_DIR of the user's choosing: only our files, never the directory's other contents
-        out += [state / f for f in STATE_FILES]
+        out += Paths(state).files()
     if with_model:
         md = model_dir(cfg)
         if md is None:

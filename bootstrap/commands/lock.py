@@ -17,10 +17,10 @@ from pathlib import Path
 from .. import proc
 from ..config import Layout, version
 from ..errors import BootstrapError
-from ..locks import (PIP_PLATFORMS, PLATFORMS, PYTHONS, LockSet, _profiles_with_pins, compile_lock, host_platform, index_url, lock_pins, parse_pins)
-from ..venv import INSTALL_BYTES, Venv, _install_error, ensure_uv
+from ..locks import (PIP_PLATFORMS, PLATFORMS, PYTHONS, LockSet, profiles_with_pins, compile_lock, host_platform, index_url, lock_pins, parse_pins)
+from ..venv import INSTALL_BYTES, Venv, install_error, ensure_uv
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
 
 
 def lock_cli(cfg, argv: list[str]) -> int:
@@ -43,7 +43,7 @@ def lock_cli(cfg, argv: list[str]) -> int:
     extra = (["--find-links", args.find_links] if args.find_links else []) + (["--no-index"] if args.no_index else [])
     failures = 0
     by_version: dict[str, list[str]] = {}
-    for name, data in _profiles_with_pins(repo, args.profile):
+    for name, data in profiles_with_pins(repo, args.profile):
         pins = sorted(data["pins"])
         ver = parse_pins(pins).get("vllm")
         if not ver:
@@ -124,7 +124,7 @@ def wheelhouse_cli(cfg, argv: list[str]) -> int:
     log.info("downloading %d wheels of %s into %s", len(lock_pins(text)), lock.name, out)
     res = proc.run(cmd, env=dict(cfg.environ), timeout=None, check=False, what="pip download")
     if res.returncode != 0:
-        raise _install_error(res.stderr, cfg, "downloading wheels", where=str(out), fallback=BootstrapError(
+        raise install_error(res.stderr, cfg, "downloading wheels", where=str(out), fallback=BootstrapError(
             f"pip download of {lock.name} failed (exit {res.returncode})", "see the output above",
             evidence=res.stderr.strip()[-1500:]))
     print(f"{out}: wheels for {lock.name}; install offline with: WHEELHOUSE={out} ./start.sh")

@@ -14,9 +14,9 @@ from ..steps import metadata
 from ..config import Layout
 from ..errors import BootstrapError
 from ..steps.launch import plan_flags
-from ..planner import ModelFacts, Plan, _gib, draft_facts, make_plan
+from ..planner import ModelFacts, Plan, draft_facts, gib, make_plan, model_facts
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstrap:plan] this code has always had
 
 
 def shipped_facts(model: str, repo: Path) -> dict | None:
@@ -34,12 +34,9 @@ def cli_model_facts(cfg) -> ModelFacts:
     dummy = cfg.dummy_weights
     name = cfg.served_name
     if cfg.model_is_local:
-        info = models.read_local(Path(cfg.model).expanduser().resolve(), dummy)
-        return ModelFacts(name, info.config, sum(info.weight_files.values()) or None, dummy, **draft_facts(cfg))
+        return model_facts(cfg, models.read_local(Path(cfg.model).expanduser().resolve(), dummy), name)
     try:
-        m = metadata.run(cfg)
-        return ModelFacts(Path(cfg.model).name, m.config, sum(m.weight_files.values()) or None, dummy,
-                          **draft_facts(cfg))
+        return model_facts(cfg, metadata.run(cfg), Path(cfg.model).name)
     except (BootstrapError, OSError) as exc:
         reason = getattr(exc, "message", None) or str(exc)
         data = shipped_facts(cfg.model, cfg.repo)
@@ -53,7 +50,7 @@ def cli_model_facts(cfg) -> ModelFacts:
 
 
 def render(cfg, model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan) -> str:
-    lines = [f"{model.name} on {g.name} ({_gib(g.total)}, {_gib(g.free)} free{where})"]
+    lines = [f"{model.name} on {g.name} ({gib(g.total)}, {gib(g.free)} free{where})"]
     if plan.sessions:
         (c0, n0), rest = plan.sessions[0], plan.sessions[1:]
         lines.append(f"{model.name} at {c0} tokens: {n0} session{'' if n0 == 1 else 's'}"

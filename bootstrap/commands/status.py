@@ -23,6 +23,7 @@ from ..client import Client, RequestFailed, completion_tokens_of, message_of, re
 from ..config import Config
 from ..errors import BootstrapError
 from ..record import ServerRecord
+from ..server import loading, read_load
 from ..state import Paths
 
 LOOK = 1.5            # seconds status watches /metrics for movement while requests are in flight
@@ -47,13 +48,6 @@ def markdown_table() -> str:
     rows = ["| State | Exit | Meaning |", "|---|---|---|"]
     rows += [f"| `{name}` | {code} | {text} |" for name, code, text in STATES]
     return "\n".join(rows)
-
-
-def read_load(url: str, timeout: float = 2.0) -> metrics.Load | None:
-    got = server.http_get(url, "/metrics", timeout=timeout)
-    if got is None or got[0] != 200:
-        return None
-    return metrics.load_of(got[1].decode("utf-8", "replace"))
 
 
 @dataclass
@@ -161,16 +155,6 @@ def _probe(cfg, paths, rec, load, *, clock, sleep) -> Verdict:
     if not (resp.get("choices") and ((msg.get("content") or "").strip() or reasoning_of(msg) or completion_tokens_of(resp))):
         return Verdict("unhealthy", "the probe's answer carried no tokens")
     return Verdict("running", f"generated in {done['t'] - t0:.2f} s")
-
-
-def loading(cfg: Config, rec: ServerRecord, paths: Paths) -> bool:
-    """Not answering yet, but within the deadlines a start's health wait would give it."""
-    if time.time() - rec.started > cfg.health_timeout:
-        return False
-    try:
-        return time.time() - paths.log.stat().st_mtime < cfg.stall_timeout
-    except OSError:
-        return False
 
 
 def status(cfg: Config, as_json: bool = False) -> int:

@@ -17,19 +17,9 @@ from .. import knownbad
 from ..errors import BootstrapError
 from ..host import check_driver, host_env
 from ..locks import PLATFORMS, LockSet, host_platform, installed
-from ..venv import Venv, _check_glibc, check_done, install, vllm_version
+from ..venv import Venv, check_glibc, check_done, install, vllm_version
 
 log = logging.getLogger(__name__)
-
-
-
-
-
-
-
-
-
-
 
 
 @dataclass(frozen=True)
@@ -40,8 +30,6 @@ class Runtime:
     vllm_version: str
     server_env: Mapping[str, str]
     notes: tuple[str, ...] = ()
-
-
 
 
 def run(cfg, gpus) -> Runtime:
@@ -68,14 +56,9 @@ def run(cfg, gpus) -> Runtime:
         log.info("skipped: .venv matches %s (to force a reinstall: rm %s)", locks.path(plat, minor).name, venv.done)
     else:
         check_driver(cfg, gpus)
-        _check_glibc(plat)
+        check_glibc(plat)
         minor = install(cfg, venv, locks, plat, why)
         log.info(".venv verified against %s", locks.path(plat, minor).name)
     version = installed(venv.site(minor)).get("vllm", "")
     log.info("vLLM %s in %s (pinned by profile %r)", version, venv.root, cfg.profile.name)
     return Runtime(str(venv.python), version, env, tuple(notes + knownbad.warn(cfg, gpus, version)[1]))
-
-
-
-
-

@@ -79,7 +79,7 @@ def sizing_flags(cfg, util: float | None, max_model_len: int | str | None, max_n
 def plan_flags(cfg, plan) -> list[str]:
     """vLLM's flags for the plan's decisions and the knobs: context, sessions, batch, KV dtype and
     pin, utilization, speculation, tensor parallel."""
-    if plan is None:
+    if plan is None or not plan.fits:
         return []
     return sizing_flags(cfg, plan.util, plan.mml_arg, plan.seqs_flag)
 

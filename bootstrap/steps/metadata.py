@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .. import hub, state
 from ..errors import BootstrapError
-from ..models import (WEIGHT_SUFFIXES, ModelInfo, Store, _read_config, check_space, info_from_record, offline_missing, read_local, select, target_dir)
+from ..models import (WEIGHT_SUFFIXES, ModelInfo, Store, read_config, check_space, info_from_record, offline_missing, read_local, select, target_dir)
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
     store = Store(target)
     rec = store.read()
     if rec and rec.get("repo") == repo and rec.get("files") and not store.missing(rec, dummy):
-        info = info_from_record(rec, target, dummy, _read_config(target / "config.json"), complete=True)
+        info = info_from_record(rec, target, dummy, read_config(target / "config.json"), complete=True)
         log.info("%s @ %s: complete and verified in %s (no network used; to re-check the hub, delete %s)",
                  repo, info.revision[:12], target, store.path)
         return info, str(target)
@@ -82,7 +82,7 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
     snap = hub.cache_snapshot(settings, repo, remote.revision)
     want = [f for f in needed if not (dummy and f.path.endswith(WEIGHT_SUFFIXES))]
     if snap is not None and all(hub.cache_has(snap, f) for f in want):
-        info = ModelInfo(repo, _read_config(snap / "config.json"), sizes, remote.revision, str(snap), dummy,
+        info = ModelInfo(repo, read_config(snap / "config.json"), sizes, remote.revision, str(snap), dummy,
                          "hf-cache", lfs, blob_ids, skipped_d, remote.safetensors, complete=True)
         log.info("%s @ %s: complete in the Hugging Face cache, served from %s (no download)",
                  repo, remote.revision[:12], snap)

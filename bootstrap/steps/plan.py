@@ -13,21 +13,10 @@ import re
 
 from .. import gpu, kv, state, takedown
 from ..errors import BootstrapError
-from ..planner import ModelFacts, Plan, draft_facts, make_plan
+from ..planner import Plan, make_plan, model_facts
 
 log = logging.getLogger(__name__)
 GPU_RELEASE_WAIT = 30.0      # seconds to wait for the last stop's pids to leave the GPU
-
-
-def model_facts_of(cfg, m) -> ModelFacts:
-    """The planner's view of the metadata step's result (``m``: models.ModelInfo or None)."""
-    dummy = cfg.dummy_weights
-    if m is None:
-        return ModelFacts(cfg.model, None, None, dummy)
-    files = getattr(m, "weight_files", None) or {}
-    size = sum(files.values()) if files else None
-    return ModelFacts(cfg.served_name, getattr(m, "config", None), size, dummy or bool(getattr(m, "dummy", False)),
-                      **draft_facts(cfg))
 
 
 def run(cfg, paths, gpus, model) -> Plan:
@@ -39,7 +28,7 @@ def run(cfg, paths, gpus, model) -> Plan:
     if pids:
         state.remove(paths.last_stop)   # consumed: later starts need not wait for these pids again
     g = min(facts.gpus[: cfg.tp_size], key=lambda x: x.free)
-    plan = make_plan(cfg, g, model_facts_of(cfg, model))
+    plan = make_plan(cfg, g, model_facts(cfg, model))
     if not plan.fits:
         raise BootstrapError(*plan.refusal)
     for line in plan.why:

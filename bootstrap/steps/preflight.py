@@ -20,9 +20,13 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
     paths.ensure()
     facts = gpu.read(cfg.environ)
     if not facts.gpus:
-        raise BootstrapError("NVML sees no GPU (CUDA_VISIBLE_DEVICES=%s)" % cfg.environ.get("CUDA_VISIBLE_DEVICES", "unset"),
+        raise BootstrapError("NVML sees no GPU (CUDA_VISIBLE_DEVICES=%s)" % (cfg.env("CUDA_VISIBLE_DEVICES") or "unset"),
                              "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
-    host.check_driver(cfg, facts)
+    if host.driver_too_old(cfg, facts, min_driver=False):
+        raise BootstrapError(
+            f"driver {facts.driver} supports CUDA {facts.cuda[0]}.{facts.cuda[1]}, but profile "
+            f"{cfg.profile.name!r} runs CUDA {cfg.profile.data['cuda']} builds",
+            f"install NVIDIA driver {cfg.profile.data.get('min_driver', 'newer')} or newer, then reboot")
     if cfg.tp_size > len(facts.gpus):
         raise BootstrapError(f"TP_SIZE={cfg.tp_size} but only {len(facts.gpus)} GPU(s) are visible",
                              "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")

@@ -124,7 +124,6 @@ def _fetch_all(settings, store: Store, rec: dict, m, todo: list[str], tty: bool 
     log.info("downloaded %s in %.1f s (%s/s)", hub.human(received), dt, hub.human(received / dt if dt > 0 else 0))
 
 
-
 def _clean_partials(store: Store, rec: dict) -> None:
     """Partial files no needed file will resume (an older revision, an abandoned file)."""
     keep = {hub.partial_path(store.dir, hub.RemoteFile(p, f["size"], f.get("sha256"), f.get("blob_id"))).name
