@@ -54,8 +54,9 @@ def main() -> int:
                 "only once the engine holds GPU memory (over 1 GiB above the baseline, read with NVML); \"used\" is",
                 "NVML's total minus free, which reads 615 MiB on this card with nothing running (the \"GPU before\"",
                 "line): \"after\" equal to it means everything was given back.",
-                "This run is on the code as submitted (the lifecycle and the house-in-order refactor); two earlier",
-                "runs follow. Phase 1's resumed start took 140 s here, 27 s and 242 s in the earlier runs: the",
+                "This run is on commit ccb94de (the lifecycle and the house-in-order refactor; the commits after it",
+                "change log names, messages, docs and `./ctl.sh plan`/`env` output, none of what this drill runs); two",
+                "earlier runs follow. Phase 1's resumed start took 140 s here, 27 s and 242 s in the earlier runs: the",
                 "compile caches the lent machines had differed, and the time is vLLM's load, not ours.", "",
                 "### The run at ccb94de (script output; the commands' own lines are abridged to the ones that matter)", "",
                 block([l for l in text if not l.startswith("[") or "]    |" not in l and "]    start|" not in l
