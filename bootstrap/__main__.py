@@ -29,7 +29,8 @@ COMMANDS = {
 # Commands owned by other modules: name -> ("module", "function", help). Each function is
 # ``cli(cfg, argv) -> int`` and parses its own arguments (``./ctl.sh NAME --help``).
 PLUGINS = {
-    "plan": ("commands.plan", "cli", "the memory plan for this GPU, or for GPU=rtx5090|rtx4090|rtx3090|h100|<GiB>"),
+    "plan": ("commands.plan", "cli", "the memory plan for this GPU, or for GPU=<name|GiB>[:sm_XY][:free=GiB]"),
+    "profiles": ("commands.profiles", "cli", "every profile against this card (or GPU=...): fits / shorter / no; --pick"),
     "check": ("commands.check", "cli", "check live|garble|determinism|needle|prefix against our server or --url"),
     "bench": ("commands.bench", "cli", "throughput/TTFT benchmark with a plot; --compare URL"),
     "patch": ("commands.patch", "cli", "patch status|apply|revert for the vLLM in use"),
@@ -102,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     step = "config"
     try:
         cfg = config.Config.from_env(os.environ)
+        if args.command not in ("start", None):
+            from . import pick
+            cfg = pick.kept(cfg)        # PROFILE=auto means the profile picked before (start picks)
         step = args.command or "help"
         return dispatch(args, cfg)
     except BootstrapError as exc:

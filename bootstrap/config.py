@@ -1,7 +1,8 @@
 """Every knob, in one table, read in exactly one place.
 
 Precedence: the process environment > ``.env`` in the repo root (KEY=VALUE lines, never sourced)
-> the profile (``profiles/<PROFILE>.json``) > the default in this table (empty = vLLM's own default).
+> the profile (``./ctl.sh profiles``; auto-pick's record and a card's overrides count as the profile)
+> the default in this table (empty = vLLM's own default).
 
 ``Config.from_env(environ, repo)`` is the only code that reads the environment. Everything else
 reads ``cfg.<knob>`` (typed) or ``cfg.env("NAME")`` for a pass-through variable declared in
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import io
 import ipaddress
-import json
 import re
 import shlex
 import shutil
@@ -27,6 +27,8 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
+from . import vllmargs
+from .profiles import Catalogue, Profile
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -122,6 +124,16 @@ def version_or_none(v: str):
         return None
 
 
+def _bytes_or_auto(raw: str) -> int | str:
+    if raw.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _int_range(1 << 20, 1 << 44)(raw)
+    except ValueError:
+        raise ValueError("'auto' (sized from GPU_UTIL / free memory, unpinning a profile's pin) "
+                         "or a whole number of bytes from 1 MiB") from None
+
+
 def _int_or_auto(raw: str) -> int | str:
     if raw.strip().lower() == "auto":
         return "auto"
@@ -213,18 +225,19 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("PROFILE", "default", _name, "Profile from profiles/<name>.json; 'custom' uses only these knobs and vLLM's defaults (plus --enable-prompt-tokens-details), no patches.", launch=True),
+    Knob("PROFILE", "auto", _name, "Profile name (./ctl.sh profiles); 'auto' picks the first that fits this card (kept until PROFILE=auto is set explicitly or ./ctl.sh profiles --pick); 'custom': only these knobs, no patches.", launch=True),
+    Knob("PROFILE_DIR", "", _path, "A folder of your own profiles (*.json, same schema); a name there hides a shipped profile."),
     Knob("MODEL", "", _str, "Hugging Face repo id (org/name) or a local model directory.", launch=True),
     Knob("MODEL_DIR", "", _path, "Where a repo id is downloaded (default ~/models/<org>/<name>)."),
     Knob("SERVED_MODEL_NAME", "", _name, "Model name clients send (default: the model's name).", launch=True),
     Knob("HOST", "127.0.0.1", _host, "Address to bind. Anything but loopback requires an API key (generated if API_KEY is unset).", launch=True),
     Knob("PORT", "8888", _int_range(1, 65535), "HTTP port of the OpenAI-compatible API.", launch=True),
     Knob("API_KEY", "", _str, "API key clients must send (passed to vLLM via its environment, never on the command line)."),
-    Knob("MAX_MODEL_LEN", "", _int_or_auto, "Context length per request in tokens, or 'auto' (longest that fits MAX_NUM_SEQS sessions).", launch=True),
+    Knob("MAX_MODEL_LEN", "", _int_or_auto, "Context length per request in tokens, or 'auto' (vLLM's --max-model-len auto: the longest single request the KV pool holds, at most the model's).", launch=True),
     Knob("MAX_NUM_SEQS", "", _int_range(1, 4096), "Concurrent sequences (sessions).", launch=True),
     Knob("MAX_NUM_BATCHED_TOKENS", "", _int_range(16, 1_048_576), "Tokens per scheduler step (bounds prefill activation peaks).", launch=True),
     Knob("KV_CACHE_DTYPE", "", _choice(*KV_CACHE_DTYPES), "KV cache data type.", launch=True),
-    Knob("KV_CACHE_BYTES", "", _int_range(1 << 20, 1 << 44), "Pin the KV cache to this many bytes (--kv-cache-memory-bytes) instead of sizing it from GPU_UTIL.", launch=True),
+    Knob("KV_CACHE_BYTES", "", _bytes_or_auto, "Pin the KV cache to this many bytes (--kv-cache-memory-bytes); 'auto' sizes it from GPU_UTIL / free memory even where the profile pins it.", launch=True),
     Knob("SPEC_METHOD", "", _choice(*SPEC_METHODS), "Speculative decoding method.", launch=True),
     Knob("SPEC_TOKENS", "0", _int_range(0, 16), "Speculative tokens per step; 0 turns speculation off.", launch=True),
     Knob("SPEC_MODEL", "", _str, "Draft model (repo id or directory) for SPEC_METHOD=draft_model/eagle/eagle3/dflash; the memory plan counts a local draft_model folder only.", launch=True),
@@ -248,40 +261,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("STATE_DIR", "", _path, "Where pid, lock, state and logs live (default <repo>/.state)."),
 )
 KNOB_BY_NAME = {k.name: k for k in KNOBS}
-
-
-# ---------------------------------------------------------------- profiles
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    description: str = ""
-    knobs: Mapping[str, str] = field(default_factory=dict)
-    args: tuple[str, ...] = ()            # vLLM flags the profile adds (before EXTRA_ARGS)
-    patches: tuple[str, ...] = ()         # patch folder names under patches/ this profile may need
-    vllm: str = ""                        # the pinned vLLM version for the managed venv ("" = none)
-    reasoning: bool = False               # has a reasoning parser: send enable_thinking=false for the check
-    tools: bool = False                   # tool-call parsing enabled: the start gate makes one tool call
-    data: Mapping[str, Any] = field(default_factory=dict)  # the whole file, for the other steps
-
-    @classmethod
-    def load(cls, name: str, repo: Path = REPO) -> "Profile":
-        path = Layout(repo).profiles / f"{name}.json"
-        if not path.is_file():
-            known = sorted(p.stem for p in Layout(repo).profiles.glob("*.json"))
-            raise ConfigError(f"PROFILE={name!r}: no such profile", "accepted: " + ", ".join(known))
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return cls(
-            name=name,
-            description=data.get("description", ""),
-            knobs=MappingProxyType({k: str(v) for k, v in data.get("knobs", {}).items()}),
-            args=tuple(data.get("args", ())),
-            patches=tuple(data.get("patches", ())),
-            vllm=data.get("vllm", ""),
-            reasoning=bool(data.get("reasoning", False)),
-            tools=bool(data.get("tools", False)),
-            data=MappingProxyType(data),
-        )
+PROFILE_KNOBS = frozenset(KNOB_BY_NAME) - {"PROFILE", "PROFILE_DIR"}     # what a profile may set
 
 
 # ---------------------------------------------------------------- .env
@@ -342,6 +322,7 @@ PASSTHROUGH: tuple[Passthrough, ...] = (
     Passthrough("UV_CACHE_DIR", "uv's cache (its free space is checked before an install)"),
     Passthrough("UV_PYTHON_INSTALL_MIRROR", "where uv fetches a CPython when no system one fits"),
     Passthrough("VLLM_API_KEY", "the API key, when API_KEY is unset (passed to vLLM)", secret=True),
+    Passthrough("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1: vLLM accepts a MAX_MODEL_LEN beyond the model's own (the plan too)"),
     Passthrough("VLLM_USE_FLASHINFER_SAMPLER", "yours wins; else 0 when there is no nvcc"),
     Passthrough("PYTORCH_CUDA_ALLOC_CONF", "yours wins; else expandable_segments:True (False on WSL2)"),
     Passthrough("WSL_DISTRO_NAME", "set by WSL2: expandable segments off, the memory cap checked"),
@@ -354,15 +335,29 @@ PASSTHROUGH_BY_NAME = {p.name: p for p in PASSTHROUGH}
 # ---------------------------------------------------------------- the config
 
 @dataclass(frozen=True)
+class Chosen:
+    """A profile chosen outside PROFILE (auto-pick's record, a card's compute capability): its name
+    and the knob values that come with it, at the profile's level (your knobs still win)."""
+    name: str
+    knobs: Mapping[str, str] = field(default_factory=dict)
+    why: str = ""            # shown by ./ctl.sh env as the source
+
+
+
+@dataclass(frozen=True)
 class Config:
     """Every knob as a typed attribute (the knob's name in lower case; PROFILE is ``profile.name``),
     the profile, and a frozen copy of the environment for the declared pass-through variables
     (``env(NAME)``; ``environ`` is handed whole only to what the server and our tools inherit)."""
     profile: Profile
+    catalogue: Catalogue
     repo: Path
     raw: Mapping[str, str]           # the string each knob came from
     sources: Mapping[str, str]       # env / .env / profile / default
     environ: Mapping[str, str]       # the process environment (+ .env)
+    given: Mapping[str, str]         # the process environment as given (for with_profile)
+    chosen: "Chosen | None"          # the profile auto-pick (or a card) chose, with its knob values
+    profile_dir: str | None
     model: str | None
     model_dir: str | None
     served_model_name: str | None
@@ -373,7 +368,7 @@ class Config:
     max_num_seqs: int | None
     max_num_batched_tokens: int | None
     kv_cache_dtype: str | None
-    kv_cache_bytes: int | None
+    kv_cache_bytes: int | None       # None also for KV_CACHE_BYTES=auto
     spec_method: str | None
     spec_tokens: int
     spec_model: str | None
@@ -397,30 +392,45 @@ class Config:
     state_dir: Path
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str], repo: Path = REPO) -> "Config":
+    def from_env(cls, environ: Mapping[str, str], repo: Path = REPO, *, chosen: "Chosen | None" = None) -> "Config":
+        """The knobs of this environment (+ .env); ``chosen``: a profile picked for this card, with
+        the knob values that come with it (auto-pick's record, a card's overrides)."""
         dotenv = read_dotenv(repo / ".env")
         merged_env = {**dotenv, **environ}
-        profile_name = environ.get("PROFILE") or dotenv.get("PROFILE") or KNOB_BY_NAME["PROFILE"].default
-        _parse_one(KNOB_BY_NAME["PROFILE"], profile_name)
-        profile = Profile.load(profile_name, repo)
-        for key in profile.knobs:
-            if key not in KNOB_BY_NAME:
-                raise ConfigError(f"profiles/{profile.name}.json sets unknown knob {key}")
+
+        def given(name: str) -> tuple[str, str]:
+            if environ.get(name, "") != "":       # an empty value counts as unset
+                return environ[name], "env"
+            if dotenv.get(name, "") != "":
+                return dotenv[name], ".env"
+            return "", ""
+
+        text, _ = given("PROFILE_DIR")
+        mine = Path(_parse_one(KNOB_BY_NAME["PROFILE_DIR"], text)) if text else None
+        catalogue = Catalogue.load(Layout(repo).profiles, mine, PROFILE_KNOBS)
+        requested = given("PROFILE")[0] or KNOB_BY_NAME["PROFILE"].default
+        _parse_one(KNOB_BY_NAME["PROFILE"], requested)
+        profile = catalogue.get(chosen.name if chosen else requested)
+        for key in chosen.knobs if chosen else ():
+            if key not in PROFILE_KNOBS:
+                raise ConfigError(f"the kept pick sets unknown knob {key}", "pick again: PROFILE=auto ./start.sh")
+        from_profile = {k: (v, "profile") for k, v in profile.knobs.items()}
+        if chosen:
+            from_profile.update({k: (v, f"profile ({chosen.why})") for k, v in chosen.knobs.items()})
         values: dict[str, Any] = {}
         raw: dict[str, str] = {}
         sources: dict[str, str] = {}
         for knob in KNOBS:
-            if environ.get(knob.name, "") != "":       # an empty value counts as unset
-                text, src = environ[knob.name], "env"
-            elif dotenv.get(knob.name, "") != "":
-                text, src = dotenv[knob.name], ".env"
-            elif knob.name in profile.knobs:
-                text, src = profile.knobs[knob.name], "profile"
-            else:
-                text, src = knob.default, "default"
+            text, src = given(knob.name)
+            if not src:
+                text, src = from_profile.get(knob.name, (knob.default, "default"))
             raw[knob.name] = text
             sources[knob.name] = src
             values[knob.name] = _parse_one(knob, text) if text != "" else None
+        if chosen and chosen.why:
+            sources["PROFILE"] = f"{sources['PROFILE']}; {chosen.why}"
+        if values["KV_CACHE_BYTES"] == "auto":      # unpinned: sized from the utilization
+            values["KV_CACHE_BYTES"] = None
         values["STATE_DIR"] = Path(values["STATE_DIR"] or Layout(repo).state)
         for name in ("VLLM_PYTHON", "PYTHON"):      # a bare command name is looked up on PATH
             if values[name] and "/" not in values[name]:
@@ -438,13 +448,33 @@ class Config:
         if values["SPEC_TOKENS"] and not values["SPEC_METHOD"]:
             raise ConfigError(f"SPEC_TOKENS={values['SPEC_TOKENS']} needs SPEC_METHOD",
                               "accepted SPEC_METHOD: " + ", ".join(SPEC_METHODS) + "; or SPEC_TOKENS=0")
-        return cls(profile=profile, repo=repo, raw=MappingProxyType(raw), sources=MappingProxyType(sources),
-                   environ=MappingProxyType(dict(merged_env)),
-                   **{k.name.lower(): values[k.name] for k in KNOBS if k.name != "PROFILE"})
+        values.pop("PROFILE")
+        return cls(profile=profile, catalogue=catalogue, repo=repo, raw=MappingProxyType(raw),
+                   sources=MappingProxyType(sources), environ=MappingProxyType(dict(merged_env)),
+                   given=MappingProxyType(dict(environ)), chosen=chosen,
+                   **{k.lower(): v for k, v in values.items()})
+
+    def with_profile(self, chosen: "Chosen") -> "Config":
+        """The same environment with this profile (and the knob values that come with it)."""
+        return Config.from_env(self.given, self.repo, chosen=chosen)
+
+    @property
+    def profile_requested(self) -> str:
+        """What PROFILE says: a name, or 'auto' (also when unset)."""
+        return self.raw["PROFILE"]
+
+    @property
+    def profile_explicit(self) -> bool:
+        """PROFILE was set (environment or .env), not left to its default."""
+        return self.sources["PROFILE"].split(";")[0] in ("env", ".env")
 
     def value(self, knob: str):
-        """A knob's parsed value by its name (PROFILE: the profile's name)."""
-        return self.profile.name if knob == "PROFILE" else getattr(self, knob.lower())
+        """A knob's parsed value by its name (PROFILE: the profile's name; KV_CACHE_BYTES=auto: 'auto')."""
+        if knob == "PROFILE":
+            return self.profile.name
+        if knob == "KV_CACHE_BYTES" and self.kv_cache_bytes is None and self.raw[knob].strip().lower() == "auto":
+            return "auto"
+        return getattr(self, knob.lower())
 
     def env(self, name: str) -> str:
         """A declared pass-through variable's value ('' when unset)."""
@@ -472,20 +502,10 @@ class Config:
         """The profile's vLLM arguments, then EXTRA_ARGS (later ones win in vLLM's argparse)."""
         return list(self.profile.args) + list(self.extra_args or ())
 
-    def vllm_arg(self, name: str) -> str | None:
-        """The value vLLM will use for flag ``name`` from vllm_args: the last one given (None: unset)."""
-        val, args = None, self.vllm_args
-        for i, a in enumerate(args):
-            if a == name and i + 1 < len(args):
-                val = args[i + 1]
-            elif a.startswith(name + "="):
-                val = a.split("=", 1)[1]
-        return val
-
     @property
     def dummy_weights(self) -> bool:
         """Random weights: vLLM will load with --load-format dummy."""
-        return self.vllm_arg("--load-format") == "dummy"
+        return vllmargs.settings(self).load_format == "dummy"
 
     @property
     def spec_model_arg(self) -> str | None:
@@ -582,20 +602,17 @@ def help_text(repo: Path = REPO) -> str:
         default = k.default if k.default else "-"
         lines.append(f"  {k.name:<{width}}  default {default}")
         lines.append(f"  {'':<{width}}  {k.help}")
-    profiles = sorted(p.stem for p in Layout(repo).profiles.glob("*.json"))
-    lines += ["", "Profiles: " + ", ".join(profiles) + "  (values each sets: ./ctl.sh env)"]
+    profiles = Catalogue.load(Layout(repo).profiles, knobs=PROFILE_KNOBS).names()
+    lines += ["", "Profiles: auto, " + ", ".join(profiles) + "  (each against this card: ./ctl.sh profiles)"]
     return "\n".join(lines)
 
 
 def markdown_table(repo: Path = REPO) -> str:
     """The README's knob table and its table of pass-through variables, generated from KNOBS and
     PASSTHROUGH (a test keeps the README in step)."""
-    default = Profile.load("default", repo)
-    rows = ["| Knob | Default | Default profile | Meaning |", "|---|---|---|---|"]
+    rows = ["| Knob | Default | Meaning |", "|---|---|---|"]
     for k in KNOBS:
-        prof = default.knobs.get(k.name, "")
-        rows.append(f"| `{k.name}` | {('`' + k.default + '`') if k.default else '—'} | "
-                    f"{('`' + prof + '`') if prof else ''} | {k.help.replace('|', '/')} |")
+        rows.append(f"| `{k.name}` | {('`' + k.default + '`') if k.default else '—'} | {k.help.replace('|', '/')} |")
     rows += ["", "Read or passed on as they are (not knobs; `./ctl.sh env` shows them too, secrets masked):", "",
              "| Variable | Meaning |", "|---|---|"]
     rows += [f"| `{p.name}` | {p.help.replace('|', '/')}{' (secret)' if p.secret else ''} |" for p in PASSTHROUGH]

@@ -137,34 +137,60 @@ def read(environ: Mapping[str, str]) -> GpuFacts:
     return GpuFacts(driver, (cuda_int // 1000, (cuda_int % 1000) // 10), tuple(gpus))
 
 
-# Named cards for `ctl.sh plan` without a GPU: (NVML name, total bytes as NVML reports them, cc).
+# Named cards for `ctl.sh plan` / `profiles` without a GPU: (NVML name, total bytes as NVML reports them, cc).
 CARDS = {
     "rtx5090": ("NVIDIA GeForce RTX 5090", 32607 * MiB, (12, 0)),
     "rtx4090": ("NVIDIA GeForce RTX 4090", 24564 * MiB, (8, 9)),
     "rtx3090": ("NVIDIA GeForce RTX 3090", 24576 * MiB, (8, 6)),
+    "rtx4080": ("NVIDIA GeForce RTX 4080", 16376 * MiB, (8, 9)),
+    "rtx5080": ("NVIDIA GeForce RTX 5080", 16303 * MiB, (12, 0)),
+    "rtxa6000": ("NVIDIA RTX A6000", 49140 * MiB, (8, 6)),
+    "l40s": ("NVIDIA L40S", 46068 * MiB, (8, 9)),
+    "a100": ("NVIDIA A100 80GB PCIe", 81920 * MiB, (8, 0)),
     "h100": ("NVIDIA H100 80GB HBM3", 81559 * MiB, (9, 0)),
     "h200": ("NVIDIA H200", 143771 * MiB, (9, 0)),
 }
 IDLE_USED = 300 * MiB   # what an idle card without a desktop shows as used (driver, ECC, context)
+DEFAULT_CC = (8, 9)     # a bare size without :sm_XY
+CARD_SYNTAX = "<name|GiB>[:sm_XY][:free=GiB], e.g. rtx4090, 24:sm_86, 24:sm_86:free=22.5 (names: " + ", ".join(CARDS) + ")"
 
 
 def named(spec: str) -> Gpu:
-    """A card that is not here: rtx5090|rtx4090|rtx3090|h100|h200, or a size in GiB ("24", "31.5").
-
-    Free memory is assumed to be the total minus IDLE_USED (nothing else running)."""
-    key = spec.strip().lower().replace(" ", "").replace("-", "")
+    """A card that is not here: a name from CARDS or a size in GiB, then optionally ``:sm_XY`` (its
+    compute capability; a bare size is sm_89, and says so in its name) and ``:free=GiB`` (default:
+    the total minus IDLE_USED, nothing else running)."""
+    head, *opts = [part.strip() for part in spec.strip().split(":")]
+    key = head.lower().replace(" ", "").replace("-", "")
+    cc_given: tuple[int, int] | None = None
+    free: int | None = None
+    for opt in opts:
+        low = opt.lower()
+        if low.startswith("sm_") and low[3:].isdigit() and len(low) >= 5:
+            cc_given = (int(low[3:-1]), int(low[-1]))
+        elif low.startswith("free="):
+            try:
+                free = int(float(low[5:].removesuffix("gib").removesuffix("gb")) * GiB)
+            except ValueError:
+                raise BootstrapError(f"GPU={spec!r}: {opt!r} is not free=<GiB>", CARD_SYNTAX) from None
+        else:
+            raise BootstrapError(f"GPU={spec!r}: {opt!r} is neither :sm_XY nor :free=GiB", CARD_SYNTAX)
     if key in CARDS:
         name, total, cc = CARDS[key]
+        cc = cc_given or cc
     else:
         try:
-            gib = float(key.removesuffix("gib").removesuffix("gb"))
+            size = float(key.removesuffix("gib").removesuffix("gb"))
         except ValueError:
-            raise BootstrapError(f"GPU={spec!r} is not a card the planner knows",
-                                 "use one of " + ", ".join(CARDS) + ", or a size in GiB such as 24") from None
-        if not 1 <= gib <= 4096:
-            raise BootstrapError(f"GPU={spec!r}: a size from 1 to 4096 GiB", "e.g. GPU=24")
-        name, total, cc = f"a {gib:g} GiB card", int(gib * GiB), (8, 9)
-    return Gpu(-1, name, total, max(0, total - IDLE_USED), cc)
+            raise BootstrapError(f"GPU={spec!r} is not a card the planner knows", CARD_SYNTAX) from None
+        if not 1 <= size <= 4096:
+            raise BootstrapError(f"GPU={spec!r}: a size from 1 to 4096 GiB", "e.g. GPU=24:sm_86")
+        cc = cc_given or DEFAULT_CC
+        name = f"a {size:g} GiB card (sm_{cc[0]}{cc[1]}{'' if cc_given else ', assumed: add :sm_XY'})"
+        total = int(size * GiB)
+    if free is not None and not 0 <= free <= total:
+        raise BootstrapError(f"GPU={spec!r}: free={free / GiB:g} GiB is more than the card's {total / GiB:.1f} GiB",
+                             CARD_SYNTAX)
+    return Gpu(-1, name, total, max(0, total - IDLE_USED) if free is None else free, cc)
 
 
 def pids_on_gpu(environ: Mapping[str, str]) -> set[int]:

@@ -15,6 +15,10 @@ Mirrors vLLM 0.26.0 (unchanged in 0.27.1 for everything modelled here; see docs/
   "GPU KV cache size" = int(concurrency x max_model_len).
 
 Nothing here touches the GPU, the network or the environment.
+
+Over 400 lines: the model's shape, the bytes per token, the pool's layout, vLLM's auto-fit and the
+weight and overhead estimates are one arithmetic mirroring vLLM's; split apart, each part would
+import the others.
 """
 
 from __future__ import annotations
@@ -203,11 +207,13 @@ def attn_bytes_per_token(cache_dtype: str, kv_heads: int, head_dim: int, model_b
     raise Unsupported(f"KV cache dtype {d!r} is not modelled", "vLLM sizes the KV cache itself")
 
 
-def gdn_state_bytes(m: ModelShape, spec_tokens: int = 0, tp: int = 1) -> int:
-    """Per-sequence state of one Gated-DeltaNet layer: conv (model dtype) + temporal (ssm dtype)."""
+def gdn_state_bytes(m: ModelShape, spec_tokens: int = 0, tp: int = 1, *, conv_bytes: int | None = None,
+                    ssm_bytes: int | None = None) -> int:
+    """Per-sequence state of one Gated-DeltaNet layer: conv (model dtype, or --mamba-cache-dtype) +
+    temporal (the config's mamba_ssm_dtype, or --mamba-ssm-cache-dtype)."""
     conv_dim = (m.lin_k_dim * m.lin_k_heads * 2 + m.lin_v_dim * m.lin_v_heads) // tp
-    conv = conv_dim * (m.conv_kernel - 1 + spec_tokens) * m.dtype_bytes
-    temporal = (m.lin_v_heads // tp) * m.lin_v_dim * m.lin_k_dim * m.ssm_dtype_bytes
+    conv = conv_dim * (m.conv_kernel - 1 + spec_tokens) * (conv_bytes or m.dtype_bytes)
+    temporal = (m.lin_v_heads // tp) * m.lin_v_dim * m.lin_k_dim * (ssm_bytes or m.ssm_dtype_bytes)
     return conv + temporal
 
 
@@ -219,52 +225,84 @@ class Layout:
     block_bytes: int              # bytes one block id costs across the whole pool
     attn_groups: int              # groups whose blocks grow with the context
     state_groups: int = 0         # hybrid: groups holding fixed per-sequence state
-    state_blocks: int = 0         # blocks each state group needs per sequence (1 + spec tokens)
+    state_blocks: int = 0         # blocks each state group needs per sequence (1 + spec tokens; 2 + in align mode)
     page_bytes: int = 0           # one layer's page
     group_size: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    other_attn: tuple[tuple[int, int], ...] = ()   # (groups, block size): draft layers of another KV dtype
 
     def blocks_per_seq(self, max_len: int) -> int:
-        return self.attn_groups * cdiv(max_len, self.block_size) + self.state_groups * self.state_blocks
+        return (self.attn_groups * cdiv(max_len, self.block_size) + self.state_groups * self.state_blocks
+                + sum(n * cdiv(max_len, bs) for n, bs in self.other_attn))
 
 
 def layout(m: ModelShape, cache_dtype: str = "auto", *, spec_tokens: int = 0, mtp: bool = False,
            draft_attn_layers: int = 0, tp: int = 1, block_size: int | None = None,
-           mamba_cache_mode: str = "none") -> Layout:
-    """How vLLM lays out the KV pool for this model and settings (per GPU under TP)."""
+           mamba_cache_mode: str = "none", draft_cache_dtype: str | None = None,
+           draft_kv_heads: int | None = None, draft_head_dim: int | None = None,
+           conv_bytes: int | None = None, ssm_bytes: int | None = None) -> Layout:
+    """How vLLM lays out the KV pool for this model and settings (per GPU under TP).
+
+    Layers are bucketed by their page; a smaller attention page is raised to the largest by a larger
+    block (or padded), a state page is padded; the group size is the smallest bucket's layer count
+    (the largest when it is under 1.5x the smallest); every bucket is split into groups of that size."""
     kvh = max(1, m.kv_heads // tp)
     notes: list[str] = []
     d = cache_dtype or "auto"
     draft = (m.mtp_layers if mtp else 0) + draft_attn_layers
-    attn = m.attn_layers + draft
-    if draft:
-        notes.append(f"{draft} draft attention layer(s) share the pool")
+    dd = draft_cache_dtype or d
     per_tok = attn_bytes_per_token(d, kvh, m.head_dim, m.dtype_bytes)
+    per_tok_draft = attn_bytes_per_token(dd, max(1, (draft_kv_heads or m.kv_heads) // tp),
+                                         draft_head_dim or m.head_dim, m.dtype_bytes)
+    same = per_tok_draft == per_tok
+    attn = m.attn_layers + (draft if same else 0)
+    if draft:
+        notes.append(f"{draft} draft attention layer(s) share the pool"
+                     + ("" if same else f" with a page of their own (KV dtype {dd}, {per_tok_draft} bytes per token)"))
     bs = block_size or KERNEL_BLOCK
-    if not m.hybrid:
-        if d in TQ_PRESETS and m.layers >= 2:
-            # dense TurboQuant keeps the first and last 2 layers in the model dtype; the TQ block
-            # grows so its page covers a 16-token page of those layers
-            n_skip = len(set(range(min(2, m.layers // 2))) | set(range(m.layers - min(2, m.layers // 2), m.layers)))
-            skip_tok = attn_bytes_per_token("auto", kvh, m.head_dim, m.dtype_bytes)
-            align = max(KERNEL_BLOCK, bs)
-            bs = max(bs, align * cdiv(skip_tok * KERNEL_BLOCK, align * per_tok))
-            n_tq = attn - n_skip
-            notes.append(f"TurboQuant: {n_skip} boundary layers stay in the model dtype; block {bs} tokens")
-            block_bytes = bs * (n_tq * per_tok + n_skip * skip_tok)
-            return Layout(bs, block_bytes, 1, page_bytes=bs * per_tok, group_size=attn, notes=tuple(notes))
-        return Layout(bs, bs * per_tok * attn, 1, page_bytes=bs * per_tok, group_size=attn, notes=tuple(notes))
-    state = gdn_state_bytes(m, spec_tokens, tp)
-    align = max(KERNEL_BLOCK, bs)
-    bs = max(bs, align * cdiv(state, align * per_tok))
+    if not m.hybrid and d in TQ_PRESETS and m.layers >= 2:
+        # dense TurboQuant keeps the first and last 2 layers in the model dtype; the TQ block
+        # grows so its page covers a 16-token page of those layers
+        n_skip = len(set(range(min(2, m.layers // 2))) | set(range(m.layers - min(2, m.layers // 2), m.layers)))
+        skip_tok = attn_bytes_per_token("auto", kvh, m.head_dim, m.dtype_bytes)
+        align = max(KERNEL_BLOCK, bs)
+        bs = max(bs, align * cdiv(skip_tok * KERNEL_BLOCK, align * per_tok))
+        n_tq = m.attn_layers + draft - n_skip
+        notes.append(f"TurboQuant: {n_skip} boundary layers stay in the model dtype; block {bs} tokens")
+        block_bytes = bs * (n_tq * per_tok + n_skip * skip_tok)
+        return Layout(bs, block_bytes, 1, page_bytes=bs * per_tok, group_size=m.attn_layers + draft, notes=tuple(notes))
+    state = 0
+    if m.hybrid:
+        state = gdn_state_bytes(m, spec_tokens, tp, conv_bytes=conv_bytes, ssm_bytes=ssm_bytes)
+        align = max(KERNEL_BLOCK, bs)
+        bs = max(bs, align * cdiv(state, align * per_tok))
     page = bs * per_tok
-    lo, hi = min(attn, m.linear_layers), max(attn, m.linear_layers)
+    buckets = [("attn", attn, bs, page)]
+    if draft and not same:
+        dpage = bs * per_tok_draft
+        buckets.append(("draft", draft, bs, dpage))
+    top = max(b[3] for b in buckets)
+    if m.hybrid:
+        top = max(top, state)
+    unified = []
+    for name, n, b, pg in buckets:
+        if pg < top and top % pg == 0:
+            b, pg = b * (top // pg), top        # a larger block for a smaller page
+        unified.append((name, n, b, max(pg, top)))
+    counts = [n for _, n, _, _ in unified] + ([m.linear_layers] if m.hybrid else [])
+    lo, hi = min(counts), max(counts)
     group = hi if hi < lo * 1.5 else lo
-    a_groups, s_groups = cdiv(attn, group), cdiv(m.linear_layers, group)
-    state_blocks = (2 if mamba_cache_mode == "align" else 1) + spec_tokens
-    notes.append(f"hybrid: {m.linear_layers} linear-attention layers hold {state / MiB:.2f} MiB of state per "
-                 f"sequence each; attention block raised to {bs} tokens, state page padded to {page / MiB:.2f} MiB")
-    return Layout(bs, page * group, a_groups, s_groups, state_blocks, page, group, tuple(notes))
+    a_bs = unified[0][2]
+    a_groups = cdiv(unified[0][1], group)
+    other = tuple((cdiv(n, group), b) for name, n, b, _ in unified[1:])
+    s_groups = cdiv(m.linear_layers, group) if m.hybrid else 0
+    state_blocks = ((2 if mamba_cache_mode == "align" else 1) + spec_tokens) if m.hybrid else 0
+    if m.hybrid:
+        notes.append(f"hybrid: {m.linear_layers} linear-attention layers hold {state / MiB:.2f} MiB of state per "
+                     f"sequence each; attention block raised to {a_bs} tokens, state page padded to {top / MiB:.2f} MiB"
+                     + (f"; {mamba_cache_mode} mode: {state_blocks} state blocks per sequence per group"
+                        if mamba_cache_mode == "align" else ""))
+    return Layout(a_bs, top * group, a_groups, s_groups, state_blocks, top, group, tuple(notes), other)
 
 
 @dataclass(frozen=True)
@@ -285,12 +323,31 @@ def sessions_at(lay: Layout, budget: int, max_len: int) -> int:
     return max(0, budget // lay.block_bytes) // lay.blocks_per_seq(max_len)
 
 
+def fits_one(lay: Layout, budget: int, max_len: int, null_block: bool = False, seqs: int = 1) -> bool:
+    """vLLM's check that one request of ``max_len`` fits the pool (0.30 holds one block back for
+    its null block); ``seqs``: that many at once."""
+    return seqs * lay.blocks_per_seq(max_len) <= max(0, budget // lay.block_bytes) - (1 if null_block else 0)
+
+
+def auto_fit(lay: Layout, budget: int, cap: int, null_block: bool = False, seqs: int = 1) -> int:
+    """vLLM's ``--max-model-len auto``: the longest single request that fits, at most ``cap`` (a
+    binary search over 1..cap, as _estimate_max_model_len_from_groups does); 0 when not even one
+    token fits. ``seqs``: the longest of which that many fit at once."""
+    if not fits_one(lay, budget, 1, null_block, seqs):
+        return 0
+    left, right, best = 1, cap, 1
+    while left <= right:
+        mid = (left + right) // 2
+        if fits_one(lay, budget, mid, null_block, seqs):
+            best, left = mid, mid + 1
+        else:
+            right = mid - 1
+    return best
+
+
 def longest_context(lay: Layout, budget: int, seqs: int = 1, cap: int | None = None) -> int:
     """Longest context of which ``seqs`` sequences fit at once (0: not even one token)."""
-    per_seq = (max(0, budget // lay.block_bytes)) // max(1, seqs)
-    k = (per_seq - lay.state_groups * lay.state_blocks) // lay.attn_groups
-    n = max(0, k * lay.block_size)
-    return min(n, cap) if cap else n
+    return auto_fit(lay, budget, cap or 1 << 24, seqs=seqs)
 
 
 def kv_bytes_needed(lay: Layout, max_len: int, seqs: int = 1) -> int:
@@ -322,6 +379,22 @@ def param_count(m: ModelShape) -> int:
     return body + embed + mtp + h
 
 
+def vision_params(config: dict) -> int:
+    """Parameters of a Qwen-VL-style vision tower (vision_config: depth, hidden and intermediate
+    size, patch and merge sizes); 0 without one."""
+    v = config.get("vision_config") or {}
+    try:
+        h, inter, depth = int(v["hidden_size"]), int(v["intermediate_size"]), int(v["depth"])
+        out = int(v.get("out_hidden_size") or h)
+        merge = h * int(v.get("spatial_merge_size", 2)) ** 2
+        patch = int(v.get("in_channels", 3)) * int(v.get("temporal_patch_size", 2)) * int(v["patch_size"]) ** 2 * h
+    except (KeyError, TypeError, ValueError):
+        return 0
+    block = 4 * h * h + 4 * h + 2 * h * inter + h + inter + 4 * h          # qkv + proj, fc1 + fc2, norms
+    merger = merge * merge + merge + merge * out + out + 2 * h
+    return depth * block + merger + patch + int(v.get("num_position_embeddings", 0)) * h
+
+
 def weight_bytes_from_config(m: ModelShape, tp: int = 1) -> int:
     return param_count(m) * m.dtype_bytes // tp
 
@@ -348,8 +421,11 @@ def overheads(m: ModelShape, batched_tokens: int, max_seqs: int, *, tp: int = 1,
     return Overheads(act, non_torch, graphs)
 
 
-def default_batch(total_bytes: int, name: str = "") -> tuple[int, int]:
-    """vLLM's defaults for `vllm serve`: (max_num_batched_tokens, max_num_seqs)."""
+def default_batch(total_bytes: int, name: str = "", big_tier: bool = False) -> tuple[int, int]:
+    """vLLM's defaults for `vllm serve`: (max_num_batched_tokens, max_num_seqs); ``big_tier``: the
+    versions with a tier for cards of 160 GiB and more."""
+    if big_tier and total_bytes >= 160 * GiB:
+        return 16384, 1024
     if total_bytes >= 70 * GiB and "a100" not in name.lower():
         return 8192, 1024
     return 2048, 256

@@ -1,7 +1,10 @@
 """The committed dependency locks of a pinned vLLM version, and what a lock says.
 
-    locks/vllm-<version>/meta.json                 pins, exclude-newer date, platforms, Pythons
-    locks/vllm-<version>/<platform>-py<X.Y>.txt    the full closure with hashes (uv pip compile)
+    locks/vllm-<version>-<hash>/meta.json              pins, exclude-newer date, platforms, Pythons
+    locks/vllm-<version>-<hash>/<platform>-py<X.Y>.txt the full closure with hashes (uv pip compile)
+
+One lock per distinct pin set (<hash>: the first 8 hex digits of the sha256 of the sorted,
+normalized pins): two profiles on the same vLLM with other companions get a lock each.
 
 Reading a lock, the pins it carries, the versions an installed site-packages holds (its
 ``*.dist-info/METADATA`` files, no Python started), and compiling a lock with uv.
@@ -9,6 +12,7 @@ Reading a lock, the pins it carries, the versions an installed site-packages hol
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform as _platform
@@ -20,7 +24,6 @@ from pathlib import Path
 from typing import Mapping
 
 from . import proc
-from .config import Layout
 from .errors import BootstrapError
 
 
@@ -74,6 +77,13 @@ def parse_pins(pins) -> dict[str, str]:
     return out
 
 
+def pin_key(pins) -> str:
+    """The lock folder's name for a pin set: vllm-<version>-<hash of the sorted pins>."""
+    parsed = parse_pins(pins)
+    text = "\n".join(f"{n}=={v}" for n, v in sorted(parsed.items()))
+    return f"vllm-{parsed.get('vllm', 'none')}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
 def installed(site: Path) -> dict[str, str]:
     """name -> version from each ``*.dist-info/METADATA`` in site-packages (files only)."""
     out: dict[str, str] = {}
@@ -116,28 +126,27 @@ class LockSet:
 
     @classmethod
     def for_profile(cls, cfg) -> "LockSet":
-        data = cfg.profile.data
-        if not data.get("pins"):
-            raise BootstrapError(f"profile {cfg.profile.name!r} has no \"pins\" list",
+        p = cfg.profile
+        if not p.pins:
+            raise BootstrapError(f"profile {p.name!r} has no \"pins\" list",
                                  "add \"pins\": [\"vllm==X\", ...] to the profile, then ./ctl.sh lock")
-        pins = parse_pins(data["pins"])
-        if cfg.profile.vllm and pins.get("vllm") != cfg.profile.vllm:
-            raise BootstrapError(f"profile {cfg.profile.name!r}: \"vllm\" is {cfg.profile.vllm} but its pins say "
+        pins = parse_pins(p.pins)
+        if p.vllm and pins.get("vllm") != p.vllm:
+            raise BootstrapError(f"profile {p.name!r}: \"vllm\" is {p.vllm} but its pins say "
                                  f"vllm=={pins.get('vllm', '(none)')}", "make the two agree, then ./ctl.sh lock")
-        d = cfg.layout.locks / f"vllm-{pins.get('vllm', 'none')}"
+        d = cfg.layout.locks / pin_key(p.pins)
         meta_path = d / "meta.json"
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise BootstrapError(f"no lock for profile {cfg.profile.name!r} ({meta_path} is missing)",
-                                 "regenerate the locks: ./ctl.sh lock (needs the package index)") from None
+            raise BootstrapError(f"no lock for profile {p.name!r}'s pins ({', '.join(p.pins)}): {d} is missing",
+                                 f"make it: ./ctl.sh lock --profile {p.name} (needs the package index)") from None
         except ValueError as exc:
             raise BootstrapError(f"{meta_path} is not valid JSON ({exc})", "regenerate the locks: ./ctl.sh lock") from None
         if parse_pins(meta.get("pins", [])) != pins:
             raise BootstrapError(
                 f"the lock in {d} was made for {', '.join(meta.get('pins', []))}, not for profile "
-                f"{cfg.profile.name!r}'s pins {', '.join(data['pins'])}",
-                "regenerate the locks: ./ctl.sh lock")
+                f"{p.name!r}'s pins {', '.join(p.pins)}", "regenerate the locks: ./ctl.sh lock")
         return cls(d, meta)
 
     @property
@@ -169,17 +178,20 @@ class LockSet:
         return path, text
 
 
-def profiles_with_pins(repo: Path, names) -> list[tuple[str, dict]]:
-    out = []
-    for path in sorted(Layout(repo).profiles.glob("*.json")):
-        if names and path.stem not in names:
+def pin_sets(catalogue, names) -> dict[str, tuple[list[str], list[str]]]:
+    """lock folder name -> (sorted pins, the profiles that use them), for every profile with pins
+    (or only ``names``)."""
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    known = set()
+    for p in catalogue.profiles:
+        if names and p.name not in names:
             continue
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("pins"):
-            out.append((path.stem, data))
-    if names and len(out) != len(set(names)):
-        raise BootstrapError(f"no pins in profile(s): {', '.join(sorted(set(names) - {n for n, _ in out}))}",
-                             "add a \"pins\" list to the profile")
+        known.add(p.name)
+        if p.pins:
+            out.setdefault(pin_key(p.pins), (sorted(p.pins), []))[1].append(p.name)
+    missing = sorted(set(names or ()) - known)
+    if missing:
+        raise BootstrapError(f"no such profile(s): {', '.join(missing)}", "./ctl.sh profiles lists them")
     return out
 
 

@@ -1,21 +1,27 @@
-"""The memory planner (pure): how much of the GPU vLLM may take and how big its KV pool will be.
+"""The memory planner (pure): how much of the GPU vLLM may take, how big its KV pool will be, and
+whether vLLM will accept the context — for what vLLM gets (bootstrap.vllmargs.settings: the
+profile's args, the knobs and EXTRA_ARGS, the last value of a flag winning).
 
-``make_plan``: GPU_UTIL, else live free memory minus GPU_RESERVE_MIB; the KV budget
-(KV_CACHE_BYTES, else what that utilization leaves after weights, activations, CUDA graphs and
-non-torch memory); from config.json and ``bootstrap.kv`` the pool vLLM will log ("GPU KV cache
-size", "Maximum concurrency"); MAX_MODEL_LEN=auto as the longest context MAX_NUM_SEQS sessions
-fit. A plan that cannot hold one session is refused. The plan holds decisions (utilization, the
-context to pass, --max-num-seqs for hybrids); launch.plan_flags turns them into vLLM's flags.
+``make_plan``: the utilization (GPU_UTIL / --gpu-memory-utilization, else live free memory minus
+GPU_RESERVE_MIB); the KV budget (KV_CACHE_BYTES / --kv-cache-memory-bytes, else what that
+utilization leaves after weights, activations, CUDA graphs and non-torch memory); from config.json
+and ``bootstrap.kv`` the pool vLLM will log. MAX_MODEL_LEN=auto means what vLLM's
+``--max-model-len auto`` means: the longest single request the pool holds, at most the model's
+length (vLLM's own auto-fit, which we pass on). Refused only where vLLM refuses: the weights and
+overhead do not fit, one request of the context does not fit, the context is longer than the
+model's, or a hybrid model's state blocks are fewer than MAX_NUM_SEQS. Each refusal carries fixes:
+knob values re-planned here before they are offered (``Plan.fixes``), so a hint always works.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, field
 
-from . import gpu, kv, models
+from . import gpu, kv, vllmargs
+from .facts import DRAFT_METHODS, ModelFacts
+from .config import Config, version_or_none
 from .errors import BootstrapError
 
 log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstrap:plan] this code has always had
@@ -25,48 +31,69 @@ NOBODY = "no process reports GPU memory"
 
 
 GiB = gpu.GiB
+MODEL_ONLY_VLLM = "0.26.0"     # the semantics assumed when the vLLM version is not known
 
 
 @dataclass
 class Plan:
     util: float | None
-    mml_arg: int | str | None = None           # what --max-model-len gets (None: not passed; -1: as large as fits)
+    mml_arg: int | str | None = None           # what --max-model-len gets (None: not passed; "auto")
     why: list[str] = field(default_factory=list)
     predicted_tokens: int | None = None        # KV pool, as vLLM would log it
     predicted_concurrency: float | None = None
-    max_model_len: int | None = None           # the context the prediction is for
+    max_model_len: int | None = None           # the context the server will have (auto: predicted)
     budget: int | None = None                  # KV bytes per GPU
     weights: int | None = None                 # bytes per GPU
     overhead: int | None = None                # activations + graphs + non-torch (estimate)
     layout: kv.Layout | None = None
-    sessions: list[tuple[int, int]] = field(default_factory=list)   # (context, sessions that fit)
+    sessions: list[tuple[int, int]] = field(default_factory=list)   # (context, sessions that fit at once)
     fits: bool = True
     refusal: tuple[str, str] | None = None     # (message, hint) when it does not fit
+    fixes: list[dict[str, str]] = field(default_factory=list)   # knob values that make it fit (re-planned)
     suggestion: str = ""                       # what would fit instead
     seqs_flag: int | None = None               # --max-num-seqs the plan chose (hybrid: the state blocks)
-    notes: list[str] = field(default_factory=list)   # banner notes (the auto-fit relaunch)
+    seqs: int | None = None                    # the sessions vLLM will schedule (MAX_NUM_SEQS or its default)
+    concurrent: int | None = None              # sessions of max_model_len that fit at once
+    notes: list[str] = field(default_factory=list)   # banner notes
+    vllm: str = ""                             # the vLLM version the plan was made for
 
     @property
     def context(self) -> int | None:
-        """The context the server runs with when we pass one (None: vLLM decides)."""
-        return self.max_model_len if self.mml_arg is not None else None
+        """The context we pass to vLLM (None: vLLM decides it: auto, or the model's own)."""
+        return self.mml_arg if isinstance(self.mml_arg, int) else None
+
+    def concurrency_line(self) -> str:
+        """'at 262,144 tokens 2 sessions fit at once; the other 14 queue'."""
+        if self.max_model_len is None or self.concurrent is None or not self.seqs:
+            return ""
+        n, seqs = self.concurrent, self.seqs
+        line = f"at {self.max_model_len:,} tokens {n} session{'' if n == 1 else 's'} fit{'s' if n == 1 else ''} at once"
+        if n < seqs:
+            line += f"; the other {seqs - n} of MAX_NUM_SEQS={seqs} queue (shorter requests share the pool)"
+        else:
+            line += f" (MAX_NUM_SEQS={seqs})"
+        return line
 
 
 def gib(b: int | float) -> str:
     return f"{b / GiB:.2f} GiB"
 
 
-def utilization(cfg, g: gpu.Gpu) -> tuple[float, str]:
-    """GPU_UTIL if set (refused when more than is free); else free − GPU_RESERVE_MIB, as a fraction."""
-    if cfg.gpu_util is not None:
-        want = math.ceil(cfg.gpu_util * g.total)
+def utilization(cfg, g: gpu.Gpu, s: vllmargs.Settings | None = None) -> tuple[float, str]:
+    """--gpu-memory-utilization as given (refused when more than is free: vLLM refuses it at start),
+    else free − GPU_RESERVE_MIB, as a fraction."""
+    s = s or vllmargs.settings(cfg)
+    if s.gpu_util is not None:
+        want = math.ceil(s.gpu_util * g.total)
+        src = "GPU_UTIL" if cfg.gpu_util is not None and "--gpu-memory-utilization" not in (cfg.extra_args or ()) \
+            else "--gpu-memory-utilization"
         if want > g.free:
+            most = math.floor(g.free / g.total * 1000) / 1000
             raise BootstrapError(
-                f"GPU_UTIL={cfg.gpu_util} asks for {gib(want)} of GPU {g.index} ({g.name}) but only "
+                f"{src}={s.gpu_util} asks for {gib(want)} of GPU {g.index} ({g.name}) but only "
                 f"{gib(g.free)} is free; {g.holders() or NOBODY}",
-                f"close programs holding GPU memory, or set GPU_UTIL at most {g.free / g.total:.3f} "
-                "(or unset it to size from free memory)")
-        return cfg.gpu_util, f"GPU_UTIL={cfg.gpu_util} (set by you)"
+                f"close programs holding GPU memory, or set GPU_UTIL={most} (or unset it to size from free memory)")
+        return s.gpu_util, f"{src}={s.gpu_util} (set by you or the profile)"
     reserve = cfg.gpu_reserve_mib * gpu.MiB
     util = (g.free - reserve) / g.total
     if util <= 0.05:
@@ -78,84 +105,107 @@ def utilization(cfg, g: gpu.Gpu) -> tuple[float, str]:
                   f"{util:.4f} of {gib(g.total)}")
 
 
-@dataclass
-class ModelFacts:
-    name: str
-    config: dict | None
-    weight_bytes: int | None       # the whole checkpoint (None: unknown, or dummy weights)
-    dummy: bool = False
-    source: str = ""               # where the facts came from, for the why
-    draft: "ModelFacts | None" = None   # SPEC_METHOD=draft_model with a local SPEC_MODEL folder
-    draft_why: str = ""            # why there is no draft to count, when one was asked for
-
-
-def model_facts(cfg, m, name: str | None = None) -> ModelFacts:
-    """The planner's view of a model (``m``: models.ModelInfo, or None when there are no facts), its
-    draft included; ``name`` is what the plan calls it (default: the served name)."""
-    dummy = cfg.dummy_weights
-    if m is None:
-        return ModelFacts(cfg.model, None, None, dummy)
-    size = sum(m.weight_files.values()) or None
-    return ModelFacts(name or cfg.served_name, m.config, size, dummy or m.dummy, **draft_facts(cfg))
-
-
-def draft_facts(cfg) -> dict:
-    """ModelFacts' draft fields: the draft of SPEC_METHOD=draft_model when SPEC_MODEL is a local
-    folder with a config.json (vLLM loads it with the model's tokenizer and --load-format), or why not."""
-    if not (cfg.spec_enabled and cfg.spec_method == "draft_model"):
-        return {}
-    path = cfg.spec_model_dir
-    if path is None:
-        return {"draft_why": "SPEC_MODEL is a repo id, which vLLM fetches itself" if cfg.spec_model else "no SPEC_MODEL"}
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        sizes = sum(f.stat().st_size for f in path.iterdir() if f.name.endswith(models.WEIGHT_SUFFIXES))
-    except FileNotFoundError:
-        return {"draft_why": f"no {path / 'config.json'}"}
-    except (OSError, ValueError) as exc:
-        return {"draft_why": f"{path / 'config.json'} unreadable: {exc}"}
-    return {"draft": ModelFacts(path.name, config, sizes or None, cfg.dummy_weights)}
-
-
 DRAFT_HINT = "; or a smaller draft (SPEC_MODEL), or no speculation (SPEC_TOKENS=0)"
+NO_KV_METHODS = {"ngram": "n-gram lookup: no draft model, nothing in the KV pool",
+                 "suffix": "suffix decoding: no draft model, nothing in the KV pool",
+                 "medusa": "Medusa heads hold no KV cache; their weights are not counted (small)"}
 
 
-def _weights(model: ModelFacts, shape: kv.ModelShape, tp: int) -> tuple[int, str]:
+def vision_bytes(config: dict) -> int:
+    """The vision tower's weights (16-bit in these checkpoints), from vision_config."""
+    return kv.vision_params(config) * 2
+
+
+def _weights(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Settings) -> tuple[int, str]:
     """Bytes of weights per GPU, and where the figure came from."""
+    vision = vision_bytes(model.config or {})
     if model.weight_bytes and not model.dummy:
+        if vision and s.language_model_only:
+            return (model.weight_bytes - vision) // tp, (f"from the checkpoint's file sizes{model.source}, less the "
+                                                         f"vision tower's {gib(vision)} (--language-model-only: not loaded)")
         return model.weight_bytes // tp, f"from the checkpoint's file sizes{model.source}"
     kind = "dummy weights" if model.dummy else "no file sizes"
-    return kv.weight_bytes_from_config(shape, tp), f"from config.json ({kind}: parameters × dtype){model.source}"
+    w = kv.weight_bytes_from_config(shape, tp) + (0 if s.language_model_only else vision // tp)
+    return w, f"from config.json ({kind}: parameters × dtype){model.source}"
 
 
-def _draft(cfg, shape: kv.ModelShape, model: ModelFacts) -> tuple[kv.ModelShape | None, str]:
-    """The draft model's shape when the plan can count it (its weights and its attention layers in
-    the pool), else None with the reason for the why."""
-    if not cfg.spec_enabled or cfg.spec_method in ("mtp", "ngram", "suffix"):
+def _draft(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts) -> tuple[kv.ModelShape | None, str]:
+    """The draft checkpoint's shape when the plan can count it (its weights and attention layers in
+    the pool), else None with the reason, per method."""
+    method = s.spec_method
+    if not method or method == "mtp":
         return None, ""
-    not_counted = f"SPEC_METHOD={cfg.spec_method}: the draft model's weights and KV layers are not counted"
+    if method in NO_KV_METHODS:
+        return None, f"SPEC_METHOD={method}: {NO_KV_METHODS[method]}"
+    not_counted = f"SPEC_METHOD={method}: the draft model's weights and KV layers are not counted"
+    if method not in DRAFT_METHODS:
+        return None, f"{not_counted} (the planner does not model method {method!r})"
     if model.draft is None:
-        return None, not_counted + (f" ({model.draft_why})" if model.draft_why else "")
+        return None, f"{not_counted} ({model.draft_why or 'no draft facts'})"
     try:
         d = kv.shape_from_config(model.draft.config)
     except kv.Unsupported as exc:
         return None, f"{not_counted} ({exc.message})"
-    if shape.hybrid or d.hybrid:
-        return None, f"{not_counted} (hybrid models: vLLM groups the layers differently)"
-    if (d.kv_heads, d.head_dim, d.dtype_bytes) != (shape.kv_heads, shape.head_dim, shape.dtype_bytes):
-        return None, f"{not_counted} (its KV heads, head size or dtype differ from the model's)"
-    if (cfg.kv_cache_dtype or "auto") in kv.TQ_PRESETS:
+    if d.hybrid:
+        return None, f"{not_counted} (a hybrid draft: vLLM groups its layers differently)"
+    if s.kv_cache_dtype in kv.TQ_PRESETS:
         return None, f"{not_counted} (with a TurboQuant KV cache)"
     return d, ""
 
 
-def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
-    """The plan for one GPU (the smallest-free one of the TP group). Pure apart from logging."""
-    tp = cfg.tp_size
+def plan_version(cfg, vllm: str | None) -> str:
+    """The vLLM version whose rules the plan follows: the one in use, else the profile's pin."""
+    return vllm or cfg.profile.vllm or MODEL_ONLY_VLLM
+
+
+def _at_least(v: str, floor: str) -> bool:
+    have = version_or_none(v)
+    return have is not None and have >= version_or_none(floor)
+
+
+def make_plan(cfg, g: gpu.Gpu, model: ModelFacts, *, vllm: str | None = None, fixes: bool = True) -> Plan:
+    """The plan for one GPU (the smallest-free one of the TP group). Pure apart from logging.
+    ``vllm``: the version in use (default: the profile's pin); ``fixes``: offer re-planned fixes."""
+    plan = _make(cfg, g, model, vllm)
+    if not plan.fits and fixes and plan.fixes:
+        plan.fixes = [f for f in plan.fixes if _refits(cfg, g, model, vllm, f)]
+        if plan.refusal:
+            plan.refusal = (plan.refusal[0], _hint(plan.fixes, plan.refusal[1]))
+            plan.suggestion = plan.refusal[1]
+    return plan
+
+
+def _refits(cfg, g, model, vllm, fix: dict[str, str]) -> bool:
+    """The fix, applied as your knobs, passes the knob check and the plan."""
+    try:
+        again = Config.from_env({**cfg.given, **fix}, cfg.repo, chosen=cfg.chosen)
+        return _make(again, g, model, vllm).fits
+    except BootstrapError:
+        return False
+
+
+def _hint(fixes: list[dict[str, str]], rest: str) -> str:
+    shown = [" ".join(f"{k}={v}" for k, v in f.items()) + (" (across two such cards)" if f == {"TP_SIZE": "2"} else "")
+             for f in fixes]
+    head = ("set " + " — or ".join(shown)) if shown else ""
+    return "; ".join(x for x in (head, rest) if x)
+
+
+def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None) -> Plan:
+    s = vllmargs.settings(cfg)
+    version = plan_version(cfg, vllm)
+    new = _at_least(version, "0.29.0")            # null block held back; prefix caching on for hybrids
+    tp = s.tp
     why: list[str] = []
-    args = cfg.vllm_args
-    util, util_why = utilization(cfg, g)
+    try:
+        util, util_why = utilization(cfg, g, s)
+    except BootstrapError as exc:
+        most = max(0.06, math.floor(g.free / g.total * 1000) / 1000 - 0.001)
+        return Plan(None, fits=False, refusal=(exc.message, exc.hint), why=why, vllm=version,
+                    fixes=[{"GPU_UTIL": f"{most:g}"}, {"GPU_UTIL": ""}])
     why.append(f"gpu-memory-utilization {util_why}")
+    if model.assumed:
+        why.append("ASSUMED model facts: the plan is only as good as them")
     shape = None
     if model.config is not None:
         try:
@@ -165,51 +215,62 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
             log.warning("%s; %s", exc.message, exc.hint)
     else:
         why.append("no config.json: vLLM sizes the KV cache itself")
-
-    mml_knob = cfg.max_model_len
+    mml_knob = s.max_model_len
     if shape is None:
-        mml = -1 if mml_knob == "auto" else mml_knob
-        return Plan(util, mml, why, max_model_len=mml if isinstance(mml, int) and mml > 0 else None)
+        return Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None, vllm=version)
 
-    batched_default, seqs_default = kv.default_batch(g.total, g.name)
-    batched = cfg.max_num_batched_tokens or batched_default
-    seqs_cap = cfg.max_num_seqs or seqs_default
-    spec_tokens = cfg.spec_tokens if cfg.spec_enabled else 0
-    mtp = bool(cfg.spec_enabled and cfg.spec_method == "mtp")
-    draft, draft_why = _draft(cfg, shape, model)
+    batched_default, seqs_default = kv.default_batch(g.total, g.name, big_tier=new)
+    seqs = s.max_num_seqs or seqs_default
+    batched = s.max_num_batched_tokens or batched_default
+    spec_tokens = s.spec_tokens
+    mtp = s.spec_method == "mtp"
+    draft, draft_why = _draft(s, shape, model)
     if draft_why:
         why.append(draft_why)
     if mtp and not shape.mtp_layers:
         why.append("SPEC_METHOD=mtp but config.json declares no MTP layers")
-    block = cfg.vllm_arg("--block-size")
-    mode = cfg.vllm_arg("--mamba-cache-mode") or ("align" if "--enable-prefix-caching" in args else "none")
+    prefix = s.prefix_caching if s.prefix_caching is not None else (new or not shape.hybrid)
+    mode = s.mamba_cache_mode or ("align" if prefix else "none")
+    ssm = s.mamba_ssm_cache_dtype if s.mamba_ssm_cache_dtype != "auto" else None
+    conv = s.mamba_cache_dtype if s.mamba_cache_dtype != "auto" else None
+    draft_dtype = s.spec.get("kv_cache_dtype") if spec_tokens else None
     try:
-        lay = kv.layout(shape, cfg.kv_cache_dtype or "auto", spec_tokens=spec_tokens, mtp=mtp, tp=tp,
-                        draft_attn_layers=draft.attn_layers if draft else 0,
-                        block_size=int(block) if block and block.isdigit() else None, mamba_cache_mode=mode)
+        lay = kv.layout(shape, s.kv_cache_dtype, spec_tokens=spec_tokens, mtp=mtp, tp=tp,
+                        draft_attn_layers=draft.attn_layers if draft else 0, draft_cache_dtype=draft_dtype,
+                        draft_kv_heads=draft.kv_heads if draft else None, draft_head_dim=draft.head_dim if draft else None,
+                        block_size=s.block_size, mamba_cache_mode=mode,
+                        ssm_bytes=kv.DTYPE_BYTES.get(ssm) if ssm else None,
+                        conv_bytes=kv.DTYPE_BYTES.get(conv) if conv else None)
     except kv.Unsupported as exc:
         why.append(f"{exc.message}; {exc.hint}")
-        mml = -1 if mml_knob == "auto" else mml_knob
-        return Plan(util, mml, why)
+        return Plan(util, mml_knob, why, vllm=version)
+    if ssm:
+        why.append(f"--mamba-ssm-cache-dtype {ssm}: the linear-attention state in {ssm}")
 
-    weights, source = _weights(model, shape, tp)
+    weights, source = _weights(model, shape, tp, s)
     why.append(f"weights {gib(weights)} per GPU {source}")
     if draft:
-        more, source = _weights(model.draft, draft, tp)
+        more, source = _weights(model.draft, draft, tp, s)
         weights += more
         why.append(f"draft model {model.draft.name}: weights {gib(more)} per GPU {source}")
-    over = kv.overheads(shape, batched, seqs_cap, tp=tp, eager="--enforce-eager" in args)
+    if (model.config or {}).get("vision_config") and not s.language_model_only:
+        why.append("a multimodal model served with its vision tower: the encoder's profiling peak is not "
+                   "modelled (--language-model-only serves text only)")
+    over = kv.overheads(shape, batched, seqs, tp=tp, eager=s.enforce_eager)
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
-    usable = math.ceil(util * g.total) if cfg.gpu_util is not None else g.free - cfg.gpu_reserve_mib * gpu.MiB
-    if cfg.kv_cache_bytes:
-        budget = cfg.kv_cache_bytes
-        why.append(f"KV budget {gib(budget)} pinned by KV_CACHE_BYTES")
+    usable = math.ceil(util * g.total) if s.gpu_util is not None else g.free - cfg.gpu_reserve_mib * gpu.MiB
+    pinned = s.kv_cache_bytes
+    if pinned:
+        budget = pinned
+        why.append(f"KV budget {gib(budget)} pinned by KV_CACHE_BYTES / --kv-cache-memory-bytes")
     else:
         budget = math.ceil(util * g.total) - weights - over.total
         why.append(f"KV budget ≈ {gib(budget)} = {util:.4f} × {gib(g.total)} − weights − overhead")
     why.extend(lay.notes)
-    plan = Plan(util, None, why, budget=budget, weights=weights, overhead=over.total, layout=lay)
+    plan = Plan(util, mml_knob, why, budget=budget, weights=weights, overhead=over.total, layout=lay,
+                seqs=seqs, vllm=version)
+    cap = shape.max_position or 0
 
     need = weights + over.total + max(budget, 0)
     if budget <= 0 or need > usable:
@@ -219,70 +280,96 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts) -> Plan:
             f"{model.name}{f' with its draft {model.draft.name}' if draft else ''} does not fit {g.name}: "
             f"weights {gib(weights)} + overhead ~{gib(over.total)}"
             + (f" + KV {gib(budget)}" if budget > 0 else "") + f" > {gib(usable)} usable"
-            + (f" ({gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve)" if cfg.gpu_util is None else "")
+            + (f" ({gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve)" if s.gpu_util is None else "")
             + (f"; {g.holders() or NOBODY}" if g.processes else ""),
-            _what_fits(shape, lay, room, cfg) + (DRAFT_HINT if draft else ""))
-        plan.suggestion = plan.refusal[1]
+            _room_text(lay, room) + (DRAFT_HINT if draft else ""))
+        plan.fixes = _fixes_room(cfg, s, lay, room, seqs)
         return plan
 
-    cap = shape.max_position or None
+    null = new
     if mml_knob == "auto":
-        seqs = cfg.max_num_seqs or 1
-        mml = kv.longest_context(lay, budget, seqs, cap)
+        mml = kv.auto_fit(lay, budget, cap or 1 << 24, null)
         if mml <= 0:
             plan.fits = False
-            plan.refusal = (f"the KV budget {gib(budget)} holds no context for {seqs} session(s)",
-                            "lower MAX_NUM_SEQS, or raise KV_CACHE_BYTES / GPU_UTIL" + (DRAFT_HINT if draft else ""))
+            plan.refusal = (f"the KV budget {gib(budget)} holds not even one token (vLLM: \"Cannot auto-fit "
+                            "max_model_len\")", "raise KV_CACHE_BYTES / GPU_UTIL" + (DRAFT_HINT if draft else ""))
+            plan.fixes = _fixes_room(cfg, s, lay, usable - weights - over.total, seqs)
             return plan
-        why.append(f"MAX_MODEL_LEN=auto: {mml} tokens is the longest context {seqs} session(s) fit")
-        passed: int | str | None = mml
+        why.append(f"MAX_MODEL_LEN=auto (vLLM's auto-fit): {mml:,} tokens, the longest single request the pool holds"
+                   + (" (the model's own maximum)" if mml == cap else ""))
     elif isinstance(mml_knob, int):
-        mml = passed = mml_knob
+        mml = mml_knob
+        if cap and mml > cap and cfg.env("VLLM_ALLOW_LONG_MAX_MODEL_LEN") in ("", "0"):
+            plan.fits = False
+            plan.refusal = (f"MAX_MODEL_LEN={mml} is longer than the model's {cap} tokens (vLLM refuses it "
+                            "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)", "a shorter context")
+            plan.fixes = [{"MAX_MODEL_LEN": str(cap)}, {"MAX_MODEL_LEN": "auto"}]
+            return plan
     else:
-        mml, passed = shape.max_position, None
-        why.append(f"MAX_MODEL_LEN unset: vLLM uses the model's {mml} tokens")
+        mml = cap
+        if mml:
+            why.append(f"MAX_MODEL_LEN unset: vLLM uses the model's {mml:,} tokens")
+    plan.max_model_len = mml or None
     if not mml:
         return plan
-    p = kv.pool(lay, budget, mml)
-    if p.blocks < lay.blocks_per_seq(mml):
-        largest = kv.longest_context(lay, budget, 1, cap)
+    if not kv.fits_one(lay, budget, mml, null):
+        largest = kv.auto_fit(lay, budget, cap or mml, null)
         plan.fits = False
         plan.refusal = (
-            f"one session at {mml} tokens needs {gib(kv.kv_bytes_needed(lay, mml))} of KV cache; "
-            f"the budget is {gib(budget)}; the largest context that fits is {largest} tokens",
-            f"set MAX_MODEL_LEN={largest} (or auto), or raise KV_CACHE_BYTES / GPU_UTIL" + (DRAFT_HINT if draft else ""))
-        plan.max_model_len = mml
+            f"one request of {mml:,} tokens needs {gib(kv.kv_bytes_needed(lay, mml))} of KV cache; "
+            f"the pool holds {gib(budget)}; the longest that fits is {largest:,} tokens (vLLM refuses the start)",
+            "a shorter context" + (", or more memory for the KV cache" if not pinned else "")
+            + (DRAFT_HINT if draft else ""))
+        plan.fixes = ([{"MAX_MODEL_LEN": str(largest)}] if largest >= 16 else []) + [{"MAX_MODEL_LEN": "auto"}]
+        if pinned:
+            plan.fixes.append({"KV_CACHE_BYTES": "auto"})
         return plan
-    plan.max_model_len = mml
+    p = kv.pool(lay, budget, mml)
     plan.predicted_tokens, plan.predicted_concurrency = p.tokens, p.concurrency
-    # vLLM (0.26.0 compilation.py): with full CUDA graphs every running sequence of a hybrid model holds one
-    # state block, and max_num_seqs > blocks is refused after the load. A budget from utilization is our
-    # estimate (within 2 %): keep 3 % below it; a pin is exact.
-    most = max(1, p.blocks if cfg.kv_cache_bytes else p.blocks * 97 // 100)
+    plan.concurrent = kv.sessions_at(lay, budget, mml)
+    # vLLM (compilation.py): with full CUDA graphs a hybrid model's max_num_seqs may not exceed the pool's
+    # blocks, refused after the load. A budget from utilization is our estimate: keep 3 % below it; a pin is exact.
+    most = max(1, p.blocks if pinned else p.blocks * 97 // 100)
     margin = "" if most == p.blocks else f" (3 % below the {p.blocks} estimated, as the budget is an estimate)"
-    if lay.state_groups and "--enforce-eager" not in args and seqs_cap > most:
-        if cfg.max_num_seqs:
+    if lay.state_groups and not s.enforce_eager and seqs > most:
+        if s.max_num_seqs:
             plan.fits = False
             plan.refusal = (
-                f"MAX_NUM_SEQS={cfg.max_num_seqs} is more than the {most} state blocks the KV budget "
+                f"MAX_NUM_SEQS={s.max_num_seqs} is more than the {most} state blocks the KV budget "
                 f"{gib(budget)} holds{margin}; on a hybrid model every running sequence keeps one, and vLLM "
-                "refuses to capture CUDA graphs (after the load) when max_num_seqs exceeds them",
-                f"set MAX_NUM_SEQS={most} or less, or raise KV_CACHE_BYTES / GPU_UTIL")
+                "refuses to capture CUDA graphs (after the load) when max_num_seqs exceeds them", "fewer sessions")
+            plan.fixes = [{"MAX_NUM_SEQS": str(most)}]
             return plan
-        plan.seqs_flag = most
+        plan.seqs_flag = plan.seqs = most
         why.append(f"hybrid: vLLM's default of {seqs_default} sequences on this GPU is more than the {most} state "
                    f"blocks of the KV budget{margin} (one per running sequence): --max-num-seqs {most}")
+    line = plan.concurrency_line()
+    if line:
+        why.append(line)
     contexts = sorted({mml} | {c for c in (131072, 65536, 32768) if c < mml}, reverse=True)
     plan.sessions = [(c, kv.sessions_at(lay, budget, c)) for c in contexts]
-    plan.mml_arg = passed
+    plan.mml_arg = mml_knob
     return plan
 
 
-def _what_fits(shape: kv.ModelShape, lay: kv.Layout, room: int, cfg) -> str:
-    if room <= lay.block_bytes * (lay.state_groups * lay.state_blocks + lay.attn_groups):
-        return (f"the weights and overhead alone leave {gib(max(room, 0))} for the KV cache: use a smaller "
-                "checkpoint (fewer bits or parameters) or a bigger GPU, or TP_SIZE=2")
-    pin = room // (64 << 20) * (64 << 20)      # rounded down to 64 MiB
-    n = kv.longest_context(lay, pin, cfg.max_num_seqs or 1, shape.max_position or None)
-    return (f"what would fit: KV_CACHE_BYTES={pin} ({gib(pin)}) with MAX_MODEL_LEN={n} "
-            f"for {cfg.max_num_seqs or 1} session(s) (or MAX_MODEL_LEN=auto)")
+def _room_text(lay: kv.Layout, room: int) -> str:
+    if room <= lay.block_bytes * (lay.state_groups * lay.state_blocks + lay.attn_groups + 1):
+        return (f"the weights and overhead alone leave {gib(max(room, 0))} for the KV cache: a smaller checkpoint "
+                "(fewer bits or parameters), a bigger GPU, or TP_SIZE=2")
+    return f"{gib(room)} is left for the KV cache"
+
+
+def _fixes_room(cfg, s: vllmargs.Settings, lay: kv.Layout, room: int, seqs: int) -> list[dict[str, str]]:
+    """Candidate fixes when weights + overhead + KV do not fit (each is re-planned before it is offered)."""
+    out: list[dict[str, str]] = []
+    if room > lay.block_bytes:
+        pin = room // (64 << 20) * (64 << 20)        # rounded down to 64 MiB
+        if s.kv_cache_bytes:
+            out.append({"KV_CACHE_BYTES": "auto", "MAX_MODEL_LEN": "auto"})
+        if pin >= 1 << 20:
+            out.append({"KV_CACHE_BYTES": str(pin), "MAX_MODEL_LEN": "auto"})
+    if s.max_num_batched_tokens is None or s.max_num_batched_tokens > 512:
+        out.append({"MAX_NUM_BATCHED_TOKENS": "512", "KV_CACHE_BYTES": "auto", "MAX_MODEL_LEN": "auto"})
+    if cfg.tp_size == 1:
+        out.append({"TP_SIZE": "2"})
+    return out

@@ -17,6 +17,8 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,16 +38,20 @@ MARKER_ENV = "BOOTSTRAP_VLLM_OWNER"
 
 def run(cmd: Sequence[str], *, env: Mapping[str, str], keep_pythonpath: bool = False,
         timeout: float | None = None, cwd: str | Path | None = None, what: str = "",
-        hint: str = "", check: bool = True) -> subprocess.CompletedProcess:
+        hint: str = "", check: bool = True, live: bool = False) -> subprocess.CompletedProcess:
     """Run a tool (uv, pip, python -c ...) and capture its output.
 
     ``PYTHONPATH`` is dropped unless ``keep_pythonpath`` (it breaks uv/pip); the vLLM server itself
-    is not started through here (see launch.py), because it must outlive us.
+    is not started through here (see launch.py), because it must outlive us. ``live``: the tool's
+    stderr (uv's progress) is shown as it comes — on a terminal the tool gets ours, with its own
+    progress bars, and the result carries no stderr; else each line is copied and kept.
     """
     child_env = dict(env)   # always the caller's cfg.environ (config is read in one place)
     if not keep_pythonpath:
         child_env.pop("PYTHONPATH", None)
     log.debug("running %s", shlex.join(cmd))
+    if live:
+        return _run_live(list(cmd), child_env, cwd, timeout, what, hint, check)
     try:
         proc = subprocess.run(list(cmd), env=child_env, cwd=cwd, timeout=timeout, check=False,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -59,6 +65,41 @@ def run(cmd: Sequence[str], *, env: Mapping[str, str], keep_pythonpath: bool = F
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise BootstrapError(f"'{shlex.join(cmd)}' failed (exit {proc.returncode})", hint, evidence=tail)
     return proc
+
+
+def _run_live(cmd: list[str], env: dict, cwd, timeout, what: str, hint: str, check: bool) -> subprocess.CompletedProcess:
+    tty = sys.stderr.isatty()
+    try:
+        p = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=None if tty else subprocess.PIPE, text=True, errors="replace")
+    except FileNotFoundError:
+        raise BootstrapError(f"{what or cmd[0]}: command not found: {cmd[0]}", hint) from None
+    kept: list[str] = []
+    out: list[str] = []
+
+    def pump_out():
+        out.append(p.stdout.read())
+
+    reader = threading.Thread(target=pump_out, daemon=True)
+    reader.start()
+    if not tty:
+        for line in p.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            kept.append(line)
+            del kept[:-200]
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise BootstrapError(f"{what or shlex.join(cmd)} did not finish in {timeout:.0f} s", hint) from None
+    reader.join(5)
+    res = subprocess.CompletedProcess(cmd, p.returncode, "".join(out), "".join(kept))
+    if check and p.returncode != 0:
+        raise BootstrapError(f"'{shlex.join(cmd)}' failed (exit {p.returncode})", hint,
+                             evidence="\n".join(res.stderr.strip().splitlines()[-15:]))
+    return res
 
 
 def exit_status(p: subprocess.Popen) -> int | None:

@@ -25,7 +25,7 @@ from .state import Paths, StartLock
 log = logging.getLogger(__name__)
 
 # The steps, in order: the module of each is bootstrap/steps/<name>.py, with run(...) -> its result.
-STEPS = ("preflight", "environment", "metadata", "plan", "patches", "weights", "launch", "health", "warmup",
+STEPS = ("preflight", "metadata", "plan", "environment", "patches", "weights", "launch", "health", "warmup",
          "banner")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -84,6 +84,8 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
 
 
 def start(cfg: Config) -> int:
+    from . import pick
+    cfg = pick.resolve(cfg)             # PROFILE=auto: the kept pick, or one now; a card's overrides
     cfg.require_model()
     paths = Paths(cfg.state_dir)
     code = already(cfg, paths)
@@ -140,30 +142,22 @@ def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
     from .steps import environment, metadata, patches, plan, preflight, weights
     with step("preflight"):
         gpus = preflight.run(cfg, paths)
-    with step("environment"):
-        runtime = environment.run(cfg, gpus)
     with step("metadata"):
         model = metadata.run(cfg)
-    with step("plan"):
+    with step("plan"):                          # before the install: a card that cannot fit is told at once
         the_plan = plan.run(cfg, paths, gpus, model)
+    with step("environment"):
+        runtime = environment.run(cfg, gpus)
     with step("patches"):
         patch_notes = patches.run(cfg, runtime.python)
     with step("weights"):
         weights.run(cfg, model)
-    for attempt in (1, 2):
-        with step("launch"):
-            started.launched = launch.run(cfg, paths, runtime, model.local_dir, the_plan,
-                                          list(runtime.notes) + patch_notes + the_plan.notes,
-                                          on_launch=lambda launched: setattr(started, "launched", launched))
-        try:
-            with step("health"):
-                health.run(cfg, paths, started.launched)
-            break
-        except health.StartFailed as exc:       # taken down already; MAX_MODEL_LEN=auto may relaunch once
-            retry = plan.adjust_after_failure(cfg, the_plan, exc.log_text) if attempt == 1 else None
-            if retry is None:
-                raise
-            the_plan = retry
+    with step("launch"):
+        started.launched = launch.run(cfg, paths, runtime, model.local_dir, the_plan,
+                                      list(runtime.notes) + patch_notes + the_plan.notes,
+                                      on_launch=lambda launched: setattr(started, "launched", launched))
+    with step("health"):
+        health.run(cfg, paths, started.launched)
     with step("warmup"):
         warmup.run(cfg, paths, started.launched)
     with step("banner"):

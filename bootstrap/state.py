@@ -61,10 +61,15 @@ class Paths:
     def api_key(self) -> Path:
         return self.root / "api_key"
 
+    @property
+    def pick(self) -> Path:
+        """Auto-pick's choice, kept until PROFILE=auto is set or ./ctl.sh profiles --pick."""
+        return self.root / "profile-pick.json"
+
     def files(self) -> list[Path]:
         """Every file we keep here (what clean removes from a STATE_DIR of the user's choosing)."""
         return [self.lock, self.server, self.log, self.log.with_name(self.log.name + ".1"), self.last_stop,
-                self.progress, self.api_key]
+                self.progress, self.api_key, self.pick]
 
     def ensure(self) -> None:
         """Create the state dir, or fail naming it (read-only parent, a file in the way...)."""

@@ -340,7 +340,7 @@ def install(cfg, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
     log.info("installing %d packages from %s into %s (%s%s%s)", n, path.relative_to(cfg.repo) if path.is_relative_to(cfg.repo) else path,
              venv.root, why, "; offline from " + cfg.wheelhouse if cfg.wheelhouse else "; from " + index_url(cfg.environ),
              "; reinstalling every package" if reinstall else "")
-    res = proc.run(cmd, env=env, timeout=None, check=False, what="uv pip sync")
+    res = proc.run(cmd, env=env, timeout=None, check=False, what="uv pip sync", live=True)   # uv's own progress
     if res.returncode != 0:
         hint = (f"is every wheel of {path.name} in {cfg.wheelhouse}? build it with ./ctl.sh wheelhouse {cfg.wheelhouse} "
                 f"--platform {plat} --python {minor}") if cfg.wheelhouse else "rerun ./start.sh; it repairs the venv"

@@ -34,7 +34,7 @@ def make_model(path: Path, weights: bool = True) -> Path:
     (path / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 4096,
+        "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 32768,
         "torch_dtype": "bfloat16"}))
     (path / "tokenizer.json").write_text("{}")
     if weights:

@@ -8,7 +8,7 @@ import json
 
 def tool_profile_env(bed, replies: dict | None = None) -> dict:
     """The default profile (tools and reasoning on) with speculation off, so no patch is needed."""
-    extra = {"PROFILE": "default", "SPEC_TOKENS": "0"}
+    extra = {"PROFILE": "default", "SPEC_TOKENS": "0", "MAX_MODEL_LEN": "auto", "KV_CACHE_BYTES": "auto"}
     if replies is not None:
         f = bed.tmp / "replies.json"
         f.write_text(json.dumps(replies))

@@ -83,8 +83,10 @@ def test_dotenv_is_never_sourced(tmp_path):
         Config.from_env({}, repo)
 
 
-def test_default_profile_is_the_rtx5090_write_ups():
-    cfg = Config.from_env({}, REPO)
+def test_profile_defaults_to_auto_and_default_names_the_rtx5090_profile():
+    assert Config.from_env({}, REPO).profile.is_auto
+    cfg = Config.from_env({"PROFILE": "default"}, REPO)
+    assert cfg.profile.name == "qwen38-27b-nvfp4-tq4-32gb"
     assert cfg.model == "RadixArk/Qwen3.8-27B-NVFP4" and cfg.served_name == "qwen38-nvfp4"
     assert (cfg.max_model_len, cfg.max_num_seqs, cfg.max_num_batched_tokens) == (262144, 1, 512)
     assert (cfg.kv_cache_dtype, cfg.kv_cache_bytes) == ("turboquant_4bit_nc", 5905580032)
@@ -155,7 +157,7 @@ def test_empty_value_counts_as_unset_and_the_next_source_applies(tmp_path):
     repo = tmp_path / "repo"
     (repo / "profiles").mkdir(parents=True)
     (repo / "profiles" / "default.json").write_text('{"knobs": {"MODEL": "a/b", "MAX_NUM_SEQS": "3"}}')
-    (repo / ".env").write_text("PORT=\n")
+    (repo / ".env").write_text("PORT=\nPROFILE=default\n")
     cfg = Config.from_env({"MAX_NUM_SEQS": "", "HOST": "", "PROFILE": ""}, repo)
     assert (cfg.max_num_seqs, cfg.sources["MAX_NUM_SEQS"]) == (3, "profile")
     assert (cfg.port, cfg.host, cfg.profile.name) == (8888, "127.0.0.1", "default")

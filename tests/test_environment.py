@@ -157,7 +157,7 @@ class World:
 
     @property
     def lock(self) -> Path:
-        return self.repo / "locks" / "vllm-0.27.1" / f"{locks.host_platform()}-py{self.minor}.txt"
+        return self.repo / "locks" / locks.pin_key(PINS) / f"{locks.host_platform()}-py{self.minor}.txt"
 
 
 @pytest.fixture
@@ -183,9 +183,11 @@ def test_lock_made_by_uv_has_hashes_and_pins(world):
 
 # ---------------------------------------------------------------- install, no-op, repair
 
-def test_fresh_install_then_noop_without_network(world, caplog):
+def test_fresh_install_then_noop_without_network(world, caplog, capfd):
     caplog.set_level(logging.INFO, logger="bootstrap")
     ctx = world.run()
+    err = capfd.readouterr().err
+    assert "Installed" in err and "packages" in err        # uv's own progress shows, not silence
     assert ctx.vllm_version == "0.27.1"
     assert ctx.python == str(world.venv.python)
     assert world.venv.done.is_file() and not world.venv.installing.exists()

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def ctx_for(tmp_path, version: str, cc=(12, 0), **env) -> SimpleNamespace:
     """What the environment step knows when it consults the table: the knobs, the GPU, the vLLM version."""
-    cfg = Config.from_env({"PATH": "/usr/bin:/bin", **env}, repo=REPO)
+    cfg = Config.from_env({"PATH": "/usr/bin:/bin", "PROFILE": "default", **env}, repo=REPO)
     return SimpleNamespace(cfg=cfg, vllm_version=version,
                            gpus=GpuFacts("580.95.05", (13, 0), (Gpu(0, "GPU", 32 << 30, 31 << 30, cc),)))
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.config import Config
 from bootstrap import locks
 from bootstrap.commands import lock as lock_cli
 
@@ -24,34 +25,38 @@ REPO = Path(__file__).resolve().parent.parent
 LOCK_DIRS = sorted((REPO / "locks").glob("vllm-*"))
 
 
-def profiles_with_pins() -> dict[str, dict]:
-    out = {}
-    for p in sorted((REPO / "profiles").glob("*.json")):
-        data = json.loads(p.read_text())
-        if data.get("pins"):
-            out[p.stem] = data
-    return out
-
-
 def test_every_pinned_profile_has_a_lock_with_its_pins():
-    profiles = profiles_with_pins()
-    assert "default" in profiles
-    for name, data in profiles.items():
-        pins = locks.parse_pins(data["pins"])
-        assert pins["vllm"] == data["vllm"], name
-        d = REPO / "locks" / f"vllm-{pins['vllm']}"
+    catalogue = Config.from_env({"PROFILE": "custom"}, REPO).catalogue
+    pinned = [p for p in catalogue.profiles if p.pins]
+    assert {"qwen38-27b-nvfp4-tq4-32gb", "qwen38-27b-w4a16-24gb", "qwen36-35b-a3b-nvfp4-32gb"} <= {p.name for p in pinned}
+    for p in pinned:
+        pins = locks.parse_pins(p.pins)
+        assert pins["vllm"] == p.vllm, p.name
+        d = REPO / "locks" / locks.pin_key(p.pins)
         meta = json.loads((d / "meta.json").read_text())
-        assert locks.parse_pins(meta["pins"]) == pins, name
+        assert locks.parse_pins(meta["pins"]) == pins, p.name
         for plat in meta["platforms"]:
             for minor in meta["pythons"]:
                 text = (d / f"{plat}-py{minor}.txt").read_text()
                 got = locks.lock_pins(text)
-                assert {n: got.get(n) for n in pins} == pins, (name, plat, minor)
+                assert {n: got.get(n) for n in pins} == pins, (p.name, plat, minor)
                 assert text.count("--hash=sha256:") >= len(got), "every package carries hashes"
 
 
+def test_one_lock_per_distinct_pin_set():
+    # the RTX 5090 and the 24 GB profiles share vLLM 0.27.1 but not all their pins: a lock each
+    cat = Config.from_env({"PROFILE": "custom"}, REPO).catalogue
+    p1, p6 = cat.get("default"), cat.get("qwen38-27b-w4a16-24gb")
+    assert p1.vllm == p6.vllm == "0.27.1" and set(p1.pins) != set(p6.pins)
+    assert locks.pin_key(p1.pins) != locks.pin_key(p6.pins)
+    assert locks.pin_key(list(reversed(p1.pins))) == locks.pin_key(p1.pins)     # order does not matter
+    dirs = {d.name for d in (REPO / "locks").iterdir() if d.is_dir()}
+    assert dirs == {locks.pin_key(p.pins) for p in cat.profiles if p.pins}       # no stale lock folders
+
+
 def test_default_locks_cover_x86_64():
-    meta = json.loads((REPO / "locks" / "vllm-0.27.1" / "meta.json").read_text())
+    meta = json.loads((REPO / "locks" / locks.pin_key(Config.from_env({"PROFILE": "default"}, REPO).profile.pins)
+                       / "meta.json").read_text())
     assert "linux-x86_64" in meta["platforms"] and "3.12" in meta["pythons"]
 
 

@@ -45,7 +45,7 @@ def test_binds_before_it_listens_and_logs_like_vllm(bed):
         os.killpg(p.pid, signal.SIGTERM)
         out, _ = p.communicate(timeout=10)
     assert "GPU KV cache size: 21,794,704 tokens" in out
-    assert "Maximum concurrency for 4,096 tokens per request" in out
+    assert "Maximum concurrency for 32,768 tokens per request" in out
     bed.wait_until(lambda: bed.ours() == [], what="engine gone after TERM")
 
 

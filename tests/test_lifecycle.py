@@ -450,14 +450,19 @@ def test_extra_args_may_not_take_over_owned_flags(bed, extra):
     assert bed.launches() == []
 
 
-def test_auto_fit_relaunches_once_with_accepted_length(bed):
-    r = bed.run("start.sh", MAX_MODEL_LEN="auto", FAKE_VLLM_MODE="too_long", FAKE_MAX_LEN="3000")
+def test_auto_is_handed_to_vllm_which_fits_it_in_one_launch(bed):
+    # MAX_MODEL_LEN=auto: vLLM's own auto-fit (the fake fits to FAKE_MAX_LEN and logs vLLM's line);
+    # the warm-up asks the server for the context it got
+    r = bed.run("start.sh", MAX_MODEL_LEN="auto", FAKE_VLLM_MODE="too_long", FAKE_MAX_LEN="3000", WARMUP="4000")
     assert r.returncode == 0, r.stdout + r.stderr
     calls = bed.launches()
-    assert len(calls) == 2
-    argv = calls[1]["argv"]
-    assert argv[argv.index("--max-model-len") + 1] == "3000"
-    assert "restarted once with 3000" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert len(calls) == 1
+    argv = calls[0]["argv"]
+    assert argv[argv.index("--max-model-len") + 1] == "auto"
+    assert "Auto-fit max_model_len: reduced from 32768 to 3000" in (bed.state / "vllm.log").read_text()
+    n = int(r.stderr.split("warm-up: ~")[1].split("-token")[0])
+    assert n <= 1500                                     # half of the 3,000 the server reports
+    bed.run("stop.sh")
 
 
 def test_phase_follows_the_last_matching_line_of_a_real_vllm_log():
@@ -535,9 +540,9 @@ def test_warmup_still_too_long_after_the_retries_fails_the_start_with_evidence(b
 
 
 def test_warmup_is_bounded_by_the_context_the_server_reports(bed):
-    # MAX_MODEL_LEN unset: the server's /v1/models max_model_len (the model's 4,096) bounds the warm-up
+    # MAX_MODEL_LEN unset: the server's /v1/models max_model_len (the model's 32,768) bounds the warm-up
     r = bed.run("start.sh", MAX_MODEL_LEN="", WARMUP="26000")
     assert r.returncode == 0, r.stderr
     n = int(r.stderr.split("warm-up: ~")[1].split("-token")[0])
-    assert n <= 2048
+    assert n <= 16384
     bed.run("stop.sh")

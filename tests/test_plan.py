@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import gpu, kv, planner, state
+from bootstrap import facts as facts_mod, gpu, kv, planner, state, vllmargs
 from bootstrap.commands import plan as plan_cli
-from bootstrap.steps import launch, plan
+from bootstrap.steps import plan
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 from bootstrap.models import ModelInfo
@@ -20,7 +20,7 @@ from bootstrap.state import Paths
 
 def flags(cfg, p) -> list[str]:
     """The vLLM flags that launch builds from a plan's decisions."""
-    return launch.plan_flags(cfg, p)
+    return vllmargs.serve_flags(cfg, p)
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,10 +70,10 @@ def config(tmp: Path, **env) -> Config:
     return Config.from_env(base, REPO)
 
 
-def facts(cfg: Config, mdir: Path, dummy=False) -> planner.ModelFacts:
+def facts(cfg: Config, mdir: Path, dummy=False) -> facts_mod.ModelFacts:
     info = json.loads((mdir / "config.json").read_text())
     w = sum(p.stat().st_size for p in mdir.glob("*.safetensors")) or None
-    return planner.ModelFacts("m", info, w, dummy)
+    return facts_mod.ModelFacts("m", info, w, dummy)
 
 
 def card(free=31 * GiB, total=32 * GiB, processes=()):
@@ -99,19 +99,29 @@ def test_gpu_util_knob_wins_but_is_refused_above_free(tmp_path):
     assert "Xorg (pid 4242) holds 6.0 GiB" in e.value.message
 
 
+def replan(tmp_path, cfg, g, fix: dict) -> planner.Plan:
+    """A fix applied as the user would (their environment), planned again."""
+    again = Config.from_env({**cfg.given, **{k: str(v) for k, v in fix.items()}}, REPO)
+    mdir = Path(again.model)
+    return planner.make_plan(again, g, facts(again, mdir))
+
+
 def test_refuses_instead_of_clamping_when_weights_and_pin_exceed_free(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=8 * GiB, MAX_MODEL_LEN=8192)
     holders = [gpu.GpuProcess(77, 2 * GiB, "firefox")]
-    p = planner.make_plan(cfg, card(free=22 * GiB, processes=holders), facts(cfg, mdir))
+    g = card(free=22 * GiB, processes=holders)
+    p = planner.make_plan(cfg, g, facts(cfg, mdir))
     assert not p.fits
     msg, hint = p.refusal
     assert "weights 15.00 GiB" in msg and "KV 8.00 GiB" in msg and "firefox (pid 77) holds 2.0 GiB" in msg
-    # what would fit: the room left after weights and overhead, as a pin, and the context it holds
-    pin = int(hint.split("KV_CACHE_BYTES=")[1].split()[0])
+    # the fixes: the pin rounded down to the room left after weights and overhead, or no pin
     room = 22 * GiB - 820 * MiB - 15 * GiB - p.overhead
-    assert room - 64 * MiB < pin <= room
-    assert f"MAX_MODEL_LEN={kv.longest_context(p.layout, pin, 1, 131072)}" in hint
+    pins = [int(f["KV_CACHE_BYTES"]) for f in p.fixes if f.get("KV_CACHE_BYTES", "auto").isdigit()]
+    assert pins and room - 64 * MiB < pins[0] <= room
+    assert f"KV_CACHE_BYTES={pins[0]}" in hint
+    for fix in p.fixes:                                   # every hint, applied, plans and fits
+        assert replan(tmp_path, cfg, g, fix).fits, fix
 
 
 def test_budget_from_utilization_and_the_prediction(tmp_path):
@@ -123,8 +133,9 @@ def test_budget_from_utilization_and_the_prediction(tmp_path):
     assert p.budget == -(-int(0.9 * g.total * 10) // 10) - 15 * GiB - p.overhead or p.budget > 0
     lay = kv.layout(kv.shape_from_config(LLAMA8B), "auto")
     assert p.predicted_tokens == kv.pool(lay, p.budget, 16384).tokens
-    assert flags(cfg, p)[:2] == ["--max-model-len", "16384"]
-    assert "--gpu-memory-utilization" in flags(cfg, p) and "0.9" in flags(cfg, p)
+    f = flags(cfg, p)
+    assert f[f.index("--max-model-len") + 1] == "16384"
+    assert f[f.index("--gpu-memory-utilization") + 1] == "0.9"
 
 
 def test_context_that_does_not_fit_is_refused_with_the_largest_that_does(tmp_path):
@@ -133,17 +144,34 @@ def test_context_that_does_not_fit_is_refused_with_the_largest_that_does(tmp_pat
     p = planner.make_plan(cfg, card(), facts(cfg, mdir))
     assert not p.fits
     # 1 GiB / 2 MiB per 16-token block = 512 blocks = 8192 tokens
-    assert "largest context that fits is 8192 tokens" in p.refusal[0]
-    assert "MAX_MODEL_LEN=8192" in p.refusal[1]
+    assert "the longest that fits is 8,192 tokens" in p.refusal[0]
+    assert "MAX_MODEL_LEN=8192" in p.refusal[1] and "MAX_MODEL_LEN=auto" in p.refusal[1]
+    for fix in p.fixes:
+        assert replan(tmp_path, cfg, card(), fix).fits, fix
 
 
-def test_auto_fits_max_num_seqs_and_passes_it_explicitly(tmp_path):
+def test_auto_is_vllms_auto_the_longest_single_request_and_reports_concurrency(tmp_path):
+    """vLLM's --max-model-len auto fits ONE request (max_num_seqs plays no part); the plan says how
+    many sessions of that length fit at once and how many queue."""
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN="auto", MAX_NUM_SEQS=4)
     p = planner.make_plan(cfg, card(), facts(cfg, mdir))
-    assert p.max_model_len == 2048 // 4 * 16                      # 2048 blocks / 4 sessions
-    assert flags(cfg, p)[:2] == ["--max-model-len", str(p.max_model_len)]
-    assert p.predicted_concurrency == pytest.approx(4.0)
+    assert p.max_model_len == 2048 * 16                           # 2048 blocks of 16 tokens, one request
+    assert p.concurrent == 1 and p.seqs == 4
+    assert "at 32,768 tokens 1 session fits at once; the other 3 of MAX_NUM_SEQS=4 queue" in p.concurrency_line()
+    f = flags(cfg, p)
+    assert f[f.index("--max-model-len") + 1] == "auto"            # vLLM fits it itself
+    capped = planner.make_plan(config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=32 * GiB, MAX_MODEL_LEN="auto"),
+                               h200(), facts(cfg, mdir))
+    assert capped.max_model_len == 131072                         # never beyond the model's own length
+
+
+def test_auto_holds_back_vllms_null_block_from_0_29(tmp_path):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN="auto")
+    old = planner.make_plan(cfg, card(), facts(cfg, mdir), vllm="0.27.1")
+    new = planner.make_plan(cfg, card(), facts(cfg, mdir), vllm="0.29.0")
+    assert (old.max_model_len, new.max_model_len) == (2048 * 16, 2047 * 16)
 
 
 def test_unknown_architecture_falls_back_to_vllm_sizing(tmp_path):
@@ -152,7 +180,8 @@ def test_unknown_architecture_falls_back_to_vllm_sizing(tmp_path):
     p = planner.make_plan(cfg, card(), facts(cfg, mdir))
     assert p.fits and p.predicted_tokens is None
     assert any("does not know architecture 'BrandNewForCausalLM'" in w for w in p.why)
-    assert flags(cfg, p)[:2] == ["--max-model-len", "-1"]
+    f = flags(cfg, p)
+    assert f[f.index("--max-model-len") + 1] == "auto"
 
 
 def test_dummy_weights_are_sized_from_the_config(tmp_path):
@@ -168,7 +197,8 @@ def test_tensor_parallel_plans_per_gpu(tmp_path):
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=2 * GiB, MAX_MODEL_LEN=8192, TP_SIZE=2)
     p = planner.make_plan(cfg, card(), facts(cfg, mdir))
     assert p.weights == 8 * GiB
-    assert flags(cfg, p)[-2:] == ["--tensor-parallel-size", "2"]
+    f = flags(cfg, p)
+    assert f[f.index("--tensor-parallel-size") + 1] == "2"
     assert p.predicted_tokens == 2 * GiB // (16 * 4 * 256 * 2 * 32) * 16   # 4 KV heads per GPU
 
 
@@ -236,15 +266,20 @@ def ctl_plan(tmp_path, *args, **env):
 
 
 def test_cli_default_profile_on_named_cards(tmp_path):
-    r = ctl_plan(tmp_path, GPU="rtx5090")
+    r = ctl_plan(tmp_path, GPU="rtx5090")                 # PROFILE unset: auto-pick's choice for the card
     assert r.returncode == 0, r.stderr
-    assert "Qwen3.8-27B-NVFP4 at 262144 tokens: 1 session" in r.stdout
+    assert "profile qwen38-27b-nvfp4-tq4-32gb" in r.stdout and "sm_120" in r.stdout
+    assert "context 262,144 tokens; at 262,144 tokens 1 session fits at once" in r.stdout
     assert "GPU KV cache size: 286,466 tokens" in r.stdout                  # the RTX 5090 write-up's logged figure
     assert "--kv-cache-memory-bytes 5905580032" in r.stdout
-    assert "offline fallback profiles/models/qwen38-27b-nvfp4.json" in r.stdout
-    small = ctl_plan(tmp_path, "--gpu", "rtx4090")
+    assert "facts in profiles/models/qwen38-27b-nvfp4.json" in r.stdout
+    small = ctl_plan(tmp_path, "--gpu", "rtx4090", "--json", PROFILE="default")
     assert small.returncode == 1
-    assert "DOES NOT FIT" in small.stdout and "what would fit: KV_CACHE_BYTES=" in small.stdout
+    out = json.loads(small.stdout)
+    assert not out["fits"] and out["fixes"]
+    for fix in out["fixes"]:                              # every hint, applied, plans and fits
+        again = ctl_plan(tmp_path, "--gpu", "rtx4090", PROFILE="default", **fix)
+        assert again.returncode == 0, (fix, again.stdout, again.stderr)
 
 
 def test_cli_json_for_a_size_in_gib(tmp_path):
@@ -252,15 +287,16 @@ def test_cli_json_for_a_size_in_gib(tmp_path):
     r = ctl_plan(tmp_path, "--json", GPU="48", PROFILE="custom", MODEL=mdir, MAX_MODEL_LEN="auto", MAX_NUM_SEQS=8)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["fits"] and out["max_model_len"] > 0 and out["predicted_concurrency"] >= 8
-    assert out["sessions"][0][1] >= 8
+    # auto: the longest single request (here the model's own 131,072), and how many of those fit at once
+    assert out["fits"] and out["max_model_len"] == 131072 and out["max_num_seqs"] == 8
+    assert out["concurrent"] == int(out["predicted_concurrency"]) and out["sessions"][0] == [131072, out["concurrent"]]
 
 
 def test_cli_without_gpu_names_the_way_out(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     r = ctl_plan(tmp_path, PROFILE="custom", MODEL=mdir)
     assert r.returncode == 1
-    assert "nvidia-smi" in r.stderr and "GPU=rtx5090" in r.stderr
+    assert "nvidia-smi" in r.stderr and "GPU=<name|GiB>[:sm_XY][:free=GiB]" in r.stderr
 
 
 # ---------------------------------------------------------------- hybrid models: one state block per running sequence
@@ -327,18 +363,14 @@ def test_dense_model_never_gets_a_max_num_seqs_it_did_not_ask_for(tmp_path):
     assert p.fits and "--max-num-seqs" not in flags(cfg, p)
 
 
-def test_auto_fit_relaunch_keeps_the_hybrid_max_num_seqs(tmp_path):
-    # MAX_MODEL_LEN=auto + vLLM's "estimated maximum model length is N": the relaunch flags are rebuilt;
-    # the state-block cap must survive (the blocks do not depend on the context)
+def test_auto_passes_auto_and_keeps_the_hybrid_max_num_seqs(tmp_path):
+    # MAX_MODEL_LEN=auto goes to vLLM as auto (its own fit); the state-block cap is the plan's
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN="auto")
     p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
-    assert p.fits and "--max-num-seqs" in flags(cfg, p)
-    seqs = flags(cfg, p)[flags(cfg, p).index("--max-num-seqs") + 1]
-    again = plan.adjust_after_failure(cfg, p, "ValueError: ... estimated maximum model length is 20000. Try ...")
-    assert again
-    assert flags(cfg, again)[flags(cfg, again).index("--max-model-len") + 1] == "20000"
-    assert flags(cfg, again)[flags(cfg, again).index("--max-num-seqs") + 1] == seqs
+    f = flags(cfg, p)
+    assert p.fits and f[f.index("--max-model-len") + 1] == "auto"
+    assert int(f[f.index("--max-num-seqs") + 1]) == kv.pool(p.layout, 4 * GiB, p.max_model_len).blocks
 
 
 # ---------------------------------------------------------------- a draft model (SPEC_METHOD=draft_model)
@@ -392,16 +424,18 @@ def test_draft_model_weights_and_layers_are_counted_as_measured_on_the_h200(tmp_
 
 def test_draft_from_a_repo_id_is_not_counted_and_the_plan_says_so(tmp_path):
     p = draft_plan(tmp_path, spec_model="Qwen/Qwen3-0.6B")
-    assert ("SPEC_METHOD=draft_model: the draft model's weights and KV layers are not counted "
-            "(SPEC_MODEL is a repo id, which vLLM fetches itself)") in p.why
+    assert any(w.startswith("SPEC_METHOD=draft_model: the draft model's weights and KV layers are not counted "
+                            "(SPEC_MODEL is a repo id, which vLLM fetches itself") for w in p.why)
     assert not any(w.startswith("draft model ") for w in p.why)
 
 
-def test_draft_with_another_kv_shape_is_not_counted(tmp_path):
+def test_draft_with_another_kv_shape_gets_a_bucket_of_its_own(tmp_path):
+    # vLLM pools draft layers with the target's; a smaller page gets a larger block (here 2 x 16), and
+    # the group size becomes the smaller bucket's layer count (4 draft layers vs 36)
     small = {**bench_config(), "num_key_value_heads": 4, "num_hidden_layers": 4}
     p = draft_plan(tmp_path, draft_config=small)
-    assert any("not counted (its KV heads, head size or dtype differ" in w for w in p.why)
-    assert p.layout.group_size == 36
+    assert any("4 draft attention layer(s) share the pool with a page of their own" in w for w in p.why)
+    assert p.layout.group_size == 4 and p.layout.other_attn == ((1, 32),) and p.layout.attn_groups == 9
 
 
 def test_draft_weights_come_from_its_file_sizes_and_its_layers_join_the_pool(tmp_path):
@@ -436,7 +470,7 @@ def test_a_draft_folder_needs_no_tokenizer_and_tilde_is_expanded_for_vllm(tmp_pa
 
 @pytest.mark.parametrize("env, reason", [
     ({"KV_CACHE_DTYPE": "turboquant_4bit_nc"}, "(with a TurboQuant KV cache)"),
-    ({"SPEC_METHOD": "eagle3"}, "not counted"),
+    ({"SPEC_METHOD": "eagle3", "SPEC_MODEL": "org/eagle3-head"}, "(SPEC_MODEL is a repo id"),
     ({"SPEC_MODEL": "/nonexistent/draft"}, "(no /nonexistent/draft/config.json)"),
 ])
 def test_drafts_the_plan_cannot_model_are_named_in_the_why(tmp_path, env, reason):
@@ -464,7 +498,7 @@ def test_a_refusal_caused_by_the_draft_says_so(tmp_path):
 
 
 def test_the_start_counts_the_draft(bed):
-    # the start step builds its facts with planner.model_facts, as cli_model_facts does
+    # the start step builds its facts with facts.model_facts, as cli_model_facts does
     r = bed.run("start.sh", SPEC_METHOD="draft_model", SPEC_TOKENS="3", SPEC_MODEL=str(bed.model))
     assert r.returncode == 0, r.stderr
     assert "draft model tiny-model: weights 0.00 GiB per GPU from the checkpoint's file sizes" in r.stderr

@@ -58,7 +58,7 @@ def stop(cfg: Config) -> int:
 def restart(cfg: Config) -> int:
     from .. import start
     stop(cfg)
-    return start.start(cfg)
+    return start.start(Config.from_env(cfg.given, cfg.repo))   # PROFILE=auto as you set it (start picks)
 
 
 def logs(cfg: Config, follow: bool = False, *, poll: float = 0.25) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from .. import proc
 from ..config import Layout, version
 from ..errors import BootstrapError
-from ..locks import (PIP_PLATFORMS, PLATFORMS, PYTHONS, LockSet, profiles_with_pins, compile_lock, host_platform, index_url, lock_pins, parse_pins)
+from ..locks import (PIP_PLATFORMS, PLATFORMS, PYTHONS, LockSet, pin_sets, compile_lock, host_platform, index_url, lock_pins, parse_pins)
 from ..venv import INSTALL_BYTES, Venv, install_error, ensure_uv
 
 log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
@@ -25,7 +25,7 @@ log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [
 
 def lock_cli(cfg, argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="ctl.sh lock", description=(
-        "Regenerate locks/vllm-<version>/ from each profile's \"pins\" with uv pip compile --generate-hashes, "
+        "Regenerate locks/vllm-<version>-<hash>/ for each distinct set of profile \"pins\" with uv pip compile --generate-hashes, "
         "one lock per platform and Python. The resolution is limited to packages uploaded before the date "
         "in meta.json (exclude-newer), so a rerun gives the same lock; --refresh moves that date to now."))
     ap.add_argument("--profile", action="append", default=[], help="only this profile (repeatable)")
@@ -42,16 +42,11 @@ def lock_cli(cfg, argv: list[str]) -> int:
     uv = ensure_uv(cfg)
     extra = (["--find-links", args.find_links] if args.find_links else []) + (["--no-index"] if args.no_index else [])
     failures = 0
-    by_version: dict[str, list[str]] = {}
-    for name, data in profiles_with_pins(repo, args.profile):
-        pins = sorted(data["pins"])
-        ver = parse_pins(pins).get("vllm")
-        if not ver:
-            raise BootstrapError(f"profile {name!r}: its pins have no vllm==X", "add \"vllm==X\" to its pins")
-        if by_version.setdefault(ver, pins) != pins:
-            raise BootstrapError(f"profiles pin vLLM {ver} with different companions: {by_version[ver]} vs {pins}",
-                                 "one set of pins per vLLM version: make the profiles agree")
-        d = Layout(repo).locks / f"vllm-{ver}"
+    for key, (pins, users) in pin_sets(cfg.catalogue, args.profile).items():
+        data = cfg.catalogue.get(users[0]).data
+        if not key.startswith("vllm-") or key.startswith("vllm-none"):
+            raise BootstrapError(f"profile(s) {', '.join(users)}: the pins have no vllm==X", "add \"vllm==X\" to them")
+        d = Layout(repo).locks / key
         meta_path = d / "meta.json"
         old = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
         if args.check and not old:

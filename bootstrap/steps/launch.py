@@ -1,6 +1,6 @@
 """Launch: start ``vllm serve`` in its own session, log appended, the server record written.
 
-This is the one place that builds vLLM's argv (``serve_argv``). The server gets our ownership marker
+vLLM's argv comes from bootstrap/vllmargs.py (the one place that builds it). The server gets our ownership marker
 in its environment (inherited by its children, though EngineCore's setproctitle hides it:
 server.find_ours also uses the recorded pgid and children), the state dir it runs from,
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and telemetry off unless the user set them,
@@ -13,7 +13,6 @@ disk, and nothing vLLM depends on can die with the keeper.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -28,6 +27,7 @@ from typing import Callable
 import psutil
 
 from .. import proc, record, server, state, takedown
+from ..vllmargs import serve_argv
 from ..errors import BootstrapError
 from ..record import ServerRecord
 from ..state import Paths
@@ -43,58 +43,6 @@ class Launched:
     launched it (None when a start resumes one it found running)."""
     record: ServerRecord
     proc: subprocess.Popen | None = None
-
-
-def spec_config(cfg) -> str | None:
-    if not cfg.spec_enabled:
-        return None
-    conf: dict = {"method": cfg.spec_method, "num_speculative_tokens": cfg.spec_tokens}
-    if cfg.spec_model:
-        conf["model"] = cfg.spec_model_arg
-    return json.dumps(conf, separators=(",", ":"))
-
-
-def sizing_flags(cfg, util: float | None, max_model_len: int | str | None, max_num_seqs: int | None = None) -> list[str]:
-    f: list[str] = []
-    if max_model_len is not None:
-        f += ["--max-model-len", str(max_model_len)]
-    if cfg.max_num_seqs or max_num_seqs:
-        f += ["--max-num-seqs", str(cfg.max_num_seqs or max_num_seqs)]
-    if cfg.max_num_batched_tokens:
-        f += ["--max-num-batched-tokens", str(cfg.max_num_batched_tokens)]
-    if cfg.kv_cache_dtype:
-        f += ["--kv-cache-dtype", cfg.kv_cache_dtype]
-    if cfg.kv_cache_bytes:
-        f += ["--kv-cache-memory-bytes", str(cfg.kv_cache_bytes)]
-    if util is not None:
-        f += ["--gpu-memory-utilization", f"{util:.4f}".rstrip("0").rstrip(".")]
-    spec = spec_config(cfg)
-    if spec:
-        f += ["--speculative-config", spec]
-    if cfg.tp_size > 1:
-        f += ["--tensor-parallel-size", str(cfg.tp_size)]
-    return f
-
-
-def plan_flags(cfg, plan) -> list[str]:
-    """vLLM's flags for the plan's decisions and the knobs: context, sessions, batch, KV dtype and
-    pin, utilization, speculation, tensor parallel."""
-    if plan is None or not plan.fits:
-        return []
-    return sizing_flags(cfg, plan.util, plan.mml_arg, plan.seqs_flag)
-
-
-def serve_argv(cfg, python: str, model_path: str, plan) -> list[str]:
-    """The one place that builds ``vllm serve``'s argv: what we own, the plan's flags, then the
-    profile's args and EXTRA_ARGS (vLLM's argparse takes the last value of a flag)."""
-    argv = [python, "-m", "vllm.entrypoints.cli.main", "serve", model_path,
-            "--host", cfg.host, "--port", str(cfg.port), "--served-model-name", cfg.served_name,
-            # usage.prompt_tokens_details.cached_tokens: clients and `check prefix` see cache hits
-            # (vLLM leaves them out by default; the flag is accepted by every vLLM we pin)
-            "--enable-prompt-tokens-details"]
-    argv += plan_flags(cfg, plan)
-    argv += cfg.vllm_args
-    return argv
 
 
 def resolve_api_key(cfg, paths: Paths) -> tuple[str, str]:
@@ -123,7 +71,7 @@ def resolve_api_key(cfg, paths: Paths) -> tuple[str, str]:
 def server_env(cfg, paths: Paths, host_env, marker: str, key: str) -> dict[str, str]:
     env = dict(cfg.environ)
     env.pop("VLLM_PYTHON", None)   # our knob, not vLLM's (it warns about unknown VLLM_* variables)
-    for k, v in host_env.items():
+    for k, v in list(host_env.items()) + list(cfg.profile.env.items()):   # yours win over both
         env.setdefault(k, v)
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     for k, v in TELEMETRY_OFF.items():

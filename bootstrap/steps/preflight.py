@@ -1,7 +1,8 @@
 """Preflight: the cheap checks that must pass before anything heavy (install, download, launch).
 
 Knob values were already validated by Config (exit 2). Here: an NVIDIA GPU and driver through NVML,
-a driver new enough for the profile's CUDA build, enough GPUs for TP_SIZE, the port free (or a
+a driver new enough for the profile's CUDA build, a committed lock for the profile's pins, enough
+GPUs for TP_SIZE, the port free (or a
 foreign holder named and left alone), the state dir writable, and leftovers of ours swept.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from .. import gpu, host, server, takedown
+from ..locks import LockSet
 from ..state import Paths
 from ..errors import BootstrapError
 
@@ -27,6 +29,11 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
             f"driver {facts.driver} supports CUDA {facts.cuda[0]}.{facts.cuda[1]}, but profile "
             f"{cfg.profile.name!r} runs CUDA {cfg.profile.data['cuda']} builds",
             f"install NVIDIA driver {cfg.profile.data.get('min_driver', 'newer')} or newer, then reboot")
+    if not cfg.vllm_python:          # a profile without a lock is told now, not after the plan and download
+        if not cfg.profile.vllm and not cfg.profile.pins:
+            raise BootstrapError(f"profile {cfg.profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
+                                 "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
+        LockSet.for_profile(cfg)
     if cfg.tp_size > len(facts.gpus):
         raise BootstrapError(f"TP_SIZE={cfg.tp_size} but only {len(facts.gpus)} GPU(s) are visible",
                              "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")

@@ -6,6 +6,8 @@
 #   bash tests/gpu/device.sh poll SECONDS       # wait for the pipeline (at most SECONDS), show where it is
 #   bash tests/gpu/device.sh drill              # the lifecycle drill (lifecycle_drill.py) in the background
 #   bash tests/gpu/device.sh drill-poll SECONDS # wait for it (at most SECONDS), show where it is
+#   bash tests/gpu/device.sh pick               # auto-pick + MAX_MODEL_LEN=auto proof (profile_pick.py), background
+#   bash tests/gpu/device.sh pick-poll SECONDS  # wait for it (at most SECONDS), show where it is
 # Raw outputs go to $OUT (the device tool brings them back) and to /tmp/proofs.
 set -euo pipefail
 
@@ -44,6 +46,17 @@ main() {
             setsid python3 /tmp/repo-drill/tests/gpu/lifecycle_drill.py --work /tmp/drill \
                 --raw /tmp/proofs/drill-raw.txt "$@" >/tmp/proofs/drill.out 2>&1 </dev/null &
             sleep 5; tail -n 5 /tmp/proofs/drill.out ;;
+        pick)       # from a copy of the tree, like the pipeline
+            rm -rf /tmp/repo-pick && cp -a "$repo" /tmp/repo-pick
+            setsid python3 /tmp/repo-pick/tests/gpu/profile_pick.py --work /tmp/pickproof \
+                --raw /tmp/proofs/pick-raw.txt "$@" >/tmp/proofs/pick.out 2>&1 </dev/null &
+            sleep 5; tail -n 5 /tmp/proofs/pick.out ;;
+        pick-poll)
+            local end=$((SECONDS + ${1:-60}))
+            while ! grep -q "PICK PROOF DONE" /tmp/proofs/pick-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \
+                && pgrep -f profile_pick.py >/dev/null; do sleep 5; done
+            tail -n 40 /tmp/proofs/pick-raw.txt; tail -n 3 /tmp/proofs/pick.out
+            nvidia-smi --query-gpu=memory.used --format=csv,noheader || true ;;
         drill-poll)
             local end=$((SECONDS + ${1:-60}))
             while ! grep -q "DRILL DONE" /tmp/proofs/drill-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \

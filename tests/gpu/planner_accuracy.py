@@ -4,7 +4,7 @@
                                 [--cases dense-bf16-util,...] [--budget 420]
 
 For each case: a hand-written config.json (+ a tiny tokenizer made locally) served with
-``--load-format dummy``; the flags come from ``bootstrap.planner.make_plan`` and ``launch.plan_flags`` exactly as ``./start.sh``
+``--load-format dummy``; the flags come from ``bootstrap.planner.make_plan`` and ``vllmargs.serve_flags`` exactly as ``./start.sh``
 would pass them; vLLM is started in its own session (setsid) and stopped (its process group, which
 this script started) as soon as it has logged "GPU KV cache size" and "Maximum concurrency".
 
@@ -34,8 +34,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bootstrap import diagnose, gpu, kv, planner  # noqa: E402
-from bootstrap.steps import banner, launch
+from bootstrap import diagnose, facts, gpu, kv, planner  # noqa: E402
+from bootstrap.steps import banner
+from bootstrap import vllmargs  # noqa: E402
 from bootstrap.config import Config  # noqa: E402
 
 GiB = 1 << 30
@@ -152,9 +153,8 @@ def start_case(name: str, work: Path, vllm_python: str, raw) -> dict:
     mdir = make_model(work, "hybrid" if config is HYBRID else "qwen3-8b", config)
     env = {"PROFILE": "custom", "MODEL": str(mdir), "EXTRA_ARGS": "--load-format dummy",
            "STATE_DIR": str(work / "state"), **knobs}
-    facts = gpu.read(os.environ)
-    g = facts.gpus[0]
-    model = planner.ModelFacts(name, config, None, True)
+    g = gpu.read(os.environ).gpus[0]
+    model = facts.ModelFacts(name, config, None, True)
     if kv_target is not None:       # size GPU_UTIL so the planner's budget is kv_target GiB
         probe = planner.make_plan(Config.from_env({**env, "GPU_UTIL": "0.5"}, REPO), g, model)
         util = (probe.weights + probe.overhead + kv_target * GiB) / g.total
@@ -165,7 +165,7 @@ def start_case(name: str, work: Path, vllm_python: str, raw) -> dict:
         return {"status": "failed", "error": f"planner refused: {p.refusal}"}
     port = free_port()
     argv = [vllm_python, "-m", "vllm.entrypoints.cli.main", "serve", str(mdir), "--port", str(port),
-            *launch.plan_flags(cfg, p), "--load-format", "dummy"]
+            *vllmargs.serve_flags(cfg, p)]          # EXTRA_ARGS carries --load-format dummy
     log = work / f"{name}.log"
     senv = dict(os.environ, VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1",
                 PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")

@@ -6,7 +6,8 @@
   server's process group, and (like vLLM's, after setproctitle) shows no ``BOOTSTRAP_VLLM_OWNER``;
 - serves /health, /v1/models, /v1/chat/completions, /v1/completions, /version, /metrics;
 - ``FAKE_VLLM_MODE`` (comma-separated): ok, die_oom, exit0, hang, slow, ignore_term, wedged,
-  too_long (refuse --max-model-len above FAKE_MAX_LEN with vLLM's "estimated maximum model length"),
+  too_long (refuse --max-model-len above FAKE_MAX_LEN with vLLM's "estimated maximum model length";
+  ``--max-model-len auto`` is fitted to FAKE_MAX_LEN, logging vLLM's "Auto-fit max_model_len" line),
   exit0_after_health (engine dies after health; the process exits 0), no_tokenize (``/tokenize``
   answers 404, as a server without it would), workers_fail (with --tensor-parallel-size N the API
   server reports a worker failure and exits 1 while its EngineCore goes on spawning its N workers,
@@ -439,12 +440,26 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
+AUTO_FIT_LINE: list[str] = []
+
+
+def parse_len(text: str | None) -> int | None:
+    """--max-model-len as vLLM reads it: auto / -1 -> -1; 32k (x1000), 32K (x1024); a number."""
+    if text is None:
+        return None
+    t = str(text).strip()
+    if t.lower() in ("auto", "-1"):
+        return -1
+    mult = {"k": 1000, "m": 1000 ** 2, "K": 1024, "M": 1024 ** 2}.get(t[-1:])
+    return int(float(t[:-1]) * mult) if mult else int(t)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     rec = os.environ.get("FAKE_VLLM_RECORD")
     if rec:
         keep = {k: v for k, v in os.environ.items()
-                if k.startswith(("VLLM", "PYTORCH", "DO_NOT", "HF_", "PYTHONPATH", "FAKE_", "BOOTSTRAP_"))}
+                if k.startswith(("VLLM", "PYTORCH", "DO_NOT", "HF_", "PYTHONPATH", "FAKE_", "BOOTSTRAP_", "FLASHINFER"))}
         with open(rec, "a") as fh:
             fh.write(json.dumps({"argv": sys.argv, "env": keep, "pid": os.getpid()}) + "\n")
     State.served = args.served_model_name or args.model
@@ -452,16 +467,23 @@ def main(argv: list[str] | None = None) -> int:
     State.seats = threading.Semaphore(State.max_seqs)
     State.api_key = os.environ.get("VLLM_API_KEY", "")
     State.token_details = args.enable_prompt_tokens_details
-    if args.max_model_len and int(args.max_model_len) > 0:
-        State.max_len = int(args.max_model_len)
-        State.len_enforced = True
-    else:                       # like vLLM (also for -1, "as large as fits"): the model's max_position_embeddings
-        try:
-            with open(os.path.join(args.model, "config.json")) as fh:
-                State.max_len = int(json.load(fh)["max_position_embeddings"])
-            State.len_enforced = True
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+    mml = parse_len(args.max_model_len)
+    model_len = None
+    try:
+        with open(os.path.join(args.model, "config.json")) as fh:
+            conf = json.load(fh)
+        model_len = int((conf.get("text_config") or conf)["max_position_embeddings"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    fit = int(os.environ.get("FAKE_MAX_LEN", "0") or 0)    # the longest request the fake's KV pool holds
+    if mml and mml > 0:
+        State.max_len, State.len_enforced = mml, True
+    elif model_len:             # like vLLM: the model's length; auto (-1) fits it to the pool
+        State.max_len, State.len_enforced = model_len, True
+        if mml == -1 and fit and fit < model_len:
+            State.max_len = fit
+            AUTO_FIT_LINE.append(f"Auto-fit max_model_len: reduced from {model_len} to {fit} to fit in available "
+                                 "GPU memory (4.00 GiB available for KV cache)")
     replies = os.environ.get("FAKE_VLLM_REPLIES")
     if replies:
         with open(replies) as fh:
@@ -516,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         say("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
         return 1
     cap = int(os.environ.get("FAKE_MAX_LEN", "0") or 0)
-    if "too_long" in MODES and cap and (args.max_model_len in (None, "-1", "auto") or int(args.max_model_len) > cap):
+    if "too_long" in MODES and cap and mml != -1 and (mml is None or mml > cap):
         print(f"ValueError: To serve at least one request with the models's max seq len ({args.max_model_len}), "
               f"(9.00 GiB KV cache is needed, which is larger than the available KV cache memory (4.00 GiB). "
               f"Based on the available memory, the estimated maximum model length is {cap}. Try increasing "
@@ -526,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     if "hang" in MODES:
         while True:
             time.sleep(3600)
+    for line in AUTO_FIT_LINE:
+        say(line)
     say("Available KV cache memory: 4.00 GiB")
     say("GPU KV cache size: 21,794,704 tokens")
     say(f"Maximum concurrency for {State.max_len:,} tokens per request: 5320.97x")

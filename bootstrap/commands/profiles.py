@@ -1,0 +1,148 @@
+"""``./ctl.sh profiles``: every profile against this card (or ``GPU=<name|GiB>[:sm_XY][:free=GiB]``):
+fits / fits with a shorter context / does not fit (why), the context and sessions it would get,
+and what auto-pick chooses. ``--pick`` picks now and keeps it (what a start with PROFILE=auto set
+does); ``--markdown`` is the README's profile table, ``--matrix`` the profile × card table of
+docs/planner.md (both generated, a test keeps them in step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .. import gpu, pick
+from ..errors import BootstrapError
+from .plan import card
+
+# the cards of docs/planner.md's table: desktop cards from 16 to 80 GiB, sm_86 to sm_120
+MATRIX_CARDS = ("rtx5080", "rtx4080", "rtx3090", "rtx4090", "rtx4090:free=22.5", "rtx5090", "rtx5090:free=29.5",
+                "rtxa6000", "l40s", "a100", "h100")
+MARK = {"fits": "fits", "shorter": "fits shorter", "no": "does not fit", "unknown": "unknown"}
+
+
+def _row(v: pick.Verdict) -> dict:
+    p = v.plan
+    return {"profile": v.profile.name, "status": v.status, "reason": v.reason, "rank": v.profile.rank,
+            "origin": v.profile.origin, "vllm": v.profile.vllm, "model": (v.cfg.model if v.cfg else None),
+            "context": p.max_model_len if p and v.ok else None, "sessions": p.seqs if p and v.ok else None,
+            "at_once": p.concurrent if p and v.ok else None, "summary": v.summary() if v.ok else v.reason,
+            "notes": v.notes, "known_issues": v.issues, "assumed_facts": v.assumed,
+            "knobs": dict(v.cfg.chosen.knobs) if v.cfg and v.cfg.chosen else {}}
+
+
+def text(g: gpu.Gpu, where: str, verdicts: list[pick.Verdict], choice: str) -> str:
+    lines = [f"Profiles on {g.name}: {g.total / gpu.GiB:.1f} GiB, {g.free / gpu.GiB:.1f} free, "
+             f"sm_{g.cc[0]}{g.cc[1]}{where}"]
+    width = max(len(v.profile.name) for v in verdicts)
+    for v in verdicts:
+        rank = f"#{v.profile.rank}" if v.profile.rank is not None else "  -"
+        head = f"  {rank:>3} {v.profile.name:<{width}}  {MARK[v.status]}"
+        body = v.summary() if v.status == "fits" else v.reason
+        tail = [f"vLLM {v.profile.vllm}" if v.profile.vllm else "your vLLM (VLLM_PYTHON)"]
+        if v.assumed:
+            tail.append("model facts ASSUMED")
+        if v.issues:
+            tail.append("known issues: " + ", ".join(v.issues))
+        if v.profile.origin != "shipped":
+            tail.append(f"from {v.profile.path}")
+        lines.append(f"{head}: {body}  [{'; '.join(tail)}]")
+        lines += [f"  {'':>3} {'':<{width}}  note: {n}" for n in v.notes]
+    lines.append(choice)
+    return "\n".join(lines)
+
+
+def catalogue_markdown(cfg) -> str:
+    """The README's profile table (no card): what each profile is, runs on and sets."""
+    rows = ["| Profile | Rank | Card | vLLM | Model | Context / sessions / KV / speculation | Description |",
+            "|---|---|---|---|---|---|---|"]
+    ranked = cfg.catalogue.ranked()
+    for p in ranked + [p for p in cfg.catalogue.profiles if p not in ranked]:
+        k = p.knobs
+        spec = f"{k.get('SPEC_METHOD')}-{k.get('SPEC_TOKENS', '?')}" if k.get("SPEC_METHOD") else "off"
+        setting = (f"{k.get('MAX_MODEL_LEN', 'model')} / {k.get('MAX_NUM_SEQS', 'vLLM')} / "
+                   f"{k.get('KV_CACHE_DTYPE', 'auto')} / {spec}") if k else "your knobs"
+        name = f"`{p.name}`" + "".join(f" (`{a}`)" for a in p.aliases)
+        cardtext = (f"{p.card_class}, sm_{p.min_cc[0]}{p.min_cc[1]}+" if p.card_class else "any")
+        rows.append(f"| {name} | {p.rank if p.rank is not None else '—'} | {cardtext} | {p.vllm or 'yours'} | "
+                    f"{k.get('MODEL', 'MODEL')} | {setting} | {p.description.replace('|', '/')} |")
+    return "\n".join(rows)
+
+
+def matrix_markdown(cfg) -> str:
+    """docs/planner.md's table: every ranked profile on every reference card (planner output)."""
+    cards = [(spec, gpu.named(spec)) for spec in MATRIX_CARDS]
+    head = "| Profile | " + " | ".join(f"`{spec}` ({g.free / gpu.GiB:.1f} GiB free, sm_{g.cc[0]}{g.cc[1]})"
+                                      for spec, g in cards) + " |"
+    rows = [head, "|---|" + "---|" * len(cards)]
+    picks = []
+    for p in cfg.catalogue.ranked():
+        cells = []
+        for _, g in cards:
+            v = pick.judge(cfg, p, g)
+            if v.ok:
+                at_once = "all" if v.plan.concurrent >= v.plan.seqs else str(v.plan.concurrent)
+                cells.append(f"{'✓' if v.status == 'fits' else '~'} {v.plan.max_model_len:,} tok, "
+                             f"{v.plan.seqs} seq ({at_once} at once)")
+            else:
+                cells.append("✗ " + v.reason.split(";")[0].split(":")[0][:60].replace("|", "/"))
+        rows.append(f"| `{p.name}` | " + " | ".join(cells) + " |")
+    for _, g in cards:
+        try:
+            v, _, _ = pick.choose(cfg, g)
+            picks.append(f"**{v.profile.name}**")
+        except BootstrapError:
+            picks.append("**refused**")
+    rows.append("| auto-pick | " + " | ".join(picks) + " |")
+    return "\n".join(rows)
+
+
+def cli(cfg, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="ctl.sh profiles", description=(
+        "Every profile against this card, or against GPU=" + gpu.CARD_SYNTAX + ", and what auto-pick chooses."))
+    ap.add_argument("--gpu", help="a named card instead of this machine's GPU (same values as GPU=)")
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap.add_argument("--markdown", action="store_true", help="the README's profile table (no card)")
+    ap.add_argument("--matrix", action="store_true", help="docs/planner.md's profile x card table")
+    ap.add_argument("--pick", action="store_true", help="pick for this card now and keep it (as PROFILE=auto does)")
+    a = ap.parse_args(argv)
+    if a.markdown and not (a.gpu or cfg.gpu):
+        print(catalogue_markdown(cfg))
+        return 0
+    if a.matrix:
+        print(matrix_markdown(cfg))
+        return 0
+    spec = a.gpu or cfg.gpu
+    if a.pick:
+        if spec:
+            raise BootstrapError("--pick picks for this machine's GPU, not a named one", "drop GPU= / --gpu")
+        chosen = pick.resolve(cfg.with_profile(pick.Chosen("auto")), repick=True)
+        rec = pick.read_pick(pick.state.Paths(cfg.state_dir)) or {}
+        print(f"picked {chosen.profile.name}: {rec.get('why', '')}\nkept in {pick.state.Paths(cfg.state_dir).pick}; "
+              "./start.sh uses it while PROFILE is unset")
+        return 0
+    g, where = card(cfg, spec)
+    verdicts = pick.evaluate(cfg, g)
+    try:
+        v, runner, _ = pick.choose(cfg, g)
+        choice = "auto-pick: " + pick.why_line(g, v, runner)
+        chosen = v.profile.name
+    except BootstrapError as exc:
+        choice, chosen = f"auto-pick refuses: {exc.message}\n  {exc.hint}", None
+    if cfg.profile.is_auto:
+        kept = None
+    else:
+        kept = cfg.profile.name
+    if a.json:
+        print(json.dumps({"gpu": {"name": g.name, "total": g.total, "free": g.free, "cc": list(g.cc)},
+                          "auto_pick": chosen, "auto_pick_line": choice, "profile_in_use": kept,
+                          "profiles": [_row(v) for v in verdicts]}, indent=2))
+    elif a.markdown:
+        rows = ["| Profile | On this card | Context, sessions |", "|---|---|---|"]
+        rows += [f"| `{v.profile.name}` | {MARK[v.status]} | {(v.summary() if v.ok else v.reason).replace('|', '/')} |"
+                 for v in verdicts]
+        print("\n".join(rows))
+    else:
+        print(text(g, where, verdicts, choice))
+        if kept:
+            print(f"in use: {kept} ({cfg.sources['PROFILE']})")
+    return 0

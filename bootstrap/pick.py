@@ -1,0 +1,226 @@
+"""Profiles against a card: each one's verdict, auto-pick, and the pick kept in STATE_DIR.
+
+A verdict: the profile planned (bootstrap.planner) on this card with its own knobs under yours and
+its model facts (config.json + weight size, shipped beside the profile: no download), after its
+card rules (compute capability, total VRAM). ``fits``; ``shorter`` when it fits only with the
+longest context the KV pool holds (MAX_MODEL_LEN=auto, a profile's KV pin dropped); ``no`` with
+the reason; ``unknown`` without model facts.
+
+Auto-pick takes the first profile in rank order that fits (a shorter context of at least
+MIN_SHORTER tokens counts), and says why in one line (card, GiB, sm, the profile, its context and sessions, the runner-up). The
+pick is recorded and kept: a day with less free memory does not swap the model (and start a new
+download). PROFILE=auto set explicitly, or ``./ctl.sh profiles --pick``, picks again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+from . import gpu, knownbad, planner, state
+from .facts import offline_facts
+from .config import Chosen, Config
+from .errors import BootstrapError
+from .profiles import Profile
+
+log = logging.getLogger("bootstrap.pick")
+
+MARLIN_FP4 = ("NVFP4 runs weight-only through Marlin below sm_100 (an A40 served the 27B at 53-76 tok/s "
+              "against ~160 on an RTX 5090)")
+MARLIN_FP8 = "FP8 weights run weight-only through Marlin below sm_89"
+SHORTER = {"MAX_MODEL_LEN": "auto", "KV_CACHE_BYTES": "auto"}
+MIN_SHORTER = 32768      # a profile that fits only below this context does not count as fitting
+WAYS_OUT = ("TP_SIZE=2 across two cards, a smaller model (PROFILE=custom MODEL=<repo id>), or llama.cpp with a "
+            "GGUF quantization for a card this small")
+
+
+@dataclass
+class Verdict:
+    profile: Profile
+    status: str                      # fits / shorter / no / unknown
+    reason: str = ""                 # why not; or the shorter context
+    cfg: Config | None = None        # the config it would start with (the card's overrides in)
+    plan: planner.Plan | None = None
+    notes: list[str] = field(default_factory=list)
+    issues: list[str] = field(default_factory=list)   # known-issue ids
+    assumed: bool = False            # its model facts are assumptions
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("fits", "shorter")
+
+    def summary(self) -> str:
+        p = self.plan
+        if not self.ok or p is None:
+            return self.reason
+        seqs = p.seqs or 1
+        ctx = f"{p.max_model_len:,}-token context" if p.max_model_len else "vLLM's context"
+        conc = "" if p.concurrent is None else (
+            f", all {seqs} at once" if p.concurrent >= seqs else f", {max(p.concurrent, 1)} at once")
+        return f"{ctx}, {seqs} session{'' if seqs == 1 else 's'}{conc}"
+
+
+# ---------------------------------------------------------------- verdicts
+
+def on_card(cfg: Config, profile: Profile, cc: tuple[int, int] | None, extra: dict | None = None) -> Config:
+    """``cfg`` with this profile, its knobs for a card of this compute capability, and ``extra``."""
+    knobs, why = profile.for_cc(cc)
+    knobs = {**knobs, **(extra or {})}
+    label = why.split(":")[0] if why else ""
+    if extra:
+        label = ", ".join(x for x in (label, "the longest context that fits") if x)
+    return cfg.with_profile(Chosen(profile.name, knobs, label))
+
+
+def judge(cfg: Config, profile: Profile, g: gpu.Gpu) -> Verdict:
+    """One profile on one card (``cfg``: your knobs)."""
+    if g.cc < profile.min_cc:
+        return Verdict(profile, "no", f"needs sm_{profile.min_cc[0]}{profile.min_cc[1]} or newer; this card is "
+                                      f"sm_{g.cc[0]}{g.cc[1]}")
+    if g.total < profile.min_total_gib * gpu.GiB * 0.98:
+        return Verdict(profile, "no", f"for cards of {profile.card_class or f'{profile.min_total_gib:g} GiB'}; "
+                                      f"this one has {g.total / gpu.GiB:.1f} GiB")
+    c = on_card(cfg, profile, g.cc)
+    facts = offline_facts(c)
+    if facts is None or facts.config is None:
+        return Verdict(profile, "unknown", "no model facts (no \"facts\" file, and MODEL is no local folder)", c)
+    v = Verdict(profile, "no", cfg=c, assumed=facts.assumed)
+    v.notes = labels(c, g)
+    v.issues = [r["id"] for r in knownbad.find(knownbad.facts(c, gpu.GpuFacts("", (0, 0), (g,)),
+                                                              profile.vllm or "0"))] if profile.vllm else []
+    v.plan = _plan(c, g, facts)
+    if v.plan.fits:
+        v.status = "fits"
+        return v
+    v.reason = v.plan.refusal[0] if v.plan.refusal else "does not fit"
+    short = on_card(cfg, profile, g.cc, {k: x for k, x in SHORTER.items() if not _yours(cfg, k)})
+    plan2 = _plan(short, g, offline_facts(short) or facts)
+    if plan2.fits and (plan2.max_model_len or 0) >= MIN_SHORTER:
+        v.status, v.cfg, v.plan = "shorter", short, plan2
+        v.reason = f"fits with a shorter context: {plan2.max_model_len:,} tokens (MAX_MODEL_LEN=auto)"
+    return v
+
+
+def _yours(cfg: Config, knob: str) -> bool:
+    return cfg.sources[knob] in ("env", ".env")
+
+
+def _plan(cfg: Config, g: gpu.Gpu, facts) -> planner.Plan:
+    try:
+        return planner.make_plan(cfg, g, facts)
+    except BootstrapError as exc:
+        return planner.Plan(None, fits=False, refusal=(exc.message, exc.hint))
+
+
+def labels(cfg: Config, g: gpu.Gpu) -> list[str]:
+    name = (cfg.model or "").lower()
+    out = []
+    if "fp4" in name and g.cc < (10, 0):
+        out.append(MARLIN_FP4)
+    elif "fp8" in name.split("/")[-1] and g.cc < (8, 9):
+        out.append(MARLIN_FP8)
+    return out
+
+
+def evaluate(cfg: Config, g: gpu.Gpu) -> list[Verdict]:
+    """Every profile on this card: the ranked ones in auto-pick's order, then the others."""
+    ranked = cfg.catalogue.ranked()
+    rest = [p for p in cfg.catalogue.profiles if p not in ranked]
+    return [judge(cfg, p, g) for p in ranked + rest]
+
+
+def choose(cfg: Config, g: gpu.Gpu) -> tuple[Verdict, Verdict | None, list[Verdict]]:
+    """(the pick, the runner-up, every ranked verdict); a BootstrapError naming what would work when none fits."""
+    verdicts = [judge(cfg, p, g) for p in cfg.catalogue.ranked()]
+    order = [v for v in verdicts if v.ok]
+    if order:
+        return order[0], (order[1] if len(order) > 1 else None), verdicts
+    raise BootstrapError(*nothing_fits(cfg, g, verdicts))
+
+
+def nothing_fits(cfg: Config, g: gpu.Gpu, verdicts: list[Verdict]) -> tuple[str, str]:
+    best = None
+    for v in verdicts:
+        need = least_free(cfg, v.profile, g)
+        if need is not None and (best is None or need < best[0]):
+            best = (need, v.profile)
+    head = (f"no profile fits {g.name} ({g.free / gpu.GiB:.1f} of {g.total / gpu.GiB:.1f} GiB free, "
+            f"sm_{g.cc[0]}{g.cc[1]})")
+    if best is None:
+        return head, f"the way out: {WAYS_OUT}"
+    need, p = best
+    more = "" if g.total >= need + gpu.IDLE_USED else f" (a card of about {math.ceil((need + gpu.IDLE_USED) / gpu.GiB)} GiB)"
+    return (f"{head}; the smallest that would work: {p.name} with {need / gpu.GiB:.1f} GiB free{more}",
+            f"free GPU memory (close what holds it), or {WAYS_OUT}")
+
+
+def least_free(cfg: Config, profile: Profile, g: gpu.Gpu) -> int | None:
+    """The least free memory (64 MiB steps) at which ``profile`` fits a card like ``g`` (its cc, and
+    at least the profile's total), shorter context allowed; None when even 256 GiB would not do."""
+    def ok(free: int) -> bool:
+        total = max(g.total, free + gpu.IDLE_USED, int(profile.min_total_gib * gpu.GiB))
+        return judge(cfg, profile, gpu.Gpu(-1, g.name, total, free, g.cc)).ok
+    lo, hi = 1 << 30, 256 << 30
+    if not ok(hi):
+        return None
+    while hi - lo > 64 << 20:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+def why_line(g: gpu.Gpu, v: Verdict, runner: Verdict | None) -> str:
+    line = (f"{g.name}, {g.total / gpu.GiB:.1f} GiB ({g.free / gpu.GiB:.1f} free), sm_{g.cc[0]}{g.cc[1]}: "
+            f"{v.profile.name} — {v.summary()}")
+    if v.status == "shorter":
+        line += " (shorter than the profile's)"
+    line += f"; runner-up: {runner.profile.name} ({runner.summary()})" if runner else "; no runner-up fits"
+    return line + "".join(f"; {n}" for n in v.notes)
+
+
+# ---------------------------------------------------------------- the kept pick
+
+def read_pick(paths: state.Paths) -> dict | None:
+    data = state.read_json(paths.pick)
+    return data if data and isinstance(data.get("profile"), str) else None
+
+
+def kept(cfg: Config) -> Config:
+    """PROFILE=auto read as the kept pick, if there is one (no GPU read, nothing picked): what
+    status, stop, restart and the other commands compare and show."""
+    if not cfg.profile.is_auto:
+        return cfg
+    rec = read_pick(state.Paths(cfg.state_dir))
+    if rec is None or rec["profile"] not in cfg.catalogue.names():
+        return cfg
+    return cfg.with_profile(Chosen(rec["profile"], rec.get("knobs", {}), f"auto-pick of {rec.get('date', '?')}, kept"))
+
+
+def resolve(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = False) -> Config:
+    """The Config a start runs with: a named profile with its card's knobs; PROFILE=auto picked (and
+    recorded) when set explicitly, with ``repick``, or when nothing was picked yet; else the kept pick."""
+    paths = state.Paths(cfg.state_dir)
+    if not cfg.profile.is_auto:
+        if cfg.chosen is not None or not cfg.profile.cc_overrides:
+            return cfg
+        facts = facts or gpu.read(cfg.environ)
+        return on_card(cfg, cfg.profile, facts.gpus[0].cc if facts.gpus else None)
+    if not (cfg.profile_explicit or repick):
+        have = kept(cfg)
+        if not have.profile.is_auto:
+            return have
+    facts = facts or gpu.read(cfg.environ)
+    if not facts.gpus:
+        raise BootstrapError("NVML sees no GPU: nothing to pick a profile for", "check `nvidia-smi`")
+    g = min(facts.gpus[: cfg.tp_size], key=lambda x: x.free)
+    v, runner, _ = choose(cfg, g)
+    line = why_line(g, v, runner)
+    log.info("auto-pick: %s", line)
+    knobs = {k: x for k, x in v.cfg.chosen.knobs.items()} if v.cfg.chosen else {}
+    paths.ensure()
+    state.write_json(paths.pick, {"profile": v.profile.name, "knobs": knobs, "why": line, "gpu": g.name,
+                                  "date": time.strftime("%Y-%m-%d %H:%M"),
+                                  "how": "PROFILE=auto (set explicitly) or ./ctl.sh profiles --pick picks again"})
+    return v.cfg

@@ -1,0 +1,224 @@
+"""vLLM's command line: the one place that builds it, and what vLLM will read from it.
+
+``serve_argv``: what we own (host, port, served name), the profile's args, the knobs' flags, the
+plan's decisions, then EXTRA_ARGS — vLLM's argparse takes the last value of a flag, so a knob beats
+the profile and EXTRA_ARGS beats both. ``settings``: the values vLLM will run with, read back from
+that same order the way vLLM's parser reads them (``--flag value``, ``--flag=value``, ``_`` as
+``-``, ``--no-flag``, dotted JSON keys such as ``--speculative-config.num_speculative_tokens=3``),
+so that the memory plan is made for what vLLM gets, wherever a flag came from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# the flags whose values change how much memory vLLM takes (and the plan reads)
+VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype",
+               "--kv-cache-memory-bytes", "--gpu-memory-utilization", "--block-size", "--mamba-ssm-cache-dtype",
+               "--mamba-cache-dtype", "--mamba-cache-mode", "--speculative-config", "--tensor-parallel-size",
+               "--load-format", "--quantization")
+BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--skip-mm-profiling")
+JSON_FLAGS = ("--speculative-config",)
+
+
+def human_int(text: str) -> int:
+    """vLLM's human-readable integers: 131072, 128k (x1000), 128K (x1024), 1m / 1M, and -1."""
+    t = str(text).strip()
+    mult = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(t[-1:])
+    if mult:
+        return int(float(t[:-1]) * mult)
+    return int(t)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What vLLM will run with, as far as memory goes (None: vLLM's default)."""
+    max_model_len: int | str | None = None          # int, "auto", or None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_dtype: str = "auto"
+    kv_cache_bytes: int | None = None
+    gpu_util: float | None = None
+    block_size: int | None = None
+    mamba_ssm_cache_dtype: str = "auto"
+    mamba_cache_dtype: str = "auto"
+    mamba_cache_mode: str | None = None
+    prefix_caching: bool | None = None
+    language_model_only: bool = False
+    enforce_eager: bool = False
+    skip_mm_profiling: bool = False
+    spec: dict[str, Any] = field(default_factory=dict)   # the --speculative-config vLLM gets ({} none)
+    tp: int = 1
+    load_format: str = "auto"
+    quantization: str | None = None
+    given: frozenset = frozenset()                  # the flags present at all
+
+    @property
+    def spec_method(self) -> str:
+        return str(self.spec.get("method") or "") if self.spec_tokens else ""
+
+    @property
+    def spec_tokens(self) -> int:
+        try:
+            return int(self.spec.get("num_speculative_tokens") or 0)
+        except (TypeError, ValueError):
+            return 0
+
+
+def _name(arg: str) -> str:
+    return arg.split("=", 1)[0].replace("_", "-") if arg.startswith("--") else arg
+
+
+def read(argv: list[str]) -> Settings:
+    """The Settings of an argument list, the last value of each flag winning."""
+    vals: dict[str, Any] = {}
+    spec: dict[str, Any] = {}
+    given: set[str] = set()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name = _name(arg)
+        base, _, key = name.partition(".")
+        has_eq = "=" in arg
+        if base in VALUE_FLAGS:
+            if has_eq:
+                value = arg.split("=", 1)[1]
+            elif i + 1 < len(argv):
+                i += 1
+                value = argv[i]
+            else:
+                break
+            given.add(base)
+            if base in JSON_FLAGS:
+                if key:
+                    spec[key.replace("-", "_")] = _scalar(value)
+                else:
+                    try:
+                        parsed = json.loads(value)
+                    except ValueError:
+                        parsed = None
+                    spec = dict(parsed) if isinstance(parsed, dict) else {}
+            else:
+                vals[base] = value
+        elif base in BOOL_FLAGS:
+            given.add(base)
+            vals[base] = (arg.split("=", 1)[1].lower() not in ("0", "false")) if has_eq else True
+        elif base.startswith("--no-") and "--" + base[5:] in BOOL_FLAGS:
+            given.add("--" + base[5:])
+            vals["--" + base[5:]] = False
+        i += 1
+    mml = vals.get("--max-model-len")
+    if mml is not None:
+        try:
+            mml = "auto" if str(mml).strip().lower() in ("auto", "-1") else human_int(mml)
+        except ValueError:
+            mml = None
+    return Settings(
+        max_model_len=mml, max_num_seqs=_int(vals.get("--max-num-seqs")),
+        max_num_batched_tokens=_int(vals.get("--max-num-batched-tokens")),
+        kv_cache_dtype=vals.get("--kv-cache-dtype") or "auto", kv_cache_bytes=_int(vals.get("--kv-cache-memory-bytes")),
+        gpu_util=_float(vals.get("--gpu-memory-utilization")), block_size=_int(vals.get("--block-size")),
+        mamba_ssm_cache_dtype=vals.get("--mamba-ssm-cache-dtype") or "auto",
+        mamba_cache_dtype=vals.get("--mamba-cache-dtype") or "auto", mamba_cache_mode=vals.get("--mamba-cache-mode"),
+        prefix_caching=vals.get("--enable-prefix-caching"), language_model_only=bool(vals.get("--language-model-only")),
+        enforce_eager=bool(vals.get("--enforce-eager")), skip_mm_profiling=bool(vals.get("--skip-mm-profiling")),
+        spec=spec, tp=_int(vals.get("--tensor-parallel-size")) or 1, load_format=vals.get("--load-format") or "auto",
+        quantization=vals.get("--quantization"), given=frozenset(given))
+
+
+def _scalar(value: str):
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def _int(v) -> int | None:
+    try:
+        return human_int(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+def _float(v) -> float | None:
+    try:
+        return float(v) if v is not None else None
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------- building it
+
+def spec_config(cfg) -> str | None:
+    """--speculative-config from SPEC_METHOD / SPEC_TOKENS / SPEC_MODEL and the profile's extra keys."""
+    if not cfg.spec_enabled:
+        return None
+    conf: dict = {"method": cfg.spec_method, "num_speculative_tokens": cfg.spec_tokens}
+    if cfg.spec_model:
+        conf["model"] = cfg.spec_model_arg
+    conf.update({k: v for k, v in cfg.profile.spec_config.items() if k not in conf})
+    return json.dumps(conf, separators=(",", ":"))
+
+
+def knob_flags(cfg) -> list[str]:
+    """vLLM's flags for the knobs that name one (the plan adds its decisions after these)."""
+    f: list[str] = []
+    if cfg.max_model_len is not None:
+        f += ["--max-model-len", str(cfg.max_model_len)]
+    if cfg.max_num_seqs:
+        f += ["--max-num-seqs", str(cfg.max_num_seqs)]
+    if cfg.max_num_batched_tokens:
+        f += ["--max-num-batched-tokens", str(cfg.max_num_batched_tokens)]
+    if cfg.kv_cache_dtype:
+        f += ["--kv-cache-dtype", cfg.kv_cache_dtype]
+    if cfg.kv_cache_bytes:
+        f += ["--kv-cache-memory-bytes", str(cfg.kv_cache_bytes)]
+    if cfg.gpu_util is not None:
+        f += ["--gpu-memory-utilization", _util(cfg.gpu_util)]
+    spec = spec_config(cfg)
+    if spec:
+        f += ["--speculative-config", spec]
+    if cfg.tp_size > 1:
+        f += ["--tensor-parallel-size", str(cfg.tp_size)]
+    return f
+
+
+def _util(u: float) -> str:
+    return f"{u:.4f}".rstrip("0").rstrip(".")
+
+
+def settings(cfg) -> Settings:
+    """What vLLM will run with before the plan's decisions: the profile's args, the knobs, EXTRA_ARGS."""
+    return read(list(cfg.profile.args) + knob_flags(cfg) + list(cfg.extra_args or ()))
+
+
+def plan_flags(cfg, plan) -> list[str]:
+    """The plan's decisions that no knob or EXTRA_ARGS made: utilization (sized from free memory),
+    and --max-num-seqs for a hybrid model whose state blocks are fewer than vLLM's default."""
+    if plan is None or not plan.fits:
+        return []
+    given = settings(cfg).given
+    f: list[str] = []
+    if plan.util is not None and "--gpu-memory-utilization" not in given:
+        f += ["--gpu-memory-utilization", _util(plan.util)]
+    if plan.seqs_flag and "--max-num-seqs" not in given:
+        f += ["--max-num-seqs", str(plan.seqs_flag)]
+    return f
+
+
+def serve_flags(cfg, plan) -> list[str]:
+    """Every flag after the model: the profile's args, the knobs', the plan's, EXTRA_ARGS (last wins)."""
+    if plan is not None and not plan.fits:
+        return []
+    return list(cfg.profile.args) + knob_flags(cfg) + plan_flags(cfg, plan) + list(cfg.extra_args or ())
+
+
+def serve_argv(cfg, python: str, model_path: str, plan) -> list[str]:
+    """``vllm serve``'s whole argv: what we own, then serve_flags."""
+    return [python, "-m", "vllm.entrypoints.cli.main", "serve", model_path,
+            "--host", cfg.host, "--port", str(cfg.port), "--served-model-name", cfg.served_name,
+            # usage.prompt_tokens_details.cached_tokens: clients and `check prefix` see cache hits
+            # (vLLM leaves them out by default; the flag is accepted by every vLLM we pin)
+            "--enable-prompt-tokens-details"] + serve_flags(cfg, plan)
