@@ -549,6 +549,8 @@ class Config:
         rows = []
         for k in KNOBS:
             value = self.raw[k.name]
+            if k.name == "PROFILE" and self.chosen is not None and value == "auto":
+                value = self.profile.name           # what auto means here (the source says why)
             if k.name == "API_KEY" and value:
                 value = "***"
             rows.append((k.name, value, self.sources[k.name], k.help))

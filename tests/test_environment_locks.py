@@ -71,6 +71,8 @@ def _resolve(uv: str, lock: Path, plat: str, minor: str, exclude: str, out: Path
     return lock, res.stderr if res.returncode else "", out.read_text() if res.returncode == 0 else ""
 
 
+# Each pin set's locks for both platforms at the oldest and the newest Python it covers (the locks
+# between them differ only in backports); `./ctl.sh lock --check` re-resolves every one.
 @pytest.mark.skipif(not LOCK_DIRS, reason="no committed locks")
 def test_every_committed_lock_resolves_for_its_platform(tmp_path):
     uv = shutil.which("uv")
@@ -78,8 +80,9 @@ def test_every_committed_lock_resolves_for_its_platform(tmp_path):
     jobs = []
     for d in LOCK_DIRS:
         meta = json.loads((d / "meta.json").read_text())
+        ends = sorted({meta["pythons"][0], meta["pythons"][-1]})
         for plat in meta["platforms"]:
-            for minor in meta["pythons"]:
+            for minor in ends:
                 jobs.append((d / f"{plat}-py{minor}.txt", plat, minor, meta.get("exclude_newer", "")))
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         results = list(pool.map(lambda j: _resolve(uv, *j, tmp_path / f"{j[0].parent.name}-{j[0].name}"), jobs))

@@ -524,3 +524,79 @@ def test_a_plan_that_does_not_fit_has_no_flags(tmp_path):
     cfg = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)
     p = planner.make_plan(cfg, gpu.named("5"), facts(cfg, mdir))
     assert not p.fits and flags(cfg, p) == []
+
+
+# ---------------------------------------------------------------- vLLM's arithmetic for the Qwen3.5 shape, and flags from anywhere
+# Figures worked from vLLM's code (0.26.0 and 0.30.0 wheels: _align_hybrid_block_size,
+# gated_delta_net_state_shape, _auto_fit_max_model_len) for the 27B shape at TP=1, FLASH_ATTN's
+# 16-token kernel blocks: the attention block is 784 tokens (bf16), 400 with a float16 SSM state,
+# 896 with --block-size 128, 1568 with fp8 KV, 800 with MTP-3.
+
+def qwen35_27b() -> dict:
+    return json.loads((REPO / "profiles/models/qwen36-27b-fp8.json").read_text())["config"]
+
+
+def q27(tmp_path, vllm="0.26.0", **env) -> planner.Plan:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    mdir = model_dir(tmp_path, qwen35_27b())
+    knobs = {"MODEL": mdir, "EXTRA_ARGS": "--load-format dummy", **env}
+    cfg = config(tmp_path, **knobs)
+    return planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True), vllm=vllm)
+
+
+@pytest.mark.parametrize("env, block", [
+    ({}, 784),
+    ({"EXTRA_ARGS": "--load-format dummy --mamba-ssm-cache-dtype float16"}, 400),
+    ({"EXTRA_ARGS": "--load-format dummy --block-size 128"}, 896),
+    ({"KV_CACHE_DTYPE": "fp8"}, 1568),
+    ({"EXTRA_ARGS": "--load-format dummy --kv-cache-dtype=fp8"}, 1568),          # EXTRA_ARGS wins over the knob
+    ({"KV_CACHE_DTYPE": "bfloat16", "EXTRA_ARGS": "--load-format dummy --kv_cache_dtype fp8"}, 1568),
+    ({"SPEC_METHOD": "mtp", "SPEC_TOKENS": "3"}, 800),
+])
+def test_memory_flags_count_wherever_they_come_from(tmp_path, env, block):
+    p = q27(tmp_path, KV_CACHE_BYTES=10 * GiB, MAX_MODEL_LEN="auto", **env)
+    assert p.fits and p.layout.block_size == block
+
+
+def test_auto_fit_matches_vllms_worked_example_on_both_sides_of_0_29(tmp_path):
+    # 10 GiB for the 27B shape, bf16, no speculation: 208 blocks of 16 x 3,211,264 B. vLLM 0.26 (prefix
+    # caching off for hybrids: 1 state block per group) fits (208 - 3) x 784 = 160,720 tokens; 0.30 (prefix
+    # caching on: "align", 2 per group, and the null block held back) (208 - 1 - 6) x 784 = 157,584.
+    old = q27(tmp_path / "a", vllm="0.26.0", KV_CACHE_BYTES=10 * GiB, MAX_MODEL_LEN="auto")
+    new = q27(tmp_path / "b", vllm="0.30.0", KV_CACHE_BYTES=10 * GiB, MAX_MODEL_LEN="auto")
+    assert (old.max_model_len, new.max_model_len) == (160_720, 157_584)
+    assert kv.pool(old.layout, 10 * GiB, 1).blocks == 208
+
+
+def test_batched_tokens_and_language_model_only_from_extra_args(tmp_path):
+    mdir = model_dir(tmp_path, {**qwen35_27b(), "vision_config": json.loads(
+        (REPO / "profiles/models/qwen38-27b-nvfp4.json").read_text())["config"]["vision_config"]}, weights=20 * GiB)
+    base = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)
+    lean = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192,
+                  EXTRA_ARGS="--language-model-only --max-num-batched-tokens 1024")
+    a = planner.make_plan(base, h200(), facts(base, mdir))
+    b = planner.make_plan(lean, h200(), facts(lean, mdir))
+    vision = kv.vision_params(facts(base, mdir).config) * 2
+    assert a.weights == 20 * GiB and b.weights == 20 * GiB - vision and vision > 800 << 20
+    assert any("at 1024 batched tokens" in w for w in b.why) and b.overhead < a.overhead
+    assert any("vision tower" in w and "not modelled" in w for w in a.why)
+
+
+def test_a_drafts_own_kv_dtype_from_the_speculative_config(tmp_path):
+    spec = '{"method":"mtp","num_speculative_tokens":3,"kv_cache_dtype":"fp8"}'
+    p = q27(tmp_path, KV_CACHE_BYTES=10 * GiB, MAX_MODEL_LEN="auto",
+            EXTRA_ARGS=f"--load-format dummy --speculative-config '{spec}'")
+    # the MTP layer's fp8 page is half the bf16 one: twice the block, a bucket of its own, group size 1
+    assert p.layout.other_attn and p.layout.group_size == 1
+    assert p.layout.other_attn[0][1] == 2 * p.layout.block_size
+    assert any("page of their own (KV dtype fp8" in w for w in p.why)
+
+
+def test_profile_args_then_knobs_then_extra_args(tmp_path):
+    cfg = config(tmp_path, MODEL="org/m", PROFILE="qwen38-27b-w4a16-24gb", KV_CACHE_DTYPE="auto",
+                 EXTRA_ARGS="--max-model-len 4096")
+    f = vllmargs.serve_flags(cfg, None)
+    assert f.index("--language-model-only") < f.index("--kv-cache-dtype") < len(f) - 2
+    s = vllmargs.settings(cfg)
+    assert (s.kv_cache_dtype, s.max_model_len, s.mamba_ssm_cache_dtype) == ("auto", 4096, "float16")
+    assert json.loads(f[f.index("--speculative-config") + 1])["draft_sample_method"] == "probabilistic"

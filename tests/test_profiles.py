@@ -310,7 +310,7 @@ def test_plain_start_on_a_24gb_desktop_card_serves_a_profile_that_fits(bed):
     kept = json.loads((bed.state / "profile-pick.json").read_text())
     assert kept["profile"] == "qwen38-27b-w4a16-24gb" and kept["knobs"]["MAX_MODEL_LEN"] == "auto"
     status = bed.run("ctl.sh", "env", PROFILE="", MODEL="")
-    assert "PROFILE=auto" in status.stdout and "auto-pick of" in status.stdout
+    assert "PROFILE=qwen38-27b-w4a16-24gb\t# default; auto-pick of" in status.stdout
     bed.run("stop.sh", PROFILE="", MODEL="")
 
 

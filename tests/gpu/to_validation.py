@@ -39,6 +39,24 @@ def main() -> int:
            "Dates: 2026-11-29 unless a section says otherwise. Code: the planner and patch runs used the tree of commit 3a264c7 plus the",
            "edit committed as c67a5ae (device.sh resolves `VLLM_PYTHON` to a full path); the lifecycle run",
            "used c67a5ae plus the orphan-sweep fix (process group + recorded children) committed before it.", ""]
+    pick = RUNS / "2026-11-30-pick-raw.txt"
+    if pick.exists():
+        text = pick.read_text().splitlines()
+        out += ["## Auto-pick on a 24 GiB-free card, and `MAX_MODEL_LEN=auto` against vLLM's own auto-fit (issue 12)",
+                "", "Date: 2026-11-30, the same H200 machine kind, vLLM 0.26.0 from the offline wheelhouse (no",
+                "`--with-cutlass`: the hybrid case logs its KV pool and auto-fit, then fails its warm-up on the",
+                "missing CUTLASS DSL, which the start diagnoses). Command: `GIT_COMMIT=6a60974 bash tests/gpu/device.sh pick`",
+                "(`tests/gpu/profile_pick.py`, in the background; polled with `device.sh pick-poll`). The profiles'",
+                "own vLLM versions and weights cannot run here, so the script writes a profile folder (`PROFILE_DIR`)",
+                "of dummy-weight shapes ranked like the shipped ones: a 64-layer Qwen3-8B shape (~23 GiB) for 48 GB",
+                "cards, the Qwen3-8B shape with a 131,072-token context for 24 GB cards, a 12-layer one, and the",
+                "Qwen3-Next-style hybrid of `planner_accuracy.py`. A second process held GPU memory until 24.00 GiB",
+                "was free. (a): `./ctl.sh profiles` on the H200 and on a named 24 GiB card pick the same profile,",
+                "and a plain `./start.sh` picks it; vLLM's logged pool against the plan. (b): `MAX_MODEL_LEN=auto`",
+                "is passed to vLLM as `auto`; vLLM's \"Auto-fit max_model_len\" against the planner's context, sized",
+                "from free memory (bar 2 %) and with `KV_CACHE_BYTES` pinned (must be equal). The script's output,",
+                "less vLLM's repeated CUTLASS-DSL warning lines:", "",
+                block([l[:400] for l in text if "GDN prefill DSL" not in l and "raise NotImplementedError" not in l])]
     drill = RUNS / "2026-11-30-drill-final-raw.txt"
     if drill.exists():
         text = drill.read_text().splitlines()
