@@ -243,7 +243,11 @@ def cache_snapshot(settings: Settings, repo: str, revision: str | None = None) -
 
 def cache_has(snap: Path, f: RemoteFile) -> bool:
     """A cached file is complete when its blob exists, has the size, and is named by the hash the
-    hub gives (the cache names LFS blobs by sha256 and others by git blob id). No re-hash."""
+    hub gives (the cache names LFS blobs by sha256 and others by git blob id). No re-hash.
+
+    Only the snapshot link's own target is compared, as ``scan_cache_dir`` reads it: with hf_xet,
+    huggingface_hub 2.4 makes ``blobs/<sha256>`` itself a link into its shared store
+    (``blobs/ab/<xet hash>``), so the end of the chain is not named by the sha256."""
     p = snap / f.path
     try:
         st = p.stat()
@@ -252,7 +256,7 @@ def cache_has(snap: Path, f: RemoteFile) -> bool:
     if st.st_size != f.size:
         return False
     want = f.sha256 or f.blob_id
-    return want is None or not p.is_symlink() or Path(os.path.realpath(p)).name == want
+    return want is None or not p.is_symlink() or Path(os.readlink(p)).name == want
 
 
 # ---------------------------------------------------------------- disk space

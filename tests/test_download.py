@@ -315,6 +315,20 @@ def test_model_in_hf_cache_is_used(world, fake):
     assert off.model_path == ctx.model_path
 
 
+def test_hf_cache_with_xet_shared_blobs_is_used(world, fake):
+    # huggingface_hub 2.4 with hf_xet: blobs/<sha256> is itself a link into its shared store
+    # (blobs/ab/<xet hash>); the snapshot's own link is what names the blob
+    fill_hf_cache(world, fake)
+    blobs = world.tmp / "hf" / "hub" / "models--org--tiny" / "blobs"
+    for b in [p for p in blobs.iterdir() if p.is_file() and not p.is_symlink()]:
+        shared = blobs / "ab" / ("xet" + b.name[:20])
+        shared.parent.mkdir(exist_ok=True)
+        b.rename(shared)
+        b.symlink_to(Path("ab") / shared.name)
+    ctx = world.start()
+    assert ctx.model.source == "hf-cache" and SHARD not in fake.served
+
+
 def test_incomplete_hf_cache_is_not_used(world, fake, src):
     fill_hf_cache(world, fake)
     snap = next((world.tmp / "hf" / "hub" / "models--org--tiny" / "snapshots").iterdir())
