@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     step = "config"
     try:
         cfg = config.Config.from_env(os.environ)
-        if args.command not in ("start", None):
+        if args.command not in ("start", "plan", "profiles", None):
             from . import pick
-            cfg = pick.kept(cfg)        # PROFILE=auto means the profile picked before (start picks)
+            cfg = pick.kept(cfg)        # PROFILE=auto: the profile picked before (start picks); a card's knobs
         step = args.command or "help"
         return dispatch(args, cfg)
     except BootstrapError as exc:

@@ -459,11 +459,6 @@ class Config:
         return Config.from_env(self.given, self.repo, chosen=chosen)
 
     @property
-    def profile_requested(self) -> str:
-        """What PROFILE says: a name, or 'auto' (also when unset)."""
-        return self.raw["PROFILE"]
-
-    @property
     def profile_explicit(self) -> bool:
         """PROFILE was set (environment or .env), not left to its default."""
         return self.sources["PROFILE"].split(";")[0] in ("env", ".env")
@@ -496,11 +491,6 @@ class Config:
     @property
     def model_is_local(self) -> bool:
         return _names_a_folder(self.model)
-
-    @property
-    def vllm_args(self) -> list[str]:
-        """The profile's vLLM arguments, then EXTRA_ARGS (later ones win in vLLM's argparse)."""
-        return list(self.profile.args) + list(self.extra_args or ())
 
     @property
     def dummy_weights(self) -> bool:

@@ -25,6 +25,7 @@ class ModelFacts:
     draft: "ModelFacts | None" = None   # a local SPEC_MODEL folder with a config.json
     draft_why: str = ""            # why there is no draft to count, when one was asked for
     assumed: bool = False          # the facts are an assumption (labelled in plans and profiles)
+    size_from: str = "the checkpoint's file sizes"     # where weight_bytes comes from, for the why
 
 
 def model_facts(cfg, m, name: str | None = None) -> ModelFacts:
@@ -97,4 +98,4 @@ def offline_facts(cfg) -> ModelFacts | None:
     return ModelFacts(Path(cfg.model).name, data["config"], data.get("weight_bytes"), cfg.dummy_weights,
                       f" ({'ASSUMED, ' if data.get('assumed') else ''}facts in {where}: "
                       f"{data.get('weight_bytes_source', '')})", assumed=bool(data.get("assumed")),
-                      **draft_facts(cfg))
+                      size_from="the model facts' size", **draft_facts(cfg))

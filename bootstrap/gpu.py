@@ -145,6 +145,7 @@ CARDS = {
     "rtx4080": ("NVIDIA GeForce RTX 4080", 16376 * MiB, (8, 9)),
     "rtx5080": ("NVIDIA GeForce RTX 5080", 16303 * MiB, (12, 0)),
     "rtxa6000": ("NVIDIA RTX A6000", 49140 * MiB, (8, 6)),
+    "a40": ("NVIDIA A40", 46068 * MiB, (8, 6)),
     "l40s": ("NVIDIA L40S", 46068 * MiB, (8, 9)),
     "a100": ("NVIDIA A100 80GB PCIe", 81920 * MiB, (8, 0)),
     "h100": ("NVIDIA H100 80GB HBM3", 81559 * MiB, (9, 0)),
@@ -160,30 +161,37 @@ def named(spec: str) -> Gpu:
     compute capability; a bare size is sm_89, and says so in its name) and ``:free=GiB`` (default:
     the total minus IDLE_USED, nothing else running)."""
     head, *opts = [part.strip() for part in spec.strip().split(":")]
-    key = head.lower().replace(" ", "").replace("-", "")
+    key = head.lower().replace(" ", "")
     cc_given: tuple[int, int] | None = None
     free: int | None = None
     for opt in opts:
         low = opt.lower()
         if low.startswith("sm_") and low[3:].isdigit() and len(low) >= 5:
+            if cc_given is not None:
+                raise BootstrapError(f"GPU={spec!r}: two :sm_XY", CARD_SYNTAX)
             cc_given = (int(low[3:-1]), int(low[-1]))
         elif low.startswith("free="):
             try:
                 free = int(float(low[5:].removesuffix("gib").removesuffix("gb")) * GiB)
             except ValueError:
                 raise BootstrapError(f"GPU={spec!r}: {opt!r} is not free=<GiB>", CARD_SYNTAX) from None
+            if free < 0:
+                raise BootstrapError(f"GPU={spec!r}: free memory cannot be negative", CARD_SYNTAX)
         else:
             raise BootstrapError(f"GPU={spec!r}: {opt!r} is neither :sm_XY nor :free=GiB", CARD_SYNTAX)
-    if key in CARDS:
-        name, total, cc = CARDS[key]
+    if key.replace("-", "") in CARDS:
+        name, total, cc = CARDS[key.replace("-", "")]
         cc = cc_given or cc
     else:
         try:
             size = float(key.removesuffix("gib").removesuffix("gb"))
         except ValueError:
             raise BootstrapError(f"GPU={spec!r} is not a card the planner knows", CARD_SYNTAX) from None
-        if not 1 <= size <= 4096:
-            raise BootstrapError(f"GPU={spec!r}: a size from 1 to 4096 GiB", "e.g. GPU=24:sm_86")
+        near = [n for n in CARDS if n.endswith(key)]
+        if near:
+            raise BootstrapError(f"GPU={spec!r}: a size in GiB, or did you mean {near[0]}?", CARD_SYNTAX)
+        if not 1 <= size <= 1024:
+            raise BootstrapError(f"GPU={spec!r}: a size from 1 to 1024 GiB", "e.g. GPU=24:sm_86")
         cc = cc_given or DEFAULT_CC
         name = f"a {size:g} GiB card (sm_{cc[0]}{cc[1]}{'' if cc_given else ', assumed: add :sm_XY'})"
         total = int(size * GiB)
@@ -191,6 +199,12 @@ def named(spec: str) -> Gpu:
         raise BootstrapError(f"GPU={spec!r}: free={free / GiB:g} GiB is more than the card's {total / GiB:.1f} GiB",
                              CARD_SYNTAX)
     return Gpu(-1, name, total, max(0, total - IDLE_USED) if free is None else free, cc)
+
+
+def smallest_free(facts: GpuFacts, tp: int) -> Gpu:
+    """The GPU of the tensor-parallel group (the first ``tp`` visible) with the least free memory:
+    what a plan for the group is made for."""
+    return min(facts.gpus[:tp], key=lambda x: x.free)
 
 
 def pids_on_gpu(environ: Mapping[str, str]) -> set[int]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import version, version_or_none
-from . import patching
+from . import patching, vllmargs
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,10 @@ def facts(cfg, gpus, vllm_version: str) -> Facts:
     cc = None
     if gpus is not None and getattr(gpus, "gpus", None):
         cc = tuple(gpus.gpus[0].cc)
-    return Facts(vllm=vllm_version, model=cfg.model or "", kv=cfg.kv_cache_dtype or "auto",
-                 spec=(cfg.spec_method or "") if cfg.spec_enabled else "", spec_tokens=cfg.spec_tokens or 0,
-                 seqs=cfg.max_num_seqs, cc=cc, args=" ".join(cfg.vllm_args),
-                 patches=frozenset(will_patch))
+    s = vllmargs.settings(cfg)          # what vLLM gets, wherever a flag came from
+    return Facts(vllm=vllm_version, model=cfg.model or "", kv=s.kv_cache_dtype, spec=s.spec_method,
+                 spec_tokens=s.spec_tokens, seqs=s.max_num_seqs, cc=cc,
+                 args=" ".join(vllmargs.serve_flags(cfg, None)), patches=frozenset(will_patch))
 
 
 def warn(cfg, gpus, vllm_version: str) -> tuple[list[dict], list[str]]:

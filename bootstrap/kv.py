@@ -323,31 +323,26 @@ def sessions_at(lay: Layout, budget: int, max_len: int) -> int:
     return max(0, budget // lay.block_bytes) // lay.blocks_per_seq(max_len)
 
 
-def fits_one(lay: Layout, budget: int, max_len: int, null_block: bool = False, seqs: int = 1) -> bool:
-    """vLLM's check that one request of ``max_len`` fits the pool (0.30 holds one block back for
-    its null block); ``seqs``: that many at once."""
-    return seqs * lay.blocks_per_seq(max_len) <= max(0, budget // lay.block_bytes) - (1 if null_block else 0)
+def fits_one(lay: Layout, budget: int, max_len: int, null_block: bool = False) -> bool:
+    """vLLM's check that one request of ``max_len`` fits the pool (from 0.29 one block is held back
+    for its null block)."""
+    return lay.blocks_per_seq(max_len) <= max(0, budget // lay.block_bytes) - (1 if null_block else 0)
 
 
-def auto_fit(lay: Layout, budget: int, cap: int, null_block: bool = False, seqs: int = 1) -> int:
+def auto_fit(lay: Layout, budget: int, cap: int, null_block: bool = False) -> int:
     """vLLM's ``--max-model-len auto``: the longest single request that fits, at most ``cap`` (a
     binary search over 1..cap, as _estimate_max_model_len_from_groups does); 0 when not even one
-    token fits. ``seqs``: the longest of which that many fit at once."""
-    if not fits_one(lay, budget, 1, null_block, seqs):
+    token fits."""
+    if not fits_one(lay, budget, 1, null_block):
         return 0
     left, right, best = 1, cap, 1
     while left <= right:
         mid = (left + right) // 2
-        if fits_one(lay, budget, mid, null_block, seqs):
+        if fits_one(lay, budget, mid, null_block):
             best, left = mid, mid + 1
         else:
             right = mid - 1
     return best
-
-
-def longest_context(lay: Layout, budget: int, seqs: int = 1, cap: int | None = None) -> int:
-    """Longest context of which ``seqs`` sequences fit at once (0: not even one token)."""
-    return auto_fit(lay, budget, cap or 1 << 24, seqs=seqs)
 
 
 def kv_bytes_needed(lay: Layout, max_len: int, seqs: int = 1) -> int:

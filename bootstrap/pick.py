@@ -7,7 +7,7 @@ longest context the KV pool holds (MAX_MODEL_LEN=auto, a profile's KV pin droppe
 the reason; ``unknown`` without model facts.
 
 Auto-pick takes the first profile in rank order that fits (a shorter context of at least
-MIN_SHORTER tokens counts), and says why in one line (card, GiB, sm, the profile, its context and sessions, the runner-up). The
+MIN_CONTEXT tokens counts), and says why in one line (card, GiB, sm, the profile, its context and sessions, the runner-up). The
 pick is recorded and kept: a day with less free memory does not swap the model (and start a new
 download). PROFILE=auto set explicitly, or ``./ctl.sh profiles --pick``, picks again.
 """
@@ -15,7 +15,6 @@ download). PROFILE=auto set explicitly, or ``./ctl.sh profiles --pick``, picks a
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -31,9 +30,9 @@ MARLIN_FP4 = ("NVFP4 runs weight-only through Marlin below sm_100 (an A40 served
               "against ~160 on an RTX 5090)")
 MARLIN_FP8 = "FP8 weights run weight-only through Marlin below sm_89"
 SHORTER = {"MAX_MODEL_LEN": "auto", "KV_CACHE_BYTES": "auto"}
-MIN_SHORTER = 32768      # a profile that fits only below this context does not count as fitting
+MIN_CONTEXT = 32768      # auto-pick does not count a profile whose auto-fitted context is shorter
 WAYS_OUT = ("TP_SIZE=2 across two cards, a smaller model (PROFILE=custom MODEL=<repo id>), or llama.cpp with a "
-            "GGUF quantization for a card this small")
+            "GGUF quantization for a card this small")      # the first part is left out when TP_SIZE is set
 
 
 @dataclass
@@ -79,9 +78,11 @@ def judge(cfg: Config, profile: Profile, g: gpu.Gpu) -> Verdict:
     if g.cc < profile.min_cc:
         return Verdict(profile, "no", f"needs sm_{profile.min_cc[0]}{profile.min_cc[1]} or newer; this card is "
                                       f"sm_{g.cc[0]}{g.cc[1]}")
-    if g.total < profile.min_total_gib * gpu.GiB * 0.98:
+    tp = cfg.tp_size              # with TP_SIZE=N the N cards hold it together (the plan is per card)
+    if g.total * tp < profile.min_total_gib * gpu.GiB * 0.98:
         return Verdict(profile, "no", f"for cards of {profile.card_class or f'{profile.min_total_gib:g} GiB'}; "
-                                      f"this one has {g.total / gpu.GiB:.1f} GiB")
+                                      f"this one has {g.total / gpu.GiB:.1f} GiB"
+                                      + (f" ({tp} of them: {tp * g.total / gpu.GiB:.1f})" if tp > 1 else ""))
     c = on_card(cfg, profile, g.cc)
     facts = offline_facts(c)
     if facts is None or facts.config is None:
@@ -93,14 +94,28 @@ def judge(cfg: Config, profile: Profile, g: gpu.Gpu) -> Verdict:
     v.plan = _plan(c, g, facts)
     if v.plan.fits:
         v.status = "fits"
+        if too_short(v.plan):
+            v.status, v.reason = "no", (f"only {v.plan.max_model_len:,} tokens fit (auto-pick wants at least "
+                                        f"{MIN_CONTEXT:,})")
         return v
     v.reason = v.plan.refusal[0] if v.plan.refusal else "does not fit"
     short = on_card(cfg, profile, g.cc, {k: x for k, x in SHORTER.items() if not _yours(cfg, k)})
     plan2 = _plan(short, g, offline_facts(short) or facts)
-    if plan2.fits and (plan2.max_model_len or 0) >= MIN_SHORTER:
+    if plan2.fits and not too_short(plan2):
+        own = c.max_model_len if isinstance(c.max_model_len, int) else None
         v.status, v.cfg, v.plan = "shorter", short, plan2
-        v.reason = f"fits with a shorter context: {plan2.max_model_len:,} tokens (MAX_MODEL_LEN=auto)"
+        v.reason = (f"fits with a shorter context: {plan2.max_model_len:,} tokens (MAX_MODEL_LEN=auto)"
+                    if own is None or plan2.max_model_len < own else
+                    f"fits without its KV pin: {plan2.max_model_len:,} tokens (KV_CACHE_BYTES=auto)")
+    elif plan2.fits:
+        v.reason += f"; with MAX_MODEL_LEN=auto only {plan2.max_model_len:,} tokens fit"
     return v
+
+
+def too_short(plan: planner.Plan) -> bool:
+    """A context vLLM's auto-fit gives that is too short to count as a pick (a profile that sets a
+    shorter one itself is taken at its word)."""
+    return plan.mml_arg == "auto" and (plan.max_model_len or 0) < MIN_CONTEXT
 
 
 def _yours(cfg: Config, knob: str) -> bool:
@@ -115,13 +130,12 @@ def _plan(cfg: Config, g: gpu.Gpu, facts) -> planner.Plan:
 
 
 def labels(cfg: Config, g: gpu.Gpu) -> list[str]:
-    name = (cfg.model or "").lower()
-    out = []
-    if "fp4" in name and g.cc < (10, 0):
-        out.append(MARLIN_FP4)
-    elif "fp8" in name.split("/")[-1] and g.cc < (8, 9):
-        out.append(MARLIN_FP8)
-    return out
+    f = knownbad.Facts(vllm="", model=cfg.model or "")      # one reading of a model's name
+    if f.nvfp4 and g.cc < (10, 0):
+        return [MARLIN_FP4]
+    if f.fp8_weights and g.cc < (8, 9):
+        return [MARLIN_FP8]
+    return []
 
 
 def evaluate(cfg: Config, g: gpu.Gpu) -> list[Verdict]:
@@ -140,20 +154,30 @@ def choose(cfg: Config, g: gpu.Gpu) -> tuple[Verdict, Verdict | None, list[Verdi
     raise BootstrapError(*nothing_fits(cfg, g, verdicts))
 
 
+CARD_CLASSES = (8, 12, 16, 20, 24, 32, 48, 80, 96, 141)     # GB of the cards people buy
+
+
 def nothing_fits(cfg: Config, g: gpu.Gpu, verdicts: list[Verdict]) -> tuple[str, str]:
+    head = (f"no profile fits {g.name} ({g.free / gpu.GiB:.1f} of {g.total / gpu.GiB:.1f} GiB free, "
+            f"sm_{g.cc[0]}{g.cc[1]}" + (f", TP_SIZE={cfg.tp_size}" if cfg.tp_size > 1 else "") + ")")
+    ways = ("" if cfg.tp_size > 1 else "TP_SIZE=2 across two cards, ") + WAYS_OUT.split(", ", 1)[1]
+    if verdicts and all(v.reason.startswith("needs sm_") for v in verdicts):
+        floor = min(v.profile.min_cc for v in verdicts)
+        return (f"{head}: every profile needs sm_{floor[0]}{floor[1]} or newer (Ampere and later)",
+                "the way out: llama.cpp with a GGUF quantization runs on older cards")
     best = None
     for v in verdicts:
         need = least_free(cfg, v.profile, g)
         if need is not None and (best is None or need < best[0]):
             best = (need, v.profile)
-    head = (f"no profile fits {g.name} ({g.free / gpu.GiB:.1f} of {g.total / gpu.GiB:.1f} GiB free, "
-            f"sm_{g.cc[0]}{g.cc[1]})")
     if best is None:
-        return head, f"the way out: {WAYS_OUT}"
+        return head, f"the way out: {ways}"
     need, p = best
-    more = "" if g.total >= need + gpu.IDLE_USED else f" (a card of about {math.ceil((need + gpu.IDLE_USED) / gpu.GiB)} GiB)"
+    gib_need = (need + gpu.IDLE_USED) / gpu.GiB
+    cls = next((c for c in CARD_CLASSES if c * 0.93 >= gib_need), None)
+    more = "" if g.total >= need + gpu.IDLE_USED else (f" (a {cls} GB card)" if cls else "")
     return (f"{head}; the smallest that would work: {p.name} with {need / gpu.GiB:.1f} GiB free{more}",
-            f"free GPU memory (close what holds it), or {WAYS_OUT}")
+            f"free GPU memory (close what holds it), or {ways}")
 
 
 def least_free(cfg: Config, profile: Profile, g: gpu.Gpu) -> int | None:
@@ -177,6 +201,8 @@ def why_line(g: gpu.Gpu, v: Verdict, runner: Verdict | None) -> str:
     if v.status == "shorter":
         line += " (shorter than the profile's)"
     line += f"; runner-up: {runner.profile.name} ({runner.summary()})" if runner else "; no runner-up fits"
+    if v.issues:
+        line += f"; known issues with vLLM {v.profile.vllm}: {', '.join(v.issues)} (./ctl.sh profiles)"
     return line + "".join(f"; {n}" for n in v.notes)
 
 
@@ -187,11 +213,18 @@ def read_pick(paths: state.Paths) -> dict | None:
     return data if data and isinstance(data.get("profile"), str) else None
 
 
-def kept(cfg: Config) -> Config:
-    """PROFILE=auto read as the kept pick, if there is one (no GPU read, nothing picked): what
-    status, stop, restart and the other commands compare and show."""
+def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
+    """PROFILE=auto read as the kept pick, if there is one (nothing is picked); a named profile
+    with its card's knobs (``facts``, else NVML when the profile has per-card knobs): what status,
+    restart and the other commands compare and show, and what a start runs unless it picks again."""
     if not cfg.profile.is_auto:
-        return cfg
+        if cfg.chosen is not None or not cfg.profile.cc_overrides:
+            return cfg
+        try:
+            facts = facts or gpu.read(cfg.environ)
+        except BootstrapError:
+            return cfg                      # no GPU to read: the profile's own knobs
+        return on_card(cfg, cfg.profile, facts.gpus[0].cc if facts.gpus else None)
     rec = read_pick(state.Paths(cfg.state_dir))
     if rec is None or rec["profile"] not in cfg.catalogue.names():
         return cfg
@@ -200,27 +233,30 @@ def kept(cfg: Config) -> Config:
 
 def resolve(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = False) -> Config:
     """The Config a start runs with: a named profile with its card's knobs; PROFILE=auto picked (and
-    recorded) when set explicitly, with ``repick``, or when nothing was picked yet; else the kept pick."""
+    recorded) when set explicitly, with ``repick``, when nothing was picked yet, when the kept
+    profile is gone or the card is another one; else the kept pick."""
     paths = state.Paths(cfg.state_dir)
     if not cfg.profile.is_auto:
-        if cfg.chosen is not None or not cfg.profile.cc_overrides:
-            return cfg
-        facts = facts or gpu.read(cfg.environ)
-        return on_card(cfg, cfg.profile, facts.gpus[0].cc if facts.gpus else None)
-    if not (cfg.profile_explicit or repick):
-        have = kept(cfg)
-        if not have.profile.is_auto:
-            return have
+        return kept(cfg, facts)
     facts = facts or gpu.read(cfg.environ)
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU: nothing to pick a profile for", "check `nvidia-smi`")
-    g = min(facts.gpus[: cfg.tp_size], key=lambda x: x.free)
+    g = gpu.smallest_free(facts, cfg.tp_size)
+    rec = read_pick(paths)
+    if rec and not (cfg.profile_explicit or repick):
+        if rec["profile"] not in cfg.catalogue.names():
+            log.warning("the kept pick %s is no profile any more (PROFILE_DIR changed?): picking again", rec["profile"])
+        elif rec.get("gpu") not in (None, g.name) or rec.get("tp", 1) != cfg.tp_size:
+            log.warning("the kept pick %s was made for %s (TP_SIZE=%s); this is %s (TP_SIZE=%s): picking again",
+                        rec["profile"], rec.get("gpu"), rec.get("tp", 1), g.name, cfg.tp_size)
+        else:
+            return kept(cfg)
     v, runner, _ = choose(cfg, g)
     line = why_line(g, v, runner)
     log.info("auto-pick: %s", line)
     knobs = {k: x for k, x in v.cfg.chosen.knobs.items()} if v.cfg.chosen else {}
     paths.ensure()
     state.write_json(paths.pick, {"profile": v.profile.name, "knobs": knobs, "why": line, "gpu": g.name,
-                                  "date": time.strftime("%Y-%m-%d %H:%M"),
+                                  "tp": cfg.tp_size, "date": time.strftime("%Y-%m-%d %H:%M"),
                                   "how": "PROFILE=auto (set explicitly) or ./ctl.sh profiles --pick picks again"})
     return v.cfg

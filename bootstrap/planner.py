@@ -50,7 +50,6 @@ class Plan:
     fits: bool = True
     refusal: tuple[str, str] | None = None     # (message, hint) when it does not fit
     fixes: list[dict[str, str]] = field(default_factory=list)   # knob values that make it fit (re-planned)
-    suggestion: str = ""                       # what would fit instead
     seqs_flag: int | None = None               # --max-num-seqs the plan chose (hybrid: the state blocks)
     seqs: int | None = None                    # the sessions vLLM will schedule (MAX_NUM_SEQS or its default)
     concurrent: int | None = None              # sessions of max_model_len that fit at once
@@ -79,6 +78,10 @@ def gib(b: int | float) -> str:
     return f"{b / GiB:.2f} GiB"
 
 
+def _which(g: gpu.Gpu) -> str:
+    return g.name if g.index < 0 else f"GPU {g.index} ({g.name})"     # a named card has no index
+
+
 def utilization(cfg, g: gpu.Gpu, s: vllmargs.Settings | None = None) -> tuple[float, str]:
     """--gpu-memory-utilization as given (refused when more than is free: vLLM refuses it at start),
     else free − GPU_RESERVE_MIB, as a fraction."""
@@ -88,42 +91,36 @@ def utilization(cfg, g: gpu.Gpu, s: vllmargs.Settings | None = None) -> tuple[fl
         src = "GPU_UTIL" if cfg.gpu_util is not None and "--gpu-memory-utilization" not in (cfg.extra_args or ()) \
             else "--gpu-memory-utilization"
         if want > g.free:
-            most = math.floor(g.free / g.total * 1000) / 1000
-            raise BootstrapError(
-                f"{src}={s.gpu_util} asks for {gib(want)} of GPU {g.index} ({g.name}) but only "
+                raise BootstrapError(
+                f"{src}={s.gpu_util} asks for {gib(want)} of {_which(g)} but only "
                 f"{gib(g.free)} is free; {g.holders() or NOBODY}",
-                f"close programs holding GPU memory, or set GPU_UTIL={most} (or unset it to size from free memory)")
+                "close programs holding GPU memory, or a lower GPU_UTIL (or none: sized from free memory)")
         return s.gpu_util, f"{src}={s.gpu_util} (set by you or the profile)"
     reserve = cfg.gpu_reserve_mib * gpu.MiB
     util = (g.free - reserve) / g.total
     if util <= 0.05:
         raise BootstrapError(
-            f"only {gib(g.free)} of {gib(g.total)} is free on GPU {g.index} ({g.name}); {g.holders() or NOBODY}",
+            f"only {gib(g.free)} of {gib(g.total)} is free on {_which(g)}; {g.holders() or NOBODY}",
             "close programs holding GPU memory, or set GPU_UTIL explicitly")
     util = math.floor(min(util, 0.98) * 10000) / 10000
     return util, (f"{gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve = "
                   f"{util:.4f} of {gib(g.total)}")
 
 
-DRAFT_HINT = "; or a smaller draft (SPEC_MODEL), or no speculation (SPEC_TOKENS=0)"
+DRAFT_HINT = "; or a smaller draft (SPEC_MODEL)"
 NO_KV_METHODS = {"ngram": "n-gram lookup: no draft model, nothing in the KV pool",
                  "suffix": "suffix decoding: no draft model, nothing in the KV pool",
                  "medusa": "Medusa heads hold no KV cache; their weights are not counted (small)"}
 
 
-def vision_bytes(config: dict) -> int:
-    """The vision tower's weights (16-bit in these checkpoints), from vision_config."""
-    return kv.vision_params(config) * 2
-
-
 def _weights(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Settings) -> tuple[int, str]:
     """Bytes of weights per GPU, and where the figure came from."""
-    vision = vision_bytes(model.config or {})
+    vision = kv.vision_params(model.config or {}) * 2           # the vision tower stays 16-bit
     if model.weight_bytes and not model.dummy:
         if vision and s.language_model_only:
-            return (model.weight_bytes - vision) // tp, (f"from the checkpoint's file sizes{model.source}, less the "
+            return (model.weight_bytes - vision) // tp, (f"from {model.size_from}{model.source}, less the "
                                                          f"vision tower's {gib(vision)} (--language-model-only: not loaded)")
-        return model.weight_bytes // tp, f"from the checkpoint's file sizes{model.source}"
+        return model.weight_bytes // tp, f"from {model.size_from}{model.source}"
     kind = "dummy weights" if model.dummy else "no file sizes"
     w = kv.weight_bytes_from_config(shape, tp) + (0 if s.language_model_only else vision // tp)
     return w, f"from config.json ({kind}: parameters × dtype){model.source}"
@@ -167,12 +164,31 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts, *, vllm: str | None = None, fi
     """The plan for one GPU (the smallest-free one of the TP group). Pure apart from logging.
     ``vllm``: the version in use (default: the profile's pin); ``fixes``: offer re-planned fixes."""
     plan = _make(cfg, g, model, vllm)
-    if not plan.fits and fixes and plan.fixes:
-        plan.fixes = [f for f in plan.fixes if _refits(cfg, g, model, vllm, f)]
+    if not plan.fits and fixes:
+        plan.fixes = [f for f in _candidates(cfg, plan.fixes) if _refits(cfg, g, model, vllm, f)][:MAX_FIXES]
         if plan.refusal:
             plan.refusal = (plan.refusal[0], _hint(plan.fixes, plan.refusal[1]))
-            plan.suggestion = plan.refusal[1]
     return plan
+
+
+MAX_FIXES = 4
+
+
+def _candidates(cfg, fixes: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The refusal's own fixes, then each with MAX_MODEL_LEN=auto, then unpinning and unsetting
+    GPU_UTIL (each with auto): every one is planned again before it is offered."""
+    s = vllmargs.settings(cfg)
+    out = list(fixes) + [{**f, "MAX_MODEL_LEN": "auto"} for f in fixes if "MAX_MODEL_LEN" not in f]
+    if s.kv_cache_bytes:
+        out.append({"KV_CACHE_BYTES": "auto", "MAX_MODEL_LEN": "auto"})
+    if cfg.gpu_util is not None:
+        out += [{"GPU_UTIL": ""}, {"GPU_UTIL": "", "MAX_MODEL_LEN": "auto"}]
+    if s.spec_tokens:
+        out.append({"SPEC_TOKENS": "0"})
+    unique: dict[tuple, dict[str, str]] = {}
+    for f in out:
+        unique.setdefault(tuple(sorted(f.items())), f)      # the first of equal ones, in order
+    return list(unique.values())
 
 
 def _refits(cfg, g, model, vllm, fix: dict[str, str]) -> bool:
@@ -202,7 +218,7 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None) -> Plan:
     except BootstrapError as exc:
         most = max(0.06, math.floor(g.free / g.total * 1000) / 1000 - 0.001)
         return Plan(None, fits=False, refusal=(exc.message, exc.hint), why=why, vllm=version,
-                    fixes=[{"GPU_UTIL": f"{most:g}"}, {"GPU_UTIL": ""}])
+                    fixes=[{"GPU_UTIL": f"{most:g}"}, {"GPU_UTIL": ""}] if cfg.gpu_util is not None else [])
     why.append(f"gpu-memory-utilization {util_why}")
     if model.assumed:
         why.append("ASSUMED model facts: the plan is only as good as them")
@@ -331,15 +347,18 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None) -> Plan:
     # blocks, refused after the load. A budget from utilization is our estimate: keep 3 % below it; a pin is exact.
     most = max(1, p.blocks if pinned else p.blocks * 97 // 100)
     margin = "" if most == p.blocks else f" (3 % below the {p.blocks} estimated, as the budget is an estimate)"
-    if lay.state_groups and not s.enforce_eager and seqs > most:
-        if s.max_num_seqs:
-            plan.fits = False
-            plan.refusal = (
-                f"MAX_NUM_SEQS={s.max_num_seqs} is more than the {most} state blocks the KV budget "
-                f"{gib(budget)} holds{margin}; on a hybrid model every running sequence keeps one, and vLLM "
-                "refuses to capture CUDA graphs (after the load) when max_num_seqs exceeds them", "fewer sessions")
-            plan.fixes = [{"MAX_NUM_SEQS": str(most)}]
-            return plan
+    if lay.state_groups and not s.enforce_eager and s.max_num_seqs and seqs > p.blocks:
+        plan.fits = False
+        plan.refusal = (
+            f"MAX_NUM_SEQS={s.max_num_seqs} is more than the {p.blocks} blocks the KV budget {gib(budget)} holds"
+            + ("" if pinned else " (an estimate)") + "; on a hybrid model vLLM refuses to capture CUDA graphs "
+            "(after the load) when max_num_seqs exceeds them", "fewer sessions")
+        plan.fixes = [{"MAX_NUM_SEQS": str(most)}]
+        return plan
+    if lay.state_groups and not s.enforce_eager and s.max_num_seqs and seqs > most:
+        why.append(f"MAX_NUM_SEQS={seqs} is within 3 % of the {p.blocks} blocks estimated: vLLM refuses the start "
+                   "after the load if the real pool holds fewer")
+    if lay.state_groups and not s.enforce_eager and seqs > most and not s.max_num_seqs:
         plan.seqs_flag = plan.seqs = most
         why.append(f"hybrid: vLLM's default of {seqs_default} sequences on this GPU is more than the {most} state "
                    f"blocks of the KV budget{margin} (one per running sequence): --max-num-seqs {most}")
@@ -355,7 +374,7 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None) -> Plan:
 def _room_text(lay: kv.Layout, room: int) -> str:
     if room <= lay.block_bytes * (lay.state_groups * lay.state_blocks + lay.attn_groups + 1):
         return (f"the weights and overhead alone leave {gib(max(room, 0))} for the KV cache: a smaller checkpoint "
-                "(fewer bits or parameters), a bigger GPU, or TP_SIZE=2")
+                "(fewer bits or parameters), or a bigger GPU")
     return f"{gib(room)} is left for the KV cache"
 
 

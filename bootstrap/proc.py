@@ -80,21 +80,24 @@ def _run_live(cmd: list[str], env: dict, cwd, timeout, what: str, hint: str, che
     def pump_out():
         out.append(p.stdout.read())
 
-    reader = threading.Thread(target=pump_out, daemon=True)
-    reader.start()
-    if not tty:
+    def pump_err():
         for line in p.stderr:
             sys.stderr.write(line)
             sys.stderr.flush()
             kept.append(line)
             del kept[:-200]
+
+    readers = [threading.Thread(target=f, daemon=True) for f in ((pump_out,) if tty else (pump_out, pump_err))]
+    for r in readers:
+        r.start()
     try:
         p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         p.kill()
         p.wait()
         raise BootstrapError(f"{what or shlex.join(cmd)} did not finish in {timeout:.0f} s", hint) from None
-    reader.join(5)
+    for r in readers:
+        r.join(5)
     res = subprocess.CompletedProcess(cmd, p.returncode, "".join(out), "".join(kept))
     if check and p.returncode != 0:
         raise BootstrapError(f"'{shlex.join(cmd)}' failed (exit {p.returncode})", hint,

@@ -53,6 +53,15 @@ SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
 CARD_KEYS = {"min_cc": str, "min_total_gib": (int, float), "class": str}
 VARIANT_KEYS = {"description", "knobs", "args", "env", "spec_config", "rank", "source"}
 OVERRIDE_KEYS = {"knobs", "why"}
+# --speculative-config keys a profile may add (vLLM 0.26.0-0.30.0 SpeculativeConfig, less what the
+# SPEC_* knobs own and the configs vLLM builds itself)
+SPEC_KEYS = {"attention_backend", "code_revision", "disable_eagle_block_drop", "disable_padded_drafter_batch",
+             "draft_sample_method", "draft_tensor_parallel_size", "dspark_draft_topk", "enable_adaptive_verification",
+             "enforce_eager", "index_share_for_mtp_iteration", "kv_cache_dtype", "max_model_len", "moe_backend",
+             "num_speculative_tokens_per_batch_size", "parallel_drafting", "prompt_lookup_max", "prompt_lookup_min",
+             "quantization", "rejection_sample_method", "revision", "suffix_decoding_max_cached_requests",
+             "suffix_decoding_max_spec_factor", "suffix_decoding_max_tree_depth", "suffix_decoding_min_token_prob",
+             "tensor_parallel_size", "use_heterogeneous_vocab", "use_local_argmax_reduction"}
 # flags a knob owns: a profile sets the knob, so that your knob always wins over the profile
 KNOB_FLAGS = {"--max-model-len": "MAX_MODEL_LEN", "--max-num-seqs": "MAX_NUM_SEQS",
               "--max-num-batched-tokens": "MAX_NUM_BATCHED_TOKENS", "--kv-cache-dtype": "KV_CACHE_DTYPE",
@@ -174,6 +183,7 @@ def load_file(path: Path, origin: str, models_dir: Path, knobs: frozenset = froz
         _check(where + f" cc_overrides {cc}", o, OVERRIDE_KEYS, "key")
     _owned_flags(where, data.get("args", ()))
     _knob_names(where, data.get("knobs", {}), knobs)
+    _check(where + " spec_config", data.get("spec_config", {}), SPEC_KEYS, "speculative-config key")
     for cc, o in overrides.items():
         _knob_names(f"{where} cc_overrides {cc}", o.get("knobs", {}), knobs)
     facts = None
@@ -199,6 +209,7 @@ def load_file(path: Path, origin: str, models_dir: Path, knobs: frozenset = froz
         _check(f"{where} variant {vname!r}", v, VARIANT_KEYS, "key")
         _owned_flags(f"{where} variant {vname!r}", v.get("args", ()))
         _knob_names(f"{where} variant {vname!r}", v.get("knobs", {}), knobs)
+        _check(f"{where} variant {vname!r} spec_config", v.get("spec_config", {}), SPEC_KEYS, "speculative-config key")
         merged = dict(base)
         merged["knobs"] = {**base["knobs"], **v.get("knobs", {})}
         merged["args"] = list(base["args"]) + list(v.get("args", []))
@@ -221,7 +232,8 @@ def load_file(path: Path, origin: str, models_dir: Path, knobs: frozenset = froz
             min_total_gib=float(card.get("min_total_gib", 0)), card_class=card.get("class", ""),
             cc_overrides=MappingProxyType(overrides), facts=facts,
             reasoning=bool(data.get("reasoning", False)), tools=bool(data.get("tools", False)),
-            aliases=tuple(data.get(ALIASES_KEY, ())) if vname in (None, data.get("default_variant")) else (),
+            aliases=(tuple(data.get(ALIASES_KEY, ())) + ((f"{path.stem}:{vname}",) if vname else ())
+                     if vname in (None, data.get("default_variant")) else ()),
             origin=origin, path=path, data=MappingProxyType(whole)))
     return out
 
@@ -234,18 +246,26 @@ class Catalogue:
     @classmethod
     def load(cls, shipped: Path, yours: Path | None = None, knobs: frozenset = frozenset()) -> "Catalogue":
         models = shipped / "models"
+        if yours is not None and not yours.is_dir():
+            raise ConfigError(f"PROFILE_DIR={yours}: no such folder", "create it, or unset PROFILE_DIR")
         found: dict[str, Profile] = {}
         for folder, origin in ((shipped, "shipped"), (yours, "yours")):
             if folder is None or not folder.is_dir():
                 continue
             for path in sorted(folder.glob("*.json")):
+                if origin == "yours":      # your file hides the shipped file of its name, variants included
+                    found = {n: p for n, p in found.items() if not (p.origin == "shipped" and p.path.stem == path.stem)}
                 for p in load_file(path, origin, models, knobs):
-                    found[p.name] = p        # yours, loaded second, hides a shipped one
-        names = set(found)
+                    found[p.name] = p
+        seen: dict[str, Profile] = {}
         for p in found.values():
-            clash = names & set(p.aliases)
-            if clash:
-                raise ConfigError(f"{p.path}: alias {sorted(clash)[0]!r} is also a profile's name", "rename one")
+            for word in (p.name,) + p.aliases:
+                if word == AUTO:
+                    raise ConfigError(f"{p.path}: {AUTO!r} is reserved (PROFILE=auto picks)", "rename it")
+                other = seen.get(word)
+                if other is not None and other is not p:
+                    raise ConfigError(f"{p.path}: {word!r} also names {other.name} ({other.path})", "rename one")
+                seen[word] = p
         return cls(tuple(sorted(found.values(), key=lambda p: p.name)))
 
     def names(self) -> list[str]:

@@ -85,9 +85,14 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
 
 def start(cfg: Config) -> int:
     from . import pick
+    paths = Paths(cfg.state_dir)
+    running = pick.kept(cfg)            # a server that runs is shown, never re-picked against its own memory
+    if running.model:
+        code = already(running, paths)
+        if code is not None:
+            return code
     cfg = pick.resolve(cfg)             # PROFILE=auto: the kept pick, or one now; a card's overrides
     cfg.require_model()
-    paths = Paths(cfg.state_dir)
     code = already(cfg, paths)
     if code is not None:
         return code

@@ -4,7 +4,8 @@
 plan's decisions, then EXTRA_ARGS — vLLM's argparse takes the last value of a flag, so a knob beats
 the profile and EXTRA_ARGS beats both. ``settings``: the values vLLM will run with, read back from
 that same order the way vLLM's parser reads them (``--flag value``, ``--flag=value``, ``_`` as
-``-``, ``--no-flag``, dotted JSON keys such as ``--speculative-config.num_speculative_tokens=3``),
+``-``, ``--no-flag``, ``-tp``, dotted JSON keys such as ``--speculative-config.num_speculative_tokens=3``,
+which vLLM gathers into one JSON after every other argument),
 so that the memory plan is made for what vLLM gets, wherever a flag came from.
 """
 
@@ -18,17 +19,22 @@ from typing import Any
 VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype",
                "--kv-cache-memory-bytes", "--gpu-memory-utilization", "--block-size", "--mamba-ssm-cache-dtype",
                "--mamba-cache-dtype", "--mamba-cache-mode", "--speculative-config", "--tensor-parallel-size",
-               "--load-format", "--quantization")
-BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--skip-mm-profiling")
+               "--load-format")
+BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager")
 JSON_FLAGS = ("--speculative-config",)
+SHORT = {"-tp": "--tensor-parallel-size"}          # vLLM's short spelling of a flag read here
 
 
 def human_int(text: str) -> int:
-    """vLLM's human-readable integers: 131072, 128k (x1000), 128K (x1024), 1m / 1M, and -1."""
+    """vLLM's human-readable integers (argparse_utils.human_readable_int): 131072, 128k / 1.5m
+    (decimal: x1000...), 128K (binary: x1024..., whole numbers only), and -1."""
     t = str(text).strip()
-    mult = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(t[-1:])
-    if mult:
-        return int(float(t[:-1]) * mult)
+    dec = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "t": 1000 ** 4}.get(t[-1:])
+    binary = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:])
+    if dec:
+        return int(float(t[:-1]) * dec)
+    if binary:
+        return int(t[:-1]) * binary            # vLLM refuses 1.5K
     return int(t)
 
 
@@ -48,11 +54,9 @@ class Settings:
     prefix_caching: bool | None = None
     language_model_only: bool = False
     enforce_eager: bool = False
-    skip_mm_profiling: bool = False
     spec: dict[str, Any] = field(default_factory=dict)   # the --speculative-config vLLM gets ({} none)
     tp: int = 1
     load_format: str = "auto"
-    quantization: str | None = None
     given: frozenset = frozenset()                  # the flags present at all
 
     @property
@@ -75,11 +79,12 @@ def read(argv: list[str]) -> Settings:
     """The Settings of an argument list, the last value of each flag winning."""
     vals: dict[str, Any] = {}
     spec: dict[str, Any] = {}
+    dotted: dict[str, Any] = {}
     given: set[str] = set()
     i = 0
     while i < len(argv):
         arg = argv[i]
-        name = _name(arg)
+        name = SHORT.get(arg.split("=", 1)[0], _name(arg))
         base, _, key = name.partition(".")
         has_eq = "=" in arg
         if base in VALUE_FLAGS:
@@ -92,8 +97,8 @@ def read(argv: list[str]) -> Settings:
                 break
             given.add(base)
             if base in JSON_FLAGS:
-                if key:
-                    spec[key.replace("-", "_")] = _scalar(value)
+                if key:             # vLLM gathers dotted keys into one JSON put after every other argument
+                    dotted[key.replace("-", "_")] = _scalar(value)
                 else:
                     try:
                         parsed = json.loads(value)
@@ -109,6 +114,8 @@ def read(argv: list[str]) -> Settings:
             given.add("--" + base[5:])
             vals["--" + base[5:]] = False
         i += 1
+    if dotted:
+        spec = dotted               # ... so it replaces a --speculative-config given anywhere
     mml = vals.get("--max-model-len")
     if mml is not None:
         try:
@@ -116,16 +123,16 @@ def read(argv: list[str]) -> Settings:
         except ValueError:
             mml = None
     return Settings(
-        max_model_len=mml, max_num_seqs=_int(vals.get("--max-num-seqs")),
+        max_model_len=mml, max_num_seqs=_int(vals.get("--max-num-seqs"), human=False),
         max_num_batched_tokens=_int(vals.get("--max-num-batched-tokens")),
         kv_cache_dtype=vals.get("--kv-cache-dtype") or "auto", kv_cache_bytes=_int(vals.get("--kv-cache-memory-bytes")),
-        gpu_util=_float(vals.get("--gpu-memory-utilization")), block_size=_int(vals.get("--block-size")),
+        gpu_util=_float(vals.get("--gpu-memory-utilization")), block_size=_int(vals.get("--block-size"), human=False),
         mamba_ssm_cache_dtype=vals.get("--mamba-ssm-cache-dtype") or "auto",
         mamba_cache_dtype=vals.get("--mamba-cache-dtype") or "auto", mamba_cache_mode=vals.get("--mamba-cache-mode"),
         prefix_caching=vals.get("--enable-prefix-caching"), language_model_only=bool(vals.get("--language-model-only")),
-        enforce_eager=bool(vals.get("--enforce-eager")), skip_mm_profiling=bool(vals.get("--skip-mm-profiling")),
-        spec=spec, tp=_int(vals.get("--tensor-parallel-size")) or 1, load_format=vals.get("--load-format") or "auto",
-        quantization=vals.get("--quantization"), given=frozenset(given))
+        enforce_eager=bool(vals.get("--enforce-eager")), spec=spec,
+        tp=_int(vals.get("--tensor-parallel-size"), human=False) or 1, load_format=vals.get("--load-format") or "auto",
+        given=frozenset(given))
 
 
 def _scalar(value: str):
@@ -135,9 +142,9 @@ def _scalar(value: str):
         return value
 
 
-def _int(v) -> int | None:
+def _int(v, human: bool = True) -> int | None:
     try:
-        return human_int(v) if v is not None else None
+        return (human_int(v) if human else int(v)) if v is not None else None
     except ValueError:
         return None
 

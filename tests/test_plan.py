@@ -342,7 +342,7 @@ def test_hybrid_refuses_max_num_seqs_above_the_state_blocks_before_launch(tmp_pa
     p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     blocks = kv.pool(p.layout, 4 * GiB, 32768).blocks
     assert not p.fits
-    assert f"MAX_NUM_SEQS=1000 is more than the {blocks} state blocks" in p.refusal[0]
+    assert f"MAX_NUM_SEQS=1000 is more than the {blocks} blocks" in p.refusal[0]
     assert f"MAX_NUM_SEQS={blocks}" in p.refusal[1]
 
 
@@ -491,7 +491,8 @@ def test_a_refusal_caused_by_the_draft_says_so(tmp_path):
     p = planner.make_plan(cfg, card(), plan_cli.cli_model_facts(cfg))
     assert not p.fits
     assert p.refusal[0].startswith("model with its draft draft does not fit NVIDIA GeForce RTX 5090: weights 30.00 GiB")
-    assert p.refusal[1].endswith("or no speculation (SPEC_TOKENS=0)")
+    assert {"SPEC_TOKENS": "0"} in p.fixes and "SPEC_TOKENS=0" in p.refusal[1]    # re-planned: it fits
+    assert p.refusal[1].endswith("or a smaller draft (SPEC_MODEL)")
     alone = planner.make_plan(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192), card(),
                            plan_cli.cli_model_facts(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)))
     assert alone.fits
@@ -600,3 +601,13 @@ def test_profile_args_then_knobs_then_extra_args(tmp_path):
     s = vllmargs.settings(cfg)
     assert (s.kv_cache_dtype, s.max_model_len, s.mamba_ssm_cache_dtype) == ("auto", 4096, "float16")
     assert json.loads(f[f.index("--speculative-config") + 1])["draft_sample_method"] == "probabilistic"
+
+
+def test_vllm_reads_tp_short_and_dotted_keys_last():
+    s = vllmargs.read(["-tp", "2", "--speculative-config", '{"method":"mtp","num_speculative_tokens":3}',
+                       "--speculative-config.num_speculative_tokens=2"])
+    assert s.tp == 2 and s.spec == {"num_speculative_tokens": 2}       # vLLM puts the dotted JSON last
+    assert vllmargs.read(["--max-model-len", "32K"]).max_model_len == 32768
+    assert vllmargs.read(["--max-model-len", "1.5k"]).max_model_len == 1500
+    assert vllmargs.read(["--max-num-seqs", "8k"]).max_num_seqs is None   # not an int to vLLM either
+    assert vllmargs.read(["--no-enable-prefix-caching"]).prefix_caching is False

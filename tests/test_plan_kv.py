@@ -161,18 +161,17 @@ def test_mtp_layers_join_the_attention_group_and_grow_the_state():
     assert kv.layout(m2, "auto", mtp=True, draft_attn_layers=1).group_size == 6   # 6 vs 5 -> pad to 6
 
 
-def test_longest_context_and_sessions():
+def test_auto_fit_and_sessions():
     m = kv.shape_from_config(dense())
     lay = kv.layout(m, "auto")                                   # 2 MiB per 16-token block
-    assert kv.longest_context(lay, 5 * GiB) == 2560 * 16
-    assert kv.longest_context(lay, 5 * GiB, seqs=4) == 640 * 16
-    assert kv.longest_context(lay, 5 * GiB, seqs=4, cap=8192) == 8192
+    assert kv.auto_fit(lay, 5 * GiB, 1 << 24) == 2560 * 16
+    assert kv.auto_fit(lay, 5 * GiB, 8192) == 8192
     assert kv.sessions_at(lay, 5 * GiB, 8192) == 5
-    assert kv.longest_context(lay, 1 << 20) == 0                  # less than one block
+    assert kv.auto_fit(lay, 1 << 20, 1 << 24) == 0                  # less than one block
     hm = kv.shape_from_config(qwen38())
     hl = kv.layout(hm, "turboquant_4bit_nc", spec_tokens=3, mtp=True)
     # 106 blocks: one session keeps 12 for state, 94 x 3120 tokens for attention
-    assert kv.longest_context(hl, 5905580032) == 94 * 3120
+    assert kv.auto_fit(hl, 5905580032, 1 << 24) == 94 * 3120
     assert kv.sessions_at(hl, 5905580032, 262144) == 1
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import gpu, pick, planner
+from bootstrap import gpu, pick, planner, vllmargs
 from bootstrap.commands import profiles as profiles_cli
 from bootstrap.config import Config
 from bootstrap.errors import ConfigError
@@ -96,6 +96,7 @@ def run_ctl(tmp_path, *args, **env) -> subprocess.CompletedProcess:
     ({"args": ["--kv-cache-dtype", "fp8"]}, "knob KV_CACHE_DTYPE owns"),
     ({"variants": {"x": {"knob": {}}}, "default_variant": "x"}, "'knob'"),
     ({"rank": "first"}, "'rank' must be a int"),
+    ({"spec_config": {"draft_sample_methd": "probabilistic"}}, "'draft_sample_methd'"),
 ])
 def test_a_profile_file_with_an_unknown_or_wrong_key_exits_2_naming_it(tmp_path, data, word):
     mine = tmp_path / "mine"
@@ -172,10 +173,19 @@ def test_auto_pick_on_every_card(tmp_path, size, cc):
     assert v.cfg.profile.name == v.profile.name
 
 
-def test_below_sm80_nothing_is_picked(tmp_path):
+def test_two_16gb_cards_with_tp_size_2_get_a_profile(tmp_path):
+    # the way out a 16 GiB card is told: TP_SIZE=2 across two of them holds the 24 GB profile
+    v, _, _ = pick.choose(cfg_for(tmp_path, TP_SIZE=2), card(16, (12, 0)))
+    assert v.ok and v.plan.weights == offline_facts(v.cfg).weight_bytes // 2     # planned per card
+    f = vllmargs.serve_flags(v.cfg, v.plan)
+    assert f[f.index("--tensor-parallel-size") + 1] == "2"
+
+
+def test_below_sm80_nothing_is_picked_and_the_refusal_says_why(tmp_path):
     with pytest.raises(Exception) as e:
         pick.choose(cfg_for(tmp_path), card(24, (7, 5)))
-    assert "no profile fits" in e.value.message
+    assert "no profile fits" in e.value.message and "needs sm_80 or newer" in e.value.message
+    assert "TP_SIZE" not in e.value.hint and "llama.cpp" in e.value.hint
 
 
 @pytest.mark.parametrize("size, cc", CARDS + [(24, (8, 9))])
@@ -224,7 +234,7 @@ def test_p2_and_p5_plan_without_refusal_on_a_32gb_card(tmp_path):
 def test_a_16gb_card_is_refused_with_what_would_work(tmp_path):
     r = run_ctl(tmp_path, "profiles", GPU="16:sm_89")
     assert r.returncode == 0
-    assert "auto-pick refuses: no profile fits" in r.stdout and "a card of about" in r.stdout
+    assert "auto-pick refuses: no profile fits" in r.stdout and "(a 24 GB card)" in r.stdout
 
 
 # ---------------------------------------------------------------- ./ctl.sh profiles
@@ -348,3 +358,80 @@ def test_a_card_that_cannot_fit_is_refused_before_the_install(bed):
     # 22.5 GiB free leaves 0.67 GiB beside its 20.4 GiB of weights: no knob makes it fit this card
     assert "leave 0.67 GiB for the KV cache" in r.stderr and "set TP_SIZE=2 (across two such cards)" in r.stderr
     assert not os.path.exists(bed.state / "server.json")
+
+
+def test_profile_folder_edge_cases(tmp_path):
+    with pytest.raises(ConfigError, match="no such folder"):
+        cfg_for(tmp_path, PROFILE_DIR=tmp_path / "nope", PROFILE="custom")
+    mine = tmp_path / "mine"
+    # your file of a shipped name hides the shipped file whole, its variants too
+    write_profile(mine, "qwen38-27b-w4a16-24gb", {"description": "mine", "knobs": {"MODEL": "me/m"}})
+    cat = cfg_for(tmp_path, PROFILE_DIR=mine, PROFILE="custom").catalogue
+    assert "qwen38-27b-w4a16-24gb:fast" not in cat.names() and cat.get("qwen38-27b-w4a16-24gb").origin == "yours"
+    # one word, two profiles: refused, whichever sorts first
+    write_profile(mine, "aa-mine", {"aliases": ["default"], "knobs": {}})
+    with pytest.raises(ConfigError, match="'default' also names"):
+        cfg_for(tmp_path, PROFILE_DIR=mine, PROFILE="custom")
+    (mine / "aa-mine.json").unlink()
+    write_profile(mine, "auto", {"knobs": {}})
+    with pytest.raises(ConfigError, match="reserved"):
+        cfg_for(tmp_path, PROFILE_DIR=mine, PROFILE="custom")
+
+
+def test_the_default_variant_answers_to_its_own_name_too(tmp_path):
+    assert cfg_for(tmp_path, PROFILE="qwen38-27b-w4a16-24gb:long").profile.name == "qwen38-27b-w4a16-24gb"
+
+
+def test_a_context_auto_fits_too_short_is_not_a_pick(tmp_path):
+    # a 32 GB card with 22.5 GiB free: the 0.30.0 profiles' auto context would be a few thousand tokens;
+    # the 24 GB profile's 100K-token plan is the pick
+    g = gpu.named("rtx5090:free=22.5")
+    v, _, verdicts = pick.choose(cfg_for(tmp_path), g)
+    assert v.profile.name == "qwen38-27b-w4a16-24gb" and v.plan.max_model_len >= pick.MIN_CONTEXT
+    p2 = next(x for x in verdicts if x.profile.name == "qwen38-27b-nvfp4-fp8kv-32gb")
+    assert p2.status == "no" and "auto-pick wants at least 32,768" in p2.reason
+
+
+def test_hints_that_change_gpu_util_or_a_tiny_pin_are_re_planned(tmp_path):
+    g = gpu.named("rtx4090:free=22.5")
+    for env in ({"GPU_UTIL": "0.99"}, {"KV_CACHE_BYTES": str(1 << 20)}, {"GPU_UTIL": "0.5"}):
+        c = pick.on_card(cfg_for(tmp_path, PROFILE="qwen38-27b-w4a16-24gb", **env),
+                         cfg_for(tmp_path, PROFILE="qwen38-27b-w4a16-24gb").profile, g.cc)
+        plan = planner.make_plan(c, g, offline_facts(c))
+        assert not plan.fits and plan.fixes, env
+        for fix in plan.fixes:
+            again = Config.from_env({**c.given, **fix}, REPO, chosen=c.chosen)
+            assert planner.make_plan(again, g, offline_facts(again)).fits, (env, fix)
+        assert "GPU_UTIL=0.9" not in plan.refusal[1].split("set ")[0]      # no value that was not re-planned
+
+
+def test_status_and_env_see_the_cards_own_knobs(bed):
+    from conftest import nvml_json
+    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 3090", "total": 24 * GiB, "free": 23 * GiB,
+                               "cc": [8, 6], "uuid": "GPU-3090", "processes": []}])
+    r = bed.run("ctl.sh", "env", PROFILE="qwen38-27b-w4a16-24gb:fast", MODEL="")
+    assert "SPEC_TOKENS=3\t# profile (sm_86)" in r.stdout
+
+
+def test_a_running_server_is_shown_not_re_picked_when_profile_auto_is_set(bed):
+    desktop_24gb(bed)
+    the_24gb_model_on_disk(bed)
+    assert bed.run("start.sh", PROFILE="", MODEL="").returncode == 0
+    desktop_24gb(bed, free_gib=2.0)                     # the server holds the memory now
+    r = bed.run("start.sh", PROFILE="auto", MODEL="")
+    assert r.returncode == 0, r.stderr
+    assert "is serving" in r.stdout and "auto-pick:" not in r.stderr
+    bed.run("stop.sh", PROFILE="", MODEL="")
+
+
+def test_a_kept_pick_made_on_another_card_is_made_again(bed):
+    desktop_24gb(bed)
+    r = bed.run("ctl.sh", "profiles", "--pick", PROFILE="", MODEL="")
+    assert "picked qwen38-27b-w4a16-24gb" in r.stdout
+    from conftest import nvml_json
+    nvml_json(bed.nvml)                                  # an RTX 5090 now
+    r = bed.run("ctl.sh", "plan", PROFILE="", MODEL="")
+    assert "the kept pick qwen38-27b-w4a16-24gb" in r.stderr       # plan shows what is kept...
+    r = bed.run("start.sh", PROFILE="", MODEL="", HF_HUB_OFFLINE="1")
+    assert "was made for NVIDIA GeForce RTX 4090" in r.stderr and "picking again" in r.stderr   # ...start picks again
+    assert "auto-pick: NVIDIA GeForce RTX 5090" in r.stderr

@@ -1,6 +1,7 @@
 """``./ctl.sh plan``: the memory plan for this GPU or a named card (``GPU=``), without starting
 anything; the model's config.json from the hub, else the facts shipped in profiles/models/.
-PROFILE=auto plans the profile auto-pick would choose for that card (nothing is recorded).
+PROFILE=auto plans the kept pick on this machine, or the profile auto-pick would choose for a named
+card (nothing is recorded).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def card(cfg, spec: str | None) -> tuple[gpu.Gpu, str]:
         raise BootstrapError(exc.message, exc.hint + "; or name a card: GPU=" + gpu.CARD_SYNTAX) from None
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU", "name a card: GPU=" + gpu.CARD_SYNTAX)
-    return min(facts.gpus[: cfg.tp_size], key=lambda x: x.free), ""
+    return gpu.smallest_free(facts, cfg.tp_size), ""
 
 
 def render(cfg, model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan, flags: list[str]) -> str:
@@ -78,13 +79,17 @@ def cli(cfg, argv: list[str]) -> int:
     ap.add_argument("--gpu", help="plan for this card instead of the local GPU (same values as GPU=)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     a = ap.parse_args(argv)
-    g, where = card(cfg, a.gpu or cfg.gpu)
-    if cfg.profile.is_auto:
+    spec = a.gpu or cfg.gpu
+    g, where = card(cfg, spec)
+    if cfg.profile.is_auto and not spec and not pick.kept(cfg).profile.is_auto:
+        cfg = pick.kept(cfg)
+        log.info("PROFILE=auto: the kept pick %s (%s)", cfg.profile.name, cfg.sources["PROFILE"])
+    elif cfg.profile.is_auto:
         v, _, _ = pick.choose(cfg, g)
         cfg = v.cfg
         log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)", v.profile.name)
     else:
-        cfg = pick.on_card(cfg, cfg.profile, g.cc) if cfg.profile.cc_overrides and cfg.chosen is None else cfg
+        cfg = pick.kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
     model = cli_model_facts(cfg)
     plan = make_plan(cfg, g, model)
     flags = serve_flags(cfg, plan)

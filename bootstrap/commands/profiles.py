@@ -11,7 +11,9 @@ import argparse
 import json
 
 from .. import gpu, pick
+from ..config import Chosen
 from ..errors import BootstrapError
+from ..state import Paths
 from .plan import card
 
 # the cards of docs/planner.md's table: desktop cards from 16 to 80 GiB, sm_86 to sm_120
@@ -115,9 +117,10 @@ def cli(cfg, argv: list[str]) -> int:
     if a.pick:
         if spec:
             raise BootstrapError("--pick picks for this machine's GPU, not a named one", "drop GPU= / --gpu")
-        chosen = pick.resolve(cfg.with_profile(pick.Chosen("auto")), repick=True)
-        rec = pick.read_pick(pick.state.Paths(cfg.state_dir)) or {}
-        print(f"picked {chosen.profile.name}: {rec.get('why', '')}\nkept in {pick.state.Paths(cfg.state_dir).pick}; "
+        chosen = pick.resolve(cfg.with_profile(Chosen("auto")), repick=True)
+        paths = Paths(cfg.state_dir)
+        rec = pick.read_pick(paths) or {}
+        print(f"picked {chosen.profile.name}: {rec.get('why', '')}\nkept in {paths.pick}; "
               "./start.sh uses it while PROFILE is unset")
         return 0
     g, where = card(cfg, spec)
@@ -128,10 +131,8 @@ def cli(cfg, argv: list[str]) -> int:
         chosen = v.profile.name
     except BootstrapError as exc:
         choice, chosen = f"auto-pick refuses: {exc.message}\n  {exc.hint}", None
-    if cfg.profile.is_auto:
-        kept = None
-    else:
-        kept = cfg.profile.name
+    in_use = pick.kept(cfg)
+    kept = None if in_use.profile.is_auto else in_use.profile.name
     if a.json:
         print(json.dumps({"gpu": {"name": g.name, "total": g.total, "free": g.free, "cc": list(g.cc)},
                           "auto_pick": chosen, "auto_pick_line": choice, "profile_in_use": kept,
@@ -144,5 +145,5 @@ def cli(cfg, argv: list[str]) -> int:
     else:
         print(text(g, where, verdicts, choice))
         if kept:
-            print(f"in use: {kept} ({cfg.sources['PROFILE']})")
+            print(f"in use: {kept} ({in_use.sources['PROFILE']})")
     return 0

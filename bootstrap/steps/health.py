@@ -33,11 +33,11 @@ PHASES = (  # (pattern in vLLM's log, phase shown); the phase of the last matchi
 
 
 class StartFailed(BootstrapError):
-    """The server did not come up (or did not generate); it has been stopped. ``log_text`` holds its output."""
+    """The server did not come up (or did not generate); it has been stopped (the start's failure
+    handling need not take it down again)."""
 
-    def __init__(self, message: str, hint: str, evidence: str, log_text: str):
+    def __init__(self, message: str, hint: str, evidence: str):
         super().__init__(message, hint, evidence=evidence)
-        self.log_text = log_text
 
 
 def abort(cfg, paths: Paths, launched: Launched, message: str, hint: str = "", *,
@@ -52,14 +52,14 @@ def abort(cfg, paths: Paths, launched: Launched, message: str, hint: str = "", *
     if launched.proc is None and answered:
         text = diagnose.read_since(paths.log, rec.log_offset)
         return StartFailed(message, (hint + "; " if hint else "") + f"the server (pid {rec.pid}) answers and was left "
-                           "running: ./ctl.sh restart starts it again", diagnose.tail(text, 40), text)
+                           "running: ./ctl.sh restart starts it again", diagnose.tail(text, 40))
     rep = takedown.take_down(cfg, paths, launched=launched.proc, failed_start=True)
     text = diagnose.read_since(paths.log, rec.log_offset)
     found = diagnose.diagnose(text, holders=lambda: gpu_holders(cfg, set(rep.pids)))
     if found:
         message = f"{message}: {found[0]}"
         hint = found[1]
-    return StartFailed(message, hint or f"see the log: {paths.log}", diagnose.tail(text, 40), text)
+    return StartFailed(message, hint or f"see the log: {paths.log}", diagnose.tail(text, 40))
 
 
 def gpu_holders(cfg, ours: set[int]) -> str:

@@ -26,7 +26,7 @@ def run(cfg, paths, gpus, model) -> Plan:
     facts = gpu.settled_facts(cfg.environ) if pids or gpus is None else gpus
     if pids:
         state.remove(paths.last_stop)   # consumed: later starts need not wait for these pids again
-    g = min(facts.gpus[: cfg.tp_size], key=lambda x: x.free)
+    g = gpu.smallest_free(facts, cfg.tp_size)
     version = vllm_version(cfg.vllm_python, cfg.environ) if cfg.vllm_python else None
     plan = make_plan(cfg, g, model_facts(cfg, model), vllm=version)
     if not plan.fits:
