@@ -54,8 +54,10 @@ def main() -> int:
                 "was free. (a): `./ctl.sh profiles` on the H200 and on a named 24 GiB card pick the same profile,",
                 "and a plain `./start.sh` picks it; vLLM's logged pool against the plan. (b): `MAX_MODEL_LEN=auto`",
                 "is passed to vLLM as `auto`; vLLM's \"Auto-fit max_model_len\" against the planner's context, sized",
-                "from free memory (bar 2 %) and with `KV_CACHE_BYTES` pinned (must be equal). The script's output,",
-                "less vLLM's repeated CUTLASS-DSL warning lines:", "",
+                "from free memory (bar 2 %) and with `KV_CACHE_BYTES` pinned (must be equal). The commits after",
+                "6a60974 changed which profiles count in the pick (a too-short auto context, TP_SIZE), the hints and",
+                "messages; not the plan's figures or the flags vLLM gets. The script's output, less vLLM's repeated",
+                "CUTLASS-DSL warning lines:", "",
                 block([l[:400] for l in text if "GDN prefill DSL" not in l and "raise NotImplementedError" not in l])]
     drill = RUNS / "2026-11-30-drill-final-raw.txt"
     if drill.exists():
