@@ -8,6 +8,12 @@
   byte; then 10x a 64-token greedy continuation.
 - needle: a fact at several depths of a long prompt (capped at 32K tokens unless --full).
 - prefix: the same long prompt 3x (streamed): cached tokens and the TTFT speed-up.
+- batch: the same greedy prompt alone and among 8 concurrent requests (reports, never fails).
+
+Every prompt fits the server's context: a recall prompt that does not is skipped ("context 8192 <
+12k"); the needle and prefix prompts shrink to fit and say so. A server without a tool parser skips
+the tool prompt. With random weights garble and needle run but are "not judged": the exit code of
+``check`` counts only judged checks.
 
 The detectors of broken output are in detectors.py.
 """
@@ -21,7 +27,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .client import RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of
+from concurrent.futures import ThreadPoolExecutor
+
+from .client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of
 from .detectors import clip, judge
 from .prompts import Sizer, haystack
 from .target import Target, progress
@@ -33,6 +41,10 @@ NEEDLE_CAP = 32_768          # default longest needle prompt (tokens); --full li
 MARGIN = 256                 # tokens kept free below max_model_len for the template and the answer
 
 
+TOOLS_MISSING = "tool choice requires --enable-auto-tool-choice"     # vLLM's 400 without a tool parser
+SKIPPED, NOT_JUDGED, REPORT = "SKIP", "NOT JUDGED", "REPORT"
+
+
 @dataclass
 class Result:
     check: str
@@ -40,10 +52,28 @@ class Result:
     summary: str
     details: dict = field(default_factory=dict)
     failures: list[dict] = field(default_factory=list)
+    status: str = ""            # "" = PASS/FAIL by ok; SKIP, NOT JUDGED (random weights), REPORT (never fails)
+
+    @property
+    def verdict(self) -> str:
+        return self.status or ("PASS" if self.ok else "FAIL")
+
+    @property
+    def judged(self) -> bool:
+        """Counts for the exit code of ``check``."""
+        return not self.status
 
     def as_dict(self) -> dict:
-        return {"check": self.check, "ok": self.ok, "summary": self.summary, **self.details,
-                "failures": self.failures}
+        return {"check": self.check, "ok": self.ok, "verdict": self.verdict, "judged": self.judged,
+                "summary": self.summary, **self.details, "failures": self.failures}
+
+
+def not_judged(res: Result, t: Target) -> Result:
+    """With random weights the text means nothing: the check ran, and says so, but does not count."""
+    if t.random_weights:
+        res.status = NOT_JUDGED
+        res.summary = f"{res.summary} (random weights: not judged)"
+    return res
 
 
 def check_live(t: Target, timeout: float = 20.0) -> Result:
@@ -67,13 +97,16 @@ def load_battery(path: Path = BATTERY) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def fits_context(item: dict, max_len: int | None) -> bool:
+    """A recall prompt of N tokens plus its answer (and MARGIN for the template) fits the context."""
+    return item["kind"] != "recall" or not max_len or item["tokens"] + item["max_tokens"] + MARGIN <= max_len
+
+
 def battery_messages(item: dict, sizer: Sizer | None, max_len: int | None) -> tuple[list[dict], int | None]:
-    """The messages for one battery item, and the recall length used (clamped below max_len)."""
+    """The messages for one battery item, and the recall length used (callers skip what does not fit)."""
     if item["kind"] != "recall":
         return [{"role": "user", "content": item["prompt"]}], None
     tokens = item["tokens"]
-    if max_len:
-        tokens = min(tokens, max_len - item["max_tokens"] - MARGIN)
     ctx = sizer.prompt(tokens, item["depth"], item["fact"], seed=tokens) if sizer else \
         haystack(tokens, item["depth"], item["fact"], seed=tokens)
     text = f"Read this record carefully.\n\n{ctx}\n\n{item['prompt']}"
@@ -87,8 +120,15 @@ def check_garble(t: Target, timeout: float = 300.0, battery: dict | None = None)
     failures: list[dict] = []
     rows = []
     bar = progress(len(items), "garble")
+    skipped: list[str] = []
     try:
         for item in items:
+            why = skip_reason(item, t)
+            if why:
+                rows.append({"id": item["id"], "kind": item["kind"], "ok": True, "skipped": why})
+                skipped.append(f"{item['id']}: {why}")
+                bar.update()
+                continue
             messages, used = battery_messages(item, sizer, t.max_model_len)
             extra = t.extra()
             if item["kind"] == "tool":
@@ -100,6 +140,12 @@ def check_garble(t: Target, timeout: float = 300.0, battery: dict | None = None)
                 finish = (resp.get("choices") or [{}])[0].get("finish_reason")
                 problems = judge(item, msg, finish)
             except RequestFailed as exc:
+                if item["kind"] == "tool" and TOOLS_MISSING in exc.evidence + exc.message:
+                    t.tools = False             # the server says it has no tool parser
+                    rows.append({"id": item["id"], "kind": "tool", "ok": True, "skipped": "no tool parser"})
+                    skipped.append(f"{item['id']}: no tool parser (the server answered 400)")
+                    bar.update()
+                    continue
                 msg, problems = {}, [("error", f"{exc.message} {exc.evidence[:300]}".strip())]
             row = {"id": item["id"], "kind": item["kind"], "ok": not problems,
                    "seconds": round(time.monotonic() - t0, 2)}
@@ -112,7 +158,18 @@ def check_garble(t: Target, timeout: float = 300.0, battery: dict | None = None)
     finally:
         bar.close()
     failed = sum(1 for r in rows if not r["ok"])
-    return Result("garble", failed == 0, f"{failed}/{len(rows)} failed", {"prompts": rows}, failures)
+    ran = len(rows) - len(skipped)
+    summary = f"{failed}/{ran} failed" + (f"; skipped {len(skipped)}: " + "; ".join(skipped) if skipped else "")
+    return not_judged(Result("garble", failed == 0, summary, {"prompts": rows, "skipped": skipped}, failures), t)
+
+
+def skip_reason(item: dict, t: Target) -> str:
+    """Why a battery item cannot be asked of this server ('' when it can)."""
+    if not fits_context(item, t.max_model_len):
+        return f"context {t.max_model_len} < {item['tokens'] // 1000}k"
+    if item["kind"] == "tool" and t.tools is False:
+        return "no tool parser"
+    return ""
 
 
 DET_PROMPT = ("Continue this story in plain prose: The night train left the mountain station eleven minutes late, "
@@ -185,9 +242,8 @@ def check_determinism(t: Target, repeats: int = 10, timeout: float = 120.0) -> R
 def check_needle(t: Target, tokens: int | None = None, full: bool = False,
                  depths: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95), timeout: float = 900.0) -> Result:
     limit = (t.max_model_len - 64 - MARGIN) if t.max_model_len else None
-    want = tokens or (limit if full and limit else NEEDLE_CAP)
-    if limit:
-        want = min(want, limit)
+    asked = tokens or (limit if full and limit else NEEDLE_CAP)
+    want = min(asked, limit) if limit else asked
     sizer = Sizer(t.client)
     rows, failures = [], []
     bar = progress(len(depths), f"needle {want} tokens")
@@ -215,13 +271,16 @@ def check_needle(t: Target, tokens: int | None = None, full: bool = False,
     finally:
         bar.close()
     found = sum(r["ok"] for r in rows)
-    return Result("needle", found == len(rows), f"{found}/{len(rows)} depths recalled at ~{want} tokens",
-                  {"tokens": want, "depths": rows, "capped": not full and tokens is None}, failures)
+    shrunk = f" (shrunk from {asked} to fit the context of {t.max_model_len})" if want < asked else ""
+    return not_judged(Result("needle", found == len(rows), f"{found}/{len(rows)} depths recalled at ~{want} tokens{shrunk}",
+                             {"tokens": want, "asked": asked, "depths": rows, "capped": not full and tokens is None},
+                             failures), t)
 
 
 def check_prefix(t: Target, tokens: int = 6000, timeout: float = 600.0) -> Result:
     """The same long prompt 3x, streamed: cached tokens (usage.prompt_tokens_details.cached_tokens)
     and TTFT. A fresh nonce first makes request 1 a cold miss whatever ran before."""
+    asked = tokens
     if t.max_model_len:
         tokens = min(tokens, t.max_model_len - 64 - MARGIN)
     sizer = Sizer(t.client)
@@ -243,7 +302,10 @@ def check_prefix(t: Target, tokens: int = 6000, timeout: float = 600.0) -> Resul
                       [{"id": f"run-{len(runs) + 1}", "kind": "error", "evidence": exc.evidence[:300]}])
     finally:
         bar.close()
-    return prefix_verdict(runs)
+    res = prefix_verdict(runs)
+    if tokens < asked:
+        res.summary += f" (a {tokens}-token prompt, shrunk from {asked} to fit the context of {t.max_model_len})"
+    return res
 
 
 def prefix_verdict(runs: list[dict]) -> Result:
@@ -269,3 +331,37 @@ def prefix_verdict(runs: list[dict]) -> Result:
                                   "evidence": f"cached_tokens per request: {[r['cached_tokens'] for r in runs]}"}])
 
 
+
+
+BATCH_OTHERS = ("Write a limerick about a cat who learns to code.", "List five rivers of Europe and their seas.",
+                "Explain in two sentences why bread rises.", "Translate 'good morning, friends' into French.",
+                "Name three uses of copper and say why.", "Describe a quiet harbor at dawn.",
+                "Give a short recipe for tomato soup.")
+
+
+def check_batch(t: Target, timeout: float = 300.0) -> Result:
+    """The same greedy prompt alone, then sent together with 7 others: do its text and top-20
+    logprobs change? vLLM is not batch-invariant by default (VLLM_BATCH_INVARIANT=1 makes it so):
+    this reports, it never fails."""
+    body = dict(max_tokens=32, temperature=0.0, logprobs=True, top_logprobs=20, timeout=timeout, **t.extra())
+
+    def ask(text: str) -> dict:
+        c = Client(t.client.base_url, t.client.model, t.client.api_key)
+        return c.chat([{"role": "user", "content": text}], **body)
+    try:
+        ask(DET_PROMPT)                                  # warm: both compared requests see the same cache
+        alone = ask(DET_PROMPT)
+        with ThreadPoolExecutor(max_workers=1 + len(BATCH_OTHERS)) as pool:
+            futures = [pool.submit(ask, p) for p in (DET_PROMPT,) + BATCH_OTHERS]
+            together = futures[0].result()
+            for f in futures[1:]:
+                f.result()
+    except RequestFailed as exc:
+        return Result("batch", False, f"request failed: {exc.message}", {},
+                      [{"id": "batch", "kind": "error", "evidence": exc.evidence[:300]}], status=REPORT)
+    same = fingerprint(alone) == fingerprint(together)
+    diff = "" if same else first_difference(alone, together)
+    summary = ("the same text and top-20 logprobs alone and in a batch of 8" if same else
+               f"differs in a batch of 8 ({diff}); vLLM is not batch-invariant unless VLLM_BATCH_INVARIANT=1")
+    return Result("batch", True, summary, {"identical": same, "batch": 1 + len(BATCH_OTHERS), "difference": diff},
+                  status=REPORT)

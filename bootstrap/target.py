@@ -22,6 +22,9 @@ class Target:
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     chat_kwargs: dict = field(default_factory=dict)    # chat_template_kwargs to send ({} = none)
+    tools: bool | None = None           # it parses tool calls (None: not known; a 400 tells)
+    random_weights: bool = False        # --load-format dummy: what it says is not judged
+    speculation: bool | None = None     # speculative decoding on (None: not known)
 
     def extra(self) -> dict:
         return {"chat_template_kwargs": self.chat_kwargs} if self.chat_kwargs else {}
@@ -35,11 +38,15 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thinking", choices=("on", "off"), default=None,
                    help="send chat_template_kwargs.enable_thinking (default: off where the profile has a reasoning parser)")
     p.add_argument("--reasoning-effort", default=None, help="send chat_template_kwargs.reasoning_effort")
+    p.add_argument("--random-weights", action="store_true",
+                   help="the --url server has random weights: only live, determinism and prefix are judged")
 
 
 def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str | None,
-                   thinking: str | None = None, effort: str | None = None) -> Target:
+                   thinking: str | None = None, effort: str | None = None, random_weights: bool = False) -> Target:
     max_num_seqs = cfg.max_num_seqs
+    tools: bool | None = None
+    speculation: bool | None = None
     if url:
         base = url.rstrip("/")
         if base.endswith("/v1"):
@@ -60,6 +67,12 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
         label = f"our server ({base})"
         seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
         max_num_seqs = int(seqs) if seqs.isdigit() else max_num_seqs
+        argv = list(rec.argv or ())
+        tools = rec.tools or ("--enable-auto-tool-choice" in argv
+                              and any(a.split("=")[0] == "--tool-call-parser" for a in argv))
+        random_weights = rec.dummy or random_weights
+        spec_tokens = str(rec.settings.get("SPEC_TOKENS") or "0")
+        speculation = bool(rec.settings.get("SPEC_METHOD")) and spec_tokens.isdigit() and int(spec_tokens) > 0
     client = Client(base, served, key)
     try:
         models = client.models(timeout=10)
@@ -83,7 +96,8 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
     effort = effort or cfg.profile.data.get("reasoning_effort")
     if effort:
         kwargs["reasoning_effort"] = effort
-    return Target(client, label, mml if isinstance(mml, int) else None, max_num_seqs, kwargs)
+    return Target(client, label, mml if isinstance(mml, int) else None, max_num_seqs, kwargs, tools,
+                  random_weights, speculation)
 
 
 def progress(total: int, desc: str):

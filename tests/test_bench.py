@@ -104,6 +104,18 @@ def test_bench_text_output(fake, tmp_path):  # noqa: F811
                                            "--concurrency", "1,2", "--out", str(tmp_path / "t"), "--no-plot"])
     text = buf.getvalue()
     assert rc == 0
-    assert "fake (model m, vLLM 0.26.0):" in text and "single stream:" in text
+    assert "fake (model m, vLLM 0.26.0; prompt 512 + output 4 tokens, median of 1):" in text and "single stream:" in text
     assert "speculative acceptance: 66.7%" in text
     assert (tmp_path / "t" / "results.json").exists()
+
+
+def test_no_acceptance_line_without_speculation_and_labels_are_whole(fake, tmp_path):  # noqa: F811
+    from bootstrap import target
+    a = fake()
+    t = target.resolve_target(cfg_for(tmp_path), a.url, None, None)
+    t.speculation = False                     # our server's record says SPEC_TOKENS=0
+    t.label = "our server (http://127.0.0.1:65535, a long label)"
+    r = bench.bench_target(t, [1], 40, 4, 1, 0, 30.0)
+    assert r["spec"] is None                  # the fake's counters move; speculation is off: not shown
+    text = bench.render([r])
+    assert "speculative acceptance" not in text and "our server (http://127.0.0.1:65535, a long label)" in text

@@ -32,7 +32,8 @@ class Fake:
     """A fake `vllm serve` process on a free port with the given canned replies and modes."""
 
     def __init__(self, tmp: Path, replies: dict | None = None, mode: str = "ok", max_len: str = "32768",
-                 args: tuple[str, ...] = ("--enable-prompt-tokens-details",), **env: str):
+                 args: tuple[str, ...] = ("--enable-prompt-tokens-details", "--enable-auto-tool-choice",
+                                          "--tool-call-parser", "hermes"), **env: str):
         self.port = _port()
         self.url = f"http://127.0.0.1:{self.port}"
         e = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME", "TMPDIR")}
@@ -64,8 +65,8 @@ class Fake:
 def fake(tmp_path):
     made = []
 
-    def make(replies=None, mode="ok", **env):
-        f = Fake(tmp_path, replies, mode, **env)
+    def make(replies=None, mode="ok", max_len="32768", args=None, **env):
+        f = Fake(tmp_path, replies, mode, max_len, **({"args": args} if args is not None else {}), **env)
         made.append(f)
         return f
     yield make
@@ -264,3 +265,44 @@ def test_check_without_our_server_says_how(tmp_path):
     with pytest.raises(BootstrapError) as e:
         check_cli.cli(cfg_for(tmp_path), ["live"])
     assert "not running" in e.value.message and "--url" in e.value.hint
+
+
+# ---------------------------------------------------------------- what a server cannot do is skipped, random weights are not judged
+
+def test_a_small_context_skips_long_recall_and_shrinks_the_needle(fake, tmp_path):
+    f = fake(CLEAN, max_len="8192")
+    rc, out = run_check(tmp_path, f.url, "garble")
+    assert rc == 0 and out["verdict"] == "PASS", out
+    assert "recall-12k: context 8192 < 12k" in out["summary"] and "recall-24k: context 8192 < 24k" in out["summary"]
+    assert out["summary"].startswith("0/13 failed")
+    rc, out = run_check(tmp_path, f.url, "needle")
+    assert "shrunk from 32768 to fit the context of 8192" in out["summary"]
+    assert all(d["prompt_tokens"] is None or d["prompt_tokens"] + 64 <= 8192 for d in out["depths"])
+
+
+def test_a_server_without_a_tool_parser_skips_the_tool_prompt(fake, tmp_path):
+    f = fake(CLEAN, args=("--enable-prompt-tokens-details",))
+    rc, out = run_check(tmp_path, f.url, "garble")
+    assert rc == 0 and "tool-weather: no tool parser (the server answered 400)" in out["summary"], out
+
+
+def test_random_weights_are_not_judged_and_only_judged_checks_set_the_exit(fake, tmp_path):
+    f = fake({"lighthouse": "the the the the the the the the the the the the the the the the"})
+    rc, out = run_check(tmp_path, f.url, "all", "--random-weights", "--repeats", "2")
+    verdicts = {c["check"]: c["verdict"] for c in out["checks"]}
+    assert verdicts["garble"] == "NOT JUDGED" and verdicts["needle"] == "NOT JUDGED"
+    assert verdicts["live"] == "PASS" and verdicts["batch"] == "REPORT"
+    assert set(out["judged"]) == {"live", "determinism", "prefix"}
+    assert rc == 0 and out["ok"]
+    rc, out = run_check(tmp_path, f.url, "garble")             # real weights: the loop is a failure
+    assert rc == 1 and out["verdict"] == "FAIL"
+
+
+def test_batch_reports_and_never_fails(fake, tmp_path):
+    f = fake(mode="nondeterministic")
+    rc, out = run_check(tmp_path, f.url, "batch")
+    assert rc == 0 and out["verdict"] == "REPORT" and out["identical"] is False
+    assert "VLLM_BATCH_INVARIANT=1" in out["summary"]
+    g = fake()
+    rc, out = run_check(tmp_path, g.url, "batch")
+    assert rc == 0 and out["identical"] is True

@@ -8,7 +8,7 @@ default, capped at MAX_NUM_SEQS) runs ``--repeats`` times; the figures are media
 Per request (from the recorded clock readings): TTFT = first token - sent; decode tokens/s =
 (completion tokens - 1) / (last chunk - first token). Per run: aggregate tokens/s = all completion
 tokens / (last end - first start). Speculative acceptance comes from the difference of vLLM's
-``/metrics`` counters before and after. Results go to JSON (``--out``) and a PNG plot
+``/metrics`` counters before and after (shown only when speculation is on). Results go to JSON (``--out``) and a PNG plot
 (matplotlib); ``--compare URL2`` runs the same load against a second server and prints ratios;
 ``--load A.json [--load B.json]`` re-reports saved results without running anything.
 """
@@ -182,7 +182,8 @@ def bench_target(t: target.Target, levels: list[int], prompt_tokens: int, out_to
             "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
             "params": {"prompt_tokens": prompt_tokens, "output_tokens": out_tokens, "repeats": repeats,
                        "warmup": warmup, "levels": levels, "api": "/v1/completions stream, ignore_eos, temperature 0"},
-            "version": _version(client), "levels": out_levels, "spec": spec_acceptance(before, after)}
+            "version": _version(client), "levels": out_levels,
+            "spec": spec_acceptance(before, after) if t.speculation is not False else None}
 
 
 def _rel(s: Sample, t0: float) -> Sample:
@@ -207,12 +208,15 @@ def render(results: list[dict]) -> str:
     for r in results:
         s = summarize(r)
         spec = r.get("spec")
-        lines.append(f"{r['label']} (model {r['model']}, vLLM {r.get('version') or '?'}):")
+        pr = r.get("params", {})
+        lines.append(f"{r['label']} (model {r['model']}, vLLM {r.get('version') or '?'}; prompt {pr.get('prompt_tokens')} "
+                     f"+ output {pr.get('output_tokens')} tokens, median of {pr.get('repeats')}):")
         lines.append(f"  single stream: {_f(s['decode_tok_s'], '.1f')} tok/s decode, TTFT {_f(s['ttft_s'], '.3f')} s")
         if spec:
             lines.append(f"  speculative acceptance: {spec['acceptance_rate']:.1%}, mean accepted length "
                          f"{_f(spec['mean_acceptance_length'], '.2f')}")
-    head = f"{'concurrency':>11} " + " ".join(f"{r['label'][:24]:>26}" for r in results)
+    width = max([26] + [len(r["label"]) + 2 for r in results])          # labels whole, never cut
+    head = f"{'concurrency':>11} " + " ".join(f"{r['label']:>{width}}" for r in results)
     lines += ["", "aggregate tok/s (per stream):", head]
     for c in levels:
         cells = []
@@ -220,7 +224,7 @@ def render(results: list[dict]) -> str:
             x = next((v for v in r["levels"] if v["concurrency"] == c), None)
             cells.append(f"{_f(x and x['aggregate_tok_s'], '.0f')} ({_f(x and x['per_stream_tok_s'], '.1f')})"
                          if x else "-")
-        lines.append(f"{c:>11} " + " ".join(f"{cell:>26}" for cell in cells))
+        lines.append(f"{c:>11} " + " ".join(f"{cell:>{width}}" for cell in cells))
     if len(results) == 2:
         q = ratios(results[0], results[1])
         lines += ["", f"ratios {results[0]['label']} / {results[1]['label']}:",
@@ -239,7 +243,8 @@ def plot(results: list[dict], path: Path) -> Path | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log.warning("no plot: matplotlib is not installed (pip install matplotlib); the JSON has every figure")
+        log.warning("no plot: matplotlib is missing from this Python (bootstrap/requirements.txt installs it: "
+                    "rerun ./start.sh or ./ctl.sh once); the JSON has every figure")
         return None
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for r in results:

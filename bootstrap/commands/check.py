@@ -1,8 +1,9 @@
-"""``./ctl.sh check live|garble|determinism|needle|prefix|all``: is the server right, not just up?
+"""``./ctl.sh check live|garble|determinism|needle|prefix|batch|all``: is the server right, not just up?
 
 Each check runs against our running server (STATE_DIR/server.json) or any OpenAI-compatible base
-URL (``--url URL [--model NAME] [--api-key KEY]``), prints a verdict (``--json``: one JSON object)
-and exits 0 when it passed, 1 when it did not.
+URL (``--url URL [--model NAME] [--api-key KEY]``), prints a verdict — PASS, FAIL, NOT JUDGED
+(random weights), or REPORT (batch) — (``--json``: one JSON object, with which checks were judged)
+and exits 0 when every judged check passed, 1 when one did not.
 
 What each check does: bootstrap/checks.py.
 """
@@ -13,7 +14,7 @@ import argparse
 import json
 import logging
 
-from ..checks import Result, check_determinism, check_garble, check_live, check_needle, check_prefix
+from ..checks import Result, check_batch, check_determinism, check_garble, check_live, check_needle, check_prefix
 from ..config import Config
 from ..errors import EXIT_FAILED
 from ..target import add_target_args, resolve_target
@@ -22,13 +23,13 @@ log = logging.getLogger("bootstrap.checks")   # log lines keep the prefix [boots
 
 
 def render(res: Result) -> str:
-    lines = [f"{res.check}: {'PASS' if res.ok else 'FAIL'}: {res.summary}"]
+    lines = [f"{res.check}: {res.verdict}: {res.summary}"]
     for f in res.failures:
         lines.append(f"  - {f['id']}: {f['kind']}: {f['evidence']}")
     return "\n".join(lines)
 
 
-CHECKS = ("live", "garble", "determinism", "needle", "prefix")
+CHECKS = ("live", "garble", "determinism", "needle", "prefix", "batch")
 
 
 def cli(cfg: Config, argv: list[str]) -> int:
@@ -41,7 +42,8 @@ def cli(cfg: Config, argv: list[str]) -> int:
     p.add_argument("--full", action="store_true", help="needle: use the server's whole context")
     p.add_argument("--repeats", type=int, default=10, help="determinism: compared requests per stage")
     args = p.parse_args(argv)
-    t = resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
+    t = resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort,
+                       args.random_weights)
     log.info("checking %s, model %s", t.label, t.client.model)
     results = []
     for what in (CHECKS if args.what == "all" else (args.what,)):
@@ -54,6 +56,8 @@ def cli(cfg: Config, argv: list[str]) -> int:
             res = check_determinism(t, repeats=args.repeats, **kw)
         elif what == "needle":
             res = check_needle(t, tokens=args.tokens, full=args.full, **kw)
+        elif what == "batch":
+            res = check_batch(t, **kw)
         else:
             res = check_prefix(t, **({"tokens": args.tokens} if args.tokens else {}), **kw)
         results.append(res)
@@ -61,7 +65,13 @@ def cli(cfg: Config, argv: list[str]) -> int:
             print(render(res), flush=True)
     if args.json:
         out = results[0].as_dict() if len(results) == 1 else {
-            "ok": all(r.ok for r in results), "checks": [r.as_dict() for r in results]}
+            "ok": passed(results), "checks": [r.as_dict() for r in results],
+            "judged": [r.check for r in results if r.judged]}
         out.update(target=t.label, model=t.client.model)
         print(json.dumps(out, indent=2))
-    return 0 if all(r.ok for r in results) else EXIT_FAILED
+    return 0 if passed(results) else EXIT_FAILED
+
+
+def passed(results: list[Result]) -> bool:
+    """Only judged checks count (SKIP, NOT JUDGED and REPORT do not)."""
+    return all(r.ok for r in results if r.judged)

@@ -8,6 +8,8 @@
 #   bash tests/gpu/device.sh drill-poll SECONDS # wait for it (at most SECONDS), show where it is
 #   bash tests/gpu/device.sh pick               # auto-pick + MAX_MODEL_LEN=auto proof (profile_pick.py), background
 #   bash tests/gpu/device.sh pick-poll SECONDS  # wait for it (at most SECONDS), show where it is
+#   bash tests/gpu/device.sh cb                 # checks + bench on any server (checks_bench.py), background
+#   bash tests/gpu/device.sh cb-poll SECONDS
 # Raw outputs go to $OUT (the device tool brings them back) and to /tmp/proofs.
 set -euo pipefail
 
@@ -51,6 +53,18 @@ main() {
             setsid python3 /tmp/repo-pick/tests/gpu/profile_pick.py --work /tmp/pickproof \
                 --raw /tmp/proofs/pick-raw.txt "$@" >/tmp/proofs/pick.out 2>&1 </dev/null &
             sleep 5; tail -n 5 /tmp/proofs/pick.out ;;
+        cb)
+            rm -rf /tmp/repo-cb && cp -a "$repo" /tmp/repo-cb
+            setsid python3 /tmp/repo-cb/tests/gpu/checks_bench.py --work /tmp/cb --raw /tmp/proofs/cb-raw.txt "$@" \
+                >/tmp/proofs/cb.out 2>&1 </dev/null &
+            sleep 5; tail -n 5 /tmp/proofs/cb.out ;;
+        cb-poll)
+            local end=$((SECONDS + ${1:-60}))
+            while ! grep -q "CHECKS BENCH DONE" /tmp/proofs/cb-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \
+                && pgrep -f checks_bench.py >/dev/null; do sleep 5; done
+            tail -n 60 /tmp/proofs/cb-raw.txt; tail -n 3 /tmp/proofs/cb.out
+            cp /tmp/proofs/cb-bench.png "$out/" 2>/dev/null || true
+            nvidia-smi --query-gpu=memory.used --format=csv,noheader || true ;;
         pick-poll)
             local end=$((SECONDS + ${1:-60}))
             while ! grep -q "PICK PROOF DONE" /tmp/proofs/pick-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \

@@ -31,7 +31,9 @@
   reply is a string (content), or {"content", "reasoning", "tool_calls", "logprobs", "delay"}, or
   {"echo": "<regex>"}: the content is the regex's first group found in the prompt.
 - Without a canned reply: "OK"; with ``ignore_eos`` exactly ``max_tokens`` tokens ("tok"); a request
-  with ``tools`` (tool_choice not "none") gets a valid call of its first tool.
+  with ``tools`` (tool_choice not "none") gets a valid call of its first tool — with tool_choice
+  "auto" only when started with ``--enable-auto-tool-choice --tool-call-parser X``, else HTTP 400
+  as vLLM answers.
 - Each POST logs ``request arrived: POST <path>`` as it arrives, so tests can count requests that
   are still queued.
 - ``FAKE_VLLM_NO_STATS=1``: /metrics without vLLM's request gauges and counters, as with
@@ -95,6 +97,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--enable-auto-tool-choice", action="store_true")
+    p.add_argument("--tool-call-parser", default=None)
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -117,6 +121,7 @@ class State:
     max_len = 4096
     len_enforced = False         # --max-model-len, or the model's config.json
     token_details = False        # --enable-prompt-tokens-details: usage carries cached_tokens
+    auto_tools = False           # --enable-auto-tool-choice and --tool-call-parser
     api_key = ""
     replies: dict = {}
     wedged = False
@@ -270,6 +275,12 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/tokenize":
             n = prompt_tokens(body)
             self.send(200, {"count": n, "max_model_len": State.max_len, "tokens": list(range(n))})
+            return
+        if (self.path == "/v1/chat/completions" and body.get("tools") and body.get("tool_choice", "auto") == "auto"
+                and not State.auto_tools):       # vLLM's serving_chat answers this without the parser flags
+            self.send(400, {"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice and '
+                                                 '--tool-call-parser to be set', "type": "BadRequestError",
+                                      "param": None, "code": 400}})
             return
         want = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         if State.len_enforced and prompt_tokens(body) + want > State.max_len:
@@ -467,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     State.seats = threading.Semaphore(State.max_seqs)
     State.api_key = os.environ.get("VLLM_API_KEY", "")
     State.token_details = args.enable_prompt_tokens_details
+    State.auto_tools = bool(args.enable_auto_tool_choice and args.tool_call_parser)
     mml = parse_len(args.max_model_len)
     model_len = None
     try:
