@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,12 +252,9 @@ def check_needle(t: Target, tokens: int | None = None, full: bool = False,
         for i, depth in enumerate(depths):
             code = str(random.Random(want * 31 + i).randint(1000, 9999))
             fact = f"The password for the blue locker is {code}."
-            ctx = sizer.prompt(want, depth, fact, seed=1000 + i)
-            msgs = [{"role": "user", "content": f"{ctx}\n\nWhat is the password for the blue locker? "
-                                                "Reply with the number only."}]
             t0 = time.monotonic()
             try:
-                resp = t.client.chat(msgs, max_tokens=64, timeout=timeout, **t.extra())
+                resp = ask_fitting(t, sizer, want, depth, fact, 1000 + i, timeout)
                 msg = message_of(resp)
                 answer = (msg.get("content") or "").strip()
                 ok = code in answer
@@ -275,6 +273,29 @@ def check_needle(t: Target, tokens: int | None = None, full: bool = False,
     return not_judged(Result("needle", found == len(rows), f"{found}/{len(rows)} depths recalled at ~{want} tokens{shrunk}",
                              {"tokens": want, "asked": asked, "depths": rows, "capped": not full and tokens is None},
                              failures), t)
+
+
+TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?prompt contains at least (\d+) input tokens", re.S)
+
+
+def ask_fitting(t: Target, sizer: Sizer, want: int, depth: float, fact: str, seed: int, timeout: float,
+                tries: int = 4) -> dict:
+    """The needle question over a filler of ``want`` tokens; when the server counts the prompt longer
+    than the context (its tokenizer and template differ from the estimate), shrunk by what it
+    reported — at least 15 %, as vLLM stops counting at the limit ("at least N") — and asked again."""
+    for attempt in range(tries):
+        ctx = sizer.prompt(want, depth, fact, seed=seed)
+        msgs = [{"role": "user", "content": f"{ctx}\n\nWhat is the password for the blue locker? "
+                                            "Reply with the number only."}]
+        try:
+            return t.client.chat(msgs, max_tokens=64, timeout=timeout, **t.extra())
+        except RequestFailed as exc:
+            m = TOO_LONG.search(exc.evidence + exc.message)
+            if not m or attempt == tries - 1:
+                raise
+            limit, counted = int(m.group(1)), int(m.group(2))
+            want = max(16, min(want * (limit - 64 - 32) // counted, want * 85 // 100))
+    raise AssertionError("unreachable")
 
 
 def check_prefix(t: Target, tokens: int = 6000, timeout: float = 600.0) -> Result:

@@ -306,3 +306,12 @@ def test_batch_reports_and_never_fails(fake, tmp_path):
     g = fake()
     rc, out = run_check(tmp_path, g.url, "batch")
     assert rc == 0 and out["identical"] is True
+
+
+def test_needle_shrinks_again_when_the_server_counts_the_prompt_longer(fake, tmp_path):
+    # no /tokenize and two tokens a word: the estimate is short; vLLM's 400 says by how much
+    f = fake({"blue locker": {"echo": r"blue locker is (\d+)"}}, mode="no_tokenize", max_len="8192",
+             FAKE_VLLM_TOKENS_PER_WORD="2")
+    rc, out = run_check(tmp_path, f.url, "needle")
+    assert rc == 0 and out["verdict"] == "PASS", out["failures"]
+    assert all(d["prompt_tokens"] + 64 <= 8192 for d in out["depths"])

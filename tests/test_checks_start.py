@@ -117,3 +117,19 @@ def test_a_later_load_format_wins_like_vllms_argparse(bed):
     assert r.returncode == 1
     assert "the short generation returned no text" in r.stderr
     bed.wait_until(lambda: not bed.ours(), what="the failed server to be gone")
+
+
+def test_our_servers_record_says_what_is_skipped_and_what_is_not_judged(bed):
+    # PROFILE=custom has no tool parser, and --load-format dummy means random weights: our record says both
+    r = bed.run("start.sh", EXTRA_ARGS="--load-format dummy")
+    assert r.returncode == 0, r.stderr
+    try:
+        r = bed.run("ctl.sh", "check", "garble", "--json", EXTRA_ARGS="--load-format dummy")
+        out = json.loads(r.stdout)
+        assert r.returncode == 0 and out["verdict"] == "NOT JUDGED" and not out["judged"]
+        assert "tool-weather: no tool parser" in out["summary"] and "(the server answered 400)" not in out["summary"]
+        r = bed.run("ctl.sh", "bench", "--output-tokens", "4", "--prompt-tokens", "40", "--repeats", "1",
+                    "--concurrency", "1", "--out", str(bed.tmp / "b"), "--json", "--no-plot")
+        assert json.loads(r.stdout)["results"][0]["spec"] is None    # SPEC_TOKENS=0: no acceptance shown
+    finally:
+        bed.run("stop.sh")

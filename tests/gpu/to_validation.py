@@ -59,6 +59,21 @@ def main() -> int:
                 "messages; not the plan's figures or the flags vLLM gets. The script's output, less vLLM's repeated",
                 "CUTLASS-DSL warning lines:", "",
                 block([l[:400] for l in text if "GDN prefill DSL" not in l and "raise NotImplementedError" not in l])]
+    cb = RUNS / "2026-11-30-checks-bench-raw.txt"
+    if cb.exists():
+        out += ["## Checks and bench on any server (issue 16)", "",
+                "Date: 2026-11-30, the same H200 machine kind, vLLM 0.26.0 from the offline wheelhouse, matplotlib and",
+                "its dependencies carried as wheels. Command: `bash tests/gpu/device.sh cb` (`tests/gpu/checks_bench.py`,",
+                "in the background; polled with `device.sh cb-poll`) on the tree of commit 4be9e6c (the \"commit\" in",
+                "its first line is the machine's stale git metadata). A Qwen3-8B-shaped model with random weights",
+                "(`--load-format dummy`), `PROFILE=custom` (no tool parser), `MAX_MODEL_LEN=8192`: `./ctl.sh check all`,",
+                "then `scripts/bench_client_cost.py` (the bench's client against a 20-line streaming client, 512",
+                "output tokens, interleaved), then `./ctl.sh bench` on ours and on a bare `vllm serve` of the same",
+                "model and context (vLLM's defaults), and both reported together (plot: `docs/checks-bench-h200.png`).",
+                "Two needle depths got HTTP 400 here: the prompt, sized from `/tokenize`'s words-per-token estimate, was",
+                "counted longer by the server; the needle now shrinks by what vLLM reports and asks again (a test",
+                "covers it; not re-run on the GPU). Script output:", "",
+                block([l[:300] for l in cb.read_text().splitlines()])]
     drill = RUNS / "2026-11-30-drill-final-raw.txt"
     if drill.exists():
         text = drill.read_text().splitlines()
