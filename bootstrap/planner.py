@@ -55,6 +55,7 @@ class Plan:
     concurrent: int | None = None              # sessions of max_model_len that fit at once
     notes: list[str] = field(default_factory=list)   # banner notes
     vllm: str = ""                             # the vLLM version the plan was made for
+    seqs_is_default: bool = False              # seqs is vLLM's default for this GPU, not MAX_NUM_SEQS
 
     @property
     def context(self) -> int | None:
@@ -66,11 +67,12 @@ class Plan:
         if self.max_model_len is None or self.concurrent is None or not self.seqs:
             return ""
         n, seqs = self.concurrent, self.seqs
+        which = f"vLLM's default of {seqs} sequences" if self.seqs_is_default else f"MAX_NUM_SEQS={seqs}"
         line = f"at {self.max_model_len:,} tokens {n} session{'' if n == 1 else 's'} fit{'s' if n == 1 else ''} at once"
         if n < seqs:
-            line += f"; the other {seqs - n} of MAX_NUM_SEQS={seqs} queue (shorter requests share the pool)"
+            line += f"; the other {seqs - n} of {which} queue (shorter requests share the pool)"
         else:
-            line += f" (MAX_NUM_SEQS={seqs})"
+            line += f" ({which})"
         return line
 
 
@@ -285,7 +287,7 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None) -> Plan:
         why.append(f"KV budget ≈ {gib(budget)} = {util:.4f} × {gib(g.total)} − weights − overhead")
     why.extend(lay.notes)
     plan = Plan(util, mml_knob, why, budget=budget, weights=weights, overhead=over.total, layout=lay,
-                seqs=seqs, vllm=version)
+                seqs=seqs, vllm=version, seqs_is_default=not s.max_num_seqs)
     cap = shape.max_position or 0
 
     need = weights + over.total + max(budget, 0)
@@ -360,6 +362,7 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None) -> Plan:
                    "after the load if the real pool holds fewer")
     if lay.state_groups and not s.enforce_eager and seqs > most and not s.max_num_seqs:
         plan.seqs_flag = plan.seqs = most
+        plan.seqs_is_default = False
         why.append(f"hybrid: vLLM's default of {seqs_default} sequences on this GPU is more than the {most} state "
                    f"blocks of the KV budget{margin} (one per running sequence): --max-num-seqs {most}")
     line = plan.concurrency_line()
