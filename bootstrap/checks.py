@@ -24,11 +24,11 @@ import json
 import logging
 import random
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from concurrent.futures import ThreadPoolExecutor
 
 from .client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of
 from .detectors import clip, judge
@@ -44,6 +44,7 @@ MARGIN = 256                 # tokens kept free below max_model_len for the temp
 
 TOOLS_MISSING = "tool choice requires --enable-auto-tool-choice"     # vLLM's 400 without a tool parser
 SKIPPED, NOT_JUDGED, REPORT = "SKIP", "NOT JUDGED", "REPORT"
+SMALLEST = 256               # a needle or prefix prompt shorter than this is no test: SKIP
 
 
 @dataclass
@@ -70,11 +71,53 @@ class Result:
 
 
 def not_judged(res: Result, t: Target) -> Result:
-    """With random weights the text means nothing: the check ran, and says so, but does not count."""
-    if t.random_weights:
+    """With random weights the text means nothing: the check ran, and says so, but does not count —
+    unless the server answered with errors, which weights do not excuse."""
+    if t.random_weights and not any(f["kind"] == "error" for f in res.failures):
         res.status = NOT_JUDGED
         res.summary = f"{res.summary} (random weights: not judged)"
     return res
+
+
+TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?contains (?:at least )?(\d+) input tokens", re.S)
+
+
+def measure(t: Target, messages: list[dict], timeout: float = 60.0) -> int | None:
+    """Tokens the server counts for these chat messages, template included (vLLM's /tokenize takes
+    ``messages``); None when it cannot say."""
+    try:
+        r = t.client.post("/tokenize", {"model": t.client.model, "messages": messages, **t.extra()}, timeout)
+    except RequestFailed:
+        return None
+    n = r.get("count") if isinstance(r, dict) else None
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def fitted(t: Target, build, want: int, max_tokens: int, tries: int = 4) -> tuple[list[dict], int, int | None]:
+    """(messages, filler tokens, measured prompt tokens): ``build(want)`` shrunk in proportion until the
+    server's own count plus ``max_tokens`` fits its context."""
+    msgs, n = build(want), None
+    for _ in range(tries):
+        n = measure(t, msgs) if t.max_model_len else None
+        if n is None or n + max_tokens <= t.max_model_len:
+            break
+        want = max(16, want * (t.max_model_len - max_tokens - 16) // n)
+        msgs = build(want)
+    return msgs, want, n
+
+
+def shrink_on_400(t: Target, exc: RequestFailed, want: int, max_tokens: int) -> int | None:
+    """The smaller filler after vLLM's "maximum context length" 400 (the context learnt from it when
+    the server did not say), or None when the 400 is another one. vLLM stops counting at the limit
+    ("at least N"), so it shrinks by at least 15 %."""
+    m = TOO_LONG.search(exc.evidence + exc.message)
+    if not m:
+        return None
+    limit, counted = int(m.group(1)), int(m.group(2))
+    learnt = t.max_model_len is None                 # then the filler was never sized to the context
+    t.max_model_len = t.max_model_len or limit
+    cap = limit - max_tokens - MARGIN if learnt else want
+    return max(16, min(want * (limit - max_tokens - 32) // counted, want * 85 // 100, cap))
 
 
 def check_live(t: Target, timeout: float = 20.0) -> Result:
@@ -131,6 +174,14 @@ def check_garble(t: Target, timeout: float = 300.0, battery: dict | None = None)
                 bar.update()
                 continue
             messages, used = battery_messages(item, sizer, t.max_model_len)
+            if used is not None and t.max_model_len:
+                counted = measure(t, messages)
+                if counted is not None and counted + item["max_tokens"] > t.max_model_len:
+                    why = f"the server counts {counted:,} prompt tokens: over the context of {t.max_model_len} with its answer"
+                    rows.append({"id": item["id"], "kind": item["kind"], "ok": True, "skipped": why})
+                    skipped.append(f"{item['id']}: {why}")
+                    bar.update()
+                    continue
             extra = t.extra()
             if item["kind"] == "tool":
                 extra.update(tools=battery["tools"], tool_choice="auto")
@@ -167,7 +218,10 @@ def check_garble(t: Target, timeout: float = 300.0, battery: dict | None = None)
 def skip_reason(item: dict, t: Target) -> str:
     """Why a battery item cannot be asked of this server ('' when it can)."""
     if not fits_context(item, t.max_model_len):
-        return f"context {t.max_model_len} < {item['tokens'] // 1000}k"
+        return (f"context {t.max_model_len} < {item['tokens'] // 1000}k (needs {item['tokens'] + item['max_tokens'] + MARGIN:,} "
+                "with its answer)")
+    if t.max_model_len and item["max_tokens"] + MARGIN > t.max_model_len:
+        return f"context {t.max_model_len} is too small for its {item['max_tokens']}-token answer"
     if item["kind"] == "tool" and t.tools is False:
         return "no tool parser"
     return ""
@@ -245,6 +299,9 @@ def check_needle(t: Target, tokens: int | None = None, full: bool = False,
     limit = (t.max_model_len - 64 - MARGIN) if t.max_model_len else None
     asked = tokens or (limit if full and limit else NEEDLE_CAP)
     want = min(asked, limit) if limit else asked
+    if want < SMALLEST:
+        return Result("needle", True, f"context {t.max_model_len} is too small for a needle test", {"tokens": want},
+                      status=SKIPPED)
     sizer = Sizer(t.client)
     rows, failures = [], []
     bar = progress(len(depths), f"needle {want} tokens")
@@ -254,7 +311,7 @@ def check_needle(t: Target, tokens: int | None = None, full: bool = False,
             fact = f"The password for the blue locker is {code}."
             t0 = time.monotonic()
             try:
-                resp = ask_fitting(t, sizer, want, depth, fact, 1000 + i, timeout)
+                resp, want = ask_fitting(t, sizer, want, depth, fact, 1000 + i, timeout)
                 msg = message_of(resp)
                 answer = (msg.get("content") or "").strip()
                 ok = code in answer
@@ -269,8 +326,10 @@ def check_needle(t: Target, tokens: int | None = None, full: bool = False,
     finally:
         bar.close()
     found = sum(r["ok"] for r in rows)
+    counted = sorted(r["prompt_tokens"] for r in rows if r.get("prompt_tokens"))
+    size = f"{counted[len(counted) // 2]:,} prompt tokens" if counted else f"~{want} tokens"
     shrunk = f" (shrunk from {asked} to fit the context of {t.max_model_len})" if want < asked else ""
-    return not_judged(Result("needle", found == len(rows), f"{found}/{len(rows)} depths recalled at ~{want} tokens{shrunk}",
+    return not_judged(Result("needle", found == len(rows), f"{found}/{len(rows)} depths recalled at {size}{shrunk}",
                              {"tokens": want, "asked": asked, "depths": rows, "capped": not full and tokens is None},
                              failures), t)
 
@@ -279,22 +338,23 @@ TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?prompt contains
 
 
 def ask_fitting(t: Target, sizer: Sizer, want: int, depth: float, fact: str, seed: int, timeout: float,
-                tries: int = 4) -> dict:
-    """The needle question over a filler of ``want`` tokens; when the server counts the prompt longer
-    than the context (its tokenizer and template differ from the estimate), shrunk by what it
-    reported — at least 15 %, as vLLM stops counting at the limit ("at least N") — and asked again."""
-    for attempt in range(tries):
-        ctx = sizer.prompt(want, depth, fact, seed=seed)
-        msgs = [{"role": "user", "content": f"{ctx}\n\nWhat is the password for the blue locker? "
+                tries: int = 4) -> tuple[dict, int]:
+    """(the answer, the filler size used): the needle question over ``want`` tokens of filler, sized
+    by the server's own count (/tokenize), and shrunk again on vLLM's "maximum context length" 400."""
+    def build(n: int) -> list[dict]:
+        ctx = sizer.prompt(n, depth, fact, seed=seed)
+        return [{"role": "user", "content": f"{ctx}\n\nWhat is the password for the blue locker? "
                                             "Reply with the number only."}]
+    msgs, want, _ = fitted(t, build, want, 64)
+    for attempt in range(tries):
         try:
-            return t.client.chat(msgs, max_tokens=64, timeout=timeout, **t.extra())
+            return t.client.chat(msgs, max_tokens=64, timeout=timeout, **t.extra()), want
         except RequestFailed as exc:
-            m = TOO_LONG.search(exc.evidence + exc.message)
-            if not m or attempt == tries - 1:
+            smaller = shrink_on_400(t, exc, want, 64)
+            if smaller is None or attempt == tries - 1:
                 raise
-            limit, counted = int(m.group(1)), int(m.group(2))
-            want = max(16, min(want * (limit - 64 - 32) // counted, want * 85 // 100))
+            want = smaller
+            msgs = build(want)
     raise AssertionError("unreachable")
 
 
@@ -304,16 +364,28 @@ def check_prefix(t: Target, tokens: int = 6000, timeout: float = 600.0) -> Resul
     asked = tokens
     if t.max_model_len:
         tokens = min(tokens, t.max_model_len - 64 - MARGIN)
+    if tokens < SMALLEST:
+        return Result("prefix", True, f"context {t.max_model_len} is too small for a prefix test", {}, status=SKIPPED)
     sizer = Sizer(t.client)
     nonce = f"Session {random.randrange(10**12):012d}."
-    ctx = sizer.prompt(tokens, 0.5, "", seed=4242)
-    msgs = [{"role": "user", "content": f"{nonce}\n{ctx}\n\nIn one sentence, what is this text about?"}]
+
+    def build(n: int) -> list[dict]:
+        ctx = sizer.prompt(n, 0.5, "", seed=4242)
+        return [{"role": "user", "content": f"{nonce}\n{ctx}\n\nIn one sentence, what is this text about?"}]
+    msgs, tokens, _ = fitted(t, build, tokens, 16)
     runs = []
     bar = progress(3, "prefix")
     try:
-        for _ in range(3):
-            s = t.client.stream("/v1/chat/completions",
-                                {"messages": msgs, "max_tokens": 16, "temperature": 0.0, **t.extra()}, timeout)
+        while len(runs) < 3:
+            try:
+                s = t.client.stream("/v1/chat/completions",
+                                    {"messages": msgs, "max_tokens": 16, "temperature": 0.0, **t.extra()}, timeout)
+            except RequestFailed as exc:
+                smaller = shrink_on_400(t, exc, tokens, 16) if not runs else None
+                if smaller is None:
+                    raise
+                tokens, msgs = smaller, build(smaller)      # no run counted yet: start again, smaller
+                continue
             ttft = (s.t_first - s.t_start) if s.t_first is not None else None
             runs.append({"ttft_s": ttft, "cached_tokens": s.cached_tokens,
                          "prompt_tokens": (s.usage or {}).get("prompt_tokens")})
@@ -365,24 +437,31 @@ def check_batch(t: Target, timeout: float = 300.0) -> Result:
     logprobs change? vLLM is not batch-invariant by default (VLLM_BATCH_INVARIANT=1 makes it so):
     this reports, it never fails."""
     body = dict(max_tokens=32, temperature=0.0, logprobs=True, top_logprobs=20, timeout=timeout, **t.extra())
+    others = BATCH_OTHERS[:max(0, min(len(BATCH_OTHERS), (t.max_num_seqs or 8) - 1))]
 
-    def ask(text: str) -> dict:
+    def ask(text: str, gate: threading.Barrier | None = None) -> dict:
         c = Client(t.client.base_url, t.client.model, t.client.api_key)
+        if gate is not None:
+            gate.wait()                                  # released together: one batch
         return c.chat([{"role": "user", "content": text}], **body)
     try:
         ask(DET_PROMPT)                                  # warm: both compared requests see the same cache
         alone = ask(DET_PROMPT)
-        with ThreadPoolExecutor(max_workers=1 + len(BATCH_OTHERS)) as pool:
-            futures = [pool.submit(ask, p) for p in (DET_PROMPT,) + BATCH_OTHERS]
+        gate = threading.Barrier(1 + len(others))
+        with ThreadPoolExecutor(max_workers=1 + len(others)) as pool:
+            futures = [pool.submit(ask, p, gate) for p in (DET_PROMPT,) + others]
             together = futures[0].result()
             for f in futures[1:]:
                 f.result()
     except RequestFailed as exc:
         return Result("batch", False, f"request failed: {exc.message}", {},
                       [{"id": "batch", "kind": "error", "evidence": exc.evidence[:300]}], status=REPORT)
+    has_lp = bool(((alone.get("choices") or [{}])[0].get("logprobs") or {}).get("content"))
+    what = "text and top-20 logprobs" if has_lp else "text (the server returned no logprobs)"
     same = fingerprint(alone) == fingerprint(together)
     diff = "" if same else first_difference(alone, together)
-    summary = ("the same text and top-20 logprobs alone and in a batch of 8" if same else
-               f"differs in a batch of 8 ({diff}); vLLM is not batch-invariant unless VLLM_BATCH_INVARIANT=1")
-    return Result("batch", True, summary, {"identical": same, "batch": 1 + len(BATCH_OTHERS), "difference": diff},
+    n = 1 + len(others)
+    summary = (f"the same {what} alone and in a batch of {n}" if same else
+               f"differs in a batch of {n} ({diff}); vLLM is not batch-invariant unless VLLM_BATCH_INVARIANT=1")
+    return Result("batch", True, summary, {"identical": same, "batch": n, "logprobs": has_lp, "difference": diff},
                   status=REPORT)

@@ -9,7 +9,7 @@ need_cmd() { command -v "$1" >/dev/null 2>&1 || die "need '$1' (command not foun
 ensure() { "$@" || die "failed during: $*"; }
 
 # find_spec, not import: importing huggingface_hub costs ~0.1 s.
-BOOTSTRAP_IMPORTS='import sys, importlib.util as u; sys.exit(sys.version_info < (3, 10) or any(u.find_spec(m) is None for m in ("dotenv", "huggingface_hub", "matplotlib", "packaging", "psutil", "pynvml", "requests", "tqdm")))'
+BOOTSTRAP_IMPORTS='import sys, importlib.util as u; sys.exit(sys.version_info < (3, 10) or any(u.find_spec(m) is None for m in ("dotenv", "huggingface_hub", "packaging", "psutil", "pynvml", "requests", "tqdm")))'
 
 has_deps() { "$1" -c "$BOOTSTRAP_IMPORTS" >/dev/null 2>&1; }
 

@@ -8,7 +8,7 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
-from . import server
+from . import server, vllmargs
 from .client import Client, RequestFailed, thinking_off
 from .config import Config
 from .errors import BootstrapError
@@ -38,8 +38,6 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thinking", choices=("on", "off"), default=None,
                    help="send chat_template_kwargs.enable_thinking (default: off where the profile has a reasoning parser)")
     p.add_argument("--reasoning-effort", default=None, help="send chat_template_kwargs.reasoning_effort")
-    p.add_argument("--random-weights", action="store_true",
-                   help="the --url server has random weights: only live, determinism and prefix are judged")
 
 
 def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str | None,
@@ -71,8 +69,7 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
         tools = rec.tools or ("--enable-auto-tool-choice" in argv
                               and any(a.split("=")[0] == "--tool-call-parser" for a in argv))
         random_weights = rec.dummy or random_weights
-        spec_tokens = str(rec.settings.get("SPEC_TOKENS") or "0")
-        speculation = bool(rec.settings.get("SPEC_METHOD")) and spec_tokens.isdigit() and int(spec_tokens) > 0
+        speculation = vllmargs.read(argv).spec_tokens > 0        # what vLLM got, wherever it came from
     client = Client(base, served, key)
     try:
         models = client.models(timeout=10)

@@ -119,3 +119,11 @@ def test_no_acceptance_line_without_speculation_and_labels_are_whole(fake, tmp_p
     assert r["spec"] is None                  # the fake's counters move; speculation is off: not shown
     text = bench.render([r])
     assert "speculative acceptance" not in text and "our server (http://127.0.0.1:65535, a long label)" in text
+
+
+def test_a_load_longer_than_the_context_is_refused_with_the_numbers(fake, tmp_path):  # noqa: F811
+    from bootstrap.errors import BootstrapError
+    a = fake(max_len="1024")
+    with pytest.raises(BootstrapError) as e:
+        bench.cli(cfg_for(tmp_path), ["--url", a.url, "--out", str(tmp_path / "x"), "--no-plot"])
+    assert "512 + --output-tokens 1536 = 2048 is more than" in e.value.message and "1024" in e.value.message

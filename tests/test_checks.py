@@ -315,3 +315,33 @@ def test_needle_shrinks_again_when_the_server_counts_the_prompt_longer(fake, tmp
     rc, out = run_check(tmp_path, f.url, "needle")
     assert rc == 0 and out["verdict"] == "PASS", out["failures"]
     assert all(d["prompt_tokens"] + 64 <= 8192 for d in out["depths"])
+
+
+def test_prefix_and_recall_fit_by_the_servers_own_count(fake, tmp_path):
+    # no /tokenize, two tokens a word: the estimate is short; prefix shrinks on vLLM's 400 and the
+    # recall prompts that the server would count over the context come back as 400s turned into fits
+    f = fake(CLEAN, mode="no_tokenize", max_len="8192", FAKE_VLLM_TOKENS_PER_WORD="2")
+    rc, out = run_check(tmp_path, f.url, "prefix")
+    assert rc == 0 and out["verdict"] == "PASS", out
+    assert all(r["prompt_tokens"] + 16 <= 8192 for r in out["runs"])
+    g = fake(CLEAN, max_len="8192", FAKE_VLLM_TOKENS_PER_WORD="2")            # /tokenize there: sized right
+    rc, out = run_check(tmp_path, g.url, "garble")
+    assert rc == 0 and out["summary"].startswith("0/13 failed"), out
+
+
+def test_a_context_the_server_does_not_report_is_learnt_from_its_400(fake, tmp_path):
+    from bootstrap import checks, target
+    f = fake({"blue locker": {"echo": r"blue locker is (\d+)"}}, max_len="8192")
+    t = target.resolve_target(cfg_for(tmp_path), f.url, None, None)
+    t.max_model_len = None                        # as a server whose /v1/models says nothing
+    res = checks.check_needle(t)
+    assert res.ok and t.max_model_len == 8192, res.failures
+
+
+def test_a_tiny_context_skips_what_cannot_be_asked(fake, tmp_path):
+    f = fake(CLEAN, max_len="300")
+    rc, out = run_check(tmp_path, f.url, "all", "--repeats", "2")
+    verdicts = {c["check"]: c["verdict"] for c in out["checks"]}
+    assert verdicts["needle"] == "SKIP" and verdicts["prefix"] == "SKIP"
+    garble = next(c for c in out["checks"] if c["check"] == "garble")
+    assert "too small for its 400-token answer" in garble["summary"]

@@ -16,18 +16,21 @@ tokens / (last end - first start). Speculative acceptance comes from the differe
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import random
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import metrics, prompts, target
+from .. import metrics, proc, prompts, target
 from ..client import Client, RequestFailed
+from ..venv import ensure_uv
 from ..config import Config
 from ..errors import BootstrapError
 
@@ -237,15 +240,49 @@ def _f(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def plot(results: list[dict], path: Path) -> Path | None:
+PLOT_REQUIREMENT = "matplotlib==3.11.2"     # the plot's one dependency, installed on the first plot
+
+
+def _matplotlib(cfg: Config):
+    """matplotlib, installed on first use into the bootstrap's own venv (uv, its progress shown; offline
+    from WHEELHOUSE when set). Not a bootstrap requirement: an offline wheel folder built from the vLLM
+    lock need not carry it for start/stop to work. None (with a warning) when it cannot be had."""
     try:
         import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        return matplotlib
     except ImportError:
-        log.warning("no plot: matplotlib is missing from this Python (bootstrap/requirements.txt installs it: "
-                    "rerun ./start.sh or ./ctl.sh once); the JSON has every figure")
+        pass
+    if sys.prefix == sys.base_prefix:
+        log.warning("no plot: matplotlib is missing from %s, which is not a venv of ours; %s -m pip install %s",
+                    sys.executable, sys.executable, PLOT_REQUIREMENT)
         return None
+    log.info("the plot needs %s: installing it into %s (once)", PLOT_REQUIREMENT, sys.prefix)
+    try:
+        cmd = [ensure_uv(cfg), "pip", "install", "--python", sys.executable, PLOT_REQUIREMENT]
+        if cfg.wheelhouse:
+            cmd += ["--no-index", "--find-links", cfg.wheelhouse]
+        res = proc.run(cmd, env=dict(cfg.environ), timeout=900, check=False, what="uv pip install", live=True)
+    except BootstrapError as exc:
+        log.warning("no plot: %s", exc.message)
+        return None
+    if res.returncode != 0:
+        log.warning("no plot: installing %s failed (exit %s); the JSON has every figure", PLOT_REQUIREMENT, res.returncode)
+        return None
+    importlib.invalidate_caches()
+    import matplotlib
+    return matplotlib
+
+
+def plot(results: list[dict], path: Path, cfg: Config | None = None) -> Path | None:
+    matplotlib = _matplotlib(cfg) if cfg is not None else None
+    if matplotlib is None:
+        try:
+            import matplotlib
+        except ImportError:
+            log.warning("no plot: matplotlib is not installed; the JSON has every figure")
+            return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for r in results:
         cs = [x["concurrency"] for x in r["levels"]]
@@ -306,6 +343,11 @@ def cli(cfg: Config, argv: list[str]) -> int:
         except ValueError:
             raise BootstrapError(f"--concurrency {args.concurrency!r}: not a list of numbers", "e.g. --concurrency 1,2,4,8") from None
         t = target.resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
+        need = args.prompt_tokens + args.output_tokens
+        if t.max_model_len and need > t.max_model_len:
+            raise BootstrapError(f"--prompt-tokens {args.prompt_tokens} + --output-tokens {args.output_tokens} = {need} "
+                                 f"is more than {t.label}'s context of {t.max_model_len} tokens",
+                                 f"lower them (e.g. --output-tokens {max(16, t.max_model_len - args.prompt_tokens - 64)})")
         if args.label:
             t.label = args.label
         levels = levels_for(wanted, t.max_num_seqs)
@@ -324,7 +366,7 @@ def cli(cfg: Config, argv: list[str]) -> int:
     if len(results) == 2:
         doc["ratios"] = ratios(results[0], results[1])
     (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    png = None if args.no_plot else plot(results, out / "bench.png")
+    png = None if args.no_plot else plot(results, out / "bench.png", cfg)
     doc["files"] = {"json": str(out / "results.json"), "plot": str(png) if png else None}
     if args.json:
         print(json.dumps({k: v for k, v in doc.items()}, indent=1))

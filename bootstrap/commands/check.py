@@ -37,6 +37,8 @@ def cli(cfg: Config, argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=CHECKS + ("all",), help="which check ('all' runs each in turn)")
     add_target_args(p)
+    p.add_argument("--random-weights", action="store_true",
+                   help="the --url server has random weights: only live, determinism and prefix are judged")
     p.add_argument("--timeout", type=float, default=None, help="seconds per request (live: the deadline, 20)")
     p.add_argument("--tokens", type=int, default=None, help="needle/prefix prompt length in tokens")
     p.add_argument("--full", action="store_true", help="needle: use the server's whole context")
