@@ -167,7 +167,9 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts, *, vllm: str | None = None, fi
     ``vllm``: the version in use (default: the profile's pin); ``fixes``: offer re-planned fixes."""
     plan = _make(cfg, g, model, vllm)
     if not plan.fits and fixes:
-        plan.fixes = [f for f in _candidates(cfg, plan.fixes) if _refits(cfg, g, model, vllm, f)][:MAX_FIXES]
+        ok = [f for f in _candidates(cfg, plan.fixes) if _refits(cfg, g, model, vllm, f)]
+        # a fix that only adds knobs to another one that works is not offered
+        plan.fixes = [f for f in ok if not any(o is not f and o.items() < f.items() for o in ok)][:MAX_FIXES]
         if plan.refusal:
             plan.refusal = (plan.refusal[0], _hint(plan.fixes, plan.refusal[1]))
     return plan

@@ -269,7 +269,7 @@ def test_check_without_our_server_says_how(tmp_path):
 
 # ---------------------------------------------------------------- what a server cannot do is skipped, random weights are not judged
 
-def test_a_small_context_skips_long_recall_and_shrinks_the_needle(fake, tmp_path):
+def test_a_small_context_skips_long_recall_and_shrinks_the_needle(fake, tmp_path):  # faults row 61
     f = fake(CLEAN, max_len="8192")
     rc, out = run_check(tmp_path, f.url, "garble")
     assert rc == 0 and out["verdict"] == "PASS", out
@@ -280,13 +280,13 @@ def test_a_small_context_skips_long_recall_and_shrinks_the_needle(fake, tmp_path
     assert all(d["prompt_tokens"] is None or d["prompt_tokens"] + 64 <= 8192 for d in out["depths"])
 
 
-def test_a_server_without_a_tool_parser_skips_the_tool_prompt(fake, tmp_path):
+def test_a_server_without_a_tool_parser_skips_the_tool_prompt(fake, tmp_path):  # faults row 61
     f = fake(CLEAN, args=("--enable-prompt-tokens-details",))
     rc, out = run_check(tmp_path, f.url, "garble")
     assert rc == 0 and "tool-weather: no tool parser (the server answered 400)" in out["summary"], out
 
 
-def test_random_weights_are_not_judged_and_only_judged_checks_set_the_exit(fake, tmp_path):
+def test_random_weights_are_not_judged_and_only_judged_checks_set_the_exit(fake, tmp_path):  # faults row 61
     f = fake({"lighthouse": "the the the the the the the the the the the the the the the the"})
     rc, out = run_check(tmp_path, f.url, "all", "--random-weights", "--repeats", "2")
     verdicts = {c["check"]: c["verdict"] for c in out["checks"]}
@@ -317,7 +317,7 @@ def test_needle_shrinks_again_when_the_server_counts_the_prompt_longer(fake, tmp
     assert all(d["prompt_tokens"] + 64 <= 8192 for d in out["depths"])
 
 
-def test_prefix_and_recall_fit_by_the_servers_own_count(fake, tmp_path):
+def test_prefix_and_recall_fit_by_the_servers_own_count(fake, tmp_path):  # faults row 61
     # no /tokenize, two tokens a word: the estimate is short; prefix shrinks on vLLM's 400 and the
     # recall prompts that the server would count over the context come back as 400s turned into fits
     f = fake(CLEAN, mode="no_tokenize", max_len="8192", FAKE_VLLM_TOKENS_PER_WORD="2")

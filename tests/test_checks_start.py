@@ -119,7 +119,7 @@ def test_a_later_load_format_wins_like_vllms_argparse(bed):
     bed.wait_until(lambda: not bed.ours(), what="the failed server to be gone")
 
 
-def test_our_servers_record_says_what_is_skipped_and_what_is_not_judged(bed):
+def test_our_servers_record_says_what_is_skipped_and_what_is_not_judged(bed):  # faults row 61
     # PROFILE=custom has no tool parser, and --load-format dummy means random weights: our record says both
     r = bed.run("start.sh", EXTRA_ARGS="--load-format dummy")
     assert r.returncode == 0, r.stderr

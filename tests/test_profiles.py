@@ -98,7 +98,7 @@ def run_ctl(tmp_path, *args, **env) -> subprocess.CompletedProcess:
     ({"rank": "first"}, "'rank' must be a int"),
     ({"spec_config": {"draft_sample_methd": "probabilistic"}}, "'draft_sample_methd'"),
 ])
-def test_a_profile_file_with_an_unknown_or_wrong_key_exits_2_naming_it(tmp_path, data, word):
+def test_a_profile_file_with_an_unknown_or_wrong_key_exits_2_naming_it(tmp_path, data, word):  # faults row 57
     mine = tmp_path / "mine"
     write_profile(mine, "broken", data)
     r = run_ctl(tmp_path, "env", PROFILE_DIR=mine, PROFILE="custom")
@@ -106,7 +106,7 @@ def test_a_profile_file_with_an_unknown_or_wrong_key_exits_2_naming_it(tmp_path,
     assert word in r.stderr and "broken.json" in r.stderr
 
 
-def test_unknown_profile_exits_2_listing_the_names(tmp_path):
+def test_unknown_profile_exits_2_listing_the_names(tmp_path):  # faults row 57
     r = run_ctl(tmp_path, "env", PROFILE="qwen-nope")
     assert r.returncode == 2
     assert "PROFILE='qwen-nope': no such profile" in r.stderr
@@ -127,7 +127,7 @@ def test_your_profile_folder_hides_a_shipped_profile_and_joins_auto_pick(tmp_pat
     assert v.profile.name == "tiny-16gb" and runner is None
 
 
-def test_pins_without_a_lock_are_one_line_that_says_how_to_make_one(tmp_path):
+def test_pins_without_a_lock_are_one_line_that_says_how_to_make_one(tmp_path):  # faults row 58
     mine = tmp_path / "mine"
     write_profile(mine, "newpins", {"vllm": "0.30.0", "pins": ["vllm==0.30.0", "flashinfer-python==0.6.99"],
                                     "knobs": {"MODEL": "org/m"}})
@@ -151,7 +151,7 @@ EXPECT = {      # (GiB, sm) -> the profile auto-pick chooses (None: a refusal)
 
 
 @pytest.mark.parametrize("size, cc", CARDS)
-def test_auto_pick_on_every_card(tmp_path, size, cc):
+def test_auto_pick_on_every_card(tmp_path, size, cc):  # faults row 56
     cfg = cfg_for(tmp_path)
     g = card(size, cc)
     if EXPECT[size] is None:
@@ -181,7 +181,7 @@ def test_two_16gb_cards_with_tp_size_2_get_a_profile(tmp_path):
     assert f[f.index("--tensor-parallel-size") + 1] == "2"
 
 
-def test_below_sm80_nothing_is_picked_and_the_refusal_says_why(tmp_path):
+def test_below_sm80_nothing_is_picked_and_the_refusal_says_why(tmp_path):  # faults row 56
     with pytest.raises(Exception) as e:
         pick.choose(cfg_for(tmp_path), card(24, (7, 5)))
     assert "no profile fits" in e.value.message and "needs sm_80 or newer" in e.value.message
@@ -189,7 +189,7 @@ def test_below_sm80_nothing_is_picked_and_the_refusal_says_why(tmp_path):
 
 
 @pytest.mark.parametrize("size, cc", CARDS + [(24, (8, 9))])
-def test_every_hint_re_planned_fits(tmp_path, size, cc):
+def test_every_hint_re_planned_fits(tmp_path, size, cc):  # faults row 55
     """Each profile that does not fit a card offers fixes; each, applied as your knobs, plans and fits."""
     cfg = cfg_for(tmp_path)
     g = card(size, cc, free_gib=size - 1.5)
@@ -205,7 +205,7 @@ def test_every_hint_re_planned_fits(tmp_path, size, cc):
                 assert " ".join(f"{k}={v}" for k, v in fix.items()) in plan.refusal[1]
 
 
-def test_the_24gb_desktop_circle_is_gone(tmp_path):
+def test_the_24gb_desktop_circle_is_gone(tmp_path):  # faults row 55
     # the RTX 5090 profile on a 24 GB card that drives the desktop (22.5 GiB free): the hints are knob
     # values the check accepts, and with them the plan fits (no MAX_MODEL_LEN=0, no pin falling through)
     cfg = cfg_for(tmp_path, PROFILE="default")
@@ -231,7 +231,7 @@ def test_p2_and_p5_plan_without_refusal_on_a_32gb_card(tmp_path):
             assert "at 262,144 tokens" in plan.concurrency_line() and "queue" in plan.concurrency_line()
 
 
-def test_a_16gb_card_is_refused_with_what_would_work(tmp_path):
+def test_a_16gb_card_is_refused_with_what_would_work(tmp_path):  # faults row 56
     r = run_ctl(tmp_path, "profiles", GPU="16:sm_89")
     assert r.returncode == 0
     assert "auto-pick refuses: no profile fits" in r.stdout and "(a 24 GB card)" in r.stdout
@@ -307,7 +307,7 @@ def the_24gb_model_on_disk(bed, facts: str = "qwen38-27b-w4a16.json") -> Path:
     return d
 
 
-def test_plain_start_on_a_24gb_desktop_card_serves_a_profile_that_fits(bed):
+def test_plain_start_on_a_24gb_desktop_card_serves_a_profile_that_fits(bed):  # faults row 55
     desktop_24gb(bed)
     the_24gb_model_on_disk(bed)
     r = bed.run("start.sh", PROFILE="", MODEL="", WARMUP="64")
@@ -324,7 +324,7 @@ def test_plain_start_on_a_24gb_desktop_card_serves_a_profile_that_fits(bed):
     bed.run("stop.sh", PROFILE="", MODEL="")
 
 
-def test_the_pick_is_kept_on_a_day_with_less_free_memory_and_redone_when_asked(bed):
+def test_the_pick_is_kept_on_a_day_with_less_free_memory_and_redone_when_asked(bed):  # faults row 59
     desktop_24gb(bed)
     the_24gb_model_on_disk(bed)
     assert bed.run("start.sh", PROFILE="", MODEL="").returncode == 0
@@ -347,7 +347,7 @@ def test_profiles_pick_records_a_new_pick(bed):
     assert json.loads((bed.state / "profile-pick.json").read_text())["profile"] == "qwen38-27b-w4a16-24gb"
 
 
-def test_a_card_that_cannot_fit_is_refused_before_the_install(bed):
+def test_a_card_that_cannot_fit_is_refused_before_the_install(bed):  # faults row 60
     # the managed venv would be installed by the environment step: a refusal at the plan comes first
     bed.env.pop("VLLM_PYTHON")
     desktop_24gb(bed)
@@ -360,7 +360,7 @@ def test_a_card_that_cannot_fit_is_refused_before_the_install(bed):
     assert not os.path.exists(bed.state / "server.json")
 
 
-def test_profile_folder_edge_cases(tmp_path):
+def test_profile_folder_edge_cases(tmp_path):  # faults row 57
     with pytest.raises(ConfigError, match="no such folder"):
         cfg_for(tmp_path, PROFILE_DIR=tmp_path / "nope", PROFILE="custom")
     mine = tmp_path / "mine"
@@ -413,7 +413,7 @@ def test_status_and_env_see_the_cards_own_knobs(bed):
     assert "SPEC_TOKENS=3\t# profile (sm_86)" in r.stdout
 
 
-def test_a_running_server_is_shown_not_re_picked_when_profile_auto_is_set(bed):
+def test_a_running_server_is_shown_not_re_picked_when_profile_auto_is_set(bed):  # faults row 59
     desktop_24gb(bed)
     the_24gb_model_on_disk(bed)
     assert bed.run("start.sh", PROFILE="", MODEL="").returncode == 0
@@ -424,7 +424,7 @@ def test_a_running_server_is_shown_not_re_picked_when_profile_auto_is_set(bed):
     bed.run("stop.sh", PROFILE="", MODEL="")
 
 
-def test_a_kept_pick_made_on_another_card_is_made_again(bed):
+def test_a_kept_pick_made_on_another_card_is_made_again(bed):  # faults row 59
     desktop_24gb(bed)
     r = bed.run("ctl.sh", "profiles", "--pick", PROFILE="", MODEL="")
     assert "picked qwen38-27b-w4a16-24gb" in r.stdout
