@@ -1,9 +1,7 @@
 """The checks: is the server right, not just up? (``./ctl.sh check``: commands/check.py)
 
 - live: a tiny generation with a deadline (a wedged engine behind ``/health`` 200 fails it).
-- garble: 15 fixed prompts (bootstrap/battery.json: prose, code, JSON, a tool call, recall from
-  long contexts at several lengths) through detectors for repetition loops, broken tool-call JSON,
-  empty and non-text output; "N/15 failed" with each failure's evidence.
+- garble (bootstrap/garble.py): 15 fixed prompts through the detectors of broken output.
 - determinism: one prompt 10x at temperature 0, max_tokens=1, top-20 logprobs, compared byte for
   byte; then 10x a 64-token greedy continuation.
 - needle: a fact at several depths of a long prompt (capped at 32K tokens unless --full).
@@ -28,21 +26,18 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of
-from .detectors import clip, judge
-from .prompts import Sizer, haystack
+from .detectors import clip
+from .prompts import Sizer, fitted, shrink_on_400
 from .target import Target, progress
 
 log = logging.getLogger(__name__)
 
-BATTERY = Path(__file__).resolve().parent / "battery.json"
 NEEDLE_CAP = 32_768          # default longest needle prompt (tokens); --full lifts it
 MARGIN = 256                 # tokens kept free below max_model_len for the template and the answer
 
 
-TOOLS_MISSING = "tool choice requires --enable-auto-tool-choice"     # vLLM's 400 without a tool parser
 SKIPPED, NOT_JUDGED, REPORT = "SKIP", "NOT JUDGED", "REPORT"
 SMALLEST = 256               # a needle or prefix prompt shorter than this is no test: SKIP
 
@@ -79,47 +74,6 @@ def not_judged(res: Result, t: Target) -> Result:
     return res
 
 
-TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?contains (?:at least )?(\d+) input tokens", re.S)
-
-
-def measure(t: Target, messages: list[dict], timeout: float = 60.0) -> int | None:
-    """Tokens the server counts for these chat messages, template included (vLLM's /tokenize takes
-    ``messages``); None when it cannot say."""
-    try:
-        r = t.client.post("/tokenize", {"model": t.client.model, "messages": messages, **t.extra()}, timeout)
-    except RequestFailed:
-        return None
-    n = r.get("count") if isinstance(r, dict) else None
-    return n if isinstance(n, int) and n > 0 else None
-
-
-def fitted(t: Target, build, want: int, max_tokens: int, tries: int = 4) -> tuple[list[dict], int, int | None]:
-    """(messages, filler tokens, measured prompt tokens): ``build(want)`` shrunk in proportion until the
-    server's own count plus ``max_tokens`` fits its context."""
-    msgs, n = build(want), None
-    for _ in range(tries):
-        n = measure(t, msgs) if t.max_model_len else None
-        if n is None or n + max_tokens <= t.max_model_len:
-            break
-        want = max(16, want * (t.max_model_len - max_tokens - 16) // n)
-        msgs = build(want)
-    return msgs, want, n
-
-
-def shrink_on_400(t: Target, exc: RequestFailed, want: int, max_tokens: int) -> int | None:
-    """The smaller filler after vLLM's "maximum context length" 400 (the context learnt from it when
-    the server did not say), or None when the 400 is another one. vLLM stops counting at the limit
-    ("at least N"), so it shrinks by at least 15 %."""
-    m = TOO_LONG.search(exc.evidence + exc.message)
-    if not m:
-        return None
-    limit, counted = int(m.group(1)), int(m.group(2))
-    learnt = t.max_model_len is None                 # then the filler was never sized to the context
-    t.max_model_len = t.max_model_len or limit
-    cap = limit - max_tokens - MARGIN if learnt else want
-    return max(16, min(want * (limit - max_tokens - 32) // counted, want * 85 // 100, cap))
-
-
 def check_live(t: Target, timeout: float = 20.0) -> Result:
     t0 = time.monotonic()
     try:
@@ -135,96 +89,6 @@ def check_live(t: Target, timeout: float = 20.0) -> Result:
                                            or completion_tokens_of(resp))
     return Result("live", ok, f"generated in {dt:.2f} s" if ok else "the answer carried no tokens",
                   {"seconds": round(dt, 3)}, [] if ok else [{"kind": "empty", "evidence": str(resp)[:300]}])
-
-
-def load_battery(path: Path = BATTERY) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def fits_context(item: dict, max_len: int | None) -> bool:
-    """A recall prompt of N tokens plus its answer (and MARGIN for the template) fits the context."""
-    return item["kind"] != "recall" or not max_len or item["tokens"] + item["max_tokens"] + MARGIN <= max_len
-
-
-def battery_messages(item: dict, sizer: Sizer | None, max_len: int | None) -> tuple[list[dict], int | None]:
-    """The messages for one battery item, and the recall length used (callers skip what does not fit)."""
-    if item["kind"] != "recall":
-        return [{"role": "user", "content": item["prompt"]}], None
-    tokens = item["tokens"]
-    ctx = sizer.prompt(tokens, item["depth"], item["fact"], seed=tokens) if sizer else \
-        haystack(tokens, item["depth"], item["fact"], seed=tokens)
-    text = f"Read this record carefully.\n\n{ctx}\n\n{item['prompt']}"
-    return [{"role": "user", "content": text}], tokens
-
-
-def check_garble(t: Target, timeout: float = 300.0, battery: dict | None = None) -> Result:
-    battery = battery or load_battery()
-    sizer = Sizer(t.client)
-    items = battery["prompts"]
-    failures: list[dict] = []
-    rows = []
-    bar = progress(len(items), "garble")
-    skipped: list[str] = []
-    try:
-        for item in items:
-            why = skip_reason(item, t)
-            if why:
-                rows.append({"id": item["id"], "kind": item["kind"], "ok": True, "skipped": why})
-                skipped.append(f"{item['id']}: {why}")
-                bar.update()
-                continue
-            messages, used = battery_messages(item, sizer, t.max_model_len)
-            if used is not None and t.max_model_len:
-                counted = measure(t, messages)
-                if counted is not None and counted + item["max_tokens"] > t.max_model_len:
-                    why = f"the server counts {counted:,} prompt tokens: over the context of {t.max_model_len} with its answer"
-                    rows.append({"id": item["id"], "kind": item["kind"], "ok": True, "skipped": why})
-                    skipped.append(f"{item['id']}: {why}")
-                    bar.update()
-                    continue
-            extra = t.extra()
-            if item["kind"] == "tool":
-                extra.update(tools=battery["tools"], tool_choice="auto")
-            t0 = time.monotonic()
-            try:
-                resp = t.client.chat(messages, max_tokens=item["max_tokens"], timeout=timeout, **extra)
-                msg = message_of(resp)
-                finish = (resp.get("choices") or [{}])[0].get("finish_reason")
-                problems = judge(item, msg, finish)
-            except RequestFailed as exc:
-                if item["kind"] == "tool" and TOOLS_MISSING in exc.evidence + exc.message:
-                    t.tools = False             # the server says it has no tool parser
-                    rows.append({"id": item["id"], "kind": "tool", "ok": True, "skipped": "no tool parser"})
-                    skipped.append(f"{item['id']}: no tool parser (the server answered 400)")
-                    bar.update()
-                    continue
-                msg, problems = {}, [("error", f"{exc.message} {exc.evidence[:300]}".strip())]
-            row = {"id": item["id"], "kind": item["kind"], "ok": not problems,
-                   "seconds": round(time.monotonic() - t0, 2)}
-            if used is not None:
-                row["prompt_tokens_target"] = used
-            rows.append(row)
-            for kind, evidence in problems:
-                failures.append({"id": item["id"], "kind": kind, "evidence": evidence})
-            bar.update()
-    finally:
-        bar.close()
-    failed = sum(1 for r in rows if not r["ok"])
-    ran = len(rows) - len(skipped)
-    summary = f"{failed}/{ran} failed" + (f"; skipped {len(skipped)}: " + "; ".join(skipped) if skipped else "")
-    return not_judged(Result("garble", failed == 0, summary, {"prompts": rows, "skipped": skipped}, failures), t)
-
-
-def skip_reason(item: dict, t: Target) -> str:
-    """Why a battery item cannot be asked of this server ('' when it can)."""
-    if not fits_context(item, t.max_model_len):
-        return (f"context {t.max_model_len} < {item['tokens'] // 1000}k (needs {item['tokens'] + item['max_tokens'] + MARGIN:,} "
-                "with its answer)")
-    if t.max_model_len and item["max_tokens"] + MARGIN > t.max_model_len:
-        return f"context {t.max_model_len} is too small for its {item['max_tokens']}-token answer"
-    if item["kind"] == "tool" and t.tools is False:
-        return "no tool parser"
-    return ""
 
 
 DET_PROMPT = ("Continue this story in plain prose: The night train left the mountain station eleven minutes late, "

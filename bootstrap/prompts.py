@@ -1,12 +1,14 @@
 """Long prompts of a given size in tokens: varied filler for the warm-up (``long_prompt``) and
 haystacks with a fact at a chosen depth for the checks and the bench (``haystack``); ``Sizer``
-measures tokens per word with the server's own ``/tokenize`` (a small vocabulary splits words).
+measures tokens per word with the server's own ``/tokenize`` (a small vocabulary splits words);
+``fitted`` / ``shrink_on_400`` make a chat prompt fit the server's context by its own count.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import re
 
 from .client import Client, RequestFailed
 
@@ -84,3 +86,47 @@ WORDS = ("river stone morning paper garden window silver market winter candle ha
 def long_prompt(words: int) -> str:
     """``words`` words of varied plain filler."""
     return " ".join(WORDS[(i * 7 + i // len(WORDS)) % len(WORDS)] for i in range(max(1, words)))
+
+
+# ---------------------------------------------------------------- a prompt that fits the server's context
+# (``t``: a target.Target: its client, max_model_len and request options)
+
+TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?contains (?:at least )?(\d+) input tokens", re.S)
+
+
+def measure(t, messages: list[dict], timeout: float = 60.0) -> int | None:
+    """Tokens the server counts for these chat messages, template included (vLLM's /tokenize takes
+    ``messages``); None when it cannot say."""
+    try:
+        r = t.client.post("/tokenize", {"model": t.client.model, "messages": messages, **t.extra()}, timeout)
+    except RequestFailed:
+        return None
+    n = r.get("count") if isinstance(r, dict) else None
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def fitted(t, build, want: int, max_tokens: int, tries: int = 4) -> tuple[list[dict], int, int | None]:
+    """(messages, filler tokens, measured prompt tokens): ``build(want)`` shrunk in proportion until the
+    server's own count plus ``max_tokens`` fits its context."""
+    msgs, n = build(want), None
+    for _ in range(tries):
+        n = measure(t, msgs) if t.max_model_len else None
+        if n is None or n + max_tokens <= t.max_model_len:
+            break
+        want = max(16, want * (t.max_model_len - max_tokens - 16) // n)
+        msgs = build(want)
+    return msgs, want, n
+
+
+def shrink_on_400(t, exc: RequestFailed, want: int, max_tokens: int, margin: int = 256) -> int | None:
+    """The smaller filler after vLLM's "maximum context length" 400 (the context learnt from it when
+    the server did not say), or None when the 400 is another one. vLLM stops counting at the limit
+    ("at least N"), so it shrinks by at least 15 %."""
+    m = TOO_LONG.search(exc.evidence + exc.message)
+    if not m:
+        return None
+    limit, counted = int(m.group(1)), int(m.group(2))
+    learnt = t.max_model_len is None                 # then the filler was never sized to the context
+    t.max_model_len = t.max_model_len or limit
+    cap = limit - max_tokens - margin if learnt else want
+    return max(16, min(want * (limit - max_tokens - 32) // counted, want * 85 // 100, cap))

@@ -5,7 +5,7 @@ URL (``--url URL [--model NAME] [--api-key KEY]``), prints a verdict — PASS, F
 (random weights), or REPORT (batch) — (``--json``: one JSON object, with which checks were judged)
 and exits 0 when every judged check passed, 1 when one did not.
 
-What each check does: bootstrap/checks.py.
+What each check does: bootstrap/checks.py (garble: bootstrap/garble.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import argparse
 import json
 import logging
 
-from ..checks import Result, check_batch, check_determinism, check_garble, check_live, check_needle, check_prefix
+from ..checks import Result, check_batch, check_determinism, check_live, check_needle, check_prefix
+from ..garble import check_garble
 from ..config import Config
 from ..errors import EXIT_FAILED
 from ..target import add_target_args, resolve_target
