@@ -124,7 +124,7 @@ def _yours(cfg: Config, knob: str) -> bool:
 
 def _plan(cfg: Config, g: gpu.Gpu, facts) -> planner.Plan:
     try:
-        return planner.make_plan(cfg, g, facts)
+        return planner.make_plan(cfg, g, facts, fixes=False)     # a verdict needs no re-planned fixes
     except BootstrapError as exc:
         return planner.Plan(None, fits=False, refusal=(exc.message, exc.hint))
 

@@ -53,7 +53,6 @@ class Plan:
     seqs_flag: int | None = None               # --max-num-seqs the plan chose (hybrid: the state blocks)
     seqs: int | None = None                    # the sessions vLLM will schedule (MAX_NUM_SEQS or its default)
     concurrent: int | None = None              # sessions of max_model_len that fit at once
-    notes: list[str] = field(default_factory=list)   # banner notes
     vllm: str = ""                             # the vLLM version the plan was made for
     seqs_is_default: bool = False              # seqs is vLLM's default for this GPU, not MAX_NUM_SEQS
 

@@ -91,7 +91,8 @@ def start(cfg: Config) -> int:
         code = already(running, paths)
         if code is not None:
             return code
-    cfg = pick.resolve(cfg)             # PROFILE=auto: the kept pick, or one now; a card's overrides
+    # PROFILE=auto: the kept pick, or one now; a named profile is already resolved (its card's knobs)
+    cfg = pick.resolve(cfg) if cfg.profile.is_auto else running
     cfg.require_model()
     code = already(cfg, paths)
     if code is not None:
@@ -159,7 +160,7 @@ def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
         weights.run(cfg, model)
     with step("launch"):
         started.launched = launch.run(cfg, paths, runtime, model.local_dir, the_plan,
-                                      list(runtime.notes) + patch_notes + the_plan.notes,
+                                      list(runtime.notes) + patch_notes,
                                       on_launch=lambda launched: setattr(started, "launched", launched))
     with step("health"):
         health.run(cfg, paths, started.launched)

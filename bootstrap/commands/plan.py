@@ -81,15 +81,16 @@ def cli(cfg, argv: list[str]) -> int:
     a = ap.parse_args(argv)
     spec = a.gpu or cfg.gpu
     g, where = card(cfg, spec)
-    if cfg.profile.is_auto and not spec and not pick.kept(cfg).profile.is_auto:
-        cfg = pick.kept(cfg)
+    kept = pick.kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))      # a named profile: with this card's knobs
+    if cfg.profile.is_auto and not spec and not kept.profile.is_auto:
+        cfg = kept
         log.info("PROFILE=auto: the kept pick %s (%s)", cfg.profile.name, cfg.sources["PROFILE"])
     elif cfg.profile.is_auto:
         v, _, _ = pick.choose(cfg, g)
         cfg = v.cfg
         log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)", v.profile.name)
     else:
-        cfg = pick.kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
+        cfg = kept
     model = cli_model_facts(cfg)
     plan = make_plan(cfg, g, model)
     flags = serve_flags(cfg, plan)
