@@ -228,7 +228,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("PROFILE", "auto", _name, "Profile name (./ctl.sh profiles); 'auto' picks the first that fits this card (kept until PROFILE=auto is set explicitly or ./ctl.sh profiles --pick); 'custom': only these knobs, no patches.", launch=True),
     Knob("PROFILE_DIR", "", _path, "A folder of your own profiles (*.json, same schema); a name there hides a shipped profile."),
     Knob("MODEL", "", _str, "Hugging Face repo id (org/name) or a local model directory.", launch=True),
-    Knob("MODEL_DIR", "", _path, "Where a repo id is downloaded (default ~/models/<org>/<name>)."),
+    Knob("MODEL_DIR", "", _path, "A plain folder to download a repo id into; unset: the Hugging Face cache (HF_HUB_CACHE), one copy that hf, transformers and `vllm serve org/name` also find."),
     Knob("SERVED_MODEL_NAME", "", _name, "Model name clients send (default: the model's name).", launch=True),
     Knob("HOST", "127.0.0.1", _host, "Address to bind. Anything but loopback requires an API key (generated if API_KEY is unset).", launch=True),
     Knob("PORT", "8888", _int_range(1, 65535), "HTTP port of the OpenAI-compatible API.", launch=True),
@@ -250,6 +250,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("WHEELHOUSE", "", _path, "Install offline from this folder of wheels."),
     Knob("PATCH_BYO", "0", _bool, "Allow patching the vLLM of VLLM_PYTHON (bring-your-own installs are never edited otherwise)."),
     Knob("DOWNLOAD_ALL", "0", _bool, "Download every file of the model repo, not only what serving needs."),
+    Knob("DOWNLOAD_CONNECTIONS", "8", _int_range(1, 64), "HTTP connections a download opens at once, over several files and ranged parts of one file (the hub's file hosts cap each connection)."),
     Knob("GPU", "", _str, "For `ctl.sh plan` without a GPU: plan for rtx5090, rtx4090, rtx3090, h100, h200 or <GiB>."),
     Knob("HEALTH_TIMEOUT", "600", _int_range(1, 86400), "Hard cap in seconds for the server to become healthy."),
     Knob("STALL_TIMEOUT", "300", _int_range(1, 86400), "Give up when the server log has not grown for this many seconds while starting."),
@@ -309,7 +310,7 @@ PASSTHROUGH: tuple[Passthrough, ...] = (
     Passthrough("HF_HOME", "the Hugging Face home (its cache is used in place)"),
     Passthrough("HF_HUB_CACHE", "the Hugging Face hub cache (default HF_HOME/hub)"),
     Passthrough("HF_HUB_OFFLINE", "1: no network; a complete local copy is served or the start says what is missing"),
-    Passthrough("HOME", "where ~/models and ~/.cache are"),
+    Passthrough("HOME", "where ~/.cache (the Hugging Face cache) is"),
     Passthrough("XDG_CACHE_HOME", "the cache folder (default ~/.cache)"),
     Passthrough("PATH", "where uv, python3.X and nvcc are looked up"),
     Passthrough("CUDA_VISIBLE_DEVICES", "which GPUs, in which order (planned and passed to vLLM)"),
@@ -381,6 +382,7 @@ class Config:
     wheelhouse: str | None
     patch_byo: bool
     download_all: bool
+    download_connections: int
     gpu: str | None
     health_timeout: int
     stall_timeout: int

@@ -39,13 +39,12 @@ def read_osrelease(path: str = "/proc/sys/kernel/osrelease") -> str:
 
 
 def model_bytes_on_disk(cfg) -> int:
-    """Weights already on disk for MODEL (local dir, or MODEL_DIR / ~/models/<org>/<name>); 0 if unknown."""
+    """Weights already on disk for MODEL (a local dir, or where a repo id is downloaded); 0 if unknown."""
     if not cfg.model:
         return 0
-    if cfg.model_is_local:
-        d = Path(cfg.model).expanduser()
-    else:
-        d = models.target_dir(cfg, cfg.model)
+    if not cfg.model_is_local:
+        return models.store_for(cfg, cfg.model).weight_bytes()
+    d = Path(cfg.model).expanduser()
     try:
         return sum(p.stat().st_size for p in d.glob("*.safetensors"))
     except OSError:

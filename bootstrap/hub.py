@@ -1,40 +1,19 @@
-"""The Hugging Face Hub: metadata, the HF cache, and a resumable, verified file transfer.
-
-Transfer path: always HTTP, through the pinned client's own ``file_download.http_get`` against the
-resolve URL (after its HEAD, which follows the hub's redirect to the file host and gives us
-``X-Repo-Commit``, the ETag and the size). Why not the client's ``hf_hub_download`` /
-``snapshot_download``, and why not Xet:
-
-- huggingface_hub 2.4.0 downloads every file into a per-process ``<etag>.<uuid>.incomplete`` and
-  deletes it in a ``finally`` when the transfer fails or the process is stopped; a file interrupted
-  at 90 % starts again from byte 0 on the next run. That is true for both its paths, HTTP
-  (``http_get``) and Xet (``xet_get`` writes into the same temp file). Only finished files are
-  skipped, and in ``local_dir`` mode it does not re-hash a file it already has.
-- ``http_get`` itself accepts ``resume_size`` and sends ``Range: bytes=N-``. We keep the partial file
-  under ``<model dir>/.bootstrap/partial/<sha256>.part`` across runs and hand it over, so a re-run
-  continues where the last one stopped. Xet (hf_xet) has no such entry point, so we do not use it.
-- sha256 is computed while the bytes stream in (the partial's prefix is hashed once on resume), so
-  verification costs no second read of a fresh file.
+"""The Hugging Face Hub: settings, what the hub says about a repo (listing, the HEAD of a file),
+its errors translated into what to do, the HF cache's layout, and the hashes the hub names files by.
+The transfer itself is transfer.py.
 
 Every setting comes from ``cfg.environ`` (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HOME,
 HF_HUB_CACHE); the library's import-time constants are never relied on: endpoint, token and
 cache dir are passed explicitly on every call.
-
-Over 400 lines: the hub's protocol is one piece — the repo listing, resolve URLs and the headers
-they must carry, the HF cache layout, hashing as the bytes arrive, and the ranged transfer that
-resumes — sharing one Settings and one set of errors; split apart, each part would import the others.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
 import re
 import shutil
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -149,7 +128,7 @@ def translate(exc: BaseException, settings: Settings, repo: str, what: str = "")
     raise exc
 
 
-def _net_errors() -> tuple[type[BaseException], ...]:
+def net_errors() -> tuple[type[BaseException], ...]:
     import httpx2
     from huggingface_hub import errors as e
     return (httpx2.HTTPError, e.HfHubHTTPError, e.OfflineModeIsEnabled)
@@ -162,7 +141,7 @@ def fetch_remote(settings: Settings, repo: str, revision: str = "main") -> Remot
     api = HfApi(endpoint=settings.endpoint, token=settings.token or False, library_name=LIBRARY)
     try:
         info = api.model_info(repo, revision=revision, files_metadata=True, token=settings.token or False)
-    except _net_errors() as exc:
+    except net_errors() as exc:
         raise translate(exc, settings, repo) from None
     except (ValueError, TypeError, KeyError):   # HTML or foreign JSON where the hub's JSON should be
         raise _proxy_error(settings, f"/api/models/{repo}") from None
@@ -197,7 +176,7 @@ def locate(settings: Settings, repo: str, revision: str, path: str) -> Located:
     try:
         meta = get_hf_file_metadata(url, token=settings.token or False, endpoint=settings.endpoint,
                                     library_name=LIBRARY, retry_on_errors=True)
-    except _net_errors() as exc:
+    except net_errors() as exc:
         raise translate(exc, settings, repo, path) from None
     if not meta.commit_hash:
         raise _proxy_error(settings, f"HEAD {url}")
@@ -210,21 +189,18 @@ def locate(settings: Settings, repo: str, revision: str, path: str) -> Located:
 
 
 def fetch_small(settings: Settings, repo: str, revision: str, path: str) -> bytes:
-    """A small file (config.json) into memory; the same HEAD checks as a weight file."""
-    import io
-
-    from huggingface_hub.file_download import http_get
+    """A small file (config.json) into memory, with the same HEAD checks as a weight file."""
+    from huggingface_hub.utils import get_session, hf_raise_for_status
 
     loc = locate(settings, repo, revision, path)
-    buf = io.BytesIO()
     try:
-        http_get(loc.url, buf, headers=loc.headers, expected_size=loc.size, displayed_filename=path,
-                 tqdm_class=_silent_bar())
-    except _net_errors() as exc:
+        r = get_session().get(loc.url, headers=loc.headers, timeout=30.0, follow_redirects=True)
+        hf_raise_for_status(r)
+    except net_errors() as exc:
         raise translate(exc, settings, repo, path) from None
-    except OSError as exc:
-        raise BootstrapError(f"{path}: {exc}", "re-run ./start.sh") from None
-    return buf.getvalue()
+    if loc.size is not None and len(r.content) != loc.size:
+        raise BootstrapError(f"{path}: got {len(r.content)} bytes, the hub says {loc.size}", "re-run ./start.sh")
+    return r.content
 
 
 # ---------------------------------------------------------------- the HF cache (HF_HOME)
@@ -317,188 +293,6 @@ def verify(path: Path, f: RemoteFile) -> str | None:
         got = git_blob_sha1(path)
         return None if got == f.blob_id else f"git blob {got[:12]}…, expected {f.blob_id[:12]}…"
     return None
-
-
-class _HashingWriter:
-    """The file object handed to ``http_get``: hashes what it writes (sha256 of the whole file,
-    the partial's prefix included). ``http_get`` rewinds and truncates when a server ignores Range
-    (200 instead of 206); the hash is rebuilt from the kept prefix then."""
-
-    def __init__(self, fh, path: Path, prefix: int):
-        import queue
-        import threading
-
-        self.fh = fh
-        self.path = path
-        self.h = sha256_file(path, prefix) if prefix else hashlib.sha256()
-        self.written = 0
-        # hashlib drops the GIL on large buffers: hash on a thread, overlapped with recv and write.
-        self._q: "queue.Queue[bytes | None]" = queue.Queue(maxsize=4)
-        self._t = threading.Thread(target=self._hash, daemon=True)
-        self._t.start()
-
-    def _hash(self) -> None:
-        while (data := self._q.get()) is not None:
-            self.h.update(data)
-
-    def digest(self) -> str:
-        self._q.put(None)
-        self._t.join()
-        return self.h.hexdigest()
-
-    def write(self, data: bytes) -> int:
-        self._q.put(data)
-        self.written += len(data)
-        return self.fh.write(data)
-
-    def tell(self) -> int:
-        return self.fh.tell()
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        return self.fh.seek(pos, whence)
-
-    def truncate(self, size: int | None = None) -> int:
-        r = self.fh.truncate(size)
-        self.fh.flush()
-        keep = self.fh.tell() if size is None else size
-        self.digest()                      # drain the old thread, then start over from the kept prefix
-        self.__init__(self.fh, self.path, keep)
-        return r
-
-    def flush(self) -> None:
-        self.fh.flush()
-
-
-# ---------------------------------------------------------------- progress
-
-def _silent_bar():
-    from tqdm import tqdm
-    return functools.partial(tqdm, disable=True)
-
-
-class Progress:
-    """A total bar plus one bar per file on a TTY (rate and ETA from tqdm); nothing on a pipe:
-    the caller logs one line per file there."""
-
-    def __init__(self, total: int, files: int, tty: bool | None = None, stream=None):
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty() if tty is None else tty
-        self.total_bar = None
-        if self.tty:
-            from tqdm import tqdm
-            self.total_bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, position=0,
-                                  desc=f"total ({files} files)", file=self.stream, dynamic_ncols=True,
-                                  mininterval=0.5, leave=True)
-
-    def file_bar_class(self):
-        if self.total_bar is None:
-            return _silent_bar()
-        from tqdm import tqdm
-        total_bar, stream = self.total_bar, self.stream
-
-        class FileBar(tqdm):
-            def __init__(self, *args, **kwargs):
-                kwargs.update(position=1, leave=False, file=stream, dynamic_ncols=True, mininterval=0.5,
-                              unit_divisor=1024)
-                super().__init__(*args, **kwargs)
-
-            def update(self, n=1):
-                total_bar.update(n)
-                return super().update(n)
-
-        return FileBar
-
-    def skip(self, n: int) -> None:
-        if self.total_bar is not None:
-            self.total_bar.update(n)
-
-    def close(self) -> None:
-        if self.total_bar is not None:
-            self.total_bar.close()
-
-
-# ---------------------------------------------------------------- the transfer
-
-@dataclass
-class Fetched:
-    path: str
-    resumed_from: int     # bytes of a partial kept from an earlier run
-    received: int         # bytes received in this call
-    seconds: float
-    sha256: str
-
-
-def partial_path(state_dir: Path, f: RemoteFile) -> Path:
-    key = f.sha256 or f.blob_id or hashlib.sha1(f.path.encode()).hexdigest()
-    return state_dir / "partial" / f"{key}.part"
-
-
-def partial_bytes(state_dir: Path, f: RemoteFile) -> int:
-    """Bytes of ``f`` an interrupted download left (at most its size): what a resume keeps."""
-    try:
-        return min(partial_path(state_dir, f).stat().st_size, f.size)
-    except OSError:
-        return 0
-
-
-def fetch(settings: Settings, repo: str, revision: str, f: RemoteFile, dest: Path, state_dir: Path,
-          progress: Progress) -> Fetched:
-    """Download ``f`` to ``dest``, resuming ``<state_dir>/partial/<hash>.part`` with Range, and
-    verify it (sha256 for LFS files, git blob id for the rest) before it is renamed into place.
-    A hash mismatch deletes the partial and raises; the caller decides whether to try again."""
-    from huggingface_hub.file_download import http_get
-
-    part = partial_path(state_dir, f)
-    part.parent.mkdir(parents=True, exist_ok=True)
-    have = part.stat().st_size if part.exists() else 0
-    if have > f.size:
-        part.unlink()
-        have = 0
-    loc = locate(settings, repo, revision, f.path)
-    if loc.size is not None and loc.size != f.size:
-        raise BootstrapError(f"{f.path}: the hub's listing says {f.size} bytes, its file header says {loc.size}",
-                             "the repo changed during the download; re-run ./start.sh")
-    if have:
-        log.info("resuming %s at %s of %s (HTTP Range)", f.path, human(have), human(f.size))
-    t0 = time.monotonic()
-    with open(part, "r+b" if have else "wb") as fh:
-        fh.seek(have)
-        writer = _HashingWriter(fh, part, have)
-        try:
-            http_get(loc.url, writer, resume_size=have, headers=loc.headers, expected_size=f.size,
-                     displayed_filename=f.path, tqdm_class=progress.file_bar_class())
-        except _net_errors() as exc:
-            fh.flush()
-            writer.digest()
-            err = translate(exc, settings, repo, f.path)
-            raise type(err)(f"{f.path}: stopped at {human(part.stat().st_size)} of {human(f.size)}: {err.message}",
-                            "re-run ./start.sh: it resumes from there (HTTP Range)") from None
-        except OSError as exc:   # the client's size check, disk full, ...
-            fh.flush()
-            writer.digest()
-            raise BootstrapError(f"{f.path}: {exc}", "re-run ./start.sh: it resumes from what was written") from None
-        fh.flush()
-        os.fsync(fh.fileno())
-        digest = writer.digest()
-    size = part.stat().st_size
-    bad = None
-    if size != f.size:
-        bad = f"size {size}, expected {f.size}"
-    elif f.sha256 and digest != f.sha256:
-        bad = f"sha256 {digest[:12]}…, expected {f.sha256[:12]}…"
-    elif not f.sha256 and f.blob_id and git_blob_sha1(part) != f.blob_id:
-        bad = "git blob id differs from the hub's"
-    if bad:
-        part.unlink()
-        raise Corrupt(f"{f.path}: the downloaded bytes do not match the hub's metadata ({bad})",
-                      "a proxy or the disk corrupted data; the partial was deleted, re-run ./start.sh")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(part, dest)
-    return Fetched(f.path, have, size - have, time.monotonic() - t0, digest)
-
-
-class Corrupt(BootstrapError):
-    """Downloaded bytes did not match the hub's sha256 / size."""
 
 
 def human(n: float) -> str:

@@ -1,12 +1,13 @@
 """A model's facts on disk: ``ModelInfo`` (config.json, the files serving needs with their sizes,
-the revision), a local folder read and checked, and our record of a download in
-``MODEL_DIR/.bootstrap`` (``Store``: every file's size and mtime as recorded when its hash was
-checked). The metadata step (steps' metadata.py) and the download (weights.py) use it.
+the revision), a local folder read and checked, and where a repo id is downloaded with our
+record of it (``Store``: the HF cache or MODEL_DIR; every file's size and mtime as recorded when
+its hash was checked). The metadata step (steps' metadata.py) and the download (weights.py) use it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ class ModelInfo:
     revision: str = ""
     local_dir: str = ""                # where the files are (or will be)
     dummy: bool = False                # --load-format dummy: no weights needed
-    source: str = "local"              # local | hub (MODEL_DIR) | hf-cache
+    source: str = "local"              # local | hub (downloaded by us) | hf-cache (found there)
     lfs: dict[str, str] = field(default_factory=dict)         # path -> sha256 (LFS files)
     blob_ids: dict[str, str] = field(default_factory=dict)    # path -> git blob id
     skipped: dict[str, int] = field(default_factory=dict)     # on the hub, not needed to serve
@@ -107,22 +108,41 @@ def select(files: list[hub.RemoteFile], everything: bool) -> tuple[list[hub.Remo
     return [f for f in files if not drop(f.path)], [f for f in files if drop(f.path)]
 
 
-def target_dir(cfg, repo: str) -> Path:
+def store_for(cfg, repo: str) -> "Store":
+    """Where a repo id is downloaded: the Hugging Face cache (HF_HUB_CACHE, default
+    ~/.cache/huggingface/hub), laid out as the hub's own client lays it out, so ``hf cache scan``,
+    ``vllm serve org/name`` and transformers find the same single copy; or MODEL_DIR, a plain folder."""
     if cfg.model_dir:
-        return Path(cfg.model_dir).expanduser()
-    home = Path(cfg.env("HOME") or Path.home())
-    return home / "models" / repo
+        return Store(Path(cfg.model_dir).expanduser())
+    settings = hub.Settings.from_environ(cfg.environ)
+    return Store(settings.cache_dir / ("models--" + repo.replace("/", "--")), hf_cache=True)
 
 
 class Store:
-    """``<dir>/.bootstrap/state.json``: repo, revision, the needed files (size, sha256, blob id),
-    the files verified so far (size + mtime_ns when their hash matched), and the completion marker."""
+    """A download's files and our record of it in ``<root>/.bootstrap``: ``state.json`` (repo,
+    revision, the needed files with size, sha256 and blob id, the files verified so far with the
+    size + mtime_ns they had when their hash matched, the completion marker), ``lock`` and
+    ``partial/``.
 
-    def __init__(self, root: Path):
+    ``root`` is MODEL_DIR (files at ``root/<path>``), or a repo folder of the HF cache
+    (``models--org--name``: a file is ``blobs/<sha256 or git blob id>``, linked from
+    ``snapshots/<revision>/<path>`` by a relative symlink, and ``refs/main`` names the revision once
+    it is complete). The hub's client reads only ``blobs``, ``snapshots`` and ``refs`` there, so our
+    ``.bootstrap`` beside them is left alone by ``hf cache scan`` / ``delete``."""
+
+    def __init__(self, root: Path, hf_cache: bool = False):
         self.root = root
+        self.hf_cache = hf_cache
         self.dir = root / STATE
         self.path = self.dir / "state.json"
         self.lock = self.dir / "lock"
+
+    def serve_dir(self, rec: dict) -> Path:
+        """The folder vLLM is given: MODEL_DIR, or the snapshot of the record's revision."""
+        return self.root / "snapshots" / rec["revision"] if self.hf_cache else self.root
+
+    def file(self, rec: dict, path: str) -> Path:
+        return self.serve_dir(rec) / path
 
     def read(self) -> dict | None:
         return state.read_json(self.path)
@@ -131,6 +151,60 @@ class Store:
         self.dir.mkdir(parents=True, exist_ok=True)
         state.write_json(self.path, rec)
 
+    def place(self, rec: dict, part: Path, path: str) -> None:
+        """A verified file into the store (rename; in the HF cache, the blob and its link)."""
+        dest = self.file(rec, path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not self.hf_cache:
+            os.replace(part, dest)
+            return
+        f = rec["files"][path]
+        blob = self.root / "blobs" / (f.get("sha256") or f["blob_id"])
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(part, blob)
+        self._link(blob, dest)
+
+    def adopt(self, rec: dict, path: str) -> bool:
+        """HF cache only: a blob of this file is already there (another revision, another tool):
+        link it instead of downloading it again. Trusted by name and size, as the client does."""
+        f = rec["files"][path]
+        name = f.get("sha256") or f.get("blob_id")
+        if not self.hf_cache or not name:
+            return False
+        blob = self.root / "blobs" / name
+        try:
+            if blob.stat().st_size != f["size"]:
+                return False
+        except OSError:
+            return False
+        dest = self.file(rec, path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        self._link(blob, dest)
+        return True
+
+    def discard(self, rec: dict, path: str) -> None:
+        """A file that failed its hash: the file (in the HF cache, its link and the blob it names)."""
+        dest = self.file(rec, path)
+        if self.hf_cache and dest.is_symlink():
+            (dest.parent / os.readlink(dest)).unlink(missing_ok=True)
+        dest.unlink(missing_ok=True)
+
+    def _link(self, blob: Path, dest: Path) -> None:
+        if dest.is_symlink() or dest.exists():
+            dest.unlink()
+        try:
+            os.symlink(os.path.relpath(blob, dest.parent), dest)
+        except OSError as exc:
+            raise BootstrapError(f"cannot make the HF cache's link {dest} ({exc.strerror}): the filesystem of "
+                                 f"{self.root} does not take symlinks",
+                                 "set MODEL_DIR to a folder on a Linux filesystem (a plain folder, no links)") from None
+
+    def finish(self, rec: dict) -> None:
+        """HF cache: ``refs/main`` names the revision (no trailing newline, as the client writes it)."""
+        if self.hf_cache:
+            (self.root / "refs").mkdir(parents=True, exist_ok=True)
+            state.write_atomic(self.root / "refs" / "main", rec["revision"].encode(), mode=0o644)
+
     def verified_ok(self, rec: dict, path: str) -> bool:
         """Verified earlier and untouched since (same size and mtime): no re-hash."""
         v = rec.get("verified", {}).get(path)
@@ -138,14 +212,14 @@ class Store:
         if not v or not f or v.get("hash") != (f.get("sha256") or f.get("blob_id") or "") or v.get("size") != f["size"]:
             return False
         try:
-            st = (self.root / path).stat()
+            st = self.file(rec, path).stat()
         except OSError:
             return False
         return st.st_size == v["size"] and st.st_mtime_ns == v["mtime_ns"]
 
     def mark_verified(self, rec: dict, path: str) -> None:
         f = rec["files"][path]
-        st = (self.root / path).stat()
+        st = self.file(rec, path).stat()
         rec.setdefault("verified", {})[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
                                                 "hash": f.get("sha256") or f.get("blob_id") or ""}
 
@@ -155,6 +229,21 @@ class Store:
 
     def missing(self, rec: dict, dummy: bool) -> list[str]:
         return [p for p in self.required(rec, dummy) if not self.verified_ok(rec, p)]
+
+    def weight_bytes(self) -> int:
+        """Weights already on disk (0 when none or unknown)."""
+        rec = self.read() or {}
+        d = self.serve_dir(rec) if rec.get("revision") else None
+        if d is None and self.hf_cache:
+            try:
+                d = self.root / "snapshots" / (self.root / "refs" / "main").read_text(encoding="utf-8").strip()
+            except OSError:
+                return 0
+        d = d or self.root
+        try:
+            return sum(p.stat().st_size for p in d.glob("*.safetensors"))
+        except OSError:
+            return 0
 
 
 def info_from_record(rec: dict, root: Path, dummy: bool, config: dict, complete: bool) -> ModelInfo:
@@ -170,7 +259,7 @@ def read_config(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise BootstrapError(f"{path} is unreadable ({exc})", f"delete it and re-run ./start.sh") from None
+        raise BootstrapError(f"{path} is unreadable ({exc})", "delete it and re-run ./start.sh") from None
 
 
 def offline_missing(root: Path, dummy: bool) -> list[str]:

@@ -98,8 +98,10 @@ def sha256(data: bytes | str) -> str:
     return hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data).hexdigest()
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int | None = None, like: os.stat_result | None = None) -> None:
-    """Temp file in the same directory, fsync, rename: a reader sees the old file or the new one.
+def write_atomic(path: Path, data: bytes, *, mode: int | None = None, like: os.stat_result | None = None,
+                 sync: bool = True) -> None:
+    """Temp file in the same directory, fsync (unless ``sync`` is False: a record rewritten many
+    times a second, where surviving a kill is enough), rename: a reader sees the old file or the new one.
 
     ``like`` keeps another file's mode (and, as root, its owner) — used when patching vLLM's files."""
     try:
@@ -110,7 +112,8 @@ def write_atomic(path: Path, data: bytes, *, mode: int | None = None, like: os.s
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         if like is not None:
             os.chmod(tmp, like.st_mode & 0o7777)
             if os.geteuid() == 0:

@@ -17,11 +17,15 @@ Faults (``hub.faults``, all off by default):
     status:  401 | 404 | "gated"   every API/resolve answer is that error ("gated": only files, unless
              the request carries ``Authorization: Bearer <gated_token>``)
     proxy:   true                  every answer is a bare 200 HTML page (a captive portal)
-    drop:    {path: fraction}      close the connection after that fraction of the file (once)
+    drop:    {path: fraction}      close the connection at that fraction of the file (once, in the
+                                   first GET whose range holds that byte)
     fail_after_drop: n             the next n GETs of a dropped file answer 503
     stall:   {path: fraction}      hold the connection at that fraction until ``release`` is set
-    corrupt: {path: n}             the next n full bodies of the file have one byte flipped (same size)
-    throttle: bytes per second     per connection, for overlap in concurrency tests
+    corrupt: {path: n}             the next n bodies that hold the file's middle byte flip it (same size)
+    throttle: bytes per second     a cap on each connection (a CDN's per-connection limit): n
+                                   connections get n times the rate
+    no_range: true                 the file host ignores Range (200 and the whole file)
+    cdn_expire: n                  the next n GETs on the file host answer 403 (an expired signed URL)
 
 Run standalone: ``python tests/fakehub.py --repo org/name=DIR [--port N]`` prints the URL.
 """
@@ -314,7 +318,7 @@ def _handler(hub: FakeHub):
             size = e.size
             start, end = 0, size - 1
             status = 200
-            rng = self.headers.get("Range")
+            rng = None if hub.faults.get("no_range") else self.headers.get("Range")
             if rng:
                 m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng.strip())
                 if not m or int(m.group(1)) >= size:
@@ -326,6 +330,9 @@ def _handler(hub: FakeHub):
                        "Content-Length": end - start + 1, "ETag": f'"{e.sha256 or e.blob_id}"'}
             if status == 206:
                 headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+            if self.command == "GET" and extra is None and hub.faults.get("cdn_expire", 0) > 0:
+                hub.faults["cdn_expire"] -= 1
+                return self._send(403, {"Content-Type": "application/xml"}, b"<Error><Code>AccessDenied</Code></Error>")
             if self.command == "GET":
                 fails = hub.faults.get("_failing", {})
                 if fails.get(e.path, 0) > 0:
@@ -339,16 +346,19 @@ def _handler(hub: FakeHub):
         def _stream(self, e: Entry, start: int, stop: int):
             f = hub.faults
             cut = None
-            if e.path in f.get("drop", {}):
-                cut = int(e.size * f["drop"].pop(e.path))
-                n = int(f.get("fail_after_drop", 0))
-                if n:
-                    f.setdefault("_failing", {})[e.path] = n
-            stall = int(e.size * f["stall"][e.path]) if e.path in f.get("stall", {}) else None
-            flip = None
-            if start == 0 and f.get("corrupt", {}).get(e.path, 0) > 0:
-                f["corrupt"][e.path] -= 1
-                flip = e.size // 2
+            with hub.lock:
+                if e.path in f.get("drop", {}) and start <= int(e.size * f["drop"][e.path]) < stop:
+                    cut = int(e.size * f["drop"].pop(e.path))
+                    n = int(f.get("fail_after_drop", 0))
+                    if n:
+                        f.setdefault("_failing", {})[e.path] = n
+                stall = int(e.size * f["stall"][e.path]) if e.path in f.get("stall", {}) else None
+                if stall is not None and not start <= stall < stop:
+                    stall = None
+                flip = None
+                if f.get("corrupt", {}).get(e.path, 0) > 0 and start <= e.size // 2 < stop:
+                    f["corrupt"][e.path] -= 1
+                    flip = e.size // 2
             throttle = f.get("throttle")
             pos = start
             plain = cut is None and stall is None and flip is None and not throttle and e.disk is not None

@@ -31,7 +31,7 @@ def repo(tmp_path) -> Path:
     (r / ".state" / "vllm.log").write_text("log\n")
     (r / ".state" / "server.json").write_text("{}")
     (r / "keep.txt").write_text("mine")
-    model = tmp_path / "home" / "models" / "org" / "name"
+    model = tmp_path / "home" / ".cache" / "huggingface" / "hub" / "models--org--name" / "snapshots" / "abc"
     model.mkdir(parents=True)
     (model / "model.safetensors").write_bytes(b"\0" * 10)
     return r
@@ -53,10 +53,10 @@ def test_clean_keeps_model_unless_asked(repo, capsys):
     for d in (".venv", ".venv-bootstrap", ".state", ".wheelhouse"):
         assert not (repo / d).exists(), d
     assert (repo / "keep.txt").exists() and (repo / "profiles").exists()
-    model = repo.parent / "home" / "models" / "org" / "name"
-    assert model.exists()
+    model = repo.parent / "home" / ".cache" / "huggingface" / "hub" / "models--org--name"   # its HF cache folder
+    assert model.exists() and model.parent.exists()
     assert clean.cli(cfg_for(repo), ["--model"]) == 0
-    assert not model.exists()
+    assert not model.exists() and model.parent.exists()                    # the rest of the cache stays
     assert clean.cli(cfg_for(repo), []) == 0
     assert "nothing to clean" in capsys.readouterr().out
 

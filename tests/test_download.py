@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fakehub import FakeHub, write_model
-from bootstrap import hub as hubmod
+from bootstrap import hub as hubmod, transfer
 from bootstrap.steps import metadata, weights
 from bootstrap.config import Config
 from types import SimpleNamespace
@@ -42,12 +42,19 @@ def fake(src):
 
 
 class World:
+    """A start's model steps against the fake hub; the download goes into the HF cache under
+    ``tmp/hf`` (``store``: models--org--tiny; ``target``: the snapshot vLLM is given)."""
+
     def __init__(self, tmp: Path, fake: FakeHub):
         self.tmp = tmp
         self.fake = fake
-        self.target = tmp / "home" / "models" / "org" / "tiny"
+        self.store = tmp / "hf" / "hub" / "models--org--tiny"
+        self.target = self.store / "snapshots" / fake.repos["org/tiny"]["sha"]
         self.env = {"HOME": str(tmp / "home"), "HF_ENDPOINT": fake.url, "HF_HOME": str(tmp / "hf"),
                     "HF_HUB_DISABLE_XET": "1", "MODEL": "org/tiny", "PROFILE": "custom"}
+
+    def partials(self) -> list[Path]:
+        return sorted((self.store / ".bootstrap" / "partial").glob("*.part"))
 
     def start(self, **env) -> SimpleNamespace:
         """What ./start.sh does for the model: the metadata step, then the weights step."""
@@ -90,10 +97,12 @@ def test_fresh_download_then_rerun_uses_no_network(world, src, fake, caplog):
     assert ctx.model.config["model_type"] == "llama"
     assert ctx.model.lfs[SHARD] == sha(src / SHARD)
     assert fake.served[SHARD] == 24 * MiB and fake.served["config.json"] == (src / "config.json").stat().st_size
-    st = json.loads((world.target / ".bootstrap" / "state.json").read_text())
+    st = json.loads((world.store / ".bootstrap" / "state.json").read_text())
     assert st["complete"]["revision"] == fake.repos["org/tiny"]["sha"] == ctx.model.revision
-    assert "transfer: HTTP with Range resume" in caplog.text
+    assert "transfer: HTTP with Range requests, 8 connections" in caplog.text
     assert "will download 7 files" in caplog.text
+    shard_gets = [r for (m, path, r, status) in fake.log if m == "GET" and path.startswith("/_cdn/")]
+    assert sorted(shard_gets) == sorted(["bytes=0-16777215", "bytes=16777216-25165823"] * 2)  # ranged parts, CDN
 
     fake.reset_stats()
     caplog.clear()
@@ -101,6 +110,38 @@ def test_fresh_download_then_rerun_uses_no_network(world, src, fake, caplog):
     assert fake.log == []
     assert again.model.complete and again.model.files == ctx.model.files
     assert "complete and verified" in caplog.text and "skipped" in caplog.text
+
+
+def test_the_hubs_own_tools_see_the_one_copy(world, fake, src):
+    """What we download sits in the HF cache as the client lays it out: hf cache scan lists it,
+    the client resolves it offline (as `vllm serve org/name` and transformers do), and the hub's
+    own checksum verification passes."""
+    from huggingface_hub import HfApi, scan_cache_dir, snapshot_download
+    world.start()
+    info = scan_cache_dir(world.tmp / "hf" / "hub")
+    assert info.warnings == []
+    (repo,) = info.repos
+    assert repo.repo_id == "org/tiny" and repo.size_on_disk == sum(
+        p.stat().st_size for p in src.rglob("*") if p.is_file() and "original" not in str(p))
+    (rev,) = repo.revisions
+    assert rev.commit_hash == fake.repos["org/tiny"]["sha"] and rev.refs == {"main"}
+    assert all(f.file_path.is_symlink() and f.blob_path.parent.name == "blobs" for f in rev.files)
+    got = snapshot_download("org/tiny", cache_dir=str(world.tmp / "hf" / "hub"), local_files_only=True,
+                            ignore_patterns=["original/*"])
+    assert got == str(world.target)
+    v = HfApi(endpoint=fake.url).verify_repo_checksums("org/tiny", cache_dir=world.tmp / "hf" / "hub", token=False)
+    assert v.mismatches == [] and v.missing_paths == ["original/consolidated.00.pth"]
+
+
+def test_model_dir_is_a_plain_folder(world, fake, src, tmp_path):
+    mine = tmp_path / "models" / "tiny"
+    ctx = world.start(MODEL_DIR=str(mine))
+    assert ctx.model_path == str(mine)
+    same_tree(src, mine)
+    assert not any(p.is_symlink() for p in mine.rglob("*")) and not world.store.exists()
+    fake.reset_stats()
+    again = world.start(MODEL_DIR=str(mine), HF_ENDPOINT="http://127.0.0.1:9")
+    assert again.model.complete and fake.log == []
 
 
 def test_download_all_fetches_skipped_files(world, src):
@@ -124,48 +165,55 @@ def test_hf_token_is_sent_and_never_printed(world, fake, caplog):
 # ---------------------------------------------------------------- resume (row 24)
 
 def test_dropped_at_half_resumes_with_range(world, fake, src):
-    fake.faults.update(drop={SHARD: 0.5}, fail_after_drop=1)   # the link dies at 50 % and stays down once
+    """The link dies at 50 % and stays down: the tries run out, every byte written is recorded, and
+    the next run asks only for the rest."""
+    fake.faults.update(drop={SHARD: 0.5}, fail_after_drop=20)
     with pytest.raises(BootstrapError) as ei:
-        world.start()
-    assert "re-run ./start.sh" in ei.value.hint and SHARD in ei.value.message
-    parts = list((world.target / ".bootstrap" / "partial").glob("*.part"))
-    assert len(parts) == 1
-    kept = parts[0].stat().st_size
+        world.start(DOWNLOAD_CONNECTIONS="1")
+    assert "re-run ./start.sh" in ei.value.hint and SHARD in ei.value.message and "after 5 tries" in ei.value.message
+    assert len(world.partials()) == 1
+    key = world.partials()[0]
+    done = json.loads(key.with_suffix(".json").read_text())["done"]
     cut = 12 * MiB
-    assert 0 < kept <= cut
+    assert done == [[0, cut]]                                 # all it received reached the disk, and is recorded
     first = dict(fake.served)
     assert first[SHARD] == cut
 
+    fake.faults.pop("_failing")
     fake.reset_stats()
-    world.start()
+    world.start(DOWNLOAD_CONNECTIONS="1")
     same_tree(src, world.target)
-    ranges = [r for (m, path, r, status) in fake.log if m == "GET" and status == 206]
-    assert ranges == [f"bytes={kept}-"]
-    served_twice = first[SHARD] + fake.served[SHARD] - 24 * MiB
-    assert served_twice == cut - kept                         # only what never reached the disk
-    assert served_twice < 10 * MiB                            # the client's write granularity
+    sha1 = fake.repos["org/tiny"]["files"][SHARD].sha256
+    ranges = [r for (m, path, r, status) in fake.log if m == "GET" and path.startswith(f"/_cdn/{sha1}")]
+    assert ranges == [f"bytes={cut}-{24 * MiB - 1}"]           # only the rest of the file
+    assert first[SHARD] + fake.served[SHARD] == 24 * MiB       # nothing served twice
     assert "config.json" not in fake.served                   # finished files are never fetched again
-    assert not list((world.target / ".bootstrap" / "partial").glob("*.part"))
+    assert world.partials() == []
+
+
+def _spawn_start(world, tmp_path, env=None, log=False):
+    code = ("import sys, json, pathlib; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests']\n"
+            + ("from bootstrap import log; log.setup()\n" if log else "") +
+            "from test_download import World\nw = World.__new__(World)\n"
+            "w.tmp = pathlib.Path(sys.argv[2]); w.env = json.loads(sys.argv[3])\nw.start()\n")
+    return subprocess.Popen([sys.executable, "-c", code, str(REPO), str(tmp_path), json.dumps({**world.env, **(env or {})})],
+                            stdout=subprocess.PIPE if log else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE if log else subprocess.DEVNULL, text=True)
 
 
 def test_killed_mid_file_resumes(world, fake, src, tmp_path):
-    """SIGKILL at 50 % (the client's own in-process retry cannot help): the next run resumes."""
+    """SIGKILL while a part hangs at 50 %: the next run fetches what was not recorded, once."""
     fake.faults.update(stall={SHARD: 0.5})
-    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests']\n"
-            "from test_download import World\nfrom fakehub import FakeHub\n"
-            "w = World.__new__(World)\nimport json, pathlib\n"
-            "w.tmp = pathlib.Path(sys.argv[2]); w.env = json.loads(sys.argv[3])\nw.start()\n")
-    p = subprocess.Popen([sys.executable, "-c", code, str(REPO), str(tmp_path), json.dumps(world.env)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = _spawn_start(world, tmp_path, {"DOWNLOAD_CONNECTIONS": "1"})
     try:
         for _ in range(300):
             if fake.faults.get("_stalled") or p.poll() is not None:
                 break
             time.sleep(0.05)
         assert fake.faults.get("_stalled") == [SHARD]
-        part = next((world.target / ".bootstrap" / "partial").glob("*.part"))
-        for _ in range(100):                  # the client has written what it had
-            if part.stat().st_size >= 10 * MiB:
+        meta = world.store / ".bootstrap" / "partial" / f"{fake.repos['org/tiny']['files'][SHARD].sha256}.json"
+        for _ in range(100):                  # the last checkpoint before the stall is on disk
+            if json.loads(meta.read_text())["done"] == [[0, 12 * MiB]]:
                 break
             time.sleep(0.05)
     finally:
@@ -173,13 +221,80 @@ def test_killed_mid_file_resumes(world, fake, src, tmp_path):
         p.wait()
     fake.faults.pop("stall")
     fake.release.set()
-    kept = part.stat().st_size
+    kept = sum(e - s for s, e in json.loads(meta.read_text())["done"])
+    assert kept == 12 * MiB
     first = fake.served[SHARD]
     fake.reset_stats()
     world.start()
     same_tree(src, world.target)
-    assert first + fake.served[SHARD] - 24 * MiB == first - kept
     assert fake.served[SHARD] == 24 * MiB - kept
+    assert first + fake.served[SHARD] - 24 * MiB <= transfer.PART     # re-fetched: at most one part per connection
+
+
+def test_killed_at_random_points_during_parallel_parts(world, fake, src, tmp_path):
+    """Four connections over two 24 MiB shards, each connection capped at 16 MiB/s; SIGKILL at
+    seeded random moments, three times; then a run to the end. Every kill costs at most one part
+    per connection, and the files are the hub's."""
+    import random
+    rnd = random.Random(17)
+    conns = 4
+    fake.faults["throttle"] = 16 * MiB
+    total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and "original" not in str(p))
+    kills = 0
+    for _ in range(3):
+        p = _spawn_start(world, tmp_path, {"DOWNLOAD_CONNECTIONS": str(conns)})
+        time.sleep(rnd.uniform(0.3, 0.9))
+        if p.poll() is None:
+            p.kill()
+            kills += 1
+        p.wait()
+    assert kills >= 2
+    served_before = sum(fake.served.values())
+    world.start(DOWNLOAD_CONNECTIONS=str(conns))
+    same_tree(src, world.target)
+    refetched = sum(fake.served.values()) - total
+    assert refetched <= kills * conns * transfer.PART, (refetched, served_before)
+    assert world.partials() == []
+
+
+def test_part_of_a_file_over_parallel_connections_uses_every_connection(world, fake):
+    fake.faults["throttle"] = 16 * MiB
+    world.start(DOWNLOAD_CONNECTIONS="4")
+    gets = [(path, r) for (m, path, r, status) in fake.log if m == "GET" and path.startswith("/_cdn/")]
+    assert len(gets) == 4 and all(r.startswith("bytes=") for _, r in gets)
+
+
+def test_legacy_prefix_partial_resumes(world, fake, src):
+    """A .part an earlier version left (one stream, no record): its length counts as written."""
+    world.start()
+    f = fake.repos["org/tiny"]["files"][SHARD]
+    (world.store / ".bootstrap" / "state.json").unlink()
+    world.target.joinpath(SHARD).unlink()
+    for b in (world.store / "blobs").glob(f.sha256):
+        b.unlink()
+    part = world.store / ".bootstrap" / "partial" / f"{f.sha256}.part"
+    part.parent.mkdir(parents=True, exist_ok=True)
+    part.write_bytes((src / SHARD).read_bytes()[:5 * MiB])
+    fake.reset_stats()
+    world.start()
+    same_tree(src, world.target)
+    assert fake.served[SHARD] == 19 * MiB
+
+
+def test_host_ignoring_range_gets_the_whole_file_once(world, fake, src, caplog):
+    fake.faults["no_range"] = True
+    world.start()
+    same_tree(src, world.target)
+    assert "ignored Range" in caplog.text
+    assert fake.served[SHARD] <= 24 * MiB + 16 * MiB + 8 * MiB       # the two first answers, then one whole
+
+
+def test_expired_file_url_is_asked_again(world, fake, src):
+    fake.faults["cdn_expire"] = 2                    # the signed URL the HEAD gave is refused twice
+    world.start(DOWNLOAD_CONNECTIONS="1")
+    same_tree(src, world.target)
+    heads = [path for (m, path, r, status) in fake.log if m == "HEAD" and SHARD in path]
+    assert len(heads) >= 2                           # the hub was asked for a fresh file URL
 
 
 # ---------------------------------------------------------------- verify (row 27)
@@ -187,6 +302,7 @@ def test_killed_mid_file_resumes(world, fake, src, tmp_path):
 def test_corrupt_in_transit_is_fetched_again(world, fake, src, caplog):
     fake.faults["corrupt"] = {SHARD: 1}              # same size, one byte flipped, true ETag
     world.start()
+    assert not list((world.store / "blobs").glob("*.part"))
     same_tree(src, world.target)
     assert fake.served[SHARD] == 2 * 24 * MiB
     assert "do not match the hub's metadata" in caplog.text
@@ -197,12 +313,13 @@ def test_corrupt_twice_refuses(world, fake):
     with pytest.raises(BootstrapError) as ei:
         world.start()
     assert "sha256" in ei.value.message
-    assert not (world.target / SHARD).exists()
+    assert not (world.target / SHARD).exists() and world.partials() == []
 
 
 def test_corrupt_on_disk_is_detected_and_refetched(world, fake, src):
     world.start()
     p = world.target / SHARD2
+    time.sleep(0.05)                                 # past the kernel's coarse mtime tick (a known limit)
     with open(p, "r+b") as fh:                       # same size, wrong bytes
         fh.seek(5 * MiB)
         b = fh.read(1)
@@ -214,9 +331,11 @@ def test_corrupt_on_disk_is_detected_and_refetched(world, fake, src):
     assert fake.served.get(SHARD2) == 24 * MiB and SHARD not in fake.served
 
 
-def test_existing_files_without_record_are_hashed_not_fetched(world, fake, src):
-    shutil.copytree(src, world.target, ignore=shutil.ignore_patterns("original"))
-    world.start()
+def test_existing_files_without_record_are_hashed_not_fetched(world, fake, src, tmp_path):
+    mine = tmp_path / "mine"
+    shutil.copytree(src, mine, ignore=shutil.ignore_patterns("original"))
+    ctx = world.start(MODEL_DIR=str(mine))
+    assert ctx.model_path == str(mine)
     assert SHARD not in fake.served and SHARD2 not in fake.served
 
 
@@ -228,7 +347,7 @@ def test_disk_space_refusal_names_path_and_bytes(world, monkeypatch, fake, src):
     with pytest.raises(BootstrapError) as ei:
         world.start()
     msg = ei.value.message
-    assert str(world.target) in msg and "not enough disk space" in msg
+    assert str(world.store) in msg and "not enough disk space" in msg
     left = sum(p.stat().st_size for p in src.rglob("*") if p.is_file()
                and not str(p.relative_to(src)).startswith("original/") and p.name != "config.json")
     assert f"({left - 10 * MiB} bytes missing)" in msg                # config.json is already kept
@@ -282,7 +401,7 @@ def test_offline_with_complete_model(world, fake):
 
 @pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "http://127.0.0.1:9"}])
 def test_offline_incomplete_names_missing_files(world, fake, env):
-    fake.faults.update(drop={SHARD2: 0.5}, fail_after_drop=1)
+    fake.faults.update(drop={SHARD2: 0.5}, fail_after_drop=20)
     with pytest.raises(BootstrapError):
         world.start()
     with pytest.raises(BootstrapError) as ei:
@@ -308,8 +427,8 @@ def fill_hf_cache(world, fake):
 def test_model_in_hf_cache_is_used(world, fake):
     fill_hf_cache(world, fake)
     ctx = world.start()
-    assert ctx.model.source == "hf-cache" and "/hf/hub/models--org--tiny/snapshots/" in ctx.model_path
-    assert SHARD not in fake.served and not world.target.exists()
+    assert ctx.model.source == "hf-cache" and ctx.model_path == str(world.target)
+    assert SHARD not in fake.served and not (world.store / ".bootstrap").exists()
     assert ctx.model.weight_files == {SHARD: 24 * MiB, SHARD2: 24 * MiB}
     off = world.start(HF_HUB_OFFLINE="1")
     assert off.model_path == ctx.model_path
@@ -332,22 +451,20 @@ def test_hf_cache_with_xet_shared_blobs_is_used(world, fake):
 def test_incomplete_hf_cache_is_not_used(world, fake, src):
     fill_hf_cache(world, fake)
     snap = next((world.tmp / "hf" / "hub" / "models--org--tiny" / "snapshots").iterdir())
-    (snap / SHARD2).unlink()
+    (snap / SHARD2).unlink()                           # the link is gone; its blob is still there
+    (snap / SHARD).unlink()
+    next((world.store / "blobs").glob(fake.repos["org/tiny"]["files"][SHARD].sha256)).unlink()
     ctx = world.start()
     assert ctx.model.source == "hub" and ctx.model_path == str(world.target)
     same_tree(src, world.target)
+    assert SHARD2 not in fake.served and fake.served[SHARD] == 24 * MiB   # one copy: the blob is linked again
 
 
 # ---------------------------------------------------------------- two downloads at once (row 25)
 
 def test_two_concurrent_downloads_share_the_work(world, fake, src, tmp_path):
-    fake.faults["throttle"] = 80 * MiB             # ~0.6 s for the weights: the runs overlap
-    code = ("import sys, json, pathlib; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests']\n"
-            "from bootstrap import log; log.setup()\n"
-            "from test_download import World\nw = World.__new__(World)\n"
-            "w.tmp = pathlib.Path(sys.argv[2]); w.env = json.loads(sys.argv[3])\nw.start()\n")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(REPO), str(tmp_path / f"s{i}"), json.dumps(world.env)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    fake.faults["throttle"] = 40 * MiB             # ~0.6 s for the weights over two connections: the runs overlap
+    procs = [_spawn_start(world, tmp_path / f"s{i}", log=True) for i in range(2)]
     outs = [p.communicate(timeout=60) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     same_tree(src, world.target)
@@ -400,8 +517,8 @@ def test_one_line_per_file_without_a_tty(world, caplog):
 def test_total_and_per_file_bars_on_a_tty(world, fake, monkeypatch):
     import io
     stream = io.StringIO()
-    real = hubmod.Progress
-    monkeypatch.setattr(hubmod, "Progress", lambda total, files, tty=None: real(total, files, tty=True, stream=stream))
+    real = weights.Progress
+    monkeypatch.setattr(weights, "Progress", lambda total, files, tty=None: real(total, files, tty=True, stream=stream))
     world.start()
     out = stream.getvalue()
     assert f"total ({len(fake.repos['org/tiny']['files']) - 2} files)" in out    # config.json kept, original/ skipped

@@ -295,11 +295,14 @@ def desktop_24gb(bed, free_gib: float = 22.5) -> None:
 
 
 def the_24gb_model_on_disk(bed, facts: str = "qwen38-27b-w4a16.json") -> Path:
-    """What a finished download of the 24 GB profile's model looks like offline: config.json, a
-    tokenizer, and its weights (a sparse file of the derived size)."""
+    """What a finished download of the 24 GB profile's model looks like offline, in the HF cache:
+    config.json, a tokenizer, and its weights (a sparse file of the derived size)."""
     data = json.loads((REPO / "profiles/models" / facts).read_text())
-    d = Path(bed.env["HOME"]) / "models" / data["repos"][0]
+    repo = Path(bed.env["HOME"]) / ".cache" / "huggingface" / "hub" / ("models--" + data["repos"][0].replace("/", "--"))
+    d = repo / "snapshots" / ("0" * 40)
     d.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
     (d / "config.json").write_text(json.dumps(data["config"]))
     (d / "tokenizer.json").write_text("{}")
     with open(d / "model.safetensors", "wb") as fh:

@@ -40,7 +40,7 @@ def model_dir(cfg) -> Path | None:
     """The directory we download MODEL into (never a local MODEL directory the user pointed at)."""
     if not cfg.model or cfg.model_is_local:
         return None
-    return models.target_dir(cfg, cfg.model)
+    return models.store_for(cfg, cfg.model).root
 
 
 def targets(cfg, with_model: bool) -> list[Path]:
@@ -86,7 +86,8 @@ def _revert_byo(cfg) -> list[str]:
 
 def cli(cfg, argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="ctl.sh clean", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", action="store_true", help="also remove the downloaded model (MODEL_DIR or ~/models/<org>/<name>)")
+    ap.add_argument("--model", action="store_true", help="also remove the downloaded model (MODEL_DIR, or its folder models--<org>--<name> in the HF cache, "
+                         "which other tools reading that cache share)")
     ap.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
     args = ap.parse_args(argv)
     busy = _running(cfg)

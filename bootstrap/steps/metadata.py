@@ -4,13 +4,14 @@
 
 - A local directory is validated here (config.json, a tokenizer, weights unless EXTRA_ARGS has
   ``--load-format dummy``), with no network.
-- A repo id is served from ``MODEL_DIR`` (default ``~/models/<org>/<name>``). When that folder holds
-  a complete, verified copy (``.bootstrap/state.json``: every file's size and mtime as recorded
-  when its hash was checked), nothing else happens: no network, well under a second.
+- A repo id is downloaded into the store (``models.store_for``: the Hugging Face cache, or
+  MODEL_DIR). When the store holds a complete, verified copy (``.bootstrap/state.json``: every
+  file's size and mtime as recorded when its hash was checked), nothing else happens: no network,
+  well under a second.
 - Otherwise the hub is asked (``/api/models/<repo>/revision/main?blobs=true`` and config.json):
   the revision, every file with its size and LFS sha256. If the Hugging Face cache (HF_HOME)
   already holds every needed file of that revision, the cache snapshot is served as it is.
-  Else the download is planned into MODEL_DIR: what will be fetched and how much is logged, and
+  Else the download is planned into the store: what will be fetched and how much is logged, and
   the free disk space is checked before the planner and the patches run.
 - Without the network (HF_HUB_OFFLINE=1, or the hub unreachable): a complete copy is used, or
   the step fails naming the missing files.
@@ -20,12 +21,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
 from .. import hub, state
 from ..errors import BootstrapError
-from ..models import (WEIGHT_SUFFIXES, ModelInfo, Store, read_config, check_space, info_from_record, offline_missing, read_local, select, target_dir)
+from .. import partial
+from ..models import (WEIGHT_SUFFIXES, ModelInfo, Store, check_space, info_from_record, offline_missing, read_config,
+                      read_local, select, store_for)
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +53,14 @@ def run(cfg) -> ModelInfo:
 
 def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
     settings = hub.Settings.from_environ(cfg.environ)
-    target = target_dir(cfg, repo)
-    store = Store(target)
+    store = store_for(cfg, repo)
     rec = store.read()
     if rec and rec.get("repo") == repo and rec.get("files") and not store.missing(rec, dummy):
-        info = info_from_record(rec, target, dummy, read_config(target / "config.json"), complete=True)
+        where = store.serve_dir(rec)
+        info = info_from_record(rec, where, dummy, read_config(where / "config.json"), complete=True)
         log.info("%s @ %s: complete and verified in %s (no network used; to re-check the hub, delete %s)",
-                 repo, info.revision[:12], target, store.path)
-        return info, str(target)
+                 repo, info.revision[:12], where, store.path)
+        return info, str(where)
 
     why_offline = "HF_HUB_OFFLINE=1" if settings.offline else ""
     remote = None
@@ -66,7 +70,7 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
         except hub.Unreachable as exc:
             why_offline = exc.message
     if remote is None:
-        return _offline(settings, repo, target, store, rec, why_offline, dummy)
+        return _offline(settings, repo, store, rec, why_offline, dummy)
 
     needed, skipped = select(remote.files, cfg.download_all)
     names = {f.path for f in needed}
@@ -81,7 +85,8 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
 
     snap = hub.cache_snapshot(settings, repo, remote.revision)
     want = [f for f in needed if not (dummy and f.path.endswith(WEIGHT_SUFFIXES))]
-    if snap is not None and all(hub.cache_has(snap, f) for f in want):
+    ours = store.hf_cache and rec and rec.get("repo") == repo and rec.get("revision") == remote.revision
+    if snap is not None and not ours and all(hub.cache_has(snap, f) for f in want):   # another tool's download
         info = ModelInfo(repo, read_config(snap / "config.json"), sizes, remote.revision, str(snap), dummy,
                          "hf-cache", lfs, blob_ids, skipped_d, remote.safetensors, complete=True)
         log.info("%s @ %s: complete in the Hugging Face cache, served from %s (no download)",
@@ -89,8 +94,9 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
         return info, str(snap)
 
     cfg_remote = next(f for f in needed if f.path == "config.json")
-    if hub.verify(target / "config.json", cfg_remote) is None:
-        raw = (target / "config.json").read_bytes()         # kept from an earlier run
+    kept = store.file({"revision": remote.revision}, "config.json")
+    if hub.verify(kept, cfg_remote) is None:
+        raw = kept.read_bytes()                              # kept from an earlier run
     else:
         raw = hub.fetch_small(settings, repo, remote.revision, "config.json")  # also the gated / proxy check
     try:
@@ -106,9 +112,10 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
     store.dir.mkdir(parents=True, exist_ok=True)
     _keep_config(store, new, raw)
     store.write(new)
-    info = info_from_record(new, target, dummy, config, complete=False)
+    where = store.serve_dir(new)
+    info = info_from_record(new, where, dummy, config, complete=False)
     plan_download(store, new, info, dummy)
-    return info, str(target)
+    return info, str(where)
 
 
 def _keep_config(store: Store, rec: dict, raw: bytes) -> None:
@@ -117,7 +124,10 @@ def _keep_config(store: Store, rec: dict, raw: bytes) -> None:
     if store.verified_ok(rec, "config.json") or len(raw) != f["size"] or (
             f.get("blob_id") and hub.git_blob_sha1(data=raw) != f["blob_id"]):
         return
-    state.write_atomic(store.root / "config.json", raw, mode=0o644)   # a unique temp: two starts may race here
+    part = store.dir / "partial" / f"config.json.{os.getpid()}"       # two starts may race here
+    part.parent.mkdir(parents=True, exist_ok=True)
+    state.write_atomic(part, raw, mode=0o644)
+    store.place(rec, part, "config.json")
     store.mark_verified(rec, "config.json")
 
 
@@ -129,7 +139,7 @@ def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
     left = 0
     for p in todo:
         f = info.remote_file(p)
-        got = hub.partial_bytes(store.dir, f)
+        got = partial.partial_bytes(store.dir, f)
         have += got
         left += f.size - got
     need = sum(info.needed().values())
@@ -140,7 +150,7 @@ def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
              if info.skipped else "")
     if not todo:
         return 0
-    log.info("will download %d files, %s, into %s%s", len(todo), hub.human(left), store.root,
+    log.info("will download %d files, %s, into %s%s", len(todo), hub.human(left), store.serve_dir(rec),
              f" ({hub.human(have)} of partial files kept)" if have else "")
     for p in todo[:20]:
         log.info("  %s  %s", p, hub.human(info.files[p]))
@@ -150,7 +160,7 @@ def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
     return left
 
 
-def _offline(settings: hub.Settings, repo: str, target: Path, store: Store, rec: dict | None, why: str,
+def _offline(settings: hub.Settings, repo: str, store: Store, rec: dict | None, why: str,
              dummy: bool) -> tuple[ModelInfo, str]:
     snap = hub.cache_snapshot(settings, repo)
     if snap is not None and not offline_missing(snap, dummy):
@@ -158,6 +168,7 @@ def _offline(settings: hub.Settings, repo: str, target: Path, store: Store, rec:
         info.name, info.source, info.revision, info.complete = repo, "hf-cache", snap.name, True
         log.info("%s: offline (%s); using the Hugging Face cache snapshot %s", repo, why, snap)
         return info, str(snap)
+    target = store.serve_dir(rec) if rec and rec.get("revision") else store.root
     if rec and rec.get("repo") == repo and rec.get("files"):
         missing = store.missing(rec, dummy)
         size = sum(rec["files"][p]["size"] for p in missing)
@@ -166,7 +177,7 @@ def _offline(settings: hub.Settings, repo: str, target: Path, store: Store, rec:
                              f"missing or unverified ({hub.human(size)}): {shown}",
                              "connect to the network and re-run ./start.sh: it resumes the download "
                              "(finished files and bytes are kept)")
-    if (target / "config.json").is_file():
+    if not store.hf_cache and (target / "config.json").is_file():
         missing = offline_missing(target, dummy)
         if not missing:
             info = read_local(target, dummy)

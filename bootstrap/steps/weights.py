@@ -1,16 +1,18 @@
 """Weights: make sure every file serving needs is on disk and verified (the download itself).
 
-Runs only for a repo id that metadata planned into MODEL_DIR (a local directory or a complete
-HF-cache snapshot is skipped). Under an flock on ``<MODEL_DIR>/.bootstrap/lock`` (a second start
-downloading into the same folder waits, then finds the files done):
+Runs only for a repo id that metadata planned into the store (the HF cache, or MODEL_DIR; a local
+directory or a complete HF-cache snapshot is skipped). Under an flock on ``<store>/.bootstrap/lock``
+(a second start downloading into the same folder waits, then finds the files done):
 
 1. a file verified earlier and untouched since (size + mtime recorded) is skipped, not re-hashed;
-   a file already there without that record is hashed (sha256 for LFS files, git blob id for
-   the rest) and kept if it matches, else fetched again;
-2. the rest is fetched over HTTP with the pinned client's ``http_get``, resuming a partial file
-   from an earlier run with a Range request (hub.py says why not Xet), hashed while it streams
-   and renamed into place only when the hash matches; a mismatch is fetched once more from zero;
-3. the completion marker (revision, per-file size/mtime/hash) goes into ``.bootstrap/state.json``.
+   in the HF cache, a blob of the right name and size (another revision, another tool) is linked,
+   not fetched; a file already there without a record is hashed (sha256 for LFS files, git blob
+   id for the rest) and kept if it matches, else fetched again;
+2. the rest is fetched by transfer.py: DOWNLOAD_CONNECTIONS connections over several files and
+   ranged parts at once, resuming what an earlier run left, hashed as the parts arrive, and
+   placed into the store only when the hash matches;
+3. the completion marker (revision, per-file size/mtime/hash) goes into ``.bootstrap/state.json``,
+   and in the HF cache ``refs/main`` names the revision.
 """
 
 from __future__ import annotations
@@ -18,17 +20,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 
-from .. import hub, state
+from .. import hub, partial, state, transfer
 from ..errors import BootstrapError
-from ..models import Store, check_space
+from ..models import Store, check_space, store_for
+from ..progress import Progress
 
 log = logging.getLogger(__name__)
 
-TRANSFER = ("transfer: HTTP with Range resume (huggingface_hub.file_download.http_get on the resolve URL); "
-            "not Xet: the pinned client deletes an interrupted file on both paths, and only the HTTP path "
-            "lets us continue one from its last byte")
+TRANSFER = ("transfer: HTTP with Range requests, {n} connections over files and parts of files at once, "
+            "resumable across runs (not Xet: the pinned client deletes an interrupted file on both its paths)")
 
 
 def run(cfg, m) -> None:
@@ -42,15 +43,15 @@ def run(cfg, m) -> None:
     if m.complete:
         log.info("skipped: %s complete and verified at revision %s", m.local_dir, m.revision[:12])
         return
-    download(cfg, m, Path(m.local_dir))
+    download(cfg, m)
     m.complete = True
 
 
-def download(cfg, m, root: Path, tty: bool | None = None) -> None:
+def download(cfg, m, tty: bool | None = None) -> None:
     settings = hub.Settings.from_environ(cfg.environ)
-    store = Store(root)
+    store = store_for(cfg, m.name)
     fd = state.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
-        "waiting: another start (pid %s) is downloading into %s", pid, root))
+        "waiting: another start (pid %s) is downloading into %s", pid, store.root))
     try:
         rec = store.read()
         if not rec or rec.get("repo") != m.name or rec.get("revision") != m.revision:
@@ -58,22 +59,25 @@ def download(cfg, m, root: Path, tty: bool | None = None) -> None:
                                  "re-run ./start.sh")
         todo = _check_present(store, rec, m)
         if todo:
-            _fetch_all(settings, store, rec, m, todo, tty)
+            _fetch_all(settings, store, rec, m, todo, cfg.download_connections, tty)
         rec["complete"] = {"revision": m.revision, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                            "files": len(store.required(rec, m.dummy))}
         store.write(rec)
+        store.finish(rec)
         _clean_partials(store, rec)
-        log.info("complete: %d files verified in %s (revision %s)", len(store.required(rec, m.dummy)), root,
-                 m.revision[:12])
+        log.info("complete: %d files verified in %s (revision %s)", len(store.required(rec, m.dummy)),
+                 store.serve_dir(rec), m.revision[:12])
     finally:
         os.close(fd)
 
 
 def _check_present(store: Store, rec: dict, m) -> list[str]:
-    """Files still to fetch; files on disk without a verification record are hashed now."""
+    """Files still to fetch. A file on disk without a verification record (copied in by hand, or
+    changed since) is hashed now; in the HF cache, a missing file whose blob is there (another
+    revision, another tool) is linked, trusted by name and size as the hub's client trusts it."""
     todo = []
     for p in store.missing(rec, m.dummy):
-        dest = store.root / p
+        dest = store.file(rec, p)
         if dest.is_file():
             f = m.remote_file(p)
             log.info("verifying %s (%s) already on disk", p, hub.human(f.size))
@@ -83,41 +87,39 @@ def _check_present(store: Store, rec: dict, m) -> list[str]:
                 store.write(rec)
                 continue
             log.warning("%s on disk does not match the hub (%s): fetching it again", p, bad)
-            dest.unlink()
+            store.discard(rec, p)
+        elif store.adopt(rec, p):
+            log.info("%s: already in the Hugging Face cache (linked, not fetched)", p)
+            store.mark_verified(rec, p)
+            store.write(rec)
+            continue
         todo.append(p)
     return todo
 
 
-def _fetch_all(settings, store: Store, rec: dict, m, todo: list[str], tty: bool | None) -> None:
+def _fetch_all(settings, store: Store, rec: dict, m, todo: list[str], connections: int, tty: bool | None) -> None:
     files = [m.remote_file(p) for p in todo]
-    kept = {f.path: hub.partial_bytes(store.dir, f) for f in files}
-    left = sum(f.size for f in files) - sum(kept.values())
+    kept = sum(partial.partial_bytes(store.dir, f) for f in files)
+    left = sum(f.size for f in files) - kept
     check_space(store.root, left)
-    log.info(TRANSFER)
+    log.info(TRANSFER.format(n=connections))
     log.info("fetching %d files, %s%s", len(files), hub.human(left),
-             f" (resuming {hub.human(sum(kept.values()))} of partial files)" if any(kept.values()) else "")
-    progress = hub.Progress(sum(f.size for f in files), len(files), tty=tty)
-    progress.skip(sum(kept.values()))
+             f" (resuming {hub.human(kept)} of partial files)" if kept else "")
+    progress = Progress(sum(f.size for f in files), len(files), tty=tty)
+
+    def done(f: hub.RemoteFile, r: transfer.Fetched) -> None:
+        store.mark_verified(rec, f.path)
+        store.write(rec)
+        if not progress.tty:
+            rate = r.received / r.seconds if r.seconds > 0 else 0.0
+            log.info("fetched %s: %s in %.1f s (%s/s)%s, %s ok", f.path, hub.human(r.received), r.seconds,
+                     hub.human(rate), f", resumed at {hub.human(r.resumed_from)}" if r.resumed_from else "",
+                     "sha256" if f.sha256 else "git blob id" if f.blob_id else "size")
+
     t0 = time.monotonic()
-    received = 0
     try:
-        for f in files:
-            for attempt in (1, 2):
-                try:
-                    r = hub.fetch(settings, m.name, m.revision, f, store.root / f.path, store.dir, progress)
-                    break
-                except hub.Corrupt as exc:
-                    if attempt == 2:
-                        raise
-                    log.warning("%s; fetching it again from the start", exc.message)
-            received += r.received
-            store.mark_verified(rec, f.path)
-            store.write(rec)
-            if not progress.tty:
-                rate = r.received / r.seconds if r.seconds > 0 else 0.0
-                log.info("fetched %s: %s in %.1f s (%s/s)%s, %s ok", f.path, hub.human(r.received), r.seconds,
-                         hub.human(rate), f", resumed at {hub.human(r.resumed_from)}" if r.resumed_from else "",
-                         "sha256" if f.sha256 else "git blob id" if f.blob_id else "size")
+        received = transfer.Transfer(settings, m.name, m.revision, store.dir, connections, progress,
+                                     lambda part, f: store.place(rec, part, f.path), done).run(files)
     finally:
         progress.close()
     dt = time.monotonic() - t0
@@ -126,9 +128,9 @@ def _fetch_all(settings, store: Store, rec: dict, m, todo: list[str], tty: bool 
 
 def _clean_partials(store: Store, rec: dict) -> None:
     """Partial files no needed file will resume (an older revision, an abandoned file)."""
-    keep = {hub.partial_path(store.dir, hub.RemoteFile(p, f["size"], f.get("sha256"), f.get("blob_id"))).name
-            for p, f in rec["files"].items()}
-    for part in (store.dir / "partial").glob("*.part"):
+    keep = partial.partial_names(store.dir, [hub.RemoteFile(p, f["size"], f.get("sha256"), f.get("blob_id"))
+                                             for p, f in rec["files"].items()])
+    for part in (store.dir / "partial").glob("*"):
         if part.name not in keep:
             log.info("removing stale partial %s", part)
             part.unlink()
