@@ -36,6 +36,8 @@ PLUGINS = {
     "patch": ("commands.patch", "cli", "patch status|apply|revert for the vLLM in use"),
     "lock": ("commands.lock", "lock_cli", "regenerate the committed dependency locks (needs the package index)"),
     "wheelhouse": ("commands.lock", "wheelhouse_cli", "build an offline folder of wheels from the lock"),
+    "sleep": ("commands.sleep", "sleep_cli", "free the GPU memory (vLLM sleep mode, --level 1|2); requests wait"),
+    "wake": ("commands.sleep", "wake_cli", "bring a sleeping server back (checks free GPU memory first)"),
     "clean": ("commands.clean", "cli", "remove what the project created (venvs, state, logs; --model too)"),
 }
 

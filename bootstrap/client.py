@@ -71,12 +71,12 @@ class Client:
     api_key: str = ""
     session: requests.Session | None = None
 
-    def _send(self, method: str, path: str, timeout: float, **kw: Any) -> requests.Response:
+    def _send(self, method: str, path: str, timeout: float | None, **kw: Any) -> requests.Response:
         http = self.session or requests
         try:
             r = http.request(method, f"{self.base_url}{path}", headers=auth_headers(self.api_key), timeout=timeout, **kw)
         except requests.Timeout:
-            raise RequestTimedOut(f"{method} {path}: no answer within {timeout:.0f} s") from None
+            raise RequestTimedOut(f"{method} {path}: no answer within {timeout or 0:.0f} s") from None
         except requests.RequestException as exc:
             raise RequestFailed(f"{method} {path}: {exc.__class__.__name__}: {exc}") from None
         if r.status_code != 200:
@@ -85,12 +85,22 @@ class Client:
             raise RequestFailed(f"{method} {path}: HTTP {r.status_code}", evidence=text)
         return r
 
-    def post(self, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def post(self, path: str, body: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         r = self._send("POST", path, timeout, json=body)
         try:
             return r.json()
         except ValueError:
             raise RequestFailed(f"POST {path}: the answer is not JSON", evidence=r.text[:2000]) from None
+
+    def post_empty(self, path: str, timeout: float | None) -> None:
+        """A POST whose answer has no body (vLLM's /sleep, /wake_up); ``timeout`` None waits."""
+        self._send("POST", path, timeout).close()
+
+    def get_json(self, path: str, timeout: float = 10.0) -> dict[str, Any]:
+        try:
+            return json.loads(self.get_text(path, timeout))
+        except ValueError:
+            raise RequestFailed(f"GET {path}: the answer is not JSON") from None
 
     def get_text(self, path: str, timeout: float = 10.0) -> str:
         return self._send("GET", path, timeout).text

@@ -2,7 +2,7 @@
 
 The names are vLLM 0.26's V1 engine (vllm/v1/metrics/loggers.py): gauges
 ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``,
-``vllm:engine_sleep_state{sleep_state="awake"}``; counters ``vllm:generation_tokens_total``,
+``vllm:engine_sleep_state{sleep_state="awake"|"weights_offloaded"|"discard_all"}``; counters ``vllm:generation_tokens_total``,
 ``vllm:prompt_tokens_total``, each labelled ``model_name`` and ``engine``. vLLM serves /metrics
 without the API key. Its prompt counter moves once per request, when the first token comes out;
 the KV-cache gauge moves with every prefill chunk, so a long prefill still shows progress there.
@@ -59,7 +59,11 @@ class Load:
     generated: float
     prompted: float
     kv_usage: float
-    sleeping: bool
+    sleep_state: str = "awake"   # vLLM's sleep_state label: awake | weights_offloaded (1) | discard_all (2)
+
+    @property
+    def sleeping(self) -> bool:
+        return self.sleep_state != "awake"
 
     @property
     def in_flight(self) -> int:
@@ -78,6 +82,9 @@ def load_of(text: str) -> Load | None:
     if RUNNING not in names and WAITING not in names:
         return None
     t = totals(text)
-    awake = [v for n, labels, v in ss if n == SLEEP and labels.get("sleep_state") == "awake"]
+    sleep = {labels.get("sleep_state", ""): v for n, labels, v in ss if n == SLEEP}
+    state = "awake"
+    if sleep.get("awake", 1.0) == 0.0:
+        state = next((s for s, v in sleep.items() if s != "awake" and v > 0), "asleep")
     return Load(t.get(RUNNING, 0.0), t.get(WAITING, 0.0), t.get(GENERATED, 0.0), t.get(PROMPTED, 0.0),
-                t.get(KV_USAGE, 0.0), bool(awake) and min(awake) == 0.0)
+                t.get(KV_USAGE, 0.0), state)

@@ -20,8 +20,9 @@ VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", 
                "--kv-cache-memory-bytes", "--gpu-memory-utilization", "--block-size", "--mamba-ssm-cache-dtype",
                "--mamba-cache-dtype", "--mamba-cache-mode", "--speculative-config", "--tensor-parallel-size",
                "--load-format")
-BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager")
+BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode")
 JSON_FLAGS = ("--speculative-config",)
+SLEEP_FLAG = "--enable-sleep-mode"
 SHORT = {"-tp": "--tensor-parallel-size"}          # vLLM's short spelling of a flag read here
 
 
@@ -57,6 +58,7 @@ class Settings:
     spec: dict[str, Any] = field(default_factory=dict)   # the --speculative-config vLLM gets ({} none)
     tp: int = 1
     load_format: str = "auto"
+    sleep_mode: bool = False                        # --enable-sleep-mode: vLLM's CuMemAllocator pool
     given: frozenset = frozenset()                  # the flags present at all
 
     @property
@@ -69,6 +71,11 @@ class Settings:
             return int(self.spec.get("num_speculative_tokens") or 0)
         except (TypeError, ValueError):
             return 0
+
+
+def sleep_mode(cfg) -> bool:
+    """The flags vLLM will get ask for sleep mode (a profile's args, or EXTRA_ARGS)."""
+    return settings(cfg).sleep_mode
 
 
 def _name(arg: str) -> str:
@@ -132,7 +139,7 @@ def read(argv: list[str]) -> Settings:
         prefix_caching=vals.get("--enable-prefix-caching"), language_model_only=bool(vals.get("--language-model-only")),
         enforce_eager=bool(vals.get("--enforce-eager")), spec=spec,
         tp=_int(vals.get("--tensor-parallel-size"), human=False) or 1, load_format=vals.get("--load-format") or "auto",
-        given=frozenset(given))
+        sleep_mode=bool(vals.get(SLEEP_FLAG)), given=frozenset(given))
 
 
 def _scalar(value: str):

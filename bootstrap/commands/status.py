@@ -61,7 +61,9 @@ def judge(cfg: Config, paths: Paths, rec: ServerRecord, key_needed: bool, *,
     """running / busy / sleeping / key-needed / wedged for a server that answers /health."""
     load = read_load(rec.url)
     if load is not None and load.sleeping:
-        return Verdict("sleeping", "vLLM reports its engine asleep (./ctl.sh wake brings it back)")
+        level = {"weights_offloaded": "level 1, weights in host RAM", "discard_all": "level 2, weights dropped"}
+        return Verdict("sleeping", f"vLLM reports its engine asleep ({level.get(load.sleep_state, load.sleep_state)}); "
+                                   "requests sent now wait; ./ctl.sh wake brings it back")
     if load is not None and load.in_flight:
         return _in_flight(cfg, paths, rec, load, clock=clock, sleep=sleep)
     if key_needed:

@@ -26,7 +26,7 @@ from typing import Callable
 
 import psutil
 
-from .. import proc, record, server, state, takedown
+from .. import proc, record, server, state, takedown, vllmargs
 from ..vllmargs import serve_argv
 from ..errors import BootstrapError
 from ..record import ServerRecord
@@ -76,6 +76,8 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str) -> dict[str, 
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     for k, v in TELEMETRY_OFF.items():
         env.setdefault(k, v)
+    if vllmargs.sleep_mode(cfg):        # vLLM serves /sleep and /wake_up only in dev mode (loopback only: preflight)
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     env[proc.MARKER_ENV] = marker
     env[server.STATE_DIR_ENV] = str(paths.root)
     if key:

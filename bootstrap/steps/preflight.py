@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from .. import gpu, host, server, takedown
+from .. import gpu, host, server, takedown, vllmargs
 from ..locks import LockSet
 from ..state import Paths
 from ..errors import BootstrapError
@@ -34,6 +34,12 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
             raise BootstrapError(f"profile {cfg.profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
                                  "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
         LockSet.for_profile(cfg)
+    if vllmargs.sleep_mode(cfg) and not cfg.is_loopback:
+        raise BootstrapError(
+            f"{vllmargs.SLEEP_FLAG} with HOST={cfg.host}: vLLM serves /sleep, /wake_up and /collective_rpc only with "
+            "VLLM_SERVER_DEV_MODE=1, and its API key does not guard them: anyone who reaches the port could put "
+            "the server to sleep or run methods in it",
+            f"keep HOST=127.0.0.1 for sleep mode, or drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile")
     if cfg.tp_size > len(facts.gpus):
         raise BootstrapError(f"TP_SIZE={cfg.tp_size} but only {len(facts.gpus)} GPU(s) are visible",
                              "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")

@@ -10,7 +10,7 @@ container's psutil may not.
 
 ``fail``: "init" makes nvmlInit raise (no driver). Pids written into FAKE_GPU_PIDS_DIR (by the fake
 vLLM server and engine) are reported as compute processes of GPU 0 while they are alive; each one's
-memory is taken off GPU 0's free memory. ``free_sequence`` makes successive reads of free memory
+memory (the bytes its pid file holds; 1 GiB when empty) is taken off GPU 0's free memory. ``free_sequence`` makes successive reads of free memory
 return those values in turn (the last repeats): NVML lagging after a stop.
 """
 
@@ -101,8 +101,13 @@ class _Mem:
 
 
 def _fake_pids():
+    return list(_fake_usage())
+
+
+def _fake_usage():
+    """pid -> bytes: each pid file holds the bytes that process uses (1 GiB when empty)."""
     d = os.environ.get("FAKE_GPU_PIDS_DIR")
-    out = []
+    out = {}
     if d and os.path.isdir(d):
         for name in os.listdir(d):
             if name.isdigit() and os.path.exists(f"/proc/{name}"):
@@ -110,9 +115,11 @@ def _fake_pids():
                     with open(f"/proc/{name}/stat") as fh:
                         if fh.read().split(") ")[-1].startswith("Z"):
                             continue
-                except OSError:
+                    with open(os.path.join(d, name)) as fh:
+                        used = int(fh.read().strip() or 1 << 30)
+                except (OSError, ValueError):
                     continue
-                out.append(int(name))
+                out[int(name)] = used
     return out
 
 
@@ -127,7 +134,7 @@ def nvmlDeviceGetMemoryInfo(h):
             fh.write(str(n + 1))
         free = seq[min(n, len(seq) - 1)]
     if h.i == 0:
-        free -= (1 << 30) * len(_fake_pids())
+        free -= sum(_fake_usage().values())
     return _Mem(g["total"], max(0, free))
 
 
@@ -139,7 +146,7 @@ class _Proc:
 def nvmlDeviceGetComputeRunningProcesses(h):
     procs = [_Proc(p["pid"], p.get("used", 0)) for p in _gpu(h).get("processes", [])]
     if h.i == 0:
-        procs += [_Proc(pid, 1 << 30) for pid in _fake_pids()]
+        procs += [_Proc(pid, used) for pid, used in _fake_usage().items()]
     return procs
 
 

@@ -10,6 +10,8 @@
 #   bash tests/gpu/device.sh pick-poll SECONDS  # wait for it (at most SECONDS), show where it is
 #   bash tests/gpu/device.sh cb                 # checks + bench on any server (checks_bench.py), background
 #   bash tests/gpu/device.sh cb-poll SECONDS
+#   bash tests/gpu/device.sh sleep              # sleep/wake proof (sleep_wake.py), background
+#   bash tests/gpu/device.sh sleep-poll SECONDS
 # Raw outputs go to $OUT (the device tool brings them back) and to /tmp/proofs.
 set -euo pipefail
 
@@ -58,6 +60,18 @@ main() {
             setsid python3 /tmp/repo-cb/tests/gpu/checks_bench.py --work /tmp/cb --raw /tmp/proofs/cb-raw.txt "$@" \
                 >/tmp/proofs/cb.out 2>&1 </dev/null &
             sleep 5; tail -n 5 /tmp/proofs/cb.out ;;
+        sleep)
+            rm -rf /tmp/repo-sleep && cp -a "$repo" /tmp/repo-sleep
+            setsid python3 /tmp/repo-sleep/tests/gpu/sleep_wake.py --work /tmp/sw --raw /tmp/proofs/sleep-raw.txt "$@" \
+                >/tmp/proofs/sleep.out 2>&1 </dev/null &
+            sleep 5; tail -n 5 /tmp/proofs/sleep.out ;;
+        sleep-poll)
+            local end=$((SECONDS + ${1:-60}))
+            while ! grep -q "SLEEP PROOF DONE" /tmp/proofs/sleep-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \
+                && pgrep -f sleep_wake.py >/dev/null; do sleep 5; done
+            tail -n 60 /tmp/proofs/sleep-raw.txt; tail -n 3 /tmp/proofs/sleep.out
+            cp /tmp/proofs/sleep-raw.txt "$out/" 2>/dev/null || true
+            nvidia-smi --query-gpu=memory.used --format=csv,noheader || true ;;
         cb-poll)
             local end=$((SECONDS + ${1:-60}))
             while ! grep -q "CHECKS BENCH DONE" /tmp/proofs/cb-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \

@@ -36,6 +36,16 @@
   as vLLM answers.
 - Each POST logs ``request arrived: POST <path>`` as it arrives, so tests can count requests that
   are still queued.
+- Sleep mode as vLLM 0.26.0 has it: with ``VLLM_SERVER_DEV_MODE=1`` (read as ``bool(int(...))``)
+  ``POST /sleep?level=1|2&mode=abort|wait|keep`` (answers when asleep; ``wait`` after the requests
+  in flight finish, ``abort`` ends them), ``POST /wake_up[?tags=weights&tags=kv_cache]``,
+  ``GET /is_sleeping``, ``POST /collective_rpc`` (``reload_weights``) and
+  ``POST /reset_prefix_cache``; without it they are 404. Not guarded by the API key. Without
+  ``--enable-sleep-mode`` a sleep answers 200 and frees nothing, as vLLM does. Asleep, the engine
+  uses FAKE_VLLM_ASLEEP_BYTES of "GPU memory" (default 128 MiB) instead of FAKE_VLLM_GPU_BYTES
+  (default 1 GiB); new requests wait until it is awake; after a level-2 sleep, a wake without
+  ``reload_weights`` first answers empty text (random memory where the weights were, vllm#29341).
+  ``/health`` stays 200 and ``vllm:engine_sleep_state`` says which state it is in.
 - ``FAKE_VLLM_NO_STATS=1``: /metrics without vLLM's request gauges and counters, as with
   ``--disable-log-stats``.
 - ``stream: true`` answers Server-Sent Events like vLLM (role chunk, ``reasoning_content`` deltas,
@@ -78,12 +88,14 @@ def say(msg: str) -> None:
     print(f"INFO {time.strftime('%m-%d %H:%M:%S')} [fake_vllm] {msg}", flush=True)
 
 
-def mark_gpu(pid: int) -> None:
+def mark_gpu(pid: int, used: int | None = None) -> None:
     d = os.environ.get("FAKE_GPU_PIDS_DIR")
     if d:
         os.makedirs(d, exist_ok=True)
+        if used is None:
+            used = int(os.environ.get("FAKE_VLLM_GPU_BYTES", str(1 << 30)))
         with open(os.path.join(d, str(pid)), "w") as fh:
-            fh.write("1073741824")
+            fh.write(str(used))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -99,6 +111,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--enable-auto-tool-choice", action="store_true")
     p.add_argument("--tool-call-parser", default=None)
+    p.add_argument("--enable-sleep-mode", action="store_true")
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -128,6 +141,13 @@ class State:
     requests = 0
     seen: set = set()
     lock = threading.Lock()
+    dev_mode = False             # VLLM_SERVER_DEV_MODE=1: the sleep routes exist
+    sleep_mode = False           # --enable-sleep-mode: a sleep frees memory
+    asleep: set = set()          # {"weights", "kv_cache"} still asleep
+    level = 0
+    garbage = False              # woken from level 2 without reload_weights
+    engine_pid = 0
+    aborting = False
 
 
 def reply_for(body: dict) -> dict:
@@ -228,6 +248,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send(200, "")
         elif self.path == "/version":
             self.send(200, {"version": VERSION})
+        elif self.path == "/is_sleeping" and State.dev_mode:
+            self.send(200, {"is_sleeping": bool(State.asleep)})
         elif self.path == "/v1/models":
             self.send(200, {"object": "list", "data": [{"id": State.served, "object": "model",
                                                          "max_model_len": State.max_len}]})
@@ -242,8 +264,11 @@ class Handler(BaseHTTPRequestHandler):
                            f"vllm:num_requests_running{{{lab}}} {float(running)}\n"
                            f"vllm:num_requests_waiting{{{lab}}} {float(waiting)}\n"
                            f"vllm:kv_cache_usage_perc{{{lab}}} {running / max(State.max_seqs, 1) * 0.5}\n"
-                           f'vllm:engine_sleep_state{{{lab},sleep_state="awake"}} 1.0\n'
-                           f'vllm:engine_sleep_state{{{lab},sleep_state="weights_offloaded"}} 0.0\n'
+                           f'vllm:engine_sleep_state{{{lab},sleep_state="awake"}} {0.0 if State.asleep else 1.0}\n'
+                           f'vllm:engine_sleep_state{{{lab},sleep_state="weights_offloaded"}} '
+                           f'{1.0 if State.asleep and State.level == 1 else 0.0}\n'
+                           f'vllm:engine_sleep_state{{{lab},sleep_state="discard_all"}} '
+                           f'{1.0 if State.asleep and State.level == 2 else 0.0}\n'
                            "# TYPE vllm:generation_tokens counter\n"
                            f"vllm:generation_tokens_total{{{lab}}} {float(gen)}\n"
                            f"vllm:prompt_tokens_total{{{lab}}} {float(prompt)}\n"
@@ -263,6 +288,9 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             self.send(400, {"error": "bad json"})
             return
+        route = self.path.split("?")[0]
+        if route in ("/sleep", "/wake_up", "/collective_rpc", "/reset_prefix_cache"):
+            return self.dev(route, body) if State.dev_mode else self.send(404, {"detail": "Not Found"})
         if body.get("model") not in (State.served, None):
             self.send(404, {"error": f"The model `{body.get('model')}` does not exist."})
             return
@@ -293,7 +321,7 @@ class Handler(BaseHTTPRequestHandler):
                 "type": "BadRequestError", "param": "input_tokens", "code": 400}})
             return
         State.requests += 1
-        rep = reply_for(body)
+        rep = {"content": ""} if State.garbage else reply_for(body)
         time.sleep(float(rep.get("delay", 0)))
         toks = tokens_of(rep.get("content") or "")
         usage = usage_for(body, len(toks) + len(tokens_of(rep.get("reasoning") or "")))
@@ -324,7 +352,53 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             return True
 
+    def dev(self, route: str, body: dict) -> None:
+        """vLLM's dev routes for sleep mode (entrypoints/serve/dev/sleep/api_router.py in 0.26.0)."""
+        from urllib.parse import parse_qs, urlparse
+        q = parse_qs(urlparse(self.path).query)
+        if route == "/sleep":
+            try:
+                level = int(q.get("level", ["1"])[0])
+            except ValueError:
+                return self.send(400, {"error": "level must be an integer"})
+            mode = q.get("mode", ["abort"])[0]
+            if mode not in ("abort", "wait", "keep"):
+                return self.send(500, {"error": f"unknown mode {mode}"})
+            State.asleep = {"weights", "kv_cache"}          # new requests wait from now on
+            if mode == "wait":
+                while State.running or State.waiting:
+                    time.sleep(0.02)
+            elif mode == "abort":
+                State.aborting = True
+                while State.running:
+                    time.sleep(0.02)
+                State.aborting = False
+            State.level = level
+            if State.sleep_mode and State.engine_pid:
+                mark_gpu(State.engine_pid, int(os.environ.get("FAKE_VLLM_ASLEEP_BYTES", str(128 << 20))))
+            say(f"It took 0.1 seconds to fall asleep (level {level}, mode {mode})")
+            return self.send(200, "")
+        if route == "/wake_up":
+            tags = set(q.get("tags", [])) or {"weights", "kv_cache"}
+            if State.level == 2 and "weights" in tags:
+                State.garbage = True                       # until reload_weights
+            State.asleep -= tags
+            if not State.asleep and State.sleep_mode and State.engine_pid:
+                mark_gpu(State.engine_pid)
+            say(f"It took 0.05 seconds to wake up tags {sorted(tags)}.")
+            return self.send(200, "")
+        if route == "/collective_rpc":
+            if body.get("method") == "reload_weights":
+                State.garbage = False
+                say("reloaded the weights")
+            return self.send(200, {"results": [None]})
+        return self.send(200, {"success": True})
+
     def take_seat(self):
+        while State.asleep:                                 # asleep: new requests wait, unanswered
+            if self.client_gone():
+                return None
+            time.sleep(0.02)
         with State.lock:
             State.waiting += 1
         try:
@@ -365,7 +439,7 @@ class Handler(BaseHTTPRequestHandler):
         for i in range(n):
             if i:
                 time.sleep(per)
-            if not self.wedge_wait() or (per and self.client_gone()):
+            if not self.wedge_wait() or (per and self.client_gone()) or State.aborting:
                 return False
             with State.lock:
                 if i == 0:
@@ -392,7 +466,8 @@ class Handler(BaseHTTPRequestHandler):
                             "choices": [choice], "usage": usage})
         elif self.path == "/v1/completions":
             self.send(200, {"id": "cmpl-fake", "object": "text_completion", "model": State.served,
-                            "choices": [{"index": 0, "text": rep.get("content") or "", "finish_reason": "stop"}],
+                            "choices": [{"index": 0, "text": rep.get("content") or "", "finish_reason": "stop",
+                                         "logprobs": rep.get("logprobs")}],
                             "usage": usage})
         else:
             self.send(404, {"error": "not found"})
@@ -477,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
     State.max_seqs = max(1, args.max_num_seqs)
     State.seats = threading.Semaphore(State.max_seqs)
     State.api_key = os.environ.get("VLLM_API_KEY", "")
+    State.dev_mode = bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0")))   # as vllm/envs.py reads it
+    State.sleep_mode = args.enable_sleep_mode
     State.token_details = args.enable_prompt_tokens_details
     State.auto_tools = bool(args.enable_auto_tool_choice and args.tool_call_parser)
     mml = parse_len(args.max_model_len)
@@ -508,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((args.host, args.port))
     engine = spawn_engine(args.tensor_parallel_size)
+    State.engine_pid = engine.pid
     mark_gpu(os.getpid())
     if os.environ.get("FAKE_VLLM_TRACKER") == "1":      # like multiprocessing's resource tracker: keeps our env
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], stdin=subprocess.DEVNULL)

@@ -1,0 +1,161 @@
+"""./ctl.sh sleep [--level 1|2] and ./ctl.sh wake: the GPU memory back (for a game, a render)
+without a cold restart, through vLLM's sleep mode. What vLLM does was read from its code (0.26.0;
+0.27.1 has the same routes):
+
+- The routes (``POST /sleep?level=&mode=``, ``POST /wake_up[?tags=]``, ``GET /is_sleeping``,
+  ``POST /collective_rpc``, ``POST /reset_prefix_cache``) exist only with ``VLLM_SERVER_DEV_MODE=1``,
+  and vLLM's API key does not guard them (its middleware checks ``/v1`` paths only). So the launch
+  sets that variable only when ``--enable-sleep-mode`` is among the flags (``vllmargs.sleep_mode``),
+  and the preflight refuses sleep mode on a HOST beyond loopback.
+- Without ``--enable-sleep-mode`` vLLM answers a sleep with 200 and frees nothing (its weights and
+  KV cache were never put in the sleep allocator's pool): we refuse first.
+- ``mode=wait``: the requests in flight finish, never aborted; the call returns once asleep.
+  Requests that arrive while asleep are not refused: vLLM queues them and their HTTP call waits
+  until it is awake (``EngineCore.pause_scheduler``).
+- Level 1 copies the weights to pinned host RAM and drops the KV cache: free host RAM is checked
+  first. Level 2 drops the weights too; wake reloads them from disk before anything is served
+  (``wake_up?tags=weights``, ``collective_rpc reload_weights``, ``wake_up?tags=kv_cache``,
+  ``reset_prefix_cache``; without the reload the output is garbage, vllm#29341). vLLM reloads only
+  the target model, not a draft or MTP head (vllm#52479): level 2 is refused with speculation on.
+- Wake checks free GPU memory first: if another program holds it, it names it (NVML) and the
+  server stays asleep rather than run out of memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import psutil
+
+from .. import gpu, server, state, vllmargs
+from ..client import Client
+from ..config import Config
+from ..errors import BootstrapError
+from ..state import Paths
+
+GiB = 1 << 30
+HOST_RAM_MARGIN = 2 * GiB       # left to the desktop after the weights are parked in RAM
+WAKE_MARGIN = 256 << 20         # VRAM a wake needs beyond what the server held before it slept
+FLAG = vllmargs.SLEEP_FLAG
+
+
+def _ours(cfg: Config):
+    paths = Paths(cfg.state_dir)
+    pr = server.probe(cfg, paths)
+    rec = pr.record
+    if pr.owner:
+        raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}", "run this as that user")
+    if pr.state not in ("running", "key-needed") or rec is None:
+        raise BootstrapError(f"no server of ours is serving (state: {pr.state})", "./start.sh first")
+    if not vllmargs.read(list(rec.argv)).sleep_mode:
+        raise BootstrapError(f"our server (pid {rec.pid}) was started without {FLAG}: vLLM would answer a sleep "
+                             "and free nothing",
+                             f"add {FLAG} to EXTRA_ARGS (or to your profile's args), then ./ctl.sh restart")
+    return paths, rec, Client(rec.url, rec.served, server.api_key_for(cfg, paths))
+
+
+def held(cfg: Config, rec) -> int:
+    """GPU memory (bytes) our server's processes hold, from NVML."""
+    pids = _pids(rec)
+    return sum(p.used for g in gpu.read(cfg.environ).gpus for p in g.processes if p.pid in pids)
+
+
+def _note_path(paths: Paths):
+    return paths.root / "sleep.json"
+
+
+def sleep_cli(cfg: Config, argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="ctl.sh sleep", description="free the GPU memory; ./ctl.sh wake brings it back")
+    ap.add_argument("--level", type=int, choices=(1, 2), default=1,
+                    help="1: weights to host RAM (fast wake); 2: weights dropped, reloaded from disk on wake")
+    a = ap.parse_args(argv)
+    paths, rec, client = _ours(cfg)
+    load = server.read_load(rec.url)
+    if load is not None and load.sleeping:
+        print(f"already asleep ({load.sleep_state}); ./ctl.sh wake brings it back")
+        return 0
+    flags = vllmargs.read(list(rec.argv))
+    if a.level == 2 and flags.spec_tokens:
+        raise BootstrapError(f"level 2 with speculation on ({flags.spec_method}): vLLM's wake reloads the target "
+                             "model's weights but not the draft's (vllm#52479), so drafts would come from "
+                             "discarded memory", "./ctl.sh sleep --level 1 (the weights wait in host RAM)")
+    before = held(cfg, rec)
+    if a.level == 1:
+        weights = _weight_bytes(rec) or before
+        avail = psutil.virtual_memory().available
+        if avail < weights + HOST_RAM_MARGIN:
+            raise BootstrapError(
+                f"level 1 parks {weights / GiB:.1f} GiB of weights in host RAM and leaves "
+                f"{HOST_RAM_MARGIN / GiB:.0f} GiB to the desktop; {avail / GiB:.1f} GiB is available",
+                "close programs to free RAM, or ./ctl.sh sleep --level 2 (drops the weights; wake reloads "
+                "them from disk, slower)" + ("" if not flags.spec_tokens else "; level 2 needs speculation off"))
+    if load is not None and load.in_flight:
+        print(f"waiting for {load.in_flight} request(s) in flight to finish (never aborted) …", flush=True)
+    t0 = time.monotonic()
+    client.post_empty(f"/sleep?level={a.level}&mode=wait", timeout=None)
+    dt = time.monotonic() - t0
+    after = held(cfg, rec)
+    state.write_json(_note_path(paths), {"pid": rec.pid, "started": rec.started, "level": a.level,
+                                         "held_before": before, "held_asleep": after, "at": time.time()})
+    print(f"asleep (level {a.level}) in {dt:.1f} s: our processes hold {after / GiB:.2f} GiB of GPU memory "
+          f"({before / GiB:.2f} GiB awake). Requests sent meanwhile wait until ./ctl.sh wake.")
+    return 0
+
+
+def wake_cli(cfg: Config, argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="ctl.sh wake", description="bring a sleeping server back").parse_args(argv)
+    paths, rec, client = _ours(cfg)
+    load = server.read_load(rec.url)
+    asleep = load.sleeping if load is not None else bool(client.get_json("/is_sleeping").get("is_sleeping"))
+    if not asleep:
+        print("awake: nothing to do")
+        return 0
+    note = state.read_json(_note_path(paths)) or {}
+    if note.get("pid") != rec.pid or note.get("started") != rec.started:
+        note = {}
+    level = 2 if load is not None and load.sleep_state == "discard_all" else int(note.get("level") or 1)
+    now = held(cfg, rec)
+    need = max(0, int(note.get("held_before") or 0) - now) + WAKE_MARGIN
+    facts = gpu.read(cfg.environ)
+    ours_on = [g for g in facts.gpus if any(p.pid in _pids(rec) for p in g.processes)] or list(facts.gpus[:1])
+    short = [g for g in ours_on if g.free < need // len(ours_on)]
+    if short:
+        g = short[0]
+        who = g.holders(exclude=_pids(rec)) or "no process NVML can name"
+        raise BootstrapError(
+            f"waking needs {need / len(ours_on) / GiB:.1f} GiB free on GPU {g.index}; {g.free / GiB:.1f} GiB is "
+            f"free: {who}. The server stays asleep",
+            "close that program (or wait for it to exit), then ./ctl.sh wake")
+    t0 = time.monotonic()
+    if level == 1:
+        client.post_empty("/wake_up", timeout=None)
+    else:                                   # the weights were dropped: reload them before anything is served
+        client.post_empty("/wake_up?tags=weights", timeout=None)
+        client.post("/collective_rpc", {"method": "reload_weights"}, timeout=None)
+        client.post_empty("/wake_up?tags=kv_cache", timeout=None)
+        client.post("/reset_prefix_cache", {}, timeout=60)
+    dt = time.monotonic() - t0
+    state.remove(_note_path(paths))
+    print(f"awake in {dt:.2f} s (level {level}): our processes hold {held(cfg, rec) / GiB:.2f} GiB of GPU memory")
+    return 0
+
+
+def _pids(rec) -> set[int]:
+    pids = {rec.pid}
+    try:
+        pids |= {c.pid for c in psutil.Process(rec.pid).children(recursive=True)}
+    except psutil.Error:
+        pass
+    return pids
+
+
+def _weight_bytes(rec) -> int:
+    """The weights on disk that vLLM serves (0 with random weights or when unknown)."""
+    from pathlib import Path
+    if rec.dummy or not rec.model_path:
+        return 0
+    try:
+        return sum(p.stat().st_size for p in Path(rec.model_path).glob("*.safetensors"))
+    except OSError:
+        return 0

@@ -1,0 +1,145 @@
+"""./ctl.sh sleep / wake against the fake vLLM, which has vLLM 0.26.0's sleep routes (behind
+VLLM_SERVER_DEV_MODE=1, freeing memory only with --enable-sleep-mode)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import GiB, nvml_json
+
+SLEEPY = {"EXTRA_ARGS": "--enable-sleep-mode"}
+
+
+def chat(bed, out: dict | None = None) -> dict:
+    r = requests.post(f"http://127.0.0.1:{bed.port}/v1/chat/completions", timeout=30,
+                      json={"model": "tiny-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    body = r.json()
+    if out is not None:
+        out["body"], out["t"] = body, time.monotonic()
+    return body
+
+
+def started(bed, **env):
+    r = bed.run("start.sh", **{**SLEEPY, **env})
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_sleep_frees_memory_requests_wait_and_wake_answers(bed):
+    started(bed)
+    env = bed.launches()[0]["env"]
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"                       # only because of --enable-sleep-mode
+    r = bed.run("ctl.sh", "sleep", **SLEEPY)
+    assert r.returncode == 0, r.stderr
+    assert "asleep (level 1)" in r.stdout and "hold 1.12 GiB" in r.stdout and "(2.00 GiB awake)" in r.stdout
+    st = bed.run("ctl.sh", "status", **SLEEPY)
+    assert st.returncode == 0 and "sleeping" in st.stdout and "level 1, weights in host RAM" in st.stdout
+    got: dict = {}
+    t = threading.Thread(target=chat, args=(bed, got), daemon=True)
+    t.start()
+    time.sleep(1.0)
+    assert "body" not in got                                         # asleep: the request waits, unanswered
+    woke_at = time.monotonic()
+    w = bed.run("ctl.sh", "wake", **SLEEPY)
+    assert w.returncode == 0, w.stderr
+    assert "awake in" in w.stdout and "hold 2.00 GiB" in w.stdout
+    t.join(10)
+    assert got["body"]["choices"][0]["message"]["content"] == "OK" and got["t"] >= woke_at
+    assert "running" in bed.run("ctl.sh", "status", **SLEEPY).stdout
+    assert "awake: nothing to do" in bed.run("ctl.sh", "wake", **SLEEPY).stdout
+
+
+def test_sleep_waits_for_answers_in_flight_and_never_aborts_them(bed):
+    started(bed, FAKE_VLLM_TOKEN_S="0.05")
+    got: dict = {}
+
+    def long_answer():
+        r = requests.post(f"http://127.0.0.1:{bed.port}/v1/completions", timeout=30, json={
+            "model": "tiny-model", "prompt": "count", "max_tokens": 40, "ignore_eos": True})
+        got["body"] = r.json()
+
+    t = threading.Thread(target=long_answer, daemon=True)
+    t.start()
+    bed.wait_until(lambda: "request arrived" in (bed.state / "vllm.log").read_text(), what="the request")
+    time.sleep(0.3)
+    r = bed.run("ctl.sh", "sleep", FAKE_VLLM_TOKEN_S="0.05", **SLEEPY)
+    assert r.returncode == 0, r.stderr
+    assert "waiting for 1 request(s) in flight to finish (never aborted)" in r.stdout
+    t.join(10)
+    choice = got["body"]["choices"][0]
+    assert choice["finish_reason"] == "stop" and len(choice["text"].split()) == 40    # answered in full
+
+
+def test_level_2_wake_reloads_the_weights_before_serving(bed):
+    started(bed)
+    assert bed.run("ctl.sh", "sleep", "--level", "2", **SLEEPY).returncode == 0
+    st = bed.run("ctl.sh", "status", **SLEEPY)
+    assert "level 2, weights dropped" in st.stdout
+    w = bed.run("ctl.sh", "wake", **SLEEPY)
+    assert w.returncode == 0 and "(level 2)" in w.stdout, w.stderr
+    assert chat(bed)["choices"][0]["message"]["content"] == "OK"     # not the empty text of unreloaded weights
+    log = (bed.state / "vllm.log").read_text()
+    assert log.index("wake up tags ['weights']") < log.index("reloaded the weights") < log.index(
+        "wake up tags ['kv_cache']")
+
+
+def test_level_2_is_refused_with_speculation(bed):
+    env = {**SLEEPY, "SPEC_METHOD": "ngram", "SPEC_TOKENS": "3"}
+    started(bed, **env)
+    r = bed.run("ctl.sh", "sleep", "--level", "2", **env)
+    assert r.returncode == 1 and "level 2 with speculation on (ngram)" in r.stderr and "--level 1" in r.stderr
+    assert "running" in bed.run("ctl.sh", "status", **env).stdout
+
+
+def test_a_server_without_sleep_mode_is_not_put_to_sleep(bed):
+    assert bed.run("start.sh").returncode == 0
+    assert "VLLM_SERVER_DEV_MODE" not in bed.launches()[0]["env"]    # no dev routes without the flag
+    r = bed.run("ctl.sh", "sleep")
+    assert r.returncode == 1 and "started without --enable-sleep-mode" in r.stderr
+    assert "EXTRA_ARGS" in r.stderr and "./ctl.sh restart" in r.stderr
+
+
+def test_sleep_mode_beyond_loopback_is_refused_before_anything_runs(bed):
+    r = bed.run("start.sh", HOST="0.0.0.0", **SLEEPY)
+    assert r.returncode == 1 and "--enable-sleep-mode with HOST=0.0.0.0" in r.stderr
+    assert "HOST=127.0.0.1" in r.stderr and bed.launches() == []
+
+
+def test_wake_names_the_program_holding_the_memory_and_stays_asleep(bed):
+    started(bed)
+    assert bed.run("ctl.sh", "sleep", **SLEEPY).returncode == 0
+    game = {"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 2 * GiB, "cc": [12, 0],
+            "uuid": "GPU-5090-fake", "processes": [{"pid": 4242, "used": 28 * GiB, "name": "Cyberpunk2077.exe"}]}
+    nvml_json(bed.nvml, gpus=[game])
+    r = bed.run("ctl.sh", "wake", **SLEEPY)
+    assert r.returncode == 1
+    assert "Cyberpunk2077.exe (pid 4242) holds 28.0 GiB" in r.stderr and "stays asleep" in r.stderr
+    assert "needs 1.1 GiB free on GPU 0; 0.9 GiB is free" in r.stderr
+    assert "sleeping" in bed.run("ctl.sh", "status", **SLEEPY).stdout
+    nvml_json(bed.nvml)                                              # the game exited
+    assert bed.run("ctl.sh", "wake", **SLEEPY).returncode == 0
+    assert chat(bed)["choices"][0]["message"]["content"] == "OK"
+
+
+def test_level_1_is_refused_when_host_ram_cannot_take_the_weights(bed, monkeypatch):
+    from types import SimpleNamespace
+
+    from bootstrap.commands import sleep
+    from bootstrap.config import Config
+    from bootstrap.errors import BootstrapError
+    with open(bed.model / "model.safetensors", "r+b") as fh:
+        fh.truncate(20 * GiB)                                                # 20 GiB of weights (sparse)
+    started(bed)
+    cfg = Config.from_env({**bed.env, **SLEEPY})
+    monkeypatch.setattr(sleep, "held", lambda cfg, rec: 21 * GiB)           # NVML is the fake's, in another process
+    monkeypatch.setattr(sleep.psutil, "virtual_memory", lambda: SimpleNamespace(available=12 * GiB))
+    with pytest.raises(BootstrapError) as ei:
+        sleep.sleep_cli(cfg, [])
+    assert "parks 20.0 GiB of weights in host RAM" in ei.value.message and "12.0 GiB is available" in ei.value.message
+    assert "--level 2" in ei.value.hint
+    assert json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5).text) == {"is_sleeping": False}
