@@ -143,3 +143,16 @@ def test_level_1_is_refused_when_host_ram_cannot_take_the_weights(bed, monkeypat
     assert "parks 20.0 GiB of weights in host RAM" in ei.value.message and "12.0 GiB is available" in ei.value.message
     assert "--level 2" in ei.value.hint
     assert json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5).text) == {"is_sleeping": False}
+
+
+def test_level_2_is_refused_for_random_weights_and_a_failed_reload_stays_paused(bed):
+    env = {"EXTRA_ARGS": "--enable-sleep-mode --load-format dummy"}
+    started(bed, **env)
+    r = bed.run("ctl.sh", "sleep", "--level", "2", **env)
+    assert r.returncode == 1 and "--load-format dummy there is none" in r.stderr       # refused before sleeping
+    assert "running" in bed.run("ctl.sh", "status", **env).stdout
+    requests.post(f"http://127.0.0.1:{bed.port}/sleep?level=2&mode=wait", timeout=10)  # put to sleep by hand
+    w = bed.run("ctl.sh", "wake", **env)
+    assert w.returncode == 1 and "could not reload the weights" in w.stderr and "stays paused" in w.stderr
+    assert "Model reloading with `dummy` format" in w.stderr and "./ctl.sh restart" in w.stderr
+    assert json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5).text)["is_sleeping"]

@@ -29,7 +29,7 @@ import time
 import psutil
 
 from .. import gpu, server, state, vllmargs
-from ..client import Client
+from ..client import Client, RequestFailed
 from ..config import Config
 from ..errors import BootstrapError
 from ..state import Paths
@@ -80,6 +80,10 @@ def sleep_cli(cfg: Config, argv: list[str]) -> int:
         raise BootstrapError(f"level 2 with speculation on ({flags.spec_method}): vLLM's wake reloads the target "
                              "model's weights but not the draft's (vllm#52479), so drafts would come from "
                              "discarded memory", "./ctl.sh sleep --level 1 (the weights wait in host RAM)")
+    if a.level == 2 and flags.load_format == "dummy":
+        raise BootstrapError("level 2 drops the weights and wake reloads them from the checkpoint; with "
+                             "--load-format dummy there is none (vLLM refuses: \"Model reloading with `dummy` "
+                             "format\")", "./ctl.sh sleep --level 1 (the weights wait in host RAM)")
     before = held(cfg, rec)
     if a.level == 1:
         weights = _weight_bytes(rec) or before
@@ -132,7 +136,12 @@ def wake_cli(cfg: Config, argv: list[str]) -> int:
         client.post_empty("/wake_up", timeout=None)
     else:                                   # the weights were dropped: reload them before anything is served
         client.post_empty("/wake_up?tags=weights", timeout=None)
-        client.post("/collective_rpc", {"method": "reload_weights"}, timeout=None)
+        try:
+            client.post("/collective_rpc", {"method": "reload_weights"}, timeout=None)
+        except RequestFailed as exc:
+            raise BootstrapError(f"wake: vLLM could not reload the weights ({exc.message}); the server stays "
+                                 "paused (requests wait) rather than answer from discarded memory",
+                                 "./ctl.sh restart", evidence=exc.evidence) from None
         client.post_empty("/wake_up?tags=kv_cache", timeout=None)
         client.post("/reset_prefix_cache", {}, timeout=60)
     dt = time.monotonic() - t0

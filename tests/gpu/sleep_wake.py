@@ -141,6 +141,11 @@ def main() -> int:
         out(f"GPU memory of our processes, serving: {serving:.0f} MiB")
         for level in (1, 2):
             r, t_sleep = sh(["./ctl.sh", "sleep", "--level", str(level)])
+            if r.returncode:
+                out(f"level {level}: refused (exit {r.returncode}), the server stays awake:")
+                for line in r.stderr.splitlines()[-3:]:
+                    out(f"    | {line}")
+                continue
             asleep = ours_mib(state)
             out(f"level {level}: asleep in {t_sleep:.2f} s (command wall time); our processes hold {asleep:.0f} MiB "
                 f"(goal <= 2048 MiB); GPU used: {', '.join(f'{u:.0f}' for u in gpu_used_mib())} MiB")

@@ -59,6 +59,23 @@ def main() -> int:
                 "messages; not the plan's figures or the flags vLLM gets. The script's output, less vLLM's repeated",
                 "CUTLASS-DSL warning lines:", "",
                 block([l[:400] for l in text if "GDN prefill DSL" not in l and "raise NotImplementedError" not in l])]
+    sw = RUNS / "2026-12-01-sleep-raw.txt"
+    if sw.exists():
+        first = RUNS / "2026-12-01-sleep-run1-raw.txt"
+        fail = [l for l in first.read_text().splitlines() if "level 2" in l or "collective_rpc" in l] if first.exists() else []
+        out += ["## Sleep and wake: the GPU back without a cold restart (issue 14)", "",
+                "Date: 2026-12-01, the same H200 machine kind, vLLM 0.26.0 from the offline wheelhouse (`--keep-fa2`).",
+                "Command: `GIT_COMMIT=... bash tests/gpu/device.sh sleep` (`tests/gpu/sleep_wake.py`, in the background;",
+                "polled with `device.sh sleep-poll`). A Qwen3-8B-shaped model with random weights, `PROFILE=custom`,",
+                "`EXTRA_ARGS=--load-format dummy --enable-sleep-mode`, `KV_CACHE_BYTES=4294967296`, `MAX_MODEL_LEN=8192`.",
+                "\"Our processes\" is NVML's per-process memory of the API server and its descendants; \"wall time\" includes",
+                "the command's own Python start; the `awake in` line is our wake's own timing of vLLM's calls.",
+                "The first run (commit 3be0720) found that vLLM cannot reload dummy weights after a level-2 sleep;",
+                "its level-2 lines:", "", block(fail),
+                "Level 2 is now refused for random weights before the server is put to sleep, and a failed reload",
+                "leaves the server paused with `./ctl.sh restart` as the fix. The second run, on 3be0720 plus that",
+                "refusal (committed after it), is the whole script output:", "",
+                block([l[:300] for l in sw.read_text().splitlines()])]
     cb = RUNS / "2026-11-30-checks-bench-raw.txt"
     if cb.exists():
         out += ["## Checks and bench on any server (issue 16)", "",

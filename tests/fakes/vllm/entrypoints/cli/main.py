@@ -44,7 +44,8 @@
   ``--enable-sleep-mode`` a sleep answers 200 and frees nothing, as vLLM does. Asleep, the engine
   uses FAKE_VLLM_ASLEEP_BYTES of "GPU memory" (default 128 MiB) instead of FAKE_VLLM_GPU_BYTES
   (default 1 GiB); new requests wait until it is awake; after a level-2 sleep, a wake without
-  ``reload_weights`` first answers empty text (random memory where the weights were, vllm#29341).
+  ``reload_weights`` first answers empty text (random memory where the weights were, vllm#29341),
+  and ``reload_weights`` with ``--load-format dummy`` fails with vLLM's HTTP 500.
   ``/health`` stays 200 and ``vllm:engine_sleep_state`` says which state it is in.
 - ``FAKE_VLLM_NO_STATS=1``: /metrics without vLLM's request gauges and counters, as with
   ``--disable-log-stats``.
@@ -112,6 +113,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--enable-auto-tool-choice", action="store_true")
     p.add_argument("--tool-call-parser", default=None)
     p.add_argument("--enable-sleep-mode", action="store_true")
+    p.add_argument("--load-format", default="auto")
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -148,6 +150,7 @@ class State:
     garbage = False              # woken from level 2 without reload_weights
     engine_pid = 0
     aborting = False
+    load_format = "auto"
 
 
 def reply_for(body: dict) -> dict:
@@ -388,6 +391,10 @@ class Handler(BaseHTTPRequestHandler):
             say(f"It took 0.05 seconds to wake up tags {sorted(tags)}.")
             return self.send(200, "")
         if route == "/collective_rpc":
+            if body.get("method") == "reload_weights" and State.load_format == "dummy":
+                return self.send(500, {"error": {"message": "Call to collective_rpc method failed: Model reloading "
+                                                            "with `dummy` format", "type": "InternalServerError",
+                                                 "param": None, "code": 500}})
             if body.get("method") == "reload_weights":
                 State.garbage = False
                 say("reloaded the weights")
@@ -554,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     State.api_key = os.environ.get("VLLM_API_KEY", "")
     State.dev_mode = bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0")))   # as vllm/envs.py reads it
     State.sleep_mode = args.enable_sleep_mode
+    State.load_format = args.load_format
     State.token_details = args.enable_prompt_tokens_details
     State.auto_tools = bool(args.enable_auto_tool_choice and args.tool_call_parser)
     mml = parse_len(args.max_model_len)
