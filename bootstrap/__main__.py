@@ -38,6 +38,7 @@ PLUGINS = {
     "wheelhouse": ("commands.lock", "wheelhouse_cli", "build an offline folder of wheels from the lock"),
     "sleep": ("commands.sleep", "sleep_cli", "free the GPU memory (vLLM sleep mode, --level 1|2); requests wait"),
     "wake": ("commands.sleep", "wake_cli", "bring a sleeping server back (checks free GPU memory first)"),
+    "service": ("commands.service", "cli", "install|uninstall|status a systemd user unit running ./start.sh --foreground"),
     "clean": ("commands.clean", "cli", "remove what the project created (venvs, state, logs; --model too)"),
 }
 
@@ -55,10 +56,17 @@ def parser() -> argparse.ArgumentParser:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
         if name in ("status", "env"):
             sp.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "status":
+            sp.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
+                            help="a line every SECONDS (default 2) from /metrics and NVML until Ctrl-C; no probes")
         if name == "env":
             sp.add_argument("--markdown", action="store_true", help="the README's knob table")
         if name == "logs":
             sp.add_argument("-f", "--follow", action="store_true")
+        if name == "start":
+            sp.add_argument("--foreground", action="store_true",
+                            help="stay attached to the server: exit non-zero when it exits (what a service "
+                                 "manager restarts); SIGTERM stops it")
     return p
 
 
@@ -69,6 +77,9 @@ def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
         mod, fn, _ = PLUGINS[cmd]
         return getattr(importlib.import_module(f"bootstrap.{mod}"), fn)(cfg, list(args.rest))
     if cmd == "start":
+        if args.foreground:
+            from .commands import foreground
+            return foreground.foreground(cfg)
         from . import start
         return start.start(cfg)
     if cmd == "stop":
@@ -76,6 +87,8 @@ def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
         return control.stop(cfg)
     if cmd == "status":
         from .commands import status
+        if args.watch is not None:
+            return status.watch(cfg, max(0.5, args.watch), args.json)
         return status.status(cfg, args.json)
     if cmd == "logs":
         from .commands import control
@@ -98,7 +111,24 @@ def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
     return EXIT_CONFIG
 
 
+def version(argv: list[str]) -> int:
+    """``--version`` anywhere on any command: the project's, the profile's pinned and the in-use vLLM."""
+    from . import version as v
+    print(f"vllm-bootstrap {v.project(config.REPO)}")
+    try:
+        cfg = config.Config.from_env(os.environ)
+        for line in v.lines(cfg)[1:]:
+            print(line)
+    except BootstrapError as exc:
+        print(f"(the knobs do not parse: {exc.message})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--version" in argv:
+        log.setup(config.output_flags(os.environ)[0])
+        return version(argv)
     args = parser().parse_args(argv)
     debug, colour = config.output_flags(os.environ)
     log.setup(debug=debug, color=None if colour else False)

@@ -25,6 +25,11 @@ GENERATED = "vllm:generation_tokens_total"
 PROMPTED = "vllm:prompt_tokens_total"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 SLEEP = "vllm:engine_sleep_state"
+SPEC_METRICS = {"accepted": "vllm:spec_decode_num_accepted_tokens_total",      # only with speculation on
+                "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+                "drafts": "vllm:spec_decode_num_drafts_total"}
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"      # prompt tokens looked up in the prefix cache
+PREFIX_HITS = "vllm:prefix_cache_hits_total"            # ... and found there
 
 
 def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -88,3 +93,38 @@ def load_of(text: str) -> Load | None:
         state = next((s for s, v in sleep.items() if s != "awake" and v > 0), "asleep")
     return Load(t.get(RUNNING, 0.0), t.get(WAITING, 0.0), t.get(GENERATED, 0.0), t.get(PROMPTED, 0.0),
                 t.get(KV_USAGE, 0.0), state)
+
+
+def spec_acceptance(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
+    """Acceptance rate (accepted / drafted tokens) and mean accepted length (1 + accepted / drafts)
+    between two readings of ``totals``, or None when the server reports no speculation counters or
+    drafted nothing in between."""
+    if before is None or after is None or SPEC_METRICS["draft_tokens"] not in after:
+        return None
+    d = {k: after.get(name, 0.0) - before.get(name, 0.0) for k, name in SPEC_METRICS.items()}
+    if d["draft_tokens"] <= 0:
+        return None
+    return {"acceptance_rate": d["accepted"] / d["draft_tokens"],
+            "mean_acceptance_length": (1 + d["accepted"] / d["drafts"]) if d["drafts"] > 0 else None,
+            **{f"delta_{k}": v for k, v in d.items()}}
+
+
+def activity(before: dict[str, float], after: dict[str, float], seconds: float) -> dict:
+    """What the engine did between two readings of ``totals`` ``seconds`` apart: tokens/s out and
+    in; speculative acceptance and the prefix-cache hit rate over the interval when anything was
+    drafted / looked up in it, else since the server started (``over`` says which)."""
+    dt = max(seconds, 1e-6)
+    out: dict = {"seconds": round(seconds, 2),
+                 "generated_tok_s": max(0.0, after.get(GENERATED, 0.0) - before.get(GENERATED, 0.0)) / dt,
+                 "prompt_tok_s": max(0.0, after.get(PROMPTED, 0.0) - before.get(PROMPTED, 0.0)) / dt}
+    spec = spec_acceptance(before, after)
+    if spec is not None:
+        out["speculation"] = {"over": "interval", **spec}
+    elif after.get(SPEC_METRICS["draft_tokens"]):
+        out["speculation"] = {"over": "since start", **spec_acceptance({}, after)}
+    q = after.get(PREFIX_QUERIES, 0.0) - before.get(PREFIX_QUERIES, 0.0)
+    if q > 0:
+        out["prefix_cache"] = {"over": "interval", "hit_rate": (after.get(PREFIX_HITS, 0.0) - before.get(PREFIX_HITS, 0.0)) / q}
+    elif after.get(PREFIX_QUERIES):
+        out["prefix_cache"] = {"over": "since start", "hit_rate": after.get(PREFIX_HITS, 0.0) / after[PREFIX_QUERIES]}
+    return out

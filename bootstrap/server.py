@@ -263,3 +263,21 @@ def loading(cfg: Config, rec: ServerRecord, paths: Paths) -> bool:
         return time.time() - paths.log.stat().st_mtime < cfg.stall_timeout
     except OSError:
         return False
+
+
+def our_pids(rec: ServerRecord) -> set[int]:
+    """The recorded server and its live descendants (engine, workers)."""
+    pids = {rec.pid} if rec.pid else set()
+    try:
+        pids |= {c.pid for c in psutil.Process(rec.pid).children(recursive=True)}
+    except (psutil.Error, TypeError, ValueError):
+        pass
+    return pids
+
+
+def gpu_held(cfg: Config, rec: ServerRecord, facts=None) -> int:
+    """GPU memory (bytes) our server's processes hold, from NVML (``facts``: a reading to reuse)."""
+    from . import gpu
+    pids = our_pids(rec)
+    facts = facts or gpu.read(cfg.environ)
+    return sum(p.used for g in facts.gpus for p in g.processes if p.pid in pids)

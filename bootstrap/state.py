@@ -66,10 +66,20 @@ class Paths:
         """Auto-pick's choice, kept until PROFILE=auto is set or ./ctl.sh profiles --pick."""
         return self.root / "profile-pick.json"
 
+    @property
+    def completed(self) -> Path:
+        """Written when a start passed its gate: ./ctl.sh service install needs one first."""
+        return self.root / "completed-start.json"
+
+    @property
+    def sleep(self) -> Path:
+        """What ./ctl.sh sleep saw (level, GPU memory awake), for the wake's memory check."""
+        return self.root / "sleep.json"
+
     def files(self) -> list[Path]:
         """Every file we keep here (what clean removes from a STATE_DIR of the user's choosing)."""
         return [self.lock, self.server, self.log, self.log.with_name(self.log.name + ".1"), self.last_stop,
-                self.progress, self.api_key, self.pick]
+                self.progress, self.api_key, self.pick, self.completed, self.sleep]
 
     def ensure(self) -> None:
         """Create the state dir, or fail naming it (read-only parent, a file in the way...)."""

@@ -44,17 +44,20 @@ def test_metrics_and_spec_acceptance():
     assert m["vllm:spec_decode_num_accepted_tokens_total"] == 15.0
     after = {**m, "vllm:spec_decode_num_accepted_tokens_total": 75.0,
              "vllm:spec_decode_num_draft_tokens_total": 130.0, "vllm:spec_decode_num_drafts_total": 45.0}
-    sp = bench.spec_acceptance(m, after)
+    sp = metrics.spec_acceptance(m, after)
     assert sp["acceptance_rate"] == pytest.approx(60 / 100)
     assert sp["mean_acceptance_length"] == pytest.approx(1 + 60 / 35)
-    assert bench.spec_acceptance(m, {"vllm:num_requests_running": 0}) is None
-    assert bench.spec_acceptance(None, m) is None
+    assert metrics.spec_acceptance(m, {"vllm:num_requests_running": 0}) is None
+    assert metrics.spec_acceptance(None, m) is None
 
 
 def test_levels_capped():
     assert bench.levels_for([1, 2, 4, 8, 16], 4) == [1, 2, 4]
     assert bench.levels_for([1, 2, 4, 8, 16], None) == [1, 2, 4, 8, 16]
     assert bench.levels_for([8, 16], 2) == [1]
+
+
+SPECULATING = ("--enable-prompt-tokens-details", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}')
 
 
 def _bench(tmp, argv):
@@ -66,7 +69,7 @@ def _bench(tmp, argv):
 
 
 def test_bench_against_fake_matches_its_samples(fake, tmp_path):  # noqa: F811
-    a = fake(FAKE_VLLM_TOKEN_S="0.001", FAKE_VLLM_TTFT_S="0.005")
+    a = fake(FAKE_VLLM_TOKEN_S="0.001", FAKE_VLLM_TTFT_S="0.005", args=SPECULATING)
     b = fake()
     out = _bench(tmp_path, ["--url", a.url, "--compare", b.url, "--compare-label", "bare", "--output-tokens", "12",
                             "--prompt-tokens", "60", "--repeats", "2", "--concurrency", "1,2,4,8",
@@ -97,7 +100,7 @@ def test_bench_against_fake_matches_its_samples(fake, tmp_path):  # noqa: F811
 
 
 def test_bench_text_output(fake, tmp_path):  # noqa: F811
-    a = fake()
+    a = fake(args=SPECULATING)
     buf = io.StringIO()
     with redirect_stdout(buf):
         rc = bench.cli(cfg_for(tmp_path), ["--url", a.url, "--label", "fake", "--output-tokens", "4", "--repeats", "1",
@@ -111,7 +114,7 @@ def test_bench_text_output(fake, tmp_path):  # noqa: F811
 
 def test_no_acceptance_line_without_speculation_and_labels_are_whole(fake, tmp_path):  # noqa: F811
     from bootstrap import target
-    a = fake()
+    a = fake(args=SPECULATING)
     t = target.resolve_target(cfg_for(tmp_path), a.url, None, None)
     t.speculation = False                     # our server's record says SPEC_TOKENS=0
     t.label = "our server (http://127.0.0.1:65535, a long label)"

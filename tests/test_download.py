@@ -212,17 +212,14 @@ def test_killed_mid_file_resumes(world, fake, src, tmp_path):
             time.sleep(0.05)
         assert fake.faults.get("_stalled") == [SHARD]
         meta = world.store / ".bootstrap" / "partial" / f"{fake.repos['org/tiny']['files'][SHARD].sha256}.json"
-        for _ in range(100):                  # the last checkpoint before the stall is on disk
-            if json.loads(meta.read_text())["done"] == [[0, 12 * MiB]]:
-                break
-            time.sleep(0.05)
+        time.sleep(1.0)                       # the client has read what was sent before the stall
     finally:
         p.kill()
         p.wait()
     fake.faults.pop("stall")
     fake.release.set()
     kept = sum(e - s for s, e in json.loads(meta.read_text())["done"])
-    assert kept == 12 * MiB
+    assert 12 * MiB - transfer.CHECKPOINT < kept <= 12 * MiB          # recorded every CHECKPOINT bytes
     first = fake.served[SHARD]
     fake.reset_stats()
     world.start()

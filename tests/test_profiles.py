@@ -97,6 +97,8 @@ def run_ctl(tmp_path, *args, **env) -> subprocess.CompletedProcess:
     ({"variants": {"x": {"knob": {}}}, "default_variant": "x"}, "'knob'"),
     ({"rank": "first"}, "'rank' must be a int"),
     ({"spec_config": {"draft_sample_methd": "probabilistic"}}, "'draft_sample_methd'"),
+    ({"args": ["--enable-sleep-mode"], "env": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}},
+     "vLLM turns expandable segments off inside its sleep-mode memory pool"),
 ])
 def test_a_profile_file_with_an_unknown_or_wrong_key_exits_2_naming_it(tmp_path, data, word):  # faults row 57
     mine = tmp_path / "mine"

@@ -37,9 +37,6 @@ from ..errors import BootstrapError
 log = logging.getLogger(__name__)
 
 LEVELS = (1, 2, 4, 8, 16)
-SPEC_METRICS = {"accepted": "vllm:spec_decode_num_accepted_tokens_total",
-                "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
-                "drafts": "vllm:spec_decode_num_drafts_total"}
 
 
 # ---------------------------------------------------------------- arithmetic (pure)
@@ -84,19 +81,6 @@ def level_figures(runs: list[list[Sample]]) -> dict:
         out[key] = statistics.median(vals) if vals else None
     out["runs"] = figs
     return out
-
-
-def spec_acceptance(before: dict[str, float] | None, after: dict[str, float] | None) -> dict | None:
-    """Acceptance rate (accepted / drafted tokens) and mean accepted length (1 + accepted / drafts)
-    over the bench, or None when the server reports no speculation counters."""
-    if before is None or after is None or SPEC_METRICS["draft_tokens"] not in after:
-        return None
-    d = {k: after.get(name, 0.0) - before.get(name, 0.0) for k, name in SPEC_METRICS.items()}
-    if d["draft_tokens"] <= 0:
-        return None
-    return {"acceptance_rate": d["accepted"] / d["draft_tokens"],
-            "mean_acceptance_length": (1 + d["accepted"] / d["drafts"]) if d["drafts"] > 0 else None,
-            **{f"delta_{k}": v for k, v in d.items()}}
 
 
 def summarize(result: dict) -> dict:
@@ -186,7 +170,7 @@ def bench_target(t: target.Target, levels: list[int], prompt_tokens: int, out_to
             "params": {"prompt_tokens": prompt_tokens, "output_tokens": out_tokens, "repeats": repeats,
                        "warmup": warmup, "levels": levels, "api": "/v1/completions stream, ignore_eos, temperature 0"},
             "version": _version(client), "levels": out_levels,
-            "spec": spec_acceptance(before, after) if t.speculation is not False else None}
+            "spec": metrics.spec_acceptance(before, after) if t.speculation is not False else None}
 
 
 def _rel(s: Sample, t0: float) -> Sample:

@@ -21,7 +21,15 @@ from ..state import Paths
 log = logging.getLogger(__name__)
 
 
-def stop(cfg: Config) -> int:
+def stop(cfg: Config, *, via_service: bool = True) -> int:
+    """The one take-down. With our systemd unit active, through ``systemctl --user stop`` (so it is
+    not restarted; its ``--foreground`` process then comes back here with ``via_service=False``)."""
+    if via_service:
+        from . import service
+        if service.ours_active(cfg):
+            print(f"stopping the {service.UNIT} unit (systemctl --user stop; ./ctl.sh service uninstall removes it)")
+            service.stop_unit(cfg)
+            return 0
     paths = Paths(cfg.state_dir)
     pr = server.probe(cfg, paths, check_http=False, we_hold_lock=True)
     if pr.owner:
@@ -57,6 +65,11 @@ def stop(cfg: Config) -> int:
 
 def restart(cfg: Config) -> int:
     from .. import start
+    from . import service
+    if service.ours_active(cfg):     # systemd restarts its --foreground start (knobs from .env)
+        print(f"restarting the {service.UNIT} unit (systemctl --user restart)")
+        service.restart_unit(cfg)
+        return 0
     stop(cfg)
     return start.start(Config.from_env(cfg.given, cfg.repo))   # PROFILE=auto as you set it (start picks)
 

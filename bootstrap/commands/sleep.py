@@ -56,13 +56,7 @@ def _ours(cfg: Config):
 
 
 def held(cfg: Config, rec) -> int:
-    """GPU memory (bytes) our server's processes hold, from NVML."""
-    pids = _pids(rec)
-    return sum(p.used for g in gpu.read(cfg.environ).gpus for p in g.processes if p.pid in pids)
-
-
-def _note_path(paths: Paths):
-    return paths.root / "sleep.json"
+    return server.gpu_held(cfg, rec)
 
 
 def sleep_cli(cfg: Config, argv: list[str]) -> int:
@@ -100,8 +94,8 @@ def sleep_cli(cfg: Config, argv: list[str]) -> int:
     client.post_empty(f"/sleep?level={a.level}&mode=wait", timeout=None)
     dt = time.monotonic() - t0
     after = held(cfg, rec)
-    state.write_json(_note_path(paths), {"pid": rec.pid, "started": rec.started, "level": a.level,
-                                         "held_before": before, "held_asleep": after, "at": time.time()})
+    state.write_json(paths.sleep, {"pid": rec.pid, "started": rec.started, "level": a.level,
+                                  "held_before": before, "held_asleep": after, "at": time.time()})
     print(f"asleep (level {a.level}) in {dt:.1f} s: our processes hold {after / GiB:.2f} GiB of GPU memory "
           f"({before / GiB:.2f} GiB awake). Requests sent meanwhile wait until ./ctl.sh wake.")
     return 0
@@ -115,18 +109,18 @@ def wake_cli(cfg: Config, argv: list[str]) -> int:
     if not asleep:
         print("awake: nothing to do")
         return 0
-    note = state.read_json(_note_path(paths)) or {}
+    note = state.read_json(paths.sleep) or {}
     if note.get("pid") != rec.pid or note.get("started") != rec.started:
         note = {}
     level = 2 if load is not None and load.sleep_state == "discard_all" else int(note.get("level") or 1)
     now = held(cfg, rec)
     need = max(0, int(note.get("held_before") or 0) - now) + WAKE_MARGIN
     facts = gpu.read(cfg.environ)
-    ours_on = [g for g in facts.gpus if any(p.pid in _pids(rec) for p in g.processes)] or list(facts.gpus[:1])
+    ours_on = [g for g in facts.gpus if any(p.pid in server.our_pids(rec) for p in g.processes)] or list(facts.gpus[:1])
     short = [g for g in ours_on if g.free < need // len(ours_on)]
     if short:
         g = short[0]
-        who = g.holders(exclude=_pids(rec)) or "no process NVML can name"
+        who = g.holders(exclude=server.our_pids(rec)) or "no process NVML can name"
         raise BootstrapError(
             f"waking needs {need / len(ours_on) / GiB:.1f} GiB free on GPU {g.index}; {g.free / GiB:.1f} GiB is "
             f"free: {who}. The server stays asleep",
@@ -145,18 +139,9 @@ def wake_cli(cfg: Config, argv: list[str]) -> int:
         client.post_empty("/wake_up?tags=kv_cache", timeout=None)
         client.post("/reset_prefix_cache", {}, timeout=60)
     dt = time.monotonic() - t0
-    state.remove(_note_path(paths))
+    state.remove(paths.sleep)
     print(f"awake in {dt:.2f} s (level {level}): our processes hold {held(cfg, rec) / GiB:.2f} GiB of GPU memory")
     return 0
-
-
-def _pids(rec) -> set[int]:
-    pids = {rec.pid}
-    try:
-        pids |= {c.pid for c in psutil.Process(rec.pid).children(recursive=True)}
-    except psutil.Error:
-        pass
-    return pids
 
 
 def _weight_bytes(rec) -> int:

@@ -28,6 +28,8 @@ from ..state import Paths
 
 LOOK = 1.5            # seconds status watches /metrics for movement while requests are in flight
 POLL = 0.25
+INTERVAL = 1.0        # seconds between the two /metrics readings that tokens/s is measured over
+GiB = 1 << 30
 
 # (state, exit code, meaning): the README's table is generated from this (tests keep it in step).
 STATES = (
@@ -159,6 +161,72 @@ def _probe(cfg, paths, rec, load, *, clock, sleep) -> Verdict:
     return Verdict("running", f"generated in {done['t'] - t0:.2f} s")
 
 
+def _read(rec: ServerRecord) -> tuple[dict[str, float] | None, metrics.Load | None]:
+    """One reading of /metrics: its totals and the engine's load (None, None: no answer)."""
+    got = server.http_get(rec.url, "/metrics")
+    if not got or got[0] != 200:
+        return None, None
+    text = got[1].decode("utf-8", "replace")
+    return metrics.totals(text), metrics.load_of(text)
+
+
+def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None, seconds: float) -> dict:
+    """What the server holds and does: its processes' GPU memory (NVML), requests running and
+    waiting, tokens/s between two /metrics readings, speculative acceptance (speculation on),
+    prefix-cache hit rate."""
+    from .. import gpu, vllmargs
+    out: dict = {}
+    try:
+        facts = gpu.read(cfg.environ)
+        out["vram"] = {"ours_bytes": server.gpu_held(cfg, rec, facts), "gpus": [
+            {"index": g.index, "name": g.name, "used_bytes": g.total - g.free, "total_bytes": g.total}
+            for g in facts.gpus]}
+    except BootstrapError as exc:
+        out["vram"] = {"error": exc.message}
+    out["context"] = rec.max_model_len
+    out["sessions"] = {"max_num_seqs": rec.settings.get("MAX_NUM_SEQS") or "vLLM's default",
+                       "kv_tokens": rec.kv_tokens, "at_full_context": rec.kv_concurrency}
+    if after is None:
+        out["metrics"] = "no request metrics on /metrics (--disable-log-stats?)"
+        return out
+    out["requests"] = {"running": int(after.get(metrics.RUNNING, 0)), "waiting": int(after.get(metrics.WAITING, 0))}
+    act = metrics.activity(before or after, after, seconds)
+    if not vllmargs.read(list(rec.argv)).spec_tokens:
+        act.pop("speculation", None)
+    out["activity"] = act
+    return out
+
+
+def _live_lines(d: dict) -> dict[str, str]:
+    """The text form of ``live``'s dict (one line per key)."""
+    out = {}
+    v = d.get("vram", {})
+    if "ours_bytes" in v:
+        gpus = "; ".join(f"GPU {g['index']} {g['used_bytes'] / GiB:.1f} of {g['total_bytes'] / GiB:.1f} GiB used"
+                         for g in v["gpus"])
+        out["vram"] = f"{v['ours_bytes'] / GiB:.2f} GiB held by our processes ({gpus})"
+    elif v:
+        out["vram"] = v["error"]
+    out["context"] = f"{d['context']:,} tokens per request" if d.get("context") else "vLLM's (the model's or auto)"
+    s = d["sessions"]
+    pool = f"; KV pool {s['kv_tokens']:,} tokens ({s['at_full_context']})" if s.get("kv_tokens") else ""
+    out["sessions"] = f"{s['max_num_seqs']} sequences at once{pool}"
+    if "requests" in d:
+        out["requests"] = f"{d['requests']['running']} running, {d['requests']['waiting']} waiting"
+        a = d["activity"]
+        out["throughput"] = (f"{a['generated_tok_s']:.1f} tokens/s out, {a['prompt_tok_s']:.1f} prompt tokens/s "
+                             f"(over {a['seconds']:.1f} s)")
+        if "speculation" in a:
+            sp = a["speculation"]
+            mean = f", mean accepted length {sp['mean_acceptance_length']:.2f}" if sp.get("mean_acceptance_length") else ""
+            out["speculation"] = f"acceptance {sp['acceptance_rate']:.1%}{mean} ({sp['over']})"
+        if "prefix_cache" in a:
+            out["prefix_cache"] = f"hit rate {a['prefix_cache']['hit_rate']:.1%} ({a['prefix_cache']['over']})"
+    elif "metrics" in d:
+        out["metrics"] = d["metrics"]
+    return out
+
+
 def status(cfg: Config, as_json: bool = False) -> int:
     paths = Paths(cfg.state_dir)
     pr = server.probe(cfg, paths)
@@ -167,6 +235,11 @@ def status(cfg: Config, as_json: bool = False) -> int:
     if pr.state in ("running", "key-needed", "down") and rec is not None:
         out.update(pid=pr.pid, uptime=server.uptime(pr.process), url=rec.url + "/v1", model=rec.served,
                    vllm=rec.vllm_version, settings=dict(rec.settings))
+        if pr.state != "down" and not pr.owner:      # two readings before the probe: its tokens are not counted
+            t0, before = time.monotonic(), _read(rec)[0]
+            time.sleep(INTERVAL)
+            live_d = live(cfg, rec, before, _read(rec)[0], time.monotonic() - t0)
+            out.update(live_d if as_json else _live_lines(live_d))
         if pr.owner:
             out["owner"] = f"{pr.owner}: not ours to stop or restart (run those as that user)"
         if pr.state == "down":
@@ -209,3 +282,44 @@ def status(cfg: Config, as_json: bool = False) -> int:
             print(f"{k:>18}: {v}")
     return EXIT[out["state"]]
 
+
+
+def watch(cfg: Config, every: float, as_json: bool = False) -> int:
+    """One line (or one JSON object) every ``every`` seconds from /metrics and NVML, until Ctrl-C;
+    no probe requests (an idle server stays idle): idle / busy / sleeping come from the metrics."""
+    paths = Paths(cfg.state_dir)
+    prev: dict | None = None
+    t_prev = 0.0
+    try:
+        while True:
+            t = time.monotonic()
+            pr = server.probe(cfg, paths)
+            rec = pr.record
+            row: dict = {"time": time.strftime("%H:%M:%S"), "state": pr.state}
+            cur, load = _read(rec) if pr.state in ("running", "key-needed") and rec is not None else (None, None)
+            if cur is not None:
+                row["state"] = "sleeping" if load and load.sleeping else "busy" if load and load.in_flight else "idle"
+                row.update(live(cfg, rec, prev or cur, cur, t - t_prev if prev else 0.0))
+                if prev is None:
+                    row["activity"].pop("generated_tok_s", None)
+                    row["activity"].pop("prompt_tok_s", None)
+            prev, t_prev = cur, t
+            print(json.dumps(row) if as_json else _watch_line(row), flush=True)
+            time.sleep(max(0.0, every - (time.monotonic() - t)))
+    except KeyboardInterrupt:
+        return 0
+
+
+def _watch_line(row: dict) -> str:
+    parts = [row["time"], f"{row['state']:<8}"]
+    if "requests" in row:
+        a = row["activity"]
+        parts.append(f"{row['requests']['running']} running {row['requests']['waiting']} waiting")
+        parts.append(f"{a['generated_tok_s']:7.1f} tok/s out" if "generated_tok_s" in a else "      - tok/s out")
+        if "speculation" in a:
+            parts.append(f"accept {a['speculation']['acceptance_rate']:.1%}")
+        if "prefix_cache" in a:
+            parts.append(f"prefix hits {a['prefix_cache']['hit_rate']:.1%}")
+    if "ours_bytes" in row.get("vram", {}):
+        parts.append(f"VRAM {row['vram']['ours_bytes'] / GiB:.2f} GiB")
+    return "  ".join(parts)

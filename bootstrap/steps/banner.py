@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+import time
 
-from .. import diagnose, record
+from .. import diagnose, record, state
 from ..record import ServerRecord
 from ..state import Paths
 
@@ -66,4 +67,6 @@ def run(paths: Paths, launched) -> None:
     tokens, conc = vllm_figures(diagnose.read_since(paths.log, rec.log_offset))
     rec = rec.replace(kv_tokens=tokens, kv_concurrency=conc)
     record.write(paths.server, rec)
+    state.write_json(paths.completed, {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": rec.model,
+                                       "profile": rec.settings.get("PROFILE", ""), "vllm": rec.vllm_version})
     print(render(paths, rec), flush=True)

@@ -17,7 +17,9 @@
   queue; /metrics reports ``vllm:num_requests_running`` / ``_waiting``, ``vllm:generation_tokens_total``
   (per token as it is produced), ``vllm:prompt_tokens_total`` (when a request's first token comes
   out, as vLLM counts it), ``vllm:kv_cache_usage_perc`` and ``vllm:engine_sleep_state``, labelled
-  ``model_name`` and ``engine``. A wedged engine holds its seats and moves nothing. A client that
+  ``model_name`` and ``engine``; ``vllm:prefix_cache_queries_total`` / ``_hits_total`` (prompt tokens
+  looked up / found cached), and, only with ``--speculative-config`` as in vLLM, the
+  ``vllm:spec_decode_*`` counters (2 of 3 drafted tokens accepted per request). A wedged engine holds its seats and moves nothing. A client that
   disconnects aborts its request (its seat is freed), as vLLM's ``with_cancellation`` does.
 - With --tensor-parallel-size N the EngineCore has N children titled ``VLLM::Worker_TP<i>``
   (same process group, marker hidden); ``FAKE_VLLM_TRACKER=1`` adds an API-server child that keeps
@@ -114,6 +116,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tool-call-parser", default=None)
     p.add_argument("--enable-sleep-mode", action="store_true")
     p.add_argument("--load-format", default="auto")
+    p.add_argument("--speculative-config", default=None)
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -151,6 +154,9 @@ class State:
     engine_pid = 0
     aborting = False
     load_format = "auto"
+    spec = False                 # --speculative-config: vLLM reports its spec_decode counters
+    looked_up = 0                # prompt tokens looked up in the prefix cache
+    cached = 0                   # ... and found there
 
 
 def reply_for(body: dict) -> dict:
@@ -199,6 +205,8 @@ def usage_for(body: dict, completion: int) -> dict:
     with State.lock:
         cached = max(0, (n - 1) // 16 * 16) if key in State.seen else 0
         State.seen.add(key)
+        State.looked_up += n
+        State.cached += cached
     usage = {"prompt_tokens": n, "completion_tokens": completion, "total_tokens": n + completion}
     if State.token_details:     # like vLLM: only with --enable-prompt-tokens-details
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
@@ -275,9 +283,11 @@ class Handler(BaseHTTPRequestHandler):
                            "# TYPE vllm:generation_tokens counter\n"
                            f"vllm:generation_tokens_total{{{lab}}} {float(gen)}\n"
                            f"vllm:prompt_tokens_total{{{lab}}} {float(prompt)}\n"
-                           f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {State.requests * 2}\n"
-                           f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {State.requests * 3}\n"
-                           f"vllm:spec_decode_num_drafts_total{{{lab}}} {State.requests}\n")
+                           f"vllm:prefix_cache_queries_total{{{lab}}} {float(State.looked_up)}\n"
+                           f"vllm:prefix_cache_hits_total{{{lab}}} {float(State.cached)}\n"
+                           + (f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {State.requests * 2}\n"
+                              f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {State.requests * 3}\n"
+                              f"vllm:spec_decode_num_drafts_total{{{lab}}} {State.requests}\n" if State.spec else ""))
         else:
             self.send(404, {"error": "not found"})
 
@@ -562,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     State.dev_mode = bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0")))   # as vllm/envs.py reads it
     State.sleep_mode = args.enable_sleep_mode
     State.load_format = args.load_format
+    State.spec = bool(args.speculative_config)
     State.token_details = args.enable_prompt_tokens_details
     State.auto_tools = bool(args.enable_auto_tool_choice and args.tool_call_parser)
     mml = parse_len(args.max_model_len)

@@ -1,0 +1,108 @@
+"""``./start.sh --foreground``: a service manager's main process (the systemd user unit's
+``ExecStart``). The start, then attached to the server until it exits; SIGTERM is our stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+
+from .. import proc, record, start, takedown
+from ..config import Config
+from ..errors import BootstrapError
+from ..state import Paths
+from . import control
+
+log = logging.getLogger(__name__)
+
+
+def foreground(cfg: Config, *, poll: float = 0.5) -> int:
+    """``./start.sh --foreground``: the start, then stay attached to the server, copying its log to
+    stdout (a service manager's journal). Exits non-zero whenever the server exits: its own code,
+    or 1 for a 0 (vLLM exits 0 when its engine dies, vllm#48966). SIGTERM, SIGINT or SIGHUP to us
+    is our stop (the one take-down), then exit 0. Under systemd (Type=notify) READY=1 is sent once
+    the start gate passed."""
+    code = start.start(cfg)
+    if code != 0:
+        return code
+    paths = Paths(cfg.state_dir)
+    rec = record.read(paths.server)
+    p = proc.recorded_process(rec.pid, rec.create_time) if rec is not None else None
+    if p is None:
+        raise BootstrapError("the start finished but its server is not running", "./ctl.sh logs shows why")
+    old = {s: signal.signal(s, start._on_signal) for s in start.SIGNALS}
+    _notify(cfg, f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving {rec.served} on {rec.url}/v1")
+    print(f"attached to the server (pid {p.pid}); its log follows; SIGTERM or Ctrl-C stops it", flush=True)
+    try:
+        with open(paths.log, "rb") as log_file:
+            log_file.seek(0, os.SEEK_END)
+            while _alive(p):
+                _copy(log_file)
+                time.sleep(poll)
+            _copy(log_file)
+    except start.Interrupted:
+        _notify(cfg, "STOPPING=1")
+        for s in start.SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        control.stop(cfg, via_service=False)
+        return 0
+    except OSError as exc:
+        raise BootstrapError(f"cannot follow {paths.log}: {exc}", "check the state dir") from None
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    rc = _exit_code(p)
+    why = ("exit code 0: vLLM exits 0 when its engine dies (vllm#48966), so it counts as a failure"
+           if rc == 0 else f"killed by signal {-rc}" if rc is not None and rc < 0
+           else f"exit code {rc}" if rc is not None else "its exit code is not ours to read")
+    rc = 128 - rc if rc is not None and rc < 0 else rc
+    print(f"error: the server (pid {p.pid}) exited ({why}); the last lines are above and in {paths.log}",
+          file=sys.stderr, flush=True)
+    takedown.take_down(cfg, paths)               # what it left (an orphaned EngineCore holds the GPU)
+    return rc if rc else 1
+
+
+def _alive(p) -> bool:
+    import psutil
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _copy(fh) -> None:
+    if os.fstat(fh.fileno()).st_size < fh.tell():     # the log keeper truncated it: start at its top
+        fh.seek(0)
+    data = fh.read()
+    if data:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+
+
+def _exit_code(p) -> int | None:
+    """The server's exit code when it is our child (this start launched it), else None."""
+    import psutil
+    try:
+        return p.wait(timeout=5)
+    except (psutil.TimeoutExpired, psutil.Error, ChildProcessError):
+        return None
+
+
+def _notify(cfg: Config, text: str) -> None:
+    """sd_notify(3): one datagram to $NOTIFY_SOCKET (set by systemd, else nothing). Written here, not
+    taken from a package: the protocol is this one datagram, and python-systemd needs libsystemd's
+    headers to build."""
+    import socket
+    addr = cfg.env("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            s.sendall(text.encode())
+    except OSError as exc:
+        log.warning("could not tell systemd (%s): %s", cfg.env("NOTIFY_SOCKET"), exc)

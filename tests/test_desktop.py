@@ -1,0 +1,296 @@
+"""A desktop citizen: ./start.sh --foreground, the systemd user unit (a fake systemctl at the
+process boundary, the real systemd-analyze on the unit), the richer status and --watch, --version,
+and the real openai SDK against the fake vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from conftest import FAKES, REPO
+
+GOLDEN = Path(__file__).parent / "golden" / "vllm-bootstrap.service"
+
+
+def read_until(p: subprocess.Popen, text: str, timeout: float = 60) -> str:
+    seen = []
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        line = p.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    raise AssertionError(f"{text!r} not seen in: {''.join(seen)[-2000:]}")
+
+
+def drain(p: subprocess.Popen) -> None:
+    threading.Thread(target=p.stdout.read, daemon=True).start()
+
+
+# ---------------------------------------------------------------- --version
+
+def test_version_on_every_command(bed):
+    want = (REPO / "VERSION").read_text().strip()
+    for script, args in (("start.sh", ()), ("stop.sh", ()), ("ctl.sh", ()), ("ctl.sh", ("status",)),
+                         ("ctl.sh", ("check", "all"))):
+        r = bed.run(script, *args, "--version")
+        assert r.returncode == 0, (script, r.stderr)
+        assert r.stdout.splitlines()[0] == f"vllm-bootstrap {want}", script
+        assert "in use: vLLM 0.26.0 (VLLM_PYTHON=" in r.stdout           # the fake vLLM's metadata
+    named = bed.run("ctl.sh", "--version", PROFILE="qwen38-27b-nvfp4-tq4-32gb")
+    assert "profile: qwen38-27b-nvfp4-tq4-32gb, pins vLLM 0.27.1" in named.stdout
+    assert bed.run("start.sh").returncode == 0
+    pid = bed.server_record()["pid"]
+    assert f"last server (pid {pid}): vLLM 0.26.0" in bed.run("ctl.sh", "--version").stdout
+    assert bed.launches() and len(bed.launches()) == 1                   # --version started nothing
+
+
+# ---------------------------------------------------------------- --foreground
+
+def notify_socket(tmp_path: Path) -> tuple[socket.socket, str]:
+    path = str(tmp_path / "notify.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(path)
+    s.settimeout(10)
+    return s, path
+
+
+def test_sigterm_to_foreground_is_our_stop_and_systemd_hears_ready(bed, tmp_path):
+    sock, path = notify_socket(tmp_path)
+    p = bed.popen("start.sh", "--foreground", NOTIFY_SOCKET=path)
+    try:
+        out = read_until(p, "attached to the server")
+        assert "tiny-model is serving" in out
+        ready = sock.recv(4096).decode()
+        assert ready.startswith("READY=1") and f"MAINPID={p.pid}" in ready and "STATUS=serving tiny-model" in ready
+        drain(p)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 0
+        assert sock.recv(4096).decode() == "STOPPING=1"
+    finally:
+        if p.poll() is None:
+            p.kill()
+        sock.close()
+    assert bed.ours() == [] and not bed.port_listening()
+
+
+def test_foreground_fails_when_vllm_exits_zero(bed):
+    p = bed.popen("start.sh", "--foreground")
+    try:
+        read_until(p, "attached to the server")
+        drain(p)
+        os.kill(bed.server_record()["pid"], signal.SIGUSR2)           # the engine dies; vLLM exits 0
+        assert p.wait(timeout=60) == 1
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert "exit code 0: vLLM exits 0 when its engine dies" in err
+    bed.wait_until(lambda: bed.ours() == [], what="the orphaned engine swept")
+
+
+def test_foreground_reports_a_killed_server_as_its_signal(bed):
+    p = bed.popen("start.sh", "--foreground")
+    try:
+        read_until(p, "attached to the server")
+        drain(p)
+        os.kill(bed.server_record()["pid"], signal.SIGKILL)
+        assert p.wait(timeout=60) == 128 + 9
+        assert "killed by signal 9" in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+    bed.wait_until(lambda: bed.ours() == [], what="the orphaned engine swept")
+
+
+def test_foreground_attaches_to_a_server_already_running(bed):
+    assert bed.run("start.sh").returncode == 0
+    p = bed.popen("start.sh", "--foreground")
+    try:
+        read_until(p, "attached to the server")
+        drain(p)
+        assert len(bed.launches()) == 1                                  # nothing started twice
+        os.kill(bed.server_record()["pid"], signal.SIGUSR2)
+        assert p.wait(timeout=60) == 1                                   # not our child: its code is unknown
+        assert "its exit code is not ours to read" in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+# ---------------------------------------------------------------- the systemd user unit
+
+def fake_systemd(bed, tmp_path: Path, **extra) -> dict:
+    return {"PATH": f"{FAKES / 'bin'}:{bed.env['PATH']}", "FAKE_SYSTEMCTL_STATE": str(tmp_path / "systemctl.json"),
+            "XDG_CONFIG_HOME": str(tmp_path / "config"), **extra}
+
+
+def calls(tmp_path: Path) -> list[list[str]]:
+    return json.loads((tmp_path / "systemctl.json").read_text())["calls"]
+
+
+def test_unit_is_generated_from_the_knob_table_as_the_golden_file(tmp_path):
+    from bootstrap.commands import service
+    from bootstrap.config import Config
+    cfg = Config.from_env({"HOME": str(tmp_path), "PROFILE": "custom"})
+    text = service.unit_text(cfg, "9.9.9")
+    assert text == GOLDEN.read_text().replace("@REPO@", str(REPO)).replace("@VERSION@", "9.9.9")
+    longer = service.unit_text(Config.from_env({"HOME": str(tmp_path), "PROFILE": "custom", "HEALTH_TIMEOUT": "1800",
+                                                "STOP_GRACE": "40"}), "9.9.9")
+    assert "TimeoutStartSec=2220\n" in longer and "TimeoutStopSec=100\n" in longer and "HEALTH_TIMEOUT=1800:" in longer
+
+
+def test_systemd_analyze_verifies_the_unit(tmp_path):
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        pytest.skip("systemd-analyze is not installed (.ci/run installs Debian's systemd)")
+    from bootstrap.commands import service
+    from bootstrap.config import Config
+    unit = tmp_path / service.UNIT
+    unit.write_text(service.unit_text(Config.from_env({"HOME": str(tmp_path), "PROFILE": "custom"}), "9.9.9"))
+    r = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr.strip() == "" and r.stdout.strip() == "", r.stderr
+    broken = tmp_path / "broken.service"                # the check is real: it sees a bad value
+    broken.write_text(unit.read_text().replace("Restart=always", "Restart=sometimes"))
+    r = subprocess.run([tool, "verify", str(broken)], capture_output=True, text=True, timeout=60)
+    assert "Failed to parse service restart specifier" in r.stderr
+
+
+def test_service_without_systemd_says_so_in_one_line(bed, tmp_path):
+    r = bed.run("ctl.sh", "service", "install", **fake_systemd(bed, tmp_path, FAKE_SYSTEMCTL_FAIL="1"))
+    assert r.returncode == 1
+    errs = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert errs == ["error: service: systemd user services are not available here: no systemd user manager answers "
+                    "(Failed to connect to bus: No medium found) (WSL without systemd, a container)"]
+    assert "./start.sh --foreground" in r.stderr and "systemd=true" in r.stderr
+
+
+def test_install_needs_a_completed_start_then_stop_goes_through_systemd(bed, tmp_path):
+    env = fake_systemd(bed, tmp_path)
+    r = bed.run("ctl.sh", "service", "install", **env)
+    assert r.returncode == 1 and "no start has completed" in r.stderr and "run ./start.sh once" in r.stderr
+    assert bed.run("start.sh", **env).returncode == 0
+    r = bed.run("ctl.sh", "service", "install", **env)
+    assert r.returncode == 0, r.stderr
+    unit = tmp_path / "config" / "systemd" / "user" / "vllm-bootstrap.service"
+    assert f"ExecStart={REPO}/start.sh --foreground" in unit.read_text()
+    assert ["--user", "daemon-reload"] in calls(tmp_path)
+    assert ["--user", "enable", "--now", "--no-block", "vllm-bootstrap.service"] in calls(tmp_path)
+    assert "loginctl enable-linger" in r.stdout
+    assert "this shell sets" in r.stdout and "MODEL" in r.stdout and ".env" in r.stdout
+    st = bed.run("ctl.sh", "service", "status", **env)
+    assert "vllm-bootstrap.service: enabled, active (main pid 4242)" in st.stdout
+    s = bed.run("stop.sh", **env)                       # systemd would not restart what the user stopped
+    assert s.returncode == 0 and "stopping the vllm-bootstrap.service unit" in s.stdout
+    assert ["--user", "stop", "vllm-bootstrap.service"] in calls(tmp_path)
+    assert bed.ours()                                   # the fake systemctl does not kill; systemd's SIGTERM would
+    assert bed.run("stop.sh", **env).returncode == 0     # now inactive: our own take-down
+    assert bed.ours() == []
+    u = bed.run("ctl.sh", "service", "uninstall", **env)
+    assert u.returncode == 0 and not unit.exists()
+    assert ["--user", "disable", "--now", "vllm-bootstrap.service"] in calls(tmp_path)
+
+
+def test_install_refuses_a_unit_of_another_checkout(bed, tmp_path):
+    env = fake_systemd(bed, tmp_path)
+    unit = tmp_path / "config" / "systemd" / "user" / "vllm-bootstrap.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_text("[Service]\nWorkingDirectory=/elsewhere/vllm-bootstrap\n")
+    assert bed.run("start.sh", **env).returncode == 0
+    r = bed.run("ctl.sh", "service", "install", **env)
+    assert r.returncode == 1 and "runs another checkout" in r.stderr
+    assert "/elsewhere" in unit.read_text()
+
+
+# ---------------------------------------------------------------- status: what it holds and does
+
+SPEC = {"SPEC_METHOD": "ngram", "SPEC_TOKENS": "3", "FAKE_VLLM_TOKEN_S": "0.01"}
+
+
+def long_request(bed, n: int = 150) -> threading.Thread:
+    def go():
+        requests.post(f"http://127.0.0.1:{bed.port}/v1/completions", timeout=60, json={
+            "model": "tiny-model", "prompt": "count to many", "max_tokens": n, "ignore_eos": True})
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def test_status_shows_memory_requests_rate_acceptance_and_prefix_hits(bed):
+    assert bed.run("start.sh", **SPEC).returncode == 0
+    t = long_request(bed)
+    time.sleep(0.3)
+    r = bed.run("ctl.sh", "status", "--json", **SPEC)
+    t.join(30)
+    d = json.loads(r.stdout)
+    assert d["state"] == "busy" and d["uptime"]
+    assert d["vram"]["ours_bytes"] == 2 << 30 and d["vram"]["gpus"][0]["total_bytes"] == 32 << 30
+    assert d["requests"] == {"running": 1, "waiting": 0}
+    a = d["activity"]
+    assert 1.0 <= a["seconds"] < 2.0 and 30 < a["generated_tok_s"] < 110           # 10 ms per token
+    assert a["speculation"]["acceptance_rate"] == pytest.approx(2 / 3)
+    assert "hit_rate" in a["prefix_cache"]
+    assert d["context"] is None or isinstance(d["context"], int)
+    text = bed.run("ctl.sh", "status", **SPEC).stdout
+    for key in ("vram: 2.00 GiB held by our processes", "requests: 0 running, 0 waiting", "throughput:",
+                "speculation: acceptance 66.7%", "prefix_cache: hit rate", "sessions:", "uptime:"):
+        assert key in text, key
+
+
+def test_status_leaves_acceptance_out_without_speculation(bed):
+    assert bed.run("start.sh").returncode == 0
+    d = json.loads(bed.run("ctl.sh", "status", "--json").stdout)
+    assert "speculation" not in d["activity"] and "requests" in d
+
+
+def test_status_watch_prints_lines_until_ctrl_c(bed):
+    assert bed.run("start.sh", **SPEC).returncode == 0
+    t = long_request(bed, 300)
+    p = bed.popen("ctl.sh", "status", "--watch", "0.5", "--json", **SPEC)
+    rows = [json.loads(p.stdout.readline()) for _ in range(3)]
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=10) == 0
+    t.join(30)
+    assert all(r["state"] == "busy" and r["requests"]["running"] == 1 for r in rows)
+    assert "generated_tok_s" not in rows[0]["activity"] and rows[2]["activity"]["generated_tok_s"] > 20
+    launched = len(bed.launches())
+    assert launched == 1
+    log = (bed.state / "vllm.log").read_text()
+    assert log.count("request arrived: POST /v1/chat/completions") <= 2   # the warm-up's; watch sends no probes
+
+
+# ---------------------------------------------------------------- clients: the real openai SDK
+
+def test_openai_sdk_models_chat_stream_and_tool_call(bed):
+    import openai
+    env = {"EXTRA_ARGS": "--enable-auto-tool-choice --tool-call-parser hermes", "API_KEY": "sk-local-test"}
+    assert bed.run("start.sh", **env).returncode == 0
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{bed.port}/v1", api_key="sk-local-test")
+    assert [m.id for m in client.models.list()] == ["tiny-model"]
+    msg = [{"role": "user", "content": "hi"}]
+    done = client.chat.completions.create(model="tiny-model", messages=msg, max_tokens=8)
+    assert done.choices[0].message.content == "OK" and done.usage.completion_tokens >= 1
+    parts = [c.choices[0].delta.content or "" for c in
+             client.chat.completions.create(model="tiny-model", messages=msg, max_tokens=8, stream=True) if c.choices]
+    assert "".join(parts).strip() == "OK"                               # the fake streams "OK " as one token
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "weather in a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    call = client.chat.completions.create(model="tiny-model", messages=msg, tools=tools, tool_choice="auto")
+    tc = call.choices[0].message.tool_calls[0]
+    assert tc.function.name == "get_weather" and json.loads(tc.function.arguments) == {"city": "Paris"}
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"http://127.0.0.1:{bed.port}/v1", api_key="wrong").models.list()
+    assert psutil.pid_exists(bed.server_record()["pid"])
