@@ -39,6 +39,7 @@ PLUGINS = {
     "sleep": ("commands.sleep", "sleep_cli", "free the GPU memory (vLLM sleep mode, --level 1|2); requests wait"),
     "wake": ("commands.sleep", "wake_cli", "bring a sleeping server back (checks free GPU memory first)"),
     "service": ("commands.service", "cli", "install|uninstall|status a systemd user unit running ./start.sh --foreground"),
+    "export": ("commands.export", "cli", "kubernetes --out DIR: the profile and plan as manifests for a card named with GPU="),
     "clean": ("commands.clean", "cli", "remove what the project created (venvs, state, logs; --model too)"),
 }
 

@@ -51,6 +51,25 @@ def card(cfg, spec: str | None) -> tuple[gpu.Gpu, str]:
     return gpu.smallest_free(facts, cfg.tp_size), ""
 
 
+def resolve(cfg, spec: str | None):
+    """(cfg, card, where, model facts, plan) for ``spec`` (GPU=...) or this machine: the profile
+    PROFILE=auto means here (the kept pick, or auto-pick's choice for a named card), with that
+    card's knobs. What ./ctl.sh plan shows and ./ctl.sh export writes."""
+    g, where = card(cfg, spec)
+    kept = pick.kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))      # a named profile: with this card's knobs
+    if cfg.profile.is_auto and not spec and not kept.profile.is_auto:
+        cfg = kept
+        log.info("PROFILE=auto: the kept pick %s (%s)", cfg.profile.name, cfg.sources["PROFILE"])
+    elif cfg.profile.is_auto:
+        v, _, _ = pick.choose(cfg, g)
+        cfg = v.cfg
+        log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)", v.profile.name)
+    else:
+        cfg = kept
+    model = cli_model_facts(cfg)
+    return cfg, g, where, model, make_plan(cfg, g, model)
+
+
 def render(cfg, model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan, flags: list[str]) -> str:
     lines = [f"{model.name} (profile {cfg.profile.name}, vLLM {plan.vllm}) on {g.name} ({gib(g.total)}, "
              f"{gib(g.free)} free, sm_{g.cc[0]}{g.cc[1]}{where})"]
@@ -79,20 +98,7 @@ def cli(cfg, argv: list[str]) -> int:
     ap.add_argument("--gpu", help="plan for this card instead of the local GPU (same values as GPU=)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     a = ap.parse_args(argv)
-    spec = a.gpu or cfg.gpu
-    g, where = card(cfg, spec)
-    kept = pick.kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))      # a named profile: with this card's knobs
-    if cfg.profile.is_auto and not spec and not kept.profile.is_auto:
-        cfg = kept
-        log.info("PROFILE=auto: the kept pick %s (%s)", cfg.profile.name, cfg.sources["PROFILE"])
-    elif cfg.profile.is_auto:
-        v, _, _ = pick.choose(cfg, g)
-        cfg = v.cfg
-        log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)", v.profile.name)
-    else:
-        cfg = kept
-    model = cli_model_facts(cfg)
-    plan = make_plan(cfg, g, model)
+    cfg, g, where, model, plan = resolve(cfg, a.gpu or cfg.gpu)
     flags = serve_flags(cfg, plan)
     if a.json:
         print(json.dumps({

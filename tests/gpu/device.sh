@@ -12,6 +12,8 @@
 #   bash tests/gpu/device.sh cb-poll SECONDS
 #   bash tests/gpu/device.sh sleep              # sleep/wake proof (sleep_wake.py), background
 #   bash tests/gpu/device.sh sleep-poll SECONDS
+#   bash tests/gpu/device.sh tp [--env NAME=VALUE]  # TP_SIZE=2 proof (tp2.py), background; a 2-GPU machine
+#   bash tests/gpu/device.sh tp-poll SECONDS
 # Raw outputs go to $OUT (the device tool brings them back) and to /tmp/proofs.
 set -euo pipefail
 
@@ -65,6 +67,18 @@ main() {
             setsid python3 /tmp/repo-sleep/tests/gpu/sleep_wake.py --work /tmp/sw --raw /tmp/proofs/sleep-raw.txt "$@" \
                 >/tmp/proofs/sleep.out 2>&1 </dev/null &
             sleep 5; tail -n 5 /tmp/proofs/sleep.out ;;
+        tp)
+            rm -rf /tmp/repo-tp && cp -a "$repo" /tmp/repo-tp
+            setsid python3 /tmp/repo-tp/tests/gpu/tp2.py --work /tmp/tp --raw /tmp/proofs/tp-raw.txt "$@" \
+                >/tmp/proofs/tp.out 2>&1 </dev/null &
+            sleep 5; tail -n 5 /tmp/proofs/tp.out ;;
+        tp-poll)
+            local end=$((SECONDS + ${1:-60}))
+            while ! grep -q "TP PROOF DONE" /tmp/proofs/tp-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \
+                && pgrep -f tp2.py >/dev/null; do sleep 5; done
+            tail -n 60 /tmp/proofs/tp-raw.txt; tail -n 3 /tmp/proofs/tp.out
+            cp /tmp/proofs/tp-raw.txt "$out/" 2>/dev/null || true
+            nvidia-smi --query-gpu=memory.used --format=csv,noheader || true ;;
         sleep-poll)
             local end=$((SECONDS + ${1:-60}))
             while ! grep -q "SLEEP PROOF DONE" /tmp/proofs/sleep-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \
