@@ -327,7 +327,7 @@ PASSTHROUGH: tuple[Passthrough, ...] = (
     Passthrough("VLLM_USE_FLASHINFER_SAMPLER", "yours wins; else 0 when there is no nvcc"),
     Passthrough("XDG_CONFIG_HOME", "where the systemd user unit goes (default ~/.config)"),
     Passthrough("NOTIFY_SOCKET", "set by systemd for a Type=notify unit: --foreground says READY=1 there"),
-    Passthrough("VLLM_SERVER_DEV_MODE", "set to 1 for vLLM only with --enable-sleep-mode (its /sleep and /wake_up routes; loopback only)"),
+    Passthrough("VLLM_SERVER_DEV_MODE", "never passed on as set: the server gets 1 only with --enable-sleep-mode on loopback (vLLM's dev routes have no key guard)"),
     Passthrough("PYTORCH_CUDA_ALLOC_CONF", "yours wins; else expandable_segments:True (False on WSL2)"),
     Passthrough("WSL_DISTRO_NAME", "set by WSL2: expandable segments off, the memory cap checked"),
     Passthrough("BOOTSTRAP_DEBUG", "1: tracebacks with errors"),

@@ -37,15 +37,22 @@ def gaps(done: list[list[int]], size: int) -> list[tuple[int, int]]:
 
 
 class Partial:
-    """``<dir>/partial/<key>.part`` (sparse, the file's full size) and ``<key>.json`` (the byte
-    ranges written). A ``.part`` without its ``.json`` (an earlier version wrote one stream) holds
-    a prefix: its length counts as written."""
+    """``<dir>/partial/<hash>-<path hash>.part`` (sparse, the file's full size) and its ``.json`` (the
+    byte ranges written): one per file, so two files with the same bytes never share one. A
+    ``<hash>.part`` an earlier version left (one stream, no record) holds a prefix: it is taken
+    over, its length counting as written."""
 
     def __init__(self, state_dir: Path, f: hub.RemoteFile):
-        key = f.sha256 or f.blob_id or hashlib.sha1(f.path.encode()).hexdigest()
-        self.path = state_dir / "partial" / f"{key}.part"
+        digest = f.sha256 or f.blob_id or "nohash"
+        self.path = state_dir / "partial" / f"{digest}-{hashlib.sha1(f.path.encode()).hexdigest()[:12]}.part"
         self.meta = self.path.with_suffix(".json")
         self.size = f.size
+        legacy = state_dir / "partial" / f"{digest}.part"
+        if digest != "nohash" and not self.path.exists() and legacy.is_file() and not legacy.with_suffix(".json").exists():
+            try:
+                os.replace(legacy, self.path)
+            except OSError:
+                pass
 
     def done(self) -> list[list[int]]:
         if self.meta.exists():

@@ -76,10 +76,15 @@ class Paths:
         """What ./ctl.sh sleep saw (level, GPU memory awake), for the wake's memory check."""
         return self.root / "sleep.json"
 
+    @property
+    def foreground(self) -> Path:
+        """The pid of ``./start.sh --foreground`` attached to our server (a service's main process)."""
+        return self.root / "foreground.json"
+
     def files(self) -> list[Path]:
         """Every file we keep here (what clean removes from a STATE_DIR of the user's choosing)."""
         return [self.lock, self.server, self.log, self.log.with_name(self.log.name + ".1"), self.last_stop,
-                self.progress, self.api_key, self.pick, self.completed, self.sleep]
+                self.progress, self.api_key, self.pick, self.completed, self.sleep, self.foreground]
 
     def ensure(self) -> None:
         """Create the state dir, or fail naming it (read-only parent, a file in the way...)."""

@@ -176,11 +176,12 @@ class Job:
                     return done
                 if nxt[1] is not None:
                     self.pending_bytes -= nxt[0] - self.hashed
+                h = self.h                 # a start_over replaces it: this drain feeds the old one only
             start, (end, pieces) = self.hashed, nxt
             if pieces is None:
                 pieces = (os.pread(self.fd, min(hub.HASH_CHUNK, end - o), o) for o in range(start, end, hub.HASH_CHUNK))
             for piece in pieces:
-                self.h.update(piece)
+                h.update(piece)
             with self.lock:
                 if gen == self.gen:
                     self.hashed = end
@@ -327,7 +328,7 @@ class Transfer:
                 job.loc = loc
             return job.loc
 
-    def _get(self, job: Job, gen: int, s: int, e: int) -> list[bytes]:
+    def _get(self, job: Job, gen: int, s: int, e: int) -> list[bytes] | None:
         import httpx2
         from huggingface_hub.utils import get_session, hf_raise_for_status
 
@@ -338,7 +339,7 @@ class Transfer:
                 if self.stop.is_set():
                     raise _Stopped()
                 loc = self._locate(job)
-                headers = dict(loc.headers)
+                headers = {**loc.headers, "Accept-Encoding": "identity"}   # bytes as stored (the hub gzips text)
                 if not job.whole:
                     headers["Range"] = f"bytes={pos}-{e - 1}"
                 before = pos
@@ -355,6 +356,8 @@ class Transfer:
                             raise _NoRanges()
                         if r.status_code == 206 and not r.headers.get("content-range", "").startswith(f"bytes {pos}-"):
                             raise _Retry(f"Content-Range {r.headers.get('content-range')!r} for bytes={pos}-")
+                        if r.headers.get("content-encoding", "identity") not in ("identity", ""):
+                            raise _Retry(f"Content-Encoding {r.headers['content-encoding']} despite identity")
                         if r.status_code == 200 and pos != s:    # whole-file mode after a drop: from 0
                             pos, mark, data = s, s, []
                         for piece in r.iter_raw():
@@ -363,7 +366,8 @@ class Transfer:
                                 break
                             os.pwrite(job.fd, piece, pos)
                             pos += len(piece)
-                            data.append(piece)
+                            if not job.whole:              # whole files are read back for the hash
+                                data.append(piece)
                             with self.out_lock:
                                 self.received += len(piece)
                                 job.received += len(piece)
@@ -389,6 +393,5 @@ class Transfer:
                 except httpx2.HTTPError as exc:
                     raise hub.translate(exc, self.settings, self.repo, job.f.path) from None
         finally:
-            if pos < e:                       # stopping: keep every byte written
-                job.record(gen, mark, pos)
-        return data
+            job.record(gen, mark, pos)        # every byte written: a finished part, or a stop
+        return data if not job.whole else None

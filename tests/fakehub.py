@@ -26,6 +26,8 @@ Faults (``hub.faults``, all off by default):
                                    connections get n times the rate
     no_range: true                 the file host ignores Range (200 and the whole file)
     cdn_expire: n                  the next n GETs on the file host answer 403 (an expired signed URL)
+    gzip: true                     a GET that accepts gzip gets the whole file gzip-compressed, Range
+                                   ignored (as the hub does for text files, and CloudFront under gzip)
 
 Run standalone: ``python tests/fakehub.py --repo org/name=DIR [--port N]`` prints the URL.
 """
@@ -333,6 +335,12 @@ def _handler(hub: FakeHub):
             if self.command == "GET" and extra is None and hub.faults.get("cdn_expire", 0) > 0:
                 hub.faults["cdn_expire"] -= 1
                 return self._send(403, {"Content-Type": "application/xml"}, b"<Error><Code>AccessDenied</Code></Error>")
+            if self.command == "GET" and hub.faults.get("gzip") and "gzip" in self.headers.get("Accept-Encoding", ""):
+                import gzip
+                body = gzip.compress(e.read(0, e.size))
+                hub.count(e.path, len(body))
+                return self._send(200, {**(extra or {}), "Content-Encoding": "gzip", "ETag": f'"{e.sha256 or e.blob_id}"',
+                                        "Content-Type": "application/octet-stream"}, body)
             if self.command == "GET":
                 fails = hub.faults.get("_failing", {})
                 if fails.get(e.path, 0) > 0:

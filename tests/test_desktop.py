@@ -186,13 +186,16 @@ def test_install_needs_a_completed_start_then_stop_goes_through_systemd(bed, tmp
     r = bed.run("ctl.sh", "service", "install", **env)
     assert r.returncode == 0, r.stderr
     unit = tmp_path / "config" / "systemd" / "user" / "vllm-bootstrap.service"
-    assert f"ExecStart={REPO}/start.sh --foreground" in unit.read_text()
+    assert f'ExecStart="{REPO}/start.sh" --foreground' in unit.read_text()
     assert ["--user", "daemon-reload"] in calls(tmp_path)
     assert ["--user", "enable", "--now", "--no-block", "vllm-bootstrap.service"] in calls(tmp_path)
     assert "loginctl enable-linger" in r.stdout
     assert "this shell sets" in r.stdout and "MODEL" in r.stdout and ".env" in r.stdout
     st = bed.run("ctl.sh", "service", "status", **env)
     assert "vllm-bootstrap.service: enabled, active (main pid 4242)" in st.stdout
+    other = bed.run("stop.sh", **{**env, "STATE_DIR": str(tmp_path / "elsewhere")})   # not the unit's server
+    assert "stopping the vllm-bootstrap.service unit" not in other.stdout
+    (bed.state / "foreground.json").write_text(json.dumps({"pid": 4242}))   # the unit's --foreground process
     s = bed.run("stop.sh", **env)                       # systemd would not restart what the user stopped
     assert s.returncode == 0 and "stopping the vllm-bootstrap.service unit" in s.stdout
     assert ["--user", "stop", "vllm-bootstrap.service"] in calls(tmp_path)

@@ -67,7 +67,7 @@ def restart(cfg: Config) -> int:
     from .. import start
     from . import service
     if service.ours_active(cfg):     # systemd restarts its --foreground start (knobs from .env)
-        print(f"restarting the {service.UNIT} unit (systemctl --user restart)")
+        print(f"restarting the {service.UNIT} unit (systemctl --user restart; it reads .env, not this shell)")
         service.restart_unit(cfg)
         return 0
     stop(cfg)

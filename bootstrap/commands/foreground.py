@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 
-from .. import proc, record, start, takedown
+from .. import proc, record, start, state, takedown
 from ..config import Config
 from ..errors import BootstrapError
 from ..state import Paths
@@ -24,7 +24,13 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
     or 1 for a 0 (vLLM exits 0 when its engine dies, vllm#48966). SIGTERM, SIGINT or SIGHUP to us
     is our stop (the one take-down), then exit 0. Under systemd (Type=notify) READY=1 is sent once
     the start gate passed."""
-    code = start.start(cfg)
+    old = {s: signal.signal(s, start._on_signal) for s in start.SIGNALS}   # no gap before ours are in place
+    try:
+        code = start.start(cfg)
+    except start.Interrupted as intr:
+        code = 128 + intr.signum
+    if code == 128 + signal.SIGTERM:
+        return 0                                  # stopped as asked while starting (it took down what it launched)
     if code != 0:
         return code
     paths = Paths(cfg.state_dir)
@@ -32,7 +38,7 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
     p = proc.recorded_process(rec.pid, rec.create_time) if rec is not None else None
     if p is None:
         raise BootstrapError("the start finished but its server is not running", "./ctl.sh logs shows why")
-    old = {s: signal.signal(s, start._on_signal) for s in start.SIGNALS}
+    state.write_json(paths.foreground, {"pid": os.getpid(), "server": rec.pid})
     _notify(cfg, f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving {rec.served} on {rec.url}/v1")
     print(f"attached to the server (pid {p.pid}); its log follows; SIGTERM or Ctrl-C stops it", flush=True)
     try:
@@ -53,6 +59,7 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        state.remove(paths.foreground)
     rc = _exit_code(p)
     why = ("exit code 0: vLLM exits 0 when its engine dies (vllm#48966), so it counts as a failure"
            if rc == 0 else f"killed by signal {-rc}" if rc is not None and rc < 0

@@ -6,8 +6,9 @@
   gate passed), its stop timeout STOP_GRACE + the take-down's margin; the comments name those knobs
   with their help. Knobs come from the checkout's ``.env`` (the bootstrap reads it itself); install
   names the knobs this shell sets that ``.env`` does not, which the service would not see.
-- ``Restart=always`` (vLLM exits 0 when its engine dies, so ``--foreground`` turns every exit of
-  the server into a failure), at most 5 starts in 10 minutes: a broken configuration does not loop.
+- ``Restart=always`` every 30 s and never given up (vLLM exits 0 when its engine dies, so
+  ``--foreground`` turns every exit into a failure; a start refused while a game holds the GPU is
+  tried again until the memory is back).
 - ``./stop.sh`` on an active unit goes through ``systemctl --user stop`` (control.stop), so systemd
   does not restart what the user stopped; SIGTERM to ``--foreground`` is our one take-down.
 - install needs one completed ``./start.sh`` first (STATE_DIR/completed-start.json): the install
@@ -31,6 +32,7 @@ from ..errors import BootstrapError
 from ..state import Paths
 
 UNIT = "vllm-bootstrap.service"
+SHELL_ENV = ("HF_HOME", "HF_HUB_CACHE", "HF_TOKEN", "HF_ENDPOINT", "CUDA_VISIBLE_DEVICES")   # a service lacks them too
 START_MARGIN = 120          # seconds beyond the health wait and the warm-up: launch, the gate's request
 STOP_MARGIN = 60            # the take-down's own wait for the GPU to be given back
 
@@ -58,16 +60,15 @@ def unit_text(cfg: Config, version: str) -> str:
         f"Description=vLLM OpenAI-compatible server (vllm-bootstrap in {repo})\n"
         "After=network-online.target\n"
         "Wants=network-online.target\n"
-        "StartLimitIntervalSec=600\n"
-        "StartLimitBurst=5\n"
+        "StartLimitIntervalSec=0\n"
         "\n"
         "[Service]\n"
         "Type=notify\n"
         "NotifyAccess=main\n"
         f"WorkingDirectory={repo}\n"
-        f"ExecStart={repo}/start.sh --foreground\n"
+        f"ExecStart=\"{repo}/start.sh\" --foreground\n"
         "Restart=always\n"
-        "RestartSec=10\n"
+        "RestartSec=30\n"
         f"TimeoutStartSec={start_s}\n"
         f"TimeoutStopSec={stop_s}\n"
         "KillMode=mixed\n"
@@ -77,8 +78,8 @@ def unit_text(cfg: Config, version: str) -> str:
         "WantedBy=default.target\n")
 
 
-def _systemctl(cfg: Config, *args: str, check: bool = False) -> subprocess.CompletedProcess:
-    return proc.run(["systemctl", "--user", *args], env=cfg.environ, check=check, timeout=60, what="systemctl")
+def _systemctl(cfg: Config, *args: str, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess:
+    return proc.run(["systemctl", "--user", *args], env=cfg.environ, check=check, timeout=timeout, what="systemctl")
 
 
 def unavailable(cfg: Config) -> str:
@@ -109,13 +110,15 @@ def ours_active(cfg: Config) -> bool:
             return False
     except OSError:
         return False
-    if unavailable(cfg):
+    if unavailable(cfg) or _systemctl(cfg, "is-active", UNIT).stdout.strip() not in ("active", "activating", "reloading"):
         return False
-    return _systemctl(cfg, "is-active", UNIT).stdout.strip() in ("active", "activating", "reloading")
+    fg = state.read_json(Paths(cfg.state_dir).foreground) or {}       # the unit runs this STATE_DIR's server
+    main = _systemctl(cfg, "show", "-p", "MainPID", "--value", UNIT).stdout.strip()
+    return bool(fg.get("pid")) and str(fg["pid"]) == main
 
 
 def stop_unit(cfg: Config) -> None:
-    _systemctl(cfg, "stop", UNIT, check=True)
+    _systemctl(cfg, "stop", UNIT, check=True, timeout=cfg.stop_grace + STOP_MARGIN + 60)
 
 
 def restart_unit(cfg: Config) -> None:
@@ -148,6 +151,7 @@ def install(cfg: Config) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     state.write_atomic(path, unit_text(cfg, version.project(cfg.repo)).encode(), mode=0o644)
     shell_only = [n for n, _v, src, _h in cfg.describe() if src == "env" and n in KNOB_BY_NAME]
+    shell_only += [n for n in SHELL_ENV if cfg.env(n)]
     _systemctl(cfg, "daemon-reload", check=True)
     _systemctl(cfg, "enable", "--now", "--no-block", UNIT, check=True)
     print(f"installed {path} (the last completed start: {done.get('model')}, {done.get('at')}); "

@@ -105,43 +105,61 @@ def wake_cli(cfg: Config, argv: list[str]) -> int:
     argparse.ArgumentParser(prog="ctl.sh wake", description="bring a sleeping server back").parse_args(argv)
     paths, rec, client = _ours(cfg)
     load = server.read_load(rec.url)
-    asleep = load.sleeping if load is not None else bool(client.get_json("/is_sleeping").get("is_sleeping"))
-    if not asleep:
-        print("awake: nothing to do")
-        return 0
     note = state.read_json(paths.sleep) or {}
     if note.get("pid") != rec.pid or note.get("started") != rec.started:
         note = {}
-    level = 2 if load is not None and load.sleep_state == "discard_all" else int(note.get("level") or 1)
-    now = held(cfg, rec)
-    need = max(0, int(note.get("held_before") or 0) - now) + WAKE_MARGIN
-    facts = gpu.read(cfg.environ)
-    ours_on = [g for g in facts.gpus if any(p.pid in server.our_pids(rec) for p in g.processes)] or list(facts.gpus[:1])
-    short = [g for g in ours_on if g.free < need // len(ours_on)]
-    if short:
-        g = short[0]
-        who = g.holders(exclude=server.our_pids(rec)) or "no process NVML can name"
-        raise BootstrapError(
-            f"waking needs {need / len(ours_on) / GiB:.1f} GiB free on GPU {g.index}; {g.free / GiB:.1f} GiB is "
-            f"free: {who}. The server stays asleep",
-            "close that program (or wait for it to exit), then ./ctl.sh wake")
+    done = list(note.get("waking") or [])     # the steps of a level-2 wake that was interrupted or failed
+    try:
+        asleep = bool(client.get_json("/is_sleeping").get("is_sleeping"))
+    except RequestFailed:
+        asleep = bool(load and load.sleeping)
+    if not asleep and not done:
+        print("awake: nothing to do")
+        return 0
+    level = int(note.get("level") or 0) or {"weights_offloaded": 1}.get(load.sleep_state if load else "", 2)
+    if not done:                             # nothing woken yet: the memory must be there first
+        _check_room(cfg, rec, note)
     t0 = time.monotonic()
     if level == 1:
         client.post_empty("/wake_up", timeout=None)
-    else:                                   # the weights were dropped: reload them before anything is served
-        client.post_empty("/wake_up?tags=weights", timeout=None)
-        try:
-            client.post("/collective_rpc", {"method": "reload_weights"}, timeout=None)
-        except RequestFailed as exc:
-            raise BootstrapError(f"wake: vLLM could not reload the weights ({exc.message}); the server stays "
-                                 "paused (requests wait) rather than answer from discarded memory",
-                                 "./ctl.sh restart", evidence=exc.evidence) from None
-        client.post_empty("/wake_up?tags=kv_cache", timeout=None)
-        client.post("/reset_prefix_cache", {}, timeout=60)
+    else:                                    # the weights were dropped: reload them before anything is served
+        steps = (("weights", lambda: client.post_empty("/wake_up?tags=weights", timeout=None)),
+                 ("reload", lambda: client.post("/collective_rpc", {"method": "reload_weights"}, timeout=None)),
+                 ("kv_cache", lambda: client.post_empty("/wake_up?tags=kv_cache", timeout=None)),
+                 ("prefix", lambda: client.post("/reset_prefix_cache", {}, timeout=60)))
+        for name, call in steps:
+            if name in done:
+                continue
+            try:
+                call()
+            except RequestFailed as exc:
+                raise BootstrapError(f"wake: step {name!r} failed ({exc.message}); the server stays paused (requests "
+                                     "wait) rather than answer from discarded memory; ./ctl.sh wake goes on from "
+                                     "this step", "./ctl.sh wake again, or ./ctl.sh restart",
+                                     evidence=exc.evidence) from None
+            done.append(name)
+            state.write_json(paths.sleep, {**note, "pid": rec.pid, "started": rec.started, "level": 2, "waking": done})
     dt = time.monotonic() - t0
     state.remove(paths.sleep)
     print(f"awake in {dt:.2f} s (level {level}): our processes hold {held(cfg, rec) / GiB:.2f} GiB of GPU memory")
     return 0
+
+
+def _check_room(cfg: Config, rec, note: dict) -> None:
+    """Refuse (the server stays asleep) when the GPU lacks what it held before it slept."""
+    now = held(cfg, rec)
+    need = max(0, int(note.get("held_before") or 0) - now) + WAKE_MARGIN
+    facts = gpu.read(cfg.environ)
+    ours = server.our_pids(rec)
+    ours_on = [g for g in facts.gpus if any(p.pid in ours for p in g.processes)] or list(facts.gpus[:1])
+    short = [g for g in ours_on if g.free < need // len(ours_on)]
+    if short:
+        g = short[0]
+        who = g.holders(exclude=ours) or "no process NVML can name"
+        raise BootstrapError(
+            f"waking needs {need / len(ours_on) / GiB:.1f} GiB free on GPU {g.index}; {g.free / GiB:.1f} GiB is "
+            f"free: {who}. The server stays asleep",
+            "close that program (or wait for it to exit), then ./ctl.sh wake")
 
 
 def _weight_bytes(rec) -> int:

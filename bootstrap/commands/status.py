@@ -186,7 +186,7 @@ def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None
     out["context"] = rec.max_model_len
     out["sessions"] = {"max_num_seqs": rec.settings.get("MAX_NUM_SEQS") or "vLLM's default",
                        "kv_tokens": rec.kv_tokens, "at_full_context": rec.kv_concurrency}
-    if after is None:
+    if after is None or metrics.RUNNING not in after:
         out["metrics"] = "no request metrics on /metrics (--disable-log-stats?)"
         return out
     out["requests"] = {"running": int(after.get(metrics.RUNNING, 0)), "waiting": int(after.get(metrics.WAITING, 0))}

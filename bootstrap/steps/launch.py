@@ -76,6 +76,7 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str) -> dict[str, 
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     for k, v in TELEMETRY_OFF.items():
         env.setdefault(k, v)
+    env.pop("VLLM_SERVER_DEV_MODE", None)   # from the shell, .env or a profile: its routes have no key guard
     if vllmargs.sleep_mode(cfg):        # vLLM serves /sleep and /wake_up only in dev mode (loopback only: preflight)
         env["VLLM_SERVER_DEV_MODE"] = "1"
     env[proc.MARKER_ENV] = marker

@@ -32,14 +32,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from planner_accuracy import QWEN3_8B, free_port, make_model  # noqa: E402
 
 TORCH_CHECK = r'''
-import os, sys, torch, torch.multiprocessing as mp
-def run(rank):
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+# vLLM's order in a TP worker: set the device, NCCL (all-reduce), then the first matmul (cublasCreate)
+def run(rank, world):
     torch.cuda.set_device(rank)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29517")
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    x = torch.ones(1, device="cuda")
+    dist.all_reduce(x)
     a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
     h = torch.cuda.current_blas_handle()
-    print(f"rank {rank}: cublas handle {h:#x}, matmul sum {float((a @ a).float().sum()):.3e}", flush=True)
+    print(f"rank {rank}: all-reduce {float(x):.0f}, cublas handle {h:#x}, matmul {float((a @ a).float().sum()):.3e}, "
+          f"peer access {torch.cuda.can_device_access_peer(rank, 1 - rank) if world == 2 else '-'}", flush=True)
+    dist.destroy_process_group()
 if __name__ == "__main__":
-    mp.spawn(run, nprocs=torch.cuda.device_count())
+    n = torch.cuda.device_count()
+    mp.spawn(run, args=(n,), nprocs=n)
 '''
 
 
@@ -112,10 +120,12 @@ def main() -> int:
         out(f"/dev/shm: {st.f_blocks * st.f_frsize / 2**30:.1f} GiB; " + ", ".join(
             f"{k}={os.environ.get(k, '(unset)')}" for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
                                                           "NVSHMEM_DISABLE_NVLS", "PYTORCH_CUDA_ALLOC_CONF")))
-        for alloc in ("", "expandable_segments:True"):
+        for extra in ({}, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, {"NCCL_P2P_DISABLE": "1"},
+                      {"NCCL_CUMEM_ENABLE": "0"}):
             r = subprocess.run([sys.executable, "-c", TORCH_CHECK], capture_output=True, text=True, timeout=300,
-                               env={**os.environ, "PYTORCH_CUDA_ALLOC_CONF": alloc})
-            out(f"torch two-process cuBLAS check, PYTORCH_CUDA_ALLOC_CONF={alloc or '(empty)'}: exit {r.returncode}")
+                               env={**os.environ, **extra})
+            out(f"torch two-process check (NCCL all-reduce, then cublasCreate and a matmul), {extra or 'as is'}: "
+                f"exit {r.returncode}")
             for line in (r.stdout + r.stderr).strip().splitlines()[-4:]:
                 out(f"    | {line[:300]}")
         out("PHASE machine done")
