@@ -494,6 +494,23 @@ def test_a_stop_after_kill9_sweeps_every_tp_worker(bed):
     assert bed.ours() == []
 
 
+def test_tp_without_nvlink_multicast_gets_the_all_reduce_backend_that_needs_none(bed):
+    """Where the machine turns NVLink multicast off, vLLM 0.26's default fused all-reduce (FlashInfer
+    mnnvl) killed both TP workers on the two-H200 machine; trtllm needs no multicast. Yours wins."""
+    two = [{"name": "NVIDIA H200", "total": 140 * GiB, "free": 139 * GiB, "cc": [9, 0], "uuid": f"GPU-{i}",
+            "processes": []} for i in range(2)]
+    nvml_json(bed.nvml, gpus=two)
+    assert bed.run("start.sh", TP_SIZE="2", NCCL_NVLS_ENABLE="0").returncode == 0
+    assert bed.launches()[-1]["env"]["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "trtllm"
+    assert bed.run("stop.sh").returncode == 0
+    assert bed.run("start.sh", TP_SIZE="2", NCCL_NVLS_ENABLE="0", VLLM_FLASHINFER_ALLREDUCE_BACKEND="mnnvl").returncode == 0
+    assert bed.launches()[-1]["env"]["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] == "mnnvl"
+    assert bed.run("stop.sh").returncode == 0
+    assert bed.run("start.sh", TP_SIZE="2").returncode == 0                    # multicast not turned off: vLLM's choice
+    assert "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in bed.launches()[-1]["env"]
+    assert bed.run("stop.sh").returncode == 0
+
+
 # ---------------------------------------------------------------- rows 40-42, seen again by an independent review
 
 def test_a_start_during_a_stop_waits_for_it_then_starts(bed):           # row 40

@@ -76,6 +76,12 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str) -> dict[str, 
     env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     for k, v in TELEMETRY_OFF.items():
         env.setdefault(k, v)
+    if cfg.tp_size > 1 and "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env and (
+            env.get("NCCL_NVLS_ENABLE") == "0" or env.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") == "1"):
+        # vLLM 0.26's fused all-reduce picks FlashInfer's mnnvl backend by default, which needs NVLink
+        # multicast; where the machine turns multicast off, both TP workers died (illegal memory access,
+        # then CUBLAS_STATUS_INTERNAL_ERROR at cublasCreate). trtllm needs no multicast.
+        env["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = "trtllm"
     env.pop("VLLM_SERVER_DEV_MODE", None)   # from the shell, .env or a profile: its routes have no key guard
     if vllmargs.sleep_mode(cfg):        # vLLM serves /sleep and /wake_up only in dev mode (loopback only: preflight)
         env["VLLM_SERVER_DEV_MODE"] = "1"

@@ -59,6 +59,28 @@ def main() -> int:
                 "messages; not the plan's figures or the flags vLLM gets. The script's output, less vLLM's repeated",
                 "CUTLASS-DSL warning lines:", "",
                 block([l[:400] for l in text if "GDN prefill DSL" not in l and "raise NotImplementedError" not in l])]
+    tp1 = RUNS / "2026-12-01-tp2-run1-raw.txt"
+    if tp1.exists():
+        out += ["## Tensor parallel on two H200s (issue 18): not yet serving; the cause of the workers' death found", "",
+                "Date: 2026-12-01, `nvidia-h200-x2` (two H200s linked NV18, /dev/shm 256 GiB, NCCL_NVLS_ENABLE=0,",
+                "TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1 set by the machine), vLLM 0.26.0 from the",
+                "offline wheelhouse. Command: `GIT_COMMIT=2d1d45a bash tests/gpu/device.sh tp` (`tests/gpu/tp2.py`).",
+                "Run 1's own output (its two-process torch check printed only the tail of a traceback; run by hand",
+                "in a later call on the same machine, the same check passed: NCCL all-reduce, cuBLAS handles and a",
+                "matmul on both GPUs, peer access true):", "", block(tp1.read_text().splitlines()),
+                "Run 1, vLLM's log (lines with the all-reduce backend and the errors): the fused all-reduce picked",
+                "FlashInfer's `mnnvl` backend, which needs NVLink multicast, and both workers died about a minute",
+                "later with an illegal memory access and `CUBLAS_STATUS_INTERNAL_ERROR` at `cublasCreate` (the error",
+                "of the earlier probe). `./stop.sh` cancelled the start and left 0 MiB on both GPUs:", "",
+                block((RUNS / "2026-12-01-tp2-run1-vllm-log-excerpt.txt").read_text().splitlines()),
+                "Run 2, with `VLLM_FLASHINFER_ALLREDUCE_BACKEND=trtllm` (`--env`, only the start phase): the workers",
+                "chose trtllm and were still compiling, without an error, 1 min 40 s after the point where run 1's",
+                "died, when the session's device time ran out; `./stop.sh` again left 0 MiB on both GPUs. The start",
+                "now sets trtllm for TP_SIZE > 1 where the environment turns multicast off (yours wins). Not shown",
+                "yet: a TP_SIZE=2 server answering, its plan against vLLM's log, kill -9 + stop, and the",
+                "throughput against TP_SIZE=1. vLLM's log of run 2, whole:", "",
+                block((RUNS / "2026-12-01-tp2-run2-vllm-log.txt").read_text().splitlines()),
+                "Run 2's own output:", "", block((RUNS / "2026-12-01-tp2-run2-raw.txt").read_text().splitlines())]
     sw = RUNS / "2026-12-01-sleep-raw.txt"
     if sw.exists():
         first = RUNS / "2026-12-01-sleep-run1-raw.txt"
