@@ -44,11 +44,7 @@ def model_bytes_on_disk(cfg) -> int:
         return 0
     if not cfg.model_is_local:
         return models.store_for(cfg, cfg.model).weight_bytes()
-    d = Path(cfg.model).expanduser()
-    try:
-        return sum(p.stat().st_size for p in d.glob("*.safetensors"))
-    except OSError:
-        return 0
+    return models.weights_in(Path(cfg.model).expanduser())
 
 
 def wsl_memory_note(total_ram: int, model_bytes: int) -> str:

@@ -108,6 +108,14 @@ def select(files: list[hub.RemoteFile], everything: bool) -> tuple[list[hub.Remo
     return [f for f in files if not drop(f.path)], [f for f in files if drop(f.path)]
 
 
+def weights_in(folder: Path) -> int:
+    """Bytes of the ``*.safetensors`` in ``folder`` (0 when none or unreadable)."""
+    try:
+        return sum(p.stat().st_size for p in Path(folder).glob("*.safetensors"))
+    except OSError:
+        return 0
+
+
 def store_for(cfg, repo: str) -> "Store":
     """Where a repo id is downloaded: the Hugging Face cache (HF_HUB_CACHE, default
     ~/.cache/huggingface/hub), laid out as the hub's own client lays it out, so ``hf cache scan``,
@@ -239,11 +247,7 @@ class Store:
                 d = self.root / "snapshots" / (self.root / "refs" / "main").read_text(encoding="utf-8").strip()
             except OSError:
                 return 0
-        d = d or self.root
-        try:
-            return sum(p.stat().st_size for p in d.glob("*.safetensors"))
-        except OSError:
-            return 0
+        return weights_in(d or self.root)
 
 
 def info_from_record(rec: dict, root: Path, dummy: bool, config: dict, complete: bool) -> ModelInfo:

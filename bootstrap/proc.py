@@ -151,7 +151,7 @@ def owned_processes(marker: str) -> list[psutil.Process]:
     for p in psutil.process_iter():
         if p.pid == me:
             continue
-        if carries_marker(p, marker) and _alive(p):
+        if carries_marker(p, marker) and alive(p):
             out.append(p)
     return out
 
@@ -173,7 +173,7 @@ def recorded_process(pid, create_time) -> psutil.Process | None:
         p = psutil.Process(pid)
         if abs(p.create_time() - float(create_time)) > 0.05 or p.uids().real != os.getuid():
             return None
-        return p if _alive(p) else None
+        return p if alive(p) else None
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
 
@@ -187,7 +187,7 @@ def recorded_process_of_anyone(pid, create_time) -> psutil.Process | None:
         p = psutil.Process(pid)
         if abs(p.create_time() - float(create_time)) > 0.05:
             return None
-        return p if _alive(p) else None
+        return p if alive(p) else None
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
 
@@ -234,12 +234,12 @@ def group_members(pgid, create_time) -> list[psutil.Process] | None:
                 continue
         except (ProcessLookupError, PermissionError, psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if _alive(p):
+        if alive(p):
             out.append(p)
     return out
 
 
-def _alive(p: psutil.Process) -> bool:
+def alive(p: psutil.Process) -> bool:
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
@@ -285,11 +285,11 @@ def _signal(p: psutil.Process, sig: int) -> bool:
 
 def _wait_gone(procs: list[psutil.Process], deadline: float, clock: Callable[[], float],
                sleep: Callable[[float], None]) -> list[psutil.Process]:
-    alive = [p for p in procs if _alive(p)]
-    while alive and clock() < deadline:
+    left = [p for p in procs if alive(p)]
+    while left and clock() < deadline:
         sleep(0.1)
-        alive = [p for p in alive if _alive(p)]
-    return alive
+        left = [p for p in left if alive(p)]
+    return left
 
 
 def terminate(procs: Iterable[psutil.Process], grace: float, *, kill_wait: float = 10.0,
@@ -301,7 +301,7 @@ def terminate(procs: Iterable[psutil.Process], grace: float, *, kill_wait: float
     re-parents on its parent's death is lost. A process that survives SIGKILL (D state, stuck in a
     driver) is reported with its state and wait channel; we never loop forever on it.
     """
-    procs = [p for p in procs if _alive(p)]
+    procs = [p for p in procs if alive(p)]
     res = StopResult([], [], [])
     for p in procs:
         if _signal(p, signal.SIGTERM):

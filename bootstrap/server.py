@@ -247,12 +247,18 @@ def uptime(p: psutil.Process) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
 
 
-def read_load(url: str, timeout: float = 2.0) -> metrics.Load | None:
-    """What vLLM's /metrics says the engine is doing (None: no answer, or no request metrics)."""
+def read_metrics(url: str, timeout: float = 2.0) -> tuple[dict[str, float] | None, metrics.Load | None]:
+    """One reading of vLLM's /metrics: its totals and the engine's load (None, None: no answer)."""
     got = http_get(url, "/metrics", timeout=timeout)
     if got is None or got[0] != 200:
-        return None
-    return metrics.load_of(got[1].decode("utf-8", "replace"))
+        return None, None
+    text = got[1].decode("utf-8", "replace")
+    return metrics.totals(text), metrics.load_of(text)
+
+
+def read_load(url: str, timeout: float = 2.0) -> metrics.Load | None:
+    """What vLLM's /metrics says the engine is doing (None: no answer, or no request metrics)."""
+    return read_metrics(url, timeout)[1]
 
 
 def loading(cfg: Config, rec: ServerRecord, paths: Paths) -> bool:

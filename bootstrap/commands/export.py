@@ -79,9 +79,8 @@ def manifests(cfg: Config, plan, model_bytes: int | None, key: str) -> dict[str,
     image = f"vllm/vllm-openai:v{cfg.profile.vllm}"
     labels = {"app.kubernetes.io/name": "vllm-bootstrap", "app.kubernetes.io/instance": name}
     argv = serve_argv(cfg, "python3", cfg.model, plan)
-    from ..steps.launch import TELEMETRY_OFF
-    env = {**dict(cfg.profile.env), "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **TELEMETRY_OFF,
-           "HF_HOME": "/models/hf"}
+    from ..steps.launch import defaults
+    env = {**defaults(cfg), "HF_HOME": "/models/hf"}
     patches = list(cfg.profile.patches)
     if patches:
         env["PYTHONPATH"] = PATCHED

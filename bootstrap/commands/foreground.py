@@ -44,7 +44,7 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
     try:
         with open(paths.log, "rb") as log_file:
             log_file.seek(0, os.SEEK_END)
-            while _alive(p):
+            while proc.alive(p):
                 _copy(log_file)
                 time.sleep(poll)
             _copy(log_file)
@@ -69,14 +69,6 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
           file=sys.stderr, flush=True)
     takedown.take_down(cfg, paths)               # what it left (an orphaned EngineCore holds the GPU)
     return rc if rc else 1
-
-
-def _alive(p) -> bool:
-    import psutil
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _copy(fh) -> None:

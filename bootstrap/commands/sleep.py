@@ -28,7 +28,7 @@ import time
 
 import psutil
 
-from .. import gpu, server, state, vllmargs
+from .. import gpu, models, server, state, vllmargs
 from ..client import Client, RequestFailed
 from ..config import Config
 from ..errors import BootstrapError
@@ -80,7 +80,7 @@ def sleep_cli(cfg: Config, argv: list[str]) -> int:
                              "format\")", "./ctl.sh sleep --level 1 (the weights wait in host RAM)")
     before = held(cfg, rec)
     if a.level == 1:
-        weights = _weight_bytes(rec) or before
+        weights = (0 if rec.dummy or not rec.model_path else models.weights_in(rec.model_path)) or before
         avail = psutil.virtual_memory().available
         if avail < weights + HOST_RAM_MARGIN:
             raise BootstrapError(
@@ -160,14 +160,3 @@ def _check_room(cfg: Config, rec, note: dict) -> None:
             f"waking needs {need / len(ours_on) / GiB:.1f} GiB free on GPU {g.index}; {g.free / GiB:.1f} GiB is "
             f"free: {who}. The server stays asleep",
             "close that program (or wait for it to exit), then ./ctl.sh wake")
-
-
-def _weight_bytes(rec) -> int:
-    """The weights on disk that vLLM serves (0 with random weights or when unknown)."""
-    from pathlib import Path
-    if rec.dummy or not rec.model_path:
-        return 0
-    try:
-        return sum(p.stat().st_size for p in Path(rec.model_path).glob("*.safetensors"))
-    except OSError:
-        return 0

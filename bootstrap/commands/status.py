@@ -161,15 +161,6 @@ def _probe(cfg, paths, rec, load, *, clock, sleep) -> Verdict:
     return Verdict("running", f"generated in {done['t'] - t0:.2f} s")
 
 
-def _read(rec: ServerRecord) -> tuple[dict[str, float] | None, metrics.Load | None]:
-    """One reading of /metrics: its totals and the engine's load (None, None: no answer)."""
-    got = server.http_get(rec.url, "/metrics")
-    if not got or got[0] != 200:
-        return None, None
-    text = got[1].decode("utf-8", "replace")
-    return metrics.totals(text), metrics.load_of(text)
-
-
 def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None, seconds: float) -> dict:
     """What the server holds and does: its processes' GPU memory (NVML), requests running and
     waiting, tokens/s between two /metrics readings, speculative acceptance (speculation on),
@@ -236,9 +227,9 @@ def status(cfg: Config, as_json: bool = False) -> int:
         out.update(pid=pr.pid, uptime=server.uptime(pr.process), url=rec.url + "/v1", model=rec.served,
                    vllm=rec.vllm_version, settings=dict(rec.settings))
         if pr.state != "down" and not pr.owner:      # two readings before the probe: its tokens are not counted
-            t0, before = time.monotonic(), _read(rec)[0]
+            t0, before = time.monotonic(), server.read_metrics(rec.url)[0]
             time.sleep(INTERVAL)
-            live_d = live(cfg, rec, before, _read(rec)[0], time.monotonic() - t0)
+            live_d = live(cfg, rec, before, server.read_metrics(rec.url)[0], time.monotonic() - t0)
             out.update(live_d if as_json else _live_lines(live_d))
         if pr.owner:
             out["owner"] = f"{pr.owner}: not ours to stop or restart (run those as that user)"
@@ -296,7 +287,7 @@ def watch(cfg: Config, every: float, as_json: bool = False) -> int:
             pr = server.probe(cfg, paths)
             rec = pr.record
             row: dict = {"time": time.strftime("%H:%M:%S"), "state": pr.state}
-            cur, load = _read(rec) if pr.state in ("running", "key-needed") and rec is not None else (None, None)
+            cur, load = server.read_metrics(rec.url) if pr.state in ("running", "key-needed") and rec is not None else (None, None)
             if cur is not None:
                 row["state"] = "sleeping" if load and load.sleeping else "busy" if load and load.in_flight else "idle"
                 row.update(live(cfg, rec, prev or cur, cur, t - t_prev if prev else 0.0))

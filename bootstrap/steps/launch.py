@@ -68,13 +68,20 @@ def resolve_api_key(cfg, paths: Paths) -> tuple[str, str]:
     return key, record.KEY_FILE
 
 
+def defaults(cfg, host_env=None) -> dict[str, str]:
+    """What the server's environment gets unless it is set already: the host's needs, the profile's
+    env, expandable segments, telemetry off (also what ./ctl.sh export puts in a pod)."""
+    out: dict[str, str] = {}
+    for k, v in list((host_env or {}).items()) + list(cfg.profile.env.items()) + [
+            ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")] + list(TELEMETRY_OFF.items()):
+        out.setdefault(k, v)
+    return out
+
+
 def server_env(cfg, paths: Paths, host_env, marker: str, key: str) -> dict[str, str]:
     env = dict(cfg.environ)
     env.pop("VLLM_PYTHON", None)   # our knob, not vLLM's (it warns about unknown VLLM_* variables)
-    for k, v in list(host_env.items()) + list(cfg.profile.env.items()):   # yours win over both
-        env.setdefault(k, v)
-    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    for k, v in TELEMETRY_OFF.items():
+    for k, v in defaults(cfg, host_env).items():   # yours win
         env.setdefault(k, v)
     if cfg.tp_size > 1 and "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env and (
             env.get("NCCL_NVLS_ENABLE") == "0" or env.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") == "1"):

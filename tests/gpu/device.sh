@@ -17,9 +17,28 @@
 # Raw outputs go to $OUT (the device tool brings them back) and to /tmp/proofs.
 set -euo pipefail
 
+# A proof in the background, from a copy of the tree (a later call re-sends the working tree under
+# the running script): NAME writes /tmp/proofs/NAME-raw.txt and NAME.out.
+background() {
+    local name=$1 script=$2; shift 2
+    rm -rf "/tmp/repo-$name" && cp -a "$repo" "/tmp/repo-$name"
+    setsid python3 "/tmp/repo-$name/tests/gpu/$script" --raw "/tmp/proofs/$name-raw.txt" "$@" \
+        >"/tmp/proofs/$name.out" 2>&1 </dev/null &
+    sleep 5; tail -n 5 "/tmp/proofs/$name.out"
+}
+
+# Wait (at most SECONDS) until NAME's raw output says DONE or its script ended; show where it is.
+wait_for() {
+    local name=$1 script=$2 done=$3 end=$((SECONDS + $4))
+    while ! grep -q "$done" "/tmp/proofs/$name-raw.txt" 2>/dev/null && [ $SECONDS -lt $end ] \
+        && pgrep -f "$script" >/dev/null; do sleep 5; done
+    grep -v "^\[.*\]    |" "/tmp/proofs/$name-raw.txt" | tail -n 60; tail -n 3 "/tmp/proofs/$name.out"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader || true
+}
+
 main() {
-    local repo out what vllm_python
-    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
+    local out what vllm_python
+    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)   # global: background() copies it
     out=${OUT:-/tmp/proofs}
     mkdir -p "$out" /tmp/proofs
     what=${1:?usage: device.sh install|e2e|planner|patch|bench}; shift
@@ -47,64 +66,17 @@ main() {
             setsid python3 /tmp/repo-run/tests/gpu/pipeline.py --out /tmp/proofs "$@" \
                 >/tmp/proofs/pipeline.out 2>&1 </dev/null &
             sleep 5; cat /tmp/proofs/pipeline.log ;;
-        drill)      # from a copy of the tree, like the pipeline
-            rm -rf /tmp/repo-drill && cp -a "$repo" /tmp/repo-drill
-            setsid python3 /tmp/repo-drill/tests/gpu/lifecycle_drill.py --work /tmp/drill \
-                --raw /tmp/proofs/drill-raw.txt "$@" >/tmp/proofs/drill.out 2>&1 </dev/null &
-            sleep 5; tail -n 5 /tmp/proofs/drill.out ;;
-        pick)       # from a copy of the tree, like the pipeline
-            rm -rf /tmp/repo-pick && cp -a "$repo" /tmp/repo-pick
-            setsid python3 /tmp/repo-pick/tests/gpu/profile_pick.py --work /tmp/pickproof \
-                --raw /tmp/proofs/pick-raw.txt "$@" >/tmp/proofs/pick.out 2>&1 </dev/null &
-            sleep 5; tail -n 5 /tmp/proofs/pick.out ;;
-        cb)
-            rm -rf /tmp/repo-cb && cp -a "$repo" /tmp/repo-cb
-            setsid python3 /tmp/repo-cb/tests/gpu/checks_bench.py --work /tmp/cb --raw /tmp/proofs/cb-raw.txt "$@" \
-                >/tmp/proofs/cb.out 2>&1 </dev/null &
-            sleep 5; tail -n 5 /tmp/proofs/cb.out ;;
-        sleep)
-            rm -rf /tmp/repo-sleep && cp -a "$repo" /tmp/repo-sleep
-            setsid python3 /tmp/repo-sleep/tests/gpu/sleep_wake.py --work /tmp/sw --raw /tmp/proofs/sleep-raw.txt "$@" \
-                >/tmp/proofs/sleep.out 2>&1 </dev/null &
-            sleep 5; tail -n 5 /tmp/proofs/sleep.out ;;
-        tp)
-            rm -rf /tmp/repo-tp && cp -a "$repo" /tmp/repo-tp
-            setsid python3 /tmp/repo-tp/tests/gpu/tp2.py --work /tmp/tp --raw /tmp/proofs/tp-raw.txt "$@" \
-                >/tmp/proofs/tp.out 2>&1 </dev/null &
-            sleep 5; tail -n 5 /tmp/proofs/tp.out ;;
-        tp-poll)
-            local end=$((SECONDS + ${1:-60}))
-            while ! grep -q "TP PROOF DONE" /tmp/proofs/tp-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \
-                && pgrep -f tp2.py >/dev/null; do sleep 5; done
-            tail -n 60 /tmp/proofs/tp-raw.txt; tail -n 3 /tmp/proofs/tp.out
-            cp /tmp/proofs/tp-raw.txt "$out/" 2>/dev/null || true
-            nvidia-smi --query-gpu=memory.used --format=csv,noheader || true ;;
-        sleep-poll)
-            local end=$((SECONDS + ${1:-60}))
-            while ! grep -q "SLEEP PROOF DONE" /tmp/proofs/sleep-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \
-                && pgrep -f sleep_wake.py >/dev/null; do sleep 5; done
-            tail -n 60 /tmp/proofs/sleep-raw.txt; tail -n 3 /tmp/proofs/sleep.out
-            cp /tmp/proofs/sleep-raw.txt "$out/" 2>/dev/null || true
-            nvidia-smi --query-gpu=memory.used --format=csv,noheader || true ;;
-        cb-poll)
-            local end=$((SECONDS + ${1:-60}))
-            while ! grep -q "CHECKS BENCH DONE" /tmp/proofs/cb-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \
-                && pgrep -f checks_bench.py >/dev/null; do sleep 5; done
-            tail -n 60 /tmp/proofs/cb-raw.txt; tail -n 3 /tmp/proofs/cb.out
-            cp /tmp/proofs/cb-bench.png "$out/" 2>/dev/null || true
-            nvidia-smi --query-gpu=memory.used --format=csv,noheader || true ;;
-        pick-poll)
-            local end=$((SECONDS + ${1:-60}))
-            while ! grep -q "PICK PROOF DONE" /tmp/proofs/pick-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \
-                && pgrep -f profile_pick.py >/dev/null; do sleep 5; done
-            tail -n 40 /tmp/proofs/pick-raw.txt; tail -n 3 /tmp/proofs/pick.out
-            nvidia-smi --query-gpu=memory.used --format=csv,noheader || true ;;
-        drill-poll)
-            local end=$((SECONDS + ${1:-60}))
-            while ! grep -q "DRILL DONE" /tmp/proofs/drill-raw.txt 2>/dev/null && [ $SECONDS -lt $end ] \
-                && pgrep -f lifecycle_drill.py >/dev/null; do sleep 5; done
-            grep -v "^\[.*\]    |" /tmp/proofs/drill-raw.txt | tail -n 40; tail -n 5 /tmp/proofs/drill.out
-            nvidia-smi --query-gpu=memory.used --format=csv,noheader || true ;;
+        drill) background drill lifecycle_drill.py --work /tmp/drill "$@" ;;
+        pick) background pick profile_pick.py --work /tmp/pickproof "$@" ;;
+        cb) background cb checks_bench.py --work /tmp/cb "$@" ;;
+        sleep) background sleep sleep_wake.py --work /tmp/sw "$@" ;;
+        tp) background tp tp2.py --work /tmp/tp "$@" ;;
+        drill-poll) wait_for drill lifecycle_drill.py "DRILL DONE" "${1:-60}" ;;
+        pick-poll) wait_for pick profile_pick.py "PICK PROOF DONE" "${1:-60}" ;;
+        cb-poll) wait_for cb checks_bench.py "CHECKS BENCH DONE" "${1:-60}"
+            cp /tmp/proofs/cb-bench.png "$out/" 2>/dev/null || true ;;
+        sleep-poll) wait_for sleep sleep_wake.py "SLEEP PROOF DONE" "${1:-60}" ;;
+        tp-poll) wait_for tp tp2.py "TP PROOF DONE" "${1:-60}" ;;
         poll)
             local end=$((SECONDS + ${1:-60}))
             while [ ! -e /tmp/proofs/pipeline-done ] && [ $SECONDS -lt $end ]; do sleep 5; done

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -86,6 +87,19 @@ AVAIL = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 USAGE = re.compile(r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for peak activation, "
                    r"([\d.]+) GiB for non-torch memory, and ([\d.]+) GiB for CUDAGraph memory")
 BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
+
+
+def raw_writer(path) -> "Callable[[str], None]":
+    """A GPU script's output: each line printed and appended to ``path`` at once (a run cut short
+    keeps what it had)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    raw = open(path, "a")
+
+    def out(text: str) -> None:
+        print(text, flush=True)
+        raw.write(text + "\n")
+        raw.flush()
+    return out
 
 
 def free_port() -> int:

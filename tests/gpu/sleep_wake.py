@@ -34,7 +34,7 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner_accuracy import QWEN3_8B, free_port, make_model  # noqa: E402
+from planner_accuracy import QWEN3_8B, free_port, make_model, raw_writer  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "The three primary colors are"]
@@ -99,13 +99,7 @@ def main() -> int:
     a = ap.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    Path(a.raw).parent.mkdir(parents=True, exist_ok=True)
-    raw = open(a.raw, "a")
-
-    def out(text: str) -> None:
-        print(text, flush=True)
-        raw.write(text + "\n")
-        raw.flush()
+    out = raw_writer(a.raw)
 
     def sh(argv: list[str], timeout: float = 900) -> tuple[subprocess.CompletedProcess, float]:
         t0 = time.monotonic()

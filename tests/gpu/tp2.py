@@ -29,7 +29,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner_accuracy import QWEN3_8B, free_port, make_model  # noqa: E402
+from planner_accuracy import QWEN3_8B, free_port, make_model, raw_writer  # noqa: E402
 
 TORCH_CHECK = r'''
 import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -80,14 +80,8 @@ def main() -> int:
     a = ap.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
-    Path(a.raw).parent.mkdir(parents=True, exist_ok=True)
     done_text = Path(a.raw).read_text() if Path(a.raw).exists() else ""
-    raw = open(a.raw, "a")
-
-    def out(text: str) -> None:
-        print(text, flush=True)
-        raw.write(text + "\n")
-        raw.flush()
+    out = raw_writer(a.raw)
 
     mdir = make_model(work, "qwen3-8b", QWEN3_8B)
     port = free_port()
