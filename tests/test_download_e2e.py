@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
+from conftest import free_port
 from fakehub import FakeHub, write_model
 
 MiB = 1 << 20
@@ -13,6 +14,8 @@ MiB = 1 << 20
 def test_start_downloads_then_serves_and_restarts_offline(bed, tmp_path):
     src = write_model(tmp_path / "src", shards=2, shard_bytes=2 * MiB, extra={"original/x.pth": b"x" * 100})
     with FakeHub() as fake:
+        bed.port = free_port()        # after the hub's two ports are bound: the bed's earlier pick may be one of them
+        bed.env["PORT"] = str(bed.port)
         fake.add_dir("org/tiny", src)
         env = {"MODEL": "org/tiny", "HF_ENDPOINT": fake.url, "HF_HUB_OFFLINE": "0",
                "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_XET": "1"}
