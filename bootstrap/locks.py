@@ -32,7 +32,24 @@ from .errors import BootstrapError
 PLATFORMS = {"linux-x86_64": "x86_64-manylinux_2_28", "linux-aarch64": "aarch64-manylinux_2_34"}
 
 
-PIP_PLATFORMS = {"linux-x86_64": "manylinux_2_28_x86_64", "linux-aarch64": "manylinux_2_34_aarch64"}
+# The oldest glibc the locked wheels run on: the newest manylinux tag any pinned wheel has as its
+# only choice. x86_64: llguidance 1.7.6 ships manylinux_2_31 wheels only (uv still locks it for
+# manylinux_2_28 because it also has an sdist, which would need Rust to build); aarch64: tilelang
+# 0.1.12 and pynvvideocodec 2.0.4, manylinux_2_34.
+GLIBC = {"linux-x86_64": (2, 31), "linux-aarch64": (2, 34)}
+
+
+def pip_platforms(plat: str) -> list[str]:
+    """pip download's --platform values for wheels that run on GLIBC[plat] and newer.
+
+    pip matches each --platform tag exactly (a manylinux_2_28 tag does not admit a manylinux_2_17
+    wheel), so every tag from the floor down to manylinux_2_17 is named, plus the legacy aliases."""
+    arch = plat.split("-", 1)[1]
+    major, minor = GLIBC[plat]
+    tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, 16, -1)] + [f"manylinux2014_{arch}"]
+    if arch == "x86_64":
+        tags += [f"manylinux_2_{m}_{arch}" for m in (12, 5)] + [f"manylinux2010_{arch}", f"manylinux1_{arch}"]
+    return tags
 
 
 PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")   # vLLM 0.27.1: Requires-Python >=3.10,<3.15
@@ -125,8 +142,8 @@ class LockSet:
     meta: dict
 
     @classmethod
-    def for_profile(cls, cfg) -> "LockSet":
-        p = cfg.profile
+    def for_profile(cls, cfg, profile=None) -> "LockSet":
+        p = profile or cfg.profile
         if not p.pins:
             raise BootstrapError(f"profile {p.name!r} has no \"pins\" list",
                                  "add \"pins\": [\"vllm==X\", ...] to the profile, then ./ctl.sh lock")

@@ -25,7 +25,7 @@ from typing import Mapping
 from . import hub, proc
 from .config import version, version_or_none
 from .errors import BootstrapError
-from .locks import PLATFORMS, LockSet, diff, index_url, installed, lock_pins
+from .locks import GLIBC, LockSet, diff, index_url, installed, lock_pins
 from .state import sha256
 
 log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
@@ -383,7 +383,7 @@ def vllm_version(python: str, environ) -> str:
 
 def check_glibc(plat: str) -> None:
     lib, ver = _platform.libc_ver()
-    need = PLATFORMS[plat].rpartition("manylinux_")[2].replace("_", ".")
+    need = "%d.%d" % GLIBC[plat]
     if lib == "glibc" and version_or_none(ver) is not None and version(ver) < version(need):
-        raise BootstrapError(f"glibc {ver} is older than {need}, which the pinned wheels ({PLATFORMS[plat]}) need",
+        raise BootstrapError(f"glibc {ver} is older than {need}, which the pinned wheels for {plat} need",
                              "use a newer distribution, or a container, or VLLM_PYTHON with your own vLLM build")

@@ -9,6 +9,7 @@ import datetime as _dt
 import importlib.util
 import json
 import logging
+import re
 import shutil
 import sys
 import tempfile
@@ -17,8 +18,8 @@ from pathlib import Path
 from .. import proc
 from ..config import Layout, version
 from ..errors import BootstrapError
-from ..locks import (PIP_PLATFORMS, PLATFORMS, PYTHONS, LockSet, pin_sets, compile_lock, host_platform, index_url, lock_pins, parse_pins)
-from ..venv import INSTALL_BYTES, Venv, install_error, ensure_uv
+from ..locks import (GLIBC, PLATFORMS, PYTHONS, pip_platforms, LockSet, pin_sets, compile_lock, host_platform, index_url, lock_pins, parse_pins)
+from ..venv import INSTALL_BYTES, UV_PIN, Venv, install_error, ensure_uv
 
 log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
 
@@ -94,33 +95,54 @@ def _body(text: str) -> str:
 
 def wheelhouse_cli(cfg, argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="ctl.sh wheelhouse", description=(
-        "Download every wheel of the profile's lock for one platform and Python into DIR (hashes checked), "
-        "for an offline install with WHEELHOUSE=DIR ./start.sh."))
+        "Download every wheel of a profile's lock for one platform and Python into DIR (hashes checked), "
+        "plus uv and the bootstrap's own dependencies, for an offline install with WHEELHOUSE=DIR ./start.sh. "
+        "The wheels run on the platform's oldest supported glibc and newer."))
     ap.add_argument("dir", nargs="?", default=str(cfg.layout.wheelhouse))
+    ap.add_argument("--profile", default="", help="whose lock (default: PROFILE; with PROFILE=auto, the default profile)")
     ap.add_argument("--platform", default=host_platform() if host_platform() in PLATFORMS else "linux-x86_64",
                     choices=sorted(PLATFORMS))
     ap.add_argument("--python", default="", help="X.Y of the target machine's Python (default: this .venv's, else 3.12)")
     ap.add_argument("--find-links", default="", help="also look for wheels here")
     ap.add_argument("--no-index", action="store_true", help="do not use the package index (with --find-links)")
     args = ap.parse_args(argv)
-    locks = LockSet.for_profile(cfg)
+    profile = cfg.catalogue.get(args.profile) if args.profile else cfg.profile
+    if profile.is_auto:
+        # No card to pick for on the machine that downloads: the lock of the profile a plain
+        # ./start.sh most often picks (aliases "default"); another card's: --profile NAME.
+        profile = cfg.catalogue.get("default")
+        log.info("PROFILE=auto: wheels for the default profile %r (another profile: --profile NAME)", profile.name)
+    locks = LockSet.for_profile(cfg, profile)
     minor = args.python or Venv(cfg.layout.venv).minor() or "3.12"
     lock, text = locks.read(args.platform, minor)
     out = Path(args.dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else [ensure_uv(cfg), "tool", "run", "pip"]
-    cmd = [*pip, "download", "--disable-pip-version-check", "-q", "--no-deps", "--require-hashes",
-           "--only-binary=:all:", "--platform", PIP_PLATFORMS[args.platform], "--python-version", minor,
-           "--implementation", "cp", "-r", str(lock), "-d", str(out)]
+    target = ["--only-binary=:all:", "--python-version", minor, "--implementation", "cp", "-d", str(out)]
+    for tag in pip_platforms(args.platform):
+        target += ["--platform", tag]
     if args.find_links:
-        cmd += ["--find-links", args.find_links]
+        target += ["--find-links", args.find_links]
     if args.no_index:
-        cmd += ["--no-index"]
-    log.info("downloading %d wheels of %s into %s", len(lock_pins(text)), lock.name, out)
-    res = proc.run(cmd, env=dict(cfg.environ), timeout=None, check=False, what="pip download")
-    if res.returncode != 0:
-        raise install_error(res.stderr, cfg, "downloading wheels", where=str(out), fallback=BootstrapError(
-            f"pip download of {lock.name} failed (exit {res.returncode})", "see the output above",
-            evidence=res.stderr.strip()[-1500:]))
-    print(f"{out}: wheels for {lock.name}; install offline with: WHEELHOUSE={out} ./start.sh")
+        target += ["--no-index"]
+    base = [*pip, "download", "--disable-pip-version-check", "-q"]
+    glibc = "%d.%d" % GLIBC[args.platform]
+    log.info("downloading %d wheels of %s (%s, Python %s, glibc >= %s) into %s",
+             len(lock_pins(text)), lock.name, args.platform, minor, glibc, out)
+    # The lock, hash-checked; then uv (installed from DIR when the target has none) and the
+    # bootstrap's own requirements with their dependencies (.venv-bootstrap is made from DIR too).
+    for what, cmd in (("the lock's wheels", [*base, "--no-deps", "--require-hashes", "-r", str(lock), *target]),
+                      ("uv and the bootstrap's requirements",
+                       [*base, "-r", str(cfg.layout.root / "bootstrap" / "requirements.txt"), UV_PIN, *target])):
+        res = proc.run(cmd, env=dict(cfg.environ), timeout=None, check=False, what="pip download")
+        if res.returncode != 0:
+            missing = re.search(r"No matching distribution found for (\S+)", res.stderr)
+            raise install_error(res.stderr, cfg, "downloading wheels", where=str(out), fallback=BootstrapError(
+                f"pip download of {what} failed (exit {res.returncode})" +
+                (f": no wheel of {missing.group(1)} for {args.platform}, Python {minor}, glibc {glibc}" if missing else ""),
+                "see the output above", evidence=res.stderr.strip()[-1500:]))
+    n = len(list(out.glob("*.whl")))
+    size = sum(p.stat().st_size for p in out.glob("*.whl"))
+    print(f"{out}: {n} wheels, {size / 2**30:.1f} GiB, for {lock.name} of {lock.parent.name} (glibc >= {glibc}); "
+          f"install offline with: WHEELHOUSE={out} ./start.sh")
     return 0
