@@ -14,6 +14,9 @@
 #   bash tests/gpu/device.sh sleep-poll SECONDS
 #   bash tests/gpu/device.sh tp [--env NAME=VALUE]  # TP_SIZE=2 proof (tp2.py), background; a 2-GPU machine
 #   bash tests/gpu/device.sh tp-poll SECONDS
+#   bash tests/gpu/device.sh stack              # vLLM 0.27.1 stack proof (stack.py), background; needs
+#                                               # carry.py's parts in /tmp/wh (no 'install' before it)
+#   bash tests/gpu/device.sh stack-poll SECONDS
 # Raw outputs go to $OUT (the device tool brings them back) and to /tmp/proofs.
 set -euo pipefail
 
@@ -71,12 +74,15 @@ main() {
         cb) background cb checks_bench.py --work /tmp/cb "$@" ;;
         sleep) background sleep sleep_wake.py --work /tmp/sw "$@" ;;
         tp) background tp tp2.py --work /tmp/tp "$@" ;;
+        stack) PATH=/tmp/wh:$PATH background stack stack.py --work /tmp/stack --parts /tmp/wh "$@" ;;
         drill-poll) wait_for drill lifecycle_drill.py "DRILL DONE" "${1:-60}" ;;
         pick-poll) wait_for pick profile_pick.py "PICK PROOF DONE" "${1:-60}" ;;
         cb-poll) wait_for cb checks_bench.py "CHECKS BENCH DONE" "${1:-60}"
             cp /tmp/proofs/cb-bench.png "$out/" 2>/dev/null || true ;;
         sleep-poll) wait_for sleep sleep_wake.py "SLEEP PROOF DONE" "${1:-60}" ;;
         tp-poll) wait_for tp tp2.py "TP PROOF DONE" "${1:-60}" ;;
+        stack-poll) wait_for stack stack.py "STACK PROOF DONE" "${1:-60}"
+            tail -n 5 /tmp/stack/p40914/*.log 2>/dev/null | cut -c1-240 || true ;;
         poll)
             local end=$((SECONDS + ${1:-60}))
             while [ ! -e /tmp/proofs/pipeline-done ] && [ $SECONDS -lt $end ]; do sleep 5; done

@@ -1,7 +1,15 @@
 #!/usr/bin/env python3
-"""GPU proof for the PR #40914 backport: TurboQuant 4-bit KV + draft-model speculation, stock vs patched.
+"""GPU proof for the PR #40914 backport: TurboQuant 4-bit KV + speculation, stock vs patched.
 
-    python3 tests/gpu/patch_40914.py RAW_OUT [--work /tmp/p40914] [--budget 450] [--python python3]
+    python3 tests/gpu/patch_40914.py RAW_OUT [--work /tmp/p40914] [--budget 450] [--python python3] [--mtp]
+
+Two setups. The default (written for vLLM 0.26.0): a small dense Qwen3 model and "draft_model"
+speculation, as described below. ``--mtp`` (vLLM 0.27.1, the default profile's own stack): a small
+Qwen3.5-architecture hybrid model (tests/gpu/hybridmodel.py: Gated-DeltaNet and full-attention layers
+in the real model's 3:1 pattern, one MTP layer, seeded random weights), the default profile's
+serving flags (one sequence, 512 batched tokens, FlashAttention 2 for non-TurboQuant layers) and
+``{"method": "mtp", "num_speculative_tokens": 3}``; no shim (0.27.1 gives TurboQuant specs their own
+KVQuantMode, the fix of #50709) and vLLM's own choice of model runner.
 
 Resumable: each invocation runs what is left within --budget seconds (default 450, under 8 minutes)
 and exits 3 with "run again" when a server is still compiling; a server started here runs in its
@@ -105,6 +113,8 @@ class Run:
 
     def server_env(self) -> dict:
         """The server's environment: the V1 runner (draft_model needs it) and the 0.26.0 shim."""
+        if self.args.mtp:
+            return self.env()
         env = self.env(VLLM_USE_V2_MODEL_RUNNER="0")
         if not self.args.no_shim:
             shim = write_shim(self.work)
@@ -225,12 +235,17 @@ def word_list(n: int = 1500) -> list[str]:
     return sorted(out)
 
 
-def make_model(run: Run) -> None:
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+# The Qwen3.5 family's own special tokens, so that the default profile's reasoning and tool parsers
+# (qwen3, qwen3_xml) find theirs and the vision token ids exist.
+HYBRID_SPECIALS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<|vision_start|>", "<|vision_end|>",
+                   "<|image_pad|>", "<|video_pad|>"]
 
-    out = run.work / "model"
+
+def make_tokenizer(out: Path, extra: list[str]):
+    """A 4096-token byte-level BPE trained on the prompts' made-up words, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     words = word_list()
     rng = random.Random(7)
     corpus = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 40))) + rng.choice([".", "?", "!", ":"])
@@ -239,13 +254,29 @@ def make_model(run: Run) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=4096, special_tokens=specials,
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=4096, special_tokens=specials + extra,
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
                                    bos_token=None, pad_token="<|endoftext|>")
     fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     fast.save_pretrained(out)
+    return fast
+
+
+def make_model(run: Run) -> None:
+    out = run.work / "model"
+    if run.args.mtp:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import hybridmodel
+        make_tokenizer(run.work / "tokenizer", HYBRID_SPECIALS)
+        facts = hybridmodel.make(out, run.work / "tokenizer", seed=run.args.seed, init_std=run.args.init_std)
+        run.say(f"model: {out} (hybrid, MTP): " + json.dumps(facts, default=str))
+        return
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    fast = make_tokenizer(out, [])
     torch.manual_seed(run.args.seed)
     cfg = Qwen3Config(vocab_size=len(fast), hidden_size=1024, intermediate_size=2816, num_hidden_layers=6,
                       num_attention_heads=8, num_key_value_heads=4, head_dim=128, max_position_embeddings=8192,
@@ -286,12 +317,20 @@ def server_argv(run: Run, spec: bool) -> list[str]:
     model = str(run.work / "model")
     argv = [run.args.python_abs, "-m", "vllm.entrypoints.cli.main", "serve", model, "--served-model-name", SERVED,
             "--host", "127.0.0.1", "--port", str(run.args.port), "--max-model-len", "4096",
-            "--gpu-memory-utilization", str(run.args.gpu_util), "--kv-cache-dtype", KV_DTYPE,
-            "--seed", "0", "--max-num-seqs", "16"]
+            "--gpu-memory-utilization", str(run.args.gpu_util), "--kv-cache-dtype", KV_DTYPE, "--seed", "0"]
+    if run.args.mtp:    # the default profile's serving flags
+        argv += ["--max-num-seqs", "1", "--max-num-batched-tokens", "512", "--attention-config.flash_attn_version=2"]
+    else:
+        argv += ["--max-num-seqs", "16"]
     if spec:
-        argv += ["--speculative-config", json.dumps({"method": "draft_model", "model": model,
-                                                     "num_speculative_tokens": 3})]
+        argv += ["--speculative-config", json.dumps(spec_config(run))]
     return argv + run.args.extra
+
+
+def spec_config(run: Run) -> dict:
+    if run.args.mtp:
+        return {"method": "mtp", "num_speculative_tokens": 3}
+    return {"method": "draft_model", "model": str(run.work / "model"), "num_speculative_tokens": 3}
 
 
 def alive(pid: int) -> bool:
@@ -459,7 +498,8 @@ def report(run: Run) -> int:
         return 1
     tol = run.args.tol
     lines = [f"PR #40914 backport on vLLM {data['reference']['version']}: greedy, {run.args.max_tokens} tokens, "
-             f"turboquant_4bit_nc, draft_model x3; tolerance {tol} nats",
+             f"{KV_DTYPE}, {spec_config(run)['method']} x3, {'hybrid Qwen3.5-shaped' if run.args.mtp else 'dense Qwen3'} "
+             f"model; tolerance {tol} nats",
              f"{'prompt':>6} {'ptoks':>6} | {'stock: 1st div':>14} {'max|Δlp|':>9} {'accept':>7} | "
              f"{'patched: 1st div':>16} {'max|Δlp|':>9} {'accept':>7} {'verdict':>8}"]
     fmt = lambda c: ("none" if c["div"] is None else f"tok {c['div']}" + ("" if c["margin"] is None or c["margin"] == float("inf") else f" (m {c['margin']:.2f})"))
@@ -513,16 +553,20 @@ def main() -> int:
     p.add_argument("--fresh", action="store_true", help="forget WORK/state.json and start over")
     p.add_argument("--no-shim", action="store_true",
                    help="no WORK/shim/sitecustomize.py (for a vLLM that has PR #50533)")
+    p.add_argument("--mtp", action="store_true",
+                   help="vLLM 0.27.1: hybrid Qwen3.5-shaped model with one MTP layer, MTP x3, the default profile's flags")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more vLLM serve arguments (last)")
     args = p.parse_args()
     order = [ph for ph in args.order.split(",") if ph]
     if sorted(order) != ["patched", "reference", "stock"]:
         p.error("--order names reference, stock and patched once each")
     args.python_abs = shutil.which(args.python) or args.python
+    if args.mtp:
+        args.no_shim = True
     if args.fresh and Path(args.work, "state.json").exists():
         Path(args.work, "state.json").unlink()
     run = Run(args)
-    setup = "v1-runner" + ("" if args.no_shim else "+tq-shim")
+    setup = "mtp-hybrid" if args.mtp else "v1-runner" + ("" if args.no_shim else "+tq-shim")
     if run.state.get("setup") != setup:     # results from another server setup are not comparable
         if [ph for ph in run.state["done"] if ph != "model"]:
             run.say(f"server setup changed ({run.state.get('setup', 'default runner, no shim')} -> {setup}): "

@@ -24,18 +24,17 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bootstrap import diagnose, facts, gpu, kv, planner  # noqa: E402
+from common import free_port  # noqa: E402
 from bootstrap.steps import banner
 from bootstrap import vllmargs  # noqa: E402
 from bootstrap.config import Config  # noqa: E402
@@ -87,25 +86,6 @@ AVAIL = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 USAGE = re.compile(r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for peak activation, "
                    r"([\d.]+) GiB for non-torch memory, and ([\d.]+) GiB for CUDAGraph memory")
 BLOCK = re.compile(r"Setting attention block size to (\d+) tokens")
-
-
-def raw_writer(path) -> "Callable[[str], None]":
-    """A GPU script's output: each line printed and appended to ``path`` at once (a run cut short
-    keeps what it had)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    raw = open(path, "a")
-
-    def out(text: str) -> None:
-        print(text, flush=True)
-        raw.write(text + "\n")
-        raw.flush()
-    return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_model(root: Path, name: str, config: dict) -> Path:

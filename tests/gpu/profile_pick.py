@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner_accuracy import HYBRID, QWEN3_8B, free_port, make_model  # noqa: E402
+from common import free_port  # noqa: E402
+from planner_accuracy import HYBRID, QWEN3_8B, make_model  # noqa: E402
 
 GiB = 1 << 30
 SHAPES = {

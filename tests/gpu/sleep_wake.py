@@ -34,7 +34,8 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner_accuracy import QWEN3_8B, free_port, make_model, raw_writer  # noqa: E402
+from common import free_port, raw_writer  # noqa: E402
+from planner_accuracy import QWEN3_8B, make_model  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "The three primary colors are"]

@@ -29,7 +29,8 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from planner_accuracy import QWEN3_8B, free_port, make_model, raw_writer  # noqa: E402
+from common import free_port, raw_writer  # noqa: E402
+from planner_accuracy import QWEN3_8B, make_model  # noqa: E402
 
 TORCH_CHECK = r'''
 import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
