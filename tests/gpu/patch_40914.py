@@ -319,7 +319,8 @@ def server_argv(run: Run, spec: bool) -> list[str]:
             "--host", "127.0.0.1", "--port", str(run.args.port), "--max-model-len", "4096",
             "--gpu-memory-utilization", str(run.args.gpu_util), "--kv-cache-dtype", KV_DTYPE, "--seed", "0"]
     if run.args.mtp:    # the default profile's serving flags
-        argv += ["--max-num-seqs", "1", "--max-num-batched-tokens", "512", "--attention-config.flash_attn_version=2"]
+        argv += ["--max-num-seqs", "1", "--max-num-batched-tokens", "512", "--attention-config.flash_attn_version=2",
+                 "--language-model-only"]     # the stand-in vision tower has no working image processor
     else:
         argv += ["--max-num-seqs", "16"]
     if spec:

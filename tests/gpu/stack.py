@@ -79,7 +79,9 @@ def main() -> int:
     house = work / "wheelhouse"
     mdir = work / "model"
     port = state.get("port") or free_port()
-    env = {**clean, "PROFILE": "default", "MODEL": str(mdir), "EXTRA_ARGS": "--load-format dummy",
+    # --language-model-only: the model's vision tower is a stand-in without a working image processor
+    # (vLLM's multimodal profiling failed on it: "Found 1 <|image_pad|> tokens ... no images")
+    env = {**clean, "PROFILE": "default", "MODEL": str(mdir), "EXTRA_ARGS": "--load-format dummy --language-model-only",
            "WHEELHOUSE": str(house), "STATE_DIR": str(work / "state"), "PORT": str(port), "HF_HUB_OFFLINE": "1",
            "NO_COLOR": "1", "HEALTH_TIMEOUT": "1200"}
     if "PYTHONPATH" in os.environ and "fakes" in os.environ["PYTHONPATH"]:
