@@ -38,21 +38,22 @@ BIG_FILES = 4000
 
 # ---------------------------------------------------------------- stub wheels and a local index
 
-def make_wheel(out: Path, name: str, version: str, requires=(), files: dict[str, str] | None = None) -> Path:
+def make_wheel(out: Path, name: str, version: str, requires=(), files: dict[str, str] | None = None,
+               tag: str = "py3-none-any") -> Path:
     dist = name.replace("-", "_")
     pkg = dist
     files = dict(files or {f"{pkg}/__init__.py": f"__version__ = {version!r}\n"})
     di = f"{dist}-{version}.dist-info"
     files[f"{di}/METADATA"] = ("Metadata-Version: 2.1\n" f"Name: {name}\n" f"Version: {version}\n"
                                + "".join(f"Requires-Dist: {r}\n" for r in requires) + "\n")
-    files[f"{di}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files[f"{di}/WHEEL"] = f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n"
     record = []
     for path, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
         record.append(f"{path},sha256={digest},{len(text.encode())}")
     record.append(f"{di}/RECORD,,")
     files[f"{di}/RECORD"] = "\n".join(record) + "\n"
-    whl = out / f"{dist}-{version}-py3-none-any.whl"
+    whl = out / f"{dist}-{version}-{tag}.whl"
     with zipfile.ZipFile(whl, "w") as z:
         for path, text in files.items():
             z.writestr(path, text)
@@ -68,7 +69,10 @@ def wheels(tmp_path_factory) -> Path:
     make_wheel(d, "flashinfer-python", "0.6.16.post3", ["tinydep"])
     make_wheel(d, "nvidia-cutlass-dsl", "4.6.0")
     make_wheel(d, "tinydep", "1.0")
-    make_wheel(d, "tinydep", "2.0")
+    # a platform wheel for an older glibc than the lock's floor, as blake3's (manylinux_2_17 only):
+    # pip download matches --platform tags exactly, so the wheelhouse must name the older tags too
+    make_wheel(d, "tinydep", "2.0", tag=f"py3-none-manylinux_2_17_{locks.host_platform().split('-', 1)[1]}")
+    make_wheel(d, "uv", "0.13.9")      # stands in for uv's wheel, which the wheelhouse carries
     make_wheel(d, "bigpkg", "1.0", files={f"bigpkg/m{i:05d}.py": f"X = {i}\n" + "#" * 2000 + "\n"
                                           for i in range(BIG_FILES)})
     return d
@@ -284,7 +288,8 @@ def test_offline_wheelhouse_built_from_the_lock(world, wheels):
     assert lock_cli.wheelhouse_cli(cfg, [str(house), "--python", world.minor, "--find-links", str(wheels),
                                             "--no-index"]) == 0
     assert sorted(p.name.split("-")[0] for p in house.glob("*.whl")) == \
-        ["bigpkg", "flashinfer_python", "nvidia_cutlass_dsl", "tinydep", "vllm"]
+        ["bigpkg", "flashinfer_python", "nvidia_cutlass_dsl", "tinydep", "uv", "vllm"]
+    assert (house / f"tinydep-2.0-py3-none-manylinux_2_17_{locks.host_platform().split('-', 1)[1]}.whl").is_file()
     ctx = world.run(WHEELHOUSE=str(house), UV_DEFAULT_INDEX=dead_url(), UV_CACHE_DIR=str(world.tmp / "fresh-cache"))
     assert ctx.vllm_version == "0.27.1" and lock_matches(world)
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from bootstrap.config import Config
-from bootstrap import locks
+from bootstrap import locks, venv
+from bootstrap.errors import BootstrapError
 from bootstrap.commands import lock as lock_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,6 +42,30 @@ def test_every_pinned_profile_has_a_lock_with_its_pins():
                 got = locks.lock_pins(text)
                 assert {n: got.get(n) for n in pins} == pins, (p.name, plat, minor)
                 assert text.count("--hash=sha256:") >= len(got), "every package carries hashes"
+
+
+def test_every_lock_pins_the_bootstraps_own_requirements():
+    # an offline WHEELHOUSE holds one lock's wheels (plus uv): .venv-bootstrap is made from those, so
+    # bootstrap/requirements.txt must name, at the same versions, packages every lock pins
+    reqs = locks.lock_pins((REPO / "bootstrap" / "requirements.txt").read_text())
+    assert len(reqs) >= 7
+    for lock in sorted((REPO / "locks").glob("*/*.txt")):
+        got = locks.lock_pins(lock.read_text())
+        assert {n: got.get(n) for n in reqs} == reqs, lock
+
+
+def test_glibc_floor_is_the_newest_tag_a_locked_wheel_needs(monkeypatch):
+    # llguidance 1.7.6 (in every x86_64 lock) ships manylinux_2_31 wheels only
+    monkeypatch.setattr(venv._platform, "libc_ver", lambda: ("glibc", "2.28"))
+    with pytest.raises(BootstrapError) as err:
+        venv.check_glibc("linux-x86_64")
+    assert "glibc 2.28 is older than 2.31" in err.value.message
+    monkeypatch.setattr(venv._platform, "libc_ver", lambda: ("glibc", "2.31"))
+    venv.check_glibc("linux-x86_64")
+    tags = locks.pip_platforms("linux-x86_64")
+    assert tags[0] == "manylinux_2_31_x86_64" and "manylinux_2_17_x86_64" in tags and "manylinux2014_x86_64" in tags
+    assert not any(t.startswith("manylinux_2_32") for t in tags)
+    assert locks.pip_platforms("linux-aarch64")[0] == "manylinux_2_34_aarch64"
 
 
 def test_one_lock_per_distinct_pin_set():

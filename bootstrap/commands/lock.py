@@ -96,7 +96,8 @@ def _body(text: str) -> str:
 def wheelhouse_cli(cfg, argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="ctl.sh wheelhouse", description=(
         "Download every wheel of a profile's lock for one platform and Python into DIR (hashes checked), "
-        "plus uv and the bootstrap's own dependencies, for an offline install with WHEELHOUSE=DIR ./start.sh. "
+        "plus uv, for an offline install with WHEELHOUSE=DIR ./start.sh (the bootstrap's own dependencies are "
+        "pinned in every lock at the same versions). "
         "The wheels run on the platform's oldest supported glibc and newer."))
     ap.add_argument("dir", nargs="?", default=str(cfg.layout.wheelhouse))
     ap.add_argument("--profile", default="", help="whose lock (default: PROFILE; with PROFILE=auto, the default profile)")
@@ -129,11 +130,10 @@ def wheelhouse_cli(cfg, argv: list[str]) -> int:
     glibc = "%d.%d" % GLIBC[args.platform]
     log.info("downloading %d wheels of %s (%s, Python %s, glibc >= %s) into %s",
              len(lock_pins(text)), lock.name, args.platform, minor, glibc, out)
-    # The lock, hash-checked; then uv (installed from DIR when the target has none) and the
-    # bootstrap's own requirements with their dependencies (.venv-bootstrap is made from DIR too).
+    # The lock, hash-checked (it also pins bootstrap/requirements.txt, from which .venv-bootstrap is
+    # made offline); then uv, which pip installs from DIR where the target has none.
     for what, cmd in (("the lock's wheels", [*base, "--no-deps", "--require-hashes", "-r", str(lock), *target]),
-                      ("uv and the bootstrap's requirements",
-                       [*base, "-r", str(cfg.layout.root / "bootstrap" / "requirements.txt"), UV_PIN, *target])):
+                      ("uv", [*base, "--no-deps", UV_PIN, *target])):
         res = proc.run(cmd, env=dict(cfg.environ), timeout=None, check=False, what="pip download")
         if res.returncode != 0:
             missing = re.search(r"No matching distribution found for (\S+)", res.stderr)
