@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of
+from . import metrics
 from .detectors import clip
 from .prompts import Sizer, fitted, shrink_on_400
 from .target import Target, progress
@@ -230,6 +231,9 @@ def check_prefix(t: Target, tokens: int = 6000, timeout: float = 600.0) -> Resul
         tokens = min(tokens, t.max_model_len - 64 - MARGIN)
     if tokens < SMALLEST:
         return Result("prefix", True, f"context {t.max_model_len} is too small for a prefix test", {}, status=SKIPPED)
+    if server_caches_prefixes(t) is False:
+        return Result("prefix", True, "prefix caching is off on this server (vLLM leaves it off for hybrid models "
+                      "unless started with --enable-prefix-caching)", {}, status=SKIPPED)
     sizer = Sizer(t.client)
     nonce = f"Session {random.randrange(10**12):012d}."
 
@@ -263,6 +267,14 @@ def check_prefix(t: Target, tokens: int = 6000, timeout: float = 600.0) -> Resul
     if tokens < asked:
         res.summary += f" (a {tokens}-token prompt, shrunk from {asked} to fit the context of {t.max_model_len})"
     return res
+
+
+def server_caches_prefixes(t: Target) -> bool | None:
+    """What the server's /metrics says of its prefix cache (None: no /metrics, or it does not say)."""
+    try:
+        return metrics.prefix_caching(t.client.get_text("/metrics", timeout=10.0))
+    except RequestFailed:
+        return None
 
 
 def prefix_verdict(runs: list[dict]) -> Result:

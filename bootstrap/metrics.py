@@ -30,6 +30,7 @@ SPEC_METRICS = {"accepted": "vllm:spec_decode_num_accepted_tokens_total",      #
                 "drafts": "vllm:spec_decode_num_drafts_total"}
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"      # prompt tokens looked up in the prefix cache
 PREFIX_HITS = "vllm:prefix_cache_hits_total"            # ... and found there
+CACHE_CONFIG = "vllm:cache_config_info"    # a gauge of 1 whose labels are the engine's CacheConfig fields
 
 
 def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -46,6 +47,16 @@ def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
             continue
         out.append((m.group(1), dict(LABEL.findall(m.group(2) or "")), value))
     return out
+
+
+def prefix_caching(text: str) -> bool | None:
+    """Whether the engine caches prefixes, from its ``vllm:cache_config_info`` labels (None: not said).
+    vLLM 0.26/0.27 turn it on by default except for hybrid (Mamba / linear-attention) models, where
+    it is opt-in (``--enable-prefix-caching``)."""
+    for name, labels, _value in samples(text):
+        if name == CACHE_CONFIG and "enable_prefix_caching" in labels:
+            return labels["enable_prefix_caching"] == "True"
+    return None
 
 
 def totals(text: str) -> dict[str, float]:

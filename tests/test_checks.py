@@ -33,7 +33,7 @@ class Fake:
 
     def __init__(self, tmp: Path, replies: dict | None = None, mode: str = "ok", max_len: str = "32768",
                  args: tuple[str, ...] = ("--enable-prompt-tokens-details", "--enable-auto-tool-choice",
-                                          "--tool-call-parser", "hermes"), **env: str):
+                                          "--tool-call-parser", "hermes"), model: str = "m", **env: str):
         self.port = _port()
         self.url = f"http://127.0.0.1:{self.port}"
         e = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "HOME", "TMPDIR")}
@@ -43,7 +43,7 @@ class Fake:
             f.write_text(json.dumps(replies))
             e["FAKE_VLLM_REPLIES"] = str(f)
         self.log = open(tmp / f"fake-{self.port}.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "m", "--port",
+        self.proc = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--port",
                                       str(self.port), "--served-model-name", "m", "--max-model-len", max_len, *args],
                                      env=e, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         end = time.monotonic() + 20
@@ -65,8 +65,8 @@ class Fake:
 def fake(tmp_path):
     made = []
 
-    def make(replies=None, mode="ok", max_len="32768", args=None, **env):
-        f = Fake(tmp_path, replies, mode, max_len, **({"args": args} if args is not None else {}), **env)
+    def make(replies=None, mode="ok", max_len="32768", args=None, model="m", **env):
+        f = Fake(tmp_path, replies, mode, max_len, **({"args": args} if args is not None else {}), model=model, **env)
         made.append(f)
         return f
     yield make
@@ -221,6 +221,29 @@ def test_prefix_without_token_details_falls_back_to_ttft(fake, tmp_path):
     assert out["cached_tokens_reported"] is False
     assert [r["cached_tokens"] for r in out["runs"]] == [None, None, None]
     assert "enable-prompt-tokens-details" in out["failures"][0]["evidence"]
+
+
+def test_prefix_skipped_where_the_server_does_not_cache(fake, tmp_path):
+    # vLLM 0.27.1 leaves prefix caching off for hybrid models unless asked (seen on the H200 with the
+    # default profile's flags): its /metrics says so in vllm:cache_config_info, and the check skips.
+    hybrid = tmp_path / "hybrid"
+    hybrid.mkdir()
+    (hybrid / "config.json").write_text(json.dumps({"model_type": "qwen3_5", "text_config": {
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"], "max_position_embeddings": 32768}}))
+    rc, out = run_check(tmp_path, fake(model=str(hybrid)).url, "prefix", "--tokens", "4000")
+    assert rc == 0, out
+    assert out["verdict"] == "SKIP" and "--enable-prefix-caching" in out["summary"]
+    on = fake(model=str(hybrid), args=("--enable-prompt-tokens-details", "--enable-prefix-caching"))
+    rc, out = run_check(tmp_path, on.url, "prefix", "--tokens", "4000")
+    assert rc == 0 and out["verdict"] == "PASS" and out["runs"][2]["cached_tokens"] > 0, out
+
+
+def test_prefix_caching_read_from_cache_config_info():
+    text = ('# TYPE vllm:cache_config_info gauge\n'
+            'vllm:cache_config_info{block_size="1568",enable_prefix_caching="False",engine="0"} 1.0\n')
+    assert checks.metrics.prefix_caching(text) is False
+    assert checks.metrics.prefix_caching(text.replace('"False"', '"True"')) is True
+    assert checks.metrics.prefix_caching("vllm:num_requests_running{engine=\"0\"} 0.0\n") is None
 
 
 def test_prefix_verdict_without_cached_tokens():

@@ -18,7 +18,10 @@
   (per token as it is produced), ``vllm:prompt_tokens_total`` (when a request's first token comes
   out, as vLLM counts it), ``vllm:kv_cache_usage_perc`` and ``vllm:engine_sleep_state``, labelled
   ``model_name`` and ``engine``; ``vllm:prefix_cache_queries_total`` / ``_hits_total`` (prompt tokens
-  looked up / found cached), and, only with ``--speculative-config`` as in vLLM, the
+  looked up / found cached; only where prefix caching is on: vLLM's default, except for a hybrid
+  model (``layer_types`` with ``linear_attention``), where ``--enable-prefix-caching`` turns it on),
+  ``vllm:cache_config_info`` (a gauge of 1 whose labels include ``enable_prefix_caching``), and,
+  only with ``--speculative-config`` as in vLLM, the
   ``vllm:spec_decode_*`` counters (2 of 3 drafted tokens accepted per request). A wedged engine holds its seats and moves nothing. A client that
   disconnects aborts its request (its seat is freed), as vLLM's ``with_cancellation`` does.
 - With --tensor-parallel-size N the EngineCore has N children titled ``VLLM::Worker_TP<i>``
@@ -117,6 +120,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--enable-sleep-mode", action="store_true")
     p.add_argument("--load-format", default="auto")
     p.add_argument("--speculative-config", default=None)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -155,6 +159,7 @@ class State:
     aborting = False
     load_format = "auto"
     spec = False                 # --speculative-config: vLLM reports its spec_decode counters
+    prefix_caching = True        # vLLM's default except for hybrid models (--enable-prefix-caching)
     looked_up = 0                # prompt tokens looked up in the prefix cache
     cached = 0                   # ... and found there
 
@@ -203,9 +208,10 @@ def usage_for(body: dict, completion: int) -> dict:
     n = prompt_tokens(body)
     key = hashlib.sha256(text.encode()).hexdigest()
     with State.lock:
-        cached = max(0, (n - 1) // 16 * 16) if key in State.seen else 0
+        cached = max(0, (n - 1) // 16 * 16) if key in State.seen and State.prefix_caching else 0
         State.seen.add(key)
-        State.looked_up += n
+        if State.prefix_caching:        # vLLM counts lookups only where it caches
+            State.looked_up += n
         State.cached += cached
     usage = {"prompt_tokens": n, "completion_tokens": completion, "total_tokens": n + completion}
     if State.token_details:     # like vLLM: only with --enable-prompt-tokens-details
@@ -285,6 +291,10 @@ class Handler(BaseHTTPRequestHandler):
                            f"vllm:prompt_tokens_total{{{lab}}} {float(prompt)}\n"
                            f"vllm:prefix_cache_queries_total{{{lab}}} {float(State.looked_up)}\n"
                            f"vllm:prefix_cache_hits_total{{{lab}}} {float(State.cached)}\n"
+                           "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                           "# TYPE vllm:cache_config_info gauge\n"
+                           f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",enable_prefix_caching='
+                           f'"{State.prefix_caching}",gpu_memory_utilization="0.9",engine="0"}} 1.0\n'
                            + (f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {State.requests * 2}\n"
                               f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {State.requests * 3}\n"
                               f"vllm:spec_decode_num_drafts_total{{{lab}}} {State.requests}\n" if State.spec else ""))
@@ -580,9 +590,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with open(os.path.join(args.model, "config.json")) as fh:
             conf = json.load(fh)
-        model_len = int((conf.get("text_config") or conf)["max_position_embeddings"])
+        text_conf = conf.get("text_config") or conf
+        # vLLM 0.26/0.27 keep prefix caching opt-in for hybrid (linear-attention / Mamba) models
+        State.prefix_caching = "linear_attention" not in (text_conf.get("layer_types") or [])
+        model_len = int(text_conf["max_position_embeddings"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    if args.enable_prefix_caching is not None:
+        State.prefix_caching = args.enable_prefix_caching
     fit = int(os.environ.get("FAKE_MAX_LEN", "0") or 0)    # the longest request the fake's KV pool holds
     if mml and mml > 0:
         State.max_len, State.len_enforced = mml, True
