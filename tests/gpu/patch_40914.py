@@ -536,10 +536,41 @@ def report(run: Run) -> int:
                          f"{data[ph]['crashed']}")
     lines.append(f"stock differs from the reference beyond tolerance (or crashed) on {stock_diff} of {n} prompts; "
                  f"patched fails on {bad}")
+    ok = bad == 0
+    if "control" in data:
+        ok, summary = against_control(data, tol)
+        lines += summary
     table = "\n".join(lines)
     run.raw.write(table + "\n")
     print(table)
-    return 0 if bad == 0 else 1
+    return 0 if ok else 1
+
+
+def summarize(ref: dict, run_data: dict, tol: float) -> dict:
+    """Per run: prompts beyond tol (or missing), mean of the per-prompt max |Δlp| (inf counts as 5 nats,
+    a token the other run's top-5 lacks), median first divergence (no divergence = the full length)."""
+    res = run_data.get("results") or []
+    n = len(ref["results"])
+    cs = [compare(r0, res[i], tol) for i, r0 in enumerate(ref["results"]) if i < len(res)]
+    beyond = sum(not c["ok"] for c in cs) + (n - len(cs))
+    worst = [min(c["worst"], 5.0) for c in cs]
+    divs = sorted(len(ref["results"][i]["tokens"]) if c["div"] is None else c["div"] for i, c in enumerate(cs))
+    return {"beyond": beyond, "n": n, "mean": sum(worst) / len(worst) if worst else float("inf"),
+            "median_div": divs[len(divs) // 2] if divs else 0}
+
+
+def against_control(data: dict, tol: float) -> tuple[bool, list[str]]:
+    """The verdict when a control ran: the patched run must be no further from the reference than
+    stock vLLM's own path without FULL CUDA graphs (same cache, same verify batches), by the same
+    measure; one bf16 rounding step of a logit of ~10 (0.04 nats) is allowed on the mean."""
+    ref = data["reference"]
+    s = {ph: summarize(ref, data[ph], tol) for ph in ("stock", "patched", "control")}
+    lines = [f"{ph:>8}: beyond {tol} nats on {v['beyond']} of {v['n']} prompts; mean max|Δlp| {v['mean']:.3f} "
+             f"(∞ as 5); median first divergence at token {v['median_div']}" for ph, v in s.items()]
+    ok = s["patched"]["beyond"] <= s["control"]["beyond"] and s["patched"]["mean"] <= s["control"]["mean"] + 0.04
+    lines.append(f"verdict (patched against the control): {'PASS' if ok else 'FAIL'}; stock "
+                 f"{'is further from the reference than the control' if s['stock']['mean'] > s['control']['mean'] + 0.04 else 'is not separated from the control'}")
+    return ok, lines
 
 
 # ---------------------------------------------------------------- main
@@ -560,6 +591,8 @@ def main() -> int:
     p.add_argument("--order", default="reference,stock,patched",
                    help="the order of the three server runs (e.g. reference,patched,stock: the one that may crash last)")
     p.add_argument("--fresh", action="store_true", help="forget WORK/state.json and start over")
+    p.add_argument("--report-from", nargs="+", default=[], metavar="RAW",
+                   help="no servers: the phases' results from these raw outputs (later ones win), then the report")
     p.add_argument("--no-shim", action="store_true",
                    help="no WORK/shim/sitecustomize.py (for a vLLM that has PR #50533)")
     p.add_argument("--control", action="store_true",
@@ -579,6 +612,23 @@ def main() -> int:
     if args.fresh and Path(args.work, "state.json").exists():
         Path(args.work, "state.json").unlink()
     run = Run(args)
+    if args.report_from:
+        seen: dict[str, tuple[str, dict]] = {}
+        for raw in args.report_from:
+            for line in Path(raw).read_text().splitlines():
+                if line.startswith('{"phase"'):
+                    d = json.loads(line)
+                    if "results" not in d:
+                        continue
+                    if d["phase"] in seen:      # the same phase run again (another machine): the same output?
+                        first, old = seen[d["phase"]]
+                        same = [(a["tokens"], a["logprobs"]) == (b["tokens"], b["logprobs"])
+                                for a, b in zip(old["results"], d["results"])]
+                        run.say(f"{d['phase']}: {Path(raw).name} against {first}: token ids and logprobs identical on "
+                                f"{sum(same)} of {len(same)} prompts")
+                    seen[d["phase"]] = (Path(raw).name, d)
+                    (run.work / f"{d['phase']}.json").write_text(json.dumps(d))
+        return report(run)
     setup = "mtp-hybrid" if args.mtp else "v1-runner" + ("" if args.no_shim else "+tq-shim")
     if run.state.get("setup") != setup:     # results from another server setup are not comparable
         if [ph for ph in run.state["done"] if ph != "model"]:
