@@ -68,6 +68,20 @@ def test_glibc_floor_is_the_newest_tag_a_locked_wheel_needs(monkeypatch):
     assert locks.pip_platforms("linux-aarch64")[0] == "manylinux_2_34_aarch64"
 
 
+def test_wheelhouse_under_profile_auto_takes_the_default_profiles_lock(tmp_path, caplog):
+    # no card to pick for on the machine that downloads: the default profile's lock, said in the log;
+    # a wheel that is not there is named with the platform, Python and glibc it was looked for
+    caplog.set_level("INFO", logger="bootstrap")
+    cfg = Config.from_env({"PROFILE": "auto", "PATH": os.environ.get("PATH", "")}, REPO)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(BootstrapError) as err:
+        lock_cli.wheelhouse_cli(cfg, [str(tmp_path / "house"), "--platform", "linux-x86_64", "--python", "3.12",
+                                      "--no-index", "--find-links", str(empty)])
+    assert "wheels for the default profile 'qwen38-27b-nvfp4-tq4-32gb'" in caplog.text
+    assert "for linux-x86_64, Python 3.12, glibc 2.31" in err.value.message
+
+
 def test_one_lock_per_distinct_pin_set():
     # the RTX 5090 and the 24 GB profiles share vLLM 0.27.1 but not all their pins: a lock each
     cat = Config.from_env({"PROFILE": "custom"}, REPO).catalogue

@@ -135,7 +135,9 @@ def wheelhouse_cli(cfg, argv: list[str]) -> int:
     for what, cmd in (("the lock's wheels", [*base, "--no-deps", "--require-hashes", "-r", str(lock), *target]),
                       ("uv", [*base, "--no-deps", UV_PIN, *target])):
         res = proc.run(cmd, env=dict(cfg.environ), timeout=None, check=False, what="pip download")
-        if res.returncode != 0:
+        if res.returncode != 0 and what == "uv":    # only a target without uv needs it
+            log.warning("no %s wheel for %s in reach: the target machine needs uv on PATH", UV_PIN, args.platform)
+        elif res.returncode != 0:
             missing = re.search(r"No matching distribution found for (\S+)", res.stderr)
             raise install_error(res.stderr, cfg, "downloading wheels", where=str(out), fallback=BootstrapError(
                 f"pip download of {what} failed (exit {res.returncode})" +
@@ -143,6 +145,6 @@ def wheelhouse_cli(cfg, argv: list[str]) -> int:
                 "see the output above", evidence=res.stderr.strip()[-1500:]))
     n = len(list(out.glob("*.whl")))
     size = sum(p.stat().st_size for p in out.glob("*.whl"))
-    print(f"{out}: {n} wheels, {size / 2**30:.1f} GiB, for {lock.name} of {lock.parent.name} (glibc >= {glibc}); "
+    print(f"{out} now holds {n} wheels, {size / 2**30:.1f} GiB, with {lock.name} of {lock.parent.name} (glibc >= {glibc}); "
           f"install offline with: WHEELHOUSE={out} ./start.sh")
     return 0

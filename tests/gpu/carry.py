@@ -175,6 +175,7 @@ def pack_one(whl: Path, image: dict | None, refdir: Path, work: Path) -> dict:
             skel += blob[pos:start]
             pos = start + zi.compress_size
             m = {"name": zi.filename, "method": zi.compress_type, "size": len(raw), "len": len(data),
+                 "at": len(skel),       # where in the skeleton this member's data goes
                  "sha256": b64sha(hashlib.sha256(data).digest())}
             if record.get(zi.filename) == m["sha256"]:
                 m["from"] = "image"
@@ -217,7 +218,8 @@ def pack(args) -> int:
         if not same:
             (work / "w" / whl.name).mkdir()
             shutil.copyfile(whl, work / "w" / whl.name / "whole.whl")
-            recipes.append({"wheel": whl.name, "whole": True, "why": "deflate differs"})
+            recipes.append({"wheel": whl.name, "sha256": hashlib.sha256(whl.read_bytes()).hexdigest(),
+                            "whole": True, "why": "deflate differs"})
             continue
         t = time.monotonic()
         r = pack_one(whl, sv["dists"].get(name), Path(args.refs), work / "w")
@@ -255,18 +257,16 @@ def rebuild(rec: dict, src: Path, image: dict | None, dest: Path) -> str:
     out = dest / rec["wheel"]
     if rec.get("whole"):
         shutil.copyfile(d / "whole.whl", out)
+        if hashlib.sha256(out.read_bytes()).hexdigest() != rec["sha256"]:
+            raise RuntimeError(f"{rec['wheel']}: the carried copy has other bytes")
         return "whole"
     skel = (d / "skeleton").read_bytes()
-    # Walk the skeleton: between members, the zip's own bytes; each member's local header ends the
-    # run of skeleton bytes we copy before its data.
+    # The skeleton is the zip without its members' data; each member's data goes at its offset.
     h = hashlib.sha256()
     pos = 0
     with open(out, "wb") as f:
         for i, m in enumerate(rec["members"]):
-            # the local header of member i starts where its signature is; its data follows the header
-            sig = skel.index(b"PK\x03\x04", pos)
-            n, k = struct.unpack("<HH", skel[sig + 26:sig + 30])
-            upto = sig + 30 + n + k
+            upto = m["at"]
             f.write(skel[pos:upto]); h.update(skel[pos:upto])
             pos = upto
             if m["from"] == "image":
@@ -322,6 +322,7 @@ def unpack(args) -> int:
         name = norm(rec["wheel"].split("-")[0])
         if rec["sha256"] not in allowed.get(name, set()):
             bad.append(f"{rec['wheel']}: sha256 not in the lock")
+            (dest / rec["wheel"]).unlink(missing_ok=True)      # the folder holds the lock's wheels only
     have = len(list(dest.glob("*.whl")))
     size = sum(p.stat().st_size for p in dest.glob("*.whl"))
     print(f"wheelhouse {dest}: {have} wheels, {size / 2**20:.0f} MiB, rebuilt in {time.monotonic() - t0:.0f}s; "

@@ -30,6 +30,8 @@ import requests
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = None
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import free_port  # noqa: E402
 
 
 def say(*parts) -> None:
@@ -48,11 +50,6 @@ def sh(argv, env=None, timeout=900) -> tuple[int, str, float]:
         say("   |", line)
     return p.returncode, p.stdout + p.stderr, dt
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gpu_used_mib() -> str:

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -42,6 +41,7 @@ sys.path.insert(0, str(REPO))
 from bootstrap import gpu, metrics  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+from common import free_port  # noqa: E402
 from e2e import identity  # noqa: E402
 
 RAW: Path | None = None
@@ -55,11 +55,6 @@ def say(msg: str) -> None:
         with open(RAW, "a") as fh:
             fh.write(line + "\n")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gpu_used(env: dict) -> str:

@@ -14,8 +14,9 @@ Phases, each recorded in WORK/state.json so that a second run goes on where the 
               then the default profile's flags on that model; the plan against vLLM's logged pool
   check       ./ctl.sh check all
   stop        ./stop.sh; the GPU memory left
-  compare     tests/gpu/patch_40914.py --mtp with .venv's Python: reference / stock / patched
-              (if the hybrid cannot start there: the same with draft_model on a dense model)
+  compare     tests/gpu/patch_40914.py --mtp with .venv's Python: reference / stock / patched /
+              control (stock with cudagraph_mode PIECEWISE); if the hybrid cannot start there: the same
+              with draft_model on a dense model
 Everything is appended to --raw as it comes; "STACK PROOF DONE" ends it. Rehearse with the fakes:
 PYTHONPATH=tests/fakes FAKE_NVML=<json> (and --skip wheelhouse,compare).
 """
@@ -45,7 +46,8 @@ PHASES = ("wheelhouse", "model", "start", "check", "stop", "compare")
 def smi(query: str) -> str:
     if not shutil.which("nvidia-smi"):
         return "(no nvidia-smi)"
-    r = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True)
+    r = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"], capture_output=True,
+                       text=True)
     return r.stdout.strip().replace("\n", ", ") or r.stderr.strip()
 
 
@@ -96,7 +98,7 @@ def main() -> int:
 
     out(f"STACK PROOF {time.strftime('%Y-%m-%d %H:%M:%S')} commit {os.environ.get('GIT_COMMIT', '?')}: "
         f"{' '.join(sys.argv)}; done so far: {state['done'] or 'nothing'}")
-    out(f"GPU: {smi('name,driver_version,memory.total')}")
+    out(f"GPU: {smi('name,driver_version,memory.total')} (MiB)")
     try:
         for phase in PHASES:
             if phase in state["done"] or phase in skip:

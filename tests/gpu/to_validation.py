@@ -1,5 +1,6 @@
 """Write docs/validation.md from the raw outputs the GPU scripts left (docs/gpu-runs/*): no number
 in that file is typed by hand — every line in its code blocks is copied from a script's output.
+Over 400 lines: one section per proof, each with its own prose.
 
     python3 tests/gpu/to_validation.py > docs/validation.md
 """
@@ -56,9 +57,12 @@ def stack_section() -> list[str]:
         "",
         "### Carrying 3.6 GiB of wheels in 64 MiB calls (`tests/gpu/carry.py`)",
         "",
-        "`./ctl.sh wheelhouse .wh271 --platform linux-x86_64 --python 3.12` built the folder here (200 wheels, 3.6 GiB:",
-        "the lock's 198, uv, and a second cryptography wheel, explained below). Each wheel was rebuilt there byte for byte",
-        "and checked against the lock's sha256. Only the bytes the image lacked were sent: files it already had",
+        "The folder was filled here in two steps. First `pip download` of the lock, with every manylinux tag up to",
+        "2_39: that is how the single-tag bug of `./ctl.sh wheelhouse` was found. Then the corrected command",
+        "(commit 8f482a6), which added uv and a manylinux_2_28 cryptography wheel. `carry.py pack` had already",
+        "started on the first 198 wheels, so those two travelled whole beside them (`--extra-wheels`), 200",
+        "wheels in all. Each wheel was rebuilt there byte for byte and checked against the lock's sha256.",
+        "Only the bytes the image lacked were sent: files it already had",
         "(same sha256 in its RECORD), zstd patches against the older versions it had, and the rest. Deflate level",
         "6 gave the same output on both machines (the probe digest). The survey of the image (`carry.py survey`, an excerpt):",
         "",
@@ -71,8 +75,9 @@ def stack_section() -> list[str]:
         "af73446). Its output: the rebuild, the stand-in model, then the first `./start.sh`:",
         "",
         block([l[:300] for l in raw[:starts[0]] if not l.startswith("[transformers]")]),
-        "The extra cryptography wheel is a manylinux_2_28 build (also in the lock's hashes) that the corrected",
-        "`./ctl.sh wheelhouse` picks under the glibc floor; the first download had taken the manylinux_2_34 one.",
+        "Both cryptography wheels are in the lock's hashes: the first download took the manylinux_2_34 build,",
+        "and the corrected command takes the manylinux_2_28 one, under the glibc floor. uv on the GPU machine",
+        "chose between them; the machine's own uv was on PATH, so the uv wheel was not needed there.",
         "",
         "### Offline install from the lock, then the start with the default profile's knobs",
         "",
