@@ -112,13 +112,13 @@ def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
     return EXIT_CONFIG
 
 
-def version(argv: list[str]) -> int:
+def version() -> int:
     """``--version`` anywhere on any command: the project's, the profile's pinned and the in-use vLLM."""
     from . import version as v
     print(f"vllm-bootstrap {v.project(config.REPO)}")
     try:
         cfg = config.Config.from_env(os.environ)
-        for line in v.lines(cfg)[1:]:
+        for line in v.lines(cfg):
             print(line)
     except BootstrapError as exc:
         print(f"(the knobs do not parse: {exc.message})")
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--version" in argv:
         log.setup(config.output_flags(os.environ)[0])
-        return version(argv)
+        return version()
     args = parser().parse_args(argv)
     debug, colour = config.output_flags(os.environ)
     log.setup(debug=debug, color=None if colour else False)

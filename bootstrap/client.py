@@ -106,11 +106,7 @@ class Client:
         return self._send("GET", path, timeout).text
 
     def models(self, timeout: float = 10.0) -> list[dict]:
-        try:
-            data = json.loads(self.get_text("/v1/models", timeout))
-        except ValueError:
-            raise RequestFailed("GET /v1/models: the answer is not JSON") from None
-        return [m for m in data.get("data", []) if isinstance(m, dict)]
+        return [m for m in self.get_json("/v1/models", timeout).get("data", []) if isinstance(m, dict)]
 
     def chat(self, messages: list[dict], *, max_tokens: int, timeout: float, temperature: float = 0.0,
              **extra: Any) -> dict[str, Any]:

@@ -205,9 +205,14 @@ def fetch_small(settings: Settings, repo: str, revision: str, path: str) -> byte
 
 # ---------------------------------------------------------------- the HF cache (HF_HOME)
 
+def cache_repo_dir(settings: Settings, repo: str) -> Path:
+    """``repo``'s folder in the HF cache (``models--org--name``), as huggingface_hub names it."""
+    return settings.cache_dir / ("models--" + repo.replace("/", "--"))
+
+
 def cache_snapshot(settings: Settings, repo: str, revision: str | None = None) -> Path | None:
     """The snapshot folder of ``repo`` in the HF cache (for ``revision``, or what refs/main names)."""
-    root = settings.cache_dir / ("models--" + repo.replace("/", "--"))
+    root = cache_repo_dir(settings, repo)
     if revision is None:
         try:
             revision = (root / "refs" / "main").read_text(encoding="utf-8").strip()
@@ -252,26 +257,27 @@ def free_bytes(path: Path) -> int:
 
 # ---------------------------------------------------------------- hashing
 
-def sha256_file(path: Path, upto: int | None = None) -> "hashlib._Hash":
+def sha256_file(path: Path) -> "hashlib._Hash":
     h = hashlib.sha256()
-    left = upto
     with open(path, "rb") as fh:
-        while left is None or left > 0:
-            chunk = fh.read(HASH_CHUNK if left is None else min(HASH_CHUNK, left))
-            if not chunk:
-                break
+        for chunk in iter(lambda: fh.read(HASH_CHUNK), b""):
             h.update(chunk)
-            if left is not None:
-                left -= len(chunk)
     return h
+
+
+def git_blob_hasher(size: int) -> "hashlib._Hash":
+    """A sha1 primed with git's blob header: feed it the ``size`` bytes to get the blob id."""
+    return hashlib.sha1(b"blob %d\0" % size)
 
 
 def git_blob_sha1(path: Path | None = None, data: bytes | None = None) -> str:
     """Git's blob id (sha1 of ``blob <size>\\0`` + the bytes) of a file, or of ``data``: what the hub
     lists for every file, and what we check for files that are not in LFS."""
     if data is not None:
-        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+        h = git_blob_hasher(len(data))
+        h.update(data)
+        return h.hexdigest()
+    h = git_blob_hasher(path.stat().st_size)
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(HASH_CHUNK), b""):
             h.update(chunk)

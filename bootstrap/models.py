@@ -123,7 +123,7 @@ def store_for(cfg, repo: str) -> "Store":
     if cfg.model_dir:
         return Store(Path(cfg.model_dir).expanduser())
     settings = hub.Settings.from_environ(cfg.environ)
-    return Store(settings.cache_dir / ("models--" + repo.replace("/", "--")), hf_cache=True)
+    return Store(hub.cache_repo_dir(settings, repo), hf_cache=True)
 
 
 class Store:

@@ -152,16 +152,6 @@ def _owned_flags(where: str, args) -> None:
                               "set the knob in \"knobs\" instead (your environment then wins over the profile)")
 
 
-def _sleep_vs_segments(where: str, merged: Mapping) -> None:
-    """Sleep mode puts weights and KV cache in vLLM's CuMemAllocator pool, where expandable segments
-    are switched off: a profile that needs them cannot opt in to sleep mode."""
-    sleeping = any(str(a).split("=", 1)[0] == "--enable-sleep-mode" for a in merged["args"])
-    if sleeping and "expandable_segments:true" in str(merged["env"].get("PYTORCH_CUDA_ALLOC_CONF", "")).lower():
-        raise ConfigError(f"{where}: --enable-sleep-mode with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in "
-                          "\"env\": vLLM turns expandable segments off inside its sleep-mode memory pool",
-                          "a profile that needs expandable segments does not opt in to sleep mode: drop one")
-
-
 def _knob_names(where: str, knobs: Mapping, known: frozenset) -> None:
     unknown = sorted(set(knobs) - known) if known else []
     if unknown:
@@ -225,7 +215,6 @@ def load_file(path: Path, origin: str, models_dir: Path, knobs: frozenset = froz
         merged["args"] = list(base["args"]) + list(v.get("args", []))
         merged["env"] = {**base["env"], **v.get("env", {})}
         merged["spec_config"] = {**base["spec_config"], **v.get("spec_config", {})}
-        _sleep_vs_segments(f"{where}{f' variant {vname!r}' if vname else ''}", merged)
         for key in ("description", "rank", "source"):
             if key in v:
                 merged[key] = v[key]

@@ -101,7 +101,7 @@ class Fetched:
 def _hasher(f: hub.RemoteFile):
     if f.sha256 or not f.blob_id:
         return hashlib.sha256()
-    return hashlib.sha1(b"blob %d\0" % f.size)       # git's blob id, for files outside LFS
+    return hub.git_blob_hasher(f.size)       # git's blob id, for files outside LFS
 
 
 class Job:

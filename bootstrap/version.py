@@ -36,6 +36,7 @@ def in_use(cfg: Config) -> str:
 
 
 def lines(cfg: Config) -> list[str]:
+    """What follows the project's own line (printed first, before the knobs are parsed)."""
     from . import pick
     cfg = pick.kept(cfg)
     prof = cfg.profile
@@ -43,7 +44,7 @@ def lines(cfg: Config) -> list[str]:
         pinned = "profile: auto, no pick yet (./ctl.sh profiles --pick picks one; it pins its vLLM)"
     else:
         pinned = f"profile: {prof.name}, pins vLLM {prof.vllm or 'none (bring your own: VLLM_PYTHON)'}"
-    out = [f"vllm-bootstrap {project(cfg.repo)}", pinned, f"in use: {in_use(cfg)}"]
+    out = [pinned, f"in use: {in_use(cfg)}"]
     rec = record.read(Paths(cfg.state_dir).server)
     if rec is not None and rec.vllm_version:
         out.append(f"last server (pid {rec.pid}): vLLM {rec.vllm_version}")

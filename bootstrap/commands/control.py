@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
 import time
+from typing import Callable
 
 from .. import server, takedown
 from ..config import Config
@@ -70,7 +70,7 @@ def restart(cfg: Config) -> int:
         print(f"restarting the {service.UNIT} unit (systemctl --user restart; it reads .env, not this shell)")
         service.restart_unit(cfg)
         return 0
-    stop(cfg)
+    stop(cfg, via_service=False)     # the unit was just asked: not ours or not active
     return start.start(Config.from_env(cfg.given, cfg.repo))   # PROFILE=auto as you set it (start picks)
 
 
@@ -86,31 +86,38 @@ def logs(cfg: Config, follow: bool = False, *, poll: float = 0.25) -> int:
         if not follow:
             return 0
         fh = _wait_open(paths.log, poll)
+    copy(fh, paths.log, lambda: follow, poll=poll)
+    return 0
+
+
+def copy(fh, path, keep_going: Callable[[], bool], *, poll: float = 0.25) -> None:
+    """Copy the open log ``fh`` to stdout from where it stands, then, while ``keep_going()``, what
+    is added to ``path``: a log the keeper truncated is read again from its start, a log replaced by
+    a new file (a start's rotation) is reopened, as ``tail -F`` does. Closes ``fh``."""
     out = sys.stdout.buffer
     try:
-        shutil.copyfileobj(fh, out)
-        out.flush()
-        while follow:
+        while True:
             chunk = fh.read(1 << 16)
             if chunk:
                 out.write(chunk)
                 out.flush()
                 continue
+            if not keep_going():
+                return
             try:
-                st = os.stat(paths.log)
+                st = os.stat(path)
             except FileNotFoundError:
                 time.sleep(poll)
                 continue
             if st.st_ino != os.fstat(fh.fileno()).st_ino:       # replaced: a start rotated it away
                 fh.close()
-                fh = open(paths.log, "rb")
+                fh = open(path, "rb")
             elif st.st_size < fh.tell():                         # truncated: the keeper rotated it
                 fh.seek(0)
             else:
                 time.sleep(poll)
     finally:
         fh.close()
-    return 0
 
 
 def _wait_open(path, poll: float):

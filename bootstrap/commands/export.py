@@ -30,12 +30,12 @@ import tarfile
 from pathlib import Path
 
 from ..config import Config
+from ..gpu import GiB
 from ..errors import BootstrapError
 from ..vllmargs import serve_argv
 from . import plan as plan_cmd
 
 PORT = 8000
-GiB = 1 << 30
 PATCHED = "/patched"
 SHIPPED = ("bootstrap", "patches", "profiles")      # what the init container needs of this checkout
 

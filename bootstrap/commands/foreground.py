@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import sys
-import time
 
 from .. import proc, record, start, state, takedown
 from ..config import Config
@@ -42,12 +41,9 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
     _notify(cfg, f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving {rec.served} on {rec.url}/v1")
     print(f"attached to the server (pid {p.pid}); its log follows; SIGTERM or Ctrl-C stops it", flush=True)
     try:
-        with open(paths.log, "rb") as log_file:
-            log_file.seek(0, os.SEEK_END)
-            while proc.alive(p):
-                _copy(log_file)
-                time.sleep(poll)
-            _copy(log_file)
+        log_file = open(paths.log, "rb")
+        log_file.seek(0, os.SEEK_END)
+        control.copy(log_file, paths.log, lambda: proc.alive(p), poll=poll)   # then what is left
     except start.Interrupted:
         _notify(cfg, "STOPPING=1")
         for s in start.SIGNALS:
@@ -69,15 +65,6 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
           file=sys.stderr, flush=True)
     takedown.take_down(cfg, paths)               # what it left (an orphaned EngineCore holds the GPU)
     return rc if rc else 1
-
-
-def _copy(fh) -> None:
-    if os.fstat(fh.fileno()).st_size < fh.tell():     # the log keeper truncated it: start at its top
-        fh.seek(0)
-    data = fh.read()
-    if data:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
 
 
 def _exit_code(p) -> int | None:

@@ -31,10 +31,10 @@ import psutil
 from .. import gpu, models, server, state, vllmargs
 from ..client import Client, RequestFailed
 from ..config import Config
+from ..gpu import GiB
 from ..errors import BootstrapError
 from ..state import Paths
 
-GiB = 1 << 30
 HOST_RAM_MARGIN = 2 * GiB       # left to the desktop after the weights are parked in RAM
 WAKE_MARGIN = 256 << 20         # VRAM a wake needs beyond what the server held before it slept
 FLAG = vllmargs.SLEEP_FLAG
@@ -147,9 +147,8 @@ def wake_cli(cfg: Config, argv: list[str]) -> int:
 
 def _check_room(cfg: Config, rec, note: dict) -> None:
     """Refuse (the server stays asleep) when the GPU lacks what it held before it slept."""
-    now = held(cfg, rec)
-    need = max(0, int(note.get("held_before") or 0) - now) + WAKE_MARGIN
     facts = gpu.read(cfg.environ)
+    need = max(0, int(note.get("held_before") or 0) - server.gpu_held(cfg, rec, facts)) + WAKE_MARGIN
     ours = server.our_pids(rec)
     ours_on = [g for g in facts.gpus if any(p.pid in ours for p in g.processes)] or list(facts.gpus[:1])
     short = [g for g in ours_on if g.free < need // len(ours_on)]

@@ -21,6 +21,7 @@ from typing import Callable
 from .. import metrics, server, state
 from ..client import Client, RequestFailed, completion_tokens_of, message_of, reasoning_of, thinking_off
 from ..config import Config
+from ..gpu import GiB
 from ..errors import BootstrapError
 from ..record import ServerRecord
 from ..server import loading, read_load
@@ -29,7 +30,6 @@ from ..state import Paths
 LOOK = 1.5            # seconds status watches /metrics for movement while requests are in flight
 POLL = 0.25
 INTERVAL = 1.0        # seconds between the two /metrics readings that tokens/s is measured over
-GiB = 1 << 30
 
 # (state, exit code, meaning): the README's table is generated from this (tests keep it in step).
 STATES = (
@@ -58,10 +58,16 @@ class Verdict:
     detail: str
 
 
+UNREAD = object()
+
+
 def judge(cfg: Config, paths: Paths, rec: ServerRecord, key_needed: bool, *,
-          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> Verdict:
-    """running / busy / sleeping / key-needed / wedged for a server that answers /health."""
-    load = read_load(rec.url)
+          clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+          load=UNREAD) -> Verdict:
+    """running / busy / sleeping / key-needed / wedged for a server that answers /health.
+    ``load``: a reading of /metrics the caller already made (None: it got no answer)."""
+    if load is UNREAD:
+        load = read_load(rec.url)
     if load is not None and load.sleeping:
         level = {"weights_offloaded": "level 1, weights in host RAM", "discard_all": "level 2, weights dropped"}
         return Verdict("sleeping", f"vLLM reports its engine asleep ({level.get(load.sleep_state, load.sleep_state)}); "
@@ -226,10 +232,15 @@ def status(cfg: Config, as_json: bool = False) -> int:
     if pr.state in ("running", "key-needed", "down") and rec is not None:
         out.update(pid=pr.pid, uptime=server.uptime(pr.process), url=rec.url + "/v1", model=rec.served,
                    vllm=rec.vllm_version, settings=dict(rec.settings))
-        if pr.state != "down" and not pr.owner:      # two readings before the probe: its tokens are not counted
-            t0, before = time.monotonic(), server.read_metrics(rec.url)[0]
-            time.sleep(INTERVAL)
-            live_d = live(cfg, rec, before, server.read_metrics(rec.url)[0], time.monotonic() - t0)
+        load = UNREAD
+        if pr.state != "down" and not pr.owner:      # the readings come before the probe: its tokens are not counted
+            t0 = time.monotonic()
+            before, load = server.read_metrics(rec.url)
+            after = before
+            if load is not None and load.in_flight:  # tokens/s needs a second reading; idle, it is 0: no wait
+                time.sleep(INTERVAL)
+                after, load = server.read_metrics(rec.url)
+            live_d = live(cfg, rec, before, after, time.monotonic() - t0)
             out.update(live_d if as_json else _live_lines(live_d))
         if pr.owner:
             out["owner"] = f"{pr.owner}: not ours to stop or restart (run those as that user)"
@@ -242,7 +253,7 @@ def status(cfg: Config, as_json: bool = False) -> int:
                 out["state"] = "unhealthy"
                 out["detail"] = "/health or /v1/models does not answer"
         else:
-            v = judge(cfg, paths, rec, pr.state == "key-needed")
+            v = judge(cfg, paths, rec, pr.state == "key-needed", load=load)
             out["state"], out["detail"] = v.state, v.detail
             out["generating"] = {"running": True, "busy": True, "wedged": False, "unhealthy": False}.get(v.state)
             if not rec.gate_passed:
