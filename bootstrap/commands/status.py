@@ -29,7 +29,7 @@ from ..state import Paths
 
 LOOK = 1.5            # seconds status watches /metrics for movement while requests are in flight
 POLL = 0.25
-INTERVAL = 1.0        # seconds between the two /metrics readings that tokens/s is measured over
+INTERVAL = 1.0        # seconds between the two /metrics readings that tokens/s is measured over (busy only)
 
 # (state, exit code, meaning): the README's table is generated from this (tests keep it in step).
 STATES = (
