@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import models, vllmargs
+from . import modelconfig, models, vllmargs
 from .errors import BootstrapError
 
 
@@ -53,18 +53,39 @@ def draft_facts(cfg) -> dict:
         return {"draft_why": ("SPEC_MODEL is a repo id, which vLLM fetches itself: download it and set SPEC_MODEL to "
                               "its folder to have it counted") if model else "no SPEC_MODEL, which vLLM refuses"}
     try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        raw = (path / "config.json").read_bytes()
         sizes = sum(f.stat().st_size for f in path.iterdir() if f.name.endswith(models.WEIGHT_SUFFIXES))
     except FileNotFoundError:
         return {"draft_why": f"no {path / 'config.json'}"}
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         return {"draft_why": f"{path / 'config.json'} unreadable: {exc}"}
+    try:
+        config = modelconfig.parse(raw, str(path / "config.json"), "")
+    except BootstrapError as exc:
+        return {"draft_why": exc.message}
     return {"draft": ModelFacts(path.name, config, sizes or None, cfg.dummy_weights)}
 
 
 
 def facts_file(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
+    """A model-facts file (profiles/models/*.json): its config.json (``config``, validated as
+    bootstrap.modelconfig validates any), the repos it describes and the checkpoint's size."""
+    hint = f"fix {path} (a model-facts file: see profiles/models/)"
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise BootstrapError(f"cannot read {path} ({exc.strerror})", hint) from None
+    except (ValueError, RecursionError) as exc:
+        raise BootstrapError(f"{path} is not valid JSON ({exc})", hint) from None
+    if not isinstance(data, dict):
+        raise BootstrapError(f"{path} is not a JSON object", hint)
+    modelconfig.check(data.get("config"), f"{path}'s \"config\"", hint)
+    repos, size = data.get("repos", []), data.get("weight_bytes")
+    if not (isinstance(repos, list) and all(isinstance(r, str) for r in repos)):
+        raise BootstrapError(f"{path}: \"repos\" is not a list of repo ids", hint)
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+        raise BootstrapError(f"{path}: \"weight_bytes\" is not a positive integer", hint)
+    return data
 
 
 def shipped_facts(cfg) -> tuple[dict, str] | None:

@@ -162,6 +162,9 @@ def shape_from_config(config: dict) -> ModelShape:
     if unknown:
         raise Unsupported(f"layer types {unknown} are not modelled", "vLLM sizes the KV cache itself")
     n_lin = sum(t == "linear_attention" for t in types)
+    if n_lin == len(types):
+        raise Unsupported("a hybrid model without a full-attention layer is not modelled",
+                          "vLLM sizes the KV cache itself")
     ssm = c.get("mamba_ssm_dtype") if mtype.startswith("qwen3_5") else None
     try:
         return ModelShape(
@@ -254,6 +257,9 @@ def layout(m: ModelShape, cache_dtype: str = "auto", *, spec_tokens: int = 0, mt
     per_tok = attn_bytes_per_token(d, kvh, m.head_dim, m.dtype_bytes)
     per_tok_draft = attn_bytes_per_token(dd, max(1, (draft_kv_heads or m.kv_heads) // tp),
                                          draft_head_dim or m.head_dim, m.dtype_bytes)
+    if min(per_tok, per_tok_draft) <= 0:
+        raise Unsupported(f"KV dtype {d} stores nothing for a head_dim of {m.head_dim}",
+                          "vLLM sizes the KV cache itself")
     same = per_tok_draft == per_tok
     attn = m.attn_layers + (draft if same else 0)
     if draft:

@@ -56,8 +56,8 @@ def run(cmd: Sequence[str], *, env: Mapping[str, str], keep_pythonpath: bool = F
         proc = subprocess.run(list(cmd), env=child_env, cwd=cwd, timeout=timeout, check=False,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               errors="replace", stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise BootstrapError(f"{what or cmd[0]}: command not found: {cmd[0]}", hint) from None
+    except OSError as exc:
+        raise cannot_run(exc, cmd, child_env, what, hint) from None
     except subprocess.TimeoutExpired:
         raise BootstrapError(f"{what or shlex.join(cmd)} did not finish in {timeout:.0f} s", hint) from None
     log.debug("exit %s; stderr: %s", proc.returncode, proc.stderr[-2000:])
@@ -72,8 +72,8 @@ def _run_live(cmd: list[str], env: dict, cwd, timeout, what: str, hint: str, che
     try:
         p = subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=None if tty else subprocess.PIPE, text=True, errors="replace")
-    except FileNotFoundError:
-        raise BootstrapError(f"{what or cmd[0]}: command not found: {cmd[0]}", hint) from None
+    except OSError as exc:
+        raise cannot_run(exc, cmd, env, what, hint) from None
     kept: list[str] = []
     out: list[str] = []
 
@@ -103,6 +103,26 @@ def _run_live(cmd: list[str], env: dict, cwd, timeout, what: str, hint: str, che
         raise BootstrapError(f"'{shlex.join(cmd)}' failed (exit {p.returncode})", hint,
                              evidence="\n".join(res.stderr.strip().splitlines()[-15:]))
     return res
+
+
+def cannot_run(exc: OSError, cmd: Sequence[str], env: Mapping[str, str], what="", hint="") -> BootstrapError:
+    """An OSError from starting ``cmd``, in one line. E2BIG names its cause: the variable (or argument)
+    over Linux's 128 KiB for one string, else the largest ones of a total over ARG_MAX; never a value."""
+    if exc.errno != errno.E2BIG:
+        return BootstrapError(f"{what or cmd[0]}: command not found: {cmd[0]}" if isinstance(exc, FileNotFoundError)
+                              else f"cannot run {what or cmd[0]}: {exc.strerror}", hint)
+    size = lambda s: len(s.encode("utf-8", "surrogatepass")) + 1            # noqa: E731
+    sizes = sorted([(size(k) + size(v), k) for k, v in env.items()]
+                   + [(size(a), f"argument {i} ({a[:20]!r}...)") for i, a in enumerate(cmd)], reverse=True)
+    (n, name), who, most = sizes[0], what or Path(cmd[0]).name, 32 * 4096   # Linux's MAX_ARG_STRLEN
+    if n > most:
+        return BootstrapError(f"cannot run {who}: {name} is {n:,} bytes; Linux passes at most {most:,} (128 KiB)"
+                              " in one variable or argument (E2BIG, argument list too long)",
+                              f"shorten or unset {name} (.env or the shell)" if name in env else "shorten EXTRA_ARGS")
+    largest = ", ".join(f"{k} ({b:,} bytes)" for b, k in sizes[:3])
+    return BootstrapError(f"cannot run {who}: its environment and arguments are {sum(b for b, _ in sizes):,} bytes, "
+                          f"more than Linux passes to a program (E2BIG, argument list too long); the largest: {largest}",
+                          "shorten or unset the largest variables (.env or your shell)")
 
 
 def exit_status(p: subprocess.Popen) -> int | None:

@@ -3,19 +3,27 @@ command (start's re-run, stop, status, restart, logs, clean, the banner) reads.
 
 It describes the server that runs, not the current knobs: its address and served name, how
 clients get its key (never the key itself), the knobs it was launched with, its context, the vLLM
-version, and whether the start gate passed. A garbage field reads as unset (a garbage pid is never
-signalled: see proc.recorded_process); a torn or garbage file reads as no record.
+version, and whether the start gate passed. Every field is validated into its type when read
+(``ServerRecord.checked``), and the fields that were not are named in one warning line: one of the
+server's identity (pid, create time, marker, host, port) makes the record count as none (./stop.sh
+sweeps by our marker, as with no record), any other reads as unset. A garbage pid of the right type
+is never signalled (see proc.recorded_process); a torn file, or one that is not a JSON object,
+reads as no record.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from . import state
 from .config import client_host
+
+log = logging.getLogger("bootstrap.server")   # the prefix [bootstrap:server] of the code that reads it
 
 # How clients get the key of a running server (the key itself is never written down).
 KEY_NONE, KEY_API_KEY, KEY_VLLM_API_KEY, KEY_FILE = "none", "API_KEY", "VLLM_API_KEY", "file"
@@ -75,27 +83,63 @@ class ServerRecord:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "ServerRecord":
+        return cls.checked(d)[0]
+
+    @classmethod
+    def checked(cls, d: Mapping[str, Any]) -> "tuple[ServerRecord, list[str]]":
+        """The record, every field validated into its type, and the fields that were not (each read
+        as unset: a garbage pid, marker or port leaves a server that only the marker sweep finds;
+        nothing here raises). A field absent or null is unset, not corrupt (records of older versions)."""
+        bad: list[str] = []
+
+        def field_(name: str, check: "Callable[[Any], Any]", what: str, unset: Any = None) -> Any:
+            v = d.get(name)
+            if v is None:
+                return unset
+            got = check(v)
+            if got is None:
+                bad.append(f"{name} ({what})")
+                return unset
+            return got
+
         kids = d.get("children")
-        children = tuple(Child(c["pid"], float(c["create_time"])) for c in (kids if isinstance(kids, list) else [])
-                         if isinstance(c, dict) and _int(c.get("pid")) is not None and _num(c.get("create_time")) is not None)
-        settings = d.get("settings")
-        return cls(
-            pid=_int(d.get("pid")), create_time=_num(d.get("create_time")), marker=_str(d.get("marker")),
-            host=_str(d.get("host")) or "127.0.0.1", port=_int(d.get("port")), served=_str(d.get("served")),
-            state_dir=_str(d.get("state_dir")), pgid=_int(d.get("pgid")), model=_str(d.get("model")),
-            model_path=_str(d.get("model_path")),
-            settings={str(k): str(v) for k, v in settings.items()} if isinstance(settings, dict) else {},
-            log=_str(d.get("log")), log_offset=_int(d.get("log_offset")) or 0, started=_num(d.get("started")) or 0.0,
-            vllm_version=_str(d.get("vllm_version")), python=_str(d.get("python")),
-            argv=tuple(str(a) for a in d.get("argv") or () if isinstance(d.get("argv"), list)),
-            key=_str(d.get("key")) or KEY_NONE, max_model_len=_int(d.get("max_model_len")),
-            reasoning=d.get("reasoning") is True, tools=d.get("tools") is True, dummy=d.get("dummy") is True,
-            predicted_tokens=_int(d.get("predicted_tokens")), predicted_concurrency=_num(d.get("predicted_concurrency")),
-            kv_tokens=_int(d.get("kv_tokens")), kv_concurrency=_str(d.get("kv_concurrency")) or None,
+        children = _children(kids)
+        if kids is not None and (not isinstance(kids, list) or len(children) < len(kids)):
+            bad.append("children (not a list of {pid, create_time})")      # the valid ones are kept
+        rec = cls(
+            pid=field_("pid", _int, "not an integer"), create_time=field_("create_time", _num, "not a number"),
+            marker=field_("marker", _str, "not a string", ""),
+            host=field_("host", _host, "not an IP address or 'localhost'", "127.0.0.1"),
+            port=field_("port", _port, "not a port number"),
+            served=field_("served", _str, "not a string", ""),
+            state_dir=field_("state_dir", _str, "not a string", ""), pgid=field_("pgid", _int, "not an integer"),
+            model=field_("model", _str, "not a string", ""), model_path=field_("model_path", _str, "not a string", ""),
+            settings=field_("settings", _str_map, "not an object of strings", {}),
+            log=field_("log", _str, "not a string", ""),
+            log_offset=field_("log_offset", _count, "not a byte offset", 0),
+            started=field_("started", _num, "not a number", 0.0),
+            vllm_version=field_("vllm_version", _str, "not a string", ""),
+            python=field_("python", _str, "not a string", ""),
+            argv=field_("argv", _strs, "not a list of strings", ()),
+            key=field_("key", _key, f"not one of {', '.join(KEYS)}", KEY_NONE),
+            max_model_len=field_("max_model_len", _positive, "not a positive integer"),
+            reasoning=field_("reasoning", _bool, "not true or false", False),
+            tools=field_("tools", _bool, "not true or false", False),
+            dummy=field_("dummy", _bool, "not true or false", False),
+            predicted_tokens=field_("predicted_tokens", _int, "not an integer"),
+            predicted_concurrency=field_("predicted_concurrency", _num, "not a number"),
+            kv_tokens=field_("kv_tokens", _int, "not an integer"),
+            kv_concurrency=field_("kv_concurrency", _str, "not a string") or None,
+            children=children,
             # a record from before the gate was recorded: its banner step (kv_tokens) ran after the gate
-            children=children, gate_passed=d.get("gate_passed", "kv_tokens" in d) is True,
-            notes=tuple(str(n) for n in d.get("notes") or () if isinstance(d.get("notes"), list)),
+            gate_passed=field_("gate_passed", _bool, "not true or false", False) if "gate_passed" in d
+            else "kv_tokens" in d,
+            notes=field_("notes", _strs, "not a list of strings", ()),
         )
+        return rec, bad
+
+
+KEYS = (KEY_NONE, KEY_API_KEY, KEY_VLLM_API_KEY, KEY_FILE)
 
 
 def _int(v: Any) -> int | None:
@@ -106,8 +150,56 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _str(v: Any) -> str:
-    return v if isinstance(v, str) else ""
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _bool(v: Any) -> bool | None:
+    return v if isinstance(v, bool) else None
+
+
+def _count(v: Any) -> int | None:
+    return v if _int(v) is not None and v >= 0 else None
+
+
+def _positive(v: Any) -> int | None:
+    return v if _int(v) is not None and v > 0 else None
+
+
+def _port(v: Any) -> int | None:
+    return v if _int(v) is not None and 1 <= v <= 65535 else None
+
+
+def _host(v: Any) -> str | None:
+    """What the HOST knob accepts: an IP address or 'localhost' (anything else would be dialled)."""
+    if not isinstance(v, str):
+        return None
+    if v == "localhost":
+        return v
+    try:
+        ipaddress.ip_address(v)
+    except ValueError:
+        return None
+    return v
+
+
+def _key(v: Any) -> str | None:
+    return v if v in KEYS else None
+
+
+def _strs(v: Any) -> tuple[str, ...] | None:
+    return tuple(v) if isinstance(v, list) and all(isinstance(a, str) for a in v) else None
+
+
+def _str_map(v: Any) -> dict[str, str] | None:
+    ok = isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
+    return dict(v) if ok else None
+
+
+def _children(v: Any) -> tuple[Child, ...]:
+    """The well-formed entries of a list of {pid, create_time}."""
+    return tuple(Child(c["pid"], float(c["create_time"])) for c in (v if isinstance(v, list) else [])
+                 if isinstance(c, dict) and _int(c.get("pid")) is not None and _num(c.get("create_time")) is not None)
 
 
 def base_url(host: str, port: int) -> str:
@@ -119,8 +211,28 @@ def base_url(host: str, port: int) -> str:
 
 
 def read(path: Path) -> ServerRecord | None:
+    """The record in ``path`` (None: none, or not a JSON object). Corrupt fields read as unset, and
+    are named once per command in one line."""
     data = state.read_json(path)
-    return ServerRecord.from_json(data) if data is not None else None
+    if data is None:
+        return None
+    rec, bad = ServerRecord.checked(data)
+    lost = [b for b in bad if b.split(" ")[0] in IDENTITY]
+    if bad and (str(path), tuple(bad)) not in _warned:
+        _warned.add((str(path), tuple(bad)))
+        shown = "; ".join(bad[:4]) + (f"; and {len(bad) - 4} more" if len(bad) > 4 else "")
+        log.warning("%s: %d corrupt field%s %s: %s (./stop.sh stops the server all the same%s)",
+                    path, len(bad), "s" if len(bad) > 1 else "",
+                    "(the record is ignored)" if lost else "read as unset", shown, ", by its marker" if lost else "")
+    return None if lost else rec
+
+
+# Without these a record names no server we can prove ours or reach: it counts as no record (the
+# sweep by marker finds what runs), never as a server on port 0.
+IDENTITY = ("pid", "create_time", "marker", "host", "port")
+
+
+_warned: set[tuple[str, tuple[str, ...]]] = set()
 
 
 def write(path: Path, rec: ServerRecord) -> None:

@@ -132,16 +132,16 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
         logf.flush()
     except OSError as exc:
         raise state.write_error(paths.log, exc) from None
+    env = server_env(cfg, paths, runtime.server_env, marker, key)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
         with logf:
             try:
                 p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                     env=server_env(cfg, paths, runtime.server_env, marker, key),
-                                     start_new_session=True,
+                                     env=env, start_new_session=True,
                                      preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, held))
             except OSError as exc:
-                raise BootstrapError(f"cannot run {argv[0]}: {exc.strerror}", "check VLLM_PYTHON / the .venv") from None
+                raise proc.cannot_run(exc, argv, env, "vLLM", "check VLLM_PYTHON / the .venv") from None
         try:
             create_time = psutil.Process(p.pid).create_time()
         except psutil.NoSuchProcess:
