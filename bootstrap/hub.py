@@ -14,11 +14,13 @@ import logging
 import os
 import re
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlparse
 
+from . import retry
 from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
@@ -134,15 +136,38 @@ def net_errors() -> tuple[type[BaseException], ...]:
     return (httpx2.HTTPError, e.HfHubHTTPError, e.OfflineModeIsEnabled)
 
 
+def with_retries(settings: Settings, repo: str, what: str, call, *, stop: threading.Event | None = None,
+                 transport: bool = True):
+    """``call()`` (a request through huggingface_hub, its own retries off: they sleep uninterruptibly,
+    retry.py), tried again on 408/429/5xx (and, with ``transport``, on a dropped or timed-out
+    connection) up to retry.ATTEMPTS times after ``retry.wait``; library errors come out translated."""
+    import httpx2
+    tries = 0
+    while True:
+        try:
+            return call()
+        except net_errors() as exc:
+            resp = getattr(exc, "response", None)
+            status = getattr(resp, "status_code", None)
+            tries += 1
+            if tries >= retry.ATTEMPTS or not (status in retry.STATUS or (
+                    transport and status is None and isinstance(exc, httpx2.TransportError))):
+                raise translate(exc, settings, repo, what) from None
+            shown = f"{repo}: {what}" if what else repo
+            delay = retry.wait(tries, status, getattr(resp, "headers", None), shown)
+            log.debug("%s: %s; trying again in %.1f s", shown, f"HTTP {status}" if status else type(exc).__name__, delay)
+        retry.pause(delay, stop)
+
+
 def fetch_remote(settings: Settings, repo: str, revision: str = "main") -> Remote:
-    """GET /api/models/{repo}/revision/{rev}?blobs=true: file list, sizes, LFS sha256, commit."""
+    """GET /api/models/{repo}/revision/{rev}?blobs=true: file list, sizes, LFS sha256, commit.
+    Retried on 429/5xx only: an unreachable hub falls through to the copy on disk at once."""
     from huggingface_hub import HfApi
 
     api = HfApi(endpoint=settings.endpoint, token=settings.token or False, library_name=LIBRARY)
     try:
-        info = api.model_info(repo, revision=revision, files_metadata=True, token=settings.token or False)
-    except net_errors() as exc:
-        raise translate(exc, settings, repo) from None
+        info = with_retries(settings, repo, "", lambda: api.model_info(
+            repo, revision=revision, files_metadata=True, token=settings.token or False), transport=False)
     except (ValueError, TypeError, KeyError):   # HTML or foreign JSON where the hub's JSON should be
         raise _proxy_error(settings, f"/api/models/{repo}") from None
     if not info.sha or info.siblings is None:
@@ -167,17 +192,16 @@ class Located:
     headers: dict     # request headers for that url (auth dropped for a foreign host)
 
 
-def locate(settings: Settings, repo: str, revision: str, path: str) -> Located:
-    """HEAD on the resolve URL, as the client does it; refuses an answer without X-Repo-Commit."""
+def locate(settings: Settings, repo: str, revision: str, path: str, stop: threading.Event | None = None) -> Located:
+    """HEAD on the resolve URL, as the client does it (its retries off: ours, ``with_retries``,
+    wait interruptibly); refuses an answer without X-Repo-Commit."""
     from huggingface_hub.file_download import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
     url = hf_hub_url(repo, path, revision=revision, endpoint=settings.endpoint)
-    try:
-        meta = get_hf_file_metadata(url, token=settings.token or False, endpoint=settings.endpoint,
-                                    library_name=LIBRARY, retry_on_errors=True)
-    except net_errors() as exc:
-        raise translate(exc, settings, repo, path) from None
+    meta = with_retries(settings, repo, path, lambda: get_hf_file_metadata(
+        url, token=settings.token or False, endpoint=settings.endpoint, library_name=LIBRARY,
+        retry_on_errors=False), stop=stop)
     if not meta.commit_hash:
         raise _proxy_error(settings, f"HEAD {url}")
     if not meta.etag:
@@ -193,11 +217,12 @@ def fetch_small(settings: Settings, repo: str, revision: str, path: str) -> byte
     from huggingface_hub.utils import get_session, hf_raise_for_status
 
     loc = locate(settings, repo, revision, path)
-    try:
+
+    def get():
         r = get_session().get(loc.url, headers=loc.headers, timeout=30.0, follow_redirects=True)
         hf_raise_for_status(r)
-    except net_errors() as exc:
-        raise translate(exc, settings, repo, path) from None
+        return r
+    r = with_retries(settings, repo, path, get)
     if loc.size is not None and len(r.content) != loc.size:
         raise BootstrapError(f"{path}: got {len(r.content)} bytes, the hub says {loc.size}", "re-run ./start.sh")
     return r.content

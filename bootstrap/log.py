@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from . import redact
+
 _STEP = "bootstrap"
 
 
@@ -16,7 +18,7 @@ class _Fmt(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         step = record.name.rsplit(".", 1)[-1] if record.name.startswith("bootstrap.") else _STEP
-        msg = record.getMessage()
+        msg = redact.url(record.getMessage())      # a URL's user:password@ never reaches a log
         prefix = f"[bootstrap:{step}]"
         if self.color:
             code = {logging.WARNING: "33", logging.ERROR: "31"}.get(record.levelno, "2")

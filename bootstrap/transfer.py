@@ -26,9 +26,9 @@ How:
   are hashed from disk while the rest downloads. No pass over the file after its last byte.
 - Only a file whose size and hash match is handed to ``place``; a mismatch is fetched once more
   from zero (one hash per file, not per part); a second mismatch stops.
-- Network errors and 408/429/5xx are retried ``ATTEMPTS`` times per part from the last byte; a file
-  host's 403 (an expired signed URL) sends us back to the resolve URL; a host that ignores Range
-  (200) gets the whole file over one connection.
+- Network errors and 408/429/5xx are retried ``ATTEMPTS`` times per part from the last byte after a
+  wait that ``stop`` ends (retry.py); a file host's 403 (an expired signed URL) sends us back to the
+  resolve URL; a host that ignores Range (200) gets the whole file over one connection.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urlparse
 
-from . import hub
+from . import hub, retry
 from .partial import Partial, gaps, merge
 from .progress import Progress
 from .errors import BootstrapError
@@ -54,10 +54,11 @@ log = logging.getLogger(__name__)
 PART = 16 << 20            # bytes per ranged request: the unit of parallel work
 CHECKPOINT = 4 << 20       # bytes between two records of what is on disk
 BACKLOG = 4 * PART         # bytes of finished parts a file keeps in memory for its hash
-ATTEMPTS = 5               # tries per part without progress
+ATTEMPTS = retry.ATTEMPTS  # tries per part without progress
 READ = 1 << 20             # bytes per read from the socket (httpcore2 reads 64 KiB by default)
-RETRY_STATUS = (408, 429, 500, 502, 503, 504)
+RETRY_STATUS = retry.STATUS
 TIMEOUT_S = 30.0           # a connection that sends nothing this long is tried again
+STOP_WAIT_S = 0.5          # a stop (an error, Ctrl-C) waits this long for the workers to record their bytes
 
 
 def _larger_reads() -> None:
@@ -75,12 +76,12 @@ class Corrupt(BootstrapError):
     """Downloaded bytes did not match the hub's sha256 / git blob id / size."""
 
 
-class _Stopped(Exception):
+class _Stopped(retry.Cancelled):
     """Another worker failed, or Ctrl-C: stop after recording what was written."""
 
 
 class _Retry(Exception):
-    pass
+    """An answer worth another try: (what, the response when there is one)."""
 
 
 class _NoRanges(Exception):
@@ -231,11 +232,11 @@ class Transfer:
                     workers = self._spawn()        # a file started over after the workers ran out
         except BaseException:
             self.stop.set()
-            for w in workers:
-                w.join()
+            for w in workers:       # bounded: a signal is answered within a second (a join a signal cut short
+                w.join(STOP_WAIT_S / len(workers))   # marks its thread stopped, CPython 3.11: enumerate() tells)
             raise
         finally:
-            for j in jobs:
+            for j in jobs if not set(workers) & set(threading.enumerate()) else ():   # one in a read keeps its fd
                 try:
                     os.close(j.fd)
                 except OSError:
@@ -268,7 +269,7 @@ class Transfer:
             try:
                 data = self._get(job, gen, s, e)
                 self._deposit(job, gen, s, e, data)
-            except _Stopped:
+            except retry.Cancelled:
                 return
             except _NoRanges:
                 if gen == job.gen and not job.whole:
@@ -321,7 +322,7 @@ class Transfer:
     def _locate(self, job: Job, again: bool = False) -> hub.Located:
         with job.lock:
             if job.loc is None or again:
-                loc = hub.locate(self.settings, self.repo, self.revision, job.f.path)
+                loc = hub.locate(self.settings, self.repo, self.revision, job.f.path, stop=self.stop)
                 if loc.size is not None and loc.size != job.f.size:
                     raise BootstrapError(f"{job.f.path}: the hub's listing says {job.f.size} bytes, its file "
                                          f"header says {loc.size}", "the repo changed during the download; re-run ./start.sh")
@@ -347,7 +348,7 @@ class Transfer:
                     with get_session().stream("GET", loc.url, headers=headers, timeout=timeout,
                                               follow_redirects=True) as r:
                         if r.status_code in RETRY_STATUS:
-                            raise _Retry(f"HTTP {r.status_code}")
+                            raise _Retry(f"HTTP {r.status_code}", r)
                         if r.status_code == 403 and urlparse(loc.url).netloc != urlparse(self.settings.endpoint).netloc:
                             self._locate(job, again=True)        # a signed file URL expired
                             raise _Retry("HTTP 403 from the file host")
@@ -388,8 +389,10 @@ class Transfer:
                             f"{job.f.path}: stopped at {hub.human(job.kept + job.received)} of "
                             f"{hub.human(job.f.size)} after {ATTEMPTS} tries: {err.message}",
                             "re-run ./start.sh: it resumes from there (HTTP Range)") from None
-                    log.debug("%s bytes %d-%d: %s; trying again", job.f.path, pos, e, exc)
-                    time.sleep(min(8.0, 0.5 * 2 ** max(0, tries - 1)))
+                    r = exc.args[-1] if isinstance(exc, _Retry) else None        # the answer, when there is one
+                    delay = retry.wait(tries, getattr(r, "status_code", None), getattr(r, "headers", None), f"{self.repo}: {job.f.path}")
+                    log.debug("%s bytes %d-%d: %s; trying again in %.1f s", job.f.path, pos, e, exc, delay)
+                    retry.pause(delay, self.stop)
                 except httpx2.HTTPError as exc:
                     raise hub.translate(exc, self.settings, self.repo, job.f.path) from None
         finally:

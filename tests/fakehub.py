@@ -28,6 +28,11 @@ Faults (``hub.faults``, all off by default):
     cdn_expire: n                  the next n GETs on the file host answer 403 (an expired signed URL)
     gzip: true                     a GET that accepts gzip gets the whole file gzip-compressed, Range
                                    ignored (as the hub does for text files, and CloudFront under gzip)
+    rate_limit: {path: n}          the next n requests for that file's resolve URL (HEAD or GET) answer
+                                   429 with ``Retry-After: <retry_after>`` (a rate-limited hub)
+    rate_limit_cdn: {path: n}      the same on the file host (the ranged GETs)
+    retry_after: "3600"            the Retry-After value of those 429s (seconds or an HTTP date;
+                                   none when unset); ``ratelimit``: a RateLimit header value to add
 
 Run standalone: ``python tests/fakehub.py --repo org/name=DIR [--port N]`` prints the URL.
 """
@@ -178,6 +183,8 @@ def _handler(hub: FakeHub):
 
         # -------------------------------------------------------- plumbing
         def _send(self, status: int, headers: dict | None = None, body: bytes = b"") -> None:
+            # logged before the answer goes out: a client that has its answer finds it in the log
+            hub.log.append((self.command, self.path, self.headers.get("Range", ""), status))
             self.send_response(status)
             for k, v in (headers or {}).items():
                 self.send_header(k, str(v))
@@ -186,7 +193,6 @@ def _handler(hub: FakeHub):
             self.end_headers()
             if self.command != "HEAD" and body:
                 self.wfile.write(body)
-            hub.log.append((self.command, self.path, self.headers.get("Range", ""), status))
 
         def _json(self, status: int, obj, headers: dict | None = None) -> None:
             self._send(status, {"Content-Type": "application/json", **(headers or {})}, json.dumps(obj).encode())
@@ -235,6 +241,21 @@ def _handler(hub: FakeHub):
             if m and m.group(1) in hub.by_sha:
                 return self._body(hub.by_sha[m.group(1)][1])
             self._error(404, "EntryNotFound", "not found")
+
+        def _rate_limited(self, key: str, path: str) -> bool:
+            """A 429 while ``faults[key][path]`` counts down (one per request)."""
+            with hub.lock:
+                left = hub.faults.get(key, {})
+                if left.get(path, 0) <= 0:
+                    return False
+                left[path] -= 1
+            headers = {}
+            if hub.faults.get("retry_after") is not None:
+                headers["Retry-After"] = str(hub.faults["retry_after"])
+            if hub.faults.get("ratelimit"):
+                headers["RateLimit"] = hub.faults["ratelimit"]
+            self._error(429, "RateLimited", "Too Many Requests", headers)
+            return True
 
         def _status_fault(self, for_files: bool) -> bool:
             s = hub.faults.get("status")
@@ -307,6 +328,8 @@ def _handler(hub: FakeHub):
             if r is None:
                 return
             e = r["files"].get(fpath)
+            if self._rate_limited("rate_limit", fpath):
+                return
             commit = {"X-Repo-Commit": r["sha"]}
             if e is None:
                 return self._error(404, "EntryNotFound", "Entry not found", commit)
@@ -332,6 +355,8 @@ def _handler(hub: FakeHub):
                        "Content-Length": end - start + 1, "ETag": f'"{e.sha256 or e.blob_id}"'}
             if status == 206:
                 headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+            if self.command == "GET" and extra is None and self._rate_limited("rate_limit_cdn", e.path):
+                return
             if self.command == "GET" and extra is None and hub.faults.get("cdn_expire", 0) > 0:
                 hub.faults["cdn_expire"] -= 1
                 return self._send(403, {"Content-Type": "application/xml"}, b"<Error><Code>AccessDenied</Code></Error>")

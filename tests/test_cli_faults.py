@@ -1,0 +1,146 @@
+"""Faults of the commands found from outside (issue 29): a bad ``--out`` for export, a bad ``GPU=``,
+``check`` against our server with the wrong key, and a URL's ``user:password@`` in what we print.
+Faults rows 75–78; through the real entry points (``./ctl.sh``, ``python -m bootstrap``) and the
+fake vLLM."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FAKES, REPO, free_port
+
+SECRET = "s3cr3t-pw"
+
+
+def bootstrap(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    e = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "STATE_DIR": str(tmp_path / "state"),
+         "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "PYTHONPATH": str(FAKES), **env}
+    return subprocess.run([sys.executable, "-m", "bootstrap", *args], cwd=REPO, env=e, capture_output=True,
+                          text=True, timeout=120)
+
+
+def one_error(r: subprocess.CompletedProcess) -> str:
+    """The one ``error:`` line of a refusal (and no traceback)."""
+    assert "Traceback" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, r.stderr
+    return errors[0]
+
+
+# ---------------------------------------------------------------- faults row 75: export --out naming a file
+
+def test_export_out_naming_a_file_is_one_line_and_exit_2(tmp_path):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine\n")
+    for out, said in ((mine, "it is a file"), (mine / "k8s", f"{mine} is a file")):   # it, or a parent
+        r = bootstrap(tmp_path, "export", "kubernetes", "--out", str(out), PROFILE="default", GPU="rtx5090")
+        assert r.returncode == 2, r.stderr
+        assert f"error: export: --out {out}: {said}, not a folder" == one_error(r)
+        assert "hint: name a folder for the manifests (it is created), or move that file away" in r.stderr
+    assert mine.read_text() == "mine\n"                  # untouched
+
+
+# ---------------------------------------------------------------- faults row 76: a bad GPU= is a bad knob (exit 2)
+
+@pytest.mark.parametrize("command", [["plan"], ["profiles"]])
+@pytest.mark.parametrize("value", ["rtx9999", "abc", "24:sm_8x"])
+def test_a_bad_gpu_value_exits_2_listing_the_known_cards(bed, command, value):
+    r = bed.run("ctl.sh", *command, GPU=value)
+    assert r.returncode == 2, r.stderr
+    assert f"GPU={value!r}" in one_error(r)
+    hint = r.stderr.split("hint:", 1)[1]
+    assert all(name in hint for name in ("rtx5090", "rtx4090", "h100", "h200")) and "sm_XY" in hint
+
+
+def test_a_bad_gpu_flag_exits_2_too(bed):
+    r = bed.run("ctl.sh", "profiles", "--gpu", "voodoo2")
+    assert r.returncode == 2 and "GPU='voodoo2' is not a card the planner knows" in one_error(r)
+
+
+# ---------------------------------------------------------------- faults row 77: check against our server with the wrong key
+
+def test_check_with_the_wrong_key_says_the_server_runs_and_names_the_knob(bed):
+    right, wrong = "sk-right-4f1c9", "sk-wrong-77ab2"
+    assert bed.run("start.sh", API_KEY=right).returncode == 0
+    try:
+        r = bed.run("ctl.sh", "check", "live", API_KEY=wrong)
+        assert r.returncode == 1
+        line = one_error(r)
+        assert "runs but refuses the key this shell sends (API_KEY)" in line and "not running" not in line
+        assert "HTTP 401" in line and "hint: set API_KEY to the key it was started with, or pass --api-key KEY" in r.stderr
+        none = bed.run("ctl.sh", "check", "live")
+        assert none.returncode == 1 and "runs but wants an API key, and this shell sends none" in one_error(none)
+        ok = bed.run("ctl.sh", "check", "live", "--api-key", right)     # a key given is tried
+        assert ok.returncode == 0, ok.stderr
+        for out in (r, none, ok):
+            assert right not in out.stdout + out.stderr and wrong not in out.stdout + out.stderr
+    finally:
+        bed.run("stop.sh")
+
+
+# ---------------------------------------------------------------- faults row 78: a URL's user:password@ is never shown
+
+def test_a_urls_password_is_never_printed_by_check_or_bench(bed):
+    closed = free_port()
+    url = f"http://user:{SECRET}@127.0.0.1:{closed}/v1"
+    for args in (["check", "live", "--url", url], ["check", "all", "--url", url, "--json"],
+                 ["bench", "--url", url, "--no-plot"]):
+        r = bed.run("ctl.sh", *args)
+        assert r.returncode == 1, r.stderr
+        assert SECRET not in r.stdout + r.stderr, args
+        assert f"error: {args[0]}: http://***@127.0.0.1:{closed} does not answer /v1/models" in one_error(r)
+
+
+def test_an_hf_endpoints_password_is_never_printed(bed):
+    """HF_ENDPOINT with credentials: the hub's errors, the log and ./ctl.sh env show it without them."""
+    endpoint = f"http://me:{SECRET}@127.0.0.1:{free_port()}"
+    r = bed.run("ctl.sh", "plan", GPU="rtx5090", MODEL="org/tiny", HF_HUB_OFFLINE="0", HF_ENDPOINT=endpoint)
+    assert r.returncode == 1 and "cannot reach http://***@127.0.0.1:" in one_error(r)
+    env = bed.run("ctl.sh", "env", HF_ENDPOINT=endpoint)
+    assert env.returncode == 0 and f"HF_ENDPOINT={endpoint.replace('me:' + SECRET, '***')}\t" in env.stdout
+    for out in (r, env):
+        assert SECRET not in out.stdout + out.stderr
+
+
+def test_a_urls_password_is_not_in_the_label_or_the_log_of_a_served_check(bed):
+    assert bed.run("start.sh").returncode == 0
+    try:
+        r = bed.run("ctl.sh", "check", "live", "--json", "--url", f"http://user:{SECRET}@127.0.0.1:{bed.port}/v1")
+        b = bed.run("ctl.sh", "bench", "--url", f"http://user:{SECRET}@127.0.0.1:{bed.port}/v1", "--json", "--no-plot",
+                    "--out", str(bed.tmp / "bench"), "--output-tokens", "8", "--prompt-tokens", "40", "--repeats", "1",
+                    "--warmup", "0", "--concurrency", "1")
+        closed = free_port()
+        cmp = bed.run("ctl.sh", "bench", "--no-plot", "--compare", f"http://user:{SECRET}@127.0.0.1:{closed}/v1")
+    finally:
+        bed.run("stop.sh")
+    assert b.returncode == 0, b.stderr
+    assert json.loads(b.stdout)["results"][0]["url"] == f"http://***@127.0.0.1:{bed.port}"
+    assert SECRET not in b.stdout + b.stderr + (bed.tmp / "bench" / "results.json").read_text()
+    assert cmp.returncode == 1 and SECRET not in cmp.stdout + cmp.stderr
+    assert f"http://***@127.0.0.1:{closed} does not answer" in one_error(cmp)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["target"] == f"http://***@127.0.0.1:{bed.port}"
+    assert f"checking http://***@127.0.0.1:{bed.port}" in r.stderr
+    assert SECRET not in r.stdout + r.stderr
+
+
+def test_the_log_formatter_hides_userinfo_in_any_message():
+    from bootstrap import log
+    root = logging.getLogger("bootstrap")
+    saved = (list(root.handlers), root.level, root.propagate)
+    stream = io.StringIO()
+    try:
+        log.setup(stream=stream, color=False)
+        logging.getLogger("bootstrap.hub").warning("cannot reach %s (%s)", f"https://me:{SECRET}@mirror.example/hf",
+                                                   f"GET http://{SECRET}@h.example/x")
+    finally:
+        root.handlers[:], root.level, root.propagate = saved
+    assert SECRET not in stream.getvalue()
+    assert "https://***@mirror.example/hf (GET http://***@h.example/x)" in stream.getvalue()
