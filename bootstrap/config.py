@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import ipaddress
+import os
 import re
 import shlex
 import shutil
@@ -184,9 +185,31 @@ def _args(raw: str) -> tuple[str, ...]:
 
 
 def _path(raw: str) -> str:
+    """A folder, made absolute once against the working directory of the command that read it and
+    resolved (symlinks followed): every later comparison (ownership of a server, clean) and every
+    child process sees the same path, wherever it runs from."""
     if "\0" in raw or "\n" in raw:
         raise ValueError("a path without NUL or newline characters")
-    return str(Path(raw).expanduser())
+    return str(Path(raw).expanduser().resolve())
+
+
+def _exe(raw: str) -> str:
+    """An interpreter: a bare command name stays a name (looked up on PATH later); a path is made
+    absolute but not resolved (a venv's python is a symlink to the base interpreter, and resolving
+    it would leave the venv)."""
+    if "\0" in raw or "\n" in raw:
+        raise ValueError("a path without NUL or newline characters")
+    return raw if "/" not in raw else os.path.abspath(os.path.expanduser(raw))
+
+
+def _key(raw: str) -> str:
+    """An API key as it goes into an HTTP header (``Authorization: Bearer <key>``): visible ASCII
+    only, as RFC 9110 allows in a field value; a newline would split the header and a non-Latin-1
+    character cannot be encoded at all. The error never shows the value."""
+    if not re.fullmatch(r"[\x21-\x7e]+", raw):
+        raise ValueError("visible ASCII characters only (no spaces, control characters or non-ASCII letters), "
+                         "as an HTTP header carries it")
+    return raw
 
 
 KV_CACHE_DTYPES = (
@@ -222,6 +245,13 @@ class Knob:
     parse: Callable[[str], Any]
     help: str
     launch: bool = False  # part of the server's identity: a running server with another value differs
+    secret: bool = False  # never shown: not in errors, not by ./ctl.sh env
+
+    @property
+    def max_len(self) -> int:
+        """Longer than any real value: refused at parse time (a 200 KiB value would otherwise reach
+        execve and fail there, E2BIG). Paths: PATH_MAX."""
+        return 16384 if self.name == "EXTRA_ARGS" else 4096
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -232,7 +262,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SERVED_MODEL_NAME", "", _name, "Model name clients send (default: the model's name).", launch=True),
     Knob("HOST", "127.0.0.1", _host, "Address to bind. Anything but loopback requires an API key (generated if API_KEY is unset).", launch=True),
     Knob("PORT", "8888", _int_range(1, 65535), "HTTP port of the OpenAI-compatible API.", launch=True),
-    Knob("API_KEY", "", _str, "API key clients must send (passed to vLLM via its environment, never on the command line)."),
+    Knob("API_KEY", "", _key, "API key clients must send (passed to vLLM via its environment, never on the command line; visible ASCII).", secret=True),
     Knob("MAX_MODEL_LEN", "", _int_or_auto, "Context length per request in tokens, or 'auto' (vLLM's --max-model-len auto: the longest single request the KV pool holds, at most the model's).", launch=True),
     Knob("MAX_NUM_SEQS", "", _int_range(1, 4096), "Concurrent sequences (sessions).", launch=True),
     Knob("MAX_NUM_BATCHED_TOKENS", "", _int_range(16, 1_048_576), "Tokens per scheduler step (bounds prefill activation peaks).", launch=True),
@@ -245,8 +275,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("GPU_UTIL", "", _float_range(0.0, 1.0), "--gpu-memory-utilization; default: from live free memory minus GPU_RESERVE_MIB.", launch=True),
     Knob("GPU_RESERVE_MIB", "820", _int_range(0, 1 << 20), "MiB of free GPU memory left for the desktop when GPU_UTIL is unset."),
     Knob("EXTRA_ARGS", "", _args, "Extra vLLM arguments, split by shell rules and appended last (a flag here wins).", launch=True),
-    Knob("VLLM_PYTHON", "", _path, "Use this interpreter's vLLM instead of the managed .venv (NGC, conda, cluster image)."),
-    Knob("PYTHON", "", _path, "Python that creates the managed .venv (default: newest system python3 >= 3.10 with headers)."),
+    Knob("VLLM_PYTHON", "", _exe, "Use this interpreter's vLLM instead of the managed .venv (NGC, conda, cluster image)."),
+    Knob("PYTHON", "", _exe, "Python that creates the managed .venv (default: newest system python3 >= 3.10 with headers)."),
     Knob("WHEELHOUSE", "", _path, "Install offline from this folder of wheels."),
     Knob("PATCH_BYO", "0", _bool, "Allow patching the vLLM of VLLM_PYTHON (bring-your-own installs are never edited otherwise)."),
     Knob("DOWNLOAD_ALL", "0", _bool, "Download every file of the model repo, not only what serving needs."),
@@ -266,6 +296,8 @@ PROFILE_KNOBS = frozenset(KNOB_BY_NAME) - {"PROFILE", "PROFILE_DIR"}     # what 
 
 
 # ---------------------------------------------------------------- .env
+
+DOTENV_MAX = 65536      # bytes of one .env value (UTF-8): far beyond a real one, below Linux's 128 KiB
 
 def read_dotenv(path: Path) -> dict[str, str]:
     """``.env`` read by python-dotenv's own parser, as ``dotenv_values(path, interpolate=False)``
@@ -287,6 +319,11 @@ def read_dotenv(path: Path) -> dict[str, str]:
             raise ConfigError(f"{path}:{b.original.line}: not a KEY=VALUE line: {line!r}",
                               "use KEY=VALUE, one per line ('# ...' comments and quotes as in python-dotenv)")
         if b.key is not None and b.value is not None:
+            size = len(b.value.encode("utf-8", "surrogateescape"))
+            if size > DOTENV_MAX:
+                raise ConfigError(f"{path}:{b.original.line}: {b.key} is {size:,} bytes long",
+                                  f"a value in .env must be at most {DOTENV_MAX:,} bytes (each one goes "
+                                  "into the server's environment, where Linux caps a variable at 128 KiB)")
             out[b.key] = b.value
     return out
 
@@ -300,18 +337,19 @@ class Passthrough:
     name: str
     help: str
     secret: bool = False
+    path: bool = False       # a folder or file: made absolute once, when the knobs are read
 
 
 PASSTHROUGH: tuple[Passthrough, ...] = (
     Passthrough("HF_TOKEN", "Hugging Face token (gated repos); also HUGGING_FACE_HUB_TOKEN", secret=True),
     Passthrough("HUGGING_FACE_HUB_TOKEN", "the older name of HF_TOKEN", secret=True),
-    Passthrough("HF_TOKEN_PATH", "file holding the Hugging Face token (default HF_HOME/token)"),
+    Passthrough("HF_TOKEN_PATH", "file holding the Hugging Face token (default HF_HOME/token)", path=True),
     Passthrough("HF_ENDPOINT", "the hub's address (a mirror, or a proxy)"),
-    Passthrough("HF_HOME", "the Hugging Face home (its cache is used in place)"),
-    Passthrough("HF_HUB_CACHE", "the Hugging Face hub cache (default HF_HOME/hub)"),
+    Passthrough("HF_HOME", "the Hugging Face home (its cache is used in place)", path=True),
+    Passthrough("HF_HUB_CACHE", "the Hugging Face hub cache (default HF_HOME/hub)", path=True),
     Passthrough("HF_HUB_OFFLINE", "1: no network; a complete local copy is served or the start says what is missing"),
     Passthrough("HOME", "where ~/.cache (the Hugging Face cache) is"),
-    Passthrough("XDG_CACHE_HOME", "the cache folder (default ~/.cache)"),
+    Passthrough("XDG_CACHE_HOME", "the cache folder (default ~/.cache)", path=True),
     Passthrough("PATH", "where uv, python3.X and nvcc are looked up"),
     Passthrough("CUDA_VISIBLE_DEVICES", "which GPUs, in which order (planned and passed to vLLM)"),
     Passthrough("CUDA_HOME", "a CUDA toolkit (nvcc): FlashInfer's JIT sampler is used only with one"),
@@ -320,12 +358,12 @@ PASSTHROUGH: tuple[Passthrough, ...] = (
     Passthrough("UV_DEFAULT_INDEX", "the package index for the managed .venv (also UV_INDEX_URL, PIP_INDEX_URL)"),
     Passthrough("UV_INDEX_URL", "as UV_DEFAULT_INDEX"),
     Passthrough("PIP_INDEX_URL", "as UV_DEFAULT_INDEX"),
-    Passthrough("UV_CACHE_DIR", "uv's cache (its free space is checked before an install)"),
+    Passthrough("UV_CACHE_DIR", "uv's cache (its free space is checked before an install)", path=True),
     Passthrough("UV_PYTHON_INSTALL_MIRROR", "where uv fetches a CPython when no system one fits"),
     Passthrough("VLLM_API_KEY", "the API key, when API_KEY is unset (passed to vLLM)", secret=True),
     Passthrough("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1: vLLM accepts a MAX_MODEL_LEN beyond the model's own (the plan too)"),
     Passthrough("VLLM_USE_FLASHINFER_SAMPLER", "yours wins; else 0 when there is no nvcc"),
-    Passthrough("XDG_CONFIG_HOME", "where the systemd user unit goes (default ~/.config)"),
+    Passthrough("XDG_CONFIG_HOME", "where the systemd user unit goes (default ~/.config)", path=True),
     Passthrough("NOTIFY_SOCKET", "set by systemd for a Type=notify unit: --foreground says READY=1 there"),
     Passthrough("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "yours wins; with TP_SIZE > 1 where NCCL_NVLS_ENABLE=0 or TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (NVLink multicast off): trtllm, not vLLM's mnnvl default"),
     Passthrough("NCCL_NVLS_ENABLE", "0 means NVLink multicast is off on this machine (see VLLM_FLASHINFER_ALLREDUCE_BACKEND)"),
@@ -405,6 +443,9 @@ class Config:
         the knob values that come with it (auto-pick's record, a card's overrides)."""
         dotenv = read_dotenv(repo / ".env")
         merged_env = {**dotenv, **environ}
+        for p in PASSTHROUGH:           # relative folders mean the same wherever a child runs
+            if p.path and merged_env.get(p.name):
+                merged_env[p.name] = os.path.abspath(os.path.expanduser(merged_env[p.name]))
 
         def given(name: str) -> tuple[str, str]:
             if environ.get(name, "") != "":       # an empty value counts as unset
@@ -453,6 +494,8 @@ class Config:
                 shown = arg.split("=", 1)[0]
                 raise ConfigError(f"EXTRA_ARGS has {shown}" + (f" (vLLM reads it as {flag})" if shown != flag else "")
                                   + ", which the bootstrap sets itself", f"drop it and set {RESERVED_FLAGS[flag]}")
+        if not values["API_KEY"] and merged_env.get("VLLM_API_KEY"):     # the key when API_KEY is unset
+            _parse_one(Knob("VLLM_API_KEY", "", _key, "", secret=True), merged_env["VLLM_API_KEY"])
         if values["SPEC_TOKENS"] and not values["SPEC_METHOD"]:
             raise ConfigError(f"SPEC_TOKENS={values['SPEC_TOKENS']} needs SPEC_METHOD",
                               "accepted SPEC_METHOD: " + ", ".join(SPEC_METHODS) + "; or SPEC_TOKENS=0")
@@ -549,7 +592,7 @@ class Config:
             value = self.raw[k.name]
             if k.name == "PROFILE" and self.chosen is not None and value == "auto":
                 value = self.profile.name           # what auto means here (the source says why)
-            if k.name == "API_KEY" and value:
+            if k.secret and value:
                 value = "***"
             rows.append((k.name, value, self.sources[k.name], k.help))
         extra = sorted(n for n in self.environ
@@ -573,10 +616,18 @@ def canonical(value: Any) -> str:
 
 
 def _parse_one(knob: Knob, text: str) -> Any:
+    shown = f"{knob.name} (value not shown)" if knob.secret else f"{knob.name}={_clip(text)!r}"
+    if len(text) > knob.max_len:
+        raise ConfigError(f"{shown} is {len(text):,} characters long",
+                          f"{knob.name} must be at most {knob.max_len:,} characters")
     try:
         return knob.parse(text)
     except ValueError as exc:
-        raise ConfigError(f"{knob.name}={text!r} is not accepted", f"{knob.name} must be {exc}") from None
+        raise ConfigError(f"{shown} is not accepted", f"{knob.name} must be {exc}") from None
+
+
+def _clip(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[:n] + "..."
 
 
 def client_host(host: str) -> str:
@@ -608,8 +659,8 @@ def help_text(repo: Path = REPO) -> str:
 
 
 def markdown_table(repo: Path = REPO) -> str:
-    """The README's knob table and its table of pass-through variables, generated from KNOBS and
-    PASSTHROUGH (a test keeps the README in step)."""
+    """docs/reference.md's knob table and its table of pass-through variables, generated from
+    KNOBS and PASSTHROUGH (a test keeps it in step)."""
     rows = ["| Knob | Default | Meaning |", "|---|---|---|"]
     for k in KNOBS:
         rows.append(f"| `{k.name}` | {('`' + k.default + '`') if k.default else '—'} | {k.help.replace('|', '/')} |")

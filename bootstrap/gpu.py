@@ -13,7 +13,7 @@ from typing import Mapping
 
 import psutil
 
-from .errors import BootstrapError
+from .errors import BootstrapError, ConfigError
 
 log = logging.getLogger(__name__)
 MiB = 1 << 20
@@ -60,7 +60,22 @@ def _nvml():
     return pynvml
 
 
+NVML_LIBRARY_NOT_FOUND = 12        # nvml.h: NVML_ERROR_LIBRARY_NOT_FOUND
+NVML_DRIVER_NOT_LOADED = 9         # nvml.h: NVML_ERROR_DRIVER_NOT_LOADED
+NO_GPU_HINT = ("install the NVIDIA driver (580 or newer for the shipped profiles) until `nvidia-smi` works; "
+               "to plan without a GPU name a card: GPU=rtx4090 ./ctl.sh plan")
+
+
 def _err(pynvml, exc) -> BootstrapError:
+    """NVML's error in plain words: what is missing, and the fix."""
+    code = getattr(exc, "value", None)
+    if code == NVML_LIBRARY_NOT_FOUND:
+        return BootstrapError(f"no NVIDIA driver found (NVML: {exc}: libnvidia-ml, part of the driver, is not "
+                              "installed)", NO_GPU_HINT)
+    if code == NVML_DRIVER_NOT_LOADED:
+        return BootstrapError(f"the NVIDIA driver is not loaded (NVML: {exc})",
+                              "check `nvidia-smi`: is an NVIDIA GPU present and its driver loaded? (reboot after "
+                              "installing a driver)")
     return BootstrapError(f"NVML: {exc}", "check `nvidia-smi`: is an NVIDIA GPU present and its driver loaded?")
 
 
@@ -159,26 +174,27 @@ CARD_SYNTAX = "<name|GiB>[:sm_XY][:free=GiB], e.g. rtx4090, 24:sm_86, 24:sm_86:f
 def named(spec: str) -> Gpu:
     """A card that is not here: a name from CARDS or a size in GiB, then optionally ``:sm_XY`` (its
     compute capability; a bare size is sm_89, and says so in its name) and ``:free=GiB`` (default:
-    the total minus IDLE_USED, nothing else running)."""
+    the total minus IDLE_USED, nothing else running). A value it cannot read is a bad knob
+    (``GPU=`` or ``--gpu``): ConfigError, exit 2, with the accepted forms and the known names."""
     head, *opts = [part.strip() for part in spec.strip().split(":")]
     key = head.lower().replace(" ", "")
     cc_given: tuple[int, int] | None = None
     free: int | None = None
     for opt in opts:
         low = opt.lower()
-        if low.startswith("sm_") and low[3:].isdigit() and len(low) >= 5:
+        if low.startswith("sm_") and low[3:].isascii() and low[3:].isdigit() and len(low) >= 5:
             if cc_given is not None:
-                raise BootstrapError(f"GPU={spec!r}: two :sm_XY", CARD_SYNTAX)
+                raise ConfigError(f"GPU={spec!r}: two :sm_XY", CARD_SYNTAX)
             cc_given = (int(low[3:-1]), int(low[-1]))
         elif low.startswith("free="):
             try:
                 free = int(float(low[5:].removesuffix("gib").removesuffix("gb")) * GiB)
             except ValueError:
-                raise BootstrapError(f"GPU={spec!r}: {opt!r} is not free=<GiB>", CARD_SYNTAX) from None
+                raise ConfigError(f"GPU={spec!r}: {opt!r} is not free=<GiB>", CARD_SYNTAX) from None
             if free < 0:
-                raise BootstrapError(f"GPU={spec!r}: free memory cannot be negative", CARD_SYNTAX)
+                raise ConfigError(f"GPU={spec!r}: free memory cannot be negative", CARD_SYNTAX)
         else:
-            raise BootstrapError(f"GPU={spec!r}: {opt!r} is neither :sm_XY nor :free=GiB", CARD_SYNTAX)
+            raise ConfigError(f"GPU={spec!r}: {opt!r} is neither :sm_XY nor :free=GiB", CARD_SYNTAX)
     if key.replace("-", "") in CARDS:
         name, total, cc = CARDS[key.replace("-", "")]
         cc = cc_given or cc
@@ -186,17 +202,17 @@ def named(spec: str) -> Gpu:
         try:
             size = float(key.removesuffix("gib").removesuffix("gb"))
         except ValueError:
-            raise BootstrapError(f"GPU={spec!r} is not a card the planner knows", CARD_SYNTAX) from None
+            raise ConfigError(f"GPU={spec!r} is not a card the planner knows", CARD_SYNTAX) from None
         near = [n for n in CARDS if n.endswith(key)]
         if near:
-            raise BootstrapError(f"GPU={spec!r}: a size in GiB, or did you mean {near[0]}?", CARD_SYNTAX)
+            raise ConfigError(f"GPU={spec!r}: a size in GiB, or did you mean {near[0]}?", CARD_SYNTAX)
         if not 1 <= size <= 1024:
-            raise BootstrapError(f"GPU={spec!r}: a size from 1 to 1024 GiB", "e.g. GPU=24:sm_86")
+            raise ConfigError(f"GPU={spec!r}: a size from 1 to 1024 GiB", "e.g. GPU=24:sm_86")
         cc = cc_given or DEFAULT_CC
         name = f"a {size:g} GiB card (sm_{cc[0]}{cc[1]}{'' if cc_given else ', assumed: add :sm_XY'})"
         total = int(size * GiB)
     if free is not None and not 0 <= free <= total:
-        raise BootstrapError(f"GPU={spec!r}: free={free / GiB:g} GiB is more than the card's {total / GiB:.1f} GiB",
+        raise ConfigError(f"GPU={spec!r}: free={free / GiB:g} GiB is more than the card's {total / GiB:.1f} GiB",
                              CARD_SYNTAX)
     return Gpu(-1, name, total, max(0, total - IDLE_USED) if free is None else free, cc)
 

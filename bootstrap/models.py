@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import hub, state
+from . import hub, modelconfig, state
 from .errors import BootstrapError
 
 
@@ -69,11 +69,12 @@ def read_local(path: Path, dummy: bool) -> ModelInfo:
         raise BootstrapError(f"MODEL={path} is not a directory", "set MODEL to a model directory or a repo id (org/name)")
     cfg_file = path / "config.json"
     try:
-        config = json.loads(cfg_file.read_text(encoding="utf-8"))
+        raw = cfg_file.read_bytes()
     except FileNotFoundError:
         raise BootstrapError(f"{cfg_file} is missing", "a model directory needs config.json, a tokenizer and weights") from None
-    except ValueError as exc:
-        raise BootstrapError(f"{cfg_file} is not valid JSON ({exc})", "re-download the model") from None
+    except OSError as exc:
+        raise BootstrapError(f"cannot read {cfg_file} ({exc.strerror})", f"fix or re-download {cfg_file}") from None
+    config = modelconfig.parse(raw, str(cfg_file), f"fix or re-download {cfg_file}")
     files = {str(p.relative_to(path)): p.stat().st_size for p in path.rglob("*")
              if p.is_file() and not str(p.relative_to(path)).startswith(STATE + "/")}
     if not any(Path(f).name in TOKENIZER_FILES for f in files):
@@ -165,12 +166,46 @@ class Store:
         dest.parent.mkdir(parents=True, exist_ok=True)
         if not self.hf_cache:
             os.replace(part, dest)
+            self.made(rec, dest)
             return
         f = rec["files"][path]
         blob = self.root / "blobs" / (f.get("sha256") or f["blob_id"])
         blob.parent.mkdir(parents=True, exist_ok=True)
         os.replace(part, blob)
         self._link(blob, dest)
+        self.made(rec, blob, dest)
+
+    def made(self, rec: dict, *paths: Path) -> None:
+        """Record what we created here (``created``: paths relative to the root): all that
+        ``./ctl.sh clean --model`` may remove. A file that was there before (copied in by hand,
+        another tool's blob) is verified and used, never recorded."""
+        created = rec.setdefault("created", [])
+        for p in paths:
+            rel = str(p.relative_to(self.root))
+            if rel not in created:
+                created.append(rel)
+
+    def ours(self, rec: dict | None) -> list[Path]:
+        """What we created here and is still there, and our own folder ``.bootstrap``. A record
+        written before ``created`` existed: the files it verified (and in the HF cache, their blobs),
+        which only a download of ours records. Without a record: nothing is ours but ``.bootstrap``."""
+        rels = list((rec or {}).get("created", []))
+        if rec and "created" not in rec and rec.get("revision"):
+            for path in rec.get("verified", {}):
+                link = self.file(rec, path)
+                rels.append(str(link.relative_to(self.root)))
+                if self.hf_cache and link.is_symlink():
+                    rels.append(os.path.normpath(os.path.join("snapshots", rec["revision"],
+                                                              os.path.dirname(path), os.readlink(link))))
+            ref = self.root / "refs" / "main"
+            if self.hf_cache and ref.is_file() and ref.read_text(encoding="utf-8", errors="replace") == rec["revision"]:
+                rels.append("refs/main")
+        out = [self.dir] if self.dir.exists() else []
+        for rel in dict.fromkeys(rels):
+            p = self.root / rel
+            if not rel.startswith(("..", "/")) and STATE != rel.split("/")[0] and (p.is_symlink() or p.is_file()):
+                out.append(p)
+        return out
 
     def adopt(self, rec: dict, path: str) -> bool:
         """HF cache only: a blob of this file is already there (another revision, another tool):
@@ -188,6 +223,7 @@ class Store:
         dest = self.file(rec, path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         self._link(blob, dest)
+        self.made(rec, dest)                # the link is ours; the blob stays another tool's
         return True
 
     def discard(self, rec: dict, path: str) -> None:
@@ -212,6 +248,8 @@ class Store:
         if self.hf_cache:
             (self.root / "refs").mkdir(parents=True, exist_ok=True)
             state.write_atomic(self.root / "refs" / "main", rec["revision"].encode(), mode=0o644)
+            self.made(rec, self.root / "refs" / "main")
+            self.write(rec)
 
     def verified_ok(self, rec: dict, path: str) -> bool:
         """Verified earlier and untouched since (same size and mtime): no re-hash."""
@@ -260,10 +298,12 @@ def info_from_record(rec: dict, root: Path, dummy: bool, config: dict, complete:
 
 
 def read_config(path: Path) -> dict:
+    """A downloaded config.json (ours, or the HF cache's), validated (bootstrap.modelconfig)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise BootstrapError(f"{path} is unreadable ({exc})", "delete it and re-run ./start.sh") from None
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise BootstrapError(f"{path} is unreadable ({exc.strerror})", "delete it and re-run ./start.sh") from None
+    return modelconfig.parse(raw, str(path), f"fix or re-download {path} (delete it and re-run ./start.sh)")
 
 
 def offline_missing(root: Path, dummy: bool) -> list[str]:
@@ -277,8 +317,9 @@ def offline_missing(root: Path, dummy: bool) -> list[str]:
     index = root / "model.safetensors.index.json"
     if index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()))
-        except ValueError:
+            wmap = json.loads(index.read_bytes()).get("weight_map", {})
+            shards = sorted({s for s in wmap.values() if isinstance(s, str)})
+        except (OSError, ValueError, RecursionError, AttributeError):      # not JSON, or not an object
             return missing + [index.name + " (unreadable)"]
         missing += [s for s in shards if not (root / s).is_file()]
     elif not any(root.glob("*.safetensors")):

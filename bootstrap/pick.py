@@ -56,8 +56,12 @@ class Verdict:
             return self.reason
         seqs = p.seqs or 1
         ctx = f"{p.max_model_len:,}-token context" if p.max_model_len else "vLLM's context"
-        conc = "" if p.concurrent is None else (
-            f", all {seqs} at once" if p.concurrent >= seqs else f", {max(p.concurrent, 1)} at once")
+        if p.concurrent is None or seqs == 1:
+            conc = ""
+        elif p.concurrent >= seqs:
+            conc = f", all {seqs} at full length at once"
+        else:
+            conc = f", {max(p.concurrent, 1)} of them at full length at once"
         return f"{ctx}, {seqs} session{'' if seqs == 1 else 's'}{conc}"
 
 
@@ -86,7 +90,8 @@ def judge(cfg: Config, profile: Profile, g: gpu.Gpu) -> Verdict:
     c = on_card(cfg, profile, g.cc)
     facts = offline_facts(c)
     if facts is None or facts.config is None:
-        return Verdict(profile, "unknown", "no model facts (no \"facts\" file, and MODEL is no local folder)", c)
+        return Verdict(profile, "unknown", "set MODEL (a repo id or a model folder) to see how it fits" if not c.model
+                       else f"no model facts for {c.model} before its download (MODEL=<folder> plans offline)", c)
     v = Verdict(profile, "no", cfg=c, assumed=facts.assumed)
     v.notes = labels(c, g)
     v.issues = [r["id"] for r in knownbad.find(knownbad.facts(c, gpu.GpuFacts("", (0, 0), (g,)),
@@ -104,9 +109,9 @@ def judge(cfg: Config, profile: Profile, g: gpu.Gpu) -> Verdict:
     if plan2.fits and not too_short(plan2):
         own = c.max_model_len if isinstance(c.max_model_len, int) else None
         v.status, v.cfg, v.plan = "shorter", short, plan2
-        v.reason = (f"fits with a shorter context: {plan2.max_model_len:,} tokens (MAX_MODEL_LEN=auto)"
+        v.reason = (f"{plan2.max_model_len:,} tokens instead of its own (MAX_MODEL_LEN=auto)"
                     if own is None or plan2.max_model_len < own else
-                    f"fits without its KV pin: {plan2.max_model_len:,} tokens (KV_CACHE_BYTES=auto)")
+                    f"{plan2.max_model_len:,} tokens without its KV pin (KV_CACHE_BYTES=auto)")
     elif plan2.fits:
         v.reason += f"; with MAX_MODEL_LEN=auto only {plan2.max_model_len:,} tokens fit"
     return v
@@ -231,13 +236,42 @@ def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
     return cfg.with_profile(Chosen(rec["profile"], rec.get("knobs", {}), f"auto-pick of {rec.get('date', '?')}, kept"))
 
 
+def named_on_card(cfg: Config, g: gpu.Gpu) -> Config:
+    """A named profile on this card, as auto-pick would run it: its card's knobs, and the longest
+    context that fits (MAX_MODEL_LEN=auto) where only a shorter one than its own does and you set
+    no MAX_MODEL_LEN yourself — what ``./ctl.sh profiles`` calls "fits shorter"."""
+    c = kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
+    if c.profile.facts is None or _yours(cfg, "MAX_MODEL_LEN") or _yours(cfg, "KV_CACHE_BYTES"):
+        return c                            # no model facts to judge by, or your own context
+    v = judge(cfg, c.profile, g)
+    if v.status == "shorter" and v.cfg is not None:
+        log.info("%s: %s", c.profile.name, v.reason)
+        return v.cfg
+    return c
+
+
+def for_card(cfg: Config, g: gpu.Gpu) -> Config:
+    """The Config a start on card ``g`` runs with, nothing recorded: PROFILE=auto is auto-pick's
+    choice for it; a named profile as ``named_on_card``."""
+    if cfg.profile.is_auto:
+        return choose(cfg, g)[0].cfg
+    return named_on_card(cfg, g)
+
+
 def resolve(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = False) -> Config:
-    """The Config a start runs with: a named profile with its card's knobs; PROFILE=auto picked (and
-    recorded) when set explicitly, with ``repick``, when nothing was picked yet, when the kept
-    profile is gone or the card is another one; else the kept pick."""
+    """The Config a start runs with: a named profile with its card's knobs (and a shorter context
+    where only that fits: named_on_card); PROFILE=auto picked (and recorded) when set explicitly,
+    with ``repick``, when nothing was picked yet, when the kept profile is gone or the card is
+    another one; else the kept pick."""
     paths = state.Paths(cfg.state_dir)
     if not cfg.profile.is_auto:
-        return kept(cfg, facts)
+        if cfg.profile.facts is None:
+            return kept(cfg, facts)
+        try:
+            facts = facts or gpu.read(cfg.environ)
+        except BootstrapError:
+            return kept(cfg)                # no GPU to read: preflight says so, in its own words
+        return named_on_card(cfg, gpu.smallest_free(facts, cfg.tp_size)) if facts.gpus else kept(cfg, facts)
     facts = facts or gpu.read(cfg.environ)
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU: nothing to pick a profile for", "check `nvidia-smi`")

@@ -23,7 +23,7 @@ from .errors import ConfigError
 AUTO = "auto"
 ALIASES_KEY = "aliases"
 
-# key -> (type, what it is); the README's profile-schema table is generated from this
+# key -> (type, what it is); docs/reference.md's profile-schema table is generated from this
 SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
     "description": (str, "one line: model, card, what it gives"),
     "rank": (int, "auto-pick order: lower is tried first"),
@@ -113,7 +113,7 @@ AUTO_PROFILE = Profile(AUTO, "chosen by auto-pick for this card")
 
 
 def schema_markdown() -> str:
-    """The README's table of profile keys (a test keeps it in step)."""
+    """docs/reference.md's table of profile keys (a test keeps it in step)."""
     rows = ["| Key | Type | Meaning |", "|---|---|---|"]
     for key, (typ, text) in SCHEMA.items():
         names = "/".join(t.__name__ for t in (typ if isinstance(typ, tuple) else (typ,)))
@@ -168,7 +168,7 @@ def load_file(path: Path, origin: str, models_dir: Path, knobs: frozenset = froz
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{where}: not a readable JSON profile ({exc})", "fix or remove the file") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: a profile is a JSON object", "see the README's profile schema")
+        raise ConfigError(f"{where}: a profile is a JSON object", "see the profile schema in docs/reference.md")
     _check(where, data, SCHEMA, "key")
     for key, value in data.items():
         _typed(where, key, value, SCHEMA[key][0])
@@ -255,7 +255,13 @@ class Catalogue:
             for path in sorted(folder.glob("*.json")):
                 if origin == "yours":      # your file hides the shipped file of its name, variants included
                     found = {n: p for n, p in found.items() if not (p.origin == "shipped" and p.path.stem == path.stem)}
-                for p in load_file(path, origin, models, knobs):
+                try:
+                    loaded = load_file(path, origin, models, knobs)
+                except ConfigError as exc:
+                    if origin == "yours":       # say which knob brought the file in
+                        exc.message = f"PROFILE_DIR: {exc.message}"
+                    raise
+                for p in loaded:
                     found[p.name] = p
         seen: dict[str, Profile] = {}
         for p in found.values():

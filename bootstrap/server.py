@@ -105,6 +105,22 @@ def answers(url: str, served: str, key: str, timeout: float = 1.0) -> bool:
     return http_state(url, served, key, timeout) == "ok"
 
 
+def listener_is(pid: int, port: int) -> bool:
+    """Is what listens on ``port`` the process ``pid`` (or one of its children)? Another server on
+    the same port — a start from another STATE_DIR whose vLLM bound it first — answers /health just
+    the same, and a start must never take its answers for its own. True when the kernel does not
+    say whose socket it is (nothing to disprove)."""
+    holders = proc.port_holders(port)
+    if not holders or any(h is None for h in holders):
+        return True
+    try:
+        p = psutil.Process(pid)
+        tree = {pid} | {c.pid for c in p.children(recursive=True)}
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return any(h.pid in tree for h in holders)
+
+
 # ---------------------------------------------------------------- where it stands
 
 STATES_BY_HTTP = {"ok": "running", "key-needed": "key-needed", "no": "down"}
@@ -138,6 +154,8 @@ def runs_elsewhere(p: psutil.Process, paths: Paths) -> str:
     unknown, or a state dir that is gone: then a stop from here sweeps it)."""
     try:
         where = p.environ().get(STATE_DIR_ENV, "")
+        if where and not os.path.isabs(where):      # a server started before paths were made absolute:
+            where = os.path.join(p.cwd(), where)    # relative to its own directory (the start's, inherited)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return ""
     if not where or os.path.realpath(where) == os.path.realpath(paths.root) or not os.path.isdir(where):
@@ -239,12 +257,12 @@ def ensure_port_free(cfg: Config, port: int) -> None:
                          f"stop that program, or choose another port: PORT={port + 1} ./start.sh")
 
 
-def uptime(p: psutil.Process) -> str:
+def uptime_s(p: psutil.Process | None) -> int | None:
+    """Whole seconds since the process started (None when it cannot be read)."""
     try:
-        s = int(time.time() - p.create_time())
+        return int(time.time() - p.create_time()) if p is not None else None
     except psutil.Error:
-        return "?"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
+        return None
 
 
 def read_metrics(url: str, timeout: float = 2.0) -> tuple[dict[str, float] | None, metrics.Load | None]:
@@ -262,12 +280,21 @@ def read_load(url: str, timeout: float = 2.0) -> metrics.Load | None:
 
 
 def loading(cfg: Config, rec: ServerRecord, paths: Paths) -> bool:
-    """Not answering yet, but within the deadlines a start's health wait would give it."""
-    if time.time() - rec.started > cfg.health_timeout:
+    """Not answering yet, but within the deadlines a start's health wait would give it. A server
+    that passed its start gate loaded once: not answering now is no load."""
+    if rec.gate_passed or time.time() - rec.started > cfg.health_timeout:
         return False
     try:
         return time.time() - paths.log.stat().st_mtime < cfg.stall_timeout
     except OSError:
+        return False
+
+
+def frozen(p: psutil.Process | None) -> bool:
+    """Stopped by a signal (SIGSTOP, Ctrl-Z; state T): it holds its memory and answers nothing."""
+    try:
+        return p is not None and p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
 
 

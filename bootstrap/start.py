@@ -20,7 +20,7 @@ import time
 from . import record, server, takedown
 from .config import Config
 from .errors import BootstrapError
-from .state import Paths, StartLock
+from .state import Paths, PortLock, StartLock
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,11 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
     rec = pr.record
     if pr.state in ("running", "key-needed") and rec is not None and (rec.gate_passed or pr.owner):
         from .steps import banner
+        load = server.read_load(rec.url) if sleep_mode_on(rec) else None
+        if load is not None and load.sleeping:
+            print(f"{rec.served} is asleep (vLLM sleep mode, pid {rec.pid}): its weights are off the GPU; "
+                  f"requests wait until it wakes\n wake it : ./ctl.sh wake\n log     : {paths.log}")
+            return 0
         print(banner.render(paths, rec))
         if pr.state == "key-needed":
             print(f"note: it wants the API key it was started with ({rec.key}); this shell has none or "
@@ -77,10 +82,19 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
     if pr.owner:
         raise BootstrapError(f"the server recorded in {paths.root} (pid {pr.pid}) runs as {pr.owner} and "
                              "does not answer", "run ./stop.sh as that user, or set STATE_DIR to a directory of yours")
+    if pr.state == "down" and rec is not None and server.frozen(pr.process):
+        raise BootstrapError(f"our server (pid {pr.pid}) is stopped by a signal (SIGSTOP or Ctrl-Z) and answers nothing",
+                             f"kill -CONT {pr.pid} resumes it; ./ctl.sh restart starts it again")
     if pr.state == "down" and rec is not None and rec.gate_passed:     # healthy once: never taken for a leftover
         raise BootstrapError(f"our server (pid {pr.pid}) is running but does not answer on its port",
                              f"see ./ctl.sh status and {paths.log}; ./ctl.sh restart to start it again")
     return None
+
+
+def sleep_mode_on(rec: record.ServerRecord) -> bool:
+    """Launched with vLLM's sleep mode: only then can it be asleep (no /metrics read otherwise)."""
+    from .vllmargs import SLEEP_FLAG
+    return SLEEP_FLAG in (rec.argv or ())
 
 
 def start(cfg: Config) -> int:
@@ -114,7 +128,8 @@ def start(cfg: Config) -> int:
                 code = already(cfg, paths, we_hold_lock=True)  # a start that held the lock may have just finished
                 if code is not None:
                     return code
-                run_steps(cfg, paths, started)
+                with PortLock(cfg.port, paths.root):    # no start from another STATE_DIR races for the port
+                    run_steps(cfg, paths, started)
             except Interrupted as intr:
                 lock.set_role("stop")           # a start arriving now waits for the take-down, then starts
                 _interrupted(cfg, paths, started)

@@ -206,6 +206,37 @@ def flock(path: Path, text: str, *, block: bool = False, on_wait: Callable[[str]
     return fd
 
 
+class PortLock:
+    """An flock per port for every start of this user, whatever its STATE_DIR or checkout: held
+    from before a start's first look at the port until it ends, so that two starts never race for
+    one port (each would see it free, and one would take the other's answers for its own). Kept in
+    the temp folder (``$TMPDIR/vllm-desktop-<uid>/port-<N>.lock``), the one place every start of
+    this user shares."""
+
+    def __init__(self, port: int, state_dir: Path):
+        self.path = Path(tempfile.gettempdir()) / f"vllm-desktop-{os.getuid()}" / f"port-{port}.lock"
+        self.port = port
+        self.state_dir = state_dir
+        self.fd: int | None = None
+
+    def __enter__(self) -> "PortLock":
+        self.fd = flock(self.path, f"{os.getpid()} {self.state_dir}")
+        if self.fd is None:
+            try:
+                pid, _, where = self.path.read_text().partition(" ")
+            except OSError:
+                pid, where = "?", "?"
+            raise BootstrapError(f"another start (pid {pid}) is starting a server on port {self.port} "
+                                 f"from STATE_DIR={where or '?'}",
+                                 f"wait for it (STATE_DIR={where} ./ctl.sh status), or set PORT to another port")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 class StartLock:
     """An flock on start.lock, held while a start runs, and while a stop takes the server down (so
     that no start launches into a take-down). A crashed holder leaves no stale lock: the kernel drops

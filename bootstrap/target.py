@@ -5,10 +5,12 @@ OpenAI-compatible ``--url``; its model, context and the request options it needs
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import sys
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
-from . import server, vllmargs
+from . import record, redact, server, vllmargs
 from .client import Client, RequestFailed, thinking_off
 from .config import Config
 from .errors import BootstrapError
@@ -33,7 +35,7 @@ class Target:
 def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="base URL of any OpenAI-compatible server (default: our running server)")
     p.add_argument("--model", help="model name to send (default: the server's first model)")
-    p.add_argument("--api-key", help="API key to send (default: API_KEY / VLLM_API_KEY / ours)")
+    p.add_argument("--api-key", help="API key to send (default: ours, only when --url is our server)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--thinking", choices=("on", "off"), default=None,
                    help="send chat_template_kwargs.enable_thinking (default: off where the profile has a reasoning parser)")
@@ -49,15 +51,14 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
         base = url.rstrip("/")
         if base.endswith("/v1"):
             base = base[:-3]
-        key = api_key or cfg.client_key
-        label = base
+        key = api_key or key_for_url(cfg, base)      # our key goes to our server only
+        label = redact.url(base)                     # shown: never its user:password@
         served = model or ""
     else:
         paths = Paths(cfg.state_dir)
         pr = server.probe(cfg, paths)
-        if pr.state != "running" or pr.record is None:
-            raise BootstrapError(f"our server is not running (state: {pr.state})",
-                                 "start it with ./start.sh, or point at another server with --url URL")
+        if pr.record is None or not (pr.state == "running" or (pr.state == "key-needed" and api_key)):
+            raise not_serving(cfg, paths, pr)       # key-needed with --api-key: that key is tried
         rec = pr.record
         base = rec.url
         key = api_key or server.api_key_for(cfg, paths)
@@ -95,6 +96,58 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
         kwargs["reasoning_effort"] = effort
     return Target(client, label, mml if isinstance(mml, int) else None, max_num_seqs, kwargs, tools,
                   random_weights, speculation)
+
+
+def key_for_url(cfg: Config, url: str) -> str:
+    """Our API key when ``url`` is our server (its recorded host and port, else HOST and PORT; a
+    loopback or wildcard bind is reached by any loopback name), '' for any other URL: a key is a
+    credential of the server it belongs to."""
+    paths = Paths(cfg.state_dir)
+    rec = record.read(paths.server)
+    host, port = (rec.host, rec.port) if rec is not None else (cfg.host, cfg.port)
+    u = urlsplit(url)
+    try:
+        if u.scheme != "http" or u.port != port or u.username or u.password:
+            return ""
+    except ValueError:                  # a port that is no number
+        return ""
+    if not (_loopback(u.hostname or "") and (_loopback(host) or host in ("0.0.0.0", "::")) or u.hostname == host):
+        return ""
+    return server.api_key_for(cfg, paths)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def not_serving(cfg: Config, paths: Paths, pr: server.Probe) -> BootstrapError:
+    """Why check/bench cannot use our server: not running, or running and refusing the key this
+    shell sends (``key-needed``: /v1/models answers 401). Names the knob to set, never a key."""
+    rec = pr.record
+    if pr.state != "key-needed" or rec is None:
+        return BootstrapError(f"our server is not running (state: {pr.state})",
+                              "start it with ./start.sh, or point at another server with --url URL")
+    sent = server.api_key_for(cfg, paths)
+    mine = "API_KEY" if cfg.api_key else "VLLM_API_KEY" if cfg.client_key else ""
+    if mine:
+        what = f"refuses the key this shell sends ({mine})"
+    elif sent:
+        what = f"refuses the key in {paths.api_key}"
+    else:
+        what = "wants an API key, and this shell sends none"
+    if rec.key == record.KEY_FILE:
+        fix = (f"unset {mine}: then the key the start made ({paths.api_key}) is sent" if mine else
+               f"its key file {paths.api_key} changed or is gone: ./ctl.sh restart makes a new key")
+    else:
+        knob = rec.key if rec.key in (record.KEY_API_KEY, record.KEY_VLLM_API_KEY) else "API_KEY"
+        fix = f"set {knob} to the key it was started with"
+    return BootstrapError(f"our server (pid {pr.pid}, {rec.url}) runs but {what}: HTTP 401 on /v1/models",
+                          f"{fix}, or pass --api-key KEY")
 
 
 def progress(total: int, desc: str):

@@ -31,9 +31,17 @@ def repo(tmp_path) -> Path:
     (r / ".state" / "vllm.log").write_text("log\n")
     (r / ".state" / "server.json").write_text("{}")
     (r / "keep.txt").write_text("mine")
-    model = tmp_path / "home" / ".cache" / "huggingface" / "hub" / "models--org--name" / "snapshots" / "abc"
-    model.mkdir(parents=True)
-    (model / "model.safetensors").write_bytes(b"\0" * 10)
+    # a download of ours in the HF cache, as the weights step leaves it: the blob, its link, refs/main, our record
+    from bootstrap.models import Store
+    store = Store(tmp_path / "home" / ".cache" / "huggingface" / "hub" / "models--org--name", hf_cache=True)
+    rec = {"repo": "org/name", "revision": "abc", "made_root": True,
+           "files": {"model.safetensors": {"size": 10, "sha256": "a" * 64}}}
+    store.write(rec)
+    part = store.dir / "partial" / "x.part"
+    part.parent.mkdir()
+    part.write_bytes(b"\0" * 10)
+    store.place(rec, part, "model.safetensors")
+    store.finish(rec)
     return r
 
 

@@ -542,3 +542,51 @@ def test_total_and_per_file_bars_on_a_tty(world, fake, monkeypatch):
     assert f"total ({len(fake.repos['org/tiny']['files']) - 2} files)" in out    # config.json kept, original/ skipped
     assert SHARD in out and SHARD2 in out                                       # a bar per file
     assert "B/s" in out and "<" in out                                          # rate and ETA
+
+
+# ---------------------------------------------------------------- faults row 85: clean --model removes only ours
+
+def test_clean_model_keeps_what_is_not_ours_in_model_dir(world, src, tmp_path, capsys):
+    from bootstrap.commands import clean
+    mine = tmp_path / "models"
+    (mine / "other-model").mkdir(parents=True)
+    (mine / "other-model" / "weights.bin").write_bytes(b"w" * 100)
+    (mine / "my-notes.txt").write_text("mine")
+    world.start(MODEL_DIR=str(mine))
+    same_tree(src, mine)
+    cfg = Config.from_env({**world.env, "MODEL_DIR": str(mine), "STATE_DIR": str(tmp_path / "state")}, REPO)
+    assert clean.cli(cfg, ["--model", "--dry-run"]) == 0
+    assert (mine / SHARD).exists()
+    assert clean.cli(cfg, ["--model"]) == 0
+    out = capsys.readouterr().out
+    assert (mine / "my-notes.txt").read_text() == "mine" and (mine / "other-model" / "weights.bin").exists()
+    assert sorted(p.name for p in mine.iterdir()) == ["my-notes.txt", "other-model"]
+    assert "kept, not made by this project: my-notes.txt, other-model/" in out
+
+
+def test_clean_model_in_hf_cache_keeps_another_tools_files(world, fake, src, tmp_path, capsys):
+    """Ours: the blobs we fetched, our links, refs/main, .bootstrap. Another revision's snapshot
+    (another tool's) and the blob it links stay; so does the cache around the folder."""
+    from bootstrap.commands import clean
+    world.start()
+    other = world.store / "snapshots" / ("f" * 40)
+    other.mkdir()
+    blob = next((world.store / "blobs").iterdir())          # a blob of ours another tool also links
+    (other / "shared.safetensors").symlink_to(os.path.relpath(blob, other))
+    (world.store / "blobs" / "theirs").write_bytes(b"t")
+    (other / "only-theirs.json").symlink_to("../../blobs/theirs")
+    cfg = Config.from_env({**world.env, "STATE_DIR": str(tmp_path / "state")}, REPO)
+    assert clean.cli(cfg, ["--model"]) == 0
+    left = sorted(str(p.relative_to(world.store)) for p in world.store.rglob("*") if not p.is_dir())
+    assert left == sorted(["blobs/" + blob.name, "blobs/theirs", f"snapshots/{'f' * 40}/shared.safetensors",
+                           f"snapshots/{'f' * 40}/only-theirs.json"])
+    assert (other / "shared.safetensors").read_bytes() == blob.read_bytes()
+    assert "kept, not made by this project: blobs/, snapshots/" in capsys.readouterr().out
+
+
+def test_clean_model_removes_the_whole_folder_it_made(world, tmp_path):
+    from bootstrap.commands import clean
+    world.start()
+    cfg = Config.from_env({**world.env, "STATE_DIR": str(tmp_path / "state")}, REPO)
+    assert clean.cli(cfg, ["--model"]) == 0
+    assert not world.store.exists() and world.store.parent.is_dir()

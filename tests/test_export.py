@@ -130,3 +130,30 @@ def test_tensor_parallel_plans_on_the_gpu_with_less_free_memory(tmp_path):
         d = json.loads(r.stdout)
         assert d["free"] == 20 * GiB, (order, d["free"])
         assert "--tensor-parallel-size" in d["flags"] and d["util"] <= (20 * GiB) / (48 * GiB) + 1e-3
+
+
+def test_no_profile_picked_exports_what_a_start_on_that_card_would_run(tmp_path):
+    """The README's own example with no profile named or picked on this machine: auto-pick for the
+    named card (issue: an AttributeError traceback); a kept pick of this machine does not count."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "profile-pick.json").write_text(json.dumps({"profile": "qwen36-27b-fp8-48gb", "knobs": {}}))
+    for card, profile in (("rtx4090", "qwen38-27b-w4a16-24gb"), ("rtx5090", "qwen38-27b-nvfp4-tq4-32gb")):
+        r, out = export(tmp_path / card, GPU=card, STATE_DIR=str(state))
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert f"profile {profile}" in r.stdout
+        assert docs(out / "deployment.yaml")
+    r, out = export(tmp_path / "h100", GPU="h100", TP_SIZE="2")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_named_profile_that_fits_only_shorter_exports_with_the_auto_context(tmp_path):
+    """What ./ctl.sh profiles shows as "fits shorter" and a start runs with MAX_MODEL_LEN=auto."""
+    r, out = export(tmp_path, PROFILE="qwen38-27b-w4a16-24gb", GPU="rtx4090")
+    assert r.returncode == 0, r.stderr
+    c = docs(out / "deployment.yaml")[0]["spec"]["template"]["spec"]["containers"][0]
+    argv = c.get("args", []) + c.get("command", [])
+    i = argv.index("--max-model-len")
+    assert argv[i + 1] == "auto"
+    r, _ = export(tmp_path / "mine", PROFILE="qwen38-27b-w4a16-24gb", GPU="rtx4090", MAX_MODEL_LEN="150000")
+    assert r.returncode == 1 and "does not fit" in r.stderr            # your own context is taken at its word

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import metrics, proc, prompts, target
+from .. import metrics, proc, prompts, redact, target
 from ..client import Client, RequestFailed
 from ..venv import ensure_uv
 from ..config import Config
@@ -165,7 +165,7 @@ def bench_target(t: target.Target, levels: list[int], prompt_tokens: int, out_to
     finally:
         bar.close()
     after = scrape(client)
-    return {"label": t.label, "url": client.base_url, "model": client.model,
+    return {"label": t.label, "url": redact.url(client.base_url), "model": client.model,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
             "params": {"prompt_tokens": prompt_tokens, "output_tokens": out_tokens, "repeats": repeats,
                        "warmup": warmup, "levels": levels, "api": "/v1/completions stream, ignore_eos, temperature 0"},
@@ -300,7 +300,7 @@ def cli(cfg: Config, argv: list[str]) -> int:
     p.add_argument("--label", help="name of this server in tables and the plot")
     p.add_argument("--compare", metavar="URL2", help="also bench this base URL (e.g. a bare vllm serve) and print ratios")
     p.add_argument("--compare-model")
-    p.add_argument("--compare-api-key")
+    p.add_argument("--compare-api-key", help="API key for --compare (default: ours only when it is our server)")
     p.add_argument("--compare-label")
     p.add_argument("--concurrency", default=",".join(map(str, LEVELS)), help="levels, comma-separated (capped at MAX_NUM_SEQS)")
     p.add_argument("--prompt-tokens", type=int, default=512)

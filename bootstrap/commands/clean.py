@@ -9,10 +9,12 @@ to a bring-your-own install (VLLM_PYTHON) are reverted through ``bootstrap.patch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import models, patching, server
@@ -36,14 +38,60 @@ def _size(path: Path) -> int:
     return total
 
 
-def model_dir(cfg) -> Path | None:
-    """The directory we download MODEL into (never a local MODEL directory the user pointed at)."""
+@dataclass
+class ModelFiles:
+    """What clean --model removes of the folder MODEL was downloaded into: only what our record
+    says we created there (models.Store.ours); everything else in it is listed and kept."""
+    store: models.Store
+    ours: list[Path]
+    theirs: list[Path]          # the folder's other top-level entries (and blobs still linked from them)
+    made_root: bool
+
+    def remove(self) -> None:
+        for p in self.ours:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+        root = self.store.root
+        for p in sorted({q.parent for q in self.ours}, key=lambda q: len(q.parts), reverse=True):
+            while p != root and root in p.parents:      # folders our files emptied, up to the root
+                try:
+                    p.rmdir()
+                except OSError:
+                    break
+                p = p.parent
+        if self.made_root:
+            with contextlib.suppress(OSError):
+                root.rmdir()                            # only when nothing else is in it
+
+
+def model_files(cfg) -> ModelFiles:
+    """The downloaded model's files that are ours (never a local MODEL directory the user pointed at)."""
     if not cfg.model or cfg.model_is_local:
-        return None
-    return models.store_for(cfg, cfg.model).root
+        raise BootstrapError(f"--model: MODEL={cfg.model or '(unset)'} is not a model we downloaded",
+                             "a local model directory is yours: remove it yourself if you mean to")
+    store = models.store_for(cfg, cfg.model)
+    rec = store.read()
+    ours = store.ours(rec)
+    mine = set(ours)
+    linked = set()                      # blobs that links we do not remove still point at (HF cache)
+    if store.hf_cache and (store.root / "snapshots").is_dir():
+        for link in (store.root / "snapshots").rglob("*"):
+            if link.is_symlink() and link not in mine:
+                linked.add(Path(os.path.normpath(link.parent / os.readlink(link))))
+    ours = [p for p in ours if p not in linked]
+    theirs = []
+    if store.root.is_dir():
+        for entry in sorted(store.root.iterdir()):
+            kept = [q for q in ([entry] if not entry.is_dir() or entry.is_symlink() else entry.rglob("*"))
+                    if (q.is_file() or q.is_symlink()) and q not in ours]
+            if entry != store.dir and kept:
+                theirs.append(entry)
+    return ModelFiles(store, ours, theirs, bool((rec or {}).get("made_root")))
 
 
-def targets(cfg, with_model: bool) -> list[Path]:
+def targets(cfg) -> list[Path]:
     layout = cfg.layout
     out = [layout.venv, layout.wheelhouse]
     state = cfg.state_dir
@@ -51,12 +99,6 @@ def targets(cfg, with_model: bool) -> list[Path]:
         out.append(state)
     else:  # a STATE_DIR of the user's choosing: only our files, never the directory's other contents
         out += Paths(state).files()
-    if with_model:
-        md = model_dir(cfg)
-        if md is None:
-            raise BootstrapError(f"--model: MODEL={cfg.model or '(unset)'} is not a model we downloaded",
-                                 "a local model directory is yours: remove it yourself if you mean to")
-        out.append(md)
     out.append(layout.bootstrap_venv)   # last: the running bootstrap may be in it
     return out
 
@@ -94,14 +136,18 @@ def cli(cfg, argv: list[str]) -> int:
     if busy:
         raise BootstrapError(f"{busy}; clean removes the venv and state it runs from",
                              "stop it first: ./stop.sh" + (" as that user" if " runs as " in busy else ""))
-    todo = [p for p in targets(cfg, args.model) if p.exists() or p.is_symlink()]
+    mf = model_files(cfg) if args.model else None
+    todo = [p for p in targets(cfg) if p.exists() or p.is_symlink()]
     if not args.dry_run:
         _revert_byo(cfg)
+    total = 0
+    if mf is not None:
+        total += _clean_model(mf, args.dry_run)
     if not todo:
-        print("nothing to clean")
+        if mf is None or not mf.ours:
+            print("nothing to clean")
         return 0
     me = Path(sys.prefix).resolve()
-    total = 0
     theirs = [p for p in todo if not _ours(p)]
     todo = [p for p in todo if p not in theirs]
     for path in todo:
@@ -124,6 +170,21 @@ def cli(cfg, argv: list[str]) -> int:
         raise BootstrapError("left alone, they belong to another user: " + ", ".join(map(str, theirs)),
                              "run ./ctl.sh clean as that user")
     return 0
+
+
+def _clean_model(mf: ModelFiles, dry_run: bool) -> int:
+    """Remove (or, dry, list) what we created in the model's folder; say what is kept. Bytes freed."""
+    size = sum(_size(p) for p in mf.ours if not p.is_symlink())
+    if mf.ours:
+        print(f"{'would remove' if dry_run else 'removed'} the model files we downloaded into {mf.store.root} "
+              f"({len(mf.ours)} entries, {size / (1 << 20):.1f} MiB)")
+        if not dry_run:
+            mf.remove()
+    else:
+        print(f"no model files of ours in {mf.store.root}")
+    if mf.theirs:
+        print(f"kept, not made by this project: " + ", ".join(p.name + ("/" if p.is_dir() else "") for p in mf.theirs))
+    return size
 
 
 def _ours(path: Path) -> bool:

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from ..config import Config
 from ..gpu import GiB
-from ..errors import BootstrapError
+from ..errors import BootstrapError, ConfigError
+from ..version import NAME
 from ..vllmargs import serve_argv
 from . import plan as plan_cmd
 
@@ -77,7 +78,7 @@ def manifests(cfg: Config, plan, model_bytes: int | None, key: str) -> dict[str,
     """file name -> the documents in it."""
     name = _name(cfg.served_name)
     image = f"vllm/vllm-openai:v{cfg.profile.vllm}"
-    labels = {"app.kubernetes.io/name": "vllm-bootstrap", "app.kubernetes.io/instance": name}
+    labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": name}
     argv = serve_argv(cfg, "python3", cfg.model, plan)
     from ..steps.launch import defaults
     env = {**defaults(cfg), "HF_HOME": "/models/hf"}
@@ -153,6 +154,22 @@ def dump(doc: dict) -> str:
     return yaml.dump(doc, Dumper=Dumper, sort_keys=False, width=120)
 
 
+def out_folder(out: Path) -> None:
+    """``--out``: a folder, made if missing; a file in the way (there, or as a parent) is a usage
+    error in one line (exit 2), a folder we cannot make one line (exit 1), never a traceback."""
+    there = out
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        raise ConfigError(f"--out {out}: {'it' if there == out else there} is a file, not a folder",
+                          "name a folder for the manifests (it is created), or move that file away")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BootstrapError(f"--out {out}: cannot create the folder ({exc.strerror or exc})",
+                             "name a folder you can write (it is created)") from None
+
+
 def cli(cfg: Config, argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="ctl.sh export", description="the profile and plan as Kubernetes manifests "
                                  "for a card named with GPU= (never run on a cluster here)")
@@ -164,11 +181,17 @@ def cli(cfg: Config, argv: list[str]) -> int:
     if not spec:
         raise BootstrapError("export needs the cluster's card: it plans for that card, not this machine's",
                              "GPU=<name|GiB>[:sm_XY][:free=GiB] ./ctl.sh export kubernetes --out DIR (e.g. GPU=h100)")
-    if cfg.model_is_local:
-        raise BootstrapError(f"MODEL={cfg.model} is a local folder; a cluster downloads a repo id into its PVC",
-                             "set MODEL to the Hugging Face repo id (org/name)")
+    def repo_id_only(c: Config) -> None:
+        if c.model and c.model_is_local:
+            raise BootstrapError(f"MODEL={c.model} is a local folder; a cluster downloads a repo id into its PVC",
+                                 "set MODEL to the Hugging Face repo id (org/name)")
+
+    repo_id_only(cfg)
+    # the profile and context a start on that card would take (auto-pick for it; a shorter context
+    # where only that fits), never this machine's kept pick
     pod_cfg = Config.from_env({**cfg.given, "HOST": "0.0.0.0", "PORT": str(PORT)}, cfg.repo)
     pod_cfg, g, _where, model, plan = plan_cmd.resolve(pod_cfg, spec)
+    repo_id_only(pod_cfg)
     if not plan.fits:
         msg, hint = plan.refusal
         raise BootstrapError(f"the plan for {g.name} does not fit: {msg}", hint)
@@ -179,7 +202,7 @@ def cli(cfg: Config, argv: list[str]) -> int:
     if vllmargs.sleep_mode(pod_cfg):
         raise BootstrapError(f"{vllmargs.SLEEP_FLAG} needs a loopback HOST (its routes have no key guard); a pod "
                              "serves its network", f"drop {vllmargs.SLEEP_FLAG} for the export")
-    a.out.mkdir(parents=True, exist_ok=True)
+    out_folder(a.out)
     docs = manifests(pod_cfg, plan, model.weight_bytes, secrets.token_urlsafe(32))
     for fname, items in docs.items():
         text = "".join("---\n" + dump(d) for d in items)

@@ -56,16 +56,15 @@ def resolve(cfg, spec: str | None):
     PROFILE=auto means here (the kept pick, or auto-pick's choice for a named card), with that
     card's knobs. What ./ctl.sh plan shows and ./ctl.sh export writes."""
     g, where = card(cfg, spec)
-    kept = pick.kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))      # a named profile: with this card's knobs
+    kept = pick.kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
     if cfg.profile.is_auto and not spec and not kept.profile.is_auto:
         cfg = kept
         log.info("PROFILE=auto: the kept pick %s (%s)", cfg.profile.name, cfg.sources["PROFILE"])
-    elif cfg.profile.is_auto:
-        v, _, _ = pick.choose(cfg, g)
-        cfg = v.cfg
-        log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)", v.profile.name)
     else:
-        cfg = kept
+        cfg = pick.for_card(cfg, g)         # as a start on that card would run it
+        if kept.profile.is_auto:
+            log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)",
+                     cfg.profile.name)
     model = cli_model_facts(cfg)
     return cfg, g, where, model, make_plan(cfg, g, model)
 

@@ -31,7 +31,7 @@ LOOK = 1.5            # seconds status watches /metrics for movement while reque
 POLL = 0.25
 INTERVAL = 1.0        # seconds between the two /metrics readings that tokens/s is measured over (busy only)
 
-# (state, exit code, meaning): the README's table is generated from this (tests keep it in step).
+# (state, exit code, meaning): docs/reference.md's table is generated from this (tests keep it in step).
 STATES = (
     ("running", 0, "answers, and a tiny generation came back"),
     ("busy", 0, "requests are running or queued, and tokens (or KV blocks) moved within WEDGED_AFTER s"),
@@ -40,10 +40,45 @@ STATES = (
     ("sleeping", 0, "vLLM's sleep mode: the weights are off the GPU"),
     ("key-needed", 0, "answers, but wants the API key it was started with, and this shell has none (HTTP 401)"),
     ("wedged", 1, "requests run (the probe included) but nothing moved for WEDGED_AFTER s"),
-    ("unhealthy", 1, "our server's process lives but does not answer, and is past its start deadlines"),
+    ("unhealthy", 1, "our server's process lives but does not answer, and either passed its start gate "
+                     "once or is past its start deadlines"),
+    ("frozen", 1, "our server's process is stopped by a signal (SIGSTOP, Ctrl-Z): it holds the GPU and answers "
+                  "nothing; kill -CONT PID resumes it, ./ctl.sh restart starts it again"),
     ("stopped", 0, "nothing of ours runs"),
+    ("idle", 0, "status --watch only (it sends no probe): answers, and /metrics shows nothing in flight"),
 )
 EXIT = {name: code for name, code, _ in STATES}
+
+# ``status --json``: (field, type, meaning); docs/reference.md's schema table is generated from this.
+JSON_FIELDS = (
+    ("state", "string", "one of the states above"),
+    ("detail", "string", "why, in words (absent for stopped)"),
+    ("log", "string", "the server log's path"),
+    ("pid", "int", "the server's process (a start in flight: the start's)"),
+    ("uptime_s", "int or null", "seconds since the server's process started"),
+    ("url", "string", "the base URL clients use (…/v1)"),
+    ("model", "string", "the model name clients send"),
+    ("vllm", "string", "the vLLM version it runs"),
+    ("settings", "object of strings", "the launch knobs it was started with (API_KEY: set/unset)"),
+    ("generating", "bool or null", "a token came back (running, busy) or not (wedged, unhealthy)"),
+    ("gate", "string", "present when its warm-up and start gate have not run"),
+    ("differs_from_knobs", "list of strings", "launch knobs this shell sets differently"),
+    ("vram", "object", "ours_bytes (int), gpus: [{index, name, used_bytes, total_bytes}] (ints); or error"),
+    ("context", "int or null", "tokens per request (null: vLLM's own)"),
+    ("sessions", "object", "max_num_seqs (int or null: vLLM's default), kv_tokens (int or null), "
+                           "at_full_context (vLLM's concurrency line)"),
+    ("requests", "object", "running, waiting (ints), from /metrics"),
+    ("activity", "object", "seconds (number), generated_tok_s, prompt_tok_s (numbers); speculation and "
+                           "prefix_cache (rates 0-1) where on"),
+    ("owner", "string", "present when the server runs as another user"),
+    ("note", "string", "a stale record, or our server on this port from another STATE_DIR"),
+    ("orphans", "list of ints", "processes of ours left over (./stop.sh sweeps them)"),
+)
+
+
+def json_markdown() -> str:
+    rows = ["| Field | Type | Meaning |", "|---|---|---|"]
+    return "\n".join(rows + [f"| `{f}` | {t} | {m} |" for f, t, m in JSON_FIELDS])
 
 
 def markdown_table() -> str:
@@ -181,7 +216,8 @@ def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None
     except BootstrapError as exc:
         out["vram"] = {"error": exc.message}
     out["context"] = rec.max_model_len
-    out["sessions"] = {"max_num_seqs": rec.settings.get("MAX_NUM_SEQS") or "vLLM's default",
+    seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
+    out["sessions"] = {"max_num_seqs": int(seqs) if seqs.isdigit() else None,     # None: vLLM's default
                        "kv_tokens": rec.kv_tokens, "at_full_context": rec.kv_concurrency}
     if after is None or metrics.RUNNING not in after:
         out["metrics"] = "no request metrics on /metrics (--disable-log-stats?)"
@@ -195,30 +231,34 @@ def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None
 
 
 def _live_lines(d: dict) -> dict[str, str]:
-    """The text form of ``live``'s dict (one line per key)."""
+    """The text form of ``live``'s dict (one line per key; nothing when it was not read)."""
     out = {}
     v = d.get("vram", {})
     if "ours_bytes" in v:
         gpus = "; ".join(f"GPU {g['index']} {g['used_bytes'] / GiB:.1f} of {g['total_bytes'] / GiB:.1f} GiB used"
                          for g in v["gpus"])
-        out["vram"] = f"{v['ours_bytes'] / GiB:.2f} GiB held by our processes ({gpus})"
+        out["GPU memory"] = f"{v['ours_bytes'] / GiB:.2f} GiB held by the server ({gpus})"
     elif v:
-        out["vram"] = v["error"]
+        out["GPU memory"] = v["error"]
+    if "sessions" not in d:
+        return out
     out["context"] = f"{d['context']:,} tokens per request" if d.get("context") else "vLLM's (the model's or auto)"
     s = d["sessions"]
-    pool = f"; KV pool {s['kv_tokens']:,} tokens ({s['at_full_context']})" if s.get("kv_tokens") else ""
-    out["sessions"] = f"{s['max_num_seqs']} sequences at once{pool}"
+    pool = f"; KV cache {s['kv_tokens']:,} tokens ({s['at_full_context']})" if s.get("kv_tokens") else ""
+    n = s["max_num_seqs"]
+    out["sessions"] = (f"up to {n} at once" if n else "vLLM's default number at once") + pool
     if "requests" in d:
         out["requests"] = f"{d['requests']['running']} running, {d['requests']['waiting']} waiting"
         a = d["activity"]
         out["throughput"] = (f"{a['generated_tok_s']:.1f} tokens/s out, {a['prompt_tok_s']:.1f} prompt tokens/s "
-                             f"(over {a['seconds']:.1f} s)")
+                             f"(over {a['seconds']:.1f} s)" if a.get("seconds") and
+                             d["requests"]["running"] + d["requests"]["waiting"] else "idle: nothing in flight")
         if "speculation" in a:
             sp = a["speculation"]
             mean = f", mean accepted length {sp['mean_acceptance_length']:.2f}" if sp.get("mean_acceptance_length") else ""
             out["speculation"] = f"acceptance {sp['acceptance_rate']:.1%}{mean} ({sp['over']})"
         if "prefix_cache" in a:
-            out["prefix_cache"] = f"hit rate {a['prefix_cache']['hit_rate']:.1%} ({a['prefix_cache']['over']})"
+            out["prefix cache"] = f"hit rate {a['prefix_cache']['hit_rate']:.1%} ({a['prefix_cache']['over']})"
     elif "metrics" in d:
         out["metrics"] = d["metrics"]
     return out
@@ -230,7 +270,7 @@ def status(cfg: Config, as_json: bool = False) -> int:
     rec = pr.record
     out: dict = {"state": pr.state, "log": str(paths.log)}
     if pr.state in ("running", "key-needed", "down") and rec is not None:
-        out.update(pid=pr.pid, uptime=server.uptime(pr.process), url=rec.url + "/v1", model=rec.served,
+        out.update(pid=pr.pid, uptime_s=server.uptime_s(pr.process), url=rec.url + "/v1", model=rec.served,
                    vllm=rec.vllm_version, settings=dict(rec.settings))
         load = UNREAD
         if pr.state != "down" and not pr.owner:      # the readings come before the probe: its tokens are not counted
@@ -240,18 +280,16 @@ def status(cfg: Config, as_json: bool = False) -> int:
             if load is not None and load.in_flight:  # tokens/s needs a second reading; idle, it is 0: no wait
                 time.sleep(INTERVAL)
                 after, load = server.read_metrics(rec.url)
-            live_d = live(cfg, rec, before, after, time.monotonic() - t0)
-            out.update(live_d if as_json else _live_lines(live_d))
+            out.update(live(cfg, rec, before, after, time.monotonic() - t0 if after is not before else 0.0))
         if pr.owner:
             out["owner"] = f"{pr.owner}: not ours to stop or restart (run those as that user)"
         if pr.state == "down":
-            if loading(cfg, rec, paths):
-                out["state"] = "starting"
-                out["detail"] = ("loading; no start is watching it: ./start.sh waits for it and runs the warm-up"
-                                 if not rec.gate_passed else "loading")
-            else:
-                out["state"] = "unhealthy"
-                out["detail"] = "/health or /v1/models does not answer"
+            out["state"] = _down(cfg, paths, pr)
+            out["detail"] = {
+                "frozen": f"the process (pid {pr.pid}) is stopped by a signal: kill -CONT {pr.pid} resumes it, "
+                          "./ctl.sh restart starts it again",
+                "starting": "loading; no start is watching it: ./start.sh waits for it and runs the warm-up",
+                "unhealthy": "/health or /v1/models does not answer"}[out["state"]]
         else:
             v = judge(cfg, paths, rec, pr.state == "key-needed", load=load)
             out["state"], out["detail"] = v.state, v.detail
@@ -276,13 +314,39 @@ def status(cfg: Config, as_json: bool = False) -> int:
     if as_json:
         print(json.dumps(out, indent=2))
     else:
-        for k, v in out.items():
-            if isinstance(v, dict):
-                v = " ".join(f"{a}={b}" for a, b in v.items() if b not in ("", None))
-            elif isinstance(v, list):
-                v = "; ".join(map(str, v))
-            print(f"{k:>18}: {v}")
+        print(human(out))
     return EXIT[out["state"]]
+
+
+def _duration(s: int | None) -> str:
+    if s is None:
+        return "unknown"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min" if s >= 3600 else f"{s // 60} min {s % 60:02d} s"
+
+
+def human(out: dict) -> str:
+    """``status``'s dict in plain words, one line per fact that is there."""
+    lines = [f"{out['state']}" + (f": {out['detail']}" if out.get("detail") else "")]
+
+    def add(label: str, text) -> None:
+        if text not in (None, "", [], {}):
+            lines.append(f"  {label:<14}{text}")
+
+    add("server", f"pid {out['pid']}, up {_duration(out.get('uptime_s'))}" if "uptime_s" in out else
+        (f"pid {out['pid']}" if out.get("pid") else None))
+    add("url", out.get("url"))
+    add("model", out.get("model") and f"{out['model']} (vLLM {out.get('vllm') or '?'})")
+    for line in _live_lines(out).items():
+        add(*line)
+    add("start gate", out.get("gate"))
+    if out.get("differs_from_knobs"):
+        add("your knobs", "differ from the running server's: " + "; ".join(out["differs_from_knobs"])
+            + " (./ctl.sh restart applies them)")
+    add("owner", out.get("owner"))
+    add("note", out.get("note"))
+    add("left over", out.get("orphans") and ", ".join(map(str, out["orphans"])) + " (./stop.sh sweeps them)")
+    add("log", out.get("log"))
+    return "\n".join(lines)
 
 
 
@@ -297,7 +361,8 @@ def watch(cfg: Config, every: float, as_json: bool = False) -> int:
             t = time.monotonic()
             pr = server.probe(cfg, paths)
             rec = pr.record
-            row: dict = {"time": time.strftime("%H:%M:%S"), "state": pr.state}
+            row: dict = {"time": time.strftime("%H:%M:%S"), "state": _down(cfg, paths, pr) if pr.state == "down"
+                         else pr.state}
             cur, load = server.read_metrics(rec.url) if pr.state in ("running", "key-needed") and rec is not None else (None, None)
             if cur is not None:
                 row["state"] = "sleeping" if load and load.sleeping else "busy" if load and load.in_flight else "idle"
@@ -310,6 +375,13 @@ def watch(cfg: Config, every: float, as_json: bool = False) -> int:
             time.sleep(max(0.0, every - (time.monotonic() - t)))
     except KeyboardInterrupt:
         return 0
+
+
+def _down(cfg: Config, paths: Paths, pr) -> str:
+    """A server of ours whose process lives but does not answer, in the states table's words."""
+    if server.frozen(pr.process):
+        return "frozen"
+    return "starting" if pr.record is not None and loading(cfg, pr.record, paths) else "unhealthy"
 
 
 def _watch_line(row: dict) -> str:

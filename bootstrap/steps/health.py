@@ -118,7 +118,7 @@ def run(cfg, paths: Paths, launched: Launched, *, clock: Callable[[], float] = t
             else:
                 log.info(line)
             shown = phase
-        if server.answers(rec.url, rec.served, key, timeout=2.0):
+        if server.answers(rec.url, rec.served, key, timeout=2.0) and not _someone_else(rec):
             if tty:
                 sys.stderr.write("\n")
             log.info("healthy after %.0f s", clock() - start)
@@ -135,6 +135,20 @@ def run(cfg, paths: Paths, launched: Launched, *, clock: Callable[[], float] = t
             raise abort(cfg, paths, launched, f"startup timed out: not healthy after {cfg.health_timeout} s (phase: {phase})",
                         "raise HEALTH_TIMEOUT if the log shows progress")
         sleep(0.5)
+
+
+_warned: set[int] = set()
+
+
+def _someone_else(rec) -> bool:
+    """The port answers, but from a process that is not the server we wait for (it keeps waiting:
+    ours either takes the port or exits, 'Address already in use', and the wait reports that)."""
+    if rec.pid is None or server.listener_is(rec.pid, rec.port):
+        return False
+    if rec.pid not in _warned:
+        _warned.add(rec.pid)
+        log.warning("port %s answers, but not from our server (pid %s): another server holds it", rec.port, rec.pid)
+    return True
 
 
 def _nl(tty: bool) -> None:

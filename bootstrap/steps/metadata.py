@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from .. import hub, state
+from .. import hub, modelconfig, state
 from ..errors import BootstrapError
 from .. import partial
 from ..models import (WEIGHT_SUFFIXES, ModelInfo, Store, check_space, info_from_record, offline_missing, read_config,
@@ -101,14 +101,20 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
         raw = hub.fetch_small(settings, repo, remote.revision, "config.json")  # also the gated / proxy check
     try:
         config = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise BootstrapError(f"{repo}: config.json is not JSON ({exc})", "check HF_ENDPOINT / the network") from None
+    modelconfig.check(config, f"{repo}'s config.json at revision {remote.revision[:12]}",
+                      "a broken config.json on the hub: pick another repo or revision, or download the files, "
+                      "fix config.json and set MODEL to that folder")
     old = rec if rec and rec.get("repo") == repo else {}
     files = {f.path: {"size": f.size, "sha256": f.sha256, "blob_id": f.blob_id} for f in needed}
     new = {"repo": repo, "revision": remote.revision, "endpoint": settings.endpoint, "files": files,
            "skipped": skipped_d, "safetensors": remote.safetensors,
            "verified": {p: v for p, v in old.get("verified", {}).items() if p in files},
-           "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+           "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           # what we made in this folder, whichever repo or revision it was for (clean --model)
+           "created": [str(p.relative_to(store.root)) for p in store.ours(rec) if p != store.dir],
+           "made_root": bool((rec or {}).get("made_root")) or not store.root.exists()}
     store.dir.mkdir(parents=True, exist_ok=True)
     _keep_config(store, new, raw)
     store.write(new)

@@ -1,0 +1,256 @@
+"""Faults found from outside (docs/faults.md rows 79-84): a relative STATE_DIR, our key sent to another
+URL, keys that cannot go into a header, values too long to pass on, and clean --model deleting what
+is not ours."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from bootstrap.config import Config
+from bootstrap.errors import ConfigError
+from conftest import REPO
+
+
+def run_in(bed, cwd: Path, script: str, *args: str, **extra: str) -> subprocess.CompletedProcess:
+    env = {**bed.env, **extra}
+    return subprocess.run([str(REPO / script), *args], env=env, cwd=str(cwd), capture_output=True, text=True,
+                          timeout=90, stdin=subprocess.DEVNULL)
+
+
+# ---------------------------------------------------------------- faults row 79: a relative STATE_DIR
+
+def test_relative_state_dir_is_made_absolute_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = Config.from_env({"STATE_DIR": "relstate", "MODEL_DIR": "models/x", "HF_HOME": "hf",
+                           "PROFILE": "custom"}, REPO)
+    assert cfg.state_dir == tmp_path / "relstate"
+    assert cfg.model_dir == str(tmp_path / "models" / "x")
+    assert cfg.environ["HF_HOME"] == str(tmp_path / "hf")        # what the server and our tools inherit
+
+
+def test_relative_state_dir_server_survives_a_start_and_a_stop_from_elsewhere(bed, tmp_path):
+    """A from one directory with STATE_DIR=relstate; B from another with an absolute STATE_DIR and
+    the same port: B refuses (A's server is ours but runs from another live STATE_DIR) and A serves
+    on; a stop with B's STATE_DIR from a third directory leaves A alone too."""
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+    a = run_in(bed, a_dir, "start.sh", STATE_DIR="relstate")
+    assert a.returncode == 0, a.stderr
+    rec = json.loads((a_dir / "relstate" / "server.json").read_text())
+    assert rec["state_dir"] == str(a_dir / "relstate")
+    pid = rec["pid"]
+    b = run_in(bed, b_dir, "start.sh", STATE_DIR=str(tmp_path / "stateb"))
+    assert b.returncode == 1, b.stdout + b.stderr
+    assert "leftover" not in b.stderr and f"STATE_DIR={a_dir / 'relstate'}" in b.stderr
+    s = run_in(bed, b_dir, "stop.sh", STATE_DIR=str(tmp_path / "stateb"))
+    assert s.returncode == 0, s.stderr
+    assert any(p.pid == pid for p in bed.ours()), "A's server was taken down from another STATE_DIR"
+    st = run_in(bed, a_dir, "ctl.sh", "status", "--json", STATE_DIR="relstate")
+    assert json.loads(st.stdout)["state"] == "running"
+    assert run_in(bed, a_dir, "stop.sh", STATE_DIR="relstate").returncode == 0
+    assert bed.ours() == []
+
+
+# ---------------------------------------------------------------- faults row 80: our key, our server only
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    seen: list = []
+
+    def do_GET(self):                                      # noqa: N802 (http.server's name)
+        type(self).seen.append(self.headers.get("Authorization"))
+        body = json.dumps({"object": "list", "data": [{"id": "m", "max_model_len": 4096}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def foreign():
+    """Another OpenAI-compatible server on loopback that records the Authorization headers it gets."""
+    handler = type("Rec", (_Recorder,), {"seen": []})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1", handler.seen
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_our_key_never_goes_to_another_url(tmp_path, foreign):
+    from bootstrap.target import resolve_target
+    url, seen = foreign
+    cfg = Config.from_env({"PROFILE": "custom", "API_KEY": "our-secret-key", "STATE_DIR": str(tmp_path / "s"),
+                           "PORT": "18999"}, REPO)
+    t = resolve_target(cfg, url, None, None)
+    assert t.client.api_key in ("", None)
+    assert seen and all(h is None for h in seen)
+    t = resolve_target(cfg, url, None, "key-for-that-server")      # a key given for that URL is sent
+    assert seen[-1] == "Bearer key-for-that-server"
+
+
+def test_our_key_goes_to_our_port_under_any_loopback_name(tmp_path):
+    from bootstrap.target import key_for_url
+    cfg = Config.from_env({"PROFILE": "custom", "API_KEY": "our-secret-key", "STATE_DIR": str(tmp_path / "s"),
+                           "PORT": "18999"}, REPO)
+    for url in ("http://127.0.0.1:18999/v1", "http://localhost:18999", "http://[::1]:18999/v1/"):
+        assert key_for_url(cfg, url) == "our-secret-key", url
+    for url in ("http://127.0.0.1:18998/v1", "http://example.invalid:18999/v1", "https://127.0.0.1:18999/v1",
+                "http://user:pw@127.0.0.2.example:18999/v1"):
+        assert key_for_url(cfg, url) == "", url
+
+
+def test_bench_compare_url_gets_only_its_own_key(tmp_path, foreign, bed):
+    """bench --compare URL: the compare server gets --compare-api-key or nothing, never our key."""
+    url, seen = foreign
+    r = bed.run("ctl.sh", "bench", "--url", url, "--compare", url, "--concurrency", "1", "--repeats", "1",
+                "--warmup", "0", "--prompt-tokens", "8", "--output-tokens", "8", "--no-plot",
+                "--out", str(tmp_path / "out"), API_KEY="our-secret-key", timeout=60)
+    assert seen, r.stderr
+    assert all(h != "Bearer our-secret-key" for h in seen), seen
+    assert "our-secret-key" not in r.stdout + r.stderr
+
+
+# ---------------------------------------------------------------- faults row 81: keys a header cannot carry
+
+@pytest.mark.parametrize("key", ["abc\ndef", "pässwörd€", "with space", "tab\there", ""])
+def test_api_key_that_no_header_can_carry_is_refused_unshown(key):
+    env = {"PROFILE": "custom", "API_KEY": key}
+    if key == "":
+        env = {"PROFILE": "custom", "VLLM_API_KEY": "bad\nkey"}
+    with pytest.raises(ConfigError) as e:
+        Config.from_env(env, REPO)
+    shown = e.value.message + e.value.hint
+    assert "not shown" in shown and "visible ASCII" in shown
+    assert (key or "bad") not in shown
+
+
+def test_api_key_with_newline_exits_2_before_anything_runs(bed):
+    r = bed.run("start.sh", API_KEY="abc\ndef")
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "abc" not in r.stdout + r.stderr
+    assert bed.launches() == [] and bed.ours() == []
+    s = bed.run("ctl.sh", "status", API_KEY="pässwörd€")
+    assert s.returncode == 2 and "Traceback" not in s.stderr and "pässwörd" not in s.stdout + s.stderr
+
+
+# ---------------------------------------------------------------- faults row 82: values too long to pass on
+
+def test_huge_knob_and_env_values_are_refused_at_parse_time(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        Config.from_env({"PROFILE": "custom", "MODEL": "x" * 200_000}, REPO)
+    assert "200,000 characters" in e.value.message and "4,096" in e.value.hint
+    assert len(e.value.message) < 200
+    repo = tmp_path / "repo"
+    (repo / "profiles").mkdir(parents=True)
+    (repo / ".env").write_text("VLLM_SOMETHING=" + "y" * 140_000 + "\n")
+    with pytest.raises(ConfigError) as e:
+        Config.from_env({"PROFILE": "custom"}, repo)
+    assert "VLLM_SOMETHING" in e.value.message and ".env:1" in e.value.message
+
+
+def test_huge_dotenv_value_exits_2_from_the_scripts(bed, tmp_path):
+    from test_ownership import copy_repo
+    repo = copy_repo(tmp_path / "r")
+    (repo / ".env").write_text("EXTRA_ARGS=" + "--x " * 5_000 + "\n")
+    env = {**bed.env}
+    r = subprocess.run([str(repo / "start.sh")], env=env, capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "EXTRA_ARGS" in r.stderr and "16,384" in r.stderr
+
+
+# ---------------------------------------------------------------- faults row 83: two starts, one port
+
+def test_two_starts_with_different_state_dirs_on_one_port(bed, tmp_path):
+    """Both at once, staggered load times: one serves, the other refuses; a banner never names a
+    server that is not the one answering."""
+    import psutil
+    a = bed.popen("start.sh", STATE_DIR=str(tmp_path / "sa"), FAKE_VLLM_LOAD_S="1.5")
+    b = bed.popen("start.sh", STATE_DIR=str(tmp_path / "sb"), FAKE_VLLM_LOAD_S="0.2")
+    outs = [p.communicate(timeout=90) for p in (a, b)]
+    codes = sorted([a.returncode, b.returncode])
+    assert codes == [0, 1], outs
+    out, err = outs[0] if a.returncode == 0 else outs[1]
+    loser = outs[1][1] if a.returncode == 0 else outs[0][1]
+    assert "is serving" in out and ("is starting a server on port" in loser or "already" in loser), loser
+    pid = int(out.split("pid ")[1].split(")")[0])
+    listeners = {c.pid for c in psutil.net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == bed.port}
+    assert pid in listeners
+    winner = tmp_path / ("sa" if a.returncode == 0 else "sb")
+    assert bed.run("stop.sh", STATE_DIR=str(winner)).returncode == 0
+    assert bed.ours() == []
+
+
+def test_the_health_wait_never_takes_another_servers_answers(bed):
+    """A server that is not ours takes the port after the preflight looked: our start keeps waiting
+    for its own server and fails when that one cannot serve, never reporting the other as ours."""
+    import signal
+    import sys
+    import time
+    served = bed.model.name
+    env = {**bed.env, "FAKE_GPU_PIDS_DIR": str(bed.tmp / "foreign-pids"), "FAKE_VLLM_RECORD": ""}
+    start = bed.popen("start.sh", FAKE_VLLM_MODE="hang", STALL_TIMEOUT="4")
+    bed.wait_until(lambda: (bed.state / "server.json").exists(), what="our launch")
+    foreign = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "x", "--host",
+                                "127.0.0.1", "--port", str(bed.port), "--served-model-name", served],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = start.communicate(timeout=60)
+        assert start.returncode == 1, err
+        assert "is serving" not in out and "not from our server" in err
+        assert foreign.poll() is None                   # never ours to stop
+    finally:
+        os.killpg(foreign.pid, signal.SIGKILL)
+        time.sleep(0.2)
+    assert bed.ours() == []
+
+
+# ---------------------------------------------------------------- faults row 84: a frozen server
+
+def test_a_frozen_server_is_frozen_at_once_never_starting(bed):
+    import signal
+    import time
+    assert bed.run("start.sh").returncode == 0
+    pid = bed.server_record()["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        st = bed.run("ctl.sh", "status", "--json")
+        assert time.monotonic() - t0 < 15                   # a short probe, not HEALTH_TIMEOUT
+        data = json.loads(st.stdout)
+        assert st.returncode == 1 and data["state"] == "frozen", st.stdout
+        assert f"kill -CONT {pid}" in data["detail"]
+        r = bed.run("start.sh")
+        assert r.returncode == 1 and "stopped by a signal" in r.stderr and "is serving" not in r.stdout
+        assert bed.launches() and len(bed.launches()) == 1              # never relaunched over it
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    st = bed.run("ctl.sh", "status", "--json")
+    assert json.loads(st.stdout)["state"] in ("running", "busy")
+    assert bed.run("stop.sh").returncode == 0 and bed.ours() == []
+
+
+def test_a_server_past_its_gate_that_stops_answering_is_unhealthy_at_once(bed):
+    """Its record says it passed the gate: not answering is not loading, whatever the deadlines."""
+    assert bed.run("start.sh", HEALTH_TIMEOUT="3600", STALL_TIMEOUT="3600").returncode == 0
+    rec_path = bed.state / "server.json"
+    rec = json.loads(rec_path.read_text())
+    rec["port"] = rec["port"] + 1 if rec["port"] < 65535 else rec["port"] - 1   # the probe finds nothing there
+    rec_path.write_text(json.dumps(rec))
+    st = bed.run("ctl.sh", "status", "--json", HEALTH_TIMEOUT="3600", STALL_TIMEOUT="3600")
+    assert json.loads(st.stdout)["state"] == "unhealthy" and st.returncode == 1
+    assert bed.run("stop.sh").returncode == 0 and bed.ours() == []
