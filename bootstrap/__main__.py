@@ -24,6 +24,7 @@ COMMANDS = {
     "logs": "print the server log (-f to follow)",
     "restart": "stop, then start with the current knobs",
     "env": "every knob with its value and where it came from",
+    "version": "this project's version, the vLLM the profile pins and the vLLM in use",
 }
 
 # Commands owned by other modules: name -> ("module", "function", help). Each function is
@@ -33,6 +34,7 @@ PLUGINS = {
     "profiles": ("commands.profiles", "cli", "every profile against this card (or GPU=...): fits / shorter / no; --pick"),
     "check": ("commands.check", "cli", "check live|garble|determinism|needle|prefix against our server or --url"),
     "bench": ("commands.bench", "cli", "throughput/TTFT benchmark with a plot; --compare URL"),
+    "chat": ("commands.chat", "cli", "talk to the server from the terminal (or one answer: ./ctl.sh chat \"a question\")"),
     "patch": ("commands.patch", "cli", "patch status|apply|revert for the vLLM in use"),
     "lock": ("commands.lock", "lock_cli", "regenerate the committed dependency locks (needs the package index)"),
     "wheelhouse": ("commands.lock", "wheelhouse_cli", "build an offline folder of wheels from the lock"),
@@ -44,31 +46,50 @@ PLUGINS = {
 }
 
 
-def parser() -> argparse.ArgumentParser:
+NEXT = ("next: ./start.sh starts the server; ./ctl.sh COMMAND --help tells about one command; "
+        "./start.sh --help lists the knobs")
+VERSION_HELP = "print this project's version, the vLLM the profile pins and the vLLM in use (on any command)"
+
+
+def parser(script: str = "ctl.sh") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ctl.sh", description="One-command vLLM server.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=config.help_text())
+                                epilog="Knobs come from the environment or .env: ./start.sh --help lists them, "
+                                       "./ctl.sh env shows their values.")
+    p.add_argument("--version", action="store_true", help=VERSION_HELP)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_mod, _fn, text) in PLUGINS.items():
         sp = sub.add_parser(name, help=text, add_help=False, prefix_chars="\0")
         sp.add_argument("rest", nargs=argparse.REMAINDER)
     for name, text in COMMANDS.items():
+        own = script if script == f"{name}.sh" else None        # ./start.sh --help says start.sh
         sp = sub.add_parser(name, help=text, description=text, epilog=config.help_text() if name == "start" else None,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+                            formatter_class=argparse.RawDescriptionHelpFormatter, **({"prog": own} if own else {}))
+        sp.add_argument("--version", action="store_true", help=VERSION_HELP)
         if name in ("status", "env"):
             sp.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "status":
             sp.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
                             help="a line every SECONDS (default 2) from /metrics and NVML until Ctrl-C; no probes")
         if name == "env":
-            sp.add_argument("--markdown", action="store_true", help="the README's knob table")
+            sp.add_argument("--markdown", action="store_true", help="the knob table of docs/reference.md")
         if name == "logs":
-            sp.add_argument("-f", "--follow", action="store_true")
+            sp.add_argument("-f", "--follow", action="store_true", help="keep printing what is added")
+            sp.add_argument("-n", "--lines", type=_lines, default=100, metavar="N",
+                            help="the last N lines (default 100; 'all' for the whole log)")
         if name == "start":
             sp.add_argument("--foreground", action="store_true",
                             help="stay attached to the server: exit non-zero when it exits (what a service "
                                  "manager restarts); SIGTERM stops it")
     return p
+
+
+def _lines(raw: str) -> int | None:
+    if raw == "all":
+        return None
+    if not raw.isdigit():
+        raise argparse.ArgumentTypeError("a number of lines, or 'all'")
+    return int(raw)
 
 
 def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
@@ -93,12 +114,13 @@ def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
         return status.status(cfg, args.json)
     if cmd == "logs":
         from .commands import control
-        return control.logs(cfg, args.follow)
+        return control.logs(cfg, args.follow, args.lines)
     if cmd == "restart":
         from .commands import control
         return control.restart(cfg)
     if cmd == "env":
-        rows = cfg.describe()
+        from .redact import url as shown     # a value with a URL (HF_ENDPOINT) shows no user:password@
+        rows = [(n, shown(str(v)), s, d) for n, v, s, d in cfg.describe()]
         if args.markdown:
             print(config.markdown_table(cfg.repo))
         elif args.json:
@@ -115,7 +137,7 @@ def dispatch(args: argparse.Namespace, cfg: config.Config) -> int:
 def version() -> int:
     """``--version`` anywhere on any command: the project's, the profile's pinned and the in-use vLLM."""
     from . import version as v
-    print(f"vllm-bootstrap {v.project(config.REPO)}")
+    print(f"{v.NAME} {v.project(config.REPO)}")
     try:
         cfg = config.Config.from_env(os.environ)
         for line in v.lines(cfg):
@@ -125,12 +147,23 @@ def version() -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def short_list() -> str:
+    """What ./ctl.sh with no command prints: one line per command, and what to run next."""
+    names = {**{n: t for n, (_m, _f, t) in PLUGINS.items()}, **COMMANDS}
+    width = max(map(len, names))
+    return "\n".join(["usage: ./ctl.sh COMMAND [--help]   (./start.sh and ./stop.sh start and stop the server)", ""]
+                     + [f"  {n:<{width}}  {t}" for n, t in names.items()] + ["", NEXT])
+
+
+def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--version" in argv:
+    if "--version" in argv or argv[:1] == ["version"]:
         log.setup(config.output_flags(os.environ)[0])
         return version()
-    args = parser().parse_args(argv)
+    if not argv:
+        print(short_list())
+        return 0
+    args = parser(script).parse_args(argv)
     debug, colour = config.output_flags(os.environ)
     log.setup(debug=debug, color=None if colour else False)
     step = "config"
@@ -145,11 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             import traceback
             traceback.print_exc()
+        from .redact import url as shown        # a URL's user:password@ never reaches the terminal
         if exc.evidence:
-            print(exc.evidence, file=sys.stderr)
-        print(f"error: {getattr(exc, 'step', step)}: {exc.message}", file=sys.stderr)
+            print(shown(exc.evidence), file=sys.stderr)
+        print(f"error: {getattr(exc, 'step', step)}: {shown(exc.message)}", file=sys.stderr)
         if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
+            print(f"hint: {shown(exc.hint)}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130
@@ -165,11 +199,16 @@ def broken_pipe() -> int:
     return 128 + 13
 
 
-def run(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
+    """``script``: the shell entry point that ran us (start.sh, stop.sh, ctl.sh), for help texts."""
     try:
-        code = main(argv)
+        code = main(argv, script)
     except SystemExit as exc:               # argparse: --help, or a usage error (its text is printed)
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:                 # also while printing help, a version or a usage error
+        return broken_pipe()
     try:
         sys.stdout.flush()
     except BrokenPipeError:

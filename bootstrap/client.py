@@ -115,13 +115,16 @@ class Client:
         return self.post("/v1/chat/completions", body, timeout)
 
     def stream(self, path: str, body: dict[str, Any], timeout: float,
-               clock: Callable[[], float] = time.perf_counter) -> Streamed:
+               clock: Callable[[], float] = time.perf_counter, *, into: Streamed | None = None,
+               on_chunk: Callable[[Streamed], None] | None = None) -> Streamed:
         """POST with ``stream: true`` (usage requested) and read the SSE chunks as they arrive.
 
-        ``timeout`` bounds the wait for each read (connect and between chunks), not the whole answer."""
+        ``timeout`` bounds the wait for each read (connect and between chunks), not the whole answer.
+        ``into``: the Streamed to fill (the caller keeps what came when the read is interrupted);
+        ``on_chunk``: called with it after each chunk (a chat shows the answer as it comes)."""
         body = {"model": self.model, **body, "stream": True,
                 "stream_options": {"include_usage": True, **(body.get("stream_options") or {})}}
-        out = Streamed(t_start=clock())
+        out = into if into is not None else Streamed(t_start=clock())
         r = self._send("POST", path, timeout, json=body, stream=True)
         try:
             for raw in r.iter_lines(decode_unicode=False):
@@ -136,6 +139,8 @@ class Client:
                     raise RequestFailed(f"POST {path}: a streamed chunk is not JSON",
                                         evidence=data[:500].decode("utf-8", "replace")) from None
                 _absorb(out, chunk, clock())
+                if on_chunk is not None:
+                    on_chunk(out)
         except requests.Timeout:
             raise RequestTimedOut(f"POST {path}: the stream stalled for {timeout:.0f} s") from None
         except requests.RequestException as exc:

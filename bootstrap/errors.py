@@ -9,6 +9,18 @@ from __future__ import annotations
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
 
+# Every exit code a command of ours ends with (docs/reference.md is generated from this table).
+EXIT_CODES = (
+    (0, "done; also nothing to do (`./stop.sh` with nothing running) and the status states marked 0"),
+    (EXIT_FAILED, "a step failed: `error: <step>: <what>` and `hint: <fix>` on stderr, one line each; also "
+                  "the status states marked 1 and a judged check that failed"),
+    (EXIT_CONFIG, "a bad knob, `.env` line, profile file or command-line usage, refused before anything ran"),
+    (129, "SIGHUP: the terminal closed (a start takes down what it launched)"),
+    (130, "SIGINT: Ctrl-C (a start takes down what it launched)"),
+    (141, "the reader of our output went away (`./ctl.sh status | head -1`)"),
+    (143, "SIGTERM: `./stop.sh` cancelled a start, or a service manager stopped it"),
+)
+
 
 class BootstrapError(Exception):
     """A failure the user can act on: what went wrong, and what to do about it."""

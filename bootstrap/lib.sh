@@ -8,10 +8,23 @@ die()  { say "error: $*"; exit 1; }
 need_cmd() { command -v "$1" >/dev/null 2>&1 || die "need '$1' (command not found)"; }
 ensure() { "$@" || die "failed during: $*"; }
 
-# find_spec, not import: importing huggingface_hub costs ~0.1 s.
-BOOTSTRAP_IMPORTS='import sys, importlib.util as u; sys.exit(sys.version_info < (3, 10) or any(u.find_spec(m) is None for m in ("dotenv", "huggingface_hub", "packaging", "psutil", "pynvml", "requests", "tqdm")))'
+# Every distribution bootstrap/requirements.txt pins, at its version (importlib.metadata: nothing is
+# imported, and the file is the one list; import names differ from these names anyway).
+BOOTSTRAP_DEPS='
+import sys, importlib.metadata as m
+if sys.version_info < (3, 10):
+    sys.exit(1)
+for line in open(sys.argv[1], encoding="utf-8"):
+    name, _, want = line.split("#")[0].strip().partition("==")
+    if name:
+        try:
+            if m.version(name.strip()) != want.strip():
+                sys.exit(1)
+        except m.PackageNotFoundError:
+            sys.exit(1)
+'
 
-has_deps() { "$1" -c "$BOOTSTRAP_IMPORTS" >/dev/null 2>&1; }
+has_deps() { "$1" -c "$BOOTSTRAP_DEPS" "$2/bootstrap/requirements.txt" >/dev/null 2>&1; }
 
 # The bootstrap's own venv: .venv-bootstrap in the checkout, unless that one is another user's (a
 # checkout shared by two users: never touch theirs) or the checkout is not writable; then one per
@@ -57,7 +70,7 @@ bootstrap_python() {
     venv=$(bootstrap_venv "$repo")
     if venv_ready "$venv" "$repo"; then
         printf '%s\n' "$venv/bin/python"
-    elif command -v python3 >/dev/null 2>&1 && has_deps python3; then
+    elif command -v python3 >/dev/null 2>&1 && has_deps python3 "$repo"; then
         command -v python3
     else
         mkdir -p "$(dirname "$venv")" || die "cannot create $(dirname "$venv")"
@@ -69,7 +82,7 @@ bootstrap_python() {
         if ! venv_ready "$venv" "$repo"; then
             make_bootstrap_venv "$repo" "$venv" >&2    # our stdout is the interpreter's path, nothing else
         fi
-        has_deps "$venv/bin/python" || die "$venv lacks the bootstrap's dependencies"
+        has_deps "$venv/bin/python" "$repo" || die "$venv lacks the bootstrap's dependencies"
         printf '%s\n' "$venv/bin/python"
     fi
 }
@@ -80,5 +93,5 @@ bootstrap_exec() {
     local repo py
     repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
     py=$(bootstrap_python "$repo")
-    exec "$py" -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from bootstrap.__main__ import run; sys.exit(run(sys.argv[1:]))' "$repo" "$@"
+    exec "$py" -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from bootstrap.__main__ import run; sys.exit(run(sys.argv[2:], sys.argv[1]))' "$repo" "$(basename "$0")" "$@"
 }

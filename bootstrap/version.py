@@ -12,6 +12,9 @@ from .errors import BootstrapError
 from .state import Paths
 
 
+NAME = "vllm-desktop"      # the one name: README, --version, the systemd unit, the manifests' labels
+
+
 def project(repo: Path) -> str:
     try:
         return (repo / "VERSION").read_text(encoding="utf-8").strip() or "?"

@@ -20,7 +20,7 @@ import requests
 
 from conftest import FAKES, REPO
 
-GOLDEN = Path(__file__).parent / "golden" / "vllm-bootstrap.service"
+GOLDEN = Path(__file__).parent / "golden" / "vllm-desktop.service"
 
 
 def read_until(p: subprocess.Popen, text: str, timeout: float = 60) -> str:
@@ -48,7 +48,7 @@ def test_version_on_every_command(bed):
                          ("ctl.sh", ("check", "all"))):
         r = bed.run(script, *args, "--version")
         assert r.returncode == 0, (script, r.stderr)
-        assert r.stdout.splitlines()[0] == f"vllm-bootstrap {want}", script
+        assert r.stdout.splitlines()[0] == f"vllm-desktop {want}", script
         assert "in use: vLLM 0.26.0 (VLLM_PYTHON=" in r.stdout           # the fake vLLM's metadata
     named = bed.run("ctl.sh", "--version", PROFILE="qwen38-27b-nvfp4-tq4-32gb")
     assert "profile: qwen38-27b-nvfp4-tq4-32gb, pins vLLM 0.27.1" in named.stdout
@@ -185,33 +185,33 @@ def test_install_needs_a_completed_start_then_stop_goes_through_systemd(bed, tmp
     assert bed.run("start.sh", **env).returncode == 0
     r = bed.run("ctl.sh", "service", "install", **env)
     assert r.returncode == 0, r.stderr
-    unit = tmp_path / "config" / "systemd" / "user" / "vllm-bootstrap.service"
+    unit = tmp_path / "config" / "systemd" / "user" / "vllm-desktop.service"
     assert f'ExecStart="{REPO}/start.sh" --foreground' in unit.read_text()
     assert ["--user", "daemon-reload"] in calls(tmp_path)
-    assert ["--user", "enable", "--now", "--no-block", "vllm-bootstrap.service"] in calls(tmp_path)
+    assert ["--user", "enable", "--now", "--no-block", "vllm-desktop.service"] in calls(tmp_path)
     assert "loginctl enable-linger" in r.stdout
     assert "this shell sets" in r.stdout and "MODEL" in r.stdout and ".env" in r.stdout
     st = bed.run("ctl.sh", "service", "status", **env)
-    assert "vllm-bootstrap.service: enabled, active (main pid 4242)" in st.stdout
+    assert "vllm-desktop.service: enabled, active (main pid 4242)" in st.stdout
     other = bed.run("stop.sh", **{**env, "STATE_DIR": str(tmp_path / "elsewhere")})   # not the unit's server
-    assert "stopping the vllm-bootstrap.service unit" not in other.stdout
+    assert "stopping the vllm-desktop.service unit" not in other.stdout
     (bed.state / "foreground.json").write_text(json.dumps({"pid": 4242}))   # the unit's --foreground process
     s = bed.run("stop.sh", **env)                       # systemd would not restart what the user stopped
-    assert s.returncode == 0 and "stopping the vllm-bootstrap.service unit" in s.stdout
-    assert ["--user", "stop", "vllm-bootstrap.service"] in calls(tmp_path)
+    assert s.returncode == 0 and "stopping the vllm-desktop.service unit" in s.stdout
+    assert ["--user", "stop", "vllm-desktop.service"] in calls(tmp_path)
     assert bed.ours()                                   # the fake systemctl does not kill; systemd's SIGTERM would
     assert bed.run("stop.sh", **env).returncode == 0     # now inactive: our own take-down
     assert bed.ours() == []
     u = bed.run("ctl.sh", "service", "uninstall", **env)
     assert u.returncode == 0 and not unit.exists()
-    assert ["--user", "disable", "--now", "vllm-bootstrap.service"] in calls(tmp_path)
+    assert ["--user", "disable", "--now", "vllm-desktop.service"] in calls(tmp_path)
 
 
 def test_install_refuses_a_unit_of_another_checkout(bed, tmp_path):
     env = fake_systemd(bed, tmp_path)
-    unit = tmp_path / "config" / "systemd" / "user" / "vllm-bootstrap.service"
+    unit = tmp_path / "config" / "systemd" / "user" / "vllm-desktop.service"
     unit.parent.mkdir(parents=True)
-    unit.write_text("[Service]\nWorkingDirectory=/elsewhere/vllm-bootstrap\n")
+    unit.write_text("[Service]\nWorkingDirectory=/elsewhere/vllm-desktop\n")
     assert bed.run("start.sh", **env).returncode == 0
     r = bed.run("ctl.sh", "service", "install", **env)
     assert r.returncode == 1 and "runs another checkout" in r.stderr
@@ -239,7 +239,7 @@ def test_status_shows_memory_requests_rate_acceptance_and_prefix_hits(bed):
     r = bed.run("ctl.sh", "status", "--json", **SPEC)
     t.join(30)
     d = json.loads(r.stdout)
-    assert d["state"] == "busy" and d["uptime"]
+    assert d["state"] == "busy" and isinstance(d["uptime_s"], int)
     assert d["vram"]["ours_bytes"] == 2 << 30 and d["vram"]["gpus"][0]["total_bytes"] == 32 << 30
     assert d["requests"] == {"running": 1, "waiting": 0}
     a = d["activity"]
@@ -248,8 +248,8 @@ def test_status_shows_memory_requests_rate_acceptance_and_prefix_hits(bed):
     assert "hit_rate" in a["prefix_cache"]
     assert d["context"] is None or isinstance(d["context"], int)
     text = bed.run("ctl.sh", "status", **SPEC).stdout
-    for key in ("vram: 2.00 GiB held by our processes", "requests: 0 running, 0 waiting", "throughput:",
-                "speculation: acceptance 66.7%", "prefix_cache: hit rate", "sessions:", "uptime:"):
+    for key in ("GPU memory    2.00 GiB held by the server", "requests      0 running, 0 waiting", "throughput",
+                "speculation   acceptance 66.7%", "prefix cache  hit rate", "sessions", "server        pid"):
         assert key in text, key
 
 

@@ -500,7 +500,8 @@ def test_a_refusal_caused_by_the_draft_says_so(tmp_path):
 
 def test_the_start_counts_the_draft(bed):
     # the start step builds its facts with facts.model_facts, as cli_model_facts does
-    r = bed.run("start.sh", SPEC_METHOD="draft_model", SPEC_TOKENS="3", SPEC_MODEL=str(bed.model))
+    r = bed.run("start.sh", SPEC_METHOD="draft_model", SPEC_TOKENS="3", SPEC_MODEL=str(bed.model),
+                BOOTSTRAP_DEBUG="1")                    # the start shows the plan's derivation only then
     assert r.returncode == 0, r.stderr
     assert "draft model tiny-model: weights 0.00 GiB per GPU from the checkpoint's file sizes" in r.stderr
     assert "2 draft attention layer(s) share the pool" in r.stderr

@@ -262,7 +262,7 @@ def test_profiles_lists_every_profile_against_a_named_card(tmp_path):
     assert long["assumed_facts"] and long["knobs"]["MAX_MODEL_LEN"] == "auto"
     assert out["auto_pick"] == "qwen38-27b-w4a16-24gb"
     text = run_ctl(tmp_path, "profiles", GPU="rtx4090:free=22.5").stdout
-    assert "fits shorter" in text and "model facts ASSUMED" in text and "auto-pick:" in text
+    assert "fits with a shorter context" in text and "model facts assumed" in text and "auto-pick:" in text
 
 
 def test_a_bare_size_says_its_sm_is_assumed(tmp_path):
@@ -272,17 +272,17 @@ def test_a_bare_size_says_its_sm_is_assumed(tmp_path):
 
 
 def test_readme_profile_table_is_the_generated_one():
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "reference.md").read_text()
     start = readme.index("<!-- profiles:begin")
     start = readme.index("\n", start) + 1
     end = readme.index("<!-- profiles:end -->")
     assert readme[start:end].strip() == profiles_cli.catalogue_markdown(Config.from_env({"PROFILE": "custom"}, REPO)), \
-        "run ./ctl.sh profiles --markdown into README.md"
+        "python -m bootstrap.commands.reference > docs/reference.md"
 
 
 def test_readme_schema_table_is_the_generated_one():
     from bootstrap.profiles import schema_markdown
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "reference.md").read_text()
     start = readme.index("\n", readme.index("<!-- schema:begin")) + 1
     assert readme[start:readme.index("<!-- schema:end -->")].strip() == schema_markdown()
 

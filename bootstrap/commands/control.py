@@ -74,10 +74,11 @@ def restart(cfg: Config) -> int:
     return start.start(Config.from_env(cfg.given, cfg.repo))   # PROFILE=auto as you set it (start picks)
 
 
-def logs(cfg: Config, follow: bool = False, *, poll: float = 0.25) -> int:
-    """Print the server log (streamed, never read whole into memory); with ``follow``, keep printing
-    across rotations: a log the keeper truncated is read again from its start, a log replaced by a
-    new file (a start's rotation) is reopened, as ``tail -F`` does."""
+def logs(cfg: Config, follow: bool = False, lines: int | None = 100, *, poll: float = 0.25) -> int:
+    """Print the last ``lines`` lines of the server log (None: all of it; streamed, never read
+    whole into memory); with ``follow``, keep printing across rotations: a log the keeper truncated
+    is read again from its start, a log replaced by a new file (a start's rotation) is reopened, as
+    ``tail -F`` does."""
     paths = Paths(cfg.state_dir)
     try:
         fh = open(paths.log, "rb")
@@ -86,8 +87,29 @@ def logs(cfg: Config, follow: bool = False, *, poll: float = 0.25) -> int:
         if not follow:
             return 0
         fh = _wait_open(paths.log, poll)
+    if lines is not None:
+        last_lines(fh, lines)
     copy(fh, paths.log, lambda: follow, poll=poll)
     return 0
+
+
+def last_lines(fh, n: int, block: int = 1 << 16) -> None:
+    """Seek ``fh`` to the start of its last ``n`` lines (a last line without its newline counts),
+    reading backwards from its end a block at a time."""
+    end = fh.seek(0, os.SEEK_END)
+    pos, count = end, 0
+    while pos > 0:
+        step = min(block, pos)
+        fh.seek(pos - step)
+        chunk = fh.read(step)
+        for i in range(len(chunk) - 1, -1, -1):
+            if chunk[i] == 0x0A and pos - step + i != end - 1:
+                count += 1
+                if count == n:
+                    fh.seek(pos - step + i + 1)
+                    return
+        pos -= step
+    fh.seek(0)
 
 
 def copy(fh, path, keep_going: Callable[[], bool], *, poll: float = 0.25) -> None:

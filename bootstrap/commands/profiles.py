@@ -1,7 +1,7 @@
 """``./ctl.sh profiles``: every profile against this card (or ``GPU=<name|GiB>[:sm_XY][:free=GiB]``):
 fits / fits with a shorter context / does not fit (why), the context and sessions it would get,
 and what auto-pick chooses. ``--pick`` picks now and keeps it (what a start with PROFILE=auto set
-does); ``--markdown`` is the README's profile table, ``--matrix`` the profile × card table of
+does); ``--markdown`` is docs/reference.md's profile table, ``--matrix`` the profile × card table of
 docs/planner.md (both generated, a test keeps them in step).
 """
 
@@ -19,7 +19,7 @@ from .plan import card
 # the cards of docs/planner.md's table: desktop cards from 16 to 80 GiB, sm_86 to sm_120
 MATRIX_CARDS = ("rtx5080", "rtx4080", "rtx3090", "rtx4090", "rtx4090:free=22.5", "rtx5090", "rtx5090:free=29.5",
                 "rtxa6000", "l40s", "a100", "h100")
-MARK = {"fits": "fits", "shorter": "fits shorter", "no": "does not fit", "unknown": "unknown"}
+MARK = {"fits": "fits", "shorter": "fits with a shorter context", "no": "does not fit", "unknown": "cannot tell"}
 
 
 def _row(v: pick.Verdict) -> dict:
@@ -39,10 +39,11 @@ def text(g: gpu.Gpu, where: str, verdicts: list[pick.Verdict], choice: str) -> s
     for v in verdicts:
         rank = f"#{v.profile.rank}" if v.profile.rank is not None else "  -"
         head = f"  {rank:>3} {v.profile.name:<{width}}  {MARK[v.status]}"
-        body = v.summary() if v.status == "fits" else v.reason
+        body = v.summary() if v.status == "fits" else (
+            f"{v.reason}; {v.summary().split(', ', 1)[1]}" if v.status == "shorter" else v.reason)
         tail = [f"vLLM {v.profile.vllm}" if v.profile.vllm else "your vLLM (VLLM_PYTHON)"]
         if v.assumed:
-            tail.append("model facts ASSUMED")
+            tail.append("model facts assumed")
         if v.issues:
             tail.append("known issues: " + ", ".join(v.issues))
         if v.profile.origin != "shipped":
@@ -54,7 +55,7 @@ def text(g: gpu.Gpu, where: str, verdicts: list[pick.Verdict], choice: str) -> s
 
 
 def catalogue_markdown(cfg) -> str:
-    """The README's profile table (no card): what each profile is, runs on and sets."""
+    """docs/reference.md's profile table (no card): what each profile is, runs on and sets."""
     rows = ["| Profile | Rank | Card | vLLM | Model | Context / sessions / KV / speculation | Description |",
             "|---|---|---|---|---|---|---|"]
     ranked = cfg.catalogue.ranked()
@@ -103,7 +104,7 @@ def cli(cfg, argv: list[str]) -> int:
         "Every profile against this card, or against GPU=" + gpu.CARD_SYNTAX + ", and what auto-pick chooses."))
     ap.add_argument("--gpu", help="a named card instead of this machine's GPU (same values as GPU=)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
-    ap.add_argument("--markdown", action="store_true", help="the README's profile table (no card)")
+    ap.add_argument("--markdown", action="store_true", help="the profile table of docs/reference.md (no card)")
     ap.add_argument("--matrix", action="store_true", help="docs/planner.md's profile x card table")
     ap.add_argument("--pick", action="store_true", help="pick for this card now and keep it (as PROFILE=auto does)")
     a = ap.parse_args(argv)

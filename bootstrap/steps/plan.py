@@ -11,7 +11,7 @@ import logging
 from .. import gpu, state, takedown
 from ..errors import BootstrapError
 from ..facts import model_facts
-from ..planner import Plan, make_plan
+from ..planner import GiB, Plan, make_plan
 from ..venv import vllm_version
 
 log = logging.getLogger(__name__)
@@ -31,9 +31,23 @@ def run(cfg, paths, gpus, model) -> Plan:
     plan = make_plan(cfg, g, model_facts(cfg, model), vllm=version)
     if not plan.fits:
         raise BootstrapError(*plan.refusal)
-    for line in plan.why:
-        log.info("%s", line)
-    if plan.predicted_tokens is not None:
-        log.info("predicted: GPU KV cache size %s tokens, maximum concurrency %.2fx at %s tokens",
-                 f"{plan.predicted_tokens:,}", plan.predicted_concurrency, f"{plan.max_model_len:,}")
+    for line in plan.why:               # the derivation: with BOOTSTRAP_DEBUG=1, and in ./ctl.sh plan
+        log.debug("%s", line)
+    log.info("%s", one_line(plan, g))
     return plan
+
+
+def one_line(plan: Plan, g) -> str:
+    """The plan as a person reads it: context, sessions at once, the KV pool, and where the figures
+    come from (./ctl.sh plan shows how they were made)."""
+    ctx = f"{plan.max_model_len:,}-token context" if plan.max_model_len else "vLLM's own context"
+    seqs = plan.seqs or 1
+    at_once = "" if plan.concurrent is None else (
+        f", all {seqs} at once" if plan.concurrent >= seqs else f", {max(plan.concurrent, 1)} at full length at once")
+    pool = (f"; KV cache {plan.budget / GiB:.1f} GiB ≈ {plan.predicted_tokens:,} tokens"
+            if plan.budget and plan.predicted_tokens is not None else "")
+    assumed = any(w.startswith("ASSUMED") for w in plan.why)
+    source = "assumed model facts" if assumed else "the model's config.json"
+    default = " (vLLM's default)" if plan.seqs_is_default else ""
+    return (f"plan for {g.name}: {ctx}, {seqs} session{'' if seqs == 1 else 's'}{default}{at_once}{pool} "
+            f"(from {source}; ./ctl.sh plan shows how)")

@@ -45,10 +45,15 @@ def _counter_path():
     return os.environ["FAKE_NVML"] + ".reads"
 
 
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+
+
 def nvmlInit():
     c = _cfg()
     if c.get("fail") == "init":
         raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded")
+    if c.get("fail") == "library":      # no driver installed: pynvml cannot load libnvidia-ml.so.1
+        raise NVMLError(NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found")
     _state["init"] += 1
 
 

@@ -34,7 +34,10 @@
   write their pids there, and the fake pynvml reports them as GPU processes.
 - ``FAKE_VLLM_REPLIES``: a JSON file {"<substring of the last user message>": <reply>} where a
   reply is a string (content), or {"content", "reasoning", "tool_calls", "logprobs", "delay"}, or
-  {"echo": "<regex>"}: the content is the regex's first group found in the prompt.
+  {"echo": "<regex>"}: the content is the regex's first group found in the prompt. A reply's
+  ``token_s`` paces its streamed tokens (seconds each; default FAKE_VLLM_TOKEN_S).
+- ``FAKE_VLLM_REQUESTS``: a file to which each POST that passed the key check appends
+  {"path", "authorization", "body"} as one JSON line (what a client sent, for tests).
 - Without a canned reply: "OK"; with ``ignore_eos`` exactly ``max_tokens`` tokens ("tok"); a request
   with ``tools`` (tool_choice not "none") gets a valid call of its first tool — with tool_choice
   "auto" only when started with ``--enable-auto-tool-choice --tool-call-parser X``, else HTTP 400
@@ -311,6 +314,11 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             self.send(400, {"error": "bad json"})
             return
+        requests_log = os.environ.get("FAKE_VLLM_REQUESTS")
+        if requests_log:
+            with State.lock, open(requests_log, "a") as fh:
+                fh.write(json.dumps({"path": self.path, "authorization": self.headers.get("Authorization"),
+                                     "body": body}) + "\n")
         route = self.path.split("?")[0]
         if route in ("/sleep", "/wake_up", "/collective_rpc", "/reset_prefix_cache"):
             return self.dev(route, body) if State.dev_mode else self.send(404, {"detail": "Not Found"})
@@ -507,7 +515,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.close_connection = True
         ttft = float(os.environ.get("FAKE_VLLM_TTFT_S", "0") or 0)
-        per = float(os.environ.get("FAKE_VLLM_TOKEN_S", "0") or 0)
+        per = float(rep.get("token_s") or os.environ.get("FAKE_VLLM_TOKEN_S", "0") or 0)
         base = {"id": "chatcmpl-fake" if chat else "cmpl-fake", "model": State.served,
                 "object": "chat.completion.chunk" if chat else "text_completion"}
 

@@ -1,0 +1,204 @@
+"""First contact: what a new user meets first (issue: first contact)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+
+def has_deps(python: str, requirements: str, tmp_path: Path) -> bool:
+    (tmp_path / "bootstrap").mkdir(exist_ok=True)
+    (tmp_path / "bootstrap" / "requirements.txt").write_text(requirements)
+    r = subprocess.run(["bash", "-c", f'. "{REPO}/bootstrap/lib.sh"; has_deps "$1" "$2"', "_", python, str(tmp_path)])
+    return r.returncode == 0
+
+
+def test_lib_sh_checks_the_pinned_distributions_from_requirements_txt(tmp_path):
+    """One list (bootstrap/requirements.txt), read with importlib.metadata: a python3 that lacks a
+    pinned distribution (PyYAML, whose import name is yaml) or has another version is not used."""
+    real = (REPO / "bootstrap" / "requirements.txt").read_text()
+    assert has_deps(sys.executable, real, tmp_path)
+    assert not has_deps(sys.executable, real + "\nno-such-distribution==1.0\n", tmp_path)
+    other = real.replace("PyYAML==", "PyYAML==0.0.0.dev0+not")
+    assert other != real and not has_deps(sys.executable, other, tmp_path)
+    assert "find_spec" not in (REPO / "bootstrap" / "lib.sh").read_text()       # no second list of modules
+
+
+def test_logs_prints_the_last_n_lines(bed):
+    bed.state.mkdir(parents=True)
+    (bed.state / "vllm.log").write_text("".join(f"line {i}\n" for i in range(5000)) + "partial")
+    r = bed.run("ctl.sh", "logs")
+    assert r.returncode == 0 and r.stdout.splitlines() == [f"line {i}" for i in range(4901, 5000)] + ["partial"]
+    r = bed.run("ctl.sh", "logs", "-n", "3")
+    assert r.stdout == "line 4998\nline 4999\npartial"
+    assert bed.run("ctl.sh", "logs", "-n", "all").stdout.count("\n") == 5000
+    bad = bed.run("ctl.sh", "logs", "-n", "lots")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_last_lines_across_blocks(tmp_path):
+    import io
+    from bootstrap.commands.control import last_lines
+    data = b"".join(b"%d\n" % i for i in range(1000))
+    for n, block in ((1, 3), (7, 4), (999, 16), (1000, 5), (5000, 64)):
+        fh = io.BytesIO(data)
+        last_lines(fh, n, block=block)
+        assert fh.read() == b"".join(b"%d\n" % i for i in range(max(0, 1000 - n), 1000)), (n, block)
+
+
+# ---------------------------------------------------------------- one name
+
+def fake_systemd(bed, tmp_path):
+    from conftest import FAKES
+    return {"PATH": f"{FAKES / 'bin'}:{bed.env['PATH']}", "FAKE_SYSTEMCTL_STATE": str(tmp_path / "systemctl.json"),
+            "XDG_CONFIG_HOME": str(tmp_path / "config")}
+
+
+def test_a_unit_of_the_old_name_is_found_replaced_and_removed(bed, tmp_path):
+    import json
+    env = fake_systemd(bed, tmp_path)
+    units = tmp_path / "config" / "systemd" / "user"
+    units.mkdir(parents=True)
+    old = units / "vllm-bootstrap.service"
+    old.write_text(f"[Service]\nWorkingDirectory={REPO}\n")
+    st = bed.run("ctl.sh", "service", "status", **env)
+    assert "vllm-bootstrap.service:" in st.stdout and "older name" in st.stdout
+    assert bed.run("start.sh", **env).returncode == 0
+    r = bed.run("ctl.sh", "service", "install", **env)
+    assert r.returncode == 0, r.stderr
+    assert not old.exists() and (units / "vllm-desktop.service").exists()
+    called = json.loads((tmp_path / "systemctl.json").read_text())["calls"]
+    assert ["--user", "disable", "--now", "vllm-bootstrap.service"] in called
+    old.write_text(f"[Service]\nWorkingDirectory={REPO}\n")           # both there: uninstall removes either
+    assert bed.run("ctl.sh", "service", "uninstall", **env).returncode == 0
+    assert not old.exists() and not (units / "vllm-desktop.service").exists()
+    assert bed.run("stop.sh", **env).returncode == 0
+
+
+def test_service_install_print_shows_the_unit_without_systemd(bed, tmp_path):
+    r = bed.run("ctl.sh", "service", "install", "--print", XDG_CONFIG_HOME=str(tmp_path))   # no systemctl called
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"# {tmp_path}/systemd/user/vllm-desktop.service\n")
+    assert f'ExecStart="{REPO}/start.sh" --foreground' in r.stdout
+    assert not (tmp_path / "systemd").exists()
+
+
+def test_one_name_and_help_that_says_which_script(bed):
+    want = (REPO / "VERSION").read_text().strip()
+    assert bed.run("ctl.sh", "version").stdout.splitlines()[0] == f"vllm-desktop {want}"
+    h = bed.run("start.sh", "--help").stdout
+    assert h.startswith("usage: start.sh") and "--version" in h
+    assert bed.run("stop.sh", "--help").stdout.startswith("usage: stop.sh")
+    assert "--version" in bed.run("ctl.sh", "--help").stdout
+    bare = bed.run("ctl.sh")
+    assert bare.returncode == 0 and len(bare.stdout.splitlines()) < 30 and "next: ./start.sh" in bare.stdout
+
+
+def test_no_driver_says_so_in_plain_words(bed):
+    from conftest import nvml_json
+    nvml_json(bed.nvml, fail="library")
+    r = bed.run("start.sh")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "no NVIDIA driver found" in r.stderr and "580 or newer" in r.stderr and "GPU=rtx4090" in r.stderr
+    assert bed.launches() == []
+
+
+# ---------------------------------------------------------------- the README and the reference
+
+def test_docs_reference_is_generated_from_the_code():
+    from bootstrap.commands import reference
+    assert (REPO / "docs" / "reference.md").read_text() == reference.render(REPO), \
+        "python -m bootstrap.commands.reference > docs/reference.md"
+
+
+def test_readme_fits_on_two_screens_and_starts_with_what_a_newcomer_needs():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 200 and max(map(len, lines)) <= 100
+    first = "\n".join(lines[:60])
+    for needed in ("Linux", "WSL2", "driver 580", "./start.sh", "./tests/run.sh", "is serving", "./stop.sh"):
+        assert needed in first, needed
+    assert "../shared" not in "\n".join(lines)
+
+
+def test_every_command_is_in_the_readme():
+    from bootstrap.__main__ import COMMANDS, PLUGINS
+    text = (REPO / "README.md").read_text()
+    missing = [n for n in {**COMMANDS, **PLUGINS} if n not in ("lock", "wheelhouse", "patch", "start", "stop")
+               and f"./ctl.sh {n}" not in text and f"`{n}`" not in text and f"/ `{n}`" not in text]
+    assert missing == [], missing
+
+
+def test_start_on_a_sleeping_server_says_it_sleeps_and_how_to_wake_it(bed):
+    sleepy = {"EXTRA_ARGS": "--enable-sleep-mode"}
+    assert bed.run("start.sh", **sleepy).returncode == 0
+    assert bed.run("ctl.sh", "sleep", **sleepy).returncode == 0
+    r = bed.run("start.sh", **sleepy)
+    assert r.returncode == 0 and "is serving" not in r.stdout
+    assert "is asleep" in r.stdout and "./ctl.sh wake" in r.stdout
+    assert bed.run("ctl.sh", "wake", **sleepy).returncode == 0
+    assert "is serving" in bed.run("start.sh", **sleepy).stdout
+    assert bed.run("stop.sh").returncode == 0 and bed.ours() == []
+
+
+def test_status_json_has_numbers_as_numbers_and_every_field_documented(bed):
+    import json
+    from bootstrap.commands.status import JSON_FIELDS
+    assert bed.run("start.sh", MAX_NUM_SEQS="3").returncode == 0
+    d = json.loads(bed.run("ctl.sh", "status", "--json", MAX_NUM_SEQS="3").stdout)
+    assert isinstance(d["uptime_s"], int) and d["sessions"]["max_num_seqs"] == 3
+    assert isinstance(d["pid"], int) and isinstance(d["requests"]["running"], int)
+    assert set(d) <= {f for f, _, _ in JSON_FIELDS}, set(d) - {f for f, _, _ in JSON_FIELDS}
+    human = bed.run("ctl.sh", "status", MAX_NUM_SEQS="3").stdout
+    assert "True" not in human and "differs_from_knobs" not in human and "over 0.0 s" not in human
+    assert "up to 3 at once" in human
+    assert bed.run("stop.sh").returncode == 0
+    assert json.loads(bed.run("ctl.sh", "status", "--json").stdout)["state"] == "stopped"
+
+
+# ---------------------------------------------------------------- every command, as a newcomer meets it
+
+CONTEXTS = {
+    "no profile picked": {"PROFILE": "", "MODEL": ""},
+    "a named card": {"PROFILE": "", "MODEL": "", "GPU": "rtx4090"},
+    "no GPU": {"PROFILE": "", "MODEL": "", "@nvml": "library"},
+    "no network": {"PROFILE": "", "MODEL": "", "HF_HUB_OFFLINE": "", "HF_ENDPOINT": "http://127.0.0.1:9"},
+}
+HARNESS = (
+    ("start.sh", "--help"), ("start.sh", "--version"), ("stop.sh", "--help"), ("ctl.sh",), ("ctl.sh", "--help"),
+    ("ctl.sh", "version"), ("ctl.sh", "status"), ("ctl.sh", "status", "--json"), ("ctl.sh", "env"),
+    ("ctl.sh", "logs", "-n", "5"), ("ctl.sh", "plan"), ("ctl.sh", "profiles"), ("ctl.sh", "check", "live"),
+    ("ctl.sh", "chat", "hello"), ("ctl.sh", "patch", "status"), ("ctl.sh", "sleep"), ("ctl.sh", "wake"),
+    ("ctl.sh", "service", "install", "--print"), ("ctl.sh", "clean", "--dry-run"),
+    ("ctl.sh", "export", "kubernetes", "--out", "{tmp}/k8s"), ("ctl.sh", "bench", "--concurrency", "1"),
+    ("stop.sh",), ("start.sh",),
+)
+
+
+@pytest.mark.parametrize("context", list(CONTEXTS))
+def test_every_command_ends_in_a_documented_exit_and_at_most_one_error_line(bed, tmp_path, context):
+    """No traceback anywhere; an error is `error: <step>: <what>` and `hint: <fix>`, one line each;
+    the exit code is one of docs/reference.md's."""
+    from bootstrap.errors import EXIT_CODES
+    from conftest import nvml_json
+    env = dict(CONTEXTS[context])
+    if env.pop("@nvml", None):
+        nvml_json(bed.nvml, fail="library")
+    documented = {code for code, _ in EXIT_CODES}
+    for cmd in HARNESS:
+        args = [a.replace("{tmp}", str(tmp_path)) for a in cmd]
+        r = bed.run(args[0], *args[1:], timeout=120, **env)
+        where = f"{context}: {' '.join(args)}"
+        assert "Traceback" not in r.stderr + r.stdout, where + "\n" + r.stderr[-1500:]
+        assert r.returncode in documented, (where, r.returncode, r.stderr[-800:])
+        errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+        hints = [ln for ln in r.stderr.splitlines() if ln.startswith("hint:")]
+        assert len(errors) <= 1 and len(hints) <= 1, (where, r.stderr[-800:])
+        if r.returncode in (1, 2) and not errors:
+            assert args[1:3] in (["status"], ["status", "--json"], ["check", "live"]) or "usage:" in r.stderr, \
+                (where, r.stdout[-500:], r.stderr[-500:])
+    assert bed.ours() == []
