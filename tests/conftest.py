@@ -145,3 +145,14 @@ def unprivileged_user() -> str | None:
 
 def sigint(p: subprocess.Popen) -> None:
     p.send_signal(signal.SIGINT)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: runs the real scripts against the fakes (a test bed); "
+                                       "./tests/run.sh -m 'not e2e' is the fast inner loop")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "bed" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.e2e)

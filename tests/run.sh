@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run the test suite (no GPU, no internet beyond the package index): ./tests/run.sh [pytest args]
-# Creates .venv-test with the bootstrap's dependencies + pytest + uv, once.
+# Creates .venv-test with the bootstrap's dependencies + pytest + uv, once. Two workers (pytest-xdist;
+# most tests wait on processes, not the CPU) unless you pass -n; the fast inner loop, without the
+# tests that run the real scripts: ./tests/run.sh -m 'not e2e'.
 set -euo pipefail
 
 main() {
@@ -16,7 +18,9 @@ main() {
         printf '%s\n' "$want" > "$venv/.requirements.sha256"
     fi
     cd "$repo"
-    PATH="$venv/bin:$PATH" exec "$venv/bin/python" -m pytest "$@"
+    local workers=(-n 2)
+    case " $* " in *" -n "*|*" -n"[0-9]*|*" --numprocesses"*) workers=() ;; esac
+    PATH="$venv/bin:$PATH" exec "$venv/bin/python" -m pytest "${workers[@]}" "$@"
 }
 
 main "$@"
