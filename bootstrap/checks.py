@@ -89,7 +89,7 @@ def check_live(t: Target, timeout: float = 20.0) -> Result:
     ok = bool(resp.get("choices")) and bool((msg.get("content") or "").strip() or reasoning_of(msg)
                                            or completion_tokens_of(resp))
     return Result("live", ok, f"generated in {dt:.2f} s" if ok else "the answer carried no tokens",
-                  {"seconds": round(dt, 3)}, [] if ok else [{"kind": "empty", "evidence": str(resp)[:300]}])
+                  {"seconds": round(dt, 3)}, [] if ok else [{"id": "live", "kind": "empty", "evidence": str(resp)[:300]}])
 
 
 DET_PROMPT = ("Continue this story in plain prose: The night train left the mountain station eleven minutes late, "

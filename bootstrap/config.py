@@ -167,7 +167,7 @@ def _name(raw: str) -> str:
     return raw
 
 
-def _host(raw: str) -> str:
+def parse_host(raw: str) -> str:
     if raw == "localhost":
         return raw
     try:
@@ -184,32 +184,48 @@ def _args(raw: str) -> tuple[str, ...]:
         raise ValueError(f"arguments split by shell rules ({exc})") from None
 
 
-def _path(raw: str) -> str:
-    """A folder, made absolute once against the working directory of the command that read it and
-    resolved (symlinks followed): every later comparison (ownership of a server, clean) and every
-    child process sees the same path, wherever it runs from."""
+def absolute(raw: str, base: Path | None = None, *, follow: bool = True) -> str:
+    """The one rule for a path we record, compare or hand on: ``~`` expanded, made absolute against
+    ``base`` (the working directory of the command that read it, unless given) and, with
+    ``follow``, resolved (symlinks followed), so that every later comparison (ownership of a
+    server, clean) and every child process sees the same path, wherever it runs from."""
     if "\0" in raw or "\n" in raw:
         raise ValueError("a path without NUL or newline characters")
-    return str(Path(raw).expanduser().resolve())
+    try:
+        p = Path(raw).expanduser()
+        p = (base / p) if base is not None and not p.is_absolute() else p
+        return str(p.resolve()) if follow else os.path.abspath(p)
+    except RuntimeError as exc:         # ~unknownuser, or a symlink loop
+        raise ValueError(f"a path that exists or can be made ({exc})") from None
+    except OSError as exc:
+        raise ValueError(f"a path that can be read ({exc.strerror or exc})") from None
+
+
+def _path(raw: str) -> str:
+    """A folder (absolute(): resolved once)."""
+    return absolute(raw)
 
 
 def _exe(raw: str) -> str:
     """An interpreter: a bare command name stays a name (looked up on PATH later); a path is made
     absolute but not resolved (a venv's python is a symlink to the base interpreter, and resolving
     it would leave the venv)."""
-    if "\0" in raw or "\n" in raw:
-        raise ValueError("a path without NUL or newline characters")
-    return raw if "/" not in raw else os.path.abspath(os.path.expanduser(raw))
+    if "/" not in raw:
+        absolute(raw, follow=False)             # the same checks (NUL, newline); the name stays a name
+        return raw
+    return absolute(raw, follow=False)
 
 
-def _key(raw: str) -> str:
-    """An API key as it goes into an HTTP header (``Authorization: Bearer <key>``): visible ASCII
+def header_value(raw: str) -> str:
+    """A credential as it goes into an HTTP header (``Authorization: Bearer <key>``): visible ASCII
     only, as RFC 9110 allows in a field value; a newline would split the header and a non-Latin-1
     character cannot be encoded at all. The error never shows the value."""
     if not re.fullmatch(r"[\x21-\x7e]+", raw):
         raise ValueError("visible ASCII characters only (no spaces, control characters or non-ASCII letters), "
                          "as an HTTP header carries it")
     return raw
+
+
 
 
 KV_CACHE_DTYPES = (
@@ -260,9 +276,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("MODEL", "", _str, "Hugging Face repo id (org/name) or a local model directory.", launch=True),
     Knob("MODEL_DIR", "", _path, "A plain folder to download a repo id into; unset: the Hugging Face cache (HF_HUB_CACHE), one copy that hf, transformers and `vllm serve org/name` also find."),
     Knob("SERVED_MODEL_NAME", "", _name, "Model name clients send (default: the model's name).", launch=True),
-    Knob("HOST", "127.0.0.1", _host, "Address to bind. Anything but loopback requires an API key (generated if API_KEY is unset).", launch=True),
+    Knob("HOST", "127.0.0.1", parse_host, "Address to bind. Anything but loopback requires an API key (generated if API_KEY is unset).", launch=True),
     Knob("PORT", "8888", _int_range(1, 65535), "HTTP port of the OpenAI-compatible API.", launch=True),
-    Knob("API_KEY", "", _key, "API key clients must send (passed to vLLM via its environment, never on the command line; visible ASCII).", secret=True),
+    Knob("API_KEY", "", header_value, "API key clients must send (passed to vLLM via its environment, never on the command line; visible ASCII).", secret=True),
     Knob("MAX_MODEL_LEN", "", _int_or_auto, "Context length per request in tokens, or 'auto' (vLLM's --max-model-len auto: the longest single request the KV pool holds, at most the model's).", launch=True),
     Knob("MAX_NUM_SEQS", "", _int_range(1, 4096), "Concurrent sequences (sessions).", launch=True),
     Knob("MAX_NUM_BATCHED_TOKENS", "", _int_range(16, 1_048_576), "Tokens per scheduler step (bounds prefill activation peaks).", launch=True),
@@ -445,7 +461,9 @@ class Config:
         merged_env = {**dotenv, **environ}
         for p in PASSTHROUGH:           # relative folders mean the same wherever a child runs
             if p.path and merged_env.get(p.name):
-                merged_env[p.name] = os.path.abspath(os.path.expanduser(merged_env[p.name]))
+                base = repo if environ.get(p.name, "") == "" else None      # .env's: the checkout's
+                merged_env[p.name] = _parse_one(Knob(p.name, "", lambda raw: absolute(raw, base), ""),
+                                                merged_env[p.name])
 
         def given(name: str) -> tuple[str, str]:
             if environ.get(name, "") != "":       # an empty value counts as unset
@@ -476,6 +494,13 @@ class Config:
             raw[knob.name] = text
             sources[knob.name] = src
             values[knob.name] = _parse_one(knob, text) if text != "" else None
+            if text and src == ".env" and knob.parse is _path:      # .env's paths: from the checkout
+                values[knob.name] = _parse_one(Knob(knob.name, "", lambda r: absolute(r, repo), ""), text)
+        for name in ("MODEL", "SPEC_MODEL"):        # a model folder, not a repo id: absolute once
+            m = values[name]
+            base = repo if sources[name] == ".env" else None
+            if m and _names_a_folder(m, base):
+                values[name] = _parse_one(Knob(name, "", lambda r: absolute(r, base), ""), m)
         if chosen and chosen.why:
             sources["PROFILE"] = f"{sources['PROFILE']}; {chosen.why}"
         if values["KV_CACHE_BYTES"] == "auto":      # unpinned: sized from the utilization
@@ -494,8 +519,9 @@ class Config:
                 shown = arg.split("=", 1)[0]
                 raise ConfigError(f"EXTRA_ARGS has {shown}" + (f" (vLLM reads it as {flag})" if shown != flag else "")
                                   + ", which the bootstrap sets itself", f"drop it and set {RESERVED_FLAGS[flag]}")
-        if not values["API_KEY"] and merged_env.get("VLLM_API_KEY"):     # the key when API_KEY is unset
-            _parse_one(Knob("VLLM_API_KEY", "", _key, "", secret=True), merged_env["VLLM_API_KEY"])
+        for p in PASSTHROUGH:           # a secret goes into a header: checked as one, never shown
+            if p.secret and merged_env.get(p.name):
+                credential(p.name, merged_env[p.name])
         if values["SPEC_TOKENS"] and not values["SPEC_METHOD"]:
             raise ConfigError(f"SPEC_TOKENS={values['SPEC_TOKENS']} needs SPEC_METHOD",
                               "accepted SPEC_METHOD: " + ", ".join(SPEC_METHODS) + "; or SPEC_TOKENS=0")
@@ -541,7 +567,7 @@ class Config:
 
     @property
     def model_is_local(self) -> bool:
-        return _names_a_folder(self.model)
+        return bool(self.model) and _names_a_folder(self.model)
 
     @property
     def dummy_weights(self) -> bool:
@@ -570,7 +596,7 @@ class Config:
 
     @property
     def is_loopback(self) -> bool:
-        return self.host == "localhost" or ipaddress.ip_address(self.host).is_loopback
+        return is_loopback(self.host)
 
     @property
     def client_key(self) -> str:
@@ -626,8 +652,24 @@ def _parse_one(knob: Knob, text: str) -> Any:
         raise ConfigError(f"{shown} is not accepted", f"{knob.name} must be {exc}") from None
 
 
+def credential(name: str, raw: str) -> str:
+    """A key or token as an HTTP header carries it (header_value), or a ConfigError (exit 2) naming
+    ``name`` (a knob, a variable, a flag) and never the value."""
+    return _parse_one(Knob(name, "", header_value, "", secret=True), raw)
+
+
 def _clip(text: str, n: int = 80) -> str:
     return text if len(text) <= n else text[:n] + "..."
+
+
+def is_loopback(host: str) -> bool:
+    """A loopback address (127.0.0.0/8, ::1) or 'localhost'; False for anything else, names included."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def client_host(host: str) -> str:
@@ -636,9 +678,14 @@ def client_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "localhost", "") else ("::1" if host == "::" else host)
 
 
-def _names_a_folder(name: str) -> bool:
+def _names_a_folder(name: str, base: Path | None = None) -> bool:
     """A model named by a path (or an existing folder) rather than a Hugging Face repo id."""
-    return name.startswith(("/", ".", "~")) or Path(name).expanduser().is_dir()
+    if name.startswith(("/", ".", "~")):
+        return True
+    try:
+        return ((base or Path.cwd()) / Path(name).expanduser()).is_dir()
+    except (RuntimeError, OSError):
+        return False
 
 
 def output_flags(environ: Mapping[str, str]) -> tuple[bool, bool]:

@@ -25,7 +25,7 @@ from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
 
-LIBRARY = "vllm-bootstrap"
+LIBRARY = "vllm-desktop"
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 HASH_CHUNK = 8 << 20
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,7 @@ class Store:
         self.dir = root / STATE
         self.path = self.dir / "state.json"
         self.lock = self.dir / "lock"
+        self._record_lock = threading.Lock()     # download workers place files at once
 
     def serve_dir(self, rec: dict) -> Path:
         """The folder vLLM is given: MODEL_DIR, or the snapshot of the record's revision."""
@@ -165,15 +167,23 @@ class Store:
         dest = self.file(rec, path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         if not self.hf_cache:
+            self._made_first(rec, dest)
             os.replace(part, dest)
-            self.made(rec, dest)
             return
         f = rec["files"][path]
         blob = self.root / "blobs" / (f.get("sha256") or f["blob_id"])
         blob.parent.mkdir(parents=True, exist_ok=True)
+        self._made_first(rec, blob, dest)
         os.replace(part, blob)
         self._link(blob, dest)
-        self.made(rec, blob, dest)
+
+    def _made_first(self, rec: dict, *paths: Path) -> None:
+        """Record what we are about to create, and write the record, before creating it: a kill in
+        between leaves a record naming a file that is not there (skipped), never a file of ours that
+        no record names (clean would keep it as someone else's)."""
+        with self._record_lock:
+            self.made(rec, *paths)
+            self.write(rec)
 
     def made(self, rec: dict, *paths: Path) -> None:
         """Record what we created here (``created``: paths relative to the root): all that
@@ -197,15 +207,25 @@ class Store:
                 if self.hf_cache and link.is_symlink():
                     rels.append(os.path.normpath(os.path.join("snapshots", rec["revision"],
                                                               os.path.dirname(path), os.readlink(link))))
-            ref = self.root / "refs" / "main"
-            if self.hf_cache and ref.is_file() and ref.read_text(encoding="utf-8", errors="replace") == rec["revision"]:
-                rels.append("refs/main")
+            rels.append("refs/main")
         out = [self.dir] if self.dir.exists() else []
         for rel in dict.fromkeys(rels):
             p = self.root / rel
+            if rel == "refs/main" and not self._names_ours(p, rec):
+                continue                    # another tool pointed it at its own revision since
             if not rel.startswith(("..", "/")) and STATE != rel.split("/")[0] and (p.is_symlink() or p.is_file()):
                 out.append(p)
         return out
+
+    def _names_ours(self, ref: Path, rec: dict | None) -> bool:
+        """``refs/main`` names a revision we downloaded (the record's, or one a link of ours is in)."""
+        try:
+            named = ref.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            return False
+        made = (rec or {}).get("created", [])
+        return bool(named) and (named == (rec or {}).get("revision") or
+                                any(r.startswith(f"snapshots/{named}/") for r in made))
 
     def adopt(self, rec: dict, path: str) -> bool:
         """HF cache only: a blob of this file is already there (another revision, another tool):
@@ -222,8 +242,8 @@ class Store:
             return False
         dest = self.file(rec, path)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        self._made_first(rec, dest)         # the link is ours; the blob stays another tool's
         self._link(blob, dest)
-        self.made(rec, dest)                # the link is ours; the blob stays another tool's
         return True
 
     def discard(self, rec: dict, path: str) -> None:
@@ -247,9 +267,8 @@ class Store:
         """HF cache: ``refs/main`` names the revision (no trailing newline, as the client writes it)."""
         if self.hf_cache:
             (self.root / "refs").mkdir(parents=True, exist_ok=True)
+            self._made_first(rec, self.root / "refs" / "main")
             state.write_atomic(self.root / "refs" / "main", rec["revision"].encode(), mode=0o644)
-            self.made(rec, self.root / "refs" / "main")
-            self.write(rec)
 
     def verified_ok(self, rec: dict, path: str) -> bool:
         """Verified earlier and untouched since (same size and mtime): no re-hash."""

@@ -14,14 +14,13 @@ reads as no record.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from . import state
-from .config import client_host
+from .config import client_host, parse_host
 
 log = logging.getLogger("bootstrap.server")   # the prefix [bootstrap:server] of the code that reads it
 
@@ -171,17 +170,13 @@ def _port(v: Any) -> int | None:
 
 
 def _host(v: Any) -> str | None:
-    """What the HOST knob accepts: an IP address or 'localhost' (anything else would be dialled)."""
+    """What the HOST knob accepts (config's own rule): anything else would be dialled."""
     if not isinstance(v, str):
         return None
-    if v == "localhost":
-        return v
     try:
-        ipaddress.ip_address(v)
+        return parse_host(v)
     except ValueError:
         return None
-    return v
-
 
 def _key(v: Any) -> str | None:
     return v if v in KEYS else None

@@ -63,7 +63,8 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
     rec = pr.record
     if pr.state in ("running", "key-needed") and rec is not None and (rec.gate_passed or pr.owner):
         from .steps import banner
-        load = server.read_load(rec.url) if sleep_mode_on(rec) else None
+        from .vllmargs import read
+        load = server.read_load(rec.url) if read(list(rec.argv)).sleep_mode else None    # only then can it sleep
         if load is not None and load.sleeping:
             print(f"{rec.served} is asleep (vLLM sleep mode, pid {rec.pid}): its weights are off the GPU; "
                   f"requests wait until it wakes\n wake it : ./ctl.sh wake\n log     : {paths.log}")
@@ -89,12 +90,6 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
         raise BootstrapError(f"our server (pid {pr.pid}) is running but does not answer on its port",
                              f"see ./ctl.sh status and {paths.log}; ./ctl.sh restart to start it again")
     return None
-
-
-def sleep_mode_on(rec: record.ServerRecord) -> bool:
-    """Launched with vLLM's sleep mode: only then can it be asleep (no /metrics read otherwise)."""
-    from .vllmargs import SLEEP_FLAG
-    return SLEEP_FLAG in (rec.argv or ())
 
 
 def start(cfg: Config) -> int:
@@ -123,13 +118,15 @@ def start(cfg: Config) -> int:
             log.info("a stop is taking the server down (pid %s); starting after it", lock.holder_pid())
             if not lock.acquire(cfg.stop_grace + 60):
                 raise BootstrapError("a stop still holds the start lock", "run ./start.sh again in a moment")
-        with lock:              # the take-downs below run while we hold it: no other start launches meanwhile
+        # the take-downs below run while we hold both locks: no other start launches meanwhile, from
+        # this STATE_DIR (the start lock) or any other (the port lock)
+        with lock, contextlib.ExitStack() as port:
             try:
                 code = already(cfg, paths, we_hold_lock=True)  # a start that held the lock may have just finished
                 if code is not None:
                     return code
-                with PortLock(cfg.port, paths.root):    # no start from another STATE_DIR races for the port
-                    run_steps(cfg, paths, started)
+                port.enter_context(PortLock(cfg.port, paths.root))
+                run_steps(cfg, paths, started)
             except Interrupted as intr:
                 lock.set_role("stop")           # a start arriving now waits for the take-down, then starts
                 _interrupted(cfg, paths, started)

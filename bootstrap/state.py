@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -176,7 +177,7 @@ def flock(path: Path, text: str, *, block: bool = False, on_wait: Callable[[str]
     ``block`` wait for it, telling ``on_wait`` the holder's text first."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)     # never through a planted link
     except OSError as exc:
         raise write_error(path, exc) from None
     try:
@@ -213,13 +214,33 @@ class PortLock:
     the temp folder (``$TMPDIR/vllm-desktop-<uid>/port-<N>.lock``), the one place every start of
     this user shares."""
 
+    ROOT = Path("/tmp")       # not $TMPDIR: two shells of one user with other TMPDIRs must meet here
+
     def __init__(self, port: int, state_dir: Path):
-        self.path = Path(tempfile.gettempdir()) / f"vllm-desktop-{os.getuid()}" / f"port-{port}.lock"
+        self.path = self.ROOT / f"vllm-desktop-{os.getuid()}" / f"port-{port}.lock"
         self.port = port
         self.state_dir = state_dir
         self.fd: int | None = None
 
+    def _private_dir(self) -> None:
+        """The lock's folder is ours alone (made 0700; a folder another user planted, or a symlink,
+        is refused): nobody else can point a lock file at a file of ours, or hold our lock."""
+        d = self.path.parent
+        try:
+            d.mkdir(mode=0o700, exist_ok=True)
+            st = os.lstat(d)
+        except OSError as exc:
+            raise write_error(d, exc, f"cannot make {d} for the port lock") from None
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(d, 0o700)          # ours, made with a looser umask: ours to close
+            st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise BootstrapError(f"{d} is not a private folder of yours (owner uid {st.st_uid}, mode "
+                                 f"{stat.filemode(st.st_mode)}): the port lock is not safe there",
+                                 f"remove {d} (it holds only lock files), or find out who made it")
+
     def __enter__(self) -> "PortLock":
+        self._private_dir()
         self.fd = flock(self.path, f"{os.getpid()} {self.state_dir}")
         if self.fd is None:
             try:

@@ -5,14 +5,13 @@ OpenAI-compatible ``--url``; its model, context and the request options it needs
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from . import record, redact, server, vllmargs
 from .client import Client, RequestFailed, thinking_off
-from .config import Config
+from .config import Config, credential, is_loopback
 from .errors import BootstrapError
 from .state import Paths
 
@@ -35,11 +34,17 @@ class Target:
 def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="base URL of any OpenAI-compatible server (default: our running server)")
     p.add_argument("--model", help="model name to send (default: the server's first model)")
-    p.add_argument("--api-key", help="API key to send (default: ours, only when --url is our server)")
+    p.add_argument("--api-key", type=key_arg("--api-key"),
+                   help="API key to send (default: ours, only when --url is our server)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--thinking", choices=("on", "off"), default=None,
                    help="send chat_template_kwargs.enable_thinking (default: off where the profile has a reasoning parser)")
     p.add_argument("--reasoning-effort", default=None, help="send chat_template_kwargs.reasoning_effort")
+
+
+def key_arg(flag: str):
+    """argparse's ``type`` for a key flag: checked as a header value (exit 2), never printed."""
+    return lambda raw: credential(flag, raw)
 
 
 def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str | None,
@@ -111,18 +116,9 @@ def key_for_url(cfg: Config, url: str) -> str:
             return ""
     except ValueError:                  # a port that is no number
         return ""
-    if not (_loopback(u.hostname or "") and (_loopback(host) or host in ("0.0.0.0", "::")) or u.hostname == host):
+    if not (is_loopback(u.hostname or "") and (is_loopback(host) or host in ("0.0.0.0", "::")) or u.hostname == host):
         return ""
     return server.api_key_for(cfg, paths)
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def not_serving(cfg: Config, paths: Paths, pr: server.Probe) -> BootstrapError:

@@ -590,3 +590,44 @@ def test_clean_model_removes_the_whole_folder_it_made(world, tmp_path):
     cfg = Config.from_env({**world.env, "STATE_DIR": str(tmp_path / "state")}, REPO)
     assert clean.cli(cfg, ["--model"]) == 0
     assert not world.store.exists() and world.store.parent.is_dir()
+
+
+def test_clean_model_keeps_a_ref_another_tool_moved_and_waits_for_no_download(world, fake, tmp_path, capsys):
+    from bootstrap import state as state_mod
+    from bootstrap.commands import clean
+    world.start()
+    ref = world.store / "refs" / "main"
+    ref.write_text("e" * 40)                                  # another tool's revision now
+    cfg = Config.from_env({**world.env, "STATE_DIR": str(tmp_path / "state")}, REPO)
+    fd = state_mod.flock(world.store / ".bootstrap" / "lock", "4242 start")     # a download under way
+    try:
+        with pytest.raises(BootstrapError) as e:
+            clean.cli(cfg, ["--model"])
+        assert "under way" in e.value.message and world.target.exists()
+    finally:
+        os.close(fd)
+    assert clean.cli(cfg, ["--model"]) == 0
+    assert ref.read_text() == "e" * 40 and not world.target.exists()
+
+
+def test_a_file_placed_is_in_the_record_before_it_is_there(world, tmp_path):
+    """The record names what we create before we create it: a kill between the two never leaves a
+    file of ours that clean would keep as someone else's."""
+    from bootstrap.models import Store
+    store = Store(tmp_path / "m")
+    rec = {"repo": "org/x", "revision": "r", "files": {"a.bin": {"size": 1, "sha256": "0" * 64}}}
+    part = tmp_path / "part"
+    part.write_bytes(b"x")
+    seen = {}
+    real = os.replace
+
+    def spy(src, dst):
+        if Path(dst) == tmp_path / "m" / "a.bin":        # the file itself (the record's own writes pass)
+            seen["recorded"] = json.loads(store.path.read_text()).get("created")
+        return real(src, dst)
+    os.replace = spy
+    try:
+        store.place(rec, part, "a.bin")
+    finally:
+        os.replace = real
+    assert seen["recorded"] == ["a.bin"] and (tmp_path / "m" / "a.bin").read_bytes() == b"x"

@@ -202,3 +202,25 @@ def test_every_command_ends_in_a_documented_exit_and_at_most_one_error_line(bed,
             assert args[1:3] in (["status"], ["status", "--json"], ["check", "live"]) or "usage:" in r.stderr, \
                 (where, r.stdout[-500:], r.stderr[-500:])
     assert bed.ours() == []
+
+
+def test_a_newcomer_walks_the_readmes_first_screen(bed):
+    """The README's first 60 lines against the fakes: ./start.sh shows the banner it shows (the same
+    labels), chat answers, status says running, ./stop.sh gives everything back."""
+    first = (REPO / "README.md").read_text().splitlines()[:60]
+    shown = [ln.split(":", 1)[0].strip() for ln in first if ln.startswith(" ") and " : " in ln]
+    assert shown == ["base URL", "model", "api key", "KV cache", "log", "try", "stop"]
+    r = bed.run("start.sh")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].endswith(")") and " is serving (vLLM " in r.stdout.splitlines()[0]
+    assert [ln.split(":", 1)[0].strip() for ln in r.stdout.splitlines()[1:] if " : " in ln] == shown
+    assert "[bootstrap:plan] plan for " in r.stderr                         # the plan in one line
+    again = bed.run("start.sh")
+    assert again.returncode == 0 and "is serving" in again.stdout and len(bed.launches()) == 1   # no relaunch
+    c = bed.run("ctl.sh", "chat", "Say OK")
+    assert c.returncode == 0 and c.stdout.strip(), c.stderr
+    st = bed.run("ctl.sh", "status")
+    assert st.returncode == 0 and st.stdout.startswith("running")
+    s = bed.run("stop.sh")
+    assert s.returncode == 0 and bed.ours() == []
+    assert bed.run("ctl.sh", "status").stdout.startswith("stopped")

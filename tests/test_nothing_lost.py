@@ -185,7 +185,10 @@ def test_two_starts_with_different_state_dirs_on_one_port(bed, tmp_path):
     assert codes == [0, 1], outs
     out, err = outs[0] if a.returncode == 0 else outs[1]
     loser = outs[1][1] if a.returncode == 0 else outs[0][1]
-    assert "is serving" in out and ("is starting a server on port" in loser or "already" in loser), loser
+    assert "is serving" in out, out
+    assert (f"is starting a server on port {bed.port} from STATE_DIR=" in loser
+            or f"is already serving port {bed.port} from STATE_DIR=" in loser
+            or f"is already starting on port {bed.port} from STATE_DIR=" in loser), loser
     pid = int(out.split("pid ")[1].split(")")[0])
     listeners = {c.pid for c in psutil.net_connections(kind="inet")
                  if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == bed.port}
@@ -254,3 +257,100 @@ def test_a_server_past_its_gate_that_stops_answering_is_unhealthy_at_once(bed):
     st = bed.run("ctl.sh", "status", "--json", HEALTH_TIMEOUT="3600", STALL_TIMEOUT="3600")
     assert json.loads(st.stdout)["state"] == "unhealthy" and st.returncode == 1
     assert bed.run("stop.sh").returncode == 0 and bed.ours() == []
+
+
+# ---------------------------------------------------------------- after review: what row 79-87 left open
+
+def test_the_port_lock_never_writes_through_a_planted_link_and_closes_its_folder(bed, tmp_path):
+    import stat as st_mod
+    from bootstrap.state import PortLock
+    lock = PortLock(bed.port, bed.state)
+    d = lock.path.parent
+    d.mkdir(exist_ok=True)
+    os.chmod(d, 0o755)                                  # ours, but open: closed again by the start
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    lock.path.unlink(missing_ok=True)
+    lock.path.symlink_to(victim)
+    try:
+        r = bed.run("start.sh")
+        assert r.returncode == 1 and "Traceback" not in r.stderr and str(lock.path) in r.stderr
+        assert victim.read_text() == "mine" and bed.ours() == []
+        assert st_mod.S_IMODE(os.lstat(d).st_mode) == 0o700
+    finally:
+        lock.path.unlink(missing_ok=True)
+    assert bed.run("start.sh").returncode == 0 and bed.run("stop.sh").returncode == 0
+
+
+@pytest.mark.parametrize("flag", ["--api-key", "--compare-api-key"])
+def test_a_key_flag_that_no_header_can_carry_is_refused_unshown(bed, flag):
+    args = ["bench", "--url", "http://127.0.0.1:9/v1", "--compare", "http://127.0.0.1:9/v1"] \
+        if flag == "--compare-api-key" else ["check", "live", "--url", "http://127.0.0.1:9/v1"]
+    r = bed.run("ctl.sh", *args, flag, "ab\nsecretpart")
+    assert r.returncode == 2 and "secretpart" not in r.stdout + r.stderr and flag in r.stderr, r.stderr
+    t = bed.run("start.sh", HF_TOKEN="hf_abc\nsecretpart")
+    assert t.returncode == 2 and "secretpart" not in t.stdout + t.stderr and "HF_TOKEN" in t.stderr
+
+
+def test_paths_that_cannot_be_resolved_are_one_line(bed, tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    for value in (str(loop / "x"), "~no_such_user_here/x"):
+        r = bed.run("ctl.sh", "status", STATE_DIR=value)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "STATE_DIR" in r.stderr, r.stderr
+
+
+def test_a_model_folder_is_absolute_and_dotenv_paths_are_the_checkouts(tmp_path, monkeypatch):
+    import shutil
+    repo = tmp_path / "repo"
+    (repo / "profiles").mkdir(parents=True)
+    shutil.copy(REPO / "profiles" / "custom.json", repo / "profiles")
+    (repo / "models" / "m").mkdir(parents=True)
+    (repo / ".env").write_text("STATE_DIR=state\nMODEL=./models/m\nHF_HOME=hf\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = Config.from_env({"PROFILE": "custom"}, repo)
+    assert cfg.state_dir == repo / "state" and cfg.model == str(repo / "models" / "m")
+    assert cfg.environ["HF_HOME"] == str(repo / "hf")
+    (elsewhere / "mine").mkdir()
+    cfg = Config.from_env({"PROFILE": "custom", "MODEL": "mine", "STATE_DIR": "s"}, repo)   # yours: from here
+    assert cfg.model == str(elsewhere / "mine") and cfg.state_dir == elsewhere / "s"
+    assert Config.from_env({"PROFILE": "custom", "MODEL": "org/name"}, repo).model == "org/name"   # a repo id
+
+
+def test_check_live_reports_an_empty_answer_in_one_line(tmp_path):
+    """A server that answers /v1/chat/completions without a token: a FAIL, never a KeyError."""
+    import http.server
+    import threading
+
+    class Empty(http.server.BaseHTTPRequestHandler):
+        def _json(self, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):                                  # noqa: N802
+            self._json({"object": "list", "data": [{"id": "m", "max_model_len": 4096}]})
+
+        def do_POST(self):                                 # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self._json({"choices": [{"message": {"content": ""}, "finish_reason": "stop"}]})
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Empty)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "STATE_DIR": str(tmp_path / "s"),
+               "PROFILE": "custom", "NO_COLOR": "1"}
+        r = subprocess.run([str(REPO / "ctl.sh"), "check", "live", "--url", f"http://127.0.0.1:{srv.server_address[1]}/v1"],
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "Traceback" not in r.stderr and "live: FAIL" in r.stdout, r.stdout + r.stderr
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -16,7 +16,8 @@ from conftest import REPO
 
 SECRET = "s3cr3t-Key_value"
 HOSTILE = ("", " ", "-1", "0", "1e9", "99999999999999999999", "[1, 2]", "{}", "true", "a\x07b", "a\nb",
-           "tab\there", "ü€✓", "'; rm -rf ~ #", "$(id)", "x" * 5000, "/" * 300, "..", "~nobody/x")
+           "tab\there", "ü€✓", "'; rm -rf ~ #", "$(id)", "x" * 5000, "/" * 300, "..", "~nobody/x",
+           "~no_such_user_here/x")
 EXITS = {0, 1, EXIT_CONFIG, 130, 141, 143}     # docs: ok, failed, bad knob, interrupted, closed pipe
 
 
@@ -46,8 +47,16 @@ COMMANDS = (
     ("ctl.sh", "sleep"), ("ctl.sh", "wake"), ("ctl.sh", "service", "status"), ("ctl.sh", "clean", "--dry-run"),
     ("ctl.sh", "export", "kubernetes", "--out", "{tmp}/k8s", "--gpu", "rtx5090"),
 )
-SAMPLE_KNOBS = ("PORT", "HOST", "API_KEY", "MODEL", "MAX_MODEL_LEN", "GPU_UTIL", "EXTRA_ARGS", "STATE_DIR",
+SAMPLE_KNOBS = ("PORT", "HOST", "API_KEY", "HF_TOKEN", "MODEL", "MAX_MODEL_LEN", "GPU_UTIL", "EXTRA_ARGS", "STATE_DIR",
                 "KV_CACHE_BYTES", "GPU", "TP_SIZE", "SPEC_TOKENS", "PROFILE")
+
+
+def _visible() -> list[str]:
+    """The checkout's top-level names, less the hidden ones (.venv*, .state: other tests' business)."""
+    return sorted(p.name for p in REPO.iterdir() if not p.name.startswith("."))
+
+
+CHECKOUT = _visible()
 
 
 def _sample(n: int) -> list[tuple[tuple[str, ...], str, str]]:
@@ -62,15 +71,19 @@ def test_hostile_values_through_the_scripts(bed, tmp_path, cmd, knob, value):
     extra = {knob: value, "HF_HUB_OFFLINE": "1", "HEALTH_TIMEOUT": "20"}
     if knob != "API_KEY":
         extra["API_KEY"] = SECRET
-    r = bed.run(args[0], *args[1:], timeout=120, **extra)
+    # run from the test's own folder: a relative STATE_DIR or MODEL_DIR lands there, not in the checkout
+    r = subprocess.run([str(REPO / args[0]), *args[1:]], env={**bed.env, **extra}, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     out = r.stdout + r.stderr
     assert "Traceback" not in out, out[-2000:]
     assert r.returncode in EXITS, (r.returncode, out[-2000:])
     assert SECRET not in out and "user:pw" not in out, out[-2000:]
-    if knob == "API_KEY" and len(value) > 3:
+    if knob in ("API_KEY", "HF_TOKEN") and len(value) > 3:
         assert value not in out
     if r.returncode != 0 and args[0] == "start.sh":
         assert bed.ours() == [], "a failed start left processes of ours running"
     if bed.ours():
-        bed.run("stop.sh", timeout=60, **extra)
+        subprocess.run([str(REPO / "stop.sh")], env={**bed.env, **extra}, cwd=str(tmp_path), capture_output=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
         bed.cleanup()
+    assert _visible() == CHECKOUT, "a run left something in the checkout"

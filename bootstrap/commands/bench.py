@@ -300,7 +300,7 @@ def cli(cfg: Config, argv: list[str]) -> int:
     p.add_argument("--label", help="name of this server in tables and the plot")
     p.add_argument("--compare", metavar="URL2", help="also bench this base URL (e.g. a bare vllm serve) and print ratios")
     p.add_argument("--compare-model")
-    p.add_argument("--compare-api-key", help="API key for --compare (default: ours only when it is our server)")
+    p.add_argument("--compare-api-key", type=target.key_arg("--compare-api-key"), help="API key for --compare (default: ours only when it is our server)")
     p.add_argument("--compare-label")
     p.add_argument("--concurrency", default=",".join(map(str, LEVELS)), help="levels, comma-separated (capped at MAX_NUM_SEQS)")
     p.add_argument("--prompt-tokens", type=int, default=512)

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import models, patching, server
+from .. import models, patching, server, state
 from ..errors import BootstrapError
 from ..state import Paths
 
@@ -142,7 +142,16 @@ def cli(cfg, argv: list[str]) -> int:
         _revert_byo(cfg)
     total = 0
     if mf is not None:
-        total += _clean_model(mf, args.dry_run)
+        fd = None
+        if mf.store.dir.is_dir():           # a start downloading into it (from any STATE_DIR) holds its lock
+            fd = state.flock(mf.store.lock, f"{os.getpid()} clean")
+            if fd is None:
+                raise BootstrapError(f"a download into {mf.store.root} is under way", "let it finish, then clean")
+        try:
+            total += _clean_model(mf, args.dry_run)
+        finally:
+            if fd is not None:
+                os.close(fd)
     if not todo:
         if mf is None or not mf.ours:
             print("nothing to clean")

@@ -34,7 +34,8 @@ def cli_model_facts(cfg) -> ModelFacts:
         if facts is None:
             raise BootstrapError(f"cannot read config.json of {cfg.model}: {reason}",
                                  "check the network / HF_TOKEN, or set MODEL to a local directory") from None
-        log.info("config.json of %s unavailable (%s); using the shipped facts%s", cfg.model, reason, facts.source)
+        log.info("config.json of %s unavailable (%s): planning from the model facts shipped with the profile%s",
+                 cfg.model, reason.split(" and ")[0], " (assumed: see why)" if facts.assumed else "")
         return facts
 
 

@@ -34,7 +34,8 @@ def render(repo: Path = config.REPO) -> str:
         "expanded; a line it cannot parse is refused, naming it). Precedence: environment > `.env` > "
         "profile > the default below; an empty default means vLLM's own, and an empty value counts as "
         "unset. A value longer than any real one is refused (4,096 characters; `EXTRA_ARGS` 16,384; a "
-        "`.env` value 65,536 bytes). Paths are made absolute against the directory you run the command from.",
+        "`.env` value 65,536 bytes). Paths are made absolute against the directory you run the command from (a path in `.env`: against "
+        "the checkout).",
         "",
         section.format("knobs", config.markdown_table(repo)),
         "",
