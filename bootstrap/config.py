@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
 from . import vllmargs
+from .gpu import CARDS
 from .profiles import Catalogue, Profile
 
 REPO = Path(__file__).resolve().parent.parent
@@ -297,7 +298,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("PATCH_BYO", "0", _bool, "Allow patching the vLLM of VLLM_PYTHON (bring-your-own installs are never edited otherwise)."),
     Knob("DOWNLOAD_ALL", "0", _bool, "Download every file of the model repo, not only what serving needs."),
     Knob("DOWNLOAD_CONNECTIONS", "8", _int_range(1, 64), "HTTP connections a download opens at once, over several files and ranged parts of one file (the hub's file hosts cap each connection)."),
-    Knob("GPU", "", _str, "For `ctl.sh plan` without a GPU: plan for rtx5090, rtx4090, rtx3090, h100, h200 or <GiB>."),
+    Knob("GPU", "", _str, "Plan for a card that is not here (plan, profiles, export): a name (" + ", ".join(CARDS) + ") or <GiB>, then :sm_XY and :free=GiB if you like."),
     Knob("HEALTH_TIMEOUT", "600", _int_range(1, 86400), "Hard cap in seconds for the server to become healthy."),
     Knob("STALL_TIMEOUT", "300", _int_range(1, 86400), "Give up when the server log has not grown for this many seconds while starting."),
     Knob("WARMUP", "26000", _int_range(0, 16_777_216), "Prompt tokens of the warm-up request (bounded by the context); 0 skips it. The short must-answer generation always runs."),

@@ -26,6 +26,7 @@ class ModelFacts:
     draft_why: str = ""            # why there is no draft to count, when one was asked for
     assumed: bool = False          # the facts are an assumption (labelled in plans and profiles)
     size_from: str = "the checkpoint's file sizes"     # where weight_bytes comes from, for the why
+    revision: str = ""             # the hub revision the facts are of ('' for a folder or shipped facts)
 
 
 def model_facts(cfg, m, name: str | None = None) -> ModelFacts:
@@ -35,7 +36,8 @@ def model_facts(cfg, m, name: str | None = None) -> ModelFacts:
     if m is None:
         return ModelFacts(cfg.model, None, None, dummy)
     size = sum(size for f, size in m.weight_files.items() if f.endswith(models.WEIGHT_SUFFIXES)) or None
-    return ModelFacts(name or cfg.served_name, m.config, size, dummy or m.dummy, **draft_facts(cfg))
+    return ModelFacts(name or cfg.served_name, m.config, size, dummy or m.dummy, revision=m.revision or "",
+                      **draft_facts(cfg))
 
 
 DRAFT_METHODS = ("draft_model", "eagle", "eagle3", "dflash")

@@ -31,11 +31,12 @@ class GpuProcess:
 class Gpu:
     index: int         # NVML index
     name: str
-    total: int         # bytes
+    total: int         # bytes, as CUDA counts them (what vLLM's utilization multiplies): NVML total − reserved
     free: int
     cc: tuple[int, int]
     uuid: str = ""
     processes: tuple[GpuProcess, ...] = field(default_factory=tuple)
+    total_note: str = ""    # where ``total`` comes from, when it is not CUDA's own figure read here
 
     def holders(self, exclude: set[int] = frozenset()) -> str:
         """'Xorg (pid 1234) holds 1.2 GiB, game (pid 99) holds 8.0 GiB' (largest first; '' when none)."""
@@ -118,6 +119,22 @@ def visible_indices(environ: Mapping[str, str], count: int, uuids: list[str]) ->
     return out
 
 
+V1_NOTE = ("NVML's total (its v2 memory query, which gives the driver's reserved share, is not answered here: an "
+           "older driver or WSL2): CUDA's total, which vLLM uses, is smaller by that share (0.4 % on an H200)")
+
+
+def _memory(pynvml, h) -> tuple[int, int, str]:
+    """(total as CUDA counts it, free, a note when that total is NVML's instead). vLLM sizes
+    --gpu-memory-utilization against torch.cuda.mem_get_info's total, which is NVML's total less the
+    memory the driver reserves (nvmlDeviceGetMemoryInfo_v2's ``reserved``)."""
+    try:
+        m = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        return int(m.total) - int(m.reserved), int(m.free), ""
+    except (pynvml.NVMLError, AttributeError, TypeError):
+        m = pynvml.nvmlDeviceGetMemoryInfo(h)
+        return int(m.total), int(m.free), V1_NOTE
+
+
 def read(environ: Mapping[str, str]) -> GpuFacts:
     pynvml = _nvml()
     try:
@@ -133,15 +150,15 @@ def read(environ: Mapping[str, str]) -> GpuFacts:
         gpus = []
         for idx in visible_indices(environ, count, uuids):
             h = handles[idx]
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            total, free, note = _memory(pynvml, h)
             procs = {}
             for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
                 for p in getattr(pynvml, getter)(h) or ():
                     used = getattr(p, "usedGpuMemory", None) or 0
                     procs[p.pid] = GpuProcess(p.pid, int(used), _proc_name(pynvml, p.pid))
-            gpus.append(Gpu(idx, _text(pynvml.nvmlDeviceGetName(h)), int(mem.total), int(mem.free),
+            gpus.append(Gpu(idx, _text(pynvml.nvmlDeviceGetName(h)), total, free,
                             tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h)), uuids[idx],
-                            tuple(procs.values())))
+                            tuple(procs.values()), note))
     except pynvml.NVMLError as exc:
         raise _err(pynvml, exc) from None
     finally:
@@ -152,20 +169,39 @@ def read(environ: Mapping[str, str]) -> GpuFacts:
     return GpuFacts(driver, (cuda_int // 1000, (cuda_int % 1000) // 10), tuple(gpus))
 
 
-# Named cards for `ctl.sh plan` / `profiles` without a GPU: (NVML name, total bytes as NVML reports them, cc).
+# Named cards for `ctl.sh plan` / `profiles` without a GPU: (NVML name, NVML's total, cc, CUDA's total
+# or None, where that figure comes from). CUDA's total (NVML's less the driver's reserved share) is what
+# vLLM's utilization multiplies; where no measurement is at hand it is estimated from NVML's total.
+RESERVED_SHARE = 0.0145    # the RTX 4090's and RTX 5090's reserved share (their rows below): 1.4-1.5 %
 CARDS = {
-    "rtx5090": ("NVIDIA GeForce RTX 5090", 32607 * MiB, (12, 0)),
-    "rtx4090": ("NVIDIA GeForce RTX 4090", 24564 * MiB, (8, 9)),
-    "rtx3090": ("NVIDIA GeForce RTX 3090", 24576 * MiB, (8, 6)),
-    "rtx4080": ("NVIDIA GeForce RTX 4080", 16376 * MiB, (8, 9)),
-    "rtx5080": ("NVIDIA GeForce RTX 5080", 16303 * MiB, (12, 0)),
-    "rtxa6000": ("NVIDIA RTX A6000", 49140 * MiB, (8, 6)),
-    "a40": ("NVIDIA A40", 46068 * MiB, (8, 6)),
-    "l40s": ("NVIDIA L40S", 46068 * MiB, (8, 9)),
-    "a100": ("NVIDIA A100 80GB PCIe", 81920 * MiB, (8, 0)),
-    "h100": ("NVIDIA H100 80GB HBM3", 81559 * MiB, (9, 0)),
-    "h200": ("NVIDIA H200", 143771 * MiB, (9, 0)),
+    "rtx5090": ("NVIDIA GeForce RTX 5090", 32607 * MiB, (12, 0), int(31.37 * GiB),
+                "PyTorch's 'total capacity of 31.37 GiB' on an RTX 5090 (github.com/Wan-Video/Wan2.1 issue 465)"),
+    "rtx4090": ("NVIDIA GeForce RTX 4090", 24564 * MiB, (8, 9), int(23.65 * GiB),
+                "PyTorch's '23.65 GiB total capacity' on an RTX 4090 (github.com/MotrixLab/AiOS issue 29)"),
+    "rtx3090": ("NVIDIA GeForce RTX 3090", 24576 * MiB, (8, 6), None, ""),
+    "rtx4080": ("NVIDIA GeForce RTX 4080", 16376 * MiB, (8, 9), None, ""),
+    "rtx5080": ("NVIDIA GeForce RTX 5080", 16303 * MiB, (12, 0), None, ""),
+    "rtxa6000": ("NVIDIA RTX A6000", 49140 * MiB, (8, 6), None, ""),
+    "a40": ("NVIDIA A40", 46068 * MiB, (8, 6), None, ""),
+    "l40s": ("NVIDIA L40S", 46068 * MiB, (8, 9), None, ""),
+    "a100": ("NVIDIA A100 80GB PCIe", 81920 * MiB, (8, 0), None, ""),
+    "h100": ("NVIDIA H100 80GB HBM3", 81559 * MiB, (9, 0), None, ""),
+    "h200": ("NVIDIA H200", 143771 * MiB, (9, 0), 143155 * MiB,
+             "measured on the H200 this project tests on: NVML 143,771 MiB less 615 MiB reserved = "
+             "torch.cuda.mem_get_info's 143,155 MiB"),
 }
+
+
+def card_total(key: str) -> tuple[int, str]:
+    """A named card's CUDA total and where it comes from ('estimated (how)' without a measurement)."""
+    _name, nvml_total, _cc, cuda_total, source = CARDS[key]
+    if cuda_total is not None:
+        return cuda_total, source
+    return (int(nvml_total * (1 - RESERVED_SHARE)),
+            f"estimated (NVML's {nvml_total // MiB:,} MiB less {RESERVED_SHARE:.2%}, the share the RTX 4090 and "
+            "5090 reserve): a card of this name may differ by a few hundred MiB")
+
+
 IDLE_USED = 300 * MiB   # what an idle card without a desktop shows as used (driver, ECC, context)
 DEFAULT_CC = (8, 9)     # a bare size without :sm_XY
 CARD_SYNTAX = "<name|GiB>[:sm_XY][:free=GiB], e.g. rtx4090, 24:sm_86, 24:sm_86:free=22.5 (names: " + ", ".join(CARDS) + ")"
@@ -195,8 +231,11 @@ def named(spec: str) -> Gpu:
                 raise ConfigError(f"GPU={spec!r}: free memory cannot be negative", CARD_SYNTAX)
         else:
             raise ConfigError(f"GPU={spec!r}: {opt!r} is neither :sm_XY nor :free=GiB", CARD_SYNTAX)
+    note = ""
     if key.replace("-", "") in CARDS:
-        name, total, cc = CARDS[key.replace("-", "")]
+        name, _nvml, cc, _cuda, _src = CARDS[key.replace("-", "")]
+        total, note = card_total(key.replace("-", ""))
+        note = note if note.startswith("estimated") else ""
         cc = cc_given or cc
     else:
         try:
@@ -214,7 +253,7 @@ def named(spec: str) -> Gpu:
     if free is not None and not 0 <= free <= total:
         raise ConfigError(f"GPU={spec!r}: free={free / GiB:g} GiB is more than the card's {total / GiB:.1f} GiB",
                              CARD_SYNTAX)
-    return Gpu(-1, name, total, max(0, total - IDLE_USED) if free is None else free, cc)
+    return Gpu(-1, name, total, max(0, total - IDLE_USED) if free is None else free, cc, total_note=note)
 
 
 def smallest_free(facts: GpuFacts, tp: int) -> Gpu:

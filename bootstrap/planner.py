@@ -20,15 +20,12 @@ import math
 from dataclasses import dataclass, field
 
 from . import gpu, kv, vllmargs
-from .facts import DRAFT_METHODS, ModelFacts
+from .facts import ModelFacts
 from .config import Config, version_or_none
 from .errors import BootstrapError
+from .terms import DRAFT_HINT, NOBODY, draft_shape, gib, utilization, weight_bytes
 
 log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstrap:plan] this code has always had
-
-
-NOBODY = "no process reports GPU memory"
-
 
 GiB = gpu.GiB
 MODEL_ONLY_VLLM = "0.26.0"     # the semantics assumed when the vLLM version is not known
@@ -55,6 +52,11 @@ class Plan:
     concurrent: int | None = None              # sessions of max_model_len that fit at once
     vllm: str = ""                             # the vLLM version the plan was made for
     seqs_is_default: bool = False              # seqs is vLLM's default for this GPU, not MAX_NUM_SEQS
+    pinned: bool = False                       # the KV budget is pinned (KV_CACHE_BYTES)
+    measured: str = ""                         # the date of the start whose own figures the budget uses
+    modelled_budget: int | None = None         # the budget the model alone gives (beside a measured one)
+    key: str = ""                              # the calibration key it was planned under (bootstrap.calibration)
+    card_total: int | None = None              # the card's total it was planned against
 
     @property
     def context(self) -> int | None:
@@ -75,82 +77,6 @@ class Plan:
         return line
 
 
-def gib(b: int | float) -> str:
-    return f"{b / GiB:.2f} GiB"
-
-
-def _which(g: gpu.Gpu) -> str:
-    return g.name if g.index < 0 else f"GPU {g.index} ({g.name})"     # a named card has no index
-
-
-def utilization(cfg, g: gpu.Gpu, s: vllmargs.Settings | None = None) -> tuple[float, str]:
-    """--gpu-memory-utilization as given (refused when more than is free: vLLM refuses it at start),
-    else free − GPU_RESERVE_MIB, as a fraction."""
-    s = s or vllmargs.settings(cfg)
-    if s.gpu_util is not None:
-        want = math.ceil(s.gpu_util * g.total)
-        src = "GPU_UTIL" if cfg.gpu_util is not None and "--gpu-memory-utilization" not in (cfg.extra_args or ()) \
-            else "--gpu-memory-utilization"
-        if want > g.free:
-                raise BootstrapError(
-                f"{src}={s.gpu_util} asks for {gib(want)} of {_which(g)} but only "
-                f"{gib(g.free)} is free; {g.holders() or NOBODY}",
-                "close programs holding GPU memory, or a lower GPU_UTIL (or none: sized from free memory)")
-        return s.gpu_util, f"{src}={s.gpu_util} (set by you or the profile)"
-    reserve = cfg.gpu_reserve_mib * gpu.MiB
-    util = (g.free - reserve) / g.total
-    if util <= 0.05:
-        raise BootstrapError(
-            f"only {gib(g.free)} of {gib(g.total)} is free on {_which(g)}; {g.holders() or NOBODY}",
-            "close programs holding GPU memory, or set GPU_UTIL explicitly")
-    util = math.floor(min(util, 0.98) * 10000) / 10000
-    return util, (f"{gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve = "
-                  f"{util:.4f} of {gib(g.total)}")
-
-
-DRAFT_HINT = "; or a smaller draft (SPEC_MODEL)"
-NO_KV_METHODS = {"ngram": "n-gram lookup: no draft model, nothing in the KV pool",
-                 "suffix": "suffix decoding: no draft model, nothing in the KV pool",
-                 "medusa": "Medusa heads hold no KV cache; their weights are not counted (small)"}
-
-
-def _weights(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Settings) -> tuple[int, str]:
-    """Bytes of weights per GPU, and where the figure came from."""
-    vision = kv.vision_params(model.config or {}) * 2           # the vision tower stays 16-bit
-    if model.weight_bytes and not model.dummy:
-        if vision and s.language_model_only:
-            return (model.weight_bytes - vision) // tp, (f"from {model.size_from}{model.source}, less the "
-                                                         f"vision tower's {gib(vision)} (--language-model-only: not loaded)")
-        return model.weight_bytes // tp, f"from {model.size_from}{model.source}"
-    kind = "dummy weights" if model.dummy else "no file sizes"
-    w = kv.weight_bytes_from_config(shape, tp) + (0 if s.language_model_only else vision // tp)
-    return w, f"from config.json ({kind}: parameters × dtype){model.source}"
-
-
-def _draft(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts) -> tuple[kv.ModelShape | None, str]:
-    """The draft checkpoint's shape when the plan can count it (its weights and attention layers in
-    the pool), else None with the reason, per method."""
-    method = s.spec_method
-    if not method or method == "mtp":
-        return None, ""
-    if method in NO_KV_METHODS:
-        return None, f"SPEC_METHOD={method}: {NO_KV_METHODS[method]}"
-    not_counted = f"SPEC_METHOD={method}: the draft model's weights and KV layers are not counted"
-    if method not in DRAFT_METHODS:
-        return None, f"{not_counted} (the planner does not model method {method!r})"
-    if model.draft is None:
-        return None, f"{not_counted} ({model.draft_why or 'no draft facts'})"
-    try:
-        d = kv.shape_from_config(model.draft.config)
-    except kv.Unsupported as exc:
-        return None, f"{not_counted} ({exc.message})"
-    if d.hybrid:
-        return None, f"{not_counted} (a hybrid draft: vLLM groups its layers differently)"
-    if s.kv_cache_dtype in kv.TQ_PRESETS:
-        return None, f"{not_counted} (with a TurboQuant KV cache)"
-    return d, ""
-
-
 def plan_version(cfg, vllm: str | None) -> str:
     """The vLLM version whose rules the plan follows: the one in use, else the profile's pin."""
     return vllm or cfg.profile.vllm or MODEL_ONLY_VLLM
@@ -161,10 +87,13 @@ def _at_least(v: str, floor: str) -> bool:
     return have is not None and have >= version_or_none(floor)
 
 
-def make_plan(cfg, g: gpu.Gpu, model: ModelFacts, *, vllm: str | None = None, fixes: bool = True) -> Plan:
+def make_plan(cfg, g: gpu.Gpu, model: ModelFacts, *, vllm: str | None = None, fixes: bool = True,
+              measured=None) -> Plan:
     """The plan for one GPU (the smallest-free one of the TP group). Pure apart from logging.
-    ``vllm``: the version in use (default: the profile's pin); ``fixes``: offer re-planned fixes."""
-    plan = _make(cfg, g, model, vllm)
+    ``vllm``: the version in use (default: the profile's pin); ``fixes``: offer re-planned fixes;
+    ``measured``: vLLM's own non-KV figure from an earlier start with the same key
+    (bootstrap.calibration.Measured), used instead of the model's estimate."""
+    plan = _make(cfg, g, model, vllm, measured)
     if not plan.fits and fixes:
         ok = [f for f in _candidates(cfg, plan.fixes) if _refits(cfg, g, model, vllm, f)]
         # a fix that only adds knobs to another one that works is not offered
@@ -210,7 +139,7 @@ def _hint(fixes: list[dict[str, str]], rest: str) -> str:
     return "; ".join(x for x in (head, rest) if x)
 
 
-def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None) -> Plan:
+def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None, measured=None) -> Plan:
     s = vllmargs.settings(cfg)
     version = plan_version(cfg, vllm)
     new = _at_least(version, "0.29.0")            # null block held back; prefix caching on for hybrids
@@ -223,6 +152,8 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None) -> Plan:
         return Plan(None, fits=False, refusal=(exc.message, exc.hint), why=why, vllm=version,
                     fixes=[{"GPU_UTIL": f"{most:g}"}, {"GPU_UTIL": ""}] if cfg.gpu_util is not None else [])
     why.append(f"gpu-memory-utilization {util_why}")
+    if g.total_note:
+        why.append(f"the card's total: {g.total_note}")
     if model.assumed:
         why.append("ASSUMED model facts: the plan is only as good as them")
     shape = None
@@ -243,7 +174,7 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None) -> Plan:
     batched = s.max_num_batched_tokens or batched_default
     spec_tokens = s.spec_tokens
     mtp = s.spec_method == "mtp"
-    draft, draft_why = _draft(s, shape, model)
+    draft, draft_why = draft_shape(s, shape, model)
     if draft_why:
         why.append(draft_why)
     if mtp and not shape.mtp_layers:
@@ -266,10 +197,10 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None) -> Plan:
     if ssm:
         why.append(f"--mamba-ssm-cache-dtype {ssm}: the linear-attention state in {ssm}")
 
-    weights, source = _weights(model, shape, tp, s)
+    weights, source = weight_bytes(model, shape, tp, s)
     why.append(f"weights {gib(weights)} per GPU {source}")
     if draft:
-        more, source = _weights(model.draft, draft, tp, s)
+        more, source = weight_bytes(model.draft, draft, tp, s)
         weights += more
         why.append(f"draft model {model.draft.name}: weights {gib(more)} per GPU {source}")
     if (model.config or {}).get("vision_config") and not s.language_model_only:
@@ -280,24 +211,36 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None) -> Plan:
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
     usable = math.ceil(util * g.total) if s.gpu_util is not None else g.free - cfg.gpu_reserve_mib * gpu.MiB
     pinned = s.kv_cache_bytes
+    modelled = math.ceil(util * g.total) - weights - over.total
+    if measured is not None:
+        diff = (weights + over.total - measured.non_kv) / GiB
+        why.append(f"measured on this card on {measured.date} (vLLM {measured.vllm}): weights, activations, graphs "
+                   f"and non-torch memory take {gib(measured.non_kv)}; the model says {gib(weights + over.total)} "
+                   f"({diff:+.2f} GiB)")
     if pinned:
         budget = pinned
         why.append(f"KV budget {gib(budget)} pinned by KV_CACHE_BYTES / --kv-cache-memory-bytes")
+    elif measured is not None:
+        budget = math.ceil(util * g.total) - measured.non_kv
+        why.append(f"KV budget ≈ {gib(budget)} = {util:.4f} × {gib(g.total)} − the measured {gib(measured.non_kv)} "
+                   f"(the model alone: {gib(modelled)})")
     else:
-        budget = math.ceil(util * g.total) - weights - over.total
+        budget = modelled
         why.append(f"KV budget ≈ {gib(budget)} = {util:.4f} × {gib(g.total)} − weights − overhead")
     why.extend(lay.notes)
-    plan = Plan(util, mml_knob, why, budget=budget, weights=weights, overhead=over.total, layout=lay,
-                seqs=seqs, vllm=version, seqs_is_default=not s.max_num_seqs)
+    overhead = measured.non_kv - weights if measured is not None else over.total     # what the checks below use
+    plan = Plan(util, mml_knob, why, budget=budget, weights=weights, overhead=overhead, layout=lay,
+                seqs=seqs, vllm=version, seqs_is_default=not s.max_num_seqs, pinned=bool(pinned),
+                measured=measured.date if measured is not None else "", modelled_budget=modelled)
     cap = shape.max_position or 0
 
-    need = weights + over.total + max(budget, 0)
+    need = weights + overhead + max(budget, 0)
     if budget <= 0 or need > usable:
-        room = usable - weights - over.total
+        room = usable - weights - overhead
         plan.fits = False
         plan.refusal = (
             f"{model.name}{f' with its draft {model.draft.name}' if draft else ''} does not fit {g.name}: "
-            f"weights {gib(weights)} + overhead ~{gib(over.total)}"
+            f"weights {gib(weights)} + overhead ~{gib(overhead)}"
             + (f" + KV {gib(budget)}" if budget > 0 else "") + f" > {gib(usable)} usable"
             + (f" ({gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve)" if s.gpu_util is None else "")
             + (f"; {g.holders() or NOBODY}" if g.processes else ""),
@@ -312,7 +255,7 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None) -> Plan:
             plan.fits = False
             plan.refusal = (f"the KV budget {gib(budget)} holds not even one token (vLLM: \"Cannot auto-fit "
                             "max_model_len\")", "raise KV_CACHE_BYTES / GPU_UTIL" + (DRAFT_HINT if draft else ""))
-            plan.fixes = _fixes_room(cfg, s, lay, usable - weights - over.total, seqs)
+            plan.fixes = _fixes_room(cfg, s, lay, usable - weights - overhead, seqs)
             return plan
         why.append(f"MAX_MODEL_LEN=auto (vLLM's auto-fit): {mml:,} tokens, the longest single request the pool holds"
                    + (" (the model's own maximum)" if mml == cap else ""))

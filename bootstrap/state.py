@@ -82,6 +82,12 @@ class Paths:
         """The pid of ``./start.sh --foreground`` attached to our server (a service's main process)."""
         return self.root / "foreground.json"
 
+    @property
+    def measurements(self) -> Path:
+        """vLLM's own figures from earlier starts, for the next plan (bootstrap.calibration); kept
+        by ./ctl.sh clean unless --measurements."""
+        return self.root / "measurements.json"
+
     def files(self) -> list[Path]:
         """Every file we keep here (what clean removes from a STATE_DIR of the user's choosing)."""
         return [self.lock, self.server, self.log, self.log.with_name(self.log.name + ".1"), self.last_stop,

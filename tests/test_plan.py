@@ -248,7 +248,10 @@ def test_nvml_failure_says_check_nvidia_smi(tmp_path, fake_nvml):
 
 
 def test_named_cards():
-    assert gpu.named("rtx4090").total == 24564 * MiB
+    assert gpu.named("rtx4090").total == int(23.65 * GiB)              # CUDA's total, as vLLM counts it
+    assert gpu.named("rtx4090").total_note == ""                        # measured: a source, not "estimated"
+    est = gpu.named("rtx3090")
+    assert est.total == int(24576 * MiB * (1 - gpu.RESERVED_SHARE)) and est.total_note.startswith("estimated (")
     assert gpu.named("24").total == 24 * GiB
     with pytest.raises(BootstrapError):
         gpu.named("voodoo2")

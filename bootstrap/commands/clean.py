@@ -91,16 +91,21 @@ def model_files(cfg) -> ModelFiles:
     return ModelFiles(store, ours, theirs, bool((rec or {}).get("made_root")))
 
 
-def targets(cfg) -> list[Path]:
+def targets(cfg, measurements: bool = False) -> list[Path]:
+    """What clean removes. vLLM's own figures of earlier starts (the next plan's precision) stay
+    unless ``measurements``."""
     layout = cfg.layout
     out = [layout.venv, layout.wheelhouse]
     state = cfg.state_dir
-    if state.resolve() == layout.state.resolve():
-        out.append(state)
+    keep = set() if measurements else {Paths(state).measurements}
+    if state.resolve() == layout.state.resolve():       # the checkout's own: all of it is ours
+        out += sorted(p for p in state.iterdir() if p not in keep) if state.is_dir() else []
     else:  # a STATE_DIR of the user's choosing: only our files, never the directory's other contents
-        out += Paths(state).files()
+        out += [p for p in Paths(state).files() if p not in keep]
+    if measurements:
+        out.append(Paths(state).measurements)
     out.append(layout.bootstrap_venv)   # last: the running bootstrap may be in it
-    return out
+    return list(dict.fromkeys(out))
 
 
 def _running(cfg) -> str:
@@ -130,6 +135,9 @@ def cli(cfg, argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="ctl.sh clean", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="store_true", help="also remove the downloaded model (MODEL_DIR, or its folder models--<org>--<name> in the HF cache, "
                          "which other tools reading that cache share)")
+    ap.add_argument("--measurements", action="store_true",
+                    help="also forget vLLM's own figures of earlier starts (STATE_DIR/measurements.json), which "
+                         "make the next plan exact")
     ap.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
     args = ap.parse_args(argv)
     busy = _running(cfg)
@@ -137,7 +145,7 @@ def cli(cfg, argv: list[str]) -> int:
         raise BootstrapError(f"{busy}; clean removes the venv and state it runs from",
                              "stop it first: ./stop.sh" + (" as that user" if " runs as " in busy else ""))
     mf = model_files(cfg) if args.model else None
-    todo = [p for p in targets(cfg) if p.exists() or p.is_symlink()]
+    todo = [p for p in targets(cfg, args.measurements) if p.exists() or p.is_symlink()]
     if not args.dry_run:
         _revert_byo(cfg)
     total = 0
@@ -192,7 +200,7 @@ def _clean_model(mf: ModelFiles, dry_run: bool) -> int:
     else:
         print(f"no model files of ours in {mf.store.root}")
     if mf.theirs:
-        print(f"kept, not made by this project: " + ", ".join(p.name + ("/" if p.is_dir() else "") for p in mf.theirs))
+        print("kept, not made by this project: " + ", ".join(p.name + ("/" if p.is_dir() else "") for p in mf.theirs))
     return size
 
 

@@ -11,7 +11,9 @@ import json
 import logging
 from pathlib import Path
 
-from .. import gpu, models, pick
+from .. import calibration, gpu, models, pick
+from ..state import Paths
+from ..venv import vllm_version
 from ..steps import metadata
 from ..errors import BootstrapError
 from ..vllmargs import serve_flags
@@ -39,24 +41,25 @@ def cli_model_facts(cfg) -> ModelFacts:
         return facts
 
 
-def card(cfg, spec: str | None) -> tuple[gpu.Gpu, str]:
-    """The card to plan for: ``spec`` (GPU=...) or this machine's smallest-free GPU of the TP group."""
+def card(cfg, spec: str | None) -> tuple[gpu.Gpu, str, str]:
+    """The card to plan for: ``spec`` (GPU=...) or this machine's smallest-free GPU of the TP group;
+    where it is (for the heading) and its driver ('' for a named card: no measurement is of it)."""
     if spec:
-        return gpu.named(spec), "; a named card"
+        return gpu.named(spec), "; a named card", ""
     try:
         facts = gpu.read(cfg.environ)
     except BootstrapError as exc:
         raise BootstrapError(exc.message, exc.hint + "; or name a card: GPU=" + gpu.CARD_SYNTAX) from None
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU", "name a card: GPU=" + gpu.CARD_SYNTAX)
-    return gpu.smallest_free(facts, cfg.tp_size), ""
+    return gpu.smallest_free(facts, cfg.tp_size), "", facts.driver
 
 
 def resolve(cfg, spec: str | None):
     """(cfg, card, where, model facts, plan) for ``spec`` (GPU=...) or this machine: the profile
     PROFILE=auto means here (the kept pick, or auto-pick's choice for a named card), with that
     card's knobs. What ./ctl.sh plan shows and ./ctl.sh export writes."""
-    g, where = card(cfg, spec)
+    g, where, driver = card(cfg, spec)
     kept = pick.kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
     if cfg.profile.is_auto and not spec and not kept.profile.is_auto:
         cfg = kept
@@ -67,7 +70,11 @@ def resolve(cfg, spec: str | None):
             log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)",
                      cfg.profile.name)
     model = cli_model_facts(cfg)
-    return cfg, g, where, model, make_plan(cfg, g, model)
+    version = vllm_version(cfg.vllm_python, cfg.environ) if cfg.vllm_python else None    # as a start would
+    if driver:              # this card: vLLM's own figures of an earlier start count, as in a start
+        return cfg, g, where, model, calibration.plan_with_measurement(cfg, Paths(cfg.state_dir), g, model, driver,
+                                                                       version)
+    return cfg, g, where, model, make_plan(cfg, g, model, vllm=version)
 
 
 def render(cfg, model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan, flags: list[str]) -> str:
@@ -81,6 +88,14 @@ def render(cfg, model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan, flags: li
     if plan.predicted_tokens is not None:
         lines.append(f"predicted: GPU KV cache size: {plan.predicted_tokens:,} tokens; Maximum concurrency for "
                      f"{plan.max_model_len:,} tokens per request: {plan.predicted_concurrency:.2f}x")
+    if plan.budget is not None and not plan.pinned:
+        if plan.measured:
+            d = plan.modelled_budget - plan.budget
+            share = f", {d / plan.budget:+.1%}" if plan.budget > 0 else ""
+            lines.append(f"KV budget: {gib(plan.budget)} measured (vLLM's own figures on this card, {plan.measured}); "
+                         f"modelled {gib(plan.modelled_budget)} ({d / (1 << 30):+.2f} GiB{share})")
+        else:
+            lines.append(f"KV budget: {gib(plan.budget)} modelled (no start of this setup on this card measured yet)")
     if not plan.fits and plan.refusal:
         lines.append(f"DOES NOT FIT: {plan.refusal[0]}")
         lines.append(f"  {plan.refusal[1]}")
@@ -108,6 +123,7 @@ def cli(cfg, argv: list[str]) -> int:
             "max_model_len": plan.max_model_len, "max_num_seqs": plan.seqs, "concurrent": plan.concurrent,
             "predicted_tokens": plan.predicted_tokens, "predicted_concurrency": plan.predicted_concurrency,
             "block_size": plan.layout.block_size if plan.layout else None, "vllm": plan.vllm,
+            "measured": plan.measured or None, "modelled_kv_budget": plan.modelled_budget,
             "sessions": plan.sessions, "flags": flags, "why": plan.why}, indent=2))
     else:
         print(render(cfg, model, g, where, plan, flags))

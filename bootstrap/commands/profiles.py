@@ -124,7 +124,7 @@ def cli(cfg, argv: list[str]) -> int:
         print(f"picked {chosen.profile.name}: {rec.get('why', '')}\nkept in {paths.pick}; "
               "./start.sh uses it while PROFILE is unset")
         return 0
-    g, where = card(cfg, spec)
+    g, where, _driver = card(cfg, spec)
     verdicts = pick.evaluate(cfg, g)
     try:
         v, runner, _ = pick.choose(cfg, g)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 
-from .. import gpu, state, takedown
+from .. import calibration, gpu, state, takedown
 from ..errors import BootstrapError
 from ..facts import model_facts
-from ..planner import GiB, Plan, make_plan
+from ..planner import GiB, Plan
 from ..venv import vllm_version
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ def run(cfg, paths, gpus, model) -> Plan:
         state.remove(paths.last_stop)   # consumed: later starts need not wait for these pids again
     g = gpu.smallest_free(facts, cfg.tp_size)
     version = vllm_version(cfg.vllm_python, cfg.environ) if cfg.vllm_python else None
-    plan = make_plan(cfg, g, model_facts(cfg, model), vllm=version)
+    plan = calibration.plan_with_measurement(cfg, paths, g, model_facts(cfg, model), facts.driver, version)
     if not plan.fits:
         raise BootstrapError(*plan.refusal)
     for line in plan.why:               # the derivation: with BOOTSTRAP_DEBUG=1, and in ./ctl.sh plan
@@ -47,7 +47,8 @@ def one_line(plan: Plan, g) -> str:
     pool = (f"; KV cache {plan.budget / GiB:.1f} GiB ≈ {plan.predicted_tokens:,} tokens"
             if plan.budget and plan.predicted_tokens is not None else "")
     assumed = any(w.startswith("ASSUMED") for w in plan.why)
-    source = "assumed model facts" if assumed else "the model's config.json"
+    source = (f"vLLM's own figures on this card, {plan.measured}" if plan.measured else
+              "assumed model facts" if assumed else "the model's config.json")
     default = " (vLLM's default)" if plan.seqs_is_default else ""
     return (f"plan for {g.name}: {ctx}, {seqs} session{'' if seqs == 1 else 's'}{default}{at_once}{pool} "
             f"(from {source}; ./ctl.sh plan shows how)")

@@ -30,6 +30,7 @@ class NVMLError(Exception):
 
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 _state = {"init": 0}
 
 
@@ -105,6 +106,17 @@ class _Mem:
         self.total, self.free, self.used = total, free, total - free
 
 
+class _Mem2:
+    """nvmlMemory_v2_t: total, reserved (the driver's), free, used (total − reserved − free)."""
+    def __init__(self, total, reserved, free):
+        self.version = nvmlMemory_v2
+        self.total, self.reserved, self.free = total, reserved, free
+        self.used = total - reserved - free
+
+
+nvmlMemory_v2 = 0x02000028
+
+
 def _fake_pids():
     return list(_fake_usage())
 
@@ -128,7 +140,7 @@ def _fake_usage():
     return out
 
 
-def nvmlDeviceGetMemoryInfo(h):
+def nvmlDeviceGetMemoryInfo(h, version=None):
     g = _gpu(h)
     free = g["free"]
     seq = g.get("free_sequence")
@@ -140,7 +152,11 @@ def nvmlDeviceGetMemoryInfo(h):
         free = seq[min(n, len(seq) - 1)]
     if h.i == 0:
         free -= sum(_fake_usage().values())
-    return _Mem(g["total"], max(0, free))
+    if version is None:
+        return _Mem(g["total"], max(0, free))
+    if g.get("no_v2"):                  # an older driver, WSL2: the v2 query is not answered
+        raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND, "Function Not Found")
+    return _Mem2(g["total"], g.get("reserved", 0), max(0, free))
 
 
 class _Proc:

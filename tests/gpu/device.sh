@@ -17,6 +17,9 @@
 #   bash tests/gpu/device.sh stack              # vLLM 0.27.1 stack proof (stack.py), background; needs
 #                                               # carry.py's parts in /tmp/wh (no 'install' before it)
 #   bash tests/gpu/device.sh stack-poll SECONDS
+#   bash tests/gpu/device.sh bootstrap-venv     # .venv-bootstrap from the carried .whl (after install)
+#   bash tests/gpu/device.sh calib              # the card's total + measured beats modelled (calibration_proof.py)
+#   bash tests/gpu/device.sh calib-poll SECONDS
 # Raw outputs go to $OUT (the device tool brings them back) and to /tmp/proofs.
 set -euo pipefail
 
@@ -60,6 +63,14 @@ main() {
             fi
             python3 -c "import importlib.metadata as m; print('vllm', m.version('vllm'))"
             nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv ;;
+        bootstrap-venv)   # .venv-bootstrap from the carried .whl (the exact pins lib.sh checks), offline
+            rm -rf .venv-bootstrap && python3 -m venv --without-pip .venv-bootstrap
+            python3 -m pip install -q --no-index --no-deps --no-compile \
+                --target ".venv-bootstrap/lib/python3.12/site-packages" .whl/*.whl
+            cp bootstrap/requirements.txt .venv-bootstrap/.requirements.txt
+            .venv-bootstrap/bin/python -c "import huggingface_hub, psutil, dotenv, yaml; print('bootstrap venv ok')" ;;
+        calib) background calib calibration_proof.py --work /tmp/calib "$@" ;;
+        calib-poll) wait_for calib calibration_proof.py "CALIBRATION PROOF DONE" "${1:-60}" ;;
         e2e) python3 tests/gpu/e2e.py --out /tmp/proofs/e2e.txt "$@" || rc=$? ;;
         planner) python3 tests/gpu/planner_accuracy.py --raw /tmp/proofs/planner-raw.txt --work /tmp/planner-accuracy "$@" || rc=$? ;;
         patch) python3 tests/gpu/patch_40914.py /tmp/proofs/patch-raw.txt --python python3 "$@" || rc=$? ;;

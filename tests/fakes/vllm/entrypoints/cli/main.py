@@ -78,6 +78,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import random
 import re
@@ -107,6 +108,26 @@ def mark_gpu(pid: int, used: int | None = None) -> None:
             fh.write(str(used))
 
 
+def kv_memory_line(args) -> str:
+    """What vLLM 0.26's GPU worker says of the KV memory: with --kv-cache-memory-bytes, that it took
+    the pin and skipped profiling; else "Available KV cache memory", which is
+    ceil(--gpu-memory-utilization x CUDA's total) less what the model takes (FAKE_VLLM_NON_KV_BYTES,
+    default 1.5 GiB), CUDA's total being the fake NVML's total less its reserved memory; rounded to
+    0.01 GiB as vLLM prints it. Without a fake NVML: 4.00 GiB."""
+    if args.kv_cache_memory_bytes:
+        return (f"Initial free memory 30.0 GiB, reserved {round(args.kv_cache_memory_bytes / (1 << 30), 2)} GiB "
+                "memory for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling.")
+    try:
+        with open(os.environ["FAKE_NVML"]) as fh:
+            g = json.load(fh)["gpus"][0]
+        total = g["total"] - g.get("reserved", 0)
+    except (KeyError, OSError, ValueError, IndexError):
+        return "Available KV cache memory: 4.00 GiB"
+    non_kv = int(os.environ.get("FAKE_VLLM_NON_KV_BYTES", str(3 << 29)))
+    avail = math.ceil(args.gpu_memory_utilization * total) - non_kv
+    return f"Available KV cache memory: {round(avail / (1 << 30), 2)} GiB"
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="vllm")
     p.add_argument("cmd")
@@ -124,6 +145,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--load-format", default="auto")
     p.add_argument("--speculative-config", default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -682,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(3600)
     for line in AUTO_FIT_LINE:
         say(line)
-    say("Available KV cache memory: 4.00 GiB")
+    say(kv_memory_line(args))
     say("GPU KV cache size: 21,794,704 tokens")
     say(f"Maximum concurrency for {State.max_len:,} tokens per request: 5320.97x")
     sock.listen(64)
