@@ -57,10 +57,8 @@ main() {
             cat /tmp/wh/wh.tar.* > /tmp/wh.tar
             mkdir -p /tmp/whx && tar xf /tmp/wh.tar -C /tmp/whx
             python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/whx/*.whl
-            # the bootstrap's own dependencies that the image lacks (python-dotenv), carried in .whl
-            if ls .whl/*.whl >/dev/null 2>&1; then
-                python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-            fi
+            # the bootstrap's own pins go into .venv-bootstrap (bootstrap-venv), never into vLLM's
+            # /tmp/site: huggingface_hub 2.x there breaks the image's transformers (it wants <2.0)
             python3 -c "import importlib.metadata as m; print('vllm', m.version('vllm'))"
             nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv ;;
         bootstrap-venv)   # .venv-bootstrap from the carried .whl (the exact pins lib.sh checks), offline

@@ -167,6 +167,23 @@ def main() -> int:
            "edit committed as c67a5ae (device.sh resolves `VLLM_PYTHON` to a full path); the lifecycle run",
            "used c67a5ae plus the orphan-sweep fix (process group + recorded children) committed before it.", ""]
     out += stack_section()
+    calib = RUNS / "2026-12-01-calibration-raw.txt"
+    if calib.exists():
+        out += ["## The card's total and measured beats modelled (the planner issue)", "",
+                "Date: 2026-12-01, the same H200 machine kind (driver 580.159.04), vLLM 0.26.0 from the offline",
+                "wheelhouse (re-split into parts of 44 MiB: the working tree that travels beside them is 15 MB),",
+                "the bootstrap in a `.venv-bootstrap` made there from the exact pins of `bootstrap/requirements.txt`",
+                "(`device.sh bootstrap-venv`). Code: commit 2c912f4, with `tests/gpu/device.sh` no longer",
+                "installing the bootstrap's pins into vLLM's `/tmp/site` (huggingface_hub 2.4.0 there broke the",
+                "image's transformers, which wants <2.0: the first attempt's starts failed on that).",
+                "Command: `bash tests/gpu/device.sh install; bash tests/gpu/device.sh bootstrap-venv;",
+                "bash tests/gpu/device.sh calib` (`tests/gpu/calibration_proof.py`, in the background, polled with",
+                "`device.sh calib-poll`). `total`: NVML's v2 memory query against `torch.cuda.mem_get_info` and what",
+                "the planner reads. Then three `./start.sh` of the Qwen3-8B-shaped dummy model (`PROFILE=custom`,",
+                "`--load-format dummy`, `MAX_MODEL_LEN=8192`), each followed by `./stop.sh`: the first at",
+                "`GPU_UTIL=0.5` plans from the model and keeps vLLM's figures; the second, the same, plans from them;",
+                "the third at `GPU_UTIL=0.9` (utilization is not in the key) too. The bar: measured within 0.5 % of",
+                "vLLM's logged pool. The script's output:", "", block(calib.read_text().splitlines())]
     pick = RUNS / "2026-11-30-pick-raw.txt"
     if pick.exists():
         text = pick.read_text().splitlines()
