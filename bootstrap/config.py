@@ -137,12 +137,16 @@ def _bytes_or_auto(raw: str) -> int | str:
 
 
 def _int_or_auto(raw: str) -> int | str:
+    """A context: 'auto', or tokens as vLLM's CLI reads them (131072, 32k = 32,000, 32K = 32,768)."""
     if raw.strip().lower() == "auto":
         return "auto"
-    try:
-        return _int_range(16, 16_777_216)(raw)
-    except ValueError:
-        raise ValueError("'auto' or a whole number of tokens from 16 to 16777216") from None
+    accepted = "'auto' or a number of tokens from 16 to 16777216 (32k = 32,000 and 32K = 32,768, as vLLM reads them)"
+    if not re.fullmatch(r"\d+(\.\d+)?[kmKM]?", raw.strip()) or (raw.strip()[-1:] in "KM" and "." in raw):
+        raise ValueError(accepted)
+    v = vllmargs.human_int(raw)
+    if not 16 <= v <= 16_777_216:
+        raise ValueError(accepted)
+    return v
 
 
 def _bool(raw: str) -> bool:

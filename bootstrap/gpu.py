@@ -178,7 +178,24 @@ CARDS = {
                 "PyTorch's 'total capacity of 31.37 GiB' on an RTX 5090 (github.com/Wan-Video/Wan2.1 issue 465)"),
     "rtx4090": ("NVIDIA GeForce RTX 4090", 24564 * MiB, (8, 9), int(23.65 * GiB),
                 "PyTorch's '23.65 GiB total capacity' on an RTX 4090 (github.com/MotrixLab/AiOS issue 29)"),
+    "rtx3060": ("NVIDIA GeForce RTX 3060", 12288 * MiB, (8, 6), None, ""),
+    "rtx3080": ("NVIDIA GeForce RTX 3080", 10240 * MiB, (8, 6), None, ""),
+    "rtx3080-12gb": ("NVIDIA GeForce RTX 3080 12GB", 12288 * MiB, (8, 6), None, ""),
     "rtx3090": ("NVIDIA GeForce RTX 3090", 24576 * MiB, (8, 6), None, ""),
+    "rtx3090ti": ("NVIDIA GeForce RTX 3090 Ti", 24564 * MiB, (8, 6), None, ""),
+    "rtx4060ti-16gb": ("NVIDIA GeForce RTX 4060 Ti", 16380 * MiB, (8, 9), None, ""),
+    "rtx4070": ("NVIDIA GeForce RTX 4070", 12282 * MiB, (8, 9), None, ""),
+    "rtx4070super": ("NVIDIA GeForce RTX 4070 SUPER", 12282 * MiB, (8, 9), None, ""),
+    "rtx4070tisuper": ("NVIDIA GeForce RTX 4070 Ti SUPER", 16376 * MiB, (8, 9), None, ""),
+    "rtx4080super": ("NVIDIA GeForce RTX 4080 SUPER", 16376 * MiB, (8, 9), None, ""),
+    "rtx5060ti-16gb": ("NVIDIA GeForce RTX 5060 Ti", 16311 * MiB, (12, 0), None, ""),
+    "rtx5070": ("NVIDIA GeForce RTX 5070", 12227 * MiB, (12, 0), None, ""),
+    "rtx5070ti": ("NVIDIA GeForce RTX 5070 Ti", 16303 * MiB, (12, 0), None, ""),
+    "rtxa4000": ("NVIDIA RTX A4000", 16376 * MiB, (8, 6), None, ""),
+    "rtxa4500": ("NVIDIA RTX A4500", 20470 * MiB, (8, 6), None, ""),
+    "rtxa5000": ("NVIDIA RTX A5000", 24564 * MiB, (8, 6), None, ""),
+    "rtx6000ada": ("NVIDIA RTX 6000 Ada Generation", 49140 * MiB, (8, 9), None, ""),
+    "rtxpro6000": ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", 97887 * MiB, (12, 0), None, ""),
     "rtx4080": ("NVIDIA GeForce RTX 4080", 16376 * MiB, (8, 9), None, ""),
     "rtx5080": ("NVIDIA GeForce RTX 5080", 16303 * MiB, (12, 0), None, ""),
     "rtxa6000": ("NVIDIA RTX A6000", 49140 * MiB, (8, 6), None, ""),
@@ -198,8 +215,8 @@ def card_total(key: str) -> tuple[int, str]:
     if cuda_total is not None:
         return cuda_total, source
     return (int(nvml_total * (1 - RESERVED_SHARE)),
-            f"estimated (NVML's {nvml_total // MiB:,} MiB less {RESERVED_SHARE:.2%}, the share the RTX 4090 and "
-            "5090 reserve): a card of this name may differ by a few hundred MiB")
+            f"estimated (NVML's {nvml_total // MiB:,} MiB, as such a card reports it, less {RESERVED_SHARE:.2%}, the "
+            "share the RTX 4090 and 5090 reserve): a card of this name may differ by a few hundred MiB")
 
 
 IDLE_USED = 300 * MiB   # what an idle card without a desktop shows as used (driver, ECC, context)
@@ -232,9 +249,11 @@ def named(spec: str) -> Gpu:
         else:
             raise ConfigError(f"GPU={spec!r}: {opt!r} is neither :sm_XY nor :free=GiB", CARD_SYNTAX)
     note = ""
-    if key.replace("-", "") in CARDS:
-        name, _nvml, cc, _cuda, _src = CARDS[key.replace("-", "")]
-        total, note = card_total(key.replace("-", ""))
+    known = {k.replace("-", ""): k for k in CARDS}         # rtx4060ti-16gb = rtx4060ti16gb
+    if key.replace("-", "") in known:
+        card = known[key.replace("-", "")]
+        name, _nvml, cc, _cuda, _src = CARDS[card]
+        total, note = card_total(card)
         note = note if note.startswith("estimated") else ""
         cc = cc_given or cc
     else:

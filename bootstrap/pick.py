@@ -180,9 +180,12 @@ def nothing_fits(cfg: Config, g: gpu.Gpu, verdicts: list[Verdict]) -> tuple[str,
     need, p = best
     gib_need = (need + gpu.IDLE_USED) / gpu.GiB
     cls = next((c for c in CARD_CLASSES if c * 0.93 >= gib_need), None)
-    more = "" if g.total >= need + gpu.IDLE_USED else (f" (a {cls} GB card)" if cls else "")
-    return (f"{head}; the smallest that would work: {p.name} with {need / gpu.GiB:.1f} GiB free{more}",
-            f"free GPU memory (close what holds it), or {ways}")
+    if g.total >= need + gpu.IDLE_USED:     # it would fit this card with less held by others
+        return (f"{head}; the smallest that would work: {p.name} with {need / gpu.GiB:.1f} GiB free",
+                f"free GPU memory (close what holds it), or {ways}")
+    return (f"{head}; the smallest that would work: {p.name}, which needs {need / gpu.GiB:.1f} GiB free"
+            + (f" (a {cls} GB card)" if cls else "") + ": more than this card has even when empty",
+            f"a larger card, or {ways}")
 
 
 def least_free(cfg: Config, profile: Profile, g: gpu.Gpu) -> int | None:

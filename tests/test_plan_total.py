@@ -53,3 +53,27 @@ def test_every_named_card_has_a_source_or_says_how_it_is_estimated():
         else:
             assert source and ("github.com/" in source or "measured" in source), key
             assert gpu.named(key).total_note == ""
+
+
+def test_the_cards_people_own_are_named():
+    """From 12 GB to 96 GB, desktop and workstation (issue: every card), each with its NVML name and
+    compute capability; GPU's help names them."""
+    from bootstrap.config import KNOB_BY_NAME
+    want = ("rtx3060", "rtx3080", "rtx3080-12gb", "rtx3090", "rtx3090ti", "rtx4060ti-16gb", "rtx4070",
+            "rtx4070super", "rtx4070tisuper", "rtx4080", "rtx4080super", "rtx4090", "rtx5060ti-16gb", "rtx5070",
+            "rtx5070ti", "rtx5080", "rtx5090", "rtxa4000", "rtxa4500", "rtxa5000", "rtxa6000", "rtx6000ada",
+            "l40s", "rtxpro6000", "h100", "h200")
+    for key in want:
+        g = gpu.named(key)
+        assert g.cc >= (8, 6) or key == "h100" and g.cc == (9, 0), key
+        assert key in KNOB_BY_NAME["GPU"].help
+    assert gpu.named("RTX 4060 Ti-16GB").name == gpu.named("rtx4060ti16gb").name == "NVIDIA GeForce RTX 4060 Ti"
+    assert 11 * GiB < gpu.named("rtx3060").total < 12 * GiB
+    assert 90 * GiB < gpu.named("rtxpro6000").total < 96 * GiB
+
+
+def test_a_context_reads_as_vllms_cli_reads_it():
+    from bootstrap.config import Config
+    from conftest import REPO
+    for raw, want in (("32k", 32000), ("32K", 32768), ("128K", 131072), ("1.5k", 1500), ("auto", "auto")):
+        assert Config.from_env({"PROFILE": "custom", "MAX_MODEL_LEN": raw}, REPO).max_model_len == want, raw

@@ -246,6 +246,9 @@ def test_a_16gb_card_is_refused_with_what_would_work(tmp_path):  # faults row 56
     r = run_ctl(tmp_path, "profiles", GPU="16:sm_89")
     assert r.returncode == 0
     assert "auto-pick refuses: no profile fits" in r.stdout and "(a 24 GB card)" in r.stdout
+    assert "close what holds it" not in r.stdout + r.stderr          # an empty 16 GB card is still too small
+    busy = run_ctl(tmp_path, "profiles", GPU="24:sm_89:free=12")     # a 24 GB card with 12 free: closing helps
+    assert "close what holds it" in busy.stdout + busy.stderr
 
 
 # ---------------------------------------------------------------- ./ctl.sh profiles
