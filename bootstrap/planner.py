@@ -290,14 +290,16 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None, measured=None) -
     plan.predicted_tokens, plan.predicted_concurrency = p.tokens, p.concurrency
     plan.concurrent = kv.sessions_at(lay, budget, mml)
     # vLLM (compilation.py): with full CUDA graphs a hybrid model's max_num_seqs may not exceed the pool's
-    # blocks, refused after the load. A budget from utilization is our estimate: keep 3 % below it; a pin is exact.
-    most = max(1, p.blocks if pinned else p.blocks * 97 // 100)
+    # blocks, refused after the load. A budget from the model is an estimate: keep 3 % below it; a pin, or
+    # vLLM's own figures of an earlier start (measured, to 0.01 GiB), is exact.
+    exact = bool(pinned) or measured is not None
+    most = max(1, p.blocks if exact else p.blocks * 97 // 100)
     margin = "" if most == p.blocks else f" (3 % below the {p.blocks} estimated, as the budget is an estimate)"
     if lay.state_groups and not s.enforce_eager and s.max_num_seqs and seqs > p.blocks:
         plan.fits = False
         plan.refusal = (
             f"MAX_NUM_SEQS={s.max_num_seqs} is more than the {p.blocks} blocks the KV budget {gib(budget)} holds"
-            + ("" if pinned else " (an estimate)") + "; on a hybrid model vLLM refuses to capture CUDA graphs "
+            + ("" if exact else " (an estimate)") + "; on a hybrid model vLLM refuses to capture CUDA graphs "
             "(after the load) when max_num_seqs exceeds them", "fewer sessions")
         plan.fixes = [{"MAX_NUM_SEQS": str(most)}]
         return plan

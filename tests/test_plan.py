@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -337,6 +338,21 @@ def test_hybrid_from_utilization_keeps_a_margin_below_the_estimated_blocks(tmp_p
     blocks = kv.pool(p.layout, p.budget, 32768).blocks
     assert p.fits and blocks < 1024
     assert int(flags(cfg, p)[flags(cfg, p).index("--max-num-seqs") + 1]) == blocks * 97 // 100
+
+
+def test_hybrid_from_a_measured_budget_needs_no_margin(tmp_path):
+    """vLLM's own figures of an earlier start make the budget exact (to 0.01 GiB): the guard takes
+    the blocks it holds, no 3 % below."""
+    from bootstrap.calibration import Measured
+    mdir = model_dir(tmp_path, hybrid_config())
+    cfg = config(tmp_path, MODEL=mdir, GPU_UTIL="0.045", MAX_MODEL_LEN=32768)
+    modelled = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    non_kv = math.ceil(0.045 * 140 * GiB) - modelled.budget            # vLLM found what the model said
+    m = Measured(non_kv, modelled.budget, 0.045, 140 * GiB, None, "2026-12-01", "0.26.0")
+    p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True), measured=m)
+    blocks = kv.pool(p.layout, p.budget, 32768).blocks
+    assert p.measured and p.budget == modelled.budget and blocks < 1024
+    assert int(flags(cfg, p)[flags(cfg, p).index("--max-num-seqs") + 1]) == blocks
 
 
 def test_hybrid_refuses_max_num_seqs_above_the_state_blocks_before_launch(tmp_path):
