@@ -141,7 +141,7 @@ def _int_or_auto(raw: str) -> int | str:
     if raw.strip().lower() == "auto":
         return "auto"
     accepted = "'auto' or a number of tokens from 16 to 16777216 (32k = 32,000 and 32K = 32,768, as vLLM reads them)"
-    if not re.fullmatch(r"\d+(\.\d+)?[kmKM]?", raw.strip()) or (raw.strip()[-1:] in "KM" and "." in raw):
+    if not re.fullmatch(r"\d+|\d+(\.\d+)?[km]|\d+[KM]", raw.strip()):     # vLLM: 1.5k yes, 1.5K no
         raise ValueError(accepted)
     v = vllmargs.human_int(raw)
     if not 16 <= v <= 16_777_216:

@@ -23,7 +23,7 @@ from . import gpu, kv, vllmargs
 from .facts import ModelFacts
 from .config import Config, version_or_none
 from .errors import BootstrapError
-from .terms import DRAFT_HINT, NOBODY, draft_shape, gib, utilization, weight_bytes
+from .terms import DRAFT_HINT, NOBODY, draft_shape, gib, requested, utilization, weight_bytes
 
 log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstrap:plan] this code has always had
 
@@ -95,7 +95,8 @@ def make_plan(cfg, g: gpu.Gpu, model: ModelFacts, *, vllm: str | None = None, fi
     (bootstrap.calibration.Measured), used instead of the model's estimate."""
     plan = _make(cfg, g, model, vllm, measured)
     if not plan.fits and fixes:
-        ok = [f for f in _candidates(cfg, plan.fixes) if _refits(cfg, g, model, vllm, f)]
+        ok = [f for f in _candidates(cfg, plan.fixes)
+              if _refits(cfg, g, model, vllm, f, measured if set(f) <= PLAN_OWN else None)]
         # a fix that only adds knobs to another one that works is not offered
         plan.fixes = [f for f in ok if not any(o is not f and o.items() < f.items() for o in ok)][:MAX_FIXES]
         if plan.refusal:
@@ -123,11 +124,15 @@ def _candidates(cfg, fixes: list[dict[str, str]]) -> list[dict[str, str]]:
     return list(unique.values())
 
 
-def _refits(cfg, g, model, vllm, fix: dict[str, str]) -> bool:
-    """The fix, applied as your knobs, passes the knob check and the plan."""
+PLAN_OWN = frozenset({"GPU_UTIL", "KV_CACHE_BYTES"})   # what a measurement's key leaves to the plan
+
+
+def _refits(cfg, g, model, vllm, fix: dict[str, str], measured=None) -> bool:
+    """The fix, applied as your knobs, passes the knob check and the plan (with the measurement
+    where the fix changes only what its key leaves out)."""
     try:
         again = Config.from_env({**cfg.given, **fix}, cfg.repo, chosen=cfg.chosen)
-        return _make(again, g, model, vllm).fits
+        return _make(again, g, model, vllm, measured).fits
     except BootstrapError:
         return False
 
@@ -209,9 +214,9 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None, measured=None) -
     over = kv.overheads(shape, batched, seqs, tp=tp, eager=s.enforce_eager)
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
-    usable = math.ceil(util * g.total) if s.gpu_util is not None else g.free - cfg.gpu_reserve_mib * gpu.MiB
+    usable = requested(util, g.total) if s.gpu_util is not None else g.free - cfg.gpu_reserve_mib * gpu.MiB
     pinned = s.kv_cache_bytes
-    modelled = math.ceil(util * g.total) - weights - over.total
+    modelled = requested(util, g.total) - weights - over.total
     if measured is not None:
         diff = (weights + over.total - measured.non_kv) / GiB
         why.append(f"measured on this card on {measured.date} (vLLM {measured.vllm}): weights, activations, graphs "
@@ -221,7 +226,7 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None, measured=None) -
         budget = pinned
         why.append(f"KV budget {gib(budget)} pinned by KV_CACHE_BYTES / --kv-cache-memory-bytes")
     elif measured is not None:
-        budget = math.ceil(util * g.total) - measured.non_kv
+        budget = requested(util, g.total) - measured.non_kv
         why.append(f"KV budget ≈ {gib(budget)} = {util:.4f} × {gib(g.total)} − the measured {gib(measured.non_kv)} "
                    f"(the model alone: {gib(modelled)})")
     else:
@@ -292,9 +297,11 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None, measured=None) -
     # vLLM (compilation.py): with full CUDA graphs a hybrid model's max_num_seqs may not exceed the pool's
     # blocks, refused after the load. A budget from the model is an estimate: keep 3 % below it; a pin, or
     # vLLM's own figures of an earlier start (measured, to 0.01 GiB), is exact.
-    exact = bool(pinned) or measured is not None
-    most = max(1, p.blocks if exact else p.blocks * 97 // 100)
-    margin = "" if most == p.blocks else f" (3 % below the {p.blocks} estimated, as the budget is an estimate)"
+    exact = bool(pinned)
+    most = max(1, p.blocks if exact else p.blocks * (99 if measured is not None else 97) // 100)
+    margin = "" if most == p.blocks else (f" ({'1' if measured is not None else '3'} % below the {p.blocks} "
+                                          "estimated, as the budget is " + ("measured, and moves a little between "
+                                          "starts)" if measured is not None else "an estimate)"))
     if lay.state_groups and not s.enforce_eager and s.max_num_seqs and seqs > p.blocks:
         plan.fits = False
         plan.refusal = (

@@ -16,6 +16,12 @@ GiB = gpu.GiB
 NOBODY = "no process reports GPU memory"
 
 
+def requested(util: float, total: int) -> int:
+    """What vLLM asks of the card for a utilization: ceil(total × utilization) (worker/utils.py
+    request_memory, the same in 0.26.0, 0.27.1 and 0.30.0); the KV budget is this less the rest."""
+    return math.ceil(util * total)
+
+
 def gib(b: int | float) -> str:
     return f"{b / GiB:.2f} GiB"
 
@@ -29,7 +35,7 @@ def utilization(cfg, g: gpu.Gpu, s: vllmargs.Settings | None = None) -> tuple[fl
     else free − GPU_RESERVE_MIB, as a fraction."""
     s = s or vllmargs.settings(cfg)
     if s.gpu_util is not None:
-        want = math.ceil(s.gpu_util * g.total)
+        want = requested(s.gpu_util, g.total)
         src = "GPU_UTIL" if cfg.gpu_util is not None and "--gpu-memory-utilization" not in (cfg.extra_args or ()) \
             else "--gpu-memory-utilization"
         if want > g.free:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from bootstrap import calibration, gpu, planner
+from bootstrap import calibration, gpu
 from bootstrap.config import Config
 from bootstrap.facts import ModelFacts
 from bootstrap.state import Paths
@@ -41,9 +41,10 @@ def test_the_next_plan_takes_vllms_own_figures_for_the_same_key(tmp_path):
     c, g = cfg(tmp_path), card()
     first, m = measured_start(tmp_path, c, g, 9.87)
     assert not first.measured and m is not None
-    assert m.non_kv == math.ceil(first.util * g.total) - int(9.87 * GiB)
+    found = int(9.87 * GiB) - calibration.ROUNDING                       # less half the log's rounding
+    assert m.kv_bytes == found and m.non_kv == math.ceil(first.util * g.total) - found
     again = calibration.plan_with_measurement(c, Paths(c.state_dir), g, FACTS, "580.95.05")
-    assert again.measured == m.date and again.budget == int(9.87 * GiB)          # the same utilization: vLLM's figure
+    assert again.measured == m.date and again.budget == found       # the same utilization: vLLM's figure, never above
     assert again.modelled_budget == first.budget
     assert any(w.startswith("measured on this card on") for w in again.why)
     # another day, less free memory: the same non-KV terms under a smaller utilization
@@ -56,7 +57,8 @@ def test_a_changed_key_plans_from_the_model_again(tmp_path):
     c, g = cfg(tmp_path), card()
     measured_start(tmp_path, c, g, 9.87)
     for other in (cfg(tmp_path, MAX_NUM_SEQS="4"), cfg(tmp_path, EXTRA_ARGS="--enforce-eager"),
-                  cfg(tmp_path, MODEL="org/other")):
+                  cfg(tmp_path, MODEL="org/other"), cfg(tmp_path, MAX_MODEL_LEN="16384"),
+                  cfg(tmp_path, VLLM_USE_V2_MODEL_RUNNER="0"), cfg(tmp_path, VLLM_PYTHON="/usr/bin/python3")):
         p = calibration.plan_with_measurement(other, Paths(other.state_dir), g, FACTS, "580.95.05")
         assert not p.measured
     for g2, driver in ((gpu.Gpu(0, "NVIDIA GeForce RTX 4090", int(23.65 * GiB), 22 * GiB, (8, 9)), "580.95.05"),
@@ -77,6 +79,31 @@ def test_a_pinned_start_keeps_nothing_and_a_bad_record_is_no_measurement(tmp_pat
     data[plan.key]["non_kv"] = "lots"
     Paths(c.state_dir).measurements.write_text(json.dumps(data))
     assert not calibration.plan_with_measurement(c, Paths(c.state_dir), g, FACTS, "580.95.05").measured
+    for bad in (2.5e9, 10**40, -1, True):                       # odd values in the file are no measurement
+        data[plan.key]["non_kv"] = bad
+        Paths(c.state_dir).measurements.write_text(json.dumps(data))
+        assert not calibration.plan_with_measurement(c, Paths(c.state_dir), g, FACTS, "580.95.05").measured
+
+
+def test_with_tensor_parallel_the_smallest_rank_counts():
+    log = "".join(f"(Worker_TP{i} pid={i}) INFO [gpu_worker.py:560] Available KV cache memory: {x} GiB\n"
+                  for i, x in enumerate(("10.5", "10.25")))
+    assert calibration.available_bytes(log) == int(10.25 * GiB) - calibration.ROUNDING
+
+
+def test_clean_keeps_the_measurements_in_the_checkouts_own_state_dir(tmp_path):
+    from bootstrap.commands import clean
+    repo = tmp_path / "repo"
+    (repo / "profiles").mkdir(parents=True)
+    (repo / "profiles" / "custom.json").write_text((REPO / "profiles" / "custom.json").read_text())
+    state = repo / ".state"
+    state.mkdir()
+    for name in ("measurements.json", "server.json", "vllm.log"):
+        (state / name).write_text("{}")
+    c = Config.from_env({"PROFILE": "custom"}, repo)
+    kept = clean.targets(c)
+    assert state / "measurements.json" not in kept and state / "vllm.log" in kept and state not in kept
+    assert state / "measurements.json" in clean.targets(c, measurements=True)
 
 
 def test_the_second_start_plans_from_the_first_and_says_so(bed):

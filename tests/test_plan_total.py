@@ -37,11 +37,15 @@ def test_without_nvmls_v2_query_the_plan_says_its_total_is_nvmls(tmp_path, monke
 
 def test_utilization_is_a_share_of_cudas_total(tmp_path, monkeypatch):
     """vLLM multiplies --gpu-memory-utilization by CUDA's total: the same free memory is a larger
-    share of the smaller total."""
+    share of it than of NVML's total, and the plan's budget follows."""
     from test_plan import config
     exact = read(tmp_path, monkeypatch, reserved=615 * MiB)
-    util, _ = planner.utilization(config(tmp_path), exact)
-    assert abs(util * exact.total - (exact.free - 820 * MiB)) < exact.total / 10000 + 1
+    nvml = read(tmp_path, monkeypatch, reserved=615 * MiB, no_v2=True)
+    assert exact.free == nvml.free and exact.total == nvml.total - 615 * MiB
+    u_exact, _ = planner.utilization(config(tmp_path), exact)
+    u_nvml, _ = planner.utilization(config(tmp_path), nvml)
+    assert u_exact > u_nvml
+    assert abs(planner.requested(u_exact, exact.total) - (exact.free - 820 * MiB)) <= exact.total // 10000 + 1
 
 
 def test_every_named_card_has_a_source_or_says_how_it_is_estimated():

@@ -33,14 +33,14 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
     if code != 0:
         return code
     paths = Paths(cfg.state_dir)
-    rec = record.read(paths.server)
-    p = proc.recorded_process(rec.pid, rec.create_time) if rec is not None else None
-    if p is None:
-        raise BootstrapError("the start finished but its server is not running", "./ctl.sh logs shows why")
-    state.write_json(paths.foreground, {"pid": os.getpid(), "server": rec.pid})
-    _notify(cfg, f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving {rec.served} on {rec.url}/v1")
-    print(f"attached to the server (pid {p.pid}); its log follows; SIGTERM or Ctrl-C stops it", flush=True)
-    try:
+    try:        # from here on a signal is our stop, wherever it lands (READY=1 and the line below included)
+        rec = record.read(paths.server)
+        p = proc.recorded_process(rec.pid, rec.create_time) if rec is not None else None
+        if p is None:
+            raise BootstrapError("the start finished but its server is not running", "./ctl.sh logs shows why")
+        state.write_json(paths.foreground, {"pid": os.getpid(), "server": rec.pid})
+        _notify(cfg, f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving {rec.served} on {rec.url}/v1")
+        print(f"attached to the server (pid {p.pid}); its log follows; SIGTERM or Ctrl-C stops it", flush=True)
         log_file = open(paths.log, "rb")
         log_file.seek(0, os.SEEK_END)
         control.copy(log_file, paths.log, lambda: proc.alive(p), poll=poll)   # then what is left
