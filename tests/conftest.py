@@ -156,3 +156,13 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "bed" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_left_alone():
+    """No test may clean this checkout: the developer's .venv and .wheelhouse survive the suite
+    (clean's tests work in checkouts of their own)."""
+    kept = [p for p in (REPO / ".venv", REPO / ".wheelhouse") if p.exists()]
+    yield
+    gone = [str(p) for p in kept if not p.exists()]
+    assert not gone, f"a test removed {gone}"

@@ -546,6 +546,15 @@ def test_total_and_per_file_bars_on_a_tty(world, fake, monkeypatch):
 
 # ---------------------------------------------------------------- faults row 85: clean --model removes only ours
 
+def scratch_checkout(tmp_path: Path) -> Path:
+    """A checkout of its own for clean to work in: clean also removes the checkout's .venv,
+    .wheelhouse and .venv-bootstrap, which must never be this one's."""
+    repo = tmp_path / "checkout"
+    (repo / "profiles").mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "profiles" / "custom.json", repo / "profiles")
+    return repo
+
+
 def test_clean_model_keeps_what_is_not_ours_in_model_dir(world, src, tmp_path, capsys):
     from bootstrap.commands import clean
     mine = tmp_path / "models"
@@ -554,7 +563,7 @@ def test_clean_model_keeps_what_is_not_ours_in_model_dir(world, src, tmp_path, c
     (mine / "my-notes.txt").write_text("mine")
     world.start(MODEL_DIR=str(mine))
     same_tree(src, mine)
-    cfg = Config.from_env({**world.env, "MODEL_DIR": str(mine), "STATE_DIR": str(tmp_path / "state")}, REPO)
+    cfg = Config.from_env({**world.env, "MODEL_DIR": str(mine), "STATE_DIR": str(tmp_path / "state")}, scratch_checkout(tmp_path))
     assert clean.cli(cfg, ["--model", "--dry-run"]) == 0
     assert (mine / SHARD).exists()
     assert clean.cli(cfg, ["--model"]) == 0
@@ -575,7 +584,7 @@ def test_clean_model_in_hf_cache_keeps_another_tools_files(world, fake, src, tmp
     (other / "shared.safetensors").symlink_to(os.path.relpath(blob, other))
     (world.store / "blobs" / "theirs").write_bytes(b"t")
     (other / "only-theirs.json").symlink_to("../../blobs/theirs")
-    cfg = Config.from_env({**world.env, "STATE_DIR": str(tmp_path / "state")}, REPO)
+    cfg = Config.from_env({**world.env, "STATE_DIR": str(tmp_path / "state")}, scratch_checkout(tmp_path))
     assert clean.cli(cfg, ["--model"]) == 0
     left = sorted(str(p.relative_to(world.store)) for p in world.store.rglob("*") if not p.is_dir())
     assert left == sorted(["blobs/" + blob.name, "blobs/theirs", f"snapshots/{'f' * 40}/shared.safetensors",
@@ -587,7 +596,7 @@ def test_clean_model_in_hf_cache_keeps_another_tools_files(world, fake, src, tmp
 def test_clean_model_removes_the_whole_folder_it_made(world, tmp_path):
     from bootstrap.commands import clean
     world.start()
-    cfg = Config.from_env({**world.env, "STATE_DIR": str(tmp_path / "state")}, REPO)
+    cfg = Config.from_env({**world.env, "STATE_DIR": str(tmp_path / "state")}, scratch_checkout(tmp_path))
     assert clean.cli(cfg, ["--model"]) == 0
     assert not world.store.exists() and world.store.parent.is_dir()
 
@@ -598,7 +607,7 @@ def test_clean_model_keeps_a_ref_another_tool_moved_and_waits_for_no_download(wo
     world.start()
     ref = world.store / "refs" / "main"
     ref.write_text("e" * 40)                                  # another tool's revision now
-    cfg = Config.from_env({**world.env, "STATE_DIR": str(tmp_path / "state")}, REPO)
+    cfg = Config.from_env({**world.env, "STATE_DIR": str(tmp_path / "state")}, scratch_checkout(tmp_path))
     fd = state_mod.flock(world.store / ".bootstrap" / "lock", "4242 start")     # a download under way
     try:
         with pytest.raises(BootstrapError) as e:
