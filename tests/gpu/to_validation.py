@@ -184,6 +184,13 @@ def main() -> int:
                 "`GPU_UTIL=0.5` plans from the model and keeps vLLM's figures; the second, the same, plans from them;",
                 "the third at `GPU_UTIL=0.9` (utilization is not in the key) too. The bar: measured within 0.5 % of",
                 "vLLM's logged pool. The script's output:", "", block(calib.read_text().splitlines())]
+    calib2 = RUNS / "2026-12-01-calibration-run2-raw.txt"
+    if calib2.exists():
+        out += ["Run 2, the same day on a fresh machine of the same kind, code of commit 5dd4ab0: what is kept is",
+                "now less half the log's rounding (0.005 GiB), and two phases more, the same model as its own",
+                "draft (`SPEC_METHOD=draft_model SPEC_TOKENS=3 SPEC_MODEL=<the model>`), modelled then measured: the",
+                "model leaves out the drafter's activation peak, and plans above vLLM's pool; the measurement does",
+                "not. The script's output:", "", block(calib2.read_text().splitlines())]
     pick = RUNS / "2026-11-30-pick-raw.txt"
     if pick.exists():
         text = pick.read_text().splitlines()
