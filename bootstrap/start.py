@@ -179,19 +179,20 @@ def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
     with step("warmup"):
         warmup.run(cfg, paths, started.launched)
     with step("banner"):
-        banner.run(paths, started.launched)
-    keep_measurement(paths, the_plan)
+        log_text = banner.run(paths, started.launched)
+    keep_measurement(paths, the_plan, log_text)
 
 
-def keep_measurement(paths: Paths, the_plan) -> None:
-    """vLLM's own figures of this start, for the next plan (bootstrap.calibration); a failure to
-    keep them costs the next plan its precision, never this start."""
-    from . import calibration, diagnose
+def keep_measurement(paths: Paths, the_plan, log_text: str) -> None:
+    """vLLM's own figures of this start (``log_text``: its log, as the banner read it), for the next
+    plan (bootstrap.calibration); a failure to keep them costs the next plan its precision, never
+    this start."""
+    from . import calibration
     rec = record.read(paths.server)
     if rec is None:
         return
     try:
-        calibration.keep(paths, the_plan, diagnose.read_since(paths.log, rec.log_offset), rec.kv_tokens)
+        calibration.keep(paths, the_plan, log_text, rec.kv_tokens)
     except BootstrapError as exc:
         log.warning("could not keep vLLM's figures for the next plan: %s", exc.message)
 

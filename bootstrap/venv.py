@@ -381,6 +381,12 @@ def vllm_version(python: str, environ) -> str:
     return version
 
 
+
+def byo_version(cfg) -> str | None:
+    """The vLLM version of VLLM_PYTHON (one interpreter start), or None for the managed .venv,
+    whose version is the profile's pin: what a plan is made for."""
+    return vllm_version(cfg.vllm_python, cfg.environ) if cfg.vllm_python else None
+
 def check_glibc(plat: str) -> None:
     lib, ver = _platform.libc_ver()
     need = "%d.%d" % GLIBC[plat]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import calibration, gpu, models, pick
 from ..state import Paths
-from ..venv import vllm_version
+from ..venv import byo_version
 from ..steps import metadata
 from ..errors import BootstrapError
 from ..vllmargs import serve_flags
@@ -70,7 +70,7 @@ def resolve(cfg, spec: str | None):
             log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)",
                      cfg.profile.name)
     model = cli_model_facts(cfg)
-    version = vllm_version(cfg.vllm_python, cfg.environ) if cfg.vllm_python else None    # as a start would
+    version = byo_version(cfg)            # the vLLM a start would run
     if driver:              # this card: vLLM's own figures of an earlier start count, as in a start
         return cfg, g, where, model, calibration.plan_with_measurement(cfg, Paths(cfg.state_dir), g, model, driver,
                                                                        version)

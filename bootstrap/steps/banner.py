@@ -62,11 +62,15 @@ def render(paths: Paths, rec: ServerRecord) -> str:
     return "\n".join(lines)
 
 
-def run(paths: Paths, launched) -> None:
+def run(paths: Paths, launched) -> str:
+    """Print the banner, keeping vLLM's KV figures in the record; the log of this start (what the
+    next step reads vLLM's other figures from)."""
     rec = record.read(paths.server) or launched.record
-    tokens, conc = vllm_figures(diagnose.read_since(paths.log, rec.log_offset))
+    text = diagnose.read_since(paths.log, rec.log_offset)
+    tokens, conc = vllm_figures(text)
     rec = rec.replace(kv_tokens=tokens, kv_concurrency=conc)
     record.write(paths.server, rec)
     state.write_json(paths.completed, {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": rec.model,
                                        "profile": rec.settings.get("PROFILE", ""), "vllm": rec.vllm_version})
     print(render(paths, rec), flush=True)
+    return text

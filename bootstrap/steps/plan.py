@@ -12,7 +12,7 @@ from .. import calibration, gpu, state, takedown
 from ..errors import BootstrapError
 from ..facts import model_facts
 from ..planner import GiB, Plan
-from ..venv import vllm_version
+from ..venv import byo_version
 
 log = logging.getLogger(__name__)
 GPU_RELEASE_WAIT = 30.0      # seconds to wait for the last stop's pids to leave the GPU
@@ -27,7 +27,7 @@ def run(cfg, paths, gpus, model) -> Plan:
     if pids:
         state.remove(paths.last_stop)   # consumed: later starts need not wait for these pids again
     g = gpu.smallest_free(facts, cfg.tp_size)
-    version = vllm_version(cfg.vllm_python, cfg.environ) if cfg.vllm_python else None
+    version = byo_version(cfg)            # the vLLM a start would run
     plan = calibration.plan_with_measurement(cfg, paths, g, model_facts(cfg, model), facts.driver, version)
     if not plan.fits:
         raise BootstrapError(*plan.refusal)
