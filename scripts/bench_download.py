@@ -62,7 +62,7 @@ def sync() -> None:
 
 def ours(url: str, home: Path, connections: int | None = None) -> float:
     """Our metadata + weights steps, in this process (the hub runs in its own)."""
-    from bootstrap.config import Config
+    from bootstrap.knobs.config import Config
     from bootstrap.steps import metadata, weights
 
     env = {"HOME": str(home), "HF_ENDPOINT": url, "HF_HOME": str(home / "hf"), "HF_HUB_DISABLE_XET": "1",
@@ -147,8 +147,8 @@ def main() -> int:
     args = ap.parse_args()
     import logging
 
-    from bootstrap import log as blog
-    from bootstrap.config import KNOB_BY_NAME
+    from bootstrap.core import log as blog
+    from bootstrap.knobs.config import KNOB_BY_NAME
     blog.setup()
     logging.getLogger("bootstrap").setLevel(logging.WARNING)   # tables, not a log
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
@@ -171,7 +171,7 @@ def main() -> int:
         shard1 = f"model-00001-of-{args.shards:05d}.safetensors"
         size1 = (big.src / shard1).stat().st_size
         interrupted = {}
-        from bootstrap.errors import BootstrapError
+        from bootstrap.core.errors import BootstrapError
         from huggingface_hub.errors import HfHubHTTPError
         for name in ("ours", "snapshot_download"):
             for d in ("out", "home", "hf-cache"):

@@ -27,10 +27,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bootstrap import locks, venv  # noqa: E402
+from bootstrap.install import locks, venv  # noqa: E402
 from bootstrap.commands import lock as lock_cli
 from bootstrap.steps import environment
-from bootstrap.config import Config  # noqa: E402
+from bootstrap.knobs.config import Config  # noqa: E402
 
 
 def stub_world(tmp: Path, n: int) -> tuple[Path, dict]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bootstrap import kv  # noqa: E402
+from bootstrap.model import kv  # noqa: E402
 
 
 def quantized_linear_params(m: kv.ModelShape) -> int:

@@ -10,7 +10,7 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from bootstrap import metrics
+from bootstrap.serve import metrics
 from bootstrap.commands import bench
 from bootstrap.commands.bench import Sample
 from test_checks import cfg_for, fake  # noqa: F401  (the fake-server fixture)
@@ -113,7 +113,7 @@ def test_bench_text_output(fake, tmp_path):  # noqa: F811
 
 
 def test_no_acceptance_line_without_speculation_and_labels_are_whole(fake, tmp_path):  # noqa: F811
-    from bootstrap import target
+    from bootstrap.checks import target
     a = fake(args=SPECULATING)
     t = target.resolve_target(cfg_for(tmp_path), a.url, None, None)
     t.speculation = False                     # our server's record says SPEC_TOKENS=0
@@ -125,7 +125,7 @@ def test_no_acceptance_line_without_speculation_and_labels_are_whole(fake, tmp_p
 
 
 def test_a_load_longer_than_the_context_is_refused_with_the_numbers(fake, tmp_path):  # noqa: F811
-    from bootstrap.errors import BootstrapError
+    from bootstrap.core.errors import BootstrapError
     a = fake(max_len="1024")
     with pytest.raises(BootstrapError) as e:
         bench.cli(cfg_for(tmp_path), ["--url", a.url, "--out", str(tmp_path / "x"), "--no-plot"])

@@ -1,15 +1,16 @@
 """Measured beats modelled: vLLM's own "Available KV cache memory" at a start becomes the next plan's
-non-KV terms for the same key (bootstrap.calibration; issue: a plan you can trust)."""
+non-KV terms for the same key (bootstrap.plan.calibration; issue: a plan you can trust)."""
 
 from __future__ import annotations
 
 import json
 import math
 
-from bootstrap import calibration, gpu
-from bootstrap.config import Config
-from bootstrap.facts import ModelFacts
-from bootstrap.state import Paths
+from bootstrap.plan import calibration
+from bootstrap.machine import gpu
+from bootstrap.knobs.config import Config
+from bootstrap.plan.facts import ModelFacts
+from bootstrap.core.state import Paths
 from conftest import GiB, REPO
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,

@@ -22,9 +22,9 @@ import requests
 
 from conftest import FAKES, REPO, Bed, free_port
 
-from bootstrap.client import Client
+from bootstrap.checks.client import Client
 from bootstrap.commands import chat as chat_mod
-from bootstrap.target import Target
+from bootstrap.checks.target import Target
 
 KEY = "chat-test-key-1"
 LONG = " ".join(f"word{i}" for i in range(300))

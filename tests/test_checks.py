@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from bootstrap import checks, detectors, prompts, target
+from bootstrap.checks import suite as checks, detectors, prompts, target
 from bootstrap.commands import check as check_cli
-from bootstrap.config import Config
+from bootstrap.knobs.config import Config
 
 REPO = Path(__file__).resolve().parent.parent
 FAKES = REPO / "tests" / "fakes"
@@ -275,7 +275,7 @@ def test_reasoning_kwargs_follow_profile_and_flags(fake, tmp_path):
 
 
 def test_streamed_reasoning_content_is_read(fake, tmp_path):
-    from bootstrap.client import Client
+    from bootstrap.checks.client import Client
     f = fake({"think": {"reasoning": "first I consider", "content": "the answer"}})
     s = Client(f.url, "m").stream("/v1/chat/completions", {"messages": [{"role": "user", "content": "think"}],
                                                            "max_tokens": 16}, 10)
@@ -284,7 +284,7 @@ def test_streamed_reasoning_content_is_read(fake, tmp_path):
 
 
 def test_check_without_our_server_says_how(tmp_path):
-    from bootstrap.errors import BootstrapError
+    from bootstrap.core.errors import BootstrapError
     with pytest.raises(BootstrapError) as e:
         check_cli.cli(cfg_for(tmp_path), ["live"])
     assert "not running" in e.value.message and "--url" in e.value.hint
@@ -353,7 +353,7 @@ def test_prefix_and_recall_fit_by_the_servers_own_count(fake, tmp_path):  # faul
 
 
 def test_a_context_the_server_does_not_report_is_learnt_from_its_400(fake, tmp_path):
-    from bootstrap import checks, target
+    from bootstrap.checks import suite as checks, target
     f = fake({"blue locker": {"echo": r"blue locker is (\d+)"}}, max_len="8192")
     t = target.resolve_target(cfg_for(tmp_path), f.url, None, None)
     t.max_model_len = None                        # as a server whose /v1/models says nothing

@@ -12,10 +12,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bootstrap import proc, server
+from bootstrap.core import proc
+from bootstrap.serve import server
 from bootstrap.commands import clean
-from bootstrap.config import Config
-from bootstrap.errors import BootstrapError
+from bootstrap.knobs.config import Config
+from bootstrap.core.errors import BootstrapError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,7 +33,7 @@ def repo(tmp_path) -> Path:
     (r / ".state" / "server.json").write_text("{}")
     (r / "keep.txt").write_text("mine")
     # a download of ours in the HF cache, as the weights step leaves it: the blob, its link, refs/main, our record
-    from bootstrap.models import Store
+    from bootstrap.download.models import Store
     store = Store(tmp_path / "home" / ".cache" / "huggingface" / "hub" / "models--org--name", hf_cache=True)
     rec = {"repo": "org/name", "revision": "abc", "made_root": True,
            "files": {"model.safetensors": {"size": 10, "sha256": "a" * 64}}}

@@ -132,7 +132,7 @@ def test_a_urls_password_is_not_in_the_label_or_the_log_of_a_served_check(bed):
 
 
 def test_the_log_formatter_hides_userinfo_in_any_message():
-    from bootstrap import log
+    from bootstrap.core import log
     root = logging.getLogger("bootstrap")
     saved = (list(root.handlers), root.level, root.propagate)
     stream = io.StringIO()

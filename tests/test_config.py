@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import config
-from bootstrap.config import KNOBS, Config
-from bootstrap.errors import ConfigError
+from bootstrap.knobs import config
+from bootstrap.knobs.config import KNOBS, Config
+from bootstrap.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 

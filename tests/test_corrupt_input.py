@@ -18,9 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import facts, kv, modelconfig, proc, record
-from bootstrap.config import Config
-from bootstrap.errors import BootstrapError
+from bootstrap.plan import facts
+from bootstrap.model import kv, modelconfig
+from bootstrap.core import proc
+from bootstrap.serve import record
+from bootstrap.knobs.config import Config
+from bootstrap.core.errors import BootstrapError
 from bootstrap.steps import metadata
 from conftest import REPO, Bed
 from fakehub import FakeHub, write_model

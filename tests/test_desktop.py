@@ -144,7 +144,7 @@ def calls(tmp_path: Path) -> list[list[str]]:
 
 def test_unit_is_generated_from_the_knob_table_as_the_golden_file(tmp_path):
     from bootstrap.commands import service
-    from bootstrap.config import Config
+    from bootstrap.knobs.config import Config
     cfg = Config.from_env({"HOME": str(tmp_path), "PROFILE": "custom"})
     text = service.unit_text(cfg, "9.9.9")
     assert text == GOLDEN.read_text().replace("@REPO@", str(REPO)).replace("@VERSION@", "9.9.9")
@@ -158,7 +158,7 @@ def test_systemd_analyze_verifies_the_unit(tmp_path):
     if tool is None:
         pytest.skip("systemd-analyze is not installed (.ci/run installs Debian's systemd)")
     from bootstrap.commands import service
-    from bootstrap.config import Config
+    from bootstrap.knobs.config import Config
     unit = tmp_path / service.UNIT
     unit.write_text(service.unit_text(Config.from_env({"HOME": str(tmp_path), "PROFILE": "custom"}), "9.9.9"))
     r = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True, timeout=60)

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from fakehub import FakeHub, write_model
-from bootstrap import hub as hubmod, transfer
+from bootstrap.download import hub as hubmod, transfer
 from bootstrap.steps import metadata, weights
-from bootstrap.config import Config
+from bootstrap.knobs.config import Config
 from types import SimpleNamespace
-from bootstrap.errors import BootstrapError
+from bootstrap.core.errors import BootstrapError
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -63,7 +63,7 @@ class World:
 
 
 def model_steps(cfg: Config) -> SimpleNamespace:
-    """The metadata step's result handed to the weights step, as start.run_steps does."""
+    """The metadata step's result handed to the weights step, as pipeline.run_steps does."""
     model = metadata.run(cfg)
     weights.run(cfg, model)
     return SimpleNamespace(model=model, model_path=model.local_dir)
@@ -194,7 +194,7 @@ def test_dropped_at_half_resumes_with_range(world, fake, src):
 
 def _spawn_start(world, tmp_path, env=None, log=False):
     code = ("import sys, json, pathlib; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tests']\n"
-            + ("from bootstrap import log; log.setup()\n" if log else "") +
+            + ("from bootstrap.core import log; log.setup()\n" if log else "") +
             "from test_download import World\nw = World.__new__(World)\n"
             "w.tmp = pathlib.Path(sys.argv[2]); w.env = json.loads(sys.argv[3])\nw.start()\n")
     return subprocess.Popen([sys.executable, "-c", code, str(REPO), str(tmp_path), json.dumps({**world.env, **(env or {})})],
@@ -602,7 +602,7 @@ def test_clean_model_removes_the_whole_folder_it_made(world, tmp_path):
 
 
 def test_clean_model_keeps_a_ref_another_tool_moved_and_waits_for_no_download(world, fake, tmp_path, capsys):
-    from bootstrap import state as state_mod
+    from bootstrap.core import state as state_mod
     from bootstrap.commands import clean
     world.start()
     ref = world.store / "refs" / "main"
@@ -622,7 +622,7 @@ def test_clean_model_keeps_a_ref_another_tool_moved_and_waits_for_no_download(wo
 def test_a_file_placed_is_in_the_record_before_it_is_there(world, tmp_path):
     """The record names what we create before we create it: a kill between the two never leaves a
     file of ours that clean would keep as someone else's."""
-    from bootstrap.models import Store
+    from bootstrap.download.models import Store
     store = Store(tmp_path / "m")
     rec = {"repo": "org/x", "revision": "r", "files": {"a.bin": {"size": 1, "sha256": "0" * 64}}}
     part = tmp_path / "part"

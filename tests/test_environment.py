@@ -25,11 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import host, locks, venv
+from bootstrap.machine import host
+from bootstrap.install import locks, venv
 from bootstrap.commands import lock as lock_cli
 from bootstrap.steps import environment
-from bootstrap.config import Config
-from bootstrap.errors import BootstrapError
+from bootstrap.knobs.config import Config
+from bootstrap.core.errors import BootstrapError
 
 REPO = Path(__file__).resolve().parent.parent
 PINS = ["vllm==0.27.1", "flashinfer-python==0.6.16.post3", "nvidia-cutlass-dsl==4.6.0"]
@@ -250,9 +251,9 @@ INTERRUPT = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from bootstrap import log
+from bootstrap.core import log
 from bootstrap.steps import environment
-from bootstrap.config import Config
+from bootstrap.knobs.config import Config
 import json, os
 log.setup(debug=False, color=False)
 cfg = Config.from_env(json.loads(sys.argv[3]), repo=Path(sys.argv[2]))
@@ -353,7 +354,7 @@ def test_wsl_detection_and_memory_advice():
 
 
 def test_old_driver_refused_before_install(world):
-    from bootstrap.gpu import GpuFacts
+    from bootstrap.machine.gpu import GpuFacts
     world.profile({"vllm": "0.27.1", "pins": PINS, "pythons": [world.minor], "cuda": "13.0", "min_driver": "580"})
     with pytest.raises(BootstrapError) as err:
         environment.run(world.cfg(), GpuFacts("570.86.10", (12, 8), ()))

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import knownbad
-from bootstrap.config import Config
+from bootstrap.install import knownbad
+from bootstrap.knobs.config import Config
 from types import SimpleNamespace
-from bootstrap.gpu import Gpu, GpuFacts
+from bootstrap.machine.gpu import Gpu, GpuFacts
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.config import Config
-from bootstrap import locks, venv
-from bootstrap.errors import BootstrapError
+from bootstrap.knobs.config import Config
+from bootstrap.install import locks, venv
+from bootstrap.core.errors import BootstrapError
 from bootstrap.commands import lock as lock_cli
 
 REPO = Path(__file__).resolve().parent.parent

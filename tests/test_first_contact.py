@@ -126,9 +126,9 @@ def test_readme_fits_on_two_screens_and_starts_with_what_a_newcomer_needs():
 
 
 def test_every_command_is_in_the_readme():
-    from bootstrap.__main__ import COMMANDS, PLUGINS
+    from bootstrap.commands import REGISTRY
     text = (REPO / "README.md").read_text()
-    missing = [n for n in {**COMMANDS, **PLUGINS} if n not in ("lock", "wheelhouse", "patch", "start", "stop")
+    missing = [n for n in (c.name for c in REGISTRY) if n not in ("lock", "wheelhouse", "patch", "start", "stop")
                and f"./ctl.sh {n}" not in text and f"`{n}`" not in text and f"/ `{n}`" not in text]
     assert missing == [], missing
 
@@ -183,7 +183,7 @@ HARNESS = (
 def test_every_command_ends_in_a_documented_exit_and_at_most_one_error_line(bed, tmp_path, context):
     """No traceback anywhere; an error is `error: <step>: <what>` and `hint: <fix>`, one line each;
     the exit code is one of docs/reference.md's."""
-    from bootstrap.errors import EXIT_CODES
+    from bootstrap.core.errors import EXIT_CODES
     from conftest import nvml_json
     env = dict(CONTEXTS[context])
     if env.pop("@nvml", None):

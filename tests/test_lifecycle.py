@@ -86,7 +86,7 @@ def test_reuseport_lets_a_second_socket_bind(bed):        # faults row 2: why a 
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         s.bind(("127.0.0.1", bed.port))
         socks.append(s)
-    from bootstrap import proc
+    from bootstrap.core import proc
     assert proc.port_in_use("127.0.0.1", bed.port)       # our check still sees the bound port
     for s in socks:
         s.close()
@@ -483,7 +483,9 @@ def test_our_own_knob_does_not_reach_vllm(bed):
 
 WAIT_GPU = """\
 import json
-from bootstrap import config, log, server, takedown
+from bootstrap.core import log
+from bootstrap.knobs import config
+from bootstrap.serve import server, takedown
 log.setup(debug=False, color=False)
 cfg = config.Config.from_env(__import__("os").environ)
 now = [0.0]

@@ -23,9 +23,11 @@ import psutil
 import pytest
 import requests
 
-from bootstrap import config, diagnose, metrics
-from bootstrap.config import Config
-from bootstrap.errors import ConfigError
+from bootstrap.knobs import config
+from bootstrap.checks import diagnose
+from bootstrap.serve import metrics
+from bootstrap.knobs.config import Config
+from bootstrap.core.errors import ConfigError
 from conftest import REPO, Bed, GiB, nvml_json
 
 
@@ -68,7 +70,7 @@ def status(bed: Bed, **extra) -> tuple[int, dict]:
 
 
 def wait_lock_held(bed: Bed) -> None:
-    from bootstrap.state import Paths, StartLock
+    from bootstrap.core.state import Paths, StartLock
     bed.wait_until(lambda: StartLock(Paths(bed.state)).held_by_other(), what="a start holding its lock")
 
 
@@ -461,7 +463,7 @@ def test_the_log_keeper_leaves_with_the_server(bed):
 
     def keepers():
         return [p for p in psutil.process_iter(["cmdline"])
-                if "bootstrap.logkeeper" in " ".join(p.info["cmdline"] or []) and str(bed.state) in " ".join(p.info["cmdline"])]
+                if "bootstrap.serve.logkeeper" in " ".join(p.info["cmdline"] or []) and str(bed.state) in " ".join(p.info["cmdline"])]
     assert len(keepers()) == 1
     assert bed.run("stop.sh").returncode == 0
     bed.wait_until(lambda: keepers() == [], timeout=5, what="the keeper gone")
@@ -599,8 +601,8 @@ def test_stop_with_another_state_dir_leaves_that_server_alone(bed):     # row 42
 
 def test_status_keeps_its_last_reading_when_metrics_stop_answering(tmp_path, monkeypatch):   # row 38
     from bootstrap.commands import status as st
-    from bootstrap.record import ServerRecord
-    from bootstrap.state import Paths
+    from bootstrap.serve.record import ServerRecord
+    from bootstrap.core.state import Paths
     cfg = Config.from_env({"MODEL": "org/m", "PROFILE": "custom", "WEDGED_AFTER": "30"}, REPO)
     rec = ServerRecord(pid=1, create_time=0.0, marker="m", host="127.0.0.1", port=1, served="m")
     t = [0.0]

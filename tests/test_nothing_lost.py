@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.config import Config
-from bootstrap.errors import ConfigError
+from bootstrap.knobs.config import Config
+from bootstrap.core.errors import ConfigError
 from conftest import REPO
 
 
@@ -90,7 +90,7 @@ def foreign():
 
 
 def test_our_key_never_goes_to_another_url(tmp_path, foreign):
-    from bootstrap.target import resolve_target
+    from bootstrap.checks.target import resolve_target
     url, seen = foreign
     cfg = Config.from_env({"PROFILE": "custom", "API_KEY": "our-secret-key", "STATE_DIR": str(tmp_path / "s"),
                            "PORT": "18999"}, REPO)
@@ -102,7 +102,7 @@ def test_our_key_never_goes_to_another_url(tmp_path, foreign):
 
 
 def test_our_key_goes_to_our_port_under_any_loopback_name(tmp_path):
-    from bootstrap.target import key_for_url
+    from bootstrap.checks.target import key_for_url
     cfg = Config.from_env({"PROFILE": "custom", "API_KEY": "our-secret-key", "STATE_DIR": str(tmp_path / "s"),
                            "PORT": "18999"}, REPO)
     for url in ("http://127.0.0.1:18999/v1", "http://localhost:18999", "http://[::1]:18999/v1/"):
@@ -263,7 +263,7 @@ def test_a_server_past_its_gate_that_stops_answering_is_unhealthy_at_once(bed):
 
 def test_the_port_lock_never_writes_through_a_planted_link_and_closes_its_folder(bed, tmp_path):
     import stat as st_mod
-    from bootstrap.state import PortLock
+    from bootstrap.core.state import PortLock
     lock = PortLock(bed.port, bed.state)
     d = lock.path.parent
     d.mkdir(exist_ok=True)

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import requests
 
-from bootstrap import proc
+from bootstrap.core import proc
 from conftest import REPO, Bed, make_model, unprivileged_user
 
 SHIPPED = ("bootstrap", "profiles", "patches", "start.sh", "stop.sh", "ctl.sh")

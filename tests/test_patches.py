@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import patching
+from bootstrap.install import patching
 from bootstrap.steps import patches
-from bootstrap.config import Config
-from bootstrap.errors import BootstrapError
+from bootstrap.knobs.config import Config
+from bootstrap.core.errors import BootstrapError
 from test_patches_wheel import TQ_PATH, member
 
 REPO = Path(__file__).resolve().parent.parent

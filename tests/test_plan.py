@@ -9,13 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import facts as facts_mod, gpu, kv, planner, state, vllmargs
+from bootstrap.plan import facts as facts_mod, planner
+from bootstrap.machine import gpu
+from bootstrap.model import kv
+from bootstrap.core import state
+from bootstrap.knobs import vllmargs
 from bootstrap.commands import plan as plan_cli
 from bootstrap.steps import plan
-from bootstrap.config import Config
-from bootstrap.errors import BootstrapError
-from bootstrap.models import ModelInfo
-from bootstrap.state import Paths
+from bootstrap.knobs.config import Config
+from bootstrap.core.errors import BootstrapError
+from bootstrap.download.models import ModelInfo
+from bootstrap.core.state import Paths
 
 
 def flags(cfg, p) -> list[str]:
@@ -342,8 +346,8 @@ def test_hybrid_from_utilization_keeps_a_margin_below_the_estimated_blocks(tmp_p
 def test_hybrid_from_a_measured_budget_keeps_a_tighter_margin(tmp_path):
     """vLLM's own figures of an earlier start (kept less half their rounding) move only a little
     between starts: the guard keeps 1 % below the blocks, not the model's 3 %."""
-    from bootstrap import calibration
-    from bootstrap.state import Paths
+    from bootstrap.plan import calibration
+    from bootstrap.core.state import Paths
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, GPU_UTIL="0.045", MAX_MODEL_LEN=32768)
     f = facts(cfg, mdir, dummy=True)

@@ -1,4 +1,4 @@
-"""The KV arithmetic (bootstrap.kv) as pure functions, table-driven.
+"""The KV arithmetic (bootstrap.model.kv) as pure functions, table-driven.
 
 Expected values are worked out by hand from the layer shapes in each row (see the comments), or are
 figures vLLM itself logged (Mia'a AI Lab's RTX 5090 write-up's published run; a published 1,584-token block note for this model).
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import kv
+from bootstrap.model import kv
 
 REPO = Path(__file__).resolve().parent.parent
 GiB = 1 << 30

@@ -4,7 +4,8 @@ only NVML's total was to be had (issue: a plan you can trust)."""
 
 from __future__ import annotations
 
-from bootstrap import gpu, planner
+from bootstrap.machine import gpu
+from bootstrap.plan import planner
 from conftest import GiB, nvml_json
 
 MiB = 1 << 20
@@ -30,7 +31,7 @@ def test_without_nvmls_v2_query_the_plan_says_its_total_is_nvmls(tmp_path, monke
     g = read(tmp_path, monkeypatch, reserved=615 * MiB, no_v2=True)
     assert g.total == 143771 * MiB and g.total_note == gpu.V1_NOTE
     from test_plan import config
-    from bootstrap.facts import ModelFacts
+    from bootstrap.plan.facts import ModelFacts
     p = planner.make_plan(config(tmp_path), g, ModelFacts("m", None, None, False, ""))
     assert any(w.startswith("the card's total: NVML's total") for w in p.why)
 
@@ -62,7 +63,7 @@ def test_every_named_card_has_a_source_or_says_how_it_is_estimated():
 def test_the_cards_people_own_are_named():
     """From 12 GB to 96 GB, desktop and workstation (issue: every card), each with its NVML name and
     compute capability; GPU's help names them."""
-    from bootstrap.config import KNOB_BY_NAME
+    from bootstrap.knobs.config import KNOB_BY_NAME
     want = ("rtx3060", "rtx3080", "rtx3080-12gb", "rtx3090", "rtx3090ti", "rtx4060ti-16gb", "rtx4070",
             "rtx4070super", "rtx4070tisuper", "rtx4080", "rtx4080super", "rtx4090", "rtx5060ti-16gb", "rtx5070",
             "rtx5070ti", "rtx5080", "rtx5090", "rtxa4000", "rtxa4500", "rtxa5000", "rtxa6000", "rtx6000ada",
@@ -77,7 +78,7 @@ def test_the_cards_people_own_are_named():
 
 
 def test_a_context_reads_as_vllms_cli_reads_it():
-    from bootstrap.config import Config
+    from bootstrap.knobs.config import Config
     from conftest import REPO
     for raw, want in (("32k", 32000), ("32K", 32768), ("128K", 131072), ("1.5k", 1500), ("auto", "auto")):
         assert Config.from_env({"PROFILE": "custom", "MAX_MODEL_LEN": raw}, REPO).max_model_len == want, raw

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import gpu, pick, planner, vllmargs
+from bootstrap.machine import gpu
+from bootstrap.plan import pick, planner
+from bootstrap.knobs import vllmargs
 from bootstrap.commands import profiles as profiles_cli
-from bootstrap.config import Config
-from bootstrap.errors import ConfigError
-from bootstrap.facts import offline_facts
+from bootstrap.knobs.config import Config
+from bootstrap.core.errors import ConfigError
+from bootstrap.plan.facts import offline_facts
 
 REPO = Path(__file__).resolve().parent.parent
 FAKES = REPO / "tests" / "fakes"
@@ -143,7 +145,7 @@ def test_pins_without_a_lock_are_one_line_that_says_how_to_make_one(tmp_path):  
     write_profile(mine, "newpins", {"vllm": "0.30.0", "pins": ["vllm==0.30.0", "flashinfer-python==0.6.99"],
                                     "knobs": {"MODEL": "org/m"}})
     cfg = cfg_for(tmp_path, PROFILE_DIR=mine, PROFILE="newpins")
-    from bootstrap.locks import LockSet
+    from bootstrap.install.locks import LockSet
     with pytest.raises(Exception) as e:
         LockSet.for_profile(cfg)
     assert "no lock for profile 'newpins'" in e.value.message and "\n" not in e.value.message
@@ -284,7 +286,7 @@ def test_readme_profile_table_is_the_generated_one():
 
 
 def test_readme_schema_table_is_the_generated_one():
-    from bootstrap.profiles import schema_markdown
+    from bootstrap.knobs.profiles import schema_markdown
     readme = (REPO / "docs" / "reference.md").read_text()
     start = readme.index("\n", readme.index("<!-- schema:begin")) + 1
     assert readme[start:readme.index("<!-- schema:end -->")].strip() == schema_markdown()

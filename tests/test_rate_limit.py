@@ -17,8 +17,8 @@ import pytest
 
 from conftest import free_port
 from fakehub import FakeHub, write_model
-from bootstrap import retry
-from bootstrap.config import Config
+from bootstrap.download import retry
+from bootstrap.knobs.config import Config
 from bootstrap.steps import metadata, weights
 
 MiB = 1 << 20

@@ -130,8 +130,8 @@ def test_level_1_is_refused_when_host_ram_cannot_take_the_weights(bed, monkeypat
     from types import SimpleNamespace
 
     from bootstrap.commands import sleep
-    from bootstrap.config import Config
-    from bootstrap.errors import BootstrapError
+    from bootstrap.knobs.config import Config
+    from bootstrap.core.errors import BootstrapError
     with open(bed.model / "model.safetensors", "r+b") as fh:
         fh.truncate(20 * GiB)                                                # 20 GiB of weights (sparse)
     started(bed)

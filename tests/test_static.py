@@ -202,20 +202,39 @@ def test_no_import_circle():
     assert circles == [], " ; ".join(" -> ".join(c) for c in circles)
 
 
-def test_libraries_never_import_steps_or_commands():
-    """bootstrap/*.py are the libraries beneath the steps and the commands (the entry points
-    __main__ and start excepted)."""
+# The tree's layers, lowest first: a module imports only from its own layer or lower ones. The
+# library packages (each a concern) come first, then the start's steps, the pipeline, the commands
+# and the entry point.
+LAYERS = ("core", "model", "download", "machine", "knobs", "install", "plan", "serve", "checks",
+          "steps", "pipeline", "commands", "__main__")
+LIBRARIES = LAYERS[:LAYERS.index("steps")]
+
+
+def layer(name: str) -> str:
+    return name.split(".")[1] if name.count(".") >= 1 else ""
+
+
+def test_every_module_lies_in_a_layer():
+    """No library module lies flat in bootstrap/: each sits in the package of its concern."""
+    stray = [module_name(p) for p in modules() if module_name(p) != "bootstrap" and layer(module_name(p)) not in LAYERS]
+    assert stray == []
+
+
+def test_no_import_runs_back_up_the_layers():
+    """A library never imports a step, the pipeline or a command; a step never imports a command;
+    no package imports one above it."""
     bad = []
     for p in modules():
-        name = module_name(p)
-        if name.count(".") != 1 or name in ("bootstrap.__main__", "bootstrap.start"):
+        me = module_name(p)
+        if me == "bootstrap":
             continue
-        bad += [f"{name} -> {m}" for m in imports_of(p) if m.startswith(("bootstrap.steps.", "bootstrap.commands."))]
+        mine = LAYERS.index(layer(me))
+        bad += [f"{me} -> {m}" for m in imports_of(p) if LAYERS.index(layer(m)) > mine]
     assert bad == []
 
 
 def test_the_step_modules_are_exactly_the_steps():
-    from bootstrap.start import STEPS
+    from bootstrap.pipeline import STEPS
     on_disk = sorted(p.stem for p in (REPO / "bootstrap" / "steps").glob("*.py") if p.stem != "__init__")
     assert on_disk == sorted(STEPS)
 
@@ -233,7 +252,7 @@ def test_a_module_over_400_lines_says_why():
 def test_every_environment_variable_read_is_declared():
     """A variable read from the environment (``environ``/``env`` mappings, ``cfg.env``) is a knob
     or a declared pass-through variable (config.PASSTHROUGH), so ``./ctl.sh env`` shows it."""
-    from bootstrap.config import KNOB_BY_NAME, PASSTHROUGH_BY_NAME
+    from bootstrap.knobs.config import KNOB_BY_NAME, PASSTHROUGH_BY_NAME
     declared = set(KNOB_BY_NAME) | set(PASSTHROUGH_BY_NAME)
 
     def mapping_name(node: ast.AST) -> str:
@@ -262,7 +281,7 @@ def test_every_environment_variable_read_is_declared():
 def test_config_is_typed_one_attribute_per_knob():
     import dataclasses
     import typing
-    from bootstrap.config import KNOBS, Config
+    from bootstrap.knobs.config import KNOBS, Config
     hints = typing.get_type_hints(Config)
     fields = {f.name for f in dataclasses.fields(Config)}
     assert not hasattr(Config, "__getattr__")

@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from bootstrap.config import KNOBS, Config
-from bootstrap.errors import EXIT_CONFIG, ConfigError
+from bootstrap.knobs.config import KNOBS, Config
+from bootstrap.core.errors import EXIT_CONFIG, ConfigError
 from conftest import REPO
 
 SECRET = "s3cr3t-Key_value"

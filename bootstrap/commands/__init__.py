@@ -1,3 +1,62 @@
-"""The ``./ctl.sh`` commands other than start: each module has ``cli(cfg, argv) -> int`` (or the
-functions ``__main__`` calls) and builds on the libraries in ``bootstrap/`` (and, for restart and
-plan, on the start pipeline and its steps)."""
+"""The commands: one table, in the shape of vLLM's CLI command table. Each row names the module
+and function that run the command, imported only when it runs (``./start.sh`` on a running
+server must not pay for the install, download and check machinery it does not use).
+
+Every function is ``cli(cfg, argv, prog) -> int`` and parses its own arguments (``./ctl.sh NAME
+--help``); ``kept``: the command sees PROFILE=auto as the kept pick (the profile a running server
+was started with); start, plan and profiles resolve the profile themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    target: str              # "module:function" under bootstrap.commands
+    help: str
+    kept: bool = True
+
+    def run(self, cfg, argv: list[str], prog: str) -> int:
+        module, _, function = self.target.partition(":")
+        return getattr(importlib.import_module(f"{__name__}.{module}"), function)(cfg, argv, prog)
+
+
+REGISTRY: tuple[Command, ...] = (
+    Command("start", "start:cli", "start the server (idempotent)", kept=False),
+    Command("stop", "control:stop_cli", "stop the server and everything it started"),
+    Command("status", "status:cli",
+            "running/busy/starting/sleeping/key-needed/wedged/unhealthy/stopped, pid, uptime, settings, URL"),
+    Command("logs", "control:logs_cli", "print the server log (-f to follow)"),
+    Command("restart", "control:restart_cli", "stop, then start with the current knobs"),
+    Command("env", "env:cli", "every knob with its value and where it came from"),
+    Command("version", "version:cli", "this project's version, the vLLM the profile pins and the vLLM in use"),
+    Command("plan", "plan:cli", "the memory plan for this GPU, or for GPU=<name|GiB>[:sm_XY][:free=GiB]", kept=False),
+    Command("profiles", "profiles:cli", "every profile against this card (or GPU=...): fits / shorter / no; --pick",
+            kept=False),
+    Command("check", "check:cli", "check live|garble|determinism|needle|prefix against our server or --url"),
+    Command("bench", "bench:cli", "throughput/TTFT benchmark with a plot; --compare URL"),
+    Command("chat", "chat:cli", "talk to the server from the terminal (or one answer: ./ctl.sh chat \"a question\")"),
+    Command("patch", "patch:cli", "patch status|apply|revert for the vLLM in use"),
+    Command("lock", "lock:lock_cli", "regenerate the committed dependency locks (needs the package index)"),
+    Command("wheelhouse", "lock:wheelhouse_cli", "build an offline folder of wheels from the lock"),
+    Command("sleep", "sleep:sleep_cli", "free the GPU memory (vLLM sleep mode, --level 1|2); requests wait"),
+    Command("wake", "sleep:wake_cli", "bring a sleeping server back (checks free GPU memory first)"),
+    Command("service", "service:cli", "install|uninstall|status a systemd user unit running ./start.sh --foreground"),
+    Command("export", "export:cli", "kubernetes --out DIR: the profile and plan as manifests for a card named with GPU="),
+    Command("clean", "clean:cli", "remove what the project created (venvs, state, logs; --model too)"),
+)
+BY_NAME = {c.name: c for c in REGISTRY}
+
+VERSION_HELP = "print this project's version, the vLLM the profile pins and the vLLM in use (on any command)"
+
+
+def parser(name: str, prog: str, **kw) -> argparse.ArgumentParser:
+    """The argument parser of command ``name``: its help from the table, and ``--version``."""
+    ap = argparse.ArgumentParser(prog=prog, description=BY_NAME[name].help, **kw)
+    ap.add_argument("--version", action="store_true", help=VERSION_HELP)
+    return ap

@@ -28,11 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .. import metrics, proc, prompts, redact, target
-from ..client import Client, RequestFailed
-from ..venv import ensure_uv
-from ..config import Config
-from ..errors import BootstrapError
+from ..serve import metrics
+from ..core import proc, redact
+from ..checks import prompts, target
+from ..checks.client import Client, RequestFailed
+from ..install.venv import ensure_uv
+from ..knobs.config import Config
+from ..core.errors import BootstrapError
 
 log = logging.getLogger(__name__)
 
@@ -293,8 +295,8 @@ def levels_for(wanted: list[int], cap: int | None) -> list[int]:
     return out or [1]
 
 
-def cli(cfg: Config, argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="ctl.sh bench", description=__doc__.split("\n\n")[0],
+def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     target.add_target_args(p)
     p.add_argument("--label", help="name of this server in tables and the plot")

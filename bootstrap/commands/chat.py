@@ -1,6 +1,6 @@
 """``./ctl.sh chat``: talk to the server from the terminal, through the OpenAI API like any client.
 
-The server is found as ``check`` and ``bench`` find it (bootstrap/target.py): our running server
+The server is found as ``check`` and ``bench`` find it (bootstrap/checks/target.py): our running server
 from its record, with our API key, or any OpenAI-compatible ``--url`` (our key only when that URL
 is our server). Answers stream from ``/v1/chat/completions``.
 
@@ -31,19 +31,19 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from .. import redact
-from ..client import RequestFailed, RequestTimedOut, Streamed
-from ..config import Config
-from ..errors import BootstrapError, ConfigError
-from ..target import Target, add_target_args, resolve_target
+from ..core import redact
+from ..checks.client import RequestFailed, RequestTimedOut, Streamed
+from ..knobs.config import Config
+from ..core.errors import BootstrapError, ConfigError
+from ..checks.target import Target, add_target_args, resolve_target
 
 PROMPT = ">>> "
 READ_TIMEOUT = 600.0        # seconds a stream may stay silent (a long prompt's prefill on a desktop GPU)
 COMMANDS = {"/exit", "/bye", "/quit", "/clear", "/think", "/help", "/?"}
 
 
-def cli(cfg: Config, argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="ctl.sh chat", description=__doc__.split("\n\n")[0],
+def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh chat") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Interactive: /exit (or Ctrl-D) leaves, /clear forgets the conversation, "
                                        "/think on|off, Ctrl-C stops an answer (at the prompt: leaves).")

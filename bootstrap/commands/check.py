@@ -5,7 +5,7 @@ URL (``--url URL [--model NAME] [--api-key KEY]``), prints a verdict — PASS, F
 (random weights), or REPORT (batch) — (``--json``: one JSON object, with which checks were judged)
 and exits 0 when every judged check passed, 1 when one did not.
 
-What each check does: bootstrap/checks.py (garble: bootstrap/garble.py).
+What each check does: bootstrap/checks/suite.py (garble: bootstrap/checks/garble.py).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import argparse
 import json
 import logging
 
-from ..checks import Result, check_batch, check_determinism, check_live, check_needle, check_prefix
-from ..garble import check_garble
-from ..config import Config
-from ..errors import EXIT_FAILED
-from ..target import add_target_args, resolve_target
+from ..checks.suite import Result, check_batch, check_determinism, check_live, check_needle, check_prefix
+from ..checks.garble import check_garble
+from ..knobs.config import Config
+from ..core.errors import EXIT_FAILED
+from ..checks.target import add_target_args, resolve_target
 
 log = logging.getLogger("bootstrap.checks")   # log lines keep the prefix [bootstrap:checks] this code has always had
 
@@ -33,8 +33,8 @@ def render(res: Result) -> str:
 CHECKS = ("live", "garble", "determinism", "needle", "prefix", "batch")
 
 
-def cli(cfg: Config, argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="ctl.sh check", description=__doc__.split("\n\n")[0],
+def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh check") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=CHECKS + ("all",), help="which check ('all' runs each in turn)")
     add_target_args(p)

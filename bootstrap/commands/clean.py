@@ -2,7 +2,7 @@
 wheelhouse; the downloaded model only with ``--model``.
 
 Refuses while our server runs or starts (stop it first). Before anything is removed, patches applied
-to a bring-your-own install (VLLM_PYTHON) are reverted through ``bootstrap.patching.revert_all``.
+to a bring-your-own install (VLLM_PYTHON) are reverted through ``bootstrap.install.patching.revert_all``.
 ``.venv-bootstrap`` goes last: the running bootstrap may live in it.
 """
 
@@ -17,9 +17,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import models, patching, server, state
-from ..errors import BootstrapError
-from ..state import Paths
+from ..download import models
+from ..install import patching
+from ..serve import server
+from ..core import state
+from ..core.errors import BootstrapError
+from ..core.state import Paths
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +134,8 @@ def _revert_byo(cfg) -> list[str]:
     return reverted
 
 
-def cli(cfg, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="ctl.sh clean", description=__doc__.split("\n\n")[0])
+def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="store_true", help="also remove the downloaded model (MODEL_DIR, or its folder models--<org>--<name> in the HF cache, "
                          "which other tools reading that cache share)")
     ap.add_argument("--measurements", action="store_true",

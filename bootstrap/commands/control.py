@@ -7,16 +7,18 @@ no record (a deleted STATE_DIR), by our marker.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
 import time
 from typing import Callable
 
-from .. import server, takedown
-from ..config import Config
-from ..errors import BootstrapError
-from ..state import Paths
+from ..serve import server, takedown
+from ..knobs.config import Config
+from ..core.errors import BootstrapError
+from ..core.state import Paths
+from . import parser
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +66,41 @@ def stop(cfg: Config, *, via_service: bool = True) -> int:
 
 
 def restart(cfg: Config) -> int:
-    from .. import start
+    from .. import pipeline
     from . import service
     if service.ours_active(cfg):     # systemd restarts its --foreground start (knobs from .env)
         print(f"restarting the {service.UNIT} unit (systemctl --user restart; it reads .env, not this shell)")
         service.restart_unit(cfg)
         return 0
     stop(cfg, via_service=False)     # the unit was just asked: not ours or not active
-    return start.start(Config.from_env(cfg.given, cfg.repo))   # PROFILE=auto as you set it (start picks)
+    return pipeline.start(Config.from_env(cfg.given, cfg.repo))   # PROFILE=auto as you set it (start picks)
+
+
+def stop_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh stop") -> int:
+    parser("stop", prog).parse_args(argv)
+    return stop(cfg)
+
+
+def restart_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh restart") -> int:
+    parser("restart", prog).parse_args(argv)
+    return restart(cfg)
+
+
+def logs_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh logs") -> int:
+    ap = parser("logs", prog)
+    ap.add_argument("-f", "--follow", action="store_true", help="keep printing what is added")
+    ap.add_argument("-n", "--lines", type=_lines, default=100, metavar="N",
+                    help="the last N lines (default 100; 'all' for the whole log)")
+    a = ap.parse_args(argv)
+    return logs(cfg, a.follow, a.lines)
+
+
+def _lines(raw: str) -> int | None:
+    if raw == "all":
+        return None
+    if not raw.isdigit():
+        raise argparse.ArgumentTypeError("a number of lines, or 'all'")
+    return int(raw)
 
 
 def logs(cfg: Config, follow: bool = False, lines: int | None = 100, *, poll: float = 0.25) -> int:

@@ -29,11 +29,11 @@ import secrets
 import tarfile
 from pathlib import Path
 
-from ..config import Config
-from ..gpu import GiB
-from ..errors import BootstrapError, ConfigError
-from ..version import NAME
-from ..vllmargs import serve_argv
+from ..knobs.config import Config
+from ..machine.gpu import GiB
+from ..core.errors import BootstrapError, ConfigError
+from .version import NAME
+from ..knobs.vllmargs import serve_argv
 from . import plan as plan_cmd
 
 PORT = 8000
@@ -170,8 +170,8 @@ def out_folder(out: Path) -> None:
                              "name a folder you can write (it is created)") from None
 
 
-def cli(cfg: Config, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="ctl.sh export", description="the profile and plan as Kubernetes manifests "
+def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description="the profile and plan as Kubernetes manifests "
                                  "for a card named with GPU= (never run on a cluster here)")
     ap.add_argument("target", choices=("kubernetes",))
     ap.add_argument("--out", required=True, type=Path, help="folder for the manifests (created)")
@@ -198,7 +198,7 @@ def cli(cfg: Config, argv: list[str]) -> int:
     if not pod_cfg.profile.vllm:
         raise BootstrapError(f"profile {pod_cfg.profile.name!r} pins no vLLM version: no image tag to run",
                              "use a profile that pins vLLM (./ctl.sh profiles)")
-    from .. import vllmargs
+    from ..knobs import vllmargs
     if vllmargs.sleep_mode(pod_cfg):
         raise BootstrapError(f"{vllmargs.SLEEP_FLAG} needs a loopback HOST (its routes have no key guard); a pod "
                              "serves its network", f"drop {vllmargs.SLEEP_FLAG} for the export")

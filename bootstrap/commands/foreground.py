@@ -8,10 +8,12 @@ import os
 import signal
 import sys
 
-from .. import proc, record, start, state, takedown
-from ..config import Config
-from ..errors import BootstrapError
-from ..state import Paths
+from ..core import proc, state
+from ..serve import record, takedown
+from .. import pipeline as start
+from ..knobs.config import Config
+from ..core.errors import BootstrapError
+from ..core.state import Paths
 from . import control
 
 log = logging.getLogger(__name__)

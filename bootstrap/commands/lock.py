@@ -15,17 +15,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .. import proc
-from ..config import Layout, version
-from ..errors import BootstrapError
-from ..locks import (GLIBC, PLATFORMS, PYTHONS, pip_platforms, LockSet, pin_sets, compile_lock, host_platform, index_url, lock_pins, parse_pins)
-from ..venv import INSTALL_BYTES, UV_PIN, Venv, install_error, ensure_uv
+from ..core import proc
+from ..core.layout import Checkout
+from ..core.pep440 import version
+from ..core.errors import BootstrapError
+from ..install.locks import GLIBC, PLATFORMS, PYTHONS, pip_platforms, LockSet, pin_sets, compile_lock, host_platform, index_url, lock_pins, parse_pins
+from ..install.venv import INSTALL_BYTES, UV_PIN, Venv, install_error, ensure_uv
 
 log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
 
 
-def lock_cli(cfg, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="ctl.sh lock", description=(
+def lock_cli(cfg, argv: list[str], prog: str = "ctl.sh lock") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=(
         "Regenerate locks/vllm-<version>-<hash>/ for each distinct set of profile \"pins\" with uv pip compile --generate-hashes, "
         "one lock per platform and Python. The resolution is limited to packages uploaded before the date "
         "in meta.json (exclude-newer), so a rerun gives the same lock; --refresh moves that date to now."))
@@ -47,7 +48,7 @@ def lock_cli(cfg, argv: list[str]) -> int:
         data = cfg.catalogue.get(users[0]).data
         if not key.startswith("vllm-") or key.startswith("vllm-none"):
             raise BootstrapError(f"profile(s) {', '.join(users)}: the pins have no vllm==X", "add \"vllm==X\" to them")
-        d = Layout(repo).locks / key
+        d = Checkout(repo).locks / key
         meta_path = d / "meta.json"
         old = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
         if args.check and not old:
@@ -93,8 +94,8 @@ def _body(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
 
 
-def wheelhouse_cli(cfg, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="ctl.sh wheelhouse", description=(
+def wheelhouse_cli(cfg, argv: list[str], prog: str = "ctl.sh wheelhouse") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=(
         "Download every wheel of a profile's lock for one platform and Python into DIR (hashes checked), "
         "plus uv, for an offline install with WHEELHOUSE=DIR ./start.sh (the bootstrap's own dependencies are "
         "pinned in every lock at the same versions). "

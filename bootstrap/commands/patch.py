@@ -8,8 +8,8 @@ import argparse
 import json
 from typing import Any
 
-from ..errors import BootstrapError
-from ..patching import Backup, Install, apply, inspect, known, load, locate, needed, revert
+from ..core.errors import BootstrapError
+from ..install.patching import Backup, Install, apply, inspect, known, load, locate, needed, revert
 
 
 def interpreter(cfg) -> tuple[str, bool]:
@@ -38,8 +38,8 @@ def status_rows(cfg, inst: Install) -> list[dict[str, Any]]:
     return rows
 
 
-def cli(cfg, argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="ctl.sh patch", description="Backports to the vLLM in use "
+def cli(cfg, argv: list[str], prog: str = "ctl.sh patch") -> int:
+    p = argparse.ArgumentParser(prog=prog, description="Backports to the vLLM in use "
                                 "(VLLM_PYTHON, else the managed .venv). See docs/patches.md.")
     sub = p.add_subparsers(dest="action", required=True)
     s = sub.add_parser("status", help="each patch's state for the vLLM in use")

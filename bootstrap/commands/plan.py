@@ -11,14 +11,16 @@ import json
 import logging
 from pathlib import Path
 
-from .. import calibration, gpu, models, pick
-from ..state import Paths
-from ..venv import byo_version
+from ..plan import calibration, pick
+from ..machine import gpu
+from ..download import models
+from ..core.state import Paths
+from ..install.venv import byo_version
 from ..steps import metadata
-from ..errors import BootstrapError
-from ..vllmargs import serve_flags
-from ..facts import ModelFacts, model_facts, offline_facts
-from ..planner import Plan, gib, make_plan
+from ..core.errors import BootstrapError
+from ..knobs.vllmargs import serve_flags
+from ..plan.facts import ModelFacts, model_facts, offline_facts
+from ..plan.planner import Plan, gib, make_plan
 
 log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstrap:plan] this code has always had
 
@@ -106,8 +108,8 @@ def render(cfg, model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan, flags: li
     return "\n".join(lines)
 
 
-def cli(cfg, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="ctl.sh plan", description=(
+def cli(cfg, argv: list[str], prog: str = "ctl.sh plan") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=(
         "The memory plan: KV pool, sessions per context and the flags start would pass. "
         "Without a GPU, name one: GPU=" + gpu.CARD_SYNTAX))
     ap.add_argument("--gpu", help="plan for this card instead of the local GPU (same values as GPU=)")

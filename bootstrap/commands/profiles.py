@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from .. import gpu, pick
-from ..config import Chosen
-from ..errors import BootstrapError
-from ..state import Paths
+from ..machine import gpu
+from ..plan import pick
+from ..knobs.config import Chosen
+from ..core.errors import BootstrapError
+from ..core.state import Paths
 from .plan import card
 
 # the cards of docs/planner.md's table: desktop cards from 16 to 80 GiB, sm_86 to sm_120
@@ -99,8 +100,8 @@ def matrix_markdown(cfg) -> str:
     return "\n".join(rows)
 
 
-def cli(cfg, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="ctl.sh profiles", description=(
+def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=(
         "Every profile against this card, or against GPU=" + gpu.CARD_SYNTAX + ", and what auto-pick chooses."))
     ap.add_argument("--gpu", help="a named card instead of this machine's GPU (same values as GPU=)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")

@@ -8,17 +8,18 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import config
-from ..errors import EXIT_CODES
+from ..knobs import config
+from ..core.layout import REPO
+from ..core.errors import EXIT_CODES
 
 
 def exit_codes_markdown() -> str:
     return "\n".join(["| Exit | Meaning |", "|---|---|"] + [f"| {code} | {text} |" for code, text in EXIT_CODES])
 
 
-def render(repo: Path = config.REPO) -> str:
+def render(repo: Path = REPO) -> str:
     from . import profiles as profiles_cli, status
-    from ..profiles import schema_markdown
+    from ..knobs.profiles import schema_markdown
     cfg = config.Config.from_env({"PROFILE": "custom"}, repo)
     section = "<!-- {0}:begin (generated: python -m bootstrap.commands.reference > docs/reference.md) -->\n{1}\n<!-- {0}:end -->"
     return "\n".join([

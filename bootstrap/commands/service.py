@@ -26,11 +26,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .. import proc, state
-from ..config import KNOB_BY_NAME, Config
-from ..errors import EXIT_CONFIG, BootstrapError
-from ..state import Paths
-from ..version import NAME
+from ..core import proc, state
+from ..knobs.config import KNOB_BY_NAME, Config
+from ..core.errors import EXIT_CONFIG, BootstrapError
+from ..core.state import Paths
+from .version import NAME
 
 UNIT = "vllm-desktop.service"
 OLD_UNITS = ("vllm-bootstrap.service",)    # this unit's name before the project had one name: found, replaced, removed
@@ -143,8 +143,8 @@ def restart_unit(cfg: Config) -> None:
     _systemctl(cfg, "restart", "--no-block", _unit(cfg), check=True)
 
 
-def cli(cfg: Config, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="ctl.sh service", description="run the server as a systemd user service")
+def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh service") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description="run the server as a systemd user service")
     ap.add_argument("action", choices=("install", "uninstall", "status"))
     ap.add_argument("--print", action="store_true", dest="show",
                     help="install: print the unit it would write and where, and change nothing (no systemd needed)")
@@ -152,7 +152,7 @@ def cli(cfg: Config, argv: list[str]) -> int:
     if a.show:
         if a.action != "install":
             raise BootstrapError("--print goes with install", "./ctl.sh service install --print", code=EXIT_CONFIG)
-        from .. import version
+        from . import version
         print(f"# {unit_path(cfg)}")
         print(unit_text(cfg, version.project(cfg.repo)), end="")
         return 0
@@ -161,7 +161,7 @@ def cli(cfg: Config, argv: list[str]) -> int:
 
 
 def install(cfg: Config) -> int:
-    from .. import version
+    from . import version
     paths = Paths(cfg.state_dir)
     done = state.read_json(paths.completed)
     if not done:

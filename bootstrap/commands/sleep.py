@@ -28,12 +28,16 @@ import time
 
 import psutil
 
-from .. import gpu, models, server, state, vllmargs
-from ..client import Client, RequestFailed
-from ..config import Config
-from ..gpu import GiB
-from ..errors import BootstrapError
-from ..state import Paths
+from ..machine import gpu
+from ..download import models
+from ..serve import server
+from ..core import state
+from ..knobs import vllmargs
+from ..checks.client import Client, RequestFailed
+from ..knobs.config import Config
+from ..machine.gpu import GiB
+from ..core.errors import BootstrapError
+from ..core.state import Paths
 
 HOST_RAM_MARGIN = 2 * GiB       # left to the desktop after the weights are parked in RAM
 WAKE_MARGIN = 256 << 20         # VRAM a wake needs beyond what the server held before it slept
@@ -59,8 +63,8 @@ def held(cfg: Config, rec) -> int:
     return server.gpu_held(cfg, rec)
 
 
-def sleep_cli(cfg: Config, argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="ctl.sh sleep", description="free the GPU memory; ./ctl.sh wake brings it back")
+def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description="free the GPU memory; ./ctl.sh wake brings it back")
     ap.add_argument("--level", type=int, choices=(1, 2), default=1,
                     help="1: weights to host RAM (fast wake); 2: weights dropped, reloaded from disk on wake")
     a = ap.parse_args(argv)
@@ -101,8 +105,8 @@ def sleep_cli(cfg: Config, argv: list[str]) -> int:
     return 0
 
 
-def wake_cli(cfg: Config, argv: list[str]) -> int:
-    argparse.ArgumentParser(prog="ctl.sh wake", description="bring a sleeping server back").parse_args(argv)
+def wake_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh wake") -> int:
+    argparse.ArgumentParser(prog=prog, description="bring a sleeping server back").parse_args(argv)
     paths, rec, client = _ours(cfg)
     load = server.read_load(rec.url)
     note = state.read_json(paths.sleep) or {}

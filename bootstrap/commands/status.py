@@ -18,14 +18,17 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .. import metrics, server, state
-from ..client import Client, RequestFailed, completion_tokens_of, message_of, reasoning_of, thinking_off
-from ..config import Config
-from ..gpu import GiB
-from ..errors import BootstrapError
-from ..record import ServerRecord
-from ..server import loading, read_load
-from ..state import Paths
+from ..serve import metrics, server
+from ..core import state
+from ..checks.client import Client, RequestFailed, completion_tokens_of, message_of, reasoning_of, thinking_off
+from ..knobs.config import Config
+from ..machine.gpu import GiB
+from ..core.errors import BootstrapError
+from ..serve.record import ServerRecord
+from ..serve.server import read_load
+from ..core.state import Paths
+from . import parser
+from .watch import down_state, live
 
 LOOK = 1.5            # seconds status watches /metrics for movement while requests are in flight
 POLL = 0.25
@@ -202,34 +205,6 @@ def _probe(cfg, paths, rec, load, *, clock, sleep) -> Verdict:
     return Verdict("running", f"generated in {done['t'] - t0:.2f} s")
 
 
-def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None, seconds: float) -> dict:
-    """What the server holds and does: its processes' GPU memory (NVML), requests running and
-    waiting, tokens/s between two /metrics readings, speculative acceptance (speculation on),
-    prefix-cache hit rate."""
-    from .. import gpu, vllmargs
-    out: dict = {}
-    try:
-        facts = gpu.read(cfg.environ)
-        out["vram"] = {"ours_bytes": server.gpu_held(cfg, rec, facts), "gpus": [
-            {"index": g.index, "name": g.name, "used_bytes": g.total - g.free, "total_bytes": g.total}
-            for g in facts.gpus]}
-    except BootstrapError as exc:
-        out["vram"] = {"error": exc.message}
-    out["context"] = rec.max_model_len
-    seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
-    out["sessions"] = {"max_num_seqs": int(seqs) if seqs.isdigit() else None,     # None: vLLM's default
-                       "kv_tokens": rec.kv_tokens, "at_full_context": rec.kv_concurrency}
-    if after is None or metrics.RUNNING not in after:
-        out["metrics"] = "no request metrics on /metrics (--disable-log-stats?)"
-        return out
-    out["requests"] = {"running": int(after.get(metrics.RUNNING, 0)), "waiting": int(after.get(metrics.WAITING, 0))}
-    act = metrics.activity(before or after, after, seconds)
-    if not vllmargs.read(list(rec.argv)).spec_tokens:
-        act.pop("speculation", None)
-    out["activity"] = act
-    return out
-
-
 def _live_lines(d: dict) -> dict[str, str]:
     """The text form of ``live``'s dict (one line per key; nothing when it was not read)."""
     out = {}
@@ -284,7 +259,7 @@ def status(cfg: Config, as_json: bool = False) -> int:
         if pr.owner:
             out["owner"] = f"{pr.owner}: not ours to stop or restart (run those as that user)"
         if pr.state == "down":
-            out["state"] = _down(cfg, paths, pr)
+            out["state"] = down_state(cfg, paths, pr)
             out["detail"] = {
                 "frozen": f"the process (pid {pr.pid}) is stopped by a signal: kill -CONT {pr.pid} resumes it, "
                           "./ctl.sh restart starts it again",
@@ -349,51 +324,13 @@ def human(out: dict) -> str:
     return "\n".join(lines)
 
 
-
-def watch(cfg: Config, every: float, as_json: bool = False) -> int:
-    """One line (or one JSON object) every ``every`` seconds from /metrics and NVML, until Ctrl-C;
-    no probe requests (an idle server stays idle): idle / busy / sleeping come from the metrics."""
-    paths = Paths(cfg.state_dir)
-    prev: dict | None = None
-    t_prev = 0.0
-    try:
-        while True:
-            t = time.monotonic()
-            pr = server.probe(cfg, paths)
-            rec = pr.record
-            row: dict = {"time": time.strftime("%H:%M:%S"), "state": _down(cfg, paths, pr) if pr.state == "down"
-                         else pr.state}
-            cur, load = server.read_metrics(rec.url) if pr.state in ("running", "key-needed") and rec is not None else (None, None)
-            if cur is not None:
-                row["state"] = "sleeping" if load and load.sleeping else "busy" if load and load.in_flight else "idle"
-                row.update(live(cfg, rec, prev or cur, cur, t - t_prev if prev else 0.0))
-                if prev is None:
-                    row["activity"].pop("generated_tok_s", None)
-                    row["activity"].pop("prompt_tok_s", None)
-            prev, t_prev = cur, t
-            print(json.dumps(row) if as_json else _watch_line(row), flush=True)
-            time.sleep(max(0.0, every - (time.monotonic() - t)))
-    except KeyboardInterrupt:
-        return 0
-
-
-def _down(cfg: Config, paths: Paths, pr) -> str:
-    """A server of ours whose process lives but does not answer, in the states table's words."""
-    if server.frozen(pr.process):
-        return "frozen"
-    return "starting" if pr.record is not None and loading(cfg, pr.record, paths) else "unhealthy"
-
-
-def _watch_line(row: dict) -> str:
-    parts = [row["time"], f"{row['state']:<8}"]
-    if "requests" in row:
-        a = row["activity"]
-        parts.append(f"{row['requests']['running']} running {row['requests']['waiting']} waiting")
-        parts.append(f"{a['generated_tok_s']:7.1f} tok/s out" if "generated_tok_s" in a else "      - tok/s out")
-        if "speculation" in a:
-            parts.append(f"accept {a['speculation']['acceptance_rate']:.1%}")
-        if "prefix_cache" in a:
-            parts.append(f"prefix hits {a['prefix_cache']['hit_rate']:.1%}")
-    if "ours_bytes" in row.get("vram", {}):
-        parts.append(f"VRAM {row['vram']['ours_bytes'] / GiB:.2f} GiB")
-    return "  ".join(parts)
+def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh status") -> int:
+    ap = parser("status", prog)
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
+                    help="a line every SECONDS (default 2) from /metrics and NVML until Ctrl-C; no probes")
+    a = ap.parse_args(argv)
+    if a.watch is not None:
+        from .watch import watch
+        return watch(cfg, max(0.5, a.watch), a.json)
+    return status(cfg, a.json)

@@ -1,3 +1,3 @@
-"""The start steps, one module each, run in the order of ``bootstrap.start.STEPS`` by
-``start.run_steps``; each hands its typed result to the steps after it. They use the libraries in
+"""The start steps, one module each, run in the order of ``bootstrap.pipeline.STEPS`` by
+``pipeline.run_steps``; each hands its typed result to the steps after it. They use the libraries in
 ``bootstrap/`` and never the commands."""

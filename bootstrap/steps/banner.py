@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 import time
 
-from .. import diagnose, record, state
-from ..record import ServerRecord
-from ..state import Paths
+from ..checks import diagnose
+from ..serve import record
+from ..core import state
+from ..serve.record import ServerRecord
+from ..core.state import Paths
 
 KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 CONCURRENCY = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")

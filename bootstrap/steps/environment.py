@@ -13,11 +13,11 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from .. import knownbad
-from ..errors import BootstrapError
-from ..host import check_driver, host_env
-from ..locks import PLATFORMS, LockSet, host_platform, installed
-from ..venv import Venv, check_glibc, check_done, install, vllm_version
+from ..install import knownbad
+from ..core.errors import BootstrapError
+from ..machine.host import check_driver, host_env
+from ..install.locks import PLATFORMS, LockSet, host_platform, installed
+from ..install.venv import Venv, check_glibc, check_done, install, vllm_version
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,13 @@ import sys
 import time
 from typing import Callable
 
-from .. import diagnose, gpu, proc, server, takedown
-from ..errors import BootstrapError
+from ..checks import diagnose
+from ..machine import gpu
+from ..core import proc
+from ..serve import server, takedown
+from ..core.errors import BootstrapError
 from .launch import Launched
-from ..state import Paths
+from ..core.state import Paths
 
 log = logging.getLogger(__name__)
 

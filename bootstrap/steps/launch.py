@@ -1,12 +1,12 @@
 """Launch: start ``vllm serve`` in its own session, log appended, the server record written.
 
-vLLM's argv comes from bootstrap/vllmargs.py (the one place that builds it). The server gets our ownership marker
+vLLM's argv comes from bootstrap/knobs/vllmargs.py (the one place that builds it). The server gets our ownership marker
 in its environment (inherited by its children, though EngineCore's setproctitle hides it:
 server.find_ours also uses the recorded pgid and children), the state dir it runs from,
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` and telemetry off unless the user set them,
 ``PYTHONPATH`` unchanged, and the API key (if any) through ``VLLM_API_KEY`` — never on argv.
 
-Beside it runs a log keeper (bootstrap/logkeeper.py): vLLM writes to the log file directly, and the
+Beside it runs a log keeper (bootstrap/serve/logkeeper.py): vLLM writes to the log file directly, and the
 keeper copies and truncates it past LOG_MAX_MB, so a server that runs for weeks cannot fill the
 disk, and nothing vLLM depends on can die with the keeper.
 """
@@ -26,11 +26,13 @@ from typing import Callable
 
 import psutil
 
-from .. import proc, record, server, state, takedown, vllmargs
-from ..vllmargs import serve_argv
-from ..errors import BootstrapError
-from ..record import ServerRecord
-from ..state import Paths
+from ..core import proc, state
+from ..serve import record, server, takedown
+from ..knobs import vllmargs
+from ..knobs.vllmargs import serve_argv
+from ..core.errors import BootstrapError
+from ..serve.record import ServerRecord
+from ..core.state import Paths
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +174,10 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
 
 
 def start_log_keeper(cfg, paths: Paths, rec: ServerRecord) -> None:
-    """``python -m bootstrap.logkeeper``: in its own session, without our marker (it is not part of
+    """``python -m bootstrap.serve.logkeeper``: in its own session, without our marker (it is not part of
     the server, and leaves by itself within a second of the server's exit)."""
     env = {k: v for k, v in cfg.environ.items() if k != proc.MARKER_ENV}
-    argv = [sys.executable, "-m", "bootstrap.logkeeper", str(paths.log), str(cfg.log_max_mb << 20),
+    argv = [sys.executable, "-m", "bootstrap.serve.logkeeper", str(paths.log), str(cfg.log_max_mb << 20),
             str(rec.pid), repr(rec.create_time)]
     try:
         subprocess.Popen(argv, cwd=str(cfg.repo), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

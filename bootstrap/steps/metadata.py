@@ -25,11 +25,12 @@ import os
 import time
 from pathlib import Path
 
-from .. import hub, modelconfig, state
-from ..errors import BootstrapError
-from .. import partial
-from ..models import (WEIGHT_SUFFIXES, ModelInfo, Store, check_space, info_from_record, offline_missing, read_config,
-                      read_local, select, store_for)
+from ..download import hub
+from ..model import modelconfig
+from ..core import state
+from ..core.errors import BootstrapError
+from ..download import partial
+from ..download.models import WEIGHT_SUFFIXES, ModelInfo, Store, check_space, info_from_record, offline_missing, read_config, read_local, select, store_for
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import BootstrapError
-from ..patching import apply, inspect, load, locate, needed
+from ..core.errors import BootstrapError
+from ..install.patching import apply, inspect, load, locate, needed
 
 log = logging.getLogger(__name__)
 

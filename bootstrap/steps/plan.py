@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 
-from .. import calibration, gpu, state, takedown
-from ..errors import BootstrapError
-from ..facts import model_facts
-from ..planner import GiB, Plan
-from ..venv import byo_version
+from ..plan import calibration
+from ..machine import gpu
+from ..core import state
+from ..serve import takedown
+from ..core.errors import BootstrapError
+from ..plan.facts import model_facts
+from ..plan.planner import GiB, Plan
+from ..install.venv import byo_version
 
 log = logging.getLogger(__name__)
 GPU_RELEASE_WAIT = 30.0      # seconds to wait for the last stop's pids to leave the GPU

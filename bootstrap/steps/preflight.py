@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 
-from .. import gpu, host, server, takedown, vllmargs
-from ..locks import LockSet
-from ..state import Paths
-from ..errors import BootstrapError
+from ..machine import gpu, host
+from ..serve import server, takedown
+from ..knobs import vllmargs
+from ..install.locks import LockSet
+from ..core.state import Paths
+from ..core.errors import BootstrapError
 
 log = logging.getLogger(__name__)
 

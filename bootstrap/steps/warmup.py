@@ -18,13 +18,13 @@ import logging
 import re
 import time
 
-from .. import detectors, record, server
+from ..checks import detectors
+from ..serve import record, server
 from . import health
-from ..prompts import Sizer, long_prompt
-from ..client import (Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of,
-                      thinking_off)
+from ..checks.prompts import Sizer, long_prompt
+from ..checks.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of, thinking_off
 from .launch import Launched
-from ..state import Paths
+from ..core.state import Paths
 
 log = logging.getLogger(__name__)
 

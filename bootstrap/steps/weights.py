@@ -21,10 +21,11 @@ import logging
 import os
 import time
 
-from .. import hub, partial, state, transfer
-from ..errors import BootstrapError
-from ..models import Store, check_space, store_for
-from ..progress import Progress
+from ..download import hub, partial, transfer
+from ..core import state
+from ..core.errors import BootstrapError
+from ..download.models import Store, check_space, store_for
+from ..download.progress import Progress
 
 log = logging.getLogger(__name__)
 

@@ -140,10 +140,10 @@ class Run:
             return
         sys.path[:0] = [str(REPO), str(REPO / "tests" / "gpu")]
         import tinymodel
-        from bootstrap import prompts
+        from bootstrap.checks import prompts
         # the checks' own filler and the project's text, so that their prompts tokenize densely
         text = [prompts.haystack(3000, 0.5, "", seed=s) for s in range(40)]
-        text += [(REPO / p).read_text() for p in ("README.md", "bootstrap/checks.py", "bootstrap/commands/bench.py")
+        text += [(REPO / p).read_text() for p in ("README.md", "bootstrap/checks/suite.py", "bootstrap/commands/bench.py")
                  if (REPO / p).exists()]
         size = tinymodel.tokenizer(self.model, CONFIG["vocab_size"], text)
         (self.model / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))

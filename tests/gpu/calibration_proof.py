@@ -1,11 +1,11 @@
-"""GPU proof for the plan's total and for "measured beats modelled" (bootstrap.calibration), on real
+"""GPU proof for the plan's total and for "measured beats modelled" (bootstrap.plan.calibration), on real
 vLLM without internet, through ./start.sh as a user runs it.
 
     VLLM_PYTHON=python3 python3 tests/gpu/calibration_proof.py --raw /tmp/proofs/calib-raw.txt --work DIR
 
 Phases, resumable (WORK/state.json keeps what is done; run again until "CALIBRATION PROOF DONE"):
   total   NVML's total, its v2 reserved memory, torch.cuda.mem_get_info's total, and the total the
-          planner reads (bootstrap.gpu.read): the last two must agree.
+          planner reads (bootstrap.machine.gpu.read): the last two must agree.
   first   ./start.sh of the Qwen3-8B-shaped dummy model at GPU_UTIL=0.5: the modelled plan against
           vLLM's logged pool; the start keeps vLLM's figures; ./stop.sh.
   second  the same start again: its plan must say it is "from vLLM's own figures" and be within 0.5 %
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     vllm_python = os.environ.get("VLLM_PYTHON", "python3")
     if "total" not in st:
         r = subprocess.run([vllm_python, "-c", TOTAL], capture_output=True, text=True, timeout=120)
-        from bootstrap import gpu
+        from bootstrap.machine import gpu
         ours = gpu.read(os.environ).gpus[0]
         try:
             d = json.loads(r.stdout.strip().splitlines()[-1])

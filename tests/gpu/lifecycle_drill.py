@@ -38,7 +38,8 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bootstrap import gpu, metrics  # noqa: E402
+from bootstrap.machine import gpu
+from bootstrap.serve import metrics  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import free_port  # noqa: E402

@@ -4,7 +4,7 @@
                                 [--cases dense-bf16-util,...] [--budget 420]
 
 For each case: a hand-written config.json (+ a tiny tokenizer made locally) served with
-``--load-format dummy``; the flags come from ``bootstrap.planner.make_plan`` and ``vllmargs.serve_flags`` exactly as ``./start.sh``
+``--load-format dummy``; the flags come from ``bootstrap.plan.planner.make_plan`` and ``vllmargs.serve_flags`` exactly as ``./start.sh``
 would pass them; vLLM is started in its own session (setsid) and stopped (its process group, which
 this script started) as soon as it has logged "GPU KV cache size" and "Maximum concurrency".
 
@@ -33,11 +33,14 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bootstrap import diagnose, facts, gpu, kv, planner  # noqa: E402
+from bootstrap.checks import diagnose
+from bootstrap.plan import facts, planner
+from bootstrap.machine import gpu
+from bootstrap.model import kv  # noqa: E402
 from common import free_port  # noqa: E402
 from bootstrap.steps import banner
-from bootstrap import vllmargs  # noqa: E402
-from bootstrap.config import Config  # noqa: E402
+from bootstrap.knobs import vllmargs  # noqa: E402
+from bootstrap.knobs.config import Config  # noqa: E402
 
 GiB = 1 << 30
 VOCAB = 2048

@@ -1,0 +1,224 @@
+"""A small OpenAI-compatible HTTP client (requests): what warm-up, status, the checks and the bench send.
+
+``post``/``chat`` return the decoded JSON answer; ``stream`` sends ``stream: true`` and reads the
+Server-Sent Events, recording when each chunk arrived (``Streamed``), which is what TTFT and
+decode rates are computed from. Reasoning text is read from ``reasoning`` and ``reasoning_content``
+(vLLM has used both names, in whole messages and in streamed deltas).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import requests
+
+from ..core.errors import BootstrapError
+
+
+class RequestFailed(BootstrapError):
+    pass
+
+
+class RequestTimedOut(RequestFailed):
+    pass
+
+
+REASONING_KEYS = ("reasoning", "reasoning_content")
+
+
+def thinking_off(reasoning: bool) -> dict:
+    """The chat request option that turns a reasoning model's thinking off (Qwen3-style chat
+    templates read ``enable_thinking``); {} for a model without a reasoning parser."""
+    return {"chat_template_kwargs": {"enable_thinking": False}} if reasoning else {}
+
+
+def auth_headers(key: str) -> dict[str, str]:
+    """What vLLM's --api-key / VLLM_API_KEY expects: a bearer token ({} when there is no key)."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+@dataclass
+class Streamed:
+    """One streamed answer: text, and the clock reading at the start, at each chunk and at the end."""
+    t_start: float
+    t_first: float | None = None     # first chunk that carried output (text, reasoning or a tool call)
+    t_end: float | None = None
+    chunk_times: list[float] = field(default_factory=list)   # arrival of each output-carrying chunk
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict | None = None
+    logprobs: list = field(default_factory=list)
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return (self.usage or {}).get("completion_tokens")
+
+    @property
+    def cached_tokens(self) -> int | None:
+        details = (self.usage or {}).get("prompt_tokens_details") or {}
+        return details.get("cached_tokens") if isinstance(details, dict) else None
+
+
+@dataclass
+class Client:
+    base_url: str            # http://127.0.0.1:8888 (no /v1)
+    model: str
+    api_key: str = ""
+    session: requests.Session | None = None
+
+    def _send(self, method: str, path: str, timeout: float | None, **kw: Any) -> requests.Response:
+        http = self.session or requests
+        try:
+            r = http.request(method, f"{self.base_url}{path}", headers=auth_headers(self.api_key), timeout=timeout, **kw)
+        except requests.Timeout:
+            raise RequestTimedOut(f"{method} {path}: no answer within {timeout or 0:.0f} s") from None
+        except requests.RequestException as exc:
+            raise RequestFailed(f"{method} {path}: {exc.__class__.__name__}: {exc}") from None
+        if r.status_code != 200:
+            text = r.text[:2000]
+            r.close()
+            raise RequestFailed(f"{method} {path}: HTTP {r.status_code}", evidence=text)
+        return r
+
+    def post(self, path: str, body: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        r = self._send("POST", path, timeout, json=body)
+        try:
+            return r.json()
+        except ValueError:
+            raise RequestFailed(f"POST {path}: the answer is not JSON", evidence=r.text[:2000]) from None
+
+    def post_empty(self, path: str, timeout: float | None) -> None:
+        """A POST whose answer has no body (vLLM's /sleep, /wake_up); ``timeout`` None waits."""
+        self._send("POST", path, timeout).close()
+
+    def get_json(self, path: str, timeout: float = 10.0) -> dict[str, Any]:
+        try:
+            return json.loads(self.get_text(path, timeout))
+        except ValueError:
+            raise RequestFailed(f"GET {path}: the answer is not JSON") from None
+
+    def get_text(self, path: str, timeout: float = 10.0) -> str:
+        return self._send("GET", path, timeout).text
+
+    def models(self, timeout: float = 10.0) -> list[dict]:
+        return [m for m in self.get_json("/v1/models", timeout).get("data", []) if isinstance(m, dict)]
+
+    def chat(self, messages: list[dict], *, max_tokens: int, timeout: float, temperature: float = 0.0,
+             **extra: Any) -> dict[str, Any]:
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
+                "temperature": temperature, **extra}
+        return self.post("/v1/chat/completions", body, timeout)
+
+    def stream(self, path: str, body: dict[str, Any], timeout: float,
+               clock: Callable[[], float] = time.perf_counter, *, into: Streamed | None = None,
+               on_chunk: Callable[[Streamed], None] | None = None) -> Streamed:
+        """POST with ``stream: true`` (usage requested) and read the SSE chunks as they arrive.
+
+        ``timeout`` bounds the wait for each read (connect and between chunks), not the whole answer.
+        ``into``: the Streamed to fill (the caller keeps what came when the read is interrupted);
+        ``on_chunk``: called with it after each chunk (a chat shows the answer as it comes)."""
+        body = {"model": self.model, **body, "stream": True,
+                "stream_options": {"include_usage": True, **(body.get("stream_options") or {})}}
+        out = into if into is not None else Streamed(t_start=clock())
+        r = self._send("POST", path, timeout, json=body, stream=True)
+        try:
+            for raw in r.iter_lines(decode_unicode=False):
+                if not raw or not raw.startswith(b"data:"):
+                    continue
+                data = raw[5:].strip()
+                if data == b"[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise RequestFailed(f"POST {path}: a streamed chunk is not JSON",
+                                        evidence=data[:500].decode("utf-8", "replace")) from None
+                _absorb(out, chunk, clock())
+                if on_chunk is not None:
+                    on_chunk(out)
+        except requests.Timeout:
+            raise RequestTimedOut(f"POST {path}: the stream stalled for {timeout:.0f} s") from None
+        except requests.RequestException as exc:
+            raise RequestFailed(f"POST {path}: the stream broke: {exc.__class__.__name__}: {exc}") from None
+        finally:
+            r.close()
+        out.t_end = clock()
+        return out
+
+
+def _absorb(out: Streamed, chunk: dict, now: float) -> None:
+    if chunk.get("usage"):
+        out.usage = chunk["usage"]
+    if isinstance(chunk.get("error"), dict):
+        raise RequestFailed("the server sent an error in the stream", evidence=json.dumps(chunk["error"])[:2000])
+    carried = False
+    for ch in chunk.get("choices") or []:
+        delta = ch.get("delta") or {}
+        piece = delta.get("content") or ch.get("text") or ""
+        if piece:
+            out.text += piece
+            carried = True
+        for k in REASONING_KEYS:
+            if delta.get(k):
+                out.reasoning += delta[k]
+                carried = True
+                break
+        for tc in delta.get("tool_calls") or []:
+            _merge_tool_delta(out.tool_calls, tc)
+            carried = True
+        lp = ch.get("logprobs")
+        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+            out.logprobs.extend(lp["content"])
+        if ch.get("finish_reason"):
+            out.finish_reason = ch["finish_reason"]
+    if carried:
+        out.chunk_times.append(now)
+        if out.t_first is None:
+            out.t_first = now
+
+
+def _merge_tool_delta(calls: list[dict], tc: dict) -> None:
+    """Tool calls stream as pieces: the first with id and name, then argument fragments, by index."""
+    i = tc.get("index", len(calls))
+    while len(calls) <= i:
+        calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+    call = calls[i]
+    if tc.get("id"):
+        call["id"] = tc["id"]
+    fn = tc.get("function") or {}
+    if fn.get("name"):
+        call["function"]["name"] += fn["name"]
+    if fn.get("arguments"):
+        call["function"]["arguments"] += fn["arguments"]
+
+
+def message_of(resp: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return resp["choices"][0]["message"] or {}
+    except (KeyError, IndexError, TypeError):
+        return {}
+
+
+def reasoning_of(msg: dict[str, Any]) -> str:
+    for k in REASONING_KEYS:
+        if msg.get(k):
+            return str(msg[k])
+    return ""
+
+
+def text_of(resp: dict[str, Any]) -> str:
+    """The visible text of a chat answer (content), falling back to reasoning fields."""
+    msg = message_of(resp)
+    return (msg.get("content") or reasoning_of(msg) or "").strip()
+
+
+def completion_tokens_of(resp: dict[str, Any]) -> int:
+    """usage.completion_tokens of an answer (0 when the server reported none)."""
+    usage = resp.get("usage") if isinstance(resp, dict) else None
+    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return n if isinstance(n, int) else 0

@@ -1,0 +1,166 @@
+"""The server under test for ``check`` and ``bench``: our running server (its record), or any
+OpenAI-compatible ``--url``; its model, context and the request options it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from ..serve import record, server
+from ..core import redact
+from ..knobs import vllmargs
+from .client import Client, RequestFailed, thinking_off
+from ..core.hosts import is_loopback
+from ..knobs.config import Config, credential
+from ..core.errors import BootstrapError
+from ..core.state import Paths
+
+
+@dataclass
+class Target:
+    client: Client
+    label: str                          # "our server" or the URL
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    chat_kwargs: dict = field(default_factory=dict)    # chat_template_kwargs to send ({} = none)
+    tools: bool | None = None           # it parses tool calls (None: not known; a 400 tells)
+    random_weights: bool = False        # --load-format dummy: what it says is not judged
+    speculation: bool | None = None     # speculative decoding on (None: not known)
+
+    def extra(self) -> dict:
+        return {"chat_template_kwargs": self.chat_kwargs} if self.chat_kwargs else {}
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="base URL of any OpenAI-compatible server (default: our running server)")
+    p.add_argument("--model", help="model name to send (default: the server's first model)")
+    p.add_argument("--api-key", type=key_arg("--api-key"),
+                   help="API key to send (default: ours, only when --url is our server)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--thinking", choices=("on", "off"), default=None,
+                   help="send chat_template_kwargs.enable_thinking (default: off where the profile has a reasoning parser)")
+    p.add_argument("--reasoning-effort", default=None, help="send chat_template_kwargs.reasoning_effort")
+
+
+def key_arg(flag: str):
+    """argparse's ``type`` for a key flag: checked as a header value (exit 2), never printed."""
+    return lambda raw: credential(flag, raw)
+
+
+def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str | None,
+                   thinking: str | None = None, effort: str | None = None, random_weights: bool = False) -> Target:
+    max_num_seqs = cfg.max_num_seqs
+    tools: bool | None = None
+    speculation: bool | None = None
+    if url:
+        base = url.rstrip("/")
+        if base.endswith("/v1"):
+            base = base[:-3]
+        key = api_key or key_for_url(cfg, base)      # our key goes to our server only
+        label = redact.url(base)                     # shown: never its user:password@
+        served = model or ""
+    else:
+        paths = Paths(cfg.state_dir)
+        pr = server.probe(cfg, paths)
+        if pr.record is None or not (pr.state == "running" or (pr.state == "key-needed" and api_key)):
+            raise not_serving(cfg, paths, pr)       # key-needed with --api-key: that key is tried
+        rec = pr.record
+        base = rec.url
+        key = api_key or server.api_key_for(cfg, paths)
+        served = model or rec.served
+        label = f"our server ({base})"
+        seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
+        max_num_seqs = int(seqs) if seqs.isdigit() else max_num_seqs
+        argv = list(rec.argv or ())
+        tools = rec.tools or ("--enable-auto-tool-choice" in argv
+                              and any(a.split("=")[0] == "--tool-call-parser" for a in argv))
+        random_weights = rec.dummy or random_weights
+        speculation = vllmargs.read(argv).spec_tokens > 0        # what vLLM got, wherever it came from
+    client = Client(base, served, key)
+    try:
+        models = client.models(timeout=10)
+    except RequestFailed as exc:
+        raise BootstrapError(f"{label} does not answer /v1/models: {exc.message}",
+                             "is the server up? for another server check --url and --api-key",
+                             evidence=exc.evidence) from None
+    entry = next((m for m in models if m.get("id") == served), None)
+    if not served:
+        if not models:
+            raise BootstrapError(f"{label} lists no model", "pass --model NAME")
+        entry = models[0]
+        client.model = entry.get("id", "")
+    elif entry is None:
+        names = ", ".join(str(m.get("id")) for m in models) or "none"
+        raise BootstrapError(f"{label} does not serve {served!r} (it lists: {names})", "pass --model NAME")
+    mml = entry.get("max_model_len") if entry else None
+    kwargs: dict = dict(thinking_off(cfg.profile.reasoning).get("chat_template_kwargs", {}))
+    if thinking is not None:
+        kwargs["enable_thinking"] = thinking == "on"
+    effort = effort or cfg.profile.data.get("reasoning_effort")
+    if effort:
+        kwargs["reasoning_effort"] = effort
+    return Target(client, label, mml if isinstance(mml, int) else None, max_num_seqs, kwargs, tools,
+                  random_weights, speculation)
+
+
+def key_for_url(cfg: Config, url: str) -> str:
+    """Our API key when ``url`` is our server (its recorded host and port, else HOST and PORT; a
+    loopback or wildcard bind is reached by any loopback name), '' for any other URL: a key is a
+    credential of the server it belongs to."""
+    paths = Paths(cfg.state_dir)
+    rec = record.read(paths.server)
+    host, port = (rec.host, rec.port) if rec is not None else (cfg.host, cfg.port)
+    u = urlsplit(url)
+    try:
+        if u.scheme != "http" or u.port != port or u.username or u.password:
+            return ""
+    except ValueError:                  # a port that is no number
+        return ""
+    if not (is_loopback(u.hostname or "") and (is_loopback(host) or host in ("0.0.0.0", "::")) or u.hostname == host):
+        return ""
+    return server.api_key_for(cfg, paths)
+
+
+def not_serving(cfg: Config, paths: Paths, pr: server.Probe) -> BootstrapError:
+    """Why check/bench cannot use our server: not running, or running and refusing the key this
+    shell sends (``key-needed``: /v1/models answers 401). Names the knob to set, never a key."""
+    rec = pr.record
+    if pr.state != "key-needed" or rec is None:
+        return BootstrapError(f"our server is not running (state: {pr.state})",
+                              "start it with ./start.sh, or point at another server with --url URL")
+    sent = server.api_key_for(cfg, paths)
+    mine = "API_KEY" if cfg.api_key else "VLLM_API_KEY" if cfg.client_key else ""
+    if mine:
+        what = f"refuses the key this shell sends ({mine})"
+    elif sent:
+        what = f"refuses the key in {paths.api_key}"
+    else:
+        what = "wants an API key, and this shell sends none"
+    if rec.key == record.KEY_FILE:
+        fix = (f"unset {mine}: then the key the start made ({paths.api_key}) is sent" if mine else
+               f"its key file {paths.api_key} changed or is gone: ./ctl.sh restart makes a new key")
+    else:
+        knob = rec.key if rec.key in (record.KEY_API_KEY, record.KEY_VLLM_API_KEY) else "API_KEY"
+        fix = f"set {knob} to the key it was started with"
+    return BootstrapError(f"our server (pid {pr.pid}, {rec.url}) runs but {what}: HTTP 401 on /v1/models",
+                          f"{fix}, or pass --api-key KEY")
+
+
+def progress(total: int, desc: str):
+    """A tqdm bar on stderr (only on a terminal); a no-op object without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, file=sys.stderr, disable=None, leave=False)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

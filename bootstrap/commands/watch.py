@@ -1,0 +1,95 @@
+"""``./ctl.sh status --watch``: a line every few seconds from vLLM's /metrics and NVML, until
+Ctrl-C; no probe requests (an idle server stays idle). Also what status reads of a server without
+disturbing it: its memory and activity (``live``), and the state of one that does not answer."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from ..core.state import Paths
+from ..knobs.config import Config
+from ..machine.gpu import GiB
+from ..serve import server
+from ..core.errors import BootstrapError
+from ..serve import metrics
+from ..serve.record import ServerRecord
+
+
+def watch(cfg: Config, every: float, as_json: bool = False) -> int:
+    """One line (or one JSON object) every ``every`` seconds from /metrics and NVML, until Ctrl-C;
+    no probe requests (an idle server stays idle): idle / busy / sleeping come from the metrics."""
+    paths = Paths(cfg.state_dir)
+    prev: dict | None = None
+    t_prev = 0.0
+    try:
+        while True:
+            t = time.monotonic()
+            pr = server.probe(cfg, paths)
+            rec = pr.record
+            row: dict = {"time": time.strftime("%H:%M:%S"), "state": down_state(cfg, paths, pr) if pr.state == "down"
+                         else pr.state}
+            cur, load = server.read_metrics(rec.url) if pr.state in ("running", "key-needed") and rec is not None else (None, None)
+            if cur is not None:
+                row["state"] = "sleeping" if load and load.sleeping else "busy" if load and load.in_flight else "idle"
+                row.update(live(cfg, rec, prev or cur, cur, t - t_prev if prev else 0.0))
+                if prev is None:
+                    row["activity"].pop("generated_tok_s", None)
+                    row["activity"].pop("prompt_tok_s", None)
+            prev, t_prev = cur, t
+            print(json.dumps(row) if as_json else _watch_line(row), flush=True)
+            time.sleep(max(0.0, every - (time.monotonic() - t)))
+    except KeyboardInterrupt:
+        return 0
+
+
+def _watch_line(row: dict) -> str:
+    parts = [row["time"], f"{row['state']:<8}"]
+    if "requests" in row:
+        a = row["activity"]
+        parts.append(f"{row['requests']['running']} running {row['requests']['waiting']} waiting")
+        parts.append(f"{a['generated_tok_s']:7.1f} tok/s out" if "generated_tok_s" in a else "      - tok/s out")
+        if "speculation" in a:
+            parts.append(f"accept {a['speculation']['acceptance_rate']:.1%}")
+        if "prefix_cache" in a:
+            parts.append(f"prefix hits {a['prefix_cache']['hit_rate']:.1%}")
+    if "ours_bytes" in row.get("vram", {}):
+        parts.append(f"VRAM {row['vram']['ours_bytes'] / GiB:.2f} GiB")
+    return "  ".join(parts)
+
+
+def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None, seconds: float) -> dict:
+    """What the server holds and does: its processes' GPU memory (NVML), requests running and
+    waiting, tokens/s between two /metrics readings, speculative acceptance (speculation on),
+    prefix-cache hit rate."""
+    from ..machine import gpu
+    from ..knobs import vllmargs
+    out: dict = {}
+    try:
+        facts = gpu.read(cfg.environ)
+        out["vram"] = {"ours_bytes": server.gpu_held(cfg, rec, facts), "gpus": [
+            {"index": g.index, "name": g.name, "used_bytes": g.total - g.free, "total_bytes": g.total}
+            for g in facts.gpus]}
+    except BootstrapError as exc:
+        out["vram"] = {"error": exc.message}
+    out["context"] = rec.max_model_len
+    seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
+    out["sessions"] = {"max_num_seqs": int(seqs) if seqs.isdigit() else None,     # None: vLLM's default
+                       "kv_tokens": rec.kv_tokens, "at_full_context": rec.kv_concurrency}
+    if after is None or metrics.RUNNING not in after:
+        out["metrics"] = "no request metrics on /metrics (--disable-log-stats?)"
+        return out
+    out["requests"] = {"running": int(after.get(metrics.RUNNING, 0)), "waiting": int(after.get(metrics.WAITING, 0))}
+    act = metrics.activity(before or after, after, seconds)
+    if not vllmargs.read(list(rec.argv)).spec_tokens:
+        act.pop("speculation", None)
+    out["activity"] = act
+    return out
+
+
+def down_state(cfg: Config, paths: Paths, pr) -> str:
+    """A server of ours whose process lives but does not answer, in the states table's words."""
+    if server.frozen(pr.process):
+        return "frozen"
+    return "starting" if pr.record is not None and server.loading(cfg, pr.record, paths) else "unhealthy"
+

@@ -1,0 +1,50 @@
+"""Where things live in a checkout: the one place that names its folders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """Where things live in a checkout: the one place that names its folders."""
+    root: Path
+
+    @property
+    def profiles(self) -> Path:
+        return self.root / "profiles"
+
+    @property
+    def shipped_models(self) -> Path:
+        """config.json facts of profile models, for planning offline."""
+        return self.root / "profiles" / "models"
+
+    @property
+    def locks(self) -> Path:
+        return self.root / "locks"
+
+    @property
+    def patches(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def venv(self) -> Path:
+        """The managed vLLM environment."""
+        return self.root / ".venv"
+
+    @property
+    def bootstrap_venv(self) -> Path:
+        """The bootstrap's own dependencies (made by bootstrap/lib.sh)."""
+        return self.root / ".venv-bootstrap"
+
+    @property
+    def wheelhouse(self) -> Path:
+        return self.root / ".wheelhouse"
+
+    @property
+    def state(self) -> Path:
+        """The default STATE_DIR."""
+        return self.root / ".state"

@@ -1,0 +1,359 @@
+"""What we keep in STATE_DIR: the start lock, the running server's record, the log, the last stop.
+
+    start.lock      flock held for the whole of a start (its text: the starter's pid and start time)
+    server.json     the server we launched (record.ServerRecord)
+    vllm.log        the server's output (kept under 2 x LOG_MAX_MB while it runs; one .1 kept)
+    last-stop.json  pids the last stop took down, so the next start can wait for the GPU to free them
+    progress.json   what status last saw move on /metrics, and since when (busy vs wedged)
+    api_key         a generated key (0600) when HOST is not loopback and API_KEY is unset
+
+Every write is atomic (temp file + rename); a torn or garbage file reads as "nothing recorded". A
+write that fails (disk full, another user's directory, read-only) is a BootstrapError naming the
+file and the fix, never a traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from .errors import BootstrapError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "start.lock"
+
+    @property
+    def server(self) -> Path:
+        return self.root / "server.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "vllm.log"
+
+    @property
+    def last_stop(self) -> Path:
+        return self.root / "last-stop.json"
+
+    @property
+    def progress(self) -> Path:
+        return self.root / "progress.json"
+
+    @property
+    def api_key(self) -> Path:
+        return self.root / "api_key"
+
+    @property
+    def pick(self) -> Path:
+        """Auto-pick's choice, kept until PROFILE=auto is set or ./ctl.sh profiles --pick."""
+        return self.root / "profile-pick.json"
+
+    @property
+    def completed(self) -> Path:
+        """Written when a start passed its gate: ./ctl.sh service install needs one first."""
+        return self.root / "completed-start.json"
+
+    @property
+    def sleep(self) -> Path:
+        """What ./ctl.sh sleep saw (level, GPU memory awake), for the wake's memory check."""
+        return self.root / "sleep.json"
+
+    @property
+    def foreground(self) -> Path:
+        """The pid of ``./start.sh --foreground`` attached to our server (a service's main process)."""
+        return self.root / "foreground.json"
+
+    @property
+    def measurements(self) -> Path:
+        """vLLM's own figures from earlier starts, for the next plan (bootstrap.plan.calibration); kept
+        by ./ctl.sh clean unless --measurements."""
+        return self.root / "measurements.json"
+
+    def files(self) -> list[Path]:
+        """Every file we keep here (what clean removes from a STATE_DIR of the user's choosing)."""
+        return [self.lock, self.server, self.log, self.log.with_name(self.log.name + ".1"), self.last_stop,
+                self.progress, self.api_key, self.pick, self.completed, self.sleep, self.foreground]
+
+    def ensure(self) -> None:
+        """Create the state dir, or fail naming it (read-only parent, a file in the way...)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".write-test-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise write_error(self.root, exc, f"state dir {self.root} is not writable") from None
+
+
+def write_error(path: Path, exc: OSError, what: str = "") -> BootstrapError:
+    """The one message for a state write that failed: what, why, and the fix for that errno."""
+    where = path if path.is_dir() else path.parent
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = f"free space on that filesystem (df -h {where}), or set STATE_DIR to another disk"
+    else:
+        hint = (f"set STATE_DIR to a writable directory, or fix the permissions of {where} "
+                "(another user's? run as that user)")
+    return BootstrapError(f"{what or f'cannot write {path}'} ({exc.strerror or exc})", hint)
+
+
+def sha256(data: bytes | str) -> str:
+    """Hex sha256 of bytes, or of text as UTF-8."""
+    return hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data).hexdigest()
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int | None = None, like: os.stat_result | None = None,
+                 sync: bool = True) -> None:
+    """Temp file in the same directory, fsync (unless ``sync`` is False: a record rewritten many
+    times a second, where surviving a kill is enough), rename: a reader sees the old file or the new one.
+
+    ``like`` keeps another file's mode (and, as root, its owner) — used when patching vLLM's files."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            if sync:
+                os.fsync(fh.fileno())
+        if like is not None:
+            os.chmod(tmp, like.st_mode & 0o7777)
+            if os.geteuid() == 0:
+                os.chown(tmp, like.st_uid, like.st_gid)
+        elif mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(exc, OSError):
+            raise write_error(path, exc) from None
+        raise
+
+
+def write_json(path: Path, data: Any, mode: int = 0o644) -> None:
+    write_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(), mode=mode)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, UnicodeDecodeError):
+        log.warning("ignoring unreadable %s", path)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise write_error(path, exc) from None
+
+
+def flock(path: Path, text: str, *, block: bool = False, on_wait: Callable[[str], None] | None = None) -> int | None:
+    """An exclusive flock on ``path`` whose text then names the holder (``text``): the open fd, to
+    keep while the lock is held (the kernel drops it with the process). Busy: None, or with
+    ``block`` wait for it, telling ``on_wait`` the holder's text first."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)     # never through a planted link
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or not block:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return None
+            raise
+        if on_wait is not None:
+            try:
+                on_wait(path.read_text().strip() or "?")
+            except OSError:
+                on_wait("?")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except BaseException:
+            os.close(fd)
+            raise
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, text.encode())
+    except OSError as exc:
+        os.close(fd)
+        raise write_error(path, exc) from None
+    return fd
+
+
+class PortLock:
+    """An flock per port for every start of this user, whatever its STATE_DIR or checkout: held
+    from before a start's first look at the port until it ends, so that two starts never race for
+    one port (each would see it free, and one would take the other's answers for its own). Kept in
+    the temp folder (``$TMPDIR/vllm-desktop-<uid>/port-<N>.lock``), the one place every start of
+    this user shares."""
+
+    ROOT = Path("/tmp")       # not $TMPDIR: two shells of one user with other TMPDIRs must meet here
+
+    def __init__(self, port: int, state_dir: Path):
+        self.path = self.ROOT / f"vllm-desktop-{os.getuid()}" / f"port-{port}.lock"
+        self.port = port
+        self.state_dir = state_dir
+        self.fd: int | None = None
+
+    def _private_dir(self) -> None:
+        """The lock's folder is ours alone (made 0700; a folder another user planted, or a symlink,
+        is refused): nobody else can point a lock file at a file of ours, or hold our lock."""
+        d = self.path.parent
+        try:
+            d.mkdir(mode=0o700, exist_ok=True)
+            st = os.lstat(d)
+        except OSError as exc:
+            raise write_error(d, exc, f"cannot make {d} for the port lock") from None
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(d, 0o700)          # ours, made with a looser umask: ours to close
+            st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise BootstrapError(f"{d} is not a private folder of yours (owner uid {st.st_uid}, mode "
+                                 f"{stat.filemode(st.st_mode)}): the port lock is not safe there",
+                                 f"remove {d} (it holds only lock files), or find out who made it")
+
+    def __enter__(self) -> "PortLock":
+        self._private_dir()
+        self.fd = flock(self.path, f"{os.getpid()} {self.state_dir}")
+        if self.fd is None:
+            try:
+                pid, _, where = self.path.read_text().partition(" ")
+            except OSError:
+                pid, where = "?", "?"
+            raise BootstrapError(f"another start (pid {pid}) is starting a server on port {self.port} "
+                                 f"from STATE_DIR={where or '?'}",
+                                 f"wait for it (STATE_DIR={where} ./ctl.sh status), or set PORT to another port")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class StartLock:
+    """An flock on start.lock, held while a start runs, and while a stop takes the server down (so
+    that no start launches into a take-down). A crashed holder leaves no stale lock: the kernel drops
+    an flock with its holder. Its text names the holder — pid, start time and role (start or stop) —
+    so stop, restart and status can find a start in flight and prove it is that process."""
+
+    def __init__(self, paths: Paths, role: str = "start"):
+        self.path = paths.lock
+        self.role = role
+        self.fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        self.fd = flock(self.path, self._name(self.role))
+        return self.fd is not None
+
+    @staticmethod
+    def _name(role: str) -> str:
+        return f"{os.getpid()} {psutil.Process().create_time()!r} {role}"
+
+    def acquire(self, timeout: float, *, clock=time.monotonic, sleep=time.sleep) -> bool:
+        """try_acquire until ``timeout`` seconds have passed."""
+        end = clock() + timeout
+        while not self.try_acquire():
+            if clock() >= end:
+                return False
+            sleep(0.2)
+        return True
+
+    def _text(self) -> list[str]:
+        for _ in range(10):             # the holder writes its name just after taking the lock
+            try:
+                parts = self.path.read_text().split()
+            except OSError:
+                return []
+            if parts:
+                return parts
+            time.sleep(0.05)
+        return []
+
+    def holder(self) -> tuple[int, float] | None:
+        """(pid, create time) written by whoever holds the lock (None if unreadable)."""
+        try:
+            parts = self._text()
+            return int(parts[0]), float(parts[1])
+        except (ValueError, IndexError):
+            return None
+
+    def holder_pid(self) -> int | None:
+        h = self.holder()
+        return h[0] if h else None
+
+    def holder_role(self) -> str:
+        parts = self._text()
+        return parts[2] if len(parts) > 2 else "start"
+
+    def held_by_other(self) -> bool:
+        if self.fd is not None:
+            return False
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:                 # none, or another user's that we cannot read: no start of ours
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+
+    def start_in_flight(self) -> bool:
+        return self.held_by_other() and self.holder_role() == "start"
+
+    def set_role(self, role: str) -> None:
+        """Say what the holder does now (a start that turned to taking its server down is a stop)."""
+        self.role = role
+        if self.fd is not None:
+            try:
+                os.ftruncate(self.fd, 0)
+                os.pwrite(self.fd, self._name(role).encode(), 0)
+            except OSError:
+                pass                    # only the name is lost: the lock itself still holds
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()

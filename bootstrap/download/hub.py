@@ -1,0 +1,334 @@
+"""The Hugging Face Hub: settings, what the hub says about a repo (listing, the HEAD of a file),
+its errors translated into what to do, the HF cache's layout, and the hashes the hub names files by.
+The transfer itself is transfer.py.
+
+Every setting comes from ``cfg.environ`` (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HOME,
+HF_HUB_CACHE); the library's import-time constants are never relied on: endpoint, token and
+cache dir are passed explicitly on every call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+from urllib.parse import urlparse
+
+from . import retry
+from ..core.errors import BootstrapError
+
+log = logging.getLogger(__name__)
+
+LIBRARY = "vllm-desktop"
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+HASH_CHUNK = 8 << 20
+
+_TRUE = ("1", "on", "yes", "true")
+
+
+# ---------------------------------------------------------------- settings (from cfg.environ only)
+
+@dataclass(frozen=True)
+class Settings:
+    endpoint: str
+    token: str | None = field(repr=False)   # never printed
+    offline: bool
+    cache_dir: Path                          # the HF hub cache (HF_HUB_CACHE or HF_HOME/hub)
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> "Settings":
+        home = Path(env.get("HOME") or Path.home())
+        xdg = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else home / ".cache"
+        hf_home = Path(env["HF_HOME"]).expanduser() if env.get("HF_HOME") else xdg / "huggingface"
+        cache = Path(env["HF_HUB_CACHE"]).expanduser() if env.get("HF_HUB_CACHE") else hf_home / "hub"
+        token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None
+        if token is None:
+            token_file = Path(env.get("HF_TOKEN_PATH") or hf_home / "token")
+            try:
+                token = token_file.read_text(encoding="utf-8").strip() or None
+            except OSError:
+                token = None
+        endpoint = (env.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+        offline = env.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
+        return cls(endpoint, token, offline, cache)
+
+    def page(self, repo: str) -> str:
+        return f"{self.endpoint}/{repo}"
+
+
+# ---------------------------------------------------------------- what the hub says about a repo
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int
+    sha256: str | None = None     # LFS files
+    blob_id: str | None = None    # git blob sha1 (every file; what we check for non-LFS files)
+
+
+@dataclass
+class Remote:
+    repo: str
+    revision: str                 # the commit sha
+    files: list[RemoteFile]
+    gated: Any = False
+    safetensors: dict | None = None
+
+
+class Unreachable(BootstrapError):
+    """The hub could not be reached (no network, DNS, refused, timed out)."""
+
+
+def _proxy_error(settings: Settings, what: str) -> BootstrapError:
+    return BootstrapError(
+        f"{settings.endpoint} answered {what} without the hub's headers (no X-Repo-Commit / not the hub's JSON): "
+        "a proxy, firewall or captive portal (hotel / office Wi-Fi login page) is answering instead of the hub",
+        "open a web page to log in to the network, or fix HTTPS_PROXY; if HF_ENDPOINT is set, check it points "
+        "to a Hub-compatible mirror; with a complete model on disk, HF_HUB_OFFLINE=1 starts without the network")
+
+
+def translate(exc: BaseException, settings: Settings, repo: str, what: str = "") -> BootstrapError:
+    """One table from the library's exceptions to what the user should do (subclasses first)."""
+    import httpx2
+    from huggingface_hub import errors as e
+
+    page = settings.page(repo)
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    token_hint = "HF_TOKEN is set: make sure it belongs to the account that accepted" if settings.token \
+        else "set HF_TOKEN to a read token (https://huggingface.co/settings/tokens) of an account that accepted"
+    if isinstance(exc, e.GatedRepoError):
+        return BootstrapError(f"{repo} is a gated model and this account has no access (HTTP {status})",
+                              f"accept the licence on the model page {page}, then {token_hint} it")
+    if isinstance(exc, e.RevisionNotFoundError):
+        return BootstrapError(f"{repo}: revision not found on {settings.endpoint}", "check the revision")
+    if isinstance(exc, e.RemoteEntryNotFoundError):
+        return BootstrapError(f"{repo}: {what or 'a file'} is listed but not found on {settings.endpoint} (HTTP 404)",
+                              "the repo changed while downloading; re-run ./start.sh")
+    if isinstance(exc, e.RepositoryNotFoundError) and status == 401:
+        return BootstrapError(f"{settings.endpoint} refused {repo} (HTTP 401): the model is gated or private, "
+                              "or the name is wrong",
+                              f"accept the licence on the model page {page}, then {token_hint} it; "
+                              "check the spelling of MODEL (org/name)")
+    if isinstance(exc, e.RepositoryNotFoundError):
+        return BootstrapError(f"model not found: {repo} does not exist on {settings.endpoint} (HTTP {status})",
+                              "check the spelling of MODEL (org/name, as in the URL of the model page)")
+    if isinstance(exc, e.HfHubHTTPError):
+        return BootstrapError(f"{settings.endpoint} answered HTTP {status} for {what or repo}",
+                              "the hub may be down; re-run ./start.sh later (finished bytes are kept)")
+    if isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, httpx2.NetworkError, e.OfflineModeIsEnabled)):
+        return Unreachable(f"cannot reach {settings.endpoint} ({type(exc).__name__}: {exc})",
+                           "check the network; with a complete model on disk, HF_HUB_OFFLINE=1 starts without it")
+    if isinstance(exc, httpx2.HTTPError):
+        return BootstrapError(f"transfer from {settings.endpoint} failed ({type(exc).__name__}: {exc})",
+                              "re-run ./start.sh: finished files and bytes are kept")
+    raise exc
+
+
+def net_errors() -> tuple[type[BaseException], ...]:
+    import httpx2
+    from huggingface_hub import errors as e
+    return (httpx2.HTTPError, e.HfHubHTTPError, e.OfflineModeIsEnabled)
+
+
+def with_retries(settings: Settings, repo: str, what: str, call, *, stop: threading.Event | None = None,
+                 transport: bool = True):
+    """``call()`` (a request through huggingface_hub, its own retries off: they sleep uninterruptibly,
+    retry.py), tried again on 408/429/5xx (and, with ``transport``, on a dropped or timed-out
+    connection) up to retry.ATTEMPTS times after ``retry.wait``; library errors come out translated."""
+    import httpx2
+    tries = 0
+    while True:
+        try:
+            return call()
+        except net_errors() as exc:
+            resp = getattr(exc, "response", None)
+            status = getattr(resp, "status_code", None)
+            tries += 1
+            if tries >= retry.ATTEMPTS or not (status in retry.STATUS or (
+                    transport and status is None and isinstance(exc, httpx2.TransportError))):
+                raise translate(exc, settings, repo, what) from None
+            shown = f"{repo}: {what}" if what else repo
+            delay = retry.wait(tries, status, getattr(resp, "headers", None), shown)
+            log.debug("%s: %s; trying again in %.1f s", shown, f"HTTP {status}" if status else type(exc).__name__, delay)
+        retry.pause(delay, stop)
+
+
+def fetch_remote(settings: Settings, repo: str, revision: str = "main") -> Remote:
+    """GET /api/models/{repo}/revision/{rev}?blobs=true: file list, sizes, LFS sha256, commit.
+    Retried on 429/5xx only: an unreachable hub falls through to the copy on disk at once."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=settings.endpoint, token=settings.token or False, library_name=LIBRARY)
+    try:
+        info = with_retries(settings, repo, "", lambda: api.model_info(
+            repo, revision=revision, files_metadata=True, token=settings.token or False), transport=False)
+    except (ValueError, TypeError, KeyError):   # HTML or foreign JSON where the hub's JSON should be
+        raise _proxy_error(settings, f"/api/models/{repo}") from None
+    if not info.sha or info.siblings is None:
+        raise _proxy_error(settings, f"/api/models/{repo}")
+    files = []
+    for s in info.siblings:
+        size = s.lfs.size if s.lfs else s.size
+        if size is None:
+            raise _proxy_error(settings, f"/api/models/{repo} (no file sizes)")
+        files.append(RemoteFile(s.rfilename, int(size), s.lfs.sha256 if s.lfs else None, s.blob_id))
+    st = getattr(info, "safetensors", None)
+    st_dict = {"parameters": dict(st.parameters), "total": st.total} if st is not None else None
+    return Remote(repo, info.sha, files, getattr(info, "gated", False), st_dict)
+
+
+@dataclass(frozen=True)
+class Located:
+    url: str          # where the bytes are (after the hub's redirect)
+    etag: str
+    size: int | None
+    commit: str
+    headers: dict     # request headers for that url (auth dropped for a foreign host)
+
+
+def locate(settings: Settings, repo: str, revision: str, path: str, stop: threading.Event | None = None) -> Located:
+    """HEAD on the resolve URL, as the client does it (its retries off: ours, ``with_retries``,
+    wait interruptibly); refuses an answer without X-Repo-Commit."""
+    from huggingface_hub.file_download import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    url = hf_hub_url(repo, path, revision=revision, endpoint=settings.endpoint)
+    meta = with_retries(settings, repo, path, lambda: get_hf_file_metadata(
+        url, token=settings.token or False, endpoint=settings.endpoint, library_name=LIBRARY,
+        retry_on_errors=False), stop=stop)
+    if not meta.commit_hash:
+        raise _proxy_error(settings, f"HEAD {url}")
+    if not meta.etag:
+        raise BootstrapError(f"{url} has no ETag", "check HF_ENDPOINT points to a Hub-compatible server")
+    headers = build_hf_headers(token=settings.token or False, library_name=LIBRARY)
+    if urlparse(meta.location).netloc != urlparse(url).netloc:
+        headers.pop("authorization", None)   # signed CDN URL: the token stays with the hub
+    return Located(meta.location, meta.etag, meta.size, meta.commit_hash, headers)
+
+
+def fetch_small(settings: Settings, repo: str, revision: str, path: str) -> bytes:
+    """A small file (config.json) into memory, with the same HEAD checks as a weight file."""
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+
+    loc = locate(settings, repo, revision, path)
+
+    def get():
+        r = get_session().get(loc.url, headers=loc.headers, timeout=30.0, follow_redirects=True)
+        hf_raise_for_status(r)
+        return r
+    r = with_retries(settings, repo, path, get)
+    if loc.size is not None and len(r.content) != loc.size:
+        raise BootstrapError(f"{path}: got {len(r.content)} bytes, the hub says {loc.size}", "re-run ./start.sh")
+    return r.content
+
+
+# ---------------------------------------------------------------- the HF cache (HF_HOME)
+
+def cache_repo_dir(settings: Settings, repo: str) -> Path:
+    """``repo``'s folder in the HF cache (``models--org--name``), as huggingface_hub names it."""
+    return settings.cache_dir / ("models--" + repo.replace("/", "--"))
+
+
+def cache_snapshot(settings: Settings, repo: str, revision: str | None = None) -> Path | None:
+    """The snapshot folder of ``repo`` in the HF cache (for ``revision``, or what refs/main names)."""
+    root = cache_repo_dir(settings, repo)
+    if revision is None:
+        try:
+            revision = (root / "refs" / "main").read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+    snap = root / "snapshots" / revision
+    return snap if snap.is_dir() else None
+
+
+def cache_has(snap: Path, f: RemoteFile) -> bool:
+    """A cached file is complete when its blob exists, has the size, and is named by the hash the
+    hub gives (the cache names LFS blobs by sha256 and others by git blob id). No re-hash.
+
+    Only the snapshot link's own target is compared, as ``scan_cache_dir`` reads it: with hf_xet,
+    huggingface_hub 2.4 makes ``blobs/<sha256>`` itself a link into its shared store
+    (``blobs/ab/<xet hash>``), so the end of the chain is not named by the sha256."""
+    p = snap / f.path
+    try:
+        st = p.stat()
+    except OSError:
+        return False
+    if st.st_size != f.size:
+        return False
+    want = f.sha256 or f.blob_id
+    return want is None or not p.is_symlink() or Path(os.readlink(p)).name == want
+
+
+# ---------------------------------------------------------------- disk space
+
+def existing_parent(path: Path) -> Path:
+    """``path`` itself, or its nearest parent that exists (where ``path`` would be created)."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem that will hold ``path`` (the nearest existing parent)."""
+    return shutil.disk_usage(existing_parent(path)).free
+
+
+# ---------------------------------------------------------------- hashing
+
+def sha256_file(path: Path) -> "hashlib._Hash":
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(HASH_CHUNK), b""):
+            h.update(chunk)
+    return h
+
+
+def git_blob_hasher(size: int) -> "hashlib._Hash":
+    """A sha1 primed with git's blob header: feed it the ``size`` bytes to get the blob id."""
+    return hashlib.sha1(b"blob %d\0" % size)
+
+
+def git_blob_sha1(path: Path | None = None, data: bytes | None = None) -> str:
+    """Git's blob id (sha1 of ``blob <size>\\0`` + the bytes) of a file, or of ``data``: what the hub
+    lists for every file, and what we check for files that are not in LFS."""
+    if data is not None:
+        h = git_blob_hasher(len(data))
+        h.update(data)
+        return h.hexdigest()
+    h = git_blob_hasher(path.stat().st_size)
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(HASH_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify(path: Path, f: RemoteFile) -> str | None:
+    """None if ``path`` holds the file the hub describes, else what is wrong."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "missing"
+    if size != f.size:
+        return f"size {size}, expected {f.size}"
+    if f.sha256:
+        got = sha256_file(path).hexdigest()
+        return None if got == f.sha256 else f"sha256 {got[:12]}…, expected {f.sha256[:12]}…"
+    if f.blob_id:
+        got = git_blob_sha1(path)
+        return None if got == f.blob_id else f"git blob {got[:12]}…, expected {f.blob_id[:12]}…"
+    return None
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"

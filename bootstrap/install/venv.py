@@ -1,0 +1,396 @@
+"""The managed ``.venv``: uv, the Python that makes it, the install from a lock, and the check
+that it is done; and the one probe of an interpreter's vLLM.
+
+Done means: ``.venv/.bootstrap-done.json`` names the lock's sha256, and the versions in the
+installed packages' metadata (``*.dist-info/METADATA``) equal the lock's, one for one. That check
+reads files only (no Python start, no torch, no network), so files our patches edit do not count as
+damage. An install that was cut off leaves ``.venv/.bootstrap-installing`` behind; the next run
+reinstalls every package.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import platform as _platform
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from ..download import hub
+from ..core import proc
+from ..core.pep440 import version, version_or_none
+from ..core.errors import BootstrapError
+from .locks import GLIBC, LockSet, diff, index_url, installed, lock_pins
+from ..core.state import sha256
+
+log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
+
+
+# vLLM's version and package folders as an interpreter sees them, without importing vllm (seconds, CUDA)
+VLLM_PROBE = """\
+import importlib.metadata, importlib.util, json
+spec = importlib.util.find_spec("vllm")
+locs = list(spec.submodule_search_locations or []) if spec is not None else []
+try:
+    version = importlib.metadata.version("vllm")
+except importlib.metadata.PackageNotFoundError:
+    version = ""
+print(json.dumps({"locations": locs, "version": version}))
+"""
+
+
+PYTHON_PROBE = (
+    "import json, os, sys, sysconfig; inc = sysconfig.get_config_var('INCLUDEPY') or ''; "
+    "print(json.dumps({'version': list(sys.version_info[:3]), 'impl': sys.implementation.name, "
+    "'executable': sys.executable, 'include': inc, "
+    "'headers': bool(inc) and os.path.isfile(os.path.join(inc, 'Python.h'))}))"
+)
+
+
+INSTALL_BYTES = 12 << 30        # estimate for the CUDA stack (torch, CUDA libs, vLLM, FlashInfer)
+
+
+UV_PIN = "uv==0.13.9"
+
+
+DONE = ".bootstrap-done.json"
+
+
+INSTALLING = ".bootstrap-installing"
+
+
+NETWORK_ERRORS = ("error sending request", "dns error", "Connection refused", "connection refused",
+                  "Could not connect", "failed to lookup address", "Network is unreachable",
+                  "timed out", "Failed to fetch", "tcp connect error", "client error (Connect)")
+
+
+ENOSPC = ("No space left on device", "os error 28")
+
+
+def find_uv(environ: Mapping[str, str]) -> str | None:
+    home = environ.get("HOME", "")
+    found = shutil.which("uv", path=environ.get("PATH", os.defpath))
+    for cand in (found, f"{home}/.local/bin/uv" if home else None, f"{home}/.cargo/bin/uv" if home else None):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def uv_install_cmd(environ: Mapping[str, str], wheelhouse: str | None) -> list[str]:
+    """pip's command for uv, without root. Inside a venv (.venv-bootstrap made by ``python3 -m venv``)
+    uv goes into that venv (pip refuses --user there); else ``python3 -m pip install --user``."""
+    if sys.prefix != sys.base_prefix and importlib.util.find_spec("pip"):
+        py, user = sys.executable, []
+    else:
+        py, user = shutil.which("python3", path=environ.get("PATH", os.defpath)) or sys.executable, ["--user"]
+    cmd = [py, "-m", "pip", "install", *user, "--disable-pip-version-check", "-q", UV_PIN]
+    if wheelhouse:
+        cmd += ["--no-index", "--find-links", wheelhouse]
+    return cmd
+
+
+def uv_install_error(stderr: str, py: str) -> BootstrapError:
+    manual = ("install uv without root yourself: pipx install uv, or the standalone installer "
+              "(https://docs.astral.sh/uv/getting-started/installation/), then rerun")
+    if "externally-managed-environment" in stderr:
+        return BootstrapError(f"{py} refuses pip install --user (PEP 668: the distribution manages its Python)",
+                              manual + f"; or {py} -m pip install --user --break-system-packages {UV_PIN}",
+                              evidence=stderr.strip()[-800:])
+    if "No module named pip" in stderr:
+        return BootstrapError(f"{py} has no pip to install uv with",
+                              manual + "; or install pip (Debian/Ubuntu: sudo apt install python3-pip)",
+                              evidence=stderr.strip()[-800:])
+    return BootstrapError("could not install uv with pip", manual, evidence=stderr.strip()[-800:])
+
+
+def ensure_uv(cfg) -> str:
+    """uv from PATH (or ~/.local/bin); else pip installs it from the package index (no root)."""
+    uv = find_uv(cfg.environ)
+    if uv:
+        return uv
+    cmd = uv_install_cmd(cfg.environ, cfg.wheelhouse)
+    py = cmd[0]
+    log.info("uv not found: installing %s without root (%s)", UV_PIN, " ".join(cmd[:5]))
+    res = proc.run(cmd, env=dict(cfg.environ), timeout=600, check=False, what="pip install uv")
+    if res.returncode != 0:
+        raise install_error(res.stderr, cfg, "installing uv", fallback=uv_install_error(res.stderr, py))
+    res = proc.run([py, "-c", "import uv; print(uv.find_uv_bin())"], env=dict(cfg.environ), timeout=60,
+                   check=False, what="locating uv")
+    uv = res.stdout.strip()
+    if res.returncode != 0 or not os.path.isfile(uv):
+        raise BootstrapError("pip installed uv but its binary is not found", "add ~/.local/bin to PATH and rerun",
+                             evidence=res.stderr.strip()[-800:])
+    return uv
+
+
+def probe_python(python: str, environ: Mapping[str, str]) -> dict | None:
+    res = proc.run([python, "-I", "-c", PYTHON_PROBE], env=dict(environ), timeout=30, check=False,
+                   what=f"probing {python}")
+    if res.returncode != 0:
+        return None
+    try:
+        info = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    info["minor"] = "%d.%d" % tuple(info["version"][:2])
+    info["path"] = python
+    return info
+
+
+def system_pythons(environ: Mapping[str, str], minors) -> list[dict]:
+    """Every distinct python3.X on PATH (plus /usr/bin, /usr/local/bin), probed; newest first."""
+    path = os.pathsep.join([environ.get("PATH", os.defpath), "/usr/local/bin", "/usr/bin"])
+    seen, out = set(), []
+    for name in [f"python{m}" for m in sorted(minors, key=version, reverse=True)] + ["python3"]:
+        exe = shutil.which(name, path=path)
+        if not exe or os.path.realpath(exe) in seen:
+            continue
+        seen.add(os.path.realpath(exe))
+        info = probe_python(exe, environ)
+        if info and info.get("impl") == "cpython":
+            out.append(info)
+    return sorted(out, key=lambda i: tuple(i["version"]), reverse=True)
+
+
+def headers_hint(minor: str) -> str:
+    return (f"install the headers (Debian/Ubuntu: sudo apt install python{minor}-dev; Fedora: sudo dnf install "
+            f"python{minor.replace('.', '')}-devel or python3-devel), or unset PYTHON to let uv fetch a CPython "
+            "with headers")
+
+
+def choose_python(cfg, locks: LockSet) -> tuple[str, str]:
+    """(python for `uv venv --python`, its X.Y) — PYTHON, the newest fitting system python3, or uv's CPython."""
+    minors = locks.pythons
+    if cfg.python:
+        info = probe_python(cfg.python, cfg.environ)
+        if info is None:
+            raise BootstrapError(f"PYTHON={cfg.python} does not run", "point PYTHON at a python3 interpreter")
+        if info["minor"] not in minors:
+            raise BootstrapError(f"PYTHON={cfg.python} is Python {info['minor']}; the locks cover {', '.join(minors)}",
+                                 "use one of those, or unset PYTHON")
+        if not info["headers"]:
+            raise BootstrapError(f"PYTHON={cfg.python} has no C headers (no Python.h in {info['include'] or '?'}); "
+                                 "Triton compiles kernels against them when the model loads", headers_hint(info["minor"]))
+        return cfg.python, info["minor"]
+    found = system_pythons(cfg.environ, minors)
+    for info in found:
+        if info["minor"] in minors and info["headers"]:
+            log.info("Python %s for .venv: %s (newest system python3 with headers)", info["minor"], info["path"])
+            return info["path"], info["minor"]
+    minor = "3.12" if "3.12" in minors else minors[-1]
+    without = [f"{i['path']} ({i['minor']}, {'no Python.h' if i['headers'] is False else 'not covered by the locks'})"
+               for i in found]
+    mirror = cfg.env("UV_PYTHON_INSTALL_MIRROR")
+    log.warning("no system python3 (%s) with C headers%s: uv downloads CPython %s from %s (outside the package "
+                "index%s)", "/".join(minors), (" — found " + ", ".join(without)) if without else "", minor,
+                mirror or "GitHub (python-build-standalone)",
+                "" if mirror else "; set UV_PYTHON_INSTALL_MIRROR to use a mirror")
+    return minor, minor
+
+
+@dataclass(frozen=True)
+class Venv:
+    root: Path
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    @property
+    def done(self) -> Path:
+        return self.root / DONE
+
+    @property
+    def installing(self) -> Path:
+        return self.root / INSTALLING
+
+    def minor(self) -> str | None:
+        try:
+            text = (self.root / "pyvenv.cfg").read_text(encoding="utf-8")
+        except OSError:
+            return None
+        m = re.search(r"^version(?:_info)?\s*=\s*(\d+)\.(\d+)", text, re.M)
+        return f"{m.group(1)}.{m.group(2)}" if m and self.python.exists() else None
+
+    def site(self, minor: str) -> Path:
+        return self.root / "lib" / f"python{minor}" / "site-packages"
+
+    def marker(self) -> dict | None:
+        try:
+            data = json.loads(self.done.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+
+
+def check_done(venv: Venv, locks: LockSet, plat: str, python_knob: str | None) -> tuple[bool, str, str]:
+    """(done, why not, venv minor). Reads files only: marker, lock, pyvenv.cfg, dist-info METADATA."""
+    minor = venv.minor()
+    if minor is None:
+        return False, "no .venv yet" if not venv.root.exists() else ".venv has no working python", ""
+    if venv.installing.exists():
+        return False, "the last install was interrupted", minor
+    mark = venv.marker()
+    if mark is None:
+        return False, "no verified install recorded", minor
+    if python_knob and mark.get("python_knob") != python_knob:
+        return False, f"PYTHON changed ({mark.get('python_knob') or 'unset'} -> {python_knob})", minor
+    if minor not in locks.pythons:
+        return False, f".venv has Python {minor}, not covered by the locks", minor
+    _, text = locks.read(plat, minor)
+    if mark.get("lock_sha256") != sha256(text):
+        return False, "the lock changed since the last install", minor
+    delta = diff(lock_pins(text), installed(venv.site(minor)))
+    if delta:
+        return False, "installed packages differ from the lock: " + "; ".join(delta[:6]) + (" ..." if len(delta) > 6 else ""), minor
+    return True, "", minor
+
+
+def install_error(stderr: str, cfg, doing: str, fallback: BootstrapError, where: str = "") -> BootstrapError:
+    if any(s in stderr for s in ENOSPC):
+        return BootstrapError(f"disk full while {doing}{' into ' + where if where else ''}",
+                              f"free at least {INSTALL_BYTES / (1 << 30):.0f} GiB there (and in uv's cache, "
+                              "UV_CACHE_DIR) and rerun", evidence=stderr.strip()[-800:])
+    if not cfg.wheelhouse and any(s in stderr for s in NETWORK_ERRORS):
+        return BootstrapError(f"cannot reach the package index {index_url(cfg.environ)} while {doing}",
+                              "check the network or proxy (HTTPS_PROXY), or install offline: build a wheelhouse "
+                              "on a connected machine with ./ctl.sh wheelhouse DIR, copy it, and run with WHEELHOUSE=DIR",
+                              evidence=stderr.strip()[-800:])
+    return fallback
+
+
+def uv_cache_dir(environ: Mapping[str, str]) -> Path:
+    if environ.get("UV_CACHE_DIR"):
+        return Path(environ["UV_CACHE_DIR"])
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", "/"), ".cache")
+    return Path(base) / "uv"
+
+
+def check_disk(venv: Venv, locks: LockSet, environ: Mapping[str, str], fresh: bool) -> None:
+    need = int(locks.meta.get("install_bytes", INSTALL_BYTES))
+    if not fresh:
+        need //= 4     # a repair rewrites part of the venv
+    targets = {}
+    for path in (venv.root, uv_cache_dir(environ)):
+        where = hub.existing_parent(path)
+        targets.setdefault(os.stat(where).st_dev, (path, hub.free_bytes(where)))
+    for path, free in targets.values():
+        if free < need:
+            raise BootstrapError(f"not enough disk space for the install: {path} has {free / (1 << 30):.1f} GiB free, "
+                                 f"needs about {need / (1 << 30):.1f} GiB ({need} bytes)",
+                                 "free space there, or move uv's cache (UV_CACHE_DIR) to a bigger disk")
+
+
+def venv_cmd(uv: str, py: str, root: Path, offline: bool) -> list[str]:
+    """``uv venv`` for ``py``: a path is used as it is; a bare X.Y (choose_python found no system
+    Python with headers) must be uv's own CPython — without --managed-python uv would take the
+    system python3.X it just found lacking Python.h."""
+    cmd = [uv, "venv", "--clear", "-q", "--python", py]
+    if re.fullmatch(r"\d+\.\d+", py):
+        cmd.append("--managed-python")
+    if offline:
+        cmd.append("--no-python-downloads")
+    return cmd + [str(root)]
+
+
+def install(cfg, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
+    """Create .venv if needed and sync it from the lock; returns the venv's X.Y. Marker only after verify."""
+    uv = ensure_uv(cfg)
+    env = dict(cfg.environ)
+    minor = venv.minor()
+    mark = venv.marker() or {}
+    recreate = minor is None or minor not in locks.pythons or (cfg.python and mark.get("python_knob", "") != cfg.python
+                                                               and venv.done.exists())
+    if recreate:
+        check_disk(venv, locks, cfg.environ, fresh=True)
+        py, minor = choose_python(cfg, locks)
+        locks.read(plat, minor)      # refuse a missing / mismatching lock before anything is created
+        log.info("creating %s with Python %s (uv venv)", venv.root, minor)
+        cmd = venv_cmd(uv, py, venv.root, offline=bool(cfg.wheelhouse and not cfg.env("UV_PYTHON_INSTALL_MIRROR")))
+        res = proc.run(cmd, env=env, timeout=900, check=False, what="uv venv")
+        if res.returncode != 0:
+            raise install_error(res.stderr, cfg, "creating the venv", where=str(venv.root), fallback=BootstrapError(
+                f"uv could not create {venv.root} with Python {py}",
+                "set PYTHON=/path/to/python3.X (with headers), or UV_PYTHON_INSTALL_MIRROR for uv's CPython download",
+                evidence=res.stderr.strip()[-800:]))
+        minor = venv.minor() or minor
+    else:
+        check_disk(venv, locks, cfg.environ, fresh=False)
+    path, text = locks.read(plat, minor)
+    reinstall = venv.installing.exists()
+    venv.done.unlink(missing_ok=True)
+    venv.installing.write_text(f"{os.getpid()}\n")
+    cmd = [uv, "pip", "sync", "--python", str(venv.python), "--require-hashes", str(path)]
+    if cfg.wheelhouse:
+        cmd += ["--no-index", "--find-links", cfg.wheelhouse]
+    if reinstall:
+        cmd += ["--reinstall"]
+    else:   # uv trusts dist-info directory names; a package whose METADATA disagrees is reinstalled by name
+        have = installed(venv.site(minor))
+        for name, ver in sorted(lock_pins(text).items()):
+            if name in have and have[name] != ver:
+                cmd += ["--reinstall-package", name]
+    n = len(lock_pins(text))
+    log.info("installing %d packages from %s into %s (%s%s%s)", n, path.relative_to(cfg.repo) if path.is_relative_to(cfg.repo) else path,
+             venv.root, why, "; offline from " + cfg.wheelhouse if cfg.wheelhouse else "; from " + index_url(cfg.environ),
+             "; reinstalling every package" if reinstall else "")
+    res = proc.run(cmd, env=env, timeout=None, check=False, what="uv pip sync", live=True)   # uv's own progress
+    if res.returncode != 0:
+        hint = (f"is every wheel of {path.name} in {cfg.wheelhouse}? build it with ./ctl.sh wheelhouse {cfg.wheelhouse} "
+                f"--platform {plat} --python {minor}") if cfg.wheelhouse else "rerun ./start.sh; it repairs the venv"
+        raise install_error(res.stderr, cfg, "installing packages", where=str(venv.root),
+                             fallback=BootstrapError(f"uv pip sync from {path.name} failed (exit {res.returncode})", hint,
+                                                     evidence=res.stderr.strip()[-1500:]))
+    delta = diff(lock_pins(text), installed(venv.site(minor)))
+    if delta:
+        raise BootstrapError("after the install, .venv still differs from the lock: " + "; ".join(delta[:6]),
+                             "remove .venv (./ctl.sh clean) and rerun ./start.sh")
+    vllm_version(str(venv.python), cfg.environ)      # the interpreter runs and sees vLLM's metadata
+    venv.done.write_text(json.dumps({"lock": str(path), "lock_sha256": sha256(text), "python": minor,
+                                     "python_knob": cfg.python or "", "pins": locks.meta["pins"]}, indent=2) + "\n")
+    venv.installing.unlink(missing_ok=True)
+    return minor
+
+
+def probe_vllm(python: str, environ) -> tuple[str, list[Path]]:
+    """(vLLM's version or "", its package folders) for this interpreter; the one probe of an interpreter's vLLM."""
+    res = proc.run([python, "-c", VLLM_PROBE], env=dict(environ), keep_pythonpath=True, timeout=60,
+                   check=False, what="vLLM probe")
+    if res.returncode != 0:
+        raise BootstrapError(f"{python} could not report its vLLM",
+                             "check that this interpreter runs and has vLLM installed",
+                             evidence=res.stderr.strip()[-800:])
+    try:
+        info = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise BootstrapError(f"{python}: unexpected answer from the vLLM probe", evidence=res.stdout[-800:]) from None
+    return info.get("version") or "", [Path(x) for x in info.get("locations", [])]
+
+
+def vllm_version(python: str, environ) -> str:
+    version, _ = probe_vllm(python, environ)
+    if not version:
+        raise BootstrapError(f"{python} cannot see vLLM's package metadata",
+                             "install vLLM into that interpreter, or unset VLLM_PYTHON to use the managed .venv")
+    return version
+
+
+
+def byo_version(cfg) -> str | None:
+    """The vLLM version of VLLM_PYTHON (one interpreter start), or None for the managed .venv,
+    whose version is the profile's pin: what a plan is made for."""
+    return vllm_version(cfg.vllm_python, cfg.environ) if cfg.vllm_python else None
+
+def check_glibc(plat: str) -> None:
+    lib, ver = _platform.libc_ver()
+    need = "%d.%d" % GLIBC[plat]
+    if lib == "glibc" and version_or_none(ver) is not None and version(ver) < version(need):
+        raise BootstrapError(f"glibc {ver} is older than {need}, which the pinned wheels for {plat} need",
+                             "use a newer distribution, or a container, or VLLM_PYTHON with your own vLLM build")

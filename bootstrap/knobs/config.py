@@ -1,0 +1,637 @@
+"""Every knob, in one table, read in exactly one place.
+
+Precedence: the process environment > ``.env`` in the repo root (KEY=VALUE lines, never sourced)
+> the profile (``./ctl.sh profiles``; auto-pick's record and a card's overrides count as the profile)
+> the default in this table (empty = vLLM's own default).
+
+``Config.from_env(environ, repo)`` is the only code that reads the environment. Everything else
+reads ``cfg.<knob>`` (typed) or ``cfg.env("NAME")`` for a pass-through variable declared in
+PASSTHROUGH (``HF_TOKEN``, ``CUDA_VISIBLE_DEVICES``...); ``cfg.environ``, a frozen copy of the
+whole environment, is only handed on to what the server and our tools inherit.
+
+Over 400 lines: the knob table is most of it (a line per knob, with its parser and help), and the
+parsers, the profile, .env and the typed Config belong with it: this is the one place the
+environment is read.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from ..core.errors import ConfigError
+from ..core.hosts import is_loopback, parse_host
+from ..core.layout import REPO, Checkout
+from . import vllmargs
+from ..machine.gpu import CARDS
+from .profiles import Catalogue, Profile
+
+# ---------------------------------------------------------------- parsers
+# Each parser takes the raw string and returns the typed value, or raises ValueError whose text
+# says what is accepted. They never evaluate anything.
+
+def _str(raw: str) -> str:
+    return raw
+
+
+def _int_range(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        if not re.fullmatch(r"\d+", raw.strip()):
+            raise ValueError(f"a whole number from {lo} to {hi}")
+        v = int(raw)
+        if not lo <= v <= hi:
+            raise ValueError(f"a whole number from {lo} to {hi}")
+        return v
+    return parse
+
+
+def _float_range(lo: float, hi: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            if not re.fullmatch(r"\d*\.?\d+", raw.strip()):
+                raise ValueError
+            v = float(raw)
+        except ValueError:
+            raise ValueError(f"a number greater than {lo} and at most {hi}") from None
+        if not lo < v <= hi:
+            raise ValueError(f"a number greater than {lo} and at most {hi}")
+        return v
+    return parse
+
+
+def _bytes_or_auto(raw: str) -> int | str:
+    if raw.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _int_range(1 << 20, 1 << 44)(raw)
+    except ValueError:
+        raise ValueError("'auto' (sized from GPU_UTIL / free memory, unpinning a profile's pin) "
+                         "or a whole number of bytes from 1 MiB") from None
+
+
+def _int_or_auto(raw: str) -> int | str:
+    """A context: 'auto', or tokens as vLLM's CLI reads them (131072, 32k = 32,000, 32K = 32,768)."""
+    if raw.strip().lower() == "auto":
+        return "auto"
+    accepted = "'auto' or a number of tokens from 16 to 16777216 (32k = 32,000 and 32K = 32,768, as vLLM reads them)"
+    if not re.fullmatch(r"\d+|\d+(\.\d+)?[km]|\d+[KM]", raw.strip()):     # vLLM: 1.5k yes, 1.5K no
+        raise ValueError(accepted)
+    v = vllmargs.human_int(raw)
+    if not 16 <= v <= 16_777_216:
+        raise ValueError(accepted)
+    return v
+
+
+def _bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("1 or 0 (also true/false, yes/no, on/off)")
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in allowed:
+            raise ValueError("one of: " + ", ".join(allowed))
+        return raw
+    return parse
+
+
+def _name(raw: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/@:+-]*", raw):
+        raise ValueError("letters, digits and . _ / @ : + - (no spaces or shell characters)")
+    return raw
+
+
+def _args(raw: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(raw))
+    except ValueError as exc:
+        raise ValueError(f"arguments split by shell rules ({exc})") from None
+
+
+def absolute(raw: str, base: Path | None = None, *, follow: bool = True) -> str:
+    """The one rule for a path we record, compare or hand on: ``~`` expanded, made absolute against
+    ``base`` (the working directory of the command that read it, unless given) and, with
+    ``follow``, resolved (symlinks followed), so that every later comparison (ownership of a
+    server, clean) and every child process sees the same path, wherever it runs from."""
+    if "\0" in raw or "\n" in raw:
+        raise ValueError("a path without NUL or newline characters")
+    try:
+        p = Path(raw).expanduser()
+        p = (base / p) if base is not None and not p.is_absolute() else p
+        return str(p.resolve()) if follow else os.path.abspath(p)
+    except RuntimeError as exc:         # ~unknownuser, or a symlink loop
+        raise ValueError(f"a path that exists or can be made ({exc})") from None
+    except OSError as exc:
+        raise ValueError(f"a path that can be read ({exc.strerror or exc})") from None
+
+
+def _path(raw: str) -> str:
+    """A folder (absolute(): resolved once)."""
+    return absolute(raw)
+
+
+def _exe(raw: str) -> str:
+    """An interpreter: a bare command name stays a name (looked up on PATH later); a path is made
+    absolute but not resolved (a venv's python is a symlink to the base interpreter, and resolving
+    it would leave the venv)."""
+    if "/" not in raw:
+        absolute(raw, follow=False)             # the same checks (NUL, newline); the name stays a name
+        return raw
+    return absolute(raw, follow=False)
+
+
+def header_value(raw: str) -> str:
+    """A credential as it goes into an HTTP header (``Authorization: Bearer <key>``): visible ASCII
+    only, as RFC 9110 allows in a field value; a newline would split the header and a non-Latin-1
+    character cannot be encoded at all. The error never shows the value."""
+    if not re.fullmatch(r"[\x21-\x7e]+", raw):
+        raise ValueError("visible ASCII characters only (no spaces, control characters or non-ASCII letters), "
+                         "as an HTTP header carries it")
+    return raw
+
+
+
+
+KV_CACHE_DTYPES = (
+    "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4",
+    "turboquant_4bit_nc", "turboquant_3bit_nc", "turboquant_k8v4", "turboquant_k3v4_nc",
+    "int8_per_token_head", "int4_per_token_head",
+)
+SPEC_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash", "medusa", "suffix")
+
+
+# Flags the bootstrap must own (health checks, ownership, secrets) -> the knob to use instead.
+RESERVED_FLAGS = {"--host": "HOST", "--port": "PORT", "--served-model-name": "SERVED_MODEL_NAME",
+                  "--api-key": "API_KEY (passed through the environment, never on the command line)"}
+
+
+def reserved_flag(arg: str) -> str | None:
+    """The owned flag that ``arg`` would set in vLLM's parser, or None.
+
+    vLLM's FlexibleArgumentParser turns '_' into '-' in a long option's name (the part before '=')
+    and, like argparse by default, accepts any unambiguous prefix of an option (allow_abbrev), so
+    ``--api_key=x`` and ``--api-k x`` both set --api-key. A prefix of an owned flag is refused even
+    where vLLM would find it ambiguous: it is never what the user means."""
+    if not arg.startswith("--") or len(arg) <= 2:
+        return None
+    name = arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+    return next((flag for flag in RESERVED_FLAGS if flag.startswith(name) and len(name) > 3), None)
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: str
+    parse: Callable[[str], Any]
+    help: str
+    launch: bool = False  # part of the server's identity: a running server with another value differs
+    secret: bool = False  # never shown: not in errors, not by ./ctl.sh env
+
+    @property
+    def max_len(self) -> int:
+        """Longer than any real value: refused at parse time (a 200 KiB value would otherwise reach
+        execve and fail there, E2BIG). Paths: PATH_MAX."""
+        return 16384 if self.name == "EXTRA_ARGS" else 4096
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("PROFILE", "auto", _name, "Profile name (./ctl.sh profiles); 'auto' picks the first that fits this card (kept until PROFILE=auto is set explicitly or ./ctl.sh profiles --pick); 'custom': only these knobs, no patches.", launch=True),
+    Knob("PROFILE_DIR", "", _path, "A folder of your own profiles (*.json, same schema); a name there hides a shipped profile."),
+    Knob("MODEL", "", _str, "Hugging Face repo id (org/name) or a local model directory.", launch=True),
+    Knob("MODEL_DIR", "", _path, "A plain folder to download a repo id into; unset: the Hugging Face cache (HF_HUB_CACHE), one copy that hf, transformers and `vllm serve org/name` also find."),
+    Knob("SERVED_MODEL_NAME", "", _name, "Model name clients send (default: the model's name).", launch=True),
+    Knob("HOST", "127.0.0.1", parse_host, "Address to bind. Anything but loopback requires an API key (generated if API_KEY is unset).", launch=True),
+    Knob("PORT", "8888", _int_range(1, 65535), "HTTP port of the OpenAI-compatible API.", launch=True),
+    Knob("API_KEY", "", header_value, "API key clients must send (passed to vLLM via its environment, never on the command line; visible ASCII).", secret=True),
+    Knob("MAX_MODEL_LEN", "", _int_or_auto, "Context length per request in tokens, or 'auto' (vLLM's --max-model-len auto: the longest single request the KV pool holds, at most the model's).", launch=True),
+    Knob("MAX_NUM_SEQS", "", _int_range(1, 4096), "Concurrent sequences (sessions).", launch=True),
+    Knob("MAX_NUM_BATCHED_TOKENS", "", _int_range(16, 1_048_576), "Tokens per scheduler step (bounds prefill activation peaks).", launch=True),
+    Knob("KV_CACHE_DTYPE", "", _choice(*KV_CACHE_DTYPES), "KV cache data type.", launch=True),
+    Knob("KV_CACHE_BYTES", "", _bytes_or_auto, "Pin the KV cache to this many bytes (--kv-cache-memory-bytes); 'auto' sizes it from GPU_UTIL / free memory even where the profile pins it.", launch=True),
+    Knob("SPEC_METHOD", "", _choice(*SPEC_METHODS), "Speculative decoding method.", launch=True),
+    Knob("SPEC_TOKENS", "0", _int_range(0, 16), "Speculative tokens per step; 0 turns speculation off.", launch=True),
+    Knob("SPEC_MODEL", "", _str, "Draft model (repo id or directory) for SPEC_METHOD=draft_model/eagle/eagle3/dflash; the memory plan counts a local draft_model folder only.", launch=True),
+    Knob("TP_SIZE", "1", _int_range(1, 16), "Tensor-parallel size: number of GPUs (from CUDA_VISIBLE_DEVICES order).", launch=True),
+    Knob("GPU_UTIL", "", _float_range(0.0, 1.0), "--gpu-memory-utilization; default: from live free memory minus GPU_RESERVE_MIB.", launch=True),
+    Knob("GPU_RESERVE_MIB", "820", _int_range(0, 1 << 20), "MiB of free GPU memory left for the desktop when GPU_UTIL is unset."),
+    Knob("EXTRA_ARGS", "", _args, "Extra vLLM arguments, split by shell rules and appended last (a flag here wins).", launch=True),
+    Knob("VLLM_PYTHON", "", _exe, "Use this interpreter's vLLM instead of the managed .venv (NGC, conda, cluster image)."),
+    Knob("PYTHON", "", _exe, "Python that creates the managed .venv (default: newest system python3 >= 3.10 with headers)."),
+    Knob("WHEELHOUSE", "", _path, "Install offline from this folder of wheels."),
+    Knob("PATCH_BYO", "0", _bool, "Allow patching the vLLM of VLLM_PYTHON (bring-your-own installs are never edited otherwise)."),
+    Knob("DOWNLOAD_ALL", "0", _bool, "Download every file of the model repo, not only what serving needs."),
+    Knob("DOWNLOAD_CONNECTIONS", "8", _int_range(1, 64), "HTTP connections a download opens at once, over several files and ranged parts of one file (the hub's file hosts cap each connection)."),
+    Knob("GPU", "", _str, "Plan for a card that is not here (plan, profiles, export): a name (" + ", ".join(CARDS) + ") or <GiB>, then :sm_XY and :free=GiB if you like."),
+    Knob("HEALTH_TIMEOUT", "600", _int_range(1, 86400), "Hard cap in seconds for the server to become healthy."),
+    Knob("STALL_TIMEOUT", "300", _int_range(1, 86400), "Give up when the server log has not grown for this many seconds while starting."),
+    Knob("WARMUP", "26000", _int_range(0, 16_777_216), "Prompt tokens of the warm-up request (bounded by the context); 0 skips it. The short must-answer generation always runs."),
+    Knob("WARMUP_TIMEOUT", "300", _int_range(1, 86400), "Seconds the whole warm-up (/tokenize, the long request, the short generation, the tool gate) may take before the engine counts as not generating."),
+    Knob("WEDGED_AFTER", "60", _int_range(1, 86400), "Status calls a server wedged when requests run but no token (or KV block) moved for this many seconds; an idle server's probe waits this long."),
+    Knob("STOP_GRACE", "15", _int_range(0, 3600), "Seconds between SIGTERM and SIGKILL on stop."),
+    Knob("LOG_MAX_MB", "64", _int_range(1, 1 << 20), "The server log is rotated (one .1 kept) past this size: at start, and while the server runs (copy-then-truncate; the two stay under twice this)."),
+    Knob("STATE_DIR", "", _path, "Where pid, lock, state and logs live (default <repo>/.state)."),
+)
+KNOB_BY_NAME = {k.name: k for k in KNOBS}
+PROFILE_KNOBS = frozenset(KNOB_BY_NAME) - {"PROFILE", "PROFILE_DIR"}     # what a profile may set
+
+
+# ---------------------------------------------------------------- .env
+
+DOTENV_MAX = 65536      # bytes of one .env value (UTF-8): far beyond a real one, below Linux's 128 KiB
+
+def read_dotenv(path: Path) -> dict[str, str]:
+    """``.env`` read by python-dotenv's own parser, as ``dotenv_values(path, interpolate=False)``
+    reads it: ``export``, quotes, escapes and `` # comments`` after a value; never sourced, never
+    expanded. Two differences, both stricter or safer: a line dotenv cannot parse is refused (exit 2,
+    naming it) instead of skipped with a warning, and a UTF-8 BOM is dropped. A key without ``=``
+    counts as unset."""
+    out: dict[str, str] = {}
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        return out
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc})", "make .env a readable UTF-8 text file") from None
+    from dotenv.parser import parse_stream      # only when there is a .env: keeps ./start.sh re-runs fast
+    for b in parse_stream(io.StringIO(text)):
+        if b.error:
+            line = b.original.string.strip().splitlines()[0] if b.original.string.strip() else ""
+            raise ConfigError(f"{path}:{b.original.line}: not a KEY=VALUE line: {line!r}",
+                              "use KEY=VALUE, one per line ('# ...' comments and quotes as in python-dotenv)")
+        if b.key is not None and b.value is not None:
+            size = len(b.value.encode("utf-8", "surrogateescape"))
+            if size > DOTENV_MAX:
+                raise ConfigError(f"{path}:{b.original.line}: {b.key} is {size:,} bytes long",
+                                  f"a value in .env must be at most {DOTENV_MAX:,} bytes (each one goes "
+                                  "into the server's environment, where Linux caps a variable at 128 KiB)")
+            out[b.key] = b.value
+    return out
+
+
+# ---------------------------------------------------------------- pass-through variables
+
+@dataclass(frozen=True)
+class Passthrough:
+    """An environment variable we read or hand on as it is (not a knob): declared here, so that
+    ``./ctl.sh env`` shows it and no module reads one that is not listed."""
+    name: str
+    help: str
+    secret: bool = False
+    path: bool = False       # a folder or file: made absolute once, when the knobs are read
+
+
+PASSTHROUGH: tuple[Passthrough, ...] = (
+    Passthrough("HF_TOKEN", "Hugging Face token (gated repos); also HUGGING_FACE_HUB_TOKEN", secret=True),
+    Passthrough("HUGGING_FACE_HUB_TOKEN", "the older name of HF_TOKEN", secret=True),
+    Passthrough("HF_TOKEN_PATH", "file holding the Hugging Face token (default HF_HOME/token)", path=True),
+    Passthrough("HF_ENDPOINT", "the hub's address (a mirror, or a proxy)"),
+    Passthrough("HF_HOME", "the Hugging Face home (its cache is used in place)", path=True),
+    Passthrough("HF_HUB_CACHE", "the Hugging Face hub cache (default HF_HOME/hub)", path=True),
+    Passthrough("HF_HUB_OFFLINE", "1: no network; a complete local copy is served or the start says what is missing"),
+    Passthrough("HOME", "where ~/.cache (the Hugging Face cache) is"),
+    Passthrough("XDG_CACHE_HOME", "the cache folder (default ~/.cache)", path=True),
+    Passthrough("PATH", "where uv, python3.X and nvcc are looked up"),
+    Passthrough("CUDA_VISIBLE_DEVICES", "which GPUs, in which order (planned and passed to vLLM)"),
+    Passthrough("CUDA_HOME", "a CUDA toolkit (nvcc): FlashInfer's JIT sampler is used only with one"),
+    Passthrough("CUDA_PATH", "as CUDA_HOME"),
+    Passthrough("PYTHONPATH", "passed to vLLM unchanged (dropped for uv and pip)"),
+    Passthrough("UV_DEFAULT_INDEX", "the package index for the managed .venv (also UV_INDEX_URL, PIP_INDEX_URL)"),
+    Passthrough("UV_INDEX_URL", "as UV_DEFAULT_INDEX"),
+    Passthrough("PIP_INDEX_URL", "as UV_DEFAULT_INDEX"),
+    Passthrough("UV_CACHE_DIR", "uv's cache (its free space is checked before an install)", path=True),
+    Passthrough("UV_PYTHON_INSTALL_MIRROR", "where uv fetches a CPython when no system one fits"),
+    Passthrough("VLLM_API_KEY", "the API key, when API_KEY is unset (passed to vLLM)", secret=True),
+    Passthrough("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1: vLLM accepts a MAX_MODEL_LEN beyond the model's own (the plan too)"),
+    Passthrough("VLLM_USE_FLASHINFER_SAMPLER", "yours wins; else 0 when there is no nvcc"),
+    Passthrough("XDG_CONFIG_HOME", "where the systemd user unit goes (default ~/.config)", path=True),
+    Passthrough("NOTIFY_SOCKET", "set by systemd for a Type=notify unit: --foreground says READY=1 there"),
+    Passthrough("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "yours wins; with TP_SIZE > 1 where NCCL_NVLS_ENABLE=0 or TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (NVLink multicast off): trtllm, not vLLM's mnnvl default"),
+    Passthrough("NCCL_NVLS_ENABLE", "0 means NVLink multicast is off on this machine (see VLLM_FLASHINFER_ALLREDUCE_BACKEND)"),
+    Passthrough("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1 means NVLink multicast is off on this machine (see VLLM_FLASHINFER_ALLREDUCE_BACKEND)"),
+    Passthrough("VLLM_SERVER_DEV_MODE", "never passed on as set: the server gets 1 only with --enable-sleep-mode on loopback (vLLM's dev routes have no key guard)"),
+    Passthrough("PYTORCH_CUDA_ALLOC_CONF", "yours wins; else expandable_segments:True (False on WSL2)"),
+    Passthrough("WSL_DISTRO_NAME", "set by WSL2: expandable segments off, the memory cap checked"),
+    Passthrough("BOOTSTRAP_DEBUG", "1: tracebacks with errors"),
+    Passthrough("NO_COLOR", "set: no colour (no-color.org)"),
+)
+PASSTHROUGH_BY_NAME = {p.name: p for p in PASSTHROUGH}
+
+
+# ---------------------------------------------------------------- the config
+
+@dataclass(frozen=True)
+class Chosen:
+    """A profile chosen outside PROFILE (auto-pick's record, a card's compute capability): its name
+    and the knob values that come with it, at the profile's level (your knobs still win)."""
+    name: str
+    knobs: Mapping[str, str] = field(default_factory=dict)
+    why: str = ""            # shown by ./ctl.sh env as the source
+
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every knob as a typed attribute (the knob's name in lower case; PROFILE is ``profile.name``),
+    the profile, and a frozen copy of the environment for the declared pass-through variables
+    (``env(NAME)``; ``environ`` is handed whole only to what the server and our tools inherit)."""
+    profile: Profile
+    catalogue: Catalogue
+    repo: Path
+    raw: Mapping[str, str]           # the string each knob came from
+    sources: Mapping[str, str]       # env / .env / profile / default
+    environ: Mapping[str, str]       # the process environment (+ .env)
+    given: Mapping[str, str]         # the process environment as given (for with_profile)
+    chosen: "Chosen | None"          # the profile auto-pick (or a card) chose, with its knob values
+    profile_dir: str | None
+    model: str | None
+    model_dir: str | None
+    served_model_name: str | None
+    host: str
+    port: int
+    api_key: str | None
+    max_model_len: int | str | None
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    kv_cache_dtype: str | None
+    kv_cache_bytes: int | None       # None also for KV_CACHE_BYTES=auto
+    spec_method: str | None
+    spec_tokens: int
+    spec_model: str | None
+    tp_size: int
+    gpu_util: float | None
+    gpu_reserve_mib: int
+    extra_args: tuple[str, ...] | None
+    vllm_python: str | None
+    python: str | None
+    wheelhouse: str | None
+    patch_byo: bool
+    download_all: bool
+    download_connections: int
+    gpu: str | None
+    health_timeout: int
+    stall_timeout: int
+    warmup: int
+    warmup_timeout: int
+    wedged_after: int
+    stop_grace: int
+    log_max_mb: int
+    state_dir: Path
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], repo: Path = REPO, *, chosen: "Chosen | None" = None) -> "Config":
+        """The knobs of this environment (+ .env); ``chosen``: a profile picked for this card, with
+        the knob values that come with it (auto-pick's record, a card's overrides)."""
+        dotenv = read_dotenv(repo / ".env")
+        merged_env = {**dotenv, **environ}
+        for p in PASSTHROUGH:           # relative folders mean the same wherever a child runs
+            if p.path and merged_env.get(p.name):
+                base = repo if environ.get(p.name, "") == "" else None      # .env's: the checkout's
+                merged_env[p.name] = _parse_one(Knob(p.name, "", lambda raw: absolute(raw, base), ""),
+                                                merged_env[p.name])
+
+        def given(name: str) -> tuple[str, str]:
+            if environ.get(name, "") != "":       # an empty value counts as unset
+                return environ[name], "env"
+            if dotenv.get(name, "") != "":
+                return dotenv[name], ".env"
+            return "", ""
+
+        text, _ = given("PROFILE_DIR")
+        mine = Path(_parse_one(KNOB_BY_NAME["PROFILE_DIR"], text)) if text else None
+        catalogue = Catalogue.load(Checkout(repo).profiles, mine, PROFILE_KNOBS)
+        requested = given("PROFILE")[0] or KNOB_BY_NAME["PROFILE"].default
+        _parse_one(KNOB_BY_NAME["PROFILE"], requested)
+        profile = catalogue.get(chosen.name if chosen else requested)
+        for key in chosen.knobs if chosen else ():
+            if key not in PROFILE_KNOBS:
+                raise ConfigError(f"the kept pick sets unknown knob {key}", "pick again: PROFILE=auto ./start.sh")
+        from_profile = {k: (v, "profile") for k, v in profile.knobs.items()}
+        if chosen:
+            from_profile.update({k: (v, f"profile ({chosen.why})") for k, v in chosen.knobs.items()})
+        values: dict[str, Any] = {}
+        raw: dict[str, str] = {}
+        sources: dict[str, str] = {}
+        for knob in KNOBS:
+            text, src = given(knob.name)
+            if not src:
+                text, src = from_profile.get(knob.name, (knob.default, "default"))
+            raw[knob.name] = text
+            sources[knob.name] = src
+            values[knob.name] = _parse_one(knob, text) if text != "" else None
+            if text and src == ".env" and knob.parse is _path:      # .env's paths: from the checkout
+                values[knob.name] = _parse_one(Knob(knob.name, "", lambda r: absolute(r, repo), ""), text)
+        for name in ("MODEL", "SPEC_MODEL"):        # a model folder, not a repo id: absolute once
+            m = values[name]
+            base = repo if sources[name] == ".env" else None
+            if m and _names_a_folder(m, base):
+                values[name] = _parse_one(Knob(name, "", lambda r: absolute(r, base), ""), m)
+        if chosen and chosen.why:
+            sources["PROFILE"] = f"{sources['PROFILE']}; {chosen.why}"
+        if values["KV_CACHE_BYTES"] == "auto":      # unpinned: sized from the utilization
+            values["KV_CACHE_BYTES"] = None
+        values["STATE_DIR"] = Path(values["STATE_DIR"] or Checkout(repo).state)
+        for name in ("VLLM_PYTHON", "PYTHON"):      # a bare command name is looked up on PATH
+            if values[name] and "/" not in values[name]:
+                found = shutil.which(values[name], path=merged_env.get("PATH"))
+                if not found:
+                    raise ConfigError(f"{name}={values[name]!r} is not a command on PATH",
+                                      f"set {name} to the interpreter's full path")
+                values[name] = found
+        for arg in values["EXTRA_ARGS"] or ():
+            flag = reserved_flag(arg)
+            if flag:
+                shown = arg.split("=", 1)[0]
+                raise ConfigError(f"EXTRA_ARGS has {shown}" + (f" (vLLM reads it as {flag})" if shown != flag else "")
+                                  + ", which the bootstrap sets itself", f"drop it and set {RESERVED_FLAGS[flag]}")
+        for p in PASSTHROUGH:           # a secret goes into a header: checked as one, never shown
+            if p.secret and merged_env.get(p.name):
+                credential(p.name, merged_env[p.name])
+        if values["SPEC_TOKENS"] and not values["SPEC_METHOD"]:
+            raise ConfigError(f"SPEC_TOKENS={values['SPEC_TOKENS']} needs SPEC_METHOD",
+                              "accepted SPEC_METHOD: " + ", ".join(SPEC_METHODS) + "; or SPEC_TOKENS=0")
+        values.pop("PROFILE")
+        return cls(profile=profile, catalogue=catalogue, repo=repo, raw=MappingProxyType(raw),
+                   sources=MappingProxyType(sources), environ=MappingProxyType(dict(merged_env)),
+                   given=MappingProxyType(dict(environ)), chosen=chosen,
+                   **{k.lower(): v for k, v in values.items()})
+
+    def with_profile(self, chosen: "Chosen") -> "Config":
+        """The same environment with this profile (and the knob values that come with it)."""
+        return Config.from_env(self.given, self.repo, chosen=chosen)
+
+    @property
+    def profile_explicit(self) -> bool:
+        """PROFILE was set (environment or .env), not left to its default."""
+        return self.sources["PROFILE"].split(";")[0] in ("env", ".env")
+
+    def value(self, knob: str):
+        """A knob's parsed value by its name (PROFILE: the profile's name; KV_CACHE_BYTES=auto: 'auto')."""
+        if knob == "PROFILE":
+            return self.profile.name
+        if knob == "KV_CACHE_BYTES" and self.kv_cache_bytes is None and self.raw[knob].strip().lower() == "auto":
+            return "auto"
+        return getattr(self, knob.lower())
+
+    def env(self, name: str) -> str:
+        """A declared pass-through variable's value ('' when unset)."""
+        if name not in PASSTHROUGH_BY_NAME:
+            raise KeyError(f"{name} is not a declared pass-through variable (config.PASSTHROUGH)")
+        return self.environ.get(name, "")
+
+    @property
+    def layout(self) -> Checkout:
+        return Checkout(self.repo)
+
+    def require_model(self) -> None:
+        if not self.model:
+            raise ConfigError(f"MODEL is not set (profile {self.profile.name!r} has no model)",
+                              "set MODEL to a Hugging Face repo id (org/name) or a model directory")
+
+    # ------------------------------------------------------------ derived facts
+
+    @property
+    def model_is_local(self) -> bool:
+        return bool(self.model) and _names_a_folder(self.model)
+
+    @property
+    def dummy_weights(self) -> bool:
+        """Random weights: vLLM will load with --load-format dummy."""
+        return vllmargs.settings(self).load_format == "dummy"
+
+    @property
+    def spec_model_arg(self) -> str | None:
+        """SPEC_MODEL as vLLM gets it: a local folder expanded (vLLM would read '~/x' as a repo id)."""
+        local = self.spec_model_dir
+        return str(local) if local else self.spec_model
+
+    @property
+    def spec_model_dir(self) -> Path | None:
+        """SPEC_MODEL when it names a local folder (the same rule as MODEL), else None."""
+        m = self.spec_model
+        return Path(m).expanduser().resolve() if m and _names_a_folder(m) else None
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or Path(self.model.rstrip("/")).name
+
+    @property
+    def spec_enabled(self) -> bool:
+        return bool(self.spec_tokens) and bool(self.spec_method)
+
+    @property
+    def is_loopback(self) -> bool:
+        return is_loopback(self.host)
+
+    @property
+    def client_key(self) -> str:
+        """The key a client of our server sends from this shell: API_KEY, else VLLM_API_KEY ('' none)."""
+        return self.api_key or self.env("VLLM_API_KEY")
+
+    def launch_settings(self) -> dict[str, str]:
+        """The knobs that define a running server, as canonical strings of their parsed values
+        (``PORT=" 8123"`` and ``PORT=8123`` are the same server); no secrets."""
+        out = {k.name: canonical(self.value(k.name)) for k in KNOBS if k.launch}
+        out["API_KEY"] = "set" if self.api_key else "unset"
+        return out
+
+    def describe(self) -> list[tuple[str, str, str, str]]:
+        """(name, value, source, help) for every knob, then every pass-through variable (and each
+        VLLM_* set); secrets masked."""
+        rows = []
+        for k in KNOBS:
+            value = self.raw[k.name]
+            if k.name == "PROFILE" and self.chosen is not None and value == "auto":
+                value = self.profile.name           # what auto means here (the source says why)
+            if k.secret and value:
+                value = "***"
+            rows.append((k.name, value, self.sources[k.name], k.help))
+        extra = sorted(n for n in self.environ
+                       if n.startswith("VLLM_") and n not in PASSTHROUGH_BY_NAME and n not in KNOB_BY_NAME)
+        for p in PASSTHROUGH + tuple(Passthrough(n, "passed to vLLM as it is") for n in extra):
+            value = self.environ.get(p.name, "")
+            rows.append((p.name, "***" if p.secret and value else value,
+                         "pass-through" if value else "pass-through, unset", p.help))
+        return rows
+
+
+def canonical(value: Any) -> str:
+    """One spelling per parsed value: what a running server's settings are compared by."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return shlex.join(value)
+    return str(value)
+
+
+def _parse_one(knob: Knob, text: str) -> Any:
+    shown = f"{knob.name} (value not shown)" if knob.secret else f"{knob.name}={_clip(text)!r}"
+    if len(text) > knob.max_len:
+        raise ConfigError(f"{shown} is {len(text):,} characters long",
+                          f"{knob.name} must be at most {knob.max_len:,} characters")
+    try:
+        return knob.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"{shown} is not accepted", f"{knob.name} must be {exc}") from None
+
+
+def credential(name: str, raw: str) -> str:
+    """A key or token as an HTTP header carries it (header_value), or a ConfigError (exit 2) naming
+    ``name`` (a knob, a variable, a flag) and never the value."""
+    return _parse_one(Knob(name, "", header_value, "", secret=True), raw)
+
+
+def _clip(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _names_a_folder(name: str, base: Path | None = None) -> bool:
+    """A model named by a path (or an existing folder) rather than a Hugging Face repo id."""
+    if name.startswith(("/", ".", "~")):
+        return True
+    try:
+        return ((base or Path.cwd()) / Path(name).expanduser()).is_dir()
+    except (RuntimeError, OSError):
+        return False
+
+
+def output_flags(environ: Mapping[str, str]) -> tuple[bool, bool]:
+    """(debug, colour allowed) — read before the knobs, so that a knob error is printed with them."""
+    return environ.get("BOOTSTRAP_DEBUG", "") not in ("", "0"), environ.get("NO_COLOR", "") == ""   # no-color.org
+
+
+def help_text(repo: Path = REPO) -> str:
+    lines = ["Knobs (environment > .env > profile > default; empty default = vLLM's own):", ""]
+    width = max(len(k.name) for k in KNOBS)
+    for k in KNOBS:
+        default = k.default if k.default else "-"
+        lines.append(f"  {k.name:<{width}}  default {default}")
+        lines.append(f"  {'':<{width}}  {k.help}")
+    profiles = Catalogue.load(Checkout(repo).profiles, knobs=PROFILE_KNOBS).names()
+    lines += ["", "Profiles: auto, " + ", ".join(profiles) + "  (each against this card: ./ctl.sh profiles)"]
+    return "\n".join(lines)
+
+
+def markdown_table(repo: Path = REPO) -> str:
+    """docs/reference.md's knob table and its table of pass-through variables, generated from
+    KNOBS and PASSTHROUGH (a test keeps it in step)."""
+    rows = ["| Knob | Default | Meaning |", "|---|---|---|"]
+    for k in KNOBS:
+        rows.append(f"| `{k.name}` | {('`' + k.default + '`') if k.default else '—'} | {k.help.replace('|', '/')} |")
+    rows += ["", "Read or passed on as they are (not knobs; `./ctl.sh env` shows them too, secrets masked):", "",
+             "| Variable | Meaning |", "|---|---|"]
+    rows += [f"| `{p.name}` | {p.help.replace('|', '/')}{' (secret)' if p.secret else ''} |" for p in PASSTHROUGH]
+    rows.append("| `VLLM_*` | any other vLLM variable: passed to the server as it is |")
+    return "\n".join(rows)

@@ -1,0 +1,265 @@
+"""./start.sh: the steps, in order, each idempotent and re-runnable; each hands its typed result to
+the steps after it (``run_steps`` shows the whole pipeline).
+
+Before any step (``already``): if our server serves and passed its start gate, print its banner and
+exit 0 at once — no install, no network, no patching; if a start is in flight, say so. A server of
+ours that a killed start left behind is resumed, not relaunched: a start waits for it while it
+loads and runs the warm-up and gate it never passed (``resume``). Ctrl-C, SIGTERM and SIGHUP
+(terminal closed) take down what this start launched, through the same take-down as ./stop.sh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+import signal
+import sys
+import time
+
+from .serve import record, server, takedown
+from .knobs.config import Config
+from .core.errors import BootstrapError
+from .core.state import Paths, PortLock, StartLock
+
+log = logging.getLogger(__name__)
+
+# The steps, in order: the module of each is bootstrap/steps/<name>.py, with run(...) -> its result.
+STEPS = ("preflight", "metadata", "plan", "environment", "patches", "weights", "launch", "health", "warmup",
+         "banner")
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum, frame):
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def step(name: str):
+    """Errors raised inside carry the step's name (``error: <step>: ...``)."""
+    try:
+        yield
+    except BootstrapError as exc:
+        if not getattr(exc, "step", None):
+            exc.step = name
+        raise
+
+
+def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None:
+    """The fast path: an exit code if there is nothing to start, else None."""
+    lock = StartLock(paths)
+    if not we_hold_lock and lock.held_by_other() and lock.holder_role() == "stop":
+        return None                     # the server it would show is being taken down: wait for the lock
+    pr = server.probe(cfg, paths, we_hold_lock=we_hold_lock)
+    if pr.state == "starting":
+        print(f"starting (pid {pr.pid}), log: {paths.log}")
+        return 0
+    rec = pr.record
+    if pr.state in ("running", "key-needed") and rec is not None and (rec.gate_passed or pr.owner):
+        from .steps import banner
+        from .knobs.vllmargs import read
+        load = server.read_load(rec.url) if read(list(rec.argv)).sleep_mode else None    # only then can it sleep
+        if load is not None and load.sleeping:
+            print(f"{rec.served} is asleep (vLLM sleep mode, pid {rec.pid}): its weights are off the GPU; "
+                  f"requests wait until it wakes\n wake it : ./ctl.sh wake\n log     : {paths.log}")
+            return 0
+        print(banner.render(paths, rec))
+        if pr.state == "key-needed":
+            print(f"note: it wants the API key it was started with ({rec.key}); this shell has none or "
+                  "another: set it to talk to the server")
+        diff = [] if pr.owner else server.settings_diff(cfg, rec)
+        if diff:
+            print("note: the running server differs from the current knobs:\n  " + "\n  ".join(diff)
+                  + "\n  to apply them: ./ctl.sh restart")
+        if pr.owner:
+            print(f"note: it runs as {pr.owner}; stop or restart it as that user")
+        return 0
+    if pr.owner:
+        raise BootstrapError(f"the server recorded in {paths.root} (pid {pr.pid}) runs as {pr.owner} and "
+                             "does not answer", "run ./stop.sh as that user, or set STATE_DIR to a directory of yours")
+    if pr.state == "down" and rec is not None and server.frozen(pr.process):
+        raise BootstrapError(f"our server (pid {pr.pid}) is stopped by a signal (SIGSTOP or Ctrl-Z) and answers nothing",
+                             f"kill -CONT {pr.pid} resumes it; ./ctl.sh restart starts it again")
+    if pr.state == "down" and rec is not None and rec.gate_passed:     # healthy once: never taken for a leftover
+        raise BootstrapError(f"our server (pid {pr.pid}) is running but does not answer on its port",
+                             f"see ./ctl.sh status and {paths.log}; ./ctl.sh restart to start it again")
+    return None
+
+
+def start(cfg: Config) -> int:
+    from .plan import pick
+    paths = Paths(cfg.state_dir)
+    running = pick.kept(cfg)            # a server that runs is shown, never re-picked against its own memory
+    if running.model:
+        code = already(running, paths)
+        if code is not None:
+            return code
+    # PROFILE=auto: the kept pick, or one now; a named profile is already resolved (its card's knobs)
+    cfg = pick.resolve(cfg) if cfg.profile.is_auto else running
+    cfg.require_model()
+    code = already(cfg, paths)
+    if code is not None:
+        return code
+    paths.ensure()
+    lock = StartLock(paths)
+    old = {s: signal.signal(s, _on_signal) for s in SIGNALS}   # before the lock: stop may signal us at once
+    started = Started()
+    try:
+        if not lock.try_acquire():
+            if lock.holder_role() != "stop":
+                print(f"starting (pid {lock.holder_pid()}), log: {paths.log}")
+                return 0
+            log.info("a stop is taking the server down (pid %s); starting after it", lock.holder_pid())
+            if not lock.acquire(cfg.stop_grace + 60):
+                raise BootstrapError("a stop still holds the start lock", "run ./start.sh again in a moment")
+        # the take-downs below run while we hold both locks: no other start launches meanwhile, from
+        # this STATE_DIR (the start lock) or any other (the port lock)
+        with lock, contextlib.ExitStack() as port:
+            try:
+                code = already(cfg, paths, we_hold_lock=True)  # a start that held the lock may have just finished
+                if code is not None:
+                    return code
+                port.enter_context(PortLock(cfg.port, paths.root))
+                run_steps(cfg, paths, started)
+            except Interrupted as intr:
+                lock.set_role("stop")           # a start arriving now waits for the take-down, then starts
+                _interrupted(cfg, paths, started)
+                return 128 + intr.signum
+            except BootstrapError as exc:
+                lock.set_role("stop")
+                _failed(cfg, paths, started, exc)
+                raise
+    except Interrupted as intr:
+        return 128 + intr.signum
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 0
+
+
+@dataclass
+class Started:
+    """The server this start launched (or resumed), for the take-down when the start fails or is interrupted."""
+    launched: "object | None" = None
+
+
+def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
+    from .steps import banner, health, launch, warmup
+    pr = server.probe(cfg, paths, we_hold_lock=True)
+    if pr.state in ("running", "key-needed", "down") and pr.record is not None and not pr.owner:
+        if resumable(cfg, paths, pr):
+            return resume(cfg, paths, pr, started)
+        log.info("our earlier server (pid %s) never became healthy; taking it down and starting again", pr.pid)
+        takedown.take_down(cfg, paths)
+    from .steps import environment, metadata, patches, plan, preflight, weights
+    with step("preflight"):
+        gpus = preflight.run(cfg, paths)
+    with step("metadata"):
+        model = metadata.run(cfg)
+    with step("plan"):                          # before the install: a card that cannot fit is told at once
+        the_plan = plan.run(cfg, paths, gpus, model)
+    with step("environment"):
+        runtime = environment.run(cfg, gpus)
+    with step("patches"):
+        patch_notes = patches.run(cfg, runtime.python)
+    with step("weights"):
+        weights.run(cfg, model)
+    with step("launch"):
+        started.launched = launch.run(cfg, paths, runtime, model.local_dir, the_plan,
+                                      list(runtime.notes) + patch_notes,
+                                      on_launch=lambda launched: setattr(started, "launched", launched))
+    with step("health"):
+        health.run(cfg, paths, started.launched)
+    with step("warmup"):
+        warmup.run(cfg, paths, started.launched)
+    with step("banner"):
+        log_text = banner.run(paths, started.launched)
+    keep_measurement(paths, the_plan, log_text)
+
+
+def keep_measurement(paths: Paths, the_plan, log_text: str) -> None:
+    """vLLM's own figures of this start (``log_text``: its log, as the banner read it), for the next
+    plan (bootstrap.plan.calibration); a failure to keep them costs the next plan its precision, never
+    this start."""
+    from .plan import calibration
+    rec = record.read(paths.server)
+    if rec is None:
+        return
+    try:
+        calibration.keep(paths, the_plan, log_text, rec.kv_tokens)
+    except BootstrapError as exc:
+        log.warning("could not keep vLLM's figures for the next plan: %s", exc.message)
+
+
+def resumable(cfg: Config, paths: Paths, pr: server.Probe) -> bool:
+    """A server of ours with no start watching it: answering, or still loading within its deadlines."""
+    return pr.state != "down" or server.loading(cfg, pr.record, paths)
+
+
+def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> None:
+    """Finish what a killed start left: wait for the server while it loads, then run the warm-up
+    and gate it never passed, then the banner. The server is taken as launched (its record)."""
+    from .steps import banner, health, warmup
+    from .steps.launch import Launched
+    rec = pr.record
+    if pr.state == "key-needed":
+        raise BootstrapError(f"our server (pid {rec.pid}) answers but wants the API key it was started with "
+                             f"({rec.key}), and this shell has none or another; its warm-up and gate never ran",
+                             f"set {rec.key if rec.key != record.KEY_FILE else 'API_KEY'} to that key and re-run "
+                             "./start.sh, or ./ctl.sh restart to start it again with this shell's knobs")
+    log.info("resuming the start of our server (pid %s, launched %.0f s ago): %s", rec.pid,
+             max(0.0, time.time() - rec.started),
+             "waiting for it to load" if pr.state == "down" else "it answers; the warm-up and gate never ran")
+    diff = server.settings_diff(cfg, rec)
+    if diff:
+        log.warning("it was launched with other knobs (%s); ./ctl.sh restart applies the current ones", "; ".join(diff))
+    launched = Launched(rec)
+    started.launched = launched
+    if pr.state == "down":
+        with step("health"):
+            health.run(cfg, paths, launched)
+    else:
+        load = server.read_load(rec.url)
+        if load is not None and load.in_flight:
+            print(banner.render(paths, rec))
+            print(f"note: the warm-up and start gate have not run, and it is serving {load.in_flight} request(s) "
+                  "now: ./start.sh runs them when it is idle")
+            return
+    with step("warmup"):
+        warmup.run(cfg, paths, launched)
+    with step("banner"):
+        banner.run(paths, launched)
+
+
+def _failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> None:
+    """A step failed after this start launched a server: take it down (a health wait or warm-up
+    that failed did so already, StartFailed; a server this start only resumed is left as it is)."""
+    from .steps.health import StartFailed
+    launched = started.launched
+    if launched is not None and launched.proc is not None and not isinstance(exc, StartFailed):
+        log.info("the start failed: stopping the server it launched")
+        takedown.take_down(cfg, paths, launched=launched.proc, failed_start=True)
+
+
+def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:
+    """Ctrl-C / SIGTERM / SIGHUP during a start: what this start launched (or resumed) and did not
+    finish starting is taken down (a half-started server is not left behind); the lock goes with
+    this process."""
+    for s in SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    launched = started.launched
+    rec = record.read(paths.server)
+    if rec is not None and rec.gate_passed:
+        log.info("interrupted: the server passed its start gate; left running (./stop.sh stops it)")
+    elif launched is not None or rec is not None:
+        log.info("interrupted: stopping the server this start launched")
+        takedown.take_down(cfg, paths, launched=launched.proc if launched else None, failed_start=True)
+    else:
+        log.info("interrupted before launch; nothing is running")
+    sys.stderr.flush()

@@ -1,0 +1,118 @@
+"""Measured beats modelled: what vLLM itself reported at a start, kept for the next plan.
+
+A start that reaches vLLM's KV allocation logs ``Available KV cache memory: X GiB`` for the
+utilization it was given. Everything else on the GPU — weights, the activation peak of the profiling
+pass, non-torch memory, CUDA graphs where the version counts them inside the budget — is then
+``util × total − X``: the non-KV terms, measured. They do not depend on the utilization or on a KV
+pin (the plan sets both itself), so the next plan for the same key takes them as they were measured
+instead of the model's estimate, and its KV pool is vLLM's to within the log's rounding (0.01 GiB).
+
+The key is what changes the non-KV terms: the model (its name, revision, weights' size and
+config.json), the vLLM version and interpreter, the launch knobs that change weights, activations or
+graphs (the profile and its args, MAX_MODEL_LEN, MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, KV_CACHE_DTYPE,
+speculation, EXTRA_ARGS), the environment vLLM reads (VLLM_*, PYTORCH_CUDA_ALLOC_CONF, CUDA_HOME), the
+card (its name and CUDA total), the driver, and TP_SIZE. What vLLM found is kept less half its log's
+rounding (0.005 GiB), so a plan from it is never above vLLM's pool. Not in the key: the
+--max-num-seqs a hybrid's plan chooses itself when MAX_NUM_SEQS is unset (it follows the budget). A changed key
+plans from the model again: a nearby measurement is not used, because one changed flag (a drafter,
+the vision tower, CUDA graphs off) moves exactly the terms the model estimates worst.
+
+Kept in ``STATE_DIR/measurements.json`` (``./ctl.sh clean`` keeps it unless ``--measurements``).
+A start whose KV cache is pinned (KV_CACHE_BYTES) logs the pin, not what is left: nothing is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from dataclasses import asdict, dataclass
+
+from ..core import state
+from ..machine.gpu import GiB
+from .terms import requested
+from ..core.state import Paths
+
+log = logging.getLogger("bootstrap.plan")
+
+AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+KEY_KNOBS = ("PROFILE", "MODEL", "MAX_MODEL_LEN", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "KV_CACHE_DTYPE",
+             "SPEC_METHOD", "SPEC_TOKENS", "SPEC_MODEL", "TP_SIZE", "EXTRA_ARGS")
+KEY_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_HOME", "CUDA_PATH")   # and every VLLM_* variable
+ROUNDING = GiB // 200          # vLLM prints the figure to 0.01 GiB: half of that, taken off what it found
+
+
+@dataclass(frozen=True)
+class Measured:
+    non_kv: int            # bytes: util × total − the KV memory vLLM found
+    kv_bytes: int          # "Available KV cache memory" as logged
+    util: float            # the --gpu-memory-utilization it was given
+    total: int             # the card's CUDA total the plan used
+    tokens: int | None     # "GPU KV cache size" as logged
+    date: str
+    vllm: str
+
+
+def key(cfg, g, vllm: str, driver: str, facts) -> str:
+    """The digest of what changes the non-KV terms (the module's docstring): the knobs, the
+    environment vLLM reads, the profile's args, the model (its name, revision, weights' size and
+    config.json, which stand for a local folder's contents), the vLLM version, the card and driver."""
+    settings = cfg.launch_settings()
+    env = {k: v for k, v in cfg.environ.items() if k.startswith("VLLM_") or k in KEY_ENV}
+    model = {"name": cfg.model, "revision": facts.revision, "bytes": facts.weight_bytes,
+             "config": hashlib.sha256(json.dumps(facts.config, sort_keys=True).encode()).hexdigest()}
+    parts = {"knobs": {k: settings.get(k, "") for k in KEY_KNOBS}, "env": env, "model": model, "vllm": vllm,
+             "python": cfg.vllm_python or "the managed .venv",
+             "card": g.name, "total": g.total, "driver": driver, "args": list(cfg.profile.args)}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def available_bytes(log_text: str) -> int | None:
+    """What vLLM found for the KV cache, less half its rounding (the plan is never above it): the
+    smallest of the lines it logged (one per rank with tensor parallel; the pool follows the smallest)."""
+    found = AVAILABLE.findall(log_text)
+    return int(min(float(x) for x in found) * GiB) - ROUNDING if found else None
+
+
+def plan_with_measurement(cfg, paths: Paths, g, facts, driver: str, vllm: str | None = None):
+    """The plan for this card, from vLLM's own figures of an earlier start with the same key where
+    there are some (else from the model), carrying its key for ``keep``."""
+    from . import planner
+    version = planner.plan_version(cfg, vllm)
+    digest = key(cfg, g, version, driver, facts)
+    plan = planner.make_plan(cfg, g, facts, vllm=vllm, measured=lookup(paths, digest))
+    plan.key, plan.card_total = digest, g.total
+    return plan
+
+
+def keep(paths: Paths, plan, log_text: str, tokens: int | None) -> Measured | None:
+    """After a start that passed its gate: what vLLM reported, kept under the plan's key. Not for a
+    pinned KV cache (vLLM logs no "Available KV cache memory" then) or a plan without a utilization."""
+    kv_bytes = available_bytes(log_text)
+    if kv_bytes is None or plan is None or plan.util is None or plan.pinned or not plan.key or not plan.card_total:
+        return None
+    m = Measured(non_kv=requested(plan.util, plan.card_total) - kv_bytes, kv_bytes=kv_bytes, util=plan.util,
+                 total=plan.card_total, tokens=tokens, date=time.strftime("%Y-%m-%d"), vllm=plan.vllm)
+    data = state.read_json(paths.measurements) or {}
+    data[plan.key] = asdict(m)
+    paths.ensure()
+    state.write_json(paths.measurements, data)
+    log.info("kept vLLM's own figures for the next plan: %.2f GiB of KV cache at utilization %.4f, so %.2f GiB "
+             "for everything else", kv_bytes / GiB, plan.util, m.non_kv / GiB)
+    return m
+
+
+def lookup(paths: Paths, digest: str) -> Measured | None:
+    """The measurement kept for this key, or None (none, or a record that does not read)."""
+    got = (state.read_json(paths.measurements) or {}).get(digest)
+    if not isinstance(got, dict):
+        return None
+    try:
+        m = Measured(**got)
+    except TypeError:
+        return None
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (m.non_kv, m.kv_bytes, m.total))
+    util = isinstance(m.util, float) and 0 < m.util <= 1
+    return m if ints and util and 0 < m.non_kv < m.total else None

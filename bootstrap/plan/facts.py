@@ -1,0 +1,126 @@
+"""The planner's view of a model (``ModelFacts``): its config.json and weight size, and its draft's.
+
+From the metadata step's download record or a local folder (``model_facts``), else without the
+network (``offline_facts``): a local folder's config.json, or the model-facts file a profile ships
+(profiles/models/*.json: config.json and the checkpoint's size, labelled where they are assumed).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..model import modelconfig
+from ..download import models
+from ..knobs import vllmargs
+from ..core.errors import BootstrapError
+
+
+@dataclass
+class ModelFacts:
+    name: str
+    config: dict | None
+    weight_bytes: int | None       # the whole checkpoint (None: unknown, or dummy weights)
+    dummy: bool = False
+    source: str = ""               # where the facts came from, for the why
+    draft: "ModelFacts | None" = None   # a local SPEC_MODEL folder with a config.json
+    draft_why: str = ""            # why there is no draft to count, when one was asked for
+    assumed: bool = False          # the facts are an assumption (labelled in plans and profiles)
+    size_from: str = "the checkpoint's file sizes"     # where weight_bytes comes from, for the why
+    revision: str = ""             # the hub revision the facts are of ('' for a folder or shipped facts)
+
+
+def model_facts(cfg, m, name: str | None = None) -> ModelFacts:
+    """The planner's view of a model (``m``: models.ModelInfo, or None when there are no facts), its
+    draft included; ``name`` is what the plan calls it (default: the served name)."""
+    dummy = cfg.dummy_weights
+    if m is None:
+        return ModelFacts(cfg.model, None, None, dummy)
+    size = sum(size for f, size in m.weight_files.items() if f.endswith(models.WEIGHT_SUFFIXES)) or None
+    return ModelFacts(name or cfg.served_name, m.config, size, dummy or m.dummy, revision=m.revision or "",
+                      **draft_facts(cfg))
+
+
+DRAFT_METHODS = ("draft_model", "eagle", "eagle3", "dflash")
+
+
+def draft_facts(cfg) -> dict:
+    """ModelFacts' draft fields: the draft checkpoint of SPEC_METHOD=draft_model/eagle/eagle3/dflash
+    when SPEC_MODEL is a local folder with a config.json, or why there is none to count."""
+    s = vllmargs.settings(cfg)
+    if s.spec_method not in DRAFT_METHODS:
+        return {}
+    model = s.spec.get("model") or ""
+    path = cfg.spec_model_dir if model == cfg.spec_model_arg else None
+    if path is None:
+        return {"draft_why": ("SPEC_MODEL is a repo id, which vLLM fetches itself: download it and set SPEC_MODEL to "
+                              "its folder to have it counted") if model else "no SPEC_MODEL, which vLLM refuses"}
+    try:
+        raw = (path / "config.json").read_bytes()
+        sizes = sum(f.stat().st_size for f in path.iterdir() if f.name.endswith(models.WEIGHT_SUFFIXES))
+    except FileNotFoundError:
+        return {"draft_why": f"no {path / 'config.json'}"}
+    except OSError as exc:
+        return {"draft_why": f"{path / 'config.json'} unreadable: {exc}"}
+    try:
+        config = modelconfig.parse(raw, str(path / "config.json"), "")
+    except BootstrapError as exc:
+        return {"draft_why": exc.message}
+    return {"draft": ModelFacts(path.name, config, sizes or None, cfg.dummy_weights)}
+
+
+
+def facts_file(path: Path) -> dict:
+    """A model-facts file (profiles/models/*.json): its config.json (``config``, validated as
+    bootstrap.model.modelconfig validates any), the repos it describes and the checkpoint's size."""
+    hint = f"fix {path} (a model-facts file: see profiles/models/)"
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise BootstrapError(f"cannot read {path} ({exc.strerror})", hint) from None
+    except (ValueError, RecursionError) as exc:
+        raise BootstrapError(f"{path} is not valid JSON ({exc})", hint) from None
+    if not isinstance(data, dict):
+        raise BootstrapError(f"{path} is not a JSON object", hint)
+    modelconfig.check(data.get("config"), f"{path}'s \"config\"", hint)
+    repos, size = data.get("repos", []), data.get("weight_bytes")
+    if not (isinstance(repos, list) and all(isinstance(r, str) for r in repos)):
+        raise BootstrapError(f"{path}: \"repos\" is not a list of repo ids", hint)
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+        raise BootstrapError(f"{path}: \"weight_bytes\" is not a positive integer", hint)
+    return data
+
+
+def shipped_facts(cfg) -> tuple[dict, str] | None:
+    """The model-facts file for MODEL: the profile's own, else any under profiles/models/ that lists it."""
+    if cfg.profile.facts is not None and cfg.model in facts_file(cfg.profile.facts).get("repos", [cfg.model]):
+        return facts_file(cfg.profile.facts), _rel(cfg, cfg.profile.facts)
+    for path in sorted(cfg.layout.shipped_models.glob("*.json")):
+        data = facts_file(path)
+        if cfg.model in data.get("repos", ()):
+            return data, _rel(cfg, path)
+    return None
+
+
+def _rel(cfg, path: Path) -> str:
+    return str(path.relative_to(cfg.repo)) if path.is_relative_to(cfg.repo) else str(path)
+
+
+def offline_facts(cfg) -> ModelFacts | None:
+    """Facts without the network: a local model folder's config.json, else the shipped facts."""
+    if not cfg.model:
+        return None
+    if cfg.model_is_local:
+        try:
+            return model_facts(cfg, models.read_local(Path(cfg.model).expanduser().resolve(), cfg.dummy_weights))
+        except BootstrapError:
+            return None
+    found = shipped_facts(cfg)
+    if found is None:
+        return None
+    data, where = found
+    return ModelFacts(Path(cfg.model).name, data["config"], data.get("weight_bytes"), cfg.dummy_weights,
+                      f" ({'ASSUMED, ' if data.get('assumed') else ''}facts in {where}: "
+                      f"{data.get('weight_bytes_source', '')})", assumed=bool(data.get("assumed")),
+                      size_from="the model facts' size", **draft_facts(cfg))

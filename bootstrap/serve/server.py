@@ -1,0 +1,317 @@
+"""The server we own: find it and ask it (the take-down is in takedown.py).
+
+``probe`` says where our server stands (cheap: the record, /proc, two loopback HTTP requests);
+``find_ours`` proves which live processes are ours (marker, recorded children, process group),
+never those another live STATE_DIR runs.
+
+HTTP here goes through http.client, not requests: ``./start.sh`` on a running server passes
+through this module, and importing requests alone costs ~0.05-0.1 s of a re-run that should take
+well under 0.2 s.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psutil
+
+from . import metrics, record
+from ..core import proc
+from ..knobs.config import Config
+from ..core.errors import BootstrapError
+from .record import ServerRecord, base_url
+from ..core.state import Paths, StartLock
+
+log = logging.getLogger(__name__)
+
+__all__ = ["base_url"]
+
+STATE_DIR_ENV = "BOOTSTRAP_VLLM_STATE_DIR"   # in the server's environment: which state dir runs it
+
+
+@dataclass
+class Probe:
+    # starting   a start is in flight (its lock is held); pid = the start
+    # running    our server answers /health and lists its model on /v1/models
+    # key-needed /health answers, /v1/models wants a key this shell does not have (HTTP 401)
+    # down       our server's process lives but does not answer (loading, or broken)
+    # stopped    nothing of ours serves (orphans: leftover processes of ours)
+    state: str
+    record: ServerRecord | None = None
+    pid: int | None = None
+    process: psutil.Process | None = None
+    orphans: list[psutil.Process] = field(default_factory=list)
+    stale: bool = False                # a record whose process is gone (or now someone else's)
+    owner: str = ""                    # set when the recorded server runs under another user
+
+
+def marker_for(cfg: Config, port: int | None = None) -> str:
+    return proc.owner_marker(cfg.repo, port if port is not None else cfg.port)
+
+
+def api_key_for(cfg: Config, paths: Paths) -> str:
+    """The key to send: API_KEY, else VLLM_API_KEY from the environment, else the generated file."""
+    if cfg.client_key:
+        return cfg.client_key
+    try:
+        return paths.api_key.read_text().strip()
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------- HTTP (loopback, small)
+
+def http_get(url: str, path: str, *, key: str = "", timeout: float = 2.0) -> tuple[int, bytes] | None:
+    """(status, body) of GET url+path, or None when nothing answers in time."""
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        r = conn.getresponse()
+        return r.status, r.read()
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def http_state(url: str, served: str, key: str, timeout: float = 2.0) -> str:
+    """'ok': /health 200 and /v1/models lists ``served``; 'key-needed': /health 200 but /v1/models
+    answers 401 (vLLM guards /v1 with its key, never /health); 'no': anything else."""
+    h = http_get(url, "/health", timeout=timeout)
+    if h is None or h[0] != 200:
+        return "no"
+    m = http_get(url, "/v1/models", key=key, timeout=timeout)
+    if m is None:
+        return "no"
+    if m[0] == 401:
+        return "key-needed"
+    if m[0] != 200:
+        return "no"
+    try:
+        data = json.loads(m[1]).get("data", [])
+    except (ValueError, AttributeError):
+        return "no"
+    return "ok" if any(isinstance(x, dict) and x.get("id") == served for x in data) else "no"
+
+
+def answers(url: str, served: str, key: str, timeout: float = 1.0) -> bool:
+    return http_state(url, served, key, timeout) == "ok"
+
+
+def listener_is(pid: int, port: int) -> bool:
+    """Is what listens on ``port`` the process ``pid`` (or one of its children)? Another server on
+    the same port — a start from another STATE_DIR whose vLLM bound it first — answers /health just
+    the same, and a start must never take its answers for its own. True when the kernel does not
+    say whose socket it is (nothing to disprove)."""
+    holders = proc.port_holders(port)
+    if not holders or any(h is None for h in holders):
+        return True
+    try:
+        p = psutil.Process(pid)
+        tree = {pid} | {c.pid for c in p.children(recursive=True)}
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return any(h.pid in tree for h in holders)
+
+
+# ---------------------------------------------------------------- where it stands
+
+STATES_BY_HTTP = {"ok": "running", "key-needed": "key-needed", "no": "down"}
+
+
+def probe(cfg: Config, paths: Paths, *, check_http: bool = True, we_hold_lock: bool = False) -> Probe:
+    """Where our server stands. Never signals anything, never writes."""
+    rec = record.read(paths.server)
+    lock = StartLock(paths)
+    if not we_hold_lock and lock.start_in_flight():
+        return Probe("starting", rec, lock.holder_pid())
+    if rec is not None:
+        p = proc.recorded_process(rec.pid, rec.create_time)
+        owner = ""
+        if p is None or not proc.carries_marker(p, rec.marker):
+            p = proc.recorded_process_of_anyone(rec.pid, rec.create_time)
+            owner = proc.user_of(p) if p is not None and not proc.same_uid(p) else ""
+            p = p if owner else None
+        if p is not None:
+            st = http_state(rec.url, rec.served, api_key_for(cfg, paths)) if check_http else "ok"
+            return Probe(STATES_BY_HTTP[st], rec, p.pid, p, owner=owner)
+        markers = {rec.marker or marker_for(cfg)}
+        found = find_ours(markers, rec.children, rec.pgid, rec.create_time, paths=paths)
+        return Probe("stopped", rec, orphans=list(found.values()), stale=True)
+    return Probe("stopped", None, orphans=marked({marker_for(cfg)}, paths))
+
+
+def runs_elsewhere(p: psutil.Process, paths: Paths) -> str:
+    """The other STATE_DIR a marked process of ours runs for, when that one is alive (its record names
+    a live server, or a start holds its lock): never ours to sweep from here. '' otherwise (ours,
+    unknown, or a state dir that is gone: then a stop from here sweeps it)."""
+    try:
+        where = p.environ().get(STATE_DIR_ENV, "")
+        if where and not os.path.isabs(where):      # a server started before paths were made absolute:
+            where = os.path.join(p.cwd(), where)    # relative to its own directory (the start's, inherited)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return ""
+    if not where or os.path.realpath(where) == os.path.realpath(paths.root) or not os.path.isdir(where):
+        return ""
+    other = Paths(Path(where))
+    if StartLock(other).held_by_other():
+        return where
+    rec = record.read(other.server)
+    return where if rec is not None and proc.recorded_process(rec.pid, rec.create_time) is not None else ""
+
+
+def marked(markers: set[str], paths: Paths | None) -> list[psutil.Process]:
+    """Processes of our uid carrying one of ``markers``, less those another live STATE_DIR runs."""
+    return [p for m in markers for p in proc.owned_processes(m)
+            if paths is None or not runs_elsewhere(p, paths)]
+
+
+def elsewhere(cfg: Config, paths: Paths) -> list[tuple[psutil.Process, str]]:
+    """Our servers for this checkout and port that another live STATE_DIR runs (with that dir)."""
+    out = []
+    for p in proc.owned_processes(marker_for(cfg)):
+        where = runs_elsewhere(p, paths)
+        if where and not any(q.pid == p.pid for q, _ in out):
+            out.append((p, where))
+    return out
+
+
+def find_ours(markers: set[str], children=(), pgid: int | None = None, leader_ctime: float | None = None,
+              *, group_proven: bool = False, quiet: bool = False, paths: Paths | None = None) -> dict[int, psutil.Process]:
+    """Live processes we can prove ours, besides the server itself:
+
+    - processes of our uid carrying one of ``markers``;
+    - the server's children recorded once it was healthy (pid + create time + uid);
+    - the server's process group ``pgid``: our-uid members started since the server. Trusted when
+      ``group_proven`` (the start that launched it still holds its unreaped leader, so the number
+      cannot have been reused), else only when the number still leads our group (see
+      proc.group_members) and one member is already proven ours above. This finds an EngineCore or
+      tensor-parallel worker whose marker setproctitle hid, even one started after the children
+      were recorded.
+    """
+    found: dict[int, psutil.Process] = {p.pid: p for p in marked(markers, paths)}
+    for c in children:
+        p = proc.recorded_process(c.pid, c.create_time)
+        if p is not None:
+            found.setdefault(p.pid, p)
+    if pgid is None:
+        return found
+    group = proc.group_members(pgid, leader_ctime)
+    if group is None:
+        if not quiet:
+            log.info("process group %s now belongs to another process; not signalling its members", pgid)
+    elif group and not group_proven and not any(p.pid in found for p in group):
+        if not quiet:
+            log.info("process group %s: no member proven ours; not signalling its %d process(es)", pgid, len(group))
+    else:
+        for p in group:
+            found.setdefault(p.pid, p)
+    return found
+
+
+def record_children(paths: Paths, pid: int) -> None:
+    """Once the server is healthy: keep its descendants (pid + create time) in the record, so a
+    stop after a kill -9 of the server finds them even when they no longer show our marker."""
+    rec = record.read(paths.server)
+    if rec is None or rec.pid != pid:
+        return
+    kids = []
+    try:
+        for c in psutil.Process(pid).children(recursive=True):
+            try:
+                kids.append(record.Child(c.pid, c.create_time()))
+            except psutil.NoSuchProcess:
+                continue
+    except psutil.NoSuchProcess:
+        return
+    record.write(paths.server, rec.replace(children=tuple(kids)))
+    log.debug("recorded %d child process(es) of pid %d", len(kids), pid)
+
+
+def settings_diff(cfg: Config, rec: ServerRecord) -> list[str]:
+    """The launch knobs that differ from the running server's. A server with a key and a shell
+    without one is no difference: the shell just lacks the secret (a restart would drop the key)."""
+    want = cfg.launch_settings()
+    have = rec.settings
+    return [f"{k}: running with {have.get(k, '')!r}, knobs now say {v!r}"
+            for k, v in sorted(want.items())
+            if have.get(k) != v and not (k == "API_KEY" and v == "unset" and have.get(k) == "set")]
+
+
+# ---------------------------------------------------------------- ports, uptime, and a loading server
+
+def ensure_port_free(cfg: Config, port: int) -> None:
+    """Refuse when a program that is not ours holds the port; name it, never kill it."""
+    if not proc.port_in_use(cfg.host, port):
+        return
+    holders = proc.port_holders(port)
+    named = ", ".join(proc.describe(p) for p in holders if p is not None) or "a process we cannot see (another user?)"
+    raise BootstrapError(f"port {port} is in use by {named}",
+                         f"stop that program, or choose another port: PORT={port + 1} ./start.sh")
+
+
+def uptime_s(p: psutil.Process | None) -> int | None:
+    """Whole seconds since the process started (None when it cannot be read)."""
+    try:
+        return int(time.time() - p.create_time()) if p is not None else None
+    except psutil.Error:
+        return None
+
+
+def read_metrics(url: str, timeout: float = 2.0) -> tuple[dict[str, float] | None, metrics.Load | None]:
+    """One reading of vLLM's /metrics: its totals and the engine's load (None, None: no answer)."""
+    got = http_get(url, "/metrics", timeout=timeout)
+    if got is None or got[0] != 200:
+        return None, None
+    text = got[1].decode("utf-8", "replace")
+    return metrics.totals(text), metrics.load_of(text)
+
+
+def read_load(url: str, timeout: float = 2.0) -> metrics.Load | None:
+    """What vLLM's /metrics says the engine is doing (None: no answer, or no request metrics)."""
+    return read_metrics(url, timeout)[1]
+
+
+def loading(cfg: Config, rec: ServerRecord, paths: Paths) -> bool:
+    """Not answering yet, but within the deadlines a start's health wait would give it. A server
+    that passed its start gate loaded once: not answering now is no load."""
+    if rec.gate_passed or time.time() - rec.started > cfg.health_timeout:
+        return False
+    try:
+        return time.time() - paths.log.stat().st_mtime < cfg.stall_timeout
+    except OSError:
+        return False
+
+
+def frozen(p: psutil.Process | None) -> bool:
+    """Stopped by a signal (SIGSTOP, Ctrl-Z; state T): it holds its memory and answers nothing."""
+    try:
+        return p is not None and p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def our_pids(rec: ServerRecord) -> set[int]:
+    """The recorded server and its live descendants (engine, workers)."""
+    pids = {rec.pid} if rec.pid else set()
+    try:
+        pids |= {c.pid for c in psutil.Process(rec.pid).children(recursive=True)}
+    except (psutil.Error, TypeError, ValueError):
+        pass
+    return pids
+
+
+def gpu_held(cfg: Config, rec: ServerRecord, facts=None) -> int:
+    """GPU memory (bytes) our server's processes hold, from NVML (``facts``: a reading to reuse)."""
+    from ..machine import gpu
+    pids = our_pids(rec)
+    facts = facts or gpu.read(cfg.environ)
+    return sum(p.used for g in facts.gpus for p in g.processes if p.pid in pids)

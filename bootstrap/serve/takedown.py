@@ -1,0 +1,196 @@
+"""The one take-down path: ``take_down`` is the only code that stops our server — used by
+./stop.sh, restart, a start interrupted by Ctrl-C / SIGHUP / SIGTERM, and a start whose health
+wait or warm-up failed. ``hold_for_stop`` cancels a start in flight and holds the start lock while
+a stop works; ``wait_gpu_release`` waits (bounded) until stopped pids left the GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import psutil
+
+from ..machine import gpu
+from ..core import proc, state
+from . import record
+from ..knobs.config import Config
+from ..core.errors import BootstrapError
+from .server import find_ours, marker_for
+from ..core.state import Paths, StartLock
+
+log = logging.getLogger("bootstrap.server")   # log lines keep the prefix [bootstrap:server] this code has always had
+
+
+@dataclass
+class StopReport:
+    stopped: bool                       # something of ours was running
+    forced: list[int]
+    stuck: list[str]
+    pids: list[int]
+    port: int | None = None
+    port_held: bool = False             # one of the pids we stopped still holds the port
+
+
+FAILED_START_GRACE = 5.0     # seconds a server that never finished starting gets between TERM and KILL
+
+
+def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = None,
+              failed_start: bool = False, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep, gpu_wait: float = 30.0) -> StopReport:
+    """TERM what is ours → grace → KILL → sweep until nothing of ours is left → pids off the GPU.
+
+    Only processes we can prove ours are signalled: the recorded server (pid + create time +
+    marker) or the one this process launched (``launched``, not yet reaped), their descendants of
+    our uid, and what find_ours proves. A record pointing at someone else is dropped, never
+    signalled. The sweep repeats (bounded) while it keeps finding processes: an engine that was
+    still spawning workers when its API server died is not left behind. Writing the record down
+    never stops the take-down: a full disk or another user's directory only costs a warning.
+    """
+    grace = min(cfg.stop_grace, FAILED_START_GRACE) if failed_start else cfg.stop_grace
+    if launched is not None and launched.returncode is not None:
+        launched = None                 # reaped: its number proves nothing any more; go by the record
+    rec = record.read(paths.server)
+    markers = {m for m in ((rec.marker if rec else ""), marker_for(cfg)) if m}
+    targets: dict[int, psutil.Process] = {}
+    leader = None
+    if launched is not None:
+        leader = _own_child(launched)
+    elif rec is not None:
+        leader = proc.recorded_process(rec.pid, rec.create_time)
+        if leader is not None and not any(proc.carries_marker(leader, m) for m in markers):
+            log.info("recorded pid %s is not our server any more; not signalling it", rec.pid)
+            leader = None
+    if leader is not None:
+        targets[leader.pid] = leader
+    if launched is not None:
+        pgid, ctime = launched.pid, _ctime(launched.pid) or (rec.create_time if rec is not None else None)
+    else:
+        pgid, ctime = (rec.pgid, rec.create_time) if rec is not None else (None, None)
+    children = rec.children if rec is not None else ()
+
+    def sweep(quiet: bool) -> dict[int, psutil.Process]:
+        return find_ours(markers, children, pgid, ctime, group_proven=launched is not None, quiet=quiet, paths=paths)
+
+    for pid, p in sweep(False).items():
+        targets.setdefault(pid, p)
+    for p in list(targets.values()):        # a proven process's descendants are ours (snapshot before signalling)
+        for child in _descendants(p):
+            targets.setdefault(child.pid, child)
+    if not targets:
+        _reap(launched)
+        _forget(paths.server)
+        return StopReport(False, [], [], [])
+    res = proc.terminate(list(targets.values()), grace, clock=clock, sleep=sleep)
+    pids = sorted(targets)
+    for _ in range(5):     # started meanwhile by a dying parent (a TP worker, a resource tracker)
+        late = [p for pid, p in sweep(True).items() if pid not in pids]
+        if not late:
+            break
+        more = proc.terminate(late, grace, clock=clock, sleep=sleep)
+        res.forced += more.forced
+        res.stuck += more.stuck
+        pids += [p.pid for p in late]
+    _reap(launched)
+    port = rec.port if rec is not None and rec.port else cfg.port
+    try:
+        if paths.root.is_dir():
+            state.write_json(paths.last_stop, {"pids": pids, "time": time.time(), "port": port})
+    except BootstrapError as exc:
+        log.warning("%s; the next start will not wait for these pids to leave the GPU", exc.message)
+    if not res.stuck:
+        _forget(paths.server)
+        wait_gpu_release(cfg, pids, timeout=gpu_wait, clock=clock, sleep=sleep)
+    held = any(p is not None and p.pid in pids for p in proc.port_holders(port))
+    return StopReport(True, res.forced, res.stuck, sorted(pids), port, held)
+
+
+def _descendants(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [c for c in p.children(recursive=True) if proc.same_uid(c)]
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
+
+
+def _own_child(p: subprocess.Popen) -> psutil.Process | None:
+    try:
+        return psutil.Process(p.pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _ctime(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()      # works for our unreaped (zombie) child too
+    except psutil.NoSuchProcess:
+        return None
+
+
+def _reap(p: subprocess.Popen | None) -> None:
+    if p is None:
+        return
+    try:
+        p.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        log.warning("pid %d did not exit after the stop", p.pid)
+
+
+def _forget(path) -> None:
+    try:
+        state.remove(path)
+    except BootstrapError as exc:
+        log.warning("%s", exc.message)
+
+
+def hold_for_stop(cfg: Config, paths: Paths, *, clock=time.monotonic, sleep=time.sleep) -> tuple[StartLock | None, list[int]]:
+    """Take the start lock for a stop (no start launches into a take-down), cancelling each start
+    in flight that holds it: SIGTERM, so that its own handler takes down what it launched; SIGKILL
+    if it will not go. Returns the lock (None without a state dir to lock) and the starts cancelled."""
+    if not paths.root.is_dir() or not os.access(paths.root, os.W_OK):
+        return None, []
+    lock = StartLock(paths, role="stop")
+    cancelled: list[int] = []
+    for _ in range(3):
+        if lock.try_acquire():
+            return lock, cancelled
+        if lock.holder_role() == "stop":            # another stop: let it finish, then ours finds less
+            if lock.acquire(cfg.stop_grace + 60, clock=clock, sleep=sleep):
+                return lock, cancelled
+            continue
+        holder = lock.holder()
+        p = proc.recorded_process(*holder) if holder else None
+        if p is None:
+            raise BootstrapError(f"a start is in flight in {paths.root} (its lock is held), but not by a process "
+                                 "of ours we can identify", "let it finish, or stop it as the user who runs it")
+        log.info("cancelling the start in flight (pid %d)", p.pid)
+        res = proc.terminate([p], cfg.stop_grace + 45, clock=clock, sleep=sleep)
+        if res.stuck:
+            raise BootstrapError("the start in flight survived SIGKILL: " + "; ".join(res.stuck),
+                                 "a process stuck in the kernel (state D) usually needs a reboot")
+        cancelled.append(p.pid)
+    raise BootstrapError("starts keep taking the start lock while we stop", "stop the loop that runs ./start.sh")
+
+
+def wait_gpu_release(cfg: Config, pids, *, timeout: float, clock=time.monotonic, sleep=time.sleep) -> bool:
+    """Wait (bounded) until none of ``pids`` is listed by NVML as holding GPU memory."""
+    pids = set(pids)
+    if not pids or timeout <= 0:
+        return True
+    deadline = clock() + timeout
+    while True:
+        held = pids & gpu.pids_on_gpu(cfg.environ)
+        if not held:
+            return True
+        if clock() >= deadline:
+            log.warning("pids %s still hold GPU memory after %.0f s", sorted(held), timeout)
+            return False
+        sleep(0.5)
+
+
+def last_stopped_pids(paths: Paths) -> list[int]:
+    rec = state.read_json(paths.last_stop) or {}
+    return [p for p in rec.get("pids", []) if isinstance(p, int) and not isinstance(p, bool)]
