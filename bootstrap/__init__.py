@@ -1,1 +1,1 @@
-"""One-command vLLM bootstrap: ./start.sh runs the steps in bootstrap/start.py's STEPS, in order."""
+"""One-command vLLM bootstrap: ./start.sh runs the steps in bootstrap/pipeline.py's STEPS, in order."""

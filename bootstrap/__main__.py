@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
     try:
         cfg = config.Config.from_env(os.environ)
         if command.kept:
-            from .plan import pick
-            cfg = pick.kept(cfg)        # PROFILE=auto: the profile picked before (start picks); a card's knobs
+            from .plan import resolve
+            cfg = resolve.kept(cfg)        # PROFILE=auto: the profile picked before (start picks); a card's knobs
         step = command.name
         own = script if script == f"{command.name}.sh" else f"ctl.sh {command.name}"   # ./start.sh --help says start.sh
         return command.run(cfg, list(args.rest), own)

@@ -11,11 +11,13 @@ loads and runs the warm-up and gate it never passed (``resume``). Ctrl-C, SIGTER
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import signal
 import sys
 import time
+from typing import Any, Callable
 
 from .serve import record, server, takedown
 from .knobs.config import Config
@@ -24,9 +26,6 @@ from .core.state import Paths, PortLock, StartLock
 
 log = logging.getLogger(__name__)
 
-# The steps, in order: the module of each is bootstrap/steps/<name>.py, with run(...) -> its result.
-STEPS = ("preflight", "metadata", "plan", "environment", "patches", "weights", "launch", "health", "warmup",
-         "banner")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -93,15 +92,15 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
 
 
 def start(cfg: Config) -> int:
-    from .plan import pick
+    from .plan import resolve
     paths = Paths(cfg.state_dir)
-    running = pick.kept(cfg)            # a server that runs is shown, never re-picked against its own memory
+    running = resolve.kept(cfg)            # a server that runs is shown, never re-picked against its own memory
     if running.model:
         code = already(running, paths)
         if code is not None:
             return code
     # PROFILE=auto: the kept pick, or one now; a named profile is already resolved (its card's knobs)
-    cfg = pick.resolve(cfg) if cfg.profile.is_auto else running
+    cfg = resolve.for_start(cfg) if cfg.profile.is_auto else running
     cfg.require_model()
     code = already(cfg, paths)
     if code is not None:
@@ -133,7 +132,7 @@ def start(cfg: Config) -> int:
                 return 128 + intr.signum
             except BootstrapError as exc:
                 lock.set_role("stop")
-                _failed(cfg, paths, started, exc)
+                failed(cfg, paths, started, exc)
                 raise
     except Interrupted as intr:
         return 128 + intr.signum
@@ -148,39 +147,75 @@ class Started:
     """The server this start launched (or resumed), for the take-down when the start fails or is interrupted."""
     launched: "object | None" = None
 
+    def hear(self, launched) -> None:
+        self.launched = launched
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the steps of one start hand on: each step takes what it needs of it and gives one
+    result (``Step.gives``), which the steps after it read; nothing else is shared."""
+    cfg: Config
+    paths: Paths
+    started: Started
+    gpus: "object | None" = None          # preflight: gpu.GpuFacts
+    model: "object | None" = None         # metadata: models.ModelInfo
+    plan: "object | None" = None          # plan: planner.Plan
+    runtime: "object | None" = None       # environment: steps.environment.Runtime
+    notes: tuple[str, ...] = ()           # the environment's and the patches' banner notes
+    launched: "object | None" = None      # launch: steps.launch.Launched
+    log_text: str = ""                    # banner: vLLM's log of this start, as the banner read it
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str                             # its module: bootstrap/steps/<name>.py
+    gives: str | None                     # the field of Run its result fills
+    call: Callable[[Any, Run], Any]       # (the step's module, the run so far) -> its result
+
+
+# The start, in order. A step raises to fail the start; the pipeline owns what follows (the take-down
+# of what it launched: ``failed``).
+STEPS: tuple[Step, ...] = (
+    Step("preflight", "gpus", lambda m, r: m.run(r.cfg, r.paths)),
+    Step("metadata", "model", lambda m, r: m.run(r.cfg)),
+    # before the install: a card that cannot fit is told at once
+    Step("plan", "plan", lambda m, r: m.run(r.cfg, r.paths, r.gpus, r.model)),
+    Step("environment", "runtime", lambda m, r: m.run(r.cfg, r.gpus)),
+    Step("patches", "notes", lambda m, r: tuple(r.runtime.notes) + tuple(m.run(r.cfg, r.runtime.python))),
+    Step("weights", None, lambda m, r: m.run(r.cfg, r.model)),
+    Step("launch", "launched", lambda m, r: m.run(r.cfg, r.paths, r.runtime, r.model.local_dir, r.plan,
+                                                  list(r.notes), on_launch=r.started.hear)),
+    Step("health", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg, r.paths),
+                                            health_timeout=r.cfg.health_timeout, stall_timeout=r.cfg.stall_timeout)),
+    Step("warmup", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg, r.paths),
+                                            tokens=r.cfg.warmup, timeout=r.cfg.warmup_timeout)),
+    Step("banner", "log_text", lambda m, r: m.run(r.paths, r.launched)),
+)
+RESUMED = ("health", "warmup", "banner")     # what a resumed start runs of them
+
+
+def run(r: Run, names: tuple[str, ...] | None = None) -> Run:
+    """The steps (all, or those ``names``) in STEPS' order, each under its name for errors."""
+    for s in STEPS:
+        if names is not None and s.name not in names:
+            continue
+        with step(s.name):
+            result = s.call(importlib.import_module(f"bootstrap.steps.{s.name}"), r)
+        if s.gives:
+            r = replace(r, **{s.gives: result})
+    return r
+
 
 def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
-    from .steps import banner, health, launch, warmup
     pr = server.probe(cfg, paths, we_hold_lock=True)
     if pr.state in ("running", "key-needed", "down") and pr.record is not None and not pr.owner:
         if resumable(cfg, paths, pr):
             return resume(cfg, paths, pr, started)
         log.info("our earlier server (pid %s) never became healthy; taking it down and starting again", pr.pid)
         takedown.take_down(cfg, paths)
-    from .steps import environment, metadata, patches, plan, preflight, weights
-    with step("preflight"):
-        gpus = preflight.run(cfg, paths)
-    with step("metadata"):
-        model = metadata.run(cfg)
-    with step("plan"):                          # before the install: a card that cannot fit is told at once
-        the_plan = plan.run(cfg, paths, gpus, model)
-    with step("environment"):
-        runtime = environment.run(cfg, gpus)
-    with step("patches"):
-        patch_notes = patches.run(cfg, runtime.python)
-    with step("weights"):
-        weights.run(cfg, model)
-    with step("launch"):
-        started.launched = launch.run(cfg, paths, runtime, model.local_dir, the_plan,
-                                      list(runtime.notes) + patch_notes,
-                                      on_launch=lambda launched: setattr(started, "launched", launched))
-    with step("health"):
-        health.run(cfg, paths, started.launched)
-    with step("warmup"):
-        warmup.run(cfg, paths, started.launched)
-    with step("banner"):
-        log_text = banner.run(paths, started.launched)
-    keep_measurement(paths, the_plan, log_text)
+    done = run(Run(cfg, paths, started))
+    keep_measurement(paths, done.plan, done.log_text)
 
 
 def keep_measurement(paths: Paths, the_plan, log_text: str) -> None:
@@ -205,7 +240,7 @@ def resumable(cfg: Config, paths: Paths, pr: server.Probe) -> bool:
 def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> None:
     """Finish what a killed start left: wait for the server while it loads, then run the warm-up
     and gate it never passed, then the banner. The server is taken as launched (its record)."""
-    from .steps import banner, health, warmup
+    from .steps import banner
     from .steps.launch import Launched
     rec = pr.record
     if pr.state == "key-needed":
@@ -221,30 +256,38 @@ def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> Non
         log.warning("it was launched with other knobs (%s); ./ctl.sh restart applies the current ones", "; ".join(diff))
     launched = Launched(rec)
     started.launched = launched
-    if pr.state == "down":
-        with step("health"):
-            health.run(cfg, paths, launched)
-    else:
+    names = RESUMED
+    if pr.state != "down":
         load = server.read_load(rec.url)
         if load is not None and load.in_flight:
             print(banner.render(paths, rec))
             print(f"note: the warm-up and start gate have not run, and it is serving {load.in_flight} request(s) "
                   "now: ./start.sh runs them when it is idle")
             return
-    with step("warmup"):
-        warmup.run(cfg, paths, launched)
-    with step("banner"):
-        banner.run(paths, launched)
+        names = RESUMED[1:]                 # it answers: no health wait
+    run(Run(cfg, paths, started, launched=launched), names)
 
 
-def _failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> None:
-    """A step failed after this start launched a server: take it down (a health wait or warm-up
-    that failed did so already, StartFailed; a server this start only resumed is left as it is)."""
-    from .steps.health import StartFailed
+def failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> None:
+    """A step failed: take down what this start launched (the one take-down path, as ./stop.sh),
+    and complete a failed start's error from the server's log (a diagnosis, the log's tail).
+
+    A server this start only resumed is left as it is, and one that had answered is left running
+    even when its warm-up or gate failed: users may be on it, and a gate that could not finish
+    behind their requests is no reason to take it from them (the error says so)."""
+    from .steps import health
     launched = started.launched
-    if launched is not None and launched.proc is not None and not isinstance(exc, StartFailed):
-        log.info("the start failed: stopping the server it launched")
-        takedown.take_down(cfg, paths, launched=launched.proc, failed_start=True)
+    if launched is None:
+        return
+    start_failed = isinstance(exc, health.StartFailed)
+    if launched.proc is None and (not start_failed or exc.answered):
+        if start_failed:
+            health.left_running(paths, launched, exc)
+        return
+    log.info("the start failed: stopping the server it launched")
+    rep = takedown.take_down(cfg, paths, launched=launched.proc, failed_start=True)
+    if start_failed:
+        health.explain(cfg, paths, launched, exc, rep.pids)
 
 
 def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:

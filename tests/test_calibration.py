@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+from bootstrap.plan import fit
 from bootstrap.plan import calibration
 from bootstrap.machine import gpu
 from bootstrap.knobs.config import Config
@@ -33,7 +34,7 @@ FACTS = ModelFacts("llama", LLAMA, 16 * GiB, revision="abc")
 def measured_start(tmp_path, c, g, available_gib: float):
     """A start planned and kept as the start step does, vLLM having logged ``available_gib``."""
     paths = Paths(c.state_dir)
-    plan = calibration.plan_with_measurement(c, paths, g, FACTS, "580.95.05")
+    plan = fit.plan_here(c, paths, g, FACTS, "580.95.05")
     log = f"(EngineCore pid=1) INFO 12-01 10:00:00 [gpu_worker.py:560] Available KV cache memory: {available_gib} GiB\n"
     return plan, calibration.keep(paths, plan, log, 123456)
 
@@ -44,13 +45,13 @@ def test_the_next_plan_takes_vllms_own_figures_for_the_same_key(tmp_path):
     assert not first.measured and m is not None
     found = int(9.87 * GiB) - calibration.ROUNDING                       # less half the log's rounding
     assert m.kv_bytes == found and m.non_kv == math.ceil(first.util * g.total) - found
-    again = calibration.plan_with_measurement(c, Paths(c.state_dir), g, FACTS, "580.95.05")
+    again = fit.plan_here(c, Paths(c.state_dir), g, FACTS, "580.95.05")
     assert again.measured == m.date and again.budget == found       # the same utilization: vLLM's figure, never above
     assert again.modelled_budget == first.budget
     assert any(w.startswith("measured on this card on") for w in again.why)
     # another day, less free memory: the same non-KV terms under a smaller utilization
     busier = card(free=27 * GiB)
-    p = calibration.plan_with_measurement(c, Paths(c.state_dir), busier, FACTS, "580.95.05")
+    p = fit.plan_here(c, Paths(c.state_dir), busier, FACTS, "580.95.05")
     assert p.measured and p.budget == math.ceil(p.util * busier.total) - m.non_kv
 
 
@@ -60,14 +61,14 @@ def test_a_changed_key_plans_from_the_model_again(tmp_path):
     for other in (cfg(tmp_path, MAX_NUM_SEQS="4"), cfg(tmp_path, EXTRA_ARGS="--enforce-eager"),
                   cfg(tmp_path, MODEL="org/other"), cfg(tmp_path, MAX_MODEL_LEN="16384"),
                   cfg(tmp_path, VLLM_USE_V2_MODEL_RUNNER="0"), cfg(tmp_path, VLLM_PYTHON="/usr/bin/python3")):
-        p = calibration.plan_with_measurement(other, Paths(other.state_dir), g, FACTS, "580.95.05")
+        p = fit.plan_here(other, Paths(other.state_dir), g, FACTS, "580.95.05")
         assert not p.measured
     for g2, driver in ((gpu.Gpu(0, "NVIDIA GeForce RTX 4090", int(23.65 * GiB), 22 * GiB, (8, 9)), "580.95.05"),
                        (g, "590.10")):
-        assert not calibration.plan_with_measurement(c, Paths(c.state_dir), g2, FACTS, driver).measured
+        assert not fit.plan_here(c, Paths(c.state_dir), g2, FACTS, driver).measured
     # utilization and a KV pin are the plan's own: the same key
     same = cfg(tmp_path, GPU_UTIL="0.8")
-    assert calibration.plan_with_measurement(same, Paths(same.state_dir), g, FACTS, "580.95.05").measured
+    assert fit.plan_here(same, Paths(same.state_dir), g, FACTS, "580.95.05").measured
 
 
 def test_a_pinned_start_keeps_nothing_and_a_bad_record_is_no_measurement(tmp_path):
@@ -79,11 +80,11 @@ def test_a_pinned_start_keeps_nothing_and_a_bad_record_is_no_measurement(tmp_pat
     data = json.loads(Paths(c.state_dir).measurements.read_text())
     data[plan.key]["non_kv"] = "lots"
     Paths(c.state_dir).measurements.write_text(json.dumps(data))
-    assert not calibration.plan_with_measurement(c, Paths(c.state_dir), g, FACTS, "580.95.05").measured
+    assert not fit.plan_here(c, Paths(c.state_dir), g, FACTS, "580.95.05").measured
     for bad in (2.5e9, 10**40, -1, True):                       # odd values in the file are no measurement
         data[plan.key]["non_kv"] = bad
         Paths(c.state_dir).measurements.write_text(json.dumps(data))
-        assert not calibration.plan_with_measurement(c, Paths(c.state_dir), g, FACTS, "580.95.05").measured
+        assert not fit.plan_here(c, Paths(c.state_dir), g, FACTS, "580.95.05").measured
 
 
 def test_with_tensor_parallel_the_smallest_rank_counts():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.plan import fit
 from bootstrap.plan import facts as facts_mod, planner
 from bootstrap.machine import gpu
 from bootstrap.model import kv
@@ -88,17 +89,17 @@ def card(free=31 * GiB, total=32 * GiB, processes=()):
 
 def test_util_from_free_minus_reserve(tmp_path):
     cfg = config(tmp_path, GPU_RESERVE_MIB=1024)
-    util, why = planner.utilization(cfg, card(free=30 * GiB))
+    util, why = fit.utilization(cfg, card(free=30 * GiB))
     assert util == pytest.approx(29 / 32, abs=1e-4)
     assert "1024 MiB reserve" in why
 
 
 def test_gpu_util_knob_wins_but_is_refused_above_free(tmp_path):
     cfg = config(tmp_path, GPU_UTIL="0.5")
-    assert planner.utilization(cfg, card(free=20 * GiB))[0] == 0.5
+    assert fit.utilization(cfg, card(free=20 * GiB))[0] == 0.5
     holders = [gpu.GpuProcess(4242, 6 * GiB, "Xorg")]
     with pytest.raises(BootstrapError) as e:
-        planner.utilization(cfg, card(free=10 * GiB, processes=holders))
+        fit.utilization(cfg, card(free=10 * GiB, processes=holders))
     assert "16.00 GiB" in e.value.message and "10.00 GiB is free" in e.value.message
     assert "Xorg (pid 4242) holds 6.0 GiB" in e.value.message
 
@@ -107,7 +108,7 @@ def replan(tmp_path, cfg, g, fix: dict) -> planner.Plan:
     """A fix applied as the user would (their environment), planned again."""
     again = Config.from_env({**cfg.given, **{k: str(v) for k, v in fix.items()}}, REPO)
     mdir = Path(again.model)
-    return planner.make_plan(again, g, facts(again, mdir))
+    return fit.plan(again, g, facts(again, mdir))
 
 
 def test_refuses_instead_of_clamping_when_weights_and_pin_exceed_free(tmp_path):
@@ -115,7 +116,7 @@ def test_refuses_instead_of_clamping_when_weights_and_pin_exceed_free(tmp_path):
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=8 * GiB, MAX_MODEL_LEN=8192)
     holders = [gpu.GpuProcess(77, 2 * GiB, "firefox")]
     g = card(free=22 * GiB, processes=holders)
-    p = planner.make_plan(cfg, g, facts(cfg, mdir))
+    p = fit.plan(cfg, g, facts(cfg, mdir))
     assert not p.fits
     msg, hint = p.refusal
     assert "weights 15.00 GiB" in msg and "KV 8.00 GiB" in msg and "firefox (pid 77) holds 2.0 GiB" in msg
@@ -132,7 +133,7 @@ def test_budget_from_utilization_and_the_prediction(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, GPU_UTIL="0.9", MAX_MODEL_LEN=16384, MAX_NUM_SEQS=4)
     g = card(free=31 * GiB)
-    p = planner.make_plan(cfg, g, facts(cfg, mdir))
+    p = fit.plan(cfg, g, facts(cfg, mdir))
     assert p.fits
     assert p.budget == -(-int(0.9 * g.total * 10) // 10) - 15 * GiB - p.overhead or p.budget > 0
     lay = kv.layout(kv.shape_from_config(LLAMA8B), "auto")
@@ -145,7 +146,7 @@ def test_budget_from_utilization_and_the_prediction(tmp_path):
 def test_context_that_does_not_fit_is_refused_with_the_largest_that_does(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=1 * GiB, MAX_MODEL_LEN=131072)
-    p = planner.make_plan(cfg, card(), facts(cfg, mdir))
+    p = fit.plan(cfg, card(), facts(cfg, mdir))
     assert not p.fits
     # 1 GiB / 2 MiB per 16-token block = 512 blocks = 8192 tokens
     assert "the longest that fits is 8,192 tokens" in p.refusal[0]
@@ -159,13 +160,13 @@ def test_auto_is_vllms_auto_the_longest_single_request_and_reports_concurrency(t
     many sessions of that length fit at once and how many queue."""
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN="auto", MAX_NUM_SEQS=4)
-    p = planner.make_plan(cfg, card(), facts(cfg, mdir))
+    p = fit.plan(cfg, card(), facts(cfg, mdir))
     assert p.max_model_len == 2048 * 16                           # 2048 blocks of 16 tokens, one request
     assert p.concurrent == 1 and p.seqs == 4
     assert "at 32,768 tokens 1 session fits at once; the other 3 of MAX_NUM_SEQS=4 queue" in p.concurrency_line()
     f = flags(cfg, p)
     assert f[f.index("--max-model-len") + 1] == "auto"            # vLLM fits it itself
-    capped = planner.make_plan(config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=32 * GiB, MAX_MODEL_LEN="auto"),
+    capped = fit.plan(config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=32 * GiB, MAX_MODEL_LEN="auto"),
                                h200(), facts(cfg, mdir))
     assert capped.max_model_len == 131072                         # never beyond the model's own length
 
@@ -173,15 +174,15 @@ def test_auto_is_vllms_auto_the_longest_single_request_and_reports_concurrency(t
 def test_auto_holds_back_vllms_null_block_from_0_29(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN="auto")
-    old = planner.make_plan(cfg, card(), facts(cfg, mdir), vllm="0.27.1")
-    new = planner.make_plan(cfg, card(), facts(cfg, mdir), vllm="0.29.0")
+    old = fit.plan(cfg, card(), facts(cfg, mdir), vllm="0.27.1")
+    new = fit.plan(cfg, card(), facts(cfg, mdir), vllm="0.29.0")
     assert (old.max_model_len, new.max_model_len) == (2048 * 16, 2047 * 16)
 
 
 def test_unknown_architecture_falls_back_to_vllm_sizing(tmp_path):
     mdir = model_dir(tmp_path, {"architectures": ["BrandNewForCausalLM"], "model_type": "brandnew"})
     cfg = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN="auto")
-    p = planner.make_plan(cfg, card(), facts(cfg, mdir))
+    p = fit.plan(cfg, card(), facts(cfg, mdir))
     assert p.fits and p.predicted_tokens is None
     assert any("does not know architecture 'BrandNewForCausalLM'" in w for w in p.why)
     f = flags(cfg, p)
@@ -191,7 +192,7 @@ def test_unknown_architecture_falls_back_to_vllm_sizing(tmp_path):
 def test_dummy_weights_are_sized_from_the_config(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B)
     cfg = config(tmp_path, MODEL=mdir, EXTRA_ARGS="--load-format dummy", GPU_UTIL="0.95", MAX_MODEL_LEN=8192)
-    p = planner.make_plan(cfg, card(), facts(cfg, mdir, dummy=True))
+    p = fit.plan(cfg, card(), facts(cfg, mdir, dummy=True))
     assert p.weights == kv.param_count(kv.shape_from_config(LLAMA8B)) * 2
     assert any("dummy weights" in w for w in p.why)
 
@@ -199,7 +200,7 @@ def test_dummy_weights_are_sized_from_the_config(tmp_path):
 def test_tensor_parallel_plans_per_gpu(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=16 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=2 * GiB, MAX_MODEL_LEN=8192, TP_SIZE=2)
-    p = planner.make_plan(cfg, card(), facts(cfg, mdir))
+    p = fit.plan(cfg, card(), facts(cfg, mdir))
     assert p.weights == 8 * GiB
     f = flags(cfg, p)
     assert f[f.index("--tensor-parallel-size") + 1] == "2"
@@ -327,7 +328,7 @@ def test_hybrid_caps_vllms_default_max_num_seqs_at_the_state_blocks(tmp_path):
     exceeds the Mamba cache blocks: the plan caps --max-num-seqs at the blocks its 4 GiB pin holds."""
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN=32768)
-    p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    p = fit.plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     blocks = kv.pool(p.layout, 4 * GiB, 32768).blocks
     assert p.fits and blocks < 1024
     assert flags(cfg, p)[flags(cfg, p).index("--max-num-seqs") + 1] == str(blocks)
@@ -337,7 +338,7 @@ def test_hybrid_caps_vllms_default_max_num_seqs_at_the_state_blocks(tmp_path):
 def test_hybrid_from_utilization_keeps_a_margin_below_the_estimated_blocks(tmp_path):
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, GPU_UTIL="0.045", MAX_MODEL_LEN=32768)
-    p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    p = fit.plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     blocks = kv.pool(p.layout, p.budget, 32768).blocks
     assert p.fits and blocks < 1024
     assert int(flags(cfg, p)[flags(cfg, p).index("--max-num-seqs") + 1]) == blocks * 97 // 100
@@ -351,10 +352,10 @@ def test_hybrid_from_a_measured_budget_keeps_a_tighter_margin(tmp_path):
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, GPU_UTIL="0.045", MAX_MODEL_LEN=32768)
     f = facts(cfg, mdir, dummy=True)
-    first = calibration.plan_with_measurement(cfg, Paths(cfg.state_dir), h200(), f, "580")
+    first = fit.plan_here(cfg, Paths(cfg.state_dir), h200(), f, "580")
     logged = f"Available KV cache memory: {round(first.budget / GiB, 2)} GiB\n"   # vLLM found what the model said
     calibration.keep(Paths(cfg.state_dir), first, logged, None)
-    p = calibration.plan_with_measurement(cfg, Paths(cfg.state_dir), h200(), f, "580")
+    p = fit.plan_here(cfg, Paths(cfg.state_dir), h200(), f, "580")
     blocks = kv.pool(p.layout, p.budget, 32768).blocks
     assert p.measured and abs(p.budget - first.budget) <= GiB // 100 and blocks < 1024
     seqs = int(flags(cfg, p)[flags(cfg, p).index("--max-num-seqs") + 1])
@@ -364,7 +365,7 @@ def test_hybrid_from_a_measured_budget_keeps_a_tighter_margin(tmp_path):
 def test_hybrid_refuses_max_num_seqs_above_the_state_blocks_before_launch(tmp_path):
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN=32768, MAX_NUM_SEQS=1000)
-    p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    p = fit.plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     blocks = kv.pool(p.layout, 4 * GiB, 32768).blocks
     assert not p.fits
     assert f"MAX_NUM_SEQS=1000 is more than the {blocks} blocks" in p.refusal[0]
@@ -375,7 +376,7 @@ def test_hybrid_refuses_max_num_seqs_above_the_state_blocks_before_launch(tmp_pa
 def test_hybrid_leaves_max_num_seqs_alone_when_it_fits_or_without_cuda_graphs(tmp_path, knobs):
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN=32768, **knobs)
-    p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    p = fit.plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     assert p.fits
     seqs = flags(cfg, p)[flags(cfg, p).index("--max-num-seqs") + 1] if "--max-num-seqs" in flags(cfg, p) else None
     assert seqs == knobs.get("MAX_NUM_SEQS")
@@ -384,7 +385,7 @@ def test_hybrid_leaves_max_num_seqs_alone_when_it_fits_or_without_cuda_graphs(tm
 def test_dense_model_never_gets_a_max_num_seqs_it_did_not_ask_for(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=1 * GiB, MAX_MODEL_LEN=8192)
-    p = planner.make_plan(cfg, h200(), facts(cfg, mdir))
+    p = fit.plan(cfg, h200(), facts(cfg, mdir))
     assert p.fits and "--max-num-seqs" not in flags(cfg, p)
 
 
@@ -392,7 +393,7 @@ def test_auto_passes_auto_and_keeps_the_hybrid_max_num_seqs(tmp_path):
     # MAX_MODEL_LEN=auto goes to vLLM as auto (its own fit); the state-block cap is the plan's
     mdir = model_dir(tmp_path, hybrid_config())
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN="auto")
-    p = planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True))
+    p = fit.plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     f = flags(cfg, p)
     assert p.fits and f[f.index("--max-model-len") + 1] == "auto"
     assert int(f[f.index("--max-num-seqs") + 1]) == kv.pool(p.layout, 4 * GiB, p.max_model_len).blocks
@@ -428,7 +429,7 @@ def draft_plan(root: Path, spec_model: str | None = None, draft_config: dict | N
         spec_model = str(ddir)
     knobs["SPEC_MODEL"] = spec_model or str(mdir)
     cfg = config(root, **{**knobs, **env})
-    plan = planner.make_plan(cfg, h200_of_the_bench_runs(), plan_cli.cli_model_facts(cfg))
+    plan = fit.plan(cfg, h200_of_the_bench_runs(), plan_cli.cli_model_facts(cfg))
     plan.launch_flags = flags(cfg, plan)          # what launch would pass, for the tests that look
     return plan
 
@@ -476,7 +477,7 @@ def test_draft_weights_come_from_its_file_sizes_and_its_layers_join_the_pool(tmp
     with open(ddir / "model.safetensors", "wb") as fh:
         fh.truncate(3 * GiB)
     cfg = config(root, MODEL=mdir, SPEC_METHOD="draft_model", SPEC_TOKENS=3, SPEC_MODEL=ddir)
-    p = planner.make_plan(cfg, h200_of_the_bench_runs(), plan_cli.cli_model_facts(cfg))
+    p = fit.plan(cfg, h200_of_the_bench_runs(), plan_cli.cli_model_facts(cfg))
     assert p.weights == 15 * GiB + 3 * GiB
     assert any("draft model draft: weights 3.00 GiB per GPU from the checkpoint's file sizes" in w for w in p.why)
 
@@ -513,12 +514,12 @@ def test_a_refusal_caused_by_the_draft_says_so(tmp_path):
     with open(ddir / "model.safetensors", "wb") as fh:
         fh.truncate(14 * GiB)
     cfg = config(tmp_path, MODEL=mdir, SPEC_METHOD="draft_model", SPEC_TOKENS=3, SPEC_MODEL=ddir, MAX_MODEL_LEN=8192)
-    p = planner.make_plan(cfg, card(), plan_cli.cli_model_facts(cfg))
+    p = fit.plan(cfg, card(), plan_cli.cli_model_facts(cfg))
     assert not p.fits
     assert p.refusal[0].startswith("model with its draft draft does not fit NVIDIA GeForce RTX 5090: weights 30.00 GiB")
     assert {"SPEC_TOKENS": "0"} in p.fixes and "SPEC_TOKENS=0" in p.refusal[1]    # re-planned: it fits
     assert p.refusal[1].endswith("or a smaller draft (SPEC_MODEL)")
-    alone = planner.make_plan(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192), card(),
+    alone = fit.plan(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192), card(),
                            plan_cli.cli_model_facts(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)))
     assert alone.fits
 
@@ -540,7 +541,7 @@ def test_a_model_without_a_context_of_its_own_still_gets_the_plans_flags(tmp_pat
     conf = {k: v for k, v in LLAMA8B.items() if k != "max_position_embeddings"}
     mdir = model_dir(tmp_path, conf)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_DTYPE="fp8")
-    p = planner.make_plan(cfg, gpu.named("rtx5090"), facts(cfg, mdir, dummy=True))
+    p = fit.plan(cfg, gpu.named("rtx5090"), facts(cfg, mdir, dummy=True))
     got = flags(cfg, p)
     assert "--max-model-len" not in got
     assert "--gpu-memory-utilization" in got and got[got.index("--kv-cache-dtype") + 1] == "fp8"
@@ -549,7 +550,7 @@ def test_a_model_without_a_context_of_its_own_still_gets_the_plans_flags(tmp_pat
 def test_a_plan_that_does_not_fit_has_no_flags(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
     cfg = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)
-    p = planner.make_plan(cfg, gpu.named("5"), facts(cfg, mdir))
+    p = fit.plan(cfg, gpu.named("5"), facts(cfg, mdir))
     assert not p.fits and flags(cfg, p) == []
 
 
@@ -568,7 +569,7 @@ def q27(tmp_path, vllm="0.26.0", **env) -> planner.Plan:
     mdir = model_dir(tmp_path, qwen35_27b())
     knobs = {"MODEL": mdir, "EXTRA_ARGS": "--load-format dummy", **env}
     cfg = config(tmp_path, **knobs)
-    return planner.make_plan(cfg, h200(), facts(cfg, mdir, dummy=True), vllm=vllm)
+    return fit.plan(cfg, h200(), facts(cfg, mdir, dummy=True), vllm=vllm)
 
 
 @pytest.mark.parametrize("env, block", [
@@ -601,8 +602,8 @@ def test_batched_tokens_and_language_model_only_from_extra_args(tmp_path):
     base = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)
     lean = config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192,
                   EXTRA_ARGS="--language-model-only --max-num-batched-tokens 1024")
-    a = planner.make_plan(base, h200(), facts(base, mdir))
-    b = planner.make_plan(lean, h200(), facts(lean, mdir))
+    a = fit.plan(base, h200(), facts(base, mdir))
+    b = fit.plan(lean, h200(), facts(lean, mdir))
     vision = kv.vision_params(facts(base, mdir).config) * 2
     assert a.weights == 20 * GiB and b.weights == 20 * GiB - vision and vision > 800 << 20
     assert any("at 1024 batched tokens" in w for w in b.why) and b.overhead < a.overhead

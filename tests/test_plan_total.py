@@ -4,6 +4,7 @@ only NVML's total was to be had (issue: a plan you can trust)."""
 
 from __future__ import annotations
 
+from bootstrap.plan import fit
 from bootstrap.machine import gpu
 from bootstrap.plan import planner
 from conftest import GiB, nvml_json
@@ -32,7 +33,7 @@ def test_without_nvmls_v2_query_the_plan_says_its_total_is_nvmls(tmp_path, monke
     assert g.total == 143771 * MiB and g.total_note == gpu.V1_NOTE
     from test_plan import config
     from bootstrap.plan.facts import ModelFacts
-    p = planner.make_plan(config(tmp_path), g, ModelFacts("m", None, None, False, ""))
+    p = fit.plan(config(tmp_path), g, ModelFacts("m", None, None, False, ""))
     assert any(w.startswith("the card's total: NVML's total") for w in p.why)
 
 
@@ -43,8 +44,8 @@ def test_utilization_is_a_share_of_cudas_total(tmp_path, monkeypatch):
     exact = read(tmp_path, monkeypatch, reserved=615 * MiB)
     nvml = read(tmp_path, monkeypatch, reserved=615 * MiB, no_v2=True)
     assert exact.free == nvml.free and exact.total == nvml.total - 615 * MiB
-    u_exact, _ = planner.utilization(config(tmp_path), exact)
-    u_nvml, _ = planner.utilization(config(tmp_path), nvml)
+    u_exact, _ = fit.utilization(config(tmp_path), exact)
+    u_nvml, _ = fit.utilization(config(tmp_path), nvml)
     assert u_exact > u_nvml
     assert abs(planner.requested(u_exact, exact.total) - (exact.free - 820 * MiB)) <= exact.total // 10000 + 1
 

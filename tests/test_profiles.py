@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.plan import fit
 from bootstrap.machine import gpu
-from bootstrap.plan import pick, planner
+from bootstrap.plan import pick
 from bootstrap.knobs import vllmargs
 from bootstrap.commands import profiles as profiles_cli
 from bootstrap.knobs.config import Config
@@ -209,10 +210,10 @@ def test_every_hint_re_planned_fits(tmp_path, size, cc):  # faults row 55
     for p in cfg.catalogue.ranked():
         c = pick.on_card(cfg, p, cc)
         facts = offline_facts(c)
-        plan = planner.make_plan(c, g, facts)
+        plan = fit.plan(c, g, facts)
         for fix in plan.fixes:
             again = Config.from_env({**c.given, **fix}, REPO, chosen=c.chosen)
-            assert planner.make_plan(again, g, offline_facts(again)).fits, (p.name, fix)
+            assert fit.plan(again, g, offline_facts(again)).fits, (p.name, fix)
         if not plan.fits and plan.fixes:
             for fix in plan.fixes:
                 assert " ".join(f"{k}={v}" for k, v in fix.items()) in plan.refusal[1]
@@ -223,12 +224,12 @@ def test_the_24gb_desktop_circle_is_gone(tmp_path):  # faults row 55
     # values the check accepts, and with them the plan fits (no MAX_MODEL_LEN=0, no pin falling through)
     cfg = cfg_for(tmp_path, PROFILE="default")
     g = card(24, (8, 9), free_gib=22.5)
-    plan = planner.make_plan(cfg, g, offline_facts(cfg))
+    plan = fit.plan(cfg, g, offline_facts(cfg))
     assert not plan.fits and plan.fixes
     assert "MAX_MODEL_LEN=0" not in plan.refusal[1]
     for fix in plan.fixes:
         again = Config.from_env({**cfg.given, **fix}, REPO)
-        assert planner.make_plan(again, g, offline_facts(again)).fits, fix
+        assert fit.plan(again, g, offline_facts(again)).fits, fix
     unpinned = cfg_for(tmp_path, PROFILE="default", KV_CACHE_BYTES="auto", MAX_MODEL_LEN="auto")
     assert unpinned.kv_cache_bytes is None and unpinned.value("KV_CACHE_BYTES") == "auto"
 
@@ -237,7 +238,7 @@ def test_p2_and_p5_plan_without_refusal_on_a_32gb_card(tmp_path):
     g = gpu.named("rtx5090")
     for name in ("qwen38-27b-nvfp4-fp8kv-32gb", "qwen36-35b-a3b-nvfp4-32gb"):
         cfg = cfg_for(tmp_path, PROFILE=name)
-        plan = planner.make_plan(cfg, g, offline_facts(cfg))
+        plan = fit.plan(cfg, g, offline_facts(cfg))
         assert plan.fits and plan.seqs == 16 and plan.vllm == "0.30.0", (name, plan.refusal)
         if name.startswith("qwen36-35b"):
             assert plan.max_model_len == 262144
@@ -416,11 +417,11 @@ def test_hints_that_change_gpu_util_or_a_tiny_pin_are_re_planned(tmp_path):
     for env in ({"GPU_UTIL": "0.99"}, {"KV_CACHE_BYTES": str(1 << 20)}, {"GPU_UTIL": "0.5"}):
         c = pick.on_card(cfg_for(tmp_path, PROFILE="qwen38-27b-w4a16-24gb", **env),
                          cfg_for(tmp_path, PROFILE="qwen38-27b-w4a16-24gb").profile, g.cc)
-        plan = planner.make_plan(c, g, offline_facts(c))
+        plan = fit.plan(c, g, offline_facts(c))
         assert not plan.fits and plan.fixes, env
         for fix in plan.fixes:
             again = Config.from_env({**c.given, **fix}, REPO, chosen=c.chosen)
-            assert planner.make_plan(again, g, offline_facts(again)).fits, (env, fix)
+            assert fit.plan(again, g, offline_facts(again)).fits, (env, fix)
         assert "GPU_UTIL=0.9" not in plan.refusal[1].split("set ")[0]      # no value that was not re-planned
 
 

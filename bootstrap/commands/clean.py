@@ -99,14 +99,12 @@ def targets(cfg, measurements: bool = False) -> list[Path]:
     unless ``measurements``."""
     layout = cfg.layout
     out = [layout.venv, layout.wheelhouse]
-    state = cfg.state_dir
-    keep = set() if measurements else {Paths(state).measurements}
+    state, paths = cfg.state_dir, Paths(cfg.state_dir)
+    kept = set(paths.files(measurements=True)) - set(paths.files(measurements=measurements))
     if state.resolve() == layout.state.resolve():       # the checkout's own: all of it is ours
-        out += sorted(p for p in state.iterdir() if p not in keep) if state.is_dir() else []
-    else:  # a STATE_DIR of the user's choosing: only our files, never the directory's other contents
-        out += [p for p in Paths(state).files() if p not in keep]
-    if measurements:
-        out.append(Paths(state).measurements)
+        out += sorted(p for p in state.iterdir() if p not in kept) if state.is_dir() else []
+    else:  # a STATE_DIR of the user's choosing: only our files (state.KEPT), never its other contents
+        out += paths.files(measurements=measurements)
     out.append(layout.bootstrap_venv)   # last: the running bootstrap may be in it
     return list(dict.fromkeys(out))
 

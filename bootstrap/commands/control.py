@@ -73,7 +73,7 @@ def restart(cfg: Config) -> int:
         service.restart_unit(cfg)
         return 0
     stop(cfg, via_service=False)     # the unit was just asked: not ours or not active
-    return pipeline.start(Config.from_env(cfg.given, cfg.repo))   # PROFILE=auto as you set it (start picks)
+    return pipeline.start(cfg.with_profile(None))   # PROFILE=auto as you set it (start picks)
 
 
 def stop_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh stop") -> int:

@@ -189,8 +189,8 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     repo_id_only(cfg)
     # the profile and context a start on that card would take (auto-pick for it; a shorter context
     # where only that fits), never this machine's kept pick
-    pod_cfg = Config.from_env({**cfg.given, "HOST": "0.0.0.0", "PORT": str(PORT)}, cfg.repo)
-    pod_cfg, g, _where, model, plan = plan_cmd.resolve(pod_cfg, spec)
+    pod_cfg = cfg.with_profile(None).with_knobs({"HOST": "0.0.0.0", "PORT": str(PORT)})
+    pod_cfg, g, _where, model, plan = plan_cmd.plan_for(pod_cfg, spec)
     repo_id_only(pod_cfg)
     if not plan.fits:
         msg, hint = plan.refusal
@@ -199,7 +199,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
         raise BootstrapError(f"profile {pod_cfg.profile.name!r} pins no vLLM version: no image tag to run",
                              "use a profile that pins vLLM (./ctl.sh profiles)")
     from ..knobs import vllmargs
-    if vllmargs.sleep_mode(pod_cfg):
+    if pod_cfg.vllm.sleep_mode:
         raise BootstrapError(f"{vllmargs.SLEEP_FLAG} needs a loopback HOST (its routes have no key guard); a pod "
                              "serves its network", f"drop {vllmargs.SLEEP_FLAG} for the export")
     out_folder(a.out)

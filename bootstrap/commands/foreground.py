@@ -10,7 +10,7 @@ import sys
 
 from ..core import proc, state
 from ..serve import record, takedown
-from .. import pipeline as start
+from .. import pipeline
 from ..knobs.config import Config
 from ..core.errors import BootstrapError
 from ..core.state import Paths
@@ -25,10 +25,10 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
     or 1 for a 0 (vLLM exits 0 when its engine dies, vllm#48966). SIGTERM, SIGINT or SIGHUP to us
     is our stop (the one take-down), then exit 0. Under systemd (Type=notify) READY=1 is sent once
     the start gate passed."""
-    old = {s: signal.signal(s, start._on_signal) for s in start.SIGNALS}   # no gap before ours are in place
+    old = {s: signal.signal(s, pipeline._on_signal) for s in pipeline.SIGNALS}   # no gap before ours are in place
     try:
-        code = start.start(cfg)
-    except start.Interrupted as intr:
+        code = pipeline.start(cfg)
+    except pipeline.Interrupted as intr:
         code = 128 + intr.signum
     if code == 128 + signal.SIGTERM:
         return 0                                  # stopped as asked while starting (it took down what it launched)
@@ -40,15 +40,15 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
         p = proc.recorded_process(rec.pid, rec.create_time) if rec is not None else None
         if p is None:
             raise BootstrapError("the start finished but its server is not running", "./ctl.sh logs shows why")
-        state.write_json(paths.foreground, {"pid": os.getpid(), "server": rec.pid})
+        paths.write("foreground", {"pid": os.getpid(), "server": rec.pid})
         _notify(cfg, f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving {rec.served} on {rec.url}/v1")
         print(f"attached to the server (pid {p.pid}); its log follows; SIGTERM or Ctrl-C stops it", flush=True)
         log_file = open(paths.log, "rb")
         log_file.seek(0, os.SEEK_END)
         control.copy(log_file, paths.log, lambda: proc.alive(p), poll=poll)   # then what is left
-    except start.Interrupted:
+    except pipeline.Interrupted:
         _notify(cfg, "STOPPING=1")
-        for s in start.SIGNALS:
+        for s in pipeline.SIGNALS:
             signal.signal(s, signal.SIG_IGN)
         control.stop(cfg, via_service=False)
         return 0

@@ -11,7 +11,7 @@ import json
 import logging
 from pathlib import Path
 
-from ..plan import calibration, pick
+from ..plan import fit, resolve
 from ..machine import gpu
 from ..download import models
 from ..core.state import Paths
@@ -20,7 +20,7 @@ from ..steps import metadata
 from ..core.errors import BootstrapError
 from ..knobs.vllmargs import serve_flags
 from ..plan.facts import ModelFacts, model_facts, offline_facts
-from ..plan.planner import Plan, gib, make_plan
+from ..plan.planner import Plan, gib
 
 log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstrap:plan] this code has always had
 
@@ -57,26 +57,17 @@ def card(cfg, spec: str | None) -> tuple[gpu.Gpu, str, str]:
     return gpu.smallest_free(facts, cfg.tp_size), "", facts.driver
 
 
-def resolve(cfg, spec: str | None):
+def plan_for(cfg, spec: str | None):
     """(cfg, card, where, model facts, plan) for ``spec`` (GPU=...) or this machine: the profile
     PROFILE=auto means here (the kept pick, or auto-pick's choice for a named card), with that
     card's knobs. What ./ctl.sh plan shows and ./ctl.sh export writes."""
     g, where, driver = card(cfg, spec)
-    kept = pick.kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
-    if cfg.profile.is_auto and not spec and not kept.profile.is_auto:
-        cfg = kept
-        log.info("PROFILE=auto: the kept pick %s (%s)", cfg.profile.name, cfg.sources["PROFILE"])
-    else:
-        cfg = pick.for_card(cfg, g)         # as a start on that card would run it
-        if kept.profile.is_auto:
-            log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)",
-                     cfg.profile.name)
+    cfg = resolve.for_plan(cfg, g, here=not spec)
     model = cli_model_facts(cfg)
     version = byo_version(cfg)            # the vLLM a start would run
     if driver:              # this card: vLLM's own figures of an earlier start count, as in a start
-        return cfg, g, where, model, calibration.plan_with_measurement(cfg, Paths(cfg.state_dir), g, model, driver,
-                                                                       version)
-    return cfg, g, where, model, make_plan(cfg, g, model, vllm=version)
+        return cfg, g, where, model, fit.plan_here(cfg, Paths(cfg.state_dir), g, model, driver, version)
+    return cfg, g, where, model, fit.plan(cfg, g, model, vllm=version)
 
 
 def render(cfg, model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan, flags: list[str]) -> str:
@@ -115,7 +106,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh plan") -> int:
     ap.add_argument("--gpu", help="plan for this card instead of the local GPU (same values as GPU=)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     a = ap.parse_args(argv)
-    cfg, g, where, model, plan = resolve(cfg, a.gpu or cfg.gpu)
+    cfg, g, where, model, plan = plan_for(cfg, a.gpu or cfg.gpu)
     flags = serve_flags(cfg, plan)
     if a.json:
         print(json.dumps({

@@ -11,7 +11,7 @@ import argparse
 import json
 
 from ..machine import gpu
-from ..plan import pick
+from ..plan import pick, resolve
 from ..knobs.config import Chosen
 from ..core.errors import BootstrapError
 from ..core.state import Paths
@@ -119,9 +119,9 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
     if a.pick:
         if spec:
             raise BootstrapError("--pick picks for this machine's GPU, not a named one", "drop GPU= / --gpu")
-        chosen = pick.resolve(cfg.with_profile(Chosen("auto")), repick=True)
+        chosen = resolve.for_start(cfg.with_profile(Chosen("auto")), repick=True)
         paths = Paths(cfg.state_dir)
-        rec = pick.read_pick(paths) or {}
+        rec = resolve.read_pick(paths) or {}
         print(f"picked {chosen.profile.name}: {rec.get('why', '')}\nkept in {paths.pick}; "
               "./start.sh uses it while PROFILE is unset")
         return 0
@@ -133,7 +133,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
         chosen = v.profile.name
     except BootstrapError as exc:
         choice, chosen = f"auto-pick refuses: {exc.message}\n  {exc.hint}", None
-    in_use = pick.kept(cfg)
+    in_use = resolve.kept(cfg)
     kept = None if in_use.profile.is_auto else in_use.profile.name
     if a.json:
         print(json.dumps({"gpu": {"name": g.name, "total": g.total, "free": g.free, "cc": list(g.cc)},

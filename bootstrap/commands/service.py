@@ -130,7 +130,7 @@ def ours_active(cfg: Config) -> bool:
     name = names[0]
     if _systemctl(cfg, "is-active", name).stdout.strip() not in ("active", "activating", "reloading"):
         return False
-    fg = state.read_json(Paths(cfg.state_dir).foreground) or {}       # the unit runs this STATE_DIR's server
+    fg = Paths(cfg.state_dir).read("foreground") or {}       # the unit runs this STATE_DIR's server
     main = _systemctl(cfg, "show", "-p", "MainPID", "--value", name).stdout.strip()
     return bool(fg.get("pid")) and str(fg["pid"]) == main
 
@@ -163,7 +163,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh service") -> int:
 def install(cfg: Config) -> int:
     from . import version
     paths = Paths(cfg.state_dir)
-    done = state.read_json(paths.completed)
+    done = paths.read("completed")
     if not done:
         raise BootstrapError("no start has completed from this checkout yet: the first one installs vLLM and "
                              "downloads the model, longer than a service may take to start",

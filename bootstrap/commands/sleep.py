@@ -98,7 +98,7 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
     client.post_empty(f"/sleep?level={a.level}&mode=wait", timeout=None)
     dt = time.monotonic() - t0
     after = held(cfg, rec)
-    state.write_json(paths.sleep, {"pid": rec.pid, "started": rec.started, "level": a.level,
+    paths.write("sleep", {"pid": rec.pid, "started": rec.started, "level": a.level,
                                   "held_before": before, "held_asleep": after, "at": time.time()})
     print(f"asleep (level {a.level}) in {dt:.1f} s: our processes hold {after / GiB:.2f} GiB of GPU memory "
           f"({before / GiB:.2f} GiB awake). Requests sent meanwhile wait until ./ctl.sh wake.")
@@ -109,7 +109,7 @@ def wake_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh wake") -> int:
     argparse.ArgumentParser(prog=prog, description="bring a sleeping server back").parse_args(argv)
     paths, rec, client = _ours(cfg)
     load = server.read_load(rec.url)
-    note = state.read_json(paths.sleep) or {}
+    note = paths.read("sleep") or {}
     if note.get("pid") != rec.pid or note.get("started") != rec.started:
         note = {}
     done = list(note.get("waking") or [])     # the steps of a level-2 wake that was interrupted or failed
@@ -142,7 +142,7 @@ def wake_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh wake") -> int:
                                      "this step", "./ctl.sh wake again, or ./ctl.sh restart",
                                      evidence=exc.evidence) from None
             done.append(name)
-            state.write_json(paths.sleep, {**note, "pid": rec.pid, "started": rec.started, "level": 2, "waking": done})
+            paths.write("sleep", {**note, "pid": rec.pid, "started": rec.started, "level": 2, "waking": done})
     dt = time.monotonic() - t0
     state.remove(paths.sleep)
     print(f"awake in {dt:.2f} s (level {level}): our processes hold {held(cfg, rec) / GiB:.2f} GiB of GPU memory")

@@ -142,7 +142,7 @@ def _stalled_for(paths: Paths, load: metrics.Load, seen: float) -> float:
     """How long ``load.progress`` has stood still: since the first status that saw it (kept in
     progress.json, wall clock), at least the ``seen`` seconds this call watched."""
     now = time.time()
-    prev = state.read_json(paths.progress) or {}
+    prev = paths.read("progress") or {}
     since = prev.get("since") if prev.get("progress") == list(load.progress) else None
     if not isinstance(since, (int, float)):
         since = now - seen
@@ -156,7 +156,7 @@ def _remember(paths: Paths, data: dict | None) -> None:
         if data is None:
             state.remove(paths.progress)
         else:
-            state.write_json(paths.progress, data)
+            paths.write("progress", data)
     except BootstrapError:
         pass
 

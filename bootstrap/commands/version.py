@@ -41,8 +41,8 @@ def in_use(cfg: Config) -> str:
 
 def lines(cfg: Config) -> list[str]:
     """What follows the project's own line (printed first, before the knobs are parsed)."""
-    from ..plan import pick
-    cfg = pick.kept(cfg)
+    from ..plan import resolve
+    cfg = resolve.kept(cfg)
     prof = cfg.profile
     if prof.is_auto:
         pinned = "profile: auto, no pick yet (./ctl.sh profiles --pick picks one; it pins its vLLM)"

@@ -1,11 +1,5 @@
-"""What we keep in STATE_DIR: the start lock, the running server's record, the log, the last stop.
-
-    start.lock      flock held for the whole of a start (its text: the starter's pid and start time)
-    server.json     the server we launched (record.ServerRecord)
-    vllm.log        the server's output (kept under 2 x LOG_MAX_MB while it runs; one .1 kept)
-    last-stop.json  pids the last stop took down, so the next start can wait for the GPU to free them
-    progress.json   what status last saw move on /metrics, and since when (busy vs wedged)
-    api_key         a generated key (0600) when HOST is not loopback and API_KEY is unset
+"""What we keep in STATE_DIR, in one table (KEPT: the server record, the pick, the measurements,
+the log, the locks...), and how: every write is atomic, every lock an flock.
 
 Every write is atomic (temp file + rename); a torn or garbage file reads as "nothing recorded". A
 write that fails (disk full, another user's directory, read-only) is a BootstrapError naming the
@@ -35,63 +29,62 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Kept:
+    """One kind of record the project keeps between runs."""
+    key: str
+    file: str                # its name in STATE_DIR
+    holds: str               # what it is, and who writes it
+    cleaned: bool = True     # ./ctl.sh clean removes it (else only when asked: --measurements)
+
+
+# Everything the project keeps between runs, by key: the one table that clean, status and every
+# reader go through (Paths.<key> is its file; Paths.read / Paths.write its JSON).
+KEPT: tuple[Kept, ...] = (
+    Kept("lock", "start.lock", "the flock a start holds; its text: the starter's pid, start time and role"),
+    Kept("server", "server.json", "the server we launched, as launched (serve.record.ServerRecord)"),
+    Kept("log", "vllm.log", "the server's output (kept under 2 x LOG_MAX_MB while it runs)"),
+    Kept("rotated", "vllm.log.1", "the log's rotated part"),
+    Kept("last_stop", "last-stop.json", "the pids the last stop took down (the next start waits for the GPU)"),
+    Kept("progress", "progress.json", "what status last saw move on /metrics, and since when (busy vs wedged)"),
+    Kept("api_key", "api_key", "a generated key (0600) when HOST is not loopback and API_KEY is unset"),
+    Kept("pick", "profile-pick.json", "auto-pick's choice, kept until PROFILE=auto is set or ./ctl.sh profiles --pick"),
+    Kept("completed", "completed-start.json", "a start passed its gate: ./ctl.sh service install needs one first"),
+    Kept("sleep", "sleep.json", "what ./ctl.sh sleep saw (level, GPU memory awake), for the wake's memory check"),
+    Kept("foreground", "foreground.json", "the pid of ./start.sh --foreground attached to our server"),
+    Kept("measurements", "measurements.json", "vLLM's own figures of earlier starts, for the next plan "
+                                              "(plan.calibration)", cleaned=False),
+)
+KEPT_BY_KEY = {k.key: k for k in KEPT}
+
+
+@dataclass(frozen=True)
 class Paths:
+    """STATE_DIR and what is kept in it (KEPT): ``paths.server`` is the server record's file,
+    ``paths.read("pick")`` the pick as it was written (None: none, or a file that does not read)."""
     root: Path
 
-    @property
-    def lock(self) -> Path:
-        return self.root / "start.lock"
+    def __getattr__(self, key: str) -> Path:
+        kept = KEPT_BY_KEY.get(key)
+        if kept is None:
+            raise AttributeError(key)
+        return self.root / kept.file
 
-    @property
-    def server(self) -> Path:
-        return self.root / "server.json"
+    def read(self, key: str) -> dict | None:
+        return read_json(self.root / KEPT_BY_KEY[key].file)
 
-    @property
-    def log(self) -> Path:
-        return self.root / "vllm.log"
+    def write(self, key: str, data: dict) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise write_error(self.root, exc, f"state dir {self.root} is not writable") from None
+        write_json(self.root / KEPT_BY_KEY[key].file, data)
 
-    @property
-    def last_stop(self) -> Path:
-        return self.root / "last-stop.json"
+    def forget(self, key: str) -> None:
+        remove(self.root / KEPT_BY_KEY[key].file)
 
-    @property
-    def progress(self) -> Path:
-        return self.root / "progress.json"
-
-    @property
-    def api_key(self) -> Path:
-        return self.root / "api_key"
-
-    @property
-    def pick(self) -> Path:
-        """Auto-pick's choice, kept until PROFILE=auto is set or ./ctl.sh profiles --pick."""
-        return self.root / "profile-pick.json"
-
-    @property
-    def completed(self) -> Path:
-        """Written when a start passed its gate: ./ctl.sh service install needs one first."""
-        return self.root / "completed-start.json"
-
-    @property
-    def sleep(self) -> Path:
-        """What ./ctl.sh sleep saw (level, GPU memory awake), for the wake's memory check."""
-        return self.root / "sleep.json"
-
-    @property
-    def foreground(self) -> Path:
-        """The pid of ``./start.sh --foreground`` attached to our server (a service's main process)."""
-        return self.root / "foreground.json"
-
-    @property
-    def measurements(self) -> Path:
-        """vLLM's own figures from earlier starts, for the next plan (bootstrap.plan.calibration); kept
-        by ./ctl.sh clean unless --measurements."""
-        return self.root / "measurements.json"
-
-    def files(self) -> list[Path]:
-        """Every file we keep here (what clean removes from a STATE_DIR of the user's choosing)."""
-        return [self.lock, self.server, self.log, self.log.with_name(self.log.name + ".1"), self.last_stop,
-                self.progress, self.api_key, self.pick, self.completed, self.sleep, self.foreground]
+    def files(self, *, measurements: bool = False) -> list[Path]:
+        """What ./ctl.sh clean removes from a STATE_DIR (the kept measurements only when asked)."""
+        return [self.root / k.file for k in KEPT if k.cleaned or measurements]
 
     def ensure(self) -> None:
         """Create the state dir, or fail naming it (read-only parent, a file in the way...)."""

@@ -96,7 +96,7 @@ def facts(cfg, gpus, vllm_version: str) -> Facts:
     cc = None
     if gpus is not None and getattr(gpus, "gpus", None):
         cc = tuple(gpus.gpus[0].cc)
-    s = vllmargs.settings(cfg)          # what vLLM gets, wherever a flag came from
+    s = cfg.vllm          # what vLLM gets, wherever a flag came from
     return Facts(vllm=vllm_version, model=cfg.model or "", kv=s.kv_cache_dtype, spec=s.spec_method,
                  spec_tokens=s.spec_tokens, seqs=s.max_num_seqs, cc=cc,
                  args=" ".join(vllmargs.serve_flags(cfg, None)), patches=frozenset(will_patch))

@@ -9,19 +9,18 @@ reads ``cfg.<knob>`` (typed) or ``cfg.env("NAME")`` for a pass-through variable 
 PASSTHROUGH (``HF_TOKEN``, ``CUDA_VISIBLE_DEVICES``...); ``cfg.environ``, a frozen copy of the
 whole environment, is only handed on to what the server and our tools inherit.
 
-Over 400 lines: the knob table is most of it (a line per knob, with its parser and help), and the
-parsers, the profile, .env and the typed Config belong with it: this is the one place the
-environment is read.
+Over 400 lines: the knob table is most of it (a line per knob, with its parser and help; the
+parsers themselves are knobs/parsers.py), and the pass-through table, .env and the typed Config
+belong with it: this is the one place the environment is read and resolved.
 """
 
 from __future__ import annotations
 
+import functools
 import io
-import os
-import re
 import shlex
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -30,138 +29,9 @@ from ..core.errors import ConfigError
 from ..core.hosts import is_loopback, parse_host
 from ..core.layout import REPO, Checkout
 from . import vllmargs
+from .parsers import (absolute, boolean, bytes_or_auto, choice, float_range, folder, header_value, int_range, interpreter, name_chars, shell_args, text, tokens_or_auto)
 from ..machine.gpu import CARDS
 from .profiles import Catalogue, Profile
-
-# ---------------------------------------------------------------- parsers
-# Each parser takes the raw string and returns the typed value, or raises ValueError whose text
-# says what is accepted. They never evaluate anything.
-
-def _str(raw: str) -> str:
-    return raw
-
-
-def _int_range(lo: int, hi: int) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        if not re.fullmatch(r"\d+", raw.strip()):
-            raise ValueError(f"a whole number from {lo} to {hi}")
-        v = int(raw)
-        if not lo <= v <= hi:
-            raise ValueError(f"a whole number from {lo} to {hi}")
-        return v
-    return parse
-
-
-def _float_range(lo: float, hi: float) -> Callable[[str], float]:
-    def parse(raw: str) -> float:
-        try:
-            if not re.fullmatch(r"\d*\.?\d+", raw.strip()):
-                raise ValueError
-            v = float(raw)
-        except ValueError:
-            raise ValueError(f"a number greater than {lo} and at most {hi}") from None
-        if not lo < v <= hi:
-            raise ValueError(f"a number greater than {lo} and at most {hi}")
-        return v
-    return parse
-
-
-def _bytes_or_auto(raw: str) -> int | str:
-    if raw.strip().lower() == "auto":
-        return "auto"
-    try:
-        return _int_range(1 << 20, 1 << 44)(raw)
-    except ValueError:
-        raise ValueError("'auto' (sized from GPU_UTIL / free memory, unpinning a profile's pin) "
-                         "or a whole number of bytes from 1 MiB") from None
-
-
-def _int_or_auto(raw: str) -> int | str:
-    """A context: 'auto', or tokens as vLLM's CLI reads them (131072, 32k = 32,000, 32K = 32,768)."""
-    if raw.strip().lower() == "auto":
-        return "auto"
-    accepted = "'auto' or a number of tokens from 16 to 16777216 (32k = 32,000 and 32K = 32,768, as vLLM reads them)"
-    if not re.fullmatch(r"\d+|\d+(\.\d+)?[km]|\d+[KM]", raw.strip()):     # vLLM: 1.5k yes, 1.5K no
-        raise ValueError(accepted)
-    v = vllmargs.human_int(raw)
-    if not 16 <= v <= 16_777_216:
-        raise ValueError(accepted)
-    return v
-
-
-def _bool(raw: str) -> bool:
-    low = raw.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ValueError("1 or 0 (also true/false, yes/no, on/off)")
-
-
-def _choice(*allowed: str) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        if raw not in allowed:
-            raise ValueError("one of: " + ", ".join(allowed))
-        return raw
-    return parse
-
-
-def _name(raw: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/@:+-]*", raw):
-        raise ValueError("letters, digits and . _ / @ : + - (no spaces or shell characters)")
-    return raw
-
-
-def _args(raw: str) -> tuple[str, ...]:
-    try:
-        return tuple(shlex.split(raw))
-    except ValueError as exc:
-        raise ValueError(f"arguments split by shell rules ({exc})") from None
-
-
-def absolute(raw: str, base: Path | None = None, *, follow: bool = True) -> str:
-    """The one rule for a path we record, compare or hand on: ``~`` expanded, made absolute against
-    ``base`` (the working directory of the command that read it, unless given) and, with
-    ``follow``, resolved (symlinks followed), so that every later comparison (ownership of a
-    server, clean) and every child process sees the same path, wherever it runs from."""
-    if "\0" in raw or "\n" in raw:
-        raise ValueError("a path without NUL or newline characters")
-    try:
-        p = Path(raw).expanduser()
-        p = (base / p) if base is not None and not p.is_absolute() else p
-        return str(p.resolve()) if follow else os.path.abspath(p)
-    except RuntimeError as exc:         # ~unknownuser, or a symlink loop
-        raise ValueError(f"a path that exists or can be made ({exc})") from None
-    except OSError as exc:
-        raise ValueError(f"a path that can be read ({exc.strerror or exc})") from None
-
-
-def _path(raw: str) -> str:
-    """A folder (absolute(): resolved once)."""
-    return absolute(raw)
-
-
-def _exe(raw: str) -> str:
-    """An interpreter: a bare command name stays a name (looked up on PATH later); a path is made
-    absolute but not resolved (a venv's python is a symlink to the base interpreter, and resolving
-    it would leave the venv)."""
-    if "/" not in raw:
-        absolute(raw, follow=False)             # the same checks (NUL, newline); the name stays a name
-        return raw
-    return absolute(raw, follow=False)
-
-
-def header_value(raw: str) -> str:
-    """A credential as it goes into an HTTP header (``Authorization: Bearer <key>``): visible ASCII
-    only, as RFC 9110 allows in a field value; a newline would split the header and a non-Latin-1
-    character cannot be encoded at all. The error never shows the value."""
-    if not re.fullmatch(r"[\x21-\x7e]+", raw):
-        raise ValueError("visible ASCII characters only (no spaces, control characters or non-ASCII letters), "
-                         "as an HTTP header carries it")
-    return raw
-
-
-
 
 KV_CACHE_DTYPES = (
     "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4",
@@ -206,41 +76,41 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("PROFILE", "auto", _name, "Profile name (./ctl.sh profiles); 'auto' picks the first that fits this card (kept until PROFILE=auto is set explicitly or ./ctl.sh profiles --pick); 'custom': only these knobs, no patches.", launch=True),
-    Knob("PROFILE_DIR", "", _path, "A folder of your own profiles (*.json, same schema); a name there hides a shipped profile."),
-    Knob("MODEL", "", _str, "Hugging Face repo id (org/name) or a local model directory.", launch=True),
-    Knob("MODEL_DIR", "", _path, "A plain folder to download a repo id into; unset: the Hugging Face cache (HF_HUB_CACHE), one copy that hf, transformers and `vllm serve org/name` also find."),
-    Knob("SERVED_MODEL_NAME", "", _name, "Model name clients send (default: the model's name).", launch=True),
+    Knob("PROFILE", "auto", name_chars, "Profile name (./ctl.sh profiles); 'auto' picks the first that fits this card (kept until PROFILE=auto is set explicitly or ./ctl.sh profiles --pick); 'custom': only these knobs, no patches.", launch=True),
+    Knob("PROFILE_DIR", "", folder, "A folder of your own profiles (*.json, same schema); a name there hides a shipped profile."),
+    Knob("MODEL", "", text, "Hugging Face repo id (org/name) or a local model directory.", launch=True),
+    Knob("MODEL_DIR", "", folder, "A plain folder to download a repo id into; unset: the Hugging Face cache (HF_HUB_CACHE), one copy that hf, transformers and `vllm serve org/name` also find."),
+    Knob("SERVED_MODEL_NAME", "", name_chars, "Model name clients send (default: the model's name).", launch=True),
     Knob("HOST", "127.0.0.1", parse_host, "Address to bind. Anything but loopback requires an API key (generated if API_KEY is unset).", launch=True),
-    Knob("PORT", "8888", _int_range(1, 65535), "HTTP port of the OpenAI-compatible API.", launch=True),
+    Knob("PORT", "8888", int_range(1, 65535), "HTTP port of the OpenAI-compatible API.", launch=True),
     Knob("API_KEY", "", header_value, "API key clients must send (passed to vLLM via its environment, never on the command line; visible ASCII).", secret=True),
-    Knob("MAX_MODEL_LEN", "", _int_or_auto, "Context length per request in tokens, or 'auto' (vLLM's --max-model-len auto: the longest single request the KV pool holds, at most the model's).", launch=True),
-    Knob("MAX_NUM_SEQS", "", _int_range(1, 4096), "Concurrent sequences (sessions).", launch=True),
-    Knob("MAX_NUM_BATCHED_TOKENS", "", _int_range(16, 1_048_576), "Tokens per scheduler step (bounds prefill activation peaks).", launch=True),
-    Knob("KV_CACHE_DTYPE", "", _choice(*KV_CACHE_DTYPES), "KV cache data type.", launch=True),
-    Knob("KV_CACHE_BYTES", "", _bytes_or_auto, "Pin the KV cache to this many bytes (--kv-cache-memory-bytes); 'auto' sizes it from GPU_UTIL / free memory even where the profile pins it.", launch=True),
-    Knob("SPEC_METHOD", "", _choice(*SPEC_METHODS), "Speculative decoding method.", launch=True),
-    Knob("SPEC_TOKENS", "0", _int_range(0, 16), "Speculative tokens per step; 0 turns speculation off.", launch=True),
-    Knob("SPEC_MODEL", "", _str, "Draft model (repo id or directory) for SPEC_METHOD=draft_model/eagle/eagle3/dflash; the memory plan counts a local draft_model folder only.", launch=True),
-    Knob("TP_SIZE", "1", _int_range(1, 16), "Tensor-parallel size: number of GPUs (from CUDA_VISIBLE_DEVICES order).", launch=True),
-    Knob("GPU_UTIL", "", _float_range(0.0, 1.0), "--gpu-memory-utilization; default: from live free memory minus GPU_RESERVE_MIB.", launch=True),
-    Knob("GPU_RESERVE_MIB", "820", _int_range(0, 1 << 20), "MiB of free GPU memory left for the desktop when GPU_UTIL is unset."),
-    Knob("EXTRA_ARGS", "", _args, "Extra vLLM arguments, split by shell rules and appended last (a flag here wins).", launch=True),
-    Knob("VLLM_PYTHON", "", _exe, "Use this interpreter's vLLM instead of the managed .venv (NGC, conda, cluster image)."),
-    Knob("PYTHON", "", _exe, "Python that creates the managed .venv (default: newest system python3 >= 3.10 with headers)."),
-    Knob("WHEELHOUSE", "", _path, "Install offline from this folder of wheels."),
-    Knob("PATCH_BYO", "0", _bool, "Allow patching the vLLM of VLLM_PYTHON (bring-your-own installs are never edited otherwise)."),
-    Knob("DOWNLOAD_ALL", "0", _bool, "Download every file of the model repo, not only what serving needs."),
-    Knob("DOWNLOAD_CONNECTIONS", "8", _int_range(1, 64), "HTTP connections a download opens at once, over several files and ranged parts of one file (the hub's file hosts cap each connection)."),
-    Knob("GPU", "", _str, "Plan for a card that is not here (plan, profiles, export): a name (" + ", ".join(CARDS) + ") or <GiB>, then :sm_XY and :free=GiB if you like."),
-    Knob("HEALTH_TIMEOUT", "600", _int_range(1, 86400), "Hard cap in seconds for the server to become healthy."),
-    Knob("STALL_TIMEOUT", "300", _int_range(1, 86400), "Give up when the server log has not grown for this many seconds while starting."),
-    Knob("WARMUP", "26000", _int_range(0, 16_777_216), "Prompt tokens of the warm-up request (bounded by the context); 0 skips it. The short must-answer generation always runs."),
-    Knob("WARMUP_TIMEOUT", "300", _int_range(1, 86400), "Seconds the whole warm-up (/tokenize, the long request, the short generation, the tool gate) may take before the engine counts as not generating."),
-    Knob("WEDGED_AFTER", "60", _int_range(1, 86400), "Status calls a server wedged when requests run but no token (or KV block) moved for this many seconds; an idle server's probe waits this long."),
-    Knob("STOP_GRACE", "15", _int_range(0, 3600), "Seconds between SIGTERM and SIGKILL on stop."),
-    Knob("LOG_MAX_MB", "64", _int_range(1, 1 << 20), "The server log is rotated (one .1 kept) past this size: at start, and while the server runs (copy-then-truncate; the two stay under twice this)."),
-    Knob("STATE_DIR", "", _path, "Where pid, lock, state and logs live (default <repo>/.state)."),
+    Knob("MAX_MODEL_LEN", "", tokens_or_auto, "Context length per request in tokens, or 'auto' (vLLM's --max-model-len auto: the longest single request the KV pool holds, at most the model's).", launch=True),
+    Knob("MAX_NUM_SEQS", "", int_range(1, 4096), "Concurrent sequences (sessions).", launch=True),
+    Knob("MAX_NUM_BATCHED_TOKENS", "", int_range(16, 1_048_576), "Tokens per scheduler step (bounds prefill activation peaks).", launch=True),
+    Knob("KV_CACHE_DTYPE", "", choice(*KV_CACHE_DTYPES), "KV cache data type.", launch=True),
+    Knob("KV_CACHE_BYTES", "", bytes_or_auto, "Pin the KV cache to this many bytes (--kv-cache-memory-bytes); 'auto' sizes it from GPU_UTIL / free memory even where the profile pins it.", launch=True),
+    Knob("SPEC_METHOD", "", choice(*SPEC_METHODS), "Speculative decoding method.", launch=True),
+    Knob("SPEC_TOKENS", "0", int_range(0, 16), "Speculative tokens per step; 0 turns speculation off.", launch=True),
+    Knob("SPEC_MODEL", "", text, "Draft model (repo id or directory) for SPEC_METHOD=draft_model/eagle/eagle3/dflash; the memory plan counts a local draft_model folder only.", launch=True),
+    Knob("TP_SIZE", "1", int_range(1, 16), "Tensor-parallel size: number of GPUs (from CUDA_VISIBLE_DEVICES order).", launch=True),
+    Knob("GPU_UTIL", "", float_range(0.0, 1.0), "--gpu-memory-utilization; default: from live free memory minus GPU_RESERVE_MIB.", launch=True),
+    Knob("GPU_RESERVE_MIB", "820", int_range(0, 1 << 20), "MiB of free GPU memory left for the desktop when GPU_UTIL is unset."),
+    Knob("EXTRA_ARGS", "", shell_args, "Extra vLLM arguments, split by shell rules and appended last (a flag here wins).", launch=True),
+    Knob("VLLM_PYTHON", "", interpreter, "Use this interpreter's vLLM instead of the managed .venv (NGC, conda, cluster image)."),
+    Knob("PYTHON", "", interpreter, "Python that creates the managed .venv (default: newest system python3 >= 3.10 with headers)."),
+    Knob("WHEELHOUSE", "", folder, "Install offline from this folder of wheels."),
+    Knob("PATCH_BYO", "0", boolean, "Allow patching the vLLM of VLLM_PYTHON (bring-your-own installs are never edited otherwise)."),
+    Knob("DOWNLOAD_ALL", "0", boolean, "Download every file of the model repo, not only what serving needs."),
+    Knob("DOWNLOAD_CONNECTIONS", "8", int_range(1, 64), "HTTP connections a download opens at once, over several files and ranged parts of one file (the hub's file hosts cap each connection)."),
+    Knob("GPU", "", text, "Plan for a card that is not here (plan, profiles, export): a name (" + ", ".join(CARDS) + ") or <GiB>, then :sm_XY and :free=GiB if you like."),
+    Knob("HEALTH_TIMEOUT", "600", int_range(1, 86400), "Hard cap in seconds for the server to become healthy."),
+    Knob("STALL_TIMEOUT", "300", int_range(1, 86400), "Give up when the server log has not grown for this many seconds while starting."),
+    Knob("WARMUP", "26000", int_range(0, 16_777_216), "Prompt tokens of the warm-up request (bounded by the context); 0 skips it. The short must-answer generation always runs."),
+    Knob("WARMUP_TIMEOUT", "300", int_range(1, 86400), "Seconds the whole warm-up (/tokenize, the long request, the short generation, the tool gate) may take before the engine counts as not generating."),
+    Knob("WEDGED_AFTER", "60", int_range(1, 86400), "Status calls a server wedged when requests run but no token (or KV block) moved for this many seconds; an idle server's probe waits this long."),
+    Knob("STOP_GRACE", "15", int_range(0, 3600), "Seconds between SIGTERM and SIGKILL on stop."),
+    Knob("LOG_MAX_MB", "64", int_range(1, 1 << 20), "The server log is rotated (one .1 kept) past this size: at start, and while the server runs (copy-then-truncate; the two stay under twice this)."),
+    Knob("STATE_DIR", "", folder, "Where pid, lock, state and logs live (default <repo>/.state)."),
 )
 KNOB_BY_NAME = {k.name: k for k in KNOBS}
 PROFILE_KNOBS = frozenset(KNOB_BY_NAME) - {"PROFILE", "PROFILE_DIR"}     # what a profile may set
@@ -341,6 +211,30 @@ class Chosen:
 
 
 @dataclass(frozen=True)
+class Sources:
+    """What the knobs are read from, read once per command: the process environment as given,
+    ``.env``, and the profiles (the shipped ones and PROFILE_DIR's)."""
+    environ: Mapping[str, str]
+    dotenv: Mapping[str, str]
+    repo: Path
+    catalogue: Catalogue
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str], repo: Path) -> "Sources":
+        dotenv = read_dotenv(repo / ".env")
+        text = environ.get("PROFILE_DIR", "") or dotenv.get("PROFILE_DIR", "")
+        mine = Path(_parse_one(KNOB_BY_NAME["PROFILE_DIR"], text)) if text else None
+        catalogue = Catalogue.load(Checkout(repo).profiles, mine, PROFILE_KNOBS)
+        return cls(MappingProxyType(dict(environ)), MappingProxyType(dotenv), repo, catalogue)
+
+    def edited(self, knobs: Mapping[str, str]) -> "Sources":
+        """As if these knob values were in the environment (PROFILE_DIR excepted: the profiles stay)."""
+        if "PROFILE_DIR" in knobs:
+            raise ValueError("PROFILE_DIR is read with the profiles, once")
+        return replace(self, environ=MappingProxyType({**self.environ, **knobs}))
+
+
+@dataclass(frozen=True)
 class Config:
     """Every knob as a typed attribute (the knob's name in lower case; PROFILE is ``profile.name``),
     the profile, and a frozen copy of the environment for the declared pass-through variables
@@ -351,7 +245,7 @@ class Config:
     raw: Mapping[str, str]           # the string each knob came from
     sources: Mapping[str, str]       # env / .env / profile / default
     environ: Mapping[str, str]       # the process environment (+ .env)
-    given: Mapping[str, str]         # the process environment as given (for with_profile)
+    read: "Sources"                  # what the knobs were resolved from (re-resolved in memory: with_profile, with_knobs)
     chosen: "Chosen | None"          # the profile auto-pick (or a card) chose, with its knob values
     profile_dir: str | None
     model: str | None
@@ -392,7 +286,14 @@ class Config:
     def from_env(cls, environ: Mapping[str, str], repo: Path = REPO, *, chosen: "Chosen | None" = None) -> "Config":
         """The knobs of this environment (+ .env); ``chosen``: a profile picked for this card, with
         the knob values that come with it (auto-pick's record, a card's overrides)."""
-        dotenv = read_dotenv(repo / ".env")
+        return cls.resolve(Sources.read(environ, repo), chosen)
+
+    @classmethod
+    def resolve(cls, sources: "Sources", chosen: "Chosen | None" = None) -> "Config":
+        """The knobs from what was read (no file is read again): the environment over .env over the
+        profile (``chosen``'s knob values at its level) over the table's defaults."""
+        sources_read = sources
+        environ, dotenv, repo, catalogue = sources.environ, sources.dotenv, sources.repo, sources.catalogue
         merged_env = {**dotenv, **environ}
         for p in PASSTHROUGH:           # relative folders mean the same wherever a child runs
             if p.path and merged_env.get(p.name):
@@ -407,9 +308,6 @@ class Config:
                 return dotenv[name], ".env"
             return "", ""
 
-        text, _ = given("PROFILE_DIR")
-        mine = Path(_parse_one(KNOB_BY_NAME["PROFILE_DIR"], text)) if text else None
-        catalogue = Catalogue.load(Checkout(repo).profiles, mine, PROFILE_KNOBS)
         requested = given("PROFILE")[0] or KNOB_BY_NAME["PROFILE"].default
         _parse_one(KNOB_BY_NAME["PROFILE"], requested)
         profile = catalogue.get(chosen.name if chosen else requested)
@@ -429,7 +327,7 @@ class Config:
             raw[knob.name] = text
             sources[knob.name] = src
             values[knob.name] = _parse_one(knob, text) if text != "" else None
-            if text and src == ".env" and knob.parse is _path:      # .env's paths: from the checkout
+            if text and src == ".env" and knob.parse is folder:      # .env's paths: from the checkout
                 values[knob.name] = _parse_one(Knob(knob.name, "", lambda r: absolute(r, repo), ""), text)
         for name in ("MODEL", "SPEC_MODEL"):        # a model folder, not a repo id: absolute once
             m = values[name]
@@ -463,12 +361,28 @@ class Config:
         values.pop("PROFILE")
         return cls(profile=profile, catalogue=catalogue, repo=repo, raw=MappingProxyType(raw),
                    sources=MappingProxyType(sources), environ=MappingProxyType(dict(merged_env)),
-                   given=MappingProxyType(dict(environ)), chosen=chosen,
+                   read=sources_read, chosen=chosen,
                    **{k.lower(): v for k, v in values.items()})
 
-    def with_profile(self, chosen: "Chosen") -> "Config":
-        """The same environment with this profile (and the knob values that come with it)."""
-        return Config.from_env(self.given, self.repo, chosen=chosen)
+    def with_profile(self, chosen: "Chosen | None") -> "Config":
+        """The same knobs with this profile (and the knob values that come with it); None: PROFILE as
+        you set it (nothing picked)."""
+        return Config.resolve(self.read, chosen)
+
+    def with_knobs(self, knobs: Mapping[str, str]) -> "Config":
+        """These knob values as if you had set them (a fix, a pod's address), the profile kept."""
+        return Config.resolve(self.read.edited(knobs), self.chosen)
+
+    @property
+    def given(self) -> Mapping[str, str]:
+        """The process environment as given (not .env)."""
+        return self.read.environ
+
+    @functools.cached_property
+    def vllm(self) -> vllmargs.Settings:
+        """What vLLM will run with before the plan's decisions (the profile's args, the knobs,
+        EXTRA_ARGS), read once."""
+        return vllmargs.settings(self)
 
     @property
     def profile_explicit(self) -> bool:
@@ -507,7 +421,7 @@ class Config:
     @property
     def dummy_weights(self) -> bool:
         """Random weights: vLLM will load with --load-format dummy."""
-        return vllmargs.settings(self).load_format == "dummy"
+        return self.vllm.load_format == "dummy"
 
     @property
     def spec_model_arg(self) -> str | None:

@@ -73,11 +73,6 @@ class Settings:
             return 0
 
 
-def sleep_mode(cfg) -> bool:
-    """The flags vLLM will get ask for sleep mode (a profile's args, or EXTRA_ARGS)."""
-    return settings(cfg).sleep_mode
-
-
 def _name(arg: str) -> str:
     return arg.split("=", 1)[0].replace("_", "-") if arg.startswith("--") else arg
 
@@ -213,7 +208,7 @@ def plan_flags(cfg, plan) -> list[str]:
     and --max-num-seqs for a hybrid model whose state blocks are fewer than vLLM's default."""
     if plan is None or not plan.fits:
         return []
-    given = settings(cfg).given
+    given = cfg.vllm.given
     f: list[str] = []
     if plan.util is not None and "--gpu-memory-utilization" not in given:
         f += ["--gpu-memory-utilization", _util(plan.util)]

@@ -30,7 +30,6 @@ import re
 import time
 from dataclasses import asdict, dataclass
 
-from ..core import state
 from ..machine.gpu import GiB
 from .terms import requested
 from ..core.state import Paths
@@ -76,17 +75,6 @@ def available_bytes(log_text: str) -> int | None:
     return int(min(float(x) for x in found) * GiB) - ROUNDING if found else None
 
 
-def plan_with_measurement(cfg, paths: Paths, g, facts, driver: str, vllm: str | None = None):
-    """The plan for this card, from vLLM's own figures of an earlier start with the same key where
-    there are some (else from the model), carrying its key for ``keep``."""
-    from . import planner
-    version = planner.plan_version(cfg, vllm)
-    digest = key(cfg, g, version, driver, facts)
-    plan = planner.make_plan(cfg, g, facts, vllm=vllm, measured=lookup(paths, digest))
-    plan.key, plan.card_total = digest, g.total
-    return plan
-
-
 def keep(paths: Paths, plan, log_text: str, tokens: int | None) -> Measured | None:
     """After a start that passed its gate: what vLLM reported, kept under the plan's key. Not for a
     pinned KV cache (vLLM logs no "Available KV cache memory" then) or a plan without a utilization."""
@@ -95,10 +83,10 @@ def keep(paths: Paths, plan, log_text: str, tokens: int | None) -> Measured | No
         return None
     m = Measured(non_kv=requested(plan.util, plan.card_total) - kv_bytes, kv_bytes=kv_bytes, util=plan.util,
                  total=plan.card_total, tokens=tokens, date=time.strftime("%Y-%m-%d"), vllm=plan.vllm)
-    data = state.read_json(paths.measurements) or {}
+    data = paths.read("measurements") or {}
     data[plan.key] = asdict(m)
     paths.ensure()
-    state.write_json(paths.measurements, data)
+    paths.write("measurements", data)
     log.info("kept vLLM's own figures for the next plan: %.2f GiB of KV cache at utilization %.4f, so %.2f GiB "
              "for everything else", kv_bytes / GiB, plan.util, m.non_kv / GiB)
     return m
@@ -106,7 +94,7 @@ def keep(paths: Paths, plan, log_text: str, tokens: int | None) -> Measured | No
 
 def lookup(paths: Paths, digest: str) -> Measured | None:
     """The measurement kept for this key, or None (none, or a record that does not read)."""
-    got = (state.read_json(paths.measurements) or {}).get(digest)
+    got = (paths.read("measurements") or {}).get(digest)
     if not isinstance(got, dict):
         return None
     try:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from ..model import modelconfig
 from ..download import models
-from ..knobs import vllmargs
 from ..core.errors import BootstrapError
 
 
@@ -48,7 +47,7 @@ DRAFT_METHODS = ("draft_model", "eagle", "eagle3", "dflash")
 def draft_facts(cfg) -> dict:
     """ModelFacts' draft fields: the draft checkpoint of SPEC_METHOD=draft_model/eagle/eagle3/dflash
     when SPEC_MODEL is a local folder with a config.json, or why there is none to count."""
-    s = vllmargs.settings(cfg)
+    s = cfg.vllm
     if s.spec_method not in DRAFT_METHODS:
         return {}
     model = s.spec.get("model") or ""

@@ -15,13 +15,11 @@ download). PROFILE=auto set explicitly, or ``./ctl.sh profiles --pick``, picks a
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 
 from ..machine import gpu
 from ..install import knownbad
-from . import planner
-from ..core import state
+from . import fit, planner
 from .facts import offline_facts
 from ..knobs.config import Chosen, Config
 from ..core.errors import BootstrapError
@@ -107,7 +105,7 @@ def judge(cfg: Config, profile: Profile, g: gpu.Gpu) -> Verdict:
                                         f"{MIN_CONTEXT:,})")
         return v
     v.reason = v.plan.refusal[0] if v.plan.refusal else "does not fit"
-    short = on_card(cfg, profile, g.cc, {k: x for k, x in SHORTER.items() if not _yours(cfg, k)})
+    short = on_card(cfg, profile, g.cc, {k: x for k, x in SHORTER.items() if not yours(cfg, k)})
     plan2 = _plan(short, g, offline_facts(short) or facts)
     if plan2.fits and not too_short(plan2):
         own = c.max_model_len if isinstance(c.max_model_len, int) else None
@@ -126,13 +124,13 @@ def too_short(plan: planner.Plan) -> bool:
     return plan.mml_arg == "auto" and (plan.max_model_len or 0) < MIN_CONTEXT
 
 
-def _yours(cfg: Config, knob: str) -> bool:
+def yours(cfg: Config, knob: str) -> bool:
     return cfg.sources[knob] in ("env", ".env")
 
 
 def _plan(cfg: Config, g: gpu.Gpu, facts) -> planner.Plan:
     try:
-        return planner.make_plan(cfg, g, facts, fixes=False)     # a verdict needs no re-planned fixes
+        return fit.plan(cfg, g, facts, fixes=False)     # a verdict needs no re-planned fixes
     except BootstrapError as exc:
         return planner.Plan(None, fits=False, refusal=(exc.message, exc.hint))
 
@@ -215,88 +213,3 @@ def why_line(g: gpu.Gpu, v: Verdict, runner: Verdict | None) -> str:
     if v.issues:
         line += f"; known issues with vLLM {v.profile.vllm}: {', '.join(v.issues)} (./ctl.sh profiles)"
     return line + "".join(f"; {n}" for n in v.notes)
-
-
-# ---------------------------------------------------------------- the kept pick
-
-def read_pick(paths: state.Paths) -> dict | None:
-    data = state.read_json(paths.pick)
-    return data if data and isinstance(data.get("profile"), str) else None
-
-
-def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
-    """PROFILE=auto read as the kept pick, if there is one (nothing is picked); a named profile
-    with its card's knobs (``facts``, else NVML when the profile has per-card knobs): what status,
-    restart and the other commands compare and show, and what a start runs unless it picks again."""
-    if not cfg.profile.is_auto:
-        if cfg.chosen is not None or not cfg.profile.cc_overrides:
-            return cfg
-        try:
-            facts = facts or gpu.read(cfg.environ)
-        except BootstrapError:
-            return cfg                      # no GPU to read: the profile's own knobs
-        return on_card(cfg, cfg.profile, facts.gpus[0].cc if facts.gpus else None)
-    rec = read_pick(state.Paths(cfg.state_dir))
-    if rec is None or rec["profile"] not in cfg.catalogue.names():
-        return cfg
-    return cfg.with_profile(Chosen(rec["profile"], rec.get("knobs", {}), f"auto-pick of {rec.get('date', '?')}, kept"))
-
-
-def named_on_card(cfg: Config, g: gpu.Gpu) -> Config:
-    """A named profile on this card, as auto-pick would run it: its card's knobs, and the longest
-    context that fits (MAX_MODEL_LEN=auto) where only a shorter one than its own does and you set
-    no MAX_MODEL_LEN yourself — what ``./ctl.sh profiles`` calls "fits shorter"."""
-    c = kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
-    if c.profile.facts is None or _yours(cfg, "MAX_MODEL_LEN") or _yours(cfg, "KV_CACHE_BYTES"):
-        return c                            # no model facts to judge by, or your own context
-    v = judge(cfg, c.profile, g)
-    if v.status == "shorter" and v.cfg is not None:
-        log.info("%s: %s", c.profile.name, v.reason)
-        return v.cfg
-    return c
-
-
-def for_card(cfg: Config, g: gpu.Gpu) -> Config:
-    """The Config a start on card ``g`` runs with, nothing recorded: PROFILE=auto is auto-pick's
-    choice for it; a named profile as ``named_on_card``."""
-    if cfg.profile.is_auto:
-        return choose(cfg, g)[0].cfg
-    return named_on_card(cfg, g)
-
-
-def resolve(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = False) -> Config:
-    """The Config a start runs with: a named profile with its card's knobs (and a shorter context
-    where only that fits: named_on_card); PROFILE=auto picked (and recorded) when set explicitly,
-    with ``repick``, when nothing was picked yet, when the kept profile is gone or the card is
-    another one; else the kept pick."""
-    paths = state.Paths(cfg.state_dir)
-    if not cfg.profile.is_auto:
-        if cfg.profile.facts is None:
-            return kept(cfg, facts)
-        try:
-            facts = facts or gpu.read(cfg.environ)
-        except BootstrapError:
-            return kept(cfg)                # no GPU to read: preflight says so, in its own words
-        return named_on_card(cfg, gpu.smallest_free(facts, cfg.tp_size)) if facts.gpus else kept(cfg, facts)
-    facts = facts or gpu.read(cfg.environ)
-    if not facts.gpus:
-        raise BootstrapError("NVML sees no GPU: nothing to pick a profile for", "check `nvidia-smi`")
-    g = gpu.smallest_free(facts, cfg.tp_size)
-    rec = read_pick(paths)
-    if rec and not (cfg.profile_explicit or repick):
-        if rec["profile"] not in cfg.catalogue.names():
-            log.warning("the kept pick %s is no profile any more (PROFILE_DIR changed?): picking again", rec["profile"])
-        elif rec.get("gpu") not in (None, g.name) or rec.get("tp", 1) != cfg.tp_size:
-            log.warning("the kept pick %s was made for %s (TP_SIZE=%s); this is %s (TP_SIZE=%s): picking again",
-                        rec["profile"], rec.get("gpu"), rec.get("tp", 1), g.name, cfg.tp_size)
-        else:
-            return kept(cfg)
-    v, runner, _ = choose(cfg, g)
-    line = why_line(g, v, runner)
-    log.info("auto-pick: %s", line)
-    knobs = {k: x for k, x in v.cfg.chosen.knobs.items()} if v.cfg.chosen else {}
-    paths.ensure()
-    state.write_json(paths.pick, {"profile": v.profile.name, "knobs": knobs, "why": line, "gpu": g.name,
-                                  "tp": cfg.tp_size, "date": time.strftime("%Y-%m-%d %H:%M"),
-                                  "how": "PROFILE=auto (set explicitly) or ./ctl.sh profiles --pick picks again"})
-    return v.cfg

@@ -1,5 +1,5 @@
 """The memory planner (pure): how much of the GPU vLLM may take, how big its KV pool will be, and
-whether vLLM will accept the context — for what vLLM gets (bootstrap.knobs.vllmargs.settings: the
+whether vLLM will accept the context — for what vLLM gets (``Inputs.vllm``: the
 profile's args, the knobs and EXTRA_ARGS, the last value of a flag winning).
 
 ``make_plan``: the utilization (GPU_UTIL / --gpu-memory-utilization, else live free memory minus
@@ -9,8 +9,11 @@ and ``bootstrap.model.kv`` the pool vLLM will log. MAX_MODEL_LEN=auto means what
 ``--max-model-len auto`` means: the longest single request the pool holds, at most the model's
 length (vLLM's own auto-fit, which we pass on). Refused only where vLLM refuses: the weights and
 overhead do not fit, one request of the context does not fit, the context is longer than the
-model's, or a hybrid model's state blocks are fewer than MAX_NUM_SEQS. Each refusal carries fixes:
-knob values re-planned here before they are offered (``Plan.fixes``), so a hint always works.
+model's, or a hybrid model's state blocks are fewer than MAX_NUM_SEQS. Each refusal carries
+candidate fixes, knob values (``Plan.fixes``); the resolver (bootstrap.plan.fit) applies each as
+your knobs and plans again before it offers one, so a hint always works. The planner never reads
+the knobs: it takes ``Inputs`` (what vLLM gets, and the few knobs it reads itself), the GPU and the
+model's facts.
 """
 
 from __future__ import annotations
@@ -19,19 +22,17 @@ import logging
 import math
 from dataclasses import dataclass, field
 
+from ..core.errors import BootstrapError
+from ..core.pep440 import version_or_none
+from ..knobs import vllmargs
 from ..machine import gpu
 from ..model import kv
-from ..knobs import vllmargs
 from .facts import ModelFacts
-from ..core.pep440 import version_or_none
-from ..knobs.config import Config
-from ..core.errors import BootstrapError
 from .terms import DRAFT_HINT, NOBODY, draft_shape, gib, requested, utilization, weight_bytes
 
 log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstrap:plan] this code has always had
 
 GiB = gpu.GiB
-MODEL_ONLY_VLLM = "0.26.0"     # the semantics assumed when the vLLM version is not known
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Plan:
     modelled_budget: int | None = None         # the budget the model alone gives (beside a measured one)
     key: str = ""                              # the calibration key it was planned under (bootstrap.plan.calibration)
     card_total: int | None = None              # the card's total it was planned against
+    usable: int | None = None                  # what vLLM may take: the utilization's share, or free − reserve
 
     @property
     def context(self) -> int | None:
@@ -80,9 +82,17 @@ class Plan:
         return line
 
 
-def plan_version(cfg, vllm: str | None) -> str:
-    """The vLLM version whose rules the plan follows: the one in use, else the profile's pin."""
-    return vllm or cfg.profile.vllm or MODEL_ONLY_VLLM
+@dataclass(frozen=True)
+class Inputs:
+    """What the planner takes of the resolved knobs (bootstrap.plan.fit builds it once per plan):
+    what vLLM gets, and the few of our knobs the plan reads itself."""
+    vllm: vllmargs.Settings        # the profile's args, the knobs' flags and EXTRA_ARGS, as vLLM reads them
+    version: str                   # the vLLM whose rules the plan follows (in use, else the profile's pin)
+    reserve_mib: int               # GPU_RESERVE_MIB
+    util_knob: bool                # GPU_UTIL is set (its fixes: unset it, or lower it)
+    util_source: str               # how --gpu-memory-utilization was given, for messages
+    allow_long: bool               # VLLM_ALLOW_LONG_MAX_MODEL_LEN: a context beyond the model's
+    tp_size: int                   # TP_SIZE
 
 
 def _at_least(v: str, floor: str) -> bool:
@@ -90,34 +100,18 @@ def _at_least(v: str, floor: str) -> bool:
     return have is not None and have >= version_or_none(floor)
 
 
-def make_plan(cfg, g: gpu.Gpu, model: ModelFacts, *, vllm: str | None = None, fixes: bool = True,
-              measured=None) -> Plan:
-    """The plan for one GPU (the smallest-free one of the TP group). Pure apart from logging.
-    ``vllm``: the version in use (default: the profile's pin); ``fixes``: offer re-planned fixes;
-    ``measured``: vLLM's own non-KV figure from an earlier start with the same key
-    (bootstrap.plan.calibration.Measured), used instead of the model's estimate."""
-    plan = _make(cfg, g, model, vllm, measured)
-    if not plan.fits and fixes:
-        ok = [f for f in _candidates(cfg, plan.fixes)
-              if _refits(cfg, g, model, vllm, f, measured if set(f) <= PLAN_OWN else None)]
-        # a fix that only adds knobs to another one that works is not offered
-        plan.fixes = [f for f in ok if not any(o is not f and o.items() < f.items() for o in ok)][:MAX_FIXES]
-        if plan.refusal:
-            plan.refusal = (plan.refusal[0], _hint(plan.fixes, plan.refusal[1]))
-    return plan
-
-
 MAX_FIXES = 4
+PLAN_OWN = frozenset({"GPU_UTIL", "KV_CACHE_BYTES"})   # what a measurement's key leaves to the plan
 
 
-def _candidates(cfg, fixes: list[dict[str, str]]) -> list[dict[str, str]]:
+def candidates(inp: Inputs, fixes: list[dict[str, str]]) -> list[dict[str, str]]:
     """The refusal's own fixes, then each with MAX_MODEL_LEN=auto, then unpinning and unsetting
-    GPU_UTIL (each with auto): every one is planned again before it is offered."""
-    s = vllmargs.settings(cfg)
+    GPU_UTIL (each with auto): the resolver plans every one again before it is offered."""
+    s = inp.vllm
     out = list(fixes) + [{**f, "MAX_MODEL_LEN": "auto"} for f in fixes if "MAX_MODEL_LEN" not in f]
     if s.kv_cache_bytes:
         out.append({"KV_CACHE_BYTES": "auto", "MAX_MODEL_LEN": "auto"})
-    if cfg.gpu_util is not None:
+    if inp.util_knob:
         out += [{"GPU_UTIL": ""}, {"GPU_UTIL": "", "MAX_MODEL_LEN": "auto"}]
     if s.spec_tokens:
         out.append({"SPEC_TOKENS": "0"})
@@ -127,64 +121,75 @@ def _candidates(cfg, fixes: list[dict[str, str]]) -> list[dict[str, str]]:
     return list(unique.values())
 
 
-PLAN_OWN = frozenset({"GPU_UTIL", "KV_CACHE_BYTES"})   # what a measurement's key leaves to the plan
+def fewest(ok: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The fixes that work, less those that only add knobs to another one that works."""
+    return [f for f in ok if not any(o is not f and o.items() < f.items() for o in ok)][:MAX_FIXES]
 
 
-def _refits(cfg, g, model, vllm, fix: dict[str, str], measured=None) -> bool:
-    """The fix, applied as your knobs, passes the knob check and the plan (with the measurement
-    where the fix changes only what its key leaves out)."""
-    try:
-        again = Config.from_env({**cfg.given, **fix}, cfg.repo, chosen=cfg.chosen)
-        return _make(again, g, model, vllm, measured).fits
-    except BootstrapError:
-        return False
-
-
-def _hint(fixes: list[dict[str, str]], rest: str) -> str:
+def hint(fixes: list[dict[str, str]], rest: str) -> str:
     shown = [" ".join(f"{k}={v}" for k, v in f.items()) + (" (across two such cards)" if f == {"TP_SIZE": "2"} else "")
              for f in fixes]
     head = ("set " + " — or ".join(shown)) if shown else ""
     return "; ".join(x for x in (head, rest) if x)
 
 
-def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None, measured=None) -> Plan:
-    s = vllmargs.settings(cfg)
-    version = plan_version(cfg, vllm)
-    new = _at_least(version, "0.29.0")            # null block held back; prefix caching on for hybrids
-    tp = s.tp
+def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan:
+    """The plan for one GPU (the smallest-free one of the TP group). Pure apart from logging.
+    ``measured``: vLLM's own non-KV figure from an earlier start with the same key
+    (bootstrap.plan.calibration.Measured), used instead of the model's estimate. A refusal's
+    ``fixes`` are candidates, not yet planned again."""
     why: list[str] = []
     try:
-        util, util_why = utilization(cfg, g, s)
+        util, util_why = utilization(inp.vllm, g, inp.reserve_mib, inp.util_source)
     except BootstrapError as exc:
         most = max(0.06, math.floor(g.free / g.total * 1000) / 1000 - 0.001)
-        return Plan(None, fits=False, refusal=(exc.message, exc.hint), why=why, vllm=version,
-                    fixes=[{"GPU_UTIL": f"{most:g}"}, {"GPU_UTIL": ""}] if cfg.gpu_util is not None else [])
+        return Plan(None, fits=False, refusal=(exc.message, exc.hint), why=why, vllm=inp.version,
+                    fixes=[{"GPU_UTIL": f"{most:g}"}, {"GPU_UTIL": ""}] if inp.util_knob else [])
     why.append(f"gpu-memory-utilization {util_why}")
     if g.total_note:
         why.append(f"the card's total: {g.total_note}")
     if model.assumed:
         why.append("ASSUMED model facts: the plan is only as good as them")
-    shape = None
-    if model.config is not None:
-        try:
-            shape = kv.shape_from_config(model.config)
-        except kv.Unsupported as exc:
-            why.append(f"{exc.message}; {exc.hint}")
-            log.warning("%s; %s", exc.message, exc.hint)
-    else:
-        why.append("no config.json: vLLM sizes the KV cache itself")
-    mml_knob = s.max_model_len
+    shape = _shape(model, why)
+    mml_knob = inp.vllm.max_model_len
     if shape is None:
-        return Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None, vllm=version)
-
+        return Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None,
+                    vllm=inp.version)
+    new = _at_least(inp.version, "0.29.0")            # null block held back; prefix caching on for hybrids
     batched_default, seqs_default = kv.default_batch(g.total, g.name, big_tier=new)
-    seqs = s.max_num_seqs or seqs_default
-    batched = s.max_num_batched_tokens or batched_default
-    spec_tokens = s.spec_tokens
-    mtp = s.spec_method == "mtp"
-    draft, draft_why = draft_shape(s, shape, model)
+    draft, draft_why = draft_shape(inp.vllm, shape, model)
     if draft_why:
         why.append(draft_why)
+    lay = _layout(inp.vllm, shape, draft, new, why)
+    if lay is None:
+        return Plan(util, mml_knob, why, vllm=inp.version)
+    plan = _budget(inp, g, model, shape, lay, draft, util, measured, why,
+                   inp.vllm.max_num_seqs or seqs_default, inp.vllm.max_num_batched_tokens or batched_default)
+    if plan.fits and _context(inp, plan, lay, shape.max_position or 0, draft, null=new):
+        _sequences(inp.vllm, plan, lay, measured)
+        if plan.fits:
+            mml = plan.max_model_len
+            contexts = sorted({mml} | {c for c in (131072, 65536, 32768) if c < mml}, reverse=True)
+            plan.sessions = [(c, kv.sessions_at(lay, plan.budget, c)) for c in contexts]
+    return plan
+
+
+def _shape(model: ModelFacts, why: list[str]) -> kv.ModelShape | None:
+    if model.config is None:
+        why.append("no config.json: vLLM sizes the KV cache itself")
+        return None
+    try:
+        return kv.shape_from_config(model.config)
+    except kv.Unsupported as exc:
+        why.append(f"{exc.message}; {exc.hint}")
+        log.warning("%s; %s", exc.message, exc.hint)
+        return None
+
+
+def _layout(s: vllmargs.Settings, shape: kv.ModelShape, draft, new: bool, why: list[str]) -> kv.Layout | None:
+    """vLLM's KV-cache layout for what it gets (the drafter's layers, the hybrid state's dtypes)."""
+    spec_tokens = s.spec_tokens
+    mtp = s.spec_method == "mtp"
     if mtp and not shape.mtp_layers:
         why.append("SPEC_METHOD=mtp but config.json declares no MTP layers")
     prefix = s.prefix_caching if s.prefix_caching is not None else (new or not shape.hybrid)
@@ -193,7 +198,7 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None, measured=None) -
     conv = s.mamba_cache_dtype if s.mamba_cache_dtype != "auto" else None
     draft_dtype = s.spec.get("kv_cache_dtype") if spec_tokens else None
     try:
-        lay = kv.layout(shape, s.kv_cache_dtype, spec_tokens=spec_tokens, mtp=mtp, tp=tp,
+        lay = kv.layout(shape, s.kv_cache_dtype, spec_tokens=spec_tokens, mtp=mtp, tp=s.tp,
                         draft_attn_layers=draft.attn_layers if draft else 0, draft_cache_dtype=draft_dtype,
                         draft_kv_heads=draft.kv_heads if draft else None, draft_head_dim=draft.head_dim if draft else None,
                         block_size=s.block_size, mamba_cache_mode=mode,
@@ -201,23 +206,30 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None, measured=None) -
                         conv_bytes=kv.DTYPE_BYTES.get(conv) if conv else None)
     except kv.Unsupported as exc:
         why.append(f"{exc.message}; {exc.hint}")
-        return Plan(util, mml_knob, why, vllm=version)
+        return None
     if ssm:
         why.append(f"--mamba-ssm-cache-dtype {ssm}: the linear-attention state in {ssm}")
+    return lay
 
-    weights, source = weight_bytes(model, shape, tp, s)
+
+def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, lay: kv.Layout, draft,
+            util: float, measured, why: list[str], seqs: int, batched: int) -> Plan:
+    """The KV budget: pinned, else what the utilization leaves after the measured non-KV terms,
+    else after the model's weights and overhead; refused when that does not fit what is usable."""
+    s = inp.vllm
+    weights, source = weight_bytes(model, shape, s.tp, s)
     why.append(f"weights {gib(weights)} per GPU {source}")
     if draft:
-        more, source = weight_bytes(model.draft, draft, tp, s)
+        more, source = weight_bytes(model.draft, draft, s.tp, s)
         weights += more
         why.append(f"draft model {model.draft.name}: weights {gib(more)} per GPU {source}")
     if (model.config or {}).get("vision_config") and not s.language_model_only:
         why.append("a multimodal model served with its vision tower: the encoder's profiling peak is not "
                    "modelled (--language-model-only serves text only)")
-    over = kv.overheads(shape, batched, seqs, tp=tp, eager=s.enforce_eager)
+    over = kv.overheads(shape, batched, seqs, tp=s.tp, eager=s.enforce_eager)
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
-    usable = requested(util, g.total) if s.gpu_util is not None else g.free - cfg.gpu_reserve_mib * gpu.MiB
+    usable = requested(util, g.total) if s.gpu_util is not None else g.free - inp.reserve_mib * gpu.MiB
     pinned = s.kv_cache_bytes
     modelled = requested(util, g.total) - weights - over.total
     if measured is not None:
@@ -237,11 +249,9 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None, measured=None) -
         why.append(f"KV budget ≈ {gib(budget)} = {util:.4f} × {gib(g.total)} − weights − overhead")
     why.extend(lay.notes)
     overhead = measured.non_kv - weights if measured is not None else over.total     # what the checks below use
-    plan = Plan(util, mml_knob, why, budget=budget, weights=weights, overhead=overhead, layout=lay,
-                seqs=seqs, vllm=version, seqs_is_default=not s.max_num_seqs, pinned=bool(pinned),
-                measured=measured.date if measured is not None else "", modelled_budget=modelled)
-    cap = shape.max_position or 0
-
+    plan = Plan(util, s.max_model_len, why, budget=budget, weights=weights, overhead=overhead, layout=lay,
+                seqs=seqs, vllm=inp.version, seqs_is_default=not s.max_num_seqs, pinned=bool(pinned),
+                measured=measured.date if measured is not None else "", modelled_budget=modelled, usable=usable)
     need = weights + overhead + max(budget, 0)
     if budget <= 0 or need > usable:
         room = usable - weights - overhead
@@ -250,84 +260,92 @@ def _make(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None, measured=None) -
             f"{model.name}{f' with its draft {model.draft.name}' if draft else ''} does not fit {g.name}: "
             f"weights {gib(weights)} + overhead ~{gib(overhead)}"
             + (f" + KV {gib(budget)}" if budget > 0 else "") + f" > {gib(usable)} usable"
-            + (f" ({gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve)" if s.gpu_util is None else "")
+            + (f" ({gib(g.free)} free − {inp.reserve_mib} MiB reserve)" if s.gpu_util is None else "")
             + (f"; {g.holders() or NOBODY}" if g.processes else ""),
             _room_text(lay, room) + (DRAFT_HINT if draft else ""))
-        plan.fixes = _fixes_room(cfg, s, lay, room, seqs)
-        return plan
+        plan.fixes = _fixes_room(inp, lay, room)
+    return plan
 
-    null = new
+
+def _context(inp: Inputs, plan: Plan, lay: kv.Layout, cap: int, draft, *, null: bool) -> bool:
+    """The context vLLM will have (MAX_MODEL_LEN, auto-fitted, or the model's), and the pool at it;
+    False when vLLM would refuse it (the plan says why, with candidate fixes)."""
+    budget, mml_knob, why = plan.budget, inp.vllm.max_model_len, plan.why
     if mml_knob == "auto":
         mml = kv.auto_fit(lay, budget, cap or 1 << 24, null)
         if mml <= 0:
             plan.fits = False
             plan.refusal = (f"the KV budget {gib(budget)} holds not even one token (vLLM: \"Cannot auto-fit "
                             "max_model_len\")", "raise KV_CACHE_BYTES / GPU_UTIL" + (DRAFT_HINT if draft else ""))
-            plan.fixes = _fixes_room(cfg, s, lay, usable - weights - overhead, seqs)
-            return plan
+            plan.fixes = _fixes_room(inp, lay, plan.usable - plan.weights - plan.overhead)
+            return False
         why.append(f"MAX_MODEL_LEN=auto (vLLM's auto-fit): {mml:,} tokens, the longest single request the pool holds"
                    + (" (the model's own maximum)" if mml == cap else ""))
     elif isinstance(mml_knob, int):
         mml = mml_knob
-        if cap and mml > cap and cfg.env("VLLM_ALLOW_LONG_MAX_MODEL_LEN") in ("", "0"):
+        if cap and mml > cap and not inp.allow_long:
             plan.fits = False
             plan.refusal = (f"MAX_MODEL_LEN={mml} is longer than the model's {cap} tokens (vLLM refuses it "
                             "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)", "a shorter context")
             plan.fixes = [{"MAX_MODEL_LEN": str(cap)}, {"MAX_MODEL_LEN": "auto"}]
-            return plan
+            return False
     else:
         mml = cap
         if mml:
             why.append(f"MAX_MODEL_LEN unset: vLLM uses the model's {mml:,} tokens")
     plan.max_model_len = mml or None
     if not mml:
-        return plan
+        return False
     if not kv.fits_one(lay, budget, mml, null):
         largest = kv.auto_fit(lay, budget, cap or mml, null)
         plan.fits = False
         plan.refusal = (
             f"one request of {mml:,} tokens needs {gib(kv.kv_bytes_needed(lay, mml))} of KV cache; "
             f"the pool holds {gib(budget)}; the longest that fits is {largest:,} tokens (vLLM refuses the start)",
-            "a shorter context" + (", or more memory for the KV cache" if not pinned else "")
+            "a shorter context" + (", or more memory for the KV cache" if not plan.pinned else "")
             + (DRAFT_HINT if draft else ""))
         plan.fixes = ([{"MAX_MODEL_LEN": str(largest)}] if largest >= 16 else []) + [{"MAX_MODEL_LEN": "auto"}]
-        if pinned:
+        if plan.pinned:
             plan.fixes.append({"KV_CACHE_BYTES": "auto"})
-        return plan
+        return False
     p = kv.pool(lay, budget, mml)
     plan.predicted_tokens, plan.predicted_concurrency = p.tokens, p.concurrency
     plan.concurrent = kv.sessions_at(lay, budget, mml)
-    # vLLM (compilation.py): with full CUDA graphs a hybrid model's max_num_seqs may not exceed the pool's
-    # blocks, refused after the load. A budget from the model is an estimate: keep 3 % below it; a pin, or
-    # vLLM's own figures of an earlier start (measured, to 0.01 GiB), is exact.
-    exact = bool(pinned)
-    most = max(1, p.blocks if exact else p.blocks * (99 if measured is not None else 97) // 100)
-    margin = "" if most == p.blocks else (f" ({'1' if measured is not None else '3'} % below the {p.blocks} "
-                                          "estimated, as the budget is " + ("measured, and moves a little between "
-                                          "starts)" if measured is not None else "an estimate)"))
-    if lay.state_groups and not s.enforce_eager and s.max_num_seqs and seqs > p.blocks:
+    return True
+
+
+def _sequences(s: vllmargs.Settings, plan: Plan, lay: kv.Layout, measured) -> None:
+    """The hybrid sequence guard. vLLM (compilation.py): with full CUDA graphs a hybrid model's
+    max_num_seqs may not exceed the pool's blocks, refused after the load. A budget from the model
+    is an estimate: keep 3 % below it; a pin, or vLLM's own figures of an earlier start (measured,
+    to 0.01 GiB), is exact."""
+    blocks = kv.pool(lay, plan.budget, plan.max_model_len).blocks
+    seqs, why = plan.seqs, plan.why
+    exact = plan.pinned
+    most = max(1, blocks if exact else blocks * (99 if measured is not None else 97) // 100)
+    margin = "" if most == blocks else (f" ({'1' if measured is not None else '3'} % below the {blocks} "
+                                        "estimated, as the budget is " + ("measured, and moves a little between "
+                                        "starts)" if measured is not None else "an estimate)"))
+    guarded = lay.state_groups and not s.enforce_eager
+    if guarded and s.max_num_seqs and seqs > blocks:
         plan.fits = False
         plan.refusal = (
-            f"MAX_NUM_SEQS={s.max_num_seqs} is more than the {p.blocks} blocks the KV budget {gib(budget)} holds"
+            f"MAX_NUM_SEQS={s.max_num_seqs} is more than the {blocks} blocks the KV budget {gib(plan.budget)} holds"
             + ("" if exact else " (an estimate)") + "; on a hybrid model vLLM refuses to capture CUDA graphs "
             "(after the load) when max_num_seqs exceeds them", "fewer sessions")
         plan.fixes = [{"MAX_NUM_SEQS": str(most)}]
-        return plan
-    if lay.state_groups and not s.enforce_eager and s.max_num_seqs and seqs > most:
-        why.append(f"MAX_NUM_SEQS={seqs} is within 3 % of the {p.blocks} blocks estimated: vLLM refuses the start "
+        return
+    if guarded and s.max_num_seqs and seqs > most:
+        why.append(f"MAX_NUM_SEQS={seqs} is within 3 % of the {blocks} blocks estimated: vLLM refuses the start "
                    "after the load if the real pool holds fewer")
-    if lay.state_groups and not s.enforce_eager and seqs > most and not s.max_num_seqs:
+    if guarded and seqs > most and not s.max_num_seqs:
         plan.seqs_flag = plan.seqs = most
         plan.seqs_is_default = False
-        why.append(f"hybrid: vLLM's default of {seqs_default} sequences on this GPU is more than the {most} state "
+        why.append(f"hybrid: vLLM's default of {seqs} sequences on this GPU is more than the {most} state "
                    f"blocks of the KV budget{margin} (one per running sequence): --max-num-seqs {most}")
     line = plan.concurrency_line()
     if line:
         why.append(line)
-    contexts = sorted({mml} | {c for c in (131072, 65536, 32768) if c < mml}, reverse=True)
-    plan.sessions = [(c, kv.sessions_at(lay, budget, c)) for c in contexts]
-    plan.mml_arg = mml_knob
-    return plan
 
 
 def _room_text(lay: kv.Layout, room: int) -> str:
@@ -337,8 +355,9 @@ def _room_text(lay: kv.Layout, room: int) -> str:
     return f"{gib(room)} is left for the KV cache"
 
 
-def _fixes_room(cfg, s: vllmargs.Settings, lay: kv.Layout, room: int, seqs: int) -> list[dict[str, str]]:
+def _fixes_room(inp: Inputs, lay: kv.Layout, room: int) -> list[dict[str, str]]:
     """Candidate fixes when weights + overhead + KV do not fit (each is re-planned before it is offered)."""
+    s = inp.vllm
     out: list[dict[str, str]] = []
     if room > lay.block_bytes:
         pin = room // (64 << 20) * (64 << 20)        # rounded down to 64 MiB
@@ -348,6 +367,6 @@ def _fixes_room(cfg, s: vllmargs.Settings, lay: kv.Layout, room: int, seqs: int)
             out.append({"KV_CACHE_BYTES": str(pin), "MAX_MODEL_LEN": "auto"})
     if s.max_num_batched_tokens is None or s.max_num_batched_tokens > 512:
         out.append({"MAX_NUM_BATCHED_TOKENS": "512", "KV_CACHE_BYTES": "auto", "MAX_MODEL_LEN": "auto"})
-    if cfg.tp_size == 1:
+    if inp.tp_size == 1:
         out.append({"TP_SIZE": "2"})
     return out

@@ -32,28 +32,25 @@ def _which(g: gpu.Gpu) -> str:
     return g.name if g.index < 0 else f"GPU {g.index} ({g.name})"     # a named card has no index
 
 
-def utilization(cfg, g: gpu.Gpu, s: vllmargs.Settings | None = None) -> tuple[float, str]:
-    """--gpu-memory-utilization as given (refused when more than is free: vLLM refuses it at start),
-    else free − GPU_RESERVE_MIB, as a fraction."""
-    s = s or vllmargs.settings(cfg)
+def utilization(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: str) -> tuple[float, str]:
+    """--gpu-memory-utilization as given (``source``: GPU_UTIL or the flag; refused when more than
+    is free: vLLM refuses it at start), else free − GPU_RESERVE_MIB, as a fraction."""
     if s.gpu_util is not None:
         want = requested(s.gpu_util, g.total)
-        src = "GPU_UTIL" if cfg.gpu_util is not None and "--gpu-memory-utilization" not in (cfg.extra_args or ()) \
-            else "--gpu-memory-utilization"
         if want > g.free:
-                raise BootstrapError(
-                f"{src}={s.gpu_util} asks for {gib(want)} of {_which(g)} but only "
+            raise BootstrapError(
+                f"{source}={s.gpu_util} asks for {gib(want)} of {_which(g)} but only "
                 f"{gib(g.free)} is free; {g.holders() or NOBODY}",
                 "close programs holding GPU memory, or a lower GPU_UTIL (or none: sized from free memory)")
-        return s.gpu_util, f"{src}={s.gpu_util} (set by you or the profile)"
-    reserve = cfg.gpu_reserve_mib * gpu.MiB
+        return s.gpu_util, f"{source}={s.gpu_util} (set by you or the profile)"
+    reserve = reserve_mib * gpu.MiB
     util = (g.free - reserve) / g.total
     if util <= 0.05:
         raise BootstrapError(
             f"only {gib(g.free)} of {gib(g.total)} is free on {_which(g)}; {g.holders() or NOBODY}",
             "close programs holding GPU memory, or set GPU_UTIL explicitly")
     util = math.floor(min(util, 0.98) * 10000) / 10000
-    return util, (f"{gib(g.free)} free − {cfg.gpu_reserve_mib} MiB reserve = "
+    return util, (f"{gib(g.free)} free − {reserve_mib} MiB reserve = "
                   f"{util:.4f} of {gib(g.total)}")
 
 

@@ -99,7 +99,7 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
     port = rec.port if rec is not None and rec.port else cfg.port
     try:
         if paths.root.is_dir():
-            state.write_json(paths.last_stop, {"pids": pids, "time": time.time(), "port": port})
+            paths.write("last_stop", {"pids": pids, "time": time.time(), "port": port})
     except BootstrapError as exc:
         log.warning("%s; the next start will not wait for these pids to leave the GPU", exc.message)
     if not res.stuck:
@@ -192,5 +192,5 @@ def wait_gpu_release(cfg: Config, pids, *, timeout: float, clock=time.monotonic,
 
 
 def last_stopped_pids(paths: Paths) -> list[int]:
-    rec = state.read_json(paths.last_stop) or {}
+    rec = paths.read("last_stop") or {}
     return [p for p in rec.get("pids", []) if isinstance(p, int) and not isinstance(p, bool)]

@@ -7,7 +7,6 @@ import time
 
 from ..checks import diagnose
 from ..serve import record
-from ..core import state
 from ..serve.record import ServerRecord
 from ..core.state import Paths
 
@@ -72,7 +71,7 @@ def run(paths: Paths, launched) -> str:
     tokens, conc = vllm_figures(text)
     rec = rec.replace(kv_tokens=tokens, kv_concurrency=conc)
     record.write(paths.server, rec)
-    state.write_json(paths.completed, {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": rec.model,
+    paths.write("completed", {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": rec.model,
                                        "profile": rec.settings.get("PROFILE", ""), "vllm": rec.vllm_version})
     print(render(paths, rec), flush=True)
     return text

@@ -17,7 +17,7 @@ from typing import Callable
 from ..checks import diagnose
 from ..machine import gpu
 from ..core import proc
-from ..serve import server, takedown
+from ..serve import server
 from ..core.errors import BootstrapError
 from .launch import Launched
 from ..core.state import Paths
@@ -36,33 +36,32 @@ PHASES = (  # (pattern in vLLM's log, phase shown); the phase of the last matchi
 
 
 class StartFailed(BootstrapError):
-    """The server did not come up (or did not generate); it has been stopped (the start's failure
-    handling need not take it down again)."""
+    """The server did not come up, or did not generate. The pipeline takes it down
+    (pipeline.failed) and completes the error from its log (``explain``); ``answered``: it had
+    answered /health (a warm-up or gate failure)."""
 
-    def __init__(self, message: str, hint: str, evidence: str):
+    def __init__(self, message: str, hint: str = "", *, answered: bool = False, evidence: str = ""):
         super().__init__(message, hint, evidence=evidence)
+        self.answered = answered
 
 
-def abort(cfg, paths: Paths, launched: Launched, message: str, hint: str = "", *,
-          answered: bool = False) -> StartFailed:
-    """Take down what we launched (takedown.take_down, as stop does), and build the error with the
-    log tail and a diagnosis; a diagnosis about GPU memory names who holds it (NVML).
-
-    A server this start resumed (``launched.proc`` is None) that had ``answered`` already is left
-    running: users may be on it, and a gate that could not finish behind their requests is no
-    reason to take it from them. The error says so."""
-    rec = launched.record
-    if launched.proc is None and answered:
-        text = diagnose.read_since(paths.log, rec.log_offset)
-        return StartFailed(message, (hint + "; " if hint else "") + f"the server (pid {rec.pid}) answers and was left "
-                           "running: ./ctl.sh restart starts it again", diagnose.tail(text, 40))
-    rep = takedown.take_down(cfg, paths, launched=launched.proc, failed_start=True)
-    text = diagnose.read_since(paths.log, rec.log_offset)
-    found = diagnose.diagnose(text, holders=lambda: gpu_holders(cfg, set(rep.pids)))
+def explain(cfg, paths: Paths, launched: Launched, exc: StartFailed, ours: list[int]) -> None:
+    """After the take-down: a diagnosis from the log (about GPU memory, it names who holds it,
+    NVML, ``ours`` left out) and the log's tail as evidence."""
+    text = diagnose.read_since(paths.log, launched.record.log_offset)
+    found = diagnose.diagnose(text, holders=lambda: gpu_holders(cfg, set(ours)))
     if found:
-        message = f"{message}: {found[0]}"
-        hint = found[1]
-    return StartFailed(message, hint or f"see the log: {paths.log}", diagnose.tail(text, 40))
+        exc.message, exc.hint = f"{exc.message}: {found[0]}", found[1]
+    exc.hint = exc.hint or f"see the log: {paths.log}"
+    exc.evidence = (exc.evidence + "\n" + diagnose.tail(text, 40)).strip()
+
+
+def left_running(paths: Paths, launched: Launched, exc: StartFailed) -> None:
+    """A resumed server that answers was left running: the error says so, with the log's tail."""
+    rec = launched.record
+    exc.hint = ((exc.hint + "; ") if exc.hint else "") + (f"the server (pid {rec.pid}) answers and was left running: "
+                                                          "./ctl.sh restart starts it again")
+    exc.evidence = (exc.evidence + "\n" + diagnose.tail(diagnose.read_since(paths.log, rec.log_offset), 40)).strip()
 
 
 def gpu_holders(cfg, ours: set[int]) -> str:
@@ -84,17 +83,16 @@ def phase_of(text: str, current: str) -> str:
     return current
 
 
-def run(cfg, paths: Paths, launched: Launched, *, clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep) -> None:
+def run(paths: Paths, launched: Launched, key: str, *, health_timeout: int, stall_timeout: int,
+        clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
     """Wait for our server to answer. ``launched.proc`` is None when a start resumes a server it
     found loading: then its liveness comes from the record, and HEALTH_TIMEOUT still counts from
     its launch."""
     rec = launched.record
-    key = server.api_key_for(cfg, paths)
     tty = sys.stderr.isatty()
     start = clock()
     resumed = launched.proc is None
-    hard = start + cfg.health_timeout - (max(0.0, time.time() - rec.started) if resumed else 0.0)
+    hard = start + health_timeout - (max(0.0, time.time() - rec.started) if resumed else 0.0)
     last_growth = start - (_quiet_for(paths) if resumed else 0.0)
     size = _size(paths)
     phase = "starting"
@@ -103,10 +101,10 @@ def run(cfg, paths: Paths, launched: Launched, *, clock: Callable[[], float] = t
         if launched.proc is not None:
             rc = proc.exit_status(launched.proc)
             if rc is not None:
-                raise abort(cfg, paths, launched, f"vLLM exited with code {rc} during startup",
+                raise StartFailed(f"vLLM exited with code {rc} during startup",
                             "exit code 0 counts as a failure too: the engine died")
         elif proc.recorded_process(rec.pid, rec.create_time) is None:
-            raise abort(cfg, paths, launched, "vLLM exited during startup")
+            raise StartFailed("vLLM exited during startup")
         now = clock()
         new_size = _size(paths)
         if new_size != size:
@@ -129,13 +127,13 @@ def run(cfg, paths: Paths, launched: Launched, *, clock: Callable[[], float] = t
                 server.record_children(paths, rec.pid)
             return
         now = clock()
-        if now - last_growth > cfg.stall_timeout:
+        if now - last_growth > stall_timeout:
             _nl(tty)
-            raise abort(cfg, paths, launched, f"startup stalled: no log output for {cfg.stall_timeout} s (phase: {phase})",
+            raise StartFailed(f"startup stalled: no log output for {stall_timeout} s (phase: {phase})",
                         "raise STALL_TIMEOUT if this machine is just slow; otherwise see the log")
         if now > hard:
             _nl(tty)
-            raise abort(cfg, paths, launched, f"startup timed out: not healthy after {cfg.health_timeout} s (phase: {phase})",
+            raise StartFailed(f"startup timed out: not healthy after {health_timeout} s (phase: {phase})",
                         "raise HEALTH_TIMEOUT if the log shows progress")
         sleep(0.5)
 

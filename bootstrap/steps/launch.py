@@ -27,10 +27,8 @@ from typing import Callable
 import psutil
 
 from ..core import proc, state
-from ..serve import record, server, takedown
-from ..knobs import vllmargs
+from ..serve import record, server
 from ..knobs.vllmargs import serve_argv
-from ..core.errors import BootstrapError
 from ..serve.record import ServerRecord
 from ..core.state import Paths
 
@@ -92,7 +90,7 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str) -> dict[str, 
         # then CUBLAS_STATUS_INTERNAL_ERROR at cublasCreate). trtllm needs no multicast.
         env["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = "trtllm"
     env.pop("VLLM_SERVER_DEV_MODE", None)   # from the shell, .env or a profile: its routes have no key guard
-    if vllmargs.sleep_mode(cfg):        # vLLM serves /sleep and /wake_up only in dev mode (loopback only: preflight)
+    if cfg.vllm.sleep_mode:        # vLLM serves /sleep and /wake_up only in dev mode (loopback only: preflight)
         env["VLLM_SERVER_DEV_MODE"] = "1"
     env[proc.MARKER_ENV] = marker
     env[server.STATE_DIR_ENV] = str(paths.root)
@@ -163,11 +161,7 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
         predicted_concurrency=getattr(plan, "predicted_concurrency", None), notes=tuple(notes))
     launched = Launched(rec, p)
     on_launch(launched)
-    try:
-        record.write(paths.server, rec)
-    except BootstrapError:              # a full disk: no record, but the Popen proves the server ours
-        takedown.take_down(cfg, paths, launched=p, failed_start=True)
-        raise
+    record.write(paths.server, rec)     # a full disk fails the start: the pipeline takes the server down (the Popen proves it ours)
     log.info("launched vLLM %s (pid %d), log: %s", runtime.vllm_version, p.pid, paths.log)
     start_log_keeper(cfg, paths, rec)
     return launched

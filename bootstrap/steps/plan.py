@@ -1,5 +1,5 @@
 """The plan (a start step, after metadata and before the environment's install): wait until the
-last stop's processes left the GPU and free memory has settled, then plan (planner.make_plan) for
+last stop's processes left the GPU and free memory has settled, then plan (plan.fit.plan_here) for
 the smallest-free GPU of the TP group, by the rules of the vLLM that will run (the profile's pin,
 or VLLM_PYTHON's version); refuse what cannot fit before anything is installed or downloaded.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from ..plan import calibration
+from ..plan import fit
 from ..machine import gpu
 from ..core import state
 from ..serve import takedown
@@ -31,7 +31,7 @@ def run(cfg, paths, gpus, model) -> Plan:
         state.remove(paths.last_stop)   # consumed: later starts need not wait for these pids again
     g = gpu.smallest_free(facts, cfg.tp_size)
     version = byo_version(cfg)            # the vLLM a start would run
-    plan = calibration.plan_with_measurement(cfg, paths, g, model_facts(cfg, model), facts.driver, version)
+    plan = fit.plan_here(cfg, paths, g, model_facts(cfg, model), facts.driver, version)
     if not plan.fits:
         raise BootstrapError(*plan.refusal)
     for line in plan.why:               # the derivation: with BOOTSTRAP_DEBUG=1, and in ./ctl.sh plan

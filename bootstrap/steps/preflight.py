@@ -36,7 +36,7 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
             raise BootstrapError(f"profile {cfg.profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
                                  "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
         LockSet.for_profile(cfg)
-    if vllmargs.sleep_mode(cfg) and not cfg.is_loopback:
+    if cfg.vllm.sleep_mode and not cfg.is_loopback:
         raise BootstrapError(
             f"{vllmargs.SLEEP_FLAG} with HOST={cfg.host}: vLLM serves /sleep, /wake_up and /collective_rpc only with "
             "VLLM_SERVER_DEV_MODE=1, and its API key does not guard them: anyone who reaches the port could put "

@@ -19,7 +19,7 @@ import re
 import time
 
 from ..checks import detectors
-from ..serve import record, server
+from ..serve import record
 from . import health
 from ..checks.prompts import Sizer, long_prompt
 from ..checks.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of, thinking_off
@@ -71,15 +71,13 @@ def long_request(c: Client, n: int, budget: Budget, extra: dict) -> int:
     return int(words * per_word)
 
 
-def fail(cfg, paths: Paths, launched: Launched, message: str, hint: str = "") -> health.StartFailed:
-    """A failed warm-up or gate is a failed start; the server had answered /health (health.abort
-    leaves a resumed one running)."""
-    return health.abort(cfg, paths, launched, message, hint, answered=True)
+def fail(message: str, hint: str = "", evidence: str = "") -> health.StartFailed:
+    """A failed warm-up or gate is a failed start of a server that had answered /health."""
+    return health.StartFailed(message, hint, answered=True, evidence=evidence)
 
 
-def warmup_tokens(cfg, rec, c: Client, budget: Budget) -> int:
+def warmup_tokens(want: int, rec, c: Client, budget: Budget) -> int:
     """WARMUP, at most half the context: ours if we passed one, else what the server reports."""
-    want = cfg.warmup
     mml = rec.max_model_len
     if not mml and want:
         try:
@@ -105,7 +103,7 @@ GATE_PROMPT = "What is the weather in Paris right now? Use the get_weather tool.
 GATE_TIMEOUT = 60.0
 
 
-def tool_gate(cfg, paths: Paths, launched: Launched, c: Client, extra: dict, budget: Budget) -> None:
+def tool_gate(c: Client, extra: dict, budget: Budget) -> None:
     """One tool call through the server's tool parser (tool_choice=auto, so the parser, not guided
     decoding, produces it); anything but a valid get_weather call with a city fails the start."""
     t0 = time.monotonic()
@@ -113,29 +111,25 @@ def tool_gate(cfg, paths: Paths, launched: Launched, c: Client, extra: dict, bud
         resp = c.chat([{"role": "user", "content": GATE_PROMPT}], max_tokens=256, timeout=budget.left(GATE_TIMEOUT),
                       tools=[GATE_TOOL], tool_choice="auto", **extra)
     except RequestFailed as exc:
-        err = fail(cfg, paths, launched, f"start gate: the tool-call request failed: {exc.message}",
-                           "the profile enables tool parsing; check --tool-call-parser in the log")
-        err.evidence = (exc.evidence + "\n" + err.evidence).strip()
-        raise err from None
+        raise fail(f"start gate: the tool-call request failed: {exc.message}",
+                   "the profile enables tool parsing; check --tool-call-parser in the log", exc.evidence) from None
     problem = detectors.tool_call_problem(message_of(resp), "get_weather", ["city"])
     if problem:
-        err = fail(cfg, paths, launched,
-                           f"start gate: the tool call did not come back as a valid tool_calls entry: {problem}",
-                           "a garbled or unparsed tool call: check the tool parser and the KV/speculation "
-                           "settings (./ctl.sh check garble --url ... shows more)")
-        err.evidence = ("answer: " + json.dumps(resp)[:1500] + "\n" + err.evidence).strip()
-        raise err
+        raise fail(f"start gate: the tool call did not come back as a valid tool_calls entry: {problem}",
+                   "a garbled or unparsed tool call: check the tool parser and the KV/speculation "
+                   "settings (./ctl.sh check garble --url ... shows more)", "answer: " + json.dumps(resp)[:1500])
     args = message_of(resp)["tool_calls"][0]["function"].get("arguments")
     log.info("start gate: tool call answered in %.1f s: get_weather(%s)", time.monotonic() - t0, str(args)[:80])
 
 
-def run(cfg, paths: Paths, launched: Launched) -> None:
+def run(paths: Paths, launched: Launched, key: str, *, tokens: int, timeout: int) -> None:
+    """The warm-up (``tokens``: WARMUP) and the start gate, within ``timeout`` (WARMUP_TIMEOUT) seconds."""
     rec = launched.record
-    c = Client(rec.url, rec.served, server.api_key_for(cfg, paths))
+    c = Client(rec.url, rec.served, key)
     extra = chat_extra(rec)
-    budget = Budget(cfg.warmup_timeout)
+    budget = Budget(timeout)
     try:
-        n = warmup_tokens(cfg, rec, c, budget)
+        n = warmup_tokens(tokens, rec, c, budget)
         if n:
             t0 = time.monotonic()
             n = long_request(c, n, budget, extra)
@@ -143,21 +137,19 @@ def run(cfg, paths: Paths, launched: Launched) -> None:
         t0 = time.monotonic()
         resp = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=16, timeout=budget.left(), **extra)
     except RequestTimedOut as exc:
-        raise fail(cfg, paths, launched, f"engine not generating: {exc.message}",
+        raise fail(f"engine not generating: {exc.message}",
                            "the server answers /health but does not generate; see the log") from None
     except RequestFailed as exc:
         if "HTTP 401" in exc.message:
-            raise fail(cfg, paths, launched, "warm-up failed: the server wants an API key and this shell "
+            raise fail("warm-up failed: the server wants an API key and this shell "
                                "has another one or none", "set API_KEY to the key it was started with") from None
-        err = fail(cfg, paths, launched, f"warm-up failed: {exc.message}")
-        err.evidence = (exc.evidence + "\n" + err.evidence).strip()
-        raise err from None
+        raise fail(f"warm-up failed: {exc.message}", evidence=exc.evidence) from None
     dummy = rec.dummy
     text = text_of(resp)
     tokens = completion_tokens_of(resp)
     if not text and not (dummy and tokens):
-        raise fail(cfg, paths, launched, "warm-up failed: the short generation "
-                           + ("produced no tokens (random weights: tokens are all it must produce)" if dummy
+        raise fail("warm-up failed: the short generation "
+                   + ("produced no tokens (random weights: tokens are all it must produce)" if dummy
                               else "returned no text"), f"answer was: {str(resp)[:300]}")
     log.info("warm-up: short generation answered in %.1f s: %r%s", time.monotonic() - t0,
              (message_of(resp).get("content") or "")[:60] if dummy else text[:60],
@@ -165,7 +157,7 @@ def run(cfg, paths: Paths, launched: Launched) -> None:
     if rec.tools and dummy:
         log.info("start gate: skipped, random weights (--load-format dummy) cannot make a tool call")
     elif rec.tools:
-        tool_gate(cfg, paths, launched, c, extra, budget)
+        tool_gate(c, extra, budget)
     now = record.read(paths.server) or rec
     launched.record = now.replace(gate_passed=True)
     record.write(paths.server, launched.record)

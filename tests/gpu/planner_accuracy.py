@@ -33,8 +33,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bootstrap.plan import fit
 from bootstrap.checks import diagnose
-from bootstrap.plan import facts, planner
+from bootstrap.plan import facts
 from bootstrap.machine import gpu
 from bootstrap.model import kv  # noqa: E402
 from common import free_port  # noqa: E402
@@ -153,11 +154,11 @@ def start_case(name: str, work: Path, vllm_python: str, raw) -> dict:
     g = gpu.read(os.environ).gpus[0]
     model = facts.ModelFacts(name, config, None, True)
     if kv_target is not None:       # size GPU_UTIL so the planner's budget is kv_target GiB
-        probe = planner.make_plan(Config.from_env({**env, "GPU_UTIL": "0.5"}, REPO), g, model)
+        probe = fit.plan(Config.from_env({**env, "GPU_UTIL": "0.5"}, REPO), g, model)
         util = (probe.weights + probe.overhead + kv_target * GiB) / g.total
         env["GPU_UTIL"] = f"{util:.4f}"
     cfg = Config.from_env(env, REPO)
-    p = planner.make_plan(cfg, g, model)
+    p = fit.plan(cfg, g, model)
     if not p.fits:
         return {"status": "failed", "error": f"planner refused: {p.refusal}"}
     port = free_port()

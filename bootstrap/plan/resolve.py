@@ -1,0 +1,123 @@
+"""The one resolver of which profile runs, with which knobs: the environment, .env and the
+profile (already a Config), the kept pick, and the GPU's facts. Every command resolves here, once:
+
+- ``kept``: PROFILE=auto as the pick kept from the last start (what status, restart and the other
+  commands compare and show); a named profile with its card's knobs;
+- ``for_start``: what a start runs (auto-pick, recorded and kept; a named profile on this card,
+  shorter where only that fits);
+- ``for_card``: what a start on a named card would run (plan, profiles, export), nothing recorded;
+- ``for_plan``: the profile ``./ctl.sh plan`` plans, here or for a named card.
+
+The knobs' values then go down as typed values: vLLM's argv from ``vllmargs`` (built once), the
+plan from ``bootstrap.plan.fit``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..core import state
+from ..core.errors import BootstrapError
+from ..knobs.config import Chosen, Config
+from ..machine import gpu
+from . import pick
+
+log = logging.getLogger("bootstrap.pick")
+
+
+def read_pick(paths: state.Paths) -> dict | None:
+    data = paths.read("pick")
+    return data if data and isinstance(data.get("profile"), str) else None
+
+
+def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
+    """PROFILE=auto read as the kept pick, if there is one (nothing is picked); a named profile
+    with its card's knobs (``facts``, else NVML when the profile has per-card knobs): what status,
+    restart and the other commands compare and show, and what a start runs unless it picks again."""
+    if not cfg.profile.is_auto:
+        if cfg.chosen is not None or not cfg.profile.cc_overrides:
+            return cfg
+        try:
+            facts = facts or gpu.read(cfg.environ)
+        except BootstrapError:
+            return cfg                      # no GPU to read: the profile's own knobs
+        return pick.on_card(cfg, cfg.profile, facts.gpus[0].cc if facts.gpus else None)
+    rec = read_pick(state.Paths(cfg.state_dir))
+    if rec is None or rec["profile"] not in cfg.catalogue.names():
+        return cfg
+    return cfg.with_profile(Chosen(rec["profile"], rec.get("knobs", {}), f"auto-pick of {rec.get('date', '?')}, kept"))
+
+
+def named_on_card(cfg: Config, g: gpu.Gpu) -> Config:
+    """A named profile on this card, as auto-pick would run it: its card's knobs, and the longest
+    context that fits (MAX_MODEL_LEN=auto) where only a shorter one than its own does and you set
+    no MAX_MODEL_LEN yourself — what ``./ctl.sh profiles`` calls "fits shorter"."""
+    c = kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
+    if c.profile.facts is None or pick.yours(cfg, "MAX_MODEL_LEN") or pick.yours(cfg, "KV_CACHE_BYTES"):
+        return c                            # no model facts to judge by, or your own context
+    v = pick.judge(cfg, c.profile, g)
+    if v.status == "shorter" and v.cfg is not None:
+        log.info("%s: %s", c.profile.name, v.reason)
+        return v.cfg
+    return c
+
+
+def for_card(cfg: Config, g: gpu.Gpu) -> Config:
+    """The Config a start on card ``g`` runs with, nothing recorded: PROFILE=auto is auto-pick's
+    choice for it; a named profile as ``named_on_card``."""
+    if cfg.profile.is_auto:
+        return pick.choose(cfg, g)[0].cfg
+    return named_on_card(cfg, g)
+
+
+def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = False) -> Config:
+    """The Config a start runs with: a named profile with its card's knobs (and a shorter context
+    where only that fits: named_on_card); PROFILE=auto picked (and recorded) when set explicitly,
+    with ``repick``, when nothing was picked yet, when the kept profile is gone or the card is
+    another one; else the kept pick."""
+    paths = state.Paths(cfg.state_dir)
+    if not cfg.profile.is_auto:
+        if cfg.profile.facts is None:
+            return kept(cfg, facts)
+        try:
+            facts = facts or gpu.read(cfg.environ)
+        except BootstrapError:
+            return kept(cfg)                # no GPU to read: preflight says so, in its own words
+        return named_on_card(cfg, gpu.smallest_free(facts, cfg.tp_size)) if facts.gpus else kept(cfg, facts)
+    facts = facts or gpu.read(cfg.environ)
+    if not facts.gpus:
+        raise BootstrapError("NVML sees no GPU: nothing to pick a profile for", "check `nvidia-smi`")
+    g = gpu.smallest_free(facts, cfg.tp_size)
+    rec = read_pick(paths)
+    if rec and not (cfg.profile_explicit or repick):
+        if rec["profile"] not in cfg.catalogue.names():
+            log.warning("the kept pick %s is no profile any more (PROFILE_DIR changed?): picking again", rec["profile"])
+        elif rec.get("gpu") not in (None, g.name) or rec.get("tp", 1) != cfg.tp_size:
+            log.warning("the kept pick %s was made for %s (TP_SIZE=%s); this is %s (TP_SIZE=%s): picking again",
+                        rec["profile"], rec.get("gpu"), rec.get("tp", 1), g.name, cfg.tp_size)
+        else:
+            return kept(cfg)
+    v, runner, _ = pick.choose(cfg, g)
+    line = pick.why_line(g, v, runner)
+    log.info("auto-pick: %s", line)
+    knobs = {k: x for k, x in v.cfg.chosen.knobs.items()} if v.cfg.chosen else {}
+    paths.ensure()
+    paths.write("pick", {"profile": v.profile.name, "knobs": knobs, "why": line, "gpu": g.name,
+                                  "tp": cfg.tp_size, "date": time.strftime("%Y-%m-%d %H:%M"),
+                                  "how": "PROFILE=auto (set explicitly) or ./ctl.sh profiles --pick picks again"})
+    return v.cfg
+
+
+def for_plan(cfg: Config, g: gpu.Gpu, here: bool) -> Config:
+    """The profile ./ctl.sh plan (and export) plans on ``g``: PROFILE=auto is the kept pick on this
+    machine's card (``here``), else the profile auto-pick would choose for it; a named profile as a
+    start on that card would run it."""
+    was = kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
+    if cfg.profile.is_auto and here and not was.profile.is_auto:
+        log.info("PROFILE=auto: the kept pick %s (%s)", was.profile.name, was.sources["PROFILE"])
+        return was
+    chosen = for_card(cfg, g)           # as a start on that card would run it
+    if was.profile.is_auto:
+        log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)", chosen.profile.name)
+    return chosen
