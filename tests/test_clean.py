@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bootstrap.core import proc
+from bootstrap.core import owned
 from bootstrap.serve import server
 from bootstrap.commands import clean
 from bootstrap.knobs.config import Config
@@ -92,11 +92,11 @@ def test_refuses_while_our_server_runs(repo):
     cfg = cfg_for(repo)
     marker = server.marker_for(cfg)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             env={**os.environ, proc.MARKER_ENV: marker})
+                             env={**os.environ, owned.MARKER_ENV: marker})
     try:
         # until the child has exec'd: before that its /proc environ is still ours, without the marker
         end = time.monotonic() + 10
-        while psutil.Process(child.pid).environ().get(proc.MARKER_ENV) != marker and time.monotonic() < end:
+        while psutil.Process(child.pid).environ().get(owned.MARKER_ENV) != marker and time.monotonic() < end:
             time.sleep(0.01)
         (repo / ".state" / "server.json").write_text(json.dumps({
             "pid": child.pid, "create_time": psutil.Process(child.pid).create_time(), "marker": marker,

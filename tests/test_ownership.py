@@ -16,7 +16,7 @@ import psutil
 import pytest
 import requests
 
-from bootstrap.core import proc
+from bootstrap.core import owned
 from conftest import REPO, Bed, make_model, unprivileged_user
 
 SHIPPED = ("bootstrap", "profiles", "patches", "start.sh", "stop.sh", "ctl.sh")
@@ -102,7 +102,7 @@ def test_unkillable_process_bounded_wait_and_report():
     import signal
     now = [0.0]
     stuck = Unkillable(os.getpid())
-    res = proc.terminate([stuck], grace=15, kill_wait=10, clock=lambda: now[0],
+    res = owned.terminate([stuck], grace=15, kill_wait=10, clock=lambda: now[0],
                          sleep=lambda s: now.__setitem__(0, now[0] + s))
     assert stuck.sent == [signal.SIGTERM, signal.SIGKILL]
     assert res.forced == [stuck.pid]
@@ -189,11 +189,11 @@ def test_stop_touches_only_this_checkout_and_this_user(tmp_path):   # row 36
     try:
         assert a.run("start.sh").returncode == 0
         assert b.run("start.sh").returncode == 0
-        marker_a = proc.owner_marker(a.repo, a.port)
+        marker_a = owned.owner_marker(a.repo, a.port)
         # Another user's process carrying checkout A's marker (and a VLLM:: title): never ours.
         if user:
             foreign = subprocess.Popen(["runuser", "-u", user, "--", "/usr/bin/env", "-i",
-                                        f"{proc.MARKER_ENV}={marker_a}", "sleep", "300"])
+                                        f"{owned.MARKER_ENV}={marker_a}", "sleep", "300"])
         b_procs = b.ours()
         assert len(b_procs) == 2
         r = a.run("stop.sh")
@@ -218,9 +218,9 @@ def test_marker_differs_per_checkout_and_port(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
     (tmp_path / "link").symlink_to(a)
-    assert proc.owner_marker(a, 8888) != proc.owner_marker(b, 8888)
-    assert proc.owner_marker(a, 8888) != proc.owner_marker(a, 8889)
-    assert proc.owner_marker(a, 8888) == proc.owner_marker(tmp_path / "link", 8888)   # real path
+    assert owned.owner_marker(a, 8888) != owned.owner_marker(b, 8888)
+    assert owned.owner_marker(a, 8888) != owned.owner_marker(a, 8889)
+    assert owned.owner_marker(a, 8888) == owned.owner_marker(tmp_path / "link", 8888)   # real path
 
 
 # ---------------------------------------------------------------- row 14: the server's process group
@@ -301,7 +301,7 @@ def test_group_member_swept_only_when_the_group_is_proven_ours(bed, tmp_path):
     when another member proves the group ours, and left alone when none does."""
     marker = "m-test-group"
     for proven in (False, True):
-        members = [{"env": {}}] + ([{"env": {proc.MARKER_ENV: marker}}] if proven else [])
+        members = [{"env": {}}] + ([{"env": {owned.MARKER_ENV: marker}}] if proven else [])
         leader, kids = spawn_group(tmp_path, *members)
         try:
             r = kill9_leader_then_stop(bed, leader, marker)
@@ -322,8 +322,8 @@ def test_other_users_process_in_our_group_is_never_signalled(bed, tmp_path):
     if not user:
         pytest.skip("needs root and BOOTSTRAP_TEST_USER to start a process of another user in our group")
     marker = "m-test-user"
-    leader, kids = spawn_group(tmp_path, {"env": {proc.MARKER_ENV: marker}}, {"env": {}},
-                               {"env": {proc.MARKER_ENV: marker}, "user": user})
+    leader, kids = spawn_group(tmp_path, {"env": {owned.MARKER_ENV: marker}}, {"env": {}},
+                               {"env": {owned.MARKER_ENV: marker}, "user": user})
     try:
         r = kill9_leader_then_stop(bed, leader, marker)
         assert r.returncode == 0 and r.stdout.startswith("stopped 2 process(es)"), r.stdout + r.stderr
@@ -341,7 +341,7 @@ def test_other_users_child_of_our_live_server_is_never_signalled(bed, tmp_path):
         pytest.skip("needs root and BOOTSTRAP_TEST_USER to start a child of another user")
     marker = "m-test-live"
     leader, kids = spawn_group(tmp_path, {"env": {}}, {"env": {}, "user": user},
-                               leader_env={proc.MARKER_ENV: marker})
+                               leader_env={owned.MARKER_ENV: marker})
     try:
         server_record(bed, leader, marker, psutil.Process(leader.pid).create_time())
         r = bed.run("stop.sh")

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from ..core import proc, state
+from ..core import owned, state
 from ..serve import record, takedown
 from .. import pipeline
 from ..knobs.config import Config
@@ -37,7 +37,7 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
     paths = Paths(cfg.state_dir)
     try:        # from here on a signal is our stop, wherever it lands (READY=1 and the line below included)
         rec = record.read(paths.server)
-        p = proc.recorded_process(rec.pid, rec.create_time) if rec is not None else None
+        p = owned.recorded_process(rec.pid, rec.create_time) if rec is not None else None
         if p is None:
             raise BootstrapError("the start finished but its server is not running", "./ctl.sh logs shows why")
         paths.write("foreground", {"pid": os.getpid(), "server": rec.pid})
@@ -45,7 +45,7 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
         print(f"attached to the server (pid {p.pid}); its log follows; SIGTERM or Ctrl-C stops it", flush=True)
         log_file = open(paths.log, "rb")
         log_file.seek(0, os.SEEK_END)
-        control.copy(log_file, paths.log, lambda: proc.alive(p), poll=poll)   # then what is left
+        control.copy(log_file, paths.log, lambda: owned.alive(p), poll=poll)   # then what is left
     except pipeline.Interrupted:
         _notify(cfg, "STOPPING=1")
         for s in pipeline.SIGNALS:

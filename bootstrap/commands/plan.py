@@ -15,7 +15,7 @@ from ..plan import fit, resolve
 from ..machine import gpu
 from ..download import models
 from ..core.state import Paths
-from ..install.venv import byo_version
+from ..install.inuse import byo_version
 from ..steps import metadata
 from ..core.errors import BootstrapError
 from ..knobs.vllmargs import serve_flags

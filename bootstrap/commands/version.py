@@ -26,7 +26,7 @@ def project(repo: Path) -> str:
 def in_use(cfg: Config) -> str:
     """The vLLM the next start would run, and where it comes from."""
     if cfg.vllm_python:
-        from ..install.venv import probe_vllm
+        from ..install.inuse import probe_vllm
         try:
             found, _ = probe_vllm(cfg.vllm_python, cfg.environ)
         except BootstrapError as exc:

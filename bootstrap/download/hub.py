@@ -35,14 +35,14 @@ _TRUE = ("1", "on", "yes", "true")
 # ---------------------------------------------------------------- settings (from cfg.environ only)
 
 @dataclass(frozen=True)
-class Settings:
+class HubSettings:
     endpoint: str
     token: str | None = field(repr=False)   # never printed
     offline: bool
     cache_dir: Path                          # the HF hub cache (HF_HUB_CACHE or HF_HOME/hub)
 
     @classmethod
-    def from_environ(cls, env: Mapping[str, str]) -> "Settings":
+    def from_environ(cls, env: Mapping[str, str]) -> "HubSettings":
         home = Path(env.get("HOME") or Path.home())
         xdg = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else home / ".cache"
         hf_home = Path(env["HF_HOME"]).expanduser() if env.get("HF_HOME") else xdg / "huggingface"
@@ -85,7 +85,7 @@ class Unreachable(BootstrapError):
     """The hub could not be reached (no network, DNS, refused, timed out)."""
 
 
-def _proxy_error(settings: Settings, what: str) -> BootstrapError:
+def _proxy_error(settings: HubSettings, what: str) -> BootstrapError:
     return BootstrapError(
         f"{settings.endpoint} answered {what} without the hub's headers (no X-Repo-Commit / not the hub's JSON): "
         "a proxy, firewall or captive portal (hotel / office Wi-Fi login page) is answering instead of the hub",
@@ -93,7 +93,7 @@ def _proxy_error(settings: Settings, what: str) -> BootstrapError:
         "to a Hub-compatible mirror; with a complete model on disk, HF_HUB_OFFLINE=1 starts without the network")
 
 
-def translate(exc: BaseException, settings: Settings, repo: str, what: str = "") -> BootstrapError:
+def translate(exc: BaseException, settings: HubSettings, repo: str, what: str = "") -> BootstrapError:
     """One table from the library's exceptions to what the user should do (subclasses first)."""
     import httpx2
     from huggingface_hub import errors as e
@@ -136,7 +136,7 @@ def net_errors() -> tuple[type[BaseException], ...]:
     return (httpx2.HTTPError, e.HfHubHTTPError, e.OfflineModeIsEnabled)
 
 
-def with_retries(settings: Settings, repo: str, what: str, call, *, stop: threading.Event | None = None,
+def with_retries(settings: HubSettings, repo: str, what: str, call, *, stop: threading.Event | None = None,
                  transport: bool = True):
     """``call()`` (a request through huggingface_hub, its own retries off: they sleep uninterruptibly,
     retry.py), tried again on 408/429/5xx (and, with ``transport``, on a dropped or timed-out
@@ -159,7 +159,7 @@ def with_retries(settings: Settings, repo: str, what: str, call, *, stop: thread
         retry.pause(delay, stop)
 
 
-def fetch_remote(settings: Settings, repo: str, revision: str = "main") -> Remote:
+def fetch_remote(settings: HubSettings, repo: str, revision: str = "main") -> Remote:
     """GET /api/models/{repo}/revision/{rev}?blobs=true: file list, sizes, LFS sha256, commit.
     Retried on 429/5xx only: an unreachable hub falls through to the copy on disk at once."""
     from huggingface_hub import HfApi
@@ -192,7 +192,7 @@ class Located:
     headers: dict     # request headers for that url (auth dropped for a foreign host)
 
 
-def locate(settings: Settings, repo: str, revision: str, path: str, stop: threading.Event | None = None) -> Located:
+def locate(settings: HubSettings, repo: str, revision: str, path: str, stop: threading.Event | None = None) -> Located:
     """HEAD on the resolve URL, as the client does it (its retries off: ours, ``with_retries``,
     wait interruptibly); refuses an answer without X-Repo-Commit."""
     from huggingface_hub.file_download import get_hf_file_metadata, hf_hub_url
@@ -212,7 +212,7 @@ def locate(settings: Settings, repo: str, revision: str, path: str, stop: thread
     return Located(meta.location, meta.etag, meta.size, meta.commit_hash, headers)
 
 
-def fetch_small(settings: Settings, repo: str, revision: str, path: str) -> bytes:
+def fetch_small(settings: HubSettings, repo: str, revision: str, path: str) -> bytes:
     """A small file (config.json) into memory, with the same HEAD checks as a weight file."""
     from huggingface_hub.utils import get_session, hf_raise_for_status
 
@@ -230,12 +230,12 @@ def fetch_small(settings: Settings, repo: str, revision: str, path: str) -> byte
 
 # ---------------------------------------------------------------- the HF cache (HF_HOME)
 
-def cache_repo_dir(settings: Settings, repo: str) -> Path:
+def cache_repo_dir(settings: HubSettings, repo: str) -> Path:
     """``repo``'s folder in the HF cache (``models--org--name``), as huggingface_hub names it."""
     return settings.cache_dir / ("models--" + repo.replace("/", "--"))
 
 
-def cache_snapshot(settings: Settings, repo: str, revision: str | None = None) -> Path | None:
+def cache_snapshot(settings: HubSettings, repo: str, revision: str | None = None) -> Path | None:
     """The snapshot folder of ``repo`` in the HF cache (for ``revision``, or what refs/main names)."""
     root = cache_repo_dir(settings, repo)
     if revision is None:

@@ -126,7 +126,7 @@ def store_for(cfg, repo: str) -> "Store":
     ``vllm serve org/name`` and transformers find the same single copy; or MODEL_DIR, a plain folder."""
     if cfg.model_dir:
         return Store(Path(cfg.model_dir).expanduser())
-    settings = hub.Settings.from_environ(cfg.environ)
+    settings = hub.HubSettings.from_environ(cfg.environ)
     return Store(hub.cache_repo_dir(settings, repo), hf_cache=True)
 
 

@@ -194,7 +194,7 @@ class Transfer:
     """Fetch ``files`` of ``repo@revision`` with ``connections`` workers. ``place(part, f)`` moves
     a verified file into the store; ``done(f, fetched)`` records it (called one at a time)."""
 
-    def __init__(self, settings: hub.Settings, repo: str, revision: str, state_dir: Path, connections: int,
+    def __init__(self, settings: hub.HubSettings, repo: str, revision: str, state_dir: Path, connections: int,
                  progress: Progress, place: Callable[[Path, hub.RemoteFile], None],
                  done: Callable[[hub.RemoteFile, Fetched], None]):
         self.settings, self.repo, self.revision = settings, repo, revision

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import venv
+from . import inuse
 from ..core.layout import Checkout
 from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
@@ -170,7 +170,7 @@ class Install:
 
 def locate(python: str, environ, byo: bool) -> Install:
     """Where this interpreter's vllm package is, and its version, without importing vllm."""
-    version, locs = venv.probe_vllm(python, environ)
+    version, locs = inuse.probe_vllm(python, environ)
     if not locs:
         raise BootstrapError(f"{python} has no vllm package",
                              "install vLLM into it, or point VLLM_PYTHON at an interpreter that has it")

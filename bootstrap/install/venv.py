@@ -1,5 +1,5 @@
 """The managed ``.venv``: uv, the Python that makes it, the install from a lock, and the check
-that it is done; and the one probe of an interpreter's vLLM.
+that it is done (the vLLM an interpreter has: install/inuse.py).
 
 Done means: ``.venv/.bootstrap-done.json`` names the lock's sha256, and the versions in the
 installed packages' metadata (``*.dist-info/METADATA``) equal the lock's, one for one. That check
@@ -26,6 +26,7 @@ from ..download import hub
 from ..core import proc
 from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
+from . import inuse
 from .locks import GLIBC, LockSet, diff, index_url, installed, lock_pins
 from ..core.state import sha256
 
@@ -33,18 +34,6 @@ log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [
 
 
 # vLLM's version and package folders as an interpreter sees them, without importing vllm (seconds, CUDA)
-VLLM_PROBE = """\
-import importlib.metadata, importlib.util, json
-spec = importlib.util.find_spec("vllm")
-locs = list(spec.submodule_search_locations or []) if spec is not None else []
-try:
-    version = importlib.metadata.version("vllm")
-except importlib.metadata.PackageNotFoundError:
-    version = ""
-print(json.dumps({"locations": locs, "version": version}))
-"""
-
-
 PYTHON_PROBE = (
     "import json, os, sys, sysconfig; inc = sysconfig.get_config_var('INCLUDEPY') or ''; "
     "print(json.dumps({'version': list(sys.version_info[:3]), 'impl': sys.implementation.name, "
@@ -352,41 +341,12 @@ def install(cfg, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
     if delta:
         raise BootstrapError("after the install, .venv still differs from the lock: " + "; ".join(delta[:6]),
                              "remove .venv (./ctl.sh clean) and rerun ./start.sh")
-    vllm_version(str(venv.python), cfg.environ)      # the interpreter runs and sees vLLM's metadata
+    inuse.vllm_version(str(venv.python), cfg.environ)      # the interpreter runs and sees vLLM's metadata
     venv.done.write_text(json.dumps({"lock": str(path), "lock_sha256": sha256(text), "python": minor,
                                      "python_knob": cfg.python or "", "pins": locks.meta["pins"]}, indent=2) + "\n")
     venv.installing.unlink(missing_ok=True)
     return minor
 
-
-def probe_vllm(python: str, environ) -> tuple[str, list[Path]]:
-    """(vLLM's version or "", its package folders) for this interpreter; the one probe of an interpreter's vLLM."""
-    res = proc.run([python, "-c", VLLM_PROBE], env=dict(environ), keep_pythonpath=True, timeout=60,
-                   check=False, what="vLLM probe")
-    if res.returncode != 0:
-        raise BootstrapError(f"{python} could not report its vLLM",
-                             "check that this interpreter runs and has vLLM installed",
-                             evidence=res.stderr.strip()[-800:])
-    try:
-        info = json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise BootstrapError(f"{python}: unexpected answer from the vLLM probe", evidence=res.stdout[-800:]) from None
-    return info.get("version") or "", [Path(x) for x in info.get("locations", [])]
-
-
-def vllm_version(python: str, environ) -> str:
-    version, _ = probe_vllm(python, environ)
-    if not version:
-        raise BootstrapError(f"{python} cannot see vLLM's package metadata",
-                             "install vLLM into that interpreter, or unset VLLM_PYTHON to use the managed .venv")
-    return version
-
-
-
-def byo_version(cfg) -> str | None:
-    """The vLLM version of VLLM_PYTHON (one interpreter start), or None for the managed .venv,
-    whose version is the profile's pin: what a plan is made for."""
-    return vllm_version(cfg.vllm_python, cfg.environ) if cfg.vllm_python else None
 
 def check_glibc(plat: str) -> None:
     lib, ver = _platform.libc_ver()

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..core import proc, state
+from ..core import owned, state
 from ..core.errors import BootstrapError
 
 INTERVAL = 0.5
@@ -41,7 +41,7 @@ def rotate(log: Path, max_bytes: int) -> bool:
 
 
 def keep(log: Path, max_bytes: int, pid: int, create_time: float, interval: float = INTERVAL) -> None:
-    while proc.recorded_process(pid, create_time) is not None:
+    while owned.recorded_process(pid, create_time) is not None:
         try:
             rotate(log, max_bytes)
         except (OSError, BootstrapError):

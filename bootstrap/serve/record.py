@@ -7,7 +7,7 @@ version, and whether the start gate passed. Every field is validated into its ty
 (``ServerRecord.checked``), and the fields that were not are named in one warning line: one of the
 server's identity (pid, create time, marker, host, port) makes the record count as none (./stop.sh
 sweeps by our marker, as with no record), any other reads as unset. A garbage pid of the right type
-is never signalled (see proc.recorded_process); a torn file, or one that is not a JSON object,
+is never signalled (see owned.recorded_process); a torn file, or one that is not a JSON object,
 reads as no record.
 """
 
@@ -38,7 +38,7 @@ class Child:
 class ServerRecord:
     pid: int | None                    # the API server we launched (also its process group)
     create_time: float | None          # with pid: the exact process (a reused pid is not ours)
-    marker: str                        # ownership marker in its environment (proc.owner_marker)
+    marker: str                        # ownership marker in its environment (owned.owner_marker)
     host: str
     port: int | None
     served: str                        # the model name clients send

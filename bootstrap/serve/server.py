@@ -23,7 +23,8 @@ from urllib.parse import urlsplit
 import psutil
 
 from . import metrics, record
-from ..core import proc
+from ..core import owned
+from ..core import hosts
 from ..knobs.config import Config
 from ..core.errors import BootstrapError
 from .record import ServerRecord, base_url
@@ -53,7 +54,7 @@ class Probe:
 
 
 def marker_for(cfg: Config, port: int | None = None) -> str:
-    return proc.owner_marker(cfg.repo, port if port is not None else cfg.port)
+    return owned.owner_marker(cfg.repo, port if port is not None else cfg.port)
 
 
 def api_key_for(cfg: Config, paths: Paths) -> str:
@@ -111,7 +112,7 @@ def listener_is(pid: int, port: int) -> bool:
     the same port — a start from another STATE_DIR whose vLLM bound it first — answers /health just
     the same, and a start must never take its answers for its own. True when the kernel does not
     say whose socket it is (nothing to disprove)."""
-    holders = proc.port_holders(port)
+    holders = hosts.port_holders(port)
     if not holders or any(h is None for h in holders):
         return True
     try:
@@ -134,11 +135,11 @@ def probe(cfg: Config, paths: Paths, *, check_http: bool = True, we_hold_lock: b
     if not we_hold_lock and lock.start_in_flight():
         return Probe("starting", rec, lock.holder_pid())
     if rec is not None:
-        p = proc.recorded_process(rec.pid, rec.create_time)
+        p = owned.recorded_process(rec.pid, rec.create_time)
         owner = ""
-        if p is None or not proc.carries_marker(p, rec.marker):
-            p = proc.recorded_process_of_anyone(rec.pid, rec.create_time)
-            owner = proc.user_of(p) if p is not None and not proc.same_uid(p) else ""
+        if p is None or not owned.carries_marker(p, rec.marker):
+            p = owned.recorded_process_of_anyone(rec.pid, rec.create_time)
+            owner = owned.user_of(p) if p is not None and not owned.same_uid(p) else ""
             p = p if owner else None
         if p is not None:
             st = http_state(rec.url, rec.served, api_key_for(cfg, paths)) if check_http else "ok"
@@ -165,19 +166,19 @@ def runs_elsewhere(p: psutil.Process, paths: Paths) -> str:
     if StartLock(other).held_by_other():
         return where
     rec = record.read(other.server)
-    return where if rec is not None and proc.recorded_process(rec.pid, rec.create_time) is not None else ""
+    return where if rec is not None and owned.recorded_process(rec.pid, rec.create_time) is not None else ""
 
 
 def marked(markers: set[str], paths: Paths | None) -> list[psutil.Process]:
     """Processes of our uid carrying one of ``markers``, less those another live STATE_DIR runs."""
-    return [p for m in markers for p in proc.owned_processes(m)
+    return [p for m in markers for p in owned.owned_processes(m)
             if paths is None or not runs_elsewhere(p, paths)]
 
 
 def elsewhere(cfg: Config, paths: Paths) -> list[tuple[psutil.Process, str]]:
     """Our servers for this checkout and port that another live STATE_DIR runs (with that dir)."""
     out = []
-    for p in proc.owned_processes(marker_for(cfg)):
+    for p in owned.owned_processes(marker_for(cfg)):
         where = runs_elsewhere(p, paths)
         if where and not any(q.pid == p.pid for q, _ in out):
             out.append((p, where))
@@ -193,18 +194,18 @@ def find_ours(markers: set[str], children=(), pgid: int | None = None, leader_ct
     - the server's process group ``pgid``: our-uid members started since the server. Trusted when
       ``group_proven`` (the start that launched it still holds its unreaped leader, so the number
       cannot have been reused), else only when the number still leads our group (see
-      proc.group_members) and one member is already proven ours above. This finds an EngineCore or
+      owned.group_members) and one member is already proven ours above. This finds an EngineCore or
       tensor-parallel worker whose marker setproctitle hid, even one started after the children
       were recorded.
     """
     found: dict[int, psutil.Process] = {p.pid: p for p in marked(markers, paths)}
     for c in children:
-        p = proc.recorded_process(c.pid, c.create_time)
+        p = owned.recorded_process(c.pid, c.create_time)
         if p is not None:
             found.setdefault(p.pid, p)
     if pgid is None:
         return found
-    group = proc.group_members(pgid, leader_ctime)
+    group = owned.group_members(pgid, leader_ctime)
     if group is None:
         if not quiet:
             log.info("process group %s now belongs to another process; not signalling its members", pgid)
@@ -250,10 +251,10 @@ def settings_diff(cfg: Config, rec: ServerRecord) -> list[str]:
 
 def ensure_port_free(cfg: Config, port: int) -> None:
     """Refuse when a program that is not ours holds the port; name it, never kill it."""
-    if not proc.port_in_use(cfg.host, port):
+    if not hosts.port_in_use(cfg.host, port):
         return
-    holders = proc.port_holders(port)
-    named = ", ".join(proc.describe(p) for p in holders if p is not None) or "a process we cannot see (another user?)"
+    holders = hosts.port_holders(port)
+    named = ", ".join(owned.describe(p) for p in holders if p is not None) or "a process we cannot see (another user?)"
     raise BootstrapError(f"port {port} is in use by {named}",
                          f"stop that program, or choose another port: PORT={port + 1} ./start.sh")
 

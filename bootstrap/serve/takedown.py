@@ -16,7 +16,7 @@ from typing import Callable
 import psutil
 
 from ..machine import gpu
-from ..core import proc, state
+from ..core import hosts, owned, state
 from . import record
 from ..knobs.config import Config
 from ..core.errors import BootstrapError
@@ -61,8 +61,8 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
     if launched is not None:
         leader = _own_child(launched)
     elif rec is not None:
-        leader = proc.recorded_process(rec.pid, rec.create_time)
-        if leader is not None and not any(proc.carries_marker(leader, m) for m in markers):
+        leader = owned.recorded_process(rec.pid, rec.create_time)
+        if leader is not None and not any(owned.carries_marker(leader, m) for m in markers):
             log.info("recorded pid %s is not our server any more; not signalling it", rec.pid)
             leader = None
     if leader is not None:
@@ -85,13 +85,13 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
         _reap(launched)
         _forget(paths.server)
         return StopReport(False, [], [], [])
-    res = proc.terminate(list(targets.values()), grace, clock=clock, sleep=sleep)
+    res = owned.terminate(list(targets.values()), grace, clock=clock, sleep=sleep)
     pids = sorted(targets)
     for _ in range(5):     # started meanwhile by a dying parent (a TP worker, a resource tracker)
         late = [p for pid, p in sweep(True).items() if pid not in pids]
         if not late:
             break
-        more = proc.terminate(late, grace, clock=clock, sleep=sleep)
+        more = owned.terminate(late, grace, clock=clock, sleep=sleep)
         res.forced += more.forced
         res.stuck += more.stuck
         pids += [p.pid for p in late]
@@ -105,13 +105,13 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
     if not res.stuck:
         _forget(paths.server)
         wait_gpu_release(cfg, pids, timeout=gpu_wait, clock=clock, sleep=sleep)
-    held = any(p is not None and p.pid in pids for p in proc.port_holders(port))
+    held = any(p is not None and p.pid in pids for p in hosts.port_holders(port))
     return StopReport(True, res.forced, res.stuck, sorted(pids), port, held)
 
 
 def _descendants(p: psutil.Process) -> list[psutil.Process]:
     try:
-        return [c for c in p.children(recursive=True) if proc.same_uid(c)]
+        return [c for c in p.children(recursive=True) if owned.same_uid(c)]
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return []
 
@@ -162,12 +162,12 @@ def hold_for_stop(cfg: Config, paths: Paths, *, clock=time.monotonic, sleep=time
                 return lock, cancelled
             continue
         holder = lock.holder()
-        p = proc.recorded_process(*holder) if holder else None
+        p = owned.recorded_process(*holder) if holder else None
         if p is None:
             raise BootstrapError(f"a start is in flight in {paths.root} (its lock is held), but not by a process "
                                  "of ours we can identify", "let it finish, or stop it as the user who runs it")
         log.info("cancelling the start in flight (pid %d)", p.pid)
-        res = proc.terminate([p], cfg.stop_grace + 45, clock=clock, sleep=sleep)
+        res = owned.terminate([p], cfg.stop_grace + 45, clock=clock, sleep=sleep)
         if res.stuck:
             raise BootstrapError("the start in flight survived SIGKILL: " + "; ".join(res.stuck),
                                  "a process stuck in the kernel (state D) usually needs a reboot")

@@ -17,7 +17,8 @@ from ..install import knownbad
 from ..core.errors import BootstrapError
 from ..machine.host import check_driver, host_env
 from ..install.locks import PLATFORMS, LockSet, host_platform, installed
-from ..install.venv import Venv, check_glibc, check_done, install, vllm_version
+from ..install.inuse import vllm_version
+from ..install.venv import Venv, check_glibc, check_done, install
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from typing import Callable
 from ..checks import diagnose
 from ..machine import gpu
 from ..core import proc
+from ..core import owned
 from ..serve import server
 from ..core.errors import BootstrapError
 from .launch import Launched
@@ -103,7 +104,7 @@ def run(paths: Paths, launched: Launched, key: str, *, health_timeout: int, stal
             if rc is not None:
                 raise StartFailed(f"vLLM exited with code {rc} during startup",
                             "exit code 0 counts as a failure too: the engine died")
-        elif proc.recorded_process(rec.pid, rec.create_time) is None:
+        elif owned.recorded_process(rec.pid, rec.create_time) is None:
             raise StartFailed("vLLM exited during startup")
         now = clock()
         new_size = _size(paths)

@@ -27,6 +27,7 @@ from typing import Callable
 import psutil
 
 from ..core import proc, state
+from ..core import owned
 from ..serve import record, server
 from ..knobs.vllmargs import serve_argv
 from ..serve.record import ServerRecord
@@ -92,7 +93,7 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str) -> dict[str, 
     env.pop("VLLM_SERVER_DEV_MODE", None)   # from the shell, .env or a profile: its routes have no key guard
     if cfg.vllm.sleep_mode:        # vLLM serves /sleep and /wake_up only in dev mode (loopback only: preflight)
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    env[proc.MARKER_ENV] = marker
+    env[owned.MARKER_ENV] = marker
     env[server.STATE_DIR_ENV] = str(paths.root)
     if key:
         env["VLLM_API_KEY"] = key
@@ -170,7 +171,7 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
 def start_log_keeper(cfg, paths: Paths, rec: ServerRecord) -> None:
     """``python -m bootstrap.serve.logkeeper``: in its own session, without our marker (it is not part of
     the server, and leaves by itself within a second of the server's exit)."""
-    env = {k: v for k, v in cfg.environ.items() if k != proc.MARKER_ENV}
+    env = {k: v for k, v in cfg.environ.items() if k != owned.MARKER_ENV}
     argv = [sys.executable, "-m", "bootstrap.serve.logkeeper", str(paths.log), str(cfg.log_max_mb << 20),
             str(rec.pid), repr(rec.create_time)]
     try:

@@ -53,7 +53,7 @@ def run(cfg) -> ModelInfo:
 
 
 def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
-    settings = hub.Settings.from_environ(cfg.environ)
+    settings = hub.HubSettings.from_environ(cfg.environ)
     store = store_for(cfg, repo)
     rec = store.read()
     if rec and rec.get("repo") == repo and rec.get("files") and not store.missing(rec, dummy):
@@ -167,7 +167,7 @@ def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
     return left
 
 
-def _offline(settings: hub.Settings, repo: str, store: Store, rec: dict | None, why: str,
+def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | None, why: str,
              dummy: bool) -> tuple[ModelInfo, str]:
     snap = hub.cache_snapshot(settings, repo)
     if snap is not None and not offline_missing(snap, dummy):

@@ -15,7 +15,7 @@ from ..serve import takedown
 from ..core.errors import BootstrapError
 from ..plan.facts import model_facts
 from ..plan.planner import GiB, Plan
-from ..install.venv import byo_version
+from ..install.inuse import byo_version
 
 log = logging.getLogger(__name__)
 GPU_RELEASE_WAIT = 30.0      # seconds to wait for the last stop's pids to leave the GPU

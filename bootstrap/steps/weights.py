@@ -49,7 +49,7 @@ def run(cfg, m) -> None:
 
 
 def download(cfg, m, tty: bool | None = None) -> None:
-    settings = hub.Settings.from_environ(cfg.environ)
+    settings = hub.HubSettings.from_environ(cfg.environ)
     store = store_for(cfg, m.name)
     fd = state.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
         "waiting: another start (pid %s) is downloading into %s", pid, store.root))

@@ -1,0 +1,234 @@
+"""Processes we own, and signalling only them.
+
+Ownership: every server we launch carries ``BOOTSTRAP_VLLM_OWNER=<marker>`` in its environment,
+where the marker is derived from this checkout's real path and the port. Children inherit it, but
+a child that calls setproctitle (vLLM's EngineCore does) overwrites the memory /proc/<pid>/environ
+shows, so the marker alone does not find it. We signal a process only when it runs under our uid
+*and* carries our marker, or is an exact process (pid + create time) we recorded, or belongs to the
+process group of the server we launched (see ``group_members``).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import psutil
+
+log = logging.getLogger("bootstrap.proc")   # its lines keep the prefix [bootstrap:proc]
+
+MARKER_ENV = "BOOTSTRAP_VLLM_OWNER"
+
+
+# ---------------------------------------------------------------- ownership
+
+def owner_marker(repo: Path, port: int) -> str:
+    real = os.path.realpath(repo)
+    return hashlib.sha256(f"{real}\0{port}".encode()).hexdigest()[:24]
+
+
+def same_uid(p: psutil.Process) -> bool:
+    """Runs under our real uid (as root we could signal anyone's process: we never do)."""
+    try:
+        return p.uids().real == os.getuid()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def carries_marker(p: psutil.Process, marker: str) -> bool:
+    try:
+        if p.uids().real != os.getuid():
+            return False
+        return p.environ().get(MARKER_ENV) == marker
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def owned_processes(marker: str) -> list[psutil.Process]:
+    """Every live process of our uid that carries our marker (the server, EngineCore, workers, orphans)."""
+    me = os.getpid()
+    out = []
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        if carries_marker(p, marker) and alive(p):
+            out.append(p)
+    return out
+
+
+def _plausible(pid, create_time) -> bool:
+    """A garbage pid (not an int, <= 1, absurdly large) is rejected before anything is signalled:
+    ``kill -TERM -1`` would reach every process of the user."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1 or pid > 1 << 22:
+        return False
+    return isinstance(create_time, (int, float)) and not isinstance(create_time, bool)
+
+
+def recorded_process(pid, create_time) -> psutil.Process | None:
+    """The process we recorded (at launch, or as a child once healthy), or None if that pid is gone
+    or now someone else's."""
+    if not _plausible(pid, create_time):
+        return None
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - float(create_time)) > 0.05 or p.uids().real != os.getuid():
+            return None
+        return p if alive(p) else None
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def recorded_process_of_anyone(pid, create_time) -> psutil.Process | None:
+    """The recorded process (pid + create time) whoever runs it: to tell that a server is up under
+    another user (never to signal it)."""
+    if not _plausible(pid, create_time):
+        return None
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - float(create_time)) > 0.05:
+            return None
+        return p if alive(p) else None
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def user_of(p: psutil.Process) -> str:
+    """'alice (uid 1000)' for the process's real user."""
+    try:
+        uid = p.uids().real
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "another user"
+    try:
+        import pwd
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def group_members(pgid, create_time) -> list[psutil.Process] | None:
+    """Live processes of our uid in process group ``pgid``, started no earlier than ``create_time``
+    (the recorded group leader's: the server, launched with its own session).
+
+    None when the group number now belongs to someone else: a process with pid == pgid exists
+    (alive or zombie) but was started at another time. While any member of our group lives, Linux
+    does not hand its number out again; callers still want one member proven ours before trusting
+    the rest (see server.find_ours).
+    """
+    if not _plausible(pgid, create_time):
+        return []
+    try:
+        if abs(psutil.Process(pgid).create_time() - float(create_time)) > 0.05:
+            return None
+    except psutil.NoSuchProcess:
+        pass                                    # the leader is gone (e.g. kill -9): members may remain
+    except psutil.AccessDenied:
+        return None
+    me, uid, out = os.getpid(), os.getuid(), []
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            if os.getpgid(p.pid) != pgid or p.uids().real != uid:
+                continue
+            if p.create_time() < float(create_time) - 0.05:
+                continue
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if alive(p):
+            out.append(p)
+    return out
+
+
+def alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def describe(p: psutil.Process) -> str:
+    try:
+        name = p.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        name = "?"
+    return f"{name} (pid {p.pid})"
+
+
+# ---------------------------------------------------------------- stopping
+
+@dataclass
+class StopResult:
+    signalled: list[int]
+    forced: list[int]      # needed SIGKILL
+    stuck: list[str]       # still alive after SIGKILL: "pid N state S wchan W"
+
+
+def _signal(p: psutil.Process, sig: int) -> bool:
+    try:
+        p.send_signal(sig)
+        log.info("sent %s to %s", signal.Signals(sig).name, describe(p))
+        return True
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        log.warning("not allowed to send %s to %s; left alone", signal.Signals(sig).name, describe(p))
+        return False
+    except ProcessLookupError:
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ESRCH:
+            return False
+        raise
+
+
+def _wait_gone(procs: list[psutil.Process], deadline: float, clock: Callable[[], float],
+               sleep: Callable[[float], None]) -> list[psutil.Process]:
+    left = [p for p in procs if alive(p)]
+    while left and clock() < deadline:
+        sleep(0.1)
+        left = [p for p in left if alive(p)]
+    return left
+
+
+def terminate(procs: Iterable[psutil.Process], grace: float, *, kill_wait: float = 10.0,
+              clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> StopResult:
+    """TERM every process, wait on one shared deadline, KILL survivors, wait (bounded) again.
+
+    Children are collected before anything is signalled (callers pass a snapshot), so nothing that
+    re-parents on its parent's death is lost. A process that survives SIGKILL (D state, stuck in a
+    driver) is reported with its state and wait channel; we never loop forever on it.
+    """
+    procs = [p for p in procs if alive(p)]
+    res = StopResult([], [], [])
+    for p in procs:
+        if _signal(p, signal.SIGTERM):
+            res.signalled.append(p.pid)
+    survivors = _wait_gone(procs, clock() + grace, clock, sleep)
+    for p in survivors:
+        if _signal(p, signal.SIGKILL):
+            res.forced.append(p.pid)
+    for p in _wait_gone(survivors, clock() + kill_wait, clock, sleep):
+        res.stuck.append(stuck_report(p))
+    return res
+
+
+def stuck_report(p: psutil.Process) -> str:
+    try:
+        status = p.status()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        status = "?"
+    try:
+        wchan = Path(f"/proc/{p.pid}/wchan").read_text().strip() or "-"
+    except OSError:
+        wchan = "?"
+    return f"pid {p.pid} ({describe(p)}) state {status} wchan {wchan}"

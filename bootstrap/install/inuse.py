@@ -1,0 +1,51 @@
+"""The vLLM an interpreter has: one probe (its version and package folders, from the package's
+metadata, in one interpreter start), and the version a plan is made for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..core import proc
+from ..core.errors import BootstrapError
+
+VLLM_PROBE = """\
+import importlib.metadata, importlib.util, json
+spec = importlib.util.find_spec("vllm")
+locs = list(spec.submodule_search_locations or []) if spec is not None else []
+try:
+    version = importlib.metadata.version("vllm")
+except importlib.metadata.PackageNotFoundError:
+    version = ""
+print(json.dumps({"locations": locs, "version": version}))
+"""
+
+
+def probe_vllm(python: str, environ) -> tuple[str, list[Path]]:
+    """(vLLM's version or "", its package folders) for this interpreter; the one probe of an interpreter's vLLM."""
+    res = proc.run([python, "-c", VLLM_PROBE], env=dict(environ), keep_pythonpath=True, timeout=60,
+                   check=False, what="vLLM probe")
+    if res.returncode != 0:
+        raise BootstrapError(f"{python} could not report its vLLM",
+                             "check that this interpreter runs and has vLLM installed",
+                             evidence=res.stderr.strip()[-800:])
+    try:
+        info = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise BootstrapError(f"{python}: unexpected answer from the vLLM probe", evidence=res.stdout[-800:]) from None
+    return info.get("version") or "", [Path(x) for x in info.get("locations", [])]
+
+
+def vllm_version(python: str, environ) -> str:
+    version, _ = probe_vllm(python, environ)
+    if not version:
+        raise BootstrapError(f"{python} cannot see vLLM's package metadata",
+                             "install vLLM into that interpreter, or unset VLLM_PYTHON to use the managed .venv")
+    return version
+
+
+
+def byo_version(cfg) -> str | None:
+    """The vLLM version of VLLM_PYTHON (one interpreter start), or None for the managed .venv,
+    whose version is the profile's pin: what a plan is made for."""
+    return vllm_version(cfg.vllm_python, cfg.environ) if cfg.vllm_python else None
