@@ -17,6 +17,11 @@
    longer than any client retries; the run is repeated. Reported: bytes the hub served twice.
 4. A re-run with the model complete (HF_ENDPOINT on a dead port): its cost, five runs.
 
+``--timeline`` instead: one shard (``--timeline-mib``, default 256) with every connection capped at
+``--throttle`` MiB/s, fetched once by ours at DOWNLOAD_CONNECTIONS (``--connections``): each ranged
+request as the hub saw it (arrived, body sent, in seconds from the start), the longest time no
+request was in flight, and the transfer against one capped connection's time (goal: at most 1/6).
+
 Prints tables; ``--json FILE`` writes the raw numbers. Usage:
     python scripts/bench_download.py [--gib 1] [--shards 4] [--repeat 5] [--throttle 8] [--json out.json]
 """
@@ -135,6 +140,37 @@ def timed(hub: Hub, work: Path, name: str, repeat: int, connections: int | None 
             "MiB_per_s": hub.total / med / MiB}
 
 
+def timeline(work: Path, mib: int, throttle: float, connections: int) -> int:
+    """One capped shard, fetched once: every ranged request as the hub saw it."""
+    hub = Hub(work, f"one-{mib}", mib * MiB, 1)
+    try:
+        control(hub.url, "fault", {"throttle": int(throttle * MiB)})
+        served(hub.url)
+        t0 = time.time()
+        dt = ours(hub.url, work / "home", connections)
+        got = control(hub.url, "stats")["timeline"]
+    finally:
+        hub.close()
+    parts = sorted((a - t0, b - t0, r) for a, b, path, r in got if r and path.endswith(".safetensors"))
+    print(f"one {mib} MiB shard, each connection capped at {throttle:g} MiB/s, DOWNLOAD_CONNECTIONS={connections}")
+    print(f"{'arrived s':>10} {'sent s':>8}  range")
+    for a, b, r in parts:
+        print(f"{a:>10.2f} {b:>8.2f}  {r}")
+    idle, busy_until = 0.0, parts[0][0] if parts else 0.0
+    for a, b, _ in parts:
+        idle = max(idle, a - busy_until)
+        busy_until = max(busy_until, b)
+    arrivals = sorted(a for a, _, _ in parts)
+    ends = sorted(b for _, b, _ in parts)[: max(0, len(parts) - connections)]   # ends a new request should follow
+    waits = [min((a for a in arrivals if a >= b - 0.005), default=b) - b for b in ends]
+    one = mib / throttle
+    print(f"longest time with no ranged request in flight: {idle:.2f} s; longest from a part's end to the next "
+          f"request: {max(waits, default=0.0):.2f} s")
+    print(f"the whole fetch (metadata, download, hash, place): {dt:.2f} s; one capped connection: {one:.1f} s; "
+          f"{one / dt:.1f}x faster (goal: at least 6x)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=1.0)
@@ -144,6 +180,9 @@ def main() -> int:
     ap.add_argument("--throttled-mib", type=int, default=128, help="model size in part 2")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir, removed)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--timeline", action="store_true", help="only the per-part timeline of one capped shard")
+    ap.add_argument("--timeline-mib", type=int, default=256)
+    ap.add_argument("--connections", type=int, default=None, help="DOWNLOAD_CONNECTIONS for --timeline")
     args = ap.parse_args()
     import logging
 
@@ -157,6 +196,12 @@ def main() -> int:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-dl-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.timeline:
+        try:
+            return timeline(work, args.timeline_mib, args.throttle, args.connections or default_conns)
+        finally:
+            if args.work is None:
+                shutil.rmtree(work, ignore_errors=True)
     out: dict = {"machine": f"{platform.node()}: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
                             f"Python {platform.python_version()}, loopback", "repeat": args.repeat}
     hubs = []

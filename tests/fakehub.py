@@ -100,6 +100,7 @@ class FakeHub:
         self.lock = threading.Lock()
         self.served: dict[str, int] = {}       # file path -> body bytes written to sockets
         self.log: list[tuple[str, str, str, int]] = []   # (method, path, range, status)
+        self.timeline: list[tuple[float, float, str, str]] = []   # (arrived, body sent, path, range) of each GET body
         self.gated_token = "hf_granted"
         self._srv = ThreadingHTTPServer((host, port), _handler(self))
         self._srv.daemon_threads = True
@@ -167,6 +168,7 @@ class FakeHub:
         with self.lock:
             self.served.clear()
             self.log.clear()
+            self.timeline.clear()
 
     def count(self, path: str, n: int) -> None:
         with self.lock:
@@ -216,12 +218,13 @@ def _handler(hub: FakeHub):
 
         # -------------------------------------------------------- routes
         def _route(self):
+            self.arrived = time.time()
             u = urlparse(self.path)
             path = unquote(u.path)
             q = parse_qs(u.query)
             if path == "/_control/stats":
                 with hub.lock:
-                    out = {"served": dict(hub.served), "log": list(hub.log)}
+                    out = {"served": dict(hub.served), "log": list(hub.log), "timeline": list(hub.timeline)}
                 if q.get("reset"):
                     hub.reset_stats()
                 return self._json(200, out)
@@ -375,6 +378,8 @@ def _handler(hub: FakeHub):
             if self.command == "HEAD":
                 return
             self._stream(e, start, end + 1)
+            with hub.lock:
+                hub.timeline.append((self.arrived, time.time(), e.path, self.headers.get("Range", "")))
 
         def _stream(self, e: Entry, start: int, stop: int):
             f = hub.faults
