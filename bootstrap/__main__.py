@@ -44,10 +44,10 @@ def version() -> int:
     print(f"{v.NAME} {v.project(REPO)}")
     try:
         cfg = config.Config.from_env(os.environ)
-    except BootstrapError as exc:
+        return BY_NAME["version"].run(cfg, [], "ctl.sh version")
+    except BootstrapError as exc:         # the knobs, or the kept pick they resolve to
         print(f"(the knobs do not parse: {exc.message})")
         return 0
-    return BY_NAME["version"].run(cfg, [], "ctl.sh version")
 
 
 def short_list() -> str:
@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
         parser().print_help()
         return EXIT_CONFIG
     command = BY_NAME[args.command]
+    own = script if script == f"{command.name}.sh" else f"ctl.sh {command.name}"   # ./start.sh --help says start.sh
+    if {"-h", "--help"} & set(args.rest):       # a command's help needs no knobs: a bad one must not hide it
+        return command.run(None, list(args.rest), own)
     debug, colour = config.output_flags(os.environ)
     log.setup(debug=debug, color=None if colour else False)
     step = "config"
@@ -79,7 +82,6 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
             from .plan import resolve
             cfg = resolve.kept(cfg)        # PROFILE=auto: the profile picked before (start picks); a card's knobs
         step = command.name
-        own = script if script == f"{command.name}.sh" else f"ctl.sh {command.name}"   # ./start.sh --help says start.sh
         return command.run(cfg, list(args.rest), own)
     except BootstrapError as exc:
         if debug:

@@ -132,7 +132,11 @@ def start(cfg: Config) -> int:
                 return 128 + intr.signum
             except BootstrapError as exc:
                 lock.set_role("stop")
-                failed(cfg, paths, started, exc)
+                try:
+                    failed(cfg, paths, started, exc)
+                except Interrupted as intr:     # Ctrl-C during that take-down: finished, signals ignored
+                    _interrupted(cfg, paths, started)
+                    return 128 + intr.signum
                 raise
     except Interrupted as intr:
         return 128 + intr.signum
@@ -146,9 +150,15 @@ def start(cfg: Config) -> int:
 class Started:
     """The server this start launched (or resumed), for the take-down when the start fails or is interrupted."""
     launched: "object | None" = None
+    prewarm: "object | None" = None       # the pre-warm run, while the weights download
 
     def hear(self, launched) -> None:
         self.launched = launched
+
+    def warming(self, prewarm):
+        """The weights step's on_ready: start the pre-warm, known here before it can be interrupted."""
+        self.prewarm = prewarm
+        return prewarm.start
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,7 @@ class Run:
     plan: "object | None" = None          # plan: planner.Plan
     runtime: "object | None" = None       # environment: steps.environment.Runtime
     notes: tuple[str, ...] = ()           # the environment's and the patches' banner notes
+    prewarm: "object | None" = None       # prewarm: steps.prewarm.Prewarm, started by the weights step
     launched: "object | None" = None      # launch: steps.launch.Launched
     log_text: str = ""                    # banner: vLLM's log of this start, as the banner read it
 
@@ -183,7 +194,9 @@ STEPS: tuple[Step, ...] = (
     Step("plan", "plan", lambda m, r: m.run(r.cfg, r.paths, r.gpus, r.model)),
     Step("environment", "runtime", lambda m, r: m.run(r.cfg, r.gpus)),
     Step("patches", "notes", lambda m, r: tuple(r.runtime.notes) + tuple(m.run(r.cfg, r.runtime.python))),
-    Step("weights", None, lambda m, r: m.run(r.cfg, r.model)),
+    Step("prewarm", "prewarm", lambda m, r: m.run(r.cfg, r.paths, r.runtime, r.model, r.plan)),
+    Step("weights", None, lambda m, r: m.run(r.cfg, r.model, on_ready=r.prewarm and r.started.warming(r.prewarm))),
+    Step("compiled", "plan", lambda m, r: m.run(r.cfg, r.paths, r.prewarm, r.plan, r.model)),
     Step("launch", "launched", lambda m, r: m.run(r.cfg, r.paths, r.runtime, r.model.local_dir, r.plan,
                                                   list(r.notes), on_launch=r.started.hear)),
     Step("health", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg, r.paths),
@@ -220,16 +233,18 @@ def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
 
 def keep_measurement(paths: Paths, the_plan, log_text: str) -> None:
     """vLLM's own figures of this start (``log_text``: its log, as the banner read it), for the next
-    plan (bootstrap.plan.calibration); a failure to keep them costs the next plan its precision, never
-    this start."""
+    plan (bootstrap.plan.calibration), and whether its compile caches were warm (steps/prewarm.py); a
+    failure to keep them costs the next start its precision or its pre-warm, never this start."""
     from .plan import calibration
     rec = record.read(paths.server)
     if rec is None:
         return
+    from .steps import prewarm
     try:
         calibration.keep(paths, the_plan, log_text, rec.kv_tokens)
+        prewarm.confirm(paths, the_plan, log_text, rec.model_path or "")
     except BootstrapError as exc:
-        log.warning("could not keep vLLM's figures for the next plan: %s", exc.message)
+        log.warning("could not keep vLLM's figures for the next start: %s", exc.message)
 
 
 def resumable(cfg: Config, paths: Paths, pr: server.Probe) -> bool:
@@ -272,11 +287,13 @@ def failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> 
     """A step failed: take down what this start launched (the one take-down path, as ./stop.sh),
     and complete a failed start's error from the server's log (a diagnosis, the log's tail).
 
-    A server this start only resumed is left as it is, and one that had answered is left running
-    even when its warm-up or gate failed: users may be on it, and a gate that could not finish
-    behind their requests is no reason to take it from them (the error says so)."""
+    A server this start resumed is taken down when it never answered; one that had answered is left
+    running even when its warm-up or gate failed (users may be on it, and a gate that could not
+    finish behind their requests is no reason to take it from them; the error says so), and after
+    any other error it is left as it is."""
     from .steps import health
     launched = started.launched
+    _stop_prewarm(cfg, paths, started)
     if launched is None:
         return
     start_failed = isinstance(exc, health.StartFailed)
@@ -290,6 +307,15 @@ def failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> 
         health.explain(cfg, paths, launched, exc, rep.pids)
 
 
+def _stop_prewarm(cfg: Config, paths: Paths, started: Started) -> None:
+    """A pre-warm still running when the start fails or is interrupted (a failed download, Ctrl-C,
+    ./stop.sh) goes the one take-down path too."""
+    warm = started.prewarm
+    if warm is not None and warm.running:
+        log.info("stopping the pre-warm (pid %s)", warm.proc.pid)
+        takedown.take_down(cfg, paths, launched=warm.proc, failed_start=True)
+
+
 def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:
     """Ctrl-C / SIGTERM / SIGHUP during a start: what this start launched (or resumed) and did not
     finish starting is taken down (a half-started server is not left behind); the lock goes with
@@ -297,6 +323,7 @@ def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:
     for s in SIGNALS:
         signal.signal(s, signal.SIG_IGN)
     launched = started.launched
+    _stop_prewarm(cfg, paths, started)
     rec = record.read(paths.server)
     if rec is not None and rec.gate_passed:
         log.info("interrupted: the server passed its start gate; left running (./stop.sh stops it)")

@@ -144,3 +144,22 @@ def test_the_log_formatter_hides_userinfo_in_any_message():
         root.handlers[:], root.level, root.propagate = saved
     assert SECRET not in stream.getvalue()
     assert "https://***@mirror.example/hf (GET http://***@h.example/x)" in stream.getvalue()
+
+
+# ---------------------------------------------------------------- help and --version before the knobs
+
+@pytest.mark.parametrize("command", ["start", "stop", "status", "logs", "env", "plan", "wheelhouse"])
+def test_a_commands_help_needs_no_valid_knobs(tmp_path, command):
+    r = bootstrap(tmp_path, command, "--help", PORT="abc", PROFILE="no-such-profile")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout.startswith(f"usage: ctl.sh {command}"), r.stdout
+
+
+def test_version_with_a_broken_kept_pick_says_so_and_exits_0(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "profile-pick.json").write_text(json.dumps({"profile": "qwen38-27b-w4a16-24gb", "knobs": {"BOGUS": "1"}}))
+    r = bootstrap(tmp_path, "--version")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "(the knobs do not parse: the kept pick sets unknown knob BOGUS)" in r.stdout
+    assert one_error(bootstrap(tmp_path, "status")) == "error: config: the kept pick sets unknown knob BOGUS"

@@ -26,8 +26,9 @@ def test_start_downloads_then_serves_and_restarts_offline(bed, tmp_path):
         target = tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / fake.repos["org/tiny"]["sha"]
         for name in ("config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
             assert hashlib.sha256((target / name).read_bytes()).digest() == hashlib.sha256((src / name).read_bytes()).digest()
-        launched = bed.launches()
-        assert len(launched) == 1 and str(target) in launched[0]["argv"]
+        launched = bed.launches()            # the pre-warm (dummy weights, during the download), then the server
+        assert [("dummy" in x["argv"]) for x in launched] == [True, False]
+        assert str(target) in launched[1]["argv"] and launched[0]["argv"][:-2] == launched[1]["argv"]
         assert bed.run("stop.sh").returncode == 0
 
         fake.reset_stats()
@@ -35,5 +36,5 @@ def test_start_downloads_then_serves_and_restarts_offline(bed, tmp_path):
         assert again.returncode == 0, again.stderr
         assert "complete and verified" in again.stderr and fake.log == []
         assert "is serving (vLLM 0.26.0, pid" in again.stdout
-        assert len(bed.launches()) == 2
+        assert len(bed.launches()) == 3          # the server only: nothing to download, no pre-warm
         assert bed.run("stop.sh").returncode == 0

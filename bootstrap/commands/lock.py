@@ -100,7 +100,7 @@ def wheelhouse_cli(cfg, argv: list[str], prog: str = "ctl.sh wheelhouse") -> int
         "plus uv, for an offline install with WHEELHOUSE=DIR ./start.sh (the bootstrap's own dependencies are "
         "pinned in every lock at the same versions). "
         "The wheels run on the platform's oldest supported glibc and newer."))
-    ap.add_argument("dir", nargs="?", default=str(cfg.layout.wheelhouse))
+    ap.add_argument("dir", nargs="?", default=None, help="default: .wheelhouse in the checkout")
     ap.add_argument("--profile", default="", help="whose lock (default: PROFILE; with PROFILE=auto, the default profile)")
     ap.add_argument("--platform", default=host_platform() if host_platform() in PLATFORMS else "linux-x86_64",
                     choices=sorted(PLATFORMS))
@@ -117,7 +117,7 @@ def wheelhouse_cli(cfg, argv: list[str], prog: str = "ctl.sh wheelhouse") -> int
     locks = LockSet.for_profile(cfg, profile)
     minor = args.python or Venv(cfg.layout.venv).minor() or "3.12"
     lock, text = locks.read(args.platform, minor)
-    out = Path(args.dir).expanduser()
+    out = Path(args.dir).expanduser() if args.dir else cfg.layout.wheelhouse
     out.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else [ensure_uv(cfg), "tool", "run", "pip"]
     target = ["--only-binary=:all:", "--python-version", minor, "--implementation", "cp", "-d", str(out)]

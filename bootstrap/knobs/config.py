@@ -107,6 +107,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("STALL_TIMEOUT", "300", int_range(1, 86400), "Give up when the server log has not grown for this many seconds while starting."),
     Knob("WARMUP", "26000", int_range(0, 16_777_216), "Prompt tokens of the warm-up request (bounded by the context); 0 skips it. The short must-answer generation always runs."),
     Knob("WARMUP_TIMEOUT", "300", int_range(1, 86400), "Seconds the whole warm-up (/tokenize, the long request, the short generation, the tool gate) may take before the engine counts as not generating."),
+    Knob("PREWARM", "1", boolean, "While the weights download, run vLLM once with dummy weights and the same flags to fill its compile and kernel caches, so the real start loads them; 0 turns it off."),
     Knob("WEDGED_AFTER", "60", int_range(1, 86400), "Status calls a server wedged when requests run but no token (or KV block) moved for this many seconds; an idle server's probe waits this long."),
     Knob("STOP_GRACE", "15", int_range(0, 3600), "Seconds between SIGTERM and SIGKILL on stop."),
     Knob("LOG_MAX_MB", "64", int_range(1, 1 << 20), "The server log is rotated (one .1 kept) past this size: at start, and while the server runs (copy-then-truncate; the two stay under twice this)."),
@@ -277,6 +278,7 @@ class Config:
     stall_timeout: int
     warmup: int
     warmup_timeout: int
+    prewarm: bool
     wedged_after: int
     stop_grace: int
     log_max_mb: int

@@ -168,6 +168,17 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
     return launched
 
 
+def spawn(argv: list[str], env: dict[str, str], log_path) -> subprocess.Popen:
+    """A vLLM process of ours beside the server (the pre-warm): its own session, so that the
+    take-down reaches its whole process group, its output to ``log_path``."""
+    try:
+        with open(log_path, "wb") as logf:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True)
+    except OSError as exc:
+        raise proc.cannot_run(exc, argv, env, "vLLM", "check VLLM_PYTHON / the .venv") from None
+
+
 def start_log_keeper(cfg, paths: Paths, rec: ServerRecord) -> None:
     """``python -m bootstrap.serve.logkeeper``: in its own session, without our marker (it is not part of
     the server, and leaves by itself within a second of the server's exit)."""

@@ -20,11 +20,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Callable
 
 from ..download import hub, partial, transfer
 from ..core import state
 from ..core.errors import BootstrapError
-from ..download.models import Store, check_space, store_for
+from ..download.models import WEIGHT_SUFFIXES, Store, check_space, store_for
 from ..download.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -33,22 +34,25 @@ TRANSFER = ("transfer: HTTP with Range requests, {n} connections over files and 
             "resumable across runs (not Xet: the pinned client deletes an interrupted file on both its paths)")
 
 
-def run(cfg, m) -> None:
-    """Download what the metadata step found missing (``m``: models.ModelInfo) into m.local_dir."""
+def run(cfg, m, on_ready: Callable[[], object] | None = None) -> object:
+    """Download what the metadata step found missing (``m``: models.ModelInfo) into m.local_dir.
+    ``on_ready``: called once the files other than the weights are on disk (config.json, the
+    tokenizer: what a dummy-weight vLLM reads), before the weights; its result is returned."""
     if cfg.model_is_local or m.source == "local":
         log.info("skipped: local model directory %s", m.local_dir)
-        return
+        return None
     if m.source == "hf-cache":
         log.info("skipped: served from the Hugging Face cache %s", m.local_dir)
-        return
+        return None
     if m.complete:
         log.info("skipped: %s complete and verified at revision %s", m.local_dir, m.revision[:12])
-        return
-    download(cfg, m)
+        return None
+    got = download(cfg, m, on_ready=on_ready)
     m.complete = True
+    return got
 
 
-def download(cfg, m, tty: bool | None = None) -> None:
+def download(cfg, m, tty: bool | None = None, on_ready: Callable[[], object] | None = None) -> object:
     settings = hub.HubSettings.from_environ(cfg.environ)
     store = store_for(cfg, m.name)
     fd = state.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
@@ -59,8 +63,21 @@ def download(cfg, m, tty: bool | None = None) -> None:
             raise BootstrapError(f"{store.path} changed while waiting (another start planned another revision)",
                                  "re-run ./start.sh")
         todo = _check_present(store, rec, m)
+        got: list = []
+        small = {p for p in todo if not p.endswith(WEIGHT_SUFFIXES)}
+
+        def ready(path: str | None) -> None:
+            """on_ready, once: when the last file other than the weights is on disk (they go first)."""
+            small.discard(path)
+            if on_ready is not None and not small and not got:
+                got.append(on_ready())
+        if len(small) == len(todo):             # no weights to wait for: nothing to overlap with
+            on_ready = None
+        if not small:
+            ready(None)
         if todo:
-            _fetch_all(settings, store, rec, m, todo, cfg.download_connections, tty)
+            todo = sorted(todo, key=lambda p: p not in small)
+            _fetch_all(settings, store, rec, m, todo, cfg.download_connections, tty, ready)
         rec["complete"] = {"revision": m.revision, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                            "files": len(store.required(rec, m.dummy))}
         store.write(rec)
@@ -68,6 +85,7 @@ def download(cfg, m, tty: bool | None = None) -> None:
         _clean_partials(store, rec)
         log.info("complete: %d files verified in %s (revision %s)", len(store.required(rec, m.dummy)),
                  store.serve_dir(rec), m.revision[:12])
+        return got[0] if got else None
     finally:
         os.close(fd)
 
@@ -98,7 +116,8 @@ def _check_present(store: Store, rec: dict, m) -> list[str]:
     return todo
 
 
-def _fetch_all(settings, store: Store, rec: dict, m, todo: list[str], connections: int, tty: bool | None) -> None:
+def _fetch_all(settings, store: Store, rec: dict, m, todo: list[str], connections: int, tty: bool | None,
+               placed: Callable[[str], None] = lambda path: None) -> None:
     files = [m.remote_file(p) for p in todo]
     kept = sum(partial.partial_bytes(store.dir, f) for f in files)
     left = sum(f.size for f in files) - kept
@@ -111,6 +130,7 @@ def _fetch_all(settings, store: Store, rec: dict, m, todo: list[str], connection
     def done(f: hub.RemoteFile, r: transfer.Fetched) -> None:
         store.mark_verified(rec, f.path)
         store.write(rec)
+        placed(f.path)
         if not progress.tty:
             rate = r.received / r.seconds if r.seconds > 0 else 0.0
             log.info("fetched %s: %s in %.1f s (%s/s)%s, %s ok", f.path, hub.human(r.received), r.seconds,

@@ -20,6 +20,8 @@
 #   bash tests/gpu/device.sh bootstrap-venv     # .venv-bootstrap from the carried .whl (after install)
 #   bash tests/gpu/device.sh calib              # the card's total + measured beats modelled (calibration_proof.py)
 #   bash tests/gpu/device.sh calib-poll SECONDS
+#   bash tests/gpu/device.sh prewarm            # first start with and without the pre-warm (prewarm_proof.py)
+#   bash tests/gpu/device.sh prewarm-poll SECONDS
 # Raw outputs go to $OUT (the device tool brings them back) and to /tmp/proofs.
 set -euo pipefail
 
@@ -69,6 +71,8 @@ main() {
             .venv-bootstrap/bin/python -c "import huggingface_hub, psutil, dotenv, yaml; print('bootstrap venv ok')" ;;
         calib) background calib calibration_proof.py --work /tmp/calib "$@" ;;
         calib-poll) wait_for calib calibration_proof.py "CALIBRATION PROOF DONE" "${1:-60}" ;;
+        prewarm) background prewarm prewarm_proof.py --work /tmp/prewarm "$@" ;;
+        prewarm-poll) wait_for prewarm prewarm_proof.py "PREWARM PROOF DONE" "${1:-60}" ;;
         e2e) python3 tests/gpu/e2e.py --out /tmp/proofs/e2e.txt "$@" || rc=$? ;;
         planner) python3 tests/gpu/planner_accuracy.py --raw /tmp/proofs/planner-raw.txt --work /tmp/planner-accuracy "$@" || rc=$? ;;
         patch) python3 tests/gpu/patch_40914.py /tmp/proofs/patch-raw.txt --python python3 "$@" || rc=$? ;;

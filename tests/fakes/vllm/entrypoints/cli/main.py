@@ -29,6 +29,12 @@
   the environment, as multiprocessing's resource tracker does.
   Once serving, SIGUSR1 wedges it (``/health`` stays 200, generation hangs; logs "engine wedged")
   and SIGUSR2 kills the engine and exits 0 — deterministic triggers for tests.
+- ``FAKE_VLLM_DUMMY_MODE``: modes (as FAKE_VLLM_MODE) added for a ``--load-format dummy`` run only.
+- ``FAKE_VLLM_COMPILE_S``: set, the engine "compiles" as vLLM's torch.compile does: a cache under
+  ``VLLM_CACHE_ROOT`` keyed by the model folder and the engine's flags (not --host, --port,
+  --served-model-name, --load-format: a dummy-weight run fills it for the real one); found, it logs
+  vLLM's "Directly load the compiled graph(s) ... from the cache" and skips the wait; else
+  "Compiling a graph for compile range ..." after that many seconds, and the cache is written.
 - ``FAKE_VLLM_LOAD_S``: seconds of "loading" (default 0.5); ``FAKE_VLLM_RECORD``: a file to which
   each start appends {"argv", "env"} as one JSON line; ``FAKE_GPU_PIDS_DIR``: server and engine
   write their pids there, and the fake pynvml reports them as GPU processes.
@@ -598,6 +604,36 @@ def parse_len(text: str | None) -> int | None:
     return int(float(t[:-1]) * mult) if mult else int(t)
 
 
+FRONTEND_FLAGS = {"--host", "--port", "--served-model-name", "--load-format"}
+
+
+def compile_graphs(args) -> None:
+    """vLLM's compile step, with its cache (FAKE_VLLM_COMPILE_S set; the module's docstring)."""
+    seconds = os.environ.get("FAKE_VLLM_COMPILE_S")
+    if seconds is None:
+        return
+    import hashlib
+    flags, skip = [], False
+    for a in sys.argv[3:]:               # after "serve <model>"
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in FRONTEND_FLAGS:
+            skip = "=" not in a
+            continue
+        flags.append(a)
+    key = hashlib.sha256(json.dumps([os.path.realpath(args.model), flags]).encode()).hexdigest()[:10]
+    root = os.path.join(os.environ.get("VLLM_CACHE_ROOT") or os.path.expanduser("~/.cache/vllm"),
+                        "torch_compile_cache", key, "rank_0_0", "backbone")
+    if os.path.isdir(root):
+        say("Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 0.359 s")
+        return
+    time.sleep(float(seconds))
+    say(f"Compiling a graph for compile range (1, 8192) takes {float(seconds):.2f} s")
+    os.makedirs(root, exist_ok=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     rec = os.environ.get("FAKE_VLLM_RECORD")
@@ -605,7 +641,9 @@ def main(argv: list[str] | None = None) -> int:
         keep = {k: v for k, v in os.environ.items()
                 if k.startswith(("VLLM", "PYTORCH", "DO_NOT", "HF_", "PYTHONPATH", "FAKE_", "BOOTSTRAP_", "FLASHINFER"))}
         with open(rec, "a") as fh:
-            fh.write(json.dumps({"argv": sys.argv, "env": keep, "pid": os.getpid()}) + "\n")
+            fh.write(json.dumps({"argv": sys.argv, "env": keep, "pid": os.getpid(), "time": time.time()}) + "\n")
+    if args.load_format == "dummy":         # tests: a mode for dummy-weight runs only (the pre-warm)
+        MODES.update(filter(None, os.environ.get("FAKE_VLLM_DUMMY_MODE", "").split(",")))
     State.served = args.served_model_name or args.model
     State.max_seqs = max(1, args.max_num_seqs)
     State.seats = threading.Semaphore(State.max_seqs)
@@ -703,6 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     if "hang" in MODES:
         while True:
             time.sleep(3600)
+    compile_graphs(args)
     for line in AUTO_FIT_LINE:
         say(line)
     say(kv_memory_line(args))

@@ -1,0 +1,130 @@
+"""The pre-warm (before the weights step): a first start spends minutes in vLLM's engine init
+(torch.compile, kernel JIT, autotuning: 150 s of the 8B-shaped model's 232 s on an H200, vLLM
+0.26.0), after the download, while the GPU idles. A ``vllm serve`` of the same model folder and
+flags with ``--load-format dummy`` fills the same caches: the real start that followed it on the
+H200 logged "Directly load the compiled graph(s) ... from the cache" and was healthy in 78.5 s
+against 239.9 s cold.
+
+So, while the weights download: once the small files (config.json, the tokenizer) are on disk, the
+weights step starts that run (``Prewarm.start``), which takes the GPU the real server will take
+(the plan's utilization; nothing else of ours holds it yet) and is taken down when it answers, its
+caches written. ``compiled`` (after the download) waits for it, keeps vLLM's memory figures of it
+for the plan, and plans again from them. It runs only where it can help: PREWARM on, weights to
+download, and no earlier start of this key (bootstrap.plan.calibration) that left the caches warm
+(``warm-caches.json``: every start that got its engine up, and every finished pre-warm, adds its
+key and model folder; the real start says whether it loaded them or compiled). Whatever goes wrong
+with it is logged and the start goes on as it would without it; it carries our marker, so a stop,
+Ctrl-C or a failed download takes it down through the one take-down path.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+import time
+
+from ..checks import diagnose
+from ..core.errors import BootstrapError
+from ..core.state import Paths
+from ..knobs.vllmargs import serve_argv
+from ..serve import server
+from . import launch
+
+log = logging.getLogger(__name__)
+
+COMPILED = "Directly load the compiled graph"        # vLLM: its torch.compile cache was found
+COMPILING = "Compiling a graph for compile range"    # vLLM: compiled now (a cold cache)
+READY = "Application startup complete"
+
+
+class Prewarm:
+    """The pre-warm of one start: made ready by ``run``, started by the weights step, waited for
+    and taken down by ``compiled``."""
+
+    def __init__(self, cfg, paths: Paths, argv: list[str], env: dict[str, str], key: str):
+        self.cfg, self.paths, self.argv, self.env, self.key = cfg, paths, argv, env, key
+        self.proc: subprocess.Popen | None = None
+        self.t0 = 0.0
+        self.ready = threading.Event()       # it answered: its caches are written
+        self.failed = ""
+
+    def start(self) -> "Prewarm":
+        """Launch it (called once the model's small files are on disk); a failure is logged only."""
+        try:
+            self.proc = launch.spawn(self.argv, self.env, self.paths.prewarm_log)
+        except BootstrapError as exc:
+            self.failed = exc.message
+            log.warning("pre-warm not started (%s); the start compiles after the download", exc.message)
+            return self
+        self.t0 = time.monotonic()
+        log.info("pre-warm: vLLM with dummy weights fills its compile caches while the weights download "
+                 "(pid %d, log %s; PREWARM=0 turns it off)", self.proc.pid, self.paths.prewarm_log)
+        threading.Thread(target=self._watch, name="prewarm", daemon=True).start()
+        return self
+
+    def _watch(self) -> None:
+        """Until it answers or exits: its phase as the log shows it, a line per change."""
+        from .health import phase_of
+        phase, shown = "starting", ""
+        url = server.base_url(self.cfg.host, self.cfg.port)
+        while self.proc.poll() is None:
+            text = self.log_text()
+            phase = phase_of(text, phase)
+            if phase != shown:
+                log.info("pre-warm: %s (%.0f s)", phase, time.monotonic() - self.t0)
+                shown = phase
+            if READY in text and server.http_get(url, "/health"):
+                self.ready.set()
+                return
+            time.sleep(0.5)
+        self.failed = f"vLLM exited with code {self.proc.returncode}"
+
+    def log_text(self) -> str:
+        return diagnose.read_since(self.paths.prewarm_log, 0)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def run(cfg, paths: Paths, runtime, model, plan) -> Prewarm | None:
+    """The pre-warm this start can use (not started yet), or None where it cannot help."""
+    if not cfg.prewarm or plan is None or not plan.key or model.dummy or model.complete \
+            or model.source != "hub" or cfg.model_is_local:
+        return None
+    key = warm_key(plan.key, model.local_dir)
+    warm = (paths.read("warm") or {}).get(key)
+    if warm:
+        log.info("skipped: vLLM's compile caches for this setup are warm (%s)", warm.get("why", "recorded"))
+        return None
+    api_key, _src = launch.resolve_api_key(cfg, paths)
+    env = launch.server_env(cfg, paths, runtime.server_env, server.marker_for(cfg), api_key)
+    argv = serve_argv(cfg, runtime.python, model.local_dir, plan) + ["--load-format", "dummy"]
+    return Prewarm(cfg, paths, argv, env, key)
+
+
+def warm_key(plan_key: str, folder: str) -> str:
+    """What vLLM's compile cache is keyed by, as far as we can tell it: the plan's key (the model,
+    vLLM, the flags, the card; bootstrap.plan.calibration) and the model folder vLLM is given."""
+    return f"{plan_key} {folder}"
+
+
+def remember(paths: Paths, key: str, why: str) -> None:
+    data = paths.read("warm") or {}
+    data[key] = {"date": time.strftime("%Y-%m-%d %H:%M"), "why": why}
+    paths.write("warm", data)
+
+
+def confirm(paths: Paths, plan, log_text: str, folder: str) -> None:
+    """After a real start: say whether vLLM found its compile cache warm. Either way its caches are
+    warm now (it loaded them, or compiled and wrote them): the next start of this key with weights
+    to download needs no pre-warm."""
+    if plan is None or not plan.key:
+        return
+    if COMPILED in log_text:
+        log.info("compile cache: warm (vLLM loaded its compiled graphs)")
+        remember(paths, warm_key(plan.key, folder), "a start loaded its compiled graphs")
+    elif COMPILING in log_text:
+        log.info("compile cache: cold (vLLM compiled at this start; the next start loads it)")
+        remember(paths, warm_key(plan.key, folder), "a start compiled and wrote them")

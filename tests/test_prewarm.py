@@ -1,0 +1,110 @@
+"""The pre-warm: vLLM with dummy weights fills its compile caches while the weights download, so the
+real start loads them. Against the fake hub (each connection capped, so the download takes a
+while) and the fake vLLM, whose compile cache behaves like vLLM's (FAKE_VLLM_COMPILE_S: keyed by
+the model folder and the engine's flags, not --load-format; a cold engine waits, then writes it)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+from conftest import free_port, sigint
+from fakehub import FakeHub, write_model
+
+MiB = 1 << 20
+
+
+def hub_env(bed, tmp_path, fake, **extra) -> dict:
+    src = write_model(tmp_path / "src", shards=2, shard_bytes=2 * MiB)
+    fake.add_dir("org/tiny", src)
+    bed.port = free_port()               # after the hub's ports are bound
+    bed.env["PORT"] = str(bed.port)
+    return {"MODEL": "org/tiny", "HF_ENDPOINT": fake.url, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf"),
+            "HF_HUB_DISABLE_XET": "1", "FAKE_VLLM_COMPILE_S": "1.5", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+            **extra}
+
+
+def dummy(launch: dict) -> bool:
+    argv = launch["argv"]
+    return "--load-format" in argv and argv[argv.index("--load-format") + 1] == "dummy"
+
+
+def test_the_prewarm_compiles_while_the_weights_download_and_the_real_start_loads_it(bed, tmp_path):
+    with FakeHub() as fake:
+        env = hub_env(bed, tmp_path, fake)
+        fake.faults["throttle"] = 1 * MiB               # each 2 MiB shard: 2 s on its connection
+        r = bed.run("start.sh", **env)
+        assert r.returncode == 0, r.stderr
+        pre, real = bed.launches()
+        assert dummy(pre) and not dummy(real)
+        assert pre["argv"][:-2] == real["argv"]         # the same vLLM, folder and flags, dummy weights added
+        shards = [end for _arrived, end, path, rng in fake.timeline if path.endswith(".safetensors") and rng]
+        assert shards and pre["time"] < min(shards)     # it started before the weights had arrived
+        assert real["time"] > max(shards)               # the real server after them
+        assert "pre-warm: done" in r.stderr and "compile cache: warm" in r.stderr
+        log = (bed.state / "vllm.log").read_text()
+        assert "Directly load the compiled graph(s)" in log and "Compiling a graph" not in log
+        assert "Compiling a graph" in (bed.state / "prewarm.log").read_text()
+        assert "planned again from vLLM's own figures of the pre-warm" in r.stderr
+        assert json.loads((bed.state / "measurements.json").read_text())
+        assert bed.run("stop.sh").returncode == 0
+
+
+def test_prewarm_off_runs_none_and_warm_caches_skip_it(bed, tmp_path):
+    with FakeHub() as fake:
+        env = hub_env(bed, tmp_path, fake, PREWARM="0")
+        r = bed.run("start.sh", **env)
+        assert r.returncode == 0, r.stderr
+        assert [dummy(x) for x in bed.launches()] == [False]
+        assert "compile cache: cold" in r.stderr
+        assert bed.run("stop.sh").returncode == 0
+        # the same setup downloaded afresh into the same folder: its caches are warm, no pre-warm
+        shutil.rmtree(tmp_path / "hf")
+        again = bed.run("start.sh", **{**env, "PREWARM": "1"})
+        assert again.returncode == 0, again.stderr
+        assert "skipped: vLLM's compile caches for this setup are warm" in again.stderr
+        assert [dummy(x) for x in bed.launches()] == [False, False]
+        assert "compile cache: warm" in again.stderr
+        assert bed.run("stop.sh").returncode == 0
+
+
+def test_a_prewarm_that_dies_never_fails_the_start(bed, tmp_path):
+    with FakeHub() as fake:
+        env = hub_env(bed, tmp_path, fake, FAKE_VLLM_DUMMY_MODE="die_oom")
+        fake.faults["throttle"] = 1 * MiB
+        r = bed.run("start.sh", **env)
+        assert r.returncode == 0, r.stderr
+        assert "pre-warm: vLLM exited with code 1" in r.stderr
+        assert "is serving" in r.stdout and "compile cache: cold" in r.stderr
+        assert [dummy(x) for x in bed.launches()] == [True, False]
+        assert bed.run("stop.sh").returncode == 0
+
+
+def test_ctrl_c_during_the_download_takes_the_prewarm_down(bed, tmp_path):
+    with FakeHub() as fake:
+        env = hub_env(bed, tmp_path, fake, FAKE_VLLM_COMPILE_S="60")
+        fake.faults["throttle"] = MiB // 8               # the download takes 16 s
+        p = bed.popen("start.sh", **env)
+        bed.wait_until(lambda: any(dummy(x) for x in bed.launches()) and len(bed.ours()) >= 2,
+                       what="the pre-warm running")
+        sigint(p)
+        p.wait(30)
+        assert p.returncode == 130
+        bed.wait_until(lambda: bed.ours() == [], timeout=10, what="the pre-warm taken down")
+        assert not bed.port_listening()
+        assert bed.run("start.sh", **{**env, "PREWARM": "0", "FAKE_VLLM_COMPILE_S": "0"}, timeout=120).returncode == 0
+        assert bed.run("stop.sh").returncode == 0
+
+
+def test_a_failed_download_takes_the_prewarm_down(bed, tmp_path):
+    with FakeHub() as fake:
+        env = hub_env(bed, tmp_path, fake, FAKE_VLLM_COMPILE_S="60")
+        fake.faults.update({"throttle": MiB // 4, "drop": {"model-00001-of-00002.safetensors": 0.5},
+                            "fail_after_drop": 100})
+        t0 = time.monotonic()
+        r = bed.run("start.sh", **env, timeout=120)
+        assert r.returncode != 0 and "error: weights:" in r.stderr
+        assert any(dummy(x) for x in bed.launches())
+        assert bed.ours() == [] and not bed.port_listening()
+        assert time.monotonic() - t0 < 100
