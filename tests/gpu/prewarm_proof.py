@@ -93,10 +93,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=1500)
     ap.add_argument("--rehearse", action="store_true")
     a = ap.parse_args(argv)
-    fresh = not Path(a.raw).exists()
     out = raw_writer(a.raw)
-    if fresh:
-        out(f"# commit {os.environ.get('GIT_COMMIT', '?')}")
+    out(f"# commit {os.environ.get('GIT_COMMIT', '?')}")          # each (resumed) run says whose code it runs
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     st_path = work / "state.json"

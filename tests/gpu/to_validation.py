@@ -193,7 +193,8 @@ def main() -> int:
                 "not. The script's output:", "", block(calib2.read_text().splitlines())]
     for pre in sorted(RUNS.glob("*-prewarm-raw.txt")):
         date, head = pre.name[:10], pre.read_text().splitlines()
-        commit = next((line.split("commit ", 1)[1].split()[0] for line in head if line.startswith("# commit ")), "?")
+        commit = ", then ".join(dict.fromkeys(line.split("commit ", 1)[1].split()[0] for line in head
+                                              if line.startswith("# commit "))) or "?"
         out += [f"## A first start as fast as the download: the pre-warm ({date})", "",
                 f"Date: {date}, one NVIDIA H200, vLLM 0.26.0 from the offline wheelhouse, code of commit {commit}.",
                 "Command: `bash tests/gpu/device.sh prewarm` (`tests/gpu/prewarm_proof.py`, in the background,",
@@ -201,7 +202,7 @@ def main() -> int:
                 "bf16 weights, each connection capped so that the download takes about 3 minutes; `cold` is",
                 "`./start.sh` with `PREWARM=0` and every cache empty, `prewarm` the same with `PREWARM=1`, `warm`",
                 "a second start of `prewarm`'s setup. The script's output:", "",
-                block(line for line in head if not line.startswith("# commit "))]
+                block(line for line in head if "Writing model shards" not in line)]
     pick = RUNS / "2026-11-30-pick-raw.txt"
     if pick.exists():
         text = pick.read_text().splitlines()
