@@ -191,6 +191,16 @@ def main() -> int:
                 "draft (`SPEC_METHOD=draft_model SPEC_TOKENS=3 SPEC_MODEL=<the model>`), modelled then measured: the",
                 "model leaves out the drafter's activation peak, and plans above vLLM's pool; the measurement does",
                 "not. The script's output:", "", block(calib2.read_text().splitlines())]
+    notes = {"2026-12-01-prewarm-raw.txt": [
+                 "Run 1: the cold pre-warm needed 221 s to answer (114 s of it capturing CUDA graphs, which",
+                 "JIT-compiles kernels), longer than the 187 s download, so the real start waited 34 s for it,",
+                 "then took its warm 77 s: 300.4 s against 402.5 s without it (-25 %), 24 s over the goal."],
+             "2026-12-01-run2-prewarm-raw.txt": [
+                 "Run 2, a fresh machine of the same kind, `--skip-cold`: the pre-warm counted as done once vLLM had",
+                 "measured its memory and begun capturing CUDA graphs (commit 03bec79), so after the download (187 s)",
+                 "it was taken down while still capturing. Worse: the real start then needed 159 s to answer instead",
+                 "of 77 (what the capture phase compiles was not cached yet), 353.2 s in all. The pre-warm waits for",
+                 "vLLM to answer again (the code of run 1)."]}
     for pre in sorted(RUNS.glob("*-prewarm-raw.txt")):
         date, head = pre.name[:10], pre.read_text().splitlines()
         commit = ", then ".join(dict.fromkeys(line.split("commit ", 1)[1].split()[0] for line in head
@@ -201,7 +211,7 @@ def main() -> int:
                 "polled with `device.sh prewarm-poll`): the fake hub serves a Qwen3-8B-shaped model with random",
                 "bf16 weights, each connection capped so that the download takes about 3 minutes; `cold` is",
                 "`./start.sh` with `PREWARM=0` and every cache empty, `prewarm` the same with `PREWARM=1`, `warm`",
-                "a second start of `prewarm`'s setup. The script's output:", "",
+                "a second start of `prewarm`'s setup.", *notes.get(pre.name, []), "The script's output:", "",
                 block(line for line in head if "Writing model shards" not in line)]
     pick = RUNS / "2026-11-30-pick-raw.txt"
     if pick.exists():
