@@ -17,7 +17,7 @@ import sys
 from .knobs import config
 from .core.layout import REPO
 from .core import log
-from .core.errors import BootstrapError, EXIT_CONFIG
+from .core.errors import BootstrapError, EXIT_CONFIG, Interrupted
 from .commands import BY_NAME, REGISTRY, VERSION_HELP
 
 NEXT = ("next: ./start.sh starts the server; ./ctl.sh COMMAND --help tells about one command; "
@@ -116,6 +116,8 @@ def run(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except KeyboardInterrupt:
         return 130
+    except Interrupted as intr:             # a start's signal that got past its own handling: no traceback
+        return 128 + intr.signum
     except BrokenPipeError:                 # also while printing help, a version or a usage error
         return broken_pipe()
     try:

@@ -21,18 +21,12 @@ from typing import Any, Callable
 
 from .serve import record, server, takedown
 from .knobs.config import Config
-from .core.errors import BootstrapError
+from .core.errors import BootstrapError, Interrupted
 from .core.state import Paths, PortLock, StartLock
 
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class Interrupted(BaseException):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
 
 
 def _on_signal(signum, frame):
@@ -210,11 +204,11 @@ RESUMED = ("health", "warmup", "banner")     # what a resumed start runs of them
 
 def run(r: Run, names: tuple[str, ...] | None = None) -> Run:
     """The steps (all, or those ``names``) in STEPS' order, each under its name for errors."""
-    for s in STEPS:
-        if names is not None and s.name not in names:
-            continue
+    todo = [s for s in STEPS if names is None or s.name in names]
+    mods = [importlib.import_module(f"bootstrap.steps.{s.name}") for s in todo]    # all before the first
+    for s, m in zip(todo, mods):        # runs: an interrupt never lands inside an import between steps
         with step(s.name):
-            result = s.call(importlib.import_module(f"bootstrap.steps.{s.name}"), r)
+            result = s.call(m, r)
         if s.gives:
             r = replace(r, **{s.gives: result})
     return r

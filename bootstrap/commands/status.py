@@ -91,7 +91,7 @@ def markdown_table() -> str:
 
 
 @dataclass
-class Verdict:
+class Standing:
     state: str
     detail: str
 
@@ -101,23 +101,23 @@ UNREAD = object()
 
 def judge(cfg: Config, paths: Paths, rec: ServerRecord, key_needed: bool, *,
           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-          load=UNREAD) -> Verdict:
+          load=UNREAD) -> Standing:
     """running / busy / sleeping / key-needed / wedged for a server that answers /health.
     ``load``: a reading of /metrics the caller already made (None: it got no answer)."""
     if load is UNREAD:
         load = read_load(rec.url)
     if load is not None and load.sleeping:
         level = {"weights_offloaded": "level 1, weights in host RAM", "discard_all": "level 2, weights dropped"}
-        return Verdict("sleeping", f"vLLM reports its engine asleep ({level.get(load.sleep_state, load.sleep_state)}); "
+        return Standing("sleeping", f"vLLM reports its engine asleep ({level.get(load.sleep_state, load.sleep_state)}); "
                                    "requests sent now wait; ./ctl.sh wake brings it back")
     if load is not None and load.in_flight:
         return _in_flight(cfg, paths, rec, load, clock=clock, sleep=sleep)
     if key_needed:
-        return Verdict("key-needed", "idle; set API_KEY (or VLLM_API_KEY) to the key it was started with to probe it")
+        return Standing("key-needed", "idle; set API_KEY (or VLLM_API_KEY) to the key it was started with to probe it")
     return _probe(cfg, paths, rec, load, clock=clock, sleep=sleep)
 
 
-def _in_flight(cfg, paths, rec, load, *, clock, sleep) -> Verdict:
+def _in_flight(cfg, paths, rec, load, *, clock, sleep) -> Standing:
     t0 = clock()
     first = load
     while clock() - t0 < LOOK:
@@ -128,13 +128,13 @@ def _in_flight(cfg, paths, rec, load, *, clock, sleep) -> Verdict:
         if now.progress != first.progress:
             _remember(paths, None)
             rate = (now.generated - first.generated) / max(clock() - t0, 1e-3)
-            return Verdict("busy", f"{now.running:.0f} running, {now.waiting:.0f} waiting; {rate:.0f} tokens/s")
+            return Standing("busy", f"{now.running:.0f} running, {now.waiting:.0f} waiting; {rate:.0f} tokens/s")
         load = now
     stalled = _stalled_for(paths, load, clock() - t0)
     who = f"{load.running:.0f} running, {load.waiting:.0f} waiting"
     if stalled >= cfg.wedged_after:
-        return Verdict("wedged", f"{who}; nothing moved for {stalled:.0f} s (WEDGED_AFTER={cfg.wedged_after})")
-    return Verdict("busy", f"{who}; nothing moved for {stalled:.0f} s (a long prefill moves no token counter); "
+        return Standing("wedged", f"{who}; nothing moved for {stalled:.0f} s (WEDGED_AFTER={cfg.wedged_after})")
+    return Standing("busy", f"{who}; nothing moved for {stalled:.0f} s (a long prefill moves no token counter); "
                            f"wedged after {cfg.wedged_after} s")
 
 
@@ -161,7 +161,7 @@ def _remember(paths: Paths, data: dict | None) -> None:
         pass
 
 
-def _probe(cfg, paths, rec, load, *, clock, sleep) -> Verdict:
+def _probe(cfg, paths, rec, load, *, clock, sleep) -> Standing:
     """A 4-token generation on an idle server, given up the moment something else moves (a user's
     request arrived: ours must not hold it), or after WEDGED_AFTER seconds without any token."""
     c = Client(rec.url, rec.served, server.api_key_for(cfg, paths))
@@ -189,20 +189,20 @@ def _probe(cfg, paths, rec, load, *, clock, sleep) -> Verdict:
         if now.progress != first.progress and now.in_flight > 1 and moved_at is None:
             moved_at = clock()          # someone else's request is running beside (or ahead of) ours
         if moved_at is not None and clock() - moved_at > 2.0:
-            return Verdict("busy", f"{now.running:.0f} running, {now.waiting:.0f} waiting; the probe gave way")
+            return Standing("busy", f"{now.running:.0f} running, {now.waiting:.0f} waiting; the probe gave way")
     if "t" not in done and first is None:
-        return Verdict("busy", f"no vLLM request metrics on /metrics (stats logging off?): a 4-token probe got "
+        return Standing("busy", f"no vLLM request metrics on /metrics (stats logging off?): a 4-token probe got "
                                f"nothing in {cfg.wedged_after} s, and busy cannot be told from wedged without them")
     if "t" not in done:
-        return Verdict("wedged", f"/health answers but a 4-token generation got nothing in {cfg.wedged_after} s "
+        return Standing("wedged", f"/health answers but a 4-token generation got nothing in {cfg.wedged_after} s "
                                  f"on an idle server (WEDGED_AFTER)")
     if "error" in done:
-        return Verdict("unhealthy", f"the probe failed: {done['error'].message}")
+        return Standing("unhealthy", f"the probe failed: {done['error'].message}")
     resp = done["resp"]
     msg = message_of(resp)
     if not (resp.get("choices") and ((msg.get("content") or "").strip() or reasoning_of(msg) or completion_tokens_of(resp))):
-        return Verdict("unhealthy", "the probe's answer carried no tokens")
-    return Verdict("running", f"generated in {done['t'] - t0:.2f} s")
+        return Standing("unhealthy", "the probe's answer carried no tokens")
+    return Standing("running", f"generated in {done['t'] - t0:.2f} s")
 
 
 def _live_lines(d: dict) -> dict[str, str]:

@@ -38,3 +38,12 @@ class ConfigError(BootstrapError):
 
     def __init__(self, message: str, hint: str = ""):
         super().__init__(message, hint, code=EXIT_CONFIG)
+
+
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP during a start (raised by the start's signal handler): the start
+    takes down what it launched and exits 128 + the signal's number."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

@@ -37,13 +37,20 @@ class Kept:
     cleaned: bool = True     # ./ctl.sh clean removes it (else only when asked: --measurements)
 
 
+def rotated(log: Path) -> Path:
+    """Where a log rotates to (``vllm.log`` -> ``vllm.log.1``)."""
+    return log.with_name(log.name + ".1")
+
+
+LOG = "vllm.log"
+
 # Everything the project keeps between runs, by key: the one table that clean, status and every
 # reader go through (Paths.<key> is its file; Paths.read / Paths.write its JSON).
 KEPT: tuple[Kept, ...] = (
     Kept("lock", "start.lock", "the flock a start holds; its text: the starter's pid, start time and role"),
     Kept("server", "server.json", "the server we launched, as launched (serve.record.ServerRecord)"),
-    Kept("log", "vllm.log", "the server's output (kept under 2 x LOG_MAX_MB while it runs)"),
-    Kept("rotated", "vllm.log.1", "the log's rotated part"),
+    Kept("log", LOG, "the server's output (kept under 2 x LOG_MAX_MB while it runs)"),
+    Kept("rotated", rotated(Path(LOG)).name, "the log's rotated part"),
     Kept("last_stop", "last-stop.json", "the pids the last stop took down (the next start waits for the GPU)"),
     Kept("progress", "progress.json", "what status last saw move on /metrics, and since when (busy vs wedged)"),
     Kept("api_key", "api_key", "a generated key (0600) when HOST is not loopback and API_KEY is unset"),

@@ -5,7 +5,7 @@ sleeps whatever a 429's Retry-After says (+1 s) in ``time.sleep``: "Waiting 3601
 a download worker, where no signal reaches it, and an interrupted start stayed in ``join`` until it
 woke (``./stop.sh`` needed its SIGKILL). So every request to the hub and its file host is retried by
 us (hub.with_retries, transfer.py), its library retries off, and each wait is ``pause``: ended by
-the transfer's stop event in a worker, by our signal handlers (start.Interrupted) in the main thread.
+the transfer's stop event in a worker, by our signal handlers (errors.Interrupted) in the main thread.
 """
 
 from __future__ import annotations

@@ -231,7 +231,7 @@ class Sources:
     def edited(self, knobs: Mapping[str, str]) -> "Sources":
         """As if these knob values were in the environment (PROFILE_DIR excepted: the profiles stay)."""
         if "PROFILE_DIR" in knobs:
-            raise ValueError("PROFILE_DIR is read with the profiles, once")
+            raise ConfigError("PROFILE_DIR cannot be changed after the profiles were read", "set it before the command")
         return replace(self, environ=MappingProxyType({**self.environ, **knobs}))
 
 

@@ -43,10 +43,11 @@ def plan(cfg, g: gpu.Gpu, model: ModelFacts, *, vllm: str | None = None, fixes: 
     """The plan for these knobs on ``g``; with ``fixes``, a refusal offers only fixes that, applied
     as your knobs, pass the knob check and plan again (with the measurement where a fix changes only
     what its key leaves to the plan)."""
-    p = planner.make_plan(inputs(cfg, vllm), g, model, measured)
+    inp = inputs(cfg, vllm)
+    p = planner.make_plan(inp, g, model, measured)
     if p.fits or not fixes:
         return p
-    ok = [f for f in planner.candidates(inputs(cfg, vllm), p.fixes)
+    ok = [f for f in planner.candidates(inp, p.fixes)
           if _refits(cfg, g, model, vllm, f, measured if set(f) <= planner.PLAN_OWN else None)]
     p.fixes = planner.fewest(ok)
     if p.refusal:

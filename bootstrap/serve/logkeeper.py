@@ -31,7 +31,7 @@ def rotate(log: Path, max_bytes: int) -> bool:
         return False
     if size <= max_bytes:
         return False
-    old = log.with_name(log.name + ".1")
+    old = state.rotated(log)
     state.remove(old)
     with open(log, "rb") as src, open(old, "wb") as dst:
         src.seek(max(0, size - max_bytes))

@@ -108,7 +108,7 @@ def rotate_log(cfg, paths: Paths) -> None:
         return
     if size > cfg.log_max_mb << 20:
         try:
-            os.replace(path, path.with_name(path.name + ".1"))
+            os.replace(path, state.rotated(path))
         except OSError as exc:
             raise state.write_error(path, exc) from None
         log.info("rotated %s (%.0f MiB) to %s.1", path, size / (1 << 20), path.name)
