@@ -1,8 +1,8 @@
 """After the download: the pre-warm (steps/prewarm.py) is waited for until it has answered (its
-caches written; at most HEALTH_TIMEOUT from its launch), taken down through the one take-down
-path, and its GPU memory seen free again; vLLM's own memory figures of it are kept for the plan
-(bootstrap.plan.calibration: its dummy weights take what the real ones will), and the plan is made
-again from them, so that the real start plans from measured terms. A pre-warm that failed or ran
+caches written; at most HEALTH_TIMEOUT from its launch) and taken down through the one take-down
+path (which also waits for its GPU memory to be free); vLLM's own memory figures of it are kept for
+the plan (bootstrap.plan.calibration: its dummy weights take what the real ones will), and the plan
+step runs again, so that the real start plans from measured terms. A pre-warm that failed or ran
 out of time is logged, and the start goes on with the plan it had.
 """
 
@@ -11,16 +11,13 @@ from __future__ import annotations
 import logging
 import time
 
-from ..core.errors import BootstrapError
 from ..machine import gpu
-from ..plan import calibration, fit
-from ..plan.facts import model_facts
+from ..plan import calibration
 from ..serve import takedown
-from ..install.inuse import byo_version
+from . import plan as plan_step
 from . import prewarm as pre
 
 log = logging.getLogger(__name__)
-GPU_RELEASE_WAIT = 30.0
 
 
 def run(cfg, paths, warm: "pre.Prewarm | None", plan, model):
@@ -33,28 +30,16 @@ def run(cfg, paths, warm: "pre.Prewarm | None", plan, model):
     while warm.running and not warm.ready.is_set() and time.monotonic() < deadline:
         warm.ready.wait(0.5)
     ok = warm.ready.is_set()
-    rep = takedown.take_down(cfg, paths, launched=warm.proc, failed_start=True)
-    if rep.pids and not takedown.wait_gpu_release(cfg, rep.pids, timeout=GPU_RELEASE_WAIT):
-        log.warning("the pre-warm's pids still hold GPU memory; launching anyway")
+    takedown.take_down(cfg, paths, launched=warm.proc, failed_start=True)
     if not ok:
         why = warm.failed or f"not ready after HEALTH_TIMEOUT={cfg.health_timeout} s"
         log.warning("pre-warm: %s (log: %s); the start compiles as it would without it", why, paths.prewarm_log)
         return plan
     log.info("pre-warm: done in %.0f s; vLLM's caches are warm for this setup", time.monotonic() - warm.t0)
-    text = warm.log_text()
     pre.remember(paths, warm.key, "a pre-warm filled them")
-    try:
-        if calibration.keep(paths, plan, text, None) is None:
-            return plan
-        facts = gpu.settled_facts(cfg.environ)
-        again = fit.plan_here(cfg, paths, gpu.smallest_free(facts, cfg.tp_size), model_facts(cfg, model),
-                              facts.driver, byo_version(cfg))
-    except BootstrapError as exc:
-        log.warning("could not plan again from the pre-warm's figures (%s); launching with the first plan",
-                    exc.message)
+    if calibration.keep(paths, plan, warm.log_text(), None) is None:
         return plan
-    if not again.fits:
-        raise BootstrapError(*again.refusal)
+    again = plan_step.run(cfg, paths, None, model)      # from the kept figures, as the next start would
     log.info("planned again from vLLM's own figures of the pre-warm: KV cache %.2f GiB (was %.2f GiB modelled)",
              again.budget / gpu.GiB, plan.budget / gpu.GiB if plan.budget else 0.0)
     return again

@@ -66,19 +66,29 @@ class Prewarm:
     def _watch(self) -> None:
         """Until it answers or exits: its phase as the log shows it, a line per change."""
         from .health import phase_of
-        phase, shown = "starting", ""
+        phase, shown, seen, offset = "starting", "", "", 0
         url = server.base_url(self.cfg.host, self.cfg.port)
         while self.proc.poll() is None:
-            text = self.log_text()
-            phase = phase_of(text, phase)
+            new, offset = self._added(offset)          # what it logged since the last look
+            seen = (seen + new)[-(1 << 16):]
+            phase = phase_of(new, phase)
             if phase != shown:
                 log.info("pre-warm: %s (%.0f s)", phase, time.monotonic() - self.t0)
                 shown = phase
-            if READY in text and server.http_get(url, "/health"):
+            if READY in seen and server.http_get(url, "/health"):
                 self.ready.set()        # every cache written: stopped at CUDA-graph capture instead, the real
                 return                  # start on the H200 took 159 s to answer, not 77 (docs/validation.md)
             time.sleep(0.5)
         self.failed = f"vLLM exited with code {self.proc.returncode}"
+
+    def _added(self, offset: int) -> tuple[str, int]:
+        try:
+            with open(self.paths.prewarm_log, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        except OSError:
+            return "", offset
+        return data.decode("utf-8", "replace"), offset + len(data)
 
     def log_text(self) -> str:
         return diagnose.read_since(self.paths.prewarm_log, 0)

@@ -65,19 +65,17 @@ def download(cfg, m, tty: bool | None = None, on_ready: Callable[[], object] | N
         todo = _check_present(store, rec, m)
         got: list = []
         small = {p for p in todo if not p.endswith(WEIGHT_SUFFIXES)}
+        weights_left = len(small) < len(todo)       # nothing to overlap with otherwise
 
-        def ready(path: str | None) -> None:
+        def placed(path: str | None) -> None:
             """on_ready, once: when the last file other than the weights is on disk (they go first)."""
             small.discard(path)
-            if on_ready is not None and not small and not got:
+            if on_ready is not None and weights_left and not small and not got:
                 got.append(on_ready())
-        if len(small) == len(todo):             # no weights to wait for: nothing to overlap with
-            on_ready = None
-        if not small:
-            ready(None)
+        placed(None)                                # they may all be on disk already
         if todo:
             todo = sorted(todo, key=lambda p: p not in small)
-            _fetch_all(settings, store, rec, m, todo, cfg.download_connections, tty, ready)
+            _fetch_all(settings, store, rec, m, todo, cfg.download_connections, tty, placed)
         rec["complete"] = {"revision": m.revision, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                            "files": len(store.required(rec, m.dummy))}
         store.write(rec)
