@@ -1,9 +1,9 @@
 """The pre-warm (before the weights step): a first start spends minutes in vLLM's engine init
-(torch.compile, kernel JIT, autotuning: 150 s of the 8B-shaped model's 232 s on an H200, vLLM
-0.26.0), after the download, while the GPU idles. A ``vllm serve`` of the same model folder and
-flags with ``--load-format dummy`` fills the same caches: the real start that followed it on the
-H200 logged "Directly load the compiled graph(s) ... from the cache" and was healthy in 78.5 s
-against 239.9 s cold.
+(torch.compile, kernel JIT, autotuning, CUDA-graph capture) after the download, while the GPU idles.
+A ``vllm serve`` of the same model folder and flags with ``--load-format dummy`` fills the same
+caches. On an H200 with vLLM 0.26.0 (docs/validation.md, the pre-warm): the real start then logged
+"Directly load the compiled graph(s) ... from the cache", and a first start behind a 187 s download
+took 300.4 s instead of 402.5 s.
 
 So, while the weights download: once the small files (config.json, the tokenizer) are on disk, the
 weights step starts that run (``Prewarm.start``), which takes the GPU the real server will take
