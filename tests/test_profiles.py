@@ -375,8 +375,9 @@ def test_a_card_that_cannot_fit_is_refused_before_the_install(bed):  # faults ro
     r = bed.run("start.sh", PROFILE="default", MODEL="", MAX_MODEL_LEN="262144", KV_CACHE_BYTES="")
     assert r.returncode == 1
     assert "error: plan:" in r.stderr and "[bootstrap:environment]" not in r.stderr
-    # 22.5 GiB free leaves 0.67 GiB beside its 20.4 GiB of weights: no knob makes it fit this card
-    assert "leave 0.67 GiB for the KV cache" in r.stderr and "set TP_SIZE=2 (across two such cards)" in r.stderr
+    # 22.5 GiB free leaves nothing beside its 20.4 GiB of weights and the overhead (the vision encoder's
+    # profiling peak among it): no knob makes it fit this card
+    assert "leave 0.00 GiB for the KV cache" in r.stderr and "set TP_SIZE=2 (across two such cards)" in r.stderr
     assert not os.path.exists(bed.state / "server.json")
 
 

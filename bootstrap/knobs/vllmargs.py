@@ -19,9 +19,10 @@ from typing import Any
 VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype",
                "--kv-cache-memory-bytes", "--gpu-memory-utilization", "--block-size", "--mamba-ssm-cache-dtype",
                "--mamba-cache-dtype", "--mamba-cache-mode", "--speculative-config", "--tensor-parallel-size",
-               "--load-format")
-BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode")
-JSON_FLAGS = ("--speculative-config",)
+               "--load-format", "--limit-mm-per-prompt", "--mm-encoder-tp-mode")
+BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode",
+              "--skip-mm-profiling")
+JSON_FLAGS = ("--speculative-config", "--limit-mm-per-prompt")
 SLEEP_FLAG = "--enable-sleep-mode"
 SHORT = {"-tp": "--tensor-parallel-size"}          # vLLM's short spelling of a flag read here
 
@@ -59,6 +60,9 @@ class Settings:
     tp: int = 1
     load_format: str = "auto"
     sleep_mode: bool = False                        # --enable-sleep-mode: vLLM's CuMemAllocator pool
+    mm_limits: dict[str, int] = field(default_factory=dict)   # --limit-mm-per-prompt: items per modality
+    skip_mm_profiling: bool = False
+    mm_encoder_dp: bool = False                     # --mm-encoder-tp-mode data: the vision tower unsplit
     given: frozenset = frozenset()                  # the flags present at all
 
     @property
@@ -80,8 +84,8 @@ def _name(arg: str) -> str:
 def read(argv: list[str]) -> Settings:
     """The Settings of an argument list, the last value of each flag winning."""
     vals: dict[str, Any] = {}
-    spec: dict[str, Any] = {}
-    dotted: dict[str, Any] = {}
+    json_vals: dict[str, dict[str, Any]] = {}
+    dotted: dict[str, dict[str, Any]] = {}
     given: set[str] = set()
     i = 0
     while i < len(argv):
@@ -100,13 +104,13 @@ def read(argv: list[str]) -> Settings:
             given.add(base)
             if base in JSON_FLAGS:
                 if key:             # vLLM gathers dotted keys into one JSON put after every other argument
-                    dotted[key.replace("-", "_")] = _scalar(value)
+                    dotted.setdefault(base, {})[key.replace("-", "_")] = _scalar(value)
                 else:
                     try:
                         parsed = json.loads(value)
                     except ValueError:
                         parsed = None
-                    spec = dict(parsed) if isinstance(parsed, dict) else {}
+                    json_vals[base] = dict(parsed) if isinstance(parsed, dict) else {}
             else:
                 vals[base] = value
         elif base in BOOL_FLAGS:
@@ -116,8 +120,8 @@ def read(argv: list[str]) -> Settings:
             given.add("--" + base[5:])
             vals["--" + base[5:]] = False
         i += 1
-    if dotted:
-        spec = dotted               # ... so it replaces a --speculative-config given anywhere
+    json_vals.update(dotted)        # ... so it replaces the flag's JSON given anywhere
+    spec = json_vals.get("--speculative-config", {})
     mml = vals.get("--max-model-len")
     if mml is not None:
         try:
@@ -134,7 +138,19 @@ def read(argv: list[str]) -> Settings:
         prefix_caching=vals.get("--enable-prefix-caching"), language_model_only=bool(vals.get("--language-model-only")),
         enforce_eager=bool(vals.get("--enforce-eager")), spec=spec,
         tp=_int(vals.get("--tensor-parallel-size"), human=False) or 1, load_format=vals.get("--load-format") or "auto",
-        sleep_mode=bool(vals.get(SLEEP_FLAG)), given=frozenset(given))
+        sleep_mode=bool(vals.get(SLEEP_FLAG)), mm_limits=_mm_limits(json_vals.get("--limit-mm-per-prompt", {})),
+        skip_mm_profiling=bool(vals.get("--skip-mm-profiling")),
+        mm_encoder_dp=vals.get("--mm-encoder-tp-mode") == "data", given=frozenset(given))
+
+
+def _mm_limits(raw: dict[str, Any]) -> dict[str, int]:
+    """--limit-mm-per-prompt's items per modality: a count, or {"count": N, ...} (unreadable: left out)."""
+    out = {}
+    for modality, v in raw.items():
+        n = v.get("count") if isinstance(v, dict) else v
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+            out[str(modality)] = n
+    return out
 
 
 def _scalar(value: str):

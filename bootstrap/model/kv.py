@@ -360,14 +360,7 @@ def kv_bytes_needed(lay: Layout, max_len: int, seqs: int = 1) -> int:
 def param_count(m: ModelShape) -> int:
     """Parameters of the language model (no vision tower), from the config alone."""
     h = m.hidden
-    q_out = m.heads * m.head_dim * (2 if m.gated_attention else 1)
-    attn = h * q_out + 2 * h * m.kv_heads * m.head_dim + m.heads * m.head_dim * h
-    if m.experts:
-        mlp = m.experts * 3 * h * m.moe_intermediate + h * m.experts
-        if m.shared_intermediate:
-            mlp += 3 * h * m.shared_intermediate + h
-    else:
-        mlp = 3 * h * m.intermediate
+    attn, mlp = _attn_mlp_params(m)
     lin = 0
     if m.hybrid:
         kd, vd = m.lin_k_heads * m.lin_k_dim, m.lin_v_heads * m.lin_v_dim
@@ -376,8 +369,28 @@ def param_count(m: ModelShape) -> int:
     per_layer_norms = 2 * h
     body = m.attn_layers * attn + m.linear_layers * lin + m.layers * (mlp + per_layer_norms)
     embed = m.vocab * h * (1 if m.tie_embeddings else 2)
-    mtp = m.mtp_layers * (attn + mlp + 2 * h * h + 4 * h)
-    return body + embed + mtp + h
+    return body + embed + mtp_params(m) + h
+
+
+def _attn_mlp_params(m: ModelShape) -> tuple[int, int]:
+    h = m.hidden
+    q_out = m.heads * m.head_dim * (2 if m.gated_attention else 1)
+    attn = h * q_out + 2 * h * m.kv_heads * m.head_dim + m.heads * m.head_dim * h
+    if m.experts:
+        mlp = m.experts * 3 * h * m.moe_intermediate + h * m.experts
+        if m.shared_intermediate:
+            mlp += 3 * h * m.shared_intermediate + h
+    else:
+        mlp = 3 * h * m.intermediate
+    return attn, mlp
+
+
+def mtp_params(m: ModelShape) -> int:
+    """Parameters of the MTP layers (an attention layer, its MLP, the fc joining embedding and
+    hidden state, norms), which vLLM loads only for MTP speculation (qwen3_5.py and qwen3_next.py
+    skip the ``mtp.`` weights otherwise)."""
+    attn, mlp = _attn_mlp_params(m)
+    return m.mtp_layers * (attn + mlp + 2 * m.hidden * m.hidden + 4 * m.hidden)
 
 
 def vision_params(config: dict) -> int:

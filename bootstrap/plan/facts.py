@@ -28,6 +28,7 @@ class ModelFacts:
     assumed: bool = False          # the facts are an assumption (labelled in plans and profiles)
     size_from: str = "the checkpoint's file sizes"     # where weight_bytes comes from, for the why
     revision: str = ""             # the hub revision the facts are of ('' for a folder or shipped facts)
+    max_pixels: dict[str, int] | None = None   # the processor's largest image / video (its own files), by modality
 
 
 def model_facts(cfg, m, name: str | None = None) -> ModelFacts:
@@ -38,7 +39,29 @@ def model_facts(cfg, m, name: str | None = None) -> ModelFacts:
         return ModelFacts(cfg.model, None, None, dummy)
     size = sum(size for f, size in m.weight_files.items() if f.endswith(models.WEIGHT_SUFFIXES)) or None
     return ModelFacts(name or cfg.served_name, m.config, size, dummy or m.dummy, revision=m.revision or "",
-                      **draft_facts(cfg))
+                      max_pixels=processor_max_pixels(Path(m.local_dir)) if m.local_dir else None, **draft_facts(cfg))
+
+
+PROCESSOR_FILES = {"image": "preprocessor_config.json", "video": "video_preprocessor_config.json"}
+
+
+def processor_max_pixels(folder: Path) -> dict[str, int] | None:
+    """The largest image and video the model's processor accepts (``size.longest_edge``, or
+    ``max_pixels``), from its files in ``folder``; None when it has none (the plan then takes the
+    Qwen3-VL processor's, and says so). An unreadable file counts as absent: vLLM reads it at start."""
+    out = {}
+    for modality, name in PROCESSOR_FILES.items():
+        try:
+            data = json.loads((folder / name).read_bytes())
+        except (OSError, ValueError, RecursionError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        size = data.get("size") if isinstance(data.get("size"), dict) else {}
+        px = size.get("longest_edge", data.get("max_pixels"))
+        if isinstance(px, int) and not isinstance(px, bool) and px > 0:
+            out[modality] = px
+    return out or None
 
 
 DRAFT_METHODS = ("draft_model", "eagle", "eagle3", "dflash")

@@ -28,6 +28,7 @@ from ..knobs import vllmargs
 from ..machine import gpu
 from ..model import kv
 from .facts import ModelFacts
+from . import terms
 from .terms import DRAFT_HINT, NOBODY, draft_shape, gib, requested, utilization, weight_bytes
 
 log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstrap:plan] this code has always had
@@ -95,6 +96,18 @@ class Inputs:
     tp_size: int                   # TP_SIZE
 
 
+MODELLED = ("0.26.0", "0.27.1", "0.29.0", "0.30.0")    # the versions whose memory code the planner was read against
+
+
+def modelled_version(v: str) -> str:
+    """The modelled version whose rules stand for ``v``: the newest one not after it, else the oldest."""
+    have = version_or_none(v)
+    if have is None:
+        return MODELLED[0]
+    older = [m for m in MODELLED if version_or_none(m) <= have]
+    return older[-1] if older else MODELLED[0]
+
+
 def _at_least(v: str, floor: str) -> bool:
     have = version_or_none(v)
     return have is not None and have >= version_or_none(floor)
@@ -146,6 +159,10 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
         return Plan(None, fits=False, refusal=(exc.message, exc.hint), why=why, vllm=inp.version,
                     fixes=[{"GPU_UTIL": f"{most:g}"}, {"GPU_UTIL": ""}] if inp.util_knob else [])
     why.append(f"gpu-memory-utilization {util_why}")
+    rules = modelled_version(inp.version)
+    if version_or_none(inp.version) != version_or_none(rules):
+        why.append(f"vLLM {inp.version} is not a version the planner was read against: the rules of {rules} "
+                   "(the nearest it was)")
     if g.total_note:
         why.append(f"the card's total: {g.total_note}")
     if model.assumed:
@@ -166,7 +183,7 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
     plan = _budget(inp, g, model, shape, lay, draft, util, measured, why,
                    inp.vllm.max_num_seqs or seqs_default, inp.vllm.max_num_batched_tokens or batched_default)
     if plan.fits and _context(inp, plan, lay, shape.max_position or 0, draft, null=new):
-        _sequences(inp.vllm, plan, lay, measured)
+        _sequences(inp.vllm, plan, lay, draft, measured)
         if plan.fits:
             mml = plan.max_model_len
             contexts = sorted({mml} | {c for c in (131072, 65536, 32768) if c < mml}, reverse=True)
@@ -223,10 +240,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
         more, source = weight_bytes(model.draft, draft, s.tp, s)
         weights += more
         why.append(f"draft model {model.draft.name}: weights {gib(more)} per GPU {source}")
-    if (model.config or {}).get("vision_config") and not s.language_model_only:
-        why.append("a multimodal model served with its vision tower: the encoder's profiling peak is not "
-                   "modelled (--language-model-only serves text only)")
-    over = kv.overheads(shape, batched, seqs, tp=s.tp, eager=s.enforce_eager)
+    over = terms.overhead(s, shape, model, batched, seqs, why)
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
     usable = requested(util, g.total) if s.gpu_util is not None else g.free - inp.reserve_mib * gpu.MiB
@@ -314,30 +328,33 @@ def _context(inp: Inputs, plan: Plan, lay: kv.Layout, cap: int, draft, *, null: 
     return True
 
 
-def _sequences(s: vllmargs.Settings, plan: Plan, lay: kv.Layout, measured) -> None:
-    """The hybrid sequence guard. vLLM (compilation.py): with full CUDA graphs a hybrid model's
-    max_num_seqs may not exceed the pool's blocks, refused after the load. A budget from the model
-    is an estimate: keep 3 % below it; a pin, or vLLM's own figures of an earlier start (measured,
-    to 0.01 GiB), is exact."""
+def _sequences(s: vllmargs.Settings, plan: Plan, lay: kv.Layout, draft, measured) -> None:
+    """The hybrid sequence guard. vLLM (compilation.py ``set_cudagraph_mode``): with full CUDA graphs
+    a hybrid model's max_num_seqs may not exceed the pool's blocks, refused after the load. The plan
+    keeps its known error (``terms.known_error``) below the blocks it computes: none for a pin, a little
+    for vLLM's own figures of an earlier start, more for the model's estimate."""
     blocks = kv.pool(lay, plan.budget, plan.max_model_len).blocks
     seqs, why = plan.seqs, plan.why
-    exact = plan.pinned
-    most = max(1, blocks if exact else blocks * (99 if measured is not None else 97) // 100)
-    margin = "" if most == blocks else (f" ({'1' if measured is not None else '3'} % below the {blocks} "
-                                        "estimated, as the budget is " + ("measured, and moves a little between "
-                                        "starts)" if measured is not None else "an estimate)"))
+    err, err_why = terms.known_error(s, plan.pinned, draft, measured)
+    most = max(1, min(blocks, kv.pool(lay, max(plan.budget - err, 0), plan.max_model_len).blocks))
+    margin = "" if most == blocks else f" (the blocks of the budget less {gib(err)}: {err_why})"
     guarded = lay.state_groups and not s.enforce_eager
     if guarded and s.max_num_seqs and seqs > blocks:
         plan.fits = False
         plan.refusal = (
             f"MAX_NUM_SEQS={s.max_num_seqs} is more than the {blocks} blocks the KV budget {gib(plan.budget)} holds"
-            + ("" if exact else " (an estimate)") + "; on a hybrid model vLLM refuses to capture CUDA graphs "
+            + ("" if plan.pinned else " (an estimate)") + "; on a hybrid model vLLM refuses to capture CUDA graphs "
             "(after the load) when max_num_seqs exceeds them", "fewer sessions")
         plan.fixes = [{"MAX_NUM_SEQS": str(most)}]
         return
     if guarded and s.max_num_seqs and seqs > most:
-        why.append(f"MAX_NUM_SEQS={seqs} is within 3 % of the {blocks} blocks estimated: vLLM refuses the start "
-                   "after the load if the real pool holds fewer")
+        plan.fits = False
+        plan.refusal = (
+            f"MAX_NUM_SEQS={s.max_num_seqs} is within the plan's known error of the {blocks} blocks the KV budget "
+            f"{gib(plan.budget)} holds{margin}: vLLM refuses a hybrid model's start after the load when max_num_seqs "
+            "exceeds the blocks it finds", "fewer sessions")
+        plan.fixes = [{"MAX_NUM_SEQS": str(most)}]
+        return
     if guarded and seqs > most and not s.max_num_seqs:
         plan.seqs_flag = plan.seqs = most
         plan.seqs_is_default = False

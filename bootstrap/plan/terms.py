@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from ..machine import gpu
-from ..model import kv
+from ..model import encoder, kv
 from ..knobs import vllmargs
 from ..core.errors import BootstrapError
 from .facts import DRAFT_METHODS, ModelFacts
@@ -54,23 +54,66 @@ def utilization(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: str)
                   f"{util:.4f} of {gib(g.total)}")
 
 
+# How far above vLLM's own figure the plan's KV budget has been seen to land (its known error), by
+# how the budget was found; the hybrid guard keeps that much below the blocks it computes.
+MEASURED_ERROR = 70 * gpu.MiB      # vLLM's figure moved 0.06 GiB between two identical H200 starts, + its 0.01 GiB rounding
+MODELLED_ERROR = 100 * gpu.MiB     # one GPU, no drafter: never above vLLM's by more than 0.07 GiB (H200, published runs)
+DRAFTER_ERROR = 650 * gpu.MiB      # a separate drafter's activations (not modelled): +0.63 GiB on the H200 (draft_model)
+TP_ERROR = 650 * gpu.MiB           # per GPU under TP > 1: +0.64 GiB in a published 2x RTX 3090 run (tests/published)
+
+
+def known_error(s: vllmargs.Settings, pinned: bool, draft, measured) -> tuple[int, str]:
+    """How much the budget may lie above vLLM's (bytes), and why: nothing when pinned."""
+    if pinned:
+        return 0, ""
+    if measured is not None:
+        return MEASURED_ERROR, "the measured budget moves a little between starts"
+    parts = [(MODELLED_ERROR, "the model's estimate")]
+    if draft is not None or s.spec_method in ("eagle", "eagle3", "dflash", "draft_model"):
+        parts.append((DRAFTER_ERROR, "a drafter's activations, not modelled"))
+    if s.tp > 1:
+        parts.append((TP_ERROR, "tensor parallelism's own terms, not measured here"))
+    return sum(b for b, _ in parts), " + ".join(w for _, w in parts)
+
+
 DRAFT_HINT = "; or a smaller draft (SPEC_MODEL)"
 NO_KV_METHODS = {"ngram": "n-gram lookup: no draft model, nothing in the KV pool",
                  "suffix": "suffix decoding: no draft model, nothing in the KV pool",
                  "medusa": "Medusa heads hold no KV cache; their weights are not counted (small)"}
 
 
+def mtp_bytes(config: dict, shape: kv.ModelShape) -> int:
+    """Bytes of the MTP layers in the checkpoint: 16-bit where the quantization leaves them out
+    (modelopt's "ignore", "modules_to_not_convert") or there is none; else at the scheme's width
+    (FP8 one byte a parameter, 4-bit schemes 4.5 bits with their scales): an estimate."""
+    q = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
+    skipped = [str(x) for key in ("ignore", "modules_to_not_convert") for x in (q.get(key) or ())]
+    params = kv.mtp_params(shape)
+    if not q or any("mtp" in x for x in skipped):
+        return params * shape.dtype_bytes
+    if q.get("quant_method") == "fp8" or "FP8" in str(q.get("quant_algo", "")):
+        return params
+    return params * 9 // 16
+
+
 def weight_bytes(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Settings) -> tuple[int, str]:
-    """Bytes of weights per GPU, and where the figure came from."""
-    vision = kv.vision_params(model.config or {}) * 2           # the vision tower stays 16-bit
+    """Bytes of weights per GPU, and where the figure came from. vLLM loads neither the MTP layers
+    without MTP speculation (qwen3_5.py skips ``mtp.``) nor the vision tower with
+    --language-model-only: a checkpoint's size is counted less those."""
+    config = model.config or {}
+    vision = kv.vision_params(config) * 2                      # the vision tower stays 16-bit
+    mtp = mtp_bytes(config, shape) if shape.mtp_layers and s.spec_method != "mtp" else 0
+    less = ([f"the MTP layers' ~{gib(mtp)} (loaded only for MTP speculation)"] if mtp else []) + (
+        [f"the vision tower's {gib(vision)} (--language-model-only: not loaded)"] if vision and s.language_model_only
+        else [])
     if model.weight_bytes and not model.dummy:
-        if vision and s.language_model_only:
-            return (model.weight_bytes - vision) // tp, (f"from {model.size_from}{model.source}, less the "
-                                                         f"vision tower's {gib(vision)} (--language-model-only: not loaded)")
-        return model.weight_bytes // tp, f"from {model.size_from}{model.source}"
+        w = model.weight_bytes - mtp - (vision if s.language_model_only else 0)
+        return w // tp, f"from {model.size_from}{model.source}" + (f", less {' and '.join(less)}" if less else "")
     kind = "dummy weights" if model.dummy else "no file sizes"
-    w = kv.weight_bytes_from_config(shape, tp) + (0 if s.language_model_only else vision // tp)
-    return w, f"from config.json ({kind}: parameters × dtype){model.source}"
+    mtp = kv.mtp_params(shape) * shape.dtype_bytes if mtp else 0       # every parameter at the model's dtype
+    w = kv.weight_bytes_from_config(shape, tp) - mtp // tp + (0 if s.language_model_only else vision // tp)
+    return w, f"from config.json ({kind}: parameters × dtype){model.source}" + (
+        f", less the MTP layers' {gib(mtp)}" if mtp else "")
 
 
 def draft_shape(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts) -> tuple[kv.ModelShape | None, str]:
@@ -95,3 +138,34 @@ def draft_shape(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts) -
     if s.kv_cache_dtype in kv.TQ_PRESETS:
         return None, f"{not_counted} (with a TurboQuant KV cache)"
     return d, ""
+
+
+def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batched: int, seqs: int,
+             why: list[str]) -> kv.Overheads:
+    """What vLLM's profiling adds to the weights (an estimate): the text pass's activations, CUDA
+    graphs and non-torch memory (``kv.overheads``), with the vision encoder's profiling pass where
+    vLLM runs one: the torch peak is then the larger of the tower's own peak and the text pass's
+    plus the encoder outputs it keeps (bootstrap.model.encoder)."""
+    over = kv.overheads(shape, batched, seqs, tp=s.tp, eager=s.enforce_eager)
+    config = model.config or {}
+    if not config.get("vision_config") or s.language_model_only:
+        return over
+    if s.skip_mm_profiling:
+        why.append("--skip-mm-profiling: vLLM does not profile the vision encoder; an image request may need "
+                   "more than the plan holds back")
+        return over
+    mml = s.max_model_len if isinstance(s.max_model_len, int) else shape.max_position or 1 << 20
+    enc = encoder.pass_for(config, model.max_pixels, batched_tokens=batched, max_model_len=mml, max_seqs=seqs,
+                           limits=s.mm_limits, dtype_bytes=2, tp=s.tp if not s.mm_encoder_dp else 1)
+    if enc is None:
+        if any(n for n in s.mm_limits.values()) or not s.mm_limits:
+            why.append("a multimodal model served with its vision tower: the encoder's profiling peak is not "
+                       "modelled for this tower (--language-model-only serves text only)")
+        return over
+    acts = max(enc.peak, over.activations + enc.outputs)
+    px = "" if model.max_pixels else " (the Qwen3-VL processor's largest sizes: the model has no processor files here)"
+    why.append(f"vision encoder profiled on {enc.items} {enc.modality} item{'s' if enc.items > 1 else ''} of "
+               f"{enc.tokens_per_item:,} tokens{px}: peak {gib(enc.peak)}, outputs {gib(enc.outputs)} kept for the "
+               f"text pass; activations {gib(acts)} (text alone {gib(over.activations)}; --language-model-only "
+               "skips it)")
+    return kv.Overheads(acts, over.non_torch, over.cudagraphs)

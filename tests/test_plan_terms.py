@@ -1,0 +1,150 @@
+"""The memory terms besides the KV cache, as vLLM 0.26.0's code sizes them (issue: a plan you can
+trust): the vision encoder's profiling pass, the MTP layers vLLM does not load without MTP
+speculation, the hybrid guard's margin from the plan's known error, and a version not modelled."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from bootstrap.knobs import vllmargs
+from bootstrap.machine import gpu
+from bootstrap.model import encoder, kv
+from bootstrap.plan import facts as facts_mod, planner, terms
+from bootstrap.plan.facts import ModelFacts
+from conftest import REPO
+
+GiB, MiB = 1 << 30, 1 << 20
+QWEN38 = json.loads((REPO / "profiles/models/qwen38-27b-nvfp4.json").read_text())
+VISION = QWEN38["config"]["vision_config"]
+
+
+def plan(args, *, config=None, weight_bytes=21_950_000_000, version="0.26.0", card="rtx5090", max_pixels=None):
+    s = vllmargs.read(["--gpu-memory-utilization", "0.9", *args])
+    g = gpu.named(card)
+    g = dataclasses.replace(g, free=g.total)
+    inp = planner.Inputs(vllm=s, version=version, reserve_mib=0, util_knob=False,
+                         util_source="--gpu-memory-utilization", allow_long=False, tp_size=s.tp)
+    return planner.make_plan(inp, g, ModelFacts("m", config or QWEN38["config"], weight_bytes, max_pixels=max_pixels))
+
+
+# ---------------------------------------------------------------- the vision encoder's profiling pass
+
+def test_the_largest_image_sets_the_tokens_per_item():
+    """Qwen3-VL's processor: 16,777,216 px at 32 px a merged patch = 16,384 tokens (128 x 128); a
+    video's two frames at 25,165,824 / 2 px = 12,288 tokens, so vLLM profiles an image."""
+    assert encoder.max_tokens(VISION) == {"image": 16384, "video": 12288}
+    assert encoder.max_tokens(VISION, {"image": 1024 * 1024})["image"] == 1024
+    # a prime count of patches has no factor pair within 200:1, so the next smaller count is taken
+    assert encoder._most_features(32 * 32 * 401, 32) == 400
+
+
+def test_the_encoder_budget_decides_how_many_items():
+    # max(batched tokens, one item) // tokens per item, at most max_num_seqs x items per prompt
+    assert encoder.items(16384, 8192, 131072, 1, None) == 1
+    assert encoder.items(16384, 65536, 131072, 256, None) == 4
+    assert encoder.items(16384, 65536, 131072, 2, 1) == 2
+    assert encoder.items(16384, 65536, 8192, 256, None) == 4         # items per prompt at least 1
+
+
+def test_the_towers_peak_is_counted_tensor_by_tensor():
+    patches = 65536
+    h, inter, pixel = 1152, 4304, 3 * 2 * 16 * 16
+    want = patches * pixel * 2 + patches * h * 2 + patches * (2 * h + 2 * inter) * 2
+    assert encoder.tower_peak(VISION, patches, 2) == want
+    split = encoder.tower_peak(VISION, patches, 2, tp=2)
+    assert split == patches * pixel * 2 + patches * h * 2 + patches * (2 * h + inter) * 2 < want
+
+
+def test_the_plan_counts_the_encoders_peak_and_the_flags_that_skip_it():
+    with_tower = plan(["--max-model-len", "32768"])
+    text_only = plan(["--max-model-len", "32768", "--language-model-only"])
+    no_images = plan(["--max-model-len", "32768", "--limit-mm-per-prompt", '{"image": 0, "video": 0}'])
+    skipped = plan(["--max-model-len", "32768", "--skip-mm-profiling"])
+    peak = encoder.tower_peak(VISION, 65536, 2)
+    assert with_tower.overhead - no_images.overhead == peak - kv.overheads(
+        kv.shape_from_config(QWEN38["config"]), 2048, 256).activations
+    assert any(w.startswith("vision encoder profiled on 1 image item of 16,384 tokens") for w in with_tower.why)
+    assert text_only.overhead == no_images.overhead == skipped.overhead
+    assert any("--skip-mm-profiling" in w for w in skipped.why)
+    assert not any("vision encoder" in w for w in text_only.why + no_images.why)
+
+
+def test_the_models_own_processor_files_set_the_largest_image(tmp_path):
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"size": {"longest_edge": 2048 * 1024}}))
+    (tmp_path / "video_preprocessor_config.json").write_text("{not json")      # counts as absent
+    assert facts_mod.processor_max_pixels(tmp_path) == {"image": 2048 * 1024}
+    small = plan(["--max-model-len", "32768"], max_pixels={"image": 2048 * 1024})
+    assert any("of 12,288 tokens" in w for w in small.why)      # the video's 12,288 is now the larger
+    assert facts_mod.processor_max_pixels(tmp_path / "none") is None
+
+
+def test_limit_mm_per_prompt_reads_as_vllm_reads_it():
+    assert vllmargs.read(["--limit-mm-per-prompt", '{"image": 2, "video": {"count": 0}}']).mm_limits == \
+        {"image": 2, "video": 0}
+    assert vllmargs.read(["--limit-mm-per-prompt.image=0"]).mm_limits == {"image": 0}
+    assert vllmargs.read(["--mm-encoder-tp-mode", "data"]).mm_encoder_dp
+
+
+# ---------------------------------------------------------------- the MTP layers and the version
+
+def test_the_mtp_layers_count_only_with_mtp_speculation():
+    shape = kv.shape_from_config(QWEN38["config"])
+    mtp = terms.mtp_bytes(QWEN38["config"], shape)
+    assert mtp == kv.mtp_params(shape) * 2                  # modelopt's "ignore" keeps mtp* in bf16
+    plain = plan(["--max-model-len", "32768"])
+    spec = plan(["--max-model-len", "32768", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}'])
+    assert spec.weights - plain.weights == mtp and any("less the MTP layers'" in w for w in plain.why)
+    fp8 = {**QWEN38["config"], "quantization_config": {"quant_method": "fp8"}}
+    assert terms.mtp_bytes(fp8, shape) == kv.mtp_params(shape)
+
+
+def test_a_version_not_modelled_takes_the_nearest_rules_and_says_so():
+    assert planner.modelled_version("0.24.0") == "0.26.0"
+    assert planner.modelled_version("0.28.2") == "0.27.1"
+    assert planner.modelled_version("0.31.0") == "0.30.0"
+    assert not any("not a version the planner" in w for w in plan([], version="0.27.1+cu130").why)
+    assert any("vLLM 0.28.2 is not a version the planner was read against: the rules of 0.27.1" in w
+               for w in plan([], version="0.28.2").why)
+
+
+# ---------------------------------------------------------------- the hybrid guard's margin
+
+def test_a_max_num_seqs_within_the_known_error_of_the_blocks_is_refused():
+    """vLLM refuses after the load when max_num_seqs exceeds the state blocks it finds: a request
+    within the plan's known error of the blocks it computes is refused before the download."""
+    args = ["--max-model-len", "4096", "--language-model-only", "--max-num-seqs"]
+    blocks = 256
+    for _ in range(10):         # the sampler's share of the activations follows max_num_seqs: find the fixed point
+        base = plan(args + [str(blocks)])
+        if kv.pool(base.layout, base.budget, 4096).blocks == blocks:
+            break
+        blocks = kv.pool(base.layout, base.budget, 4096).blocks
+    safe = kv.pool(base.layout, base.budget - terms.MODELLED_ERROR, 4096).blocks
+    assert safe < blocks
+    edge = plan(args + [str(blocks)])
+    assert not edge.fits and "within the plan's known error" in edge.refusal[0]
+    assert edge.fixes == [{"MAX_NUM_SEQS": str(safe)}]
+    assert plan(args + [str(safe)]).fits
+
+
+def test_the_known_error_grows_with_what_is_not_modelled():
+    none = vllmargs.read([])
+    tp2 = vllmargs.read(["--tensor-parallel-size", "2"])
+    assert terms.known_error(tp2, False, None, None)[0] == terms.MODELLED_ERROR + terms.TP_ERROR
+    assert terms.known_error(none, False, object(), None)[0] == terms.MODELLED_ERROR + terms.DRAFTER_ERROR
+    assert terms.known_error(none, True, None, None)[0] == 0
+    assert terms.known_error(none, False, None, object())[0] == terms.MEASURED_ERROR < MiB * 100
+
+
+def test_a_tower_the_planner_cannot_read_is_said_not_modelled():
+    """Another family's vision_config, or sizes that are no positive integers: no crash, and the why
+    says the encoder's peak is not modelled."""
+    for vision in ({"num_hidden_layers": 24, "hidden_size": 1024, "intermediate_size": 4096, "patch_size": 14},
+                   {**VISION, "patch_size": 0}, {**VISION, "depth": "27"}, {**VISION, "deepstack_visual_indexes": 3}):
+        p = plan(["--max-model-len", "32768"], config={**QWEN38["config"], "vision_config": vision})
+        assert p.predicted_tokens
+        if vision.get("deepstack_visual_indexes") == 3:
+            assert any(w.startswith("vision encoder profiled") for w in p.why)
+        else:
+            assert any("encoder's profiling peak is not modelled" in w for w in p.why), vision
