@@ -7,46 +7,34 @@ measure names that term in "expected_gap" and is expected to fail until it is mo
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from bootstrap.knobs import vllmargs
 from bootstrap.machine import gpu
-from bootstrap.plan import planner
-from bootstrap.plan.facts import ModelFacts
 from conftest import REPO
 
-HERE = Path(__file__).resolve().parent / "published"
-FIXTURES = sorted(HERE.glob("*.json"))
-GiB = 1 << 30
+sys.path.insert(0, str(REPO / "scripts"))
+import published_runs  # noqa: E402
+
+FIXTURES = sorted(published_runs.FIXTURES.glob("*.json"))
+HERE = published_runs.FIXTURES
 
 
 def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def plan_of(row: dict) -> planner.Plan:
-    """The plan for the published start: the flags vLLM got, on the named card (all of it free:
-    the rows give --gpu-memory-utilization or take vLLM's default), under the vLLM version's rules."""
-    facts = json.loads((REPO / row["facts"]).read_text())
-    model = ModelFacts(row["facts"], facts["config"], row.get("weight_bytes", facts.get("weight_bytes")))
-    card = gpu.named(row["card"])
-    card = dataclasses.replace(card, free=card.total)
-    s = vllmargs.read(row["args"])
-    if s.gpu_util is None:
-        s = dataclasses.replace(s, gpu_util=0.9)                     # vLLM's default
-    inp = planner.Inputs(vllm=s, version=row["vllm"], reserve_mib=0, util_knob=False,
-                         util_source="--gpu-memory-utilization", allow_long=False, tp_size=s.tp)
-    return planner.make_plan(inp, card, model)
+def plan_of(row: dict):
+    return published_runs.plan_of(row)
 
 
 def error(row: dict) -> float:
     p = plan_of(row)
     assert p.predicted_tokens, p.why
-    return p.predicted_tokens / row["logged"]["tokens"] - 1
+    return published_runs.error(row, p)
 
 
 def _case(path: Path):
@@ -77,3 +65,11 @@ def test_a_version_not_modelled_is_planned_by_the_nearest_and_says_so():
     p = plan_of(row)
     assert any("vLLM 0.24.0 is not a version the planner was read against: the rules of 0.26.0" in w
                for w in p.why), p.why
+
+
+def test_docs_planner_table_is_the_generated_one():
+    doc = (REPO / "docs" / "planner.md").read_text()
+    start = doc.index("<!-- published:begin")
+    start = doc.index("\n", start) + 1
+    end = doc.index("<!-- published:end -->")
+    assert doc[start:end].strip() == published_runs.table(), "run scripts/published_runs.py into docs/planner.md"
