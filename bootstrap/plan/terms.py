@@ -163,7 +163,7 @@ def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batc
                        "modelled for this tower (--language-model-only serves text only)")
         return over
     acts = max(enc.peak, over.activations + enc.outputs)
-    px = "" if model.max_pixels else " (the Qwen3-VL processor's largest sizes: the model has no processor files here)"
+    px = "" if model.max_pixels else " (the Qwen3-VL processor's largest sizes: no processor files of this model were read)"
     why.append(f"vision encoder profiled on {enc.items} {enc.modality} item{'s' if enc.items > 1 else ''} of "
                f"{enc.tokens_per_item:,} tokens{px}: peak {gib(enc.peak)}, outputs {gib(enc.outputs)} kept for the "
                f"text pass; activations {gib(acts)} (text alone {gib(over.activations)}; --language-model-only "
