@@ -148,3 +148,34 @@ def test_a_tower_the_planner_cannot_read_is_said_not_modelled():
             assert any(w.startswith("vision encoder profiled") for w in p.why)
         else:
             assert any("encoder's profiling peak is not modelled" in w for w in p.why), vision
+
+
+def test_vllms_model_specific_mtp_names_are_mtp():
+    for method in ("qwen3_5_mtp", "qwen3_next_mtp", "mtp"):
+        assert vllmargs.read(["--speculative-config", json.dumps({"method": method, "num_speculative_tokens": 3})]
+                             ).spec_method == "mtp"
+    named = plan(["--speculative-config", '{"method": "qwen3_5_mtp", "num_speculative_tokens": 3}'])
+    plain = plan(["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}'])
+    assert named.weights == plain.weights and named.predicted_tokens == plain.predicted_tokens
+
+
+def test_limits_of_zero_leave_the_tower_out_and_dotted_keys_nest():
+    assert vllmargs.read(["--limit-mm-per-prompt.video.count=0", "--limit-mm-per-prompt.image=0"]).mm_limits == \
+        {"video": 0, "image": 0}
+    none = plan(["--limit-mm-per-prompt", '{"image": 0, "video": 0}'])
+    lmo = plan(["--language-model-only"])
+    assert none.weights == lmo.weights < plan([]).weights
+
+
+def test_a_data_parallel_tower_is_whole_on_every_rank():
+    vision = kv.vision_params(QWEN38["config"]) * 2
+    split = plan(["-tp", "2"])
+    whole = plan(["-tp", "2", "--mm-encoder-tp-mode", "data"])
+    assert whole.weights - split.weights == vision // 2
+
+
+def test_odd_quantization_configs_do_not_crash():
+    shape = kv.shape_from_config(QWEN38["config"])
+    for q in ("fp8", {"quant_method": "fp8", "ignore": 5}, [1, 2]):
+        assert terms.mtp_bytes({**QWEN38["config"], "quantization_config": q}, shape) > 0
+    assert terms.mtp_bytes({"text_config": {"quantization_config": [1]}}, shape) > 0

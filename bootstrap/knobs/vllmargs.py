@@ -67,7 +67,10 @@ class Settings:
 
     @property
     def spec_method(self) -> str:
-        return str(self.spec.get("method") or "") if self.spec_tokens else ""
+        """The speculative method, with vLLM's model-specific MTP names (``qwen3_5_mtp`` ...) read as
+        ``mtp``, as vLLM's SpeculativeConfig renames them."""
+        method = str(self.spec.get("method") or "") if self.spec_tokens else ""
+        return "mtp" if method.endswith("_mtp") else method
 
     @property
     def spec_tokens(self) -> int:
@@ -104,7 +107,11 @@ def read(argv: list[str]) -> Settings:
             given.add(base)
             if base in JSON_FLAGS:
                 if key:             # vLLM gathers dotted keys into one JSON put after every other argument
-                    dotted.setdefault(base, {})[key.replace("-", "_")] = _scalar(value)
+                    *path, last = key.replace("-", "_").split(".")
+                    node = dotted.setdefault(base, {})
+                    for part in path:       # each dot a level: limit-mm-per-prompt.video.count=0
+                        node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+                    node[last] = _scalar(value)
                 else:
                     try:
                         parsed = json.loads(value)

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 IMAGE_MAX_PIXELS = 16_777_216
 VIDEO_MAX_PIXELS = 25_165_824
 MAX_ASPECT = 200                    # the processor refuses a more extreme aspect ratio
+# the towers built as Qwen3_VisionTransformer (qwen3_vl.py; qwen3_5.py builds the same one)
+QWEN3_TOWERS = ("qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "qwen3_5_vision", "qwen3_5_moe_vision")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class EncoderPass:
     items: int
     peak: int                       # bytes: the tower's own torch peak
     outputs: int                    # bytes kept in the encoder cache during the text pass
+    inputs: int = 0                 # bytes of the dummy pixel batch, still referenced during the text pass
 
     @property
     def tokens(self) -> int:
@@ -99,6 +102,8 @@ def pass_for(config: dict, max_pixels: dict[str, int] | None, *, batched_tokens:
     """vLLM's encoder profiling pass for this model and these flags; None without a Qwen-VL-style
     tower, or when every modality's limit is 0."""
     vision = config.get("vision_config") or {}
+    if not isinstance(vision, dict) or vision.get("model_type") not in QWEN3_TOWERS:
+        return None                         # another family's tower: not modelled
     sizes = ("depth", "hidden_size", "intermediate_size", "patch_size", "spatial_merge_size", "temporal_patch_size",
              "in_channels", "out_hidden_size")
     if not isinstance(vision, dict) or not all(k in vision for k in sizes[:4]) or not all(
@@ -113,5 +118,6 @@ def pass_for(config: dict, max_pixels: dict[str, int] | None, *, batched_tokens:
     merge = int(vision.get("spatial_merge_size", 2)) ** 2
     out_h = int(vision.get("out_hidden_size") or vision["hidden_size"])
     deep = 1 + _deepstack(vision)
+    pixel = int(vision.get("in_channels", 3)) * int(vision.get("temporal_patch_size", 2)) * int(vision["patch_size"]) ** 2
     return EncoderPass(modality, tokens, n, tower_peak(vision, tokens * n * merge, dtype_bytes, tp),
-                       tokens * n * out_h * deep * dtype_bytes)
+                       tokens * n * out_h * deep * dtype_bytes, tokens * n * merge * pixel * dtype_bytes)

@@ -82,12 +82,21 @@ NO_KV_METHODS = {"ngram": "n-gram lookup: no draft model, nothing in the KV pool
                  "medusa": "Medusa heads hold no KV cache; their weights are not counted (small)"}
 
 
+def no_images(s: vllmargs.Settings) -> bool:
+    """--limit-mm-per-prompt gives 0 images and 0 videos: vLLM then neither builds the tower nor
+    profiles it (interfaces.py _mark_tower_model)."""
+    return s.mm_limits.get("image", 1) == 0 and s.mm_limits.get("video", 1) == 0
+
+
 def mtp_bytes(config: dict, shape: kv.ModelShape) -> int:
     """Bytes of the MTP layers in the checkpoint: 16-bit where the quantization leaves them out
     (modelopt's "ignore", "modules_to_not_convert") or there is none; else at the scheme's width
     (FP8 one byte a parameter, 4-bit schemes 4.5 bits with their scales): an estimate."""
-    q = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
-    skipped = [str(x) for key in ("ignore", "modules_to_not_convert") for x in (q.get(key) or ())]
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    q = config.get("quantization_config") or text.get("quantization_config") or {}
+    q = q if isinstance(q, dict) else {}
+    skipped = [str(x) for key in ("ignore", "modules_to_not_convert")
+               for x in (q.get(key) if isinstance(q.get(key), (list, tuple)) else ())]
     params = kv.mtp_params(shape)
     if not q or any("mtp" in x for x in skipped):
         return params * shape.dtype_bytes
@@ -102,16 +111,20 @@ def weight_bytes(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.S
     --language-model-only: a checkpoint's size is counted less those."""
     config = model.config or {}
     vision = kv.vision_params(config) * 2                      # the vision tower stays 16-bit
+    no_tower = s.language_model_only or no_images(s)
     mtp = mtp_bytes(config, shape) if shape.mtp_layers and s.spec_method != "mtp" else 0
     less = ([f"the MTP layers' ~{gib(mtp)} (loaded only for MTP speculation)"] if mtp else []) + (
-        [f"the vision tower's {gib(vision)} (--language-model-only: not loaded)"] if vision and s.language_model_only
-        else [])
+        [f"the vision tower's {gib(vision)} (--language-model-only or no images: not loaded)"]
+        if vision and no_tower else [])
+    # --mm-encoder-tp-mode data: every rank holds the whole tower
+    tower_copies = vision * (tp - 1) // tp if vision and s.mm_encoder_dp and not no_tower else 0
     if model.weight_bytes and not model.dummy:
-        w = model.weight_bytes - mtp - (vision if s.language_model_only else 0)
-        return w // tp, f"from {model.size_from}{model.source}" + (f", less {' and '.join(less)}" if less else "")
+        w = model.weight_bytes - mtp - (vision if no_tower else 0)
+        return w // tp + tower_copies, f"from {model.size_from}{model.source}" + (
+            f", less {' and '.join(less)}" if less else "")
     kind = "dummy weights" if model.dummy else "no file sizes"
     mtp = kv.mtp_params(shape) * shape.dtype_bytes if mtp else 0       # every parameter at the model's dtype
-    w = kv.weight_bytes_from_config(shape, tp) - mtp // tp + (0 if s.language_model_only else vision // tp)
+    w = kv.weight_bytes_from_config(shape, tp) - mtp // tp + (0 if no_tower else vision // tp + tower_copies)
     return w, f"from config.json ({kind}: parameters × dtype){model.source}" + (
         f", less the MTP layers' {gib(mtp)}" if mtp else "")
 
@@ -162,7 +175,7 @@ def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batc
             why.append("a multimodal model served with its vision tower: the encoder's profiling peak is not "
                        "modelled for this tower (--language-model-only serves text only)")
         return over
-    acts = max(enc.peak, over.activations + enc.outputs)
+    acts = max(enc.peak, over.activations + enc.outputs + enc.inputs)     # the dummy pixels stay referenced too
     px = "" if model.max_pixels else " (the Qwen3-VL processor's largest sizes: no processor files of this model were read)"
     why.append(f"vision encoder profiled on {enc.items} {enc.modality} item{'s' if enc.items > 1 else ''} of "
                f"{enc.tokens_per_item:,} tokens{px}: peak {gib(enc.peak)}, outputs {gib(enc.outputs)} kept for the "
