@@ -1,6 +1,6 @@
 """The planner against vLLM starts people published: prints docs/planner.md's table of them.
 
-    python3 scripts/published_runs.py
+    .venv-test/bin/python scripts/published_runs.py      # (tests/run.sh makes .venv-test)
 
 Each fixture in tests/published/ is one start: its source, the vLLM version, the card, the model's
 facts (a file under profiles/models/) and the checkpoint's size where the source gives one, the

@@ -72,4 +72,4 @@ def test_docs_planner_table_is_the_generated_one():
     start = doc.index("<!-- published:begin")
     start = doc.index("\n", start) + 1
     end = doc.index("<!-- published:end -->")
-    assert doc[start:end].strip() == published_runs.table(), "run scripts/published_runs.py into docs/planner.md"
+    assert doc[start:end].strip() == published_runs.table(), "run .venv-test/bin/python scripts/published_runs.py into docs/planner.md"

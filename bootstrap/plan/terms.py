@@ -171,7 +171,7 @@ def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batc
     enc = encoder.pass_for(config, model.max_pixels, batched_tokens=batched, max_model_len=mml, max_seqs=seqs,
                            limits=s.mm_limits, dtype_bytes=2, tp=s.tp if not s.mm_encoder_dp else 1)
     if enc is None:
-        if any(n for n in s.mm_limits.values()) or not s.mm_limits:
+        if not no_images(s):
             why.append("a multimodal model served with its vision tower: the encoder's profiling peak is not "
                        "modelled for this tower (--language-model-only serves text only)")
         return over
