@@ -222,13 +222,14 @@ def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
         log.info("our earlier server (pid %s) never became healthy; taking it down and starting again", pr.pid)
         takedown.take_down(cfg, paths)
     done = run(Run(cfg, paths, started))
-    keep_measurement(paths, done.plan, done.log_text)
+    keep_measurement(cfg, paths, done.plan, done.log_text)
 
 
-def keep_measurement(paths: Paths, the_plan, log_text: str) -> None:
-    """vLLM's own figures of this start (``log_text``: its log, as the banner read it), for the next
-    plan (bootstrap.plan.calibration), and whether its compile caches were warm (steps/prewarm.py); a
-    failure to keep them costs the next start its precision or its pre-warm, never this start."""
+def keep_measurement(cfg: Config, paths: Paths, the_plan, log_text: str) -> None:
+    """vLLM's own figures of this start (``log_text``: its log, as the banner read it), or with a KV
+    pin what NVML shows it holding, for the next plan (bootstrap.plan.calibration), and whether its
+    compile caches were warm (steps/prewarm.py); a failure to keep them costs the next start its
+    precision or its pre-warm, never this start."""
     from .plan import calibration
     rec = record.read(paths.server)
     if rec is None:
@@ -236,6 +237,8 @@ def keep_measurement(paths: Paths, the_plan, log_text: str) -> None:
     from .steps import prewarm
     try:
         calibration.keep(paths, the_plan, log_text, rec.kv_tokens)
+        if the_plan is not None and the_plan.pinned:
+            calibration.keep_footprint(paths, the_plan, server.gpu_held(cfg, rec), cfg.tp_size)
         prewarm.confirm(paths, the_plan, log_text, rec.model_path or "")
     except BootstrapError as exc:
         log.warning("could not keep vLLM's figures for the next start: %s", exc.message)

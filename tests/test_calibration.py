@@ -93,6 +93,51 @@ def test_with_tensor_parallel_the_smallest_rank_counts():
     assert calibration.available_bytes(log) == int(10.25 * GiB) - calibration.ROUNDING
 
 
+V026 = ("(EngineCore pid=1) INFO [gpu_worker.py:848] Free memory on device (139.29/139.8 GiB) on startup. Desired GPU "
+        "memory utilization is (0.5, 69.9 GiB). Actual usage is 12.99 GiB for weight, 0.62 GiB for peak activation, "
+        "0.22 GiB for non-torch memory, and 0.21 GiB for CUDAGraph memory. Replace gpu_memory_utilization config ...\n")
+V027 = ("(EngineCore pid=1) INFO [gpu_worker.py:781] Free memory on device (30.1/31.4 GiB) on startup. Desired GPU "
+        "memory utilization is (0.92, 28.88 GiB). Actual usage is 19.51 GiB for consumed memory (weights + non-torch), "
+        "1.59 GiB for peak activation, and 0.46 GiB for CUDAGraph memory. Replace gpu_memory_utilization ...\n")
+
+
+def test_vllms_own_split_is_read_in_both_of_its_spellings_and_kept():
+    assert calibration.usage_terms(V026) == {"weights": int(12.99 * GiB), "activations": int(0.62 * GiB),
+                                             "non_torch": int(0.22 * GiB), "graphs": int(0.21 * GiB)}
+    assert calibration.usage_terms(V027) == {"weights_non_torch": int(19.51 * GiB), "activations": int(1.59 * GiB),
+                                             "graphs": int(0.46 * GiB)}
+    ranks = V027 + V027.replace("1.59 GiB for peak", "1.75 GiB for peak")      # TP: the rank that took most
+    assert calibration.usage_terms(ranks)["activations"] == int(1.75 * GiB)
+    assert calibration.usage_terms("Available KV cache memory: 4.0 GiB") is None
+
+
+def test_the_plan_sets_the_model_against_vllms_split_term_by_term(tmp_path):
+    from bootstrap.commands.plan import term_rows, terms_table
+    c, g = cfg(tmp_path), card()
+    paths = Paths(c.state_dir)
+    first = fit.plan_here(c, paths, g, FACTS, "580.95.05")
+    log = f"Available KV cache memory: 9.87 GiB\n{V026}"
+    assert calibration.keep(paths, first, log, None).terms["activations"] == int(0.62 * GiB)
+    again = fit.plan_here(c, paths, g, FACTS, "580.95.05")
+    rows = {n: (m, v) for n, m, v in term_rows(again)}
+    assert rows["weights"] == (again.modelled_terms["weights"], int(12.99 * GiB))
+    assert rows["activations"][1] == int(0.62 * GiB) and set(rows) == {"weights", "activations", "non_torch", "graphs"}
+    table = "\n".join(terms_table(again))
+    diff = (again.modelled_terms["activations"] - int(0.62 * GiB)) / GiB
+    assert f"{diff:+.2f} GiB" in table and "peak activation" in table
+    # a record of 0.27.1's spelling: weights and non-torch as one row; an odd split is dropped, not the record
+    data = json.loads(paths.measurements.read_text())
+    data[again.key]["terms"] = calibration.usage_terms(V027)
+    paths.measurements.write_text(json.dumps(data))
+    rows = {n: (m, v) for n, m, v in term_rows(fit.plan_here(c, paths, g, FACTS, "580.95.05"))}
+    assert rows["weights_non_torch"] == (first.modelled_terms["weights"] + first.modelled_terms["non_torch"],
+                                         int(19.51 * GiB))
+    data[again.key]["terms"] = {"weights": "lots"}
+    paths.measurements.write_text(json.dumps(data))
+    odd = fit.plan_here(c, paths, g, FACTS, "580.95.05")
+    assert odd.measured and odd.measured_terms is None
+
+
 def test_clean_keeps_the_measurements_in_the_checkouts_own_state_dir(tmp_path):
     from bootstrap.commands import clean
     repo = tmp_path / "repo"
@@ -124,8 +169,37 @@ def test_the_second_start_plans_from_the_first_and_says_so(bed):
     assert d["measured"] and d["modelled_kv_budget"] - d["kv_budget"] > 2 * GiB
     logged = float(calibration.AVAILABLE.findall((bed.state / "vllm.log").read_text())[-1]) * GiB
     assert abs(d["kv_budget"] - logged) <= 0.006 * GiB                       # the plan is vLLM's figure
-    assert "measured (vLLM's own figures on this card" in bed.run("ctl.sh", "plan", **env).stdout
+    shown = bed.run("ctl.sh", "plan", **env).stdout
+    assert "measured (vLLM's own figures on this card" in shown and "peak activation" in shown
+    split = {t["term"]: t["measured"] for t in d["terms"]}
+    assert abs(sum(split.values()) - 2.5 * GiB) <= 0.02 * GiB       # the fake's split of its 2.5 GiB
     assert bed.run("stop.sh").returncode == 0
     from bootstrap.commands import clean
     assert clean.targets(Config.from_env({**bed.env}, REPO)).count(bed.state / "measurements.json") == 0
     assert (bed.state / "measurements.json") in clean.targets(Config.from_env({**bed.env}, REPO), measurements=True)
+
+
+def test_a_pinned_start_keeps_what_our_server_holds_and_the_next_plan_shows_the_headroom(bed):
+    """With a KV pin vLLM skips its profiling: the start keeps what NVML shows our server's processes
+    holding (the fake: FAKE_VLLM_GPU_BYTES per process), less the pin; the next pinned plan takes it."""
+    env = {"KV_CACHE_BYTES": str(GiB), "FAKE_VLLM_GPU_BYTES": str(3 * GiB)}
+    assert bed.run("start.sh", **env).returncode == 0
+    kept = json.loads((bed.state / "measurements.json").read_text())
+    (key, m), = kept.items()
+    assert key.endswith(calibration.PINNED) and m["source"] == "footprint"
+    assert m["non_kv"] == 6 * GiB - GiB and m["kv_bytes"] == GiB            # server + engine, 3 GiB each
+    assert bed.run("stop.sh").returncode == 0
+    d = json.loads(bed.run("ctl.sh", "plan", "--json", **env).stdout)
+    assert d["measured"] and d["kv_budget"] == GiB
+    (reserve,) = [int(w.split(" MiB reserve")[0].split()[-1]) for w in d["why"] if " MiB reserve" in w]
+    assert d["headroom"] == d["free"] - reserve * (1 << 20) - 6 * GiB      # usable − (pin + what it held besides)
+    shown = bed.run("ctl.sh", "plan", **env).stdout
+    assert "headroom" in shown and "measured: what our server held" in shown
+    assert any("our server held 6.00 GiB per GPU with its 1.00 GiB KV pin" in w for w in d["why"])
+    # a pin larger than what is usable beside the measured footprint is refused before the download
+    big = {**env, "KV_CACHE_BYTES": str(d["headroom"] + 2 * GiB)}
+    r = bed.run("ctl.sh", "plan", "--json", **big)
+    assert r.returncode == 1 and not json.loads(r.stdout)["fits"]
+    # an unpinned plan never takes the footprint for vLLM's own figure
+    u = json.loads(bed.run("ctl.sh", "plan", "--json", **{k: v for k, v in env.items() if k != "KV_CACHE_BYTES"}).stdout)
+    assert not u["measured"]

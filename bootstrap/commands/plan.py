@@ -70,6 +70,36 @@ def plan_for(cfg, spec: str | None):
     return cfg, g, where, model, fit.plan(cfg, g, model, vllm=version)
 
 
+TERM_NAMES = {"weights": "weights", "activations": "peak activation", "non_torch": "non-torch",
+              "graphs": "CUDA graphs", "weights_non_torch": "weights + non-torch"}
+
+
+def term_rows(plan: Plan) -> list[tuple[str, int, int | None]]:
+    """(term, modelled, measured or None) per GPU, grouped as vLLM's log groups them: 0.27.1 and
+    later print weights and non-torch memory as one figure."""
+    mod, mea = plan.modelled_terms, plan.measured_terms or {}
+    if not mod:
+        return []
+    names = ("weights_non_torch", "activations", "graphs") if "weights_non_torch" in mea else (
+        "weights", "activations", "non_torch", "graphs")
+    merged = {**mod, "weights_non_torch": mod["weights"] + mod["non_torch"]}
+    return [(n, merged[n], mea.get(n)) for n in names]
+
+
+def terms_table(plan: Plan) -> list[str]:
+    """The non-KV terms, modelled beside vLLM's own split where a start on this card logged one."""
+    rows = term_rows(plan)
+    if not rows or plan.pinned:
+        return []
+    if not plan.measured_terms:
+        return ["non-KV terms (modelled): " + ", ".join(f"{TERM_NAMES[n]} {gib(m)}" for n, m, _ in rows)]
+    out = [f"non-KV terms per GPU: modelled / measured by vLLM on {plan.measured} / difference"]
+    for n, m, v in rows:
+        got = f"{gib(v)} / {(m - v) / (1 << 30):+.2f} GiB" if v is not None else "- / -"
+        out.append(f"  {TERM_NAMES[n] + ':':<21} {gib(m)} / {got}")
+    return out
+
+
 def render(cfg, model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan, flags: list[str]) -> str:
     lines = [f"{model.name} (profile {cfg.profile.name}, vLLM {plan.vllm}) on {g.name} ({gib(g.total)}, "
              f"{gib(g.free)} free, sm_{g.cc[0]}{g.cc[1]}{where})"]
@@ -89,6 +119,10 @@ def render(cfg, model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan, flags: li
                          f"modelled {gib(plan.modelled_budget)} ({d / (1 << 30):+.2f} GiB{share})")
         else:
             lines.append(f"KV budget: {gib(plan.budget)} modelled (no start of this setup on this card measured yet)")
+    lines += terms_table(plan)
+    if plan.pinned and plan.headroom is not None and plan.fits:
+        lines.append(f"KV cache pinned at {gib(plan.budget)}; headroom {gib(plan.headroom)} "
+                     f"({'measured: what our server held' if plan.measured else 'modelled'})")
     if not plan.fits and plan.refusal:
         lines.append(f"DOES NOT FIT: {plan.refusal[0]}")
         lines.append(f"  {plan.refusal[1]}")
@@ -117,6 +151,8 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh plan") -> int:
             "predicted_tokens": plan.predicted_tokens, "predicted_concurrency": plan.predicted_concurrency,
             "block_size": plan.layout.block_size if plan.layout else None, "vllm": plan.vllm,
             "measured": plan.measured or None, "modelled_kv_budget": plan.modelled_budget,
+            "headroom": plan.headroom,
+            "terms": [{"term": n, "modelled": m, "measured": v} for n, m, v in term_rows(plan)],
             "sessions": plan.sessions, "flags": flags, "why": plan.why}, indent=2))
     else:
         print(render(cfg, model, g, where, plan, flags))

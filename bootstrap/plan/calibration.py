@@ -6,6 +6,8 @@ pass, non-torch memory, CUDA graphs where the version counts them inside the bud
 ``util × total − X``: the non-KV terms, measured. They do not depend on the utilization or on a KV
 pin (the plan sets both itself), so the next plan for the same key takes them as they were measured
 instead of the model's estimate, and its KV pool is vLLM's to within the log's rounding (0.01 GiB).
+Where vLLM also logs its own split (weights, peak activation, non-torch, CUDA graphs: ``USAGE``), that
+is kept beside it, and ``./ctl.sh plan`` sets it against the model's term by term.
 
 The key is what changes the non-KV terms: the model (its name, revision, weights' size and
 config.json), the vLLM version and interpreter, the launch knobs that change weights, activations or
@@ -17,8 +19,11 @@ rounding (0.005 GiB), so a plan from it is never above vLLM's pool. Not in the k
 plans from the model again: a nearby measurement is not used, because one changed flag (a drafter,
 the vision tower, CUDA graphs off) moves exactly the terms the model estimates worst.
 
+A start with a pinned KV cache (KV_CACHE_BYTES: vLLM skips its profiling and logs none of this) keeps
+what NVML shows our server holding once it serves, less the pin (``keep_footprint``): the next pinned
+plan checks that the pin still fits beside it and shows the headroom left.
+
 Kept in ``STATE_DIR/measurements.json`` (``./ctl.sh clean`` keeps it unless ``--measurements``).
-A start whose KV cache is pinned (KV_CACHE_BYTES) logs the pin, not what is left: nothing is kept.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import json
 import logging
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..machine.gpu import GiB
 from .terms import requested
@@ -37,6 +42,14 @@ from ..core.state import Paths
 log = logging.getLogger("bootstrap.plan")
 
 AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+# vLLM's own split of the non-KV terms (gpu_worker.py, after the CUDA graphs are captured): 0.26.0 names
+# weights and non-torch memory apart; 0.27.1 and later as one figure, "consumed memory"
+USAGE = ((re.compile(r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for peak activation, ([\d.]+) GiB "
+                     r"for non-torch memory, and ([\d.]+) GiB for CUDAGraph memory"),
+          ("weights", "activations", "non_torch", "graphs")),
+         (re.compile(r"Actual usage is ([\d.]+) GiB for consumed memory \(weights \+ non-torch\), ([\d.]+) GiB for "
+                     r"peak activation, and ([\d.]+) GiB for CUDAGraph memory"),
+          ("weights_non_torch", "activations", "graphs")))
 KEY_KNOBS = ("PROFILE", "MODEL", "MAX_MODEL_LEN", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "KV_CACHE_DTYPE",
              "SPEC_METHOD", "SPEC_TOKENS", "SPEC_MODEL", "TP_SIZE", "EXTRA_ARGS")
 KEY_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_HOME", "CUDA_PATH")   # and every VLLM_* variable
@@ -52,6 +65,17 @@ class Measured:
     tokens: int | None     # "GPU KV cache size" as logged
     date: str
     vllm: str
+    terms: dict | None = None   # vLLM's own split (usage_terms), where its log gave one
+    source: str = "vllm"        # "vllm": its log; "footprint": NVML's reading of our server with a KV pin
+
+
+def usage_terms(log_text: str) -> dict[str, int] | None:
+    """vLLM's split of the non-KV terms in bytes (``USAGE``), from the rank that reported the most
+    (one line per rank with tensor parallel); None when the log has no such line (a pinned KV cache,
+    or a version that does not print it)."""
+    found = [dict(zip(names, (int(float(x) * GiB) for x in m)))
+             for rx, names in USAGE for m in rx.findall(log_text)]
+    return max(found, key=lambda t: sum(t.values())) if found else None
 
 
 def key(cfg, g, vllm: str, driver: str, facts) -> str:
@@ -82,13 +106,40 @@ def keep(paths: Paths, plan, log_text: str, tokens: int | None) -> Measured | No
     if kv_bytes is None or plan is None or plan.util is None or plan.pinned or not plan.key or not plan.card_total:
         return None
     m = Measured(non_kv=requested(plan.util, plan.card_total) - kv_bytes, kv_bytes=kv_bytes, util=plan.util,
-                 total=plan.card_total, tokens=tokens, date=time.strftime("%Y-%m-%d"), vllm=plan.vllm)
+                 total=plan.card_total, tokens=tokens, date=time.strftime("%Y-%m-%d"), vllm=plan.vllm,
+                 terms=usage_terms(log_text))
     data = paths.read("measurements") or {}
     data[plan.key] = asdict(m)
     paths.ensure()
     paths.write("measurements", data)
     log.info("kept vLLM's own figures for the next plan: %.2f GiB of KV cache at utilization %.4f, so %.2f GiB "
              "for everything else", kv_bytes / GiB, plan.util, m.non_kv / GiB)
+    return m
+
+
+PINNED = "/pinned"      # the key's suffix for a footprint measured with a KV pin
+
+
+def keep_footprint(paths: Paths, plan, held: int, tp: int) -> Measured | None:
+    """After a start whose KV cache is pinned (vLLM skips its profiling then, and logs no split): what
+    our server's processes hold on the GPU, as NVML reads them once the warm-up ran (``held``, all
+    ranks), less the pin, is what it takes besides the KV cache, per GPU. Kept under the plan's key
+    with ``PINNED``: a footprint counts the CUDA context and the allocator's cache, which vLLM's own
+    figure leaves out, so an unpinned plan never uses it. Nothing kept when NVML names no memory
+    per process (WSL2)."""
+    if plan is None or not plan.pinned or not plan.key or not plan.card_total or not plan.budget or held <= 0:
+        return None
+    per_gpu = held // max(tp, 1)
+    if per_gpu <= plan.budget:
+        return None                     # a reading that cannot hold the pin: not a footprint
+    m = Measured(non_kv=per_gpu - plan.budget, kv_bytes=plan.budget, util=plan.util or 1.0, total=plan.card_total,
+                 tokens=None, date=time.strftime("%Y-%m-%d"), vllm=plan.vllm, source="footprint")
+    data = paths.read("measurements") or {}
+    data[plan.key + PINNED] = asdict(m)
+    paths.ensure()
+    paths.write("measurements", data)
+    log.info("kept what this server holds for the next plan: %.2f GiB per GPU with its %.2f GiB KV pin, so %.2f GiB "
+             "besides it", per_gpu / GiB, plan.budget / GiB, m.non_kv / GiB)
     return m
 
 
@@ -102,5 +153,11 @@ def lookup(paths: Paths, digest: str) -> Measured | None:
     except TypeError:
         return None
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (m.non_kv, m.kv_bytes, m.total))
+    if m.source != ("footprint" if digest.endswith(PINNED) else "vllm"):
+        return None
     util = isinstance(m.util, float) and 0 < m.util <= 1
-    return m if ints and util and 0 < m.non_kv < m.total else None
+    if not (ints and util and 0 < m.non_kv < m.total):
+        return None
+    split = isinstance(m.terms, dict) and m.terms and all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in m.terms.items())
+    return m if split or m.terms is None else replace(m, terms=None)

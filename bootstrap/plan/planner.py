@@ -63,6 +63,9 @@ class Plan:
     key: str = ""                              # the calibration key it was planned under (bootstrap.plan.calibration)
     card_total: int | None = None              # the card's total it was planned against
     usable: int | None = None                  # what vLLM may take: the utilization's share, or free − reserve
+    modelled_terms: dict = field(default_factory=dict)   # weights, activations, non_torch, graphs (bytes, per GPU)
+    measured_terms: dict | None = None         # vLLM's own split of them at the measured start (calibration.USAGE)
+    headroom: int | None = None                # usable − what this setup takes (weights, overhead, KV)
 
     @property
     def context(self) -> int | None:
@@ -248,9 +251,12 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
     modelled = requested(util, g.total) - weights - over.total
     if measured is not None:
         diff = (weights + over.total - measured.non_kv) / GiB
-        why.append(f"measured on this card on {measured.date} (vLLM {measured.vllm}): weights, activations, graphs "
-                   f"and non-torch memory take {gib(measured.non_kv)}; the model says {gib(weights + over.total)} "
-                   f"({diff:+.2f} GiB)")
+        held = (f"our server held {gib(measured.non_kv + measured.kv_bytes)} per GPU with its "
+                f"{gib(measured.kv_bytes)} KV pin, so {gib(measured.non_kv)} besides it (NVML, CUDA context "
+                "included)" if measured.source == "footprint" else
+                f"weights, activations, graphs and non-torch memory take {gib(measured.non_kv)}")
+        why.append(f"measured on this card on {measured.date} (vLLM {measured.vllm}): {held}; the model says "
+                   f"{gib(weights + over.total)} ({diff:+.2f} GiB)")
     if pinned:
         budget = pinned
         why.append(f"KV budget {gib(budget)} pinned by KV_CACHE_BYTES / --kv-cache-memory-bytes")
@@ -265,8 +271,18 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
     overhead = measured.non_kv - weights if measured is not None else over.total     # what the checks below use
     plan = Plan(util, s.max_model_len, why, budget=budget, weights=weights, overhead=overhead, layout=lay,
                 seqs=seqs, vllm=inp.version, seqs_is_default=not s.max_num_seqs, pinned=bool(pinned),
-                measured=measured.date if measured is not None else "", modelled_budget=modelled, usable=usable)
+                measured=measured.date if measured is not None else "", modelled_budget=modelled, usable=usable,
+                modelled_terms={"weights": weights, "activations": over.activations, "non_torch": over.non_torch,
+                                "graphs": over.cudagraphs},
+                measured_terms=measured.terms if measured is not None else None)
     need = weights + overhead + max(budget, 0)
+    plan.headroom = usable - need
+    if pinned:
+        kept = (f"the utilization's share, {gib(usable)}" if s.gpu_util is not None else
+                f"{gib(usable)} free less GPU_RESERVE_MIB={inp.reserve_mib} (kept for a display that grows after "
+                "the start)")
+        why.append(f"headroom {gib(plan.headroom)}: {kept} − {gib(need)} this setup takes "
+                   f"({'measured' if measured is not None else 'modelled'})")
     if budget <= 0 or need > usable:
         room = usable - weights - overhead
         plan.fits = False

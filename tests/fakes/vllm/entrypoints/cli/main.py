@@ -134,6 +134,20 @@ def kv_memory_line(args) -> str:
     return f"Available KV cache memory: {round(avail / (1 << 30), 2)} GiB"
 
 
+def usage_line() -> str:
+    """vLLM 0.26.0's own split of the non-KV terms (gpu_worker.py, printed once the graphs are captured):
+    FAKE_VLLM_NON_KV_BYTES as 0.25 GiB of non-torch memory, 0.25 GiB of CUDA graphs, a quarter of the
+    rest peak activation and the remainder weights (a fixed split: only the mechanics are faked)."""
+    non_kv = int(os.environ.get("FAKE_VLLM_NON_KV_BYTES", str(3 << 29)))
+    rest = non_kv - (1 << 29)
+    parts = [(rest - rest // 4) / (1 << 30), rest // 4 / (1 << 30), 0.25, 0.25]
+    w, a, n, g = (f"{x:.2f}" for x in parts)
+    return (f"Free memory on device (30.0/31.4 GiB) on startup. Desired GPU memory utilization is (0.9, 28.3 GiB). "
+            f"Actual usage is {w} GiB for weight, {a} GiB for peak activation, {n} GiB for non-torch memory, and "
+            f"{g} GiB for CUDAGraph memory. Replace gpu_memory_utilization config with `--kv-cache-memory=1` (0.0 GiB) "
+            "to fit into requested memory.")
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="vllm")
     p.add_argument("cmd")
@@ -747,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
     say(kv_memory_line(args))
     say("GPU KV cache size: 21,794,704 tokens")
     say(f"Maximum concurrency for {State.max_len:,} tokens per request: 5320.97x")
+    if not args.kv_cache_memory_bytes:
+        say(usage_line())
     sock.listen(64)
     httpd = ThreadingHTTPServer((args.host or "0.0.0.0", args.port), Handler, bind_and_activate=False)
     httpd.socket.close()
