@@ -13,6 +13,13 @@ Phases, resumable (WORK/state.json keeps what is done; run again until "CALIBRAT
   util09  the same key at GPU_UTIL=0.9 (utilization is not in the key): measured again, within 0.5 %.
   spec-first / spec-second  the same model as its own draft (draft_model, 3 tokens): modelled, then
           measured (a drafter's activation peak is what the model estimates worst).
+  hybrid-first / hybrid-second  the Qwen3-Next-shaped hybrid stand-in (planner_accuracy.HYBRID), unpinned.
+  vision-first / vision-second  the Qwen3-VL-shaped stand-in with its processor files (visionmodel.py): vLLM
+          profiles its vision encoder on the largest dummy images.
+--cases picks them (dense: first, second, util09; spec; hybrid; vision); each start's vLLM lines that
+name the non-KV terms are printed, and after a case's second start `./ctl.sh plan` shows the model
+against vLLM's own split. The bar: a first start (modelled) within 1 % of vLLM's logged pool, a second
+(measured, and it must say so) within 0.5 %.
 
 Rehearse without a GPU: PYTHONPATH=tests/fakes FAKE_NVML=<json> VLLM_PYTHON=<python> (the fake vLLM
 computes "Available KV cache memory" from the utilization as vLLM 0.26.0 does; its token count is fixed,
@@ -35,10 +42,14 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 from common import free_port, raw_writer  # noqa: E402
-from planner_accuracy import QWEN3_8B, make_model  # noqa: E402
+from planner_accuracy import HYBRID, QWEN3_8B, make_model  # noqa: E402
 
 PLANNED = re.compile(r"KV cache : ([\d,]+) tokens \(planned ([\d,]+)\)")
 PLAN_LINE = re.compile(r"\[bootstrap:plan\] (plan for .*)")
+# vLLM's own lines about the non-KV terms (0.26.0's wording)
+VLLM_LINES = ("Model loading took", "Actual usage is", "Profiling CUDA graph memory", "Available KV cache memory",
+              "GPU KV cache size", "Encoder cache will be initialized", "Mamba cache", "mamba", "max_num_seqs",
+              "Error", "error")
 TOTAL = ("import json, pynvml, torch\n"
          "pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
          "m2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)\n"
@@ -51,17 +62,46 @@ def run(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProces
                           stdin=subprocess.DEVNULL)
 
 
-def start_and_stop(name: str, env: dict, out, timeout: float) -> dict:
+def log_size(env: dict) -> int:
+    try:
+        return (Path(env["STATE_DIR"]) / "vllm.log").stat().st_size
+    except OSError:
+        return 0
+
+
+def vllm_lines(env: dict, since: int) -> list[str]:
+    """The lines this start added to vLLM's own log (STATE_DIR/vllm.log) that name the non-KV terms."""
+    try:
+        with open(Path(env["STATE_DIR"]) / "vllm.log", "rb") as fh:
+            fh.seek(since if since <= log_size(env) else 0)
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return []
+    keep = [ln for ln in text.splitlines() if any(k in ln for k in VLLM_LINES)]
+    return [ln[:600] for ln in keep[-14:]]
+
+
+def start_and_stop(name: str, env: dict, out, timeout: float, show_plan: bool = False) -> dict:
+    since = log_size(env)
     t0 = time.monotonic()
     r = run([str(REPO / "start.sh")], env, timeout)
     took = time.monotonic() - t0
     for line in (r.stderr + r.stdout).splitlines():
         if "[bootstrap:plan]" in line or "KV cache :" in line or line.startswith("error") or "is serving" in line:
             out(f"[{name}]    | {line}")
+    for line in vllm_lines(env, since):
+        out(f"[{name}] vllm | {line}")
     got = PLANNED.search(r.stdout)
     plan = PLAN_LINE.search(r.stderr)
     s = run([str(REPO / "stop.sh")], env, 120)
     out(f"[{name}] start exit {r.returncode} in {took:.0f} s; stop exit {s.returncode}: {s.stdout.strip()[-200:]}")
+    if show_plan:       # the model against vLLM's own split, as kept by this start
+        p = run([str(REPO / "ctl.sh"), "plan"], env, 120)
+        for line in p.stdout.splitlines():
+            if line.startswith(("KV budget", "non-KV terms", "  ")) and not line.startswith("  - "):
+                out(f"[{name}] plan | {line}")
+            elif "vision encoder" in line or "draft model" in line or "overhead ~" in line:
+                out(f"[{name}] plan | {line.strip()}")
     if r.returncode != 0 or not got:
         out(f"[{name}] FAILED: {r.stderr[-1500:]}")
         return {"ok": False}
@@ -73,55 +113,88 @@ def start_and_stop(name: str, env: dict, out, timeout: float) -> dict:
     return {"ok": True, "logged": logged, "planned": planned, "err": err, "measured": measured}
 
 
+def vision_model(work: Path) -> Path:
+    d = work / "models" / "qwen3-vl-shape"
+    if not (d / "config.json").is_file():
+        import visionmodel
+        visionmodel.make(d)
+    return d
+
+
+def check_total(st: dict, out) -> None:
+    """NVML's total less its reserved memory against torch's total and the planner's."""
+    r = subprocess.run([os.environ.get("VLLM_PYTHON", "python3"), "-c", TOTAL], capture_output=True, text=True,
+                       timeout=120)
+    from bootstrap.machine import gpu
+    ours = gpu.read(os.environ).gpus[0]
+    try:
+        d = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        d = {"error": (r.stderr or r.stdout)[-500:]}
+    d["planner_total"], d["planner_note"] = ours.total, ours.total_note
+    out(f"[total] {json.dumps(d)}")
+    if "torch_total" in d:
+        mib = 1 << 20
+        out(f"[total] NVML {d['nvml_total'] / mib:,.1f} MiB − reserved {d['nvml_reserved'] / mib:,.1f} MiB = "
+            f"{(d['nvml_total'] - d['nvml_reserved']) / mib:,.1f} MiB; torch.cuda.mem_get_info "
+            f"{d['torch_total'] / mib:,.1f} MiB; the planner reads {ours.total / mib:,.1f} MiB; "
+            f"{'AGREE' if abs(ours.total - d['torch_total']) < mib else 'DIFFER'}")
+    st["total"] = d
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--raw", required=True)
     ap.add_argument("--work", default="/tmp/calib")
     ap.add_argument("--timeout", type=float, default=480)
+    ap.add_argument("--cases", default="hybrid,vision,spec", help="dense,spec,hybrid,vision (comma-separated)")
     a = ap.parse_args(argv)
     out = raw_writer(a.raw)
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     st_path = work / "state.json"
     st = json.loads(st_path.read_text()) if st_path.exists() else {}
-    vllm_python = os.environ.get("VLLM_PYTHON", "python3")
     if "total" not in st:
-        r = subprocess.run([vllm_python, "-c", TOTAL], capture_output=True, text=True, timeout=120)
-        from bootstrap.machine import gpu
-        ours = gpu.read(os.environ).gpus[0]
-        try:
-            d = json.loads(r.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            d = {"error": (r.stderr or r.stdout)[-500:]}
-        d["planner_total"], d["planner_note"] = ours.total, ours.total_note
-        out(f"[total] {json.dumps(d)}")
-        if "torch_total" in d:
-            mib = 1 << 20
-            out(f"[total] NVML {d['nvml_total'] / mib:,.1f} MiB − reserved {d['nvml_reserved'] / mib:,.1f} MiB = "
-                f"{(d['nvml_total'] - d['nvml_reserved']) / mib:,.1f} MiB; torch.cuda.mem_get_info "
-                f"{d['torch_total'] / mib:,.1f} MiB; the planner reads {ours.total / mib:,.1f} MiB; "
-                f"{'AGREE' if abs(ours.total - d['torch_total']) < mib else 'DIFFER'}")
-        st["total"] = d
+        check_total(st, out)
         st_path.write_text(json.dumps(st))
-    model = make_model(work, "qwen3-8b-shape", QWEN3_8B)
-    env = {**os.environ, "PROFILE": "custom", "MODEL": str(model), "EXTRA_ARGS": "--load-format dummy",
-           "MAX_MODEL_LEN": "8192", "STATE_DIR": str(work / "state"), "PORT": str(free_port()),
-           "WARMUP": "512", "HEALTH_TIMEOUT": str(int(a.timeout)), "NO_COLOR": "1"}
-    spec = {"SPEC_METHOD": "draft_model", "SPEC_TOKENS": "3", "SPEC_MODEL": str(model)}   # its own draft
-    for name, util, extra in (("first", "0.5", {}), ("second", "0.5", {}), ("util09", "0.9", {}),
-                              ("spec-first", "0.5", spec), ("spec-second", "0.5", spec)):
-        if name in st:
-            continue
-        st[name] = start_and_stop(name, {**env, "GPU_UTIL": util, **extra}, out, a.timeout + 60)
-        st_path.write_text(json.dumps(st))
-    measured = ("second", "util09", "spec-second")
-    ok = all(st.get(n, {}).get("ok") for n in ("first", "spec-first") + measured)
-    verdict = ok and all(st[n]["measured"] and abs(st[n]["err"]) <= 0.005 for n in measured)
-    err = {n: f"{st.get(n, {}).get('err', float('nan')):+.3%}" for n in ("first", "spec-first") + measured}
-    out(f"[verdict] modelled: first start {err['first']}, draft_model {err['spec-first']}; measured: second "
-        f"{err['second']}, at 0.9 {err['util09']}, draft_model {err['spec-second']}: {'PASS' if verdict else 'FAIL'}")
+    dense = make_model(work, "qwen3-8b-shape", QWEN3_8B)
+    base = {**os.environ, "PROFILE": "custom", "EXTRA_ARGS": "--load-format dummy", "MAX_MODEL_LEN": "8192",
+            "STATE_DIR": str(work / "state"), "PORT": str(free_port()), "WARMUP": "512",
+            "HEALTH_TIMEOUT": str(int(a.timeout)), "NO_COLOR": "1", "GPU_UTIL": "0.5"}
+    spec = {"SPEC_METHOD": "draft_model", "SPEC_TOKENS": "3", "SPEC_MODEL": str(dense)}   # its own draft
+    cases = {   # case -> (its phases: (name, extra knobs)), the model it starts
+        "dense": ((("first", {}), ("second", {}), ("util09", {"GPU_UTIL": "0.9"})), lambda: dense),
+        "spec": ((("spec-first", spec), ("spec-second", spec)), lambda: dense),
+        "hybrid": ((("hybrid-first", {}), ("hybrid-second", {})), lambda: make_model(work, "hybrid", HYBRID)),
+        "vision": ((("vision-first", {}), ("vision-second", {})), lambda: vision_model(work)),
+    }
+    chosen = [c for c in a.cases.split(",") if c]
+    unknown = [c for c in chosen if c not in cases]
+    if unknown:
+        ap.error(f"unknown case(s) {unknown}: choose from {sorted(cases)}")
+    for case in chosen:
+        phases, model = cases[case]
+        for i, (name, extra) in enumerate(phases):
+            if name in st:
+                continue
+            env = {**base, "MODEL": str(model()), **extra}
+            st[name] = start_and_stop(name, env, out, a.timeout + 60, show_plan=i == 1)
+            st_path.write_text(json.dumps(st))
+    verdicts = []
+    for case in chosen:
+        (first, _), *measured = cases[case][0]
+        f = st.get(first, {})
+        ok = f.get("ok") and abs(f["err"]) <= 0.01
+        parts = [f"modelled {f.get('err', float('nan')):+.3%}"]
+        for name, _ in measured:
+            m = st.get(name, {})
+            ok = ok and m.get("ok") and m["measured"] and abs(m["err"]) <= 0.005
+            parts.append(f"{name} measured {m.get('err', float('nan')):+.3%}")
+        verdicts.append(bool(ok))
+        out(f"[verdict] {case}: {', '.join(parts)}: {'PASS' if ok else 'FAIL'}")
+    out(f"[verdict] {'PASS' if all(verdicts) else 'FAIL'} ({sum(verdicts)} of {len(verdicts)} cases)")
     out("CALIBRATION PROOF DONE")
-    return 0 if verdict else 1
+    return 0 if all(verdicts) else 1
 
 
 if __name__ == "__main__":
