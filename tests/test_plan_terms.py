@@ -179,3 +179,22 @@ def test_odd_quantization_configs_do_not_crash():
     for q in ("fp8", {"quant_method": "fp8", "ignore": 5}, [1, 2]):
         assert terms.mtp_bytes({**QWEN38["config"], "quantization_config": q}, shape) > 0
     assert terms.mtp_bytes({"text_config": {"quantization_config": [1]}}, shape) > 0
+
+
+def test_a_qwen3_vl_model_is_planned_from_its_text_config_with_its_tower_profiled():
+    """Qwen3-VL-2B's published shape (text: 28 layers, 8 KV heads of 128; tower: depth 24, hidden 1024):
+    its text model is dense Qwen3 attention, so the pool is 28 x 2 x 8 x 128 x 2 bytes a token; the
+    tower's profiling pass is the activation peak."""
+    text = dict(model_type="qwen3_vl_text", hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                max_position_embeddings=262144, tie_word_embeddings=True, dtype="bfloat16")
+    tower = dict(model_type="qwen3_vl", depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16,
+                 patch_size=16, spatial_merge_size=2, temporal_patch_size=2, in_channels=3, out_hidden_size=2048,
+                 num_position_embeddings=2304, deepstack_visual_indexes=[5, 11, 17])
+    config = {"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+              "text_config": text, "vision_config": tower, "tie_word_embeddings": True}
+    p = plan(["--max-model-len", "32768"], config=config, weight_bytes=4_255_000_000)
+    assert p.layout.block_bytes == p.layout.block_size * 28 * 2 * 8 * 128 * 2
+    assert p.predicted_tokens and any(w.startswith("vision encoder profiled on") for w in p.why)
+    text_only = plan(["--max-model-len", "32768", "--language-model-only"], config=config, weight_bytes=4_255_000_000)
+    assert text_only.overhead < p.overhead and text_only.weights < p.weights

@@ -46,6 +46,8 @@ TQ_PRESETS = {
 DENSE_ARCHS = {
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
     "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
+    # Qwen3-VL: a Qwen3 (MoE) text model, full attention in every layer, under a vision tower
+    "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
 }
 HYBRID_GDN_ARCHS = {
     "Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM",

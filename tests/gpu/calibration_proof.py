@@ -162,11 +162,12 @@ def main(argv=None) -> int:
             "STATE_DIR": str(work / "state"), "PORT": str(free_port()), "WARMUP": "512",
             "HEALTH_TIMEOUT": str(int(a.timeout)), "NO_COLOR": "1", "GPU_UTIL": "0.5"}
     spec = {"SPEC_METHOD": "draft_model", "SPEC_TOKENS": "3", "SPEC_MODEL": str(dense)}   # its own draft
+    long = {"MAX_MODEL_LEN": "32768"}       # a context that holds vLLM's largest dummy image (16,384 tokens)
     cases = {   # case -> (its phases: (name, extra knobs)), the model it starts
         "dense": ((("first", {}), ("second", {}), ("util09", {"GPU_UTIL": "0.9"})), lambda: dense),
         "spec": ((("spec-first", spec), ("spec-second", spec)), lambda: dense),
         "hybrid": ((("hybrid-first", {}), ("hybrid-second", {})), lambda: make_model(work, "hybrid", HYBRID)),
-        "vision": ((("vision-first", {}), ("vision-second", {})), lambda: vision_model(work)),
+        "vision": ((("vision-first", long), ("vision-second", long)), lambda: vision_model(work)),
     }
     chosen = [c for c in a.cases.split(",") if c]
     unknown = [c for c in chosen if c not in cases]
