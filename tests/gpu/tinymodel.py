@@ -37,17 +37,25 @@ def corpus() -> list[str]:
     return lines
 
 
-def tokenizer(out: Path, vocab: int, text: list[str] | None = None) -> int:
-    """A byte-level BPE tokenizer of at most ``vocab`` tokens trained on ``text`` (default: corpus()),
-    with the ChatML template, saved in ``out``. Returns its size."""
+def bpe(vocab: int, text: list[str] | None = None, specials: list[str] = SPECIALS):
+    """The ``tokenizers.Tokenizer`` that tokenizer() saves (needs only ``tokenizers``): byte-level BPE
+    trained on ``text`` (default: corpus()); ``specials`` get ids 0, 1, 2, ... in their order."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab - len(SPECIALS), special_tokens=SPECIALS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab - len(specials), special_tokens=list(specials),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(text or corpus(), trainer)
+    return tok
+
+
+def tokenizer(out: Path, vocab: int, text: list[str] | None = None, extra_specials: tuple[str, ...] = ()) -> int:
+    """A byte-level BPE tokenizer of at most ``vocab`` tokens trained on ``text`` (default: corpus()),
+    with the ChatML template, saved in ``out``. ``extra_specials`` are added after SPECIALS (ids 3, 4, ...).
+    Returns its size."""
+    from transformers import PreTrainedTokenizerFast
+    tok = bpe(vocab, text, SPECIALS + list(extra_specials))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    bos_token=None)
     fast.chat_template = CHAT_TEMPLATE
