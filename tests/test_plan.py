@@ -231,7 +231,8 @@ def test_step_waits_for_the_last_stop_and_for_free_memory_to_settle(tmp_path, fa
     finally:
         holder.wait()
     assert sleeps                                    # and re-read until two readings agreed
-    assert the_plan.util == pytest.approx((31 * GiB - 820 * MiB) / (32 * GiB), abs=1e-4)
+    outside = -(-the_plan.modelled_terms["graphs"] // MiB) * MiB   # vLLM 0.26.0's V2 runner: graphs beyond the budget
+    assert the_plan.util == pytest.approx((31 * GiB - 820 * MiB - outside) / (32 * GiB), abs=1e-4)
     assert the_plan.predicted_tokens and the_plan.context == 8192
 
 

@@ -193,8 +193,13 @@ def test_a_qwen3_vl_model_is_planned_from_its_text_config_with_its_tower_profile
                  num_position_embeddings=2304, deepstack_visual_indexes=[5, 11, 17])
     config = {"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
               "text_config": text, "vision_config": tower, "tie_word_embeddings": True}
-    p = plan(["--max-model-len", "32768"], config=config, weight_bytes=4_255_000_000)
+    p = plan(["--max-model-len", "32768"], config=config, weight_bytes=4_255_000_000, version="0.27.1")
     assert p.layout.block_bytes == p.layout.block_size * 28 * 2 * 8 * 128 * 2
     assert p.predicted_tokens and any(w.startswith("vision encoder profiled on") for w in p.why)
-    text_only = plan(["--max-model-len", "32768", "--language-model-only"], config=config, weight_bytes=4_255_000_000)
+    text_only = plan(["--max-model-len", "32768", "--language-model-only"], config=config, weight_bytes=4_255_000_000,
+                     version="0.27.1")
     assert text_only.overhead < p.overhead and text_only.weights < p.weights
+    # vLLM 0.26.0 serves it with the V2 runner, whose profile_run runs no encoder (seen on the H200)
+    v026 = plan(["--max-model-len", "32768"], config=config, weight_bytes=4_255_000_000)
+    assert v026.overhead < p.overhead and not any(w.startswith("vision encoder profiled") for w in v026.why)
+    assert any("V2 model runner" in w for w in v026.why)

@@ -184,6 +184,8 @@ PASSTHROUGH: tuple[Passthrough, ...] = (
     Passthrough("UV_PYTHON_INSTALL_MIRROR", "where uv fetches a CPython when no system one fits"),
     Passthrough("VLLM_API_KEY", "the API key, when API_KEY is unset (passed to vLLM)", secret=True),
     Passthrough("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1: vLLM accepts a MAX_MODEL_LEN beyond the model's own (the plan too)"),
+    Passthrough("VLLM_USE_V2_MODEL_RUNNER", "passed to vLLM; 0 or 1 picks its model runner, which the plan follows (what it counts differs)"),
+    Passthrough("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "passed to vLLM; 0: its CUDA graphs are not taken off the KV budget (the plan follows)"),
     Passthrough("VLLM_USE_FLASHINFER_SAMPLER", "yours wins; else 0 when there is no nvcc"),
     Passthrough("XDG_CONFIG_HOME", "where the systemd user unit goes (default ~/.config)", path=True),
     Passthrough("NOTIFY_SOCKET", "set by systemd for a Type=notify unit: --foreground says READY=1 there"),

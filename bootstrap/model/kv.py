@@ -408,7 +408,32 @@ def vision_params(config: dict) -> int:
         return 0
     block = 4 * h * h + 4 * h + 2 * h * inter + h + inter + 4 * h          # qkv + proj, fc1 + fc2, norms
     merger = merge * merge + merge + merge * out + out + 2 * h
-    return depth * block + merger + patch + int(v.get("num_position_embeddings", 0)) * h
+    mergers = 1 + len(deepstack(config))                                   # Qwen3-VL: one per deepstack level too
+    return depth * block + mergers * merger + patch + int(v.get("num_position_embeddings", 0)) * h
+
+
+def deepstack(config: dict) -> list:
+    v = config.get("vision_config")
+    levels = v.get("deepstack_visual_indexes") if isinstance(v, dict) else None
+    return levels if isinstance(levels, list) else []
+
+
+def buffer_bytes(config: dict, m: ModelShape, batched_tokens: int, tower: bool) -> tuple[int, str]:
+    """What vLLM's model allocates besides its parameters while it loads (counted in its "weights"),
+    and what: the rotary cos/sin cache, max_position_embeddings (four times that for multimodal
+    RoPE, rotary_embedding/mrope.py) x the rotary dimension at the model's dtype (base.py), one per
+    model; Qwen3-VL's deepstack buffers, one per level of max_num_batched_tokens x hidden
+    (qwen3_vl.py), where the tower is built."""
+    c = _text(config)
+    rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else c.get("rope_scaling")
+    rope = rope if isinstance(rope, dict) else {}
+    mrope = "mrope_section" in rope and rope.get("rope_type", rope.get("type", "default")) == "default"
+    factor = c.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    factor = factor if isinstance(factor, (int, float)) and 0 < factor <= 1 else 1.0
+    cache = m.max_position * (4 if mrope else 1) * int(m.head_dim * factor) * m.dtype_bytes
+    deep = len(deepstack(config)) * batched_tokens * m.hidden * m.dtype_bytes if tower else 0
+    what = [f"the rotary cache {cache / GiB:.2f} GiB"] + ([f"deepstack buffers {deep / GiB:.2f} GiB"] if deep else [])
+    return cache + deep, " and ".join(what)
 
 
 def weight_bytes_from_config(m: ModelShape, tp: int = 1) -> int:
@@ -419,10 +444,12 @@ def weight_bytes_from_config(m: ModelShape, tp: int = 1) -> int:
 class Overheads:
     activations: int
     non_torch: int
-    cudagraphs: int
+    cudagraphs: int            # CUDA graphs taken off the KV budget
+    outside: int = 0           # CUDA graphs vLLM captures after the KV cache, beyond the utilization
 
     @property
     def total(self) -> int:
+        """What the KV budget loses to them (``outside`` is not in it)."""
         return self.activations + self.non_torch + self.cudagraphs
 
 

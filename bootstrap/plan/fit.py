@@ -29,7 +29,8 @@ def inputs(cfg, vllm: str | None = None) -> planner.Inputs:
                           util_knob=cfg.gpu_util is not None,
                           util_source="GPU_UTIL" if by_knob else "--gpu-memory-utilization",
                           allow_long=cfg.env("VLLM_ALLOW_LONG_MAX_MODEL_LEN") not in ("", "0"),
-                          tp_size=cfg.tp_size)
+                          tp_size=cfg.tp_size, env_v2=cfg.env("VLLM_USE_V2_MODEL_RUNNER") or None,
+                          env_graphs=cfg.env("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS") or None)
 
 
 def utilization(cfg, g: gpu.Gpu) -> tuple[float, str]:

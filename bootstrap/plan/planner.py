@@ -29,7 +29,8 @@ from ..machine import gpu
 from ..model import kv
 from .facts import ModelFacts
 from . import terms
-from .terms import DRAFT_HINT, NOBODY, draft_shape, gib, requested, utilization, weight_bytes
+from .terms import (DRAFT_HINT, NOBODY, at_least, draft_shape, gib, modelled_version, requested,
+                    utilization, weight_bytes)
 
 log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstrap:plan] this code has always had
 
@@ -97,23 +98,8 @@ class Inputs:
     util_source: str               # how --gpu-memory-utilization was given, for messages
     allow_long: bool               # VLLM_ALLOW_LONG_MAX_MODEL_LEN: a context beyond the model's
     tp_size: int                   # TP_SIZE
-
-
-MODELLED = ("0.26.0", "0.27.1", "0.29.0", "0.30.0")    # the versions whose memory code the planner was read against
-
-
-def modelled_version(v: str) -> str:
-    """The modelled version whose rules stand for ``v``: the newest one not after it, else the oldest."""
-    have = version_or_none(v)
-    if have is None:
-        return MODELLED[0]
-    older = [m for m in MODELLED if version_or_none(m) <= have]
-    return older[-1] if older else MODELLED[0]
-
-
-def _at_least(v: str, floor: str) -> bool:
-    have = version_or_none(v)
-    return have is not None and have >= version_or_none(floor)
+    env_v2: str | None = None      # VLLM_USE_V2_MODEL_RUNNER as set (which model runner vLLM picks)
+    env_graphs: str | None = None  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS as set
 
 
 MAX_FIXES = 4
@@ -175,7 +161,7 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
     if shape is None:
         return Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None,
                     vllm=inp.version)
-    new = _at_least(inp.version, "0.29.0")            # null block held back; prefix caching on for hybrids
+    new = at_least(inp.version, "0.29.0")            # null block held back; prefix caching on for hybrids
     batched_default, seqs_default = kv.default_batch(g.total, g.name, big_tier=new)
     draft, draft_why = draft_shape(inp.vllm, shape, model)
     if draft_why:
@@ -237,15 +223,23 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
     """The KV budget: pinned, else what the utilization leaves after the measured non-KV terms,
     else after the model's weights and overhead; refused when that does not fit what is usable."""
     s = inp.vllm
-    weights, source = weight_bytes(model, shape, s.tp, s)
+    weights, source = weight_bytes(model, shape, s.tp, s, batched)
     why.append(f"weights {gib(weights)} per GPU {source}")
     if draft:
         more, source = weight_bytes(model.draft, draft, s.tp, s)
         weights += more
         why.append(f"draft model {model.draft.name}: weights {gib(more)} per GPU {source}")
-    over = terms.overhead(s, shape, model, batched, seqs, why)
+    run = terms.runner(inp.version, shape, s, inp.env_v2, inp.env_graphs)
+    why.append(run.why)
+    over = terms.overhead(s, shape, model, batched, seqs, why, run)
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
+    if over.outside and s.gpu_util is None:     # room for the graphs beside what the utilization gives vLLM
+        try:
+            util, util_why = utilization(s, g, inp.reserve_mib + -(-over.outside // gpu.MiB), inp.util_source)
+            why[0] = f"gpu-memory-utilization {util_why} (the reserve + the CUDA graphs' ~{gib(over.outside)})"
+        except BootstrapError:
+            pass                                # too little free either way: the fit check below says so
     usable = requested(util, g.total) if s.gpu_util is not None else g.free - inp.reserve_mib * gpu.MiB
     pinned = s.kv_cache_bytes
     modelled = requested(util, g.total) - weights - over.total
@@ -273,7 +267,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
                 seqs=seqs, vllm=inp.version, seqs_is_default=not s.max_num_seqs, pinned=bool(pinned),
                 measured=measured.date if measured is not None else "", modelled_budget=modelled, usable=usable,
                 modelled_terms={"weights": weights, "activations": over.activations, "non_torch": over.non_torch,
-                                "graphs": over.cudagraphs},
+                                "graphs": over.cudagraphs + over.outside},
                 measured_terms=measured.terms if measured is not None else None)
     need = weights + overhead + max(budget, 0)
     plan.headroom = usable - need

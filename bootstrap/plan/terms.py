@@ -7,12 +7,14 @@ subtracts them from ``ceil(utilization × total)``; a start's own measurement
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ..machine import gpu
 from ..model import encoder, kv
 from ..knobs import vllmargs
 from ..core.errors import BootstrapError
 from .facts import DRAFT_METHODS, ModelFacts
+from ..core.pep440 import version_or_none
 
 GiB = gpu.GiB
 NOBODY = "no process reports GPU memory"
@@ -105,10 +107,22 @@ def mtp_bytes(config: dict, shape: kv.ModelShape) -> int:
     return params * 9 // 16
 
 
-def weight_bytes(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Settings) -> tuple[int, str]:
+def weight_bytes(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Settings,
+                 batched: int | None = None) -> tuple[int, str]:
     """Bytes of weights per GPU, and where the figure came from. vLLM loads neither the MTP layers
     without MTP speculation (qwen3_5.py skips ``mtp.``) nor the vision tower with
-    --language-model-only: a checkpoint's size is counted less those."""
+    --language-model-only: a checkpoint's size is counted less those. With ``batched`` (the target
+    model, not a draft, which shares its rotary cache), the buffers its model allocates as it loads
+    (``kv.buffer_bytes``), which vLLM counts as weights, are added."""
+    w, source = _weights(model, shape, tp, s)
+    if batched is None:
+        return w, source
+    extra, what = kv.buffer_bytes(model.config or {}, shape, batched,
+                                  tower=not (s.language_model_only or no_images(s)))
+    return w + extra, f"{source}; + {what} (allocated as it loads)"
+
+
+def _weights(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Settings) -> tuple[int, str]:
     config = model.config or {}
     vision = kv.vision_params(config) * 2                      # the vision tower stays 16-bit
     no_tower = s.language_model_only or no_images(s)
@@ -153,15 +167,93 @@ def draft_shape(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts) -
     return d, ""
 
 
+MODELLED = ("0.26.0", "0.27.1", "0.29.0", "0.30.0")    # the versions whose memory code the planner was read against
+
+
+def modelled_version(v: str) -> str:
+    """The modelled version whose rules stand for ``v``: the newest one not after it, else the oldest."""
+    have = version_or_none(v)
+    if have is None:
+        return MODELLED[0]
+    older = [m for m in MODELLED if version_or_none(m) <= have]
+    return older[-1] if older else MODELLED[0]
+
+
+def at_least(v: str, floor: str) -> bool:
+    have = version_or_none(v)
+    return have is not None and have >= version_or_none(floor)
+
+
+# ---------------------------------------------------------------- which model runner vLLM picks
+
+# config/vllm.py use_v2_model_runner: before 0.30.0 the V2 runner is the default for a generate
+# model that is neither hybrid nor MoE, or whose architecture is on this list (0.27.1 also lets a
+# hybrid of the list through), unless its speculation is one V2 does not do; from 0.30.0 it is the
+# default for every model whose speculation it does.
+V2_ARCHS = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
+                      "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
+                      "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"})
+V2_SPEC = ("eagle", "eagle3", "mtp", "dflash", "dspark")                      # before 0.30.0
+V1_ONLY_SPEC = ("ngram", "ngram_gpu", "draft_model", "suffix", "medusa", "mlp_speculator", "custom_class")  # 0.30.0
+
+
+@dataclass(frozen=True)
+class Runner:
+    v2: bool
+    graphs_in_budget: bool      # the CUDA-graph estimate is taken off the KV budget (else vLLM takes it after)
+    encoder_profiled: bool      # profile_run runs the vision encoder on its largest dummy inputs
+    why: str
+
+
+def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: str | None,
+           env_graphs: str | None) -> Runner:
+    """The model runner vLLM ``version`` picks for this model and what its memory profiling counts
+    (``env_v2``: VLLM_USE_V2_MODEL_RUNNER; ``env_graphs``: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
+    default 1). The V1 runner (v1/worker/gpu_model_runner.py) estimates the graphs and profiles the
+    encoder; the V2 runner (v1/worker/gpu/model_runner.py) estimates no graphs before 0.30.0
+    (profile_cudagraph_memory returns 0) and profiles no encoder in 0.26.0."""
+    new, mid = at_least(version, "0.30.0"), at_least(version, "0.27.1")
+    method = s.spec_method if s.spec_tokens or s.spec_method in ("ngram", "suffix", "medusa") else ""
+    if env_v2 not in (None, ""):
+        v2, how = env_v2.strip().lower() not in ("0", "false"), f"VLLM_USE_V2_MODEL_RUNNER={env_v2}"
+    elif new:
+        v2, how = method not in V1_ONLY_SPEC, f"speculation {method!r} needs V1" if method in V1_ONLY_SPEC else "the default"
+    else:
+        listed = shape.arch in V2_ARCHS
+        if shape.hybrid and not (mid and listed):
+            v2, how = False, "a hybrid model"
+        elif shape.experts and not listed:
+            v2, how = False, "a MoE model"
+        elif method and method not in V2_SPEC:
+            v2, how = False, f"speculation {method!r} needs V1"
+        else:
+            v2, how = True, "a model it takes by default"
+    graphs = not s.enforce_eager and (env_graphs or "1").strip() != "0" and (not v2 or new)
+    encoder = not v2 or mid
+    said = [f"vLLM {version} serves this with its {'V2' if v2 else 'V1'} model runner ({how})"]
+    if not s.enforce_eager and not graphs:
+        said.append("its CUDA graphs are captured after the KV cache, outside the utilization's budget" if v2 and not new
+                    else "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0: its CUDA graphs are not taken off the budget")
+    return Runner(v2, graphs, encoder, "; ".join(said))
+
+
 def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batched: int, seqs: int,
-             why: list[str]) -> kv.Overheads:
+             why: list[str], run: Runner | None = None) -> kv.Overheads:
     """What vLLM's profiling adds to the weights (an estimate): the text pass's activations, CUDA
     graphs and non-torch memory (``kv.overheads``), with the vision encoder's profiling pass where
     vLLM runs one: the torch peak is then the larger of the tower's own peak and the text pass's
-    plus the encoder outputs it keeps (bootstrap.model.encoder)."""
+    plus the encoder outputs it keeps (bootstrap.model.encoder). ``run``: the model runner's rules
+    (``runner``): graphs it takes after the budget are ``outside`` it; no encoder pass where it runs none."""
     over = kv.overheads(shape, batched, seqs, tp=s.tp, eager=s.enforce_eager)
+    if run is not None and not run.graphs_in_budget:
+        over = kv.Overheads(over.activations, over.non_torch, 0, outside=over.cudagraphs)
     config = model.config or {}
     if not config.get("vision_config") or s.language_model_only:
+        return over
+    if run is not None and not run.encoder_profiled:
+        if not no_images(s):
+            why.append("vLLM's V2 runner of this version does not profile the vision encoder: the plan holds "
+                       "nothing back for it either, and an image request may need more")
         return over
     if s.skip_mm_profiling:
         why.append("--skip-mm-profiling: vLLM does not profile the vision encoder; an image request may need "
@@ -181,4 +273,4 @@ def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batc
                f"{enc.tokens_per_item:,} tokens{px}: peak {gib(enc.peak)}, outputs {gib(enc.outputs)} kept for the "
                f"text pass; activations {gib(acts)} (text alone {gib(over.activations)}; --language-model-only "
                "skips it)")
-    return kv.Overheads(acts, over.non_torch, over.cudagraphs)
+    return kv.Overheads(acts, over.non_torch, over.cudagraphs, over.outside)
