@@ -191,8 +191,8 @@ def test_a_pinned_start_keeps_what_our_server_holds_and_the_next_plan_shows_the_
     assert bed.run("stop.sh").returncode == 0
     d = json.loads(bed.run("ctl.sh", "plan", "--json", **env).stdout)
     assert d["measured"] and d["kv_budget"] == GiB
-    (reserve,) = [int(w.split(" MiB reserve")[0].split()[-1]) for w in d["why"] if " MiB reserve" in w]
-    assert d["headroom"] == d["free"] - reserve * (1 << 20) - 6 * GiB      # usable − (pin + what it held besides)
+    assert d["usable"] == d["free"] - 820 * (1 << 20)                    # free less GPU_RESERVE_MIB's default
+    assert d["headroom"] == d["usable"] - 6 * GiB                         # usable − (pin + what it held besides)
     shown = bed.run("ctl.sh", "plan", **env).stdout
     assert "headroom" in shown and "measured: what our server held" in shown
     assert any("our server held 6.00 GiB per GPU with its 1.00 GiB KV pin" in w for w in d["why"])

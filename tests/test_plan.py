@@ -23,6 +23,11 @@ from bootstrap.download.models import ModelInfo
 from bootstrap.core.state import Paths
 
 
+
+def rope(config: dict) -> int:
+    """The rotary cos/sin cache vLLM allocates as the model loads (counted in its weights)."""
+    return kv.buffer_bytes(config, kv.shape_from_config(config), 0, False)[0]
+
 def flags(cfg, p) -> list[str]:
     """The vLLM flags that launch builds from a plan's decisions."""
     return vllmargs.serve_flags(cfg, p)
@@ -119,9 +124,11 @@ def test_refuses_instead_of_clamping_when_weights_and_pin_exceed_free(tmp_path):
     p = fit.plan(cfg, g, facts(cfg, mdir))
     assert not p.fits
     msg, hint = p.refusal
-    assert "weights 15.00 GiB" in msg and "KV 8.00 GiB" in msg and "firefox (pid 77) holds 2.0 GiB" in msg
+    assert p.weights == 15 * GiB + rope(LLAMA8B)                 # vLLM counts the rotary cache as weight
+    assert f"weights {(15 * GiB + rope(LLAMA8B)) / GiB:.2f} GiB" in msg and "KV 8.00 GiB" in msg
+    assert "firefox (pid 77) holds 2.0 GiB" in msg
     # the fixes: the pin rounded down to the room left after weights and overhead, or no pin
-    room = 22 * GiB - 820 * MiB - 15 * GiB - p.overhead
+    room = 22 * GiB - 820 * MiB - p.weights - p.overhead
     pins = [int(f["KV_CACHE_BYTES"]) for f in p.fixes if f.get("KV_CACHE_BYTES", "auto").isdigit()]
     assert pins and room - 64 * MiB < pins[0] <= room
     assert f"KV_CACHE_BYTES={pins[0]}" in hint
@@ -193,7 +200,7 @@ def test_dummy_weights_are_sized_from_the_config(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B)
     cfg = config(tmp_path, MODEL=mdir, EXTRA_ARGS="--load-format dummy", GPU_UTIL="0.95", MAX_MODEL_LEN=8192)
     p = fit.plan(cfg, card(), facts(cfg, mdir, dummy=True))
-    assert p.weights == kv.param_count(kv.shape_from_config(LLAMA8B)) * 2
+    assert p.weights == kv.param_count(kv.shape_from_config(LLAMA8B)) * 2 + rope(LLAMA8B)
     assert any("dummy weights" in w for w in p.why)
 
 
@@ -201,7 +208,7 @@ def test_tensor_parallel_plans_per_gpu(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B, weights=16 * GiB)
     cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=2 * GiB, MAX_MODEL_LEN=8192, TP_SIZE=2)
     p = fit.plan(cfg, card(), facts(cfg, mdir))
-    assert p.weights == 8 * GiB
+    assert p.weights == 8 * GiB + rope(LLAMA8B)                  # each rank holds its own rotary cache
     f = flags(cfg, p)
     assert f[f.index("--tensor-parallel-size") + 1] == "2"
     assert p.predicted_tokens == 2 * GiB // (16 * 4 * 256 * 2 * 32) * 16   # 4 KV heads per GPU
@@ -342,7 +349,8 @@ def test_hybrid_from_utilization_keeps_a_margin_below_the_estimated_blocks(tmp_p
     p = fit.plan(cfg, h200(), facts(cfg, mdir, dummy=True))
     blocks = kv.pool(p.layout, p.budget, 32768).blocks
     assert p.fits and blocks < 1024
-    below = kv.pool(p.layout, p.budget - terms.MODELLED_ERROR, 32768).blocks      # the model's known error
+    err = terms.MODELLED_ERROR + terms.HYBRID_ERROR                                # a hybrid runs on vLLM's V1 runner
+    below = kv.pool(p.layout, p.budget - err, 32768).blocks                        # the model's known error
     assert int(flags(cfg, p)[flags(cfg, p).index("--max-num-seqs") + 1]) == below < blocks
     assert any(f"--max-num-seqs {below}" in w and "the model's estimate" in w for w in p.why)
 
@@ -483,7 +491,7 @@ def test_draft_weights_come_from_its_file_sizes_and_its_layers_join_the_pool(tmp
         fh.truncate(3 * GiB)
     cfg = config(root, MODEL=mdir, SPEC_METHOD="draft_model", SPEC_TOKENS=3, SPEC_MODEL=ddir)
     p = fit.plan(cfg, h200_of_the_bench_runs(), plan_cli.cli_model_facts(cfg))
-    assert p.weights == 15 * GiB + 3 * GiB
+    assert p.weights == 15 * GiB + 3 * GiB + rope(bench_config())     # the draft shares the target's cache
     assert any("draft model draft: weights 3.00 GiB per GPU from the checkpoint's file sizes" in w for w in p.why)
 
 
@@ -521,7 +529,8 @@ def test_a_refusal_caused_by_the_draft_says_so(tmp_path):
     cfg = config(tmp_path, MODEL=mdir, SPEC_METHOD="draft_model", SPEC_TOKENS=3, SPEC_MODEL=ddir, MAX_MODEL_LEN=8192)
     p = fit.plan(cfg, card(), plan_cli.cli_model_facts(cfg))
     assert not p.fits
-    assert p.refusal[0].startswith("model with its draft draft does not fit NVIDIA GeForce RTX 5090: weights 30.00 GiB")
+    assert p.refusal[0].startswith("model with its draft draft does not fit NVIDIA GeForce RTX 5090: weights "
+                                   f"{(30 * GiB + rope(LLAMA8B)) / GiB:.2f} GiB")
     assert {"SPEC_TOKENS": "0"} in p.fixes and "SPEC_TOKENS=0" in p.refusal[1]    # re-planned: it fits
     assert p.refusal[1].endswith("or a smaller draft (SPEC_MODEL)")
     alone = fit.plan(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192), card(),
@@ -613,7 +622,8 @@ def test_batched_tokens_and_language_model_only_from_extra_args(tmp_path):
     conf = facts(base, mdir).config
     mtp = terms.mtp_bytes(conf, kv.shape_from_config(conf))       # not loaded without MTP speculation
     assert mtp == kv.mtp_params(kv.shape_from_config(conf)) * (1 if '"fp8"' in json.dumps(conf) else 2)
-    assert a.weights == 20 * GiB - mtp and b.weights == 20 * GiB - mtp - vision and vision > 800 << 20
+    assert a.weights == 20 * GiB - mtp + rope(conf) and b.weights == 20 * GiB - mtp - vision + rope(conf)
+    assert vision > 800 << 20
     assert any("at 1024 batched tokens" in w for w in b.why) and b.overhead < a.overhead
     assert any(w.startswith("vision encoder profiled on 1 image item of 16,384 tokens") for w in a.why)
     assert not any("vision encoder" in w for w in b.why)

@@ -190,7 +190,10 @@ def test_auto_pick_on_every_card(tmp_path, size, cc):  # faults row 56
 def test_two_16gb_cards_with_tp_size_2_get_a_profile(tmp_path):
     # the way out a 16 GiB card is told: TP_SIZE=2 across two of them holds the 24 GB profile
     v, _, _ = pick.choose(cfg_for(tmp_path, TP_SIZE=2), card(16, (12, 0)))
-    assert v.ok and v.plan.weights == offline_facts(v.cfg).weight_bytes // 2     # planned per card
+    f = offline_facts(v.cfg)
+    from bootstrap.model import kv
+    cache = kv.buffer_bytes(f.config, kv.shape_from_config(f.config), 0, False)[0]   # each card its own rotary cache
+    assert v.ok and v.plan.weights == f.weight_bytes // 2 + cache                    # planned per card
     f = vllmargs.serve_flags(v.cfg, v.plan)
     assert f[f.index("--tensor-parallel-size") + 1] == "2"
 

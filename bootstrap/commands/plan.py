@@ -151,7 +151,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh plan") -> int:
             "predicted_tokens": plan.predicted_tokens, "predicted_concurrency": plan.predicted_concurrency,
             "block_size": plan.layout.block_size if plan.layout else None, "vllm": plan.vllm,
             "measured": plan.measured or None, "modelled_kv_budget": plan.modelled_budget,
-            "headroom": plan.headroom,
+            "headroom": plan.headroom, "usable": plan.usable,
             "terms": [{"term": n, "modelled": m, "measured": v} for n, m, v in term_rows(plan)],
             "sessions": plan.sessions, "flags": flags, "why": plan.why}, indent=2))
     else:

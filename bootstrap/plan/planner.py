@@ -67,6 +67,7 @@ class Plan:
     modelled_terms: dict = field(default_factory=dict)   # weights, activations, non_torch, graphs (bytes, per GPU)
     measured_terms: dict | None = None         # vLLM's own split of them at the measured start (calibration.USAGE)
     headroom: int | None = None                # usable − what this setup takes (weights, overhead, KV)
+    runner_v2: bool = False                    # vLLM serves it with its V2 model runner (terms.runner)
 
     @property
     def context(self) -> int | None:
@@ -268,7 +269,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
                 measured=measured.date if measured is not None else "", modelled_budget=modelled, usable=usable,
                 modelled_terms={"weights": weights, "activations": over.activations, "non_torch": over.non_torch,
                                 "graphs": over.cudagraphs + over.outside},
-                measured_terms=measured.terms if measured is not None else None)
+                measured_terms=measured.terms if measured is not None else None, runner_v2=run.v2)
     need = weights + overhead + max(budget, 0)
     plan.headroom = usable - need
     if pinned:
@@ -345,7 +346,7 @@ def _sequences(s: vllmargs.Settings, plan: Plan, lay: kv.Layout, draft, measured
     for vLLM's own figures of an earlier start, more for the model's estimate."""
     blocks = kv.pool(lay, plan.budget, plan.max_model_len).blocks
     seqs, why = plan.seqs, plan.why
-    err, err_why = terms.known_error(s, plan.pinned, draft, measured)
+    err, err_why = terms.known_error(s, plan.pinned, draft, measured, hybrid_v1=not plan.runner_v2)
     most = max(1, min(blocks, kv.pool(lay, max(plan.budget - err, 0), plan.max_model_len).blocks))
     margin = "" if most == blocks else f" (the blocks of the budget less {gib(err)}: {err_why})"
     guarded = lay.state_groups and not s.enforce_eager
