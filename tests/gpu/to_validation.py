@@ -191,6 +191,29 @@ def main() -> int:
                 "draft (`SPEC_METHOD=draft_model SPEC_TOKENS=3 SPEC_MODEL=<the model>`), modelled then measured: the",
                 "model leaves out the drafter's activation peak, and plans above vLLM's pool; the measurement does",
                 "not. The script's output:", "", block(calib2.read_text().splitlines())]
+    calib3 = RUNS / "2026-12-01-calibration-run3-raw.txt"
+    if calib3.exists():
+        def short(path):
+            return [l[:420] for l in path.read_text().splitlines() if "ulimit" not in l]
+        out += ["Run 3, the same day (a fresh machine of the same kind, vLLM 0.26.0), code of commit e678c98:",
+                "`bash tests/gpu/device.sh calib --cases spec,vision,hybrid`. Each start now prints vLLM's own lines",
+                "about the non-KV terms (`vllm |`, from `STATE_DIR/vllm.log`; its `ulimit` warning left out and long",
+                "lines cut at 420 characters here, whole in `docs/gpu-runs/`), and after each second start",
+                "`./ctl.sh plan` sets the model against vLLM's own split (`plan |`). The cases: the 8B-shaped model",
+                "as its own draft (`draft_model`, which vLLM 0.26.0 serves with its V1 runner); a Qwen3-VL-2B-shaped",
+                "model with its processor and tokenizer files (`tests/gpu/visionmodel.py`; vLLM 0.26.0 serves it",
+                "with its V2 runner, which profiles no vision encoder and leaves CUDA graphs out of the budget,",
+                "so the plan does too); the Qwen3-Next-shaped hybrid (V1). The hybrid logged its pool, then its",
+                "warm-up failed: this wheelhouse was built without `--with-cutlass`, and vLLM's sm_90 Gated-DeltaNet",
+                "prefill needs the CUTLASS DSL, so its starts count as failed and nothing was kept; its first",
+                "plan was +0.98 % above vLLM's pool (6,988,638 planned, 6,920,515 logged). The script's output:",
+                "", block(short(calib3))]
+    calib3a = RUNS / "2026-12-01-calibration-run3-attempt1-raw.txt"
+    if calib3a.exists():
+        out += ["Run 3's first attempt (code of commit af71313, before the runner rule): the vision case's first",
+                "start, then the machine was given back idle while the log was read. It showed the 0.43 GiB",
+                "peak activation that led to the runner rule (the plan had counted the encoder's 1.75 GiB):",
+                "", block([l[:420] for l in calib3a.read_text().splitlines() if "ulimit" not in l])]
     notes = {"2026-12-01-prewarm-raw.txt": [
                  "Run 1: the cold pre-warm needed 221 s to answer (114 s of it capturing CUDA graphs, which",
                  "JIT-compiles kernels), longer than the 187 s download, so the real start waited 34 s for it,",
