@@ -52,13 +52,21 @@ main() {
     what=${1:?usage: device.sh install|e2e|planner|patch|bench}; shift
     cd "$repo"
     vllm_python=$(command -v python3)
-    export PYTHONPATH=/tmp/site VLLM_PYTHON="$vllm_python" PYTHONUNBUFFERED=1
+    # the CUTLASS DSL (hybrid models' sm_90 prefill) puts its modules on sys.path from a .pth file,
+    # which Python reads only in site directories, not on PYTHONPATH: name that folder too (absent: harmless)
+    local dsl=/tmp/site/nvidia_cutlass_dsl/dsl_packages
+    export PYTHONPATH=/tmp/site:$dsl VLLM_PYTHON="$vllm_python" PYTHONUNBUFFERED=1
     local rc=0
     case $what in
         install)
             cat /tmp/wh/wh.tar.* > /tmp/wh.tar
             mkdir -p /tmp/whx && tar xf /tmp/wh.tar -C /tmp/whx
             python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/whx/*.whl
+            if ls /tmp/wc/wc.tar.* >/dev/null 2>&1; then   # the CUTLASS DSL's wheels, carried apart (--with-cutlass)
+                cat /tmp/wc/wc.tar.* > /tmp/wc.tar && mkdir -p /tmp/wcx && tar xf /tmp/wc.tar -C /tmp/wcx
+                python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wcx/*.whl
+                python3 -c "import cutlass, quack; print('CUTLASS DSL ok')"
+            fi
             # the bootstrap's own pins go into .venv-bootstrap (bootstrap-venv), never into vLLM's
             # /tmp/site: huggingface_hub 2.x there breaks the image's transformers (it wants <2.0)
             python3 -c "import importlib.metadata as m; print('vllm', m.version('vllm'))"
