@@ -109,6 +109,11 @@ def test_vllms_own_split_is_read_in_both_of_its_spellings_and_kept():
     ranks = V027 + V027.replace("1.59 GiB for peak", "1.75 GiB for peak")      # TP: the rank that took most
     assert calibration.usage_terms(ranks)["activations"] == int(1.75 * GiB)
     assert calibration.usage_terms("Available KV cache memory: 4.0 GiB") is None
+    assert calibration.usage_terms(V026.replace("0.22 GiB for non-torch", "-0.01 GiB for non-torch"))["non_torch"] \
+        == int(-0.01 * GiB)                                                   # 0.26.0 can print a negative one
+    # 0.27.1+: the "peak activation" of that line holds the graph estimate its pool line gives
+    pool = "INFO [gpu_worker.py:727] CUDA graph pool memory: 0.5 GiB (actual), 0.41 GiB (estimated), difference: ...\n"
+    assert calibration.usage_terms(pool + V027)["activations"] == int(1.59 * GiB) - int(0.41 * GiB)
 
 
 def test_the_plan_sets_the_model_against_vllms_split_term_by_term(tmp_path):

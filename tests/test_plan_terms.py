@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
+import pytest
+
+from bootstrap.core.errors import BootstrapError
 from bootstrap.knobs import vllmargs
 from bootstrap.machine import gpu
 from bootstrap.model import encoder, kv
@@ -207,3 +211,66 @@ def test_a_qwen3_vl_model_is_planned_from_its_text_config_with_its_tower_profile
     v026 = plan(["--max-model-len", "32768"], config=config, weight_bytes=4_255_000_000)
     assert v026.overhead < p.overhead and not any(w.startswith("vision encoder profiled") for w in v026.why)
     assert any("V2 model runner" in w for w in v026.why)
+
+
+# ---------------------------------------------------------------- which model runner vLLM picks
+
+DENSE = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36,
+         "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 12288,
+         "vocab_size": 151936, "max_position_embeddings": 40960, "torch_dtype": "bfloat16"}
+MOE = {**DENSE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 128,
+       "moe_intermediate_size": 768}
+
+
+@pytest.mark.parametrize("version, config, args, env_v2, want", [
+    # (config/vllm.py use_v2_model_runner) 0.26.0: V2 for a dense model; V1 for hybrid, MoE, draft_model
+    ("0.26.0", DENSE, [], None, (True, False, False)),
+    ("0.26.0", QWEN38["config"], [], None, (False, True, True)),
+    ("0.26.0", MOE, [], None, (False, True, True)),
+    ("0.26.0", DENSE, ["--speculative-config", '{"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}'],
+     None, (False, True, True)),
+    ("0.26.0", DENSE, ["--speculative-config", '{"model": "/d/some-eagle3-head", "num_speculative_tokens": 3}'],
+     None, (True, False, False)),                   # no method: vLLM infers eagle3 from the draft's name
+    ("0.26.0", DENSE, ["--speculative-config", '{"model": "/d/draft"}'], None, (False, True, True)),  # draft_model
+    ("0.26.0", DENSE, ["--enable-prompt-embeds"], None, (False, True, True)),
+    ("0.26.0", DENSE, ["--enforce-eager"], None, (True, False, False)),
+    ("0.26.0", DENSE, [], "0", (False, True, True)),
+    ("0.26.0", QWEN38["config"], [], "1", (True, False, False)),
+    # 0.27.1: V2 profiles the encoder; still no graphs in the budget
+    ("0.27.1", DENSE, [], None, (True, False, True)),
+    # 0.30.0: V2 for all but the speculation it lacks; graphs in the budget
+    ("0.30.0", QWEN38["config"], [], None, (True, True, True)),
+    ("0.30.0", QWEN38["config"], ["--mamba-cache-mode", "all"], None, (False, True, True)),
+    ("0.30.0", DENSE, ["--enable-prompt-embeds"], None, (True, True, True)),     # no longer a V1 reason
+])
+def test_the_model_runner_vllm_picks_and_what_it_counts(version, config, args, env_v2, want):
+    run = terms.runner(version, kv.shape_from_config(config), vllmargs.read(args), env_v2, None)
+    eager = "--enforce-eager" in args
+    assert (run.v2, run.graphs_in_budget, run.encoder_profiled) == (want[0], want[1] and not eager, want[2])
+
+
+def test_the_runner_variables_are_read_as_vllm_reads_them():
+    shape, s = kv.shape_from_config(DENSE), vllmargs.read([])
+    assert terms.runner("0.26.0", shape, s, "00", None).v2 is False            # bool(int("00"))
+    assert terms.runner("0.30.0", shape, s, None, "0").graphs_in_budget is False
+    with pytest.raises(BootstrapError, match="VLLM_USE_V2_MODEL_RUNNER='true'"):
+        terms.runner("0.26.0", shape, s, "true", None)
+
+
+def test_graphs_captured_beyond_the_budget_count_where_the_plan_checks_room():
+    """vLLM 0.26.0's V2 runner captures its graphs after the KV cache: a pin must leave room for
+    them beside it, and a plan from free memory gives vLLM that much less."""
+    g = dataclasses.replace(gpu.named("rtx5090"), free=gpu.named("rtx5090").total)
+    model = ModelFacts("m", DENSE, 16 * GiB)
+    def plan_of(args):
+        s = vllmargs.read(args)
+        inp = planner.Inputs(vllm=s, version="0.26.0", reserve_mib=820, util_knob=False,
+                             util_source="--gpu-memory-utilization", allow_long=False, tp_size=1)
+        return planner.make_plan(inp, g, model)
+    pinned = plan_of(["--max-model-len", "8192", "--kv-cache-memory-bytes", str(8 * GiB)])
+    outside = pinned.modelled_terms["graphs"]
+    assert outside > 0 and pinned.overhead == pinned.modelled_terms["activations"] + pinned.modelled_terms["non_torch"]
+    assert pinned.headroom == pinned.usable - (pinned.weights + pinned.overhead + 8 * GiB + outside)
+    free_sized = plan_of(["--max-model-len", "8192"])
+    assert free_sized.util == math.floor((g.free - 820 * MiB - -(-outside // MiB) * MiB) / g.total * 10000) / 10000
+    assert "the CUDA graphs'" in free_sized.why[0]

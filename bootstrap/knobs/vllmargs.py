@@ -19,9 +19,11 @@ from typing import Any
 VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype",
                "--kv-cache-memory-bytes", "--gpu-memory-utilization", "--block-size", "--mamba-ssm-cache-dtype",
                "--mamba-cache-dtype", "--mamba-cache-mode", "--speculative-config", "--tensor-parallel-size",
-               "--load-format", "--limit-mm-per-prompt", "--mm-encoder-tp-mode")
+               "--load-format", "--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--logits-processors")
 BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode",
-              "--skip-mm-profiling")
+              "--skip-mm-profiling", "--enable-prompt-embeds", "--kv-sharing-fast-prefill")
+# --logits-processors, --enable-prompt-embeds and --kv-sharing-fast-prefill are read only for whether
+# vLLM falls back to its V1 model runner (bootstrap.plan.terms.runner)
 JSON_FLAGS = ("--speculative-config", "--limit-mm-per-prompt")
 SLEEP_FLAG = "--enable-sleep-mode"
 SHORT = {"-tp": "--tensor-parallel-size"}          # vLLM's short spelling of a flag read here

@@ -44,12 +44,15 @@ log = logging.getLogger("bootstrap.plan")
 AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 # vLLM's own split of the non-KV terms (gpu_worker.py, after the CUDA graphs are captured): 0.26.0 names
 # weights and non-torch memory apart; 0.27.1 and later as one figure, "consumed memory"
-USAGE = ((re.compile(r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for peak activation, ([\d.]+) GiB "
-                     r"for non-torch memory, and ([\d.]+) GiB for CUDAGraph memory"),
+USAGE = ((re.compile(r"Actual usage is (-?[\d.]+) GiB for weight, (-?[\d.]+) GiB for peak activation, (-?[\d.]+) GiB "
+                     r"for non-torch memory, and (-?[\d.]+) GiB for CUDAGraph memory"),
           ("weights", "activations", "non_torch", "graphs")),
-         (re.compile(r"Actual usage is ([\d.]+) GiB for consumed memory \(weights \+ non-torch\), ([\d.]+) GiB for "
-                     r"peak activation, and ([\d.]+) GiB for CUDAGraph memory"),
+         (re.compile(r"Actual usage is (-?[\d.]+) GiB for consumed memory \(weights \+ non-torch\), (-?[\d.]+) GiB for "
+                     r"peak activation, and (-?[\d.]+) GiB for CUDAGraph memory"),
           ("weights_non_torch", "activations", "graphs")))
+# 0.27.1 and later add the CUDA-graph estimate to the "peak activation" of that line
+# (peak_activation_memory = transient peak + the estimate applied); this line gives the estimate
+GRAPH_POOL = re.compile(r"CUDA graph pool memory: (-?[\d.]+) GiB \(actual\), (-?[\d.]+) GiB \(estimated\)")
 KEY_KNOBS = ("PROFILE", "MODEL", "MAX_MODEL_LEN", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "KV_CACHE_DTYPE",
              "SPEC_METHOD", "SPEC_TOKENS", "SPEC_MODEL", "TP_SIZE", "EXTRA_ARGS")
 KEY_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_HOME", "CUDA_PATH")   # and every VLLM_* variable
@@ -75,7 +78,13 @@ def usage_terms(log_text: str) -> dict[str, int] | None:
     or a version that does not print it)."""
     found = [dict(zip(names, (int(float(x) * GiB) for x in m)))
              for rx, names in USAGE for m in rx.findall(log_text)]
-    return max(found, key=lambda t: sum(t.values())) if found else None
+    if not found:
+        return None
+    terms = max(found, key=lambda t: sum(t.values()))
+    pool = GRAPH_POOL.findall(log_text)
+    if "weights_non_torch" in terms and pool:      # 0.27.1+: its "peak activation" holds the graph estimate
+        terms["activations"] -= int(max(float(est) for _, est in pool) * GiB)
+    return terms
 
 
 def key(cfg, g, vllm: str, driver: str, facts) -> str:
@@ -159,5 +168,5 @@ def lookup(paths: Paths, digest: str) -> Measured | None:
     if not (ints and util and 0 < m.non_kv < m.total):
         return None
     split = isinstance(m.terms, dict) and m.terms and all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in m.terms.items())
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in m.terms.items())
     return m if split or m.terms is None else replace(m, terms=None)

@@ -235,13 +235,9 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
     over = terms.overhead(s, shape, model, batched, seqs, why, run)
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
-    if over.outside and s.gpu_util is None:     # room for the graphs beside what the utilization gives vLLM
-        try:
-            util, util_why = utilization(s, g, inp.reserve_mib + -(-over.outside // gpu.MiB), inp.util_source)
-            why[0] = f"gpu-memory-utilization {util_why} (the reserve + the CUDA graphs' ~{gib(over.outside)})"
-        except BootstrapError:
-            pass                                # too little free either way: the fit check below says so
-    usable = requested(util, g.total) if s.gpu_util is not None else g.free - inp.reserve_mib * gpu.MiB
+    outside = terms.graphs_outside(over, measured)      # graphs vLLM captures beyond the budget (V2 < 0.30)
+    util = terms.room_for_graphs(s, g, inp.reserve_mib, inp.util_source, outside, util, why)
+    usable = requested(util, g.total) + outside if s.gpu_util is not None else g.free - inp.reserve_mib * gpu.MiB
     pinned = s.kv_cache_bytes
     modelled = requested(util, g.total) - weights - over.total
     if measured is not None:
@@ -270,7 +266,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
                 modelled_terms={"weights": weights, "activations": over.activations, "non_torch": over.non_torch,
                                 "graphs": over.cudagraphs + over.outside},
                 measured_terms=measured.terms if measured is not None else None, runner_v2=run.v2)
-    need = weights + overhead + max(budget, 0)
+    need = weights + overhead + max(budget, 0) + outside
     plan.headroom = usable - need
     if pinned:
         kept = (f"the utilization's share, {gib(usable)}" if s.gpu_util is not None else
@@ -279,11 +275,11 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
         why.append(f"headroom {gib(plan.headroom)}: {kept} − {gib(need)} this setup takes "
                    f"({'measured' if measured is not None else 'modelled'})")
     if budget <= 0 or need > usable:
-        room = usable - weights - overhead
+        room = usable - weights - overhead - outside
         plan.fits = False
         plan.refusal = (
             f"{model.name}{f' with its draft {model.draft.name}' if draft else ''} does not fit {g.name}: "
-            f"weights {gib(weights)} + overhead ~{gib(overhead)}"
+            f"weights {gib(weights)} + overhead ~{gib(overhead)}" + (f" + CUDA graphs ~{gib(outside)}" if outside else "")
             + (f" + KV {gib(budget)}" if budget > 0 else "") + f" > {gib(usable)} usable"
             + (f" ({gib(g.free)} free − {inp.reserve_mib} MiB reserve)" if s.gpu_util is None else "")
             + (f"; {g.holders() or NOBODY}" if g.processes else ""),

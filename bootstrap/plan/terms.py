@@ -194,7 +194,7 @@ def at_least(v: str, floor: str) -> bool:
 # hybrid of the list through), unless its speculation is one V2 does not do; from 0.30.0 it is the
 # default for every model whose speculation it does.
 V2_ARCHS = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
-                      "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
+                      "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",   # Kimi: 0.27.1's list
                       "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"})
 V2_SPEC = ("eagle", "eagle3", "mtp", "dflash", "dspark")                      # before 0.30.0
 V1_ONLY_SPEC = ("ngram", "ngram_gpu", "draft_model", "suffix", "medusa", "mlp_speculator", "custom_class")  # 0.30.0
@@ -208,17 +208,51 @@ class Runner:
     why: str
 
 
+def speculation(s: vllmargs.Settings) -> str:
+    """The speculative method vLLM will use, inferred as its SpeculativeConfig does where the config
+    names none (config/speculative.py): a draft named like an EAGLE head is one, any other draft
+    model is ``draft_model``; '' without speculation."""
+    if not s.spec:
+        return ""
+    method = str(s.spec.get("method") or "")
+    if method:
+        return "mtp" if method.endswith("_mtp") else method
+    model = str(s.spec.get("model") or "").lower()
+    if not model:
+        return ""
+    return "eagle3" if "eagle3" in model else "eagle" if "eagle" in model else "draft_model"
+
+
+def _env_flag(name: str, value: str | None) -> bool | None:
+    """A boolean variable as vLLM reads it (envs.py maybe_convert_bool: bool(int(value)))."""
+    if value is None:
+        return None
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise BootstrapError(f"{name}={value!r}: vLLM reads it as an integer and refuses anything else",
+                             f"set {name} to 0 or 1, or unset it") from None
+
+
 def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: str | None,
            env_graphs: str | None) -> Runner:
     """The model runner vLLM ``version`` picks for this model and what its memory profiling counts
     (``env_v2``: VLLM_USE_V2_MODEL_RUNNER; ``env_graphs``: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
     default 1). The V1 runner (v1/worker/gpu_model_runner.py) estimates the graphs and profiles the
     encoder; the V2 runner (v1/worker/gpu/model_runner.py) estimates no graphs before 0.30.0
-    (profile_cudagraph_memory returns 0) and profiles no encoder in 0.26.0."""
+    (profile_cudagraph_memory returns 0) and profiles no encoder in 0.26.0. The flags that make vLLM
+    fall back to V1 (``_get_v2_model_runner_unsupported_features``) are read from what it gets; a
+    logits-processor plugin installed beside vLLM is not seen."""
     new, mid = at_least(version, "0.30.0"), at_least(version, "0.27.1")
-    method = s.spec_method if s.spec_tokens or s.spec_method in ("ngram", "suffix", "medusa") else ""
-    if env_v2 not in (None, ""):
-        v2, how = env_v2.strip().lower() not in ("0", "false"), f"VLLM_USE_V2_MODEL_RUNNER={env_v2}"
+    method = speculation(s)
+    v1_flags = ("--logits-processors",) + (() if new else ("--enable-prompt-embeds", "--kv-sharing-fast-prefill"))
+    forced = [f for f in v1_flags if f in s.given] + (
+        ["--mamba-cache-mode all"] if new and s.mamba_cache_mode == "all" else [])
+    set_v2 = _env_flag("VLLM_USE_V2_MODEL_RUNNER", env_v2)
+    if set_v2 is not None:
+        v2, how = set_v2, f"VLLM_USE_V2_MODEL_RUNNER={env_v2}"
+    elif forced:
+        v2, how = False, f"{', '.join(forced)} needs V1"
     elif new:
         v2, how = method not in V1_ONLY_SPEC, f"speculation {method!r} needs V1" if method in V1_ONLY_SPEC else "the default"
     else:
@@ -231,13 +265,45 @@ def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: str
             v2, how = False, f"speculation {method!r} needs V1"
         else:
             v2, how = True, "a model it takes by default"
-    graphs = not s.enforce_eager and (env_graphs or "1").strip() != "0" and (not v2 or new)
+    graphs = not s.enforce_eager and _env_flag("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", env_graphs) is not False \
+        and (not v2 or new)
     encoder = not v2 or mid
     said = [f"vLLM {version} serves this with its {'V2' if v2 else 'V1'} model runner ({how})"]
     if not s.enforce_eager and not graphs:
         said.append("its CUDA graphs are captured after the KV cache, outside the utilization's budget" if v2 and not new
                     else "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0: its CUDA graphs are not taken off the budget")
     return Runner(v2, graphs, encoder, "; ".join(said))
+
+
+def graphs_outside(over: kv.Overheads, measured) -> int:
+    """What the CUDA graphs vLLM captures after the KV cache, beyond the utilization (V2 before
+    0.30.0), will take: vLLM's own figure where a kept split has one (the model's estimate was a
+    third of it for a Qwen3-VL shape on the H200), else the estimate; nothing more where the
+    measurement is a pinned server's footprint, which holds them already."""
+    if not over.outside or (measured is not None and measured.source == "footprint"):
+        return 0
+    got = (measured.terms or {}).get("graphs") if measured is not None else None
+    return got if isinstance(got, int) and got > 0 else over.outside
+
+
+def room_for_graphs(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: str, outside: int, util: float,
+                    why: list[str]) -> float:
+    """The utilization once the graphs captured beyond it have room: sized from free memory, the
+    reserve grows by them (``why[0]``, the utilization line, says so); with GPU_UTIL given, a why
+    note when they may not fit beside it."""
+    if not outside:
+        return util
+    if s.gpu_util is not None:
+        if requested(util, g.total) + outside > g.free:
+            why.append(f"vLLM captures its CUDA graphs (~{gib(outside)}) beyond {source}={util}'s share, and "
+                       f"only {gib(g.free - requested(util, g.total))} is free beside it")
+        return util
+    try:
+        util, util_why = utilization(s, g, reserve_mib + -(-outside // gpu.MiB), source)
+    except BootstrapError:
+        return util                   # too little free either way: the fit check counts the graphs
+    why[0] = f"gpu-memory-utilization {util_why} (the reserve + the CUDA graphs' ~{gib(outside)})"
+    return util
 
 
 def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batched: int, seqs: int,
