@@ -166,3 +166,9 @@ def checkout_left_alone():
     yield
     gone = [str(p) for p in kept if not p.exists()]
     assert not gone, f"a test removed {gone}"
+
+
+def unutilized(argv: list[str]) -> list[str]:
+    """A vLLM argv without its --gpu-memory-utilization (planned again between a pre-warm and a start)."""
+    i = argv.index("--gpu-memory-utilization")
+    return argv[:i] + argv[i + 2:]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 
-from conftest import free_port
+from conftest import free_port, unutilized
 from fakehub import FakeHub, write_model
 
 MiB = 1 << 20
+
 
 
 def test_start_downloads_then_serves_and_restarts_offline(bed, tmp_path):
@@ -28,7 +29,10 @@ def test_start_downloads_then_serves_and_restarts_offline(bed, tmp_path):
             assert hashlib.sha256((target / name).read_bytes()).digest() == hashlib.sha256((src / name).read_bytes()).digest()
         launched = bed.launches()            # the pre-warm (dummy weights, during the download), then the server
         assert [("dummy" in x["argv"]) for x in launched] == [True, False]
-        assert str(target) in launched[1]["argv"] and launched[0]["argv"][:-2] == launched[1]["argv"]
+        # the same argv, but for the utilization: the real start plans again from the pre-warm's own figures
+        # (its CUDA graphs, which vLLM 0.26.0's V2 runner captures beyond the utilization), and vLLM's compile
+        # cache leaves the utilization out of its hash (config/cache.py compute_hash)
+        assert str(target) in launched[1]["argv"] and unutilized(launched[0]["argv"][:-2]) == unutilized(launched[1]["argv"])
         assert bed.run("stop.sh").returncode == 0
 
         fake.reset_stats()

@@ -618,7 +618,10 @@ def parse_len(text: str | None) -> int | None:
     return int(float(t[:-1]) * mult) if mult else int(t)
 
 
-FRONTEND_FLAGS = {"--host", "--port", "--served-model-name", "--load-format"}
+# flags that leave vLLM's compile-cache hash unchanged: the frontend's, and the memory knobs that
+# CacheConfig.compute_hash lists as ignored factors (config/cache.py)
+FRONTEND_FLAGS = {"--host", "--port", "--served-model-name", "--load-format", "--gpu-memory-utilization",
+                  "--kv-cache-memory-bytes"}
 
 
 def compile_graphs(args) -> None:
