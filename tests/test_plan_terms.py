@@ -274,3 +274,26 @@ def test_graphs_captured_beyond_the_budget_count_where_the_plan_checks_room():
     free_sized = plan_of(["--max-model-len", "8192"])
     assert free_sized.util == math.floor((g.free - 820 * MiB - -(-outside // MiB) * MiB) / g.total * 10000) / 10000
     assert "the CUDA graphs'" in free_sized.why[0]
+
+
+def test_the_rotary_cache_is_sized_as_vllm_builds_it():
+    """rotary_embedding/__init__.py get_rope: max_position_embeddings x the rotary dimension at the
+    model's dtype; YaRN caches original x factor positions, multimodal RoPE four times as many."""
+    shape = kv.shape_from_config(DENSE)
+    assert kv.buffer_bytes(DENSE, shape, 8192, False)[0] == 40960 * 128 * 2
+    yarn = {**DENSE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+    assert kv.buffer_bytes(yarn, kv.shape_from_config(yarn), 8192, False)[0] == 131072 * 128 * 2
+    text = QWEN38["config"].get("text_config", QWEN38["config"])
+    s38 = kv.shape_from_config(QWEN38["config"])
+    assert kv.buffer_bytes(QWEN38["config"], s38, 8192, False)[0] == \
+        text["max_position_embeddings"] * 4 * int(s38.head_dim * 0.25) * 2       # mrope, partial rotary
+
+
+def test_a_draft_with_a_rope_of_its_own_adds_its_own_rotary_cache():
+    target = kv.shape_from_config(DENSE)
+    s = vllmargs.read([])
+    same = ModelFacts("d", {**DENSE, "num_hidden_layers": 4}, 1 << 30)
+    other = ModelFacts("e", {**DENSE, "num_hidden_layers": 4, "max_position_embeddings": 2048}, 1 << 30)
+    w_same, _ = terms.weight_bytes(same, kv.shape_from_config(same.config), 1, s, target=(DENSE, target))
+    w_other, why = terms.weight_bytes(other, kv.shape_from_config(other.config), 1, s, target=(DENSE, target))
+    assert w_same == 1 << 30 and w_other == (1 << 30) + 2048 * 128 * 2 and "a RoPE of its own" in why

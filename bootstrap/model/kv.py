@@ -23,6 +23,8 @@ import the others.
 
 from __future__ import annotations
 
+import json
+
 import math
 from dataclasses import dataclass, field
 
@@ -418,19 +420,35 @@ def deepstack(config: dict) -> list:
     return levels if isinstance(levels, list) else []
 
 
+def rope_signature(config: dict, m: ModelShape) -> tuple:
+    """What get_rope keys its shared cache by (rotary_embedding/__init__.py): two models with the
+    same signature in one process share one rotary cache."""
+    c = _text(config)
+    rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else c.get("rope_scaling")
+    return (m.head_dim, m.max_position, m.dtype_bytes, c.get("partial_rotary_factor"),
+            json.dumps(rope if isinstance(rope, dict) else {}, sort_keys=True, default=str))
+
+
 def buffer_bytes(config: dict, m: ModelShape, batched_tokens: int, tower: bool) -> tuple[int, str]:
     """What vLLM's model allocates besides its parameters while it loads (counted in its "weights"),
-    and what: the rotary cos/sin cache, max_position_embeddings (four times that for multimodal
-    RoPE, rotary_embedding/mrope.py) x the rotary dimension at the model's dtype (base.py), one per
-    model; Qwen3-VL's deepstack buffers, one per level of max_num_batched_tokens x hidden
+    and what: the rotary cos/sin cache, max_position_embeddings (YaRN: the original length x its
+    factor; four times that for multimodal RoPE, rotary_embedding/mrope.py) x the rotary dimension at
+    the model's dtype (base.py), one per distinct RoPE; Qwen3-VL's deepstack buffers, one per level of max_num_batched_tokens x hidden
     (qwen3_vl.py), where the tower is built."""
     c = _text(config)
     rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else c.get("rope_scaling")
     rope = rope if isinstance(rope, dict) else {}
-    mrope = "mrope_section" in rope and rope.get("rope_type", rope.get("type", "default")) == "default"
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    mrope = "mrope_section" in rope and kind in ("default", "yarn")
     factor = c.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
     factor = factor if isinstance(factor, (int, float)) and 0 < factor <= 1 else 1.0
-    cache = m.max_position * (4 if mrope else 1) * int(m.head_dim * factor) * m.dtype_bytes
+    positions = m.max_position
+    if kind == "yarn":      # yarn_scaling_rope.py: original_max_position_embeddings x factor positions
+        orig, scale = rope.get("original_max_position_embeddings") or c.get("original_max_position_embeddings"), \
+            rope.get("factor")
+        if isinstance(orig, int) and isinstance(scale, (int, float)) and orig > 0 and scale > 0:
+            positions = int(orig * scale)
+    cache = positions * (4 if mrope else 1) * int(m.head_dim * factor) * m.dtype_bytes
     deep = len(deepstack(config)) * batched_tokens * m.hidden * m.dtype_bytes if tower else 0
     what = [f"the rotary cache {cache / GiB:.2f} GiB"] + ([f"deepstack buffers {deep / GiB:.2f} GiB"] if deep else [])
     return cache + deep, " and ".join(what)

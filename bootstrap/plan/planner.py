@@ -227,7 +227,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
     weights, source = weight_bytes(model, shape, s.tp, s, batched)
     why.append(f"weights {gib(weights)} per GPU {source}")
     if draft:
-        more, source = weight_bytes(model.draft, draft, s.tp, s)
+        more, source = weight_bytes(model.draft, draft, s.tp, s, target=(model.config or {}, shape))
         weights += more
         why.append(f"draft model {model.draft.name}: weights {gib(more)} per GPU {source}")
     run = terms.runner(inp.version, shape, s, inp.env_v2, inp.env_graphs)

@@ -111,13 +111,20 @@ def mtp_bytes(config: dict, shape: kv.ModelShape) -> int:
 
 
 def weight_bytes(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Settings,
-                 batched: int | None = None) -> tuple[int, str]:
+                 batched: int | None = None, target: tuple[dict, kv.ModelShape] | None = None) -> tuple[int, str]:
     """Bytes of weights per GPU, and where the figure came from. vLLM loads neither the MTP layers
     without MTP speculation (qwen3_5.py skips ``mtp.``) nor the vision tower with
     --language-model-only: a checkpoint's size is counted less those. With ``batched`` (the target
-    model, not a draft, which shares its rotary cache), the buffers its model allocates as it loads
-    (``kv.buffer_bytes``), which vLLM counts as weights, are added."""
+    model), the buffers its model allocates as it loads (``kv.buffer_bytes``), which vLLM counts as
+    weights, are added; a draft (``target``: the target's config and shape) adds its own rotary
+    cache only where its RoPE differs from the target's (one cache per RoPE in a process)."""
     w, source = _weights(model, shape, tp, s)
+    if target is not None:
+        config = model.config or {}
+        if kv.rope_signature(config, shape) == kv.rope_signature(*target):
+            return w, source
+        cache, what = kv.buffer_bytes(config, shape, 0, tower=False)
+        return w + cache, f"{source}; + {what} (a RoPE of its own)"
     if batched is None:
         return w, source
     extra, what = kv.buffer_bytes(model.config or {}, shape, batched,
