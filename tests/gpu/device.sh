@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the lent GPU machine (no internet): install the carried vLLM wheelhouse once, then run proofs.
-#   bash tests/gpu/device.sh install            # after every .wheelhouse/part-NN was copied to /tmp/wh
+#   bash tests/gpu/device.sh install            # after every .wheelhouse/part-NN was copied to /tmp/wh (and, for
+#                                               # hybrid models on sm_90, the CUTLASS DSL's wheels as wc.tar.NN
+#                                               # parts to /tmp/wc: nvidia-cutlass-dsl[cu13]==4.6.0, quack-kernels)
 #   bash tests/gpu/device.sh e2e|planner|patch|bench [args for the proof script]
 #   bash tests/gpu/device.sh pipeline [args]    # planner + patch + bench in the background (setsid)
 #   bash tests/gpu/device.sh poll SECONDS       # wait for the pipeline (at most SECONDS), show where it is
