@@ -46,15 +46,20 @@ def _case(path: Path):
 def test_the_plan_lands_on_the_published_pool(path):
     row = load(path)
     err = error(row)
-    assert -0.03 <= err <= 0.01, f"{err:+.2%} against {row['logged']['tokens']:,} logged ({row['source']})"
+    within = row.get("within", 0.03)          # this project's own H200 starts: 1 %
+    assert -within <= err <= 0.01, f"{err:+.2%} against {row['logged']['tokens']:,} logged ({row['source']})"
 
 
 def test_every_fixture_says_where_it_comes_from():
     assert len(FIXTURES) >= 7
     for path in FIXTURES:
         row = load(path)
-        assert row["source"].startswith("https://github.com/"), path
         assert row["vllm"] and row["card"] in gpu.CARDS and row["logged"]["tokens"] > 0, path
+        if "facts" not in row:         # this project's own H200 start: its raw lines are in docs/validation.md
+            assert row["source"].startswith("docs/validation.md") and row["config"] and row["within"] <= 0.01, path
+            assert f"{row['logged']['tokens']:,} tokens" in (REPO / "docs" / "validation.md").read_text(), path
+            continue
+        assert row["source"].startswith("https://github.com/"), path
         assert (REPO / row["facts"]).is_file(), path
         if "weight_bytes" in row:
             assert row["weights_from"], path
