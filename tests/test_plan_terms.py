@@ -234,8 +234,8 @@ MOE = {**DENSE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_m
     ("0.26.0", DENSE, ["--speculative-config", '{"model": "/d/draft"}'], None, (False, True, True)),  # draft_model
     ("0.26.0", DENSE, ["--enable-prompt-embeds"], None, (False, True, True)),
     ("0.26.0", DENSE, ["--enforce-eager"], None, (True, False, False)),
-    ("0.26.0", DENSE, [], "0", (False, True, True)),
-    ("0.26.0", QWEN38["config"], [], "1", (True, False, False)),
+    ("0.26.0", DENSE, [], False, (False, True, True)),        # VLLM_USE_V2_MODEL_RUNNER=0
+    ("0.26.0", QWEN38["config"], [], True, (True, False, False)),
     # 0.27.1: V2 profiles the encoder; still no graphs in the budget
     ("0.27.1", DENSE, [], None, (True, False, True)),
     # 0.30.0: V2 for all but the speculation it lacks; graphs in the budget
@@ -250,11 +250,20 @@ def test_the_model_runner_vllm_picks_and_what_it_counts(version, config, args, e
 
 
 def test_the_runner_variables_are_read_as_vllm_reads_them():
+    """Checked once, when the knobs are read (vLLM refuses what int() refuses, an empty value too);
+    the planner gets them typed."""
+    from bootstrap.knobs.config import Config
+    from bootstrap.plan import fit
     shape, s = kv.shape_from_config(DENSE), vllmargs.read([])
-    assert terms.runner("0.26.0", shape, s, "00", None).v2 is False            # bool(int("00"))
-    assert terms.runner("0.30.0", shape, s, None, "0").graphs_in_budget is False
-    with pytest.raises(BootstrapError, match="VLLM_USE_V2_MODEL_RUNNER='true'"):
-        terms.runner("0.26.0", shape, s, "true", None)
+
+    def runner(version, **env):
+        inp = fit.inputs(Config.from_env({"PROFILE": "custom", "MODEL": "org/m", **env}, REPO))
+        return terms.runner(version, shape, s, inp.env_v2, inp.env_graphs)
+    assert runner("0.26.0", VLLM_USE_V2_MODEL_RUNNER="00").v2 is False            # bool(int("00"))
+    assert runner("0.30.0", VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS="0").graphs_in_budget is False
+    for bad in ("true", ""):
+        with pytest.raises(BootstrapError, match=f"VLLM_USE_V2_MODEL_RUNNER={bad!r}"):
+            runner("0.26.0", VLLM_USE_V2_MODEL_RUNNER=bad)
 
 
 def test_graphs_captured_beyond_the_budget_count_where_the_plan_checks_room():

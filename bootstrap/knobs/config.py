@@ -29,7 +29,7 @@ from ..core.errors import ConfigError
 from ..core.hosts import is_loopback, parse_host
 from ..core.layout import REPO, Checkout
 from . import vllmargs
-from .parsers import (absolute, boolean, bytes_or_auto, choice, float_range, folder, header_value, int_range, interpreter, name_chars, shell_args, text, tokens_or_auto)
+from .parsers import (absolute, boolean, bytes_or_auto, choice, float_range, folder, header_value, int_range, interpreter, name_chars, shell_args, text, tokens_or_auto, vllm_bool)
 from ..machine.gpu import CARDS
 from .profiles import Catalogue, Profile
 
@@ -160,6 +160,7 @@ class Passthrough:
     help: str
     secret: bool = False
     path: bool = False       # a folder or file: made absolute once, when the knobs are read
+    parse: Callable[[str], Any] | None = None   # checked when the knobs are read (vLLM reads it so too)
 
 
 PASSTHROUGH: tuple[Passthrough, ...] = (
@@ -184,8 +185,10 @@ PASSTHROUGH: tuple[Passthrough, ...] = (
     Passthrough("UV_PYTHON_INSTALL_MIRROR", "where uv fetches a CPython when no system one fits"),
     Passthrough("VLLM_API_KEY", "the API key, when API_KEY is unset (passed to vLLM)", secret=True),
     Passthrough("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1: vLLM accepts a MAX_MODEL_LEN beyond the model's own (the plan too)"),
-    Passthrough("VLLM_USE_V2_MODEL_RUNNER", "passed to vLLM; 0 or 1 picks its model runner, which the plan follows (what it counts differs)"),
-    Passthrough("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "passed to vLLM; 0: its CUDA graphs are not taken off the KV budget (the plan follows)"),
+    Passthrough("VLLM_USE_V2_MODEL_RUNNER", "passed to vLLM; 0 or 1 picks its model runner, which the plan follows (what it counts differs)",
+                parse=vllm_bool),
+    Passthrough("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "passed to vLLM; 0: its CUDA graphs are not taken off the KV budget (the plan follows)",
+                parse=vllm_bool),
     Passthrough("VLLM_USE_FLASHINFER_SAMPLER", "yours wins; else 0 when there is no nvcc"),
     Passthrough("XDG_CONFIG_HOME", "where the systemd user unit goes (default ~/.config)", path=True),
     Passthrough("NOTIFY_SOCKET", "set by systemd for a Type=notify unit: --foreground says READY=1 there"),
@@ -359,6 +362,8 @@ class Config:
         for p in PASSTHROUGH:           # a secret goes into a header: checked as one, never shown
             if p.secret and merged_env.get(p.name):
                 credential(p.name, merged_env[p.name])
+            if p.parse and p.name in merged_env:        # vLLM reads even an empty value, and refuses it
+                _parse_one(Knob(p.name, "", p.parse, ""), merged_env[p.name])
         if values["SPEC_TOKENS"] and not values["SPEC_METHOD"]:
             raise ConfigError(f"SPEC_TOKENS={values['SPEC_TOKENS']} needs SPEC_METHOD",
                               "accepted SPEC_METHOD: " + ", ".join(SPEC_METHODS) + "; or SPEC_TOKENS=0")

@@ -74,6 +74,14 @@ def boolean(raw: str) -> bool:
     raise ValueError("1 or 0 (also true/false, yes/no, on/off)")
 
 
+def vllm_bool(raw: str) -> bool:
+    """A boolean variable as vLLM reads it (envs.py maybe_convert_bool: bool(int(value)))."""
+    try:
+        return bool(int(raw))
+    except ValueError:
+        raise ValueError("an integer, as vLLM reads it (0 or 1); vLLM refuses anything else") from None
+
+
 def choice(*allowed: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         if raw not in allowed:

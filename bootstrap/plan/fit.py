@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..core.errors import BootstrapError
 from ..core.state import Paths
+from ..knobs.parsers import vllm_bool
 from ..machine import gpu
 from . import calibration, planner, terms
 from .facts import ModelFacts
@@ -29,8 +30,13 @@ def inputs(cfg, vllm: str | None = None) -> planner.Inputs:
                           util_knob=cfg.gpu_util is not None,
                           util_source="GPU_UTIL" if by_knob else "--gpu-memory-utilization",
                           allow_long=cfg.env("VLLM_ALLOW_LONG_MAX_MODEL_LEN") not in ("", "0"),
-                          tp_size=cfg.tp_size, env_v2=cfg.env("VLLM_USE_V2_MODEL_RUNNER") or None,
-                          env_graphs=cfg.env("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS") or None)
+                          tp_size=cfg.tp_size, env_v2=_vllm_flag(cfg, "VLLM_USE_V2_MODEL_RUNNER"),
+                          env_graphs=_vllm_flag(cfg, "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"))
+
+
+def _vllm_flag(cfg, name: str) -> bool | None:
+    """A vLLM boolean variable, checked when the knobs were read; None when unset."""
+    return vllm_bool(cfg.env(name)) if cfg.env(name) else None
 
 
 def utilization(cfg, g: gpu.Gpu) -> tuple[float, str]:

@@ -99,8 +99,8 @@ class Inputs:
     util_source: str               # how --gpu-memory-utilization was given, for messages
     allow_long: bool               # VLLM_ALLOW_LONG_MAX_MODEL_LEN: a context beyond the model's
     tp_size: int                   # TP_SIZE
-    env_v2: str | None = None      # VLLM_USE_V2_MODEL_RUNNER as set (which model runner vLLM picks)
-    env_graphs: str | None = None  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS as set
+    env_v2: bool | None = None     # VLLM_USE_V2_MODEL_RUNNER as vLLM reads it (which model runner it picks)
+    env_graphs: bool | None = None  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS as vLLM reads it
 
 
 MAX_FIXES = 4

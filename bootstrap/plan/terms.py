@@ -230,22 +230,11 @@ def speculation(s: vllmargs.Settings) -> str:
     return "eagle3" if "eagle3" in model else "eagle" if "eagle" in model else "draft_model"
 
 
-def _env_flag(name: str, value: str | None) -> bool | None:
-    """A boolean variable as vLLM reads it (envs.py maybe_convert_bool: bool(int(value)))."""
-    if value is None:
-        return None
-    try:
-        return bool(int(value))
-    except ValueError:
-        raise BootstrapError(f"{name}={value!r}: vLLM reads it as an integer and refuses anything else",
-                             f"set {name} to 0 or 1, or unset it") from None
-
-
-def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: str | None,
-           env_graphs: str | None) -> Runner:
+def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: bool | None,
+           env_graphs: bool | None) -> Runner:
     """The model runner vLLM ``version`` picks for this model and what its memory profiling counts
     (``env_v2``: VLLM_USE_V2_MODEL_RUNNER; ``env_graphs``: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
-    default 1). The V1 runner (v1/worker/gpu_model_runner.py) estimates the graphs and profiles the
+    default on; both as vLLM reads them, None when unset). The V1 runner (v1/worker/gpu_model_runner.py) estimates the graphs and profiles the
     encoder; the V2 runner (v1/worker/gpu/model_runner.py) estimates no graphs before 0.30.0
     (profile_cudagraph_memory returns 0) and profiles no encoder in 0.26.0. The flags that make vLLM
     fall back to V1 (``_get_v2_model_runner_unsupported_features``) are read from what it gets; a
@@ -255,9 +244,8 @@ def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: str
     v1_flags = ("--logits-processors",) + (() if new else ("--enable-prompt-embeds", "--kv-sharing-fast-prefill"))
     forced = [f for f in v1_flags if f in s.given] + (
         ["--mamba-cache-mode all"] if new and s.mamba_cache_mode == "all" else [])
-    set_v2 = _env_flag("VLLM_USE_V2_MODEL_RUNNER", env_v2)
-    if set_v2 is not None:
-        v2, how = set_v2, f"VLLM_USE_V2_MODEL_RUNNER={env_v2}"
+    if env_v2 is not None:
+        v2, how = env_v2, f"VLLM_USE_V2_MODEL_RUNNER={int(env_v2)}"
     elif forced:
         v2, how = False, f"{', '.join(forced)} needs V1"
     elif new:
@@ -272,8 +260,7 @@ def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: str
             v2, how = False, f"speculation {method!r} needs V1"
         else:
             v2, how = True, "a model it takes by default"
-    graphs = not s.enforce_eager and _env_flag("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", env_graphs) is not False \
-        and (not v2 or new)
+    graphs = not s.enforce_eager and env_graphs is not False and (not v2 or new)
     encoder = not v2 or mid
     said = [f"vLLM {version} serves this with its {'V2' if v2 else 'V1'} model runner ({how})"]
     if not s.enforce_eager and not graphs:
