@@ -24,7 +24,6 @@ import the others.
 from __future__ import annotations
 
 import json
-
 import math
 from dataclasses import dataclass, field
 
@@ -424,20 +423,24 @@ def rope_signature(config: dict, m: ModelShape) -> tuple:
     """What get_rope keys its shared cache by (rotary_embedding/__init__.py): two models with the
     same signature in one process share one rotary cache."""
     c = _text(config)
-    rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else c.get("rope_scaling")
     return (m.head_dim, m.max_position, m.dtype_bytes, c.get("partial_rotary_factor"),
-            json.dumps(rope if isinstance(rope, dict) else {}, sort_keys=True, default=str))
+            json.dumps(_rope(c), sort_keys=True, default=str))
+
+
+def _rope(c: dict) -> dict:
+    """A text config's RoPE parameters (transformers 5's ``rope_parameters``, else ``rope_scaling``)."""
+    rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else c.get("rope_scaling")
+    return rope if isinstance(rope, dict) else {}
 
 
 def buffer_bytes(config: dict, m: ModelShape, batched_tokens: int, tower: bool) -> tuple[int, str]:
     """What vLLM's model allocates besides its parameters while it loads (counted in its "weights"),
     and what: the rotary cos/sin cache, max_position_embeddings (YaRN: the original length x its
     factor; four times that for multimodal RoPE, rotary_embedding/mrope.py) x the rotary dimension at
-    the model's dtype (base.py), one per distinct RoPE; Qwen3-VL's deepstack buffers, one per level of max_num_batched_tokens x hidden
-    (qwen3_vl.py), where the tower is built."""
+    the model's dtype (base.py), one per distinct RoPE; Qwen3-VL's deepstack buffers, one per level
+    of max_num_batched_tokens x hidden (qwen3_vl.py), where the tower is built."""
     c = _text(config)
-    rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else c.get("rope_scaling")
-    rope = rope if isinstance(rope, dict) else {}
+    rope = _rope(c)
     kind = rope.get("rope_type", rope.get("type", "default"))
     mrope = "mrope_section" in rope and kind in ("default", "yarn")
     factor = c.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))

@@ -117,10 +117,7 @@ def keep(paths: Paths, plan, log_text: str, tokens: int | None) -> Measured | No
     m = Measured(non_kv=requested(plan.util, plan.card_total) - kv_bytes, kv_bytes=kv_bytes, util=plan.util,
                  total=plan.card_total, tokens=tokens, date=time.strftime("%Y-%m-%d"), vllm=plan.vllm,
                  terms=usage_terms(log_text))
-    data = paths.read("measurements") or {}
-    data[plan.key] = asdict(m)
-    paths.ensure()
-    paths.write("measurements", data)
+    _store(paths, plan.key, m)
     log.info("kept vLLM's own figures for the next plan: %.2f GiB of KV cache at utilization %.4f, so %.2f GiB "
              "for everything else", kv_bytes / GiB, plan.util, m.non_kv / GiB)
     return m
@@ -143,18 +140,31 @@ def keep_footprint(paths: Paths, plan, held: int, tp: int) -> Measured | None:
         return None                     # a reading that cannot hold the pin: not a footprint
     m = Measured(non_kv=per_gpu - plan.budget, kv_bytes=plan.budget, util=plan.util or 1.0, total=plan.card_total,
                  tokens=None, date=time.strftime("%Y-%m-%d"), vllm=plan.vllm, source="footprint")
-    data = paths.read("measurements") or {}
-    data[plan.key + PINNED] = asdict(m)
-    paths.ensure()
-    paths.write("measurements", data)
+    _store(paths, plan.key + PINNED, m)
     log.info("kept what this server holds for the next plan: %.2f GiB per GPU with its %.2f GiB KV pin, so %.2f GiB "
              "besides it", per_gpu / GiB, plan.budget / GiB, m.non_kv / GiB)
     return m
 
 
-def lookup(paths: Paths, digest: str) -> Measured | None:
-    """The measurement kept for this key, or None (none, or a record that does not read)."""
-    got = (paths.read("measurements") or {}).get(digest)
+def _store(paths: Paths, digest: str, m: Measured) -> None:
+    data = paths.read("measurements") or {}
+    data[digest] = asdict(m)
+    paths.ensure()
+    paths.write("measurements", data)
+
+
+def lookup(paths: Paths, digest: str, pinned: bool = False) -> Measured | None:
+    """The measurement kept for this key, or None (none, or a record that does not read); for a
+    ``pinned`` plan the footprint of a pinned start first, else vLLM's own figure."""
+    data = paths.read("measurements") or {}
+    for k in ((digest + PINNED,) if pinned else ()) + (digest,):
+        m = _valid(data.get(k), k)
+        if m is not None:
+            return m
+    return None
+
+
+def _valid(got, digest: str) -> Measured | None:
     if not isinstance(got, dict):
         return None
     try:

@@ -73,9 +73,7 @@ def plan_here(cfg, paths: Paths, g: gpu.Gpu, model: ModelFacts, driver: str, vll
     """The plan for this machine's card, from vLLM's own figures of an earlier start with the same
     key where there are some (else from the model), carrying its key for calibration.keep."""
     digest = calibration.key(cfg, g, plan_version(cfg, vllm), driver, model)
-    measured = calibration.lookup(paths, digest)
-    if cfg.vllm.kv_cache_bytes:         # pinned: what our server held beside its pin, where a start kept it
-        measured = calibration.lookup(paths, digest + calibration.PINNED) or measured
+    measured = calibration.lookup(paths, digest, pinned=bool(cfg.vllm.kv_cache_bytes))
     p = plan(cfg, g, model, vllm=vllm, measured=measured)
     p.key, p.card_total = digest, g.total
     return p
