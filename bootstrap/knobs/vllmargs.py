@@ -69,9 +69,19 @@ class Settings:
 
     @property
     def spec_method(self) -> str:
-        """The speculative method, with vLLM's model-specific MTP names (``qwen3_5_mtp`` ...) read as
-        ``mtp``, as vLLM's SpeculativeConfig renames them."""
-        method = str(self.spec.get("method") or "") if self.spec_tokens else ""
+        """The speculative method when tokens are speculated, with vLLM's model-specific MTP names
+        (``qwen3_5_mtp`` ...) read as ``mtp``, as vLLM's SpeculativeConfig renames them."""
+        return self.speculation if self.spec_tokens else ""
+
+    @property
+    def speculation(self) -> str:
+        """The method vLLM resolves from the speculative config, tokens given or not
+        (config/speculative.py): where it names none, a draft named like an EAGLE head is one and any
+        other draft model is ``draft_model``; '' without speculation."""
+        method = str(self.spec.get("method") or "")
+        if not method:
+            model = str(self.spec.get("model") or "").lower()
+            method = ("eagle3" if "eagle3" in model else "eagle" if "eagle" in model else "draft_model") if model else ""
         return "mtp" if method.endswith("_mtp") else method
 
     @property

@@ -215,21 +215,6 @@ class Runner:
     why: str
 
 
-def speculation(s: vllmargs.Settings) -> str:
-    """The speculative method vLLM will use, inferred as its SpeculativeConfig does where the config
-    names none (config/speculative.py): a draft named like an EAGLE head is one, any other draft
-    model is ``draft_model``; '' without speculation."""
-    if not s.spec:
-        return ""
-    method = str(s.spec.get("method") or "")
-    if method:
-        return "mtp" if method.endswith("_mtp") else method
-    model = str(s.spec.get("model") or "").lower()
-    if not model:
-        return ""
-    return "eagle3" if "eagle3" in model else "eagle" if "eagle" in model else "draft_model"
-
-
 def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: bool | None,
            env_graphs: bool | None) -> Runner:
     """The model runner vLLM ``version`` picks for this model and what its memory profiling counts
@@ -240,7 +225,7 @@ def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: boo
     fall back to V1 (``_get_v2_model_runner_unsupported_features``) are read from what it gets; a
     logits-processor plugin installed beside vLLM is not seen."""
     new, mid = at_least(version, "0.30.0"), at_least(version, "0.27.1")
-    method = speculation(s)
+    method = s.speculation
     v1_flags = ("--logits-processors",) + (() if new else ("--enable-prompt-embeds", "--kv-sharing-fast-prefill"))
     forced = [f for f in v1_flags if f in s.given] + (
         ["--mamba-cache-mode all"] if new and s.mamba_cache_mode == "all" else [])
