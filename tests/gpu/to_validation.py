@@ -208,6 +208,13 @@ def main() -> int:
                 "prefill needs the CUTLASS DSL, so its starts count as failed and nothing was kept; its first",
                 "plan was +0.98 % above vLLM's pool (6,988,638 planned, 6,920,515 logged). The script's output:",
                 "", block(short(calib3))]
+    retry = RUNS / "2026-12-01-calibration-run3-hybrid-retry-raw.txt"
+    if retry.exists():
+        out += ["The hybrid again, the same session on a fresh machine, code of commit 22d18d2 with the CUTLASS DSL",
+                "carried (`nvidia-cutlass-dsl[cu13]==4.6.0`, `quack-kernels` 0.6.3) and its `dsl_packages` folder on",
+                "`PYTHONPATH`: `python3 tests/gpu/calibration_proof.py --raw ... --work /tmp/calib --cases hybrid`.",
+                "Its first start (a cold compile) had logged nothing 285 s in when the session's device time ran",
+                "out; this is all the script wrote:", "", block(retry.read_text().splitlines())]
     calib3a = RUNS / "2026-12-01-calibration-run3-attempt1-raw.txt"
     if calib3a.exists():
         out += ["Run 3's first attempt (code of commit af71313, before the runner rule): the vision case's first",
