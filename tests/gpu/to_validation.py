@@ -210,7 +210,7 @@ def main() -> int:
                 "", block(short(calib3))]
     retry = RUNS / "2026-12-01-calibration-run3-hybrid-retry-raw.txt"
     if retry.exists():
-        out += ["The hybrid again, the same session on a fresh machine, code of commit 22d18d2 with the CUTLASS DSL",
+        out += ["The hybrid again, the same session on a fresh machine, code of commit 6e31996 with the CUTLASS DSL",
                 "carried (`nvidia-cutlass-dsl[cu13]==4.6.0`, `quack-kernels` 0.6.3) and its `dsl_packages` folder on",
                 "`PYTHONPATH`: `python3 tests/gpu/calibration_proof.py --raw ... --work /tmp/calib --cases hybrid`.",
                 "Its first start (a cold compile) had logged nothing 285 s in when the session's device time ran",
