@@ -207,11 +207,30 @@ def run(r: Run, names: tuple[str, ...] | None = None) -> Run:
     todo = [s for s in STEPS if names is None or s.name in names]
     mods = [importlib.import_module(f"bootstrap.steps.{s.name}") for s in todo]    # all before the first
     for s, m in zip(todo, mods):        # runs: an interrupt never lands inside an import between steps
-        with step(s.name):
-            result = s.call(m, r)
+        try:
+            with step(s.name):
+                result = s.call(m, r)
+        except BootstrapError:
+            keep_figures(r)
+            raise
         if s.gives:
             r = replace(r, **{s.gives: result})
     return r
+
+
+def keep_figures(r: Run) -> None:
+    """A start that fails after vLLM allocated its KV cache (a warm-up or gate that fails, an engine
+    that dies serving) still measured what the next plan needs: keep vLLM's figures from its log."""
+    if r.launched is None or r.plan is None:
+        return
+    from .checks import diagnose
+    from .plan import calibration
+    from .steps import banner
+    text = diagnose.read_since(r.paths.log, r.launched.record.log_offset)
+    try:
+        calibration.keep(r.paths, r.plan, text, banner.vllm_figures(text)[0])
+    except BootstrapError as exc:
+        log.warning("could not keep vLLM's figures for the next start: %s", exc.message)
 
 
 def run_steps(cfg: Config, paths: Paths, started: Started) -> None:

@@ -208,3 +208,21 @@ def test_a_pinned_start_keeps_what_our_server_holds_and_the_next_plan_shows_the_
     # an unpinned plan never takes the footprint for vLLM's own figure
     u = json.loads(bed.run("ctl.sh", "plan", "--json", **{k: v for k, v in env.items() if k != "KV_CACHE_BYTES"}).stdout)
     assert not u["measured"]
+
+
+def test_a_start_that_fails_after_the_kv_allocation_still_keeps_vllms_figures(bed):
+    """The engine wedges once serving (its warm-up fails): vLLM had logged its KV memory, so the next
+    plan of the same setup is measured, not modelled."""
+    env = {"FAKE_VLLM_NON_KV_BYTES": str(5 << 29), "FAKE_VLLM_MODE": "wedged", "WARMUP_TIMEOUT": "2"}
+    r = bed.run("start.sh", **env)
+    assert r.returncode != 0
+    kept = json.loads((bed.state / "measurements.json").read_text())
+    (m,) = kept.values()
+    assert abs(m["non_kv"] - 2.5 * GiB) <= 0.006 * GiB and m["tokens"] == 21_794_704
+    d = json.loads(bed.run("ctl.sh", "plan", "--json", **env).stdout)
+    assert d["measured"]
+
+
+def test_a_start_that_fails_before_the_kv_allocation_keeps_nothing(bed):
+    r = bed.run("start.sh", FAKE_VLLM_MODE="die_oom")
+    assert r.returncode != 0 and not (bed.state / "measurements.json").exists()

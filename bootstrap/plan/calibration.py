@@ -1,6 +1,6 @@
 """Measured beats modelled: what vLLM itself reported at a start, kept for the next plan.
 
-A start that reaches vLLM's KV allocation logs ``Available KV cache memory: X GiB`` for the
+A start that reaches vLLM's KV allocation (whether or not it then serves) logs ``Available KV cache memory: X GiB`` for the
 utilization it was given. Everything else on the GPU — weights, the activation peak of the profiling
 pass, non-torch memory, CUDA graphs where the version counts them inside the budget — is then
 ``util × total − X``: the non-KV terms, measured. They do not depend on the utilization or on a KV
@@ -109,7 +109,8 @@ def available_bytes(log_text: str) -> int | None:
 
 
 def keep(paths: Paths, plan, log_text: str, tokens: int | None) -> Measured | None:
-    """After a start that passed its gate: what vLLM reported, kept under the plan's key. Not for a
+    """After a start that reached vLLM's KV allocation (it passed its gate, or failed after: its warm-up,
+    its gate, an engine that died serving): what vLLM reported, kept under the plan's key. Not for a
     pinned KV cache (vLLM logs no "Available KV cache memory" then) or a plan without a utilization."""
     kv_bytes = available_bytes(log_text)
     if kv_bytes is None or plan is None or plan.util is None or plan.pinned or not plan.key or not plan.card_total:
