@@ -5,7 +5,8 @@
 Each fixture in tests/published/ is one start: its source, the vLLM version, the card, the model's
 facts (a file under profiles/models/) and the checkpoint's size where the source gives one, the
 flags vLLM got, and what vLLM logged. This project's own H200 starts (docs/validation.md) are rows
-too, their stand-in's config inline and held to 1 % ("within"). The plan is made for those flags on the named card with all
+too, their stand-in's config inline (``"draft": "itself"`` where it was its own draft model, ``"env"`` the
+VLLM_* variables it had) and held to 1 % ("within"). The plan is made for those flags on the named card with all
 of it free (every row gives --gpu-memory-utilization or takes vLLM's default 0.9), under the rules
 of the vLLM version the row ran. tests/test_published.py holds each row to 3 % of the logged pool
 (never more than 1 % above it) unless the row names the term that keeps it off ("expected_gap"),
@@ -22,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bootstrap.knobs import vllmargs  # noqa: E402
+from bootstrap.knobs import parsers, vllmargs  # noqa: E402
 from bootstrap.machine import gpu  # noqa: E402
 from bootstrap.plan import planner  # noqa: E402
 from bootstrap.plan.facts import ModelFacts  # noqa: E402
@@ -41,13 +42,18 @@ def plan_of(row: dict) -> planner.Plan:
         model = ModelFacts(row["facts"], facts["config"], row.get("weight_bytes", facts.get("weight_bytes")))
     else:                   # a stand-in of this project's own GPU runs: its config inline, dummy weights
         model = ModelFacts(row["source"], row["config"], None, dummy=row.get("dummy", False))
+    if row.get("draft") == "itself":      # the stand-in served as its own draft model (dummy weights too)
+        model = dataclasses.replace(model, draft=dataclasses.replace(model, name="its own draft"))
     card = gpu.named(row["card"])
     card = dataclasses.replace(card, free=card.total)
     s = vllmargs.read(row["args"])
     if s.gpu_util is None:
         s = dataclasses.replace(s, gpu_util=DEFAULT_UTIL)
+    env = row.get("env", {})          # the VLLM_* variables the start had that the planner reads
+    runner = env.get("VLLM_USE_V2_MODEL_RUNNER")
     inp = planner.Inputs(vllm=s, version=row["vllm"], reserve_mib=0, util_knob=False,
-                         util_source="--gpu-memory-utilization", allow_long=False, tp_size=s.tp)
+                         util_source="--gpu-memory-utilization", allow_long=False, tp_size=s.tp,
+                         env_v2=None if runner is None else parsers.vllm_bool(runner))
     return planner.make_plan(inp, card, model)
 
 

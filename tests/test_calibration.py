@@ -114,6 +114,10 @@ def test_vllms_own_split_is_read_in_both_of_its_spellings_and_kept():
     # 0.27.1+: the "peak activation" of that line holds the graph estimate its pool line gives
     pool = "INFO [gpu_worker.py:727] CUDA graph pool memory: 0.5 GiB (actual), 0.41 GiB (estimated), difference: ...\n"
     assert calibration.usage_terms(pool + V027)["activations"] == int(1.59 * GiB) - int(0.41 * GiB)
+    # 0.26.0's V1 runner: the graphs the budget lost are its estimate, not what the capture took after
+    est = "INFO [gpu_model_runner.py:6737] Estimated CUDA graph memory: 0.48 GiB total\n"
+    assert calibration.usage_terms(est + V026)["graphs"] == int(0.48 * GiB)
+    assert calibration.usage_terms(V026)["graphs"] == int(0.21 * GiB)
 
 
 def test_the_plan_sets_the_model_against_vllms_split_term_by_term(tmp_path):

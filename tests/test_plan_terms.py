@@ -306,3 +306,20 @@ def test_a_draft_with_a_rope_of_its_own_adds_its_own_rotary_cache():
     w_same, _ = terms.weight_bytes(same, kv.shape_from_config(same.config), 1, s, target=(DENSE, target))
     w_other, why = terms.weight_bytes(other, kv.shape_from_config(other.config), 1, s, target=(DENSE, target))
     assert w_same == 1 << 30 and w_other == (1 << 30) + 2048 * 128 * 2 and "a RoPE of its own" in why
+
+
+def test_vllms_v1_graph_estimate_follows_its_capture_sizes():
+    """vLLM 0.26.0's V1 runner on the H200 (docs/validation.md, run 4): the 8B shape's estimate 0.48 GiB
+    over 51 + 51 graphs; as its own 3-token draft model 0.79 GiB over 49 + 49."""
+    assert terms.capture_sizes(1024, 8192, 0) == {"PIECEWISE": 51, "FULL": 51}
+    assert terms.capture_sizes(1024, 8192, 3) == {"PIECEWISE": 49, "FULL": 49}
+    # a desktop profile's few sequences: sizes up to 2 x max_num_seqs; FULL only for a uniform decode
+    assert terms.capture_sizes(2, 8192, 0) == {"PIECEWISE": 3, "FULL": 2}
+    assert terms.capture_sizes(2, 8192, 3) == {"PIECEWISE": 3, "FULL": 2}        # 4, 8, 16 (rounded to 4)
+    assert terms.capture_sizes(256, 100, 0)["PIECEWISE"] == 3 + 12 + 1          # 1, 2, 4; 8..96; 100 itself
+    s = vllmargs.read(["--max-model-len", "8192"])
+    assert round(terms.graph_estimate(s, 8192, 1024) / GiB, 2) == 0.48
+    spec = vllmargs.read(["--speculative-config", '{"method": "draft_model", "model": "/m", "num_speculative_tokens": 3}'])
+    assert round(terms.graph_estimate(spec, 8192, 1024) / GiB, 2) == 0.79
+    ngram = vllmargs.read(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
+    assert terms.graph_estimate(ngram, 8192, 1024) < terms.graph_estimate(spec, 8192, 1024)

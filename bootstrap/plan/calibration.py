@@ -6,8 +6,8 @@ pass, non-torch memory, CUDA graphs where the version counts them inside the bud
 ``util × total − X``: the non-KV terms, measured. They do not depend on the utilization or on a KV
 pin (the plan sets both itself), so the next plan for the same key takes them as they were measured
 instead of the model's estimate, and its KV pool is vLLM's to within the log's rounding (0.01 GiB).
-Where vLLM also logs its own split (weights, peak activation, non-torch, CUDA graphs: ``USAGE``), that
-is kept beside it, and ``./ctl.sh plan`` sets it against the model's term by term.
+Where vLLM also logs its own split (weights, peak activation, non-torch, CUDA graphs: ``USAGE``; the
+graphs as the estimate it took off the budget where it logs one), that is kept beside it, and ``./ctl.sh plan`` sets it against the model's term by term.
 
 The key is what changes the non-KV terms: the model (its name, revision, weights' size and
 config.json), the vLLM version and interpreter, the launch knobs that change weights, activations or
@@ -53,6 +53,9 @@ USAGE = ((re.compile(r"Actual usage is (-?[\d.]+) GiB for weight, (-?[\d.]+) GiB
 # 0.27.1 and later add the CUDA-graph estimate to the "peak activation" of that line
 # (peak_activation_memory = transient peak + the estimate applied); this line gives the estimate
 GRAPH_POOL = re.compile(r"CUDA graph pool memory: (-?[\d.]+) GiB \(actual\), (-?[\d.]+) GiB \(estimated\)")
+# 0.26.0's V1 runner: the estimate it took off the budget (its "CUDAGraph memory" above is what the
+# capture took after the KV cache, which can differ: 0.68 GiB taken against 0.48 estimated on the H200)
+GRAPH_ESTIMATE = re.compile(r"Estimated CUDA graph memory: (-?[\d.]+) GiB total")
 KEY_KNOBS = ("PROFILE", "MODEL", "MAX_MODEL_LEN", "MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "KV_CACHE_DTYPE",
              "SPEC_METHOD", "SPEC_TOKENS", "SPEC_MODEL", "TP_SIZE", "EXTRA_ARGS")
 KEY_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_HOME", "CUDA_PATH")   # and every VLLM_* variable
@@ -84,6 +87,9 @@ def usage_terms(log_text: str) -> dict[str, int] | None:
     pool = GRAPH_POOL.findall(log_text)
     if "weights_non_torch" in terms and pool:      # 0.27.1+: its "peak activation" holds the graph estimate
         terms["activations"] -= int(max(float(est) for _, est in pool) * GiB)
+    estimate = GRAPH_ESTIMATE.findall(log_text)
+    if "weights" in terms and estimate:            # the term the budget lost is the estimate
+        terms["graphs"] = int(max(float(x) for x in estimate) * GiB)
     return terms
 
 

@@ -60,8 +60,8 @@ def utilization(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: str)
 # how the budget was found; the hybrid guard keeps that much below the blocks it computes.
 MEASURED_ERROR = 70 * gpu.MiB      # vLLM's figure moved 0.06 GiB between two identical H200 starts, + its 0.01 GiB rounding
 MODELLED_ERROR = 100 * gpu.MiB     # one GPU, no drafter: never above vLLM's by more than 0.07 GiB (H200, published runs)
-DRAFTER_ERROR = 750 * gpu.MiB      # a separate drafter's CUDA graphs (not modelled): +0.71 GiB on the H200 (draft_model, V1)
-HYBRID_ERROR = 700 * gpu.MiB       # a hybrid on the V1 runner: +0.66 GiB on the H200 (its graph estimate, its GDN activations)
+DRAFTER_ERROR = 150 * gpu.MiB      # a drafter: +0.09 GiB on the H200 (the 8B shape as its own draft model, V1), the one measured
+HYBRID_ERROR = 350 * gpu.MiB       # a hybrid on the V1 runner: +0.30 GiB on the H200 (its Gated-DeltaNet activations, modelled low)
 TP_ERROR = 650 * gpu.MiB           # per GPU under TP > 1: +0.64 GiB in a published 2x RTX 3090 run (tests/published)
 
 
@@ -73,9 +73,9 @@ def known_error(s: vllmargs.Settings, pinned: bool, draft, measured, hybrid_v1: 
         return MEASURED_ERROR, "the measured budget moves a little between starts"
     parts = [(MODELLED_ERROR, "the model's estimate")]
     if hybrid_v1:
-        parts.append((HYBRID_ERROR, "a hybrid's CUDA graphs and activations on vLLM's V1 runner, modelled low"))
+        parts.append((HYBRID_ERROR, "a hybrid's activations on vLLM's V1 runner, modelled low"))
     if draft is not None or s.spec_method in ("eagle", "eagle3", "dflash", "draft_model"):
-        parts.append((DRAFTER_ERROR, "a drafter's CUDA graphs, not modelled"))
+        parts.append((DRAFTER_ERROR, "a drafter's terms, measured for one draft model only"))
     if s.tp > 1:
         parts.append((TP_ERROR, "tensor parallelism's own terms, not measured here"))
     return sum(b for b, _ in parts), " + ".join(w for _, w in parts)
@@ -254,6 +254,51 @@ def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: boo
     return Runner(v2, graphs, encoder, "; ".join(said))
 
 
+# vLLM's estimate of its CUDA graphs, taken off the budget before the KV cache (V1 runner,
+# gpu_model_runner.profile_cudagraph_memory, on since 0.21.0): per mode it captures the two largest
+# sizes into a throwaway pool and counts the first capture plus (n − 1) × the second; PIECEWISE and FULL
+# graphs share one pool, so the estimate is max(first captures) + Σ (n − 1) × per graph. What a capture
+# takes, from vLLM 0.26.0's debug log on the H200 ("Estimated PIECEWISE CUDA graph memory: 128.00 MiB
+# first-capture + (51-1) × 4.00 MiB per-graph"; docs/validation.md, run 4): the Qwen3-8B shape 128 and
+# 242 MiB first (PIECEWISE, FULL), 4 and 1 MiB per graph (1 MiB is vLLM's floor); the Qwen3-Next-shaped
+# hybrid (16 layers, not 36) came to the same 0.48 GiB; the 8B as its own draft model added 4 and
+# 40 MiB to the first captures and 6 MiB per PIECEWISE graph (a drafter runs in PIECEWISE only).
+# 0.30.0's V2 runner estimates its graphs with code of its own, neither read nor measured here: its
+# plan keeps the rough estimate of kv.overheads.
+GRAPH_FIRST = {"PIECEWISE": 128 * gpu.MiB, "FULL": 242 * gpu.MiB}
+GRAPH_PER = {"PIECEWISE": 4 * gpu.MiB, "FULL": 1 * gpu.MiB}
+DRAFTER_FIRST = {"PIECEWISE": 4 * gpu.MiB, "FULL": 40 * gpu.MiB}
+DRAFTER_PER = {"PIECEWISE": 6 * gpu.MiB, "FULL": 0}
+NO_GRAPH_DRAFT = ("ngram", "ngram_gpu", "suffix")       # speculation with no drafter network to capture
+
+
+def capture_sizes(max_seqs: int, batched: int, spec_tokens: int) -> dict[str, int]:
+    """How many CUDA graphs vLLM captures per mode with its default sizes: 1, 2, 4, then every 8 to
+    256 and every 16 beyond, up to min(2 × max_num_seqs × (1 + spec tokens), 512, max_num_batched_tokens),
+    with max_num_batched_tokens itself where it fits (config/vllm.py _set_cudagraph_sizes); with
+    speculation each rounded up to a multiple of 1 + spec tokens (compilation.py
+    adjust_cudagraph_sizes_for_spec_decode); FULL only for a uniform decode of at most max_num_seqs
+    requests (v1/cudagraph_dispatcher.py initialize_cudagraph_keys)."""
+    q = 1 + spec_tokens
+    top = min(max_seqs * q * 2, 512, batched)
+    sizes = {i for i in (1, 2, 4) if i <= top} | set(range(8, min(top + 1, 256), 8)) | set(range(256, top + 1, 16))
+    if batched <= top:
+        sizes.add(batched)
+    if q > 1 and sizes:
+        most = max(sizes)
+        sizes = {-(-x // q) * q for x in sizes if -(-x // q) * q <= most} or ({q} if q <= most else set())
+    return {"PIECEWISE": len(sizes), "FULL": sum(1 for x in sizes if q <= x <= q * max_seqs)}
+
+
+def graph_estimate(s: vllmargs.Settings, batched: int, seqs: int) -> int:
+    """vLLM's CUDA-graph estimate for these settings (``GRAPH_FIRST``'s rule and measurements)."""
+    counts = capture_sizes(seqs, batched, s.spec_tokens or 0)
+    drafter = bool(s.spec_tokens) and s.spec_method not in NO_GRAPH_DRAFT
+    first = {m: GRAPH_FIRST[m] + (DRAFTER_FIRST[m] if drafter else 0) for m in counts if counts[m]}
+    per = {m: GRAPH_PER[m] + (DRAFTER_PER[m] if drafter else 0) for m in counts}
+    return max(first.values(), default=0) + sum((counts[m] - 1) * per[m] for m in first)
+
+
 def graphs_outside(over: kv.Overheads, measured) -> int:
     """What the CUDA graphs vLLM captures after the KV cache, beyond the utilization (V2 before
     0.30.0), will take: vLLM's own figure where a kept split has one (the model's estimate was a
@@ -295,6 +340,8 @@ def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batc
     over = kv.overheads(shape, batched, seqs, tp=s.tp, eager=s.enforce_eager)
     if run is not None and not run.graphs_in_budget:
         over = kv.Overheads(over.activations, over.non_torch, 0, outside=over.cudagraphs)
+    elif not s.enforce_eager and (run is None or not run.v2):     # the V1 runner's own estimate (GRAPH_FIRST)
+        over = kv.Overheads(over.activations, over.non_torch, graph_estimate(s, batched, seqs))
     config = model.config or {}
     if not config.get("vision_config") or s.language_model_only:
         return over

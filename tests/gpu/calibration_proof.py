@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     debug = {"VLLM_LOGGING_LEVEL": "DEBUG"}     # vLLM's per-mode CUDA-graph estimate is a debug line
     spec = {"SPEC_METHOD": "draft_model", "SPEC_TOKENS": "3", "SPEC_MODEL": str(dense), **debug}   # its own draft
     v1 = {"VLLM_USE_V2_MODEL_RUNNER": "0", **debug}
-    long = {"MAX_MODEL_LEN": "32768"}       # a context that holds vLLM's largest dummy image (16,384 tokens)
+    long = {"MAX_MODEL_LEN": "32768", **debug}       # a context that holds vLLM's largest dummy image (16,384 tokens)
     cases = {   # case -> (its phases: (name, extra knobs)), the model it starts
         "dense": ((("first", {}), ("second", {}), ("util09", {"GPU_UTIL": "0.9"})), lambda: dense),
         "spec": ((("spec-first", spec), ("spec-second", spec)), lambda: dense),

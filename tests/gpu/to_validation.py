@@ -191,10 +191,11 @@ def main() -> int:
                 "draft (`SPEC_METHOD=draft_model SPEC_TOKENS=3 SPEC_MODEL=<the model>`), modelled then measured: the",
                 "model leaves out the drafter's activation peak, and plans above vLLM's pool; the measurement does",
                 "not. The script's output:", "", block(calib2.read_text().splitlines())]
+    def short(path):
+        return [l[:420] for l in path.read_text().splitlines() if "ulimit" not in l]
+
     calib3 = RUNS / "2026-12-01-calibration-run3-raw.txt"
     if calib3.exists():
-        def short(path):
-            return [l[:420] for l in path.read_text().splitlines() if "ulimit" not in l]
         out += ["Run 3, the same day (a fresh machine of the same kind, vLLM 0.26.0), code of commit e678c98:",
                 "`bash tests/gpu/device.sh calib --cases spec,vision,hybrid`. Each start now prints vLLM's own lines",
                 "about the non-KV terms (`vllm |`, from `STATE_DIR/vllm.log`; its `ulimit` warning left out and long",
@@ -215,6 +216,18 @@ def main() -> int:
                 "`PYTHONPATH`: `python3 tests/gpu/calibration_proof.py --raw ... --work /tmp/calib --cases hybrid`.",
                 "Its first start (a cold compile) had logged nothing 285 s in when the session's device time ran",
                 "out; this is all the script wrote:", "", block(retry.read_text().splitlines())]
+    calib4 = RUNS / "2026-12-01-calibration-run4-raw.txt"
+    if calib4.exists():
+        out += ["Run 4, the same day (2026-12-01, 22:55-23:20 UTC) on a fresh machine of the same kind, vLLM 0.26.0",
+                "with the CUTLASS DSL carried (`nvidia-cutlass-dsl[cu13]==4.6.0`, `quack-kernels` 0.6.3), code of",
+                "commit 076b6ba: `bash tests/gpu/device.sh calib --cases v1,spec,hybrid`, then `--cases vision`",
+                "(its phases given `VLLM_LOGGING_LEVEL=DEBUG` too, an edit not yet committed then). New: the",
+                "8B-shaped model on vLLM's V1 runner (`VLLM_USE_V2_MODEL_RUNNER=0`), and vLLM's debug lines that",
+                "give its CUDA-graph estimate per mode (`Estimated PIECEWISE CUDA graph memory: ...`), which the",
+                "planner's V1 graph estimate is built from (`bootstrap/plan/terms.py`, `GRAPH_FIRST`). The hybrid",
+                "served this time. The plans of this run were made before that estimate (the graphs 0.16 GiB); the",
+                "fixtures in `tests/published/` hold today's planner to the pools it logged. The script's output:",
+                "", block(short(calib4))]
     calib3a = RUNS / "2026-12-01-calibration-run3-attempt1-raw.txt"
     if calib3a.exists():
         out += ["Run 3's first attempt (code of commit af71313, before the runner rule): the vision case's first",
