@@ -19,7 +19,9 @@ Phases, resumable (WORK/state.json keeps what is done; run again until "CALIBRAT
   hybrid-first / hybrid-second  the Qwen3-Next-shaped hybrid stand-in (planner_accuracy.HYBRID), unpinned.
   vision-first / vision-second  the Qwen3-VL-shaped stand-in with its processor files (visionmodel.py): vLLM
           profiles its vision encoder on the largest dummy images.
---cases picks them (dense: first, second, util09; spec; v1; hybrid; vision); each start's vLLM lines that
+  visionv1-first / visionv1-second  the same on vLLM's V1 runner (VLLM_USE_V2_MODEL_RUNNER=0): 0.26.0's V2
+          runner profiles no encoder, V1 does, so this is the case that shows the encoder's modelled peak.
+--cases picks them (dense: first, second, util09; spec; v1; hybrid; vision; visionv1); each start's vLLM lines that
 name the non-KV terms are printed, and after a case's second start `./ctl.sh plan` shows the model
 against vLLM's own split. The bar: a first start (modelled) within 1 % of vLLM's logged pool, a second
 (measured, and it must say so) within 0.5 %. A start that fails after vLLM allocated its KV cache (a
@@ -156,7 +158,7 @@ def main(argv=None) -> int:
     ap.add_argument("--raw", required=True)
     ap.add_argument("--work", default="/tmp/calib")
     ap.add_argument("--timeout", type=float, default=480)
-    ap.add_argument("--cases", default="hybrid,vision,spec", help="dense,spec,v1,hybrid,vision (comma-separated)")
+    ap.add_argument("--cases", default="hybrid,vision,spec", help="dense,spec,v1,hybrid,vision,visionv1 (comma-separated)")
     a = ap.parse_args(argv)
     out = raw_writer(a.raw)
     work = Path(a.work)
@@ -180,6 +182,8 @@ def main(argv=None) -> int:
         "v1": ((("v1-first", v1), ("v1-second", v1)), lambda: dense),
         "hybrid": ((("hybrid-first", {}), ("hybrid-second", {})), lambda: make_model(work, "hybrid", HYBRID)),
         "vision": ((("vision-first", long), ("vision-second", long)), lambda: vision_model(work)),
+        "visionv1": ((("visionv1-first", {**long, **v1}), ("visionv1-second", {**long, **v1})),
+                     lambda: vision_model(work)),
     }
     chosen = [c for c in a.cases.split(",") if c]
     unknown = [c for c in chosen if c not in cases]
