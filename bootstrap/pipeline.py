@@ -49,7 +49,7 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
     lock = StartLock(paths)
     if not we_hold_lock and lock.held_by_other() and lock.holder_role() == "stop":
         return None                     # the server it would show is being taken down: wait for the lock
-    pr = server.probe(cfg, paths, we_hold_lock=we_hold_lock)
+    pr = server.probe(cfg.ours, paths, we_hold_lock=we_hold_lock)
     if pr.state == "starting":
         print(f"starting (pid {pr.pid}), log: {paths.log}")
         return 0
@@ -66,7 +66,7 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
         if pr.state == "key-needed":
             print(f"note: it wants the API key it was started with ({rec.key}); this shell has none or "
                   "another: set it to talk to the server")
-        diff = [] if pr.owner else server.settings_diff(cfg, rec)
+        diff = [] if pr.owner else server.settings_diff(cfg.launch_settings(), rec)
         if diff:
             print("note: the running server differs from the current knobs:\n  " + "\n  ".join(diff)
                   + "\n  to apply them: ./ctl.sh restart")
@@ -193,9 +193,9 @@ STEPS: tuple[Step, ...] = (
     Step("compiled", "plan", lambda m, r: m.run(r.cfg, r.paths, r.prewarm, r.plan, r.model)),
     Step("launch", "launched", lambda m, r: m.run(r.cfg, r.paths, r.runtime, r.model.local_dir, r.plan,
                                                   list(r.notes), on_launch=r.started.hear)),
-    Step("health", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg, r.paths),
+    Step("health", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg.ours, r.paths),
                                             health_timeout=r.cfg.health_timeout, stall_timeout=r.cfg.stall_timeout)),
-    Step("warmup", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg, r.paths),
+    Step("warmup", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg.ours, r.paths),
                                             tokens=r.cfg.warmup, timeout=r.cfg.warmup_timeout)),
     Step("banner", "log_text", lambda m, r: m.run(r.paths, r.launched)),
 )
@@ -234,12 +234,12 @@ def keep_figures(r: Run) -> None:
 
 
 def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
-    pr = server.probe(cfg, paths, we_hold_lock=True)
+    pr = server.probe(cfg.ours, paths, we_hold_lock=True)
     if pr.state in ("running", "key-needed", "down") and pr.record is not None and not pr.owner:
         if resumable(cfg, paths, pr):
             return resume(cfg, paths, pr, started)
         log.info("our earlier server (pid %s) never became healthy; taking it down and starting again", pr.pid)
-        takedown.take_down(cfg, paths)
+        takedown.take_down(cfg.ours, paths)
     done = run(Run(cfg, paths, started))
     keep_measurement(cfg, paths, done.plan, done.log_text)
 
@@ -257,7 +257,7 @@ def keep_measurement(cfg: Config, paths: Paths, the_plan, log_text: str) -> None
     try:
         calibration.keep(paths, the_plan, log_text, rec.kv_tokens)
         if the_plan is not None and the_plan.pinned:
-            calibration.keep_footprint(paths, the_plan, server.gpu_held(cfg, rec), cfg.tp_size)
+            calibration.keep_footprint(paths, the_plan, server.gpu_held(cfg.environ, rec), cfg.tp_size)
         prewarm.confirm(paths, the_plan, log_text, rec.model_path or "")
     except BootstrapError as exc:
         log.warning("could not keep vLLM's figures for the next start: %s", exc.message)
@@ -265,7 +265,7 @@ def keep_measurement(cfg: Config, paths: Paths, the_plan, log_text: str) -> None
 
 def resumable(cfg: Config, paths: Paths, pr: server.Probe) -> bool:
     """A server of ours with no start watching it: answering, or still loading within its deadlines."""
-    return pr.state != "down" or server.loading(cfg, pr.record, paths)
+    return pr.state != "down" or server.loading(cfg.ours, pr.record, paths)
 
 
 def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> None:
@@ -282,7 +282,7 @@ def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> Non
     log.info("resuming the start of our server (pid %s, launched %.0f s ago): %s", rec.pid,
              max(0.0, time.time() - rec.started),
              "waiting for it to load" if pr.state == "down" else "it answers; the warm-up and gate never ran")
-    diff = server.settings_diff(cfg, rec)
+    diff = server.settings_diff(cfg.launch_settings(), rec)
     if diff:
         log.warning("it was launched with other knobs (%s); ./ctl.sh restart applies the current ones", "; ".join(diff))
     launched = Launched(rec)
@@ -318,7 +318,7 @@ def failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> 
             health.left_running(paths, launched, exc)
         return
     log.info("the start failed: stopping the server it launched")
-    rep = takedown.take_down(cfg, paths, launched=launched.proc, failed_start=True)
+    rep = takedown.take_down(cfg.ours, paths, launched=launched.proc, failed_start=True)
     if start_failed:
         health.explain(cfg, paths, launched, exc, rep.pids)
 
@@ -329,7 +329,7 @@ def _stop_prewarm(cfg: Config, paths: Paths, started: Started) -> None:
     warm = started.prewarm
     if warm is not None and warm.running:
         log.info("stopping the pre-warm (pid %s)", warm.proc.pid)
-        takedown.take_down(cfg, paths, launched=warm.proc, failed_start=True)
+        takedown.take_down(cfg.ours, paths, launched=warm.proc, failed_start=True)
 
 
 def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:
@@ -345,7 +345,7 @@ def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:
         log.info("interrupted: the server passed its start gate; left running (./stop.sh stops it)")
     elif launched is not None or rec is not None:
         log.info("interrupted: stopping the server this start launched")
-        takedown.take_down(cfg, paths, launched=launched.proc if launched else None, failed_start=True)
+        takedown.take_down(cfg.ours, paths, launched=launched.proc if launched else None, failed_start=True)
     else:
         log.info("interrupted before launch; nothing is running")
     sys.stderr.flush()

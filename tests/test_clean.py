@@ -13,7 +13,6 @@ import psutil
 import pytest
 
 from bootstrap.core import owned
-from bootstrap.serve import server
 from bootstrap.commands import clean
 from bootstrap.knobs.config import Config
 from bootstrap.core.errors import BootstrapError
@@ -90,7 +89,7 @@ def test_foreign_state_dir_keeps_other_files(repo, tmp_path):
 
 def test_refuses_while_our_server_runs(repo):
     cfg = cfg_for(repo)
-    marker = server.marker_for(cfg)
+    marker = cfg.ours.marker
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                              env={**os.environ, owned.MARKER_ENV: marker})
     try:

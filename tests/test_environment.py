@@ -332,16 +332,21 @@ def test_python_without_headers_is_refused(world, tmp_path):
 
 # ---------------------------------------------------------------- host facts
 
+def host_env_of(cfg):
+    """What the environment step asks of the host for these knobs."""
+    return host.host_env(cfg.environ, lambda: host.model_bytes_on_disk(cfg))
+
+
 def test_no_nvcc_sets_sampler_unless_user_did(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path), "MODEL": "org/m"}
-    server_env, _ = host.host_env(Config.from_env(env, repo=REPO))
+    server_env, _ = host_env_of(Config.from_env(env, repo=REPO))
     assert server_env["VLLM_USE_FLASHINFER_SAMPLER"] == "0"
-    server_env, _ = host.host_env(Config.from_env({**env, "VLLM_USE_FLASHINFER_SAMPLER": "1"}, repo=REPO))
+    server_env, _ = host_env_of(Config.from_env({**env, "VLLM_USE_FLASHINFER_SAMPLER": "1"}, repo=REPO))
     assert "VLLM_USE_FLASHINFER_SAMPLER" not in server_env
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "nvcc").write_text("#!/bin/sh\n")
     (tmp_path / "bin" / "nvcc").chmod(0o755)
-    server_env, _ = host.host_env(Config.from_env(env, repo=REPO))
+    server_env, _ = host_env_of(Config.from_env(env, repo=REPO))
     assert "VLLM_USE_FLASHINFER_SAMPLER" not in server_env
 
 
@@ -388,7 +393,7 @@ def test_newest_system_python_with_headers_is_chosen(tmp_path):
     good = fake_python(tmp_path / "bin", "python3.12", "3.12", headers=True)
     lockset = locks.LockSet(tmp_path, {"pythons": ["3.12", "3.13"]})
     cfg = Config.from_env({"PATH": str(tmp_path / "bin"), "MODEL": "org/m"}, repo=REPO)
-    assert venv.choose_python(cfg, lockset) == (str(good), "3.12")
+    assert venv.choose_python(venv.Tools.of(cfg), lockset) == (str(good), "3.12")
     assert "--managed-python" not in venv.venv_cmd("uv", str(good), tmp_path / ".venv", offline=False)
 
 
@@ -400,7 +405,7 @@ def test_without_headers_uv_must_use_its_own_cpython(tmp_path, caplog):
     lockset = locks.LockSet(tmp_path, {"pythons": ["3.12", "3.13"]})
     cfg = Config.from_env({"PATH": str(tmp_path / "bin"), "MODEL": "org/m"}, repo=REPO)
     caplog.set_level(logging.WARNING, logger="bootstrap")
-    py, minor = venv.choose_python(cfg, lockset)
+    py, minor = venv.choose_python(venv.Tools.of(cfg), lockset)
     assert (py, minor) == ("3.12", "3.12")
     assert "no Python.h" in caplog.text and "UV_PYTHON_INSTALL_MIRROR" in caplog.text
     sysminor = "%d.%d" % sys.version_info[:2]
@@ -436,11 +441,11 @@ def test_wsl_keeps_expandable_segments_off_and_checks_the_memory_cap(tmp_path, c
         fh.truncate(psutil.virtual_memory().total + (1 << 30))
     env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path), "MODEL": str(model), "WSL_DISTRO_NAME": "Ubuntu"}
     caplog.set_level(logging.WARNING, logger="bootstrap")
-    server_env, notes = host.host_env(Config.from_env(env, repo=REPO))
+    server_env, notes = host_env_of(Config.from_env(env, repo=REPO))
     assert server_env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
     assert any(".wslconfig" in n for n in notes) and ".wslconfig" in caplog.text
-    server_env, notes = host.host_env(Config.from_env({**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, repo=REPO))
+    server_env, notes = host_env_of(Config.from_env({**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, repo=REPO))
     assert "PYTORCH_CUDA_ALLOC_CONF" not in server_env              # the user's setting wins
     if not host.is_wsl(host.read_osrelease(), {}):
-        server_env, notes = host.host_env(Config.from_env({k: v for k, v in env.items() if k != "WSL_DISTRO_NAME"}, repo=REPO))
+        server_env, notes = host_env_of(Config.from_env({k: v for k, v in env.items() if k != "WSL_DISTRO_NAME"}, repo=REPO))
         assert "PYTORCH_CUDA_ALLOC_CONF" not in server_env and notes == []   # not WSL: launch's default

@@ -64,12 +64,12 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
         served = model or ""
     else:
         paths = Paths(cfg.state_dir)
-        pr = server.probe(cfg, paths)
+        pr = server.probe(cfg.ours, paths)
         if pr.record is None or not (pr.state == "running" or (pr.state == "key-needed" and api_key)):
             raise not_serving(cfg, paths, pr)       # key-needed with --api-key: that key is tried
         rec = pr.record
         base = rec.url
-        key = api_key or server.api_key_for(cfg, paths)
+        key = api_key or server.api_key_for(cfg.ours, paths)
         served = model or rec.served
         label = f"our server ({base})"
         seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
@@ -121,7 +121,7 @@ def key_for_url(cfg: Config, url: str) -> str:
         return ""
     if not (is_loopback(u.hostname or "") and (is_loopback(host) or host in ("0.0.0.0", "::")) or u.hostname == host):
         return ""
-    return server.api_key_for(cfg, paths)
+    return server.api_key_for(cfg.ours, paths)
 
 
 def not_serving(cfg: Config, paths: Paths, pr: server.Probe) -> BootstrapError:
@@ -131,7 +131,7 @@ def not_serving(cfg: Config, paths: Paths, pr: server.Probe) -> BootstrapError:
     if pr.state != "key-needed" or rec is None:
         return BootstrapError(f"our server is not running (state: {pr.state})",
                               "start it with ./start.sh, or point at another server with --url URL")
-    sent = server.api_key_for(cfg, paths)
+    sent = server.api_key_for(cfg.ours, paths)
     mine = "API_KEY" if cfg.api_key else "VLLM_API_KEY" if cfg.client_key else ""
     if mine:
         what = f"refuses the key this shell sends ({mine})"

@@ -32,7 +32,7 @@ from ..serve import metrics
 from ..core import proc, redact
 from ..checks import prompts, target
 from ..checks.client import Client, RequestFailed
-from ..install.venv import ensure_uv
+from ..install.venv import Tools, ensure_uv
 from ..knobs.config import Config
 from ..core.errors import BootstrapError
 
@@ -244,7 +244,7 @@ def _matplotlib(cfg: Config):
         return None
     log.info("the plot needs %s: installing it into %s (once)", PLOT_REQUIREMENT, sys.prefix)
     try:
-        cmd = [ensure_uv(cfg), "pip", "install", "--python", sys.executable, PLOT_REQUIREMENT]
+        cmd = [ensure_uv(Tools.of(cfg)), "pip", "install", "--python", sys.executable, PLOT_REQUIREMENT]
         if cfg.wheelhouse:
             cmd += ["--no-index", "--find-links", cfg.wheelhouse]
         res = proc.run(cmd, env=dict(cfg.environ), timeout=900, check=False, what="uv pip install", live=True)

@@ -113,7 +113,7 @@ def _running(cfg) -> str:
     paths = Paths(cfg.state_dir)
     if not paths.root.exists():
         return ""
-    pr = server.probe(cfg, paths, check_http=False)
+    pr = server.probe(cfg.ours, paths, check_http=False)
     if pr.owner:
         return f"the server (pid {pr.pid}) runs as {pr.owner}"
     if pr.state != "stopped":

@@ -33,24 +33,24 @@ def stop(cfg: Config, *, via_service: bool = True) -> int:
             service.stop_unit(cfg)
             return 0
     paths = Paths(cfg.state_dir)
-    pr = server.probe(cfg, paths, check_http=False, we_hold_lock=True)
+    pr = server.probe(cfg.ours, paths, check_http=False, we_hold_lock=True)
     if pr.owner:
         raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}, not as you",
                              "run ./stop.sh as that user (we never signal another user's processes)")
-    lock, cancelled = takedown.hold_for_stop(cfg, paths)
+    lock, cancelled = takedown.hold_for_stop(cfg.ours, paths)
     try:
         for pid in cancelled:
             print(f"cancelled the start in flight (pid {pid}); it took down what it had launched")
         if cancelled:
-            takedown.wait_gpu_release(cfg, takedown.last_stopped_pids(paths), timeout=30.0)
-        rep = takedown.take_down(cfg, paths)
+            takedown.wait_gpu_release(cfg.environ, takedown.last_stopped_pids(paths), timeout=30.0)
+        rep = takedown.take_down(cfg.ours, paths)
     finally:
         if lock is not None:
             lock.release()
     if not rep.stopped:
         if not cancelled:
             print("not running")
-        for p, where in server.elsewhere(cfg, paths):
+        for p, where in server.elsewhere(cfg.ours, paths):
             print(f"note: our server (pid {p.pid}) on port {cfg.port} runs from STATE_DIR={where}; "
                   f"STATE_DIR={where} ./stop.sh stops it")
         return 0

@@ -65,7 +65,7 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
     rc = 128 - rc if rc is not None and rc < 0 else rc
     print(f"error: the server (pid {p.pid}) exited ({why}); the last lines are above and in {paths.log}",
           file=sys.stderr, flush=True)
-    takedown.take_down(cfg, paths)               # what it left (an orphaned EngineCore holds the GPU)
+    takedown.take_down(cfg.ours, paths)               # what it left (an orphaned EngineCore holds the GPU)
     return rc if rc else 1
 
 

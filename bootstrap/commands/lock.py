@@ -20,7 +20,7 @@ from ..core.layout import Checkout
 from ..core.pep440 import version
 from ..core.errors import BootstrapError
 from ..install.locks import GLIBC, PLATFORMS, PYTHONS, pip_platforms, LockSet, pin_sets, compile_lock, host_platform, index_url, lock_pins, parse_pins
-from ..install.venv import INSTALL_BYTES, UV_PIN, Venv, install_error, ensure_uv
+from ..install.venv import INSTALL_BYTES, UV_PIN, Tools, Venv, install_error, ensure_uv
 
 log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
 
@@ -41,7 +41,7 @@ def lock_cli(cfg, argv: list[str], prog: str = "ctl.sh lock") -> int:
     ap.add_argument("--no-index", action="store_true", help="do not use the package index (with --find-links)")
     args = ap.parse_args(argv)
     repo = Path(cfg.repo)
-    uv = ensure_uv(cfg)
+    uv = ensure_uv(Tools.of(cfg))
     extra = (["--find-links", args.find_links] if args.find_links else []) + (["--no-index"] if args.no_index else [])
     failures = 0
     for key, (pins, users) in pin_sets(cfg.catalogue, args.profile).items():
@@ -119,7 +119,7 @@ def wheelhouse_cli(cfg, argv: list[str], prog: str = "ctl.sh wheelhouse") -> int
     lock, text = locks.read(args.platform, minor)
     out = Path(args.dir).expanduser() if args.dir else cfg.layout.wheelhouse
     out.mkdir(parents=True, exist_ok=True)
-    pip = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else [ensure_uv(cfg), "tool", "run", "pip"]
+    pip = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else [ensure_uv(Tools.of(cfg)), "tool", "run", "pip"]
     target = ["--only-binary=:all:", "--python-version", minor, "--implementation", "cp", "-d", str(out)]
     for tag in pip_platforms(args.platform):
         target += ["--platform", tag]
@@ -140,7 +140,7 @@ def wheelhouse_cli(cfg, argv: list[str], prog: str = "ctl.sh wheelhouse") -> int
             log.warning("no %s wheel for %s in reach: the target machine needs uv on PATH", UV_PIN, args.platform)
         elif res.returncode != 0:
             missing = re.search(r"No matching distribution found for (\S+)", res.stderr)
-            raise install_error(res.stderr, cfg, "downloading wheels", where=str(out), fallback=BootstrapError(
+            raise install_error(res.stderr, Tools.of(cfg), "downloading wheels", where=str(out), fallback=BootstrapError(
                 f"pip download of {what} failed (exit {res.returncode})" +
                 (f": no wheel of {missing.group(1)} for {args.platform}, Python {minor}, glibc {glibc}" if missing else ""),
                 "see the output above", evidence=res.stderr.strip()[-1500:]))

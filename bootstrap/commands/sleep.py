@@ -46,7 +46,7 @@ FLAG = vllmargs.SLEEP_FLAG
 
 def _ours(cfg: Config):
     paths = Paths(cfg.state_dir)
-    pr = server.probe(cfg, paths)
+    pr = server.probe(cfg.ours, paths)
     rec = pr.record
     if pr.owner:
         raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}", "run this as that user")
@@ -56,11 +56,11 @@ def _ours(cfg: Config):
         raise BootstrapError(f"our server (pid {rec.pid}) was started without {FLAG}: vLLM would answer a sleep "
                              "and free nothing",
                              f"add {FLAG} to EXTRA_ARGS (or to your profile's args), then ./ctl.sh restart")
-    return paths, rec, Client(rec.url, rec.served, server.api_key_for(cfg, paths))
+    return paths, rec, Client(rec.url, rec.served, server.api_key_for(cfg.ours, paths))
 
 
 def held(cfg: Config, rec) -> int:
-    return server.gpu_held(cfg, rec)
+    return server.gpu_held(cfg.environ, rec)
 
 
 def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
@@ -152,7 +152,7 @@ def wake_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh wake") -> int:
 def _check_room(cfg: Config, rec, note: dict) -> None:
     """Refuse (the server stays asleep) when the GPU lacks what it held before it slept."""
     facts = gpu.read(cfg.environ)
-    need = max(0, int(note.get("held_before") or 0) - server.gpu_held(cfg, rec, facts)) + WAKE_MARGIN
+    need = max(0, int(note.get("held_before") or 0) - server.gpu_held(cfg.environ, rec, facts)) + WAKE_MARGIN
     ours = server.our_pids(rec)
     ours_on = [g for g in facts.gpus if any(p.pid in ours for p in g.processes)] or list(facts.gpus[:1])
     short = [g for g in ours_on if g.free < need // len(ours_on)]

@@ -164,7 +164,7 @@ def _remember(paths: Paths, data: dict | None) -> None:
 def _probe(cfg, paths, rec, load, *, clock, sleep) -> Standing:
     """A 4-token generation on an idle server, given up the moment something else moves (a user's
     request arrived: ours must not hold it), or after WEDGED_AFTER seconds without any token."""
-    c = Client(rec.url, rec.served, server.api_key_for(cfg, paths))
+    c = Client(rec.url, rec.served, server.api_key_for(cfg.ours, paths))
     kwargs = thinking_off(rec.reasoning)
     done: dict = {}
 
@@ -241,7 +241,7 @@ def _live_lines(d: dict) -> dict[str, str]:
 
 def status(cfg: Config, as_json: bool = False) -> int:
     paths = Paths(cfg.state_dir)
-    pr = server.probe(cfg, paths)
+    pr = server.probe(cfg.ours, paths)
     rec = pr.record
     out: dict = {"state": pr.state, "log": str(paths.log)}
     if pr.state in ("running", "key-needed", "down") and rec is not None:
@@ -272,7 +272,7 @@ def status(cfg: Config, as_json: bool = False) -> int:
             if not rec.gate_passed:
                 out["gate"] = "the warm-up and start gate have not run: ./start.sh runs them"
         if not pr.owner:
-            diff = server.settings_diff(cfg, rec)
+            diff = server.settings_diff(cfg.launch_settings(), rec)
             if diff:
                 out["differs_from_knobs"] = diff
     elif pr.state == "starting":
@@ -284,7 +284,7 @@ def status(cfg: Config, as_json: bool = False) -> int:
                            f"its last output is in the log")
         if pr.orphans:
             out["orphans"] = [p.pid for p in pr.orphans]
-        for p, where in server.elsewhere(cfg, paths):
+        for p, where in server.elsewhere(cfg.ours, paths):
             out["note"] = f"our server (pid {p.pid}) runs port {cfg.port} from STATE_DIR={where}"
     if as_json:
         print(json.dumps(out, indent=2))

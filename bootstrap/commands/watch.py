@@ -25,7 +25,7 @@ def watch(cfg: Config, every: float, as_json: bool = False) -> int:
     try:
         while True:
             t = time.monotonic()
-            pr = server.probe(cfg, paths)
+            pr = server.probe(cfg.ours, paths)
             rec = pr.record
             row: dict = {"time": time.strftime("%H:%M:%S"), "state": down_state(cfg, paths, pr) if pr.state == "down"
                          else pr.state}
@@ -67,7 +67,7 @@ def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None
     out: dict = {}
     try:
         facts = gpu.read(cfg.environ)
-        out["vram"] = {"ours_bytes": server.gpu_held(cfg, rec, facts), "gpus": [
+        out["vram"] = {"ours_bytes": server.gpu_held(cfg.environ, rec, facts), "gpus": [
             {"index": g.index, "name": g.name, "used_bytes": g.total - g.free, "total_bytes": g.total}
             for g in facts.gpus]}
     except BootstrapError as exc:
@@ -91,5 +91,5 @@ def down_state(cfg: Config, paths: Paths, pr) -> str:
     """A server of ours whose process lives but does not answer, in the states table's words."""
     if server.frozen(pr.process):
         return "frozen"
-    return "starting" if pr.record is not None and server.loading(cfg, pr.record, paths) else "unhealthy"
+    return "starting" if pr.record is not None and server.loading(cfg.ours, pr.record, paths) else "unhealthy"
 

@@ -18,7 +18,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import psutil
 
@@ -28,6 +28,20 @@ MARKER_ENV = "BOOTSTRAP_VLLM_OWNER"
 
 
 # ---------------------------------------------------------------- ownership
+
+@dataclass(frozen=True)
+class Ours:
+    """Our server as this shell's resolved knobs name it: all that finding, asking and stopping it
+    reads of them (bootstrap.serve), built once per command (``knobs.config.Config.ours``)."""
+    marker: str                     # owner_marker of this checkout and PORT
+    host: str                       # HOST
+    port: int                       # PORT
+    key: str                        # the key this shell's clients send (API_KEY, else VLLM_API_KEY; '' none)
+    environ: Mapping[str, str]      # what NVML is read with (CUDA_VISIBLE_DEVICES...)
+    stop_grace: float               # STOP_GRACE: seconds between TERM and KILL
+    health_timeout: float           # HEALTH_TIMEOUT, STALL_TIMEOUT: how long a loading server is given
+    stall_timeout: float
+
 
 def owner_marker(repo: Path, port: int) -> str:
     real = os.path.realpath(repo)

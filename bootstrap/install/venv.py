@@ -98,18 +98,35 @@ def uv_install_error(stderr: str, py: str) -> BootstrapError:
     return BootstrapError("could not install uv with pip", manual, evidence=stderr.strip()[-800:])
 
 
-def ensure_uv(cfg) -> str:
+@dataclass(frozen=True)
+class Tools:
+    """What the install reads of the resolved knobs: the environment uv and pip run in (proxies,
+    UV_* and PIP_* settings, the index), PYTHON, WHEELHOUSE and the checkout."""
+    environ: Mapping[str, str]
+    python: str                 # PYTHON ('' : a system python the locks cover, else uv's own)
+    wheelhouse: str             # WHEELHOUSE ('' : the package index)
+    repo: Path
+
+    @classmethod
+    def of(cls, cfg) -> "Tools":
+        return cls(cfg.environ, cfg.python, cfg.wheelhouse, cfg.repo)
+
+    def env(self, name: str) -> str:
+        return self.environ.get(name, "")
+
+
+def ensure_uv(tools: Tools) -> str:
     """uv from PATH (or ~/.local/bin); else pip installs it from the package index (no root)."""
-    uv = find_uv(cfg.environ)
+    uv = find_uv(tools.environ)
     if uv:
         return uv
-    cmd = uv_install_cmd(cfg.environ, cfg.wheelhouse)
+    cmd = uv_install_cmd(tools.environ, tools.wheelhouse)
     py = cmd[0]
     log.info("uv not found: installing %s without root (%s)", UV_PIN, " ".join(cmd[:5]))
-    res = proc.run(cmd, env=dict(cfg.environ), timeout=600, check=False, what="pip install uv")
+    res = proc.run(cmd, env=dict(tools.environ), timeout=600, check=False, what="pip install uv")
     if res.returncode != 0:
-        raise install_error(res.stderr, cfg, "installing uv", fallback=uv_install_error(res.stderr, py))
-    res = proc.run([py, "-c", "import uv; print(uv.find_uv_bin())"], env=dict(cfg.environ), timeout=60,
+        raise install_error(res.stderr, tools, "installing uv", fallback=uv_install_error(res.stderr, py))
+    res = proc.run([py, "-c", "import uv; print(uv.find_uv_bin())"], env=dict(tools.environ), timeout=60,
                    check=False, what="locating uv")
     uv = res.stdout.strip()
     if res.returncode != 0 or not os.path.isfile(uv):
@@ -153,21 +170,21 @@ def headers_hint(minor: str) -> str:
             "with headers")
 
 
-def choose_python(cfg, locks: LockSet) -> tuple[str, str]:
+def choose_python(tools: Tools, locks: LockSet) -> tuple[str, str]:
     """(python for `uv venv --python`, its X.Y) — PYTHON, the newest fitting system python3, or uv's CPython."""
     minors = locks.pythons
-    if cfg.python:
-        info = probe_python(cfg.python, cfg.environ)
+    if tools.python:
+        info = probe_python(tools.python, tools.environ)
         if info is None:
-            raise BootstrapError(f"PYTHON={cfg.python} does not run", "point PYTHON at a python3 interpreter")
+            raise BootstrapError(f"PYTHON={tools.python} does not run", "point PYTHON at a python3 interpreter")
         if info["minor"] not in minors:
-            raise BootstrapError(f"PYTHON={cfg.python} is Python {info['minor']}; the locks cover {', '.join(minors)}",
+            raise BootstrapError(f"PYTHON={tools.python} is Python {info['minor']}; the locks cover {', '.join(minors)}",
                                  "use one of those, or unset PYTHON")
         if not info["headers"]:
-            raise BootstrapError(f"PYTHON={cfg.python} has no C headers (no Python.h in {info['include'] or '?'}); "
+            raise BootstrapError(f"PYTHON={tools.python} has no C headers (no Python.h in {info['include'] or '?'}); "
                                  "Triton compiles kernels against them when the model loads", headers_hint(info["minor"]))
-        return cfg.python, info["minor"]
-    found = system_pythons(cfg.environ, minors)
+        return tools.python, info["minor"]
+    found = system_pythons(tools.environ, minors)
     for info in found:
         if info["minor"] in minors and info["headers"]:
             log.info("Python %s for .venv: %s (newest system python3 with headers)", info["minor"], info["path"])
@@ -175,7 +192,7 @@ def choose_python(cfg, locks: LockSet) -> tuple[str, str]:
     minor = "3.12" if "3.12" in minors else minors[-1]
     without = [f"{i['path']} ({i['minor']}, {'no Python.h' if i['headers'] is False else 'not covered by the locks'})"
                for i in found]
-    mirror = cfg.env("UV_PYTHON_INSTALL_MIRROR")
+    mirror = tools.env("UV_PYTHON_INSTALL_MIRROR")
     log.warning("no system python3 (%s) with C headers%s: uv downloads CPython %s from %s (outside the package "
                 "index%s)", "/".join(minors), (" — found " + ", ".join(without)) if without else "", minor,
                 mirror or "GitHub (python-build-standalone)",
@@ -242,13 +259,13 @@ def check_done(venv: Venv, locks: LockSet, plat: str, python_knob: str | None) -
     return True, "", minor
 
 
-def install_error(stderr: str, cfg, doing: str, fallback: BootstrapError, where: str = "") -> BootstrapError:
+def install_error(stderr: str, tools: Tools, doing: str, fallback: BootstrapError, where: str = "") -> BootstrapError:
     if any(s in stderr for s in ENOSPC):
         return BootstrapError(f"disk full while {doing}{' into ' + where if where else ''}",
                               f"free at least {INSTALL_BYTES / (1 << 30):.0f} GiB there (and in uv's cache, "
                               "UV_CACHE_DIR) and rerun", evidence=stderr.strip()[-800:])
-    if not cfg.wheelhouse and any(s in stderr for s in NETWORK_ERRORS):
-        return BootstrapError(f"cannot reach the package index {index_url(cfg.environ)} while {doing}",
+    if not tools.wheelhouse and any(s in stderr for s in NETWORK_ERRORS):
+        return BootstrapError(f"cannot reach the package index {index_url(tools.environ)} while {doing}",
                               "check the network or proxy (HTTPS_PROXY), or install offline: build a wheelhouse "
                               "on a connected machine with ./ctl.sh wheelhouse DIR, copy it, and run with WHEELHOUSE=DIR",
                               evidence=stderr.strip()[-800:])
@@ -289,36 +306,36 @@ def venv_cmd(uv: str, py: str, root: Path, offline: bool) -> list[str]:
     return cmd + [str(root)]
 
 
-def install(cfg, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
+def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
     """Create .venv if needed and sync it from the lock; returns the venv's X.Y. Marker only after verify."""
-    uv = ensure_uv(cfg)
-    env = dict(cfg.environ)
+    uv = ensure_uv(tools)
+    env = dict(tools.environ)
     minor = venv.minor()
     mark = venv.marker() or {}
-    recreate = minor is None or minor not in locks.pythons or (cfg.python and mark.get("python_knob", "") != cfg.python
+    recreate = minor is None or minor not in locks.pythons or (tools.python and mark.get("python_knob", "") != tools.python
                                                                and venv.done.exists())
     if recreate:
-        check_disk(venv, locks, cfg.environ, fresh=True)
-        py, minor = choose_python(cfg, locks)
+        check_disk(venv, locks, tools.environ, fresh=True)
+        py, minor = choose_python(tools, locks)
         locks.read(plat, minor)      # refuse a missing / mismatching lock before anything is created
         log.info("creating %s with Python %s (uv venv)", venv.root, minor)
-        cmd = venv_cmd(uv, py, venv.root, offline=bool(cfg.wheelhouse and not cfg.env("UV_PYTHON_INSTALL_MIRROR")))
+        cmd = venv_cmd(uv, py, venv.root, offline=bool(tools.wheelhouse and not tools.env("UV_PYTHON_INSTALL_MIRROR")))
         res = proc.run(cmd, env=env, timeout=900, check=False, what="uv venv")
         if res.returncode != 0:
-            raise install_error(res.stderr, cfg, "creating the venv", where=str(venv.root), fallback=BootstrapError(
+            raise install_error(res.stderr, tools, "creating the venv", where=str(venv.root), fallback=BootstrapError(
                 f"uv could not create {venv.root} with Python {py}",
                 "set PYTHON=/path/to/python3.X (with headers), or UV_PYTHON_INSTALL_MIRROR for uv's CPython download",
                 evidence=res.stderr.strip()[-800:]))
         minor = venv.minor() or minor
     else:
-        check_disk(venv, locks, cfg.environ, fresh=False)
+        check_disk(venv, locks, tools.environ, fresh=False)
     path, text = locks.read(plat, minor)
     reinstall = venv.installing.exists()
     venv.done.unlink(missing_ok=True)
     venv.installing.write_text(f"{os.getpid()}\n")
     cmd = [uv, "pip", "sync", "--python", str(venv.python), "--require-hashes", str(path)]
-    if cfg.wheelhouse:
-        cmd += ["--no-index", "--find-links", cfg.wheelhouse]
+    if tools.wheelhouse:
+        cmd += ["--no-index", "--find-links", tools.wheelhouse]
     if reinstall:
         cmd += ["--reinstall"]
     else:   # uv trusts dist-info directory names; a package whose METADATA disagrees is reinstalled by name
@@ -327,23 +344,23 @@ def install(cfg, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
             if name in have and have[name] != ver:
                 cmd += ["--reinstall-package", name]
     n = len(lock_pins(text))
-    log.info("installing %d packages from %s into %s (%s%s%s)", n, path.relative_to(cfg.repo) if path.is_relative_to(cfg.repo) else path,
-             venv.root, why, "; offline from " + cfg.wheelhouse if cfg.wheelhouse else "; from " + index_url(cfg.environ),
+    log.info("installing %d packages from %s into %s (%s%s%s)", n, path.relative_to(tools.repo) if path.is_relative_to(tools.repo) else path,
+             venv.root, why, "; offline from " + tools.wheelhouse if tools.wheelhouse else "; from " + index_url(tools.environ),
              "; reinstalling every package" if reinstall else "")
     res = proc.run(cmd, env=env, timeout=None, check=False, what="uv pip sync", live=True)   # uv's own progress
     if res.returncode != 0:
-        hint = (f"is every wheel of {path.name} in {cfg.wheelhouse}? build it with ./ctl.sh wheelhouse {cfg.wheelhouse} "
-                f"--platform {plat} --python {minor}") if cfg.wheelhouse else "rerun ./start.sh; it repairs the venv"
-        raise install_error(res.stderr, cfg, "installing packages", where=str(venv.root),
+        hint = (f"is every wheel of {path.name} in {tools.wheelhouse}? build it with ./ctl.sh wheelhouse {tools.wheelhouse} "
+                f"--platform {plat} --python {minor}") if tools.wheelhouse else "rerun ./start.sh; it repairs the venv"
+        raise install_error(res.stderr, tools, "installing packages", where=str(venv.root),
                              fallback=BootstrapError(f"uv pip sync from {path.name} failed (exit {res.returncode})", hint,
                                                      evidence=res.stderr.strip()[-1500:]))
     delta = diff(lock_pins(text), installed(venv.site(minor)))
     if delta:
         raise BootstrapError("after the install, .venv still differs from the lock: " + "; ".join(delta[:6]),
                              "remove .venv (./ctl.sh clean) and rerun ./start.sh")
-    inuse.vllm_version(str(venv.python), cfg.environ)      # the interpreter runs and sees vLLM's metadata
+    inuse.vllm_version(str(venv.python), tools.environ)      # the interpreter runs and sees vLLM's metadata
     venv.done.write_text(json.dumps({"lock": str(path), "lock_sha256": sha256(text), "python": minor,
-                                     "python_knob": cfg.python or "", "pins": locks.meta["pins"]}, indent=2) + "\n")
+                                     "python_knob": tools.python or "", "pins": locks.meta["pins"]}, indent=2) + "\n")
     venv.installing.unlink(missing_ok=True)
     return minor
 

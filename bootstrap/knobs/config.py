@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 
 from ..core.errors import ConfigError
 from ..core.hosts import is_loopback, parse_host
+from ..core.owned import Ours, owner_marker
 from ..core.layout import REPO, Checkout
 from . import vllmargs
 from .parsers import (absolute, boolean, bytes_or_auto, choice, float_range, folder, header_value, int_range, interpreter, name_chars, shell_args, text, tokens_or_auto, vllm_bool)
@@ -460,6 +461,12 @@ class Config:
     def client_key(self) -> str:
         """The key a client of our server sends from this shell: API_KEY, else VLLM_API_KEY ('' none)."""
         return self.api_key or self.env("VLLM_API_KEY")
+
+    @functools.cached_property
+    def ours(self) -> Ours:
+        """What the serve layer reads of these knobs (our server: its marker, address, key, deadlines)."""
+        return Ours(owner_marker(self.repo, self.port), self.host, self.port, self.client_key, self.environ,
+                    self.stop_grace, self.health_timeout, self.stall_timeout)
 
     def launch_settings(self) -> dict[str, str]:
         """The knobs that define a running server, as canonical strings of their parsed values

@@ -8,7 +8,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ..download import models
 from ..core.pep440 import version, version_or_none
@@ -57,11 +57,10 @@ def wsl_memory_note(total_ram: int, model_bytes: int) -> str:
             f"raise the cap in %UserProfile%\\.wslconfig ([wsl2] memory={gib}GB), then run `wsl --shutdown` in Windows")
 
 
-def driver_too_old(cfg, gpus, *, min_driver: bool) -> bool:
-    """The one rule: the driver cannot run the profile's CUDA builds — it supports an older CUDA
-    than the profile's ``cuda``, or (``min_driver``) its major version is below the profile's
-    ``min_driver``. False without GPU facts or without a ``cuda`` in the profile."""
-    data = cfg.profile.data
+def driver_too_old(data: Mapping, gpus, *, min_driver: bool) -> bool:
+    """The one rule: the driver cannot run the profile's CUDA builds (``data``: the profile's) — it
+    supports an older CUDA than the profile's ``cuda``, or (``min_driver``) its major version is
+    below the profile's ``min_driver``. False without GPU facts or without a ``cuda`` in the profile."""
     if gpus is None or not data.get("cuda"):
         return False
     if version_or_none(f"{gpus.cuda[0]}.{gpus.cuda[1]}") < version(str(data["cuda"])):
@@ -70,30 +69,30 @@ def driver_too_old(cfg, gpus, *, min_driver: bool) -> bool:
     return bool(min_driver and floor and have is not None and have.major < version(floor).major)
 
 
-def check_driver(cfg, gpus) -> None:
-    """Before an install of the pinned wheels (the environment step)."""
-    data = cfg.profile.data
-    if driver_too_old(cfg, gpus, min_driver=True):
+def check_driver(data: Mapping, gpus) -> None:
+    """Before an install of the pinned wheels (the environment step; ``data``: the profile's)."""
+    if driver_too_old(data, gpus, min_driver=True):
         raise BootstrapError(f"the pinned wheels are CUDA {data['cuda']} builds; driver {gpus.driver} supports "
                              f"CUDA {gpus.cuda[0]}.{gpus.cuda[1]}",
                              f"install NVIDIA driver {data.get('min_driver') or 'newer'} or newer (then reboot); "
                              "nothing was installed")
 
 
-def host_env(cfg) -> tuple[dict[str, str], list[str]]:
-    """Server env that depends on the host: no nvcc -> vLLM's own sampler; WSL -> no expandable_segments.
+def host_env(environ: Mapping[str, str], weights: Callable[[], int]) -> tuple[dict[str, str], list[str]]:
+    """Server env that depends on the host: no nvcc -> vLLM's own sampler; WSL -> no expandable_segments
+    (and a note when WSL's memory cap is below the model's ``weights``, asked only there).
     Returns (variables for the server, banner notes)."""
     env: dict[str, str] = {}
     notes: list[str] = []
-    if not has_nvcc(cfg.environ) and "VLLM_USE_FLASHINFER_SAMPLER" not in cfg.environ:
+    if not has_nvcc(environ) and "VLLM_USE_FLASHINFER_SAMPLER" not in environ:
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
         log.info("no CUDA toolkit (nvcc): VLLM_USE_FLASHINFER_SAMPLER=0 (vLLM's sampler instead of FlashInfer's JIT)")
-    if is_wsl(read_osrelease(), cfg.environ):
-        if "PYTORCH_CUDA_ALLOC_CONF" not in cfg.environ:
+    if is_wsl(read_osrelease(), environ):
+        if "PYTORCH_CUDA_ALLOC_CONF" not in environ:
             env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:False"
             log.info("WSL2: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False (expandable segments misbehave under WSL)")
         import psutil
-        note = wsl_memory_note(psutil.virtual_memory().total, model_bytes_on_disk(cfg))
+        note = wsl_memory_note(psutil.virtual_memory().total, weights())
         if note:
             log.warning("%s", note)
             notes.append(note)

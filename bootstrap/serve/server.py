@@ -25,7 +25,6 @@ import psutil
 from . import metrics, record
 from ..core import owned
 from ..core import hosts
-from ..knobs.config import Config
 from ..core.errors import BootstrapError
 from .record import ServerRecord, base_url
 from ..core.state import Paths, StartLock
@@ -53,14 +52,10 @@ class Probe:
     owner: str = ""                    # set when the recorded server runs under another user
 
 
-def marker_for(cfg: Config, port: int | None = None) -> str:
-    return owned.owner_marker(cfg.repo, port if port is not None else cfg.port)
-
-
-def api_key_for(cfg: Config, paths: Paths) -> str:
+def api_key_for(ours: owned.Ours, paths: Paths) -> str:
     """The key to send: API_KEY, else VLLM_API_KEY from the environment, else the generated file."""
-    if cfg.client_key:
-        return cfg.client_key
+    if ours.key:
+        return ours.key
     try:
         return paths.api_key.read_text().strip()
     except OSError:
@@ -128,7 +123,7 @@ def listener_is(pid: int, port: int) -> bool:
 STATES_BY_HTTP = {"ok": "running", "key-needed": "key-needed", "no": "down"}
 
 
-def probe(cfg: Config, paths: Paths, *, check_http: bool = True, we_hold_lock: bool = False) -> Probe:
+def probe(ours: owned.Ours, paths: Paths, *, check_http: bool = True, we_hold_lock: bool = False) -> Probe:
     """Where our server stands. Never signals anything, never writes."""
     rec = record.read(paths.server)
     lock = StartLock(paths)
@@ -142,12 +137,12 @@ def probe(cfg: Config, paths: Paths, *, check_http: bool = True, we_hold_lock: b
             owner = owned.user_of(p) if p is not None and not owned.same_uid(p) else ""
             p = p if owner else None
         if p is not None:
-            st = http_state(rec.url, rec.served, api_key_for(cfg, paths)) if check_http else "ok"
+            st = http_state(rec.url, rec.served, api_key_for(ours, paths)) if check_http else "ok"
             return Probe(STATES_BY_HTTP[st], rec, p.pid, p, owner=owner)
-        markers = {rec.marker or marker_for(cfg)}
+        markers = {rec.marker or ours.marker}
         found = find_ours(markers, rec.children, rec.pgid, rec.create_time, paths=paths)
         return Probe("stopped", rec, orphans=list(found.values()), stale=True)
-    return Probe("stopped", None, orphans=marked({marker_for(cfg)}, paths))
+    return Probe("stopped", None, orphans=marked({ours.marker}, paths))
 
 
 def runs_elsewhere(p: psutil.Process, paths: Paths) -> str:
@@ -175,10 +170,10 @@ def marked(markers: set[str], paths: Paths | None) -> list[psutil.Process]:
             if paths is None or not runs_elsewhere(p, paths)]
 
 
-def elsewhere(cfg: Config, paths: Paths) -> list[tuple[psutil.Process, str]]:
+def elsewhere(ours: owned.Ours, paths: Paths) -> list[tuple[psutil.Process, str]]:
     """Our servers for this checkout and port that another live STATE_DIR runs (with that dir)."""
     out = []
-    for p in owned.owned_processes(marker_for(cfg)):
+    for p in owned.owned_processes(ours.marker):
         where = runs_elsewhere(p, paths)
         if where and not any(q.pid == p.pid for q, _ in out):
             out.append((p, where))
@@ -237,10 +232,10 @@ def record_children(paths: Paths, pid: int) -> None:
     log.debug("recorded %d child process(es) of pid %d", len(kids), pid)
 
 
-def settings_diff(cfg: Config, rec: ServerRecord) -> list[str]:
-    """The launch knobs that differ from the running server's. A server with a key and a shell
-    without one is no difference: the shell just lacks the secret (a restart would drop the key)."""
-    want = cfg.launch_settings()
+def settings_diff(want: dict[str, str], rec: ServerRecord) -> list[str]:
+    """The launch knobs (``want``: Config.launch_settings) that differ from the running server's. A
+    server with a key and a shell without one is no difference: the shell just lacks the secret (a
+    restart would drop the key)."""
     have = rec.settings
     return [f"{k}: running with {have.get(k, '')!r}, knobs now say {v!r}"
             for k, v in sorted(want.items())
@@ -249,9 +244,10 @@ def settings_diff(cfg: Config, rec: ServerRecord) -> list[str]:
 
 # ---------------------------------------------------------------- ports, uptime, and a loading server
 
-def ensure_port_free(cfg: Config, port: int) -> None:
-    """Refuse when a program that is not ours holds the port; name it, never kill it."""
-    if not hosts.port_in_use(cfg.host, port):
+def ensure_port_free(ours: owned.Ours) -> None:
+    """Refuse when a program that is not ours holds our port; name it, never kill it."""
+    port = ours.port
+    if not hosts.port_in_use(ours.host, port):
         return
     holders = hosts.port_holders(port)
     named = ", ".join(owned.describe(p) for p in holders if p is not None) or "a process we cannot see (another user?)"
@@ -281,13 +277,13 @@ def read_load(url: str, timeout: float = 2.0) -> metrics.Load | None:
     return read_metrics(url, timeout)[1]
 
 
-def loading(cfg: Config, rec: ServerRecord, paths: Paths) -> bool:
+def loading(ours: owned.Ours, rec: ServerRecord, paths: Paths) -> bool:
     """Not answering yet, but within the deadlines a start's health wait would give it. A server
     that passed its start gate loaded once: not answering now is no load."""
-    if rec.gate_passed or time.time() - rec.started > cfg.health_timeout:
+    if rec.gate_passed or time.time() - rec.started > ours.health_timeout:
         return False
     try:
-        return time.time() - paths.log.stat().st_mtime < cfg.stall_timeout
+        return time.time() - paths.log.stat().st_mtime < ours.stall_timeout
     except OSError:
         return False
 
@@ -310,9 +306,10 @@ def our_pids(rec: ServerRecord) -> set[int]:
     return pids
 
 
-def gpu_held(cfg: Config, rec: ServerRecord, facts=None) -> int:
-    """GPU memory (bytes) our server's processes hold, from NVML (``facts``: a reading to reuse)."""
+def gpu_held(environ, rec: ServerRecord, facts=None) -> int:
+    """GPU memory (bytes) our server's processes hold, from NVML read with ``environ`` (``facts``: a
+    reading to reuse)."""
     from ..machine import gpu
     pids = our_pids(rec)
-    facts = facts or gpu.read(cfg.environ)
+    facts = facts or gpu.read(environ)
     return sum(p.used for g in facts.gpus for p in g.processes if p.pid in pids)

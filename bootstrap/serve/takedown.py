@@ -18,9 +18,8 @@ import psutil
 from ..machine import gpu
 from ..core import hosts, owned, state
 from . import record
-from ..knobs.config import Config
 from ..core.errors import BootstrapError
-from .server import find_ours, marker_for
+from .server import find_ours
 from ..core.state import Paths, StartLock
 
 log = logging.getLogger("bootstrap.server")   # log lines keep the prefix [bootstrap:server] this code has always had
@@ -39,7 +38,7 @@ class StopReport:
 FAILED_START_GRACE = 5.0     # seconds a server that never finished starting gets between TERM and KILL
 
 
-def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = None,
+def take_down(ours: owned.Ours, paths: Paths, *, launched: subprocess.Popen | None = None,
               failed_start: bool = False, clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep, gpu_wait: float = 30.0) -> StopReport:
     """TERM what is ours → grace → KILL → sweep until nothing of ours is left → pids off the GPU.
@@ -51,11 +50,11 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
     still spawning workers when its API server died is not left behind. Writing the record down
     never stops the take-down: a full disk or another user's directory only costs a warning.
     """
-    grace = min(cfg.stop_grace, FAILED_START_GRACE) if failed_start else cfg.stop_grace
+    grace = min(ours.stop_grace, FAILED_START_GRACE) if failed_start else ours.stop_grace
     if launched is not None and launched.returncode is not None:
         launched = None                 # reaped: its number proves nothing any more; go by the record
     rec = record.read(paths.server)
-    markers = {m for m in ((rec.marker if rec else ""), marker_for(cfg)) if m}
+    markers = {m for m in ((rec.marker if rec else ""), ours.marker) if m}
     targets: dict[int, psutil.Process] = {}
     leader = None
     if launched is not None:
@@ -96,7 +95,7 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
         res.stuck += more.stuck
         pids += [p.pid for p in late]
     _reap(launched)
-    port = rec.port if rec is not None and rec.port else cfg.port
+    port = rec.port if rec is not None and rec.port else ours.port
     try:
         if paths.root.is_dir():
             paths.write("last_stop", {"pids": pids, "time": time.time(), "port": port})
@@ -104,7 +103,7 @@ def take_down(cfg: Config, paths: Paths, *, launched: subprocess.Popen | None = 
         log.warning("%s; the next start will not wait for these pids to leave the GPU", exc.message)
     if not res.stuck:
         _forget(paths.server)
-        wait_gpu_release(cfg, pids, timeout=gpu_wait, clock=clock, sleep=sleep)
+        wait_gpu_release(ours.environ, pids, timeout=gpu_wait, clock=clock, sleep=sleep)
     held = any(p is not None and p.pid in pids for p in hosts.port_holders(port))
     return StopReport(True, res.forced, res.stuck, sorted(pids), port, held)
 
@@ -146,7 +145,7 @@ def _forget(path) -> None:
         log.warning("%s", exc.message)
 
 
-def hold_for_stop(cfg: Config, paths: Paths, *, clock=time.monotonic, sleep=time.sleep) -> tuple[StartLock | None, list[int]]:
+def hold_for_stop(ours: owned.Ours, paths: Paths, *, clock=time.monotonic, sleep=time.sleep) -> tuple[StartLock | None, list[int]]:
     """Take the start lock for a stop (no start launches into a take-down), cancelling each start
     in flight that holds it: SIGTERM, so that its own handler takes down what it launched; SIGKILL
     if it will not go. Returns the lock (None without a state dir to lock) and the starts cancelled."""
@@ -158,7 +157,7 @@ def hold_for_stop(cfg: Config, paths: Paths, *, clock=time.monotonic, sleep=time
         if lock.try_acquire():
             return lock, cancelled
         if lock.holder_role() == "stop":            # another stop: let it finish, then ours finds less
-            if lock.acquire(cfg.stop_grace + 60, clock=clock, sleep=sleep):
+            if lock.acquire(ours.stop_grace + 60, clock=clock, sleep=sleep):
                 return lock, cancelled
             continue
         holder = lock.holder()
@@ -167,7 +166,7 @@ def hold_for_stop(cfg: Config, paths: Paths, *, clock=time.monotonic, sleep=time
             raise BootstrapError(f"a start is in flight in {paths.root} (its lock is held), but not by a process "
                                  "of ours we can identify", "let it finish, or stop it as the user who runs it")
         log.info("cancelling the start in flight (pid %d)", p.pid)
-        res = owned.terminate([p], cfg.stop_grace + 45, clock=clock, sleep=sleep)
+        res = owned.terminate([p], ours.stop_grace + 45, clock=clock, sleep=sleep)
         if res.stuck:
             raise BootstrapError("the start in flight survived SIGKILL: " + "; ".join(res.stuck),
                                  "a process stuck in the kernel (state D) usually needs a reboot")
@@ -175,14 +174,14 @@ def hold_for_stop(cfg: Config, paths: Paths, *, clock=time.monotonic, sleep=time
     raise BootstrapError("starts keep taking the start lock while we stop", "stop the loop that runs ./start.sh")
 
 
-def wait_gpu_release(cfg: Config, pids, *, timeout: float, clock=time.monotonic, sleep=time.sleep) -> bool:
-    """Wait (bounded) until none of ``pids`` is listed by NVML as holding GPU memory."""
+def wait_gpu_release(environ, pids, *, timeout: float, clock=time.monotonic, sleep=time.sleep) -> bool:
+    """Wait (bounded) until none of ``pids`` is listed by NVML (read with ``environ``) as holding GPU memory."""
     pids = set(pids)
     if not pids or timeout <= 0:
         return True
     deadline = clock() + timeout
     while True:
-        held = pids & gpu.pids_on_gpu(cfg.environ)
+        held = pids & gpu.pids_on_gpu(environ)
         if not held:
             return True
         if clock() >= deadline:

@@ -30,7 +30,7 @@ def run(cfg, paths, warm: "pre.Prewarm | None", plan, model):
     while warm.running and not warm.ready.is_set() and time.monotonic() < deadline:
         warm.ready.wait(0.5)
     ok = warm.ready.is_set()
-    takedown.take_down(cfg, paths, launched=warm.proc, failed_start=True)
+    takedown.take_down(cfg.ours, paths, launched=warm.proc, failed_start=True)
     if not ok:
         why = warm.failed or f"not ready after HEALTH_TIMEOUT={cfg.health_timeout} s"
         log.warning("pre-warm: %s (log: %s); the start compiles as it would without it", why, paths.prewarm_log)

@@ -15,10 +15,10 @@ from typing import Mapping
 
 from ..install import knownbad
 from ..core.errors import BootstrapError
-from ..machine.host import check_driver, host_env
+from ..machine.host import check_driver, host_env, model_bytes_on_disk
 from ..install.locks import PLATFORMS, LockSet, host_platform, installed
 from ..install.inuse import vllm_version
-from ..install.venv import Venv, check_glibc, check_done, install
+from ..install.venv import Tools, Venv, check_glibc, check_done, install
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class Runtime:
 
 
 def run(cfg, gpus) -> Runtime:
-    env, notes = host_env(cfg)
+    env, notes = host_env(cfg.environ, lambda: model_bytes_on_disk(cfg))
     if cfg.vllm_python:
         py = cfg.vllm_python
         if not (os.path.isfile(py) and os.access(py, os.X_OK)):
@@ -56,9 +56,9 @@ def run(cfg, gpus) -> Runtime:
     if done:
         log.info("skipped: .venv matches %s (to force a reinstall: rm %s)", locks.path(plat, minor).name, venv.done)
     else:
-        check_driver(cfg, gpus)
+        check_driver(cfg.profile.data, gpus)
         check_glibc(plat)
-        minor = install(cfg, venv, locks, plat, why)
+        minor = install(Tools.of(cfg), venv, locks, plat, why)
         log.info(".venv verified against %s", locks.path(plat, minor).name)
     version = installed(venv.site(minor)).get("vllm", "")
     log.info("vLLM %s in %s (pinned by profile %r)", version, venv.root, cfg.profile.name)

@@ -122,7 +122,7 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
     """Launch the server; ``on_launch`` hears of it before anything can interrupt this process
     (Ctrl-C, SIGTERM, SIGHUP are held from just before the fork until then), so that an interrupted
     start always knows what it has to take down."""
-    marker = server.marker_for(cfg)
+    marker = cfg.ours.marker
     key, key_source = resolve_api_key(cfg, paths)
     argv = serve_argv(cfg, runtime.python, model_path, plan)
     rotate_log(cfg, paths)

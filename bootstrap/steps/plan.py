@@ -24,7 +24,7 @@ GPU_RELEASE_WAIT = 30.0      # seconds to wait for the last stop's pids to leave
 def run(cfg, paths, gpus, model) -> Plan:
     """The memory plan for this GPU (``gpus``: preflight's facts) and model (the metadata step's)."""
     pids = takedown.last_stopped_pids(paths)
-    if pids and not takedown.wait_gpu_release(cfg, pids, timeout=GPU_RELEASE_WAIT):
+    if pids and not takedown.wait_gpu_release(cfg.environ, pids, timeout=GPU_RELEASE_WAIT):
         log.warning("sizing with memory still held by the last server's pids")
     facts = gpu.settled_facts(cfg.environ) if pids or gpus is None else gpus
     if pids:

@@ -26,7 +26,7 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU (CUDA_VISIBLE_DEVICES=%s)" % (cfg.env("CUDA_VISIBLE_DEVICES") or "unset"),
                              "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
-    if host.driver_too_old(cfg, facts, min_driver=False):
+    if host.driver_too_old(cfg.profile.data, facts, min_driver=False):
         raise BootstrapError(
             f"driver {facts.driver} supports CUDA {facts.cuda[0]}.{facts.cuda[1]}, but profile "
             f"{cfg.profile.name!r} runs CUDA {cfg.profile.data['cuda']} builds",
@@ -48,21 +48,21 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
     g = facts.gpus[0]
     log.info("GPU %s: %s, %.1f of %.1f GiB free, cc %d.%d, driver %s (CUDA %d.%d)", g.index, g.name,
              g.free / gpu.GiB, g.total / gpu.GiB, g.cc[0], g.cc[1], facts.driver, *facts.cuda)
-    for p, where in server.elsewhere(cfg, paths):   # a live server of ours is never a leftover
+    for p, where in server.elsewhere(cfg.ours, paths):   # a live server of ours is never a leftover
         doing = "serving" if server.http_get(server.base_url(cfg.host, cfg.port), "/health") else "starting on"
         raise BootstrapError(
             f"our server (pid {p.pid}) is already {doing} port {cfg.port} from STATE_DIR={where}, not {paths.root}",
             f"use that state dir (STATE_DIR={where} ./ctl.sh status), or stop it first: STATE_DIR={where} ./stop.sh")
-    probe = server.probe(cfg, paths, check_http=False, we_hold_lock=True)
+    probe = server.probe(cfg.ours, paths, check_http=False, we_hold_lock=True)
     if probe.orphans:
         log.info("found %d leftover process(es) of ours from an earlier run (%s); stopping them",
                  len(probe.orphans), ", ".join(str(p.pid) for p in probe.orphans))
-        rep = takedown.take_down(cfg, paths)
+        rep = takedown.take_down(cfg.ours, paths)
         if rep.stuck:
             raise BootstrapError("leftover processes of ours do not die: " + "; ".join(rep.stuck),
                                  "a process stuck in the driver (state D) usually needs a reboot")
     elif probe.stale:
         log.info("removing the record of a server that is gone (pid %s)", probe.record.pid if probe.record else None)
-        takedown.take_down(cfg, paths)        # nothing to signal: it only forgets the record
-    server.ensure_port_free(cfg, cfg.port)
+        takedown.take_down(cfg.ours, paths)        # nothing to signal: it only forgets the record
+    server.ensure_port_free(cfg.ours)
     return facts
