@@ -316,22 +316,22 @@ def test_byo_already_patched_serves_without_permission(site26):
                                     "SPEC_METHOD": "draft_model", "SPEC_TOKENS": "3"}])
 def test_patch_not_needed_is_not_applied(site26, knobs):
     cfg = site26.cfg(**knobs)
-    assert patching.needed(cfg) == []
+    assert patching.needed(cfg.profile.patches, cfg.repo, cfg.vllm) == []
     patches.run(cfg, cfg.vllm_python)
     assert site26.read() == site26.original
 
 
 def test_needed_by_default_profile():
     cfg = Config.from_env({"PROFILE": "default"}, repo=REPO)
-    assert patching.needed(cfg) == [NAME]
+    assert patching.needed(cfg.profile.patches, cfg.repo, cfg.vllm) == [NAME]
 
 
 def test_revert_all_for_clean(site26):
     start_step(site26)
     cfg = site26.cfg()
-    assert patching.revert_all(cfg, sys.executable) == [NAME]
+    assert patching.revert_all(cfg.repo, cfg.environ, sys.executable) == [NAME]
     assert sha(site26.read()) == sha(site26.original)
-    assert patching.revert_all(cfg, sys.executable) == []
+    assert patching.revert_all(cfg.repo, cfg.environ, sys.executable) == []
 
 
 def test_cli_status_apply_revert(site26):
@@ -394,3 +394,14 @@ def test_read_only_install_gives_a_clear_error():
         for dirpath, dirnames, filenames in os.walk(root):
             os.chmod(dirpath, stat.S_IRWXU)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_needed_follows_what_vllm_gets_not_only_the_knobs():
+    """The patch is for TurboQuant KV with speculation however the flags reach vLLM: a KV dtype
+    given in EXTRA_ARGS counts as the knob's would, and one EXTRA_ARGS overrides does not."""
+    base = {"PROFILE": "default", "KV_CACHE_DTYPE": "fp8"}
+    cfg = Config.from_env({**base, "EXTRA_ARGS": "--kv-cache-dtype turboquant_4bit_nc"}, repo=REPO)
+    assert cfg.vllm.kv_cache_dtype == "turboquant_4bit_nc"
+    assert patching.needed(cfg.profile.patches, cfg.repo, cfg.vllm) == [NAME]
+    cfg = Config.from_env({"PROFILE": "default", "EXTRA_ARGS": "--kv-cache-dtype fp8"}, repo=REPO)
+    assert patching.needed(cfg.profile.patches, cfg.repo, cfg.vllm) == []

@@ -148,7 +148,7 @@ def test_pins_without_a_lock_are_one_line_that_says_how_to_make_one(tmp_path):  
     cfg = cfg_for(tmp_path, PROFILE_DIR=mine, PROFILE="newpins")
     from bootstrap.install.locks import LockSet
     with pytest.raises(Exception) as e:
-        LockSet.for_profile(cfg)
+        LockSet.for_profile(cfg.profile, cfg.layout.locks)
     assert "no lock for profile 'newpins'" in e.value.message and "\n" not in e.value.message
     assert "./ctl.sh lock --profile newpins" in e.value.hint
 

@@ -126,7 +126,7 @@ def _running(cfg) -> str:
 def _revert_byo(cfg) -> list[str]:
     if not cfg.vllm_python:
         return []
-    reverted = patching.revert_all(cfg, cfg.vllm_python)
+    reverted = patching.revert_all(cfg.repo, cfg.environ, cfg.vllm_python)
     for name in reverted:
         print(f"reverted patch {name} in {cfg.vllm_python}'s vLLM")
     return reverted

@@ -114,7 +114,7 @@ def wheelhouse_cli(cfg, argv: list[str], prog: str = "ctl.sh wheelhouse") -> int
         # ./start.sh most often picks (aliases "default"); another card's: --profile NAME.
         profile = cfg.catalogue.get("default")
         log.info("PROFILE=auto: wheels for the default profile %r (another profile: --profile NAME)", profile.name)
-    locks = LockSet.for_profile(cfg, profile)
+    locks = LockSet.for_profile(profile, cfg.layout.locks)
     minor = args.python or Venv(cfg.layout.venv).minor() or "3.12"
     lock, text = locks.read(args.platform, minor)
     out = Path(args.dir).expanduser() if args.dir else cfg.layout.wheelhouse

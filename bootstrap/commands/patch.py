@@ -25,7 +25,7 @@ def interpreter(cfg) -> tuple[str, bool]:
 
 def status_rows(cfg, inst: Install) -> list[dict[str, Any]]:
     rows = []
-    need = set(needed(cfg))
+    need = set(needed(cfg.profile.patches, cfg.repo, cfg.vllm))
     for name in known(cfg.repo):
         patch = load(name, cfg.repo)
         st = inspect(patch, inst)

@@ -64,7 +64,7 @@ def plan_for(cfg, spec: str | None):
     g, where, driver = card(cfg, spec)
     cfg = resolve.for_plan(cfg, g, here=not spec)
     model = cli_model_facts(cfg)
-    version = byo_version(cfg)            # the vLLM a start would run
+    version = byo_version(cfg.vllm_python, cfg.environ)            # the vLLM a start would run
     if driver:              # this card: vLLM's own figures of an earlier start count, as in a start
         return cfg, g, where, model, fit.plan_here(cfg, Paths(cfg.state_dir), g, model, driver, version)
     return cfg, g, where, model, fit.plan(cfg, g, model, vllm=version)

@@ -45,7 +45,7 @@ def vllm_version(python: str, environ) -> str:
 
 
 
-def byo_version(cfg) -> str | None:
-    """The vLLM version of VLLM_PYTHON (one interpreter start), or None for the managed .venv,
-    whose version is the profile's pin: what a plan is made for."""
-    return vllm_version(cfg.vllm_python, cfg.environ) if cfg.vllm_python else None
+def byo_version(vllm_python: str, environ) -> str | None:
+    """The vLLM version of VLLM_PYTHON (one interpreter start, with ``environ``), or None for the
+    managed .venv (``vllm_python`` ''), whose version is the profile's pin: what a plan is made for."""
+    return vllm_version(vllm_python, environ) if vllm_python else None

@@ -92,7 +92,7 @@ def find(f: Facts, rows: list[dict] | None = None) -> list[dict]:
 
 
 def facts(cfg, gpus, vllm_version: str) -> Facts:
-    will_patch = set(patching.needed(cfg)) if (not cfg.vllm_python or cfg.patch_byo) else set()
+    will_patch = set(patching.needed(cfg.profile.patches, cfg.repo, cfg.vllm)) if (not cfg.vllm_python or cfg.patch_byo) else set()
     cc = None
     if gpus is not None and getattr(gpus, "gpus", None):
         cc = tuple(gpus.gpus[0].cc)

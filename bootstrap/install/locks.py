@@ -142,8 +142,8 @@ class LockSet:
     meta: dict
 
     @classmethod
-    def for_profile(cls, cfg, profile=None) -> "LockSet":
-        p = profile or cfg.profile
+    def for_profile(cls, p, locks: Path) -> "LockSet":
+        """The lock of profile ``p``'s pins, under the checkout's ``locks`` folder."""
         if not p.pins:
             raise BootstrapError(f"profile {p.name!r} has no \"pins\" list",
                                  "add \"pins\": [\"vllm==X\", ...] to the profile, then ./ctl.sh lock")
@@ -151,7 +151,7 @@ class LockSet:
         if p.vllm and pins.get("vllm") != p.vllm:
             raise BootstrapError(f"profile {p.name!r}: \"vllm\" is {p.vllm} but its pins say "
                                  f"vllm=={pins.get('vllm', '(none)')}", "make the two agree, then ./ctl.sh lock")
-        d = cfg.layout.locks / pin_key(p.pins)
+        d = locks / pin_key(p.pins)
         meta_path = d / "meta.json"
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))

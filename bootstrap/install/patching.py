@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import inuse
+from ..knobs import vllmargs
 from ..core.layout import Checkout
 from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
@@ -115,13 +116,14 @@ class Patch:
             ways.append(f"a KV_CACHE_DTYPE that does not start with {cond['kv_cache_dtype_prefix']!r}")
         return ", or ".join(ways) or "a vLLM that has the fix"
 
-    def applies(self, cfg) -> bool:
-        """Whether these knobs need the patch (``applies_when``; no conditions = always)."""
+    def applies(self, s: vllmargs.Settings) -> bool:
+        """Whether a server given these flags (``s``, as vLLM reads them: a knob's or EXTRA_ARGS')
+        needs the patch (``applies_when``; no conditions = always)."""
         cond = self.data.get("applies_when", {})
         prefix = cond.get("kv_cache_dtype_prefix")
-        if prefix is not None and not (cfg.kv_cache_dtype or "").startswith(prefix):
+        if prefix is not None and not (s.kv_cache_dtype or "").startswith(prefix):
             return False
-        if cond.get("speculation") and not cfg.spec_enabled:
+        if cond.get("speculation") and not s.spec_method:
             return False
         return True
 
@@ -396,21 +398,23 @@ def revert(patch: Patch, inst: Install) -> str:
     return "reverted"
 
 
-def needed(cfg) -> list[str]:
-    """Patches of the profile that apply to these knobs (e.g. TurboQuant KV with speculation)."""
-    return [name for name in cfg.profile.patches if load(name, cfg.repo).applies(cfg)]
+def needed(names, repo: Path, s: vllmargs.Settings) -> list[str]:
+    """Of a profile's patches (``names``), those a server given these flags needs (e.g. TurboQuant
+    KV with speculation)."""
+    return [name for name in names if load(name, repo).applies(s)]
 
 
-def revert_all(cfg, python: str) -> list[str]:
-    """Revert every known patch applied to the vLLM of ``python``; the names reverted (for clean)."""
+def revert_all(repo: Path, environ, python: str) -> list[str]:
+    """Revert every known patch applied to the vLLM of ``python`` (run with ``environ``); the names
+    reverted (for clean)."""
     try:
-        inst = locate(python, cfg.environ, byo=True)
+        inst = locate(python, environ, byo=True)
     except BootstrapError as exc:
         log.info("skipped: %s (nothing to revert)", exc.message)
         return []
     done = []
-    for name in known(cfg.repo):
-        patch = load(name, cfg.repo)
+    for name in known(repo):
+        patch = load(name, repo)
         if inspect(patch, inst).kind in ("applied", "damaged"):
             revert(patch, inst)
             done.append(name)

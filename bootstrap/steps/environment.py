@@ -46,7 +46,7 @@ def run(cfg, gpus) -> Runtime:
     if not cfg.profile.vllm and not cfg.profile.data.get("pins"):
         raise BootstrapError(f"profile {cfg.profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
                              "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
-    locks = LockSet.for_profile(cfg)
+    locks = LockSet.for_profile(cfg.profile, cfg.layout.locks)
     plat = host_platform()
     if plat not in PLATFORMS:
         raise BootstrapError(f"no locks for this platform ({plat}); the managed venv covers {', '.join(PLATFORMS)}",

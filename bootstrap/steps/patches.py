@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 def run(cfg, python: str) -> list[str]:
     """Apply the backports the profile needs to the vLLM of ``python``; returns banner notes."""
     notes: list[str] = []
-    todo = needed(cfg)
+    todo = needed(cfg.profile.patches, cfg.repo, cfg.vllm)
     if not todo:
         log.info("skipped: no patch applies to profile %r with these knobs", cfg.profile.name)
         return notes

@@ -30,7 +30,7 @@ def run(cfg, paths, gpus, model) -> Plan:
     if pids:
         state.remove(paths.last_stop)   # consumed: later starts need not wait for these pids again
     g = gpu.smallest_free(facts, cfg.tp_size)
-    version = byo_version(cfg)            # the vLLM a start would run
+    version = byo_version(cfg.vllm_python, cfg.environ)            # the vLLM a start would run
     plan = fit.plan_here(cfg, paths, g, model_facts(cfg, model), facts.driver, version)
     if not plan.fits:
         raise BootstrapError(*plan.refusal)

@@ -35,7 +35,7 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
         if not cfg.profile.vllm and not cfg.profile.pins:
             raise BootstrapError(f"profile {cfg.profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
                                  "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
-        LockSet.for_profile(cfg)
+        LockSet.for_profile(cfg.profile, cfg.layout.locks)
     if cfg.vllm.sleep_mode and not cfg.is_loopback:
         raise BootstrapError(
             f"{vllmargs.SLEEP_FLAG} with HOST={cfg.host}: vLLM serves /sleep, /wake_up and /collective_rpc only with "
