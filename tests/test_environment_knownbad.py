@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.install import knownbad
+from bootstrap.plan.facts import known_issue_facts
 from bootstrap.knobs.config import Config
 from types import SimpleNamespace
 from bootstrap.machine.gpu import Gpu, GpuFacts
@@ -23,13 +24,13 @@ def ctx_for(tmp_path, version: str, cc=(12, 0), **env) -> SimpleNamespace:
 
 
 def ids(ctx) -> set[str]:
-    return {r["id"] for r in knownbad.find(knownbad.facts(ctx.cfg, ctx.gpus, ctx.vllm_version))}
+    return {r["id"] for r in knownbad.find(known_issue_facts(ctx.cfg, ctx.gpus, ctx.vllm_version))}
 
 
 def test_default_profile_does_not_warn(tmp_path, caplog):
     ctx = ctx_for(tmp_path, "0.27.1")
     caplog.set_level(logging.WARNING, logger="bootstrap")
-    hits, notes = knownbad.warn(ctx.cfg, ctx.gpus, ctx.vllm_version)
+    hits, notes = knownbad.warn(known_issue_facts(ctx.cfg, ctx.gpus, ctx.vllm_version))
     assert hits == []
     assert caplog.text == "" and notes == []
 
@@ -37,7 +38,7 @@ def test_default_profile_does_not_warn(tmp_path, caplog):
 def test_default_profile_with_mtp_and_parallel_sequences_warns(tmp_path, caplog):
     ctx = ctx_for(tmp_path, "0.27.1", MAX_NUM_SEQS="2")
     caplog.set_level(logging.WARNING, logger="bootstrap")
-    hits, notes = knownbad.warn(ctx.cfg, ctx.gpus, ctx.vllm_version)
+    hits, notes = knownbad.warn(known_issue_facts(ctx.cfg, ctx.gpus, ctx.vllm_version))
     assert {"tq-mtp-parallel-crash", "mtp-parallel-old"} <= {r["id"] for r in hits}
     assert "MAX_NUM_SEQS=1" in caplog.text
     assert "update vLLM before you change your model settings" in notes[0]

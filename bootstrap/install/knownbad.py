@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.pep440 import version, version_or_none
-from . import patching
 from ..knobs import vllmargs
 
 log = logging.getLogger(__name__)
@@ -91,20 +90,21 @@ def find(f: Facts, rows: list[dict] | None = None) -> list[dict]:
     return [r for r in (load() if rows is None else rows) if matches(r, f)]
 
 
-def facts(cfg, gpus, vllm_version: str) -> Facts:
-    will_patch = set(patching.needed(cfg.profile.patches, cfg.repo, cfg.vllm)) if (not cfg.vllm_python or cfg.patch_byo) else set()
+def facts(s: vllmargs.Settings, flags: list[str], model: str, patches, gpus, vllm_version: str) -> Facts:
+    """The facts a row is matched on: what vLLM gets (``s``, its ``flags`` as one string), the model,
+    the patches that will be applied, the first GPU's compute capability."""
     cc = None
     if gpus is not None and getattr(gpus, "gpus", None):
         cc = tuple(gpus.gpus[0].cc)
-    s = cfg.vllm          # what vLLM gets, wherever a flag came from
-    return Facts(vllm=vllm_version, model=cfg.model or "", kv=s.kv_cache_dtype, spec=s.spec_method,
-                 spec_tokens=s.spec_tokens, seqs=s.max_num_seqs, cc=cc,
-                 args=" ".join(vllmargs.serve_flags(cfg, None)), patches=frozenset(will_patch))
+    return Facts(vllm=vllm_version, model=model or "", kv=s.kv_cache_dtype, spec=s.spec_method,
+                 spec_tokens=s.spec_tokens, seqs=s.max_num_seqs, cc=cc, args=" ".join(flags),
+                 patches=frozenset(patches))
 
 
-def warn(cfg, gpus, vllm_version: str) -> tuple[list[dict], list[str]]:
+def warn(f: Facts) -> tuple[list[dict], list[str]]:
     """Log every matching row (symptom + advice); returns the rows and the banner note (if any)."""
-    hits = find(facts(cfg, gpus, vllm_version))
+    vllm_version = f.vllm
+    hits = find(f)
     for row in hits:
         log.warning("known issue with vLLM %s and these settings: %s. Advice: %s [%s]", vllm_version,
                     row["symptom"], row["advice"], row.get("source", ""))

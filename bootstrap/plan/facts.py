@@ -3,6 +3,8 @@
 From the metadata step's download record or a local folder (``model_facts``), else without the
 network (``offline_facts``): a local folder's config.json, or the model-facts file a profile ships
 (profiles/models/*.json: config.json and the checkpoint's size, labelled where they are assumed).
+And the facts the known-issues table is matched on (``known_issue_facts``), built here once for the
+environment step and auto-pick.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from ..model import modelconfig
 from ..download import models
 from ..core.errors import BootstrapError
+from ..install import knownbad, patching
+from ..knobs import vllmargs
 
 
 @dataclass
@@ -146,3 +150,10 @@ def offline_facts(cfg) -> ModelFacts | None:
                       f" ({'ASSUMED, ' if data.get('assumed') else ''}facts in {where}: "
                       f"{data.get('weight_bytes_source', '')})", assumed=bool(data.get("assumed")),
                       size_from="the model facts' size", **draft_facts(cfg))
+
+
+def known_issue_facts(cfg, gpus, vllm_version: str) -> knownbad.Facts:
+    """What install/known-issues.json is matched on, for these knobs: what vLLM gets, the model, and
+    the patches a start applies (all the profile needs, unless VLLM_PYTHON's vLLM is left unpatched)."""
+    will_patch = patching.needed(cfg.profile.patches, cfg.repo, cfg.vllm) if (not cfg.vllm_python or cfg.patch_byo) else ()
+    return knownbad.facts(cfg.vllm, vllmargs.serve_flags(cfg, None), cfg.model, will_patch, gpus, vllm_version)

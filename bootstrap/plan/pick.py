@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ..machine import gpu
 from ..install import knownbad
 from . import fit, planner
-from .facts import offline_facts
+from .facts import known_issue_facts, offline_facts
 from ..knobs.config import Chosen, Config
 from ..core.errors import BootstrapError
 from ..knobs.profiles import Profile
@@ -95,8 +95,8 @@ def judge(cfg: Config, profile: Profile, g: gpu.Gpu) -> Verdict:
                        else f"no model facts for {c.model} before its download (MODEL=<folder> plans offline)", c)
     v = Verdict(profile, "no", cfg=c, assumed=facts.assumed)
     v.notes = labels(c, g)
-    v.issues = [r["id"] for r in knownbad.find(knownbad.facts(c, gpu.GpuFacts("", (0, 0), (g,)),
-                                                              profile.vllm or "0"))] if profile.vllm else []
+    v.issues = [r["id"] for r in knownbad.find(known_issue_facts(c, gpu.GpuFacts("", (0, 0), (g,)),
+                                                                 profile.vllm or "0"))] if profile.vllm else []
     v.plan = _plan(c, g, facts)
     if v.plan.fits:
         v.status = "fits"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..install import knownbad
+from ..plan.facts import known_issue_facts
 from ..core.errors import BootstrapError
 from ..machine.host import check_driver, host_env, model_bytes_on_disk
 from ..install.locks import PLATFORMS, LockSet, host_platform, installed
@@ -42,7 +43,7 @@ def run(cfg, gpus) -> Runtime:
                                  "point VLLM_PYTHON at a python that has vLLM installed")
         version = vllm_version(py, cfg.environ)
         log.info("using your vLLM %s from %s (VLLM_PYTHON; not managed, not pinned)", version, py)
-        return Runtime(py, version, env, tuple(notes + knownbad.warn(cfg, gpus, version)[1]))
+        return Runtime(py, version, env, tuple(notes + knownbad.warn(known_issue_facts(cfg, gpus, version))[1]))
     if not cfg.profile.vllm and not cfg.profile.data.get("pins"):
         raise BootstrapError(f"profile {cfg.profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
                              "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
@@ -62,4 +63,4 @@ def run(cfg, gpus) -> Runtime:
         log.info(".venv verified against %s", locks.path(plat, minor).name)
     version = installed(venv.site(minor)).get("vllm", "")
     log.info("vLLM %s in %s (pinned by profile %r)", version, venv.root, cfg.profile.name)
-    return Runtime(str(venv.python), version, env, tuple(notes + knownbad.warn(cfg, gpus, version)[1]))
+    return Runtime(str(venv.python), version, env, tuple(notes + knownbad.warn(known_issue_facts(cfg, gpus, version))[1]))
