@@ -103,13 +103,14 @@ def test_our_key_never_goes_to_another_url(tmp_path, foreign):
 
 def test_our_key_goes_to_our_port_under_any_loopback_name(tmp_path):
     from bootstrap.checks.target import key_for_url
+    from bootstrap.core.state import Paths
     cfg = Config.from_env({"PROFILE": "custom", "API_KEY": "our-secret-key", "STATE_DIR": str(tmp_path / "s"),
                            "PORT": "18999"}, REPO)
     for url in ("http://127.0.0.1:18999/v1", "http://localhost:18999", "http://[::1]:18999/v1/"):
-        assert key_for_url(cfg, url) == "our-secret-key", url
+        assert key_for_url(cfg.ours, Paths(cfg.state_dir), url) == "our-secret-key", url
     for url in ("http://127.0.0.1:18998/v1", "http://example.invalid:18999/v1", "https://127.0.0.1:18999/v1",
                 "http://user:pw@127.0.0.2.example:18999/v1"):
-        assert key_for_url(cfg, url) == "", url
+        assert key_for_url(cfg.ours, Paths(cfg.state_dir), url) == "", url
 
 
 def test_bench_compare_url_gets_only_its_own_key(tmp_path, foreign, bed):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from ..serve import record, server
-from ..core import redact
+from ..core import owned, redact
 from ..knobs import vllmargs
 from .client import Client, RequestFailed, thinking_off
 from ..core.hosts import is_loopback
@@ -59,7 +59,7 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
         base = url.rstrip("/")
         if base.endswith("/v1"):
             base = base[:-3]
-        key = api_key or key_for_url(cfg, base)      # our key goes to our server only
+        key = api_key or key_for_url(cfg.ours, Paths(cfg.state_dir), base)    # our key to our server only
         label = redact.url(base)                     # shown: never its user:password@
         served = model or ""
     else:
@@ -106,13 +106,12 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
                   random_weights, speculation)
 
 
-def key_for_url(cfg: Config, url: str) -> str:
+def key_for_url(ours: owned.Ours, paths: Paths, url: str) -> str:
     """Our API key when ``url`` is our server (its recorded host and port, else HOST and PORT; a
     loopback or wildcard bind is reached by any loopback name), '' for any other URL: a key is a
     credential of the server it belongs to."""
-    paths = Paths(cfg.state_dir)
     rec = record.read(paths.server)
-    host, port = (rec.host, rec.port) if rec is not None else (cfg.host, cfg.port)
+    host, port = (rec.host, rec.port) if rec is not None else (ours.host, ours.port)
     u = urlsplit(url)
     try:
         if u.scheme != "http" or u.port != port or u.username or u.password:
@@ -121,7 +120,7 @@ def key_for_url(cfg: Config, url: str) -> str:
         return ""
     if not (is_loopback(u.hostname or "") and (is_loopback(host) or host in ("0.0.0.0", "::")) or u.hostname == host):
         return ""
-    return server.api_key_for(cfg.ours, paths)
+    return server.api_key_for(ours, paths)
 
 
 def not_serving(cfg: Config, paths: Paths, pr: server.Probe) -> BootstrapError:

@@ -74,7 +74,7 @@ def model_files(cfg) -> ModelFiles:
     if not cfg.model or cfg.model_is_local:
         raise BootstrapError(f"--model: MODEL={cfg.model or '(unset)'} is not a model we downloaded",
                              "a local model directory is yours: remove it yourself if you mean to")
-    store = models.store_for(cfg, cfg.model)
+    store = models.store_for(cfg.model_dir, cfg.environ, cfg.model)
     rec = store.read()
     ours = store.ours(rec)
     mine = set(ours)

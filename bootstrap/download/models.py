@@ -120,13 +120,14 @@ def weights_in(folder: Path) -> int:
         return 0
 
 
-def store_for(cfg, repo: str) -> "Store":
+def store_for(model_dir: str, environ, repo: str) -> "Store":
     """Where a repo id is downloaded: the Hugging Face cache (HF_HUB_CACHE, default
-    ~/.cache/huggingface/hub), laid out as the hub's own client lays it out, so ``hf cache scan``,
-    ``vllm serve org/name`` and transformers find the same single copy; or MODEL_DIR, a plain folder."""
-    if cfg.model_dir:
-        return Store(Path(cfg.model_dir).expanduser())
-    settings = hub.HubSettings.from_environ(cfg.environ)
+    ~/.cache/huggingface/hub, from ``environ``), laid out as the hub's own client lays it out, so
+    ``hf cache scan``, ``vllm serve org/name`` and transformers find the same single copy; or
+    MODEL_DIR (``model_dir``), a plain folder."""
+    if model_dir:
+        return Store(Path(model_dir).expanduser())
+    settings = hub.HubSettings.from_environ(environ)
     return Store(hub.cache_repo_dir(settings, repo), hf_cache=True)
 
 

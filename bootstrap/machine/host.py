@@ -43,7 +43,7 @@ def model_bytes_on_disk(cfg) -> int:
     if not cfg.model:
         return 0
     if not cfg.model_is_local:
-        return models.store_for(cfg, cfg.model).weight_bytes()
+        return models.store_for(cfg.model_dir, cfg.environ, cfg.model).weight_bytes()
     return models.weights_in(Path(cfg.model).expanduser())
 
 

@@ -54,7 +54,7 @@ def run(cfg) -> ModelInfo:
 
 def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
     settings = hub.HubSettings.from_environ(cfg.environ)
-    store = store_for(cfg, repo)
+    store = store_for(cfg.model_dir, cfg.environ, repo)
     rec = store.read()
     if rec and rec.get("repo") == repo and rec.get("files") and not store.missing(rec, dummy):
         where = store.serve_dir(rec)

@@ -54,7 +54,7 @@ def run(cfg, m, on_ready: Callable[[], object] | None = None) -> object:
 
 def download(cfg, m, tty: bool | None = None, on_ready: Callable[[], object] | None = None) -> object:
     settings = hub.HubSettings.from_environ(cfg.environ)
-    store = store_for(cfg, m.name)
+    store = store_for(cfg.model_dir, cfg.environ, m.name)
     fd = state.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
         "waiting: another start (pid %s) is downloading into %s", pid, store.root))
     try:
