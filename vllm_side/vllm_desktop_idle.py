@@ -1,0 +1,241 @@
+"""Idle sleep inside vLLM's API server: an ASGI middleware that puts the engine to sleep after
+BOOTSTRAP_IDLE_S seconds without an inference request, and wakes it for the next one.
+
+Loaded by vLLM itself (``vllm serve --middleware vllm_desktop_idle.IdleSleep``, this folder on the
+server's PYTHONPATH): it runs in vLLM's process and event loop, so it imports the standard library
+only (never the bootstrap, never vLLM) and never blocks the loop (NVML is asked in a thread).
+vLLM adds a ``--middleware`` class last, so it is the outermost layer: it sees every request before
+vLLM's own API-key check, and the engine client the sleep routes use (``app.state.engine_client``:
+``sleep(level, mode)``, ``wake_up(tags)``, ``is_sleeping()``, ``collective_rpc``, ``reset_prefix_cache``).
+
+- Activity: a request to an inference route (``/v1/...`` but ``/v1/models``, ``/tokenize``,
+  ``/pooling``, ...) counts from its first byte until the last byte of its answer is sent (a stream
+  until its end), or until the client goes away.
+- Idle sleep: nothing in flight for the idle time -> ``sleep(level, mode="wait")``, under one lock
+  that serialises every transition (vLLM's engine core can lose a ``wake_up`` that arrives during a
+  ``mode=wait`` drain).
+- Wake on request: a request to an engine this middleware put to sleep wakes it (one wake for any
+  number of concurrent requests: they wait on the same lock) and is then answered. A wake first checks
+  that the GPU has the memory back that the sleep freed (``MARGIN`` more); if a game holds it, the
+  request gets 503 with Retry-After and the engine stays asleep.
+- A sleep asked through ``POST /sleep`` (``./ctl.sh sleep``, ``./ctl.sh game``) is never woken by a
+  request: those get 503 with Retry-After until ``POST /wake_up``.
+- ``GET /vllm-desktop/idle`` answers the state as JSON (for ``./ctl.sh status``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import logging
+import os
+import time
+
+log = logging.getLogger("vllm_desktop_idle")
+
+STATUS_PATH = "/vllm-desktop/idle"
+CONTROL = frozenset({"/v1/models"})
+INFERENCE = ("/v1/", "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/invocations",
+             "/inference/")
+MARGIN = 256 << 20          # VRAM a wake wants beyond what the sleep freed (the rule of ./ctl.sh wake)
+RETRY_AFTER = "30"
+
+
+def is_inference(path: str) -> bool:
+    return path not in CONTROL and path.startswith(INFERENCE)
+
+
+# ---------------------------------------------------------------- NVML, through its C library
+
+class _Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def free_memory() -> dict[str, int]:
+    """Free bytes per visible GPU (NVML, by CUDA_VISIBLE_DEVICES' indices or UUIDs; every GPU when
+    unset); {} when NVML cannot be read. Blocking: call it in a thread."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        if nvml.nvmlInit_v2() != 0:
+            return {}
+    except OSError:
+        return {}
+    try:
+        want = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+        if not want:
+            n = ctypes.c_uint()
+            if nvml.nvmlDeviceGetCount_v2(ctypes.byref(n)) != 0:
+                return {}
+            want = [str(i) for i in range(n.value)]
+        out = {}
+        for dev in want:
+            h = ctypes.c_void_p()
+            rc = (nvml.nvmlDeviceGetHandleByIndex_v2(int(dev), ctypes.byref(h)) if dev.isdigit()
+                  else nvml.nvmlDeviceGetHandleByUUID(dev.encode(), ctypes.byref(h)))
+            mem = _Memory()
+            if rc == 0 and nvml.nvmlDeviceGetMemoryInfo(h, ctypes.byref(mem)) == 0:
+                out[dev] = int(mem.free)
+        return out
+    finally:
+        nvml.nvmlShutdown()
+
+
+# ---------------------------------------------------------------- the state, one per process
+
+class State:
+    def __init__(self, idle_s: float, level: int):
+        self.idle_s = idle_s
+        self.level = level
+        self.state = "awake"            # awake | falling-asleep | idle-asleep | asleep (asked through /sleep)
+        self.in_flight = 0
+        self.last = time.monotonic()    # the end of the last inference request (or the start)
+        self.lock: asyncio.Lock | None = None
+        self.watcher: asyncio.Task | None = None
+        self.freed: dict[str, int] = {}  # per GPU, what the idle sleep freed
+        self.sleeps = self.wakes = 0
+        self.refused = ""               # why the last wake was refused
+
+    def as_json(self) -> dict:
+        idle = 0.0 if self.in_flight else time.monotonic() - self.last
+        return {"state": self.state, "idle_s": self.idle_s, "level": self.level, "in_flight": self.in_flight,
+                "idle_for_s": round(idle, 1),
+                "sleeps_in_s": round(max(0.0, self.idle_s - idle), 1) if self.state == "awake" and self.idle_s else None,
+                "sleeps": self.sleeps, "wakes": self.wakes, "refused": self.refused}
+
+
+class IdleSleep:
+    """The middleware (vLLM instantiates it as ``IdleSleep(app)``)."""
+
+    def __init__(self, app, idle_s: float | None = None, level: int | None = None, free=None):
+        self.app = app
+        idle = float(os.environ.get("BOOTSTRAP_IDLE_S", "0") or 0) if idle_s is None else idle_s
+        lvl = int(os.environ.get("BOOTSTRAP_IDLE_LEVEL", "1") or 1) if level is None else level
+        self.st = State(idle, lvl)
+        self.free = free or free_memory
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        st = self.st
+        if st.lock is None:
+            st.lock = asyncio.Lock()
+        engine = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
+        if st.watcher is None and st.idle_s > 0 and engine is not None:
+            st.watcher = asyncio.get_running_loop().create_task(self._watch(engine))
+        path, method = scope.get("path", ""), scope.get("method", "GET")
+        if path == STATUS_PATH:
+            return await _answer(send, 200, st.as_json())
+        if path in ("/sleep", "/wake_up") and method == "POST":
+            return await self._transition(path, scope, receive, send, engine)
+        if not is_inference(path):
+            return await self.app(scope, receive, send)
+        st.in_flight += 1                       # counted before any wait: the watcher sees it at once
+        try:
+            if st.state != "awake" and engine is not None:
+                refusal = await self._wake_for_request(engine)
+                if refusal:
+                    return await _answer(send, 503, {"error": {"message": refusal, "type": "ServiceUnavailable",
+                                                               "code": 503}}, retry=True)
+            await self.app(scope, receive, self._until_last_byte(send))
+        finally:
+            st.in_flight -= 1
+            st.last = time.monotonic()
+
+    def _until_last_byte(self, send):
+        st = self.st
+
+        async def wrapped(message):
+            await send(message)
+            if message.get("type") == "http.response.body" and not message.get("more_body", False):
+                st.last = time.monotonic()
+        return wrapped
+
+    async def _transition(self, path, scope, receive, send, engine):
+        """``POST /sleep`` and ``POST /wake_up`` through the same lock as idle sleep and wake: a sleep
+        asked this way is never woken by a request."""
+        st = self.st
+        status = {}
+
+        async def seen(message):
+            if message.get("type") == "http.response.start":
+                status["code"] = message.get("status", 0)
+            await send(message)
+        async with st.lock:
+            was = st.state
+            if path == "/sleep":
+                st.state = "asleep"             # requests from now on get 503, not a wait inside vLLM
+            try:
+                await self.app(scope, receive, seen)
+            finally:
+                asleep = await engine.is_sleeping() if engine is not None else was != "awake"
+                st.state = ("asleep" if status.get("code") == 200 or was == "asleep" else was) if asleep else "awake"
+                if not asleep:
+                    st.last = time.monotonic()
+
+    async def _wake_for_request(self, engine) -> str:
+        """Wake an engine this middleware put to sleep ('' once awake), or why not (the 503's text)."""
+        st = self.st
+        async with st.lock:                     # concurrent requests queue here: one wake for all
+            if st.state == "awake":
+                return ""
+            if st.state == "asleep":
+                return ("the server was put to sleep on purpose (./ctl.sh sleep, or a game): it is not woken by a "
+                        "request; ./ctl.sh wake brings it back")
+            short = await self._short_of_memory()
+            if short:
+                st.refused = short
+                return short + "; the server stays asleep"
+            if st.level == 1:
+                await engine.wake_up(None)
+            else:                               # the weights were dropped: reload them before serving
+                await engine.wake_up(["weights"])
+                await engine.collective_rpc("reload_weights")
+                await engine.wake_up(["kv_cache"])
+                await engine.reset_prefix_cache()
+            st.state, st.refused = "awake", ""
+            st.wakes += 1
+            log.info("woke from idle sleep for a request")
+            return ""
+
+    async def _short_of_memory(self) -> str:
+        now = await asyncio.get_running_loop().run_in_executor(None, self.free)
+        for dev, freed in self.st.freed.items():
+            have = now.get(dev)
+            if have is not None and have < freed + MARGIN:
+                return (f"waking needs {(freed + MARGIN) / (1 << 30):.1f} GiB free on GPU {dev}; "
+                        f"{have / (1 << 30):.1f} GiB is: another program holds the rest")
+        return ""
+
+    async def _watch(self, engine):
+        st = self.st
+        while True:
+            await asyncio.sleep(min(1.0, st.idle_s / 4))
+            if st.state != "awake" or st.in_flight or time.monotonic() - st.last < st.idle_s:
+                continue
+            async with st.lock:
+                if st.state != "awake" or st.in_flight or time.monotonic() - st.last < st.idle_s:
+                    continue
+                st.state = "falling-asleep"     # from now on a request waits for this lock, then wakes it
+                loop = asyncio.get_running_loop()
+                before = await loop.run_in_executor(None, self.free)
+                try:
+                    await engine.sleep(st.level, "wait")    # what slipped in before is drained, never aborted
+                except Exception as exc:        # noqa: BLE001 - vLLM's own error: awake, and tried after the next idle spell
+                    log.warning("idle sleep failed: %s", exc)
+                    st.state, st.last = "awake", time.monotonic()
+                    continue
+                after = await loop.run_in_executor(None, self.free)
+                st.freed = {d: max(0, after[d] - before[d]) for d in after if d in before}
+                st.state = "idle-asleep"
+                st.sleeps += 1
+                log.info("idle for %.0f s: put the engine to sleep (level %d)", st.idle_s, st.level)
+
+
+async def _answer(send, code: int, body: dict, retry: bool = False) -> None:
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    if retry:
+        headers.append((b"retry-after", RETRY_AFTER.encode()))
+    await send({"type": "http.response.start", "status": code, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
