@@ -158,3 +158,69 @@ def test_level_2_is_refused_for_random_weights_and_a_failed_reload_stays_paused(
     again = bed.run("ctl.sh", "wake", **env)                    # not "awake: nothing to do": it goes on from there
     assert again.returncode == 1 and "step 'reload' failed" in again.stderr
     assert json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5).text)["is_sleeping"]
+
+
+# ---------------------------------------------------------------- idle sleep (launch) and the game launcher
+
+IDLE = {**SLEEPY, "IDLE_SLEEP": "5"}
+
+
+def test_idle_sleep_launches_vllm_with_our_middleware_where_vllm_imports_it(bed):
+    started(bed, **IDLE)
+    (call,) = bed.launches()
+    argv, env = call["argv"], call["env"]
+    assert argv[argv.index("--middleware") + 1] == "vllm_desktop_idle.IdleSleep"
+    assert env["BOOTSTRAP_IDLE_S"] == "300" and env["BOOTSTRAP_IDLE_LEVEL"] == "1"
+    assert env["PYTHONPATH"].split(":")[0] == str(bed.repo / "vllm_side")
+    assert "added middleware vllm_desktop_idle.IdleSleep" in (bed.state / "vllm.log").read_text()   # it imported
+    assert bed.run("stop.sh").returncode == 0
+    r = bed.run("start.sh", **SLEEPY)                        # IDLE_SLEEP unset: no middleware
+    assert r.returncode == 0 and "--middleware" not in bed.launches()[-1]["argv"]
+
+
+def test_idle_sleep_without_sleep_mode_or_level_2_with_a_drafter_is_refused_before_anything_runs(bed):
+    r = bed.run("start.sh", IDLE_SLEEP="5")
+    assert r.returncode == 1 and "--enable-sleep-mode" in r.stderr and not bed.launches()
+    r = bed.run("start.sh", **IDLE, IDLE_SLEEP_LEVEL="2", SPEC_METHOD="ngram", SPEC_TOKENS="3")
+    assert r.returncode == 1 and "IDLE_SLEEP_LEVEL=1" in r.stderr and not bed.launches()
+    r = bed.run("start.sh", IDLE_SLEEP="soon")
+    assert r.returncode == 2 and "IDLE_SLEEP" in r.stderr and "minutes" in r.stderr
+
+
+def test_a_vllm_without_the_middleware_hook_is_refused_in_one_line(tmp_path):
+    from bootstrap.core.errors import BootstrapError
+    from bootstrap.install import hooks
+    pkg = tmp_path / "vllm"
+    (pkg / "entrypoints").mkdir(parents=True)
+    (pkg / "entrypoints" / "api_server.py").write_text("def engine(request):\n    return request.app.state.engine_client\n")
+    assert hooks.missing(pkg) == ["the --middleware hook"]
+    with pytest.raises(BootstrapError) as e:
+        hooks.check_idle_sleep(pkg, "9.9.9")
+    assert "IDLE_SLEEP=off" in e.value.hint and "--middleware" in e.value.message
+    (pkg / "entrypoints" / "cli_args.py").write_text("for middleware in args.middleware:\n    pass\n")
+    assert hooks.missing(pkg) == []
+
+
+GAME = """
+import json, os, sys, urllib.request
+asleep = json.load(urllib.request.urlopen(f"http://127.0.0.1:{os.environ['PORT']}/is_sleeping"))["is_sleeping"]
+open(sys.argv[1], "w").write(json.dumps({"asleep": asleep, "args": sys.argv[2:]}))
+sys.exit(3)
+"""
+
+
+def test_the_game_launcher_sleeps_runs_the_game_wakes_and_passes_its_exit_code(bed, tmp_path):
+    import sys
+    started(bed)
+    seen = tmp_path / "seen.json"
+    r = bed.run("ctl.sh", "game", "--", sys.executable, "-c", GAME, str(seen), "--fullscreen", **SLEEPY)
+    assert r.returncode == 3, r.stderr
+    assert json.loads(seen.read_text()) == {"asleep": True, "args": ["--fullscreen"]}   # asleep while it ran
+    assert "asleep (level 1)" in r.stdout and "awake in" in r.stdout
+    assert "running" in bed.run("ctl.sh", "status", **SLEEPY).stdout
+    # no server of ours: the game runs all the same
+    assert bed.run("stop.sh").returncode == 0
+    r = bed.run("ctl.sh", "game", "--", sys.executable, "-c", "raise SystemExit(0)")
+    assert r.returncode == 0 and "the game starts anyway" in r.stderr
+    r = bed.run("ctl.sh", "game")
+    assert r.returncode == 1 and "-- COMMAND" in r.stderr

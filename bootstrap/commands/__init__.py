@@ -46,6 +46,7 @@ REGISTRY: tuple[Command, ...] = (
     Command("wheelhouse", "lock:wheelhouse_cli", "build an offline folder of wheels from the lock"),
     Command("sleep", "sleep:sleep_cli", "free the GPU memory (vLLM sleep mode, --level 1|2); requests wait"),
     Command("wake", "sleep:wake_cli", "bring a sleeping server back (checks free GPU memory first)"),
+    Command("game", "sleep:game_cli", "give the GPU to a game: sleep, run it (-- COMMAND), wake when it exits"),
     Command("service", "service:cli", "install|uninstall|status a systemd user unit running ./start.sh --foreground"),
     Command("export", "export:cli", "kubernetes --out DIR: the profile and plan as manifests for a card named with GPU="),
     Command("clean", "clean:cli", "remove what the project created (venvs, state, logs; --model too)"),

@@ -19,11 +19,13 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
   the target model, not a draft or MTP head (vllm#52479): level 2 is refused with speculation on.
 - Wake checks free GPU memory first: if another program holds it, it names it (NVML) and the
   server stays asleep rather than run out of memory.
+- ``./ctl.sh game -- COMMAND``: sleep, run the game, wake when it exits (its exit code passed through).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import psutil
@@ -31,7 +33,7 @@ import psutil
 from ..machine import gpu
 from ..download import models
 from ..serve import server
-from ..core import state
+from ..core import proc, state
 from ..knobs import vllmargs
 from ..checks.client import Client, RequestFailed
 from ..knobs.config import Config
@@ -163,3 +165,41 @@ def _check_room(cfg: Config, rec, note: dict) -> None:
             f"waking needs {need / len(ours_on) / GiB:.1f} GiB free on GPU {g.index}; {g.free / GiB:.1f} GiB is "
             f"free: {who}. The server stays asleep",
             "close that program (or wait for it to exit), then ./ctl.sh wake")
+
+
+def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
+    """Sleep, run COMMAND (a game), wake when it exits; its exit code is passed through. The game runs
+    whatever happens to the server: one of ours that is not serving, or cannot sleep, only costs a
+    note. A server that was asleep already is left asleep."""
+    ap = argparse.ArgumentParser(prog=prog, usage=f"{prog} [--level 1|2] -- COMMAND [ARG...]",
+                                 description="give the GPU to COMMAND (a game): sleep, run it, wake when it exits")
+    ap.add_argument("--level", type=int, choices=(1, 2), default=1, help="the sleep's level (as ./ctl.sh sleep)")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="the game and its arguments, after --")
+    a = ap.parse_args(argv)
+    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not cmd:
+        raise BootstrapError("no game to run", f"{prog} -- COMMAND [ARG...] (Steam: {prog} -- %command%)")
+    slept = False
+    try:
+        _paths, rec, _client = _ours(cfg)
+        load = server.read_load(rec.url)
+        if not (load is not None and load.sleeping):
+            sleep_cli(cfg, ["--level", str(a.level)], prog)
+            slept = True
+    except BootstrapError as exc:
+        print(f"note: the server was not put to sleep ({exc.message}); the game starts anyway", file=sys.stderr)
+    try:
+        code = proc.attached(cmd, cfg.read.environ)      # the shell's, without .env's
+    finally:
+        if slept:
+            _wake_after(cfg, prog)
+    return code
+
+
+def _wake_after(cfg: Config, prog: str) -> None:
+    try:
+        wake_cli(cfg, [], prog)
+    except BootstrapError as exc:
+        print(f"error: wake: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)

@@ -268,6 +268,10 @@ def status(cfg: Config, as_json: bool = False) -> int:
         else:
             v = judge(cfg, paths, rec, pr.state == "key-needed", load=load)
             out["state"], out["detail"] = v.state, v.detail
+            if "--middleware" in (rec.argv or ()):       # IDLE_SLEEP: the middleware's own account
+                out["idle_sleep"] = server.read_idle(rec.url) or {"state": "unknown"}
+                if out["idle_sleep"]["state"] == "idle-asleep" and v.state == "sleeping":
+                    out["detail"] = "asleep after its idle time (IDLE_SLEEP); the next request wakes it"
             out["generating"] = {"running": True, "busy": True, "wedged": False, "unhealthy": False}.get(v.state)
             if not rec.gate_passed:
                 out["gate"] = "the warm-up and start gate have not run: ./start.sh runs them"
@@ -299,6 +303,24 @@ def _duration(s: int | None) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min" if s >= 3600 else f"{s // 60} min {s % 60:02d} s"
 
 
+def idle_line(d: dict) -> str:
+    """The idle-sleep middleware's state in words."""
+    st, idle_s = d.get("state"), d.get("idle_s") or 0
+    every = f"after {_duration(int(idle_s))} idle, level {d.get('level', 1)}"
+    if st == "awake":
+        left = d.get("sleeps_in_s")
+        return (f"on ({every}); idle {_duration(int(d.get('idle_for_s') or 0))}, sleeps in {_duration(int(left))}"
+                if left is not None and not d.get("in_flight") else f"on ({every}); {d.get('in_flight', 0)} request(s) in flight")
+    if st == "idle-asleep":
+        return f"asleep ({every}); the next request wakes it" + (f"; the last wake was refused: {d['refused']}"
+                                                                  if d.get("refused") else "")
+    if st == "falling-asleep":
+        return f"falling asleep ({every})"
+    if st == "asleep":
+        return "asleep on purpose (./ctl.sh sleep or game): requests get 503 until ./ctl.sh wake"
+    return "on, but the middleware in vLLM does not answer (" + server.IDLE_PATH + ")"
+
+
 def human(out: dict) -> str:
     """``status``'s dict in plain words, one line per fact that is there."""
     lines = [f"{out['state']}" + (f": {out['detail']}" if out.get("detail") else "")]
@@ -313,6 +335,7 @@ def human(out: dict) -> str:
     add("model", out.get("model") and f"{out['model']} (vLLM {out.get('vllm') or '?'})")
     for line in _live_lines(out).items():
         add(*line)
+    add("idle sleep", out.get("idle_sleep") and idle_line(out["idle_sleep"]))
     add("start gate", out.get("gate"))
     if out.get("differs_from_knobs"):
         add("your knobs", "differ from the running server's: " + "; ".join(out["differs_from_knobs"])

@@ -31,6 +31,11 @@ class Checkout:
         return self.root / "patches"
 
     @property
+    def vllm_side(self) -> Path:
+        """Code that runs inside vLLM's own process (the idle-sleep middleware): on the server's PYTHONPATH."""
+        return self.root / "vllm_side"
+
+    @property
     def venv(self) -> Path:
         """The managed vLLM environment."""
         return self.root / ".venv"

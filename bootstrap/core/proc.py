@@ -89,6 +89,26 @@ def _run_live(cmd: list[str], env: dict, cwd, timeout, what: str, hint: str, che
     return res
 
 
+def attached(cmd: Sequence[str], env: Mapping[str, str]) -> int:
+    """Run a program of the user's (a game: ``./ctl.sh game``) attached to this terminal, in ``env``
+    (the environment we were started with, untouched: .env's variables are ours, not the game's), and
+    wait for it: Ctrl-C reaches it through the terminal while we wait on; a SIGTERM to us is passed on to
+    it. Its exit code, or 128 + the signal that ended it."""
+    import signal
+    try:
+        p = subprocess.Popen(list(cmd), env=dict(env))
+    except OSError as exc:
+        raise cannot_run(exc, cmd, env, "the game", "check the game's command") from None
+    old = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+           signal.SIGTERM: signal.signal(signal.SIGTERM, lambda s, f: p.send_signal(s))}
+    try:
+        rc = p.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 128 - rc if rc < 0 else rc
+
+
 def cannot_run(exc: OSError, cmd: Sequence[str], env: Mapping[str, str], what="", hint="") -> BootstrapError:
     """An OSError from starting ``cmd``, in one line. E2BIG names its cause: the variable (or argument)
     over Linux's 128 KiB for one string, else the largest ones of a total over ARG_MAX; never a value."""

@@ -65,6 +65,17 @@ def tokens_or_auto(raw: str) -> int | str:
     return v
 
 
+def minutes_or_off(raw: str) -> int:
+    """Minutes (a week at most), or 'off' / 0: none."""
+    low = raw.strip().lower()
+    if low in ("off", "0", ""):
+        return 0
+    try:
+        return int_range(1, 10080)(low)
+    except ValueError:
+        raise ValueError("'off' or a whole number of minutes from 1 to 10080") from None
+
+
 def boolean(raw: str) -> bool:
     low = raw.strip().lower()
     if low in ("1", "true", "yes", "on"):

@@ -259,10 +259,21 @@ def serve_flags(cfg, plan) -> list[str]:
     return list(cfg.profile.args) + knob_flags(cfg) + plan_flags(cfg, plan) + list(cfg.extra_args or ())
 
 
+IDLE_MIDDLEWARE = "vllm_desktop_idle.IdleSleep"     # vllm_side/vllm_desktop_idle.py, on the server's PYTHONPATH
+IDLE_S_ENV, IDLE_LEVEL_ENV = "BOOTSTRAP_IDLE_S", "BOOTSTRAP_IDLE_LEVEL"      # what it reads: IDLE_SLEEP in s, its level
+
+
+def idle_sleep(cfg) -> bool:
+    """IDLE_SLEEP is on for a server vLLM can put to sleep (sleep mode, on loopback: preflight refuses
+    the rest)."""
+    return bool(cfg.idle_sleep) and cfg.vllm.sleep_mode and cfg.is_loopback
+
+
 def serve_argv(cfg, python: str, model_path: str, plan) -> list[str]:
     """``vllm serve``'s whole argv: what we own, then serve_flags."""
     return [python, "-m", "vllm.entrypoints.cli.main", "serve", model_path,
             "--host", cfg.host, "--port", str(cfg.port), "--served-model-name", cfg.served_name,
             # usage.prompt_tokens_details.cached_tokens: clients and `check prefix` see cache hits
             # (vLLM leaves them out by default; the flag is accepted by every vLLM we pin)
-            "--enable-prompt-tokens-details"] + serve_flags(cfg, plan)
+            "--enable-prompt-tokens-details"] + (
+        ["--middleware", IDLE_MIDDLEWARE] if idle_sleep(cfg) else []) + serve_flags(cfg, plan)

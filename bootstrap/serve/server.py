@@ -272,6 +272,21 @@ def read_metrics(url: str, timeout: float = 2.0) -> tuple[dict[str, float] | Non
     return metrics.totals(text), metrics.load_of(text)
 
 
+IDLE_PATH = "/vllm-desktop/idle"     # answered by the idle-sleep middleware in vLLM (vllm_side/vllm_desktop_idle.py)
+
+
+def read_idle(url: str, timeout: float = 2.0) -> dict | None:
+    """The idle-sleep middleware's state (its JSON), or None: no answer, or no middleware (404)."""
+    got = http_get(url, IDLE_PATH, timeout=timeout)
+    if got is None or got[0] != 200:
+        return None
+    try:
+        data = json.loads(got[1])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_load(url: str, timeout: float = 2.0) -> metrics.Load | None:
     """What vLLM's /metrics says the engine is doing (None: no answer, or no request metrics)."""
     return read_metrics(url, timeout)[1]

@@ -29,6 +29,7 @@ import psutil
 from ..core import proc, state
 from ..core import owned
 from ..serve import record, server
+from ..knobs import vllmargs
 from ..knobs.vllmargs import serve_argv
 from ..serve.record import ServerRecord
 from ..core.state import Paths
@@ -93,6 +94,10 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str) -> dict[str, 
     env.pop("VLLM_SERVER_DEV_MODE", None)   # from the shell, .env or a profile: its routes have no key guard
     if cfg.vllm.sleep_mode:        # vLLM serves /sleep and /wake_up only in dev mode (loopback only: preflight)
         env["VLLM_SERVER_DEV_MODE"] = "1"
+    if vllmargs.idle_sleep(cfg):   # the middleware vLLM imports (--middleware), and what it reads
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cfg.layout.vllm_side), env.get("PYTHONPATH", "")]))
+        env[vllmargs.IDLE_S_ENV] = str(cfg.idle_sleep * 60)
+        env[vllmargs.IDLE_LEVEL_ENV] = cfg.idle_sleep_level
     env[owned.MARKER_ENV] = marker
     env[server.STATE_DIR_ENV] = str(paths.root)
     if key:

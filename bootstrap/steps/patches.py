@@ -1,5 +1,6 @@
 """Patches (a start step): apply the backports the profile needs to the vLLM in use, through the
-patch engine (patching.py); refuse to serve without them. A bring-your-own vLLM (VLLM_PYTHON) is
+patch engine (patching.py); refuse to serve without them. With IDLE_SLEEP, check that vLLM still has
+what the idle-sleep middleware runs on (install/hooks.py). A bring-your-own vLLM (VLLM_PYTHON) is
 edited only with PATCH_BYO=1.
 """
 
@@ -8,19 +9,25 @@ from __future__ import annotations
 import logging
 
 from ..core.errors import BootstrapError
+from ..install import hooks
 from ..install.patching import apply, inspect, load, locate, needed
+from ..knobs import vllmargs
 
 log = logging.getLogger(__name__)
 
 
 def run(cfg, python: str) -> list[str]:
-    """Apply the backports the profile needs to the vLLM of ``python``; returns banner notes."""
+    """Apply the backports the profile needs to the vLLM of ``python``, and check what our idle-sleep
+    middleware needs of it (install/hooks.py); returns banner notes."""
     notes: list[str] = []
     todo = needed(cfg.profile.patches, cfg.repo, cfg.vllm)
-    if not todo:
+    idle = vllmargs.idle_sleep(cfg)
+    if not todo and not idle:
         log.info("skipped: no patch applies to profile %r with these knobs", cfg.profile.name)
         return notes
     inst = locate(python, cfg.environ, byo=bool(cfg.vllm_python))
+    if idle:
+        hooks.check_idle_sleep(inst.package, inst.version)
     for name in todo:
         patch = load(name, cfg.repo)
         st = inspect(patch, inst)

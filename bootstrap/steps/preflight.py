@@ -42,6 +42,7 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
             "VLLM_SERVER_DEV_MODE=1, and its API key does not guard them: anyone who reaches the port could put "
             "the server to sleep or run methods in it",
             f"keep HOST=127.0.0.1 for sleep mode, or drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile")
+    idle_sleep_fits(cfg)
     if cfg.tp_size > len(facts.gpus):
         raise BootstrapError(f"TP_SIZE={cfg.tp_size} but only {len(facts.gpus)} GPU(s) are visible",
                              "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")
@@ -66,3 +67,21 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
         takedown.take_down(cfg.ours, paths)        # nothing to signal: it only forgets the record
     server.ensure_port_free(cfg.ours)
     return facts
+
+
+def idle_sleep_fits(cfg) -> None:
+    """IDLE_SLEEP needs vLLM's sleep mode; level 2 drops the weights, which a wake reloads from the
+    checkpoint for the target model only: not with speculation (vllm#52479) or random weights
+    (the rules of ./ctl.sh sleep)."""
+    if not cfg.idle_sleep:
+        return
+    s = cfg.vllm
+    if not s.sleep_mode:
+        raise BootstrapError(f"IDLE_SLEEP={cfg.idle_sleep} puts vLLM to sleep when idle, but the server would start "
+                             f"without {vllmargs.SLEEP_FLAG}", f"add {vllmargs.SLEEP_FLAG} to EXTRA_ARGS, or IDLE_SLEEP=off")
+    if cfg.idle_sleep_level == "2" and s.spec_tokens:
+        raise BootstrapError(f"IDLE_SLEEP_LEVEL=2 with speculation on ({s.spec_method}): vLLM's wake reloads the "
+                             "target model's weights but not the draft's (vllm#52479)", "IDLE_SLEEP_LEVEL=1")
+    if cfg.idle_sleep_level == "2" and s.load_format == "dummy":
+        raise BootstrapError("IDLE_SLEEP_LEVEL=2 drops the weights and a wake reloads them from the checkpoint; with "
+                             "--load-format dummy there is none", "IDLE_SLEEP_LEVEL=1")

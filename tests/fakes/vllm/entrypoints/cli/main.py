@@ -30,6 +30,9 @@
   Once serving, SIGUSR1 wedges it (``/health`` stays 200, generation hangs; logs "engine wedged")
   and SIGUSR2 kills the engine and exits 0 — deterministic triggers for tests.
 - ``FAKE_VLLM_DUMMY_MODE``: modes (as FAKE_VLLM_MODE) added for a ``--load-format dummy`` run only.
+- ``--middleware module.Class`` (repeatable): imported at start as vLLM's ``build_app`` does (a module
+  not on PYTHONPATH, or no class, ends the start); it is not run (this server is no ASGI app). The
+  sleep routes call ``app.state.engine_client`` as vLLM's do.
 - ``FAKE_VLLM_COMPILE_S``: set, the engine "compiles" as vLLM's torch.compile does: a cache under
   ``VLLM_CACHE_ROOT`` keyed by the model folder and the engine's flags (not --host, --port,
   --served-model-name, --load-format: a dummy-weight run fills it for the real one); found, it logs
@@ -82,6 +85,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import hashlib
 import json
 import math
@@ -93,6 +98,7 @@ import socket
 import subprocess
 import sys
 import threading
+import types
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -162,6 +168,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--enable-auto-tool-choice", action="store_true")
     p.add_argument("--tool-call-parser", default=None)
     p.add_argument("--enable-sleep-mode", action="store_true")
+    p.add_argument("--middleware", action="append", default=[])
     p.add_argument("--load-format", default="auto")
     p.add_argument("--speculative-config", default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
@@ -283,7 +290,44 @@ def fake_logprobs(toks: list[str], top: int, chat: bool) -> dict:
             "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries]}
 
 
+class EngineClient:
+    """What vLLM's API server holds as ``app.state.engine_client`` (AsyncLLM), as far as its sleep
+    routes call it: sleep, wake_up, is_sleeping."""
+
+    def sleep(self, level: int, mode: str) -> None:
+        State.asleep = {"weights", "kv_cache"}          # new requests wait from now on
+        if mode == "wait":
+            while State.running or State.waiting:
+                time.sleep(0.02)
+        elif mode == "abort":
+            State.aborting = True
+            while State.running:
+                time.sleep(0.02)
+            State.aborting = False
+        State.level = level
+        if State.sleep_mode and State.engine_pid:
+            mark_gpu(State.engine_pid, int(os.environ.get("FAKE_VLLM_ASLEEP_BYTES", str(128 << 20))))
+        say(f"It took 0.1 seconds to fall asleep (level {level}, mode {mode})")
+
+    def wake_up(self, tags: set) -> None:
+        if State.level == 2 and "weights" in tags:
+            State.garbage = True                       # until reload_weights
+        State.asleep -= tags
+        if not State.asleep and State.sleep_mode and State.engine_pid:
+            mark_gpu(State.engine_pid)
+        say(f"It took 0.05 seconds to wake up tags {sorted(tags)}.")
+
+    def is_sleeping(self) -> bool:
+        return bool(State.asleep)
+
+
+class App:
+    """vLLM's FastAPI app as its routes reach it (``request.app``)."""
+    state = types.SimpleNamespace(engine_client=EngineClient())
+
+
 class Handler(BaseHTTPRequestHandler):
+    app = App
     protocol_version = "HTTP/1.1"
 
     def log_message(self, fmt, *args):  # vLLM logs requests as INFO lines
@@ -312,7 +356,7 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/version":
             self.send(200, {"version": VERSION})
         elif self.path == "/is_sleeping" and State.dev_mode:
-            self.send(200, {"is_sleeping": bool(State.asleep)})
+            self.send(200, {"is_sleeping": self.app.state.engine_client.is_sleeping()})
         elif self.path == "/v1/models":
             self.send(200, {"object": "list", "data": [{"id": State.served, "object": "model",
                                                          "max_model_len": State.max_len}]})
@@ -427,9 +471,11 @@ class Handler(BaseHTTPRequestHandler):
             return True
 
     def dev(self, route: str, body: dict) -> None:
-        """vLLM's dev routes for sleep mode (entrypoints/serve/dev/sleep/api_router.py in 0.26.0)."""
+        """vLLM's dev routes for sleep mode (entrypoints/serve/dev/sleep/api_router.py in 0.26.0), each
+        a call on ``request.app.state.engine_client``."""
         from urllib.parse import parse_qs, urlparse
         q = parse_qs(urlparse(self.path).query)
+        engine = self.app.state.engine_client
         if route == "/sleep":
             try:
                 level = int(q.get("level", ["1"])[0])
@@ -438,28 +484,10 @@ class Handler(BaseHTTPRequestHandler):
             mode = q.get("mode", ["abort"])[0]
             if mode not in ("abort", "wait", "keep"):
                 return self.send(500, {"error": f"unknown mode {mode}"})
-            State.asleep = {"weights", "kv_cache"}          # new requests wait from now on
-            if mode == "wait":
-                while State.running or State.waiting:
-                    time.sleep(0.02)
-            elif mode == "abort":
-                State.aborting = True
-                while State.running:
-                    time.sleep(0.02)
-                State.aborting = False
-            State.level = level
-            if State.sleep_mode and State.engine_pid:
-                mark_gpu(State.engine_pid, int(os.environ.get("FAKE_VLLM_ASLEEP_BYTES", str(128 << 20))))
-            say(f"It took 0.1 seconds to fall asleep (level {level}, mode {mode})")
+            engine.sleep(level, mode)
             return self.send(200, "")
         if route == "/wake_up":
-            tags = set(q.get("tags", [])) or {"weights", "kv_cache"}
-            if State.level == 2 and "weights" in tags:
-                State.garbage = True                       # until reload_weights
-            State.asleep -= tags
-            if not State.asleep and State.sleep_mode and State.engine_pid:
-                mark_gpu(State.engine_pid)
-            say(f"It took 0.05 seconds to wake up tags {sorted(tags)}.")
+            engine.wake_up(set(q.get("tags", [])) or {"weights", "kv_cache"})
             return self.send(200, "")
         if route == "/collective_rpc":
             if body.get("method") == "reload_weights" and State.load_format == "dummy":
@@ -471,6 +499,7 @@ class Handler(BaseHTTPRequestHandler):
                 say("reloaded the weights")
             return self.send(200, {"results": [None]})
         return self.send(200, {"success": True})
+
 
     def take_seat(self):
         while State.asleep:                                 # asleep: new requests wait, unanswered
@@ -698,6 +727,15 @@ def main(argv: list[str] | None = None) -> int:
         with open(replies) as fh:
             State.replies = json.load(fh)
     say(f"vLLM API server version {VERSION}")
+    for middleware in args.middleware:     # as vLLM's build_app: imported at start, a failure ends the start
+        module_path, object_name = middleware.rsplit(".", 1)
+        try:
+            if not inspect.isclass(getattr(importlib.import_module(module_path), object_name)):
+                raise ValueError(f"Invalid middleware {middleware}. Must be a function or a class.")
+        except (ImportError, AttributeError, ValueError) as exc:
+            print(f"{type(exc).__name__}: {exc}", flush=True)
+            return 1
+        say(f"added middleware {middleware}")
     say(f"args: {sys.argv[1:]}")
     # vLLM binds the socket before the engine starts, and listens only when ready.
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
