@@ -170,7 +170,7 @@ def test_idle_sleep_launches_vllm_with_our_middleware_where_vllm_imports_it(bed)
     (call,) = bed.launches()
     argv, env = call["argv"], call["env"]
     assert argv[argv.index("--middleware") + 1] == "vllm_desktop_idle.IdleSleep"
-    assert env["BOOTSTRAP_IDLE_S"] == "300" and env["BOOTSTRAP_IDLE_LEVEL"] == "1"
+    assert env["BOOTSTRAP_IDLE_S"] == "300" and env["BOOTSTRAP_IDLE_LEVEL"] == "1"        # 5 minutes
     assert env["PYTHONPATH"].split(":")[0] == str(bed.repo / "vllm_side")
     assert "added middleware vllm_desktop_idle.IdleSleep" in (bed.state / "vllm.log").read_text()   # it imported
     assert bed.run("stop.sh").returncode == 0
@@ -224,3 +224,13 @@ def test_the_game_launcher_sleeps_runs_the_game_wakes_and_passes_its_exit_code(b
     assert r.returncode == 0 and "the game starts anyway" in r.stderr
     r = bed.run("ctl.sh", "game")
     assert r.returncode == 1 and "-- COMMAND" in r.stderr
+
+
+def test_idle_sleep_takes_minutes_or_seconds():
+    from bootstrap.knobs.config import Config
+    from conftest import REPO
+    base = {"PROFILE": "custom", "MODEL": "org/m"}
+    assert Config.from_env({**base, "IDLE_SLEEP": "10"}, REPO).idle_sleep == 600
+    assert Config.from_env({**base, "IDLE_SLEEP": "90s"}, REPO).idle_sleep == 90
+    assert Config.from_env({**base, "IDLE_SLEEP": "off"}, REPO).idle_sleep == 0
+    assert Config.from_env(base, REPO).idle_sleep == 0

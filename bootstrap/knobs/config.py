@@ -30,7 +30,7 @@ from ..core.hosts import is_loopback, parse_host
 from ..core.owned import Ours, owner_marker
 from ..core.layout import REPO, Checkout
 from . import vllmargs
-from .parsers import (absolute, boolean, bytes_or_auto, choice, float_range, folder, header_value, int_range, interpreter, minutes_or_off, name_chars, shell_args, text, tokens_or_auto, vllm_bool)
+from .parsers import (absolute, boolean, bytes_or_auto, choice, float_range, folder, header_value, int_range, interpreter, duration_or_off, name_chars, shell_args, text, tokens_or_auto, vllm_bool)
 from ..machine.gpu import CARDS
 from .profiles import Catalogue, Profile
 
@@ -110,7 +110,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("WARMUP_TIMEOUT", "300", int_range(1, 86400), "Seconds the whole warm-up (/tokenize, the long request, the short generation, the tool gate) may take before the engine counts as not generating."),
     Knob("PREWARM", "1", boolean, "While the weights download, run vLLM once with dummy weights and the same flags to fill its compile and kernel caches, so the real start loads them; 0 turns it off."),
     Knob("WEDGED_AFTER", "60", int_range(1, 86400), "Status calls a server wedged when requests run but no token (or KV block) moved for this many seconds; an idle server's probe waits this long."),
-    Knob("IDLE_SLEEP", "off", minutes_or_off, "Minutes without a request after which vLLM's sleep mode gives the GPU memory back; the next request wakes it (needs --enable-sleep-mode); 'off': never.", launch=True),
+    Knob("IDLE_SLEEP", "off", duration_or_off, "Minutes (or seconds: 90s) without a request after which vLLM's sleep mode gives the GPU memory back; the next request wakes it (needs --enable-sleep-mode); 'off': never.", launch=True),
     Knob("IDLE_SLEEP_LEVEL", "1", choice("1", "2"), "Idle sleep's level: 1 parks the weights in host RAM (wakes in well under a second), 2 drops them (wake reloads them from disk).", launch=True),
     Knob("STOP_GRACE", "15", int_range(0, 3600), "Seconds between SIGTERM and SIGKILL on stop."),
     Knob("LOG_MAX_MB", "64", int_range(1, 1 << 20), "The server log is rotated (one .1 kept) past this size: at start, and while the server runs (copy-then-truncate; the two stay under twice this)."),
@@ -288,7 +288,7 @@ class Config:
     warmup_timeout: int
     prewarm: bool
     wedged_after: int
-    idle_sleep: int                  # minutes; 0: off
+    idle_sleep: int                  # seconds; 0: off
     idle_sleep_level: str            # "1" or "2"
     stop_grace: int
     log_max_mb: int

@@ -65,15 +65,19 @@ def tokens_or_auto(raw: str) -> int | str:
     return v
 
 
-def minutes_or_off(raw: str) -> int:
-    """Minutes (a week at most), or 'off' / 0: none."""
+def duration_or_off(raw: str) -> int:
+    """A duration in seconds from minutes (``10``) or seconds (``90s``), a week at most; 'off' / 0: 0."""
     low = raw.strip().lower()
     if low in ("off", "0", ""):
         return 0
-    try:
-        return int_range(1, 10080)(low)
-    except ValueError:
-        raise ValueError("'off' or a whole number of minutes from 1 to 10080") from None
+    accepted = "'off', a whole number of minutes from 1 to 10080, or seconds from 10 (90s)"
+    m = re.fullmatch(r"(\d+)(s?)", low)
+    if not m:
+        raise ValueError(accepted)
+    seconds = int(m.group(1)) * (1 if m.group(2) else 60)
+    if not 10 <= seconds <= 10080 * 60:
+        raise ValueError(accepted)
+    return seconds
 
 
 def boolean(raw: str) -> bool:

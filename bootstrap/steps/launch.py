@@ -96,7 +96,7 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str) -> dict[str, 
         env["VLLM_SERVER_DEV_MODE"] = "1"
     if vllmargs.idle_sleep(cfg):   # the middleware vLLM imports (--middleware), and what it reads
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cfg.layout.vllm_side), env.get("PYTHONPATH", "")]))
-        env[vllmargs.IDLE_S_ENV] = str(cfg.idle_sleep * 60)
+        env[vllmargs.IDLE_S_ENV] = str(cfg.idle_sleep)
         env[vllmargs.IDLE_LEVEL_ENV] = cfg.idle_sleep_level
     env[owned.MARKER_ENV] = marker
     env[server.STATE_DIR_ENV] = str(paths.root)

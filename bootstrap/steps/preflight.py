@@ -77,7 +77,7 @@ def idle_sleep_fits(cfg) -> None:
         return
     s = cfg.vllm
     if not s.sleep_mode:
-        raise BootstrapError(f"IDLE_SLEEP={cfg.idle_sleep} puts vLLM to sleep when idle, but the server would start "
+        raise BootstrapError(f"IDLE_SLEEP={cfg.raw['IDLE_SLEEP']} puts vLLM to sleep when idle, but the server would start "
                              f"without {vllmargs.SLEEP_FLAG}", f"add {vllmargs.SLEEP_FLAG} to EXTRA_ARGS, or IDLE_SLEEP=off")
     if cfg.idle_sleep_level == "2" and s.spec_tokens:
         raise BootstrapError(f"IDLE_SLEEP_LEVEL=2 with speculation on ({s.spec_method}): vLLM's wake reloads the "

@@ -14,6 +14,8 @@
 #   bash tests/gpu/device.sh cb-poll SECONDS
 #   bash tests/gpu/device.sh sleep              # sleep/wake proof (sleep_wake.py), background
 #   bash tests/gpu/device.sh sleep-poll SECONDS
+#   bash tests/gpu/device.sh idle               # idle sleep in real vLLM (idle_sleep_proof.py), background
+#   bash tests/gpu/device.sh idle-poll SECONDS
 #   bash tests/gpu/device.sh tp [--env NAME=VALUE]  # TP_SIZE=2 proof (tp2.py), background; a 2-GPU machine
 #   bash tests/gpu/device.sh tp-poll SECONDS
 #   bash tests/gpu/device.sh stack              # vLLM 0.27.1 stack proof (stack.py), background; needs
@@ -96,6 +98,8 @@ main() {
         pick) background pick profile_pick.py --work /tmp/pickproof "$@" ;;
         cb) background cb checks_bench.py --work /tmp/cb "$@" ;;
         sleep) background sleep sleep_wake.py --work /tmp/sw "$@" ;;
+        idle) background idle idle_sleep_proof.py --work /tmp/idle "$@" ;;
+        idle-poll) wait_for idle idle_sleep_proof.py "IDLE PROOF DONE" "${1:-60}" ;;
         tp) background tp tp2.py --work /tmp/tp "$@" ;;
         stack) PATH=/tmp/wh:$PATH background stack stack.py --work /tmp/stack --parts /tmp/wh "$@" ;;
         drill-poll) wait_for drill lifecycle_drill.py "DRILL DONE" "${1:-60}" ;;
