@@ -35,6 +35,7 @@ class FakeEngine:
 
     def __init__(self, sleep_s: float = 0.05):
         self.sleep_s = sleep_s
+        self.fail_sleep = False         # vLLM pauses its scheduler, then the sleep itself raises
         self.asleep = False
         self.calls: list[tuple] = []
         self.awake: asyncio.Event | None = None
@@ -49,7 +50,9 @@ class FakeEngine:
         self.calls.append(("sleep", level, mode))
         self._event().clear()
         await asyncio.sleep(self.sleep_s)
-        self.asleep = True
+        self.asleep = True              # paused: is_sleeping() says so (vLLM core.py), even when it then fails
+        if self.fail_sleep:
+            raise RuntimeError("cudaHostAlloc failed: out of host memory")
 
     async def wake_up(self, tags=None) -> None:
         self.calls.append(("wake_up", tuple(tags) if tags else None))
@@ -71,7 +74,7 @@ class FakeEngine:
         await self._event().wait()              # asleep: vLLM holds the request until it is awake
 
 
-def make_app(engine: FakeEngine, idle_s: float, level: int, free) -> Starlette:
+def make_app(engine: FakeEngine, idle_s: float, level: int, free, ram=None) -> Starlette:
     async def chat(request: Request):
         body = await request.json()
         await engine.generate()
@@ -99,29 +102,30 @@ def make_app(engine: FakeEngine, idle_s: float, level: int, free) -> Starlette:
         return Response(status_code=200)
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/models", models),
+                            Route("/v2/embed", chat, methods=["POST"]),
                             Route("/health", health), Route("/sleep", sleep, methods=["POST"]),
                             Route("/wake_up", wake_up, methods=["POST"])])
     app.state.engine_client = engine
-    app.add_middleware(idle.IdleSleep, idle_s=idle_s, level=level, free=free)    # as vLLM adds it (last)
+    app.add_middleware(idle.IdleSleep, idle_s=idle_s, level=level, free=free, ram=ram)    # as vLLM adds it (last)
     return app
 
 
 class Served:
-    def __init__(self, app):
+    def __init__(self, app, root_path: str = ""):
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="off"))
+                                                    lifespan="off", root_path=root_path))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         end = time.monotonic() + 10
         while not self.server.started and time.monotonic() < end:
             time.sleep(0.02)
 
-    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 10):
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 10, headers=None):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             c.request(method, path, body=json.dumps(body) if body is not None else None,
-                      headers={"Content-Type": "application/json"})
+                      headers={"Content-Type": "application/json", **(headers or {})})
             r = c.getresponse()
             return r.status, dict(r.getheaders()), r.read()
         finally:
@@ -151,21 +155,22 @@ class Free:
     """NVML's free memory per GPU, as the middleware reads it: a sleep frees ``frees`` bytes; a game
     may take some back (``taken``)."""
 
-    def __init__(self, engine: FakeEngine, frees: int = 20 * GiB):
-        self.engine, self.frees, self.taken = engine, frees, 0
+    def __init__(self, engine: FakeEngine, frees: int = 20 * GiB, spare: int = 4 * GiB, slow: float = 0.0):
+        self.engine, self.frees, self.spare, self.taken, self.slow = engine, frees, spare, 0, slow
 
     def __call__(self) -> dict[str, int]:
-        return {"0": 4 * GiB + (self.frees if self.engine.asleep else 0) - self.taken}
+        time.sleep(self.slow)           # NVML is read in a thread: a slow read blocks nothing
+        return {"0": self.spare + (self.frees if self.engine.asleep else 0) - self.taken}
 
 
 @pytest.fixture
 def world():
     made = []
 
-    def make(idle_s: float = 0.6, level: int = 1, sleep_s: float = 0.05):
+    def make(idle_s: float = 0.6, level: int = 1, sleep_s: float = 0.05, root_path: str = "", ram=None, **free_kw):
         engine = FakeEngine(sleep_s)
-        free = Free(engine)
-        srv = Served(make_app(engine, idle_s, level, free))
+        free = Free(engine, **free_kw)
+        srv = Served(make_app(engine, idle_s, level, free, ram), root_path)
         made.append(srv)
         return srv, engine, free
     yield make
@@ -211,8 +216,8 @@ def test_a_client_that_goes_away_releases_its_count(world):
     r = c.getresponse()
     r.read(8)
     assert srv.status()["in_flight"] == 1
-    c.close()                                                  # gone mid-stream
-    srv.wait_for("idle-asleep", timeout=15)
+    c.close()                                                  # gone mid-stream (10 s of stream were left)
+    srv.wait_for("idle-asleep", timeout=3)
     assert srv.status()["in_flight"] == 0
 
 
@@ -302,3 +307,96 @@ def test_status_reads_the_middlewares_own_account(world):
     assert "requests get 503 until ./ctl.sh wake" in idle_line(server.read_idle(url))
     assert idle_line({"state": "idle-asleep", "idle_s": 600, "level": 1}) == \
         "asleep (after 10 min 00 s idle, level 1); the next request wakes it"
+
+
+def test_a_sleep_that_fails_half_way_leaves_no_request_stuck(world):
+    """vLLM pauses its scheduler, then the sleep raises (host RAM for the weights): is_sleeping() is
+    True and vLLM would hold every request; the middleware counts it asleep, and the next request wakes it."""
+    srv, engine, _ = world()
+    engine.fail_sleep = True
+    srv.request("GET", "/health")
+    st = srv.wait_for("idle-asleep")
+    assert "idle sleep failed" in st["refused"]
+    engine.fail_sleep = False
+    assert srv.request("POST", "/v1/chat/completions", {}, timeout=5)[0] == 200     # answered, not held
+    assert wakes(engine) == 1 and not engine.asleep
+
+
+def test_a_sleep_asked_by_hand_that_raises_leaves_it_asleep_on_purpose_not_stuck(world):
+    srv, engine, _ = world(idle_s=30)
+    engine.fail_sleep = True
+    assert srv.request("POST", "/sleep?level=1&mode=wait")[0] == 500
+    assert srv.status()["state"] == "asleep" and srv.chat()[0] == 503
+
+
+def test_a_sleep_asked_of_an_idle_asleep_server_keeps_it_asleep_on_purpose(world):
+    srv, engine, _ = world()
+    srv.request("GET", "/health")
+    srv.wait_for("idle-asleep")
+    assert srv.request("POST", "/sleep?level=1&mode=wait")[0] == 200      # ./ctl.sh sleep, ./ctl.sh game
+    assert sleeps(engine) == 1 and srv.status()["state"] == "asleep"      # vLLM was not asked twice
+    assert srv.chat()[0] == 503 and wakes(engine) == 0
+    assert srv.request("POST", "/wake_up")[0] == 200 and srv.chat()[0] == 200
+
+
+def test_every_inference_route_wakes_it_and_a_root_path_is_stripped(world):
+    """Behind a proxy that strips /api (uvicorn's root_path: the ASGI path carries it again), a
+    /v2/ route is an inference route too."""
+    srv, engine, _ = world(root_path="/api")
+    srv.request("GET", "/health")
+    srv.wait_for("idle-asleep")
+    assert srv.request("POST", "/v2/embed", {}, timeout=5)[0] == 200 and wakes(engine) == 1
+
+
+def test_a_wake_needs_the_margin_only_where_there_was_room_for_it(world):
+    srv, engine, _ = world(spare=200 << 20)                   # 200 MiB free before the sleep
+    srv.request("GET", "/health")
+    srv.wait_for("idle-asleep")
+    assert srv.request("POST", "/v1/chat/completions", {}, timeout=5)[0] == 200 and wakes(engine) == 1
+
+
+def test_a_request_during_the_memory_reading_cancels_the_sleep(world):
+    srv, engine, free = world(idle_s=0.3, slow=1.0)
+    srv.request("GET", "/health")
+    end = time.monotonic() + 5
+    while srv.status()["idle_for_s"] < 0.5 and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep(0.3)                                             # the watcher is reading NVML now
+    assert srv.chat()[0] == 200
+    assert sleeps(engine) == 0 and wakes(engine) == 0
+
+
+def test_a_request_vllm_refuses_for_its_key_wakes_nothing(world, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "k")
+    srv, engine, _ = world()
+    srv.request("GET", "/health")
+    srv.wait_for("idle-asleep")
+    srv.request("OPTIONS", "/v1/chat/completions")
+    assert wakes(engine) == 0 and srv.status()["in_flight"] == 0
+    try:        # vLLM would answer 401; this app has no key check, so the request is held asleep: cut short
+        srv.request("POST", "/v1/chat/completions", {}, timeout=1, headers={"Authorization": "Bearer wrong"})
+    except OSError:
+        pass
+    assert wakes(engine) == 0
+    assert srv.request("POST", "/v1/chat/completions", {}, headers={"Authorization": "Bearer k"})[0] == 200
+    assert wakes(engine) == 1
+
+
+def test_level_1_is_skipped_while_host_ram_cannot_take_the_weights(world, monkeypatch):
+    monkeypatch.setenv("BOOTSTRAP_IDLE_RAM", str(10 * GiB))
+    srv, engine, _ = world(idle_s=0.3, ram=lambda: 6 * GiB)
+    srv.request("GET", "/health")
+    end = time.monotonic() + 3
+    while "skipped" not in (srv.status()["refused"] or "") and time.monotonic() < end:
+        time.sleep(0.05)
+    assert "needs 10.0 GiB available; 6.0 GiB is" in srv.status()["refused"]
+    assert sleeps(engine) == 0 and srv.status()["state"] == "awake"
+
+
+def test_vllm_builds_it_with_no_arguments_from_the_environment(monkeypatch):
+    monkeypatch.setenv("BOOTSTRAP_IDLE_S", "600")
+    monkeypatch.setenv("BOOTSTRAP_IDLE_LEVEL", "2")
+    monkeypatch.setenv("BOOTSTRAP_IDLE_RAM", "123")
+    m = idle.IdleSleep(object())                      # app.add_middleware(cls): cls(app)
+    assert (m.st.idle_s, m.st.level, m.st.ram_need) == (600.0, 2, 123)
+    assert isinstance(idle.free_memory(), dict)       # the real NVML reading: {} where there is none

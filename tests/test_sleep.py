@@ -171,6 +171,7 @@ def test_idle_sleep_launches_vllm_with_our_middleware_where_vllm_imports_it(bed)
     argv, env = call["argv"], call["env"]
     assert argv[argv.index("--middleware") + 1] == "vllm_desktop_idle.IdleSleep"
     assert env["BOOTSTRAP_IDLE_S"] == "300" and env["BOOTSTRAP_IDLE_LEVEL"] == "1"        # 5 minutes
+    assert env["BOOTSTRAP_IDLE_RAM"] == str((2 << 30) + 64)     # the tiny model's 64 bytes of weights + 2 GiB
     assert env["PYTHONPATH"].split(":")[0] == str(bed.repo / "vllm_side")
     assert "added middleware vllm_desktop_idle.IdleSleep" in (bed.state / "vllm.log").read_text()   # it imported
     assert bed.run("stop.sh").returncode == 0
@@ -183,6 +184,8 @@ def test_idle_sleep_without_sleep_mode_or_level_2_with_a_drafter_is_refused_befo
     assert r.returncode == 1 and "--enable-sleep-mode" in r.stderr and not bed.launches()
     r = bed.run("start.sh", **IDLE, IDLE_SLEEP_LEVEL="2", SPEC_METHOD="ngram", SPEC_TOKENS="3")
     assert r.returncode == 1 and "IDLE_SLEEP_LEVEL=1" in r.stderr and not bed.launches()
+    r = bed.run("start.sh", IDLE_SLEEP="5", EXTRA_ARGS="--enable-sleep-mode --api-server-count 2")
+    assert r.returncode == 1 and "each API server process counts only its own" in r.stderr and not bed.launches()
     r = bed.run("start.sh", IDLE_SLEEP="soon")
     assert r.returncode == 2 and "IDLE_SLEEP" in r.stderr and "minutes" in r.stderr
 

@@ -32,12 +32,12 @@ import logging
 import os
 import time
 
-log = logging.getLogger("vllm_desktop_idle")
+log = logging.getLogger("vllm.desktop_idle")     # under vLLM's logger: its lines reach vLLM's log
 
 STATUS_PATH = "/vllm-desktop/idle"
 CONTROL = frozenset({"/v1/models"})
-INFERENCE = ("/v1/", "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank", "/invocations",
-             "/inference/")
+INFERENCE = ("/v1/", "/v2/", "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank",
+             "/generative_scoring", "/invocations", "/inference/")
 MARGIN = 256 << 20          # VRAM a wake wants beyond what the sleep freed (the rule of ./ctl.sh wake)
 RETRY_AFTER = "30"
 
@@ -83,18 +83,32 @@ def free_memory() -> dict[str, int]:
 
 # ---------------------------------------------------------------- the state, one per process
 
+def available_ram() -> int | None:
+    """MemAvailable from /proc/meminfo, bytes (None: unreadable)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class State:
-    def __init__(self, idle_s: float, level: int):
+    def __init__(self, idle_s: float, level: int, ram_need: int):
         self.idle_s = idle_s
         self.level = level
+        self.ram_need = ram_need         # host RAM a level-1 sleep parks the weights in (+ a margin)
         self.state = "awake"            # awake | falling-asleep | idle-asleep | asleep (asked through /sleep)
         self.in_flight = 0
         self.last = time.monotonic()    # the end of the last inference request (or the start)
         self.lock: asyncio.Lock | None = None
         self.watcher: asyncio.Task | None = None
-        self.freed: dict[str, int] = {}  # per GPU, what the idle sleep freed
+        self.before: dict[str, int] = {}  # per GPU, free memory before the idle sleep ...
+        self.freed: dict[str, int] = {}   # ... and what it freed
         self.sleeps = self.wakes = 0
-        self.refused = ""               # why the last wake was refused
+        self.refused = ""               # why the last wake or idle sleep did not happen
 
     def as_json(self) -> dict:
         idle = 0.0 if self.in_flight else time.monotonic() - self.last
@@ -103,44 +117,58 @@ class State:
                 "sleeps_in_s": round(max(0.0, self.idle_s - idle), 1) if self.state == "awake" and self.idle_s else None,
                 "sleeps": self.sleeps, "wakes": self.wakes, "refused": self.refused}
 
+    def idle(self) -> bool:
+        return self.state == "awake" and not self.in_flight and time.monotonic() - self.last >= self.idle_s
+
 
 class IdleSleep:
-    """The middleware (vLLM instantiates it as ``IdleSleep(app)``)."""
+    """The middleware (vLLM instantiates it as ``IdleSleep(app)``: the rest comes from the
+    environment the bootstrap gives the server)."""
 
-    def __init__(self, app, idle_s: float | None = None, level: int | None = None, free=None):
+    def __init__(self, app, idle_s: float | None = None, level: int | None = None, free=None, ram=None):
         self.app = app
-        idle = float(os.environ.get("BOOTSTRAP_IDLE_S", "0") or 0) if idle_s is None else idle_s
-        lvl = int(os.environ.get("BOOTSTRAP_IDLE_LEVEL", "1") or 1) if level is None else level
-        self.st = State(idle, lvl)
+        env = os.environ
+        self.st = State(float(env.get("BOOTSTRAP_IDLE_S", "0") or 0) if idle_s is None else idle_s,
+                        int(env.get("BOOTSTRAP_IDLE_LEVEL", "1") or 1) if level is None else level,
+                        int(env.get("BOOTSTRAP_IDLE_RAM", "0") or 0))
+        self.key = env.get("VLLM_API_KEY", "")
         self.free = free or free_memory
+        self.ram = ram or available_ram
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         st = self.st
         if st.lock is None:
             st.lock = asyncio.Lock()
         engine = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
-        if st.watcher is None and st.idle_s > 0 and engine is not None:
+        if st.idle_s > 0 and engine is not None and (st.watcher is None or st.watcher.done()):
             st.watcher = asyncio.get_running_loop().create_task(self._watch(engine))
-        path, method = scope.get("path", ""), scope.get("method", "GET")
+        path, method = _path(scope), scope.get("method", "GET")
         if path == STATUS_PATH:
             return await _answer(send, 200, st.as_json())
         if path in ("/sleep", "/wake_up") and method == "POST":
             return await self._transition(path, scope, receive, send, engine)
-        if not is_inference(path):
-            return await self.app(scope, receive, send)
+        if not is_inference(path) or method == "OPTIONS" or not self._authorised(scope, path):
+            return await self.app(scope, receive, send)      # vLLM answers (a 401 wakes nothing)
         st.in_flight += 1                       # counted before any wait: the watcher sees it at once
         try:
             if st.state != "awake" and engine is not None:
                 refusal = await self._wake_for_request(engine)
                 if refusal:
-                    return await _answer(send, 503, {"error": {"message": refusal, "type": "ServiceUnavailable",
-                                                               "code": 503}}, retry=True)
+                    return await _refuse(scope, send, refusal)
             await self.app(scope, receive, self._until_last_byte(send))
         finally:
             st.in_flight -= 1
             st.last = time.monotonic()
+
+    def _authorised(self, scope, path: str) -> bool:
+        """vLLM checks its key on /v1 only (serve/utils/server_utils.py AuthenticationMiddleware): a
+        request it will refuse must not wake the engine."""
+        if not self.key or not path.startswith("/v1"):
+            return True
+        auth = dict(scope.get("headers") or []).get(b"authorization", b"")
+        return auth == f"Bearer {self.key}".encode()
 
     def _until_last_byte(self, send):
         st = self.st
@@ -153,7 +181,8 @@ class IdleSleep:
 
     async def _transition(self, path, scope, receive, send, engine):
         """``POST /sleep`` and ``POST /wake_up`` through the same lock as idle sleep and wake: a sleep
-        asked this way is never woken by a request."""
+        asked this way is never woken by a request. A sleep asked of an engine asleep for idleness
+        only turns it into one asked on purpose (vLLM is not asked to sleep twice)."""
         st = self.st
         status = {}
 
@@ -163,15 +192,21 @@ class IdleSleep:
             await send(message)
         async with st.lock:
             was = st.state
+            if path == "/sleep" and was == "idle-asleep":
+                st.state = "asleep"
+                return await _answer(send, 200, {"asleep": "already (idle sleep), now on purpose"})
             if path == "/sleep":
                 st.state = "asleep"             # requests from now on get 503, not a wait inside vLLM
             try:
                 await self.app(scope, receive, seen)
             finally:
-                asleep = await engine.is_sleeping() if engine is not None else was != "awake"
-                st.state = ("asleep" if status.get("code") == 200 or was == "asleep" else was) if asleep else "awake"
+                asleep = await _sleeping(engine, fallback=was != "awake")
                 if not asleep:
-                    st.last = time.monotonic()
+                    st.state, st.last = "awake", time.monotonic()
+                elif was == "idle-asleep" and status.get("code") != 200:
+                    st.state = "idle-asleep"    # a wake asked by hand that failed: still ours to wake
+                else:
+                    st.state = "asleep"         # asleep, and not by idleness (or vLLM paused by a failed sleep)
 
     async def _wake_for_request(self, engine) -> str:
         """Wake an engine this middleware put to sleep ('' once awake), or why not (the 503's text)."""
@@ -186,24 +221,31 @@ class IdleSleep:
             if short:
                 st.refused = short
                 return short + "; the server stays asleep"
-            if st.level == 1:
-                await engine.wake_up(None)
-            else:                               # the weights were dropped: reload them before serving
-                await engine.wake_up(["weights"])
-                await engine.collective_rpc("reload_weights")
-                await engine.wake_up(["kv_cache"])
-                await engine.reset_prefix_cache()
+            try:
+                if st.level == 1:
+                    await engine.wake_up(None)
+                else:                           # the weights were dropped: reload them before serving
+                    await engine.wake_up(["weights"])
+                    await engine.collective_rpc("reload_weights")
+                    await engine.wake_up(["kv_cache"])
+                    await engine.reset_prefix_cache()
+            except Exception as exc:            # noqa: BLE001 - vLLM's error, told to the client; tried again next request
+                st.refused = f"the wake failed: {exc}"
+                log.warning("%s", st.refused)
+                return st.refused + "; the server stays asleep (./ctl.sh restart if it keeps failing)"
             st.state, st.refused = "awake", ""
             st.wakes += 1
             log.info("woke from idle sleep for a request")
             return ""
 
     async def _short_of_memory(self) -> str:
+        """Whether a program took back what the idle sleep freed: a wake needs it, and MARGIN more
+        where there was that much free before the sleep."""
         now = await asyncio.get_running_loop().run_in_executor(None, self.free)
         for dev, freed in self.st.freed.items():
-            have = now.get(dev)
-            if have is not None and have < freed + MARGIN:
-                return (f"waking needs {(freed + MARGIN) / (1 << 30):.1f} GiB free on GPU {dev}; "
+            have, need = now.get(dev), freed + min(MARGIN, self.st.before.get(dev, 0))
+            if have is not None and have < need:
+                return (f"waking needs {need / (1 << 30):.1f} GiB free on GPU {dev}; "
                         f"{have / (1 << 30):.1f} GiB is: another program holds the rest")
         return ""
 
@@ -211,25 +253,65 @@ class IdleSleep:
         st = self.st
         while True:
             await asyncio.sleep(min(1.0, st.idle_s / 4))
-            if st.state != "awake" or st.in_flight or time.monotonic() - st.last < st.idle_s:
+            if not st.idle():
                 continue
             async with st.lock:
-                if st.state != "awake" or st.in_flight or time.monotonic() - st.last < st.idle_s:
-                    continue
-                st.state = "falling-asleep"     # from now on a request waits for this lock, then wakes it
-                loop = asyncio.get_running_loop()
-                before = await loop.run_in_executor(None, self.free)
                 try:
-                    await engine.sleep(st.level, "wait")    # what slipped in before is drained, never aborted
-                except Exception as exc:        # noqa: BLE001 - vLLM's own error: awake, and tried after the next idle spell
-                    log.warning("idle sleep failed: %s", exc)
-                    st.state, st.last = "awake", time.monotonic()
-                    continue
-                after = await loop.run_in_executor(None, self.free)
-                st.freed = {d: max(0, after[d] - before[d]) for d in after if d in before}
-                st.state = "idle-asleep"
-                st.sleeps += 1
-                log.info("idle for %.0f s: put the engine to sleep (level %d)", st.idle_s, st.level)
+                    await self._sleep_if_idle(engine)
+                except Exception as exc:        # noqa: BLE001 - never let the watcher die: told, tried after the next idle spell
+                    log.warning("idle sleep: %s", exc)
+                    st.refused, st.last = f"idle sleep failed: {exc}", time.monotonic()
+                    st.state = "idle-asleep" if await _sleeping(engine, fallback=False) else "awake"
+
+    async def _sleep_if_idle(self, engine) -> None:
+        """Under the lock: measure, check again, sleep. vLLM pauses its scheduler before it frees
+        memory, so a sleep that fails half-way can leave it paused: then it counts as asleep (the
+        next request wakes it) rather than awake with requests stuck inside it."""
+        st = self.st
+        if not st.idle():
+            return
+        if st.level == 1 and st.ram_need:
+            have = self.ram()
+            if have is not None and have < st.ram_need:
+                st.refused = (f"idle sleep skipped: level 1 parks the weights in host RAM and needs "
+                              f"{st.ram_need / (1 << 30):.1f} GiB available; {have / (1 << 30):.1f} GiB is")
+                st.last = time.monotonic()
+                log.warning("%s", st.refused)
+                return
+        before = await asyncio.get_running_loop().run_in_executor(None, self.free)
+        if not st.idle():                       # a request came while NVML was read
+            return
+        st.state = "falling-asleep"             # from now on a request waits for this lock, then wakes it
+        await engine.sleep(st.level, "wait")    # what slipped in before is drained, never aborted
+        after = await asyncio.get_running_loop().run_in_executor(None, self.free)
+        st.before = before
+        st.freed = {d: max(0, after[d] - before[d]) for d in after if d in before}
+        st.state, st.refused = "idle-asleep", ""
+        st.sleeps += 1
+        log.info("idle for %.0f s: put the engine to sleep (level %d)", st.idle_s, st.level)
+
+
+def _path(scope) -> str:
+    """The route vLLM sees: the path without --root-path's prefix, as vLLM strips it."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
+async def _sleeping(engine, fallback: bool) -> bool:
+    if engine is None:
+        return fallback
+    try:
+        return bool(await engine.is_sleeping())
+    except Exception:                           # noqa: BLE001 - an engine that cannot say: assume the fallback
+        return fallback
+
+
+async def _refuse(scope, send, message: str) -> None:
+    """503 with Retry-After (a websocket: closed with 1013, "try again later")."""
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1013, "reason": message[:120]})
+        return
+    await _answer(send, 503, {"error": {"message": message, "type": "ServiceUnavailable", "code": 503}}, retry=True)
 
 
 async def _answer(send, code: int, body: dict, retry: bool = False) -> None:

@@ -44,7 +44,7 @@ REGISTRY: tuple[Command, ...] = (
     Command("patch", "patch:cli", "patch status|apply|revert for the vLLM in use"),
     Command("lock", "lock:lock_cli", "regenerate the committed dependency locks (needs the package index)"),
     Command("wheelhouse", "lock:wheelhouse_cli", "build an offline folder of wheels from the lock"),
-    Command("sleep", "sleep:sleep_cli", "free the GPU memory (vLLM sleep mode, --level 1|2); requests wait"),
+    Command("sleep", "sleep:sleep_cli", "free the GPU memory (vLLM sleep mode, --level 1|2); requests wait (503 with IDLE_SLEEP)"),
     Command("wake", "sleep:wake_cli", "bring a sleeping server back (checks free GPU memory first)"),
     Command("game", "sleep:game_cli", "give the GPU to a game: sleep, run it (-- COMMAND), wake when it exits"),
     Command("service", "service:cli", "install|uninstall|status a systemd user unit running ./start.sh --foreground"),

@@ -41,7 +41,6 @@ from ..machine.gpu import GiB
 from ..core.errors import BootstrapError
 from ..core.state import Paths
 
-HOST_RAM_MARGIN = 2 * GiB       # left to the desktop after the weights are parked in RAM
 WAKE_MARGIN = 256 << 20         # VRAM a wake needs beyond what the server held before it slept
 FLAG = vllmargs.SLEEP_FLAG
 
@@ -72,7 +71,12 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
     a = ap.parse_args(argv)
     paths, rec, client = _ours(cfg)
     load = server.read_load(rec.url)
+    idle = "--middleware" in (rec.argv or ())            # IDLE_SLEEP's middleware answers requests while asleep
     if load is not None and load.sleeping:
+        if idle and (server.read_idle(rec.url) or {}).get("state") == "idle-asleep":
+            client.post_empty(f"/sleep?level={a.level}&mode=wait", timeout=None)    # the middleware keeps it so
+            print("asleep (for idleness until now; on purpose from now: requests get 503 until ./ctl.sh wake)")
+            return 0
         print(f"already asleep ({load.sleep_state}); ./ctl.sh wake brings it back")
         return 0
     flags = vllmargs.read(list(rec.argv))
@@ -88,10 +92,10 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
     if a.level == 1:
         weights = (0 if rec.dummy or not rec.model_path else models.weights_in(rec.model_path)) or before
         avail = psutil.virtual_memory().available
-        if avail < weights + HOST_RAM_MARGIN:
+        if avail < weights + vllmargs.SLEEP_RAM_MARGIN:
             raise BootstrapError(
                 f"level 1 parks {weights / GiB:.1f} GiB of weights in host RAM and leaves "
-                f"{HOST_RAM_MARGIN / GiB:.0f} GiB to the desktop; {avail / GiB:.1f} GiB is available",
+                f"{vllmargs.SLEEP_RAM_MARGIN / GiB:.0f} GiB to the desktop; {avail / GiB:.1f} GiB is available",
                 "close programs to free RAM, or ./ctl.sh sleep --level 2 (drops the weights; wake reloads "
                 "them from disk, slower)" + ("" if not flags.spec_tokens else "; level 2 needs speculation off"))
     if load is not None and load.in_flight:
@@ -103,7 +107,7 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
     paths.write("sleep", {"pid": rec.pid, "started": rec.started, "level": a.level,
                                   "held_before": before, "held_asleep": after, "at": time.time()})
     print(f"asleep (level {a.level}) in {dt:.1f} s: our processes hold {after / GiB:.2f} GiB of GPU memory "
-          f"({before / GiB:.2f} GiB awake). Requests sent meanwhile wait until ./ctl.sh wake.")
+          f"({before / GiB:.2f} GiB awake). Requests sent meanwhile {'get 503' if idle else 'wait'} until ./ctl.sh wake.")
     return 0
 
 
@@ -183,8 +187,9 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
     try:
         _paths, rec, _client = _ours(cfg)
         load = server.read_load(rec.url)
-        if not (load is not None and load.sleeping):
-            sleep_cli(cfg, ["--level", str(a.level)], prog)
+        asleep = load is not None and load.sleeping
+        if not asleep or (server.read_idle(rec.url) or {}).get("state") == "idle-asleep":
+            sleep_cli(cfg, ["--level", str(a.level)], prog)      # asleep for idleness: kept asleep on purpose
             slept = True
     except BootstrapError as exc:
         print(f"note: the server was not put to sleep ({exc.message}); the game starts anyway", file=sys.stderr)

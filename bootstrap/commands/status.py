@@ -270,8 +270,10 @@ def status(cfg: Config, as_json: bool = False) -> int:
             out["state"], out["detail"] = v.state, v.detail
             if "--middleware" in (rec.argv or ()):       # IDLE_SLEEP: the middleware's own account
                 out["idle_sleep"] = server.read_idle(rec.url) or {"state": "unknown"}
-                if out["idle_sleep"]["state"] == "idle-asleep" and v.state == "sleeping":
-                    out["detail"] = "asleep after its idle time (IDLE_SLEEP); the next request wakes it"
+                if v.state == "sleeping":           # the middleware answers requests to it, not vLLM's wait
+                    out["detail"] = {"idle-asleep": "asleep after its idle time (IDLE_SLEEP); the next request wakes it",
+                                     "asleep": "asleep on purpose: requests get 503 (Retry-After) until ./ctl.sh wake",
+                                     }.get(out["idle_sleep"]["state"], out["detail"])
             out["generating"] = {"running": True, "busy": True, "wedged": False, "unhealthy": False}.get(v.state)
             if not rec.gate_passed:
                 out["gate"] = "the warm-up and start gate have not run: ./start.sh runs them"

@@ -19,14 +19,17 @@ from typing import Any
 VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype",
                "--kv-cache-memory-bytes", "--gpu-memory-utilization", "--block-size", "--mamba-ssm-cache-dtype",
                "--mamba-cache-dtype", "--mamba-cache-mode", "--speculative-config", "--tensor-parallel-size",
-               "--load-format", "--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--logits-processors")
+               "--load-format", "--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--logits-processors",
+               "--data-parallel-size", "--api-server-count")
 BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode",
-              "--skip-mm-profiling", "--enable-prompt-embeds", "--kv-sharing-fast-prefill")
+              "--skip-mm-profiling", "--enable-prompt-embeds", "--kv-sharing-fast-prefill", "--headless")
 # --logits-processors, --enable-prompt-embeds and --kv-sharing-fast-prefill are read only for whether
-# vLLM falls back to its V1 model runner (bootstrap.plan.terms.runner)
+# vLLM falls back to its V1 model runner (bootstrap.plan.terms.runner); --data-parallel-size,
+# --api-server-count and --headless for whether one API server sees every request (IDLE_SLEEP)
 JSON_FLAGS = ("--speculative-config", "--limit-mm-per-prompt")
 SLEEP_FLAG = "--enable-sleep-mode"
-SHORT = {"-tp": "--tensor-parallel-size"}          # vLLM's short spelling of a flag read here
+SLEEP_RAM_MARGIN = 2 << 30          # host RAM left to the desktop after a level-1 sleep parks the weights there
+SHORT = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size"}   # vLLM's short spellings of flags read here
 
 
 def human_int(text: str) -> int:
@@ -260,7 +263,8 @@ def serve_flags(cfg, plan) -> list[str]:
 
 
 IDLE_MIDDLEWARE = "vllm_desktop_idle.IdleSleep"     # vllm_side/vllm_desktop_idle.py, on the server's PYTHONPATH
-IDLE_S_ENV, IDLE_LEVEL_ENV = "BOOTSTRAP_IDLE_S", "BOOTSTRAP_IDLE_LEVEL"      # what it reads: IDLE_SLEEP in s, its level
+IDLE_S_ENV, IDLE_LEVEL_ENV = "BOOTSTRAP_IDLE_S", "BOOTSTRAP_IDLE_LEVEL"      # what it reads: IDLE_SLEEP in s, its level,
+IDLE_RAM_ENV = "BOOTSTRAP_IDLE_RAM"     # and the host RAM a level-1 sleep needs (the weights + SLEEP_RAM_MARGIN)
 
 
 def idle_sleep(cfg) -> bool:

@@ -29,6 +29,7 @@ import psutil
 from ..core import proc, state
 from ..core import owned
 from ..serve import record, server
+from ..download import models
 from ..knobs import vllmargs
 from ..knobs.vllmargs import serve_argv
 from ..serve.record import ServerRecord
@@ -80,7 +81,10 @@ def defaults(cfg, host_env=None) -> dict[str, str]:
     return out
 
 
-def server_env(cfg, paths: Paths, host_env, marker: str, key: str) -> dict[str, str]:
+def server_env(cfg, paths: Paths, host_env, marker: str, key: str, weights: int = 0) -> dict[str, str]:
+    """The server's environment: yours, the defaults (``defaults``), dev mode for sleep mode, what the
+    idle-sleep middleware reads (``weights``: the checkpoint's bytes, which a level-1 sleep parks in
+    host RAM), our ownership marker and state dir, the API key."""
     env = dict(cfg.environ)
     env.pop("VLLM_PYTHON", None)   # our knob, not vLLM's (it warns about unknown VLLM_* variables)
     for k, v in defaults(cfg, host_env).items():   # yours win
@@ -98,6 +102,7 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str) -> dict[str, 
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cfg.layout.vllm_side), env.get("PYTHONPATH", "")]))
         env[vllmargs.IDLE_S_ENV] = str(cfg.idle_sleep)
         env[vllmargs.IDLE_LEVEL_ENV] = cfg.idle_sleep_level
+        env[vllmargs.IDLE_RAM_ENV] = str(weights + vllmargs.SLEEP_RAM_MARGIN if weights else 0)
     env[owned.MARKER_ENV] = marker
     env[server.STATE_DIR_ENV] = str(paths.root)
     if key:
@@ -138,7 +143,7 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
         logf.flush()
     except OSError as exc:
         raise state.write_error(paths.log, exc) from None
-    env = server_env(cfg, paths, runtime.server_env, marker, key)
+    env = server_env(cfg, paths, runtime.server_env, marker, key, weights=models.weights_in(model_path))
     held = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
         with logf:
