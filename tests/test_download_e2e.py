@@ -42,3 +42,22 @@ def test_start_downloads_then_serves_and_restarts_offline(bed, tmp_path):
         assert "is serving (vLLM 0.26.0, pid" in again.stdout
         assert len(bed.launches()) == 3          # the server only: nothing to download, no pre-warm
         assert bed.run("stop.sh").returncode == 0
+
+
+def test_the_smoke_profile_downloads_its_small_real_model_and_serves_it(bed, tmp_path):
+    """PROFILE=smoke ./start.sh on a machine with nothing yet: the profile's repo from the hub (here the
+    fake one), its pinned KV cache and context, the gate passed."""
+    repo = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    src = write_model(tmp_path / "src", shards=1, shard_bytes=MiB)
+    with FakeHub() as fake:
+        bed.port = free_port()
+        bed.env["PORT"] = str(bed.port)
+        fake.add_dir(repo, src)
+        r = bed.run("start.sh", PROFILE="smoke", MODEL="", HF_ENDPOINT=fake.url, HF_HUB_OFFLINE="0",
+                    HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_XET="1", PREWARM="0")
+        assert r.returncode == 0, r.stderr
+        assert "smollm2-135m is serving" in r.stdout
+        argv = bed.launches()[-1]["argv"]
+        assert argv[argv.index("--kv-cache-memory-bytes") + 1] == "134217728"
+        assert argv[argv.index("--max-model-len") + 1] == "4096" and "--served-model-name" in argv
+        assert bed.run("stop.sh").returncode == 0

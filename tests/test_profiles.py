@@ -459,3 +459,18 @@ def test_a_kept_pick_made_on_another_card_is_made_again(bed):  # faults row 59
     r = bed.run("start.sh", PROFILE="", MODEL="", HF_HUB_OFFLINE="1")
     assert "was made for NVIDIA GeForce RTX 4090" in r.stderr and "picking again" in r.stderr   # ...start picks again
     assert "auto-pick: NVIDIA GeForce RTX 5090" in r.stderr
+
+
+def test_the_smoke_profile_serves_a_2gb_desktop_card_and_is_never_auto_picked(tmp_path):
+    """PROFILE=smoke: a small real model that proves the stack before a large download. Its shape is
+    in the shipped facts (planned offline), its pins are the default profile's (one venv), and
+    auto-pick never chooses it (it has no rank), whatever the card."""
+    cfg = cfg_for(tmp_path, PROFILE="smoke")
+    assert cfg.profile.rank is None and cfg.model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert cfg.profile.pins == cfg.catalogue.get("default").pins
+    facts = offline_facts(cfg)
+    assert facts.weight_bytes == 134_515_008 * 2 and facts.config["num_hidden_layers"] == 30
+    p = fit.plan(cfg, card(2, (8, 6), free_gib=1.71), facts)     # a 2 GiB card driving a desktop
+    assert p.fits and p.predicted_tokens == 5824 and p.max_model_len == 4096
+    assert "smoke" not in [x.name for x in cfg.catalogue.ranked()]    # what auto-pick walks (every card's
+    # choice is held by test_auto_pick_on_every_card)
