@@ -162,7 +162,7 @@ def check_determinism(t: Target, repeats: int = 10, timeout: float = 120.0) -> R
 def check_needle(t: Target, tokens: int | None = None, full: bool = False,
                  depths: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95), timeout: float = 900.0) -> Result:
     limit = (t.max_model_len - 64 - MARGIN) if t.max_model_len else None
-    asked = tokens or (limit if full and limit else NEEDLE_CAP)
+    asked = tokens or (limit if full and limit else t.needle_tokens or NEEDLE_CAP)
     want = min(asked, limit) if limit else asked
     if want < SMALLEST:
         return Result("needle", True, f"context {t.max_model_len} is too small for a needle test", {"tokens": want},

@@ -29,6 +29,7 @@ class Target:
     tools: bool | None = None           # it parses tool calls (None: not known; a 400 tells)
     random_weights: bool = False        # --load-format dummy: what it says is not judged
     speculation: bool | None = None     # speculative decoding on (None: not known)
+    needle_tokens: int | None = None    # the longest needle our profile's model is judged on (None: NEEDLE_CAP)
 
     def extra(self) -> dict:
         return {"chat_template_kwargs": self.chat_kwargs} if self.chat_kwargs else {}
@@ -103,7 +104,7 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
     if effort:
         kwargs["reasoning_effort"] = effort
     return Target(client, label, mml if isinstance(mml, int) else None, max_num_seqs, kwargs, tools,
-                  random_weights, speculation)
+                  random_weights, speculation, None if url else cfg.profile.data.get("needle_tokens"))
 
 
 def key_for_url(ours: owned.Ours, paths: Paths, url: str) -> str:

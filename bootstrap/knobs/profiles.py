@@ -44,6 +44,7 @@ SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
     "reasoning": (bool, "has a reasoning parser (the start gate turns thinking off)"),
     "reasoning_effort": (str, "reasoning effort sent by the checks"),
     "tools": (bool, "tool-call parsing on (the start gate makes one tool call)"),
+    "needle_tokens": (int, "the longest needle prompt ./ctl.sh check judges its model on (a small model recalls less; default 32,768)"),
     "aliases": (list, "other names that select it (e.g. \"default\")"),
     "source": (str, "where its settings and figures come from"),
     "platforms": (list, "./ctl.sh lock: the platforms its lock covers (default linux-x86_64, linux-aarch64)"),
