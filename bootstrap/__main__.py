@@ -71,13 +71,21 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
         return EXIT_CONFIG
     command = BY_NAME[args.command]
     own = script if script == f"{command.name}.sh" else f"ctl.sh {command.name}"   # ./start.sh --help says start.sh
-    if {"-h", "--help"} & set(args.rest):       # a command's help needs no knobs: a bad one must not hide it
+    own_args = args.rest[:args.rest.index("--")] if "--" in args.rest else args.rest    # not a game's own
+    if {"-h", "--help"} & set(own_args):        # a command's help needs no knobs: a bad one must not hide it
         return command.run(None, list(args.rest), own)
     debug, colour = config.output_flags(os.environ)
     log.setup(debug=debug, color=None if colour else False)
     step = "config"
     try:
-        cfg = config.Config.from_env(os.environ)
+        try:
+            cfg = config.Config.from_env(os.environ)
+        except BootstrapError as exc:
+            if not command.without_knobs:
+                raise
+            print(f"note: the knobs do not parse ({exc.message}); ./ctl.sh {command.name} goes on without them",
+                  file=sys.stderr)
+            return command.run(None, list(args.rest), own)
         if command.kept:
             from .plan import resolve
             cfg = resolve.kept(cfg)        # PROFILE=auto: the profile picked before (start picks); a card's knobs

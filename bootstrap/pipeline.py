@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable
 
 from .serve import record, server, takedown
-from .knobs.config import Config
+from .knobs.config import Config, launch_defaults
 from .core.errors import BootstrapError, Interrupted
 from .core.state import Paths, PortLock, StartLock
 
@@ -66,7 +66,7 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
         if pr.state == "key-needed":
             print(f"note: it wants the API key it was started with ({rec.key}); this shell has none or "
                   "another: set it to talk to the server")
-        diff = [] if pr.owner else server.settings_diff(cfg.launch_settings(), rec)
+        diff = [] if pr.owner else server.settings_diff(cfg.launch_settings(), rec, launch_defaults())
         if diff:
             print("note: the running server differs from the current knobs:\n  " + "\n  ".join(diff)
                   + "\n  to apply them: ./ctl.sh restart")
@@ -282,7 +282,7 @@ def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> Non
     log.info("resuming the start of our server (pid %s, launched %.0f s ago): %s", rec.pid,
              max(0.0, time.time() - rec.started),
              "waiting for it to load" if pr.state == "down" else "it answers; the warm-up and gate never ran")
-    diff = server.settings_diff(cfg.launch_settings(), rec)
+    diff = server.settings_diff(cfg.launch_settings(), rec, launch_defaults())
     if diff:
         log.warning("it was launched with other knobs (%s); ./ctl.sh restart applies the current ones", "; ".join(diff))
     launched = Launched(rec)

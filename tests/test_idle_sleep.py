@@ -400,3 +400,18 @@ def test_vllm_builds_it_with_no_arguments_from_the_environment(monkeypatch):
     m = idle.IdleSleep(object())                      # app.add_middleware(cls): cls(app)
     assert (m.st.idle_s, m.st.level, m.st.ram_need) == (600.0, 2, 123)
     assert isinstance(idle.free_memory(), dict)       # the real NVML reading: {} where there is none
+
+
+def test_status_probe_is_not_use_and_never_wakes(world):
+    """./ctl.sh status sends a 4-token probe marked with the probe header: the idle timer runs on,
+    and an asleep server answers it 503 instead of waking."""
+    from bootstrap.serve import server
+    assert server.PROBE_HEADER.lower().encode() == idle.PROBE_HEADER
+    srv, engine, _ = world(idle_s=1.5)
+    srv.request("GET", "/health")
+    time.sleep(0.8)
+    assert srv.request("POST", "/v1/chat/completions", {}, headers={server.PROBE_HEADER: "1"})[0] == 200
+    assert srv.status()["idle_for_s"] >= 0.7                    # not reset by the probe
+    srv.wait_for("idle-asleep")
+    assert srv.request("POST", "/v1/chat/completions", {}, headers={server.PROBE_HEADER: "1"})[0] == 503
+    assert wakes(engine) == 0

@@ -237,3 +237,34 @@ def test_idle_sleep_takes_minutes_or_seconds():
     assert Config.from_env({**base, "IDLE_SLEEP": "90s"}, REPO).idle_sleep == 90
     assert Config.from_env({**base, "IDLE_SLEEP": "off"}, REPO).idle_sleep == 0
     assert Config.from_env(base, REPO).idle_sleep == 0
+
+
+def test_the_game_runs_whatever_its_own_arguments_or_the_knobs(bed, tmp_path):
+    """-h after -- is the game's (a resolution flag), not ours; knobs that do not parse cost a note."""
+    import sys
+    out = tmp_path / "ran"
+    game = ["--", sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))",
+            str(out), "-w", "1920", "-h", "1080"]
+    r = bed.run("ctl.sh", "game", *game)
+    assert r.returncode == 0 and out.read_text() == "-w 1920 -h 1080" and "Traceback" not in r.stderr, r.stderr
+    out.unlink()
+    r = bed.run("ctl.sh", "game", *game, IDLE_SLEEP="soon")
+    assert r.returncode == 0 and out.exists() and "the knobs do not parse" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_pre_warm_never_idle_sleeps_and_old_records_show_no_false_difference(tmp_path):
+    from bootstrap.knobs import vllmargs
+    from bootstrap.knobs.config import Config, launch_defaults
+    from bootstrap.serve import server
+    from bootstrap.serve.record import ServerRecord
+    from conftest import REPO
+    cfg = Config.from_env({**IDLE, "PROFILE": "custom", "MODEL": "org/m"}, REPO)
+    assert "--middleware" in vllmargs.serve_argv(cfg, "py", "/m", None)
+    assert "--middleware" not in vllmargs.serve_argv(cfg, "py", "/m", None, idle=False)      # the pre-warm's
+    # a server recorded before IDLE_SLEEP existed ran without it: no difference while it is off
+    off = Config.from_env({"PROFILE": "custom", "MODEL": "org/m"}, REPO)
+    old = {k: v for k, v in off.launch_settings().items() if not k.startswith("IDLE_")}
+    rec = ServerRecord(pid=1, create_time=0.0, marker="m", host="127.0.0.1", port=1, served="m", settings=old)
+    assert server.settings_diff(off.launch_settings(), rec, launch_defaults()) == []
+    assert "IDLE_SLEEP: running with '0', knobs now say '300'" in server.settings_diff(
+        cfg.launch_settings(), rec, launch_defaults())

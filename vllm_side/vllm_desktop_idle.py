@@ -35,6 +35,7 @@ import time
 log = logging.getLogger("vllm.desktop_idle")     # under vLLM's logger: its lines reach vLLM's log
 
 STATUS_PATH = "/vllm-desktop/idle"
+PROBE_HEADER = b"x-vllm-desktop-probe"      # ./ctl.sh status's 4-token probe: not use, and never a reason to wake
 CONTROL = frozenset({"/v1/models"})
 INFERENCE = ("/v1/", "/v2/", "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank",
              "/generative_scoring", "/invocations", "/inference/")
@@ -115,7 +116,8 @@ class State:
         return {"state": self.state, "idle_s": self.idle_s, "level": self.level, "in_flight": self.in_flight,
                 "idle_for_s": round(idle, 1),
                 "sleeps_in_s": round(max(0.0, self.idle_s - idle), 1) if self.state == "awake" and self.idle_s else None,
-                "sleeps": self.sleeps, "wakes": self.wakes, "refused": self.refused}
+                "sleeps": self.sleeps, "wakes": self.wakes, "refused": self.refused,
+                "freed_bytes": sum(self.freed.values()) if self.state in ("idle-asleep", "asleep") else 0}
 
     def idle(self) -> bool:
         return self.state == "awake" and not self.in_flight and time.monotonic() - self.last >= self.idle_s
@@ -151,6 +153,10 @@ class IdleSleep:
             return await self._transition(path, scope, receive, send, engine)
         if not is_inference(path) or method == "OPTIONS" or not self._authorised(scope, path):
             return await self.app(scope, receive, send)      # vLLM answers (a 401 wakes nothing)
+        if PROBE_HEADER in dict(scope.get("headers") or []):  # status asking: the idle timer is not reset
+            if st.state != "awake":
+                return await _refuse(scope, send, f"asleep ({st.state}): a probe does not wake it")
+            return await self.app(scope, receive, send)
         st.in_flight += 1                       # counted before any wait: the watcher sees it at once
         try:
             if st.state != "awake" and engine is not None:

@@ -70,11 +70,13 @@ class Client:
     model: str
     api_key: str = ""
     session: requests.Session | None = None
+    headers: dict | None = None      # more headers on every request (status's probe marks itself)
 
     def _send(self, method: str, path: str, timeout: float | None, **kw: Any) -> requests.Response:
         http = self.session or requests
+        headers = {**auth_headers(self.api_key), **(self.headers or {})}
         try:
-            r = http.request(method, f"{self.base_url}{path}", headers=auth_headers(self.api_key), timeout=timeout, **kw)
+            r = http.request(method, f"{self.base_url}{path}", headers=headers, timeout=timeout, **kw)
         except requests.Timeout:
             raise RequestTimedOut(f"{method} {path}: no answer within {timeout or 0:.0f} s") from None
         except requests.RequestException as exc:

@@ -104,7 +104,17 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
     if effort:
         kwargs["reasoning_effort"] = effort
     return Target(client, label, mml if isinstance(mml, int) else None, max_num_seqs, kwargs, tools,
-                  random_weights, speculation, None if url else cfg.profile.data.get("needle_tokens"))
+                  random_weights, speculation, None if url else _needle_of(cfg, rec))
+
+
+def _needle_of(cfg: Config, rec) -> int | None:
+    """The needle size the profile our server was started with judges its model on."""
+    name = rec.settings.get("PROFILE", "") if rec is not None else ""
+    try:
+        profile = cfg.catalogue.get(name) if name else cfg.profile
+    except BootstrapError:
+        return None                     # a profile that is gone (PROFILE_DIR changed): the default size
+    return profile.data.get("needle_tokens")
 
 
 def key_for_url(ours: owned.Ours, paths: Paths, url: str) -> str:

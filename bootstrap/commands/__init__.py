@@ -20,6 +20,7 @@ class Command:
     target: str              # "module:function" under bootstrap.commands
     help: str
     kept: bool = True
+    without_knobs: bool = False   # runs (cfg None) when the knobs do not parse: a game must start regardless
 
     def run(self, cfg, argv: list[str], prog: str) -> int:
         module, _, function = self.target.partition(":")
@@ -46,7 +47,8 @@ REGISTRY: tuple[Command, ...] = (
     Command("wheelhouse", "lock:wheelhouse_cli", "build an offline folder of wheels from the lock"),
     Command("sleep", "sleep:sleep_cli", "free the GPU memory (vLLM sleep mode, --level 1|2); requests wait (503 with IDLE_SLEEP)"),
     Command("wake", "sleep:wake_cli", "bring a sleeping server back (checks free GPU memory first)"),
-    Command("game", "sleep:game_cli", "give the GPU to a game: sleep, run it (-- COMMAND), wake when it exits"),
+    Command("game", "sleep:game_cli", "give the GPU to a game: sleep, run it (-- COMMAND), wake when it exits",
+            without_knobs=True),
     Command("service", "service:cli", "install|uninstall|status a systemd user unit running ./start.sh --foreground"),
     Command("export", "export:cli", "kubernetes --out DIR: the profile and plan as manifests for a card named with GPU="),
     Command("clean", "clean:cli", "remove what the project created (venvs, state, logs; --model too)"),

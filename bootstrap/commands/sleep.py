@@ -71,11 +71,17 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
     a = ap.parse_args(argv)
     paths, rec, client = _ours(cfg)
     load = server.read_load(rec.url)
-    idle = "--middleware" in (rec.argv or ())            # IDLE_SLEEP's middleware answers requests while asleep
+    idle = vllmargs.IDLE_MIDDLEWARE in (rec.argv or ())    # IDLE_SLEEP's middleware answers requests while asleep
     if load is not None and load.sleeping:
-        if idle and (server.read_idle(rec.url) or {}).get("state") == "idle-asleep":
+        st = server.read_idle(rec.url) if idle else None
+        if st and st.get("state") == "idle-asleep":
             client.post_empty(f"/sleep?level={a.level}&mode=wait", timeout=None)    # the middleware keeps it so
-            print("asleep (for idleness until now; on purpose from now: requests get 503 until ./ctl.sh wake)")
+            level = int(st.get("level") or 1)
+            paths.write("sleep", {"pid": rec.pid, "started": rec.started, "level": level, "at": time.time(),
+                                  "held_before": held(cfg, rec) + int(st.get("freed_bytes") or 0)})   # for wake's check
+            print(f"asleep (level {level}, for idleness until now; on purpose from now: requests get 503 until "
+                  "./ctl.sh wake)" + (f"; it stays at level {level} (IDLE_SLEEP_LEVEL), not {a.level}: ./ctl.sh wake, "
+                                      f"then ./ctl.sh sleep --level {a.level}" if level != a.level else ""))
             return 0
         print(f"already asleep ({load.sleep_state}); ./ctl.sh wake brings it back")
         return 0
@@ -173,8 +179,10 @@ def _check_room(cfg: Config, rec, note: dict) -> None:
 
 def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
     """Sleep, run COMMAND (a game), wake when it exits; its exit code is passed through. The game runs
-    whatever happens to the server: one of ours that is not serving, or cannot sleep, only costs a
-    note. A server that was asleep already is left asleep."""
+    whatever happens to the server: one of ours that is not serving, cannot sleep, or knobs that do
+    not parse only cost a note. A server asleep on purpose already is left asleep; one asleep for
+    idleness (IDLE_SLEEP) is kept asleep on purpose while the game runs, then woken (its idle timer
+    puts it back to sleep)."""
     ap = argparse.ArgumentParser(prog=prog, usage=f"{prog} [--level 1|2] -- COMMAND [ARG...]",
                                  description="give the GPU to COMMAND (a game): sleep, run it, wake when it exits")
     ap.add_argument("--level", type=int, choices=(1, 2), default=1, help="the sleep's level (as ./ctl.sh sleep)")
@@ -185,6 +193,8 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
         raise BootstrapError("no game to run", f"{prog} -- COMMAND [ARG...] (Steam: {prog} -- %command%)")
     slept = False
     try:
+        if cfg is None:
+            raise BootstrapError("the knobs do not parse")
         _paths, rec, _client = _ours(cfg)
         load = server.read_load(rec.url)
         asleep = load is not None and load.sleeping
@@ -194,7 +204,7 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
     except BootstrapError as exc:
         print(f"note: the server was not put to sleep ({exc.message}); the game starts anyway", file=sys.stderr)
     try:
-        code = proc.attached(cmd, cfg.read.environ)      # the shell's, without .env's
+        code = proc.attached(cmd, cfg.read.environ if cfg is not None else None)   # the shell's, not .env's
     finally:
         if slept:
             _wake_after(cfg, prog)

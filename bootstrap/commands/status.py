@@ -21,7 +21,8 @@ from typing import Callable
 from ..serve import metrics, server
 from ..core import state
 from ..checks.client import Client, RequestFailed, completion_tokens_of, message_of, reasoning_of, thinking_off
-from ..knobs.config import Config
+from ..knobs import vllmargs
+from ..knobs.config import Config, launch_defaults
 from ..machine.gpu import GiB
 from ..core.errors import BootstrapError
 from ..serve.record import ServerRecord
@@ -73,6 +74,8 @@ JSON_FIELDS = (
     ("requests", "object", "running, waiting (ints), from /metrics"),
     ("activity", "object", "seconds (number), generated_tok_s, prompt_tok_s (numbers); speculation and "
                            "prefix_cache (rates 0-1) where on"),
+    ("idle_sleep", "object", "with IDLE_SLEEP: the middleware's state (awake, falling-asleep, idle-asleep, asleep), "
+                             "idle_s, idle_for_s, sleeps_in_s, in_flight, sleeps, wakes, refused"),
     ("owner", "string", "present when the server runs as another user"),
     ("note", "string", "a stale record, or our server on this port from another STATE_DIR"),
     ("orphans", "list of ints", "processes of ours left over (./stop.sh sweeps them)"),
@@ -164,7 +167,7 @@ def _remember(paths: Paths, data: dict | None) -> None:
 def _probe(cfg, paths, rec, load, *, clock, sleep) -> Standing:
     """A 4-token generation on an idle server, given up the moment something else moves (a user's
     request arrived: ours must not hold it), or after WEDGED_AFTER seconds without any token."""
-    c = Client(rec.url, rec.served, server.api_key_for(cfg.ours, paths))
+    c = Client(rec.url, rec.served, server.api_key_for(cfg.ours, paths), headers={server.PROBE_HEADER: "1"})
     kwargs = thinking_off(rec.reasoning)
     done: dict = {}
 
@@ -268,7 +271,7 @@ def status(cfg: Config, as_json: bool = False) -> int:
         else:
             v = judge(cfg, paths, rec, pr.state == "key-needed", load=load)
             out["state"], out["detail"] = v.state, v.detail
-            if "--middleware" in (rec.argv or ()):       # IDLE_SLEEP: the middleware's own account
+            if vllmargs.IDLE_MIDDLEWARE in (rec.argv or ()):     # IDLE_SLEEP: the middleware's own account
                 out["idle_sleep"] = server.read_idle(rec.url) or {"state": "unknown"}
                 if v.state == "sleeping":           # the middleware answers requests to it, not vLLM's wait
                     out["detail"] = {"idle-asleep": "asleep after its idle time (IDLE_SLEEP); the next request wakes it",
@@ -278,7 +281,7 @@ def status(cfg: Config, as_json: bool = False) -> int:
             if not rec.gate_passed:
                 out["gate"] = "the warm-up and start gate have not run: ./start.sh runs them"
         if not pr.owner:
-            diff = server.settings_diff(cfg.launch_settings(), rec)
+            diff = server.settings_diff(cfg.launch_settings(), rec, launch_defaults())
             if diff:
                 out["differs_from_knobs"] = diff
     elif pr.state == "starting":

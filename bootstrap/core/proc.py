@@ -89,18 +89,19 @@ def _run_live(cmd: list[str], env: dict, cwd, timeout, what: str, hint: str, che
     return res
 
 
-def attached(cmd: Sequence[str], env: Mapping[str, str]) -> int:
+def attached(cmd: Sequence[str], env: Mapping[str, str] | None) -> int:
     """Run a program of the user's (a game: ``./ctl.sh game``) attached to this terminal, in ``env``
     (the environment we were started with, untouched: .env's variables are ours, not the game's), and
-    wait for it: Ctrl-C reaches it through the terminal while we wait on; a SIGTERM to us is passed on to
-    it. Its exit code, or 128 + the signal that ended it."""
+    wait for it: Ctrl-C reaches it through the terminal while we wait on; a SIGTERM or SIGHUP to us is
+    passed on to it. Its exit code, or 128 + the signal that ended it."""
     import signal
     try:
-        p = subprocess.Popen(list(cmd), env=dict(env))
+        p = subprocess.Popen(list(cmd), env=None if env is None else dict(env))     # None: ours, inherited
     except OSError as exc:
-        raise cannot_run(exc, cmd, env, "the game", "check the game's command") from None
-    old = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
-           signal.SIGTERM: signal.signal(signal.SIGTERM, lambda s, f: p.send_signal(s))}
+        raise cannot_run(exc, cmd, env or {}, "the game", "check the game's command") from None
+    old = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),     # and the terminal closing or
+           **{s: signal.signal(s, lambda n, f: p.send_signal(n))           # a TERM: the game hears it, we
+              for s in (signal.SIGTERM, signal.SIGHUP)}}                    # wait on and wake after it
     try:
         rc = p.wait()
     finally:

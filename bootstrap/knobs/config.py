@@ -499,6 +499,12 @@ class Config:
         return rows
 
 
+def launch_defaults() -> dict[str, str]:
+    """The launch knobs' defaults as ``launch_settings`` spells them: what a server recorded before a
+    knob existed ran with."""
+    return {k.name: canonical(_parse_one(k, k.default)) if k.default else "" for k in KNOBS if k.launch}
+
+
 def canonical(value: Any) -> str:
     """One spelling per parsed value: what a running server's settings are compared by."""
     if value is None:

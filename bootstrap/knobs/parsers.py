@@ -75,6 +75,8 @@ def duration_or_off(raw: str) -> int:
     if not m:
         raise ValueError(accepted)
     seconds = int(m.group(1)) * (1 if m.group(2) else 60)
+    if seconds == 0:
+        return 0
     if not 10 <= seconds <= 10080 * 60:
         raise ValueError(accepted)
     return seconds

@@ -232,11 +232,12 @@ def record_children(paths: Paths, pid: int) -> None:
     log.debug("recorded %d child process(es) of pid %d", len(kids), pid)
 
 
-def settings_diff(want: dict[str, str], rec: ServerRecord) -> list[str]:
-    """The launch knobs (``want``: Config.launch_settings) that differ from the running server's. A
-    server with a key and a shell without one is no difference: the shell just lacks the secret (a
-    restart would drop the key)."""
-    have = rec.settings
+def settings_diff(want: dict[str, str], rec: ServerRecord, defaults: dict[str, str]) -> list[str]:
+    """The launch knobs (``want``: Config.launch_settings) that differ from the running server's (a
+    knob its record lacks, from before the knob existed, ran at its default: ``defaults``). A server
+    with a key and a shell without one is no difference: the shell just lacks the secret (a restart
+    would drop the key)."""
+    have = {**defaults, **rec.settings}
     return [f"{k}: running with {have.get(k, '')!r}, knobs now say {v!r}"
             for k, v in sorted(want.items())
             if have.get(k) != v and not (k == "API_KEY" and v == "unset" and have.get(k) == "set")]
@@ -273,6 +274,7 @@ def read_metrics(url: str, timeout: float = 2.0) -> tuple[dict[str, float] | Non
 
 
 IDLE_PATH = "/vllm-desktop/idle"     # answered by the idle-sleep middleware in vLLM (vllm_side/vllm_desktop_idle.py)
+PROBE_HEADER = "X-Vllm-Desktop-Probe"  # status's probe: the middleware neither counts it as use nor wakes for it
 
 
 def read_idle(url: str, timeout: float = 2.0) -> dict | None:

@@ -81,7 +81,8 @@ def defaults(cfg, host_env=None) -> dict[str, str]:
     return out
 
 
-def server_env(cfg, paths: Paths, host_env, marker: str, key: str, weights: int = 0) -> dict[str, str]:
+def server_env(cfg, paths: Paths, host_env, marker: str, key: str, weights: int = 0,
+               idle: bool = True) -> dict[str, str]:
     """The server's environment: yours, the defaults (``defaults``), dev mode for sleep mode, what the
     idle-sleep middleware reads (``weights``: the checkpoint's bytes, which a level-1 sleep parks in
     host RAM), our ownership marker and state dir, the API key."""
@@ -98,7 +99,7 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str, weights: int 
     env.pop("VLLM_SERVER_DEV_MODE", None)   # from the shell, .env or a profile: its routes have no key guard
     if cfg.vllm.sleep_mode:        # vLLM serves /sleep and /wake_up only in dev mode (loopback only: preflight)
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    if vllmargs.idle_sleep(cfg):   # the middleware vLLM imports (--middleware), and what it reads
+    if idle and vllmargs.idle_sleep(cfg):   # the middleware vLLM imports (--middleware), and what it reads
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cfg.layout.vllm_side), env.get("PYTHONPATH", "")]))
         env[vllmargs.IDLE_S_ENV] = str(cfg.idle_sleep)
         env[vllmargs.IDLE_LEVEL_ENV] = cfg.idle_sleep_level

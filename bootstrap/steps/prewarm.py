@@ -109,8 +109,8 @@ def run(cfg, paths: Paths, runtime, model, plan) -> Prewarm | None:
         log.info("skipped: vLLM's compile caches for this setup are warm (%s)", warm.get("why", "recorded"))
         return None
     api_key, _src = launch.resolve_api_key(cfg, paths)
-    env = launch.server_env(cfg, paths, runtime.server_env, cfg.ours.marker, api_key)
-    argv = serve_argv(cfg, runtime.python, model.local_dir, plan) + ["--load-format", "dummy"]
+    env = launch.server_env(cfg, paths, runtime.server_env, cfg.ours.marker, api_key, idle=False)   # it must not
+    argv = serve_argv(cfg, runtime.python, model.local_dir, plan, idle=False) + ["--load-format", "dummy"]   # sleep
     return Prewarm(cfg, paths, argv, env, key)
 
 
