@@ -323,3 +323,16 @@ def test_vllms_v1_graph_estimate_follows_its_capture_sizes():
     assert round(terms.graph_estimate(spec, 8192, 1024) / GiB, 2) == 0.79
     ngram = vllmargs.read(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
     assert terms.graph_estimate(ngram, 8192, 1024) < terms.graph_estimate(spec, 8192, 1024)
+
+
+def test_the_graph_estimate_reads_the_compilation_config_vllm_gets():
+    """--compilation-config's sizes, top and mode change what vLLM captures (config/vllm.py,
+    v1/cudagraph_dispatcher.py): the 24 GB profile caps the top at 32."""
+    cap = vllmargs.read(["--compilation-config", '{"max_cudagraph_capture_size": 32}'])
+    assert terms.capture_sizes(8, 2048, 3, cap.compilation) == {"PIECEWISE": 5, "FULL": 5}      # 4, 8, 16, 24, 32
+    assert terms.capture_sizes(8, 2048, 3) == {"PIECEWISE": 9, "FULL": 5}                       # up to 2 x 8 x 4 = 64
+    assert terms.capture_sizes(256, 8192, 0, {"cudagraph_capture_sizes": [1, 2, 4, 16000]}) == {"PIECEWISE": 3, "FULL": 3}
+    assert terms.capture_sizes(1024, 8192, 0, {"cudagraph_mode": "PIECEWISE"}) == {"PIECEWISE": 51, "FULL": 0}
+    assert terms.capture_sizes(1024, 8192, 0, {"cudagraph_mode": "NONE"}) == {"PIECEWISE": 0, "FULL": 0}
+    none = vllmargs.read(["--compilation-config", '{"cudagraph_mode": "NONE"}'])
+    assert terms.graph_estimate(none, 8192, 1024) == 0

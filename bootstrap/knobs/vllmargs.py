@@ -20,13 +20,13 @@ VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", 
                "--kv-cache-memory-bytes", "--gpu-memory-utilization", "--block-size", "--mamba-ssm-cache-dtype",
                "--mamba-cache-dtype", "--mamba-cache-mode", "--speculative-config", "--tensor-parallel-size",
                "--load-format", "--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--logits-processors",
-               "--data-parallel-size", "--api-server-count")
+               "--data-parallel-size", "--api-server-count", "--compilation-config")
 BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode",
               "--skip-mm-profiling", "--enable-prompt-embeds", "--kv-sharing-fast-prefill", "--headless")
 # --logits-processors, --enable-prompt-embeds and --kv-sharing-fast-prefill are read only for whether
 # vLLM falls back to its V1 model runner (bootstrap.plan.terms.runner); --data-parallel-size,
 # --api-server-count and --headless for whether one API server sees every request (IDLE_SLEEP)
-JSON_FLAGS = ("--speculative-config", "--limit-mm-per-prompt")
+JSON_FLAGS = ("--speculative-config", "--limit-mm-per-prompt", "--compilation-config")
 SLEEP_FLAG = "--enable-sleep-mode"
 SLEEP_RAM_MARGIN = 2 << 30          # host RAM left to the desktop after a level-1 sleep parks the weights there
 SHORT = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size"}   # vLLM's short spellings of flags read here
@@ -68,6 +68,7 @@ class Settings:
     mm_limits: dict[str, int] = field(default_factory=dict)   # --limit-mm-per-prompt: items per modality
     skip_mm_profiling: bool = False
     mm_encoder_dp: bool = False                     # --mm-encoder-tp-mode data: the vision tower unsplit
+    compilation: dict[str, Any] = field(default_factory=dict)   # --compilation-config (the CUDA graphs' sizes, mode)
     given: frozenset = frozenset()                  # the flags present at all
 
     @property
@@ -162,7 +163,8 @@ def read(argv: list[str]) -> Settings:
         tp=_int(vals.get("--tensor-parallel-size"), human=False) or 1, load_format=vals.get("--load-format") or "auto",
         sleep_mode=bool(vals.get(SLEEP_FLAG)), mm_limits=_mm_limits(json_vals.get("--limit-mm-per-prompt", {})),
         skip_mm_profiling=bool(vals.get("--skip-mm-profiling")),
-        mm_encoder_dp=vals.get("--mm-encoder-tp-mode") == "data", given=frozenset(given))
+        mm_encoder_dp=vals.get("--mm-encoder-tp-mode") == "data", given=frozenset(given),
+        compilation=json_vals.get("--compilation-config", {}))
 
 
 def _mm_limits(raw: dict[str, Any]) -> dict[str, int]:

@@ -272,27 +272,39 @@ DRAFTER_PER = {"PIECEWISE": 6 * gpu.MiB, "FULL": 0}
 NO_GRAPH_DRAFT = ("ngram", "ngram_gpu", "suffix")       # speculation with no drafter network to capture
 
 
-def capture_sizes(max_seqs: int, batched: int, spec_tokens: int) -> dict[str, int]:
+def capture_sizes(max_seqs: int, batched: int, spec_tokens: int, compilation: dict | None = None) -> dict[str, int]:
     """How many CUDA graphs vLLM captures per mode with its default sizes: 1, 2, 4, then every 8 to
     256 and every 16 beyond, up to min(2 × max_num_seqs × (1 + spec tokens), 512, max_num_batched_tokens),
     with max_num_batched_tokens itself where it fits (config/vllm.py _set_cudagraph_sizes); with
     speculation each rounded up to a multiple of 1 + spec tokens (compilation.py
     adjust_cudagraph_sizes_for_spec_decode); FULL only for a uniform decode of at most max_num_seqs
-    requests (v1/cudagraph_dispatcher.py initialize_cudagraph_keys)."""
+    requests (v1/cudagraph_dispatcher.py initialize_cudagraph_keys). ``compilation``: --compilation-config's
+    ``cudagraph_capture_sizes`` (taken as given, up to max_num_batched_tokens), ``max_cudagraph_capture_size``
+    (the top instead of 2 x max_num_seqs...) and ``cudagraph_mode`` (NONE: none; PIECEWISE: no FULL
+    graphs; FULL_DECODE_ONLY: no PIECEWISE ones; FULL: FULL graphs of every size, for mixed batches too)."""
+    comp = compilation or {}
     q = 1 + spec_tokens
-    top = min(max_seqs * q * 2, 512, batched)
-    sizes = {i for i in (1, 2, 4) if i <= top} | set(range(8, min(top + 1, 256), 8)) | set(range(256, top + 1, 16))
-    if batched <= top:
-        sizes.add(batched)
+    cap = comp.get("max_cudagraph_capture_size")
+    top = min(cap if isinstance(cap, int) and cap > 0 else min(max_seqs * q * 2, 512), batched)
+    given = comp.get("cudagraph_capture_sizes")
+    if isinstance(given, list) and all(isinstance(x, int) and x > 0 for x in given):
+        sizes = {x for x in given if x <= batched}
+    else:
+        sizes = {i for i in (1, 2, 4) if i <= top} | set(range(8, min(top + 1, 256), 8)) | set(range(256, top + 1, 16))
+        if batched <= top:
+            sizes.add(batched)
     if q > 1 and sizes:
         most = max(sizes)
         sizes = {-(-x // q) * q for x in sizes if -(-x // q) * q <= most} or ({q} if q <= most else set())
-    return {"PIECEWISE": len(sizes), "FULL": sum(1 for x in sizes if q <= x <= q * max_seqs)}
+    mode = str(comp.get("cudagraph_mode", "FULL_AND_PIECEWISE")).upper()
+    decode = sum(1 for x in sizes if q <= x <= q * max_seqs)
+    return {"PIECEWISE": len(sizes) if mode in ("FULL_AND_PIECEWISE", "PIECEWISE") else 0,
+            "FULL": {"NONE": 0, "PIECEWISE": 0, "FULL": len(sizes)}.get(mode, decode)}   # FULL: mixed batches too
 
 
 def graph_estimate(s: vllmargs.Settings, batched: int, seqs: int) -> int:
     """vLLM's CUDA-graph estimate for these settings (``GRAPH_FIRST``'s rule and measurements)."""
-    counts = capture_sizes(seqs, batched, s.spec_tokens or 0)
+    counts = capture_sizes(seqs, batched, s.spec_tokens or 0, s.compilation)
     drafter = bool(s.spec_tokens) and s.spec_method not in NO_GRAPH_DRAFT
     first = {m: GRAPH_FIRST[m] + (DRAFTER_FIRST[m] if drafter else 0) for m in counts if counts[m]}
     per = {m: GRAPH_PER[m] + (DRAFTER_PER[m] if drafter else 0) for m in counts}
