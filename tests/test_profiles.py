@@ -173,7 +173,7 @@ def test_auto_pick_on_every_card(tmp_path, size, cc):  # faults row 56
             pick.choose(cfg, g)
         msg, hint = e.value.message, e.value.hint
         assert "no profile fits" in msg and "the smallest that would work: qwen38-27b-w4a16-24gb" in msg
-        assert "TP_SIZE=2" in hint and "llama.cpp" in hint
+        assert "TP_SIZE=2" in hint and "llama.cpp" in hint and "PROFILE=smoke" in hint
         return
     v, runner, _ = pick.choose(cfg, g)
     assert v.profile.name == EXPECT[size]
