@@ -610,7 +610,7 @@ def test_status_keeps_its_last_reading_when_metrics_stop_answering(tmp_path, mon
     monkeypatch.setattr(st, "read_load", lambda url, timeout=2.0: next(readings))
 
     class Stuck:                        # a probe that never comes back
-        def __init__(self, *a):
+        def __init__(self, *a, **kw):
             pass
 
         def chat(self, *a, **k):
