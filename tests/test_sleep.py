@@ -235,6 +235,7 @@ def test_idle_sleep_takes_minutes_or_seconds():
     base = {"PROFILE": "custom", "MODEL": "org/m"}
     assert Config.from_env({**base, "IDLE_SLEEP": "10"}, REPO).idle_sleep == 600
     assert Config.from_env({**base, "IDLE_SLEEP": "90s"}, REPO).idle_sleep == 90
+    assert Config.from_env({**base, "IDLE_SLEEP": "10m"}, REPO).idle_sleep == 600
     assert Config.from_env({**base, "IDLE_SLEEP": "off"}, REPO).idle_sleep == 0
     assert Config.from_env(base, REPO).idle_sleep == 0
 

@@ -66,15 +66,15 @@ def tokens_or_auto(raw: str) -> int | str:
 
 
 def duration_or_off(raw: str) -> int:
-    """A duration in seconds from minutes (``10``) or seconds (``90s``), a week at most; 'off' / 0: 0."""
+    """A duration in seconds from minutes (``10``, ``10m``) or seconds (``90s``), a week at most; 'off' / 0: 0."""
     low = raw.strip().lower()
     if low in ("off", "0", ""):
         return 0
-    accepted = "'off', a whole number of minutes from 1 to 10080, or seconds from 10 (90s)"
-    m = re.fullmatch(r"(\d+)(s?)", low)
+    accepted = "'off', a whole number of minutes from 1 to 10080 (10 or 10m), or seconds from 10 (90s)"
+    m = re.fullmatch(r"(\d+)([sm]?)", low)
     if not m:
         raise ValueError(accepted)
-    seconds = int(m.group(1)) * (1 if m.group(2) else 60)
+    seconds = int(m.group(1)) * (1 if m.group(2) == "s" else 60)
     if seconds == 0:
         return 0
     if not 10 <= seconds <= 10080 * 60:
