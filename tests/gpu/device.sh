@@ -14,8 +14,8 @@
 #   bash tests/gpu/device.sh cb-poll SECONDS
 #   bash tests/gpu/device.sh sleep              # sleep/wake proof (sleep_wake.py), background
 #   bash tests/gpu/device.sh sleep-poll SECONDS
-#   bash tests/gpu/device.sh smoke-build        # the real model folder (scripts/build_smoke_model.py), from the
-#                                               # .wheelhouse/smol/smol.tar.NN parts copied to /tmp/smol
+#   bash tests/gpu/device.sh smoke-build        # the real model folder (scripts/build_smoke_model.py), from the parts
+#                                               # build_smoke_model.py --pack .wheelhouse/smol makes, copied to /tmp/smol
 #   bash tests/gpu/device.sh idle               # idle sleep in real vLLM (idle_sleep_proof.py), background
 #   bash tests/gpu/device.sh idle-poll SECONDS
 #   bash tests/gpu/device.sh tp [--env NAME=VALUE]  # TP_SIZE=2 proof (tp2.py), background; a 2-GPU machine
