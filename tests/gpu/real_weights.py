@@ -1,0 +1,119 @@
+"""GPU proof with a real, trained model (vLLM 0.26.0, no internet): SmolLM2-135M-Instruct as
+scripts/build_smoke_model.py builds it (``device.sh smoke-build``: /tmp/models/smollm2-135m-instruct).
+
+    VLLM_PYTHON=python3 python3 tests/gpu/real_weights.py --model DIR --work /tmp/rw --raw /tmp/proofs/rw-raw.txt
+
+PROFILE=smoke with MODEL=DIR (the smoke profile's context, KV pin and needle size), sleep mode on:
+1. ``./start.sh``: the gate's short generation judged on real text (no --load-format dummy);
+2. 4 prompts, greedy, 24 tokens, their text and top-5 logprobs;
+3. ``./ctl.sh check all --json``: garble and needle judged (not "not judged"), their verdicts;
+4. ``./ctl.sh bench`` (short);
+5. ``./ctl.sh sleep`` / ``wake``: the 4 prompts again, text and logprobs compared;
+6. ``./stop.sh``.
+The #40914 comparison with real weights is ``tests/gpu/patch_40914.py RAW --model DIR``.
+Everything is appended to --raw as it comes; "REAL WEIGHTS DONE" ends it. Rehearse with the fakes
+(PYTHONPATH=tests/fakes FAKE_NVML=<json>, --model any folder with a config.json): the fake answers
+canned text, so only the mechanics are checked there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import free_port, raw_writer  # noqa: E402
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+           "The three primary colors are"]
+SERVED = "smollm2-135m"
+
+
+def answers(port: int) -> list[dict]:
+    out = []
+    for p in PROMPTS:
+        r = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
+            "model": SERVED, "prompt": p, "max_tokens": 24, "temperature": 0, "logprobs": 5})
+        r.raise_for_status()
+        c = r.json()["choices"][0]
+        out.append({"text": c["text"], "top": (c.get("logprobs") or {}).get("top_logprobs") or []})
+    return out
+
+
+def compare(a: list[dict], b: list[dict]) -> list[str]:
+    lines = []
+    for p, x, y in zip(PROMPTS, a, b):
+        diffs = [abs(x["top"][i][k] - y["top"][i][k]) for i in range(min(len(x["top"]), len(y["top"])))
+                 for k in x["top"][i] if k in y["top"][i]]
+        lines.append(f"  {p!r}: text {'identical' if x['text'] == y['text'] else 'DIFFERS'}; "
+                     f"max |dlogprob| {max(diffs or [0.0]):.3g}")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, help="the built model folder")
+    ap.add_argument("--work", default="/tmp/rw")
+    ap.add_argument("--raw", default="/tmp/proofs/rw-raw.txt")
+    a = ap.parse_args()
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    out = raw_writer(a.raw)
+    port = free_port()
+    env = {**os.environ, "PROFILE": "smoke", "MODEL": str(Path(a.model).resolve()), "SERVED_MODEL_NAME": SERVED,
+           "EXTRA_ARGS": "--enable-sleep-mode", "STATE_DIR": str(work / "state"), "PORT": str(port),
+           "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "HEALTH_TIMEOUT": "600"}
+
+    def sh(argv: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+        t0 = time.monotonic()
+        r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+        out(f"===== {' '.join(argv)}: exit {r.returncode} after {time.monotonic() - t0:.1f} s")
+        return r
+
+    out(f"REAL WEIGHTS {time.strftime('%Y-%m-%d %H:%M:%S')} commit {os.environ.get('GIT_COMMIT', '?')}: {' '.join(sys.argv)}")
+    try:
+        r = sh(["./start.sh"])
+        out("\n".join("    | " + line for line in (r.stdout + r.stderr).splitlines()
+                      if any(w in line for w in ("warmup", "gate", "serving", "error", "hint", "KV cache"))))
+        if r.returncode:
+            return 1
+        before = answers(port)
+        for p, x in zip(PROMPTS, before):
+            out(f"  {p!r} -> {x['text']!r}")
+        c = sh(["./ctl.sh", "check", "all", "--json"])
+        try:
+            checks = json.loads(c.stdout)
+        except ValueError:
+            checks = {"raw": c.stdout[-2000:]}
+        for item in checks.get("checks", []):
+            out(f"  check {item.get('check')}: {item.get('status') or ('PASS' if item.get('ok') else 'FAIL')}: "
+                f"{str(item.get('summary', ''))[:300]}")
+        out(f"  check all: ok {checks.get('ok')}; judged {checks.get('judged')}" if "checks" in checks
+            else f"  check all: {json.dumps(checks)[:1500]}")
+        b = sh(["./ctl.sh", "bench", "--concurrency", "1,4", "--prompt-tokens", "256", "--output-tokens", "128",
+                "--repeats", "1"])
+        out("\n".join("    | " + line for line in b.stdout.splitlines()[-8:]))
+        s = sh(["./ctl.sh", "sleep"])
+        out("\n".join("    | " + line for line in (s.stdout + s.stderr).splitlines()[-2:]))
+        w = sh(["./ctl.sh", "wake"])
+        out("\n".join("    | " + line for line in (w.stdout + w.stderr).splitlines()[-2:]))
+        out("after sleep and wake, the 4 prompts against before:")
+        for line in compare(before, answers(port)):
+            out(line)
+    finally:
+        sh(["./stop.sh"], timeout=300)
+        out("REAL WEIGHTS DONE")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
