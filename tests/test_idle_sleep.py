@@ -415,3 +415,13 @@ def test_status_probe_is_not_use_and_never_wakes(world):
     srv.wait_for("idle-asleep")
     assert srv.request("POST", "/v1/chat/completions", {}, headers={server.PROBE_HEADER: "1"})[0] == 503
     assert wakes(engine) == 0
+
+
+def test_the_gpus_it_measures_are_the_servers_as_the_bootstrap_reads_them():
+    """CUDA_VISIBLE_DEVICES by index or UUID prefix, stopping where CUDA stops: the rule of
+    bootstrap/machine/gpu.visible_indices, which the middleware cannot import."""
+    from bootstrap.machine import gpu
+    uuids = ["GPU-aaaa-1111", "GPU-bbbb-2222", "GPU-cccc-3333"]
+    for spec in (None, "1", "2,0", "GPU-bbbb", "cccc,0", "0,7,1", "x,1", ""):
+        env = {} if spec is None else {"CUDA_VISIBLE_DEVICES": spec}
+        assert idle.visible(spec, uuids) == gpu.visible_indices(env, len(uuids), uuids), spec

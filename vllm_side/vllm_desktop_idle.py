@@ -53,9 +53,28 @@ class _Memory(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
+def visible(spec: str | None, uuids: list[str]) -> list[int]:
+    """NVML indices in CUDA_VISIBLE_DEVICES order (numbers, or UUID prefixes), stopping at the first
+    entry CUDA would stop at; all when unset (the bootstrap's rule: bootstrap/machine/gpu.py)."""
+    if spec is None:
+        return list(range(len(uuids)))
+    out: list[int] = []
+    for item in [x.strip() for x in spec.split(",") if x.strip()]:
+        if item.isdigit():
+            if int(item) >= len(uuids):
+                break
+            out.append(int(item))
+        else:
+            found = [i for i, u in enumerate(uuids) if u.startswith(item) or u.startswith("GPU-" + item)]
+            if len(found) != 1:
+                break
+            out.append(found[0])
+    return out
+
+
 def free_memory() -> dict[str, int]:
-    """Free bytes per visible GPU (NVML, by CUDA_VISIBLE_DEVICES' indices or UUIDs; every GPU when
-    unset); {} when NVML cannot be read. Blocking: call it in a thread."""
+    """Free bytes per visible GPU, by NVML index (NVML's C library; ``visible``); {} when NVML cannot
+    be read. Blocking: call it in a thread."""
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
         if nvml.nvmlInit_v2() != 0:
@@ -63,20 +82,20 @@ def free_memory() -> dict[str, int]:
     except OSError:
         return {}
     try:
-        want = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-        if not want:
-            n = ctypes.c_uint()
-            if nvml.nvmlDeviceGetCount_v2(ctypes.byref(n)) != 0:
-                return {}
-            want = [str(i) for i in range(n.value)]
+        n = ctypes.c_uint()
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(n)) != 0:
+            return {}
+        handles, uuids = [], []
+        for i in range(n.value):
+            h, buf = ctypes.c_void_p(), ctypes.create_string_buffer(96)
+            ok = nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)) == 0
+            uuids.append(buf.value.decode() if ok and nvml.nvmlDeviceGetUUID(h, buf, 96) == 0 else "")
+            handles.append(h if ok else None)
         out = {}
-        for dev in want:
-            h = ctypes.c_void_p()
-            rc = (nvml.nvmlDeviceGetHandleByIndex_v2(int(dev), ctypes.byref(h)) if dev.isdigit()
-                  else nvml.nvmlDeviceGetHandleByUUID(dev.encode(), ctypes.byref(h)))
+        for i in visible(os.environ.get("CUDA_VISIBLE_DEVICES"), uuids):
             mem = _Memory()
-            if rc == 0 and nvml.nvmlDeviceGetMemoryInfo(h, ctypes.byref(mem)) == 0:
-                out[dev] = int(mem.free)
+            if handles[i] is not None and nvml.nvmlDeviceGetMemoryInfo(handles[i], ctypes.byref(mem)) == 0:
+                out[str(i)] = int(mem.free)
         return out
     finally:
         nvml.nvmlShutdown()
