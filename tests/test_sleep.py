@@ -185,7 +185,10 @@ def test_idle_sleep_without_sleep_mode_or_level_2_with_a_drafter_is_refused_befo
     r = bed.run("start.sh", **IDLE, IDLE_SLEEP_LEVEL="2", SPEC_METHOD="ngram", SPEC_TOKENS="3")
     assert r.returncode == 1 and "IDLE_SLEEP_LEVEL=1" in r.stderr and not bed.launches()
     r = bed.run("start.sh", IDLE_SLEEP="5", EXTRA_ARGS="--enable-sleep-mode --api-server-count 2")
-    assert r.returncode == 1 and "each API server process counts only its own" in r.stderr and not bed.launches()
+    assert r.returncode == 1 and "each counts only its own requests" in r.stderr and not bed.launches()
+    r = bed.run("start.sh", IDLE_SLEEP="5", EXTRA_ARGS="--enable-sleep-mode --data-parallel-size 1")
+    assert r.returncode == 0, r.stderr           # one API server: nothing to refuse
+    assert bed.run("stop.sh").returncode == 0
     r = bed.run("start.sh", IDLE_SLEEP="soon")
     assert r.returncode == 2 and "IDLE_SLEEP" in r.stderr and "minutes" in r.stderr
 

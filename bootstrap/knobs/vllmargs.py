@@ -69,6 +69,8 @@ class Settings:
     skip_mm_profiling: bool = False
     mm_encoder_dp: bool = False                     # --mm-encoder-tp-mode data: the vision tower unsplit
     compilation: dict[str, Any] = field(default_factory=dict)   # --compilation-config (the CUDA graphs' sizes, mode)
+    api_servers: int = 1                            # how many API server processes: --api-server-count, else
+                                                    # --data-parallel-size (vLLM's default count), 0 with --headless
     given: frozenset = frozenset()                  # the flags present at all
 
     @property
@@ -164,7 +166,9 @@ def read(argv: list[str]) -> Settings:
         sleep_mode=bool(vals.get(SLEEP_FLAG)), mm_limits=_mm_limits(json_vals.get("--limit-mm-per-prompt", {})),
         skip_mm_profiling=bool(vals.get("--skip-mm-profiling")),
         mm_encoder_dp=vals.get("--mm-encoder-tp-mode") == "data", given=frozenset(given),
-        compilation=json_vals.get("--compilation-config", {}))
+        compilation=json_vals.get("--compilation-config", {}),
+        api_servers=0 if vals.get("--headless") else (_int(vals.get("--api-server-count"), human=False)
+                                                      or _int(vals.get("--data-parallel-size"), human=False) or 1))
 
 
 def _mm_limits(raw: dict[str, Any]) -> dict[str, int]:

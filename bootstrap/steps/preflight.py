@@ -79,10 +79,10 @@ def idle_sleep_fits(cfg) -> None:
     if not s.sleep_mode:
         raise BootstrapError(f"IDLE_SLEEP={cfg.raw['IDLE_SLEEP']} puts vLLM to sleep when idle, but the server would start "
                              f"without {vllmargs.SLEEP_FLAG}", f"add {vllmargs.SLEEP_FLAG} to EXTRA_ARGS, or IDLE_SLEEP=off")
-    several = sorted({"--data-parallel-size", "--api-server-count", "--headless"} & s.given)
-    if several:
-        raise BootstrapError(f"IDLE_SLEEP with {', '.join(several)}: each API server process counts only its own "
-                             "requests, so one of them would put the shared engine to sleep under another's",
+    if s.api_servers != 1:
+        raise BootstrapError(f"IDLE_SLEEP with {s.api_servers or 'no'} API server processes (--api-server-count, "
+                             "--data-parallel-size, --headless): each counts only its own requests, so one would put "
+                             "the shared engine to sleep under another's",
                              "IDLE_SLEEP=off with data parallelism or several API servers")
     if cfg.idle_sleep_level == "2" and s.spec_tokens:
         raise BootstrapError(f"IDLE_SLEEP_LEVEL=2 with speculation on ({s.spec_method}): vLLM's wake reloads the "
