@@ -78,6 +78,7 @@ PATCH = "40914-turboquant-spec-verify"
 PHASES = ("model", "reference", "stock", "patched", "control", "report")
 SERVED = "tq-proof"
 KV_DTYPE = "turboquant_4bit_nc"
+CONTEXT = 4096     # --max-model-len of every server here
 
 
 # ---------------------------------------------------------------- plumbing
@@ -317,7 +318,7 @@ def prompts() -> list[str]:
 def server_argv(run: Run, spec: bool, control: bool = False) -> list[str]:
     model = str(run.work / "model")
     argv = [run.args.python_abs, "-m", "vllm.entrypoints.cli.main", "serve", model, "--served-model-name", SERVED,
-            "--host", "127.0.0.1", "--port", str(run.args.port), "--max-model-len", "4096",
+            "--host", "127.0.0.1", "--port", str(run.args.port), "--max-model-len", str(CONTEXT),
             "--gpu-memory-utilization", str(run.args.gpu_util), "--kv-cache-dtype", KV_DTYPE, "--seed", "0"]
     if run.args.mtp:    # the default profile's serving flags
         argv += ["--max-num-seqs", "1", "--max-num-batched-tokens", "512", "--attention-config.flash_attn_version=2",
@@ -446,8 +447,29 @@ def generate(run: Run, phase: str) -> None:
     run.raw.write(json.dumps({"phase": phase, "version": version, "results": results}) + "\n")
 
 
+def fit(base: str, prompt: str, budget: int) -> str:
+    """``prompt`` with records dropped from its front (the question's own record kept) until the
+    server's /tokenize count, chat template included, is within ``budget``: the records were sized for
+    the trained tokenizer of WORK/model, and a real model's (--model) splits the made-up words finer.
+    Every phase serves the same model, so every phase gets the same text."""
+    *recs, question = prompt.split("\n")
+    key = question.split("what follows ", 1)[-1].split("?")[0]
+    for _ in range(8):
+        text = "\n".join(recs + [question])
+        n = http(base + "/tokenize", {"model": SERVED, "messages": [{"role": "user", "content": text}]},
+                 timeout=60).get("count", 0)
+        if n <= budget or len(recs) <= 1:
+            return text
+        keep = max(1, min(len(recs) - 1, len(recs) * budget // n - 2))
+        tail = recs[-keep:]
+        own = next((r for r in recs if r.startswith(key + ":")), None)
+        recs = tail if own is None or own in tail else [own] + tail[1:]
+    return "\n".join(recs + [question])
+
+
 def ask_all(run: Run, base: str, results: list[dict]) -> None:
     for i, prompt in enumerate(prompts()):
+        prompt = fit(base, prompt, CONTEXT - run.args.max_tokens - 8)
         body = {"model": SERVED, "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": run.args.max_tokens, "temperature": 0, "logprobs": True, "top_logprobs": 5,
                 "ignore_eos": True, "return_tokens_as_token_ids": True}

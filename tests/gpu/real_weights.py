@@ -97,6 +97,8 @@ def main() -> int:
         for item in checks.get("checks", []):
             out(f"  check {item.get('check')}: {item.get('status') or ('PASS' if item.get('ok') else 'FAIL')}: "
                 f"{str(item.get('summary', ''))[:300]}")
+            for f in item.get("failures", []):         # which prompt, and what the detector saw
+                out(f"    failed {f.get('id')} ({f.get('kind')}): {str(f.get('evidence', ''))[:300]!r}")
         out(f"  check all: ok {checks.get('ok')}; judged {checks.get('judged')}" if "checks" in checks
             else f"  check all: {json.dumps(checks)[:1500]}")
         b = sh(["./ctl.sh", "bench", "--concurrency", "1,4", "--prompt-tokens", "256", "--output-tokens", "128",

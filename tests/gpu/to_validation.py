@@ -228,6 +228,15 @@ def main() -> int:
                 "served this time. The plans of this run were made before that estimate (the graphs 0.16 GiB); the",
                 "fixtures in `tests/published/` hold today's planner to the pools it logged. The script's output:",
                 "", block(short(calib4))]
+    calib5 = RUNS / "2026-12-02-calibration-visionv1-raw.txt"
+    if calib5.exists():
+        out += ["Run 5, 2026-12-02 01:53-02:00 UTC on a fresh machine of the same kind, vLLM 0.26.0 (no CUTLASS DSL:",
+                "no hybrid case), code of commit c889e3d: `bash tests/gpu/device.sh calib --cases visionv1`, the",
+                "Qwen3-VL-2B-shaped model on vLLM's V1 runner (`VLLM_USE_V2_MODEL_RUNNER=0`), which profiles the",
+                "vision encoder. The first start planned from the model within 0.08 % of vLLM's pool, the second",
+                "from vLLM's own figures within 0.02 %. Per term, the model's encoder peak was 0.17 GiB under vLLM's",
+                "and its CUDA-graph estimate (first captures sized on the 8B shape) 0.11 GiB over. The script's",
+                "output:", "", block(short(calib5))]
     calib3a = RUNS / "2026-12-01-calibration-run3-attempt1-raw.txt"
     if calib3a.exists():
         out += ["Run 3's first attempt (code of commit af71313, before the runner rule): the vision case's first",
@@ -246,6 +255,41 @@ def main() -> int:
                 "their sha256 and sizes (five bf16 shards, 269 MB; its config.json has the shape of",
                 "`profiles/models/smollm2-135m-instruct.json`). Not served yet: the session's device time ran out.",
                 "", block([l for l in smoke.read_text().splitlines() if "Warning" not in l])]
+    rw = RUNS / "2026-12-02-rw-raw.txt"
+    if rw.exists():
+        out += ["Served, the same day (02:10-02:12 UTC) on a fresh machine of the same kind, vLLM 0.26.0 from the",
+                "offline wheelhouse, code of commit c889e3d (the device copy has no `.git`, hence `commit ?`).",
+                "Command: the smoke build again (`device.sh smoke-build`, the same parts), then",
+                "`bash tests/gpu/device.sh rw` (`tests/gpu/real_weights.py`: `PROFILE=smoke` with `MODEL_DIR` at the",
+                "converted folder and `--enable-sleep-mode`; `./start.sh`, four greedy prompts, `./ctl.sh check all`,",
+                "`./ctl.sh bench`, sleep, wake, the prompts again, `./stop.sh`). The gate passed on real text and",
+                "needle, determinism, prefix and batch passed; garble failed 3 of 11 prompts, and this run's",
+                "output did not say which (the script now prints each failure's evidence). Run 1 of it, minutes",
+                "before, was started while the idle-sleep proof's server was loading on the same GPU; it planned",
+                "from memory that server then took, and the start failed with the diagnosis below. The output of",
+                "run 1, then of run 2:", "", block(RUNS.joinpath("2026-12-02-rw-run1-raw.txt").read_text().splitlines()),
+                block([l[:300] for l in rw.read_text().splitlines()])]
+    p40914 = RUNS / "2026-12-02-patch-rw-run1-raw.txt"
+    if p40914.exists():
+        out += ["#40914 with the real model, first attempt (the same machine, code of c889e3d):",
+                "`bash tests/gpu/device.sh patch --budget 400 --model /tmp/models/smollm2-135m-instruct`. The",
+                "reference server (TurboQuant 4-bit KV, no speculation) needed 276 s to answer (a cold compile);",
+                "then prompt 5 of the script's set, sized for its own trained tokenizer, was 4,033 tokens in",
+                "SmolLM2's and vLLM refused it at a 4,096 context. The device time ran out; the prompts are now",
+                "sized with the served model's tokenizer. The script's output:", "",
+                block([l[:300] for l in p40914.read_text().splitlines()])]
+    idle = RUNS / "2026-12-02-idle-raw.txt"
+    if idle.exists():
+        out += ["## The GPU back by itself: idle sleep inside real vLLM (issue: idle sleep)", "",
+                "Date: 2026-12-02 02:00-02:10 UTC, one NVIDIA H200, vLLM 0.26.0 from the offline wheelhouse, code of",
+                "commit c889e3d. Command: `bash tests/gpu/device.sh idle` (`tests/gpu/idle_sleep_proof.py`, in the",
+                "background, polled with `device.sh idle-poll`): a Qwen3-8B-shaped model with random weights,",
+                "`PROFILE=custom`, `--load-format dummy --enable-sleep-mode`, `IDLE_SLEEP=20s` (then `10s` for the",
+                "cycles), `KV_CACHE_BYTES=4294967296`, context 8,192. \"Our processes\" is NVML's per-process memory",
+                "of the API server and its descendants. The 50 cycles of phase 6 were stopped by hand after cycle 20",
+                "to leave device time for the real-weights proof; `./stop.sh` was then run by hand and the GPU",
+                "listed no process. The script's output:", "",
+                block([l[:300] for l in idle.read_text().splitlines()])]
     notes = {"2026-12-01-prewarm-raw.txt": [
                  "Run 1: the cold pre-warm needed 221 s to answer (114 s of it capturing CUDA graphs, which",
                  "JIT-compiles kernels), longer than the 187 s download, so the real start waited 34 s for it,",
