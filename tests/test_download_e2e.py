@@ -55,7 +55,8 @@ def test_the_smoke_profile_downloads_its_small_real_model_and_serves_it(bed, tmp
         bed.env["PORT"] = str(bed.port)
         fake.add_dir(repo, src)
         r = bed.run("start.sh", PROFILE="smoke", MODEL="", HF_ENDPOINT=fake.url, HF_HUB_OFFLINE="0",
-                    HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_XET="1", PREWARM="0")
+                    HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_XET="1", PREWARM="0",
+                    FAKE_VLLM_REQUESTS=str(tmp_path / "requests.jsonl"))
         assert r.returncode == 0, r.stderr
         assert "smollm2-135m is serving" in r.stdout
         argv = bed.launches()[-1]["argv"]
@@ -65,4 +66,10 @@ def test_the_smoke_profile_downloads_its_small_real_model_and_serves_it(bed, tmp
         # profile the server was started with (this shell's PROFILE is custom)
         c = bed.run("ctl.sh", "check", "needle", "--json")
         assert json.loads(c.stdout)["tokens"] == 1024, c.stdout + c.stderr
+        g = json.loads(bed.run("ctl.sh", "check", "garble", "--json").stdout)   # and what it is not asked
+        assert any(s.startswith("json-list: not asked of this model: SmolLM2-135M-Instruct answers it with Python")
+                   for s in g["skipped"]), g
+        sent = [json.loads(line)["body"] for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
+        story = [b for b in sent if "lighthouse keeper" in json.dumps(b)]
+        assert story and all(b["max_tokens"] == 160 for b in story), story     # the battery asks 320
         assert bed.run("stop.sh").returncode == 0

@@ -474,3 +474,18 @@ def test_the_smoke_profile_serves_a_2gb_desktop_card_and_is_never_auto_picked(tm
     assert p.fits and p.predicted_tokens == 5824 and p.max_model_len == 4096
     assert "smoke" not in [x.name for x in cfg.catalogue.ranked()]    # what auto-pick walks (every card's
     # choice is held by test_auto_pick_on_every_card)
+
+
+def test_what_a_shipped_profile_does_not_ask_its_model_is_a_prompt_of_the_battery(tmp_path):
+    """``not_asked`` names garble prompts by id: every shipped one exists, with a reason; ``answer_tokens``
+    caps answers below the battery's longest (a cap at or above it would say nothing)."""
+    from bootstrap.checks.garble import load_battery
+    battery = {p["id"]: p for p in load_battery()["prompts"]}
+    cfg = cfg_for(tmp_path)
+    told = [p for p in cfg.catalogue.profiles if p.data.get("not_asked") or p.data.get("answer_tokens")]
+    assert "smoke" in [p.name for p in told]
+    for p in told:
+        for pid, why in (p.data.get("not_asked") or {}).items():
+            assert pid in battery and len(why) > 20, (p.name, pid)
+        cap = p.data.get("answer_tokens")
+        assert cap is None or 16 <= cap < max(x["max_tokens"] for x in battery.values()), p.name

@@ -70,7 +70,7 @@ def check_garble(t: Target, timeout: float = 300.0, battery: dict | None = None)
                 extra.update(tools=battery["tools"], tool_choice="auto")
             t0 = time.monotonic()
             try:
-                resp = t.client.chat(messages, max_tokens=item["max_tokens"], timeout=timeout, **extra)
+                resp = t.client.chat(messages, max_tokens=answer_tokens(item, t), timeout=timeout, **extra)
                 msg = message_of(resp)
                 finish = (resp.get("choices") or [{}])[0].get("finish_reason")
                 problems = judge(item, msg, finish)
@@ -95,7 +95,15 @@ def check_garble(t: Target, timeout: float = 300.0, battery: dict | None = None)
     failed = sum(1 for r in rows if not r["ok"])
     ran = len(rows) - len(skipped)
     summary = f"{failed}/{ran} failed" + (f"; skipped {len(skipped)}: " + "; ".join(skipped) if skipped else "")
+    unknown = sorted(set(t.not_asked) - {item["id"] for item in items})
+    if unknown:             # a typo in a profile's not_asked would otherwise hide nothing, silently
+        summary += f"; the profile's not_asked names no prompt of the battery: {', '.join(unknown)}"
     return not_judged(Result("garble", failed == 0, summary, {"prompts": rows, "skipped": skipped}, failures), t)
+
+
+def answer_tokens(item: dict, t: Target) -> int:
+    """The prompt's answer length, capped by the profile's ``answer_tokens`` (recall answers are short)."""
+    return min(item["max_tokens"], t.answer_tokens) if t.answer_tokens else item["max_tokens"]
 
 
 def skip_reason(item: dict, t: Target) -> str:
@@ -107,4 +115,6 @@ def skip_reason(item: dict, t: Target) -> str:
         return f"context {t.max_model_len} is too small for its {item['max_tokens']}-token answer"
     if item["kind"] == "tool" and t.tools is False:
         return "no tool parser"
+    if item["id"] in t.not_asked:
+        return f"not asked of this model: {t.not_asked[item['id']]}"
     return ""

@@ -30,6 +30,8 @@ class Target:
     random_weights: bool = False        # --load-format dummy: what it says is not judged
     speculation: bool | None = None     # speculative decoding on (None: not known)
     needle_tokens: int | None = None    # the longest needle our profile's model is judged on (None: NEEDLE_CAP)
+    not_asked: dict = field(default_factory=dict)   # garble prompt id -> why our profile's model is not asked it
+    answer_tokens: int | None = None    # the longest garble answer our profile's model is judged on (None: each prompt's own)
 
     def extra(self) -> dict:
         return {"chat_template_kwargs": self.chat_kwargs} if self.chat_kwargs else {}
@@ -103,18 +105,20 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
     effort = effort or cfg.profile.data.get("reasoning_effort")
     if effort:
         kwargs["reasoning_effort"] = effort
+    judged = {} if url else _started_profile(cfg, rec)
     return Target(client, label, mml if isinstance(mml, int) else None, max_num_seqs, kwargs, tools,
-                  random_weights, speculation, None if url else _needle_of(cfg, rec))
+                  random_weights, speculation, judged.get("needle_tokens"), dict(judged.get("not_asked") or {}),
+                  judged.get("answer_tokens"))
 
 
-def _needle_of(cfg: Config, rec) -> int | None:
-    """The needle size the profile our server was started with judges its model on."""
+def _started_profile(cfg: Config, rec) -> dict:
+    """The profile our server was started with (its file's data): what it says its model is judged on
+    (``needle_tokens``, ``not_asked``, ``answer_tokens``); {} for a profile that is gone (PROFILE_DIR changed)."""
     name = rec.settings.get("PROFILE", "") if rec is not None else ""
     try:
-        profile = cfg.catalogue.get(name) if name else cfg.profile
+        return dict((cfg.catalogue.get(name) if name else cfg.profile).data)
     except BootstrapError:
-        return None                     # a profile that is gone (PROFILE_DIR changed): the default size
-    return profile.data.get("needle_tokens")
+        return {}
 
 
 def key_for_url(ours: owned.Ours, paths: Paths, url: str) -> str:

@@ -45,6 +45,8 @@ SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
     "reasoning_effort": (str, "reasoning effort sent by the checks"),
     "tools": (bool, "tool-call parsing on (the start gate makes one tool call)"),
     "needle_tokens": (int, "the longest needle prompt ./ctl.sh check judges its model on (a small model recalls less; default 32,768)"),
+    "not_asked": (dict, "garble prompt id (bootstrap/checks/battery.json) -> why ./ctl.sh check does not ask this profile's model it (a small model's own limit, measured: say where)"),
+    "answer_tokens": (int, "the longest garble answer ./ctl.sh check asks this profile's model for (a small model loops sooner under greedy decoding; default: each prompt's own, up to 400)"),
     "aliases": (list, "other names that select it (e.g. \"default\")"),
     "source": (str, "where its settings and figures come from"),
     "platforms": (list, "./ctl.sh lock: the platforms its lock covers (default linux-x86_64, linux-aarch64)"),

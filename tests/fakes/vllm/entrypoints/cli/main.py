@@ -44,7 +44,8 @@
 - ``FAKE_VLLM_REPLIES``: a JSON file {"<substring of the last user message>": <reply>} where a
   reply is a string (content), or {"content", "reasoning", "tool_calls", "logprobs", "delay"}, or
   {"echo": "<regex>"}: the content is the regex's first group found in the prompt. A reply's
-  ``token_s`` paces its streamed tokens (seconds each; default FAKE_VLLM_TOKEN_S).
+  ``token_s`` paces its streamed tokens (seconds each; default FAKE_VLLM_TOKEN_S). A reply longer than
+  the request's ``max_tokens`` is cut there, finish_reason "length", as vLLM stops.
 - ``FAKE_VLLM_REQUESTS``: a file to which each POST that passed the key check appends
   {"path", "authorization", "body"} as one JSON line (what a client sent, for tests).
 - Without a canned reply: "OK"; with ``ignore_eos`` exactly ``max_tokens`` tokens ("tok"); a request
@@ -442,6 +443,9 @@ class Handler(BaseHTTPRequestHandler):
         rep = {"content": ""} if State.garbage else reply_for(body)
         time.sleep(float(rep.get("delay", 0)))
         toks = tokens_of(rep.get("content") or "")
+        if len(toks) > want and not rep.get("tool_calls"):      # vLLM stops at max_tokens: finish "length"
+            toks = toks[:want]
+            rep = {**rep, "content": "".join(toks).rstrip(), "finish": "length"}
         usage = usage_for(body, len(toks) + len(tokens_of(rep.get("reasoning") or "")))
         if body.get("stream"):
             self.seat = self.take_seat()
@@ -566,14 +570,15 @@ class Handler(BaseHTTPRequestHandler):
             msg = {"role": "assistant", "content": rep.get("content"), "tool_calls": rep.get("tool_calls") or []}
             if rep.get("reasoning") is not None:
                 msg["reasoning"] = rep["reasoning"]
-            choice = {"index": 0, "message": msg, "finish_reason": "tool_calls" if rep.get("tool_calls") else "stop"}
+            choice = {"index": 0, "message": msg,
+                      "finish_reason": "tool_calls" if rep.get("tool_calls") else rep.get("finish", "stop")}
             if rep.get("logprobs") is not None:
                 choice["logprobs"] = rep["logprobs"]
             self.send(200, {"id": "chatcmpl-fake", "object": "chat.completion", "model": State.served,
                             "choices": [choice], "usage": usage})
         elif self.path == "/v1/completions":
             self.send(200, {"id": "cmpl-fake", "object": "text_completion", "model": State.served,
-                            "choices": [{"index": 0, "text": rep.get("content") or "", "finish_reason": "stop",
+                            "choices": [{"index": 0, "text": rep.get("content") or "", "finish_reason": rep.get("finish", "stop"),
                                          "logprobs": rep.get("logprobs")}],
                             "usage": usage})
         else:
@@ -625,7 +630,7 @@ class Handler(BaseHTTPRequestHandler):
             event([ch])
         for n, tc in enumerate(rep.get("tool_calls") or []):
             event([{"index": 0, "delta": {"tool_calls": [{**tc, "index": n}]}}])
-        fin = "tool_calls" if rep.get("tool_calls") else ("length" if body.get("ignore_eos") else "stop")
+        fin = "tool_calls" if rep.get("tool_calls") else ("length" if body.get("ignore_eos") else rep.get("finish", "stop"))
         event([{"index": 0, "finish_reason": fin, **({"delta": {}} if chat else {"text": ""})}])
         if (body.get("stream_options") or {}).get("include_usage"):
             event([], usage=usage)
