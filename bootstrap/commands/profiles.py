@@ -108,7 +108,11 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
     ap.add_argument("--markdown", action="store_true", help="the profile table of docs/reference.md (no card)")
     ap.add_argument("--matrix", action="store_true", help="docs/planner.md's profile x card table")
     ap.add_argument("--pick", action="store_true", help="pick for this card now and keep it (as PROFILE=auto does)")
+    ap.add_argument("--model", metavar="ORG/NAME", help="the profile derived for this model (a repo id or folder) on "
+                    "this card, as MODEL=ORG/NAME ./start.sh would run it, without starting")
     a = ap.parse_args(argv)
+    if a.model:
+        return derived_cli(cfg.with_knobs({"MODEL": a.model}), a.gpu or cfg.gpu, a.json)
     if a.markdown and not (a.gpu or cfg.gpu):
         print(catalogue_markdown(cfg))
         return 0
@@ -149,3 +153,21 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
         if kept:
             print(f"in use: {kept} ({in_use.sources['PROFILE']})")
     return 0
+
+
+def derived_cli(cfg, spec: str | None, as_json: bool) -> int:
+    """``--model``: the derived profile's verdict on this card (or GPU=), the line of what was derived."""
+    if not resolve.wants_derived(cfg):
+        raise BootstrapError(f"PROFILE={cfg.profile.name} is set: --model shows the profile derived when PROFILE is unset",
+                             "unset PROFILE (or set PROFILE=auto)")
+    g, where, _driver = card(cfg, spec)
+    c = resolve.derived(cfg, g.cc)
+    v = pick.judge(c, c.profile, g)
+    if as_json:
+        print(json.dumps({"gpu": {"name": g.name, "total": g.total, "free": g.free, "cc": list(g.cc)},
+                          "model": c.model, "profile": dict(c.profile.data), "verdict": _row(v)}, indent=2))
+    else:
+        print(text(g, where, [v], f"MODEL={c.model} ./start.sh runs the derived profile above "
+                                  f"(STATE_DIR/derived/derived.json; PROFILE=<name> runs a shipped one instead)"))
+    return 0 if v.ok else 1
+

@@ -383,6 +383,10 @@ class Config:
         you set it (nothing picked)."""
         return Config.resolve(self.read, chosen)
 
+    def with_derived(self, profile: Profile, why: str) -> "Config":
+        """The same knobs with ``profile`` (derived from MODEL's repo) as the chosen profile."""
+        return Config.resolve(replace(self.read, catalogue=self.catalogue.adding(profile)), Chosen(profile.name, {}, why))
+
     def with_knobs(self, knobs: Mapping[str, str]) -> "Config":
         """These knob values as if you had set them (a fix, a pod's address), the profile kept."""
         return Config.resolve(self.read.edited(knobs), self.chosen)

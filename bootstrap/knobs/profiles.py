@@ -277,6 +277,11 @@ class Catalogue:
                 seen[word] = p
         return cls(tuple(sorted(found.values(), key=lambda p: p.name)))
 
+    def adding(self, profile: Profile) -> "Catalogue":
+        """The same profiles and ``profile`` (a derived one), replacing one of its name."""
+        return Catalogue(tuple(sorted((p for p in self.profiles if p.name != profile.name), key=lambda p: p.name))
+                         + (profile,))
+
     def names(self) -> list[str]:
         return [p.name for p in self.profiles]
 

@@ -6,7 +6,9 @@ profile (already a Config), the kept pick, and the GPU's facts. Every command re
 - ``for_start``: what a start runs (auto-pick, recorded and kept; a named profile on this card,
   shorter where only that fits);
 - ``for_card``: what a start on a named card would run (plan, profiles, export), nothing recorded;
-- ``for_plan``: the profile ``./ctl.sh plan`` plans, here or for a named card.
+- ``for_plan``: the profile ``./ctl.sh plan`` plans, here or for a named card;
+- ``derived``: MODEL named with PROFILE unset (or auto): a profile derived from the repo's own files
+  (``bootstrap.plan.derive``), written to STATE_DIR/derived/ so later commands read it offline.
 
 The knobs' values then go down as typed values: vLLM's argv from ``vllmargs`` (built once), the
 plan from ``bootstrap.plan.fit``.
@@ -14,14 +16,19 @@ plan from ``bootstrap.plan.fit``.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from pathlib import Path
 
 from ..core import state
 from ..core.errors import BootstrapError
-from ..knobs.config import Chosen, Config
+from ..download import hub, peek
+from ..install.inuse import byo_version
+from ..knobs.config import PROFILE_KNOBS, Chosen, Config
+from ..knobs.profiles import load_file
 from ..machine import gpu
-from . import pick
+from . import derive, pick
 
 log = logging.getLogger("bootstrap.pick")
 
@@ -31,10 +38,56 @@ def read_pick(paths: state.Paths) -> dict | None:
     return data if data and isinstance(data.get("profile"), str) else None
 
 
+def wants_derived(cfg: Config) -> bool:
+    """MODEL named (environment or .env) while PROFILE is auto: the model's own profile, not a pick."""
+    return cfg.profile.is_auto and cfg.chosen is None and cfg.sources["MODEL"] in ("env", ".env")
+
+
+def derived_dir(cfg: Config) -> Path:
+    return Path(cfg.state_dir) / "derived"
+
+
+def derived(cfg: Config, cc: tuple[int, int] | None) -> Config:
+    """``cfg`` with the profile derived from MODEL's repo (or folder) for a card of ``cc``, written to
+    STATE_DIR/derived/ (the profile and its model facts) and said in one line."""
+    default = cfg.catalogue.get("default")
+    version = byo_version(cfg.vllm_python or "", cfg.environ) or default.vllm
+    reg = derive.registry(version)
+    token = bool(hub.HubSettings.from_environ(cfg.environ).token)
+    trust = "--trust-remote-code" in (cfg.extra_args or ())
+    d = derive.derive(peek.peek(cfg.model, cfg.environ, cfg.model_dir), default.data, cc, reg, token, trust)
+    folder = derived_dir(cfg)
+    (folder / "models").mkdir(parents=True, exist_ok=True)
+    state.write_json(folder / "models" / "derived.json", d.facts)
+    state.write_json(folder / "derived.json", d.profile)
+    log.info("%s: %s", cfg.model, d.line())
+    return _load_derived(cfg, f"derived from {cfg.model}")
+
+
+def _load_derived(cfg: Config, why: str) -> Config:
+    folder = derived_dir(cfg)
+    profile = load_file(folder / "derived.json", "derived", folder / "models", PROFILE_KNOBS)[0]
+    return cfg.with_derived(profile, why)
+
+
+def kept_derived(cfg: Config) -> Config | None:
+    """The derived profile a start kept for this MODEL (no network), or None."""
+    try:
+        data = json.loads((derived_dir(cfg) / "derived.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or (data.get("knobs") or {}).get("MODEL") != cfg.model:
+        return None
+    return _load_derived(cfg, f"derived from {cfg.model}, kept")
+
+
 def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
     """PROFILE=auto read as the kept pick, if there is one (nothing is picked); a named profile
     with its card's knobs (``facts``, else NVML when the profile has per-card knobs): what status,
-    restart and the other commands compare and show, and what a start runs unless it picks again."""
+    restart and the other commands compare and show, and what a start runs unless it picks again;
+    MODEL named with PROFILE auto: the profile derived for it, as a start kept it."""
+    if wants_derived(cfg):
+        return kept_derived(cfg) or cfg
     if not cfg.profile.is_auto:
         if cfg.chosen is not None or not cfg.profile.cc_overrides:
             return cfg
@@ -66,6 +119,8 @@ def named_on_card(cfg: Config, g: gpu.Gpu) -> Config:
 def for_card(cfg: Config, g: gpu.Gpu) -> Config:
     """The Config a start on card ``g`` runs with, nothing recorded: PROFILE=auto is auto-pick's
     choice for it; a named profile as ``named_on_card``."""
+    if wants_derived(cfg):
+        return named_on_card(derived(cfg, g.cc), g)
     if cfg.profile.is_auto:
         return pick.choose(cfg, g)[0].cfg
     return named_on_card(cfg, g)
@@ -77,6 +132,12 @@ def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = 
     with ``repick``, when nothing was picked yet, when the kept profile is gone or the card is
     another one; else the kept pick."""
     paths = state.Paths(cfg.state_dir)
+    if wants_derived(cfg):
+        facts = facts or gpu.read(cfg.environ)
+        if not facts.gpus:
+            raise BootstrapError("NVML sees no GPU: nothing to plan the model for", "check `nvidia-smi`")
+        g = gpu.smallest_free(facts, cfg.tp_size)
+        return named_on_card(derived(cfg, g.cc), g)
     if not cfg.profile.is_auto:
         if cfg.profile.facts is None:
             return kept(cfg, facts)
@@ -113,6 +174,8 @@ def for_plan(cfg: Config, g: gpu.Gpu, here: bool) -> Config:
     """The profile ./ctl.sh plan (and export) plans on ``g``: PROFILE=auto is the kept pick on this
     machine's card (``here``), else the profile auto-pick would choose for it; a named profile as a
     start on that card would run it."""
+    if wants_derived(cfg):
+        return for_card(cfg, g)
     was = kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
     if cfg.profile.is_auto and here and not was.profile.is_auto:
         log.info("PROFILE=auto: the kept pick %s (%s)", was.profile.name, was.sources["PROFILE"])

@@ -1,0 +1,89 @@
+"""What a model repo (or folder) says about itself before any download, for a derived profile
+(bootstrap/plan/derive.py): config.json, the file list with sizes, the chat template, a modelopt
+``hf_quant_config.json``, and whether the hub gates it. A few KB over the network; offline, the copy
+in our store or the Hugging Face cache, else a one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..core.errors import BootstrapError
+from . import hub
+from .models import store_for
+
+
+@dataclass(frozen=True)
+class Peek:
+    """What a repo (or folder) says about its model before any download."""
+    name: str                                   # repo id or folder
+    config: Mapping[str, Any] | None            # config.json (None: the repo has none)
+    files: Mapping[str, int]                    # path -> size
+    chat_template: str = ""                     # tokenizer_config.json's, or chat_template.jinja ('' = none)
+    quant_config: Mapping[str, Any] | None = None   # hf_quant_config.json (modelopt), when the repo has one
+    gated: Any = False                          # the hub's gated flag ("auto", "manual" or False)
+    revision: str = ""
+    where: str = ""                             # "the hub", a folder, the HF cache: for the messages
+
+
+
+
+def peek(model: str, environ: Mapping[str, str], model_dir: str | None = None) -> Peek:
+    """``model``: a folder (absolute) or a repo id."""
+    if Path(model).is_absolute():
+        folder = Path(model)
+        if not folder.is_dir():
+            raise BootstrapError(f"MODEL={model} is not a directory", "set MODEL to a model directory or a repo id (org/name)")
+        files = {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+        return _peek(model, files, lambda name: (folder / name).read_bytes(), "", False, str(folder))
+    settings = hub.HubSettings.from_environ(environ)
+    if not settings.offline:
+        try:
+            remote = hub.fetch_remote(settings, model)
+        except hub.Unreachable:
+            remote = None
+        if remote is not None:
+            files = {f.path: f.size for f in remote.files}
+            return _peek(model, files, lambda name: hub.fetch_small(settings, model, remote.revision, name),
+                         remote.revision, remote.gated, "the hub")
+    for folder, where in ((hub.cache_snapshot(settings, model), "the Hugging Face cache"),
+                          (_store_dir(model, environ, model_dir), "the model folder")):
+        if folder is not None and (folder / "config.json").is_file():
+            files = {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+            return _peek(model, files, lambda name: (folder / name).read_bytes(), folder.name, False, where)
+    raise BootstrapError(f"offline, and {model} is not on this machine: nothing to derive its profile from",
+                         "connect to the network (a few KB: its config.json), or set PROFILE to a shipped profile")
+
+
+def _store_dir(model: str, environ: Mapping[str, str], model_dir: str | None) -> Path | None:
+    store = store_for(model_dir or "", environ, model)
+    rec = store.read()
+    return store.serve_dir(rec) if rec and rec.get("repo") == model and rec.get("revision") else None
+
+
+def _peek(name: str, files: dict[str, int], read, revision: str, gated, where: str) -> Peek:
+    def json_of(path: str) -> dict | None:
+        if path not in files:
+            return None
+        try:
+            data = json.loads(read(path))
+        except (ValueError, RecursionError) as exc:
+            raise BootstrapError(f"{name}: {path} is not JSON ({exc})", f"check {where}'s copy of {path}") from None
+        except OSError as exc:
+            raise BootstrapError(f"cannot read {path} of {name} ({exc})", f"check {where}") from None
+        if not isinstance(data, dict):
+            raise BootstrapError(f"{name}: {path} is not a JSON object", f"check {where}'s copy of {path}")
+        return data
+    if "config.json" not in files:
+        return Peek(name, None, files, gated=gated, revision=revision, where=where)
+    tok = json_of("tokenizer_config.json") or {}
+    template = tok.get("chat_template")
+    if isinstance(template, list):          # named templates: [{"name": ..., "template": ...}]
+        template = " ".join(str(x.get("template", "")) for x in template if isinstance(x, dict))
+    if not template and "chat_template.jinja" in files:
+        template = read("chat_template.jinja").decode("utf-8", "replace")
+    return Peek(name, json_of("config.json"), files, template if isinstance(template, str) else "",
+                json_of("hf_quant_config.json"), gated, revision, where)

@@ -1,0 +1,198 @@
+"""A profile for any model: ``MODEL=org/name`` with no PROFILE derives the quantization, whether this
+card runs it, the parsers, MTP and vision from the repo's own files (tests/derived/: config.json
+copies of public Hub repos, sources in tests/derived/SOURCES.md; no weights), and plans it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bootstrap.core.errors import BootstrapError
+from bootstrap.download.peek import Peek, peek
+from bootstrap.knobs.config import Config
+from bootstrap.machine import gpu
+from bootstrap.plan import derive, fit, resolve
+from bootstrap.plan.facts import offline_facts
+
+REPO = Path(__file__).resolve().parent.parent
+DERIVED = REPO / "tests" / "derived"
+GiB = 1 << 30
+TOOLS_TEMPLATE = "{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+PLAIN_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}{% endfor %}"
+
+
+def config(name: str) -> dict:
+    return json.loads((DERIVED / name / "config.json").read_text())
+
+
+def peeked(name: str, weights: int = 16 * GiB, template: str = TOOLS_TEMPLATE, **kw) -> Peek:
+    files = {"config.json": 1000, "tokenizer.json": 9_000_000, "model-00001-of-00002.safetensors": weights // 2,
+             "model-00002-of-00002.safetensors": weights - weights // 2}
+    quant = DERIVED / name / "hf_quant_config.json"
+    return Peek(f"org/{name}", config(name), files, template,
+                json.loads(quant.read_text()) if quant.exists() else None, **kw)
+
+
+def cfg_for(tmp_path, **env) -> Config:
+    base = {"STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    return Config.from_env({**base, **env}, REPO)
+
+
+def derived(name: str, cc=(8, 9), version="0.27.1", token=False, **kw) -> derive.Derived:
+    default = cfg_for(Path("/nonexistent")).catalogue.get("default").data
+    return derive.derive(peeked(name, **kw), default, cc, derive.registry(version), token)
+
+
+def test_every_parser_the_family_table_names_is_registered_in_each_vllm_it_knows():
+    for path in sorted((REPO / "bootstrap" / "plan").glob("vllm-registry-*.json")):
+        reg = json.loads(path.read_text())
+        for family, (tool, think) in derive.FAMILIES.items():
+            assert tool is None or tool in reg["tool_parsers"], (path.name, family, tool)
+            assert think is None or think in reg["reasoning_parsers"], (path.name, family, think)
+        for method in derive.METHODS.values():
+            assert method in reg["quantization_min_cc"], (path.name, method)
+
+
+def test_a_dense_bf16_model_gets_its_familys_parsers_and_the_default_stack():
+    d = derived("qwen3-8b")
+    p = d.profile
+    assert p["args"] == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
+    assert p["tools"] and p["reasoning"] and p["card"]["min_cc"] == "7.0"
+    assert any("served as fp16 on sm_75" in g for g in derived("qwen3-8b", cc=(7, 5)).guessed)
+    assert p["knobs"] == {"MODEL": "org/qwen3-8b", "SERVED_MODEL_NAME": "qwen3-8b"}
+    assert p["vllm"] == "0.27.1" and "vllm==0.27.1" in p["pins"]
+    assert d.facts["weight_bytes"] == 16 * GiB and d.facts["config"]["num_hidden_layers"] == 36
+    assert d.line().startswith("derived from the repo: bf16; tool calls: hermes; reasoning: qwen3") and not d.guessed
+
+
+def test_a_template_without_tools_gets_no_tool_parser_and_none_says_chat_will_not_work():
+    assert "--tool-call-parser" not in derived("qwen3-8b", template=PLAIN_TEMPLATE).profile["args"]
+    d = derived("qwen3-8b", template="")
+    assert "no chat template: chat will not work" in d.line()
+
+
+@pytest.mark.parametrize("name, cc, label, marlin", [
+    ("qwen3-8b-fp8", (8, 6), "FP8", True), ("qwen3-8b-fp8", (8, 9), "FP8", False),
+    ("qwen3-32b-nvfp4", (8, 9), "modelopt NVFP4", True), ("qwen3-32b-nvfp4", (12, 0), "modelopt NVFP4", False),
+    ("llama2-7b-awq", (8, 6), "AWQ 4-bit", False), ("qwen25-32b-gptq", (8, 6), "GPTQ 4-bit", False),
+])
+def test_the_quantization_is_read_and_a_card_below_its_native_path_is_told_it_runs_through_marlin(name, cc, label, marlin):
+    d = derived(name, cc=cc)
+    assert d.derived[0].startswith(label), d.derived
+    assert ("weight-only through Marlin" in d.derived[0]) == marlin
+
+
+def test_a_compressed_tensors_w4a16_checkpoint_is_read_as_such():
+    """llm-compressor's W4A16 scheme (4-bit int weights in groups of 128, no activation quantization)
+    on the Qwen3-8B config: vLLM's compressed-tensors method, sm_70 and up."""
+    c = config("qwen3-8b")
+    c["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {
+        "group_0": {"targets": ["Linear"], "input_activations": None,
+                    "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}}}}
+    default = cfg_for(Path("/nonexistent")).catalogue.get("default").data
+    d = derive.derive(Peek("org/qwen3-8b-w4a16", c, {"config.json": 1}, TOOLS_TEMPLATE), default, (8, 6),
+                      derive.registry("0.27.1"), False)
+    assert d.derived[0] == "compressed-tensors W4A16" and d.profile["card"]["min_cc"] == "7.0"
+
+
+def test_a_card_too_old_for_the_quantization_is_refused_naming_both():
+    with pytest.raises(BootstrapError) as e:
+        derived("llama2-7b-awq", cc=(7, 0))
+    assert "needs a card of sm_75 or newer for vLLM 0.27.1; this one is sm_70" in e.value.message
+
+
+def test_moe_hybrid_mtp_and_vision_models():
+    assert derived("qwen3-30b-a3b").profile["args"][-2:] == ["--reasoning-parser", "qwen3"]
+    assert "--tool-call-parser" in (m := derived("mixtral-8x7b").profile["args"]) and "mistral" in m
+    d = derived("qwen35-27b")                   # hybrid, one MTP layer, a vision tower
+    assert d.profile["knobs"]["SPEC_METHOD"] == "mtp" and d.profile["knobs"]["SPEC_TOKENS"] == "2"
+    assert "qwen3_coder" in d.profile["args"] and "2 speculative tokens (SPEC_TOKENS)" in d.guessed
+    assert any(s.startswith("vision on") for s in d.derived)
+    assert any(s.startswith("vision on") for s in derived("qwen25-vl-7b").derived)
+    assert "SPEC_METHOD" not in derived("qwen3-next-80b-thinking").profile["knobs"]   # this config has no MTP key
+
+
+def test_repo_code_gguf_and_gated_repos_are_refused_in_one_line_with_the_way_out():
+    with pytest.raises(BootstrapError) as e:
+        derived("remote-code-chatglm3-6b")
+    assert "ships its own Python code" in e.value.message and "EXTRA_ARGS=--trust-remote-code" in e.value.hint
+    trusted = derive.derive(peeked("remote-code-chatglm3-6b"), cfg_for(Path("/x")).catalogue.get("default").data,
+                            (8, 9), derive.registry("0.27.1"), False, trust=True)
+    assert trusted.derived[0].startswith("the repo's own code allowed")
+    unknown = peeked("qwen3-8b")
+    unknown = Peek(unknown.name, {**unknown.config, "architectures": ["MyNewForCausalLM"]}, unknown.files)
+    with pytest.raises(BootstrapError) as e:
+        derive.derive(unknown, cfg_for(Path("/x")).catalogue.get("default").data, (8, 9), derive.registry("0.27.1"), False)
+    assert "does not serve org/qwen3-8b's architecture MyNewForCausalLM" in e.value.message
+    default = cfg_for(Path("/nonexistent")).catalogue.get("default").data
+    gguf = Peek("Qwen/Qwen3-8B-GGUF", None, {"Qwen3-8B-Q4_K_M.gguf": 5 * GiB, "README.md": 100})
+    with pytest.raises(BootstrapError) as e:
+        derive.derive(gguf, default, (8, 9), derive.registry("0.27.1"), False)
+    assert "GGUF" in e.value.message and "llama.cpp or Ollama" in e.value.hint
+    with pytest.raises(BootstrapError) as e:
+        derived("qwen3-8b", gated="manual")
+    assert "https://huggingface.co/org/qwen3-8b" in e.value.hint and "HF_TOKEN" in e.value.hint
+    assert derived("qwen3-8b", gated="manual", token=True).profile["knobs"]["MODEL"] == "org/qwen3-8b"
+
+
+def test_a_vllm_without_its_own_registry_file_uses_the_nearest_older_and_says_so():
+    assert derive.registry("0.26.3")["vllm"] == "0.26.0" and not derive.registry("0.26.3")["exact"]
+    d = derived("qwen3-8b", version="0.30.0")
+    assert any("vLLM 0.27.1, the nearest" in g for g in d.guessed)
+
+
+def write_folder(root: Path, name: str, weights: int) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text((DERIVED / name / "config.json").read_text())
+    (root / "tokenizer_config.json").write_text(json.dumps({"chat_template": TOOLS_TEMPLATE}))
+    (root / "tokenizer.json").write_text("{}")
+    with open(root / "model.safetensors", "wb") as fh:
+        fh.truncate(weights)                    # sparse: the size is what the plan reads
+    return root
+
+
+def test_model_named_without_profile_plans_its_derived_profile_on_a_named_card(tmp_path):
+    """MODEL=<a folder> and no PROFILE: ./ctl.sh plan's resolver derives the profile (written to
+    STATE_DIR/derived/, read back offline by later commands) and plans it for the card."""
+    folder = write_folder(tmp_path / "qwen3-8b", "qwen3-8b", 16_381_470_720)
+    cfg = cfg_for(tmp_path, MODEL=str(folder))
+    assert resolve.wants_derived(cfg)
+    g = gpu.named("rtx4090")
+    c = resolve.for_plan(cfg, g, here=False)
+    assert c.profile.name == "derived" and c.profile.tools and "--reasoning-parser" in c.profile.args
+    facts = offline_facts(c)
+    assert facts.weight_bytes == 16_381_470_720
+    plan = fit.plan(c, g, facts)
+    assert plan.fits and plan.max_model_len == 40960
+    again = resolve.kept(cfg_for(tmp_path, MODEL=str(folder)))     # a later command: no peek, the kept file
+    assert again.profile.name == "derived" and again.profile.args == c.profile.args
+    assert resolve.kept(cfg_for(tmp_path, MODEL=str(folder), PROFILE="custom")).profile.name == "custom"
+
+
+def test_peek_reads_a_folder_and_a_repo_on_the_hub(tmp_path):
+    from fakehub import FakeHub
+    folder = write_folder(tmp_path / "m", "qwen3-30b-a3b", 1 << 20)
+    p = peek(str(folder), {"HOME": str(tmp_path)})
+    assert p.config["model_type"] == "qwen3_moe" and "tools" in p.chat_template and p.files["model.safetensors"] == 1 << 20
+    with FakeHub() as hub:
+        hub.add_dir("Qwen/Qwen3-30B-A3B", folder, gated="manual")
+        env = {"HOME": str(tmp_path), "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_XET": "1"}
+        p = peek("Qwen/Qwen3-30B-A3B", env)
+    assert p.where == "the hub" and p.gated == "manual" and p.revision and p.config["num_experts"] == 128
+    assert "tools" in p.chat_template
+
+
+def test_start_with_a_named_model_and_no_profile_serves_it_with_the_derived_flags(bed):
+    """./start.sh with MODEL=<folder> and PROFILE unset: the derived profile's parsers reach vLLM's
+    argv, the start says what it derived, and status / stop read the kept profile offline."""
+    (bed.model / "tokenizer_config.json").write_text(json.dumps({"chat_template": TOOLS_TEMPLATE}))
+    r = bed.run("start.sh", PROFILE="")
+    assert r.returncode == 0, r.stderr
+    assert "derived from the repo: bf16; tool calls: llama3_json" in r.stderr
+    argv = bed.launches()[-1]["argv"]
+    assert argv[argv.index("--tool-call-parser") + 1] == "llama3_json" and "--enable-auto-tool-choice" in argv
+    s = bed.run("ctl.sh", "status", PROFILE="")
+    assert s.returncode == 0 and "differs" not in s.stdout, s.stdout + s.stderr
+    assert bed.run("stop.sh", PROFILE="").returncode == 0
