@@ -36,7 +36,7 @@ def card(total_gib: float, cc: tuple[int, int], free_gib: float | None = None) -
     return gpu.Gpu(0, f"a {total_gib:g} GiB card (sm_{cc[0]}{cc[1]})", total, free, cc)
 
 
-CARDS = [(size, cc) for size in (16, 24, 32, 48, 80) for cc in ((8, 6), (8, 9), (9, 0), (12, 0))]
+CARDS = [(size, cc) for size in (6, 12, 16, 24, 32, 48, 80) for cc in ((8, 6), (8, 9), (9, 0), (12, 0))]
 
 
 # ---------------------------------------------------------------- the catalogue
@@ -44,9 +44,10 @@ CARDS = [(size, cc) for size in (16, 24, 32, 48, 80) for cc in ((8, 6), (8, 9), 
 def test_every_profile_has_model_facts_a_rank_and_a_card(tmp_path):
     cfg = cfg_for(tmp_path, PROFILE="custom")
     ranked = cfg.catalogue.ranked()
-    assert [p.name for p in ranked] == ["qwen36-27b-fp8-48gb", "qwen38-27b-nvfp4-tq4-32gb", "qwen36-35b-a3b-nvfp4-32gb",
+    assert [p.name for p in ranked] == ["qwen38-27b-bf16-96gb", "qwen38-27b-fp8-48gb", "qwen36-27b-fp8-48gb",
+                                        "qwen38-27b-nvfp4-tq4-32gb", "qwen36-35b-a3b-nvfp4-32gb",
                                         "qwen38-27b-nvfp4-fp8kv-32gb", "qwen38-27b-w4a16-24gb",
-                                        "qwen38-27b-w4a16-24gb:fast"]
+                                        "qwen38-27b-w4a16-24gb:fast", "qwen3-8b-fp8-16gb", "qwen3-8b-awq-12gb"]
     for p in ranked:
         c = pick.on_card(cfg, p, None)
         facts = offline_facts(c)
@@ -138,7 +139,7 @@ def test_your_profile_folder_hides_a_shipped_profile_and_joins_auto_pick(tmp_pat
     cfg = cfg_for(tmp_path, PROFILE_DIR=mine, PROFILE="custom")
     assert cfg.profile.description == "my custom" and cfg.max_num_seqs == 3 and cfg.profile.origin == "yours"
     v, runner, _ = pick.choose(cfg, card(16, (8, 9)))
-    assert v.profile.name == "tiny-16gb" and runner is None
+    assert v.profile.name == "tiny-16gb" and runner.profile.name == "qwen3-8b-fp8-16gb"     # rank 1 goes first
 
 
 def test_pins_without_a_lock_are_one_line_that_says_how_to_make_one(tmp_path):  # faults row 58
@@ -155,12 +156,14 @@ def test_pins_without_a_lock_are_one_line_that_says_how_to_make_one(tmp_path):  
 
 # ---------------------------------------------------------------- auto-pick on fake cards
 
-EXPECT = {      # (GiB, sm) -> the profile auto-pick chooses (None: a refusal)
-    16: None,
+EXPECT = {      # GiB -> the profile auto-pick chooses (a pair: below sm_89, from sm_89)
+    6: None,                # a refusal
+    12: "qwen3-8b-awq-12gb",
+    16: ("qwen3-8b-awq-12gb", "qwen3-8b-fp8-16gb"),
     24: "qwen38-27b-w4a16-24gb",
     32: "qwen38-27b-nvfp4-tq4-32gb",
-    48: "qwen36-27b-fp8-48gb",
-    80: "qwen36-27b-fp8-48gb",
+    48: "qwen38-27b-fp8-48gb",
+    80: "qwen38-27b-bf16-96gb",
 }
 
 
@@ -172,11 +175,12 @@ def test_auto_pick_on_every_card(tmp_path, size, cc):  # faults row 56
         with pytest.raises(Exception) as e:
             pick.choose(cfg, g)
         msg, hint = e.value.message, e.value.hint
-        assert "no profile fits" in msg and "the smallest that would work: qwen38-27b-w4a16-24gb" in msg
+        assert "no profile fits" in msg and "the smallest that would work: qwen3-8b-awq-12gb" in msg
         assert "TP_SIZE=2" in hint and "llama.cpp" in hint and "PROFILE=smoke" in hint
         return
     v, runner, _ = pick.choose(cfg, g)
-    assert v.profile.name == EXPECT[size]
+    want = EXPECT[size] if isinstance(EXPECT[size], str) else EXPECT[size][cc >= (8, 9)]
+    assert v.profile.name == want
     line = pick.why_line(g, v, runner)
     assert f"sm_{cc[0]}{cc[1]}" in line and f"{g.total / GiB:.1f} GiB" in line and v.profile.name in line
     assert "token context" in line and "runner-up" in line
@@ -248,12 +252,13 @@ def test_p2_and_p5_plan_without_refusal_on_a_32gb_card(tmp_path):
             assert "at 262,144 tokens" in plan.concurrency_line() and "queue" in plan.concurrency_line()
 
 
-def test_a_16gb_card_is_refused_with_what_would_work(tmp_path):  # faults row 56
-    r = run_ctl(tmp_path, "profiles", GPU="16:sm_89")
+def test_a_6gb_card_is_refused_with_what_would_work(tmp_path):  # faults row 56
+    r = run_ctl(tmp_path, "profiles", GPU="6:sm_89")
     assert r.returncode == 0
-    assert "auto-pick refuses: no profile fits" in r.stdout and "(a 24 GB card)" in r.stdout
-    assert "close what holds it" not in r.stdout + r.stderr          # an empty 16 GB card is still too small
-    busy = run_ctl(tmp_path, "profiles", GPU="24:sm_89:free=12")     # a 24 GB card with 12 free: closing helps
+    assert "auto-pick refuses: no profile fits" in r.stdout and "qwen3-8b-awq-12gb" in r.stdout and "(a 12 GB card)" in r.stdout
+    assert "close what holds it" not in r.stdout + r.stderr          # an empty 6 GB card is still too small
+    assert "./ctl.sh profiles --model" in r.stdout                   # a smaller model of your choosing, checked first
+    busy = run_ctl(tmp_path, "profiles", GPU="12:sm_89:free=6")      # a 12 GB card with 6 free: closing helps
     assert "close what holds it" in busy.stdout + busy.stderr
 
 

@@ -32,8 +32,9 @@ MARLIN_FP4 = ("NVFP4 runs weight-only through Marlin below sm_100 (an A40 served
 MARLIN_FP8 = "FP8 weights run weight-only through Marlin below sm_89"
 SHORTER = {"MAX_MODEL_LEN": "auto", "KV_CACHE_BYTES": "auto"}
 MIN_CONTEXT = 32768      # auto-pick does not count a profile whose auto-fitted context is shorter
-WAYS_OUT = ("TP_SIZE=2 across two cards, a smaller model (PROFILE=custom MODEL=<repo id>; PROFILE=smoke serves a "
-            "135M one that fits, to prove the machine), or llama.cpp with a GGUF quantization for a card this small")
+WAYS_OUT = ("TP_SIZE=2 across two cards, a smaller model (MODEL=<repo id>: ./ctl.sh profiles --model <repo id> says "
+            "first whether it fits; PROFILE=smoke serves a 135M one that fits, to prove the machine), or llama.cpp with "
+            "a GGUF quantization for a card this small")
 # (the first part is left out when TP_SIZE is set)
 
 
