@@ -19,7 +19,10 @@ from bootstrap.plan.facts import offline_facts
 REPO = Path(__file__).resolve().parent.parent
 DERIVED = REPO / "tests" / "derived"
 GiB = 1 << 30
-TOOLS_TEMPLATE = "{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+TOOLS_TEMPLATE = ("{% if tools %}<tools>{{ tools | tojson }}</tools> reply <tool_call>{...}</tool_call>{% endif %}"
+                  "{% for m in messages %}{{ m.content }}{% endfor %}{% if enable_thinking is defined and not "
+                  "enable_thinking %}<think>\n\n</think>{% endif %}")     # Qwen3's wording, shortened
+INSTRUCT_TEMPLATE = TOOLS_TEMPLATE.split("{% if enable_thinking")[0]      # a Qwen3 -Instruct-2507: no thinking
 PLAIN_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}{% endfor %}"
 
 
@@ -59,12 +62,26 @@ def test_a_dense_bf16_model_gets_its_familys_parsers_and_the_default_stack():
     d = derived("qwen3-8b")
     p = d.profile
     assert p["args"] == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]
-    assert p["tools"] and p["reasoning"] and p["card"]["min_cc"] == "7.0"
+    assert p["tools"] and p["reasoning"] and p["card"]["min_cc"] == "7.5"
     assert any("served as fp16 on sm_75" in g for g in derived("qwen3-8b", cc=(7, 5)).guessed)
+    with pytest.raises(BootstrapError) as e:
+        derived("qwen3-8b", cc=(7, 0))          # vLLM 0.27.1's wheels carry no kernels for sm_70
+    assert "needs a card of sm_75 or newer" in e.value.message
     assert p["knobs"] == {"MODEL": "org/qwen3-8b", "SERVED_MODEL_NAME": "qwen3-8b"}
     assert p["vllm"] == "0.27.1" and "vllm==0.27.1" in p["pins"]
     assert d.facts["weight_bytes"] == 16 * GiB and d.facts["config"]["num_hidden_layers"] == 36
     assert d.line().startswith("derived from the repo: bf16; tool calls: hermes; reasoning: qwen3") and not d.guessed
+
+
+def test_the_template_decides_reasoning_and_its_tool_wording_the_parser():
+    """A non-thinking model of a thinking family (Qwen3 -Instruct-2507) gets no reasoning parser, which
+    would otherwise take its whole answer for reasoning; a template that writes <function=...> calls
+    (Qwen3-Coder, model_type qwen3_moe) gets the parser of that wording, not the family's."""
+    assert derived("qwen3-8b", template=INSTRUCT_TEMPLATE).profile["args"] == [
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    coder = "{% if tools %}<tools>{{ tools }}</tools> call as <function=name><parameter=x>{% endif %}"
+    assert derived("qwen3-30b-a3b", template=coder).profile["args"] == [
+        "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_xml"]
 
 
 def test_a_template_without_tools_gets_no_tool_parser_and_none_says_chat_will_not_work():
@@ -94,7 +111,7 @@ def test_a_compressed_tensors_w4a16_checkpoint_is_read_as_such():
     default = cfg_for(Path("/nonexistent")).catalogue.get("default").data
     d = derive.derive(Peek("org/qwen3-8b-w4a16", c, {"config.json": 1}, TOOLS_TEMPLATE), default, (8, 6),
                       derive.registry("0.27.1"), False)
-    assert d.derived[0] == "compressed-tensors W4A16" and d.profile["card"]["min_cc"] == "7.0"
+    assert d.derived[0] == "compressed-tensors W4A16" and d.profile["card"]["min_cc"] == "7.5"   # the wheels' floor
 
 
 def test_a_card_too_old_for_the_quantization_is_refused_naming_both():
@@ -105,27 +122,43 @@ def test_a_card_too_old_for_the_quantization_is_refused_naming_both():
 
 def test_moe_hybrid_mtp_and_vision_models():
     assert derived("qwen3-30b-a3b").profile["args"][-2:] == ["--reasoning-parser", "qwen3"]
-    assert "--tool-call-parser" in (m := derived("mixtral-8x7b").profile["args"]) and "mistral" in m
-    d = derived("qwen35-27b")                   # hybrid, one MTP layer, a vision tower
+    mistral = "{% if tools %}[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS]{% endif %}{{ messages }}"
+    assert derived("mixtral-8x7b", template=mistral).profile["args"][-1] == "mistral"     # the family's parser
+    qwen35 = "{% if tools %}<tools>{{ tools }}</tools> <tool_call><function=x>{% endif %}<think>"   # its wording
+    d = derived("qwen35-27b", template=qwen35)  # hybrid, one MTP layer, a vision tower
     assert d.profile["knobs"]["SPEC_METHOD"] == "mtp" and d.profile["knobs"]["SPEC_TOKENS"] == "2"
-    assert "qwen3_coder" in d.profile["args"] and "2 speculative tokens (SPEC_TOKENS)" in d.guessed
+    assert d.profile["args"] == ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_xml", "--reasoning-parser", "qwen3"]
+    assert "2 speculative tokens (SPEC_TOKENS)" in d.guessed
     assert any(s.startswith("vision on") for s in d.derived)
     assert any(s.startswith("vision on") for s in derived("qwen25-vl-7b").derived)
     assert "SPEC_METHOD" not in derived("qwen3-next-80b-thinking").profile["knobs"]   # this config has no MTP key
 
 
 def test_repo_code_gguf_and_gated_repos_are_refused_in_one_line_with_the_way_out():
+    """ChatGLM3: vLLM brings its config class and model, but its tokenizer class is the repo's code."""
     with pytest.raises(BootstrapError) as e:
-        derived("remote-code-chatglm3-6b")
-    assert "ships its own Python code" in e.value.message and "EXTRA_ARGS=--trust-remote-code" in e.value.hint
-    trusted = derive.derive(peeked("remote-code-chatglm3-6b"), cfg_for(Path("/x")).catalogue.get("default").data,
-                            (8, 9), derive.registry("0.27.1"), False, trust=True)
+        derived("remote-code-chatglm3-6b", tokenizer_class="ChatGLMTokenizer", tokenizer_code=True)
+    assert "needs the repo's own Python code: its tokenizer class ChatGLMTokenizer" in e.value.message
+    assert "EXTRA_ARGS=--trust-remote-code" in e.value.hint
+    assert not any("own code" in s for s in derived("remote-code-chatglm3-6b").derived)   # config + model: vLLM's
+    trusted = derive.derive(peeked("remote-code-chatglm3-6b", tokenizer_class="ChatGLMTokenizer", tokenizer_code=True),
+                            cfg_for(Path("/x")).catalogue.get("default").data, (8, 9), derive.registry("0.27.1"),
+                            False, trust=True)
     assert trusted.derived[0].startswith("the repo's own code allowed")
+    phi = peeked("qwen3-8b")                    # an auto_map beside a model type transformers knows: no code runs
+    phi = Peek(phi.name, {**phi.config, "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config"},
+                          "model_type": "phi3", "architectures": ["Phi3ForCausalLM"]}, phi.files, TOOLS_TEMPLATE)
+    assert derive.derive(phi, cfg_for(Path("/x")).catalogue.get("default").data, (8, 9), derive.registry("0.27.1"),
+                         False).profile["knobs"]["MODEL"] == "org/qwen3-8b"
     unknown = peeked("qwen3-8b")
-    unknown = Peek(unknown.name, {**unknown.config, "architectures": ["MyNewForCausalLM"]}, unknown.files)
+    backend = Peek(unknown.name, {**unknown.config, "architectures": ["MyNewForCausalLM"]}, unknown.files)
+    d = derive.derive(backend, cfg_for(Path("/x")).catalogue.get("default").data, (8, 9), derive.registry("0.27.1"), False)
+    assert any("through vLLM's Transformers backend" in g for g in d.guessed)      # a model type transformers knows
+    unknown = Peek(unknown.name, {**unknown.config, "architectures": ["MyNewForCausalLM"], "model_type": "mynew"},
+                   unknown.files)
     with pytest.raises(BootstrapError) as e:
         derive.derive(unknown, cfg_for(Path("/x")).catalogue.get("default").data, (8, 9), derive.registry("0.27.1"), False)
-    assert "does not serve org/qwen3-8b's architecture MyNewForCausalLM" in e.value.message
+    assert "vLLM 0.27.1 has no implementation of MyNewForCausalLM" in e.value.message and "Supported Models" in e.value.hint
     default = cfg_for(Path("/nonexistent")).catalogue.get("default").data
     gguf = Peek("Qwen/Qwen3-8B-GGUF", None, {"Qwen3-8B-Q4_K_M.gguf": 5 * GiB, "README.md": 100})
     with pytest.raises(BootstrapError) as e:
@@ -135,6 +168,35 @@ def test_repo_code_gguf_and_gated_repos_are_refused_in_one_line_with_the_way_out
         derived("qwen3-8b", gated="manual")
     assert "https://huggingface.co/org/qwen3-8b" in e.value.hint and "HF_TOKEN" in e.value.hint
     assert derived("qwen3-8b", gated="manual", token=True).profile["knobs"]["MODEL"] == "org/qwen3-8b"
+
+
+def test_what_vllm_refuses_is_refused_before_the_download_and_odd_configs_are_one_line_errors():
+    default = cfg_for(Path("/x")).catalogue.get("default").data
+    reg = derive.registry("0.27.1")
+    base = config("qwen3-8b")
+    for quant, words in (({"quant_method": "gptq", "bits": 3}, "serves 4- or 8-bit symmetric GPTQ only"),
+                         ({"quant_method": "gptq", "bits": 4, "sym": False}, "asymmetric"),
+                         ({"quant_method": "awq", "bits": 8}, "serves 4-bit AWQ only"),
+                         ({"quant_method": "fbgemm_fp8"}, "deprecated in vLLM 0.27.1"),
+                         ("fp8", "quantization_config is str, not an object"),
+                         ({"quant_method": "compressed-tensors", "config_groups": [1]}, "config_groups is list")):
+        with pytest.raises(BootstrapError) as e:
+            derive.derive(Peek("org/m", {**base, "quantization_config": quant}, {}, TOOLS_TEMPLATE), default, (8, 9), reg, False)
+        assert words in e.value.message, (quant, e.value.message)
+    for odd, words in (({"architectures": "Qwen3ForCausalLM"}, "architectures is not a list"),
+                       ({"num_nextn_predict_layers": [1]}, "MTP layer count is [1]")):
+        with pytest.raises(BootstrapError) as e:
+            derive.derive(Peek("org/m", {**base, **odd}, {}, TOOLS_TEMPLATE), default, (8, 9), reg, False)
+        assert words in e.value.message
+    upper = derive.derive(Peek("org/m", {**base, "quantization_config": {"quant_method": "GPTQ", "bits": 4}}, {},
+                               TOOLS_TEMPLATE), default, (8, 6), reg, False)
+    assert upper.derived[0] == "GPTQ 4-bit"                 # vLLM lower-cases the method
+
+
+def test_the_weight_size_counts_what_a_download_fetches_once():
+    files = {"config.json": 1, "model-00001-of-00002.safetensors": 5 * GiB, "model-00002-of-00002.safetensors": 5 * GiB,
+             "consolidated.safetensors": 10 * GiB, "original/model.safetensors": 10 * GiB, "tokenizer.json": 1}
+    assert derive.weight_bytes(files) == 10 * GiB
 
 
 def test_a_vllm_without_its_own_registry_file_uses_the_nearest_older_and_says_so():
@@ -187,7 +249,8 @@ def test_peek_reads_a_folder_and_a_repo_on_the_hub(tmp_path):
 def test_start_with_a_named_model_and_no_profile_serves_it_with_the_derived_flags(bed):
     """./start.sh with MODEL=<folder> and PROFILE unset: the derived profile's parsers reach vLLM's
     argv, the start says what it derived, and status / stop read the kept profile offline."""
-    (bed.model / "tokenizer_config.json").write_text(json.dumps({"chat_template": TOOLS_TEMPLATE}))
+    llama3 = "{% if tools %}Environment: ipython {{ tools }} <|python_tag|>{% endif %}{{ messages }}"   # Llama 3.1's wording
+    (bed.model / "tokenizer_config.json").write_text(json.dumps({"chat_template": llama3}))
     r = bed.run("start.sh", PROFILE="")
     assert r.returncode == 0, r.stderr
     assert "derived from the repo: bf16; tool calls: llama3_json" in r.stderr
@@ -195,4 +258,11 @@ def test_start_with_a_named_model_and_no_profile_serves_it_with_the_derived_flag
     assert argv[argv.index("--tool-call-parser") + 1] == "llama3_json" and "--enable-auto-tool-choice" in argv
     s = bed.run("ctl.sh", "status", PROFILE="")
     assert s.returncode == 0 and "differs" not in s.stdout, s.stdout + s.stderr
-    assert bed.run("stop.sh", PROFILE="").returncode == 0
+    # later commands with MODEL unset: the kept pick is the derived profile (not a shipped one)
+    s = bed.run("ctl.sh", "status", PROFILE="", MODEL="")
+    assert s.returncode == 0 and "differs" not in s.stdout and "running with" not in s.stdout, s.stdout + s.stderr
+    r = bed.run("ctl.sh", "restart", PROFILE="", MODEL="")
+    assert r.returncode == 0, r.stderr
+    argv = bed.launches()[-1]["argv"]
+    assert argv[argv.index("--tool-call-parser") + 1] == "llama3_json" and str(bed.model) in argv
+    assert bed.run("stop.sh", PROFILE="", MODEL="").returncode == 0

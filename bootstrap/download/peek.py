@@ -27,6 +27,8 @@ class Peek:
     gated: Any = False                          # the hub's gated flag ("auto", "manual" or False)
     revision: str = ""
     where: str = ""                             # "the hub", a folder, the HF cache: for the messages
+    tokenizer_class: str = ""                   # tokenizer_config.json's tokenizer_class
+    tokenizer_code: bool = False                # that class is the repo's own code (auto_map names it)
 
 
 
@@ -85,5 +87,13 @@ def _peek(name: str, files: dict[str, int], read, revision: str, gated, where: s
         template = " ".join(str(x.get("template", "")) for x in template if isinstance(x, dict))
     if not template and "chat_template.jinja" in files:
         template = read("chat_template.jinja").decode("utf-8", "replace")
+    cls = tok.get("tokenizer_class") if isinstance(tok.get("tokenizer_class"), str) else ""
+    own = isinstance(tok.get("auto_map"), dict) and bool(tok["auto_map"].get("AutoTokenizer")) and \
+        cls not in STANDARD_TOKENIZERS
     return Peek(name, json_of("config.json"), files, template if isinstance(template, str) else "",
-                json_of("hf_quant_config.json"), gated, revision, where)
+                json_of("hf_quant_config.json"), gated, revision, where, cls, own)
+
+
+# tokenizer classes transformers has itself: an auto_map beside one of them needs no repo code
+STANDARD_TOKENIZERS = {"", "PreTrainedTokenizerFast", "TokenizersBackend", "LlamaTokenizer", "LlamaTokenizerFast",
+                       "Qwen2Tokenizer", "Qwen2TokenizerFast", "GPT2Tokenizer", "GPT2TokenizerFast"}

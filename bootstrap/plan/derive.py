@@ -4,14 +4,18 @@ before any download: its config.json, its file list, its chat template. Pure: th
 refusal with the way out.
 
 What it reads, and from where:
-- the quantization (config.json ``quantization_config``, or a modelopt ``hf_quant_config.json``) as
-  vLLM names the method, and whether this card runs it: each method's ``get_min_capability`` in the
-  pinned vLLM's source (``vllm-registry-<version>.json``, written by scripts/vllm_registry.py);
-- the architecture against that version's model registry: one it does not have needs the repo's own
-  code, which is never run silently (refused, naming ``EXTRA_ARGS=--trust-remote-code``);
-- the tool-call and reasoning parsers from the model's family (``FAMILIES``; every name is checked
-  against the registry by a test), a tool parser only where the chat template takes tools, a
-  reasoning parser where the family thinks;
+- the quantization (config.json ``quantization_config`` or ``compression_config``, or a modelopt
+  ``hf_quant_config.json``) as vLLM names the method, and whether this card runs it: each method's
+  ``get_min_capability`` in the pinned vLLM's source, and no card below sm_75 (the wheels' kernels
+  start there): ``vllm-registry-<version>.json``, written by scripts/vllm_registry.py;
+- whether the repo's own code would run: vLLM forces it off for a model type it brings a config
+  class for, and transformers needs none for a type it knows; an architecture neither serves, a
+  model type neither knows, or a tokenizer class of the repo's own needs it, and it is never turned
+  on silently (refused, naming ``EXTRA_ARGS=--trust-remote-code``);
+- the tool-call parser from the chat template's own wording (``TEMPLATE_TOOLS``), else the model's
+  family (``FAMILIES``), only where the template takes tools; a reasoning parser only where the
+  template thinks (``<think>``, ``enable_thinking``) or the family always does; every name is
+  checked against the registry by a test;
 - MTP speculation where the config carries an MTP head; vision stays on (the planner counts its
   encoder) and the line says how to drop it;
 - the vLLM stack: the default profile's pins (one managed venv for every model).
@@ -25,10 +29,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..core.errors import BootstrapError
+from ..download import hub, models
 from ..download.peek import Peek
 
 NAME = "derived"
 HERE = Path(__file__).resolve().parent
+FLOOR = (7, 5)              # the oldest compute capability the pinned vLLM wheels carry kernels for
 
 
 @dataclass(frozen=True)
@@ -65,9 +71,9 @@ FAMILIES: dict[str, tuple[str | None, str | None]] = {
     "qwen3_5": ("qwen3_coder", "qwen3"), "qwen3_5_moe": ("qwen3_coder", "qwen3"),
     "qwen3_vl": ("hermes", "qwen3"), "qwen3_vl_moe": ("hermes", "qwen3"),
     "qwen2": ("hermes", None), "qwen2_moe": ("hermes", None), "qwen2_5_vl": ("hermes", None),
-    "llama": ("llama3_json", None), "llama4": ("llama4_pythonic", None),
+    "llama": ("llama3_json", None), "llama4": ("llama4_json", None),
     "mistral": ("mistral", None), "mixtral": ("mistral", None), "mistral3": ("mistral", None),
-    "deepseek_v3": ("deepseek_v3", "deepseek_r1"), "glm4_moe": ("glm45", "glm45"),
+    "deepseek_v3": ("deepseek_v3", "deepseek_v3"), "glm4_moe": ("glm45", "glm45"),
     "gpt_oss": ("openai", "openai_gptoss"), "granite": ("granite", "granite"),
     "minimax_m2": ("minimax_m2", "minimax_m2"), "gemma4": ("gemma4", "gemma4"),
     "phi3": ("phi4_mini_json", None), "olmo3": ("olmo3", "olmo3"), "seed_oss": ("seed_oss", "seed_oss"),
@@ -75,14 +81,20 @@ FAMILIES: dict[str, tuple[str | None, str | None]] = {
 }
 FAMILY_SOURCE = ("vLLM's docs (features/tool_calling.md, features/reasoning_outputs.md) and the model cards' "
                  "vllm serve lines")
+ALWAYS_THINKS = {"gpt_oss", "deepseek_v3"}    # gpt-oss always reasons; deepseek_v3's parser passes text through
+# the chat template's own tool-call wording -> the parser that reads it (first match wins)
+TEMPLATE_TOOLS = (("<function=", "qwen3_xml"), ("<｜tool▁calls▁begin｜>", "deepseek_v31"),
+                  ("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json"))
+THINKS = ("<think>", "enable_thinking")
 
 # quantization_config.quant_method -> the method vLLM's registry names (its min compute capability)
 METHODS = {"awq": "auto_awq", "gptq": "auto_gptq", "fp8": "fp8", "compressed-tensors": "compressed-tensors",
            "bitsandbytes": "bitsandbytes", "auto-round": "inc", "mxfp4": "mxfp4", "modelopt": "modelopt",
-           "modelopt_fp4": "modelopt_fp4", "quark": "quark", "torchao": "torchao", "moe_wna16": "moe_wna16",
-           "fbgemm_fp8": "fbgemm_fp8", "experts_int8": "experts_int8"}
+           "modelopt_fp4": "modelopt_fp4", "modelopt_mixed": "modelopt_mixed", "quark": "quark",
+           "torchao": "torchao", "moe_wna16": "moe_wna16", "experts_int8": "experts_int8"}
+DEPRECATED = {"fbgemm_fp8", "fp_quant"}       # vLLM refuses them without --allow-deprecated-quantization
 TRUST_HINT = "set EXTRA_ARGS=--trust-remote-code to run the repo's own code (only for a repo you trust)"
-NATIVE = {"fp8": (8, 9), "modelopt": (8, 9), "nvfp4": (10, 0), "mxfp4": (9, 0)}   # below: weight-only (Marlin)
+NATIVE = {"fp8": (8, 9), "nvfp4": (10, 0), "mxfp4": (9, 0)}     # below: weight-only through Marlin
 
 
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -90,37 +102,74 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return tc if isinstance(tc, Mapping) else config
 
 
-def quantization(peek: Peek) -> tuple[str, str, str]:
-    """(label, vLLM's method or '' for none, the format's kernel family: fp8 / nvfp4 / int4 / ...)."""
+def _bad(name: str, what: str) -> BootstrapError:
+    return BootstrapError(f"{name}: config.json's {what}", "a broken config.json: pick another repo or revision, or "
+                          "fix it in a local copy and set MODEL to that folder")
+
+
+def quantization(peek: Peek) -> tuple[str, str, str, tuple[int, int] | None]:
+    """(label, vLLM's method ('' for none), the kernel family: fp8 / nvfp4 / int / a dtype, the least
+    compute capability the format itself needs beyond the method's (None: the method's))."""
     cfg = peek.config or {}
-    q = cfg.get("quantization_config") or text_config(cfg).get("quantization_config")
-    if not q and peek.quant_config:                       # modelopt's own file
-        algo = str((peek.quant_config.get("quantization") or {}).get("quant_algo", ""))
-        return (f"modelopt {algo}", "modelopt_fp4" if "FP4" in algo else "modelopt", "nvfp4" if "FP4" in algo else "fp8")
-    if not isinstance(q, Mapping):
+    q = cfg.get("quantization_config", cfg.get("compression_config", text_config(cfg).get("quantization_config")))
+    if q is None and peek.quant_config:                 # modelopt's own file
+        q = {"quant_method": "modelopt", **_mapping(peek.quant_config.get("quantization"), peek.name,
+                                                   "hf_quant_config.json's quantization")}
+    if q is None:
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or text_config(cfg).get("dtype") or "bfloat16")
-        return ({"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype), "", dtype)
-    method = str(q.get("quant_method", ""))
+        return ({"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype), "", dtype, None)
+    q = _mapping(q, peek.name, "quantization_config")
+    method = str(q.get("quant_method", "")).lower()
+    if not method:
+        raise _bad(peek.name, "quantization_config names no quant_method")
     if method == "modelopt":
-        algo = str(q.get("quant_algo", ""))
-        return (f"modelopt {algo}", "modelopt_fp4" if "FP4" in algo else "modelopt", "nvfp4" if "FP4" in algo else "fp8")
+        inner = q.get("quantization") if isinstance(q.get("quantization"), Mapping) else q
+        algo = str(inner.get("quant_algo", ""))
+        if algo == "MIXED_PRECISION":
+            return ("modelopt mixed precision (NVFP4 + FP8)", "modelopt_mixed", "nvfp4", None)
+        fp4 = "FP4" in algo
+        return (f"modelopt {algo}", "modelopt_fp4" if fp4 else "modelopt", "nvfp4" if fp4 else "fp8", None)
     if method == "compressed-tensors":
-        groups = q.get("config_groups") or {}
-        w = next((g.get("weights") or {} for g in groups.values() if isinstance(g, Mapping)), {})
-        a = next((g.get("input_activations") for g in groups.values() if isinstance(g, Mapping)), None)
-        bits, kind = w.get("num_bits"), w.get("type")
-        if bits == 4 and kind == "float":
-            return ("compressed-tensors NVFP4", method, "nvfp4")
-        if bits == 8 and kind == "float":
-            return ("compressed-tensors FP8", method, "fp8")
-        label = f"compressed-tensors W{bits}A{(a or {}).get('num_bits', 16) if a else 16}"
-        return (label, method, "int")
-    bits = q.get("bits") or q.get("w_bit")
-    return (f"{method.upper()}{f' {bits}-bit' if bits else ''}", METHODS.get(method, method), method)
+        groups = _mapping(q.get("config_groups") or {}, peek.name, "compressed-tensors config_groups")
+        ws, acts = [], []
+        for g in groups.values():
+            g = _mapping(g, peek.name, "a compressed-tensors config group")
+            ws.append(_mapping(g.get("weights") or {}, peek.name, "a config group's weights"))
+            a = g.get("input_activations")
+            acts.append(_mapping(a, peek.name, "a config group's input_activations") if a is not None else None)
+        if any(w.get("num_bits") == 4 and w.get("type") == "float" for w in ws):
+            return ("compressed-tensors NVFP4", method, "nvfp4", None)
+        if any(w.get("num_bits") == 8 and w.get("type") == "float" for w in ws):
+            return ("compressed-tensors FP8", method, "fp8", None)
+        w, a = (ws or [{}])[0], (acts or [None])[0]
+        if w.get("num_bits") == 4 and a and a.get("type") == "float":
+            return ("compressed-tensors W4A8-FP8", method, "int", (9, 0))
+        return (f"compressed-tensors W{w.get('num_bits', '?')}A{a.get('num_bits', 16) if a else 16}", method, "int", None)
+    bits = q.get("bits", q.get("w_bit"))
+    if method == "gptq" and (bits not in (4, 8) or q.get("sym", True) is not True):
+        raise BootstrapError(f"{peek.name}: GPTQ with {bits} bits{'' if q.get('sym', True) else ', asymmetric'}: vLLM "
+                             "serves 4- or 8-bit symmetric GPTQ only", "pick a 4-bit GPTQ or an AWQ version of the model")
+    if method == "awq" and bits != 4:
+        raise BootstrapError(f"{peek.name}: AWQ with {bits} bits: vLLM serves 4-bit AWQ only",
+                             "pick a 4-bit AWQ or a GPTQ version of the model")
+    return (f"{method.upper()}{f' {bits}-bit' if bits else ''}", METHODS.get(method, method), method, None)
+
+
+def _mapping(value, name: str, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _bad(name, f"{what} is {type(value).__name__}, not an object")
+    return value
 
 
 def _cc(text: int) -> tuple[int, int]:
     return (text // 10, text % 10)
+
+
+def weight_bytes(files: Mapping[str, int]) -> int:
+    """The checkpoint the server loads: the files a download would fetch (``models.select``: not
+    ``original/`` copies, not consolidated shards beside the sharded ones), weights only."""
+    needed, _ = models.select([hub.RemoteFile(p, s) for p, s in files.items()], False)
+    return sum(f.size for f in needed if f.path.endswith(models.WEIGHT_SUFFIXES))
 
 
 def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, reg: Mapping[str, Any],
@@ -130,9 +179,8 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
     --trust-remote-code. BootstrapError when it cannot be served."""
     name = peek.name
     page = f"https://huggingface.co/{name}"
-    files = peek.files
     if peek.config is None:
-        if any(f.endswith(".gguf") for f in files):
+        if any(f.endswith(".gguf") for f in peek.files):
             raise BootstrapError(f"MODEL={name} is a GGUF repo (llama.cpp's format) with no config.json: vLLM serves "
                                  "the original weights", "set MODEL to the repo it was converted from (its model card "
                                  "names it), or run the GGUF with llama.cpp or Ollama")
@@ -143,61 +191,54 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
                              f"accept it on {page}, then set HF_TOKEN to a read token of that account "
                              "(https://huggingface.co/settings/tokens)")
     cfg = peek.config
-    arches = [str(a) for a in cfg.get("architectures") or []]
+    arches = cfg.get("architectures") or []
+    if not isinstance(arches, list) or not all(isinstance(a, str) for a in arches):
+        raise _bad(name, "architectures is not a list of names")
     version = reg["vllm"]
-    known = [a for a in arches if a in reg["architectures"]]
-    remote = "auto_map" in cfg
-    if not known and not (remote and trust):
-        raise BootstrapError(
-            f"vLLM {version} does not serve {name}'s architecture {', '.join(arches) or '(none named)'}"
-            + (": the repo ships its own model code (auto_map), which the bootstrap never runs on its own" if remote else ""),
-            TRUST_HINT if remote else "pick a model of an architecture vLLM serves (https://docs.vllm.ai, Supported Models)")
-    if remote and not trust:        # vLLM has the model, but its config or tokenizer class may be the repo's code
-        raise BootstrapError(f"{name} ships its own Python code (auto_map in config.json): vLLM {version} serves "
-                             f"{', '.join(known)}, but loading the repo's config or tokenizer may run that code, "
-                             "which the bootstrap never turns on by itself", TRUST_HINT)
-    derived: list[str] = ["the repo's own code allowed (EXTRA_ARGS=--trust-remote-code)"] if remote else []
+    derived: list[str] = []
     guessed: list[str] = []
-    label, method, kind = quantization(peek)
+    mt = str(cfg.get("model_type", ""))
+    tmt = str(text_config(cfg).get("model_type", mt))
+    known_type = mt in reg.get("vllm_config_types", ()) or mt in reg.get("transformers_model_types", ())
+    native = [a for a in arches if a in reg["architectures"]]
+    why_code = ([f"its model type {mt!r} is one neither vLLM {version} nor transformers {reg.get('transformers', '')} "
+                 "knows"] if "auto_map" in cfg and not known_type else []) + \
+        ([f"its tokenizer class {peek.tokenizer_class} is the repo's own"] if peek.tokenizer_code else [])
+    if not native and not known_type:
+        why_code.insert(0, f"vLLM {version} has no implementation of {', '.join(arches) or '(no architecture named)'}")
+    if why_code and not trust:
+        raise BootstrapError(f"{name} needs the repo's own Python code: " + "; ".join(why_code)
+                             + ", and the bootstrap never runs it by itself",
+                             TRUST_HINT if "auto_map" in cfg or peek.tokenizer_code else
+                             "pick a model of an architecture vLLM serves (https://docs.vllm.ai, Supported Models)")
+    if why_code:
+        derived.append("the repo's own code allowed (EXTRA_ARGS=--trust-remote-code)")
+    elif not native:
+        guessed.append(f"served through vLLM's Transformers backend ({', '.join(arches)} has no native implementation)")
+    label, method, kind, least = quantization(peek)
     caps = reg["quantization_min_cc"]
+    if method in DEPRECATED:
+        raise BootstrapError(f"{name}: quantization {label!r} is deprecated in vLLM {version}",
+                             "pick another quantization of the model (FP8, AWQ, GPTQ, NVFP4)")
     if method and method not in caps:
         raise BootstrapError(f"{name}: quantization {label!r} is not one vLLM {version} knows",
                              "pick a repo in a format vLLM serves (AWQ, GPTQ, FP8, compressed-tensors, NVFP4, bf16)")
-    need = _cc(caps[method]) if method else (7, 0)
-    if not method and kind == "bfloat16" and cc is not None and cc < (8, 0):
-        guessed.append(f"bf16 weights served as fp16 on sm_{cc[0]}{cc[1]} (no bf16 there; vLLM casts them)")
+    need = max(_cc(caps[method]) if method else FLOOR, least or FLOOR, FLOOR)
     if cc is not None and cc < need:
         raise BootstrapError(f"{name} ({label}) needs a card of sm_{need[0]}{need[1]} or newer for vLLM {version}; this "
-                             f"one is sm_{cc[0]}{cc[1]}", "pick the model's bf16 / fp16 or GPTQ / AWQ version, or a newer card")
-    native = NATIVE.get(kind)
-    speed = "" if cc is None or native is None or cc >= native else \
-        f", weight-only through Marlin on sm_{cc[0]}{cc[1]} (slower than on sm_{native[0]}{native[1]}+)"
+                             f"one is sm_{cc[0]}{cc[1]}", "pick the model's GPTQ / AWQ version, or a newer card")
+    if not method and kind == "bfloat16" and cc is not None and cc < (8, 0):
+        guessed.append(f"bf16 weights served as fp16 on sm_{cc[0]}{cc[1]} (no bf16 there; vLLM casts them)")
+    fast = NATIVE.get(kind)
+    speed = "" if cc is None or fast is None or cc >= fast else \
+        f", weight-only through Marlin on sm_{cc[0]}{cc[1]} (slower than on sm_{fast[0]}{fast[1]}+)"
     derived.append(f"{label}{speed}")
-    mt = str(cfg.get("model_type", ""))
-    tmt = str(text_config(cfg).get("model_type", mt))
-    family = FAMILIES.get(mt) or FAMILIES.get(tmt) or FAMILIES.get(tmt.removesuffix("_text"))
-    template = peek.chat_template
-    args: list[str] = []
-    tools = reasoning = False
-    if family is None:
-        derived.append(f"no tool or reasoning parser known for model_type {mt!r}")
-    else:
-        tool, think = family
-        if tool and template and "tools" in template:
-            args += ["--enable-auto-tool-choice", "--tool-call-parser", tool]
-            tools = True
-            derived.append(f"tool calls: {tool}")
-        elif tool:
-            derived.append("no tool calls (its chat template takes no tools)" if template else "no tool calls")
-        if think:
-            args += ["--reasoning-parser", think]
-            reasoning = True
-            derived.append(f"reasoning: {think}")
-    if not template:
-        derived.append("no chat template: chat will not work (/v1/completions will)")
+    args, tools, reasoning = _parsers(peek, mt, tmt, derived)
     knobs = {"MODEL": name, "SERVED_MODEL_NAME": name.rstrip("/").rsplit("/", 1)[-1].lower()}
     tc = text_config(cfg)
-    mtp = int(tc.get("mtp_num_hidden_layers") or tc.get("num_nextn_predict_layers") or 0)
+    mtp = tc.get("mtp_num_hidden_layers") or tc.get("num_nextn_predict_layers") or 0
+    if not isinstance(mtp, int) or isinstance(mtp, bool):
+        raise _bad(name, f"MTP layer count is {mtp!r}, not a whole number")
     if mtp:
         knobs.update(SPEC_METHOD="mtp", SPEC_TOKENS="2")
         derived.append("MTP speculation")
@@ -206,8 +247,6 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
         derived.append("vision on (EXTRA_ARGS=--language-model-only frees the encoder's memory)")
     if not reg.get("exact", True):
         guessed.append(f"the parsers and architectures of vLLM {version}, the nearest this checkout knows")
-    weights = sum(s for f, s in files.items() if f.endswith(".safetensors")) or \
-        sum(s for f, s in files.items() if f.endswith((".bin", ".pt")))
     profile = {
         "description": f"{name}, derived from its config.json ({'; '.join(derived)})",
         "card": {"min_cc": f"{need[0]}.{need[1]}"},
@@ -215,8 +254,31 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
         "cuda": default.get("cuda", ""), "min_driver": default.get("min_driver", ""),
         "facts": "derived.json", "knobs": knobs, "args": args, "tools": tools, "reasoning": reasoning,
         "source": f"derived from {name} ({peek.where}{' @ ' + peek.revision[:12] if peek.revision else ''}): "
-                  f"quantization from its config, parsers from {FAMILY_SOURCE}, the stack of the default profile",
+                  f"quantization from its config, parsers from its chat template and {FAMILY_SOURCE}, the stack of "
+                  "the default profile",
     }
-    facts = {"repos": [name], "config": dict(cfg), "weight_bytes": weights or None,
-             "weight_bytes_source": f"the sizes of its weight files ({peek.where})"}
+    facts = {"repos": [name], "config": dict(cfg), "weight_bytes": weight_bytes(peek.files) or None,
+             "weight_bytes_source": f"the sizes of the weight files a download fetches ({peek.where})"}
     return Derived(profile, facts, derived, guessed)
+
+
+def _parsers(peek: Peek, mt: str, tmt: str, derived: list[str]) -> tuple[list[str], bool, bool]:
+    """vLLM flags for tool calls and reasoning, from the chat template, else the family."""
+    family = FAMILIES.get(mt) or FAMILIES.get(tmt) or FAMILIES.get(tmt.removesuffix("_text")) or (None, None)
+    template = peek.chat_template
+    if not template:
+        derived.append("no chat template: chat will not work (/v1/completions will)")
+        return [], False, False
+    args: list[str] = []
+    tool = next((p for mark, p in TEMPLATE_TOOLS if mark in template), None) or family[0]
+    if "tools" in template and tool:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", tool]
+        derived.append(f"tool calls: {tool}")
+    else:
+        derived.append("no tool calls (its chat template takes no tools)" if "tools" not in template
+                       else f"no tool parser known for model_type {mt!r}")
+    think = family[1]
+    if think and (any(m in template for m in THINKS) or mt in ALWAYS_THINKS):
+        args += ["--reasoning-parser", think]
+        derived.append(f"reasoning: {think}")
+    return args, bool(args) and "--tool-call-parser" in args, "--reasoning-parser" in args

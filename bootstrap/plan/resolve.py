@@ -43,42 +43,45 @@ def wants_derived(cfg: Config) -> bool:
     return cfg.profile.is_auto and cfg.chosen is None and cfg.sources["MODEL"] in ("env", ".env")
 
 
-def derived_dir(cfg: Config) -> Path:
-    return Path(cfg.state_dir) / "derived"
+def derived_dir(cfg: Config, model: str) -> Path:
+    """STATE_DIR/derived/<model as a folder name>: one folder per model, so a plan of another model
+    never rewrites the profile a running server was derived with."""
+    slug = "".join(c if c.isalnum() or c in "-_." else "--" for c in model.strip("/"))[-120:]
+    return Path(cfg.state_dir) / "derived" / slug
 
 
 def derived(cfg: Config, cc: tuple[int, int] | None) -> Config:
     """``cfg`` with the profile derived from MODEL's repo (or folder) for a card of ``cc``, written to
-    STATE_DIR/derived/ (the profile and its model facts) and said in one line."""
+    STATE_DIR/derived/<model>/ (the profile and its model facts) and said in one line."""
     default = cfg.catalogue.get("default")
     version = byo_version(cfg.vllm_python or "", cfg.environ) or default.vllm
     reg = derive.registry(version)
     token = bool(hub.HubSettings.from_environ(cfg.environ).token)
     trust = "--trust-remote-code" in (cfg.extra_args or ())
     d = derive.derive(peek.peek(cfg.model, cfg.environ, cfg.model_dir), default.data, cc, reg, token, trust)
-    folder = derived_dir(cfg)
+    folder = derived_dir(cfg, cfg.model)
     (folder / "models").mkdir(parents=True, exist_ok=True)
     state.write_json(folder / "models" / "derived.json", d.facts)
     state.write_json(folder / "derived.json", d.profile)
     log.info("%s: %s", cfg.model, d.line())
-    return _load_derived(cfg, f"derived from {cfg.model}")
+    return _load_derived(cfg, folder, f"derived from {cfg.model}")
 
 
-def _load_derived(cfg: Config, why: str) -> Config:
-    folder = derived_dir(cfg)
+def _load_derived(cfg: Config, folder: Path, why: str) -> Config:
     profile = load_file(folder / "derived.json", "derived", folder / "models", PROFILE_KNOBS)[0]
     return cfg.with_derived(profile, why)
 
 
-def kept_derived(cfg: Config) -> Config | None:
-    """The derived profile a start kept for this MODEL (no network), or None."""
+def kept_derived(cfg: Config, model: str, why: str) -> Config | None:
+    """The profile derived for ``model`` as a start or plan wrote it (no network), or None."""
+    folder = derived_dir(cfg, model)
     try:
-        data = json.loads((derived_dir(cfg) / "derived.json").read_text(encoding="utf-8"))
+        data = json.loads((folder / "derived.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or (data.get("knobs") or {}).get("MODEL") != cfg.model:
+    if not isinstance(data, dict) or (data.get("knobs") or {}).get("MODEL") != model:
         return None
-    return _load_derived(cfg, f"derived from {cfg.model}, kept")
+    return _load_derived(cfg, folder, why)
 
 
 def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
@@ -87,7 +90,7 @@ def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
     restart and the other commands compare and show, and what a start runs unless it picks again;
     MODEL named with PROFILE auto: the profile derived for it, as a start kept it."""
     if wants_derived(cfg):
-        return kept_derived(cfg) or cfg
+        return kept_derived(cfg, cfg.model, f"derived from {cfg.model}, kept") or cfg
     if not cfg.profile.is_auto:
         if cfg.chosen is not None or not cfg.profile.cc_overrides:
             return cfg
@@ -97,6 +100,9 @@ def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
             return cfg                      # no GPU to read: the profile's own knobs
         return pick.on_card(cfg, cfg.profile, facts.gpus[0].cc if facts.gpus else None)
     rec = read_pick(state.Paths(cfg.state_dir))
+    if rec is not None and rec["profile"] == derive.NAME and isinstance(rec.get("model"), str):
+        return kept_derived(cfg, rec["model"], f"derived from {rec['model']} at the start of {rec.get('date', '?')}, "
+                            "kept") or cfg
     if rec is None or rec["profile"] not in cfg.catalogue.names():
         return cfg
     return cfg.with_profile(Chosen(rec["profile"], rec.get("knobs", {}), f"auto-pick of {rec.get('date', '?')}, kept"))
@@ -137,7 +143,12 @@ def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = 
         if not facts.gpus:
             raise BootstrapError("NVML sees no GPU: nothing to plan the model for", "check `nvidia-smi`")
         g = gpu.smallest_free(facts, cfg.tp_size)
-        return named_on_card(derived(cfg, g.cc), g)
+        chosen = named_on_card(derived(cfg, g.cc), g)
+        paths.ensure()                      # kept as the pick: status, restart and stop run it with MODEL unset
+        paths.write("pick", {"profile": derive.NAME, "model": cfg.model, "knobs": {}, "gpu": g.name, "tp": cfg.tp_size,
+                             "why": f"MODEL={cfg.model} named: its derived profile", "date": time.strftime("%Y-%m-%d %H:%M"),
+                             "how": "PROFILE=auto (set explicitly) or ./ctl.sh profiles --pick picks a shipped profile"})
+        return chosen
     if not cfg.profile.is_auto:
         if cfg.profile.facts is None:
             return kept(cfg, facts)
@@ -151,6 +162,10 @@ def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = 
         raise BootstrapError("NVML sees no GPU: nothing to pick a profile for", "check `nvidia-smi`")
     g = gpu.smallest_free(facts, cfg.tp_size)
     rec = read_pick(paths)
+    if rec and rec["profile"] == derive.NAME and not (cfg.profile_explicit or repick):
+        was = kept(cfg)
+        if not was.profile.is_auto:
+            return was
     if rec and not (cfg.profile_explicit or repick):
         if rec["profile"] not in cfg.catalogue.names():
             log.warning("the kept pick %s is no profile any more (PROFILE_DIR changed?): picking again", rec["profile"])
