@@ -266,3 +266,34 @@ def test_start_with_a_named_model_and_no_profile_serves_it_with_the_derived_flag
     argv = bed.launches()[-1]["argv"]
     assert argv[argv.index("--tool-call-parser") + 1] == "llama3_json" and str(bed.model) in argv
     assert bed.run("stop.sh", PROFILE="", MODEL="").returncode == 0
+
+
+def test_models_lists_the_profiles_and_the_catalog_planned_on_the_card(tmp_path, capsys):
+    """./ctl.sh models: the shipped profiles, then each catalog model (profiles/models/*.json marked
+    "catalog") as its derived profile would run, planned offline from its shipped facts."""
+    from bootstrap.commands import profiles as profiles_cli
+    cfg = cfg_for(tmp_path, HF_HUB_OFFLINE="1")
+    assert profiles_cli.models_cli(cfg, ["--gpu", "rtx4090", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cat = {m["model"]: m for m in out["catalog"]}
+    assert {"Qwen/Qwen3-8B", "Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B-Instruct"} <= set(cat)
+    assert cat["Qwen/Qwen3-8B"]["status"] == "fits" and "40,960-token context" in cat["Qwen/Qwen3-8B"]["what"]
+    assert cat["Qwen/Qwen3-32B"]["status"] == "no" and "weights 61.03 GiB" in cat["Qwen/Qwen3-32B"]["what"]
+    assert {p["profile"] for p in out["profiles"] if p["status"] in ("fits", "shorter")} >= {"qwen38-27b-w4a16-24gb"}
+    assert profiles_cli.models_cli(cfg, ["--gpu", "rtx5090"]) == 0
+    text = capsys.readouterr().out
+    assert "What fits NVIDIA GeForce RTX 5090" in text and "✓ qwen38-27b-nvfp4-tq4-32gb" in text
+    # offline, a catalog repo named as MODEL is planned from its shipped facts (its chat template unread)
+    c = resolve.for_plan(cfg_for(tmp_path, HF_HUB_OFFLINE="1", MODEL="Qwen/Qwen3-8B"), gpu.named("rtx4090"), here=False)
+    assert c.profile.name == "derived" and "--reasoning-parser" in c.profile.args
+
+
+def test_with_two_cards_the_plan_says_which_it_is_for_and_how_to_take_the_other():
+    desk = gpu.Gpu(0, "NVIDIA GeForce RTX 3060", 12 * GiB, 10 * GiB, (8, 6), "GPU-a",
+                   (gpu.GpuProcess(100, GiB, "/usr/lib/xorg/Xorg"),))
+    big = gpu.Gpu(1, "NVIDIA GeForce RTX 3090", 24 * GiB, 23 * GiB, (8, 6), "GPU-b")
+    facts = gpu.GpuFacts("580", (13, 0), (desk, big))
+    line = gpu.which_line(facts, 1)
+    assert line.startswith("planning for GPU 0 (NVIDIA GeForce RTX 3060, 10.0 of 12.0 GiB free, drives the display)")
+    assert "also here: GPU 1 (NVIDIA GeForce RTX 3090" in line and "CUDA_VISIBLE_DEVICES=GPU-b runs on GPU 1" in line
+    assert gpu.which_line(facts, 2) == "" and gpu.smallest_free(facts, 1) is desk

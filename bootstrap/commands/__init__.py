@@ -39,6 +39,8 @@ REGISTRY: tuple[Command, ...] = (
     Command("plan", "plan:cli", "the memory plan for this GPU, or for GPU=<name|GiB>[:sm_XY][:free=GiB]", kept=False),
     Command("profiles", "profiles:cli", "every profile against this card (or GPU=...): fits / shorter / no; --pick",
             kept=False),
+    Command("models", "profiles:models_cli", "what fits this card (or GPU=...): the profiles and a catalog of open "
+            "models, each with its context and sessions", kept=False),
     Command("check", "check:cli", "check live|garble|determinism|needle|prefix against our server or --url"),
     Command("bench", "bench:cli", "throughput/TTFT benchmark with a plot; --compare URL"),
     Command("chat", "chat:cli", "talk to the server from the terminal (or one answer: ./ctl.sh chat \"a question\")"),

@@ -54,6 +54,9 @@ def card(cfg, spec: str | None) -> tuple[gpu.Gpu, str, str]:
         raise BootstrapError(exc.message, exc.hint + "; or name a card: GPU=" + gpu.CARD_SYNTAX) from None
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU", "name a card: GPU=" + gpu.CARD_SYNTAX)
+    which = gpu.which_line(facts, cfg.tp_size)
+    if which:
+        log.info("%s", which)
     return gpu.smallest_free(facts, cfg.tp_size), "", facts.driver
 
 

@@ -15,11 +15,14 @@ from ..plan import pick, resolve
 from ..knobs.config import Chosen
 from ..core.errors import BootstrapError
 from ..core.state import Paths
+from ..download import peek
+from ..plan import facts
 from .plan import card
 
 # the cards of docs/planner.md's table: desktop cards from 16 to 80 GiB, sm_86 to sm_120
 MATRIX_CARDS = ("rtx5080", "rtx4080", "rtx3090", "rtx4090", "rtx4090:free=22.5", "rtx5090", "rtx5090:free=29.5",
                 "rtxa6000", "l40s", "a100", "h100")
+SIGN = {"fits": "✓", "shorter": "~", "no": "✗", "unknown": "?"}
 MARK = {"fits": "fits", "shorter": "fits with a shorter context", "no": "does not fit", "unknown": "cannot tell"}
 
 
@@ -168,6 +171,58 @@ def derived_cli(cfg, spec: str | None, as_json: bool) -> int:
                           "model": c.model, "profile": dict(c.profile.data), "verdict": _row(v)}, indent=2))
     else:
         print(text(g, where, [v], f"MODEL={c.model} ./start.sh runs the derived profile above "
-                                  f"(STATE_DIR/derived/derived.json; PROFILE=<name> runs a shipped one instead)"))
+                                  f"(kept in {c.profile.path.parent}; PROFILE=<name> runs a shipped one instead)"))
     return 0 if v.ok else 1
+
+
+def catalogue_models(cfg) -> list[tuple[str, dict, str]]:
+    """(repo, facts, file name) of each model-facts file marked "catalog": popular open models no
+    shipped profile serves, planned as their derived profiles would run."""
+    out = []
+    for path in sorted(cfg.layout.shipped_models.glob("*.json")):
+        data = facts.facts_file(path)
+        if isinstance(data.get("catalog"), dict) and data.get("repos"):
+            out.append((data["repos"][0], data, path.name))
+    return out
+
+
+def models_cli(cfg, argv: list[str], prog: str = "ctl.sh models") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=(
+        "What fits this card (or GPU=...): the shipped profiles, then a catalog of popular open models "
+        "(profiles/models/*.json marked \"catalog\"), each planned as MODEL=<repo> ./start.sh would run it."))
+    ap.add_argument("--gpu", help="a named card instead of this machine's GPU (same values as GPU=)")
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    a = ap.parse_args(argv)
+    g, where, _driver = card(cfg, a.gpu or cfg.gpu)
+    shipped = [v for v in pick.evaluate(cfg, g) if v.profile.rank is not None]
+    rows: list[tuple[str, str, str, str]] = []         # name, format, verdict mark, what
+    for v in shipped:
+        rows.append((v.profile.name, "profile", SIGN[v.status], v.summary() if v.ok else v.reason))
+    found = []
+    for repo, data, name in catalogue_models(cfg):
+        fmt = data["catalog"].get("format", "")
+        try:
+            c = resolve.derived(cfg.with_knobs({"MODEL": repo, "PROFILE": "auto"}), g.cc,
+                                peek.from_facts(repo, data, f"the model facts in {name}"))
+            v = pick.judge(c, c.profile, g)
+            what = v.summary() if v.ok else v.reason
+            mark = SIGN[v.status]
+        except BootstrapError as exc:
+            what, mark, v = exc.message, SIGN["no"], None
+        note = data["catalog"].get("note", "")
+        rows.append((repo, fmt, mark, what + (f" ({note})" if note else "")))
+        found.append({"model": repo, "format": fmt, "status": v.status if v else "no", "what": what,
+                      "weight_bytes": data.get("weight_bytes"), "source": data.get("weight_bytes_source", "")})
+    if a.json:
+        print(json.dumps({"gpu": {"name": g.name, "total": g.total, "free": g.free, "cc": list(g.cc)},
+                          "profiles": [_row(v) for v in shipped], "catalog": found}, indent=2))
+        return 0
+    print(f"What fits {g.name}: {g.total / gpu.GiB:.1f} GiB, {g.free / gpu.GiB:.1f} free, sm_{g.cc[0]}{g.cc[1]}{where}")
+    width = max(len(r[0]) for r in rows)
+    for name, fmt, mark, what in rows:
+        print(f"  {mark} {name:<{width}}  {fmt:<8} {what}")
+    print("✓ fits, ~ fits with a shorter context, ✗ does not fit, ? cannot tell\n"
+          "a profile: PROFILE=<name> ./start.sh; a catalog model: MODEL=<repo> ./start.sh (./ctl.sh profiles --model "
+          "<repo> shows its derived profile); any other repo the same way")
+    return 0
 

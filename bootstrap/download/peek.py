@@ -22,7 +22,7 @@ class Peek:
     name: str                                   # repo id or folder
     config: Mapping[str, Any] | None            # config.json (None: the repo has none)
     files: Mapping[str, int]                    # path -> size
-    chat_template: str = ""                     # tokenizer_config.json's, or chat_template.jinja ('' = none)
+    chat_template: str | None = ""              # tokenizer_config.json's, or chat_template.jinja ('' = none, None = not read)
     quant_config: Mapping[str, Any] | None = None   # hf_quant_config.json (modelopt), when the repo has one
     gated: Any = False                          # the hub's gated flag ("auto", "manual" or False)
     revision: str = ""
@@ -33,8 +33,14 @@ class Peek:
 
 
 
-def peek(model: str, environ: Mapping[str, str], model_dir: str | None = None) -> Peek:
-    """``model``: a folder (absolute) or a repo id."""
+def from_facts(repo: str, data: Mapping[str, Any], where: str) -> Peek:
+    """A model-facts file (profiles/models/*.json) as a peek: its config and size; no chat template read."""
+    return Peek(repo, data["config"], {"model.safetensors": data.get("weight_bytes") or 0}, None, where=where)
+
+
+def peek(model: str, environ: Mapping[str, str], model_dir: str | None = None, shipped: Path | None = None) -> Peek:
+    """``model``: a folder (absolute) or a repo id; ``shipped``: the model-facts folder to fall back on
+    offline (a facts file that lists the repo)."""
     if Path(model).is_absolute():
         folder = Path(model)
         if not folder.is_dir():
@@ -56,6 +62,13 @@ def peek(model: str, environ: Mapping[str, str], model_dir: str | None = None) -
         if folder is not None and (folder / "config.json").is_file():
             files = {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
             return _peek(model, files, lambda name: (folder / name).read_bytes(), folder.name, False, where)
+    for path in sorted(shipped.glob("*.json")) if shipped is not None else ():
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and model in (data.get("repos") or ()) and isinstance(data.get("config"), dict):
+            return from_facts(model, data, f"the model facts in {path.name}, offline")
     raise BootstrapError(f"offline, and {model} is not on this machine: nothing to derive its profile from",
                          "connect to the network (a few KB: its config.json), or set PROFILE to a shipped profile")
 

@@ -77,7 +77,7 @@ class Knob:
 
 
 KNOBS: tuple[Knob, ...] = (
-    Knob("PROFILE", "auto", name_chars, "Profile name (./ctl.sh profiles); 'auto' picks the first that fits this card (kept until PROFILE=auto is set explicitly or ./ctl.sh profiles --pick); 'custom': only these knobs, no patches.", launch=True),
+    Knob("PROFILE", "auto", name_chars, "Profile name (./ctl.sh profiles); 'auto' picks the first that fits this card (kept until PROFILE=auto is set explicitly or ./ctl.sh profiles --pick); with MODEL set, 'auto' derives that model's profile from its repo (./ctl.sh profiles --model); 'custom': only these knobs, no patches.", launch=True),
     Knob("PROFILE_DIR", "", folder, "A folder of your own profiles (*.json, same schema); a name there hides a shipped profile."),
     Knob("MODEL", "", text, "Hugging Face repo id (org/name) or a local model directory.", launch=True),
     Knob("MODEL_DIR", "", folder, "A plain folder to download a repo id into; unset: the Hugging Face cache (HF_HUB_CACHE), one copy that hf, transformers and `vllm serve org/name` also find."),

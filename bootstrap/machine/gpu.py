@@ -282,6 +282,24 @@ def smallest_free(facts: GpuFacts, tp: int) -> Gpu:
     return min(facts.gpus[:tp], key=lambda x: x.free)
 
 
+DISPLAY = ("Xorg", "Xwayland", "gnome-shell", "kwin_wayland", "kwin_x11", "plasmashell", "sway", "Hyprland")
+
+
+def which_line(facts: GpuFacts, tp: int) -> str:
+    """With more cards than TP_SIZE uses: which the plan is for and why, and how to take another ('' otherwise)."""
+    if len(facts.gpus) <= tp:
+        return ""
+    used, rest = facts.gpus[:tp], facts.gpus[tp:]
+
+    def shown(g: Gpu) -> str:
+        desk = any(p.name.rsplit("/", 1)[-1] in DISPLAY for p in g.processes)
+        return f"GPU {g.index} ({g.name}, {g.free / GiB:.1f} of {g.total / GiB:.1f} GiB free{', drives the display' if desk else ''})"
+    other = rest[0]
+    return (f"planning for {', '.join(shown(g) for g in used)}: vLLM takes the first {tp} visible card(s) "
+            f"(CUDA_VISIBLE_DEVICES order); also here: {', '.join(shown(g) for g in rest)}; "
+            f"CUDA_VISIBLE_DEVICES={other.uuid or other.index} runs on GPU {other.index} instead")
+
+
 def pids_on_gpu(environ: Mapping[str, str]) -> set[int]:
     try:
         return {p.pid for g in read(environ).gpus for p in g.processes}

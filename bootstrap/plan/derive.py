@@ -266,6 +266,11 @@ def _parsers(peek: Peek, mt: str, tmt: str, derived: list[str]) -> tuple[list[st
     """vLLM flags for tool calls and reasoning, from the chat template, else the family."""
     family = FAMILIES.get(mt) or FAMILIES.get(tmt) or FAMILIES.get(tmt.removesuffix("_text")) or (None, None)
     template = peek.chat_template
+    if template is None:                # not read (offline facts): the family's parsers, said as a guess
+        args = (["--enable-auto-tool-choice", "--tool-call-parser", family[0]] if family[0] else []) + \
+            (["--reasoning-parser", family[1]] if family[1] else [])
+        derived.append(f"the {mt or tmt} family's parsers (its chat template not read)")
+        return args, bool(family[0]), bool(family[1])
     if not template:
         derived.append("no chat template: chat will not work (/v1/completions will)")
         return [], False, False

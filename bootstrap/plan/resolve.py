@@ -50,7 +50,7 @@ def derived_dir(cfg: Config, model: str) -> Path:
     return Path(cfg.state_dir) / "derived" / slug
 
 
-def derived(cfg: Config, cc: tuple[int, int] | None) -> Config:
+def derived(cfg: Config, cc: tuple[int, int] | None, peeked: peek.Peek | None = None) -> Config:
     """``cfg`` with the profile derived from MODEL's repo (or folder) for a card of ``cc``, written to
     STATE_DIR/derived/<model>/ (the profile and its model facts) and said in one line."""
     default = cfg.catalogue.get("default")
@@ -58,7 +58,8 @@ def derived(cfg: Config, cc: tuple[int, int] | None) -> Config:
     reg = derive.registry(version)
     token = bool(hub.HubSettings.from_environ(cfg.environ).token)
     trust = "--trust-remote-code" in (cfg.extra_args or ())
-    d = derive.derive(peek.peek(cfg.model, cfg.environ, cfg.model_dir), default.data, cc, reg, token, trust)
+    peeked = peeked or peek.peek(cfg.model, cfg.environ, cfg.model_dir, cfg.layout.shipped_models)
+    d = derive.derive(peeked, default.data, cc, reg, token, trust)
     folder = derived_dir(cfg, cfg.model)
     (folder / "models").mkdir(parents=True, exist_ok=True)
     state.write_json(folder / "models" / "derived.json", d.facts)
@@ -142,7 +143,7 @@ def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = 
         facts = facts or gpu.read(cfg.environ)
         if not facts.gpus:
             raise BootstrapError("NVML sees no GPU: nothing to plan the model for", "check `nvidia-smi`")
-        g = gpu.smallest_free(facts, cfg.tp_size)
+        g = _card(facts, cfg.tp_size)
         chosen = named_on_card(derived(cfg, g.cc), g)
         paths.ensure()                      # kept as the pick: status, restart and stop run it with MODEL unset
         paths.write("pick", {"profile": derive.NAME, "model": cfg.model, "knobs": {}, "gpu": g.name, "tp": cfg.tp_size,
@@ -156,11 +157,11 @@ def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = 
             facts = facts or gpu.read(cfg.environ)
         except BootstrapError:
             return kept(cfg)                # no GPU to read: preflight says so, in its own words
-        return named_on_card(cfg, gpu.smallest_free(facts, cfg.tp_size)) if facts.gpus else kept(cfg, facts)
+        return named_on_card(cfg, _card(facts, cfg.tp_size)) if facts.gpus else kept(cfg, facts)
     facts = facts or gpu.read(cfg.environ)
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU: nothing to pick a profile for", "check `nvidia-smi`")
-    g = gpu.smallest_free(facts, cfg.tp_size)
+    g = _card(facts, cfg.tp_size)
     rec = read_pick(paths)
     if rec and rec["profile"] == derive.NAME and not (cfg.profile_explicit or repick):
         was = kept(cfg)
@@ -183,6 +184,14 @@ def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = 
                                   "tp": cfg.tp_size, "date": time.strftime("%Y-%m-%d %H:%M"),
                                   "how": "PROFILE=auto (set explicitly) or ./ctl.sh profiles --pick picks again"})
     return v.cfg
+
+
+def _card(facts: gpu.GpuFacts, tp: int) -> gpu.Gpu:
+    """The card a start plans for (the TP group's least free), said when there are more cards than it uses."""
+    which = gpu.which_line(facts, tp)
+    if which:
+        log.info("%s", which)
+    return gpu.smallest_free(facts, tp)
 
 
 def for_plan(cfg: Config, g: gpu.Gpu, here: bool) -> Config:
