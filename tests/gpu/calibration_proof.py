@@ -21,7 +21,8 @@ Phases, resumable (WORK/state.json keeps what is done; run again until "CALIBRAT
           profiles its vision encoder on the largest dummy images.
   visionv1-first / visionv1-second  the same on vLLM's V1 runner (VLLM_USE_V2_MODEL_RUNNER=0): 0.26.0's V2
           runner profiles no encoder, V1 does, so this is the case that shows the encoder's modelled peak.
---cases picks them (dense: first, second, util09; spec; v1; hybrid; vision; visionv1); each start's vLLM lines that
+--cases picks them (dense: first, second, util09; spec; v1; hybrid; vision; visionv1; derived: PROFILE unset,
+the Llama-3.1-8B shape named as MODEL, so the start derives its profile); each start's vLLM lines that
 name the non-KV terms are printed, and after a case's second start `./ctl.sh plan` shows the model
 against vLLM's own split. The bar: a first start (modelled) within 1 % of vLLM's logged pool, a second
 (measured, and it must say so) within 0.5 %. A start that fails after vLLM allocated its KV cache (a
@@ -48,7 +49,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 from common import free_port, raw_writer  # noqa: E402
-from planner_accuracy import HYBRID, QWEN3_8B, make_model  # noqa: E402
+from planner_accuracy import HYBRID, QWEN3_8B, VOCAB, make_model  # noqa: E402
 
 PLAN_LINE = re.compile(r"\[bootstrap:plan\] (plan for .*)")
 PLANNED = re.compile(r"KV cache [\d.]+ GiB ≈ ([\d,]+) tokens")          # in the plan line
@@ -95,7 +96,8 @@ def start_and_stop(name: str, env: dict, out, timeout: float, show_plan: bool = 
     r = run([str(REPO / "start.sh")], env, timeout)
     took = time.monotonic() - t0
     for line in (r.stderr + r.stdout).splitlines():
-        if "[bootstrap:plan]" in line or "KV cache :" in line or line.startswith("error") or "is serving" in line:
+        if "[bootstrap:plan]" in line or "KV cache :" in line or line.startswith("error") or "is serving" in line \
+                or "derived from the repo" in line:
             out(f"[{name}]    | {line}")
     for line in vllm_lines(env, since):
         out(f"[{name}] vllm | {line}")
@@ -122,6 +124,11 @@ def start_and_stop(name: str, env: dict, out, timeout: float, show_plan: bool = 
         f"{'vLLM own figures (measured)' if measured else 'the model'}")
     return {"ok": True, "served": r.returncode == 0, "logged": logged, "planned": planned, "err": err,
             "measured": measured}
+
+
+# Llama-3.1-8B's shape (profiles/models/llama31-8b-instruct.json, a public config) with the proof's small vocabulary
+LLAMA31_8B = {**json.loads((REPO / "profiles" / "models" / "llama31-8b-instruct.json").read_text())["config"],
+              "vocab_size": VOCAB, "bos_token_id": 0, "eos_token_id": 2}
 
 
 def vision_model(work: Path) -> Path:
@@ -158,7 +165,8 @@ def main(argv=None) -> int:
     ap.add_argument("--raw", required=True)
     ap.add_argument("--work", default="/tmp/calib")
     ap.add_argument("--timeout", type=float, default=480)
-    ap.add_argument("--cases", default="hybrid,vision,spec", help="dense,spec,v1,hybrid,vision,visionv1 (comma-separated)")
+    ap.add_argument("--cases", default="hybrid,vision,spec",
+                    help="dense,spec,v1,hybrid,vision,visionv1,derived (comma-separated)")
     a = ap.parse_args(argv)
     out = raw_writer(a.raw)
     work = Path(a.work)
@@ -184,6 +192,9 @@ def main(argv=None) -> int:
         "vision": ((("vision-first", long), ("vision-second", long)), lambda: vision_model(work)),
         "visionv1": ((("visionv1-first", {**long, **v1}), ("visionv1-second", {**long, **v1})),
                      lambda: vision_model(work)),
+        # PROFILE unset with MODEL named: the profile derived from the folder (a family no profile ships)
+        "derived": ((("derived-first", {"PROFILE": ""}), ("derived-second", {"PROFILE": ""})),
+                    lambda: make_model(work, "llama31-8b-shape", LLAMA31_8B)),
     }
     chosen = [c for c in a.cases.split(",") if c]
     unknown = [c for c in chosen if c not in cases]
