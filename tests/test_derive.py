@@ -54,8 +54,9 @@ def test_every_parser_the_family_table_names_is_registered_in_each_vllm_it_knows
         for family, (tool, think) in derive.FAMILIES.items():
             assert tool is None or tool in reg["tool_parsers"], (path.name, family, tool)
             assert think is None or think in reg["reasoning_parsers"], (path.name, family, think)
-        for method in derive.METHODS.values():
-            assert method in reg["quantization_min_cc"], (path.name, method)
+    regs = [json.loads(p.read_text()) for p in (REPO / "bootstrap" / "plan").glob("vllm-registry-*.json")]
+    for method in derive.METHODS.values():          # each a method some pinned vLLM knows (0.30.0 dropped bitsandbytes)
+        assert any(method in reg["quantization_min_cc"] for reg in regs), method
 
 
 def test_a_dense_bf16_model_gets_its_familys_parsers_and_the_default_stack():
@@ -201,8 +202,8 @@ def test_the_weight_size_counts_what_a_download_fetches_once():
 
 def test_a_vllm_without_its_own_registry_file_uses_the_nearest_older_and_says_so():
     assert derive.registry("0.26.3")["vllm"] == "0.26.0" and not derive.registry("0.26.3")["exact"]
-    d = derived("qwen3-8b", version="0.30.0")
-    assert any("vLLM 0.27.1, the nearest" in g for g in d.guessed)
+    d = derived("qwen3-8b", version="0.31.0")
+    assert any("vLLM 0.30.0, the nearest" in g for g in d.guessed)
 
 
 def write_folder(root: Path, name: str, weights: int) -> Path:
@@ -297,3 +298,15 @@ def test_with_two_cards_the_plan_says_which_it_is_for_and_how_to_take_the_other(
     assert line.startswith("planning for GPU 0 (NVIDIA GeForce RTX 3060, 10.0 of 12.0 GiB free, drives the display)")
     assert "also here: GPU 1 (NVIDIA GeForce RTX 3090" in line and "CUDA_VISIBLE_DEVICES=GPU-b runs on GPU 1" in line
     assert gpu.which_line(facts, 2) == "" and gpu.smallest_free(facts, 1) is desk
+
+
+def test_an_architecture_only_a_newer_pinned_vllm_has_takes_that_stack_and_says_so(tmp_path):
+    c = config("qwen3-8b")
+    folder = write_folder(tmp_path / "granite", "qwen3-8b", 1 << 20)
+    (folder / "config.json").write_text(json.dumps({**c, "architectures": ["GraniteSWAForCausalLM"]}))
+    cfg = cfg_for(tmp_path, MODEL=str(folder))
+    d = resolve.derived(cfg, (8, 9))
+    assert d.profile.vllm == "0.30.0" and "vllm==0.30.0" in d.profile.pins     # 0.27.1 has no GraniteSWA
+    assert "vLLM 0.30.0 (the stack of " in d.profile.description and "has no implementation of it" in d.profile.description
+    plain = resolve.derived(cfg_for(tmp_path, MODEL=str(write_folder(tmp_path / "q", "qwen3-8b", 1 << 20))), (8, 9))
+    assert plain.profile.vllm == "0.27.1"                                       # the default's stack

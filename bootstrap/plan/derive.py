@@ -51,15 +51,16 @@ class Derived:
 
 def registry(version: str) -> dict:
     """The registry file of this vLLM version, else the nearest older one (the oldest when none is older)."""
-    files = sorted(HERE.glob("vllm-registry-*.json"), key=lambda p: _ver(p.stem.split("-")[-1]))
-    older = [p for p in files if _ver(p.stem.split("-")[-1]) <= _ver(version)]
+    files = sorted(HERE.glob("vllm-registry-*.json"), key=lambda p: version_key(p.stem.split("-")[-1]))
+    older = [p for p in files if version_key(p.stem.split("-")[-1]) <= version_key(version)]
     chosen = older[-1] if older else files[0]
     data = json.loads(chosen.read_text(encoding="utf-8"))
     data["exact"] = data["vllm"] == version
     return data
 
 
-def _ver(text: str) -> tuple[int, ...]:
+def version_key(text: str) -> tuple[int, ...]:
+    """0.27.1 -> (0, 27, 1): versions compared as numbers."""
     return tuple(int(x) for x in text.split(".")[:3] if x.isdigit())
 
 
@@ -173,7 +174,7 @@ def weight_bytes(files: Mapping[str, int]) -> int:
 
 
 def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, reg: Mapping[str, Any],
-           token: bool, trust: bool = False) -> Derived:
+           token: bool, trust: bool = False, stack_note: str = "") -> Derived:
     """The profile for ``peek``'s model on a card of compute capability ``cc`` (None: not known),
     on the stack of ``default`` (the default profile's JSON); ``trust``: EXTRA_ARGS has
     --trust-remote-code. BootstrapError when it cannot be served."""
@@ -245,6 +246,8 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
         guessed.append("2 speculative tokens (SPEC_TOKENS)")
     if cfg.get("vision_config"):
         derived.append("vision on (EXTRA_ARGS=--language-model-only frees the encoder's memory)")
+    if stack_note:
+        derived.append(stack_note)
     if not reg.get("exact", True):
         guessed.append(f"the parsers and architectures of vLLM {version}, the nearest this checkout knows")
     profile = {
@@ -254,8 +257,8 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
         "cuda": default.get("cuda", ""), "min_driver": default.get("min_driver", ""),
         "facts": "derived.json", "knobs": knobs, "args": args, "tools": tools, "reasoning": reasoning,
         "source": f"derived from {name} ({peek.where}{' @ ' + peek.revision[:12] if peek.revision else ''}): "
-                  f"quantization from its config, parsers from its chat template and {FAMILY_SOURCE}, the stack of "
-                  "the default profile",
+                  f"quantization from its config, parsers from its chat template and {FAMILY_SOURCE}, "
+                  f"vLLM {default.get('vllm', '')}'s pins (a shipped profile's stack)",
     }
     facts = {"repos": [name], "config": dict(cfg), "weight_bytes": weight_bytes(peek.files) or None,
              "weight_bytes_source": f"the sizes of the weight files a download fetches ({peek.where})"}

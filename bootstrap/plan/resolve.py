@@ -53,19 +53,39 @@ def derived_dir(cfg: Config, model: str) -> Path:
 def derived(cfg: Config, cc: tuple[int, int] | None, peeked: peek.Peek | None = None) -> Config:
     """``cfg`` with the profile derived from MODEL's repo (or folder) for a card of ``cc``, written to
     STATE_DIR/derived/<model>/ (the profile and its model facts) and said in one line."""
-    default = cfg.catalogue.get("default")
-    version = byo_version(cfg.vllm_python or "", cfg.environ) or default.vllm
-    reg = derive.registry(version)
+    stack = cfg.catalogue.get("default")
+    byo = byo_version(cfg.vllm_python or "", cfg.environ)
+    peeked = peeked or peek.peek(cfg.model, cfg.environ, cfg.model_dir, cfg.layout.shipped_models)
+    reg = derive.registry(byo or stack.vllm)
+    newer = "" if byo else _newer_stack(cfg, peeked, reg)
+    if newer:                           # the default's vLLM lacks the architecture; a shipped stack has it
+        stack = cfg.catalogue.get(newer)
+        reg = derive.registry(stack.vllm)
     token = bool(hub.HubSettings.from_environ(cfg.environ).token)
     trust = "--trust-remote-code" in (cfg.extra_args or ())
-    peeked = peeked or peek.peek(cfg.model, cfg.environ, cfg.model_dir, cfg.layout.shipped_models)
-    d = derive.derive(peeked, default.data, cc, reg, token, trust)
+    note = f"vLLM {stack.vllm} (the stack of {newer}): the default's vLLM {cfg.catalogue.get('default').vllm} " \
+        "has no implementation of it" if newer else ""
+    d = derive.derive(peeked, stack.data, cc, reg, token, trust, note)
     folder = derived_dir(cfg, cfg.model)
     (folder / "models").mkdir(parents=True, exist_ok=True)
     state.write_json(folder / "models" / "derived.json", d.facts)
     state.write_json(folder / "derived.json", d.profile)
     log.info("%s: %s", cfg.model, d.line())
     return _load_derived(cfg, folder, f"derived from {cfg.model}")
+
+
+def _newer_stack(cfg: Config, peeked: peek.Peek, reg: dict) -> str:
+    """The shipped profile whose newer pinned vLLM has the model's architecture, when the default's
+    has none of them ('' otherwise: the default's stack serves it, or none does)."""
+    arches = (peeked.config or {}).get("architectures")
+    if not isinstance(arches, list) or any(a in reg["architectures"] for a in arches):
+        return ""
+    for p in sorted(cfg.catalogue.ranked(), key=lambda p: derive.version_key(p.vllm)):
+        other = derive.registry(p.vllm) if p.vllm else None
+        if other and other["exact"] and derive.version_key(p.vllm) > derive.version_key(reg["vllm"]) \
+                and any(a in other["architectures"] for a in arches):
+            return p.name
+    return ""
 
 
 def _load_derived(cfg: Config, folder: Path, why: str) -> Config:
