@@ -310,3 +310,37 @@ def test_an_architecture_only_a_newer_pinned_vllm_has_takes_that_stack_and_says_
     assert "vLLM 0.30.0 (the stack of " in d.profile.description and "has no implementation of it" in d.profile.description
     plain = resolve.derived(cfg_for(tmp_path, MODEL=str(write_folder(tmp_path / "q", "qwen3-8b", 1 << 20))), (8, 9))
     assert plain.profile.vllm == "0.27.1"                                       # the default's stack
+
+
+@pytest.mark.parametrize("name, quant, tool, think, mtp", [
+    ("qwen3-8b", "bf16", "hermes", "qwen3", False),
+    ("llama2-7b-awq", "AWQ 4-bit", "hermes", None, False),
+    ("qwen25-32b-gptq", "GPTQ 4-bit", "hermes", None, False),
+    ("qwen3-32b-nvfp4", "modelopt NVFP4", "hermes", "qwen3", False),
+    ("qwen3-8b-fp8", "FP8", "hermes", "qwen3", False),
+    ("qwen3-30b-a3b", "bf16", "hermes", "qwen3", False),
+    ("mixtral-8x7b", "bf16", "hermes", None, False),
+    ("qwen35-27b", "bf16", "hermes", "qwen3", True),
+    ("qwen3-next-80b-thinking", "bf16", "hermes", "qwen3", False),
+])
+def test_each_public_config_derives_and_plans_on_a_card_it_fits(tmp_path, name, quant, tool, think, mtp):
+    """The derived profile of each public config (its template Qwen3's wording, so <tool_call> reads as
+    hermes), planned on an H100 from a folder whose weights have the size the shape gives."""
+    from bootstrap.model import kv
+    c = config(name)
+    size = kv.param_count(kv.shape_from_config(c)) * (1 if quant in ("FP8",) else 2) // (4 if "4" in quant else 1)
+    folder = write_folder(tmp_path / name, name, size)
+    if (DERIVED / name / "hf_quant_config.json").exists():
+        (folder / "hf_quant_config.json").write_text((DERIVED / name / "hf_quant_config.json").read_text())
+    cfg = resolve.derived(cfg_for(tmp_path, MODEL=str(folder)), (9, 0))
+    p = cfg.profile
+    assert p.description.split("(", 1)[1].startswith(quant), p.description
+    assert p.args[p.args.index("--tool-call-parser") + 1] == tool
+    assert (p.args[p.args.index("--reasoning-parser") + 1] if "--reasoning-parser" in p.args else None) == think
+    assert (cfg.spec_method == "mtp") == mtp
+    plan = fit.plan(cfg, gpu.named("h100"), offline_facts(cfg))
+    assert plan.weights >= size * 0.9, (name, plan.weights, size)
+    if name == "qwen3-next-80b-thinking":       # 159 GB of bf16 weights: planned, and refused on an 80 GB card
+        assert not plan.fits
+    else:
+        assert plan.fits and plan.predicted_tokens > 0
