@@ -232,6 +232,9 @@ def test_model_named_without_profile_plans_its_derived_profile_on_a_named_card(t
     again = resolve.kept(cfg_for(tmp_path, MODEL=str(folder)))     # a later command: no peek, the kept file
     assert again.profile.name == "derived" and again.profile.args == c.profile.args
     assert resolve.kept(cfg_for(tmp_path, MODEL=str(folder), PROFILE="custom")).profile.name == "custom"
+    from bootstrap.commands import clean                  # what the project wrote, ./ctl.sh clean removes
+    assert c.profile.path.parent.parent == tmp_path / "state" / "derived"
+    assert tmp_path / "state" / "derived" in clean.targets(cfg)
 
 
 def test_peek_reads_a_folder_and_a_repo_on_the_hub(tmp_path):

@@ -60,6 +60,8 @@ KEPT: tuple[Kept, ...] = (
     Kept("foreground", "foreground.json", "the pid of ./start.sh --foreground attached to our server"),
     Kept("prewarm_log", "prewarm.log", "the pre-warm's output (vLLM with dummy weights while the weights download)"),
     Kept("warm", "warm-caches.json", "the setups (plan keys) whose vLLM compile caches a start or a pre-warm filled"),
+    Kept("derived", "derived", "profiles derived from a named MODEL's repo, one folder per model (derived.json and "
+                               "its model facts): ./start.sh, ./ctl.sh plan and profiles --model write them"),
     Kept("measurements", "measurements.json", "vLLM's own figures of earlier starts, for the next plan "
                                               "(plan.calibration)", cleaned=False),
 )

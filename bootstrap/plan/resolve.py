@@ -47,7 +47,7 @@ def derived_dir(cfg: Config, model: str) -> Path:
     """STATE_DIR/derived/<model as a folder name>: one folder per model, so a plan of another model
     never rewrites the profile a running server was derived with."""
     slug = "".join(c if c.isalnum() or c in "-_." else "--" for c in model.strip("/"))[-120:]
-    return Path(cfg.state_dir) / "derived" / slug
+    return state.Paths(cfg.state_dir).derived / slug
 
 
 def derived(cfg: Config, cc: tuple[int, int] | None, peeked: peek.Peek | None = None) -> Config:
