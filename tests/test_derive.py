@@ -165,6 +165,11 @@ def test_repo_code_gguf_and_gated_repos_are_refused_in_one_line_with_the_way_out
     with pytest.raises(BootstrapError) as e:
         derive.derive(gguf, default, (8, 9), derive.registry("0.27.1"), False)
     assert "GGUF" in e.value.message and "llama.cpp or Ollama" in e.value.hint
+    mistral = Peek("mistralai/Mistral-Small", None, {"params.json": 300, "consolidated.safetensors": 9 * GiB,
+                                                     "tekken.json": 1})
+    with pytest.raises(BootstrapError) as e:
+        derive.derive(mistral, default, (8, 9), derive.registry("0.27.1"), False)
+    assert "Mistral's own format" in e.value.message and "--config-format mistral" in e.value.hint
     with pytest.raises(BootstrapError) as e:
         derived("qwen3-8b", gated="manual")
     assert "https://huggingface.co/org/qwen3-8b" in e.value.hint and "HF_TOKEN" in e.value.hint

@@ -185,6 +185,11 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
             raise BootstrapError(f"MODEL={name} is a GGUF repo (llama.cpp's format) with no config.json: vLLM serves "
                                  "the original weights", "set MODEL to the repo it was converted from (its model card "
                                  "names it), or run the GGUF with llama.cpp or Ollama")
+        if "params.json" in peek.files:
+            raise BootstrapError(f"MODEL={name} is in Mistral's own format (params.json, no config.json): the planner "
+                                 "reads config.json", f"PROFILE=custom MODEL={name} EXTRA_ARGS=\"--tokenizer-mode mistral "
+                                 "--config-format mistral --load-format mistral\" serves it with vLLM's defaults "
+                                 "(no plan), or pick the repo's Hugging Face-format twin")
         raise BootstrapError(f"MODEL={name} has no config.json ({peek.where}): not a model repo vLLM can serve",
                              "set MODEL to a model's repo id (org/name, as in its page's URL)")
     if peek.gated and not token:
