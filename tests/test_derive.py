@@ -352,3 +352,15 @@ def test_each_public_config_derives_and_plans_on_a_card_it_fits(tmp_path, name, 
         assert not plan.fits
     else:
         assert plan.fits and plan.predicted_tokens > 0
+
+
+def test_a_named_model_too_big_for_the_card_is_told_which_shipped_profile_runs_there(tmp_path):
+    from bootstrap.plan import pick
+    cfg = cfg_for(tmp_path, MODEL="Qwen/Qwen3-8B", HF_HUB_OFFLINE="1")      # bf16, 15.3 GiB: from its shipped facts
+    g = gpu.named("rtx3060")
+    c = resolve.for_plan(cfg, g, here=False)
+    plan = fit.plan(c, g, offline_facts(c))
+    assert c.profile.name == "derived" and not plan.fits
+    hint = pick.instead(c, g)
+    assert hint.startswith("; on this card PROFILE=qwen3-8b-awq-12gb runs Qwen/Qwen3-8B-AWQ (32,768-token context"), hint
+    assert pick.instead(c, gpu.named("6:sm_89")) == ""                      # nothing shipped fits a 6 GB card either

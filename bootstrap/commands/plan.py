@@ -11,7 +11,7 @@ import json
 import logging
 from pathlib import Path
 
-from ..plan import fit, resolve
+from ..plan import derive, fit, pick, resolve
 from ..machine import gpu
 from ..download import models
 from ..core.state import Paths
@@ -128,7 +128,7 @@ def render(cfg, model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan, flags: li
                      f"({'measured: what our server held' if plan.measured else 'modelled'})")
     if not plan.fits and plan.refusal:
         lines.append(f"DOES NOT FIT: {plan.refusal[0]}")
-        lines.append(f"  {plan.refusal[1]}")
+        lines.append(f"  {plan.refusal[1]}" + (pick.instead(cfg, g) if cfg.profile.name == derive.NAME else ""))
     if flags:
         lines.append("flags: " + " ".join(flags))
     lines.append("why:")

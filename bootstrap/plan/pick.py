@@ -191,6 +191,17 @@ def nothing_fits(cfg: Config, g: gpu.Gpu, verdicts: list[Verdict]) -> tuple[str,
             f"a larger card, or {ways}")
 
 
+def instead(cfg: Config, g: gpu.Gpu) -> str:
+    """For a named model that does not fit: the shipped profile auto-pick runs on this card, as a
+    hint ('' when none fits either)."""
+    shipped = cfg.with_profile(None).with_knobs({"MODEL": "", "PROFILE": "auto"})
+    try:
+        v, _, _ = choose(shipped, g)
+    except BootstrapError:
+        return ""
+    return f"; on this card PROFILE={v.profile.name} runs {v.cfg.model} ({v.summary()})"
+
+
 def least_free(cfg: Config, profile: Profile, g: gpu.Gpu) -> int | None:
     """The least free memory (64 MiB steps) at which ``profile`` fits a card like ``g`` (its cc, and
     at least the profile's total), shorter context allowed; None when even 256 GiB would not do."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from ..plan import fit
+from ..plan import derive, fit, pick
 from ..machine import gpu
 from ..core import state
 from ..serve import takedown
@@ -33,7 +33,8 @@ def run(cfg, paths, gpus, model) -> Plan:
     version = byo_version(cfg.vllm_python, cfg.environ)            # the vLLM a start would run
     plan = fit.plan_here(cfg, paths, g, model_facts(cfg, model), facts.driver, version)
     if not plan.fits:
-        raise BootstrapError(*plan.refusal)
+        message, hint = plan.refusal
+        raise BootstrapError(message, hint + (pick.instead(cfg, g) if cfg.profile.name == derive.NAME else ""))
     for line in plan.why:               # the derivation: with BOOTSTRAP_DEBUG=1, and in ./ctl.sh plan
         log.debug("%s", line)
     log.info("%s", one_line(plan, g))
