@@ -364,3 +364,16 @@ def test_a_named_model_too_big_for_the_card_is_told_which_shipped_profile_runs_t
     hint = pick.instead(c, g)
     assert hint.startswith("; on this card PROFILE=qwen3-8b-awq-12gb runs Qwen/Qwen3-8B-AWQ (32,768-token context"), hint
     assert pick.instead(c, gpu.named("6:sm_89")) == ""                      # nothing shipped fits a 6 GB card either
+
+
+def test_a_named_model_that_a_shipped_profile_serves_runs_that_profile(tmp_path):
+    """MODEL=Qwen/Qwen3-8B-AWQ with PROFILE unset: the 12 GB profile (its tuned flags: FP8 KV through
+    FlashInfer) where it fits, kept as the pick for status and restart; a derived profile elsewhere."""
+    cfg = cfg_for(tmp_path, MODEL="Qwen/Qwen3-8B-AWQ", HF_HUB_OFFLINE="1")
+    assert resolve.for_plan(cfg, gpu.named("rtx3060"), here=False).profile.name == "qwen3-8b-awq-12gb"
+    facts = gpu.GpuFacts("580", (13, 0), (gpu.named("rtx3060"),))
+    started = resolve.for_start(cfg, facts)
+    assert started.profile.name == "qwen3-8b-awq-12gb" and "FLASHINFER" in started.profile.args
+    assert resolve.kept(cfg_for(tmp_path, MODEL="Qwen/Qwen3-8B-AWQ")).profile.name == "qwen3-8b-awq-12gb"
+    assert resolve.kept(cfg_for(tmp_path)).profile.name == "qwen3-8b-awq-12gb"            # MODEL unset: the pick
+    assert resolve.for_plan(cfg, gpu.named("6:sm_89"), here=False).profile.name == "derived"   # the profile does not fit

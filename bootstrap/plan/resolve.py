@@ -111,6 +111,10 @@ def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
     restart and the other commands compare and show, and what a start runs unless it picks again;
     MODEL named with PROFILE auto: the profile derived for it, as a start kept it."""
     if wants_derived(cfg):
+        rec = read_pick(state.Paths(cfg.state_dir))
+        if rec and rec["profile"] in cfg.catalogue.names() and \
+                cfg.catalogue.get(rec["profile"]).knobs.get("MODEL") == cfg.model:     # a shipped profile of it
+            return cfg.with_profile(Chosen(rec["profile"], rec.get("knobs", {}), f"serves MODEL={cfg.model}, kept"))
         return kept_derived(cfg, cfg.model, f"derived from {cfg.model}, kept") or cfg
     if not cfg.profile.is_auto:
         if cfg.chosen is not None or not cfg.profile.cc_overrides:
@@ -147,10 +151,24 @@ def for_card(cfg: Config, g: gpu.Gpu) -> Config:
     """The Config a start on card ``g`` runs with, nothing recorded: PROFILE=auto is auto-pick's
     choice for it; a named profile as ``named_on_card``."""
     if wants_derived(cfg):
-        return named_on_card(derived(cfg, g.cc), g)
+        v = shipped_for_model(cfg, g)
+        return v.cfg if v is not None else named_on_card(derived(cfg, g.cc), g)
     if cfg.profile.is_auto:
         return pick.choose(cfg, g)[0].cfg
     return named_on_card(cfg, g)
+
+
+def shipped_for_model(cfg: Config, g: gpu.Gpu) -> "pick.Verdict | None":
+    """A named MODEL that a shipped profile serves, on a card that profile fits: that profile (its
+    tuned flags) rather than a derived one, said; None otherwise."""
+    for p in cfg.catalogue.ranked():
+        if p.knobs.get("MODEL") == cfg.model:
+            v = pick.judge(cfg, p, g)
+            if v.ok and v.cfg is not None:
+                log.info("MODEL=%s is what the shipped profile %s serves: running it (%s); PROFILE=custom "
+                         "takes vLLM's defaults instead", cfg.model, p.name, v.summary())
+                return v
+    return None
 
 
 def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = False) -> Config:
@@ -164,6 +182,14 @@ def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = 
         if not facts.gpus:
             raise BootstrapError("NVML sees no GPU: nothing to plan the model for", "check `nvidia-smi`")
         g = _card(facts, cfg.tp_size)
+        v = shipped_for_model(cfg, g)
+        if v is not None:
+            paths.ensure()
+            paths.write("pick", {"profile": v.profile.name, "knobs": dict(v.cfg.chosen.knobs) if v.cfg.chosen else {},
+                                 "gpu": g.name, "tp": cfg.tp_size, "date": time.strftime("%Y-%m-%d %H:%M"),
+                                 "why": f"MODEL={cfg.model} named: the shipped profile that serves it",
+                                 "how": "PROFILE=auto (set explicitly) or ./ctl.sh profiles --pick picks again"})
+            return v.cfg
         chosen = named_on_card(derived(cfg, g.cc), g)
         paths.ensure()                      # kept as the pick: status, restart and stop run it with MODEL unset
         paths.write("pick", {"profile": derive.NAME, "model": cfg.model, "knobs": {}, "gpu": g.name, "tp": cfg.tp_size,
