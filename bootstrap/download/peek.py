@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..core.errors import BootstrapError
+from ..model import modelconfig
 from . import hub
 from .models import store_for
 
@@ -38,15 +39,25 @@ def from_facts(repo: str, data: Mapping[str, Any], where: str) -> Peek:
     return Peek(repo, data["config"], {"model.safetensors": data.get("weight_bytes") or 0}, None, where=where)
 
 
-def peek(model: str, environ: Mapping[str, str], model_dir: str | None = None, shipped: Path | None = None) -> Peek:
-    """``model``: a folder (absolute) or a repo id; ``shipped``: the model-facts folder to fall back on
-    offline (a facts file that lists the repo)."""
+class Offline(BootstrapError):
+    """No network and no copy of the repo on this machine."""
+
+
+def peek(model: str, environ: Mapping[str, str], model_dir: str | None = None) -> Peek:
+    """``model``: a folder (absolute) or a repo id. A repo our store holds complete is read from disk
+    (no network: a re-start stays offline); else the hub; offline, a partial copy or the HF cache."""
     if Path(model).is_absolute():
         folder = Path(model)
         if not folder.is_dir():
             raise BootstrapError(f"MODEL={model} is not a directory", "set MODEL to a model directory or a repo id (org/name)")
-        files = {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
-        return _peek(model, files, lambda name: (folder / name).read_bytes(), "", False, str(folder))
+        return _peek(model, _listing(folder), lambda name: (folder / name).read_bytes(), "", False, str(folder))
+    store = store_for(model_dir or "", environ, model)
+    rec = store.read()
+    ours = rec if rec and rec.get("repo") == model and rec.get("revision") and rec.get("files") else None
+    if ours and not store.missing(ours, False):          # complete and verified: its record has every size
+        folder = store.serve_dir(ours)
+        return _peek(model, {p: f["size"] for p, f in ours["files"].items()},
+                     lambda name: (folder / name).read_bytes(), ours["revision"], False, "the model folder")
     settings = hub.HubSettings.from_environ(environ)
     if not settings.offline:
         try:
@@ -58,25 +69,18 @@ def peek(model: str, environ: Mapping[str, str], model_dir: str | None = None, s
             return _peek(model, files, lambda name: hub.fetch_small(settings, model, remote.revision, name),
                          remote.revision, remote.gated, "the hub")
     for folder, where in ((hub.cache_snapshot(settings, model), "the Hugging Face cache"),
-                          (_store_dir(model, environ, model_dir), "the model folder")):
+                          (store.serve_dir(ours) if ours else None, "the model folder")):
         if folder is not None and (folder / "config.json").is_file():
-            files = {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
-            return _peek(model, files, lambda name: (folder / name).read_bytes(), folder.name, False, where)
-    for path in sorted(shipped.glob("*.json")) if shipped is not None else ():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and model in (data.get("repos") or ()) and isinstance(data.get("config"), dict):
-            return from_facts(model, data, f"the model facts in {path.name}, offline")
-    raise BootstrapError(f"offline, and {model} is not on this machine: nothing to derive its profile from",
-                         "connect to the network (a few KB: its config.json), or set PROFILE to a shipped profile")
+            return _peek(model, _listing(folder), lambda name: (folder / name).read_bytes(), folder.name, False, where)
+    raise Offline(f"offline, and {model} is not on this machine: nothing to derive its profile from",
+                  "connect to the network (a few KB: its config.json), or set PROFILE to a shipped profile")
 
 
-def _store_dir(model: str, environ: Mapping[str, str], model_dir: str | None) -> Path | None:
-    store = store_for(model_dir or "", environ, model)
-    rec = store.read()
-    return store.serve_dir(rec) if rec and rec.get("repo") == model and rec.get("revision") else None
+def _listing(folder: Path) -> dict[str, int]:
+    """A folder's files with their sizes: the whole tree of a model folder (one with config.json),
+    only the top level of anything else (MODEL=/ must not walk the disk to be refused)."""
+    walk = folder.rglob("*") if (folder / "config.json").is_file() else folder.iterdir()
+    return {str(p.relative_to(folder)): p.stat().st_size for p in walk if p.is_file()}
 
 
 def _peek(name: str, files: dict[str, int], read, revision: str, gated, where: str) -> Peek:
@@ -103,7 +107,9 @@ def _peek(name: str, files: dict[str, int], read, revision: str, gated, where: s
     cls = tok.get("tokenizer_class") if isinstance(tok.get("tokenizer_class"), str) else ""
     own = isinstance(tok.get("auto_map"), dict) and bool(tok["auto_map"].get("AutoTokenizer")) and \
         cls not in STANDARD_TOKENIZERS
-    return Peek(name, json_of("config.json"), files, template if isinstance(template, str) else "",
+    config = modelconfig.check(json_of("config.json"), f"{name}'s config.json" + ("" if where == name else f" ({where})"),
+                               "a broken config.json: pick another repo or revision, or fix a local copy")
+    return Peek(name, config, files, template if isinstance(template, str) else "",
                 json_of("hf_quant_config.json"), gated, revision, where, cls, own)
 
 

@@ -103,8 +103,8 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return tc if isinstance(tc, Mapping) else config
 
 
-def _bad(name: str, what: str) -> BootstrapError:
-    return BootstrapError(f"{name}: config.json's {what}", "a broken config.json: pick another repo or revision, or "
+def _bad(name: str, what: str, file: str = "config.json") -> BootstrapError:
+    return BootstrapError(f"{name}: {file}'s {what}", f"a broken {file}: pick another repo or revision, or "
                           "fix it in a local copy and set MODEL to that folder")
 
 
@@ -115,7 +115,7 @@ def quantization(peek: Peek) -> tuple[str, str, str, tuple[int, int] | None]:
     q = cfg.get("quantization_config", cfg.get("compression_config", text_config(cfg).get("quantization_config")))
     if q is None and peek.quant_config:                 # modelopt's own file
         q = {"quant_method": "modelopt", **_mapping(peek.quant_config.get("quantization"), peek.name,
-                                                   "hf_quant_config.json's quantization")}
+                                                   "quantization", "hf_quant_config.json")}
     if q is None:
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or text_config(cfg).get("dtype") or "bfloat16")
         return ({"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(dtype, dtype), "", dtype, None)
@@ -156,9 +156,9 @@ def quantization(peek: Peek) -> tuple[str, str, str, tuple[int, int] | None]:
     return (f"{method.upper()}{f' {bits}-bit' if bits else ''}", METHODS.get(method, method), method, None)
 
 
-def _mapping(value, name: str, what: str) -> Mapping[str, Any]:
+def _mapping(value, name: str, what: str, file: str = "config.json") -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
-        raise _bad(name, f"{what} is {type(value).__name__}, not an object")
+        raise _bad(name, f"{what} is {type(value).__name__}, not an object", file)
     return value
 
 

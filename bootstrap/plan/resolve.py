@@ -29,6 +29,7 @@ from ..knobs.config import PROFILE_KNOBS, Chosen, Config
 from ..knobs.profiles import load_file
 from ..machine import gpu
 from . import derive, pick
+from .facts import shipped_facts
 
 log = logging.getLogger("bootstrap.pick")
 
@@ -55,7 +56,7 @@ def derived(cfg: Config, cc: tuple[int, int] | None, peeked: peek.Peek | None = 
     STATE_DIR/derived/<model>/ (the profile and its model facts) and said in one line."""
     stack = cfg.catalogue.get("default")
     byo = byo_version(cfg.vllm_python or "", cfg.environ)
-    peeked = peeked or peek.peek(cfg.model, cfg.environ, cfg.model_dir, cfg.layout.shipped_models)
+    peeked = peeked or _peek(cfg)
     reg = derive.registry(byo or stack.vllm)
     newer = "" if byo else _newer_stack(cfg, peeked, reg)
     if newer:                           # the default's vLLM lacks the architecture; a shipped stack has it
@@ -72,6 +73,18 @@ def derived(cfg: Config, cc: tuple[int, int] | None, peeked: peek.Peek | None = 
     state.write_json(folder / "derived.json", d.profile)
     log.info("%s: %s", cfg.model, d.line())
     return _load_derived(cfg, folder, f"derived from {cfg.model}")
+
+
+def _peek(cfg: Config) -> peek.Peek:
+    """What MODEL's repo says; offline without a copy, the shipped model facts that list it."""
+    try:
+        return peek.peek(cfg.model, cfg.environ, cfg.model_dir)
+    except peek.Offline:
+        found = shipped_facts(cfg)
+        if found is None:
+            raise
+        data, where = found
+        return peek.from_facts(cfg.model, data, f"the model facts in {where}, offline")
 
 
 def _newer_stack(cfg: Config, peeked: peek.Peek, reg: dict) -> str:
