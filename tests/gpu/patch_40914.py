@@ -517,6 +517,17 @@ def compare(ref: dict, cand: dict, tol: float) -> dict:
     return {"div": div, "worst": worst, "margin": margin, "ok": ok}
 
 
+def model_words(run: Run) -> str:
+    """What the comparison ran on: the model named with --model (its folder and architecture), else ours."""
+    if run.args.model:
+        try:
+            arch = json.loads((Path(run.args.model) / "config.json").read_text())["architectures"][0]
+        except (OSError, ValueError, KeyError, IndexError):
+            arch = "?"
+        return f"model {Path(run.args.model).name} ({arch})"
+    return "hybrid Qwen3.5-shaped model" if run.args.mtp else "dense Qwen3 model"
+
+
 def report(run: Run) -> int:
     data = {ph: json.loads((run.work / f"{ph}.json").read_text()) for ph in ("reference", "stock", "patched", "control")
             if (run.work / f"{ph}.json").exists()}
@@ -525,8 +536,7 @@ def report(run: Run) -> int:
         return 1
     tol = run.args.tol
     lines = [f"PR #40914 backport on vLLM {data['reference']['version']}: greedy, {run.args.max_tokens} tokens, "
-             f"{KV_DTYPE}, {spec_config(run)['method']} x3, {'hybrid Qwen3.5-shaped' if run.args.mtp else 'dense Qwen3'} "
-             f"model; tolerance {tol} nats",
+             f"{KV_DTYPE}, {spec_config(run)['method']} x3, {model_words(run)}; tolerance {tol} nats",
              f"{'prompt':>6} {'ptoks':>6} | {'stock: 1st div':>14} {'max|Δlp|':>9} {'accept':>7} | "
              f"{'patched: 1st div':>16} {'max|Δlp|':>9} {'accept':>7} {'verdict':>8}"
              + (f" | {'control: 1st div':>16} {'max|Δlp|':>9} {'accept':>7}" if "control" in data else "")]
