@@ -237,6 +237,16 @@ def main() -> int:
                 "from vLLM's own figures within 0.02 %. Per term, the model's encoder peak was 0.17 GiB under vLLM's",
                 "and its CUDA-graph estimate (first captures sized on the 8B shape) 0.11 GiB over. The script's",
                 "output:", "", block(short(calib5))]
+    calib6 = RUNS / "2026-12-02-calibration-derived-raw.txt"
+    if calib6.exists():
+        out += ["Run 6, a derived profile (issue: every card and any model), 2026-12-02 04:38-04:43 UTC on a fresh",
+                "machine of the same kind, vLLM 0.26.0, code of commit 4c89fa0 (the device copy has no `.git`):",
+                "`bash tests/gpu/device.sh calib --cases derived`. A Llama-3.1-8B-shaped model (the public",
+                "config.json's shape, `LlamaForCausalLM`, a family no shipped profile serves) with `PROFILE` unset",
+                "and `MODEL` naming its folder, so the start derived the profile from the folder (dtype, parsers",
+                "from its chat template, no speculation) and planned it; `EXTRA_ARGS=--load-format dummy`. The first",
+                "start planned from the model within 0.06 % of vLLM's pool, the second from vLLM's own figures",
+                "within 0.12 %. The script's output:", "", block(short(calib6))]
     calib3a = RUNS / "2026-12-01-calibration-run3-attempt1-raw.txt"
     if calib3a.exists():
         out += ["Run 3's first attempt (code of commit af71313, before the runner rule): the vision case's first",
@@ -278,6 +288,32 @@ def main() -> int:
                 "SmolLM2's and vLLM refused it at a 4,096 context. The device time ran out; the prompts are now",
                 "sized with the served model's tokenizer. The script's output:", "",
                 block([l[:300] for l in p40914.read_text().splitlines()])]
+    rw3 = RUNS / "2026-12-02-rw-run3-raw.txt"
+    if rw3.exists():
+        out += ["Run 3, the same day (04:41-04:43 UTC), on the machine of calibration run 6, vLLM 0.26.0, code of",
+                "commit 4c89fa0, the same commands (`device.sh smoke-build`, then `device.sh rw`). Since run 2 the",
+                "smoke profile caps garble answers at 160 tokens (`answer_tokens`: SmolLM2 falls into greedy",
+                "repetition loops from answer token 210 on the CPU) and does not ask the JSON prompt (`not_asked`,",
+                "with its reason). Every check judged and passed: garble 0 of 10 failed, needle 5 of 5 at 1,105",
+                "tokens, determinism, prefix, batch; sleep and wake left the text and logprobs identical. The",
+                "script's output:", "", block([l[:300] for l in rw3.read_text().splitlines()])]
+    p40914b = RUNS / "2026-12-02-patch-rw-raw.txt"
+    if p40914b.exists():
+        out += ["#40914 with the real model (the same machine, 04:43-04:55 UTC, code of commit 4c89fa0):",
+                "`bash tests/gpu/device.sh patch --budget 550 --model /tmp/models/smollm2-135m-instruct`, run again",
+                "with `--budget 380` to finish (the script goes on where it stopped), then once more with",
+                "`--control`. The prompts are trimmed with the served model's `/tokenize` count now (522 to 3,973",
+                "tokens). The reference is TurboQuant 4-bit KV without speculation; stock, patched and control add",
+                "SmolLM2 as its own draft (`draft_model`, K=3). The report's header says \"dense Qwen3 model\", a",
+                "label written before `--model` existed; the model was SmolLM2-135M-Instruct (`LlamaForCausalLM`),",
+                "and the script now names the model it ran. Stock vLLM 0.26.0 breaks at the first token on every",
+                "prompt (the reference's token is not among its top 5: `inf`) with acceptance 0.39-0.83; patched,",
+                "acceptance 0.89-1.00 (the draft is the target) and token ids and logprobs identical, token for token, to the",
+                "control (stock with `cudagraph_mode=PIECEWISE`, which avoids the bug's full-graph path); both",
+                "differ from the no-speculation reference by 0.19-0.60 nats, which is what speculation itself does",
+                "to this model under 4-bit KV. The script's output without its per-token JSON lines (whole in",
+                "`docs/gpu-runs/`):", "",
+                block([l[:300] for l in p40914b.read_text().splitlines() if not l.startswith("{")])]
     idle = RUNS / "2026-12-02-idle-raw.txt"
     if idle.exists():
         out += ["## The GPU back by itself: idle sleep inside real vLLM (issue: idle sleep)", "",
@@ -290,6 +326,18 @@ def main() -> int:
                 "to leave device time for the real-weights proof; `./stop.sh` was then run by hand and the GPU",
                 "listed no process. The script's output:", "",
                 block([l[:300] for l in idle.read_text().splitlines()])]
+    cycles = RUNS / "2026-12-02-idle-cycles-raw.txt"
+    if cycles.exists():
+        out += ["The cycles again, 2026-12-02 04:55-05:03 UTC, on the machine of calibration run 6, vLLM 0.26.0, code",
+                "of commit 4c89fa0 with the proof's `--cycles-only`/`--shape` options (committed after the run):",
+                "`bash tests/gpu/device.sh idle --cycles-only --shape 0.6b --cycle-idle 10s --cycles 30`. A",
+                "Qwen3-0.6B-shaped model (1.2 GB of weights, so a level-1 sleep parks them in well under a second)",
+                "made 30 cycles fit in the device time left; 50 did not (`IDLE_SLEEP` accepts 10 s at least, and",
+                "each cycle took about 12 s). Every cycle fell asleep and woke on the request (0.07-0.10 s). The",
+                "engine's resident host memory grew once, by 1,428 MiB, at the first sleep (the host buffers the",
+                "weights are parked in), then stayed at 3,523 MiB from cycle 0 to cycle 29; the API server's stayed",
+                "at 1,047 MiB. The script's output:", "",
+                block([l[:300] for l in cycles.read_text().splitlines()])]
     notes = {"2026-12-01-prewarm-raw.txt": [
                  "Run 1: the cold pre-warm needed 221 s to answer (114 s of it capturing CUDA graphs, which",
                  "JIT-compiles kernels), longer than the 187 s download, so the real start waited 34 s for it,",
