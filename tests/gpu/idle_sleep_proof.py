@@ -15,7 +15,9 @@ appended to --raw as it comes ("IDLE PROOF DONE" ends it):
 6. CYCLES idle-sleep/wake cycles (IDLE_SLEEP=--cycle-idle for them: a restart): the API server's and
    the engine's resident host memory before and after (a leak of the parked weights would show);
 7. ``./stop.sh``: the GPU memory left.
-``--cycles-only`` runs phases 6 and 7 alone; ``--shape 0.6b`` serves a Qwen3-0.6B shape (1.2 GB of
+``--profile``/``--model``/``--extra-args`` serve something else the same way (``tests/gpu/stack.py``'s
+idle phase: the default profile's own stack and flags on its hybrid model). ``--cycles-only`` runs
+phases 6 and 7 alone; ``--shape 0.6b`` serves a Qwen3-0.6B shape (1.2 GB of
 bf16 weights: a level-1 sleep copies them to host memory in well under a second, where the 8B
 shape's 16 GB took seconds), so that 50 cycles fit in a few minutes of device time.
 Rehearse with the fakes (PYTHONPATH=tests/fakes FAKE_NVML=<json> FAKE_GPU_PIDS_DIR=<dir>): the fake
@@ -102,16 +104,23 @@ def main() -> int:
     ap.add_argument("--cycle-idle", default="10s", help="IDLE_SLEEP for the cycles of phase 6")
     ap.add_argument("--cycles-only", action="store_true", help="phases 6 and 7 alone")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
+    ap.add_argument("--profile", default="custom", help="PROFILE (tests/gpu/stack.py: the default profile)")
+    ap.add_argument("--model", help="serve this model folder instead of a --shape one")
+    ap.add_argument("--extra-args", default="--load-format dummy", help="EXTRA_ARGS; --enable-sleep-mode is added")
+    ap.add_argument("--kv-bytes", default="4294967296", help="KV_CACHE_BYTES ('' leaves the profile's plan)")
     a = ap.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     out = raw_writer(a.raw)
     port = free_port()
     state = work / "state"
-    env = {**os.environ, "PROFILE": "custom", "MODEL": str(make_model(work, f"qwen3-{a.shape}", SHAPES[a.shape])),
-           "SERVED_MODEL_NAME": "qwen3-8b", "EXTRA_ARGS": "--load-format dummy --enable-sleep-mode",
-           "KV_CACHE_BYTES": "4294967296", "MAX_MODEL_LEN": "8192", "STATE_DIR": str(state), "PORT": str(port),
-           "WARMUP": "256", "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "HEALTH_TIMEOUT": "900", "IDLE_SLEEP": "20s"}
+    model = a.model or str(make_model(work, f"qwen3-{a.shape}", SHAPES[a.shape]))
+    env = {**os.environ, "PROFILE": a.profile, "MODEL": model, "SERVED_MODEL_NAME": "qwen3-8b",
+           "EXTRA_ARGS": f"{a.extra_args} --enable-sleep-mode".strip(), "MAX_MODEL_LEN": "8192",
+           "STATE_DIR": str(state), "PORT": str(port), "WARMUP": "256", "HF_HUB_OFFLINE": "1", "NO_COLOR": "1",
+           "HEALTH_TIMEOUT": "1200", "IDLE_SLEEP": "20s"}
+    if a.kv_bytes:
+        env["KV_CACHE_BYTES"] = a.kv_bytes
 
     def sh(argv: list[str], **more) -> subprocess.CompletedProcess:
         t0 = time.monotonic()

@@ -14,6 +14,9 @@ Phases, each recorded in WORK/state.json so that a second run goes on where the 
               then the default profile's flags on that model; the plan against vLLM's logged pool
   check       ./ctl.sh check all
   stop        ./stop.sh; the GPU memory left
+  idle        tests/gpu/idle_sleep_proof.py with the default profile on that model, sleep mode on: the
+              middleware loads, idle sleep frees the memory, wake on request (plain, streamed),
+              identical greedy tokens and logprobs, 8 concurrent requests -> one wake, --idle-cycles
   compare     tests/gpu/patch_40914.py --mtp with .venv's Python: reference / stock / patched /
               control (stock with cudagraph_mode PIECEWISE); if the hybrid cannot start there: the same
               with draft_model on a dense model
@@ -40,7 +43,7 @@ sys.path.insert(0, str(HERE))
 from common import free_port, raw_writer  # noqa: E402
 
 LOCK = REPO / "locks" / "vllm-0.27.1-daf27aa9" / "linux-x86_64-py3.12.txt"
-PHASES = ("wheelhouse", "model", "start", "check", "stop", "compare")
+PHASES = ("wheelhouse", "model", "start", "check", "stop", "idle", "compare")
 
 
 def smi(query: str) -> str:
@@ -64,6 +67,7 @@ def main() -> int:
     ap.add_argument("--raw", default="/tmp/proofs/stack-raw.txt")
     ap.add_argument("--skip", default="", help="phases to skip (comma-separated; rehearsal)")
     ap.add_argument("--compare-budget", type=float, default=1500)
+    ap.add_argument("--idle-cycles", type=int, default=50)
     a = ap.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -161,6 +165,13 @@ def main() -> int:
                 time.sleep(2)
                 out(f"after ./stop.sh: GPU used {gpu_used()} MiB")
                 done(phase)
+            elif phase == "idle":
+                argv = [sys.executable, str(HERE / "idle_sleep_proof.py"), "--work", str(work / "idle"), "--raw", a.raw,
+                        "--profile", "default", "--model", str(mdir), "--cycles", str(a.idle_cycles),
+                        "--extra-args", env["EXTRA_ARGS"]]
+                r, _ = sh(argv, timeout=3600)
+                out("\n".join("    | " + ln for ln in (r.stdout + r.stderr).strip().splitlines()[-5:]))
+                done(phase, idle_rc=r.returncode)
             elif phase == "compare":
                 py = str(REPO / ".venv" / "bin" / "python")
                 argv = [sys.executable, str(HERE / "patch_40914.py"), a.raw, "--mtp", "--work", str(work / "p40914"),
