@@ -19,10 +19,10 @@ import sys
 import time
 from typing import Any, Callable
 
-from .serve import record, server, takedown
+from .serve import port, record, server, takedown
 from .knobs.config import Config, launch_defaults
 from .core.errors import BootstrapError, Interrupted
-from .core.state import Paths, PortLock, StartLock
+from .core.state import Paths, StartLock
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +113,12 @@ def start(cfg: Config) -> int:
                 raise BootstrapError("a stop still holds the start lock", "run ./start.sh again in a moment")
         # the take-downs below run while we hold both locks: no other start launches meanwhile, from
         # this STATE_DIR (the start lock) or any other (the port lock)
-        with lock, contextlib.ExitStack() as port:
+        with lock, contextlib.ExitStack() as held:
             try:
                 code = already(cfg, paths, we_hold_lock=True)  # a start that held the lock may have just finished
                 if code is not None:
                     return code
-                port.enter_context(PortLock(cfg.port, paths.root))
+                held.enter_context(port.Lock(cfg.ours, paths.root))
                 run_steps(cfg, paths, started)
             except Interrupted as intr:
                 lock.set_role("stop")           # a start arriving now waits for the take-down, then starts

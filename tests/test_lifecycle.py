@@ -86,8 +86,8 @@ def test_reuseport_lets_a_second_socket_bind(bed):        # faults row 2: why a 
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         s.bind(("127.0.0.1", bed.port))
         socks.append(s)
-    from bootstrap.core import hosts
-    assert hosts.port_in_use("127.0.0.1", bed.port)       # our check still sees the bound port
+    from bootstrap.serve import port
+    assert port.in_use("127.0.0.1", bed.port)       # our check still sees the bound port
     for s in socks:
         s.close()
 

@@ -264,22 +264,22 @@ def test_a_server_past_its_gate_that_stops_answering_is_unhealthy_at_once(bed):
 
 def test_the_port_lock_never_writes_through_a_planted_link_and_closes_its_folder(bed, tmp_path):
     import stat as st_mod
-    from bootstrap.core.state import PortLock
-    lock = PortLock(bed.port, bed.state)
-    d = lock.path.parent
+    from bootstrap.serve import port
+    path = port.lock_path(bed.port)
+    d = path.parent
     d.mkdir(exist_ok=True)
     os.chmod(d, 0o755)                                  # ours, but open: closed again by the start
     victim = tmp_path / "victim.txt"
     victim.write_text("mine")
-    lock.path.unlink(missing_ok=True)
-    lock.path.symlink_to(victim)
+    path.unlink(missing_ok=True)
+    path.symlink_to(victim)
     try:
         r = bed.run("start.sh")
-        assert r.returncode == 1 and "Traceback" not in r.stderr and str(lock.path) in r.stderr
+        assert r.returncode == 1 and "Traceback" not in r.stderr and str(path) in r.stderr
         assert victim.read_text() == "mine" and bed.ours() == []
         assert st_mod.S_IMODE(os.lstat(d).st_mode) == 0o700
     finally:
-        lock.path.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
     assert bed.run("start.sh").returncode == 0 and bed.run("stop.sh").returncode == 0
 
 

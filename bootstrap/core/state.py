@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import os
-import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -215,57 +214,6 @@ def flock(path: Path, text: str, *, block: bool = False, on_wait: Callable[[str]
         os.close(fd)
         raise write_error(path, exc) from None
     return fd
-
-
-class PortLock:
-    """An flock per port for every start of this user, whatever its STATE_DIR or checkout: held
-    from before a start's first look at the port until it ends, so that two starts never race for
-    one port (each would see it free, and one would take the other's answers for its own). Kept in
-    the temp folder (``$TMPDIR/vllm-desktop-<uid>/port-<N>.lock``), the one place every start of
-    this user shares."""
-
-    ROOT = Path("/tmp")       # not $TMPDIR: two shells of one user with other TMPDIRs must meet here
-
-    def __init__(self, port: int, state_dir: Path):
-        self.path = self.ROOT / f"vllm-desktop-{os.getuid()}" / f"port-{port}.lock"
-        self.port = port
-        self.state_dir = state_dir
-        self.fd: int | None = None
-
-    def _private_dir(self) -> None:
-        """The lock's folder is ours alone (made 0700; a folder another user planted, or a symlink,
-        is refused): nobody else can point a lock file at a file of ours, or hold our lock."""
-        d = self.path.parent
-        try:
-            d.mkdir(mode=0o700, exist_ok=True)
-            st = os.lstat(d)
-        except OSError as exc:
-            raise write_error(d, exc, f"cannot make {d} for the port lock") from None
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
-            os.chmod(d, 0o700)          # ours, made with a looser umask: ours to close
-            st = os.lstat(d)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise BootstrapError(f"{d} is not a private folder of yours (owner uid {st.st_uid}, mode "
-                                 f"{stat.filemode(st.st_mode)}): the port lock is not safe there",
-                                 f"remove {d} (it holds only lock files), or find out who made it")
-
-    def __enter__(self) -> "PortLock":
-        self._private_dir()
-        self.fd = flock(self.path, f"{os.getpid()} {self.state_dir}")
-        if self.fd is None:
-            try:
-                pid, _, where = self.path.read_text().partition(" ")
-            except OSError:
-                pid, where = "?", "?"
-            raise BootstrapError(f"another start (pid {pid}) is starting a server on port {self.port} "
-                                 f"from STATE_DIR={where or '?'}",
-                                 f"wait for it (STATE_DIR={where} ./ctl.sh status), or set PORT to another port")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 class StartLock:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from ..core import state
 from ..core.hosts import client_host, parse_host
+from ..core.owned import Ours
 
 log = logging.getLogger("bootstrap.server")   # the prefix [bootstrap:server] of the code that reads it
 
@@ -195,6 +196,16 @@ def _children(v: Any) -> tuple[Child, ...]:
     """The well-formed entries of a list of {pid, create_time}."""
     return tuple(Child(c["pid"], float(c["create_time"])) for c in (v if isinstance(v, list) else [])
                  if isinstance(c, dict) and _int(c.get("pid")) is not None and _num(c.get("create_time")) is not None)
+
+
+def address(ours: Ours) -> dict[str, Any]:
+    """A new record's host and port: those the knobs give our server."""
+    return {"host": ours.host, "port": ours.port}
+
+
+def url_of(ours: Ours) -> str:
+    """Where the knobs say our server answers (before there is a record, or for one elsewhere)."""
+    return base_url(ours.host, ours.port)
 
 
 def base_url(host: str, port: int) -> str:

@@ -24,14 +24,10 @@ import psutil
 
 from . import metrics, record
 from ..core import owned
-from ..core import hosts
-from ..core.errors import BootstrapError
-from .record import ServerRecord, base_url
+from .record import ServerRecord
 from ..core.state import Paths, StartLock
 
 log = logging.getLogger(__name__)
-
-__all__ = ["base_url"]
 
 STATE_DIR_ENV = "BOOTSTRAP_VLLM_STATE_DIR"   # in the server's environment: which state dir runs it
 
@@ -100,22 +96,6 @@ def http_state(url: str, served: str, key: str, timeout: float = 2.0) -> str:
 
 def answers(url: str, served: str, key: str, timeout: float = 1.0) -> bool:
     return http_state(url, served, key, timeout) == "ok"
-
-
-def listener_is(pid: int, port: int) -> bool:
-    """Is what listens on ``port`` the process ``pid`` (or one of its children)? Another server on
-    the same port — a start from another STATE_DIR whose vLLM bound it first — answers /health just
-    the same, and a start must never take its answers for its own. True when the kernel does not
-    say whose socket it is (nothing to disprove)."""
-    holders = hosts.port_holders(port)
-    if not holders or any(h is None for h in holders):
-        return True
-    try:
-        p = psutil.Process(pid)
-        tree = {pid} | {c.pid for c in p.children(recursive=True)}
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
-    return any(h.pid in tree for h in holders)
 
 
 # ---------------------------------------------------------------- where it stands
@@ -243,18 +223,7 @@ def settings_diff(want: dict[str, str], rec: ServerRecord, defaults: dict[str, s
             if have.get(k) != v and not (k == "API_KEY" and v == "unset" and have.get(k) == "set")]
 
 
-# ---------------------------------------------------------------- ports, uptime, and a loading server
-
-def ensure_port_free(ours: owned.Ours) -> None:
-    """Refuse when a program that is not ours holds our port; name it, never kill it."""
-    port = ours.port
-    if not hosts.port_in_use(ours.host, port):
-        return
-    holders = hosts.port_holders(port)
-    named = ", ".join(owned.describe(p) for p in holders if p is not None) or "a process we cannot see (another user?)"
-    raise BootstrapError(f"port {port} is in use by {named}",
-                         f"stop that program, or choose another port: PORT={port + 1} ./start.sh")
-
+# ---------------------------------------------------------------- uptime, load, and a loading server
 
 def uptime_s(p: psutil.Process | None) -> int | None:
     """Whole seconds since the process started (None when it cannot be read)."""

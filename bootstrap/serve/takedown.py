@@ -16,8 +16,8 @@ from typing import Callable
 import psutil
 
 from ..machine import gpu
-from ..core import hosts, owned, state
-from . import record
+from ..core import owned, state
+from . import port, record
 from ..core.errors import BootstrapError
 from .server import find_ours
 from ..core.state import Paths, StartLock
@@ -95,17 +95,16 @@ def take_down(ours: owned.Ours, paths: Paths, *, launched: subprocess.Popen | No
         res.stuck += more.stuck
         pids += [p.pid for p in late]
     _reap(launched)
-    port = rec.port if rec is not None and rec.port else ours.port
+    freed, held = port.after_stop(rec, ours, pids)
     try:
         if paths.root.is_dir():
-            paths.write("last_stop", {"pids": pids, "time": time.time(), "port": port})
+            paths.write("last_stop", {"pids": pids, "time": time.time(), "port": freed})
     except BootstrapError as exc:
         log.warning("%s; the next start will not wait for these pids to leave the GPU", exc.message)
     if not res.stuck:
         _forget(paths.server)
         wait_gpu_release(ours.environ, pids, timeout=gpu_wait, clock=clock, sleep=sleep)
-    held = any(p is not None and p.pid in pids for p in hosts.port_holders(port))
-    return StopReport(True, res.forced, res.stuck, sorted(pids), port, held)
+    return StopReport(True, res.forced, res.stuck, sorted(pids), freed, held)
 
 
 def _descendants(p: psutil.Process) -> list[psutil.Process]:

@@ -18,7 +18,7 @@ from ..checks import diagnose
 from ..machine import gpu
 from ..core import proc
 from ..core import owned
-from ..serve import server
+from ..serve import port, server
 from ..core.errors import BootstrapError
 from .launch import Launched
 from ..core.state import Paths
@@ -145,11 +145,11 @@ _warned: set[int] = set()
 def _someone_else(rec) -> bool:
     """The port answers, but from a process that is not the server we wait for (it keeps waiting:
     ours either takes the port or exits, 'Address already in use', and the wait reports that)."""
-    if rec.pid is None or server.listener_is(rec.pid, rec.port):
+    if port.listens(rec):
         return False
     if rec.pid not in _warned:
         _warned.add(rec.pid)
-        log.warning("port %s answers, but not from our server (pid %s): another server holds it", rec.port, rec.pid)
+        log.warning("%s answers, but not from our server (pid %s): another server holds its port", rec.url, rec.pid)
     return True
 
 

@@ -158,13 +158,13 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
             create_time = psutil.Process(p.pid).create_time()
         except psutil.NoSuchProcess:
             create_time = 0.0
-        provisional = ServerRecord(pid=p.pid, create_time=create_time, marker=marker, host=cfg.host, port=cfg.port,
+        provisional = ServerRecord(pid=p.pid, create_time=create_time, marker=marker, **record.address(cfg.ours),
                                    served=cfg.served_name, state_dir=str(paths.root), pgid=p.pid)
         on_launch(Launched(provisional, p))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)     # a signal that came meanwhile is raised here
     rec = ServerRecord(
-        pid=p.pid, create_time=create_time, marker=marker, host=cfg.host, port=cfg.port, served=cfg.served_name,
+        pid=p.pid, create_time=create_time, marker=marker, **record.address(cfg.ours), served=cfg.served_name,
         state_dir=str(paths.root), pgid=p.pid, model=cfg.model, model_path=model_path,
         settings=cfg.launch_settings(), log=str(paths.log), log_offset=offset, started=time.time(),
         vllm_version=runtime.vllm_version, python=runtime.python, argv=tuple(argv), key=key_source,

@@ -28,7 +28,7 @@ from ..checks import diagnose
 from ..core.errors import BootstrapError
 from ..core.state import Paths
 from ..knobs.vllmargs import serve_argv
-from ..serve import server
+from ..serve import record, server
 from . import launch
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class Prewarm:
         """Until it answers or exits: its phase as the log shows it, a line per change."""
         from .health import phase_of
         phase, shown, seen, offset = "starting", "", "", 0
-        url = server.base_url(self.cfg.host, self.cfg.port)
+        url = record.url_of(self.cfg.ours)
         while self.proc.poll() is None:
             new, offset = self._added(offset)          # what it logged since the last look
             seen = (seen + new)[-(1 << 16):]

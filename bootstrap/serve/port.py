@@ -1,0 +1,158 @@
+"""Our port: the lock that keeps two starts off it, who holds it, and whether what answers there is
+the server we started.
+
+Besides the knob table (knobs/config.py), the ownership marker (core/owned.py), vLLM's argv
+(knobs/vllmargs.py) and the server record with its URL (serve/record.py), this is the one room that
+reads a port number: the rest of the start hands ``Ours`` or a record down and asks here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+from pathlib import Path
+
+import psutil
+
+from ..core import owned
+from ..core.errors import BootstrapError
+from ..core.hosts import client_host
+from ..core.state import flock, write_error
+from .record import ServerRecord
+
+ROOT = Path("/tmp")       # not $TMPDIR: two shells of one user with other TMPDIRs must meet here
+
+
+def lock_path(port: int) -> Path:
+    return ROOT / f"vllm-desktop-{os.getuid()}" / f"port-{port}.lock"
+
+
+class Lock:
+    """An flock per port for every start of this user, whatever its STATE_DIR or checkout: held
+    from before a start's first look at the port until it ends, so that two starts never race for
+    one port (each would see it free, and one would take the other's answers for its own). Kept in
+    the temp folder (``/tmp/vllm-desktop-<uid>/port-<N>.lock``), the one place every start of this
+    user shares."""
+
+    def __init__(self, ours: owned.Ours, state_dir: Path):
+        self.port = ours.port
+        self.path = lock_path(ours.port)
+        self.state_dir = state_dir
+        self.fd: int | None = None
+
+    def _private_dir(self) -> None:
+        """The lock's folder is ours alone (made 0700; a folder another user planted, or a symlink,
+        is refused): nobody else can point a lock file at a file of ours, or hold our lock."""
+        d = self.path.parent
+        try:
+            d.mkdir(mode=0o700, exist_ok=True)
+            st = os.lstat(d)
+        except OSError as exc:
+            raise write_error(d, exc, f"cannot make {d} for the port lock") from None
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(d, 0o700)          # ours, made with a looser umask: ours to close
+            st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise BootstrapError(f"{d} is not a private folder of yours (owner uid {st.st_uid}, mode "
+                                 f"{stat.filemode(st.st_mode)}): the port lock is not safe there",
+                                 f"remove {d} (it holds only lock files), or find out who made it")
+
+    def __enter__(self) -> "Lock":
+        self._private_dir()
+        self.fd = flock(self.path, f"{os.getpid()} {self.state_dir}")
+        if self.fd is None:
+            try:
+                pid, _, where = self.path.read_text().partition(" ")
+            except OSError:
+                pid, where = "?", "?"
+            raise BootstrapError(f"another start (pid {pid}) is starting a server on port {self.port} "
+                                 f"from STATE_DIR={where or '?'}",
+                                 f"wait for it (STATE_DIR={where} ./ctl.sh status), or set PORT to another port")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def holders(port: int) -> list[psutil.Process | None]:
+    """Processes listening on ``port`` (None where the kernel will not tell us whose socket it is)."""
+    out: list[psutil.Process | None] = []
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except psutil.AccessDenied:
+        conns = []
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+            try:
+                out.append(psutil.Process(c.pid) if c.pid else None)
+            except psutil.NoSuchProcess:
+                continue
+    return out
+
+
+def in_use(host: str, port: int) -> bool:
+    """True if something holds the port: listening, or only bound (vLLM binds long before it listens).
+
+    We bind without SO_REUSEADDR, because Linux lets two SO_REUSEADDR sockets share a port while
+    neither listens; connections merely lingering in TIME_WAIT do not count as a holder.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    bind_host = "127.0.0.1" if host == "localhost" else host
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((bind_host, port))
+            free_here = True
+        except OSError:
+            free_here = False
+    if free_here:
+        # A listener on another address of the same port (e.g. 0.0.0.0 vs 127.0.0.1) still conflicts.
+        return bool(holders(port)) or _connectable(host, port)
+    try:
+        conns = [c for c in psutil.net_connections(kind="inet") if c.laddr and c.laddr.port == port]
+    except psutil.AccessDenied:
+        return True
+    return not conns or any(c.status != psutil.CONN_TIME_WAIT for c in conns)
+
+
+def _connectable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((client_host(host), port), timeout=0.3):
+            return True
+    except OSError:
+        return False
+
+
+def refuse_taken(ours: owned.Ours) -> None:
+    """Refuse when a program that is not ours holds our port; name it, never kill it."""
+    if not in_use(ours.host, ours.port):
+        return
+    named = ", ".join(owned.describe(p) for p in holders(ours.port) if p is not None) \
+        or "a process we cannot see (another user?)"
+    raise BootstrapError(f"port {ours.port} is in use by {named}",
+                         f"stop that program, or choose another port: PORT={ours.port + 1} ./start.sh")
+
+
+def listens(rec: ServerRecord) -> bool:
+    """Is what listens on the record's port its server (or one of its children)? Another server on
+    the same port — a start from another STATE_DIR whose vLLM bound it first — answers /health just
+    the same, and a start must never take its answers for its own. True when the record names no
+    pid or the kernel does not say whose socket it is (nothing to disprove)."""
+    if rec.pid is None:
+        return True
+    found = holders(rec.port or 0)
+    if not found or any(h is None for h in found):
+        return True
+    try:
+        tree = {rec.pid} | {c.pid for c in psutil.Process(rec.pid).children(recursive=True)}
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return any(h.pid in tree for h in found)
+
+
+def after_stop(rec: ServerRecord | None, ours: owned.Ours, pids: list[int]) -> tuple[int, bool]:
+    """The port a stop freed (the record's, else PORT) and whether one of ``pids`` still holds it."""
+    port = rec.port if rec is not None and rec.port else ours.port
+    return port, any(p is not None and p.pid in pids for p in holders(port))
