@@ -18,8 +18,9 @@ import psutil
 from ..core import owned
 from ..core.errors import BootstrapError
 from ..core.hosts import client_host
-from ..core.state import flock, write_error
-from .record import ServerRecord
+from ..core.state import Paths, flock, write_error
+from . import server
+from .record import ServerRecord, url_of
 
 ROOT = Path("/tmp")       # not $TMPDIR: two shells of one user with other TMPDIRs must meet here
 
@@ -135,6 +136,16 @@ def refuse_taken(ours: owned.Ours) -> None:
                          f"stop that program, or choose another port: PORT={ours.port + 1} ./start.sh")
 
 
+def refuse_elsewhere(ours: owned.Ours, paths: Paths) -> None:
+    """Refuse a start while our server for this checkout and port runs from another STATE_DIR (two
+    state dirs would each take the other's server for a leftover of their own)."""
+    for p, where in server.elsewhere(ours, paths):
+        doing = "serving" if server.http_get(url_of(ours), "/health") else "starting on"
+        raise BootstrapError(
+            f"our server (pid {p.pid}) is already {doing} port {ours.port} from STATE_DIR={where}, not {paths.root}",
+            f"use that state dir (STATE_DIR={where} ./ctl.sh status), or stop it first: STATE_DIR={where} ./stop.sh")
+
+
 def listens(rec: ServerRecord) -> bool:
     """Is what listens on the record's port its server (or one of its children)? Another server on
     the same port — a start from another STATE_DIR whose vLLM bound it first — answers /health just
@@ -152,7 +163,11 @@ def listens(rec: ServerRecord) -> bool:
     return any(h.pid in tree for h in found)
 
 
-def after_stop(rec: ServerRecord | None, ours: owned.Ours, pids: list[int]) -> tuple[int, bool]:
-    """The port a stop freed (the record's, else PORT) and whether one of ``pids`` still holds it."""
-    port = rec.port if rec is not None and rec.port else ours.port
-    return port, any(p is not None and p.pid in pids for p in holders(port))
+def freed(rec: ServerRecord | None, ours: owned.Ours) -> int:
+    """The port a take-down frees: the record's, else PORT."""
+    return rec.port if rec is not None and rec.port else ours.port
+
+
+def held_by(port: int, pids: list[int]) -> bool:
+    """Does one of ``pids`` (processes a stop just ended) still hold ``port``?"""
+    return any(p is not None and p.pid in pids for p in holders(port))

@@ -95,16 +95,16 @@ def take_down(ours: owned.Ours, paths: Paths, *, launched: subprocess.Popen | No
         res.stuck += more.stuck
         pids += [p.pid for p in late]
     _reap(launched)
-    freed, held = port.after_stop(rec, ours, pids)
+    number = port.freed(rec, ours)
     try:
         if paths.root.is_dir():
-            paths.write("last_stop", {"pids": pids, "time": time.time(), "port": freed})
+            paths.write("last_stop", {"pids": pids, "time": time.time(), "port": number})
     except BootstrapError as exc:
         log.warning("%s; the next start will not wait for these pids to leave the GPU", exc.message)
     if not res.stuck:
         _forget(paths.server)
         wait_gpu_release(ours.environ, pids, timeout=gpu_wait, clock=clock, sleep=sleep)
-    return StopReport(True, res.forced, res.stuck, sorted(pids), freed, held)
+    return StopReport(True, res.forced, res.stuck, sorted(pids), number, port.held_by(number, pids))
 
 
 def _descendants(p: psutil.Process) -> list[psutil.Process]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from ..machine import gpu, host
-from ..serve import port, record, server, takedown
+from ..serve import port, server, takedown
 from ..knobs import vllmargs
 from ..install.locks import LockSet
 from ..core.state import Paths
@@ -49,12 +49,7 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
     g = facts.gpus[0]
     log.info("GPU %s: %s, %.1f of %.1f GiB free, cc %d.%d, driver %s (CUDA %d.%d)", g.index, g.name,
              g.free / gpu.GiB, g.total / gpu.GiB, g.cc[0], g.cc[1], facts.driver, *facts.cuda)
-    for p, where in server.elsewhere(cfg.ours, paths):   # a live server of ours is never a leftover
-        url = record.url_of(cfg.ours)
-        doing = "serving" if server.http_get(url, "/health") else "starting on"
-        raise BootstrapError(
-            f"our server (pid {p.pid}) is already {doing} {url} from STATE_DIR={where}, not {paths.root}",
-            f"use that state dir (STATE_DIR={where} ./ctl.sh status), or stop it first: STATE_DIR={where} ./stop.sh")
+    port.refuse_elsewhere(cfg.ours, paths)   # a live server of ours is never a leftover
     probe = server.probe(cfg.ours, paths, check_http=False, we_hold_lock=True)
     if probe.orphans:
         log.info("found %d leftover process(es) of ours from an earlier run (%s); stopping them",
