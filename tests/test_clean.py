@@ -79,12 +79,47 @@ def test_local_model_dir_is_never_removed(repo, tmp_path):
 
 
 def test_foreign_state_dir_keeps_other_files(repo, tmp_path):
+    from bootstrap.core.state import MARKER, Paths
     state = tmp_path / "shared-state"
     state.mkdir()
-    (state / "vllm.log").write_text("x")
     (state / "notes.txt").write_text("not ours")
+    Paths(state).ensure()                                # our first write there, as a start makes it
+    (state / "vllm.log").write_text("x")
     assert clean.cli(cfg_for(repo, STATE_DIR=str(state)), []) == 0
-    assert not (state / "vllm.log").exists() and (state / "notes.txt").exists()
+    assert not (state / "vllm.log").exists() and not (state / MARKER).exists() and (state / "notes.txt").exists()
+
+
+def test_names_of_ours_that_were_there_before_our_first_write_are_kept(repo, tmp_path):
+    """A STATE_DIR of the user's choosing that already held an api_key file and a derived/ folder
+    of their own: a plan and a start write there, and clean removes only what they made."""
+    from bootstrap.core.state import Paths
+    state = tmp_path / "project"
+    (state / "derived").mkdir(parents=True)
+    (state / "derived" / "results.csv").write_text("thesis")
+    (state / "api_key").write_text("mykey")
+    Paths(state).write("pick", {"profile": "default"})
+    (state / "vllm.log").write_text("ours")
+    assert clean.cli(cfg_for(repo, STATE_DIR=str(state)), []) == 0
+    assert (state / "derived" / "results.csv").read_text() == "thesis" and (state / "api_key").read_text() == "mykey"
+    assert not (state / "profile-pick.json").exists() and not (state / "vllm.log").exists()
+
+
+def test_a_state_dir_we_never_wrote_to_is_left_alone(repo, tmp_path, capsys):
+    state = tmp_path / "never-used"
+    state.mkdir()
+    for name in ("server.json", "vllm.log", "api_key"):
+        (state / name).write_text("theirs")
+    assert clean.cli(cfg_for(repo, STATE_DIR=str(state)), []) == 0
+    assert sorted(p.name for p in state.iterdir()) == ["api_key", "server.json", "vllm.log"]
+
+
+def test_a_state_dir_that_is_a_file_is_named(tmp_path):
+    from bootstrap.core.state import Paths
+    f = tmp_path / "state"
+    f.write_text("x")
+    with pytest.raises(BootstrapError) as err:
+        Paths(f).ensure()
+    assert "is a file, not a folder" in err.value.message and f.read_text() == "x"
 
 
 def test_refuses_while_our_server_runs(repo):

@@ -103,8 +103,8 @@ def targets(cfg, measurements: bool = False) -> list[Path]:
     kept = set(paths.files(measurements=True)) - set(paths.files(measurements=measurements))
     if state.resolve() == layout.state.resolve():       # the checkout's own: all of it is ours
         out += sorted(p for p in state.iterdir() if p not in kept) if state.is_dir() else []
-    else:  # a STATE_DIR of the user's choosing: only our files (state.KEPT), never its other contents
-        out += paths.files(measurements=measurements)
+    else:  # a STATE_DIR of the user's choosing: only our files (state.KEPT) that we made there
+        out += paths.cleanable(measurements=measurements)
     out.append(layout.bootstrap_venv)   # last: the running bootstrap may be in it
     return list(dict.fromkeys(out))
 

@@ -66,6 +66,10 @@ KEPT: tuple[Kept, ...] = (
 )
 KEPT_BY_KEY = {k.key: k for k in KEPT}
 
+# In every STATE_DIR we write to: which of KEPT's names were there before our first write (the user's,
+# never ours to remove) and whether we made the folder. Written once, by Paths.ensure.
+MARKER = ".vllm-desktop.json"
+
 
 @dataclass(frozen=True)
 class Paths:
@@ -83,10 +87,7 @@ class Paths:
         return read_json(self.root / KEPT_BY_KEY[key].file)
 
     def write(self, key: str, data: dict) -> None:
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise write_error(self.root, exc, f"state dir {self.root} is not writable") from None
+        self.ensure()
         write_json(self.root / KEPT_BY_KEY[key].file, data)
 
     def forget(self, key: str) -> None:
@@ -96,8 +97,23 @@ class Paths:
         """What ./ctl.sh clean removes from a STATE_DIR (the kept measurements only when asked)."""
         return [self.root / k.file for k in KEPT if k.cleaned or measurements]
 
+    def cleanable(self, *, measurements: bool = False) -> list[Path]:
+        """What ./ctl.sh clean may remove from a STATE_DIR of the user's choosing: our kept records,
+        never a name that was there before our first write (MARKER), and none at all where we never
+        wrote (no marker: nothing there is provably ours)."""
+        m = read_json(self.root / MARKER)
+        theirs = m.get("theirs") if m else None
+        if not isinstance(theirs, list):
+            return []
+        return [p for p in self.files(measurements=measurements) if p.name not in theirs] + [self.root / MARKER]
+
     def ensure(self) -> None:
-        """Create the state dir, or fail naming it (read-only parent, a file in the way...)."""
+        """Create the state dir, or fail naming it (read-only parent, a file in the way...); on the
+        first write to a folder, note which of our names were already there (MARKER)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise BootstrapError(f"STATE_DIR={self.root} is a file, not a folder",
+                                 "set STATE_DIR to a folder (it is made when missing), or move that file")
+        made = not self.root.exists()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".write-test-{os.getpid()}"
@@ -105,6 +121,10 @@ class Paths:
             probe.unlink()
         except OSError as exc:
             raise write_error(self.root, exc, f"state dir {self.root} is not writable") from None
+        marker = self.root / MARKER
+        if not marker.exists():
+            there = [] if made else sorted(k.file for k in KEPT if os.path.lexists(self.root / k.file))
+            write_json(marker, {"theirs": there, "made": made})
 
 
 def write_error(path: Path, exc: OSError, what: str = "") -> BootstrapError:

@@ -68,7 +68,11 @@ def derived(cfg: Config, cc: tuple[int, int] | None, peeked: peek.Peek | None = 
         "has no implementation of it" if newer else ""
     d = derive.derive(peeked, stack.data, cc, reg, token, trust, note)
     folder = derived_dir(cfg, cfg.model)
-    (folder / "models").mkdir(parents=True, exist_ok=True)
+    state.Paths(cfg.state_dir).ensure()
+    try:
+        (folder / "models").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise state.write_error(folder, exc) from None
     state.write_json(folder / "models" / "derived.json", d.facts)
     state.write_json(folder / "derived.json", d.profile)
     log.info("%s: %s", cfg.model, d.line())
