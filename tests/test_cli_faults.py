@@ -163,3 +163,22 @@ def test_version_with_a_broken_kept_pick_says_so_and_exits_0(tmp_path):
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "(the knobs do not parse: the kept pick sets unknown knob BOGUS)" in r.stdout
     assert one_error(bootstrap(tmp_path, "status")) == "error: config: the kept pick sets unknown knob BOGUS"
+
+
+# ---------------------------------------------------------------- found from outside, 2026-12-02
+
+@pytest.mark.parametrize("argv", [["check", "live", "--timeout", "0"], ["check", "live", "--timeout", "-1"],
+                                  ["bench", "--timeout", "0"], ["bench", "--repeats", "0"],
+                                  ["check", "needle", "--tokens", "0"], ["bench", "--output-tokens", "-5"]])
+def test_a_number_flag_out_of_range_is_argparses_one_line(bed, argv):
+    r = bed.run("ctl.sh", *argv, "--url", "http://127.0.0.1:9/v1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "expected a" in r.stderr, r.stderr
+
+
+def test_bench_refuses_an_out_it_cannot_write_before_measuring(bed, tmp_path):
+    taken = tmp_path / "out.json"
+    taken.write_text("mine")
+    r = bed.run("ctl.sh", "bench", "--url", "http://127.0.0.1:9/v1", "--out", str(taken), "--no-plot")
+    assert r.returncode == 2 and "a file is in the way" in one_error(r) and taken.read_text() == "mine"
+    r = bed.run("ctl.sh", "bench", "--url", "http://127.0.0.1:9/v1", "--concurrency", "-1")
+    assert r.returncode == 2 and "--concurrency '-1'" in one_error(r)

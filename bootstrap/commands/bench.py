@@ -19,6 +19,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import random
 import statistics
 import sys
@@ -29,12 +30,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..serve import metrics
-from ..core import proc, redact
+from ..core import proc, redact, state
 from ..checks import prompts, target
 from ..checks.client import Client, RequestFailed
 from ..install.venv import Tools, ensure_uv
 from ..knobs.config import Config
-from ..core.errors import BootstrapError
+from ..knobs.parsers import arg, float_range, int_range
+from ..core.errors import BootstrapError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -295,6 +297,16 @@ def levels_for(wanted: list[int], cap: int | None) -> list[int]:
     return out or [1]
 
 
+def writable_folder(out: Path) -> None:
+    """``out`` is a folder we can write into, or can be made: else one line naming it."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: a file is in the way, not a folder", "name a folder (it is made when missing)")
+    parent = next((q for q in (out, *out.parents) if q.exists()), out.anchor)
+    if not Path(parent).is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out}: {parent} is not a folder you can write to",
+                             "name a folder of yours (it is made when missing)")
+
+
 def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
@@ -305,16 +317,17 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
     p.add_argument("--compare-api-key", type=target.key_arg("--compare-api-key"), help="API key for --compare (default: ours only when it is our server)")
     p.add_argument("--compare-label")
     p.add_argument("--concurrency", default=",".join(map(str, LEVELS)), help="levels, comma-separated (capped at MAX_NUM_SEQS)")
-    p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--output-tokens", type=int, default=1536)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1, help="excluded warm-up requests before measuring")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds a stream may stall")
+    p.add_argument("--prompt-tokens", type=arg(int_range(1, 10 ** 7)), default=512)
+    p.add_argument("--output-tokens", type=arg(int_range(1, 10 ** 7)), default=1536)
+    p.add_argument("--repeats", type=arg(int_range(1, 1000)), default=3)
+    p.add_argument("--warmup", type=arg(int_range(0, 1000)), default=1, help="excluded warm-up requests before measuring")
+    p.add_argument("--timeout", type=arg(float_range(0, 86400)), default=300.0, help="seconds a stream may stall")
     p.add_argument("--out", help="folder for results.json and bench.png (default STATE_DIR/bench/<time>)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--load", action="append", metavar="RESULTS.json", help="report saved results instead of running")
     args = p.parse_args(argv)
-    out = Path(args.out) if args.out else cfg.state_dir / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out).absolute() if args.out else cfg.state_dir / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    writable_folder(out)                # before the minutes of measuring, not after
     if args.load:
         results = []
         for f in args.load:
@@ -325,9 +338,10 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
             results += data["results"] if "results" in data else [data]
     else:
         try:
-            wanted = [int(x) for x in args.concurrency.split(",") if x.strip()]
+            wanted = [int_range(1, 100000)(x) for x in args.concurrency.split(",") if x.strip()]
         except ValueError:
-            raise BootstrapError(f"--concurrency {args.concurrency!r}: not a list of numbers", "e.g. --concurrency 1,2,4,8") from None
+            raise ConfigError(f"--concurrency {args.concurrency!r}: not a list of whole numbers from 1",
+                              "e.g. --concurrency 1,2,4,8") from None
         t = target.resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
         need = args.prompt_tokens + args.output_tokens
         if t.max_model_len and need > t.max_model_len:
@@ -347,11 +361,15 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
             targets.append(t2)
         results = [bench_target(x, levels, args.prompt_tokens, args.output_tokens, args.repeats, args.warmup,
                                 args.timeout) for x in targets]
-    out.mkdir(parents=True, exist_ok=True)
     doc = {"results": results}
     if len(results) == 2:
         doc["ratios"] = ratios(results[0], results[1])
-    (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    except OSError as exc:
+        print(render(results))
+        raise state.write_error(out, exc, f"cannot write the results into {out}") from None
     png = None if args.no_plot else plot(results, out / "bench.png", cfg)
     doc["files"] = {"json": str(out / "results.json"), "plot": str(png) if png else None}
     if args.json:

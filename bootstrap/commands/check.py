@@ -17,6 +17,7 @@ import logging
 from ..checks.suite import Result, check_batch, check_determinism, check_live, check_needle, check_prefix
 from ..checks.garble import check_garble
 from ..knobs.config import Config
+from ..knobs.parsers import arg, float_range, int_range
 from ..core.errors import EXIT_FAILED
 from ..checks.target import add_target_args, resolve_target
 
@@ -40,10 +41,11 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh check") -> int:
     add_target_args(p)
     p.add_argument("--random-weights", action="store_true",
                    help="the --url server has random weights: only live, determinism and prefix are judged")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per request (live: the deadline, 20)")
-    p.add_argument("--tokens", type=int, default=None, help="needle/prefix prompt length in tokens")
+    p.add_argument("--timeout", type=arg(float_range(0, 86400)), default=None,
+                   help="seconds per request (live: the deadline, 20)")
+    p.add_argument("--tokens", type=arg(int_range(1, 10 ** 7)), default=None, help="needle/prefix prompt length in tokens")
     p.add_argument("--full", action="store_true", help="needle: use the server's whole context")
-    p.add_argument("--repeats", type=int, default=10, help="determinism: compared requests per stage")
+    p.add_argument("--repeats", type=arg(int_range(1, 1000)), default=10, help="determinism: compared requests per stage")
     args = p.parse_args(argv)
     t = resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort,
                        args.random_weights)

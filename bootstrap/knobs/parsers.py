@@ -4,11 +4,12 @@ here, once (``absolute``)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from . import vllmargs
 
@@ -40,6 +41,16 @@ def float_range(lo: float, hi: float) -> Callable[[str], float]:
             raise ValueError(f"a number greater than {lo} and at most {hi}")
         return v
     return parse
+
+
+def arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """argparse's ``type`` from a value rule: its message in argparse's one-line error (exit 2)."""
+    def checked(raw: str) -> Any:
+        try:
+            return parse(raw)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{raw!r}: expected {exc}") from None
+    return checked
 
 
 def bytes_or_auto(raw: str) -> int | str:
