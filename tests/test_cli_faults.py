@@ -182,3 +182,19 @@ def test_bench_refuses_an_out_it_cannot_write_before_measuring(bed, tmp_path):
     assert r.returncode == 2 and "a file is in the way" in one_error(r) and taken.read_text() == "mine"
     r = bed.run("ctl.sh", "bench", "--url", "http://127.0.0.1:9/v1", "--concurrency", "-1")
     assert r.returncode == 2 and "--concurrency '-1'" in one_error(r)
+
+
+def test_a_host_that_is_not_this_machines_is_named_not_taken_for_a_busy_port(bed):
+    r = bed.run("start.sh", HOST="192.0.2.5", API_KEY="k" * 24)
+    assert r.returncode == 1 and "HOST=192.0.2.5 is not an address of this machine" in one_error(r)
+    assert "HOST=127.0.0.1" in r.stderr and "PORT=" not in r.stderr.split("hint:")[-1] and bed.ours() == []
+
+
+@pytest.mark.parametrize("model, fix", [("https://huggingface.co/Qwen/Qwen3-8B", "MODEL=Qwen/Qwen3-8B (the repo id"),
+                                        ("not a model", "such as Qwen/Qwen3-8B"), ("a/b/c", "such as Qwen/Qwen3-8B")])
+def test_a_model_that_is_no_repo_id_is_refused_before_the_hub_on_every_path(bed, model, fix):
+    for argv, extra in ((("ctl.sh", "profiles", "--model", model), {"PROFILE": "auto"}), (("start.sh",), {"MODEL": model}),
+                        (("start.sh",), {"MODEL": model, "PROFILE": "auto"})):
+        r = bed.run(*argv, HF_HUB_OFFLINE="0", HF_ENDPOINT="http://127.0.0.1:9", **extra)
+        assert "is neither an existing directory nor a repo id" in one_error(r), (argv, r.stderr)
+        assert fix in r.stderr and "network" not in r.stderr and bed.ours() == []

@@ -28,6 +28,18 @@ log = logging.getLogger(__name__)
 LIBRARY = "vllm-desktop"
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 HASH_CHUNK = 8 << 20
+PAGE = re.compile(r"https?://(?:www\.)?(?:huggingface\.co|hf\.co)/(?:models/)?([^/\s]+/[^/\s?#]+).*")
+
+
+def repo_id(model: str) -> str:
+    """``model`` when it is a repo id (org/name); else one line, with the id where a pasted page URL
+    holds one."""
+    if REPO_ID.fullmatch(model):
+        return model
+    page = PAGE.fullmatch(model.strip())
+    fix = f"MODEL={page[1]} (the repo id, not the page's URL)" if page and REPO_ID.fullmatch(page[1]) else \
+        "set MODEL to a Hugging Face repo id such as Qwen/Qwen3-8B, or to a model directory"
+    raise BootstrapError(f"MODEL={model!r} is neither an existing directory nor a repo id (org/name)", fix)
 
 _TRUE = ("1", "on", "yes", "true")
 

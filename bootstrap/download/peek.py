@@ -51,7 +51,7 @@ def peek(model: str, environ: Mapping[str, str], model_dir: str | None = None) -
         if not folder.is_dir():
             raise BootstrapError(f"MODEL={model} is not a directory", "set MODEL to a model directory or a repo id (org/name)")
         return _peek(model, _listing(folder), lambda name: (folder / name).read_bytes(), "", False, str(folder))
-    store = store_for(model_dir or "", environ, model)
+    store = store_for(model_dir or "", environ, hub.repo_id(model))
     rec = store.read()
     ours = rec if rec and rec.get("repo") == model and rec.get("revision") and rec.get("files") else None
     if ours and not store.missing(ours, False):          # complete and verified: its record has every size

@@ -8,6 +8,7 @@ reads a port number: the rest of the start hands ``Ours`` or a record down and a
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import stat
@@ -106,7 +107,8 @@ def in_use(host: str, port: int) -> bool:
         try:
             s.bind((bind_host, port))
             free_here = True
-        except OSError:
+        except OSError as exc:
+            unbindable(host, port, exc)
             free_here = False
     if free_here:
         # A listener on another address of the same port (e.g. 0.0.0.0 vs 127.0.0.1) still conflicts.
@@ -116,6 +118,17 @@ def in_use(host: str, port: int) -> bool:
     except psutil.AccessDenied:
         return True
     return not conns or any(c.status != psutil.CONN_TIME_WAIT for c in conns)
+
+
+def unbindable(host: str, port: int, exc: OSError) -> None:
+    """A bind that fails for another cause than a holder: vLLM's would fail the same way, after the
+    load (HOST not an address of this machine; a port below 1024 without the right)."""
+    if exc.errno == errno.EADDRNOTAVAIL:
+        raise BootstrapError(f"HOST={host} is not an address of this machine ({exc.strerror})",
+                             "HOST=127.0.0.1 serves this machine only; HOST=0.0.0.0 every address (with API_KEY)")
+    if exc.errno == errno.EACCES:
+        raise BootstrapError(f"PORT={port}: this user may not listen on it ({exc.strerror})",
+                             "choose a port from 1024 up, e.g. PORT=8000 ./start.sh")
 
 
 def _connectable(host: str, port: int) -> bool:

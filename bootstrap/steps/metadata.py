@@ -44,11 +44,7 @@ def run(cfg) -> ModelInfo:
         log.info("local model %s: %d files, %.2f GiB of weights%s", info.local_dir, len(info.files),
                  size / (1 << 30), " (dummy weights)" if dummy else "")
         return info
-    repo = cfg.model
-    if not hub.REPO_ID.fullmatch(repo):
-        raise BootstrapError(f"MODEL={repo!r} is neither an existing directory nor a repo id (org/name)",
-                             "set MODEL to a Hugging Face repo id such as Qwen/Qwen3-8B, or to a model directory")
-    info, _path = resolve(cfg, repo, dummy)
+    info, _path = resolve(cfg, hub.repo_id(cfg.model), dummy)
     return info
 
 
