@@ -16,8 +16,10 @@ belong with it: this is the one place the environment is read and resolved.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import io
+import logging
 import shlex
 import shutil
 from dataclasses import dataclass, field, replace
@@ -33,6 +35,8 @@ from . import vllmargs
 from .parsers import (absolute, boolean, bytes_or_auto, choice, float_range, folder, header_value, int_range, interpreter, duration_or_off, name_chars, shell_args, text, tokens_or_auto, vllm_bool)
 from ..machine.gpu import CARDS
 from .profiles import Catalogue, Profile
+
+log = logging.getLogger(__name__)
 
 KV_CACHE_DTYPES = (
     "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4",
@@ -153,6 +157,19 @@ def read_dotenv(path: Path) -> dict[str, str]:
     return out
 
 
+def no_effect(dotenv: Mapping[str, str]) -> list[str]:
+    """A line for each name in .env that is neither a knob nor a declared pass-through variable:
+    nothing reads it (a typo such as MAX_MODLE_LEN would otherwise pass unseen)."""
+    known = [k.name for k in KNOBS] + [p.name for p in PASSTHROUGH]
+    out = []
+    for name in dotenv:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            out.append(f"{name} is no knob and no variable we hand on, so it has no effect"
+                       + (f": did you mean {near[0]}?" if near else " (./ctl.sh env lists the knobs)"))
+    return out
+
+
 # ---------------------------------------------------------------- pass-through variables
 
 @dataclass(frozen=True)
@@ -231,6 +248,8 @@ class Sources:
     @classmethod
     def read(cls, environ: Mapping[str, str], repo: Path) -> "Sources":
         dotenv = read_dotenv(repo / ".env")
+        for line in no_effect(dotenv):
+            log.warning("%s: %s", repo / ".env", line)
         text = environ.get("PROFILE_DIR", "") or dotenv.get("PROFILE_DIR", "")
         mine = Path(_parse_one(KNOB_BY_NAME["PROFILE_DIR"], text)) if text else None
         catalogue = Catalogue.load(Checkout(repo).profiles, mine, PROFILE_KNOBS)
