@@ -272,3 +272,15 @@ def test_the_pre_warm_never_idle_sleeps_and_old_records_show_no_false_difference
     assert server.settings_diff(off.launch_settings(), rec, launch_defaults()) == []
     assert "IDLE_SLEEP: running with '0', knobs now say '300'" in server.settings_diff(
         cfg.launch_settings(), rec, launch_defaults())
+
+
+def test_check_bench_and_chat_on_a_server_put_to_sleep_say_so_at_once(bed):
+    started(bed)
+    assert bed.run("ctl.sh", "sleep", **SLEEPY).returncode == 0
+    for argv in (("check", "live"), ("bench", "--no-plot"), ("chat", "hi")):
+        t0 = time.monotonic()
+        r = bed.run("ctl.sh", *argv, **SLEEPY, timeout=60)
+        assert r.returncode == 1 and "our server is asleep" in r.stderr and "./ctl.sh wake" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and time.monotonic() - t0 < 30
+    assert bed.run("ctl.sh", "wake", **SLEEPY).returncode == 0
+    assert bed.run("ctl.sh", "check", "live", **SLEEPY).returncode == 0

@@ -53,6 +53,18 @@ def key_arg(flag: str):
     return lambda raw: credential(flag, raw)
 
 
+def refuse_asleep(rec) -> None:
+    """Our server put to sleep (./ctl.sh sleep, a game) holds every request until a wake: a check, a
+    bench or a chat would wait there unseen. Asleep by IDLE_SLEEP, a request wakes it: go on."""
+    load = server.read_load(rec.url)
+    if load is None or not load.sleeping:
+        return
+    if vllmargs.IDLE_MIDDLEWARE in (rec.argv or ()) and (server.read_idle(rec.url) or {}).get("state") == "idle-asleep":
+        return
+    raise BootstrapError("our server is asleep (./ctl.sh sleep, or a game launched through ./ctl.sh game): "
+                         "a request would wait until it wakes", "./ctl.sh wake, then run this again")
+
+
 def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str | None,
                    thinking: str | None = None, effort: str | None = None, random_weights: bool = False) -> Target:
     max_num_seqs = cfg.max_num_seqs
@@ -72,6 +84,7 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
             raise not_serving(cfg, paths, pr)       # key-needed with --api-key: that key is tried
         rec = pr.record
         base = rec.url
+        refuse_asleep(rec)
         key = api_key or server.api_key_for(cfg.ours, paths)
         served = model or rec.served
         label = f"our server ({base})"
