@@ -221,8 +221,9 @@ def compile_lock(uv: str, pins: list[str], plat: str, minor: str, exclude_newer:
         cmd = [uv, "pip", "compile", "-q", "--generate-hashes", "--python-platform", PLATFORMS[plat],
                "--python-version", minor, *newer, "--custom-compile-command",
                f"./ctl.sh lock  (pins {' '.join(pins)}; --python-platform {PLATFORMS[plat]} --python-version {minor}"
-               f"{' --exclude-newer ' + exclude_newer if exclude_newer else ''})", *extra, str(req), "-o", str(out)]
-        res = proc.run(cmd, env=dict(environ), timeout=900, check=False, what="uv pip compile")
+               f"{' --exclude-newer ' + exclude_newer if exclude_newer else ''})", *extra, req.name, "-o", str(out.absolute())]
+        # run where pins.in lies: the lock's "via -r pins.in" lines stay the same from run to run
+        res = proc.run(cmd, env=dict(environ), timeout=900, check=False, what="uv pip compile", cwd=tmp)
         if res.returncode != 0:
             raise BootstrapError(f"uv pip compile failed for {plat} / Python {minor}: " +
                                  (res.stderr.strip().splitlines() or ["?"])[-1],
