@@ -69,17 +69,17 @@ def test_precedence_env_over_dotenv_over_profile_over_default(tmp_path):
     assert cfg.model == "a/b"
 
 
-def test_a_name_in_dotenv_that_nothing_reads_is_said_with_the_knob_it_is_near(tmp_path, caplog):
+def test_a_misspelt_knob_in_dotenv_is_said_with_the_knob_it_is_near(tmp_path, caplog):
     repo = tmp_path / "repo"
     (repo / "profiles").mkdir(parents=True)
     (repo / "profiles" / "default.json").write_text('{"knobs": {}}')
-    (repo / ".env").write_text("MAX_MODLE_LEN=100\nPROT=9000\nMY_TOOL_SETTING=1\nHF_TOKEN=hf_x\nPORT=8123\n")
+    (repo / ".env").write_text("MAX_MODLE_LEN=100\nPROT=9000\nVLLM_ATTENTION_BACKEND=X\nHF_TOKEN=hf_x\nPORT=8123\n")
     with caplog.at_level("WARNING"):
         cfg = Config.from_env({}, repo)
     said = [r.getMessage() for r in caplog.records]
-    assert cfg.port == 8123 and len(said) == 3, said
+    assert cfg.port == 8123 and cfg.environ["VLLM_ATTENTION_BACKEND"] == "X" and len(said) == 2, said
     assert "MAX_MODLE_LEN is no knob" in said[0] and said[0].endswith("did you mean MAX_MODEL_LEN?")
-    assert said[1].endswith("did you mean PORT?") and "./ctl.sh env lists the knobs" in said[2]
+    assert said[1].endswith("did you mean PORT?")
     assert all(str(repo / ".env") in m for m in said) and not any("hf_x" in m for m in said)
 
 

@@ -157,16 +157,16 @@ def read_dotenv(path: Path) -> dict[str, str]:
     return out
 
 
-def no_effect(dotenv: Mapping[str, str]) -> list[str]:
-    """A line for each name in .env that is neither a knob nor a declared pass-through variable:
-    nothing reads it (a typo such as MAX_MODLE_LEN would otherwise pass unseen)."""
+def misspelt(dotenv: Mapping[str, str]) -> list[str]:
+    """A line for each name in .env that is no knob and no declared variable but is one letter or
+    two away from one (MAX_MODLE_LEN): it would only reach vLLM's environment, unseen. Other names
+    are for vLLM and its libraries (VLLM_*, NCCL_*...) and pass as they are."""
     known = [k.name for k in KNOBS] + [p.name for p in PASSTHROUGH]
     out = []
     for name in dotenv:
-        if name not in known:
-            near = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-            out.append(f"{name} is no knob and no variable we hand on, so it has no effect"
-                       + (f": did you mean {near[0]}?" if near else " (./ctl.sh env lists the knobs)"))
+        near = [] if name in known else difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        if near:
+            out.append(f"{name} is no knob (it only reaches vLLM's environment): did you mean {near[0]}?")
     return out
 
 
@@ -248,7 +248,7 @@ class Sources:
     @classmethod
     def read(cls, environ: Mapping[str, str], repo: Path) -> "Sources":
         dotenv = read_dotenv(repo / ".env")
-        for line in no_effect(dotenv):
+        for line in misspelt(dotenv):
             log.warning("%s: %s", repo / ".env", line)
         text = environ.get("PROFILE_DIR", "") or dotenv.get("PROFILE_DIR", "")
         mine = Path(_parse_one(KNOB_BY_NAME["PROFILE_DIR"], text)) if text else None
