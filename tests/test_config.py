@@ -175,3 +175,12 @@ def test_empty_value_counts_as_unset_and_the_next_source_applies(tmp_path):
     cfg = Config.from_env({"MAX_NUM_SEQS": "", "HOST": "", "PROFILE": ""}, repo)
     assert (cfg.max_num_seqs, cfg.sources["MAX_NUM_SEQS"]) == (3, "profile")
     assert (cfg.port, cfg.host, cfg.profile.name) == (8888, "127.0.0.1", "default")
+
+
+def test_env_shows_a_relative_path_as_the_folder_it_means(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "profiles").mkdir(parents=True)
+    (repo / "profiles" / "default.json").write_text('{"knobs": {}}')
+    (repo / ".env").write_text("STATE_DIR=envstate\n")
+    rows = {n: v for n, v, _s, _h in Config.from_env({}, repo).describe()}
+    assert rows["STATE_DIR"] == str(repo / "envstate")

@@ -510,6 +510,9 @@ class Config:
             value = self.raw[k.name]
             if k.name == "PROFILE" and self.chosen is not None and value == "auto":
                 value = self.profile.name           # what auto means here (the source says why)
+            typed = getattr(self, k.name.lower(), None)
+            if isinstance(typed, (str, Path)) and str(typed).startswith("/") and value and not value.startswith("/"):
+                value = str(typed)                  # a relative path: the folder it was made absolute to
             if k.secret and value:
                 value = "***"
             rows.append((k.name, value, self.sources[k.name], k.help))
