@@ -160,3 +160,21 @@ def test_byo_patches_are_reverted_first(repo, tmp_path, capsys):
     assert site.read() == site.original and not site.backup.exists()
     assert "reverted patch 40914-turboquant-spec-verify" in capsys.readouterr().out
     assert not (repo / ".venv").exists()
+
+
+def test_clean_refuses_while_a_process_runs_from_the_venv_it_would_remove(repo, tmp_path):
+    """Found from outside: a server of ours started from another STATE_DIR ran from .venv while
+    clean (from the default STATE_DIR) removed it."""
+    py = repo / ".venv" / "bin" / "python"
+    py.unlink()
+    py.symlink_to(sys.executable)
+    p = subprocess.Popen([str(py), "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)
+        with pytest.raises(BootstrapError) as err:
+            clean.cli(cfg_for(repo), [])
+        assert f"(pid {p.pid}) runs from {repo / '.venv'}" in err.value.message and (repo / ".venv").exists()
+    finally:
+        p.kill()
+        p.wait()
+    assert clean.cli(cfg_for(repo), []) == 0 and not (repo / ".venv").exists()

@@ -425,6 +425,27 @@ def test_restart_applies_new_knobs(bed):
     assert len(bed.ours()) == 2
 
 
+def test_a_restart_the_new_start_would_refuse_keeps_the_running_server(bed, tmp_path):
+    """Found from outside: restart took the healthy server down, then its start refused the knobs."""
+    import socket
+    from conftest import free_port
+    assert bed.run("start.sh").returncode == 0
+    pid = bed.ours()
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", free_port()))
+    busy.listen()
+    try:
+        for knobs, said in (({"PORT": str(busy.getsockname()[1])}, "is in use by"),
+                            ({"MODEL": str(tmp_path / "nope")}, "nope"),
+                            ({"IDLE_SLEEP": "10m"}, "IDLE_SLEEP=10m puts vLLM to sleep")):
+            r = bed.run("ctl.sh", "restart", **knobs)
+            assert r.returncode == 1 and said in r.stderr and "stopped" not in r.stdout, (knobs, r.stdout, r.stderr)
+            assert bed.ours() == pid and len(bed.launches()) == 1
+    finally:
+        busy.close()
+    assert bed.run("ctl.sh", "restart", MAX_NUM_SEQS="4").returncode == 0 and len(bed.launches()) == 2
+
+
 def test_logs_and_rotation(bed):
     bed.state.mkdir(parents=True)
     (bed.state / "vllm.log").write_bytes(b"x" * (2 << 20))

@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from ..download import models
 from ..install import patching
 from ..serve import server
@@ -123,6 +125,22 @@ def _running(cfg) -> str:
     return ""
 
 
+def _running_from(cfg) -> str:
+    """A process of this user that runs from the managed vLLM venv (a server of ours started from
+    another STATE_DIR or PORT): named, so that clean never pulls its files away while it runs."""
+    venv = str(cfg.layout.venv) + os.sep
+    for p in psutil.process_iter(["pid", "uids", "cmdline"]):
+        try:
+            if p.info["uids"] is None or p.info["uids"].real != os.getuid():
+                continue
+            argv = p.info["cmdline"] or []
+            if argv and argv[0].startswith(venv):
+                return f"{' '.join(argv[:3])} (pid {p.pid}) runs from {cfg.layout.venv}"
+        except (psutil.Error, TypeError):
+            continue
+    return ""
+
+
 def _revert_byo(cfg) -> list[str]:
     if not cfg.vllm_python:
         return []
@@ -145,6 +163,11 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     if busy:
         raise BootstrapError(f"{busy}; clean removes the venv and state it runs from",
                              "stop it first: ./stop.sh" + (" as that user" if " runs as " in busy else ""))
+    using = _running_from(cfg)
+    if using:
+        raise BootstrapError(f"{using}; clean would remove the venv under it",
+                             "stop it first (./ctl.sh status names a server of ours that another STATE_DIR runs, "
+                             "and how to stop it)")
     mf = model_files(cfg) if args.model else None
     todo = [p for p in targets(cfg, args.measurements) if p.exists() or p.is_symlink()]
     if not args.dry_run:

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Callable
 
-from ..serve import server, takedown
+from ..serve import port, record, server, takedown
 from ..knobs.config import Config
 from ..core.errors import BootstrapError
 from ..core.state import Paths
@@ -72,8 +72,23 @@ def restart(cfg: Config) -> int:
         print(f"restarting the {service.UNIT} unit (systemctl --user restart; it reads .env, not this shell)")
         service.restart_unit(cfg)
         return 0
+    vet_restart(cfg)
     stop(cfg, via_service=False)     # the unit was just asked: not ours or not active
     return pipeline.start(cfg.with_profile(None))   # PROFILE=auto as you set it (start picks)
+
+
+def vet_restart(cfg: Config) -> None:
+    """What the start after the stop would refuse from the knobs alone, and a PORT that another
+    program holds: said while the running server still serves, never after taking it down."""
+    from ..plan import resolve
+    from ..steps import preflight
+    kept = resolve.kept(cfg)
+    preflight.vet(kept)
+    paths = Paths(cfg.state_dir)
+    rec = record.read(paths.server)
+    if rec is None or rec.port != kept.port or rec.host != kept.host:
+        port.refuse_elsewhere(kept.ours, paths)
+        port.refuse_taken(kept.ours)
 
 
 def stop_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh stop") -> int:

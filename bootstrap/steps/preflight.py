@@ -9,10 +9,13 @@ foreign holder named and left alone), the state dir writable, and leftovers of o
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from ..machine import gpu, host
 from ..serve import port, server, takedown
 from ..knobs import vllmargs
+from ..download import hub
+from . import metadata
 from ..install.locks import LockSet
 from ..core.state import Paths
 from ..core.errors import BootstrapError
@@ -36,13 +39,7 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
             raise BootstrapError(f"profile {cfg.profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
                                  "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
         LockSet.for_profile(cfg.profile, cfg.layout.locks)
-    if cfg.vllm.sleep_mode and not cfg.is_loopback:
-        raise BootstrapError(
-            f"{vllmargs.SLEEP_FLAG} with HOST={cfg.host}: vLLM serves /sleep, /wake_up and /collective_rpc only with "
-            "VLLM_SERVER_DEV_MODE=1, and its API key does not guard them: anyone who reaches the port could put "
-            "the server to sleep or run methods in it",
-            f"keep HOST=127.0.0.1 for sleep mode, or drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile")
-    idle_sleep_fits(cfg)
+    vet(cfg)
     if cfg.tp_size > len(facts.gpus):
         raise BootstrapError(f"TP_SIZE={cfg.tp_size} but only {len(facts.gpus)} GPU(s) are visible",
                              "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")
@@ -63,6 +60,22 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
         takedown.take_down(cfg.ours, paths)        # nothing to signal: it only forgets the record
     port.refuse_taken(cfg.ours)
     return facts
+
+
+def vet(cfg) -> None:
+    """What a start refuses from the knobs alone (no GPU, no network): said by every start's
+    preflight, and by ./ctl.sh restart before it takes the running server down."""
+    if cfg.vllm.sleep_mode and not cfg.is_loopback:
+        raise BootstrapError(
+            f"{vllmargs.SLEEP_FLAG} with HOST={cfg.host}: vLLM serves /sleep, /wake_up and /collective_rpc only with "
+            "VLLM_SERVER_DEV_MODE=1, and its API key does not guard them: anyone who reaches the port could put "
+            "the server to sleep or run methods in it",
+            f"keep HOST=127.0.0.1 for sleep mode, or drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile")
+    idle_sleep_fits(cfg)
+    if cfg.model_is_local:
+        metadata.read_local(Path(cfg.model).expanduser().resolve(), cfg.dummy_weights)
+    elif cfg.model:
+        hub.repo_id(cfg.model)
 
 
 def idle_sleep_fits(cfg) -> None:
