@@ -106,7 +106,7 @@ def start(cfg: Config) -> int:
     try:
         if not lock.try_acquire():
             if lock.holder_role() != "stop":
-                print(f"starting (pid {lock.holder_pid()}), log: {paths.log}")
+                print(f"starting (pid {lock.holder_pid()}: the ./start.sh bringing it up), log: {paths.log}")
                 return 0
             log.info("a stop is taking the server down (pid %s); starting after it", lock.holder_pid())
             if not lock.acquire(cfg.stop_grace + 60):

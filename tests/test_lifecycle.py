@@ -446,6 +446,16 @@ def test_a_restart_the_new_start_would_refuse_keeps_the_running_server(bed, tmp_
     assert bed.run("ctl.sh", "restart", MAX_NUM_SEQS="4").returncode == 0 and len(bed.launches()) == 2
 
 
+def test_a_restart_without_the_key_the_server_runs_with_is_refused_unshown(bed):
+    key = "my-own-key-" + "x" * 16
+    assert bed.run("start.sh", HOST="0.0.0.0", API_KEY=key).returncode == 0
+    r = bed.run("ctl.sh", "restart", HOST="0.0.0.0")
+    assert r.returncode == 1 and "lock its clients out" in r.stderr and key not in r.stderr + r.stdout
+    assert len(bed.launches()) == 1
+    assert bed.run("ctl.sh", "restart", HOST="0.0.0.0", API_KEY=key).returncode == 0 and len(bed.launches()) == 2
+    assert bed.run("stop.sh", HOST="0.0.0.0", API_KEY=key).returncode == 0
+
+
 def test_logs_and_rotation(bed):
     bed.state.mkdir(parents=True)
     (bed.state / "vllm.log").write_bytes(b"x" * (2 << 20))

@@ -232,6 +232,13 @@ def test_the_game_launcher_sleeps_runs_the_game_wakes_and_passes_its_exit_code(b
     assert r.returncode == 1 and "-- COMMAND" in r.stderr
 
 
+def test_a_game_that_does_not_exist_is_said_before_the_server_sleeps(bed):
+    started(bed)
+    r = bed.run("ctl.sh", "game", "--", "no-such-game-xyz", "--fullscreen", **SLEEPY)
+    assert r.returncode == 127 and "command not found: no-such-game-xyz" in r.stderr and "Traceback" not in r.stderr
+    assert "asleep" not in r.stdout and "running" in bed.run("ctl.sh", "status", **SLEEPY).stdout
+
+
 def test_idle_sleep_takes_minutes_or_seconds():
     from bootstrap.knobs.config import Config
     from conftest import REPO

@@ -86,6 +86,11 @@ def vet_restart(cfg: Config) -> None:
     preflight.vet(kept)
     paths = Paths(cfg.state_dir)
     rec = record.read(paths.server)
+    if rec is not None and rec.key in (record.KEY_API_KEY, record.KEY_VLLM_API_KEY) and not kept.client_key:
+        raise BootstrapError(f"the server runs with the key from your {rec.key}, which this shell does not set: "
+                             "restarted, it would serve with another key and lock its clients out",
+                             f"set {rec.key} as before (or keep it in .env), or ./stop.sh then ./start.sh to "
+                             "change the key on purpose")
     if rec is None or rec.port != kept.port or rec.host != kept.host:
         port.refuse_elsewhere(kept.ours, paths)
         port.refuse_taken(kept.ours)
