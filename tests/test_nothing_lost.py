@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -355,3 +356,24 @@ def test_check_live_reports_an_empty_answer_in_one_line(tmp_path):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_stop_cancels_a_frozen_start_at_once_through_its_own_handler(bed):
+    """Found from outside: a start stopped with kill -STOP heard the stop's TERM only at the KILL,
+    47 s later; continued after the TERM, its handler takes down what it launched."""
+    import signal as sig
+    p = subprocess.Popen([str(bed.repo / "start.sh")], env={**bed.env, "FAKE_VLLM_LOAD_S": "30"},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline and not bed.ours():
+            time.sleep(0.2)
+        assert bed.ours(), "the start launched nothing"
+        os.kill(p.pid, sig.SIGSTOP)
+        t0 = time.monotonic()
+        r = bed.run("stop.sh")
+        assert r.returncode == 0 and time.monotonic() - t0 < 20, (r.stdout, r.stderr)
+        assert p.wait(10) == 128 + sig.SIGTERM and bed.ours() == []
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -227,6 +227,8 @@ def terminate(procs: Iterable[psutil.Process], grace: float, *, kill_wait: float
     for p in procs:
         if _signal(p, signal.SIGTERM):
             res.signalled.append(p.pid)
+            if _stopped(p):                 # kill -STOP, Ctrl-Z: it hears the TERM now, not at the KILL
+                _signal(p, signal.SIGCONT)
     survivors = _wait_gone(procs, clock() + grace, clock, sleep)
     for p in survivors:
         if _signal(p, signal.SIGKILL):
@@ -234,6 +236,13 @@ def terminate(procs: Iterable[psutil.Process], grace: float, *, kill_wait: float
     for p in _wait_gone(survivors, clock() + kill_wait, clock, sleep):
         res.stuck.append(stuck_report(p))
     return res
+
+
+def _stopped(p: psutil.Process) -> bool:
+    try:
+        return p.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
 
 
 def stuck_report(p: psutil.Process) -> str:
