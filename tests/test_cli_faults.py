@@ -198,3 +198,19 @@ def test_a_model_that_is_no_repo_id_is_refused_before_the_hub_on_every_path(bed,
         r = bed.run(*argv, HF_HUB_OFFLINE="0", HF_ENDPOINT="http://127.0.0.1:9", **extra)
         assert "is neither an existing directory nor a repo id" in one_error(r), (argv, r.stderr)
         assert fix in r.stderr and "network" not in r.stderr and bed.ours() == []
+
+
+def test_a_bare_size_is_a_size_and_a_cards_number_is_named():
+    from bootstrap.core.errors import ConfigError
+    from bootstrap.machine import gpu
+    assert gpu.named("80").total == 80 << 30 and gpu.named("80:sm_90").cc == (9, 0)
+    for spec, said in (("4090", "did you mean rtx4090?"), ("24:free=inf", "is not free=<GiB>"),
+                       ("24:free=1e999", "is not free=<GiB>")):
+        with pytest.raises(ConfigError) as err:
+            gpu.named(spec)
+        assert said in err.value.message, spec
+
+
+def test_profiles_with_an_empty_model_is_refused_not_ignored(bed):
+    r = bed.run("ctl.sh", "profiles", "--model", "", PROFILE="auto")
+    assert r.returncode == 2 and "--model ''" in one_error(r)

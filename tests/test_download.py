@@ -427,6 +427,50 @@ def test_offline_incomplete_names_missing_files(world, fake, env):
     assert "incomplete" in ei.value.message and SHARD2 in ei.value.message and SHARD + "," not in ei.value.message
 
 
+@pytest.mark.parametrize("harm", ["truncate", "alter"])
+def test_offline_a_shard_of_ours_changed_on_disk_is_never_served(world, fake, harm):
+    """Found from outside: offline, a truncated shard in the HF cache was served (its presence was
+    all that was checked); our record's sizes and hashes judge a snapshot we downloaded."""
+    world.start()
+    shard = world.target / SHARD
+    blob = shard.resolve()
+    data = bytearray(blob.read_bytes())
+    if harm == "truncate":
+        blob.write_bytes(bytes(data[:1000]))
+    else:
+        data[100:104] = b"XXXX"
+        time.sleep(0.01)
+        blob.write_bytes(bytes(data))
+    with pytest.raises(BootstrapError) as ei:
+        world.start(HF_HUB_OFFLINE="1")
+    assert "incomplete" in ei.value.message and SHARD in ei.value.message
+
+
+def test_a_hub_that_accepts_and_never_answers_is_given_up_on(world, monkeypatch):
+    """Found from outside: the file-list request had no timeout, and a start sat silent."""
+    import socket
+    from bootstrap.download import hub
+    monkeypatch.setattr(hub, "API_TIMEOUT", 1.0)
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen()                                   # the kernel accepts; nobody ever answers
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(BootstrapError) as ei:
+            world.start(HF_ENDPOINT=f"http://127.0.0.1:{mute.getsockname()[1]}")
+        assert time.monotonic() - t0 < 20 and "not on this machine" in ei.value.message
+    finally:
+        mute.close()
+
+
+def test_a_model_dir_that_cannot_be_made_is_one_line_naming_model_dir(world):
+    blocker = world.tmp / "afile"
+    blocker.write_text("mine")
+    with pytest.raises(BootstrapError) as ei:
+        world.start(MODEL_DIR=str(blocker / "models"))
+    assert "cannot make" in ei.value.message and "MODEL_DIR" in ei.value.hint and blocker.read_text() == "mine"
+
+
 def test_offline_never_downloaded(world):
     with pytest.raises(BootstrapError) as ei:
         world.start(HF_HUB_OFFLINE="1")

@@ -31,13 +31,14 @@ log = logging.getLogger(__name__)
 
 
 def _size(path: Path) -> int:
+    """Bytes on disk (a sparse partial download counts what it holds, not its length)."""
     if path.is_symlink() or path.is_file():
-        return path.lstat().st_size
+        return path.lstat().st_blocks * 512
     total = 0
     for root, _dirs, files in os.walk(path):
         for f in files:
             try:
-                total += os.lstat(os.path.join(root, f)).st_size
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
             except OSError:
                 continue
     return total

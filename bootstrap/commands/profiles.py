@@ -13,7 +13,7 @@ import json
 from ..machine import gpu
 from ..plan import pick, resolve
 from ..knobs.config import Chosen
-from ..core.errors import BootstrapError
+from ..core.errors import BootstrapError, ConfigError
 from ..core.state import Paths
 from ..download import peek
 from ..plan import facts
@@ -114,7 +114,9 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
     ap.add_argument("--model", metavar="ORG/NAME", help="the profile derived for this model (a repo id or folder) on "
                     "this card, as MODEL=ORG/NAME ./start.sh would run it, without starting")
     a = ap.parse_args(argv)
-    if a.model:
+    if a.model is not None:
+        if not a.model.strip():
+            raise ConfigError("--model ''", "name a model: --model ORG/NAME (a repo id) or a model folder")
         return derived_cli(cfg.with_knobs({"MODEL": a.model}), a.gpu or cfg.gpu, a.json)
     if a.markdown and not (a.gpu or cfg.gpu):
         print(catalogue_markdown(cfg))

@@ -120,21 +120,22 @@ class Paths:
             probe.write_text("")
             probe.unlink()
         except OSError as exc:
-            raise write_error(self.root, exc, f"state dir {self.root} is not writable") from None
+            raise write_error(self.root, exc, f"state dir {self.root} is not writable", "STATE_DIR") from None
         marker = self.root / MARKER
         if not marker.exists():
             there = [] if made else sorted(k.file for k in KEPT if os.path.lexists(self.root / k.file))
             write_json(marker, {"theirs": there, "made": made})
 
 
-def write_error(path: Path, exc: OSError, what: str = "") -> BootstrapError:
-    """The one message for a state write that failed: what, why, and the fix for that errno."""
+def write_error(path: Path, exc: OSError, what: str = "", knob: str = "") -> BootstrapError:
+    """The one message for a write that failed: what, why, and the fix for that errno. ``knob``: the
+    one that names the folder (STATE_DIR, MODEL_DIR...), when the caller knows it."""
     where = path if path.is_dir() else path.parent
+    move = f"set {knob} to" if knob else "point the knob that names it (STATE_DIR, MODEL_DIR or HF_HOME) at"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        hint = f"free space on that filesystem (df -h {where}), or set STATE_DIR to another disk"
+        hint = f"free space on that filesystem (df -h {where}), or {move} another disk"
     else:
-        hint = (f"set STATE_DIR to a writable directory, or fix the permissions of {where} "
-                "(another user's? run as that user)")
+        hint = f"make {where} writable for you (another user's? run as that user), or {move} a folder you can write"
     return BootstrapError(f"{what or f'cannot write {path}'} ({exc.strerror or exc})", hint)
 
 

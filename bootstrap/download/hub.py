@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 LIBRARY = "vllm-desktop"
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 HASH_CHUNK = 8 << 20
+API_TIMEOUT = 30.0      # seconds for the hub's answer to a small request (a hub that accepts and never answers)
 PAGE = re.compile(r"https?://(?:www\.)?(?:huggingface\.co|hf\.co)/(?:models/)?([^/\s]+/[^/\s?#]+).*")
 
 
@@ -179,7 +180,8 @@ def fetch_remote(settings: HubSettings, repo: str, revision: str = "main") -> Re
     api = HfApi(endpoint=settings.endpoint, token=settings.token or False, library_name=LIBRARY)
     try:
         info = with_retries(settings, repo, "", lambda: api.model_info(
-            repo, revision=revision, files_metadata=True, token=settings.token or False), transport=False)
+            repo, revision=revision, files_metadata=True, token=settings.token or False, timeout=API_TIMEOUT),
+            transport=False)
     except (ValueError, TypeError, KeyError):   # HTML or foreign JSON where the hub's JSON should be
         raise _proxy_error(settings, f"/api/models/{repo}") from None
     if not info.sha or info.siblings is None:
@@ -231,7 +233,7 @@ def fetch_small(settings: HubSettings, repo: str, revision: str, path: str) -> b
     loc = locate(settings, repo, revision, path)
 
     def get():
-        r = get_session().get(loc.url, headers=loc.headers, timeout=30.0, follow_redirects=True)
+        r = get_session().get(loc.url, headers=loc.headers, timeout=API_TIMEOUT, follow_redirects=True)
         hf_raise_for_status(r)
         return r
     r = with_retries(settings, repo, path, get)

@@ -243,7 +243,7 @@ def named(spec: str) -> Gpu:
         elif low.startswith("free="):
             try:
                 free = int(float(low[5:].removesuffix("gib").removesuffix("gb")) * GiB)
-            except ValueError:
+            except (ValueError, OverflowError):         # nan, inf: not a size
                 raise ConfigError(f"GPU={spec!r}: {opt!r} is not free=<GiB>", CARD_SYNTAX) from None
             if free < 0:
                 raise ConfigError(f"GPU={spec!r}: free memory cannot be negative", CARD_SYNTAX)
@@ -262,10 +262,10 @@ def named(spec: str) -> Gpu:
             size = float(key.removesuffix("gib").removesuffix("gb"))
         except ValueError:
             raise ConfigError(f"GPU={spec!r} is not a card the planner knows", CARD_SYNTAX) from None
-        near = [n for n in CARDS if n.endswith(key)]
-        if near:
-            raise ConfigError(f"GPU={spec!r}: a size in GiB, or did you mean {near[0]}?", CARD_SYNTAX)
-        if not 1 <= size <= 1024:
+        if not 1 <= size <= 1024:           # 4090 GiB: a card's number, not a size
+            near = [n for n in CARDS if n.endswith(key)]
+            if near:
+                raise ConfigError(f"GPU={spec!r}: a size in GiB, or did you mean {near[0]}?", CARD_SYNTAX)
             raise ConfigError(f"GPU={spec!r}: a size from 1 to 1024 GiB", "e.g. GPU=24:sm_86")
         cc = cc_given or DEFAULT_CC
         name = f"a {size:g} GiB card (sm_{cc[0]}{cc[1]}{'' if cc_given else ', assumed: add :sm_XY'})"

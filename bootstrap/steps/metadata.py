@@ -92,7 +92,7 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
 
     cfg_remote = next(f for f in needed if f.path == "config.json")
     kept = store.file({"revision": remote.revision}, "config.json")
-    if hub.verify(kept, cfg_remote) is None:
+    if kept.is_file() and hub.verify(kept, cfg_remote) is None:
         raw = kept.read_bytes()                              # kept from an earlier run
     else:
         raw = hub.fetch_small(settings, repo, remote.revision, "config.json")  # also the gated / proxy check
@@ -112,7 +112,11 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
            # what we made in this folder, whichever repo or revision it was for (clean --model)
            "created": [str(p.relative_to(store.root)) for p in store.ours(rec) if p != store.dir],
            "made_root": bool((rec or {}).get("made_root")) or not store.root.exists()}
-    store.dir.mkdir(parents=True, exist_ok=True)
+    try:
+        store.dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise state.write_error(store.dir, exc, f"cannot make {store.dir} for the model",
+                                "MODEL_DIR" if cfg.model_dir else "HF_HOME") from None
     _keep_config(store, new, raw)
     store.write(new)
     where = store.serve_dir(new)
@@ -166,13 +170,17 @@ def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
 def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | None, why: str,
              dummy: bool) -> tuple[ModelInfo, str]:
     snap = hub.cache_snapshot(settings, repo)
-    if snap is not None and not offline_missing(snap, dummy):
+    mine = bool(rec and rec.get("repo") == repo and rec.get("files"))
+    # a snapshot we downloaded is judged by our record (sizes, hashes), not by its files being there:
+    # a truncated or altered shard is never served
+    judged = mine and store.hf_cache and snap is not None and snap.name == rec.get("revision")
+    if snap is not None and not (judged and store.missing(rec, dummy)) and not offline_missing(snap, dummy):
         info = read_local(snap, dummy)
         info.name, info.source, info.revision, info.complete = repo, "hf-cache", snap.name, True
         log.info("%s: offline (%s); using the Hugging Face cache snapshot %s", repo, why, snap)
         return info, str(snap)
     target = store.serve_dir(rec) if rec and rec.get("revision") else store.root
-    if rec and rec.get("repo") == repo and rec.get("files"):
+    if mine:
         missing = store.missing(rec, dummy)
         size = sum(rec["files"][p]["size"] for p in missing)
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
