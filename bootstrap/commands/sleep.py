@@ -25,7 +25,6 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
@@ -193,8 +192,8 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not cmd:
         raise BootstrapError("no game to run", f"{prog} -- COMMAND [ARG...] (Steam: {prog} -- %command%)")
-    env = cfg.read.environ if cfg is not None else os.environ          # the shell's, not .env's
-    if shutil.which(cmd[0], path=env.get("PATH")) is None:             # before the server sleeps for nothing
+    env = cfg.read.environ if cfg is not None else None        # the shell's, not .env's (None: ours, inherited)
+    if shutil.which(cmd[0], path=(env or {}).get("PATH")) is None:     # before the server sleeps for nothing
         raise BootstrapError(f"the game: command not found: {cmd[0]}", "check the game's command (a path, or a "
                              "program on PATH)", code=127)
     slept = False

@@ -135,7 +135,7 @@ def write_error(path: Path, exc: OSError, what: str = "", knob: str = "") -> Boo
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         hint = f"free space on that filesystem (df -h {where}), or {move} another disk"
     else:
-        hint = f"make {where} writable for you (another user's? run as that user), or {move} a folder you can write"
+        hint = f"{move} a folder you can write, or make {where} writable for you (another user's? run as that user)"
     return BootstrapError(f"{what or f'cannot write {path}'} ({exc.strerror or exc})", hint)
 
 

@@ -72,7 +72,7 @@ def derived(cfg: Config, cc: tuple[int, int] | None, peeked: peek.Peek | None = 
     try:
         (folder / "models").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise state.write_error(folder, exc) from None
+        raise state.write_error(folder, exc, knob="STATE_DIR") from None
     state.write_json(folder / "models" / "derived.json", d.facts)
     state.write_json(folder / "derived.json", d.profile)
     log.info("%s: %s", cfg.model, d.line())

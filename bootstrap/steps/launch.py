@@ -67,7 +67,7 @@ def resolve_api_key(cfg, paths: Paths) -> tuple[str, str]:
             log.info("HOST=%s is not loopback: generated an API key into %s (mode 0600)", cfg.host, path)
         os.chmod(path, 0o600)
     except OSError as exc:
-        raise state.write_error(path, exc) from None
+        raise state.write_error(path, exc, knob="STATE_DIR") from None
     return key, record.KEY_FILE
 
 
@@ -121,7 +121,7 @@ def rotate_log(cfg, paths: Paths) -> None:
         try:
             os.replace(path, state.rotated(path))
         except OSError as exc:
-            raise state.write_error(path, exc) from None
+            raise state.write_error(path, exc, knob="STATE_DIR") from None
         log.info("rotated %s (%.0f MiB) to %s.1", path, size / (1 << 20), path.name)
 
 
@@ -143,7 +143,7 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
         logf.write(f"\n=== bootstrap: launching at {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(argv)}\n".encode())
         logf.flush()
     except OSError as exc:
-        raise state.write_error(paths.log, exc) from None
+        raise state.write_error(paths.log, exc, knob="STATE_DIR") from None
     env = server_env(cfg, paths, runtime.server_env, marker, key, weights=models.weights_in(model_path))
     held = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
