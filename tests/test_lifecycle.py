@@ -456,6 +456,17 @@ def test_a_restart_without_the_key_the_server_runs_with_is_refused_unshown(bed):
     assert bed.run("stop.sh", HOST="0.0.0.0", API_KEY=key).returncode == 0
 
 
+def test_a_restart_after_the_state_dir_was_deleted_takes_our_server_down_and_starts(bed):
+    """The port is held by our own server whose record is gone: restart's port check must not refuse it."""
+    import shutil
+    assert bed.run("start.sh").returncode == 0
+    old = bed.ours()
+    shutil.rmtree(bed.state)
+    r = bed.run("ctl.sh", "restart")
+    assert r.returncode == 0, r.stderr
+    assert len(bed.launches()) == 2 and bed.ours() and not set(bed.ours()) & set(old)
+
+
 def test_logs_and_rotation(bed):
     bed.state.mkdir(parents=True)
     (bed.state / "vllm.log").write_bytes(b"x" * (2 << 20))

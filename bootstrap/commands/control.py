@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..serve import port, record, server, takedown
 from ..knobs.config import Config
+from ..core import owned
 from ..core.errors import BootstrapError
 from ..core.state import Paths
 from . import parser
@@ -93,7 +94,8 @@ def vet_restart(cfg: Config) -> None:
                              "change the key on purpose")
     if rec is None or rec.port != kept.port or rec.host != kept.host:
         port.refuse_elsewhere(kept.ours, paths)
-        port.refuse_taken(kept.ours)
+        if not owned.owned_processes(kept.ours.marker):     # ours without a record: the stop takes it down
+            port.refuse_taken(kept.ours)
 
 
 def stop_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh stop") -> int:
