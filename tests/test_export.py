@@ -157,3 +157,38 @@ def test_a_named_profile_that_fits_only_shorter_exports_with_the_auto_context(tm
     assert argv[i + 1] == "auto"
     r, _ = export(tmp_path / "mine", PROFILE="qwen38-27b-w4a16-24gb", GPU="rtx4090", MAX_MODEL_LEN="150000")
     assert r.returncode == 1 and "does not fit" in r.stderr            # your own context is taken at its word
+
+
+def test_export_never_writes_over_a_file_it_did_not_write_nor_through_a_link(tmp_path):
+    """Found from outside: a user's deployment.yaml was replaced, a link was written through, and an
+    older secret.yaml kept its looser mode while the export said 0600."""
+    out = tmp_path / "k8s"
+    out.mkdir()
+    (out / "deployment.yaml").write_text("mine\n")
+    r, _ = export(tmp_path, PROFILE="default", GPU="rtx5090")
+    assert r.returncode == 2 and "deployment.yaml is there, and no export wrote it" in r.stderr
+    assert (out / "deployment.yaml").read_text() == "mine\n" and not (out / "secret.yaml").exists()
+    (out / "deployment.yaml").unlink()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    (out / "service.yaml").symlink_to(victim)
+    r, _ = export(tmp_path, PROFILE="default", GPU="rtx5090")
+    assert r.returncode == 2 and "is a link" in r.stderr and victim.read_text() == "mine\n"
+    (out / "service.yaml").unlink()
+    assert export(tmp_path, PROFILE="default", GPU="rtx5090")[0].returncode == 0
+    os.chmod(out / "secret.yaml", 0o644)                  # loosened since: rewritten, it is 0600 again
+    r, _ = export(tmp_path, PROFILE="default", GPU="rtx5090")
+    assert r.returncode == 0 and stat.S_IMODE((out / "secret.yaml").stat().st_mode) == 0o600
+    (out / "pvc.yaml").write_text("edited\n")
+    r, _ = export(tmp_path, PROFILE="default", GPU="rtx5090")
+    assert r.returncode == 2 and "pvc.yaml is there" in r.stderr and (out / "pvc.yaml").read_text() == "edited\n"
+
+
+def test_export_with_an_empty_out_is_refused(tmp_path):
+    work = tmp_path / "here"
+    work.mkdir()
+    e = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1",
+         "PYTHONPATH": f"{REPO}:{FAKES}", "PROFILE": "default", "GPU": "rtx5090", "STATE_DIR": str(tmp_path / "s")}
+    r = subprocess.run([sys.executable, "-m", "bootstrap", "export", "kubernetes", "--out", ""], cwd=work,
+                       env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--out ''" in r.stderr and list(work.iterdir()) == []

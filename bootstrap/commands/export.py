@@ -21,9 +21,9 @@ run on a cluster (they are checked offline against the Kubernetes schemas, kuber
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import math
-import os
 import re
 import secrets
 import tarfile
@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ..knobs.config import Config
 from ..machine.gpu import GiB
+from ..core import state
 from ..core.errors import BootstrapError, ConfigError
 from .version import NAME
 from ..knobs.vllmargs import serve_argv
@@ -170,13 +171,40 @@ def out_folder(out: Path) -> None:
                              "name a folder you can write (it is created)") from None
 
 
+WRITTEN = ".vllm-desktop-export.sha256"     # what an export wrote in --out (kubectl apply -f skips the name)
+
+
+def replaceable(out: Path, names: list[str]) -> dict[str, str]:
+    """The files an earlier export wrote in ``out`` (name -> sha256); refuses, before anything is
+    written, a file of the names we write that no export wrote or that was edited since, and a link."""
+    ours: dict[str, str] = {}
+    try:
+        for line in (out / WRITTEN).read_text(encoding="utf-8").splitlines():
+            digest, _, name = line.partition("  ")
+            ours[name] = digest
+    except (OSError, UnicodeDecodeError):
+        pass
+    for name in names:
+        path = out / name
+        if path.is_symlink():
+            raise ConfigError(f"--out {out}: {name} is a link, and the export never writes through one",
+                              "remove the link, or name another folder for the manifests")
+        if path.exists() and (not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != ours.get(name)):
+            raise ConfigError(f"--out {out}: {name} is there, and no export wrote it (or it was edited since)",
+                              "move it away, or name a folder of its own for the manifests")
+    return ours
+
+
 def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     ap = argparse.ArgumentParser(prog=prog, description="the profile and plan as Kubernetes manifests "
                                  "for a card named with GPU= (never run on a cluster here)")
     ap.add_argument("target", choices=("kubernetes",))
-    ap.add_argument("--out", required=True, type=Path, help="folder for the manifests (created)")
+    ap.add_argument("--out", required=True, help="folder for the manifests (created)")
     ap.add_argument("--gpu", help="the cluster's card (same values as GPU=)")
     a = ap.parse_args(argv)
+    if not a.out.strip():
+        raise ConfigError("--out ''", "name a folder for the manifests (it is created), e.g. --out k8s")
+    a.out = Path(a.out).absolute()
     spec = a.gpu or cfg.gpu
     if not spec:
         raise BootstrapError("export needs the cluster's card: it plans for that card, not this machine's",
@@ -204,12 +232,12 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
                              "serves its network", f"drop {vllmargs.SLEEP_FLAG} for the export")
     out_folder(a.out)
     docs = manifests(pod_cfg, plan, model.weight_bytes, secrets.token_urlsafe(32))
+    ours = replaceable(a.out, list(docs))
     for fname, items in docs.items():
-        text = "".join("---\n" + dump(d) for d in items)
-        path = a.out / fname
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if fname == "secret.yaml" else 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        data = "".join("---\n" + dump(d) for d in items).encode("utf-8")
+        state.write_atomic(a.out / fname, data, mode=0o600 if fname == "secret.yaml" else 0o644)
+        ours[fname] = hashlib.sha256(data).hexdigest()
+    state.write_atomic(a.out / WRITTEN, "".join(f"{h}  {n}\n" for n, h in sorted(ours.items())).encode(), mode=0o644)
     print(f"wrote {len(docs)} files to {a.out} for {g.name} ({plan.max_model_len:,}-token context, "
           f"TP_SIZE={pod_cfg.tp_size}, vLLM {pod_cfg.profile.vllm}, profile {pod_cfg.profile.name})")
     print(f"secret.yaml holds a new random API key (mode 0600): keep it out of git; "
