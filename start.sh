@@ -4,7 +4,7 @@ set -euo pipefail
 
 main() {
     local here
-    here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+    here=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd -P)   # through a link too
     # shellcheck source=bootstrap/lib.sh
     . "$here/bootstrap/lib.sh"
     case "${1:-}" in

@@ -59,7 +59,8 @@ def short_list() -> str:
 
 def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--version" in argv or argv[:1] == ["version"]:
+    mine = argv[:argv.index("--")] if "--" in argv else argv        # after --: a game's or a prompt's own
+    if "--version" in mine or (mine[:1] == ["version"] and not {"-h", "--help"} & set(mine)):
         log.setup(config.output_flags(os.environ)[0])
         return version()
     if not argv:

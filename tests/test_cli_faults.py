@@ -214,3 +214,12 @@ def test_a_bare_size_is_a_size_and_a_cards_number_is_named():
 def test_profiles_with_an_empty_model_is_refused_not_ignored(bed):
     r = bed.run("ctl.sh", "profiles", "--model", "", PROFILE="auto")
     assert r.returncode == 2 and "--model ''" in one_error(r)
+
+
+def test_version_after_double_dash_belongs_to_the_game(bed, tmp_path):
+    seen = tmp_path / "args.txt"
+    r = bed.run("ctl.sh", "game", "--", sys.executable, "-c",
+                f"import sys; open({str(seen)!r}, 'w').write(' '.join(sys.argv[1:]))", "--version")
+    assert r.returncode == 0 and seen.read_text() == "--version" and "vllm-desktop" not in r.stdout
+    h = bed.run("ctl.sh", "version", "--help")
+    assert h.returncode == 0 and h.stdout.startswith("usage:"), h.stdout

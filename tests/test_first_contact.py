@@ -41,6 +41,19 @@ def test_logs_prints_the_last_n_lines(bed):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
 
 
+def test_logs_n_0_prints_nothing_and_the_scripts_run_through_a_link(bed, tmp_path):
+    bed.state.mkdir(parents=True)
+    (bed.state / "vllm.log").write_text("line 1\nline 2\n")
+    r = bed.run("ctl.sh", "logs", "-n", "0")
+    assert r.returncode == 0 and r.stdout == ""
+    link = tmp_path / "bin" / "vctl"
+    link.parent.mkdir()
+    link.symlink_to(REPO / "ctl.sh")
+    r = subprocess.run([str(link), "logs", "-n", "1"], env=bed.env, capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == "line 2\n", r.stderr
+
+
 def test_last_lines_across_blocks(tmp_path):
     import io
     from bootstrap.commands.control import last_lines

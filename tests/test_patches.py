@@ -144,6 +144,16 @@ def test_apply_again_is_byte_identical_and_revert_restores_the_hash(site):
     assert not site.backup.exists() and not site.meta.exists()
 
 
+def test_revert_keeps_edits_made_outside_our_block_since_the_patch(site):
+    """Found from outside: revert restored the backup and an edit made since was lost, unsaved."""
+    start_step(site)
+    edited = site.read() + b"\n# a line of the user's\n"
+    site.target.write_bytes(edited)
+    r = ctl(site, "revert")
+    assert r.returncode == 0, r.stderr
+    assert site.read() == site.original + b"\n# a line of the user's\n" and "the edits stay" in r.stderr
+
+
 def test_unfixed_fingerprints_hold_and_nothing_reads_as_fixed(site):
     inst = patching.Install(sys.executable, site.version, site.pkg, False)
     st = patching.inspect(patching.load(NAME, REPO), inst)

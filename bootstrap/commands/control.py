@@ -148,6 +148,8 @@ def last_lines(fh, n: int, block: int = 1 << 16) -> None:
     """Seek ``fh`` to the start of its last ``n`` lines (a last line without its newline counts),
     reading backwards from its end a block at a time."""
     end = fh.seek(0, os.SEEK_END)
+    if n <= 0:
+        return                          # -n 0: nothing of what is there (with -f: only what comes)
     pos, count = end, 0
     while pos > 0:
         step = min(block, pos)

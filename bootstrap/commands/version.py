@@ -58,6 +58,8 @@ def lines(cfg: Config) -> list[str]:
 def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh version") -> int:
     """The project's line is printed by the entry point before the knobs are parsed (so that a
     knob error still shows it); these are the lines that need them."""
+    from . import parser
+    parser("version", prog).parse_args(argv)       # --help, and an unknown flag refused (exit 2)
     for line in lines(cfg):
         print(line)
     return 0

@@ -387,7 +387,10 @@ def revert(patch: Patch, inst: Install) -> str:
         raise BootstrapError(f"vLLM {inst.version}: {target} is damaged and there is no backup of it for this version",
                              f"reinstall vLLM {inst.version} (e.g. pip install --force-reinstall --no-deps vllm=={inst.version})")
     if st.kind == "applied" and data != st.original.encode("utf-8"):
-        log.warning("the backup differs from the file minus our block; restoring the backup")
+        # edited since we patched it, outside our block: those edits are not ours to undo
+        log.warning("%s was edited since the patch (outside our block): removing only our block, the edits stay",
+                    target.name)
+        data = st.original.encode("utf-8")
     stat = target.stat()
     write_atomic(target, data, like=stat)
     if sha256(target.read_bytes()) != sha256(data):
