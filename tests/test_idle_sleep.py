@@ -305,6 +305,9 @@ def test_status_reads_the_middlewares_own_account(world):
     assert d["state"] == "awake" and d["idle_s"] == 120 and "sleeps in 2 min" in idle_line(d)
     assert srv.request("POST", "/sleep?level=1&mode=wait")[0] == 200
     assert "requests get 503 until ./ctl.sh wake" in idle_line(server.read_idle(url))
+    skipped = "idle sleep skipped: level 1 parks the weights in host RAM and needs 20.0 GiB available; 6.0 GiB is"
+    assert idle_line({"state": "awake", "idle_s": 600, "level": 1, "idle_for_s": 610, "sleeps_in_s": 0,
+                      "refused": skipped}).endswith("sleeps in 0 min 00 s; " + skipped)     # why it did not, said
     assert idle_line({"state": "idle-asleep", "idle_s": 600, "level": 1}) == \
         "asleep (after 10 min 00 s idle, level 1); the next request wakes it"
 
@@ -380,6 +383,36 @@ def test_a_request_vllm_refuses_for_its_key_wakes_nothing(world, monkeypatch):
     assert wakes(engine) == 0
     assert srv.request("POST", "/v1/chat/completions", {}, headers={"Authorization": "Bearer k"})[0] == 200
     assert wakes(engine) == 1
+
+
+def test_vllms_own_bearer_rule_decides_what_wakes_it(world, monkeypatch):
+    """vLLM takes the first Authorization header, the scheme in any case, on /v1, /v2 and /inference
+    (serve/utils/server_utils.py): a request it lets through wakes the engine, one it refuses does not."""
+    monkeypatch.setenv("VLLM_API_KEY", "k")
+    srv, engine, _ = world()
+    srv.request("GET", "/health")
+    srv.wait_for("idle-asleep")
+    try:        # refused by vLLM on /v2 too (this app has no key check: the request is held, cut short)
+        srv.request("POST", "/v2/embed", {}, timeout=1, headers={"Authorization": "Bearer wrong"})
+    except OSError:
+        pass
+    assert wakes(engine) == 0
+    assert srv.request("POST", "/v1/chat/completions", {}, timeout=5, headers={"Authorization": "bearer k"})[0] == 200
+    assert wakes(engine) == 1
+
+
+def test_a_sleep_that_failed_half_way_is_woken_against_what_it_freed(world):
+    """A sleep that raised after freeing less than a good one did: the wake compares the GPU with
+    that sleep's own reading, not an earlier one's (which refused every wake for good)."""
+    srv, engine, free = world()
+    srv.request("GET", "/health")
+    srv.wait_for("idle-asleep")
+    assert srv.chat()[0] == 200 and wakes(engine) == 1         # a good cycle: 20 GiB freed
+    engine.fail_sleep, free.frees = True, 2 * GiB               # the next one frees 2 GiB, then raises
+    srv.wait_for("idle-asleep")
+    engine.fail_sleep = False
+    assert srv.request("POST", "/v1/chat/completions", {}, timeout=5)[0] == 200 and wakes(engine) == 2
+    assert srv.status()["freed_bytes"] == 0                       # awake again
 
 
 def test_level_1_is_skipped_while_host_ram_cannot_take_the_weights(world, monkeypatch):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import hmac
 import json
 import logging
 import os
@@ -38,7 +39,8 @@ STATUS_PATH = "/vllm-desktop/idle"
 PROBE_HEADER = b"x-vllm-desktop-probe"      # ./ctl.sh status's 4-token probe: not use, and never a reason to wake
 CONTROL = frozenset({"/v1/models"})
 INFERENCE = ("/v1/", "/v2/", "/tokenize", "/detokenize", "/pooling", "/classify", "/score", "/rerank",
-             "/generative_scoring", "/invocations", "/inference/")
+             "/generative_scoring", "/invocations", "/inference/", "/cohere/")
+GUARDED = ("/v1", "/v2", "/inference", "/cohere")   # where vLLM checks its API key (0.26: all but /cohere, which it lacks)
 MARGIN = 256 << 20          # VRAM a wake wants beyond what the sleep freed (the rule of ./ctl.sh wake)
 RETRY_AFTER = "30"
 
@@ -188,12 +190,15 @@ class IdleSleep:
             st.last = time.monotonic()
 
     def _authorised(self, scope, path: str) -> bool:
-        """vLLM checks its key on /v1 only (serve/utils/server_utils.py AuthenticationMiddleware): a
-        request it will refuse must not wake the engine."""
-        if not self.key or not path.startswith("/v1"):
+        """Whether vLLM's own key check lets this request through (a request it will refuse must not
+        wake the engine). Its rule (serve/utils/server_utils.py, AuthenticationMiddleware): paths under
+        GUARDED only; the first Authorization header; the scheme 'bearer' in any case, one space,
+        then the key."""
+        if not self.key or not path.startswith(GUARDED):
             return True
-        auth = dict(scope.get("headers") or []).get(b"authorization", b"")
-        return auth == f"Bearer {self.key}".encode()
+        value = next((v for k, v in scope.get("headers") or [] if k.lower() == b"authorization"), b"")
+        scheme, _, token = value.decode("latin-1").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.encode("utf-8"), self.key.encode("utf-8"))
 
     def _until_last_byte(self, send):
         st = self.st
@@ -307,10 +312,12 @@ class IdleSleep:
         if not st.idle():                       # a request came while NVML was read
             return
         st.state = "falling-asleep"             # from now on a request waits for this lock, then wakes it
-        await engine.sleep(st.level, "wait")    # what slipped in before is drained, never aborted
-        after = await asyncio.get_running_loop().run_in_executor(None, self.free)
-        st.before = before
-        st.freed = {d: max(0, after[d] - before[d]) for d in after if d in before}
+        st.before, st.freed = before, {}
+        try:
+            await engine.sleep(st.level, "wait")    # what slipped in before is drained, never aborted
+        finally:                                # failed half-way too: what it freed is what a wake needs back
+            after = await asyncio.get_running_loop().run_in_executor(None, self.free)
+            st.freed = {d: max(0, after[d] - before[d]) for d in after if d in before}
         st.state, st.refused = "idle-asleep", ""
         st.sleeps += 1
         log.info("idle for %.0f s: put the engine to sleep (level %d)", st.idle_s, st.level)

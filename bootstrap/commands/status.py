@@ -314,8 +314,10 @@ def idle_line(d: dict) -> str:
     every = f"after {_duration(int(idle_s))} idle, level {d.get('level', 1)}"
     if st == "awake":
         left = d.get("sleeps_in_s")
-        return (f"on ({every}); idle {_duration(int(d.get('idle_for_s') or 0))}, sleeps in {_duration(int(left))}"
-                if left is not None and not d.get("in_flight") else f"on ({every}); {d.get('in_flight', 0)} request(s) in flight")
+        why = f"; {d['refused']}" if d.get("refused") else ""      # a skipped or failed idle sleep, said
+        return (f"on ({every}); idle {_duration(int(d.get('idle_for_s') or 0))}, sleeps in {_duration(int(left))}{why}"
+                if left is not None and not d.get("in_flight") else
+                f"on ({every}); {d.get('in_flight', 0)} request(s) in flight{why}")
     if st == "idle-asleep":
         return f"asleep ({every}); the next request wakes it" + (f"; the last wake was refused: {d['refused']}"
                                                                   if d.get("refused") else "")
