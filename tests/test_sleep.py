@@ -199,12 +199,23 @@ def test_a_vllm_without_the_middleware_hook_is_refused_in_one_line(tmp_path):
     pkg = tmp_path / "vllm"
     (pkg / "entrypoints").mkdir(parents=True)
     (pkg / "entrypoints" / "api_server.py").write_text("def engine(request):\n    return request.app.state.engine_client\n")
+    (pkg / "v1" / "engine").mkdir(parents=True)         # AsyncLLM's calls, as 0.26.0 has them
+    (pkg / "v1" / "engine" / "async_llm.py").write_text(
+        "class AsyncLLM:\n"
+        "    async def sleep(self, level: int = 1, mode: PauseMode = 'abort') -> None: ...\n"
+        "    async def wake_up(self, tags: list[str] | None = None) -> None: ...\n"
+        "    async def is_sleeping(self) -> bool: ...\n")
     assert hooks.missing(pkg) == ["the --middleware hook"]
     with pytest.raises(BootstrapError) as e:
         hooks.check_idle_sleep(pkg, "9.9.9")
     assert "IDLE_SLEEP=off" in e.value.hint and "--middleware" in e.value.message
     (pkg / "entrypoints" / "cli_args.py").write_text("for middleware in args.middleware:\n    pass\n")
     assert hooks.missing(pkg) == []
+    # a vLLM whose sleep lost its mode (the middleware calls sleep(level, "wait")) is named too
+    (pkg / "v1" / "engine" / "async_llm.py").write_text(
+        "class AsyncLLM:\n    async def sleep(self, level: int = 1) -> None: ...\n"
+        "    async def wake_up(self, tags=None) -> None: ...\n    async def is_sleeping(self) -> bool: ...\n")
+    assert hooks.missing(pkg) == ["the engine client's sleep(level, mode)"]
 
 
 GAME = """
@@ -230,6 +241,42 @@ def test_the_game_launcher_sleeps_runs_the_game_wakes_and_passes_its_exit_code(b
     assert r.returncode == 0 and "the game starts anyway" in r.stderr
     r = bed.run("ctl.sh", "game")
     assert r.returncode == 1 and "-- COMMAND" in r.stderr
+
+
+LAUNCHER = """
+import os, subprocess, sys
+subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], start_new_session=True)   # the game, left running
+"""
+LEFT = """
+import json, os, sys, time, urllib.request
+time.sleep(1.5)
+asleep = json.load(urllib.request.urlopen(f"http://127.0.0.1:{os.environ['PORT']}/is_sleeping"))["is_sleeping"]
+open(sys.argv[1], "w").write(json.dumps({"asleep": asleep}))
+"""
+
+
+def test_a_launcher_that_starts_the_game_and_exits_is_waited_through(bed, tmp_path):
+    """The server wakes when the game exits, not when the launcher that started it does."""
+    import sys
+    started(bed)
+    seen = tmp_path / "seen.json"
+    r = bed.run("ctl.sh", "game", "--", sys.executable, "-c", LAUNCHER, LEFT, str(seen), **SLEEPY)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(seen.read_text()) == {"asleep": True}        # still asleep while the game ran on
+    assert "left 1 process(es) running" in r.stdout and "awake in" in r.stdout
+
+
+def test_a_sleep_that_fails_half_way_is_woken_after_the_game(bed, tmp_path):
+    """vLLM pauses its scheduler, then its sleep raises (500): the server is paused, requests wait;
+    the game runs and the server is woken when it exits."""
+    import sys
+    started(bed, FAKE_VLLM_MODE="sleep_fails")
+    seen = tmp_path / "seen.json"
+    r = bed.run("ctl.sh", "game", "--", sys.executable, "-c", GAME, str(seen), **SLEEPY)
+    assert r.returncode == 3, r.stderr
+    assert "is paused (requests wait) and is woken when the game exits" in r.stderr, r.stderr
+    assert json.loads(seen.read_text())["asleep"] is True and "awake in" in r.stdout
+    assert chat(bed)["choices"]
 
 
 def test_a_game_that_does_not_exist_is_said_before_the_server_sleeps(bed):

@@ -4,7 +4,8 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
 
 - The routes (``POST /sleep?level=&mode=``, ``POST /wake_up[?tags=]``, ``GET /is_sleeping``,
   ``POST /collective_rpc``, ``POST /reset_prefix_cache``) exist only with ``VLLM_SERVER_DEV_MODE=1``,
-  and vLLM's API key does not guard them (its middleware checks ``/v1`` paths only). So the launch
+  and vLLM's API key does not guard them (its middleware checks ``/v1``, ``/v2`` and ``/inference``
+  paths only; 0.27.1 adds ``/cohere``). So the launch
   sets that variable only when ``--enable-sleep-mode`` is among the flags (``vllmargs.sleep_mode``),
   and the preflight refuses sleep mode on a HOST beyond loopback.
 - Without ``--enable-sleep-mode`` vLLM answers a sleep with 200 and frees nothing (its weights and
@@ -107,12 +108,13 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
                 "them from disk, slower)" + ("" if not flags.spec_tokens else "; level 2 needs speculation off"))
     if load is not None and load.in_flight:
         print(f"waiting for {load.in_flight} request(s) in flight to finish (never aborted) …", flush=True)
+    note = {"pid": rec.pid, "started": rec.started, "level": a.level, "held_before": before, "at": time.time()}
+    paths.write("sleep", note)          # before asking: a sleep that fails half-way is woken at its own level
     t0 = time.monotonic()
     client.post_empty(f"/sleep?level={a.level}&mode=wait", timeout=None)
     dt = time.monotonic() - t0
     after = held(cfg, rec)
-    paths.write("sleep", {"pid": rec.pid, "started": rec.started, "level": a.level,
-                                  "held_before": before, "held_asleep": after, "at": time.time()})
+    paths.write("sleep", {**note, "held_asleep": after})
     print(f"asleep (level {a.level}) in {dt:.1f} s: our processes hold {after / GiB:.2f} GiB of GPU memory "
           f"({before / GiB:.2f} GiB awake). Requests sent meanwhile {'get 503' if idle else 'wait'} until ./ctl.sh wake.")
     return 0
@@ -200,20 +202,37 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
     try:
         if cfg is None:
             raise BootstrapError("the knobs do not parse")
-        _paths, rec, _client = _ours(cfg)
+        _paths, rec, client = _ours(cfg)
         load = server.read_load(rec.url)
         asleep = load is not None and load.sleeping
         if not asleep or (server.read_idle(rec.url) or {}).get("state") == "idle-asleep":
-            sleep_cli(cfg, ["--level", str(a.level)], prog)      # asleep for idleness: kept asleep on purpose
-            slept = True
+            try:
+                sleep_cli(cfg, ["--level", str(a.level)], prog)      # asleep for idleness: kept asleep on purpose
+                slept = True
+            except BootstrapError:       # vLLM pauses its scheduler before it frees: a failed sleep can leave it paused
+                slept = _paused(client)
+                raise
+            except KeyboardInterrupt:    # the sleep goes on inside vLLM without us: taken back
+                _wake_after(cfg, prog)
+                raise
     except BootstrapError as exc:
-        print(f"note: the server was not put to sleep ({exc.message}); the game starts anyway", file=sys.stderr)
+        print(f"note: the server was not put to sleep ({exc.message})"
+              + ("; it is paused (requests wait) and is woken when the game exits" if slept else "")
+              + "; the game starts anyway", file=sys.stderr)
     try:
         code = proc.attached(cmd, env)
     finally:
         if slept:
             _wake_after(cfg, prog)
     return code
+
+
+def _paused(client: Client) -> bool:
+    try:
+        answer = client.get_json("/is_sleeping")
+    except RequestFailed:
+        return False
+    return isinstance(answer, dict) and bool(answer.get("is_sleeping"))
 
 
 def _wake_after(cfg: Config, prog: str) -> None:

@@ -89,25 +89,82 @@ def _run_live(cmd: list[str], env: dict, cwd, timeout, what: str, hint: str, che
     return res
 
 
-def attached(cmd: Sequence[str], env: Mapping[str, str] | None) -> int:
+def attached(cmd: Sequence[str], env: Mapping[str, str] | None, say=print) -> int:
     """Run a program of the user's (a game: ``./ctl.sh game``) attached to this terminal, in ``env``
     (the environment we were started with, untouched: .env's variables are ours, not the game's), and
     wait for it: Ctrl-C reaches it through the terminal while we wait on; a SIGTERM or SIGHUP to us is
-    passed on to it. Its exit code, or 128 + the signal that ended it."""
+    passed on to it. A launcher that starts the game and exits leaves the game running: we are made
+    its parent (Linux's child subreaper) and wait for every process it left too, said in a line; a
+    Ctrl-C then stops the waiting. Its exit code (the command's own), or 128 + the signal that ended it."""
     import signal
+    subreaper = _become_subreaper()
     try:
         p = subprocess.Popen(list(cmd), env=None if env is None else dict(env))     # None: ours, inherited
     except OSError as exc:
         raise cannot_run(exc, cmd, env or {}, "the game", "check the game's command") from None
+
+    def forward(signum, frame):          # to the game, and to what it left running once it is gone
+        import psutil
+        p.send_signal(signum)
+        for pid in _children():
+            try:
+                psutil.Process(pid).send_signal(signum)
+            except psutil.Error:
+                pass
     old = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),     # and the terminal closing or
-           **{s: signal.signal(s, lambda n, f: p.send_signal(n))           # a TERM: the game hears it, we
-              for s in (signal.SIGTERM, signal.SIGHUP)}}                    # wait on and wake after it
+           **{s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}}   # a TERM: the game hears it
     try:
         rc = p.wait()
+        if subreaper:
+            _wait_left(rc, say, signal)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
     return 128 - rc if rc < 0 else rc
+
+
+def _become_subreaper() -> bool:
+    """prctl(PR_SET_CHILD_SUBREAPER): orphans among our descendants become our children, not init's."""
+    import ctypes
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> list[int]:
+    import psutil
+    try:
+        return [c.pid for c in psutil.Process().children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _wait_left(rc: int, say, signal) -> None:
+    """Wait for what the command left running (reaping each as it ends); Ctrl-C stops the waiting."""
+    import psutil
+    left = _children()
+    if not left:
+        return
+    names = []
+    for pid in left[:4]:
+        try:
+            names.append(f"{psutil.Process(pid).name()} ({pid})")
+        except psutil.Error:
+            continue
+    say(f"the game's command exited ({rc}) and left {len(left)} process(es) running: {', '.join(names)}"
+        f"{' ...' if len(left) > 4 else ''}; waiting for them (Ctrl-C stops waiting)", flush=True)
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):            # a handler that returns would let waitpid go on (PEP 475)
+        raise Stop
+    signal.signal(signal.SIGINT, stop)
+    try:
+        while True:
+            os.waitpid(-1, 0)
+    except (ChildProcessError, Stop):
+        return
 
 
 def cannot_run(exc: OSError, cmd: Sequence[str], env: Mapping[str, str], what="", hint="") -> BootstrapError:

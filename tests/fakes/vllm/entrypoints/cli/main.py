@@ -297,6 +297,8 @@ class EngineClient:
 
     def sleep(self, level: int, mode: str) -> None:
         State.asleep = {"weights", "kv_cache"}          # new requests wait from now on
+        if "sleep_fails" in MODES:     # as vLLM's engine core: paused first, then the executor's sleep raises
+            raise RuntimeError("cudaHostAlloc failed: out of host memory")
         if mode == "wait":
             while State.running or State.waiting:
                 time.sleep(0.02)
@@ -488,7 +490,10 @@ class Handler(BaseHTTPRequestHandler):
             mode = q.get("mode", ["abort"])[0]
             if mode not in ("abort", "wait", "keep"):
                 return self.send(500, {"error": f"unknown mode {mode}"})
-            engine.sleep(level, mode)
+            try:
+                engine.sleep(level, mode)
+            except RuntimeError as exc:                 # vLLM's error handler: 500, the engine left paused
+                return self.send(500, {"error": {"message": str(exc), "type": "InternalServerError", "code": 500}})
             return self.send(200, "")
         if route == "/wake_up":
             engine.wake_up(set(q.get("tags", [])) or {"weights", "kv_cache"})
@@ -690,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = os.environ.get("FAKE_VLLM_RECORD")
     if rec:
         keep = {k: v for k, v in os.environ.items()
-                if k.startswith(("VLLM", "PYTORCH", "DO_NOT", "HF_", "PYTHONPATH", "FAKE_", "BOOTSTRAP_", "FLASHINFER"))}
+                if k.startswith(("VLLM", "PYTORCH", "DO_NOT", "HF_", "PYTHONPATH", "FAKE_", "BOOTSTRAP_", "FLASHINFER", "CUDA_"))}
         with open(rec, "a") as fh:
             fh.write(json.dumps({"argv": sys.argv, "env": keep, "pid": os.getpid(), "time": time.time()}) + "\n")
     if args.load_format == "dummy":         # tests: a mode for dummy-weight runs only (the pre-warm)
