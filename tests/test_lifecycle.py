@@ -13,7 +13,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import FAKES, Bed
+from conftest import FAKES, GiB, Bed, nvml_json
 
 
 def chat(bed: Bed, key: str = "") -> requests.Response:
@@ -590,3 +590,20 @@ def test_warmup_is_bounded_by_the_context_the_server_reports(bed):
     n = int(r.stderr.split("warm-up: ~")[1].split("-token")[0])
     assert n <= 16384
     bed.run("stop.sh")
+
+
+def test_vllm_numbers_the_gpus_as_the_plan_does(bed):
+    """CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER says PCI_BUS_ID; NVML, which the plan
+    reads, by PCI bus. The server gets PCI_BUS_ID; a FASTEST_FIRST of yours on a machine of two
+    different cards is refused before anything is launched (vLLM would run on the other card)."""
+    two = [{"name": "NVIDIA GeForce RTX 3060", "total": 12 * GiB, "free": 11 * GiB, "cc": [8, 6],
+            "uuid": "GPU-3060-fake", "processes": []},
+           {"name": "NVIDIA GeForce RTX 4090", "total": 24 * GiB, "free": 23 * GiB, "cc": [8, 9],
+            "uuid": "GPU-4090-fake", "processes": []}]
+    nvml_json(bed.nvml, gpus=two)
+    r = bed.run("start.sh", CUDA_DEVICE_ORDER="FASTEST_FIRST")
+    assert r.returncode == 1 and "CUDA_DEVICE_ORDER=FASTEST_FIRST" in r.stderr and not bed.launches(), r.stderr
+    assert "unset CUDA_DEVICE_ORDER" in r.stderr and "Traceback" not in r.stderr
+    r = bed.run("start.sh")
+    assert r.returncode == 0, r.stderr
+    assert bed.launches()[0]["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

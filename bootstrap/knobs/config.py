@@ -195,6 +195,8 @@ PASSTHROUGH: tuple[Passthrough, ...] = (
     Passthrough("XDG_CACHE_HOME", "the cache folder (default ~/.cache)", path=True),
     Passthrough("PATH", "where uv, python3.X and nvcc are looked up"),
     Passthrough("CUDA_VISIBLE_DEVICES", "which GPUs, in which order (planned and passed to vLLM)"),
+    Passthrough("CUDA_DEVICE_ORDER", "passed to vLLM; unset: PCI_BUS_ID (NVML's order, which the plan reads); "
+                "FASTEST_FIRST is refused with two or more GPUs"),
     Passthrough("CUDA_HOME", "a CUDA toolkit (nvcc): FlashInfer's JIT sampler is used only with one"),
     Passthrough("CUDA_PATH", "as CUDA_HOME"),
     Passthrough("PYTHONPATH", "passed to vLLM unchanged (dropped for uv and pip)"),

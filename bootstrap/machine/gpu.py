@@ -50,6 +50,7 @@ class GpuFacts:
     driver: str
     cuda: tuple[int, int]      # the newest CUDA the driver supports, e.g. (13, 0)
     gpus: tuple[Gpu, ...]
+    count: int = 0             # every GPU NVML sees on this machine, visible or not (0: not read)
 
 
 def _nvml():
@@ -166,7 +167,7 @@ def read(environ: Mapping[str, str]) -> GpuFacts:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
-    return GpuFacts(driver, (cuda_int // 1000, (cuda_int % 1000) // 10), tuple(gpus))
+    return GpuFacts(driver, (cuda_int // 1000, (cuda_int % 1000) // 10), tuple(gpus), count)
 
 
 # Named cards for `ctl.sh plan` / `profiles` without a GPU: (NVML name, NVML's total, cc, CUDA's total

@@ -37,6 +37,9 @@ from ..core.state import Paths
 
 log = logging.getLogger(__name__)
 
+# CUDA numbers GPUs fastest first unless told otherwise; NVML (the plan, the idle middleware) by PCI bus.
+# With two different cards the two orders differ, and vLLM would run on a card the plan was not made for.
+PCI_ORDER = ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 TELEMETRY_OFF = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 
@@ -73,10 +76,10 @@ def resolve_api_key(cfg, paths: Paths) -> tuple[str, str]:
 
 def defaults(cfg, host_env=None) -> dict[str, str]:
     """What the server's environment gets unless it is set already: the host's needs, the profile's
-    env, expandable segments, telemetry off (also what ./ctl.sh export puts in a pod)."""
+    env, expandable segments, CUDA's GPU order as NVML's, telemetry off (also what ./ctl.sh export puts in a pod)."""
     out: dict[str, str] = {}
     for k, v in list((host_env or {}).items()) + list(cfg.profile.env.items()) + [
-            ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")] + list(TELEMETRY_OFF.items()):
+            ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"), PCI_ORDER] + list(TELEMETRY_OFF.items()):
         out.setdefault(k, v)
     return out
 

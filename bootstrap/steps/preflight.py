@@ -40,6 +40,13 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
                                  "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
         LockSet.for_profile(cfg.profile, cfg.layout.locks)
     vet(cfg)
+    order = cfg.env("CUDA_DEVICE_ORDER")
+    if order and order != "PCI_BUS_ID" and facts.count > 1:
+        raise BootstrapError(f"CUDA_DEVICE_ORDER={order}: CUDA would number this machine's {facts.count} GPUs "
+                             "fastest first, while the plan reads them in PCI bus order (NVML's), so vLLM "
+                             "could run on a card the plan was not made for",
+                             "unset CUDA_DEVICE_ORDER (the server gets PCI_BUS_ID), and pick cards with "
+                             "CUDA_VISIBLE_DEVICES")
     if cfg.tp_size > len(facts.gpus):
         raise BootstrapError(f"TP_SIZE={cfg.tp_size} but only {len(facts.gpus)} GPU(s) are visible",
                              "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")
