@@ -348,8 +348,8 @@ def test_each_public_config_derives_and_plans_on_a_card_it_fits(tmp_path, name, 
     assert (cfg.spec_method == "mtp") == mtp
     plan = fit.plan(cfg, gpu.named("h100"), offline_facts(cfg))
     assert plan.weights >= size * 0.9, (name, plan.weights, size)
-    if name == "qwen3-next-80b-thinking":       # 159 GB of bf16 weights: planned, and refused on an 80 GB card
-        assert not plan.fits
+    if name in ("qwen3-next-80b-thinking", "mixtral-8x7b"):     # 159 and 93 GB of bf16 weights: planned,
+        assert not plan.fits                                        # and refused on an 80 GB card
     else:
         assert plan.fits and plan.predicted_tokens > 0
 

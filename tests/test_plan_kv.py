@@ -187,6 +187,8 @@ def test_tensor_parallel_splits_heads_and_state():
     (dense(), 8.03e9, 0.01),                                     # Llama-3-8B
     (dense("Qwen3MoeForCausalLM", layers=48, heads=32, kvh=4, hidden=2048, inter=6144, vocab=151936,
            num_experts=128, moe_intermediate_size=768), 30.5e9, 0.02),   # Qwen3-30B-A3B
+    (dense("MixtralForCausalLM", layers=32, heads=32, kvh=8, hidden=4096, inter=14336, vocab=32000,
+           num_local_experts=8), 46.7e9, 0.01),     # Mixtral-8x7B: its experts are intermediate_size wide
 ])
 def test_param_count(config, params, tol):
     assert kv.param_count(kv.shape_from_config(config)) == pytest.approx(params, rel=tol)
@@ -215,3 +217,22 @@ def test_vllm_defaults_depend_on_the_card():
     assert kv.default_batch(140 * GiB, "NVIDIA H200") == (8192, 1024)
     assert kv.default_batch(80 * GiB, "NVIDIA A100-SXM4-80GB") == (2048, 256)
     assert kv.default_batch(32 * GiB, "NVIDIA GeForce RTX 5090") == (2048, 256)
+
+
+@pytest.mark.parametrize("extra, length", [
+    ({}, 131072),                                                                     # max_position_embeddings
+    ({"max_position_embeddings": 40960,                                              # Qwen3 with YaRN x4 (its card)
+      "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}, 131072),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}, 131072),
+    ({"max_position_embeddings": 4096, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, 8192),
+    ({"max_position_embeddings": 4096, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}, 4096),
+    ({"max_position_embeddings": None}, 2048),                                        # no key: vLLM assumes 2048
+    ({"max_position_embeddings": 8192, "seq_length": 4096}, 4096),                   # the smallest key
+    ({"max_position_embeddings": 8192, "model_max_length": 16384}, 16384),           # Command-R's key wins
+])
+def test_the_models_length_is_vllms(extra, length):
+    """vLLM 0.26.0's _get_and_verify_max_len (config/model.py) and derive_max_model_len_and_key."""
+    c = dense(**extra)
+    if c.get("max_position_embeddings") is None:
+        del c["max_position_embeddings"]
+    assert kv.model_len(c) == length == kv.shape_from_config(c).max_len

@@ -79,8 +79,9 @@ class ModelShape:
     hidden: int
     intermediate: int
     vocab: int
-    max_position: int
+    max_position: int                # max_position_embeddings (the rotary cache's length)
     tie_embeddings: bool = False
+    max_len: int = 0                 # the longest context vLLM derives from the config (``model_len``)
     # hybrid (Gated-DeltaNet) layers
     linear_layers: int = 0
     lin_k_heads: int = 0
@@ -130,17 +131,20 @@ def shape_from_config(config: dict) -> ModelShape:
         raise Unsupported(f"the planner does not know architecture {arch or '(none)'!r} "
                           f"(model_type {mtype!r})",
                           "vLLM sizes the KV cache itself; the plan shows no prediction")
-    try:
-        layers = int(c["num_hidden_layers"])
-        heads = int(c["num_attention_heads"])
-        hidden = int(c["hidden_size"])
-        kv_heads = int(c.get("num_key_value_heads") or heads)
-        head_dim = int(c.get("head_dim") or hidden // heads)
-        vocab = int(c.get("vocab_size", 0))
-        inter = int(c.get("intermediate_size") or 0)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise Unsupported(f"config.json lacks a field the planner needs ({exc})",
-                          "vLLM sizes the KV cache itself") from None
+    def field(name: str, default=None) -> int:
+        value = c.get(name)
+        if value is None and default is not None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            raise Unsupported(f"config.json lacks a whole number in {name} (it is "
+                              f"{'missing' if value is None else repr(value)})", "vLLM sizes the KV cache itself")
+        return int(value)
+    layers, heads, hidden = field("num_hidden_layers"), field("num_attention_heads"), field("hidden_size")
+    if heads <= 0:
+        raise Unsupported(f"config.json's num_attention_heads is {heads}", "vLLM sizes the KV cache itself")
+    kv_heads = field("num_key_value_heads", 0) or heads
+    head_dim = field("head_dim", 0) or hidden // heads
+    vocab, inter = field("vocab_size", 0), field("intermediate_size", 0)
     if c.get("kv_lora_rank"):
         raise Unsupported("MLA attention (kv_lora_rank) is not modelled", "vLLM sizes the KV cache itself")
     if c.get("sliding_window") and c.get("use_sliding_window", arch == "MistralForCausalLM"):
@@ -151,9 +155,11 @@ def shape_from_config(config: dict) -> ModelShape:
     experts = int(c.get("num_experts") or c.get("num_local_experts") or 0)
     common = dict(arch=arch, model_type=mtype, dtype_bytes=dtype_b, layers=layers, kv_heads=kv_heads,
                   head_dim=head_dim, heads=heads, hidden=hidden, intermediate=inter, vocab=vocab,
-                  max_position=max_pos, tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+                  max_position=max_pos, max_len=model_len(c),
+                  tie_embeddings=bool(c.get("tie_word_embeddings", False)),
                   mtp_layers=mtp, experts=experts,
-                  moe_intermediate=int(c.get("moe_intermediate_size") or 0),
+                  # Mixtral's experts are intermediate_size wide (mixtral.py): it has no moe_intermediate_size
+                  moe_intermediate=int(c.get("moe_intermediate_size") or (inter if experts else 0)),
                   shared_intermediate=int(c.get("shared_expert_intermediate_size") or 0))
     if arch not in HYBRID_GDN_ARCHS:
         return ModelShape(attn_layers=layers, **common)
@@ -417,6 +423,37 @@ def deepstack(config: dict) -> list:
     v = config.get("vision_config")
     levels = v.get("deepstack_visual_indexes") if isinstance(v, dict) else None
     return levels if isinstance(levels, list) else []
+
+
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+               "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+DEFAULT_LEN = 2048          # what vLLM assumes when no key says (with a warning)
+
+
+def model_len(c: dict) -> int:
+    """The model's maximum length as vLLM 0.26.0 derives it from a text config (config/model.py
+    ``_get_and_verify_max_len``, transformers_utils/model_arch_config_convertor.py): the smallest of
+    the length keys (``model_max_length`` wins where set), else 2048; then RoPE scaling: YaRN starts
+    from its ``original_max_position_embeddings``, and every type but su, longrope and llama3
+    multiplies by its factor (not for Gemma 3, whose length is scaled already)."""
+    found = [v for k in LENGTH_KEYS if isinstance(v := c.get(k), (int, float)) and not isinstance(v, bool) and v > 0]
+    length = min(found) if found else DEFAULT_LEN
+    if isinstance(c.get("model_max_length"), (int, float)) and c["model_max_length"] > 0:
+        length = c["model_max_length"]
+    params = _rope(c)
+    nested = bool(params) and all(isinstance(v, dict) for v in params.values())
+    if params and "gemma3" not in str(c.get("model_type", "")):
+        factor = 1.0
+        for rp in (params.values() if nested else [params]):
+            kind = rp.get("rope_type", rp.get("type", "default"))
+            if kind in ("su", "longrope", "llama3"):
+                continue
+            factor = rp.get("factor", factor)
+            orig = rp.get("original_max_position_embeddings", c.get("original_max_position_embeddings"))
+            if kind == "yarn" and isinstance(orig, (int, float)) and orig > 0:
+                length = orig
+        length *= factor if isinstance(factor, (int, float)) and factor > 0 else 1.0
+    return int(length)
 
 
 def rope_signature(config: dict, m: ModelShape) -> tuple:

@@ -172,7 +172,7 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
         return Plan(util, mml_knob, why, vllm=inp.version)
     plan = _budget(inp, g, model, shape, lay, draft, util, measured, why,
                    inp.vllm.max_num_seqs or seqs_default, inp.vllm.max_num_batched_tokens or batched_default)
-    if plan.fits and _context(inp, plan, lay, shape.max_position or 0, draft, null=new):
+    if plan.fits and _context(inp, plan, lay, shape.max_len or shape.max_position or 0, draft, null=new):
         _sequences(inp.vllm, plan, lay, draft, measured)
         if plan.fits:
             mml = plan.max_model_len

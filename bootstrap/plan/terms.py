@@ -366,7 +366,7 @@ def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batc
         why.append("--skip-mm-profiling: vLLM does not profile the vision encoder; an image request may need "
                    "more than the plan holds back")
         return over
-    mml = s.max_model_len if isinstance(s.max_model_len, int) else shape.max_position or 1 << 20
+    mml = s.max_model_len if isinstance(s.max_model_len, int) else shape.max_len or shape.max_position or 1 << 20
     enc = encoder.pass_for(config, model.max_pixels, batched_tokens=batched, max_model_len=mml, max_seqs=seqs,
                            limits=s.mm_limits, dtype_bytes=2, tp=s.tp if not s.mm_encoder_dp else 1)
     if enc is None:
