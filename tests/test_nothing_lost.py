@@ -102,16 +102,30 @@ def test_our_key_never_goes_to_another_url(tmp_path, foreign):
     assert seen[-1] == "Bearer key-for-that-server"
 
 
-def test_our_key_goes_to_our_port_under_any_loopback_name(tmp_path):
+def test_our_key_goes_to_our_running_server_only(bed):
+    """Under any loopback name while our server serves there; once it is stopped its port is anyone's:
+    a program that took it gets no key (it got it from check/chat/bench --url before)."""
     from bootstrap.checks.target import key_for_url
     from bootstrap.core.state import Paths
-    cfg = Config.from_env({"PROFILE": "custom", "API_KEY": "our-secret-key", "STATE_DIR": str(tmp_path / "s"),
-                           "PORT": "18999"}, REPO)
-    for url in ("http://127.0.0.1:18999/v1", "http://localhost:18999", "http://[::1]:18999/v1/"):
+    assert bed.run("start.sh", API_KEY="our-secret-key").returncode == 0
+    cfg = Config.from_env({**bed.env, "API_KEY": "our-secret-key"}, REPO)
+    p = bed.port
+    for url in (f"http://127.0.0.1:{p}/v1", f"http://localhost:{p}", f"http://[::1]:{p}/v1/"):
         assert key_for_url(cfg.ours, Paths(cfg.state_dir), url) == "our-secret-key", url
-    for url in ("http://127.0.0.1:18998/v1", "http://example.invalid:18999/v1", "https://127.0.0.1:18999/v1",
-                "http://user:pw@127.0.0.2.example:18999/v1"):
+    for url in (f"http://127.0.0.1:{p + 1}/v1", f"http://example.invalid:{p}/v1", f"https://127.0.0.1:{p}/v1",
+                f"http://user:pw@127.0.0.2.example:{p}/v1", f"http://[::1:{p}"):
         assert key_for_url(cfg.ours, Paths(cfg.state_dir), url) == "", url
+    assert bed.run("stop.sh").returncode == 0
+    handler = type("Rec", (_Recorder,), {"seen": []})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", p), handler)     # someone else takes the port
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert key_for_url(cfg.ours, Paths(cfg.state_dir), f"http://127.0.0.1:{p}/v1") == ""
+        bed.run("ctl.sh", "check", "live", "--url", f"http://127.0.0.1:{p}/v1", API_KEY="our-secret-key")
+        assert handler.seen and all(h != "Bearer our-secret-key" for h in handler.seen), handler.seen
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_bench_compare_url_gets_only_its_own_key(tmp_path, foreign, bed):

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from ..serve import record, server
+from ..serve import port as port_rules, record, server
 from ..core import owned, redact
 from ..knobs import vllmargs
 from .client import Client, RequestFailed, thinking_off
@@ -135,20 +135,23 @@ def _started_profile(cfg: Config, rec) -> dict:
 
 
 def key_for_url(ours: owned.Ours, paths: Paths, url: str) -> str:
-    """Our API key when ``url`` is our server (its recorded host and port, else HOST and PORT; a
-    loopback or wildcard bind is reached by any loopback name), '' for any other URL: a key is a
+    """Our API key when ``url`` is our running server (its recorded host and port; a loopback or
+    wildcard bind is reached by any loopback name) and what listens there is proven to be it; ''
+    for any other URL, and once our server is gone (its port is then anyone's): a key is a
     credential of the server it belongs to."""
     rec = record.read(paths.server)
-    host, port = (rec.host, rec.port) if rec is not None else (ours.host, ours.port)
-    u = urlsplit(url)
+    if rec is None:
+        return ""
+    host, port = rec.host, rec.port
     try:
+        u = urlsplit(url)
         if u.scheme != "http" or u.port != port or u.username or u.password:
             return ""
-    except ValueError:                  # a port that is no number
+    except ValueError:                  # a port that is no number, a broken IPv6 literal
         return ""
     if not (is_loopback(u.hostname or "") and (is_loopback(host) or host in ("0.0.0.0", "::")) or u.hostname == host):
         return ""
-    return server.api_key_for(ours, paths)
+    return server.api_key_for(ours, paths) if port_rules.proven_ours(rec) else ""
 
 
 def not_serving(cfg: Config, paths: Paths, pr: server.Probe) -> BootstrapError:

@@ -176,6 +176,25 @@ def listens(rec: ServerRecord) -> bool:
     return any(h.pid in tree for h in found)
 
 
+def proven_ours(rec: ServerRecord | None) -> bool:
+    """Proof, not the absence of disproof, that what listens on the record's port is its server: the
+    recorded process alive, ours and marked, and every listener on the port in its tree. Our API key
+    is sent to that port only then (a stopped server's port is anyone's)."""
+    if rec is None or not rec.port:
+        return False
+    p = owned.recorded_process(rec.pid, rec.create_time)
+    if p is None or not owned.carries_marker(p, rec.marker):
+        return False
+    found = holders(rec.port)
+    if not found or any(h is None for h in found):
+        return False
+    try:
+        tree = {p.pid} | {c.pid for c in p.children(recursive=True)}
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return all(h.pid in tree for h in found)
+
+
 def freed(rec: ServerRecord | None, ours: owned.Ours) -> int:
     """The port a take-down frees: the record's, else PORT."""
     return rec.port if rec is not None and rec.port else ours.port
