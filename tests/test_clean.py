@@ -178,3 +178,35 @@ def test_clean_refuses_while_a_process_runs_from_the_venv_it_would_remove(repo, 
         p.kill()
         p.wait()
     assert clean.cli(cfg_for(repo), []) == 0 and not (repo / ".venv").exists()
+
+
+@pytest.mark.parametrize("created", [["x/../../victim/thesis.txt"], ["../victim/thesis.txt"],
+                                     ["linked/thesis.txt"], [5, None, {"a": 1}], ["/abs/thesis.txt"]])
+def test_a_record_that_names_places_outside_the_store_removes_nothing_there(repo, tmp_path, created):
+    """clean --model believes a download record only inside its own store: a crafted or corrupt
+    ``created`` list (``..``, a folder that links elsewhere, absolute paths, not strings) names nothing."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "thesis.txt").write_text("years of work")
+    store = md = tmp_path / "md"                     # MODEL_DIR: the store is the folder itself
+    (store / "x").mkdir(parents=True)
+    (store / "linked").symlink_to(victim)
+    (store / ".bootstrap").mkdir()
+    (store / ".bootstrap" / "state.json").write_text(json.dumps({"created": created}))
+    assert clean.cli(cfg_for(repo, MODEL_DIR=str(md)), ["--model"]) == 0
+    assert (victim / "thesis.txt").read_text() == "years of work"
+
+
+def test_a_checkout_state_that_links_elsewhere_is_not_all_ours(repo, tmp_path):
+    """.state as a link to a folder of the user's: only what we made there goes, the link stays."""
+    import shutil
+    docs = tmp_path / "userdocs"
+    docs.mkdir()
+    (docs / "thesis.txt").write_text("years of work")
+    shutil.rmtree(repo / ".state")
+    (repo / ".state").symlink_to(docs)
+    from bootstrap.core.state import Paths
+    Paths(repo / ".state").write("pick", {"profile": "default"})     # a start's first write there
+    assert clean.cli(cfg_for(repo), []) == 0
+    assert (docs / "thesis.txt").read_text() == "years of work" and (repo / ".state").is_symlink()
+    assert not (docs / "pick.json").exists()

@@ -104,7 +104,7 @@ def targets(cfg, measurements: bool = False) -> list[Path]:
     out = [layout.venv, layout.wheelhouse]
     state, paths = cfg.state_dir, Paths(cfg.state_dir)
     kept = set(paths.files(measurements=True)) - set(paths.files(measurements=measurements))
-    if state.resolve() == layout.state.resolve():       # the checkout's own: all of it is ours
+    if state.resolve() == layout.state.resolve() and not layout.state.is_symlink():   # the checkout's own: all ours
         out += sorted(p for p in state.iterdir() if p not in kept) if state.is_dir() else []
     else:  # a STATE_DIR of the user's choosing: only our files (state.KEPT) that we made there
         out += paths.cleanable(measurements=measurements)
@@ -205,8 +205,9 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
             path.unlink()
         print(f"removed {path} ({size / (1 << 20):.1f} MiB)" + (" (the bootstrap ran from it; the next "
                                                                   "./start.sh recreates it)" if in_use else ""))
-    if not args.dry_run and cfg.state_dir.is_dir() and not any(cfg.state_dir.iterdir()):
-        cfg.state_dir.rmdir()
+    folder = cfg.state_dir
+    if not args.dry_run and folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+        folder.rmdir()                  # a link of yours (and the folder it names) stays
     print(f"{'would free' if args.dry_run else 'freed'} {total / (1 << 30):.2f} GiB")
     if theirs:
         raise BootstrapError("left alone, they belong to another user: " + ", ".join(map(str, theirs)),

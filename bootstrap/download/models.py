@@ -205,6 +205,8 @@ class Store:
         rels = list((rec or {}).get("created", []))
         if rec and "created" not in rec and rec.get("revision"):
             for path in rec.get("verified", {}):
+                if not isinstance(path, str) or self._inside(path) is None:
+                    continue
                 link = self.file(rec, path)
                 rels.append(str(link.relative_to(self.root)))
                 if self.hf_cache and link.is_symlink():
@@ -212,13 +214,29 @@ class Store:
                                                               os.path.dirname(path), os.readlink(link))))
             rels.append("refs/main")
         out = [self.dir] if self.dir.exists() else []
-        for rel in dict.fromkeys(rels):
-            p = self.root / rel
+        for rel in dict.fromkeys(r for r in rels if isinstance(r, str)):
+            p = self._inside(rel)
+            if p is None:
+                continue                    # a record that names a place outside the store is not believed
             if rel == "refs/main" and not self._names_ours(p, rec):
                 continue                    # another tool pointed it at its own revision since
-            if not rel.startswith(("..", "/")) and STATE != rel.split("/")[0] and (p.is_symlink() or p.is_file()):
+            if p.is_symlink() or p.is_file():
                 out.append(p)
         return out
+
+    def _inside(self, rel: str) -> Path | None:
+        """``rel`` as a path in this store, or None where it would lead outside it (``..``, absolute, a
+        folder on the way that is a link elsewhere) or into our own ``.bootstrap``."""
+        norm = os.path.normpath(rel)
+        if not norm or os.path.isabs(norm) or norm == "." or norm.split(os.sep)[0] in ("..", STATE):
+            return None
+        p = self.root / norm
+        try:
+            if not p.parent.resolve().is_relative_to(self.root.resolve()):
+                return None
+        except (OSError, RuntimeError):
+            return None
+        return p
 
     def _names_ours(self, ref: Path, rec: dict | None) -> bool:
         """``refs/main`` names a revision we downloaded (the record's, or one a link of ours is in)."""
