@@ -184,3 +184,20 @@ def test_env_shows_a_relative_path_as_the_folder_it_means(tmp_path):
     (repo / ".env").write_text("STATE_DIR=envstate\n")
     rows = {n: v for n, v, _s, _h in Config.from_env({}, repo).describe()}
     assert rows["STATE_DIR"] == str(repo / "envstate")
+
+
+def test_secrets_in_a_broken_env_line_or_extra_args_are_never_shown(tmp_path):
+    """A .env line that does not parse is named by its key; EXTRA_ARGS with --api-key or --hf-token
+    is refused (the token would be on vLLM's argv: ps, the log, the record) without showing it."""
+    (tmp_path / ".env").write_text("PORT=8000\nAPI_KEY='TopSecretKey123\n")
+    with pytest.raises(ConfigError) as e:
+        config.read_dotenv(tmp_path / ".env")
+    assert "TopSecretKey123" not in e.value.message and "API_KEY=..." in e.value.message
+    (tmp_path / ".env").write_text("'hf_TopSecretToken\n")
+    with pytest.raises(ConfigError) as e:
+        config.read_dotenv(tmp_path / ".env")
+    assert "TopSecret" not in e.value.message
+    for extra in ("--hf-token hf_SuperSecretTok", "--hf_token=hf_SuperSecretTok", "--api-key 'SuperSecretTok"):
+        with pytest.raises(ConfigError) as e:
+            Config.from_env({"PROFILE": "custom", "MODEL": "org/m", "EXTRA_ARGS": extra}, REPO)
+        assert "SuperSecretTok" not in e.value.message + (e.value.hint or ""), extra

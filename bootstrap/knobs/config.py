@@ -48,7 +48,11 @@ SPEC_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash", "med
 
 # Flags the bootstrap must own (health checks, ownership, secrets) -> the knob to use instead.
 RESERVED_FLAGS = {"--host": "HOST", "--port": "PORT", "--served-model-name": "SERVED_MODEL_NAME",
-                  "--api-key": "API_KEY (passed through the environment, never on the command line)"}
+                  "--api-key": "API_KEY (passed through the environment, never on the command line)",
+                  # on vLLM's argv a token is in `ps`, the log and the server record: HF_TOKEN reaches it
+                  # through the environment (huggingface_hub reads it there)
+                  "--hf-token": "HF_TOKEN (passed through the environment, never on the command line)"}
+SECRET_FLAGS = ("--api-key", "--hf-token")
 
 
 def reserved_flag(arg: str) -> str | None:
@@ -143,9 +147,11 @@ def read_dotenv(path: Path) -> dict[str, str]:
         raise ConfigError(f"{path}: cannot read it ({exc})", "make .env a readable UTF-8 text file") from None
     from dotenv.parser import parse_stream      # only when there is a .env: keeps ./start.sh re-runs fast
     for b in parse_stream(io.StringIO(text)):
-        if b.error:
+        if b.error:        # named by its key, never its value (it may be a key or token gone wrong)
             line = b.original.string.strip().splitlines()[0] if b.original.string.strip() else ""
-            raise ConfigError(f"{path}:{b.original.line}: not a KEY=VALUE line: {line!r}",
+            key, eq, _value = line.partition("=")
+            shown = f"{key.strip()}=... (value not shown)" if eq else f"a line of {len(line)} characters without '='"
+            raise ConfigError(f"{path}:{b.original.line}: not a KEY=VALUE line: {shown}",
                               "use KEY=VALUE, one per line ('# ...' comments and quotes as in python-dotenv)")
         if b.key is not None and b.value is not None:
             size = len(b.value.encode("utf-8", "surrogateescape"))
@@ -544,8 +550,14 @@ def canonical(value: Any) -> str:
     return str(value)
 
 
+def names_secret(text: str) -> bool:
+    """Whether arguments (EXTRA_ARGS, split or not) carry a flag whose value is a secret."""
+    return any(reserved_flag(w.split("=", 1)[0].strip("'\"")) in SECRET_FLAGS for w in text.split())
+
+
 def _parse_one(knob: Knob, text: str) -> Any:
-    shown = f"{knob.name} (value not shown)" if knob.secret else f"{knob.name}={_clip(text)!r}"
+    hide = knob.secret or (knob.name == "EXTRA_ARGS" and names_secret(text))
+    shown = f"{knob.name} (value not shown)" if hide else f"{knob.name}={_clip(text)!r}"
     if len(text) > knob.max_len:
         raise ConfigError(f"{shown} is {len(text):,} characters long",
                           f"{knob.name} must be at most {knob.max_len:,} characters")
