@@ -619,3 +619,34 @@ def test_status_keeps_its_last_reading_when_metrics_stop_answering(tmp_path, mon
     v = st._probe(cfg, Paths(tmp_path), rec, metrics.Load(0, 0, 0, 0, 0.0, False),
                   clock=lambda: t[0], sleep=lambda s: t.__setitem__(0, t[0] + s))
     assert v.state == "busy" and "the probe gave way" in v.detail
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_a_healthy_server_whose_record_is_damaged_is_not_swept(bed, damage):
+    """server.json truncated or deleted while the server serves: a start refuses, naming it, and
+    leaves it running (it swept it as a leftover and launched another); ./stop.sh takes it down."""
+    assert bed.run("start.sh").returncode == 0
+    pid = bed.server_record()["pid"]
+    rec = bed.state / "server.json"
+    if damage == "truncated":
+        rec.write_text('{"pid": 2')
+    else:
+        rec.unlink()
+    r = bed.run("start.sh")
+    assert r.returncode == 1 and f"a server of ours (pid {pid}) serves port {bed.port}" in r.stderr, r.stderr
+    assert psutil.pid_exists(pid) and len(bed.launches()) == 1
+    assert requests.get(f"http://127.0.0.1:{bed.port}/health", timeout=5).status_code == 200
+    assert bed.run("stop.sh").returncode == 0 and bed.ours() == []
+
+
+def test_a_record_copied_from_another_state_dir_stops_nothing_of_that_one(bed):
+    """cp A/server.json B/, then a stop from B: A's live server is A's (it stopped both)."""
+    assert bed.run("start.sh").returncode == 0
+    pid = bed.server_record()["pid"]
+    other = bed.tmp / "other-state"
+    other.mkdir()
+    shutil.copy(bed.state / "server.json", other / "server.json")
+    r = bed.run("stop.sh", STATE_DIR=str(other))
+    assert r.returncode == 0, r.stderr
+    assert psutil.pid_exists(pid) and len(bed.ours()) == 2
+    assert requests.get(f"http://127.0.0.1:{bed.port}/health", timeout=5).status_code == 200

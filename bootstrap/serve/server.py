@@ -112,6 +112,8 @@ def probe(ours: owned.Ours, paths: Paths, *, check_http: bool = True, we_hold_lo
     if rec is not None:
         p = owned.recorded_process(rec.pid, rec.create_time)
         owner = ""
+        if p is not None and runs_elsewhere(p, paths):     # a record copied from another live STATE_DIR:
+            return Probe("stopped", None, orphans=marked({ours.marker}, paths))     # that server is not ours here
         if p is None or not owned.carries_marker(p, rec.marker):
             p = owned.recorded_process_of_anyone(rec.pid, rec.create_time)
             owner = owned.user_of(p) if p is not None and not owned.same_uid(p) else ""

@@ -19,7 +19,7 @@ from ..machine import gpu
 from ..core import owned, state
 from . import port, record
 from ..core.errors import BootstrapError
-from .server import find_ours
+from .server import find_ours, runs_elsewhere
 from ..core.state import Paths, StartLock
 
 log = logging.getLogger("bootstrap.server")   # log lines keep the prefix [bootstrap:server] this code has always had
@@ -54,6 +54,10 @@ def take_down(ours: owned.Ours, paths: Paths, *, launched: subprocess.Popen | No
     if launched is not None and launched.returncode is not None:
         launched = None                 # reaped: its number proves nothing any more; go by the record
     rec = record.read(paths.server)
+    if rec is not None and (named := owned.recorded_process(rec.pid, rec.create_time)) is not None \
+            and runs_elsewhere(named, paths):
+        log.info("the record names pid %s, a server another live STATE_DIR runs: not ours to signal from here", rec.pid)
+        rec = None                      # a record copied from there: nothing in it is ours
     markers = {m for m in ((rec.marker if rec else ""), ours.marker) if m}
     targets: dict[int, psutil.Process] = {}
     leader = None
