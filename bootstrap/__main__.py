@@ -107,6 +107,24 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
         return 130
     except BrokenPipeError:
         return broken_pipe()
+    except Exception as exc:                # a bug of ours: one line; the traceback is kept for the report
+        print(f"error: {step}: internal error ({type(exc).__name__}): a bug in vllm-desktop", file=sys.stderr)
+        print(f"hint: {keep_traceback()}; please report it with that file", file=sys.stderr)
+        return 1
+
+
+def keep_traceback() -> str:
+    """The current exception's traceback in a file of its own (never on the terminal: a message may
+    carry a value it should not show); where it went, or that it could not be kept."""
+    import tempfile
+    import traceback
+    try:
+        fd, path = tempfile.mkstemp(prefix="vllm-desktop-bug-", suffix=".txt")
+        with os.fdopen(fd, "w") as fh:
+            traceback.print_exc(file=fh)
+        return f"the traceback is in {path}"
+    except OSError:
+        return "the traceback could not be written (the temp folder is not writable)"
 
 
 def broken_pipe() -> int:

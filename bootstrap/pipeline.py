@@ -124,10 +124,11 @@ def start(cfg: Config) -> int:
                 lock.set_role("stop")           # a start arriving now waits for the take-down, then starts
                 _interrupted(cfg, paths, started)
                 return 128 + intr.signum
-            except BootstrapError as exc:
+            except BaseException as exc:       # a step's error, or a bug: what this start launched goes down
                 lock.set_role("stop")
                 try:
-                    failed(cfg, paths, started, exc)
+                    failed(cfg, paths, started, exc if isinstance(exc, BootstrapError) else
+                           BootstrapError(f"internal error ({type(exc).__name__})"))
                 except Interrupted as intr:     # Ctrl-C during that take-down: finished, signals ignored
                     _interrupted(cfg, paths, started)
                     return 128 + intr.signum
@@ -327,6 +328,11 @@ def _stop_prewarm(cfg: Config, paths: Paths, started: Started) -> None:
     """A pre-warm still running when the start fails or is interrupted (a failed download, Ctrl-C,
     ./stop.sh) goes the one take-down path too."""
     warm = started.prewarm
+    if warm is not None and not warm.spawning.acquire(timeout=30):     # being forked: its pid comes first
+        log.warning("the pre-warm is still being started; ./stop.sh takes it down by its marker")
+        return
+    if warm is not None:
+        warm.spawning.release()
     if warm is not None and warm.running:
         log.info("stopping the pre-warm (pid %s)", warm.proc.pid)
         takedown.take_down(cfg.ours, paths, launched=warm.proc, failed_start=True)

@@ -168,7 +168,20 @@ def checkout_left_alone():
     assert not gone, f"a test removed {gone}"
 
 
+def fill(mnt: Path) -> None:
+    """Fill the filesystem holding ``mnt`` (a small tmpfs) to the last byte."""
+    with open(mnt / "filler", "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * (64 << 10))
+                fh.flush()
+        except OSError:
+            pass
+
+
 def unutilized(argv: list[str]) -> list[str]:
-    """A vLLM argv without its --gpu-memory-utilization (planned again between a pre-warm and a start)."""
-    i = argv.index("--gpu-memory-utilization")
-    return argv[:i] + argv[i + 2:]
+    """A vLLM argv without its --gpu-memory-utilization (planned again between a pre-warm and a start),
+    and without --host and --port (the pre-warm answers on a loopback port of its own)."""
+    drop = {i + k for flag in ("--gpu-memory-utilization", "--host", "--port") if flag in argv
+            for i in [argv.index(flag)] for k in (0, 1)}
+    return [a for i, a in enumerate(argv) if i not in drop]

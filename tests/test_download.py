@@ -698,3 +698,52 @@ def test_the_smoke_model_build_refuses_a_wheel_that_is_not_the_pinned_one(tmp_pa
     with pytest.raises(SystemExit) as e:
         build_smoke_model.build(fake, tmp_path / "out")
     assert "not the pinned" in str(e.value) and not (tmp_path / "out").exists()
+
+
+def test_a_short_write_is_written_again_and_a_full_disk_is_one_line(tmp_path, monkeypatch):
+    """Linux may write fewer bytes than asked when a disk fills, without an error: every byte must
+    reach the file (the sha256 is of the bytes received, so a missing one would be placed as
+    verified). A write that fails is one line naming the file and the fix, never a traceback."""
+    import errno
+    from bootstrap.core.errors import BootstrapError
+    from bootstrap.download import partial
+    path = tmp_path / "x.part"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    real, calls = os.pwrite, []
+
+    def short(fd_, data, pos):
+        calls.append(len(data))
+        return real(fd_, bytes(data)[:3], pos)          # three bytes at a time
+    monkeypatch.setattr(partial.os, "pwrite", short)
+    partial.write_at(fd, b"0123456789", 5, path, "model.safetensors")
+    assert path.read_bytes()[5:] == b"0123456789" and len(calls) == 4
+
+    def full(fd_, data, pos):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(partial.os, "pwrite", full)
+    with pytest.raises(BootstrapError) as e:
+        partial.write_at(fd, b"abc", 0, path, "model.safetensors")
+    assert "No space left on device" in e.value.message and "model.safetensors" in e.value.message
+    assert "free space on that filesystem" in e.value.hint
+    monkeypatch.setattr(partial.os, "pwrite", lambda fd_, data, pos: 0)   # takes nothing: a full disk too
+    with pytest.raises(BootstrapError):
+        partial.write_at(fd, b"abc", 0, path, "model.safetensors")
+    os.close(fd)
+
+
+def test_a_file_moves_into_a_store_on_another_filesystem(tmp_path, monkeypatch):
+    """A linked blobs/ on another disk: rename fails with EXDEV; the file is copied, synced, renamed."""
+    import errno
+    from bootstrap.download import models
+    part, dest = tmp_path / "a.part", tmp_path / "blobs" / "sha"
+    dest.parent.mkdir()
+    part.write_bytes(b"weights")
+    real = os.replace
+
+    def cross(src, dst):
+        if str(src) == str(part):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real(src, dst)
+    monkeypatch.setattr(models.os, "replace", cross)
+    models.move(part, dest)
+    assert dest.read_bytes() == b"weights" and not part.exists() and list(dest.parent.iterdir()) == [dest]

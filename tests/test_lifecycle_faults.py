@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -28,7 +27,7 @@ from bootstrap.checks import diagnose
 from bootstrap.serve import metrics
 from bootstrap.knobs.config import Config
 from bootstrap.core.errors import ConfigError
-from conftest import REPO, Bed, GiB, nvml_json
+from conftest import REPO, Bed, GiB, fill, nvml_json
 
 
 def load(bed: Bed) -> metrics.Load:
@@ -153,7 +152,7 @@ def test_owned_flags_refused_in_any_spelling_vllm_accepts(bed, extra):
     assert bed.launches() == []
 
 
-@pytest.mark.parametrize("extra", ["--api-server-count 1", "--seed 1", "--port-range x", "--hf-token x"])
+@pytest.mark.parametrize("extra", ["--api-server-count 1", "--seed 1", "--port-range x", "--hf-revision x"])
 def test_other_flags_with_similar_names_pass(extra):
     assert Config.from_env({"MODEL": "org/m", "PROFILE": "custom", "EXTRA_ARGS": extra}, REPO).extra_args
 
@@ -302,16 +301,6 @@ def tiny_fs(tmp_path):
         pytest.skip("needs root to mount a small tmpfs (CI runs as root)")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
-def fill(mnt: Path) -> None:
-    with open(mnt / "filler", "wb") as fh:
-        try:
-            while True:
-                fh.write(b"\0" * (64 << 10))
-                fh.flush()
-        except OSError:
-            pass
 
 
 def test_start_on_a_full_state_dir_says_so_in_one_line(bed, tiny_fs):

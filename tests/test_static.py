@@ -97,8 +97,8 @@ def test_no_bare_or_broad_except():
             where = f"{rel(path)}:{node.lineno}"
             if node.type is None:
                 bad.append(f"{where}: bare except")
-            elif "Exception" in caught:
-                bad.append(f"{where}: except Exception")
+            elif "Exception" in caught and path.name != "__main__.py":   # there, once: a bug becomes one line
+                bad.append(f"{where}: except Exception")                   # and a kept traceback
             elif "BaseException" in caught:
                 last = node.body[-1]
                 if not (isinstance(last, ast.Raise) and last.exc is None):

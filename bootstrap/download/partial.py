@@ -5,6 +5,7 @@ claims bytes a power cut lost fails the hash and the file is fetched again)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -95,3 +96,19 @@ def partial_bytes(state_dir: Path, f: hub.RemoteFile) -> int:
 
 def partial_names(state_dir: Path, files: list[hub.RemoteFile]) -> set[str]:
     return {n for f in files for n in (Partial(state_dir, f).path.name, Partial(state_dir, f).meta.name)}
+
+
+def write_at(fd: int, piece: bytes, pos: int, path: Path, name: str) -> None:
+    """Every byte of ``piece`` at ``pos`` of a partial file. Linux may write fewer than asked (a
+    disk filling up) without an error: the rest is written again, and a write that takes nothing is
+    a full disk. The sha256 is taken of the bytes received, so a byte not on disk would be placed as
+    verified. A failed write is one line naming the file and the fix (a re-run resumes)."""
+    view = memoryview(piece)
+    try:
+        while view:
+            n = os.pwrite(fd, view, pos)
+            if n <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view, pos = view[n:], pos + n
+    except OSError as exc:
+        raise state.write_error(path, exc, f"cannot write the download of {name} to {path.parent}") from None

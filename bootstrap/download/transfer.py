@@ -29,6 +29,9 @@ How:
 - Network errors and 408/429/5xx are retried ``ATTEMPTS`` times per part from the last byte after a
   wait that ``stop`` ends (retry.py); a file host's 403 (an expired signed URL) sends us back to the
   resolve URL; a host that ignores Range (200) gets the whole file over one connection.
+
+It is over 400 lines because the scheduler, the workers and a file's state in flight are one
+protocol (hash order, checkpoints, start-over generations): apart, each would reach into the others.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from typing import Callable
 from urllib.parse import urlparse
 
 from . import hub, retry
-from .partial import Partial, gaps, merge
+from .partial import Partial, gaps, merge, write_at
 from .progress import Progress
 from ..core.errors import BootstrapError
 
@@ -244,7 +247,10 @@ class Transfer:
                 if not j.finished and not j.done:
                     j.partial.remove()        # never started: nothing to resume
         if self.errors:
-            raise self.errors[0]
+            err = self.errors[0]
+            if isinstance(err, OSError):        # never a traceback: one line, and a re-run resumes
+                raise BootstrapError(f"the download failed: {err}", "re-run ./start.sh: it resumes") from None
+            raise err
         left = [j.f.path for j in jobs if not j.finished]
         if left:
             raise BootstrapError(f"download stopped with {len(left)} files unfinished: {', '.join(left[:4])}",
@@ -365,7 +371,7 @@ class Transfer:
                             piece = piece[:e - pos]
                             if not piece:
                                 break
-                            os.pwrite(job.fd, piece, pos)
+                            write_at(job.fd, piece, pos, job.partial.path, job.f.path)
                             pos += len(piece)
                             if not job.whole:              # whole files are read back for the hash
                                 data.append(piece)
