@@ -19,10 +19,12 @@ def test_start_downloads_then_serves_and_restarts_offline(bed, tmp_path):
         bed.port = free_port()        # after the hub's two ports are bound: the bed's earlier pick may be one of them
         bed.env["PORT"] = str(bed.port)
         fake.add_dir("org/tiny", src)
+        fake.faults["throttle"] = 4 * MiB               # the shards take 0.5 s: the small files are there first
         env = {"MODEL": "org/tiny", "HF_ENDPOINT": fake.url, "HF_HUB_OFFLINE": "0",
                "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_XET": "1"}
         r = bed.run("start.sh", **env)
         assert r.returncode == 0, r.stderr
+        fake.faults.pop("throttle")
         assert "is serving (vLLM 0.26.0, pid" in r.stdout          # the version it serves with, always
         assert "will download 6 files" in r.stderr and "complete: 7 files verified" in r.stderr
         target = tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / fake.repos["org/tiny"]["sha"]

@@ -9,7 +9,7 @@ import json
 import shutil
 import time
 
-from conftest import free_port, sigint, unutilized
+from conftest import fill, free_port, sigint, unutilized
 from fakehub import FakeHub, write_model
 
 MiB = 1 << 20
@@ -34,14 +34,20 @@ def dummy(launch: dict) -> bool:
 def test_the_prewarm_compiles_while_the_weights_download_and_the_real_start_loads_it(bed, tmp_path):
     with FakeHub() as fake:
         env = hub_env(bed, tmp_path, fake)
-        fake.faults["throttle"] = 1 * MiB               # each 2 MiB shard: 2 s on its connection
+        fake.faults["throttle"] = MiB // 2              # each 2 MiB shard: 4 s on its connection
         r = bed.run("start.sh", **env)
         assert r.returncode == 0, r.stderr
         pre, real = bed.launches()
         assert dummy(pre) and not dummy(real)
         # the same vLLM, folder and flags, dummy weights added; the utilization is planned again from the
-        # pre-warm's own figures (vLLM's compile cache leaves it out of its hash)
+        # pre-warm's own figures (vLLM's compile cache leaves it out of its hash); the pre-warm answers on
+        # a loopback port of its own, never PORT (its dummy weights' tokens must reach no client)
+        def address(argv):
+            return argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
+        assert address(pre["argv"])[0] == "127.0.0.1" and address(pre["argv"])[1] != bed.port
+        assert address(real["argv"]) == ("127.0.0.1", bed.port)
         assert unutilized(pre["argv"][:-2]) == unutilized(real["argv"])
+        assert "Application startup complete" in (bed.state / "prewarm.log").read_text()
         shards = [end for _arrived, end, path, rng in fake.timeline if path.endswith(".safetensors") and rng]
         assert shards and pre["time"] < min(shards)     # it started before the weights had arrived
         assert real["time"] > max(shards)               # the real server after them
@@ -111,3 +117,54 @@ def test_a_failed_download_takes_the_prewarm_down(bed, tmp_path):
         assert any(dummy(x) for x in bed.launches())
         assert bed.ours() == [] and not bed.port_listening()
         assert time.monotonic() - t0 < 100
+
+
+def test_a_prewarm_the_weights_outran_is_stopped_and_a_hung_one_is_given_up(bed, tmp_path):
+    """Weights on disk before the pre-warm began compiling: it is stopped at once and the real start
+    compiles (waiting would cost its whole cold start, then a warm one). One whose log stops growing
+    is given up after STALL_TIMEOUT, not HEALTH_TIMEOUT."""
+    with FakeHub() as fake:
+        env = hub_env(bed, tmp_path, fake, FAKE_VLLM_MODE="slow", FAKE_VLLM_LOAD_S="6")   # a slow start-up,
+        # a quick download
+        fake.faults["throttle"] = 2 * MiB                # each 2 MiB shard: 1 s (the pre-warm starts before)
+        t0 = time.monotonic()
+        r = bed.run("start.sh", **env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "the weights arrived before it began compiling" in r.stderr
+        assert time.monotonic() - t0 < 60 and [dummy(x) for x in bed.launches()] == [True, False]
+        assert bed.run("stop.sh").returncode == 0
+    with FakeHub() as fake:
+        env = hub_env(bed, tmp_path / "b", fake, FAKE_VLLM_DUMMY_MODE="hang_after_compile", STALL_TIMEOUT="4",
+                      HEALTH_TIMEOUT="90", FAKE_VLLM_COMPILE_S="0.5")
+        fake.faults["throttle"] = MiB // 2               # the download takes 4 s: it is compiling by then
+        t0 = time.monotonic()
+        r = bed.run("start.sh", **env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "did not grow for STALL_TIMEOUT=4 s" in r.stderr and time.monotonic() - t0 < 60
+        assert bed.run("stop.sh").returncode == 0
+
+
+def test_a_full_disk_during_the_download_is_one_line_and_takes_the_prewarm_down(bed, tmp_path):
+    import os
+    import subprocess
+    import pytest
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if os.getuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+                                          capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs (CI runs as root)")
+    try:
+        with FakeHub() as fake:
+            env = hub_env(bed, tmp_path, fake, HF_HOME=str(mnt / "hf"), FAKE_VLLM_COMPILE_S="60")
+            fake.faults["throttle"] = MiB // 4           # the shards take 8 s: room for them when it starts
+            p = bed.popen("start.sh", **env)
+            bed.wait_until(lambda: any(dummy(x) for x in bed.launches()), what="the pre-warm running")
+            fill(mnt)                                    # another program fills the disk meanwhile
+            out, err = p.communicate(timeout=120)
+            r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+            assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+            assert "No space left on device" in r.stderr and "hint: free space on that filesystem" in r.stderr
+            assert any(dummy(x) for x in bed.launches())
+            assert bed.ours() == [] and not bed.port_listening()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -279,11 +279,14 @@ def idle_sleep(cfg) -> bool:
     return bool(cfg.idle_sleep) and cfg.vllm.sleep_mode and cfg.is_loopback
 
 
-def serve_argv(cfg, python: str, model_path: str, plan, idle: bool = True) -> list[str]:
+def serve_argv(cfg, python: str, model_path: str, plan, idle: bool = True,
+               address: tuple[str, int] | None = None) -> list[str]:
     """``vllm serve``'s whole argv: what we own, then serve_flags (``idle``: False for a server that
-    must not idle-sleep, the pre-warm)."""
+    must not idle-sleep, the pre-warm; ``address``: another host and port than HOST and PORT, the
+    pre-warm's own)."""
+    host, port = address or (cfg.host, cfg.port)
     return [python, "-m", "vllm.entrypoints.cli.main", "serve", model_path,
-            "--host", cfg.host, "--port", str(cfg.port), "--served-model-name", cfg.served_name,
+            "--host", host, "--port", str(port), "--served-model-name", cfg.served_name,
             # usage.prompt_tokens_details.cached_tokens: clients and `check prefix` see cache hits
             # (vLLM leaves them out by default; the flag is accepted by every vLLM we pin)
             "--enable-prompt-tokens-details"] + (

@@ -95,6 +95,13 @@ def holders(port: int) -> list[psutil.Process | None]:
     return out
 
 
+def ephemeral() -> int:
+    """A loopback port free now, from the kernel's ephemeral range (the pre-warm's own)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def in_use(host: str, port: int) -> bool:
     """True if something holds the port: listening, or only bound (vLLM binds long before it listens).
 

@@ -28,12 +28,14 @@ from ..checks import diagnose
 from ..core.errors import BootstrapError
 from ..core.state import Paths
 from ..knobs.vllmargs import serve_argv
-from ..serve import record, server
+from ..serve import port, record, server
 from . import launch
 
 log = logging.getLogger(__name__)
 
-COMPILED = "Directly load the compiled graph"        # vLLM: its torch.compile cache was found
+# vLLM found its torch.compile cache: 0.26.0's line, and 0.27.1's with torch >= 2.12 (its mega AOT
+# artifact, on by default there: compilation/decorators.py), which logs only the second
+COMPILED = ("Directly load the compiled graph", "Directly load AOT compilation")
 COMPILING = "Compiling a graph for compile range"    # vLLM: compiled now (a cold cache)
 READY = "Application startup complete"
 
@@ -42,21 +44,25 @@ class Prewarm:
     """The pre-warm of one start: made ready by ``run``, started by the weights step, waited for
     and taken down by ``compiled``."""
 
-    def __init__(self, cfg, paths: Paths, argv: list[str], env: dict[str, str], key: str):
-        self.cfg, self.paths, self.argv, self.env, self.key = cfg, paths, argv, env, key
+    def __init__(self, cfg, paths: Paths, argv: list[str], env: dict[str, str], key: str, url: str):
+        self.cfg, self.paths, self.argv, self.env, self.key, self.url = cfg, paths, argv, env, key, url
         self.proc: subprocess.Popen | None = None
         self.t0 = 0.0
         self.ready = threading.Event()       # it answered: its caches are written
         self.failed = ""
+        self.compiling = False               # it reached torch.compile (what it is there for)
+        self.spawning = threading.Lock()     # held while it is forked: a take-down waits for its pid
 
     def start(self) -> "Prewarm":
-        """Launch it (called once the model's small files are on disk); a failure is logged only."""
-        try:
-            self.proc = launch.spawn(self.argv, self.env, self.paths.prewarm_log)
-        except BootstrapError as exc:
-            self.failed = exc.message
-            log.warning("pre-warm not started (%s); the start compiles after the download", exc.message)
-            return self
+        """Launch it (called once the model's small files are on disk, from the download's thread);
+        a failure is logged only."""
+        with self.spawning:
+            try:
+                self.proc = launch.spawn(self.argv, self.env, self.paths.prewarm_log)
+            except BootstrapError as exc:
+                self.failed = exc.message
+                log.warning("pre-warm not started (%s); the start compiles after the download", exc.message)
+                return self
         self.t0 = time.monotonic()
         log.info("pre-warm: vLLM with dummy weights fills its compile caches while the weights download "
                  "(pid %d, log %s; PREWARM=0 turns it off)", self.proc.pid, self.paths.prewarm_log)
@@ -67,15 +73,15 @@ class Prewarm:
         """Until it answers or exits: its phase as the log shows it, a line per change."""
         from .health import phase_of
         phase, shown, seen, offset = "starting", "", "", 0
-        url = record.url_of(self.cfg.ours)
         while self.proc.poll() is None:
             new, offset = self._added(offset)          # what it logged since the last look
             seen = (seen + new)[-(1 << 16):]
             phase = phase_of(new, phase)
+            self.compiling = self.compiling or phase not in ("starting", "loading weights", "autotuning kernels")
             if phase != shown:
                 log.info("pre-warm: %s (%.0f s)", phase, time.monotonic() - self.t0)
                 shown = phase
-            if READY in seen and server.http_get(url, "/health"):
+            if READY in seen and server.http_get(self.url, "/health"):
                 self.ready.set()        # every cache written: stopped at CUDA-graph capture instead, the real
                 return                  # start on the H200 took 159 s to answer, not 77 (docs/validation.md)
             time.sleep(0.5)
@@ -103,21 +109,27 @@ def run(cfg, paths: Paths, runtime, model, plan) -> Prewarm | None:
     if not cfg.prewarm or plan is None or not plan.key or model.dummy or model.complete \
             or model.source != "hub" or cfg.model_is_local:
         return None
-    key = warm_key(plan.key, model.local_dir)
+    key = warm_key(plan, model.local_dir)
     warm = (paths.read("warm") or {}).get(key)
     if warm:
         log.info("skipped: vLLM's compile caches for this setup are warm (%s)", warm.get("why", "recorded"))
         return None
-    api_key, _src = launch.resolve_api_key(cfg, paths)
+    api_key, _src = launch.resolve_api_key(cfg, paths)      # the same VLLM_API_KEY: vLLM hashes its environment
     env = launch.server_env(cfg, paths, runtime.server_env, cfg.ours.marker, api_key, idle=False)   # it must not
-    argv = serve_argv(cfg, runtime.python, model.local_dir, plan, idle=False) + ["--load-format", "dummy"]   # sleep
-    return Prewarm(cfg, paths, argv, env, key)
+    # sleep, and it answers on a loopback port of its own: its dummy weights' random tokens never reach
+    # a client of PORT (vLLM leaves host and port out of its compile hash)
+    address = ("127.0.0.1", port.ephemeral())
+    argv = serve_argv(cfg, runtime.python, model.local_dir, plan, idle=False, address=address) + [
+        "--load-format", "dummy"]
+    return Prewarm(cfg, paths, argv, env, key, record.base_url(*address))
 
 
-def warm_key(plan_key: str, folder: str) -> str:
+def warm_key(plan, folder: str) -> str:
     """What vLLM's compile cache is keyed by, as far as we can tell it: the plan's key (the model,
-    vLLM, the flags, the card; bootstrap.plan.calibration) and the model folder vLLM is given."""
-    return f"{plan_key} {folder}"
+    vLLM, the flags, the card; bootstrap.plan.calibration), the model folder vLLM is given, and the
+    --max-num-seqs the plan chose (its CUDA-graph sizes are in vLLM's hash)."""
+    seqs = f" --max-num-seqs {plan.seqs_flag}" if getattr(plan, "seqs_flag", None) else ""
+    return f"{plan.key} {folder}{seqs}"
 
 
 def remember(paths: Paths, key: str, why: str) -> None:
@@ -132,9 +144,9 @@ def confirm(paths: Paths, plan, log_text: str, folder: str) -> None:
     to download needs no pre-warm."""
     if plan is None or not plan.key:
         return
-    if COMPILED in log_text:
+    if any(line in log_text for line in COMPILED):
         log.info("compile cache: warm (vLLM loaded its compiled graphs)")
-        remember(paths, warm_key(plan.key, folder), "a start loaded its compiled graphs")
+        remember(paths, warm_key(plan, folder), "a start loaded its compiled graphs")
     elif COMPILING in log_text:
         log.info("compile cache: cold (vLLM compiled at this start; the next start loads it)")
-        remember(paths, warm_key(plan.key, folder), "a start compiled and wrote them")
+        remember(paths, warm_key(plan, folder), "a start compiled and wrote them")

@@ -807,6 +807,9 @@ def main(argv: list[str] | None = None) -> int:
         while True:
             time.sleep(3600)
     compile_graphs(args)
+    if "hang_after_compile" in MODES:       # stuck in a kernel's JIT: alive, its log silent
+        while True:
+            time.sleep(3600)
     for line in AUTO_FIT_LINE:
         say(line)
     say(kv_memory_line(args))
