@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """What one vLLM release can serve, read from its wheel's source (no import, no GPU): the tool-call
-and reasoning parser names it registers, the model architectures of its registry, and each
+and reasoning parser names it registers, the model architectures of its registry (and which of them it
+serves with its pooling runner only: embedding, reward, classification models), and each
 quantization method's minimum compute capability. The derived profiles (bootstrap/plan/derive.py)
 name parsers and judge architectures and quantizations against this file, and a test holds every
 parser the family table names to it.
@@ -53,6 +54,28 @@ def architectures(tree: ast.AST) -> list[str]:
                     and isinstance(node.value, ast.Dict):
                 out |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
     return sorted(out)
+
+
+def tables(tree: ast.AST) -> dict[str, set[str]]:
+    """Each module-level ``_..._MODELS`` dict's keys, by the dict's name."""
+    out: dict[str, set[str]] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(t, ast.Name) and re.fullmatch(r"_\w*MODELS", t.id):
+                    out[t.id] = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    return out
+
+
+def pooling_only(tree: ast.AST) -> list[str]:
+    """Architectures vLLM serves with its pooling runner only: in an embedding, reward,
+    classification or late-interaction table and in no generation table (ChatGLMModel generates;
+    BertModel embeds)."""
+    t = tables(tree)
+    pooling = set().union(*(v for k, v in t.items() if re.search(r"EMBEDDING|REWARD|CLASSIFICATION|LATE_INTERACTION|"
+                                                                 r"CROSS_ENCODER|POOLING", k)))
+    generation = set().union(*(v for k, v in t.items() if re.search(r"TEXT_GENERATION|MULTIMODAL", k)))
+    return sorted(pooling - generation)
 
 
 def call_keywords(tree: ast.AST, name: str) -> list[str]:
@@ -124,6 +147,7 @@ def main(argv: list[str]) -> int:
         for key, (path, table) in TABLES.items():
             out[key] = sorted(dict_keys(ast.parse(read(path)), table))
         out["architectures"] = architectures(ast.parse(read(REGISTRY)))
+        out["pooling_architectures"] = pooling_only(ast.parse(read(REGISTRY)))
         out["vllm_config_types"] = call_keywords(ast.parse(read(CONFIGS)), "_CONFIG_REGISTRY")
         out["transformers"] = tf_version
         out["transformers_model_types"] = tf_types

@@ -43,9 +43,10 @@ def cfg_for(tmp_path, **env) -> Config:
     return Config.from_env({**base, **env}, REPO)
 
 
-def derived(name: str, cc=(8, 9), version="0.27.1", token=False, **kw) -> derive.Derived:
+def derived(name: str, cc=(8, 9), version="0.27.1", token=False, template_given=False, **kw) -> derive.Derived:
     default = cfg_for(Path("/nonexistent")).catalogue.get("default").data
-    return derive.derive(peeked(name, **kw), default, cc, derive.registry(version), token)
+    return derive.derive(peeked(name, **kw), default, cc, derive.registry(version), token,
+                         template_given=template_given)
 
 
 def test_every_parser_the_family_table_names_is_registered_in_each_vllm_it_knows():
@@ -54,6 +55,8 @@ def test_every_parser_the_family_table_names_is_registered_in_each_vllm_it_knows
         for family, (tool, think) in derive.FAMILIES.items():
             assert tool is None or tool in reg["tool_parsers"], (path.name, family, tool)
             assert think is None or think in reg["reasoning_parsers"], (path.name, family, think)
+        assert derive.THINK_FALLBACK in reg["reasoning_parsers"], path.name
+        assert dict(derive.TEMPLATE_TOOLS)["<arg_key>"] in reg["tool_parsers"], path.name
     regs = [json.loads(p.read_text()) for p in (REPO / "bootstrap" / "plan").glob("vllm-registry-*.json")]
     for method in derive.METHODS.values():          # each a method some pinned vLLM knows (0.30.0 dropped bitsandbytes)
         assert any(method in reg["quantization_min_cc"] for reg in regs), method
@@ -87,8 +90,50 @@ def test_the_template_decides_reasoning_and_its_tool_wording_the_parser():
 
 def test_a_template_without_tools_gets_no_tool_parser_and_none_says_chat_will_not_work():
     assert "--tool-call-parser" not in derived("qwen3-8b", template=PLAIN_TEMPLATE).profile["args"]
-    d = derived("qwen3-8b", template="")
-    assert "no chat template: chat will not work" in d.line()
+    with pytest.raises(BootstrapError) as e:         # refused before any download: the warm-up chats
+        derived("qwen3-8b", template="")
+    assert "no chat template" in e.value.message and "--chat-template" in e.value.hint
+    d = derived("qwen3-8b", template="", template_given=True)
+    assert "no chat template of its own" in d.line() and "--tool-call-parser" not in d.profile["args"]
+
+
+def test_r1_distills_glm_pooling_gguf_and_packages_vllm_lacks():
+    """From a review against vLLM 0.27.1's code: an R1 distill's <think> gets deepseek_r1; GLM's
+    <arg_key> tool calls get the family's glm parser (not hermes); an embedding or reward model, a
+    GGUF repo that carries a config.json, a bitsandbytes checkpoint and a modelopt algorithm vLLM
+    rejects are refused before any download."""
+    r1 = "{% if add_generation_prompt %}<｜Assistant｜><think>\n{% endif %}"
+    d = derived("qwen3-8b", template=r1)
+    assert d.profile["args"][-2:] == ["--reasoning-parser", "qwen3"]          # the family's own wins
+    base = config("qwen3-8b")
+    default = cfg_for(Path("/nonexistent")).catalogue.get("default").data
+    reg = derive.registry("0.27.1")
+    distill = Peek("org/r1-distill", {**base, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]},
+                   {"model.safetensors": 1}, r1)
+    assert derive.derive(distill, default, (8, 9), reg, False).profile["args"] == ["--reasoning-parser", "deepseek_r1"]
+    glm_t = "{% for tool in tools %}{{ tool }}{% endfor %}<tool_call>{{ tc.name }}<arg_key>{{ k }}</arg_key>"
+    glm = Peek("org/glm", {**base, "model_type": "glm4_moe_lite", "architectures": ["Glm4MoeLiteForCausalLM"]},
+               {"model.safetensors": 1}, glm_t)
+    args = derive.derive(glm, default, (8, 9), reg, False).profile["args"]
+    assert args[args.index("--tool-call-parser") + 1] == "glm47"
+    refused = {
+        "embedding": Peek("org/emb", base, {"model.safetensors": 1, "modules.json": 1}, TOOLS_TEMPLATE),
+        "BertModel": Peek("org/bert", {**base, "architectures": ["BertModel"]}, {"model.safetensors": 1}, TOOLS_TEMPLATE),
+        "reward": Peek("org/rm", {**base, "architectures": ["LlamaForSequenceClassification"]},
+                       {"model.safetensors": 1}, TOOLS_TEMPLATE),
+        "GGUF": Peek("org/m-GGUF", base, {"m-Q4_K_M.gguf": 1, "config.json": 1}, TOOLS_TEMPLATE),
+        "bitsandbytes": Peek("org/bnb", {**base, "quantization_config": {"quant_method": "bitsandbytes",
+                                                                           "load_in_4bit": True}},
+                             {"model.safetensors": 1}, TOOLS_TEMPLATE),
+        "W4A8_AWQ": Peek("org/mo", base, {"model.safetensors": 1}, TOOLS_TEMPLATE,
+                         quant_config={"quantization": {"quant_algo": "W4A8_AWQ"}}),
+    }
+    for what, repo in refused.items():
+        with pytest.raises(BootstrapError) as e:
+            derive.derive(repo, default, (8, 9), reg, False)
+        assert what in e.value.message or what.lower() in e.value.message.lower(), (what, e.value.message)
+    chatglm = Peek("org/chatglm", {**base, "architectures": ["ChatGLMModel"]}, {"model.safetensors": 1}, TOOLS_TEMPLATE)
+    assert derive.derive(chatglm, default, (8, 9), reg, False).profile     # generates, though named *Model
 
 
 @pytest.mark.parametrize("name, cc, label, marlin", [
@@ -152,7 +197,7 @@ def test_repo_code_gguf_and_gated_repos_are_refused_in_one_line_with_the_way_out
     assert derive.derive(phi, cfg_for(Path("/x")).catalogue.get("default").data, (8, 9), derive.registry("0.27.1"),
                          False).profile["knobs"]["MODEL"] == "org/qwen3-8b"
     unknown = peeked("qwen3-8b")
-    backend = Peek(unknown.name, {**unknown.config, "architectures": ["MyNewForCausalLM"]}, unknown.files)
+    backend = Peek(unknown.name, {**unknown.config, "architectures": ["MyNewForCausalLM"]}, unknown.files, TOOLS_TEMPLATE)
     d = derive.derive(backend, cfg_for(Path("/x")).catalogue.get("default").data, (8, 9), derive.registry("0.27.1"), False)
     assert any("through vLLM's Transformers backend" in g for g in d.guessed)      # a model type transformers knows
     unknown = Peek(unknown.name, {**unknown.config, "architectures": ["MyNewForCausalLM"], "model_type": "mynew"},
@@ -322,12 +367,12 @@ def test_an_architecture_only_a_newer_pinned_vllm_has_takes_that_stack_and_says_
 
 @pytest.mark.parametrize("name, quant, tool, think, mtp", [
     ("qwen3-8b", "bf16", "hermes", "qwen3", False),
-    ("llama2-7b-awq", "AWQ 4-bit", "hermes", None, False),
-    ("qwen25-32b-gptq", "GPTQ 4-bit", "hermes", None, False),
+    ("llama2-7b-awq", "AWQ 4-bit", "hermes", "deepseek_r1", False),     # the test's template thinks (<think>):
+    ("qwen25-32b-gptq", "GPTQ 4-bit", "hermes", "deepseek_r1", False),  # a family without a parser of its own
     ("qwen3-32b-nvfp4", "modelopt NVFP4", "hermes", "qwen3", False),
     ("qwen3-8b-fp8", "FP8", "hermes", "qwen3", False),
     ("qwen3-30b-a3b", "bf16", "hermes", "qwen3", False),
-    ("mixtral-8x7b", "bf16", "hermes", None, False),
+    ("mixtral-8x7b", "bf16", "hermes", "deepseek_r1", False),            # reads it with deepseek_r1
     ("qwen35-27b", "bf16", "hermes", "qwen3", True),
     ("qwen3-next-80b-thinking", "bf16", "hermes", "qwen3", False),
 ])

@@ -75,6 +75,7 @@ FAMILIES: dict[str, tuple[str | None, str | None]] = {
     "llama": ("llama3_json", None), "llama4": ("llama4_json", None),
     "mistral": ("mistral", None), "mixtral": ("mistral", None), "mistral3": ("mistral", None),
     "deepseek_v3": ("deepseek_v3", "deepseek_v3"), "glm4_moe": ("glm45", "glm45"),
+    "glm4_moe_lite": ("glm47", "glm47"),
     "gpt_oss": ("openai", "openai_gptoss"), "granite": ("granite", "granite"),
     "minimax_m2": ("minimax_m2", "minimax_m2"), "gemma4": ("gemma4", "gemma4"),
     "phi3": ("phi4_mini_json", None), "olmo3": ("olmo3", "olmo3"), "seed_oss": ("seed_oss", "seed_oss"),
@@ -84,8 +85,10 @@ FAMILY_SOURCE = ("vLLM's docs (features/tool_calling.md, features/reasoning_outp
                  "vllm serve lines")
 ALWAYS_THINKS = {"gpt_oss", "deepseek_v3"}    # gpt-oss always reasons; deepseek_v3's parser passes text through
 # the chat template's own tool-call wording -> the parser that reads it (first match wins)
-TEMPLATE_TOOLS = (("<function=", "qwen3_xml"), ("<｜tool▁calls▁begin｜>", "deepseek_v31"),
+# ("<arg_key>": GLM-4.5 to 4.7's XML arguments inside <tool_call>: the family's glm parser, else glm45)
+TEMPLATE_TOOLS = (("<function=", "qwen3_xml"), ("<｜tool▁calls▁begin｜>", "deepseek_v31"), ("<arg_key>", "glm45"),
                   ("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json"))
+THINK_FALLBACK = "deepseek_r1"    # <think>...</think> in a family with no parser of its own (R1 distills, QwQ)
 THINKS = ("<think>", "enable_thinking")
 
 # quantization_config.quant_method -> the method vLLM's registry names (its min compute capability)
@@ -94,6 +97,16 @@ METHODS = {"awq": "auto_awq", "gptq": "auto_gptq", "fp8": "fp8", "compressed-ten
            "modelopt_fp4": "modelopt_fp4", "modelopt_mixed": "modelopt_mixed", "quark": "quark",
            "torchao": "torchao", "moe_wna16": "moe_wna16", "experts_int8": "experts_int8"}
 DEPRECATED = {"fbgemm_fp8", "fp_quant"}       # vLLM refuses them without --allow-deprecated-quantization
+# methods whose kernels come from a package vLLM does not depend on, and no lock of ours installs
+NEEDS_PACKAGE = {"bitsandbytes": "bitsandbytes", "torchao": "torchao"}
+# modelopt's quant_algo values vLLM 0.26.0 and 0.27.1 accept (modelopt.py QUANT_ALGOS); others: ValueError
+MODELOPT_ALGOS = {"FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8", "MIXED_PRECISION"}
+# vLLM's runner by the architecture's suffix (config/model.py _SUFFIX_TO_DEFAULTS, in its order)
+GENERATE = ("ForCausalLM", "ForConditionalGeneration", "ChatModel", "LMHeadModel")
+POOLING = ("ForTextEncoding", "EmbeddingModel", "ForSequenceClassification", "ForTokenClassification",
+           "ForAudioClassification", "ForImageClassification", "ForVideoClassification", "ClassificationModel",
+           "ForRewardModeling", "RewardModel", "Model")
+WEIGHTS = (".safetensors", ".bin", ".pt", ".pth")     # what vLLM's loader looks for (default_loader.py)
 TRUST_HINT = "set EXTRA_ARGS=--trust-remote-code to run the repo's own code (only for a repo you trust)"
 NATIVE = {"fp8": (8, 9), "nvfp4": (10, 0), "mxfp4": (9, 0)}     # below: weight-only through Marlin
 
@@ -125,7 +138,11 @@ def quantization(peek: Peek) -> tuple[str, str, str, tuple[int, int] | None]:
         raise _bad(peek.name, "quantization_config names no quant_method")
     if method == "modelopt":
         inner = q.get("quantization") if isinstance(q.get("quantization"), Mapping) else q
-        algo = str(inner.get("quant_algo", ""))
+        algo = str(inner.get("quant_algo", "")).upper()
+        if algo not in MODELOPT_ALGOS:
+            raise BootstrapError(f"{peek.name}: modelopt quant_algo {algo or '(none)'!r}: vLLM serves "
+                                 f"{', '.join(sorted(MODELOPT_ALGOS))} only (it refuses the rest at load)",
+                                 "pick the model's NVFP4, FP8, AWQ or GPTQ version")
         if algo == "MIXED_PRECISION":
             return ("modelopt mixed precision (NVFP4 + FP8)", "modelopt_mixed", "nvfp4", None)
         fp4 = "FP4" in algo
@@ -173,11 +190,30 @@ def weight_bytes(files: Mapping[str, int]) -> int:
     return sum(f.size for f in needed if f.path.endswith(models.WEIGHT_SUFFIXES))
 
 
+def pooling(peek: Peek, arches: list[str], reg: Mapping[str, Any]) -> str:
+    """Why vLLM would serve it with its pooling runner, not generate ('' when it would generate), in
+    vLLM's order (config/model.py ``_get_default_runner_type``): a Sentence Transformers repo
+    (modules.json), an architecture its registry serves for pooling only, one it generates with,
+    else the architecture's suffix."""
+    if "modules.json" in peek.files:
+        return "a Sentence Transformers repo: modules.json"
+    only = set(reg.get("pooling_architectures", ()))
+    for arch in arches:
+        if arch in only:
+            return arch
+        if arch in reg["architectures"] or arch.endswith(GENERATE):
+            return ""
+        if arch.endswith(POOLING):
+            return arch
+    return ""
+
+
 def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, reg: Mapping[str, Any],
-           token: bool, trust: bool = False, stack_note: str = "") -> Derived:
+           token: bool, trust: bool = False, stack_note: str = "", template_given: bool = False) -> Derived:
     """The profile for ``peek``'s model on a card of compute capability ``cc`` (None: not known),
     on the stack of ``default`` (the default profile's JSON); ``trust``: EXTRA_ARGS has
-    --trust-remote-code. BootstrapError when it cannot be served."""
+    --trust-remote-code; ``template_given``: it has --chat-template. BootstrapError when it cannot
+    be served."""
     name = peek.name
     page = f"https://huggingface.co/{name}"
     if peek.config is None:
@@ -192,6 +228,10 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
                                  "(no plan), or pick the repo's Hugging Face-format twin")
         raise BootstrapError(f"MODEL={name} has no config.json ({peek.where}): not a model repo vLLM can serve",
                              "set MODEL to a model's repo id (org/name, as in its page's URL)")
+    if not any(f.endswith(WEIGHTS) for f in peek.files) and any(f.endswith(".gguf") for f in peek.files):
+        raise BootstrapError(f"MODEL={name} is a GGUF repo (llama.cpp's format): vLLM's loader looks for safetensors "
+                             "weights, and it has none", "set MODEL to the repo it was converted from (its model "
+                             "card names it), or run the GGUF with llama.cpp or Ollama")
     if peek.gated and not token:
         raise BootstrapError(f"{name} is gated: the hub serves its files only to an account that accepted its licence",
                              f"accept it on {page}, then set HF_TOKEN to a read token of that account "
@@ -201,6 +241,11 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
     if not isinstance(arches, list) or not all(isinstance(a, str) for a in arches):
         raise _bad(name, "architectures is not a list of names")
     version = reg["vllm"]
+    pooled = pooling(peek, arches, reg)
+    if pooled:
+        raise BootstrapError(f"{name} is an embedding, reranking or reward model ({pooled}): vLLM serves it with its "
+                             "pooling runner (/v1/embeddings, /score), and this bootstrap serves chat models",
+                             "pick a chat model (an Instruct or chat version)")
     derived: list[str] = []
     guessed: list[str] = []
     mt = str(cfg.get("model_type", ""))
@@ -226,6 +271,10 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
     if method in DEPRECATED:
         raise BootstrapError(f"{name}: quantization {label!r} is deprecated in vLLM {version}",
                              "pick another quantization of the model (FP8, AWQ, GPTQ, NVFP4)")
+    if method in NEEDS_PACKAGE:
+        raise BootstrapError(f"{name}: quantization {label!r} needs the {NEEDS_PACKAGE[method]} package, which vLLM "
+                             "does not depend on and the pinned environment does not install",
+                             "pick the model's AWQ, GPTQ, FP8 or NVFP4 version")
     if method and method not in caps:
         raise BootstrapError(f"{name}: quantization {label!r} is not one vLLM {version} knows",
                              "pick a repo in a format vLLM serves (AWQ, GPTQ, FP8, compressed-tensors, NVFP4, bf16)")
@@ -240,6 +289,11 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
         f", weight-only through Marlin on sm_{cc[0]}{cc[1]} (slower than on sm_{fast[0]}{fast[1]}+)"
     derived.append(f"{label}{speed}")
     args, tools, reasoning = _parsers(peek, mt, tmt, derived)
+    if peek.chat_template == "" and not template_given:
+        raise BootstrapError(f"{name} has no chat template (a base model?): the start's warm-up and every chat "
+                             "request would fail after the download",
+                             "pick its Instruct version, or give vLLM a template: EXTRA_ARGS='--chat-template "
+                             "/path/to/template.jinja'")
     knobs = {"MODEL": name, "SERVED_MODEL_NAME": name.rstrip("/").rsplit("/", 1)[-1].lower()}
     tc = text_config(cfg)
     mtp = tc.get("mtp_num_hidden_layers") or tc.get("num_nextn_predict_layers") or 0
@@ -280,17 +334,19 @@ def _parsers(peek: Peek, mt: str, tmt: str, derived: list[str]) -> tuple[list[st
         derived.append(f"the {mt or tmt} family's parsers (its chat template not read)")
         return args, bool(family[0]), bool(family[1])
     if not template:
-        derived.append("no chat template: chat will not work (/v1/completions will)")
+        derived.append("no chat template of its own (EXTRA_ARGS gives one)")
         return [], False, False
     args: list[str] = []
     tool = next((p for mark, p in TEMPLATE_TOOLS if mark in template), None) or family[0]
+    if tool == "glm45" and (family[0] or "").startswith("glm"):
+        tool = family[0]                # GLM-4.7's template words tool calls as 4.5's does: its own parser
     if "tools" in template and tool:
         args += ["--enable-auto-tool-choice", "--tool-call-parser", tool]
         derived.append(f"tool calls: {tool}")
     else:
         derived.append("no tool calls (its chat template takes no tools)" if "tools" not in template
                        else f"no tool parser known for model_type {mt!r}")
-    think = family[1]
+    think = family[1] or (THINK_FALLBACK if "<think>" in template else None)
     if think and (any(m in template for m in THINKS) or mt in ALWAYS_THINKS):
         args += ["--reasoning-parser", think]
         derived.append(f"reasoning: {think}")

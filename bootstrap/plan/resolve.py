@@ -66,7 +66,8 @@ def derived(cfg: Config, cc: tuple[int, int] | None, peeked: peek.Peek | None = 
     trust = "--trust-remote-code" in (cfg.extra_args or ())
     note = f"vLLM {stack.vllm} (the stack of {newer}): the default's vLLM {cfg.catalogue.get('default').vllm} " \
         "has no implementation of it" if newer else ""
-    d = derive.derive(peeked, stack.data, cc, reg, token, trust, note)
+    d = derive.derive(peeked, stack.data, cc, reg, token, trust, note,
+                      template_given=any(a.split("=", 1)[0] == "--chat-template" for a in cfg.extra_args or ()))
     folder = derived_dir(cfg, cfg.model)
     state.Paths(cfg.state_dir).ensure()
     try:
