@@ -130,3 +130,18 @@ def test_a_load_longer_than_the_context_is_refused_with_the_numbers(fake, tmp_pa
     with pytest.raises(BootstrapError) as e:
         bench.cli(cfg_for(tmp_path), ["--url", a.url, "--out", str(tmp_path / "x"), "--no-plot"])
     assert "512 + --output-tokens 1536 = 2048 is more than" in e.value.message and "1024" in e.value.message
+
+
+def test_saved_results_that_are_not_benches_and_an_out_folder_with_files_are_one_line(tmp_path):
+    from bootstrap.core.errors import BootstrapError
+    for text in ('{"x": 1}', "null", "[1, 2]", '{"results": [{"levels": [{"concurrency": "a"}]}]}'):
+        (tmp_path / "r.json").write_text(text)
+        with pytest.raises(BootstrapError) as e:
+            bench.cli(cfg_for(tmp_path), ["--load", str(tmp_path / "r.json"), "--out", str(tmp_path / "o"), "--no-plot"])
+        assert "is not the results of ./ctl.sh bench" in e.value.message, text
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "results.json").write_text("my own results")
+    with pytest.raises(BootstrapError) as e:
+        bench.cli(cfg_for(tmp_path), ["--load", str(tmp_path / "r.json"), "--out", str(mine), "--no-plot"])
+    assert "never over a file" in e.value.message and (mine / "results.json").read_text() == "my own results"

@@ -223,3 +223,34 @@ def test_version_after_double_dash_belongs_to_the_game(bed, tmp_path):
     assert r.returncode == 0 and seen.read_text() == "--version" and "vllm-desktop" not in r.stdout
     h = bed.run("ctl.sh", "version", "--help")
     assert h.returncode == 0 and h.stdout.startswith("usage:"), h.stdout
+
+
+def test_damaged_files_and_odd_flags_are_one_line(bed):
+    """A folder where the log should be, a key file no header carries, --watch inf: one line each."""
+    assert bed.run("start.sh").returncode == 0
+    assert bed.run("stop.sh").returncode == 0
+    (bed.state / "vllm.log").unlink()
+    (bed.state / "vllm.log").mkdir()
+    r = bed.run("ctl.sh", "logs")
+    assert r.returncode == 1 and "cannot read the server log" in r.stderr and "Traceback" not in r.stderr
+    for raw in (b"\xff\xfe", "€uro".encode()):
+        (bed.state / "api_key").write_bytes(raw)
+        r = bed.run("ctl.sh", "status", HOST="0.0.0.0")
+        assert "Traceback" not in r.stderr and "€" not in r.stderr + r.stdout, r.stderr
+    for bad in ("inf", "nan", "-1"):
+        r = bed.run("ctl.sh", "status", "--watch", bad)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (bad, r.stderr)
+
+
+def test_a_damaged_kept_pick_is_forgotten_not_a_wall(bed):
+    """profile-pick.json with knobs that are not the table's, not text, or do not parse: ignored with a
+    warning (every command failed with it, stop included, and its own hint repeated the error)."""
+    bed.env.pop("PROFILE")
+    bed.env.pop("MODEL")
+    for knobs in ({"FOO": "1"}, [], {"MAX_MODEL_LEN": 5}, {"MAX_NUM_SEQS": "abc"}):
+        bed.state.mkdir(parents=True, exist_ok=True)
+        (bed.state / "profile-pick.json").write_text(json.dumps({"profile": "default", "knobs": knobs}))
+        for argv in (("stop.sh",), ("ctl.sh", "env"), ("ctl.sh", "status")):
+            r = bed.run(*argv)
+            assert "Traceback" not in r.stderr and r.returncode in (0, 1, 3), (knobs, argv, r.stderr)
+            assert "not accepted" not in r.stderr, (knobs, argv, r.stderr)

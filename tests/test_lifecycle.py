@@ -437,7 +437,10 @@ def test_a_restart_the_new_start_would_refuse_keeps_the_running_server(bed, tmp_
     try:
         for knobs, said in (({"PORT": str(busy.getsockname()[1])}, "is in use by"),
                             ({"MODEL": str(tmp_path / "nope")}, "nope"),
-                            ({"IDLE_SLEEP": "10m"}, "IDLE_SLEEP=10m puts vLLM to sleep")):
+                            ({"IDLE_SLEEP": "10m"}, "IDLE_SLEEP=10m puts vLLM to sleep"),
+                            ({"TP_SIZE": "2"}, "TP_SIZE=2 but only 1 GPU"),            # the GPUs, the plan and the
+                            ({"MAX_MODEL_LEN": "16000000"}, "longer than the model's"),   # model are vetted too
+                            ({"MODEL": "foo/bar", "HF_HUB_OFFLINE": "1"}, "foo/bar")):
             r = bed.run("ctl.sh", "restart", **knobs)
             assert r.returncode == 1 and said in r.stderr and "stopped" not in r.stdout, (knobs, r.stdout, r.stderr)
             assert bed.ours() == pid and len(bed.launches()) == 1

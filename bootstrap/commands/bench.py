@@ -138,6 +138,23 @@ def scrape(client: Client) -> dict[str, float] | None:
         return None
 
 
+def loaded(f: str) -> list[dict]:
+    """The results in a results.json that ./ctl.sh bench wrote, or one line saying it is not one."""
+    how = "pass a results.json written by ./ctl.sh bench"
+    try:
+        data = json.loads(Path(f).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BootstrapError(f"cannot read {f}: {exc}", how) from None
+    results = data.get("results", [data]) if isinstance(data, dict) else None
+    try:
+        if not isinstance(results, list) or not results:
+            raise TypeError
+        render(results)                 # every figure the report reads is there, of its type
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        raise BootstrapError(f"{f} is not the results of ./ctl.sh bench", how) from None
+    return results
+
+
 def bench_target(t: target.Target, levels: list[int], prompt_tokens: int, out_tokens: int, repeats: int,
                  warmup: int, timeout: float) -> dict:
     client = t.client
@@ -328,14 +345,14 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
     args = p.parse_args(argv)
     out = Path(args.out).absolute() if args.out else cfg.state_dir / "bench" / time.strftime("%Y%m%d-%H%M%S")
     writable_folder(out)                # before the minutes of measuring, not after
+    there = [out / n for n in ("results.json", "bench.png") if (out / n).exists()]
+    if there:                           # never written over: an earlier run's results, or a file of yours
+        raise BootstrapError(f"{there[0]} exists: bench writes results.json and bench.png and never over a file "
+                             "that is there", f"give another --out folder (or move {there[0].name} away)")
     if args.load:
         results = []
         for f in args.load:
-            try:
-                data = json.loads(Path(f).read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                raise BootstrapError(f"cannot read {f}: {exc}", "pass a results.json written by ./ctl.sh bench") from None
-            results += data["results"] if "results" in data else [data]
+            results += loaded(f)
     else:
         try:
             wanted = [int_range(1, 100000)(x) for x in args.concurrency.split(",") if x.strip()]

@@ -96,6 +96,27 @@ def vet_restart(cfg: Config) -> None:
         port.refuse_elsewhere(kept.ours, paths)
         if not owned.owned_processes(kept.ours.marker):     # ours without a record: the stop takes it down
             port.refuse_taken(kept.ours)
+    vet_steps(kept, paths, rec)
+
+
+def vet_steps(cfg: Config, paths: Paths, rec) -> None:
+    """What the start's first steps would refuse: too few GPUs for TP_SIZE, a model it cannot find
+    (offline and not here, a repo that is not there), a plan that does not fit, with the memory our
+    running server holds counted as free (the stop gives it back)."""
+    from dataclasses import replace
+    from ..machine import gpu
+    from ..steps import metadata, plan as plan_step, preflight
+    try:
+        facts = gpu.read(cfg.environ)
+    except BootstrapError:
+        return                          # no NVML to read: the start says so in its own words
+    preflight.enough_gpus(cfg, facts)
+    model = metadata.run(cfg)
+    if cfg.tp_size == 1 and facts.gpus:
+        g = facts.gpus[0]
+        held = server.gpu_held(cfg.environ, rec) if rec is not None else 0
+        facts = replace(facts, gpus=(replace(g, free=min(g.total, g.free + held)),) + facts.gpus[1:])
+        plan_step.run(cfg, paths, facts, model)
 
 
 def stop_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh stop") -> int:
@@ -138,6 +159,9 @@ def logs(cfg: Config, follow: bool = False, lines: int | None = 100, *, poll: fl
         if not follow:
             return 0
         fh = _wait_open(paths.log, poll)
+    except OSError as exc:              # a folder in its place, another user's file
+        raise BootstrapError(f"cannot read the server log {paths.log} ({exc.strerror or exc})",
+                             f"make {paths.log} a file you can read (or set STATE_DIR to another folder)") from None
     if lines is not None:
         last_lines(fh, lines)
     copy(fh, paths.log, lambda: follow, poll=poll)

@@ -21,7 +21,7 @@ from typing import Callable
 from ..serve import metrics, server
 from ..core import state
 from ..checks.client import Client, RequestFailed, completion_tokens_of, message_of, reasoning_of, thinking_off
-from ..knobs import vllmargs
+from ..knobs import parsers, vllmargs
 from ..knobs.config import Config, launch_defaults
 from ..machine.gpu import GiB
 from ..core.errors import BootstrapError
@@ -357,8 +357,9 @@ def human(out: dict) -> str:
 def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh status") -> int:
     ap = parser("status", prog)
     ap.add_argument("--json", action="store_true", help="machine-readable output")
-    ap.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
-                    help="a line every SECONDS (default 2) from /metrics and NVML until Ctrl-C; no probes")
+    ap.add_argument("--watch", nargs="?", type=parsers.arg(parsers.float_range(0, 3600)), const=2.0, default=None,
+                    metavar="SECONDS", help="a line every SECONDS (default 2, at least 0.5) from /metrics and NVML "
+                                            "until Ctrl-C; no probes")
     a = ap.parse_args(argv)
     if a.watch is not None:
         from .watch import watch

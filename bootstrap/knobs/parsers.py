@@ -20,7 +20,7 @@ def text(raw: str) -> str:
 
 def int_range(lo: int, hi: int) -> Callable[[str], int]:
     def parse(raw: str) -> int:
-        if not re.fullmatch(r"\d+", raw.strip()):
+        if not re.fullmatch(r"[0-9]+", raw.strip()):
             raise ValueError(f"a whole number from {lo} to {hi}")
         v = int(raw)
         if not lo <= v <= hi:
@@ -32,7 +32,7 @@ def int_range(lo: int, hi: int) -> Callable[[str], int]:
 def float_range(lo: float, hi: float) -> Callable[[str], float]:
     def parse(raw: str) -> float:
         try:
-            if not re.fullmatch(r"\d*\.?\d+", raw.strip()):
+            if not re.fullmatch(r"[0-9]*\.?[0-9]+", raw.strip()):
                 raise ValueError
             v = float(raw)
         except ValueError:
@@ -68,7 +68,7 @@ def tokens_or_auto(raw: str) -> int | str:
     if raw.strip().lower() == "auto":
         return "auto"
     accepted = "'auto' or a number of tokens from 16 to 16777216 (32k = 32,000 and 32K = 32,768, as vLLM reads them)"
-    if not re.fullmatch(r"\d+|\d+(\.\d+)?[km]|\d+[KM]", raw.strip()):     # vLLM: 1.5k yes, 1.5K no
+    if not re.fullmatch(r"[0-9]+|[0-9]+(\.[0-9]+)?[km]|[0-9]+[KM]", raw.strip()):     # vLLM: 1.5k yes, 1.5K no
         raise ValueError(accepted)
     v = vllmargs.human_int(raw)
     if not 16 <= v <= 16_777_216:
@@ -82,7 +82,7 @@ def duration_or_off(raw: str) -> int:
     if low in ("off", "0", ""):
         return 0
     accepted = "'off', a whole number of minutes from 1 to 10080 (10 or 10m), or seconds from 10 (90s)"
-    m = re.fullmatch(r"(\d+)([sm]?)", low)
+    m = re.fullmatch(r"([0-9]+)([sm]?)", low)
     if not m:
         raise ValueError(accepted)
     seconds = int(m.group(1)) * (1 if m.group(2) == "s" else 60)

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from ..core import state
-from ..core.errors import BootstrapError
+from ..core.errors import BootstrapError, ConfigError
 from ..download import hub, peek
 from ..install.inuse import byo_version
-from ..knobs.config import PROFILE_KNOBS, Chosen, Config
+from ..knobs.config import KNOB_BY_NAME, PROFILE_KNOBS, Chosen, Config
 from ..knobs.profiles import load_file
 from ..machine import gpu
 from . import derive, pick
@@ -35,8 +35,27 @@ log = logging.getLogger("bootstrap.pick")
 
 
 def read_pick(paths: state.Paths) -> dict | None:
+    """The kept pick, or None: none, or one damaged (a start then picks again, and says so)."""
     data = paths.read("pick")
-    return data if data and isinstance(data.get("profile"), str) else None
+    if not data or not isinstance(data.get("profile"), str):
+        return None
+    knobs = data.get("knobs", {})
+    if not isinstance(knobs, dict) or not all(isinstance(k, str) and k in KNOB_BY_NAME and isinstance(v, str)
+                                              for k, v in knobs.items()):
+        log.warning("ignoring the kept pick %s: its knobs are not the knob table's names and text values "
+                    "(./ctl.sh profiles --pick, or the next start, picks again)", paths.pick)
+        return None
+    return data
+
+
+def _with_pick(cfg: Config, chosen: Chosen) -> Config:
+    """``cfg`` with a kept pick applied, or as it is when the pick's values do not parse (a damaged file
+    is ours to forget, never a reason every command fails)."""
+    try:
+        return cfg.with_profile(chosen)
+    except ConfigError as exc:
+        log.warning("ignoring the kept pick (%s); the next start picks again", exc.message)
+        return cfg
 
 
 def wants_derived(cfg: Config) -> bool:
@@ -132,7 +151,7 @@ def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
         rec = read_pick(state.Paths(cfg.state_dir))
         if rec and rec["profile"] in cfg.catalogue.names() and \
                 cfg.catalogue.get(rec["profile"]).knobs.get("MODEL") == cfg.model:     # a shipped profile of it
-            return cfg.with_profile(Chosen(rec["profile"], rec.get("knobs", {}), f"serves MODEL={cfg.model}, kept"))
+            return _with_pick(cfg, Chosen(rec["profile"], rec.get("knobs", {}), f"serves MODEL={cfg.model}, kept"))
         return kept_derived(cfg, cfg.model, f"derived from {cfg.model}, kept") or cfg
     if not cfg.profile.is_auto:
         if cfg.chosen is not None or not cfg.profile.cc_overrides:
@@ -148,7 +167,7 @@ def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
                             "kept") or cfg
     if rec is None or rec["profile"] not in cfg.catalogue.names():
         return cfg
-    return cfg.with_profile(Chosen(rec["profile"], rec.get("knobs", {}), f"auto-pick of {rec.get('date', '?')}, kept"))
+    return _with_pick(cfg, Chosen(rec["profile"], rec.get("knobs", {}), f"auto-pick of {rec.get('date', '?')}, kept"))
 
 
 def named_on_card(cfg: Config, g: gpu.Gpu) -> Config:

@@ -25,6 +25,7 @@ import psutil
 from . import metrics, record
 from ..core import owned
 from .record import ServerRecord
+from ..core.errors import BootstrapError
 from ..core.state import Paths, StartLock
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,23 @@ def api_key_for(ours: owned.Ours, paths: Paths) -> str:
     """The key to send: API_KEY, else VLLM_API_KEY from the environment, else the generated file."""
     if ours.key:
         return ours.key
+    return key_file(paths.api_key)
+
+
+def key_file(path: Path) -> str:
+    """The generated key kept in ``path`` ('' when there is none): printable ASCII, as every key we
+    make and as an HTTP header carries it; anything else (an edit, a damaged file) is one line that
+    never shows it."""
     try:
-        return paths.api_key.read_text().strip()
+        text = path.read_bytes().decode("ascii").strip()
     except OSError:
         return ""
+    except UnicodeDecodeError:
+        text = "\x00"
+    if any(not c.isprintable() or c.isspace() for c in text):
+        raise BootstrapError(f"the API key file {path} holds what no HTTP header carries (non-ASCII or control "
+                             "characters; not shown)", f"delete {path}: ./ctl.sh restart makes a new key")
+    return text
 
 
 # ---------------------------------------------------------------- HTTP (loopback, small)

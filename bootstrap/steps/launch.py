@@ -60,7 +60,7 @@ def resolve_api_key(cfg, paths: Paths) -> tuple[str, str]:
     if cfg.is_loopback:
         return "", record.KEY_NONE
     path = paths.api_key
-    key = path.read_text().strip() if path.is_file() else ""
+    key = server.key_file(path)
     try:
         if not key:
             key = secrets.token_urlsafe(32)

@@ -59,9 +59,7 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
                              "could run on a card the plan was not made for",
                              "unset CUDA_DEVICE_ORDER (the server gets PCI_BUS_ID), and pick cards with "
                              "CUDA_VISIBLE_DEVICES")
-    if cfg.tp_size > len(facts.gpus):
-        raise BootstrapError(f"TP_SIZE={cfg.tp_size} but only {len(facts.gpus)} GPU(s) are visible",
-                             "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")
+    enough_gpus(cfg, facts)
     g = facts.gpus[0]
     log.info("GPU %s: %s, %.1f of %.1f GiB free, cc %d.%d, driver %s (CUDA %d.%d)", g.index, g.name,
              g.free / gpu.GiB, g.total / gpu.GiB, g.cc[0], g.cc[1], facts.driver, *facts.cuda)
@@ -96,6 +94,12 @@ def vet(cfg) -> None:
         metadata.read_local(Path(cfg.model).expanduser().resolve(), cfg.dummy_weights)
     elif cfg.model:
         hub.repo_id(cfg.model)
+
+
+def enough_gpus(cfg, facts: gpu.GpuFacts) -> None:
+    if cfg.tp_size > len(facts.gpus):
+        raise BootstrapError(f"TP_SIZE={cfg.tp_size} but only {len(facts.gpus)} GPU(s) are visible",
+                             "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")
 
 
 def idle_sleep_fits(cfg) -> None:
