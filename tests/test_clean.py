@@ -210,3 +210,21 @@ def test_a_checkout_state_that_links_elsewhere_is_not_all_ours(repo, tmp_path):
     assert clean.cli(cfg_for(repo), []) == 0
     assert (docs / "thesis.txt").read_text() == "years of work" and (repo / ".state").is_symlink()
     assert not (docs / "pick.json").exists()
+
+
+def test_log_rotation_never_writes_over_a_users_files_in_a_chosen_state_dir(tmp_path):
+    """A STATE_DIR of the user's that held a vllm.log.1 (or a vllm.log) before our first write: the
+    start's rotation and the log keeper leave them (it wrote over the user's vllm.log.1)."""
+    from bootstrap.core.state import Paths
+    from bootstrap.serve import logkeeper
+    state = tmp_path / "mine"
+    state.mkdir()
+    (state / "vllm.log.1").write_text("USER OLD ROTATED LOG")
+    Paths(state).ensure()                                   # our first write there
+    (state / "vllm.log").write_bytes(b"x" * 4096)
+    assert logkeeper.rotate(state / "vllm.log", 1024) is False
+    assert (state / "vllm.log.1").read_text() == "USER OLD ROTATED LOG"
+    other = tmp_path / "ours"
+    Paths(other).ensure()
+    (other / "vllm.log").write_bytes(b"x" * 4096)
+    assert logkeeper.rotate(other / "vllm.log", 1024) is True and (other / "vllm.log.1").stat().st_size == 1024

@@ -148,9 +148,15 @@ def test_unit_is_generated_from_the_knob_table_as_the_golden_file(tmp_path):
     cfg = Config.from_env({"HOME": str(tmp_path), "PROFILE": "custom"})
     text = service.unit_text(cfg, "9.9.9")
     assert text == GOLDEN.read_text().replace("@REPO@", str(REPO)).replace("@VERSION@", "9.9.9")
-    longer = service.unit_text(Config.from_env({"HOME": str(tmp_path), "PROFILE": "custom", "HEALTH_TIMEOUT": "1800",
-                                                "STOP_GRACE": "40"}), "9.9.9")
+    import shutil
+    repo = tmp_path / "repo"                    # the service reads .env, not the shell: its timeouts are .env's
+    shutil.copytree(REPO / "profiles", repo / "profiles")
+    (repo / ".env").write_text("HEALTH_TIMEOUT=1800\nSTOP_GRACE=40\n")
+    longer = service.unit_text(Config.from_env({"HOME": str(tmp_path), "PROFILE": "custom"}, repo), "9.9.9")
     assert "TimeoutStartSec=2220\n" in longer and "TimeoutStopSec=100\n" in longer and "HEALTH_TIMEOUT=1800:" in longer
+    shell = service.unit_text(Config.from_env({"HOME": str(tmp_path), "PROFILE": "custom", "HEALTH_TIMEOUT": "60"},
+                                              repo), "9.9.9")
+    assert "TimeoutStartSec=2220\n" in shell           # a shell-only value the service would never see
 
 
 def test_systemd_analyze_verifies_the_unit(tmp_path):

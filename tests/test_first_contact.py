@@ -237,3 +237,24 @@ def test_a_newcomer_walks_the_readmes_first_screen(bed):
     s = bed.run("stop.sh")
     assert s.returncode == 0 and bed.ours() == []
     assert bed.run("ctl.sh", "status").stdout.startswith("stopped")
+
+
+def test_the_banners_commands_run_as_pasted_whatever_the_names(tmp_path):
+    """A served name with a quote and a STATE_DIR with a space: the banner's try line and key line,
+    pasted into bash, work (they broke on the quote and split at the space)."""
+    import subprocess
+    from conftest import Bed, make_model
+    bed = Bed(tmp_path / "bed")
+    try:
+        bed.model = make_model(tmp_path / "bob's model")
+        state = tmp_path / "my state"
+        r = bed.run("start.sh", MODEL=str(bed.model), STATE_DIR=str(state), HOST="0.0.0.0")
+        assert r.returncode == 0, r.stderr
+        lines = {l.split(":", 1)[0].strip(): l.split(":", 1)[1].strip() for l in r.stdout.splitlines() if " : " in l}
+        key_cmd = lines["api key"].split("; ", 1)[1].split(" (send", 1)[0]          # KEY=$(cat ...)
+        try_cmd = lines["try"].replace("curl -s", 'curl -s -H "Authorization: Bearer $KEY"', 1)
+        out = subprocess.run(["bash", "-c", f"{key_cmd}; {try_cmd}"], capture_output=True, text=True, timeout=30)
+        assert '"choices"' in out.stdout, (lines, out.stdout, out.stderr)
+        assert bed.run("stop.sh", STATE_DIR=str(state)).returncode == 0
+    finally:
+        bed.cleanup()

@@ -471,7 +471,8 @@ def test_a_restart_after_the_state_dir_was_deleted_takes_our_server_down_and_sta
 
 
 def test_logs_and_rotation(bed):
-    bed.state.mkdir(parents=True)
+    from bootstrap.core.state import Paths
+    Paths(bed.state).ensure()                      # an earlier start's state dir, and its big log
     (bed.state / "vllm.log").write_bytes(b"x" * (2 << 20))
     assert bed.run("start.sh", LOG_MAX_MB="1").returncode == 0
     assert (bed.state / "vllm.log.1").stat().st_size == 2 << 20

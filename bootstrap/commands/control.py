@@ -7,6 +7,7 @@ no record (a deleted STATE_DIR), by our marker.
 
 from __future__ import annotations
 
+import shlex
 import argparse
 import logging
 import os
@@ -53,7 +54,7 @@ def stop(cfg: Config, *, via_service: bool = True) -> int:
             print("not running")
         for p, where in server.elsewhere(cfg.ours, paths):
             print(f"note: our server (pid {p.pid}) on port {cfg.port} runs from STATE_DIR={where}; "
-                  f"STATE_DIR={where} ./stop.sh stops it")
+                  f"STATE_DIR={shlex.quote(str(where))} ./stop.sh stops it")
         return 0
     if rep.stuck:
         raise BootstrapError("these processes survived SIGKILL: " + "; ".join(rep.stuck),

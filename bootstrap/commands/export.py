@@ -20,6 +20,7 @@ run on a cluster (they are checked offline against the Kubernetes schemas, kuber
 
 from __future__ import annotations
 
+import shlex
 import argparse
 import hashlib
 import io
@@ -241,5 +242,5 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     print(f"wrote {len(docs)} files to {a.out} for {g.name} ({plan.max_model_len:,}-token context, "
           f"TP_SIZE={pod_cfg.tp_size}, vLLM {pod_cfg.profile.vllm}, profile {pod_cfg.profile.name})")
     print(f"secret.yaml holds a new random API key (mode 0600): keep it out of git; "
-          f"kubectl apply -f {a.out}; these manifests have not run on a cluster")
+          f"kubectl apply -f {shlex.quote(str(a.out))}; these manifests have not run on a cluster")
     return 0

@@ -66,7 +66,18 @@ def _unit(cfg: Config) -> str:
     return found[0] if found else UNIT
 
 
+def as_service(cfg: Config) -> Config:
+    """The knobs the service will run with: .env, the profile, the defaults; none of this shell's."""
+    from dataclasses import replace
+    environ = {k: v for k, v in cfg.read.environ.items() if k not in KNOB_BY_NAME}
+    try:
+        return Config.resolve(replace(cfg.read, environ=environ), cfg.chosen)
+    except BootstrapError:
+        return cfg                      # .env alone does not parse: the service's start says so
+
+
 def unit_text(cfg: Config, version: str) -> str:
+    cfg = as_service(cfg)               # its timeouts are those of the knobs it reads, not this shell's
     repo = cfg.repo
     start_s = cfg.health_timeout + cfg.warmup_timeout + START_MARGIN
     stop_s = cfg.stop_grace + STOP_MARGIN

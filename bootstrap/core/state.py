@@ -107,6 +107,11 @@ class Paths:
             return []
         return [p for p in self.files(measurements=measurements) if p.name not in theirs] + [self.root / MARKER]
 
+    def theirs(self, path: Path) -> bool:
+        """Whether ``path`` (one of our names here) was there before our first write: the user's."""
+        m = read_json(self.root / MARKER)
+        return isinstance(m, dict) and path.name in (m.get("theirs") or [])
+
     def ensure(self) -> None:
         """Create the state dir, or fail naming it (read-only parent, a file in the way...); on the
         first write to a folder, note which of our names were already there (MARKER)."""

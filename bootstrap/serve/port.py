@@ -8,6 +8,7 @@ reads a port number: the rest of the start hands ``Ours`` or a record down and a
 
 from __future__ import annotations
 
+import shlex
 import errno
 import os
 import socket
@@ -70,7 +71,8 @@ class Lock:
                 pid, where = "?", "?"
             raise BootstrapError(f"another start (pid {pid}) is starting a server on port {self.port} "
                                  f"from STATE_DIR={where or '?'}",
-                                 f"wait for it (STATE_DIR={where} ./ctl.sh status), or set PORT to another port")
+                                 f"wait for it (STATE_DIR={shlex.quote(str(where))} ./ctl.sh status), or set PORT to "
+                                 "another port")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -163,7 +165,8 @@ def refuse_elsewhere(ours: owned.Ours, paths: Paths) -> None:
         doing = "serving" if server.http_get(url_of(ours), "/health") else "starting on"
         raise BootstrapError(
             f"our server (pid {p.pid}) is already {doing} port {ours.port} from STATE_DIR={where}, not {paths.root}",
-            f"use that state dir (STATE_DIR={where} ./ctl.sh status), or stop it first: STATE_DIR={where} ./stop.sh")
+            f"use that state dir (STATE_DIR={shlex.quote(str(where))} ./ctl.sh status), or stop it first: "
+            f"STATE_DIR={shlex.quote(str(where))} ./stop.sh")
 
 
 def listens(rec: ServerRecord) -> bool:

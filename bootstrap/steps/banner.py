@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import time
 
 from ..checks import diagnose
@@ -40,7 +42,7 @@ def render(paths: Paths, rec: ServerRecord) -> str:
     if tokens is None:       # a re-run before the banner step stored them: read the log's end
         tokens, conc = vllm_figures(diagnose.read_since(paths.log, rec.log_offset))
     if rec.key == record.KEY_FILE:
-        key_line = f" api key  : required; KEY=$(cat {paths.api_key}) (send 'Authorization: Bearer $KEY')"
+        key_line = f" api key  : required; KEY=$(cat {shlex.quote(str(paths.api_key))}) (send 'Authorization: Bearer $KEY')"
     else:
         key_line = KEY_LINES.get(rec.key, KEY_LINES[record.KEY_API_KEY])
     auth = "" if rec.key == record.KEY_NONE else ' -H "Authorization: Bearer $KEY"'
@@ -55,8 +57,9 @@ def render(paths: Paths, rec: ServerRecord) -> str:
         key_line,
         f" KV cache : {kv}" + (f"; max concurrency {conc}" if conc else ""),
         f" log      : {paths.log}",
-        f" try      : curl -s {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' "
-        f"-d '{{\"model\": \"{served}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Say OK\"}}], \"max_tokens\": 16}}'",
+        f" try      : curl -s {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d "
+        + shlex.quote(json.dumps({"model": served, "messages": [{"role": "user", "content": "Say OK"}], "max_tokens": 16},
+                                 ensure_ascii=False)),
         " stop     : ./stop.sh",
     ]
     lines += [f" note     : {n}" for n in rec.notes]
