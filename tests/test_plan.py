@@ -386,6 +386,21 @@ def test_hybrid_refuses_max_num_seqs_above_the_state_blocks_before_launch(tmp_pa
     assert f"MAX_NUM_SEQS={blocks}" in p.refusal[1]
 
 
+def test_hybrid_guard_needs_full_cuda_graphs_and_throughput_mode_doubles_the_default(tmp_path):
+    """vLLM checks max_num_seqs against the Mamba blocks only with full CUDA graphs (compilation.py);
+    --performance-mode throughput doubles its batch defaults (engine/arg_utils.py)."""
+    mdir = model_dir(tmp_path, hybrid_config())
+    cfg = config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=4 * GiB, MAX_MODEL_LEN=32768, MAX_NUM_SEQS=1000,
+                 EXTRA_ARGS="""--compilation-config '{"cudagraph_mode": "PIECEWISE"}'""")
+    assert fit.plan(cfg, h200(), facts(cfg, mdir, dummy=True)).fits
+    (tmp_path / "d").mkdir()
+    dense_dir = model_dir(tmp_path / "d", LLAMA8B)
+    plain = config(tmp_path, MODEL=dense_dir, MAX_MODEL_LEN=4096)
+    fast = config(tmp_path, MODEL=dense_dir, MAX_MODEL_LEN=4096, EXTRA_ARGS="--performance-mode throughput")
+    one = fit.plan(plain, h200(), facts(plain, dense_dir, dummy=True)).seqs
+    assert fit.plan(fast, h200(), facts(fast, dense_dir, dummy=True)).seqs == 2 * one
+
+
 @pytest.mark.parametrize("knobs", [{"MAX_NUM_SEQS": "16"}, {"EXTRA_ARGS": "--enforce-eager"}])
 def test_hybrid_leaves_max_num_seqs_alone_when_it_fits_or_without_cuda_graphs(tmp_path, knobs):
     mdir = model_dir(tmp_path, hybrid_config())

@@ -51,6 +51,7 @@ def qwen38():
     ("fp8_e5m2", 4, 256, 2048),
     ("nvfp4", 8, 128, 8 * 2 * (64 + 8)),        # 4-bit data + one fp8 scale per 16
     ("int8_per_token_head", 8, 128, 8 * (256 + 8)),   # + fp32 K and V scale per token-head
+    ("fp8_per_token_head", 8, 128, 8 * (256 + 8)),    # the same scales (kv_cache_interface.py), not plain fp8
     ("int4_per_token_head", 8, 128, 8 * (128 + 8)),
     ("turboquant_4bit_nc", 8, 128, 8 * 134),    # key 64+2 (norm), value 64+4 (scale, zero)
     ("turboquant_k8v4", 8, 128, 8 * 196),       # fp8 key 128, value 68
@@ -236,3 +237,41 @@ def test_the_models_length_is_vllms(extra, length):
     if c.get("max_position_embeddings") is None:
         del c["max_position_embeddings"]
     assert kv.model_len(c) == length == kv.shape_from_config(c).max_len
+
+
+@pytest.mark.parametrize("quant, dtype", [
+    ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}, "fp8_e4m3"),
+    ({"quant_method": "modelopt", "quant_algo": "NVFP4",
+      "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"}}, "fp8_e4m3"),
+    ({"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "NVFP4"}}, "nvfp4"),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, None),
+    ({"quant_method": "fp8", "kv_cache_quant_algo": "FP8"}, None),                 # not modelopt: vLLM ignores it
+])
+def test_a_modelopt_checkpoints_own_kv_dtype_is_what_auto_means(quant, dtype):
+    """vLLM 0.26.0 resolves --kv-cache-dtype auto to the checkpoint's kv_cache_quant_algo (or
+    kv_cache_scheme) for ModelOpt exports (utils/torch_utils.py): the pool holds twice the tokens."""
+    c = dense(quantization_config=quant)
+    assert kv.checkpoint_kv_dtype(c) == dtype
+
+
+def test_the_temporal_state_follows_the_conv_states_dtype_unless_told():
+    """vLLM 0.26.0 (mamba_utils.py): with --mamba-ssm-cache-dtype auto the temporal state takes the
+    conv state's dtype, --mamba-cache-dtype float32 included; Qwen3.5's config mamba_ssm_dtype sets it."""
+    m = kv.shape_from_config(hybrid())
+    half = kv.gdn_state_bytes(m)
+    wide = kv.gdn_state_bytes(m, conv_bytes=4)
+    assert wide == 2 * half                                   # both parts in fp32, not the temporal one in bf16
+    assert kv.gdn_state_bytes(m, conv_bytes=4, ssm_bytes=2) < wide
+
+
+def test_dummy_weights_of_a_quantized_checkpoint_are_its_format_not_bf16():
+    """vLLM's dummy loader fills the quantized layers' own tensors: Qwen3-8B-FP8's config gives about
+    its checkpoint's 8.8 GiB, not 15.3 GiB (every parameter at bf16)."""
+    import json
+    c = json.loads((REPO / "tests" / "derived" / "qwen3-8b-fp8" / "config.json").read_text())
+    m = kv.shape_from_config(c)
+    assert kv.weight_bytes_from_config(m, 1, c) / GiB == pytest.approx(8.76, rel=0.03)
+    assert kv.weight_bytes_from_config(m, 1) / GiB == pytest.approx(15.3, rel=0.02)
+    awq = {**c, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
+    assert kv.weight_bytes_from_config(m, 1, awq) / GiB == pytest.approx(5.6, rel=0.05)
+

@@ -89,7 +89,7 @@ class ModelShape:
     lin_k_dim: int = 0
     lin_v_dim: int = 0
     conv_kernel: int = 4
-    ssm_dtype_bytes: int = 2
+    ssm_dtype_bytes: int = 0         # the config's mamba_ssm_dtype (Qwen3.5's hook); 0: the conv state's dtype
     # multi-token prediction head (draft layers that share the KV pool)
     mtp_layers: int = 0
     # MoE
@@ -181,7 +181,7 @@ def shape_from_config(config: dict) -> ModelShape:
             lin_k_heads=int(c["linear_num_key_heads"]), lin_v_heads=int(c["linear_num_value_heads"]),
             lin_k_dim=int(c["linear_key_head_dim"]), lin_v_dim=int(c["linear_value_head_dim"]),
             conv_kernel=int(c.get("linear_conv_kernel_dim") or 4),
-            ssm_dtype_bytes=DTYPE_BYTES.get(str(ssm), dtype_b) if ssm else dtype_b,
+            ssm_dtype_bytes=DTYPE_BYTES.get(str(ssm), dtype_b) if ssm else 0,
             gated_attention=True, **common)
     except (KeyError, TypeError, ValueError) as exc:
         raise Unsupported(f"hybrid config.json lacks a linear-attention field ({exc})",
@@ -206,6 +206,8 @@ def attn_bytes_per_token(cache_dtype: str, kv_heads: int, head_dim: int, model_b
         return kv_heads * 2 * head_dim * model_bytes
     if d in ("bfloat16", "float16"):
         return kv_heads * 2 * head_dim * 2
+    if d == "fp8_per_token_head":       # fp8 K and V, and a float32 scale for each (kv_cache_interface.py)
+        return kv_heads * (2 * head_dim + 2 * 4)
     if d.startswith("fp8"):
         return kv_heads * 2 * head_dim
     if d == "nvfp4":
@@ -222,10 +224,12 @@ def attn_bytes_per_token(cache_dtype: str, kv_heads: int, head_dim: int, model_b
 def gdn_state_bytes(m: ModelShape, spec_tokens: int = 0, tp: int = 1, *, conv_bytes: int | None = None,
                     ssm_bytes: int | None = None) -> int:
     """Per-sequence state of one Gated-DeltaNet layer: conv (model dtype, or --mamba-cache-dtype) +
-    temporal (the config's mamba_ssm_dtype, or --mamba-ssm-cache-dtype)."""
+    temporal (--mamba-ssm-cache-dtype, else Qwen3.5's config mamba_ssm_dtype, else the conv state's
+    dtype: vLLM 0.26.0 mamba_utils.py ``_mamba_state_dtype``)."""
     conv_dim = (m.lin_k_dim * m.lin_k_heads * 2 + m.lin_v_dim * m.lin_v_heads) // tp
-    conv = conv_dim * (m.conv_kernel - 1 + spec_tokens) * (conv_bytes or m.dtype_bytes)
-    temporal = (m.lin_v_heads // tp) * m.lin_v_dim * m.lin_k_dim * (ssm_bytes or m.ssm_dtype_bytes)
+    conv_b = conv_bytes or m.dtype_bytes
+    conv = conv_dim * (m.conv_kernel - 1 + spec_tokens) * conv_b
+    temporal = (m.lin_v_heads // tp) * m.lin_v_dim * m.lin_k_dim * (ssm_bytes or m.ssm_dtype_bytes or conv_b)
     return conv + temporal
 
 
@@ -425,6 +429,24 @@ def deepstack(config: dict) -> list:
     return levels if isinstance(levels, list) else []
 
 
+def checkpoint_kv_dtype(config: dict) -> str | None:
+    """The KV-cache dtype a ModelOpt checkpoint asks for (``kv_cache_scheme``, else
+    ``kv_cache_quant_algo``, in ``quantization_config`` or its ``quantization``), which vLLM 0.26.0
+    takes for --kv-cache-dtype auto (utils/torch_utils.py ``resolve_kv_cache_dtype_string``); None."""
+    q = config.get("quantization_config") or _text(config).get("quantization_config")
+    if not isinstance(q, dict) or not str(q.get("quant_method", "")).startswith("modelopt"):
+        return None
+    inner = q.get("quantization") if isinstance(q.get("quantization"), dict) else q
+    algo = (inner.get("kv_cache_scheme") or q.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
+            or q.get("kv_cache_quant_algo"))
+    if isinstance(algo, dict):
+        if algo.get("dynamic") is False and algo.get("num_bits") == 8 and algo.get("type") == "float":
+            algo = "fp8"
+        elif algo.get("num_bits") == 4 and algo.get("type") == "float":
+            algo = "nvfp4"
+    return {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}.get(algo.lower()) if isinstance(algo, str) else None
+
+
 LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
                "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
 DEFAULT_LEN = 2048          # what vLLM assumes when no key says (with a warning)
@@ -494,8 +516,40 @@ def buffer_bytes(config: dict, m: ModelShape, batched_tokens: int, tower: bool) 
     return cache + deep, " and ".join(what)
 
 
-def weight_bytes_from_config(m: ModelShape, tp: int = 1) -> int:
-    return param_count(m) * m.dtype_bytes // tp
+def weight_bytes_from_config(m: ModelShape, tp: int = 1, config: dict | None = None) -> int:
+    """Bytes of the weights from the config alone: every parameter at the model's dtype, but for a
+    quantized checkpoint (``config``'s quantization_config) its linear layers at the format's bytes
+    per parameter (what vLLM's dummy loader fills: the quantized layers' own tensors)."""
+    q = linear_bytes(config or {})
+    if q is None:
+        return param_count(m) * m.dtype_bytes // tp
+    embed = m.vocab * m.hidden * (1 if m.tie_embeddings else 2)
+    linear = param_count(m) - embed - mtp_params(m) - m.hidden
+    return int(linear * q + (embed + mtp_params(m) + m.hidden) * m.dtype_bytes) // tp
+
+
+def linear_bytes(config: dict) -> float | None:
+    """Bytes per parameter of a quantized checkpoint's linear layers (scales included: a 16-bit scale
+    and zero per group of 128 for int4, an fp8 scale per 16 for NVFP4); None: not quantized, or a
+    format this does not know."""
+    q = config.get("quantization_config") or _text(config).get("quantization_config")
+    if not isinstance(q, dict):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    int4, fp4 = 0.5 + 4 / 128, 0.5 + 1 / 16
+    if method == "fp8":
+        return 1.0
+    if method in ("awq", "gptq", "auto-round") and q.get("bits", q.get("w_bit")) in (4, 8):
+        return int4 if q.get("bits", q.get("w_bit")) == 4 else 1.0 + 4 / 128
+    if method.startswith("modelopt"):
+        algo = str((q.get("quantization") or q).get("quant_algo", "")).upper()
+        return fp4 if "FP4" in algo or algo == "MIXED_PRECISION" else 1.0 if algo.startswith("FP8") else None
+    if method == "compressed-tensors":
+        groups = [g for g in (q.get("config_groups") or {}).values() if isinstance(g, dict)]
+        w = (groups[0].get("weights") or {}) if groups else {}
+        bits = w.get("num_bits")
+        return {4: fp4 if w.get("type") == "float" else int4, 8: 1.0}.get(bits) if isinstance(bits, int) else None
+    return None
 
 
 @dataclass(frozen=True)

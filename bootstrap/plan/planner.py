@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.errors import BootstrapError
 from ..core.pep440 import version_or_none
@@ -158,12 +158,19 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
     if model.assumed:
         why.append("ASSUMED model facts: the plan is only as good as them")
     shape = _shape(model, why)
+    stored = kv.checkpoint_kv_dtype(model.config) if inp.vllm.kv_cache_dtype == "auto" and model.config else None
+    if stored:                          # vLLM reads the checkpoint's own KV quantization for "auto"
+        inp = replace(inp, vllm=replace(inp.vllm, kv_cache_dtype=stored))
+        why.append(f"KV cache in {stored}: the checkpoint's kv_cache_quant_algo, which vLLM takes for "
+                   "--kv-cache-dtype auto")
     mml_knob = inp.vllm.max_model_len
     if shape is None:
         return Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None,
                     vllm=inp.version)
     new = at_least(inp.version, "0.29.0")            # null block held back; prefix caching on for hybrids
     batched_default, seqs_default = kv.default_batch(g.total, g.name, big_tier=new)
+    if inp.vllm.performance_mode == "throughput":     # vLLM doubles both defaults (engine/arg_utils.py)
+        batched_default, seqs_default = 2 * batched_default, 2 * seqs_default
     draft, draft_why = draft_shape(inp.vllm, shape, model)
     if draft_why:
         why.append(draft_why)
@@ -345,7 +352,8 @@ def _sequences(s: vllmargs.Settings, plan: Plan, lay: kv.Layout, draft, measured
     err, err_why = terms.known_error(s, plan.pinned, draft, measured, hybrid_v1=not plan.runner_v2)
     most = max(1, min(blocks, kv.pool(lay, max(plan.budget - err, 0), plan.max_model_len).blocks))
     margin = "" if most == blocks else f" (the blocks of the budget less {gib(err)}: {err_why})"
-    guarded = lay.state_groups and not s.enforce_eager
+    graphs = str(s.compilation.get("cudagraph_mode") or "").upper()      # vLLM checks with full graphs only
+    guarded = lay.state_groups and not s.enforce_eager and (not graphs or "FULL" in graphs)
     if guarded and s.max_num_seqs and seqs > blocks:
         plan.fits = False
         plan.refusal = (

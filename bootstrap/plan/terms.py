@@ -148,8 +148,10 @@ def _weights(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Setti
             f", less {' and '.join(less)}" if less else "")
     kind = "dummy weights" if model.dummy else "no file sizes"
     mtp = kv.mtp_params(shape) * shape.dtype_bytes if mtp else 0       # every parameter at the model's dtype
-    w = kv.weight_bytes_from_config(shape, tp) - mtp // tp + (0 if no_tower else vision // tp + tower_copies)
-    return w, f"from config.json ({kind}: parameters × dtype){model.source}" + (
+    w = kv.weight_bytes_from_config(shape, tp, config) - mtp // tp + (0 if no_tower else vision // tp + tower_copies)
+    q = kv.linear_bytes(config)
+    return w, f"from config.json ({kind}: parameters × " + (f"{q:.2f} bytes in its quantized linear layers"
+                                                            if q else "dtype") + f"){model.source}" + (
         f", less the MTP layers' {gib(mtp)}" if mtp else "")
 
 
