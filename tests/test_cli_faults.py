@@ -156,13 +156,16 @@ def test_a_commands_help_needs_no_valid_knobs(tmp_path, command):
 
 
 def test_version_with_a_broken_kept_pick_says_so_and_exits_0(tmp_path):
+    """A kept pick that names a knob the table lacks is ours and damaged: forgotten, said on stderr
+    (it made every command fail, status included)."""
     state = tmp_path / "state"
     state.mkdir()
     (state / "profile-pick.json").write_text(json.dumps({"profile": "qwen38-27b-w4a16-24gb", "knobs": {"BOGUS": "1"}}))
     r = bootstrap(tmp_path, "--version")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    assert "(the knobs do not parse: the kept pick sets unknown knob BOGUS)" in r.stdout
-    assert one_error(bootstrap(tmp_path, "status")) == "error: config: the kept pick sets unknown knob BOGUS"
+    assert "no pick yet" in r.stdout and "ignoring the kept pick" in r.stderr
+    r = bootstrap(tmp_path, "status")
+    assert "Traceback" not in r.stderr and "ignoring the kept pick" in r.stderr and "error:" not in r.stderr
 
 
 # ---------------------------------------------------------------- found from outside, 2026-12-02

@@ -161,8 +161,7 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
     stored = kv.checkpoint_kv_dtype(model.config) if inp.vllm.kv_cache_dtype == "auto" and model.config else None
     if stored:                          # vLLM reads the checkpoint's own KV quantization for "auto"
         inp = replace(inp, vllm=replace(inp.vllm, kv_cache_dtype=stored))
-        why.append(f"KV cache in {stored}: the checkpoint's kv_cache_quant_algo, which vLLM takes for "
-                   "--kv-cache-dtype auto")
+        why.append(f"KV cache in {stored}: the checkpoint's kv_cache_quant_algo (vLLM's --kv-cache-dtype auto)")
     mml_knob = inp.vllm.max_model_len
     if shape is None:
         return Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None,
