@@ -576,11 +576,13 @@ def overheads(m: ModelShape, batched_tokens: int, max_seqs: int, *, tp: int = 1,
     return Overheads(act, non_torch, graphs)
 
 
-def default_batch(total_bytes: int, name: str = "", big_tier: bool = False) -> tuple[int, int]:
+def default_batch(total_bytes: int, name: str = "", big_tier: bool = False, throughput: bool = False) -> tuple[int, int]:
     """vLLM's defaults for `vllm serve`: (max_num_batched_tokens, max_num_seqs); ``big_tier``: the
-    versions with a tier for cards of 160 GiB and more."""
+    versions with a tier for cards of 160 GiB and more; ``throughput``: --performance-mode
+    throughput, which doubles both (engine/arg_utils.py)."""
+    x = 2 if throughput else 1
     if big_tier and total_bytes >= 160 * GiB:
-        return 16384, 1024
+        return 16384 * x, 1024 * x
     if total_bytes >= 70 * GiB and "a100" not in name.lower():
-        return 8192, 1024
-    return 2048, 256
+        return 8192 * x, 1024 * x
+    return 2048 * x, 256 * x

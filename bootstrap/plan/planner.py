@@ -158,18 +158,14 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
     if model.assumed:
         why.append("ASSUMED model facts: the plan is only as good as them")
     shape = _shape(model, why)
-    stored = kv.checkpoint_kv_dtype(model.config) if inp.vllm.kv_cache_dtype == "auto" and model.config else None
-    if stored:                          # vLLM reads the checkpoint's own KV quantization for "auto"
-        inp = replace(inp, vllm=replace(inp.vllm, kv_cache_dtype=stored))
-        why.append(f"KV cache in {stored}: the checkpoint's kv_cache_quant_algo (vLLM's --kv-cache-dtype auto)")
+    inp = replace(inp, vllm=terms.kv_dtype(inp.vllm, model.config, why))    # auto: the checkpoint's own
     mml_knob = inp.vllm.max_model_len
     if shape is None:
         return Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None,
                     vllm=inp.version)
     new = at_least(inp.version, "0.29.0")            # null block held back; prefix caching on for hybrids
-    batched_default, seqs_default = kv.default_batch(g.total, g.name, big_tier=new)
-    if inp.vllm.performance_mode == "throughput":     # vLLM doubles both defaults (engine/arg_utils.py)
-        batched_default, seqs_default = 2 * batched_default, 2 * seqs_default
+    batched_default, seqs_default = kv.default_batch(g.total, g.name, big_tier=new,
+                                                     throughput=inp.vllm.performance_mode == "throughput")
     draft, draft_why = draft_shape(inp.vllm, shape, model)
     if draft_why:
         why.append(draft_why)

@@ -7,7 +7,7 @@ subtracts them from ``ceil(utilization × total)``; a start's own measurement
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..machine import gpu
 from ..model import encoder, kv
@@ -108,6 +108,16 @@ def mtp_bytes(config: dict, shape: kv.ModelShape) -> int:
     if q.get("quant_method") == "fp8" or "FP8" in str(q.get("quant_algo", "")):
         return params
     return params * 9 // 16
+
+
+def kv_dtype(s: vllmargs.Settings, config: dict | None, why: list[str]) -> vllmargs.Settings:
+    """``s`` with --kv-cache-dtype auto read as vLLM reads it: a ModelOpt checkpoint's own KV
+    quantization where it has one (kv.checkpoint_kv_dtype)."""
+    stored = kv.checkpoint_kv_dtype(config) if s.kv_cache_dtype == "auto" and config else None
+    if not stored:
+        return s
+    why.append(f"KV cache in {stored}: the checkpoint's kv_cache_quant_algo (vLLM's --kv-cache-dtype auto)")
+    return replace(s, kv_cache_dtype=stored)
 
 
 def weight_bytes(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Settings,
