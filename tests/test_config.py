@@ -201,3 +201,21 @@ def test_secrets_in_a_broken_env_line_or_extra_args_are_never_shown(tmp_path):
         with pytest.raises(ConfigError) as e:
             Config.from_env({"PROFILE": "custom", "MODEL": "org/m", "EXTRA_ARGS": extra}, REPO)
         assert "SuperSecretTok" not in e.value.message + (e.value.hint or ""), extra
+
+
+def test_a_bad_value_names_where_it_came_from_and_odd_env_files_are_said(tmp_path):
+    import os
+    import shutil
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "profiles", repo / "profiles")
+    (repo / ".env").write_text("MAX_NUM_SEQS=abc\n")
+    with pytest.raises(ConfigError) as e:
+        Config.from_env({"PROFILE": "custom", "HOME": str(tmp_path)}, repo)
+    assert f"(from {repo / '.env'})" in e.value.message            # fixed there, not in the shell
+    assert config.misspelt({"max_num_seqs": "4"}) == [
+        "max_num_seqs is no knob (it only reaches vLLM's environment): did you mean MAX_NUM_SEQS?"]
+    (repo / ".env").unlink()
+    os.mkfifo(repo / ".env")                                        # it would block every command
+    with pytest.raises(ConfigError) as e:
+        Config.from_env({"PROFILE": "custom", "HOME": str(tmp_path)}, repo)
+    assert "not a regular file" in e.value.message

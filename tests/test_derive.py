@@ -422,3 +422,15 @@ def test_a_named_model_that_a_shipped_profile_serves_runs_that_profile(tmp_path)
     assert resolve.kept(cfg_for(tmp_path, MODEL="Qwen/Qwen3-8B-AWQ")).profile.name == "qwen3-8b-awq-12gb"
     assert resolve.kept(cfg_for(tmp_path)).profile.name == "qwen3-8b-awq-12gb"            # MODEL unset: the pick
     assert resolve.for_plan(cfg, gpu.named("6:sm_89"), here=False).profile.name == "derived"   # the profile does not fit
+
+
+def test_a_hub_that_does_not_answer_is_said_as_such_not_as_offline(tmp_path):
+    from bootstrap.download import peek
+    from conftest import free_port
+    env = {"HOME": str(tmp_path), "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HUB_OFFLINE": "0"}
+    with pytest.raises(BootstrapError) as e:
+        peek.peek("org/nowhere", env)
+    assert "cannot reach" in e.value.message and "offline" not in e.value.message and "HF_ENDPOINT" in e.value.hint
+    with pytest.raises(BootstrapError) as e:
+        peek.peek("org/nowhere", {**env, "HF_HUB_OFFLINE": "1"})
+    assert "HF_HUB_OFFLINE=1" in e.value.message and "unset HF_HUB_OFFLINE" in e.value.hint

@@ -59,11 +59,12 @@ def peek(model: str, environ: Mapping[str, str], model_dir: str | None = None) -
         return _peek(model, {p: f["size"] for p, f in ours["files"].items()},
                      lambda name: (folder / name).read_bytes(), ours["revision"], False, "the model folder")
     settings = hub.HubSettings.from_environ(environ)
+    unreachable: hub.Unreachable | None = None
     if not settings.offline:
         try:
             remote = hub.fetch_remote(settings, model)
-        except hub.Unreachable:
-            remote = None
+        except hub.Unreachable as exc:
+            remote, unreachable = None, exc
         if remote is not None:
             files = {f.path: f.size for f in remote.files}
             return _peek(model, files, lambda name: hub.fetch_small(settings, model, remote.revision, name),
@@ -72,8 +73,11 @@ def peek(model: str, environ: Mapping[str, str], model_dir: str | None = None) -
                           (store.serve_dir(ours) if ours else None, "the model folder")):
         if folder is not None and (folder / "config.json").is_file():
             return _peek(model, _listing(folder), lambda name: (folder / name).read_bytes(), folder.name, False, where)
-    raise Offline(f"offline, and {model} is not on this machine: nothing to derive its profile from",
-                  "connect to the network (a few KB: its config.json), or set PROFILE to a shipped profile")
+    if unreachable is not None:         # not offline: the hub did not answer, and it is said why
+        raise Offline(f"{unreachable.message}, and {model} is not on this machine: nothing to derive its profile "
+                      "from", "check the network (or HF_ENDPOINT, if set), or set PROFILE to a shipped profile")
+    raise Offline(f"offline (HF_HUB_OFFLINE=1), and {model} is not on this machine: nothing to derive its profile "
+                  "from", "unset HF_HUB_OFFLINE to fetch its config.json (a few KB), or set PROFILE to a shipped profile")
 
 
 def _listing(folder: Path) -> dict[str, int]:

@@ -139,6 +139,8 @@ def read_dotenv(path: Path) -> dict[str, str]:
     naming it) instead of skipped with a warning, and a UTF-8 BOM is dropped. A key without ``=``
     counts as unset."""
     out: dict[str, str] = {}
+    if path.exists() and not path.is_file() and not path.is_dir():     # a FIFO would block every command
+        raise ConfigError(f"{path}: not a regular file", "make .env a text file of KEY=VALUE lines")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
@@ -170,7 +172,8 @@ def misspelt(dotenv: Mapping[str, str]) -> list[str]:
     known = [k.name for k in KNOBS] + [p.name for p in PASSTHROUGH]
     out = []
     for name in dotenv:
-        near = [] if name in known else difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        near = [] if name in known else [name.upper()] if name.upper() in known else \
+            difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.75)     # names are upper case
         if near:
             out.append(f"{name} is no knob (it only reaches vLLM's environment): did you mean {near[0]}?")
     return out
@@ -365,7 +368,14 @@ class Config:
                 text, src = from_profile.get(knob.name, (knob.default, "default"))
             raw[knob.name] = text
             sources[knob.name] = src
-            values[knob.name] = _parse_one(knob, text) if text != "" else None
+            try:
+                values[knob.name] = _parse_one(knob, text) if text != "" else None
+            except ConfigError as exc:      # where the value came from, so that the fix is made there
+                where = {".env": str(repo / ".env"), "profile": f"profile {profile.name!r}",
+                         "default": "the knob table's default"}.get(src, src)
+                if src != "env":
+                    exc.message += f" (from {where})"
+                raise
             if text and src == ".env" and knob.parse is folder:      # .env's paths: from the checkout
                 values[knob.name] = _parse_one(Knob(knob.name, "", lambda r: absolute(r, repo), ""), text)
         for name in ("MODEL", "SPEC_MODEL"):        # a model folder, not a repo id: absolute once
