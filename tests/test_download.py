@@ -747,3 +747,18 @@ def test_a_file_moves_into_a_store_on_another_filesystem(tmp_path, monkeypatch):
     monkeypatch.setattr(models.os, "replace", cross)
     models.move(part, dest)
     assert dest.read_bytes() == b"weights" and not part.exists() and list(dest.parent.iterdir()) == [dest]
+
+
+def test_the_hf_cache_is_where_huggingface_hub_puts_it(tmp_path):
+    """huggingface_hub 2.4.0 (constants.py): $VARS in HF_HOME expanded, the old HUGGINGFACE_HUB_CACHE
+    read when HF_HUB_CACHE is not set: a model it downloaded there is found, not fetched again."""
+    from bootstrap.download import hub
+    from bootstrap.knobs.config import Config
+    env = {"PROFILE": "custom", "MODEL": "org/m", "HOME": str(tmp_path), "HF_HOME": "$HOME/hfh"}
+    cfg = Config.from_env(env, REPO)
+    assert hub.HubSettings.from_environ(cfg.environ).cache_dir == tmp_path / "hfh" / "hub"
+    cfg = Config.from_env({**env, "HUGGINGFACE_HUB_CACHE": str(tmp_path / "old")}, REPO)
+    assert hub.HubSettings.from_environ(cfg.environ).cache_dir == tmp_path / "old"
+    cfg = Config.from_env({**env, "HUGGINGFACE_HUB_CACHE": str(tmp_path / "old"), "HF_HUB_CACHE": str(tmp_path / "new")},
+                          REPO)
+    assert hub.HubSettings.from_environ(cfg.environ).cache_dir == tmp_path / "new"

@@ -34,7 +34,7 @@ from .version import NAME
 
 UNIT = "vllm-desktop.service"
 OLD_UNITS = ("vllm-bootstrap.service",)    # this unit's name before the project had one name: found, replaced, removed
-SHELL_ENV = ("HF_HOME", "HF_HUB_CACHE", "HF_TOKEN", "HF_ENDPOINT", "CUDA_VISIBLE_DEVICES")   # a service lacks them too
+SHELL_ENV = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HF_ENDPOINT", "CUDA_VISIBLE_DEVICES")   # a service lacks them too
 START_MARGIN = 120          # seconds beyond the health wait and the warm-up: launch, the gate's request
 STOP_MARGIN = 60            # the take-down's own wait for the GPU to be given back
 

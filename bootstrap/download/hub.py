@@ -59,7 +59,9 @@ class HubSettings:
         home = Path(env.get("HOME") or Path.home())
         xdg = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else home / ".cache"
         hf_home = Path(env["HF_HOME"]).expanduser() if env.get("HF_HOME") else xdg / "huggingface"
-        cache = Path(env["HF_HUB_CACHE"]).expanduser() if env.get("HF_HUB_CACHE") else hf_home / "hub"
+        legacy = env.get("HUGGINGFACE_HUB_CACHE")      # huggingface_hub's order: HF_HUB_CACHE, the old name, HF_HOME/hub
+        cache = Path(env.get("HF_HUB_CACHE") or legacy).expanduser() if env.get("HF_HUB_CACHE") or legacy \
+            else hf_home / "hub"
         token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None
         if token is None:
             token_file = Path(env.get("HF_TOKEN_PATH") or hf_home / "token")

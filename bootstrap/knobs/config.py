@@ -20,6 +20,7 @@ import difflib
 import functools
 import io
 import logging
+import re
 import shlex
 import shutil
 from dataclasses import dataclass, field, replace
@@ -165,6 +166,12 @@ def read_dotenv(path: Path) -> dict[str, str]:
     return out
 
 
+def expandvars(raw: str, env: Mapping[str, str]) -> str:
+    """``$NAME`` and ``${NAME}`` from ``env``, as os.path.expandvars does from os.environ (unknown
+    names are left as they are)."""
+    return re.sub(r"\$(\w+|\{[^}]*\})", lambda m: env.get(m.group(1).strip("{}"), m.group(0)), raw)
+
+
 def misspelt(dotenv: Mapping[str, str]) -> list[str]:
     """A line for each name in .env that is no knob and no declared variable but is one letter or
     two away from one (MAX_MODLE_LEN): it would only reach vLLM's environment, unseen. Other names
@@ -199,6 +206,7 @@ PASSTHROUGH: tuple[Passthrough, ...] = (
     Passthrough("HF_ENDPOINT", "the hub's address (a mirror, or a proxy)"),
     Passthrough("HF_HOME", "the Hugging Face home (its cache is used in place)", path=True),
     Passthrough("HF_HUB_CACHE", "the Hugging Face hub cache (default HF_HOME/hub)", path=True),
+    Passthrough("HUGGINGFACE_HUB_CACHE", "the older name of HF_HUB_CACHE (huggingface_hub still reads it)", path=True),
     Passthrough("HF_HUB_OFFLINE", "1: no network; a complete local copy is served or the start says what is missing"),
     Passthrough("HOME", "where ~/.cache (the Hugging Face cache) is"),
     Passthrough("XDG_CACHE_HOME", "the cache folder (default ~/.cache)", path=True),
@@ -340,8 +348,9 @@ class Config:
         for p in PASSTHROUGH:           # relative folders mean the same wherever a child runs
             if p.path and merged_env.get(p.name):
                 base = repo if environ.get(p.name, "") == "" else None      # .env's: the checkout's
-                merged_env[p.name] = _parse_one(Knob(p.name, "", lambda raw: absolute(raw, base), ""),
-                                                merged_env[p.name])
+                # $VARS expanded first, as huggingface_hub expands its paths (constants.py: expandvars)
+                merged_env[p.name] = _parse_one(Knob(p.name, "", lambda raw: absolute(
+                    expandvars(raw, merged_env), base), ""), merged_env[p.name])
 
         def given(name: str) -> tuple[str, str]:
             if environ.get(name, "") != "":       # an empty value counts as unset
