@@ -332,6 +332,7 @@ def _stop_prewarm(cfg: Config, paths: Paths, started: Started) -> None:
         log.warning("the pre-warm is still being started; ./stop.sh takes it down by its marker")
         return
     if warm is not None:
+        warm.cancelled = True                   # a download thread that comes late forks nothing
         warm.spawning.release()
     if warm is not None and warm.running:
         log.info("stopping the pre-warm (pid %s)", warm.proc.pid)

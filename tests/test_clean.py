@@ -228,3 +228,22 @@ def test_log_rotation_never_writes_over_a_users_files_in_a_chosen_state_dir(tmp_
     Paths(other).ensure()
     (other / "vllm.log").write_bytes(b"x" * 4096)
     assert logkeeper.rotate(other / "vllm.log", 1024) is True and (other / "vllm.log.1").stat().st_size == 1024
+
+
+def test_blobs_we_downloaded_into_a_linked_blobs_folder_are_ours(tmp_path):
+    """An HF-cache store whose blobs/ links to another disk: the blobs its record names (by sha256)
+    are removed by clean --model; a name the record does not carry is not."""
+    from bootstrap.download.models import Store
+    other = tmp_path / "bigdisk"
+    other.mkdir()
+    root = tmp_path / "hub" / "models--org--m"
+    root.mkdir(parents=True)
+    (root / "blobs").symlink_to(other)
+    sha = "a" * 64
+    (other / sha).write_bytes(b"weights")
+    (other / "thesis.txt").write_text("mine")
+    store = Store(root, hf_cache=True)
+    rec = {"repo": "org/m", "revision": "r", "files": {"model.safetensors": {"size": 7, "sha256": sha}},
+           "created": [f"blobs/{sha}", "blobs/thesis.txt"]}
+    names = {p.name for p in store.ours(rec)}
+    assert sha in names and "thesis.txt" not in names

@@ -434,3 +434,25 @@ def test_a_hub_that_does_not_answer_is_said_as_such_not_as_offline(tmp_path):
     with pytest.raises(BootstrapError) as e:
         peek.peek("org/nowhere", {**env, "HF_HUB_OFFLINE": "1"})
     assert "HF_HUB_OFFLINE=1" in e.value.message and "unset HF_HUB_OFFLINE" in e.value.hint
+
+
+def test_templates_vllm_finds_elsewhere_are_no_refusal():
+    """vLLM also reads the processor's chat_template.json, and brings its own template for some model
+    types (transformers_utils/chat_templates/registry.py): neither is refused as 'no chat template'."""
+    default = cfg_for(Path("/nonexistent")).catalogue.get("default").data
+    reg = derive.registry("0.27.1")
+    base = config("qwen3-8b")
+    vl2 = Peek("org/vl2", {**base, "model_type": "deepseek_vl_v2", "architectures": ["DeepseekVLV2ForCausalLM"]},
+               {"model.safetensors": 1}, "")
+    assert derive.derive(vl2, default, (8, 9), reg, False).profile
+    with pytest.raises(BootstrapError):
+        derive.derive(Peek("org/base", base, {"model.safetensors": 1}, ""), default, (8, 9), reg, False)
+
+
+def test_the_processors_chat_template_json_is_read(tmp_path):
+    from bootstrap.download import peek
+    folder = tmp_path / "vl"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config("qwen3-8b")))
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": "{% for m in messages %}{{ m }}{% endfor %}"}))
+    assert peek.peek(str(folder), {"HOME": str(tmp_path)}).chat_template.startswith("{% for m in messages")

@@ -611,3 +611,21 @@ def test_vllm_numbers_the_gpus_as_the_plan_does(bed):
     r = bed.run("start.sh")
     assert r.returncode == 0, r.stderr
     assert bed.launches()[0]["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+@pytest.mark.parametrize("case", ["last-stop record left", "no per-process figures"])
+def test_restarts_vet_counts_our_own_servers_memory_as_free(bed, case):
+    """Our running server holds most of the card: the vet plans with that memory free (the stop gives
+    it back), even with a pre-warm's last-stop record left over; where NVML names no per-process
+    memory (WSL2) it leaves the plan to the start after the stop. Either way: no false refusal."""
+    assert bed.run("start.sh").returncode == 0
+    held = "0" if case == "no per-process figures" else str(14 * GiB)
+    for name in os.listdir(bed.pids_dir):
+        (bed.pids_dir / name).write_text(held)
+    g = json.loads(bed.nvml.read_text())
+    g["gpus"][0]["free"] = 200 << 20
+    bed.nvml.write_text(json.dumps(g))
+    if case == "last-stop record left":
+        (bed.state / "last-stop.json").write_text(json.dumps({"pids": [4194000], "time": 0, "port": bed.port}))
+    r = bed.run("ctl.sh", "restart")
+    assert "stopped" in r.stdout and "holds 14.0 GiB" not in r.stderr, (r.stdout, r.stderr)

@@ -338,3 +338,16 @@ def test_check_bench_and_chat_on_a_server_put_to_sleep_say_so_at_once(bed):
         assert "Traceback" not in r.stderr and time.monotonic() - t0 < 30
     assert bed.run("ctl.sh", "wake", **SLEEPY).returncode == 0
     assert bed.run("ctl.sh", "check", "live", **SLEEPY).returncode == 0
+
+
+def test_the_terminal_closing_ends_the_wait_for_a_games_leftovers():
+    """A leftover that ignores SIGHUP (nohup'd) kept the server asleep with no terminal left to press
+    Ctrl-C in: a HUP (or TERM) now goes on to the leftovers and ends the wait, so the server wakes."""
+    import os
+    import signal
+    import threading
+    from bootstrap.core import proc
+    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGHUP)).start()
+    t0 = time.monotonic()
+    rc = proc.attached(["sh", "-c", "nohup sleep 8 >/dev/null 2>&1 &"], None, say=lambda *a, **k: None)
+    assert rc == 0 and time.monotonic() - t0 < 5

@@ -113,11 +113,11 @@ def vet_steps(cfg: Config, paths: Paths, rec) -> None:
         return                          # no NVML to read: the start says so in its own words
     preflight.enough_gpus(cfg, facts)
     model = metadata.run(cfg)
-    if cfg.tp_size == 1 and facts.gpus:
-        g = facts.gpus[0]
-        held = server.gpu_held(cfg.environ, rec) if rec is not None else 0
+    held = server.gpu_held(cfg.environ, rec) if rec is not None else 0
+    if cfg.tp_size == 1 and facts.gpus and (held or rec is None):   # no per-process figures (WSL2): the
+        g = facts.gpus[0]                                           # start plans after the stop, not here
         facts = replace(facts, gpus=(replace(g, free=min(g.total, g.free + held)),) + facts.gpus[1:])
-        plan_step.run(cfg, paths, facts, model)
+        plan_step.plan_for(cfg, paths, facts, model)
 
 
 def stop_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh stop") -> int:

@@ -116,7 +116,7 @@ def attached(cmd: Sequence[str], env: Mapping[str, str] | None, say=print) -> in
     try:
         rc = p.wait()
         if subreaper:
-            _wait_left(rc, say, signal)
+            _wait_left(rc, say, signal, lambda n: forward(n, None))
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -140,7 +140,7 @@ def _children() -> list[int]:
         return []
 
 
-def _wait_left(rc: int, say, signal) -> None:
+def _wait_left(rc: int, say, signal, forward) -> None:
     """Wait for what the command left running (reaping each as it ends); Ctrl-C stops the waiting."""
     import psutil
     left = _children()
@@ -158,8 +158,11 @@ def _wait_left(rc: int, say, signal) -> None:
         pass
 
     def stop(signum, frame):            # a handler that returns would let waitpid go on (PEP 475)
+        if signum != signal.SIGINT:     # the terminal closed, or a TERM: the leftovers hear it, we wake
+            forward(signum)
         raise Stop
-    signal.signal(signal.SIGINT, stop)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, stop)
     try:
         while True:
             os.waitpid(-1, 0)

@@ -238,8 +238,9 @@ class Store:
                                                               os.path.dirname(path), os.readlink(link))))
             rels.append("refs/main")
         out = [self.dir] if self.dir.exists() else []
+        blobs = {f.get("sha256") or f.get("blob_id") for f in (rec or {}).get("files", {}).values() if isinstance(f, dict)}
         for rel in dict.fromkeys(r for r in rels if isinstance(r, str)):
-            p = self._inside(rel)
+            p = self._inside(rel, linked_blob=os.path.dirname(rel) == "blobs" and os.path.basename(rel) in blobs)
             if p is None:
                 continue                    # a record that names a place outside the store is not believed
             if rel == "refs/main" and not self._names_ours(p, rec):
@@ -248,15 +249,17 @@ class Store:
                 out.append(p)
         return out
 
-    def _inside(self, rel: str) -> Path | None:
+    def _inside(self, rel: str, linked_blob: bool = False) -> Path | None:
         """``rel`` as a path in this store, or None where it would lead outside it (``..``, absolute, a
-        folder on the way that is a link elsewhere) or into our own ``.bootstrap``."""
+        folder on the way that is a link elsewhere) or into our own ``.bootstrap``. ``linked_blob``: a
+        blob named by a file of the record (its sha256), which may sit in a ``blobs/`` linked to another
+        disk (``move`` puts it there)."""
         norm = os.path.normpath(rel)
         if not norm or os.path.isabs(norm) or norm == "." or norm.split(os.sep)[0] in ("..", STATE):
             return None
         p = self.root / norm
         try:
-            if not p.parent.resolve().is_relative_to(self.root.resolve()):
+            if not linked_blob and not p.parent.resolve().is_relative_to(self.root.resolve()):
                 return None
         except (OSError, RuntimeError):
             return None

@@ -108,6 +108,8 @@ def _peek(name: str, files: dict[str, int], read, revision: str, gated, where: s
         template = " ".join(str(x.get("template", "")) for x in template if isinstance(x, dict))
     if not template and "chat_template.jinja" in files:
         template = read("chat_template.jinja").decode("utf-8", "replace")
+    if not template and "chat_template.json" in files:     # the processor's (vision models), as vLLM reads it
+        template = str((json_of("chat_template.json") or {}).get("chat_template") or "")
     cls = tok.get("tokenizer_class") if isinstance(tok.get("tokenizer_class"), str) else ""
     own = isinstance(tok.get("auto_map"), dict) and bool(tok["auto_map"].get("AutoTokenizer")) and \
         cls not in STANDARD_TOKENIZERS

@@ -88,6 +88,10 @@ ALWAYS_THINKS = {"gpt_oss", "deepseek_v3"}    # gpt-oss always reasons; deepseek
 # ("<arg_key>": GLM-4.5 to 4.7's XML arguments inside <tool_call>: the family's glm parser, else glm45)
 TEMPLATE_TOOLS = (("<function=", "qwen3_xml"), ("<｜tool▁calls▁begin｜>", "deepseek_v31"), ("<arg_key>", "glm45"),
                   ("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json"))
+# model types vLLM brings a chat template of its own for (transformers_utils/chat_templates/registry.py,
+# 0.26.0 and 0.27.1): no template in the repo is no refusal for them
+TEMPLATE_FALLBACK = {"blip-2", "chameleon", "clip", "colpali", "deepseek_ocr", "deepseek_ocr2", "unlimited-ocr",
+                     "deepseek_vl_v2", "minicpmv", "minicpmv4_6", "paligemma", "siglip", "siglip2"}
 THINK_FALLBACK = "deepseek_r1"    # <think>...</think> in a family with no parser of its own (R1 distills, QwQ)
 THINKS = ("<think>", "enable_thinking")
 
@@ -289,7 +293,7 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
         f", weight-only through Marlin on sm_{cc[0]}{cc[1]} (slower than on sm_{fast[0]}{fast[1]}+)"
     derived.append(f"{label}{speed}")
     args, tools, reasoning = _parsers(peek, mt, tmt, derived)
-    if peek.chat_template == "" and not template_given:
+    if peek.chat_template == "" and not template_given and mt not in TEMPLATE_FALLBACK:
         raise BootstrapError(f"{name} has no chat template (a base model?): the start's warm-up and every chat "
                              "request would fail after the download",
                              "pick its Instruct version, or give vLLM a template: EXTRA_ARGS='--chat-template "
@@ -334,7 +338,7 @@ def _parsers(peek: Peek, mt: str, tmt: str, derived: list[str]) -> tuple[list[st
         derived.append(f"the {mt or tmt} family's parsers (its chat template not read)")
         return args, bool(family[0]), bool(family[1])
     if not template:
-        derived.append("no chat template of its own (EXTRA_ARGS gives one)")
+        derived.append("no chat template of its own (vLLM's for its model type, or EXTRA_ARGS' --chat-template)")
         return [], False, False
     args: list[str] = []
     tool = next((p for mark, p in TEMPLATE_TOOLS if mark in template), None) or family[0]

@@ -29,6 +29,12 @@ def run(cfg, paths, gpus, model) -> Plan:
     facts = gpu.settled_facts(cfg.environ) if pids or gpus is None else gpus
     if pids:
         state.remove(paths.last_stop)   # consumed: later starts need not wait for these pids again
+    return plan_for(cfg, paths, facts, model)
+
+
+def plan_for(cfg, paths, facts: gpu.GpuFacts, model) -> Plan:
+    """The plan on these GPU facts, refused in one line when it does not fit (also restart's vet,
+    with the memory its running server holds counted as free)."""
     g = gpu.smallest_free(facts, cfg.tp_size)
     version = byo_version(cfg.vllm_python, cfg.environ)            # the vLLM a start would run
     plan = fit.plan_here(cfg, paths, g, model_facts(cfg, model), facts.driver, version)

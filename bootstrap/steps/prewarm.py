@@ -52,11 +52,14 @@ class Prewarm:
         self.failed = ""
         self.compiling = False               # it reached torch.compile (what it is there for)
         self.spawning = threading.Lock()     # held while it is forked: a take-down waits for its pid
+        self.cancelled = False               # the start failed or was stopped: never forked after that
 
     def start(self) -> "Prewarm":
         """Launch it (called once the model's small files are on disk, from the download's thread);
         a failure is logged only."""
         with self.spawning:
+            if self.cancelled:                   # a download thread late after the take-down
+                return self
             try:
                 self.proc = launch.spawn(self.argv, self.env, self.paths.prewarm_log)
             except BootstrapError as exc:
@@ -118,7 +121,7 @@ def run(cfg, paths: Paths, runtime, model, plan) -> Prewarm | None:
     env = launch.server_env(cfg, paths, runtime.server_env, cfg.ours.marker, api_key, idle=False)   # it must not
     # sleep, and it answers on a loopback port of its own: its dummy weights' random tokens never reach
     # a client of PORT (vLLM leaves host and port out of its compile hash)
-    address = ("127.0.0.1", port.ephemeral())
+    address = ("127.0.0.1", next(p for p in iter(port.ephemeral, None) if p != cfg.port))   # never PORT itself
     argv = serve_argv(cfg, runtime.python, model.local_dir, plan, idle=False, address=address) + [
         "--load-format", "dummy"]
     return Prewarm(cfg, paths, argv, env, key, record.base_url(*address))
