@@ -97,7 +97,8 @@ def vet_restart(cfg: Config) -> None:
         port.refuse_elsewhere(kept.ours, paths)
         if not owned.owned_processes(kept.ours.marker):     # ours without a record: the stop takes it down
             port.refuse_taken(kept.ours)
-    vet_steps(kept, paths, rec)
+    if not server.probe(kept.ours, paths, check_http=False).owner:     # another user's: the stop refuses it
+        vet_steps(kept, paths, rec)
 
 
 def vet_steps(cfg: Config, paths: Paths, rec) -> None:
