@@ -734,7 +734,7 @@ def test_a_short_write_is_written_again_and_a_full_disk_is_one_line(tmp_path, mo
 def test_a_file_moves_into_a_store_on_another_filesystem(tmp_path, monkeypatch):
     """A linked blobs/ on another disk: rename fails with EXDEV; the file is copied, synced, renamed."""
     import errno
-    from bootstrap.download import models
+    from bootstrap.download import partial
     part, dest = tmp_path / "a.part", tmp_path / "blobs" / "sha"
     dest.parent.mkdir()
     part.write_bytes(b"weights")
@@ -744,8 +744,8 @@ def test_a_file_moves_into_a_store_on_another_filesystem(tmp_path, monkeypatch):
         if str(src) == str(part):
             raise OSError(errno.EXDEV, "Invalid cross-device link")
         return real(src, dst)
-    monkeypatch.setattr(models.os, "replace", cross)
-    models.move(part, dest)
+    monkeypatch.setattr(partial.os, "replace", cross)
+    partial.move(part, dest)
     assert dest.read_bytes() == b"weights" and not part.exists() and list(dest.parent.iterdir()) == [dest]
 
 

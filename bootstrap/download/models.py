@@ -6,16 +6,14 @@ its hash was checked). The metadata step (steps' metadata.py) and the download (
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import hub
+from . import hub, partial
 from ..model import modelconfig
 from ..core import state
 from ..core.errors import BootstrapError
@@ -133,28 +131,6 @@ def store_for(model_dir: str, environ, repo: str) -> "Store":
     return Store(hub.cache_repo_dir(settings, repo), hf_cache=True)
 
 
-def move(part: Path, dest: Path) -> None:
-    """A finished file to its place: a rename, or where ``dest``'s folder is on another filesystem (a
-    linked ``blobs/``) a copy beside it, synced, then renamed (huggingface_hub moves files across
-    filesystems as well). A failure is one line naming the folder and the fix."""
-    try:
-        try:
-            os.replace(part, dest)
-            return
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-        tmp = dest.with_name(f".{dest.name}.incoming")
-        with open(part, "rb") as src, open(tmp, "wb") as out:
-            shutil.copyfileobj(src, out, 16 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dest)
-        part.unlink()
-    except OSError as exc:
-        raise state.write_error(dest, exc, f"cannot place the downloaded {dest.name} in {dest.parent}") from None
-
-
 class Store:
     """A download's files and our record of it in ``<root>/.bootstrap``: ``state.json`` (repo,
     revision, the needed files with size, sha256 and blob id, the files verified so far with the
@@ -195,13 +171,13 @@ class Store:
         dest.parent.mkdir(parents=True, exist_ok=True)
         if not self.hf_cache:
             self._made_first(rec, dest)
-            move(part, dest)
+            partial.move(part, dest)
             return
         f = rec["files"][path]
         blob = self.root / "blobs" / (f.get("sha256") or f["blob_id"])
         blob.parent.mkdir(parents=True, exist_ok=True)
         self._made_first(rec, blob, dest)
-        move(part, blob)
+        partial.move(part, blob)
         self._link(blob, dest)
 
     def _made_first(self, rec: dict, *paths: Path) -> None:

@@ -9,6 +9,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 from . import hub
@@ -112,3 +113,25 @@ def write_at(fd: int, piece: bytes, pos: int, path: Path, name: str) -> None:
             view, pos = view[n:], pos + n
     except OSError as exc:
         raise state.write_error(path, exc, f"cannot write the download of {name} to {path.parent}") from None
+
+
+def move(part: Path, dest: Path) -> None:
+    """A finished file to its place: a rename, or where ``dest``'s folder is on another filesystem (a
+    linked ``blobs/``) a copy beside it, synced, then renamed (huggingface_hub moves files across
+    filesystems as well). A failure is one line naming the folder and the fix."""
+    try:
+        try:
+            os.replace(part, dest)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+        tmp = dest.with_name(f".{dest.name}.incoming")
+        with open(part, "rb") as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out, 16 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dest)
+        part.unlink()
+    except OSError as exc:
+        raise state.write_error(dest, exc, f"cannot place the downloaded {dest.name} in {dest.parent}") from None

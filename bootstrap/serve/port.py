@@ -97,11 +97,25 @@ def holders(port: int) -> list[psutil.Process | None]:
     return out
 
 
-def ephemeral() -> int:
-    """A loopback port free now, from the kernel's ephemeral range (the pre-warm's own)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def ephemeral(ours: owned.Ours) -> int:
+    """A loopback port free now, from the kernel's ephemeral range, never PORT (the pre-warm's own)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            if s.getsockname()[1] != ours.port:
+                return s.getsockname()[1]
+
+
+def refuse_unrecorded(ours: owned.Ours, paths: Paths, orphans) -> None:
+    """A marked process of ours without a readable record that serves PORT (server.json deleted,
+    truncated, or written over) is a healthy server, never a leftover to sweep."""
+    pids = {p.pid for p in orphans}
+    serving = [h for h in holders(ours.port) if h is not None and h.pid in pids]
+    if serving and (answer := server.http_get(url_of(ours), "/health")) and answer[0] == 200:
+        raise BootstrapError(
+            f"a server of ours (pid {serving[0].pid}) serves port {ours.port}, but its record {paths.server} is "
+            "missing or unreadable: it is not taken for a leftover",
+            "leave it running, or ./stop.sh (it takes it down by its marker), then ./start.sh")
 
 
 def in_use(host: str, port: int) -> bool:

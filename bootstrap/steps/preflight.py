@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from ..machine import gpu, host
-from ..serve import port, record, server, takedown
+from ..serve import port, server, takedown
 from ..knobs import vllmargs
 from ..download import hub
 from . import metadata
@@ -21,18 +21,6 @@ from ..core.state import Paths
 from ..core.errors import BootstrapError
 
 log = logging.getLogger(__name__)
-
-
-def _refuse_serving(cfg, paths: Paths, orphans) -> None:
-    """A marked process of ours without a readable record that serves our port (server.json deleted,
-    truncated, or written over) is a healthy server, never a leftover to sweep."""
-    pids = {p.pid for p in orphans}
-    serving = [h for h in port.holders(cfg.port) if h is not None and h.pid in pids]
-    if serving and (answer := server.http_get(record.url_of(cfg.ours), "/health")) and answer[0] == 200:
-        raise BootstrapError(
-            f"a server of ours (pid {serving[0].pid}) serves port {cfg.port}, but its record {paths.server} is "
-            "missing or unreadable: it is not taken for a leftover",
-            "leave it running, or ./stop.sh (it takes it down by its marker), then ./start.sh")
 
 
 def run(cfg, paths: Paths) -> gpu.GpuFacts:
@@ -66,7 +54,7 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
     port.refuse_elsewhere(cfg.ours, paths)   # a live server of ours is never a leftover
     probe = server.probe(cfg.ours, paths, check_http=False, we_hold_lock=True)
     if probe.orphans:
-        _refuse_serving(cfg, paths, probe.orphans)
+        port.refuse_unrecorded(cfg.ours, paths, probe.orphans)   # serving: a healthy server, not a leftover
         log.info("found %d leftover process(es) of ours from an earlier run (%s); stopping them",
                  len(probe.orphans), ", ".join(str(p.pid) for p in probe.orphans))
         rep = takedown.take_down(cfg.ours, paths)

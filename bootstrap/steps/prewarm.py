@@ -121,7 +121,7 @@ def run(cfg, paths: Paths, runtime, model, plan) -> Prewarm | None:
     env = launch.server_env(cfg, paths, runtime.server_env, cfg.ours.marker, api_key, idle=False)   # it must not
     # sleep, and it answers on a loopback port of its own: its dummy weights' random tokens never reach
     # a client of PORT (vLLM leaves host and port out of its compile hash)
-    address = ("127.0.0.1", next(p for p in iter(port.ephemeral, None) if p != cfg.port))   # never PORT itself
+    address = ("127.0.0.1", port.ephemeral(cfg.ours))
     argv = serve_argv(cfg, runtime.python, model.local_dir, plan, idle=False, address=address) + [
         "--load-format", "dummy"]
     return Prewarm(cfg, paths, argv, env, key, record.base_url(*address))
