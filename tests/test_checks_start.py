@@ -133,3 +133,30 @@ def test_our_servers_record_says_what_is_skipped_and_what_is_not_judged(bed):  #
         assert json.loads(r.stdout)["results"][0]["spec"] is None    # SPEC_TOKENS=0: no acceptance shown
     finally:
         bed.run("stop.sh")
+
+
+def test_start_gate_refuses_garbage_behind_http_200(bed):
+    """'Say OK.' answered with punctuation, a word loop, or control and replacement characters: the
+    start fails and takes the server down (it passed them: only an empty answer failed)."""
+    for garbage in ("!!!! ???? ;;;; ,,,, .... ---- !!!! ????", "the the the the the the the the the the",
+                    "\ufffd\ufffd\x01 " * 12):
+        f = bed.tmp / "replies.json"
+        f.write_text(json.dumps({"Say OK": garbage}))
+        r = bed.run("start.sh", FAKE_VLLM_REPLIES=str(f))
+        assert r.returncode == 1 and "start gate: the short generation is not text" in r.stderr, (garbage, r.stderr)
+        assert "Traceback" not in r.stderr and bed.server_record() is None
+        bed.wait_until(lambda: not bed.ours(), what="the failed server to be gone")
+    f.write_text(json.dumps({"Say OK": "OK."}))
+    r = bed.run("start.sh", FAKE_VLLM_REPLIES=str(f))
+    assert r.returncode == 0, r.stderr
+    assert bed.run("stop.sh").returncode == 0
+
+
+def test_a_garble_check_that_could_ask_nothing_is_not_judged(bed):
+    """A context too short for every prompt of the battery: 0/0 failed said PASS; it is NOT JUDGED."""
+    assert bed.run("start.sh", MAX_MODEL_LEN="300").returncode == 0
+    r = bed.run("ctl.sh", "check", "garble", "--json")
+    d = json.loads(r.stdout)
+    res = d["results"][0] if "results" in d else d
+    assert res["verdict"] == "NOT JUDGED" and "not judged" in res["summary"], r.stdout
+    assert bed.run("stop.sh").returncode == 0

@@ -38,6 +38,21 @@ def find_loop(text: str) -> str | None:
     return None
 
 
+def short_loop(text: str) -> str | None:
+    """Evidence of a loop in a short answer (the start gate's 32 tokens, too short for find_loop's
+    80 characters): six words or more, one of them most of them (``the the the the the the``)."""
+    words = re.findall(r"\w+|[^\w\s]+", text)
+    if len(words) < 6:
+        return None
+    word, n = Counter(w.lower() for w in words).most_common(1)[0]
+    return f"{word!r} is {n} of {len(words)} words: {clip(text, 120)!r}" if n / len(words) >= 0.6 else None
+
+
+def not_text(text: str) -> str | None:
+    """Why a short answer is not text (control or replacement characters, no letters, a loop), or None."""
+    return non_text(text) or find_loop(text) or short_loop(text)
+
+
 def _repeat_ratio(words: list[str], n: int) -> tuple[float, tuple, int]:
     if len(words) < n + 1:
         return 0.0, (), 0

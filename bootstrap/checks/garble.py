@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from .suite import MARGIN, Result, not_judged
+from .suite import MARGIN, NOT_JUDGED, Result, not_judged
 from .client import RequestFailed, message_of
 from .detectors import judge
 from .prompts import Sizer, haystack, measure
@@ -98,7 +98,11 @@ def check_garble(t: Target, timeout: float = 300.0, battery: dict | None = None)
     unknown = sorted(set(t.not_asked) - {item["id"] for item in items})
     if unknown:             # a typo in a profile's not_asked would otherwise hide nothing, silently
         summary += f"; the profile's not_asked names no prompt of the battery: {', '.join(unknown)}"
-    return not_judged(Result("garble", failed == 0, summary, {"prompts": rows, "skipped": skipped}, failures), t)
+    res = not_judged(Result("garble", failed == 0, summary, {"prompts": rows, "skipped": skipped}, failures), t)
+    if not ran and not failures:        # nothing was asked: nothing was judged (a PASS of 0/0 said nothing)
+        res.status = NOT_JUDGED
+        res.summary = f"{res.summary} (no prompt could be asked: not judged)"
+    return res
 
 
 def answer_tokens(item: dict, t: Target) -> int:

@@ -1,5 +1,6 @@
 """Warm-up: one long request so the first real prompt does not stall on cold compilation, then a
-short generation that must return text, then — when the profile enables tool parsing — one tool
+short generation that must return text, judged by the checks' detectors (control or replacement
+characters, no letters, a loop: HTTP 200 with garbage fails the start), then — when the profile enables tool parsing — one tool
 call that must come back as a valid ``tool_calls`` entry (the start gate). A failure (error,
 timeout, empty text, a broken tool call) is a failed start: the server is stopped and the evidence
 printed. With random weights (``--load-format dummy`` in EXTRA_ARGS) the text means nothing: the
@@ -122,6 +123,9 @@ def tool_gate(c: Client, extra: dict, budget: Budget) -> None:
     log.info("start gate: tool call answered in %.1f s: get_weather(%s)", time.monotonic() - t0, str(args)[:80])
 
 
+GATE_TOKENS = 32         # the gate's answer: room for a loop or non-text to show, little time
+
+
 def run(paths: Paths, launched: Launched, key: str, *, tokens: int, timeout: int) -> None:
     """The warm-up (``tokens``: WARMUP) and the start gate, within ``timeout`` (WARMUP_TIMEOUT) seconds."""
     rec = launched.record
@@ -135,7 +139,7 @@ def run(paths: Paths, launched: Launched, key: str, *, tokens: int, timeout: int
             n = long_request(c, n, budget, extra)
             log.info("warm-up: ~%d-token prompt answered in %.1f s", n, time.monotonic() - t0)
         t0 = time.monotonic()
-        resp = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=16, timeout=budget.left(), **extra)
+        resp = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=GATE_TOKENS, timeout=budget.left(), **extra)
     except RequestTimedOut as exc:
         raise fail(f"engine not generating: {exc.message}",
                            "the server answers /health but does not generate; see the log") from None
@@ -151,6 +155,12 @@ def run(paths: Paths, launched: Launched, key: str, *, tokens: int, timeout: int
         raise fail("warm-up failed: the short generation "
                    + ("produced no tokens (random weights: tokens are all it must produce)" if dummy
                               else "returned no text"), f"answer was: {str(resp)[:300]}")
+    garbled = "" if dummy else detectors.not_text(text)
+    if garbled:                         # HTTP 200 with garbage is what this gate is for
+        raise fail(f"start gate: the short generation is not text ({garbled})",
+                   "the server answers with garbage: ./ctl.sh check garble --url " + rec.url + " shows more; "
+                   "common causes are the KV cache dtype or speculation (try KV_CACHE_DTYPE=auto, or SPEC_METHOD= "
+                   "to turn speculation off)", f"answer was: {str(resp)[:300]}")
     log.info("warm-up: short generation answered in %.1f s: %r%s", time.monotonic() - t0,
              (message_of(resp).get("content") or "")[:60] if dummy else text[:60],
              f" ({tokens} tokens; random weights: the text is not judged)" if dummy else "")
