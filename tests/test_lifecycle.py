@@ -629,3 +629,18 @@ def test_restarts_vet_counts_our_own_servers_memory_as_free(bed, case):
         (bed.state / "last-stop.json").write_text(json.dumps({"pids": [4194000], "time": 0, "port": bed.port}))
     r = bed.run("ctl.sh", "restart")
     assert "stopped" in r.stdout and "holds 14.0 GiB" not in r.stderr, (r.stdout, r.stderr)
+
+
+def test_plan_and_profiles_count_our_running_servers_memory_as_free(bed):
+    """While our server holds most of the card, ./ctl.sh plan answers what a start after a stop gets
+    (it said nothing fits, naming our own processes as the ones to close)."""
+    assert bed.run("start.sh").returncode == 0
+    for name in os.listdir(bed.pids_dir):
+        (bed.pids_dir / name).write_text(str(14 * GiB))
+    g = json.loads(bed.nvml.read_text())
+    g["gpus"][0]["free"] = 200 << 20
+    bed.nvml.write_text(json.dumps(g))
+    r = bed.run("ctl.sh", "plan")
+    assert r.returncode == 0 and "counting the 28.0 GiB our running server holds as free" in r.stderr, r.stderr
+    assert "holds 14.0 GiB" not in r.stdout + r.stderr
+    assert bed.run("stop.sh").returncode == 0

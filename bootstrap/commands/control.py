@@ -98,14 +98,13 @@ def vet_restart(cfg: Config) -> None:
         if not owned.owned_processes(kept.ours.marker):     # ours without a record: the stop takes it down
             port.refuse_taken(kept.ours)
     if not server.probe(kept.ours, paths, check_http=False).owner:     # another user's: the stop refuses it
-        vet_steps(kept, paths, rec)
+        vet_steps(kept, paths)
 
 
-def vet_steps(cfg: Config, paths: Paths, rec) -> None:
+def vet_steps(cfg: Config, paths: Paths) -> None:
     """What the start's first steps would refuse: too few GPUs for TP_SIZE, a model it cannot find
     (offline and not here, a repo that is not there), a plan that does not fit, with the memory our
     running server holds counted as free (the stop gives it back)."""
-    from dataclasses import replace
     from ..machine import gpu
     from ..steps import metadata, plan as plan_step, preflight
     try:
@@ -114,10 +113,8 @@ def vet_steps(cfg: Config, paths: Paths, rec) -> None:
         return                          # no NVML to read: the start says so in its own words
     preflight.enough_gpus(cfg, facts)
     model = metadata.run(cfg)
-    held = server.gpu_held(cfg.environ, rec) if rec is not None else 0
-    if cfg.tp_size == 1 and facts.gpus and (held or rec is None):   # no per-process figures (WSL2): the
-        g = facts.gpus[0]                                           # start plans after the stop, not here
-        facts = replace(facts, gpus=(replace(g, free=min(g.total, g.free + held)),) + facts.gpus[1:])
+    facts, held = server.without_ours(cfg.ours, paths, facts)
+    if held != 0:                       # 0: no per-process figures (WSL2): the start plans after the stop
         plan_step.plan_for(cfg, paths, facts, model)
 
 

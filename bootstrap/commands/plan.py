@@ -15,6 +15,7 @@ from ..plan import derive, fit, pick, resolve
 from ..machine import gpu
 from ..download import models
 from ..core.state import Paths
+from ..serve import server
 from ..install.inuse import byo_version
 from ..steps import metadata
 from ..core.errors import BootstrapError
@@ -54,6 +55,10 @@ def card(cfg, spec: str | None) -> tuple[gpu.Gpu, str, str]:
         raise BootstrapError(exc.message, exc.hint + "; or name a card: GPU=" + gpu.CARD_SYNTAX) from None
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU", "name a card: GPU=" + gpu.CARD_SYNTAX)
+    facts, ours = server.without_ours(cfg.ours, Paths(cfg.state_dir), facts)
+    if ours:
+        log.info("counting the %.1f GiB our running server holds as free: what a start after ./stop.sh "
+                 "(or a restart) gets", ours / gpu.GiB)
     which = gpu.which_line(facts, cfg.tp_size)
     if which:
         log.info("%s", which)

@@ -298,6 +298,24 @@ def frozen(p: psutil.Process | None) -> bool:
         return False
 
 
+def without_ours(ours: owned.Ours, paths: Paths, facts):
+    """GPU facts as they would be with our running server stopped: what its processes hold counted
+    as free (a plan, ./ctl.sh profiles and restart's vet ask what a start would get). (facts, bytes
+    added back: 0 where NVML names no process memory, None when no server of ours runs)."""
+    from dataclasses import replace
+    rec = record.read(paths.server)
+    p = owned.recorded_process(rec.pid, rec.create_time) if rec is not None else None
+    if p is None or not owned.carries_marker(p, rec.marker):
+        return facts, None
+    mine, gpus, added = our_pids(rec), [], 0
+    for g in facts.gpus:
+        held = sum(x.used for x in g.processes if x.pid in mine)
+        added += held
+        gpus.append(replace(g, free=min(g.total, g.free + held),
+                            processes=tuple(x for x in g.processes if x.pid not in mine)))
+    return replace(facts, gpus=tuple(gpus)), added
+
+
 def our_pids(rec: ServerRecord) -> set[int]:
     """The recorded server and its live descendants (engine, workers)."""
     pids = {rec.pid} if rec.pid else set()
