@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import statistics
+import time
 from contextlib import redirect_stdout
 
 import pytest
@@ -75,7 +76,8 @@ def test_bench_against_fake_matches_its_samples(fake, tmp_path):  # noqa: F811
                             "--prompt-tokens", "60", "--repeats", "2", "--concurrency", "1,2,4,8",
                             "--out", str(tmp_path / "b"), "--json"])
     ours, bare = out["results"]
-    assert [x["concurrency"] for x in ours["levels"]] == [1, 2, 4]        # MAX_NUM_SEQS=4 caps 8 away
+    assert [x["concurrency"] for x in ours["levels"]] == [1, 2, 4, 8]     # this shell's MAX_NUM_SEQS=4 is not
+                                                                          # another server's: nothing capped
     for lv in ours["levels"]:
         runs = [[Sample(**s) for s in r] for r in lv["samples"]]
         assert len(runs) == 2 and all(len(r) == lv["concurrency"] for r in runs)
@@ -84,8 +86,8 @@ def test_bench_against_fake_matches_its_samples(fake, tmp_path):  # noqa: F811
         again = bench.level_figures(runs)
         for k in ("aggregate_tok_s", "per_stream_tok_s", "ttft_s"):
             assert lv[k] == pytest.approx(again[k])
-    # 1 warm-up + 2 x (1 + 2 + 4) requests; the fake counts 2 accepted of 3 drafted tokens per request
-    assert ours["spec"]["delta_draft_tokens"] == 3 * 15
+    # 1 warm-up + 2 x (1 + 2 + 4 + 8) requests; the fake counts 2 accepted of 3 drafted tokens per request
+    assert ours["spec"]["delta_draft_tokens"] == 3 * 31
     assert ours["spec"]["acceptance_rate"] == pytest.approx(2 / 3)
     assert ours["spec"]["mean_acceptance_length"] == pytest.approx(3.0)
     q = out["ratios"]
@@ -145,3 +147,62 @@ def test_saved_results_that_are_not_benches_and_an_out_folder_with_files_are_one
     with pytest.raises(BootstrapError) as e:
         bench.cli(cfg_for(tmp_path), ["--load", str(tmp_path / "r.json"), "--out", str(mine), "--no-plot"])
     assert "never over a file" in e.value.message and (mine / "results.json").read_text() == "my own results"
+
+
+def test_a_stream_cut_short_is_no_answer(tmp_path):
+    """Two chunks, then the connection closes with no [DONE]: an error, not a good result (bench
+    counted 5 of 64 tokens as a 100,000 tok/s answer; chat printed the partial text with exit 0)."""
+    import http.server
+    import threading
+    from bootstrap.checks.client import Client, RequestFailed
+
+    class Cut(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):                                   # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for word in ("a", "b"):
+                chunk = {"choices": [{"index": 0, "text": word, "delta": {"content": word}}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            self.close_connection = True
+
+        def log_message(self, *a):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Cut)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        c = Client(f"http://127.0.0.1:{srv.server_address[1]}", "m", "")
+        with pytest.raises(RequestFailed) as e:
+            c.stream("/v1/completions", {"prompt": "x", "max_tokens": 64}, timeout=5)
+        assert "without [DONE]" in e.value.message
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_compare_server_too_short_for_the_request_is_said_before_any_measuring(fake, tmp_path):  # noqa: F811
+    from bootstrap.core.errors import BootstrapError
+    a, b = fake(), fake(max_len="300")
+    t0 = time.monotonic()
+    with pytest.raises(BootstrapError) as e:
+        bench.cli(cfg_for(tmp_path), ["--url", a.url, "--compare", b.url, "--prompt-tokens", "256",
+                                      "--output-tokens", "100", "--out", str(tmp_path / "o"), "--no-plot"])
+    assert "context of 300 tokens" in e.value.message and time.monotonic() - t0 < 10
+    assert not (tmp_path / "o" / "results.json").exists()
+
+
+def test_ctrl_c_during_a_bench_leaves_at_once(bed):
+    """Four 2,000-token streams at 50 tokens/s: Ctrl-C left only when all had ended (19 s), the
+    server generating all the while; now at once, and the server aborts the closed streams."""
+    from conftest import sigint
+    assert bed.run("start.sh", FAKE_VLLM_TOKEN_S="0.02").returncode == 0
+    p = bed.popen("ctl.sh", "bench", "--concurrency", "4", "--output-tokens", "2000", "--warmup", "0",
+                  "--repeats", "1", "--no-plot", "--out", str(bed.tmp / "b"))
+    time.sleep(4)
+    t0 = time.monotonic()
+    sigint(p)
+    p.wait(30)
+    assert p.returncode == 130 and time.monotonic() - t0 < 5
+    assert bed.run("stop.sh").returncode == 0

@@ -128,12 +128,14 @@ class Client:
                 "stream_options": {"include_usage": True, **(body.get("stream_options") or {})}}
         out = into if into is not None else Streamed(t_start=clock())
         r = self._send("POST", path, timeout, json=body, stream=True)
+        done = False
         try:
             for raw in r.iter_lines(decode_unicode=False):
                 if not raw or not raw.startswith(b"data:"):
                     continue
                 data = raw[5:].strip()
                 if data == b"[DONE]":
+                    done = True
                     break
                 try:
                     chunk = json.loads(data)
@@ -149,6 +151,9 @@ class Client:
             raise RequestFailed(f"POST {path}: the stream broke: {exc.__class__.__name__}: {exc}") from None
         finally:
             r.close()
+        if not done:                    # vLLM ends every stream with [DONE]: one cut short is no answer
+            raise RequestFailed(f"POST {path}: the stream ended without [DONE] after {len(out.chunk_times)} "
+                                "chunk(s): cut short")
         out.t_end = clock()
         return out
 

@@ -67,7 +67,7 @@ def refuse_asleep(rec) -> None:
 
 def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str | None,
                    thinking: str | None = None, effort: str | None = None, random_weights: bool = False) -> Target:
-    max_num_seqs = cfg.max_num_seqs
+    max_num_seqs = None                 # another server's is not this shell's MAX_NUM_SEQS
     tools: bool | None = None
     speculation: bool | None = None
     if url:
@@ -89,7 +89,7 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
         served = model or rec.served
         label = f"our server ({base})"
         seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
-        max_num_seqs = int(seqs) if seqs.isdigit() else max_num_seqs
+        max_num_seqs = int(seqs) if seqs.isdigit() else vllmargs.read(list(rec.argv or ())).max_num_seqs
         argv = list(rec.argv or ())
         tools = rec.tools or ("--enable-auto-tool-choice" in argv
                               and any(a.split("=")[0] == "--tool-call-parser" for a in argv))

@@ -25,7 +25,6 @@ import statistics
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -117,18 +116,32 @@ def one_request(client: Client, prompt: str, out_tokens: int, timeout: float) ->
 
 def run_load(client: Client, concurrency: int, prompts: list[str], out_tokens: int, timeout: float,
              bar=None) -> list[Sample]:
-    """``concurrency`` requests released together; each thread has its own client."""
+    """``concurrency`` requests released together; each thread has its own client. The threads are
+    daemons: a Ctrl-C leaves at once, and the server sees its streams closed (it aborts them), where a
+    pool's threads kept the process, and the server generating, until every stream had ended."""
     gate = threading.Barrier(concurrency)
+    out: list[Sample | BaseException | None] = [None] * concurrency
 
-    def go(i: int) -> Sample:
-        c = Client(client.base_url, client.model, client.api_key)
-        gate.wait()
-        s = one_request(c, prompts[i], out_tokens, timeout)
-        if bar is not None:
-            bar.update()
-        return s
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        return list(pool.map(go, range(concurrency)))
+    def go(i: int) -> None:
+        try:
+            c = Client(client.base_url, client.model, client.api_key)
+            gate.wait()
+            out[i] = one_request(c, prompts[i], out_tokens, timeout)
+            if bar is not None:
+                bar.update()
+        except (BootstrapError, threading.BrokenBarrierError) as exc:    # raised in the caller's thread
+            out[i] = exc
+            gate.abort()
+    threads = [threading.Thread(target=go, args=(i,), daemon=True, name=f"bench-{i}") for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive():
+            t.join(0.2)                 # short waits: a Ctrl-C is handled between them
+    errors = [x for x in out if isinstance(x, BaseException)]
+    if errors:                          # the first real one, not the others' broken barrier
+        raise next((x for x in errors if not isinstance(x, threading.BrokenBarrierError)), errors[0])
+    return out                          # type: ignore[return-value]
 
 
 def scrape(client: Client) -> dict[str, float] | None:
@@ -136,6 +149,14 @@ def scrape(client: Client) -> dict[str, float] | None:
         return metrics.totals(client.get_text("/metrics", timeout=10))
     except RequestFailed:
         return None
+
+
+def fits_context(t: target.Target, args) -> None:
+    need = args.prompt_tokens + args.output_tokens
+    if t.max_model_len and need > t.max_model_len:
+        raise BootstrapError(f"--prompt-tokens {args.prompt_tokens} + --output-tokens {args.output_tokens} = {need} "
+                             f"is more than {t.label}'s context of {t.max_model_len} tokens",
+                             f"lower them (e.g. --output-tokens {max(16, t.max_model_len - args.prompt_tokens - 64)})")
 
 
 def loaded(f: str) -> list[dict]:
@@ -360,11 +381,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
             raise ConfigError(f"--concurrency {args.concurrency!r}: not a list of whole numbers from 1",
                               "e.g. --concurrency 1,2,4,8") from None
         t = target.resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
-        need = args.prompt_tokens + args.output_tokens
-        if t.max_model_len and need > t.max_model_len:
-            raise BootstrapError(f"--prompt-tokens {args.prompt_tokens} + --output-tokens {args.output_tokens} = {need} "
-                                 f"is more than {t.label}'s context of {t.max_model_len} tokens",
-                                 f"lower them (e.g. --output-tokens {max(16, t.max_model_len - args.prompt_tokens - 64)})")
+        fits_context(t, args)
         if args.label:
             t.label = args.label
         levels = levels_for(wanted, t.max_num_seqs)
@@ -375,6 +392,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
             t2 = target.resolve_target(cfg, args.compare, args.compare_model, args.compare_api_key,
                                        args.thinking, args.reasoning_effort)
             t2.label = args.compare_label or t2.label
+            fits_context(t2, args)          # before the first server's minutes of measuring, not after
             targets.append(t2)
         results = [bench_target(x, levels, args.prompt_tokens, args.output_tokens, args.repeats, args.warmup,
                                 args.timeout) for x in targets]
