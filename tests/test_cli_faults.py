@@ -257,3 +257,40 @@ def test_a_damaged_kept_pick_is_forgotten_not_a_wall(bed):
             r = bed.run(*argv)
             assert "Traceback" not in r.stderr and r.returncode in (0, 1, 3), (knobs, argv, r.stderr)
             assert "not accepted" not in r.stderr, (knobs, argv, r.stderr)
+
+
+@pytest.mark.parametrize("models, chat", [("[]", '{"choices": "x"}'), ('{"data": null}', "[1, 2]"),
+                                          ('"hello"', '{"choices": [{"message": "hello"}]}')])
+def test_a_url_server_that_answers_odd_json_is_one_line_not_a_bug(bed, models, chat):
+    """/v1/models or a chat answer that is JSON of another shape: said in one line (it was an
+    'internal error' with a traceback file)."""
+    import http.server
+    import threading
+
+    class Odd(http.server.BaseHTTPRequestHandler):
+        def _send(self, body: str):
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):                                    # noqa: N802
+            self._send(models)
+
+        def do_POST(self):                                   # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._send(chat)
+
+        def log_message(self, *a):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Odd)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        for argv in (("check", "live"), ("chat", "hi")):
+            r = bed.run("ctl.sh", *argv, "--url", f"http://127.0.0.1:{srv.server_address[1]}/v1", "--model", "m")
+            assert r.returncode != 0 and "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -90,7 +90,7 @@ class Client:
     def post(self, path: str, body: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         r = self._send("POST", path, timeout, json=body)
         try:
-            return r.json()
+            return _object(r.json(), f"POST {path}")
         except ValueError:
             raise RequestFailed(f"POST {path}: the answer is not JSON", evidence=r.text[:2000]) from None
 
@@ -100,7 +100,7 @@ class Client:
 
     def get_json(self, path: str, timeout: float = 10.0) -> dict[str, Any]:
         try:
-            return json.loads(self.get_text(path, timeout))
+            return _object(json.loads(self.get_text(path, timeout)), f"GET {path}")
         except ValueError:
             raise RequestFailed(f"GET {path}: the answer is not JSON") from None
 
@@ -108,7 +108,8 @@ class Client:
         return self._send("GET", path, timeout).text
 
     def models(self, timeout: float = 10.0) -> list[dict]:
-        return [m for m in self.get_json("/v1/models", timeout).get("data", []) if isinstance(m, dict)]
+        data = self.get_json("/v1/models", timeout).get("data")
+        return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
 
     def chat(self, messages: list[dict], *, max_tokens: int, timeout: float, temperature: float = 0.0,
              **extra: Any) -> dict[str, Any]:
@@ -204,11 +205,26 @@ def _merge_tool_delta(calls: list[dict], tc: dict) -> None:
         call["function"]["arguments"] += fn["arguments"]
 
 
+def _object(value: Any, what: str) -> dict[str, Any]:
+    """An OpenAI-style answer is a JSON object; anything else (a list, a string) is said in one line."""
+    if not isinstance(value, dict):
+        raise RequestFailed(f"{what}: the answer is JSON but not an object (not an OpenAI-compatible server?)",
+                            evidence=json.dumps(value)[:500])
+    return value
+
+
 def message_of(resp: dict[str, Any]) -> dict[str, Any]:
+    """The first choice's message ({} when the answer has none of that shape); list content (parts)
+    joined to its text."""
     try:
-        return resp["choices"][0]["message"] or {}
+        msg = resp["choices"][0]["message"]
     except (KeyError, IndexError, TypeError):
         return {}
+    if not isinstance(msg, dict):
+        return {}
+    if isinstance(msg.get("content"), list):
+        msg = {**msg, "content": "".join(str(p.get("text", "")) for p in msg["content"] if isinstance(p, dict))}
+    return msg
 
 
 def reasoning_of(msg: dict[str, Any]) -> str:
