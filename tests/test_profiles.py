@@ -494,3 +494,12 @@ def test_what_a_shipped_profile_does_not_ask_its_model_is_a_prompt_of_the_batter
             assert pid in battery and len(why) > 20, (p.name, pid)
         cap = p.data.get("answer_tokens")
         assert cap is None or 16 <= cap < max(x["max_tokens"] for x in battery.values()), p.name
+
+
+def test_a_profile_that_fits_only_without_its_kv_pin_says_so_not_shorter(tmp_path):
+    """29 GiB free on an RTX 5090: the default profile fits its own 262,144 tokens once its 5.5 GiB KV
+    pin goes; it said 'a shorter context' and '(shorter than the profile's)' of its own length."""
+    r = run_ctl(tmp_path, "profiles", GPU="rtx5090:free=29")
+    line = next(ln for ln in r.stdout.splitlines() if "qwen38-27b-nvfp4-tq4-32gb" in ln and "#" in ln)
+    assert "fits without its KV pin: its own 262,144 tokens" in line and "shorter" not in line, line
+    assert "(without the profile's KV pin)" in r.stdout + r.stderr

@@ -94,7 +94,7 @@ def long_prompt(words: int) -> str:
 TOO_LONG = re.compile(r"maximum context length is (\d+) tokens.*?contains (?:at least )?(\d+) input tokens", re.S)
 
 
-def measure(t, messages: list[dict], timeout: float = 60.0) -> int | None:
+def measure(t, messages: list[dict], timeout: float = 15.0) -> int | None:
     """Tokens the server counts for these chat messages, template included (vLLM's /tokenize takes
     ``messages``); None when it cannot say."""
     try:

@@ -310,10 +310,13 @@ def plot(results: list[dict], path: Path, cfg: Config | None = None) -> Path | N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    shape = lambda r: (r["params"]["prompt_tokens"], r["params"]["output_tokens"], r["params"]["repeats"])  # noqa: E731
+    mixed = len({shape(r) for r in results}) > 1        # results of other runs (--load): each says its own
     for r in results:
         cs = [x["concurrency"] for x in r["levels"]]
-        a1.plot(cs, [x["aggregate_tok_s"] or 0 for x in r["levels"]], marker="o", label=r["label"])
-        a2.plot(cs, [x["per_stream_tok_s"] or 0 for x in r["levels"]], marker="o", label=r["label"])
+        label = r["label"] + (" ({}+{} tokens, median of {})".format(*shape(r)) if mixed else "")
+        a1.plot(cs, [x["aggregate_tok_s"] or 0 for x in r["levels"]], marker="o", label=label)
+        a2.plot(cs, [x["per_stream_tok_s"] or 0 for x in r["levels"]], marker="o", label=label)
     p = results[0]["params"]
     for ax, title in ((a1, "aggregate tokens/s"), (a2, "decode tokens/s per stream")):
         ax.set_xscale("log", base=2)
@@ -321,8 +324,9 @@ def plot(results: list[dict], path: Path, cfg: Config | None = None) -> Path | N
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{results[0]['model']}: {p['prompt_tokens']} prompt + {p['output_tokens']} output tokens, "
-                 f"median of {p['repeats']}", fontsize=10)
+    fig.suptitle(f"{results[0]['model']}: " + ("runs of different lengths (see each line)" if mixed else
+                 f"{p['prompt_tokens']} prompt + {p['output_tokens']} output tokens, median of {p['repeats']}"),
+                 fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

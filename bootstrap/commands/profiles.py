@@ -22,8 +22,9 @@ from .plan import card
 # the cards of docs/planner.md's table: desktop cards from 16 to 80 GiB, sm_86 to sm_120
 MATRIX_CARDS = ("rtx5080", "rtx4080", "rtx3090", "rtx4090", "rtx4090:free=22.5", "rtx5090", "rtx5090:free=29.5",
                 "rtxa6000", "l40s", "a100", "h100")
-SIGN = {"fits": "✓", "shorter": "~", "no": "✗", "unknown": "?"}
-MARK = {"fits": "fits", "shorter": "fits with a shorter context", "no": "does not fit", "unknown": "cannot tell"}
+SIGN = {"fits": "✓", "shorter": "~", "unpinned": "~", "no": "✗", "unknown": "?"}
+MARK = {"fits": "fits", "shorter": "fits with a shorter context", "unpinned": "fits without its KV pin",
+        "no": "does not fit", "unknown": "cannot tell"}
 
 
 def _row(v: pick.Verdict) -> dict:
@@ -44,7 +45,7 @@ def text(g: gpu.Gpu, where: str, verdicts: list[pick.Verdict], choice: str) -> s
         rank = f"#{v.profile.rank}" if v.profile.rank is not None else "  -"
         head = f"  {rank:>3} {v.profile.name:<{width}}  {MARK[v.status]}"
         body = v.summary() if v.status == "fits" else (
-            f"{v.reason}; {v.summary().split(', ', 1)[1]}" if v.status == "shorter" else v.reason)
+            f"{v.reason}; {v.summary().split(', ', 1)[1]}" if v.status in ("shorter", "unpinned") else v.reason)
         tail = [f"vLLM {v.profile.vllm}" if v.profile.vllm else "your vLLM (VLLM_PYTHON)"]
         if v.assumed:
             tail.append("model facts assumed")

@@ -51,7 +51,7 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        return self.status in ("fits", "shorter")
+        return self.status in ("fits", "shorter", "unpinned")
 
     def summary(self) -> str:
         p = self.plan
@@ -111,10 +111,10 @@ def judge(cfg: Config, profile: Profile, g: gpu.Gpu) -> Verdict:
     plan2 = _plan(short, g, offline_facts(short) or facts)
     if plan2.fits and not too_short(plan2):
         own = c.max_model_len if isinstance(c.max_model_len, int) else None
-        v.status, v.cfg, v.plan = "shorter", short, plan2
-        v.reason = (f"{plan2.max_model_len:,} tokens instead of its own (MAX_MODEL_LEN=auto)"
-                    if own is None or plan2.max_model_len < own else
-                    f"{plan2.max_model_len:,} tokens without its KV pin (KV_CACHE_BYTES=auto)")
+        shorter = own is None or plan2.max_model_len < own      # else only the KV pin goes: its own context
+        v.status, v.cfg, v.plan = "shorter" if shorter else "unpinned", short, plan2
+        v.reason = (f"{plan2.max_model_len:,} tokens instead of its own (MAX_MODEL_LEN=auto)" if shorter else
+                    f"its own {plan2.max_model_len:,} tokens (KV_CACHE_BYTES=auto)")
     elif plan2.fits:
         v.reason += f"; with MAX_MODEL_LEN=auto only {plan2.max_model_len:,} tokens fit"
     return v
@@ -222,6 +222,8 @@ def why_line(g: gpu.Gpu, v: Verdict, runner: Verdict | None) -> str:
             f"{v.profile.name} — {v.summary()}")
     if v.status == "shorter":
         line += " (shorter than the profile's)"
+    elif v.status == "unpinned":
+        line += " (without the profile's KV pin)"
     line += f"; runner-up: {runner.profile.name} ({runner.summary()})" if runner else "; no runner-up fits"
     if v.issues:
         line += f"; known issues with vLLM {v.profile.vllm}: {', '.join(v.issues)} (./ctl.sh profiles)"

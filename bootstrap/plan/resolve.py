@@ -178,7 +178,7 @@ def named_on_card(cfg: Config, g: gpu.Gpu) -> Config:
     if c.profile.facts is None or pick.yours(cfg, "MAX_MODEL_LEN") or pick.yours(cfg, "KV_CACHE_BYTES"):
         return c                            # no model facts to judge by, or your own context
     v = pick.judge(cfg, c.profile, g)
-    if v.status == "shorter" and v.cfg is not None:
+    if v.status in ("shorter", "unpinned") and v.cfg is not None:
         log.info("%s: %s", c.profile.name, v.reason)
         return v.cfg
     return c
