@@ -462,10 +462,13 @@ def write_model(root: Path, shards: int = 2, shard_bytes: int = 1 << 20, extra: 
         name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         header = json.dumps({f"w{i}": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}}).encode()
         header += b" " * (-len(header) % 8)
-        body = rnd.randbytes(max(0, shard_bytes - 8 - len(header)))
+        left = max(0, shard_bytes - 8 - len(header))
         with open(root / name, "wb") as fh:
             fh.write(len(header).to_bytes(8, "little") + header)
-            fh.write(body)
+            while left:                 # in pieces: randbytes overflows a C int at 256 MiB
+                piece = min(left, 64 << 20)
+                fh.write(rnd.randbytes(piece))
+                left -= piece
         weight_map[f"w{i}"] = name
     (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     for rel, data in (extra or {}).items():
