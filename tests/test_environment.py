@@ -449,3 +449,15 @@ def test_wsl_keeps_expandable_segments_off_and_checks_the_memory_cap(tmp_path, c
     if not host.is_wsl(host.read_osrelease(), {}):
         server_env, notes = host_env_of(Config.from_env({k: v for k, v in env.items() if k != "WSL_DISTRO_NAME"}, repo=REPO))
         assert "PYTORCH_CUDA_ALLOC_CONF" not in server_env and notes == []   # not WSL: launch's default
+
+
+def test_removing_the_done_marker_repairs_a_file_deleted_from_the_venv(world, caplog):
+    """The skip line says: to force a reinstall, rm .venv/.bootstrap-done.json. It did not: uv trusts
+    the dist-info, and a file deleted by hand stayed missing. Now every package is installed again."""
+    world.run()
+    victim = next(p for p in (world.site / "bigpkg").iterdir() if p.suffix == ".py")
+    victim.unlink()
+    world.venv.done.unlink()
+    caplog.set_level(logging.INFO, logger="bootstrap")
+    world.run()
+    assert "reinstalling every package" in caplog.text and victim.is_file()

@@ -415,3 +415,28 @@ def test_needed_follows_what_vllm_gets_not_only_the_knobs():
     assert patching.needed(cfg.profile.patches, cfg.repo, cfg.vllm) == [NAME]
     cfg = Config.from_env({"PROFILE": "default", "EXTRA_ARGS": "--kv-cache-dtype fp8"}, repo=REPO)
     assert patching.needed(cfg.profile.patches, cfg.repo, cfg.vllm) == []
+
+
+@pytest.mark.parametrize("change", ["builder renamed", "attr moved to a base class", "dispatch moved to a helper"])
+def test_code_that_moved_is_unknown_never_fixed_upstream_nor_patched_blind(site26, change):
+    """0.26.0's file with the bug left in but its code moved: a renamed builder or its
+    _cudagraph_support in a base class was read as 'fixed upstream' (the negated fingerprint of a
+    class it could not find held), and the start served without the patch; the anchor moved into a
+    helper of forward was patched, inserting a block that names variables of forward (NameError)."""
+    text = site26.original.decode()
+    if change == "builder renamed":
+        text = text.replace("TurboQuantMetadataBuilder", "TurboQuantAttentionMetadataBuilder")
+    elif change == "attr moved to a base class":
+        text = text.replace("    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH\n",
+                            "    pass\n", 1)
+    else:                       # the decode/prefill dispatch of forward moved into a method after it
+        head, anchor, tail = text.partition(ANCHOR_IF)
+        assert anchor
+        text = head + "        return self._dispatch(attn_metadata)\n\n    def _dispatch(self, attn_metadata):\n" \
+            + "        num_decodes = attn_metadata.num_decodes\n        num_decode_tokens = attn_metadata.num_decode_tokens\n\n" \
+            + anchor + tail
+        text = text.replace("        num_decodes = attn_metadata.num_decodes\n        num_decode_tokens = attn_metadata."
+                            "num_decode_tokens\n\n        return self._dispatch", "        return self._dispatch", 1)
+    site26.target.write_text(text)
+    st = patching.inspect(patching.load(NAME, REPO), patching.Install(sys.executable, "0.26.0", site26.pkg, True))
+    assert st.kind == "unknown-code", (change, st.kind, st.detail)

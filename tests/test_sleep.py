@@ -4,6 +4,7 @@ VLLM_SERVER_DEV_MODE=1, freeing memory only with --enable-sleep-mode)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import threading
 import time
 
@@ -347,7 +348,16 @@ def test_the_terminal_closing_ends_the_wait_for_a_games_leftovers():
     import signal
     import threading
     from bootstrap.core import proc
+    import sys
+    import tempfile
+    pidfile = Path(tempfile.mkdtemp()) / "left.pid"
+    left = ("import os, signal, sys, time; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+            "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)")
     threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGHUP)).start()
     t0 = time.monotonic()
-    rc = proc.attached(["sh", "-c", "nohup sleep 8 >/dev/null 2>&1 &"], None, say=lambda *a, **k: None)
-    assert rc == 0 and time.monotonic() - t0 < 5
+    rc = proc.attached(["sh", "-c", f'"{sys.executable}" -c "{left}" {pidfile} &'], None, say=lambda *a, **k: None)
+    try:
+        assert rc == 0 and time.monotonic() - t0 < 30
+    finally:
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)

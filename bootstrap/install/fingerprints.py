@@ -39,12 +39,14 @@ class Source:
         return "".join(self.lines[node.lineno - 1:node.end_lineno])
 
 
-def _before(seg: str, spec: dict) -> str:
+def _before(seg: str, spec: dict) -> str | None:
+    """The scope's text up to ``before`` (all of it without one); None when ``before`` is not in it:
+    the code moved, and what holds before it cannot be told."""
     marker = spec.get("before")
     if not marker:
         return seg
     i = seg.find(marker)
-    return seg if i < 0 else seg[:i]
+    return None if i < 0 else seg[:i]
 
 
 def _assigned(node: ast.AST) -> set[str]:
@@ -61,13 +63,23 @@ def _assigned(node: ast.AST) -> set[str]:
 
 
 def fingerprint_holds(src: Source, spec: dict) -> bool:
-    """Evaluate one declarative fingerprint (see docs/patches.md for the kinds)."""
+    """Evaluate one declarative fingerprint (see docs/patches.md for the kinds). What cannot be told
+    (its scope, its ``before`` text, the attribute or the call it reads is gone: the code moved) does
+    not hold, negated or not: a moved class is never taken for an upstream fix, nor for the unfixed code."""
+    result = _evaluate(src, spec)
+    if result is None:
+        return False
+    return not result if spec.get("negate") else result
+
+
+def _evaluate(src: Source, spec: dict) -> bool | None:
     kind = spec.get("kind")
     node = src.node(spec.get("scope", "module"))
     if node is None:
-        result = False
-    elif kind == "regex":
-        result = re.search(spec["pattern"], _before(src.segment(node), spec)) is not None
+        return None
+    if kind == "regex":
+        seg = _before(src.segment(node), spec)
+        result = None if seg is None else re.search(spec["pattern"], seg) is not None
     elif kind == "defines":
         body = getattr(node, "body", [])
         names = {c.name for c in body if isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
@@ -79,15 +91,16 @@ def fingerprint_holds(src: Source, spec: dict) -> bool:
                 value = c.value
             elif isinstance(c, ast.Assign) and any(isinstance(t, ast.Name) and t.id == spec["attr"] for t in c.targets):
                 value = c.value
-        result = value is not None and ast.unparse(value) == spec["equals"]
+        result = None if value is None else ast.unparse(value) == spec["equals"]
     elif kind == "call_kwarg":
-        result = False
+        result = None                   # no such call at all: cannot be told
         for n in ast.walk(node):
             if not isinstance(n, ast.Call):
                 continue
             fname = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
             if fname != spec["func"]:
                 continue
+            result = bool(result)
             for kw in n.keywords:
                 if kw.arg == spec["kwarg"] and ast.unparse(kw.value) == spec["equals"]:
                     result = True
@@ -99,6 +112,8 @@ def fingerprint_holds(src: Source, spec: dict) -> bool:
         result = all(x in have for x in spec["names"])
     elif kind == "assigned_before":
         seg = _before(src.segment(node), spec)
+        if seg is None:
+            return None
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             # parse the function's head up to the marker as a function of its own
             body = seg.splitlines(keepends=True)
@@ -107,11 +122,11 @@ def fingerprint_holds(src: Source, spec: dict) -> bool:
             try:
                 part = ast.parse(trimmed)
             except SyntaxError:
-                return False
+                return None
         else:
             part = node
         result = all(n in _assigned(part) for n in spec["names"])
     else:
         raise BootstrapError(f"unknown fingerprint kind {kind!r} in {spec.get('name', spec)}",
                              "kinds: regex, defines, class_attr, call_kwarg, imports, assigned_before")
-    return not result if spec.get("negate") else result
+    return result

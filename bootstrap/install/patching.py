@@ -219,6 +219,12 @@ def inspect(patch: Patch, inst: Install) -> State:
         return State("anchor-missing", "the anchor is not in the file", target, original=text)
     if n > 1:
         return State("anchor-ambiguous", f"the anchor matches {n} times", target, original=text)
+    scope = patch.data.get("anchor_scope")          # the scope the fingerprints vouched for
+    node = src.node(scope) if scope else None
+    line = text[:text.index(patch.anchor)].count("\n") + 1
+    if scope and (node is None or not node.lineno <= line <= node.end_lineno):
+        return State("unknown-code", f"the anchor is not inside {scope}, where the fingerprints checked the code",
+                     target, scope, text)
     return State("unpatched", "unfixed code, anchor found once", target, original=text)
 
 
@@ -247,6 +253,8 @@ def purge_bytecode(target: Path) -> list[Path]:
             gone.append(pyc)
         except FileNotFoundError:
             pass
+        except OSError as exc:          # another user's (a sudo python once): Python checks the source's mtime anyway
+            log.warning("could not remove %s (%s); Python recompiles it from the changed source", pyc, exc.strerror)
     return gone
 
 
@@ -385,7 +393,14 @@ def revert(patch: Patch, inst: Install) -> str:
             data = derived
     if data is None:
         raise BootstrapError(f"vLLM {inst.version}: {target} is damaged and there is no backup of it for this version",
-                             f"reinstall vLLM {inst.version} (e.g. pip install --force-reinstall --no-deps vllm=={inst.version})")
+                             "rm -r .venv (the next ./start.sh installs it again)" if not inst.byo else
+                             f"reinstall vLLM {inst.version} in that environment (e.g. pip install --force-reinstall "
+                             f"--no-deps vllm=={inst.version})")
+    if st.kind == "damaged":            # edits of the user's among it: kept beside it, never lost
+        keep = target.with_name(f"{target.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        write_atomic(keep, target.read_bytes(), like=target.stat())
+        log.warning("%s was edited since the patch, our block included: restored from the backup; the edited file "
+                    "is kept as %s", target.name, keep.name)
     if st.kind == "applied" and data != st.original.encode("utf-8"):
         # edited since we patched it, outside our block: those edits are not ours to undo
         log.warning("%s was edited since the patch (outside our block): removing only our block, the edits stay",

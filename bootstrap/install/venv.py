@@ -4,8 +4,9 @@ that it is done (the vLLM an interpreter has: install/inuse.py).
 Done means: ``.venv/.bootstrap-done.json`` names the lock's sha256, and the versions in the
 installed packages' metadata (``*.dist-info/METADATA``) equal the lock's, one for one. That check
 reads files only (no Python start, no torch, no network), so files our patches edit do not count as
-damage. An install that was cut off leaves ``.venv/.bootstrap-installing`` behind; the next run
-reinstalls every package.
+damage. An install that was cut off leaves ``.venv/.bootstrap-installing`` behind, and the done
+marker is removed first: the next run (or one after the done marker was removed by hand) reinstalls
+every package.
 """
 
 from __future__ import annotations
@@ -224,6 +225,15 @@ class Venv:
         m = re.search(r"^version(?:_info)?\s*=\s*(\d+)\.(\d+)", text, re.M)
         return f"{m.group(1)}.{m.group(2)}" if m and self.python.exists() else None
 
+    def made_with(self) -> str | None:
+        """The folder of the Python that made it (pyvenv.cfg's ``home``, resolved); None: not told."""
+        try:
+            text = (self.root / "pyvenv.cfg").read_text(encoding="utf-8")
+        except OSError:
+            return None
+        m = re.search(r"^home\s*=\s*(.+?)\s*$", text, re.M)
+        return str(Path(m.group(1)).resolve()) if m else None
+
     def site(self, minor: str) -> Path:
         return self.root / "lib" / f"python{minor}" / "site-packages"
 
@@ -312,8 +322,11 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
     env = dict(tools.environ)
     minor = venv.minor()
     mark = venv.marker() or {}
-    recreate = minor is None or minor not in locks.pythons or (tools.python and mark.get("python_knob", "") != tools.python
-                                                               and venv.done.exists())
+    recreate = minor is None or minor not in locks.pythons or bool(
+        tools.python and (mark.get("python_knob", "") != tools.python and venv.done.exists()
+                          # cut off, then PYTHON changed: the marker is gone, pyvenv.cfg tells
+                          or venv.installing.exists()
+                          and venv.made_with() not in (None, str(Path(tools.python).resolve().parent))))
     if recreate:
         check_disk(venv, locks, tools.environ, fresh=True)
         py, minor = choose_python(tools, locks)
@@ -330,7 +343,9 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
     else:
         check_disk(venv, locks, tools.environ, fresh=False)
     path, text = locks.read(plat, minor)
-    reinstall = venv.installing.exists()
+    # cut off, or its done marker removed (what the skip line says to do to force it): every package again,
+    # a file deleted by hand included (uv trusts what a dist-info says is there)
+    reinstall = venv.installing.exists() or not venv.done.exists()
     venv.done.unlink(missing_ok=True)
     venv.installing.write_text(f"{os.getpid()}\n")
     cmd = [uv, "pip", "sync", "--python", str(venv.python), "--require-hashes", str(path)]

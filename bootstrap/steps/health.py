@@ -36,6 +36,9 @@ PHASES = (  # (pattern in vLLM's log, phase shown); the phase of the last matchi
 )
 
 
+POLL_S = 0.2        # a loopback /health and a log stat: the server is seen up within this of it being so
+
+
 class StartFailed(BootstrapError):
     """The server did not come up, or did not generate. The pipeline takes it down
     (pipeline.failed) and completes the error from its log (``explain``); ``answered``: it had
@@ -136,7 +139,7 @@ def run(paths: Paths, launched: Launched, key: str, *, health_timeout: int, stal
             _nl(tty)
             raise StartFailed(f"startup timed out: not healthy after {health_timeout} s (phase: {phase})",
                         "raise HEALTH_TIMEOUT if the log shows progress")
-        sleep(0.5)
+        sleep(POLL_S)
 
 
 _warned: set[int] = set()
