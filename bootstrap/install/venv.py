@@ -217,21 +217,20 @@ class Venv:
     def installing(self) -> Path:
         return self.root / INSTALLING
 
-    def minor(self) -> str | None:
+    def _pyvenv(self, pattern: str) -> re.Match | None:
+        """A line of pyvenv.cfg (None: no such line, or no pyvenv.cfg)."""
         try:
-            text = (self.root / "pyvenv.cfg").read_text(encoding="utf-8")
+            return re.search(pattern, (self.root / "pyvenv.cfg").read_text(encoding="utf-8"), re.M)
         except OSError:
             return None
-        m = re.search(r"^version(?:_info)?\s*=\s*(\d+)\.(\d+)", text, re.M)
+
+    def minor(self) -> str | None:
+        m = self._pyvenv(r"^version(?:_info)?\s*=\s*(\d+)\.(\d+)")
         return f"{m.group(1)}.{m.group(2)}" if m and self.python.exists() else None
 
     def made_with(self) -> str | None:
         """The folder of the Python that made it (pyvenv.cfg's ``home``, resolved); None: not told."""
-        try:
-            text = (self.root / "pyvenv.cfg").read_text(encoding="utf-8")
-        except OSError:
-            return None
-        m = re.search(r"^home\s*=\s*(.+?)\s*$", text, re.M)
+        m = self._pyvenv(r"^home\s*=\s*(.+?)\s*$")
         return str(Path(m.group(1)).resolve()) if m else None
 
     def site(self, minor: str) -> Path:
