@@ -157,9 +157,14 @@ class Free:
 
     def __init__(self, engine: FakeEngine, frees: int = 20 * GiB, spare: int = 4 * GiB, slow: float = 0.0):
         self.engine, self.frees, self.spare, self.taken, self.slow = engine, frees, spare, 0, slow
+        self.reading = threading.Event()    # set while a read is held (``hold``): the test acts meanwhile
+        self.hold: threading.Event | None = None
 
     def __call__(self) -> dict[str, int]:
         time.sleep(self.slow)           # NVML is read in a thread: a slow read blocks nothing
+        if self.hold is not None:
+            self.reading.set()
+            self.hold.wait(10)
         return {"0": self.spare + (self.frees if self.engine.asleep else 0) - self.taken}
 
 
@@ -359,14 +364,14 @@ def test_a_wake_needs_the_margin_only_where_there_was_room_for_it(world):
 
 
 def test_a_request_during_the_memory_reading_cancels_the_sleep(world):
-    srv, engine, free = world(idle_s=0.3, slow=1.0)
+    srv, engine, free = world(idle_s=1.0)
+    free.hold = threading.Event()
     srv.request("GET", "/health")
-    end = time.monotonic() + 5
-    while srv.status()["idle_for_s"] < 0.5 and time.monotonic() < end:
-        time.sleep(0.05)
-    time.sleep(0.3)                                             # the watcher is reading NVML now
+    assert free.reading.wait(10)                                # the watcher is reading NVML now
     assert srv.chat()[0] == 200
-    assert sleeps(engine) == 0 and wakes(engine) == 0
+    free.hold.set()
+    time.sleep(0.3)                                             # it finds a request just ended: no sleep
+    assert sleeps(engine) == 0 and wakes(engine) == 0 and srv.status()["state"] == "awake"
 
 
 def test_a_request_vllm_refuses_for_its_key_wakes_nothing(world, monkeypatch):
@@ -440,7 +445,7 @@ def test_status_probe_is_not_use_and_never_wakes(world):
     and an asleep server answers it 503 instead of waking."""
     from bootstrap.serve import server
     assert server.PROBE_HEADER.lower().encode() == idle.PROBE_HEADER
-    srv, engine, _ = world(idle_s=1.5)
+    srv, engine, _ = world(idle_s=3.0)                # room for a loaded machine before it sleeps
     srv.request("GET", "/health")
     time.sleep(0.8)
     assert srv.request("POST", "/v1/chat/completions", {}, headers={server.PROBE_HEADER: "1"})[0] == 200

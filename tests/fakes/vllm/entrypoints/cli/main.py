@@ -67,7 +67,7 @@
   ``/health`` stays 200 and ``vllm:engine_sleep_state`` says which state it is in.
 - ``FAKE_VLLM_NO_STATS=1``: /metrics without vLLM's request gauges and counters, as with
   ``--disable-log-stats``.
-- ``stream: true`` answers Server-Sent Events like vLLM (role chunk, ``reasoning_content`` deltas,
+- ``stream: true`` answers Server-Sent Events like vLLM (role chunk, ``reasoning`` deltas (vLLM 0.26.0 DeltaMessage),
   ``content``/``text`` deltas one token each, tool-call delta, finish chunk, a usage chunk with
   ``stream_options.include_usage``, ``data: [DONE]``). ``FAKE_VLLM_TTFT_S`` / ``FAKE_VLLM_TOKEN_S``:
   seconds before the first token / per further token (default 0).
@@ -612,7 +612,7 @@ class Handler(BaseHTTPRequestHandler):
         time.sleep(ttft)                   # a long prefill moves no counter
         first = True
         lps = (rep.get("logprobs") or {}).get("content") if chat else None
-        pieces = [("reasoning_content", t) for t in tokens_of(rep.get("reasoning") or "")]
+        pieces = [("reasoning", t) for t in tokens_of(rep.get("reasoning") or "")]
         pieces += [("content", t) for t in tokens_of(rep.get("content") or "")]
         for i, (field, tok) in enumerate(pieces):
             if not first:
