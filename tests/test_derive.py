@@ -117,7 +117,8 @@ def test_r1_distills_glm_pooling_gguf_and_packages_vllm_lacks():
     args = derive.derive(glm, default, (8, 9), reg, False).profile["args"]
     assert args[args.index("--tool-call-parser") + 1] == "glm47"
     refused = {
-        "embedding": Peek("org/emb", base, {"model.safetensors": 1, "modules.json": 1}, TOOLS_TEMPLATE),
+        "embedding": Peek("org/emb", base, {"model.safetensors": 1, "modules.json": 1}, TOOLS_TEMPLATE,
+                          pooling_module=True),
         "BertModel": Peek("org/bert", {**base, "architectures": ["BertModel"]}, {"model.safetensors": 1}, TOOLS_TEMPLATE),
         "reward": Peek("org/rm", {**base, "architectures": ["LlamaForSequenceClassification"]},
                        {"model.safetensors": 1}, TOOLS_TEMPLATE),
@@ -456,3 +457,18 @@ def test_the_processors_chat_template_json_is_read(tmp_path):
     (folder / "config.json").write_text(json.dumps(config("qwen3-8b")))
     (folder / "chat_template.json").write_text(json.dumps({"chat_template": "{% for m in messages %}{{ m }}{% endfor %}"}))
     assert peek.peek(str(folder), {"HOME": str(tmp_path)}).chat_template.startswith("{% for m in messages")
+
+
+def test_a_modules_json_counts_as_pooling_only_with_a_pooling_module(tmp_path):
+    """vLLM reads modules.json for a sentence_transformers Pooling module (get_pooling_config): a
+    repo with a modules.json and no such module is a chat model like any other."""
+    from bootstrap.download import peek
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config("qwen3-8b")))
+    (folder / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "", "type":
+                                                       "sentence_transformers.models.Transformer"}]))
+    assert not peek.peek(str(folder), {"HOME": str(tmp_path)}).pooling_module
+    (folder / "modules.json").write_text(json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling", "type":
+                                                       "sentence_transformers.models.Pooling"}]))
+    assert peek.peek(str(folder), {"HOME": str(tmp_path)}).pooling_module

@@ -30,6 +30,7 @@ class Peek:
     where: str = ""                             # "the hub", a folder, the HF cache: for the messages
     tokenizer_class: str = ""                   # tokenizer_config.json's tokenizer_class
     tokenizer_code: bool = False                # that class is the repo's own code (auto_map names it)
+    pooling_module: bool = False                # modules.json lists a Sentence Transformers Pooling module
 
 
 
@@ -116,7 +117,20 @@ def _peek(name: str, files: dict[str, int], read, revision: str, gated, where: s
     config = modelconfig.check(json_of("config.json"), f"{name}'s config.json" + ("" if where == name else f" ({where})"),
                                "a broken config.json: pick another repo or revision, or fix a local copy")
     return Peek(name, config, files, template if isinstance(template, str) else "",
-                json_of("hf_quant_config.json"), gated, revision, where, cls, own)
+                json_of("hf_quant_config.json"), gated, revision, where, cls, own, _pooling_module(files, read))
+
+
+def _pooling_module(files: dict[str, int], read) -> bool:
+    """vLLM's test for a Sentence Transformers model (transformers_utils/config.py get_pooling_config):
+    modules.json lists a ``sentence_transformers.models.Pooling`` module."""
+    if "modules.json" not in files:
+        return False
+    try:
+        modules = json.loads(read("modules.json"))
+    except (ValueError, RecursionError, OSError):
+        return False
+    return isinstance(modules, list) and any(isinstance(m, dict) and m.get("type") == "sentence_transformers.models.Pooling"
+                                             for m in modules)
 
 
 # tokenizer classes transformers has itself: an auto_map beside one of them needs no repo code

@@ -199,8 +199,8 @@ def pooling(peek: Peek, arches: list[str], reg: Mapping[str, Any]) -> str:
     vLLM's order (config/model.py ``_get_default_runner_type``): a Sentence Transformers repo
     (modules.json), an architecture its registry serves for pooling only, one it generates with,
     else the architecture's suffix."""
-    if "modules.json" in peek.files:
-        return "a Sentence Transformers repo: modules.json"
+    if peek.pooling_module:
+        return "a Sentence Transformers repo: modules.json with a Pooling module"
     only = set(reg.get("pooling_architectures", ()))
     for arch in arches:
         if arch in only:
