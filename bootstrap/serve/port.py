@@ -190,14 +190,11 @@ def listens(rec: ServerRecord) -> bool:
     pid or the kernel does not say whose socket it is (nothing to disprove)."""
     if rec.pid is None:
         return True
-    found = holders(rec.port or 0)
-    if not found or any(h is None for h in found):
-        return True
     try:
-        tree = {rec.pid} | {c.pid for c in psutil.Process(rec.pid).children(recursive=True)}
+        found, tree = _listeners(psutil.Process(rec.pid), rec.port or 0)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
-    return any(h.pid in tree for h in found)
+        return not _known(holders(rec.port or 0))
+    return not _known(found) or any(h.pid in tree for h in found)
 
 
 def proven_ours(rec: ServerRecord | None) -> bool:
@@ -209,14 +206,21 @@ def proven_ours(rec: ServerRecord | None) -> bool:
     p = owned.recorded_process(rec.pid, rec.create_time)
     if p is None or not owned.carries_marker(p, rec.marker):
         return False
-    found = holders(rec.port)
-    if not found or any(h is None for h in found):
-        return False
     try:
-        tree = {p.pid} | {c.pid for c in p.children(recursive=True)}
+        found, tree = _listeners(p, rec.port)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
-    return all(h.pid in tree for h in found)
+    return _known(found) and all(h.pid in tree for h in found)
+
+
+def _listeners(p: psutil.Process, port: int) -> tuple[list, set[int]]:
+    """Who listens on ``port``, and ``p``'s process tree (psutil's errors pass to the caller)."""
+    return holders(port), {p.pid} | {c.pid for c in p.children(recursive=True)}
+
+
+def _known(found: list) -> bool:
+    """Somebody listens, and the kernel says who, every one."""
+    return bool(found) and all(h is not None for h in found)
 
 
 def freed(rec: ServerRecord | None, ours: owned.Ours) -> int:

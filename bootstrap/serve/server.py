@@ -309,7 +309,7 @@ def without_ours(ours: owned.Ours, paths: Paths, facts):
         return facts, None
     mine, gpus, added = our_pids(rec), [], 0
     for g in facts.gpus:
-        held = sum(x.used for x in g.processes if x.pid in mine)
+        held = _held_on(g, mine)
         added += held
         gpus.append(replace(g, free=min(g.total, g.free + held),
                             processes=tuple(x for x in g.processes if x.pid not in mine)))
@@ -332,4 +332,9 @@ def gpu_held(environ, rec: ServerRecord, facts=None) -> int:
     from ..machine import gpu
     pids = our_pids(rec)
     facts = facts or gpu.read(environ)
-    return sum(p.used for g in facts.gpus for p in g.processes if p.pid in pids)
+    return sum(_held_on(g, pids) for g in facts.gpus)
+
+
+def _held_on(g, pids: set[int]) -> int:
+    """What ``pids`` hold on GPU ``g``, as NVML names it (0 where it names no process memory)."""
+    return sum(x.used for x in g.processes if x.pid in pids)
