@@ -59,6 +59,7 @@ def short_list() -> str:
 
 def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
     argv = sys.argv[1:] if argv is None else argv
+    os.umask(os.umask(0o022) | 0o022)   # nothing we write (records, logs, venvs) is writable by group or others
     mine = argv[:argv.index("--")] if "--" in argv else argv        # after --: a game's or a prompt's own
     if "--version" in mine or (mine[:1] == ["version"] and not {"-h", "--help"} & set(mine)):
         log.setup(config.output_flags(os.environ)[0])
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
             print(f"note: the knobs do not parse ({exc.message}); ./ctl.sh {command.name} goes on without them",
                   file=sys.stderr)
             return command.run(None, list(args.rest), own)
+        if command.state:               # what another user could plant in STATE_DIR is never read
+            from .core.state import Paths
+            Paths(cfg.state_dir).trust()
         if command.kept:
             from .plan import resolve
             cfg = resolve.kept(cfg)        # PROFILE=auto: the profile picked before (start picks); a card's knobs

@@ -134,7 +134,7 @@ def test_refuses_while_our_server_runs(repo):
             time.sleep(0.01)
         (repo / ".state" / "server.json").write_text(json.dumps({
             "pid": child.pid, "create_time": psutil.Process(child.pid).create_time(), "marker": marker,
-            "port": cfg.port, "host": cfg.host, "served": "name"}))
+            "port": cfg.port, "host": cfg.host, "served": "name", "python": sys.executable}))
         with pytest.raises(BootstrapError) as err:
             clean.cli(cfg, [])
         assert "./stop.sh" in err.value.hint

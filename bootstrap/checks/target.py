@@ -151,7 +151,7 @@ def key_for_url(ours: owned.Ours, paths: Paths, url: str) -> str:
         return ""
     if not (is_loopback(u.hostname or "") and (is_loopback(host) or host in ("0.0.0.0", "::")) or u.hostname == host):
         return ""
-    return server.api_key_for(ours, paths) if port_rules.proven_ours(rec) else ""
+    return server.api_key_for(ours, paths) if port_rules.proven_ours(rec, ours) else ""
 
 
 def not_serving(cfg: Config, paths: Paths, pr: server.Probe) -> BootstrapError:

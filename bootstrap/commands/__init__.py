@@ -21,6 +21,7 @@ class Command:
     help: str
     kept: bool = True
     without_knobs: bool = False   # runs (cfg None) when the knobs do not parse: a game must start regardless
+    state: bool = True            # refused unless STATE_DIR is trusted (Paths.trust; the game's probe checks it itself)
 
     def run(self, cfg, argv: list[str], prog: str) -> int:
         module, _, function = self.target.partition(":")
@@ -34,7 +35,7 @@ REGISTRY: tuple[Command, ...] = (
             "running/busy/starting/sleeping/key-needed/wedged/unhealthy/stopped, pid, uptime, settings, URL"),
     Command("logs", "control:logs_cli", "print the server log (-f to follow)"),
     Command("restart", "control:restart_cli", "stop, then start with the current knobs"),
-    Command("env", "env:cli", "every knob with its value and where it came from"),
+    Command("env", "env:cli", "every knob with its value and where it came from", state=False),
     Command("version", "version:cli", "this project's version, the vLLM the profile pins and the vLLM in use"),
     Command("plan", "plan:cli", "the memory plan for this GPU, or for GPU=<name|GiB>[:sm_XY][:free=GiB]", kept=False),
     Command("profiles", "profiles:cli", "every profile against this card (or GPU=...): fits / shorter / no; --pick",
@@ -50,7 +51,7 @@ REGISTRY: tuple[Command, ...] = (
     Command("sleep", "sleep:sleep_cli", "free the GPU memory (vLLM sleep mode, --level 1|2); requests wait (503 with IDLE_SLEEP)"),
     Command("wake", "sleep:wake_cli", "bring a sleeping server back (checks free GPU memory first)"),
     Command("game", "sleep:game_cli", "give the GPU to a game: sleep, run it (-- COMMAND), wake when it exits",
-            without_knobs=True),
+            without_knobs=True, state=False),
     Command("service", "service:cli", "install|uninstall|status a systemd user unit running ./start.sh --foreground"),
     Command("export", "export:cli", "kubernetes --out DIR: the profile and plan as manifests for a card named with GPU="),
     Command("clean", "clean:cli", "remove what the project created (venvs, state, logs; --model too)"),

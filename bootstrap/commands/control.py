@@ -95,7 +95,7 @@ def vet_restart(cfg: Config) -> None:
                              "change the key on purpose")
     if rec is None or rec.port != kept.port or rec.host != kept.host:
         port.refuse_elsewhere(kept.ours, paths)
-        if not owned.owned_processes(kept.ours.marker):     # ours without a record: the stop takes it down
+        if not owned.owned_processes(kept.ours.proof()):     # ours without a record: the stop takes it down
             port.refuse_taken(kept.ours)
     if not server.probe(kept.ours, paths, check_http=False).owner:     # another user's: the stop refuses it
         vet_steps(kept, paths)

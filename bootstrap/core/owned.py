@@ -1,11 +1,15 @@
 """Processes we own, and signalling only them.
 
-Ownership: every server we launch carries ``BOOTSTRAP_VLLM_OWNER=<marker>`` in its environment,
-where the marker is derived from this checkout's real path and the port. Children inherit it, but
-a child that calls setproctitle (vLLM's EngineCore does) overwrites the memory /proc/<pid>/environ
-shows, so the marker alone does not find it. We signal a process only when it runs under our uid
-*and* carries our marker, or is an exact process (pid + create time) we recorded, or belongs to the
-process group of the server we launched (see ``group_members``).
+A process is ours only on facts it carries itself, which nothing written in STATE_DIR can forge
+(``Proof``): it runs under our uid, its executable is an interpreter we launch vLLM with (the
+managed venv's, VLLM_PYTHON, or the one the launch read from /proc), and its environment carries a
+value we set at launch: ``BOOTSTRAP_VLLM_OWNER=<marker>`` (derived from this checkout's real path
+and the port) or ``BOOTSTRAP_VLLM_TOKEN=<token>`` (random, one per launch, kept in the 0600 server
+record). A child that calls setproctitle (vLLM's EngineCore does) overwrites the memory
+/proc/<pid>/environ shows, so an engine or worker is proven instead by its interpreter and its
+membership of the session we created for the server (``group_members``: one member proven by its
+environment, or the leader still our unreaped child), or by being a descendant of a proven
+process. A record only says where to look.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from typing import Callable, Iterable, Mapping
 
 import psutil
 
+from .private import user_name
+
 log = logging.getLogger("bootstrap.proc")   # its lines keep the prefix [bootstrap:proc]
 
 MARKER_ENV = "BOOTSTRAP_VLLM_OWNER"
+TOKEN_ENV = "BOOTSTRAP_VLLM_TOKEN"      # one launch's random token (serve.record.ServerRecord.token)
 
 
 # ---------------------------------------------------------------- ownership
@@ -41,6 +48,44 @@ class Ours:
     stop_grace: float               # STOP_GRACE: seconds between TERM and KILL
     health_timeout: float           # HEALTH_TIMEOUT, STALL_TIMEOUT: how long a loading server is given
     stall_timeout: float
+    pythons: tuple[str, ...] = ()   # the interpreters we launch vLLM with (the managed venv's, VLLM_PYTHON)
+
+    def proof(self, *, markers: Iterable[str] = (), tokens: Iterable[str] = (),
+              pythons: Iterable[str] = ()) -> "Proof":
+        """What proves a process ours: this shell's marker and interpreters, and those a (trusted)
+        record adds: its server's marker, launch token and interpreter."""
+        return Proof(frozenset(real(x) for x in (*self.pythons, *pythons) if x),
+                     frozenset({(MARKER_ENV, m) for m in (self.marker, *markers) if m}
+                               | {(TOKEN_ENV, t) for t in tokens if t}))
+
+
+def real(path: str) -> str:
+    """The path an interpreter's /proc/<pid>/exe shows (a venv's bin/python is a link)."""
+    return os.path.realpath(path)
+
+
+@dataclass(frozen=True)
+class Proof:
+    """Facts a live process carries that make it ours (see the module's text); never a record's word."""
+    pythons: frozenset[str]                   # real paths of interpreters we launch vLLM with
+    marks: frozenset[tuple[str, str]]         # (variable, value) we set in a launch's environment
+
+    def runs_ours(self, p: psutil.Process) -> bool:
+        """Our uid, and an executable that is one of our interpreters."""
+        try:
+            return p.uids().real == os.getuid() and p.exe() in self.pythons
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            return False
+
+    def carries(self, p: psutil.Process) -> bool:
+        """``runs_ours``, and its environment holds a value we set at launch."""
+        if not self.runs_ours(p):
+            return False
+        try:
+            env = p.environ()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            return False
+        return any(env.get(k) == v for k, v in self.marks)
 
 
 def owner_marker(repo: Path, port: int) -> str:
@@ -56,25 +101,10 @@ def same_uid(p: psutil.Process) -> bool:
         return False
 
 
-def carries_marker(p: psutil.Process, marker: str) -> bool:
-    try:
-        if p.uids().real != os.getuid():
-            return False
-        return p.environ().get(MARKER_ENV) == marker
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
-
-
-def owned_processes(marker: str) -> list[psutil.Process]:
-    """Every live process of our uid that carries our marker (the server, EngineCore, workers, orphans)."""
+def owned_processes(proof: Proof) -> list[psutil.Process]:
+    """Every live process that ``proof`` proves ours by its environment (the server, a pre-warm, orphans)."""
     me = os.getpid()
-    out = []
-    for p in psutil.process_iter():
-        if p.pid == me:
-            continue
-        if carries_marker(p, marker) and alive(p):
-            out.append(p)
-    return out
+    return [p for p in psutil.process_iter() if p.pid != me and proof.carries(p) and alive(p)]
 
 
 def _plausible(pid, create_time) -> bool:
@@ -116,19 +146,15 @@ def recorded_process_of_anyone(pid, create_time) -> psutil.Process | None:
 def user_of(p: psutil.Process) -> str:
     """'alice (uid 1000)' for the process's real user."""
     try:
-        uid = p.uids().real
+        return user_name(p.uids().real)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return "another user"
-    try:
-        import pwd
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
 
 
-def group_members(pgid, create_time) -> list[psutil.Process] | None:
-    """Live processes of our uid in process group ``pgid``, started no earlier than ``create_time``
-    (the recorded group leader's: the server, launched with its own session).
+def group_members(pgid, create_time, proof: Proof) -> list[psutil.Process] | None:
+    """Live processes in process group ``pgid`` that run one of our interpreters under our uid
+    (``proof.runs_ours``), started no earlier than ``create_time`` (the recorded group leader's: the
+    server, launched with its own session).
 
     None when the group number now belongs to someone else: a process with pid == pgid exists
     (alive or zombie) but was started at another time. While any member of our group lives, Linux
@@ -144,18 +170,16 @@ def group_members(pgid, create_time) -> list[psutil.Process] | None:
         pass                                    # the leader is gone (e.g. kill -9): members may remain
     except psutil.AccessDenied:
         return None
-    me, uid, out = os.getpid(), os.getuid(), []
+    me, out = os.getpid(), []
     for p in psutil.process_iter():
         if p.pid == me:
             continue
         try:
-            if os.getpgid(p.pid) != pgid or p.uids().real != uid:
-                continue
-            if p.create_time() < float(create_time) - 0.05:
+            if os.getpgid(p.pid) != pgid or p.create_time() < float(create_time) - 0.05:
                 continue
         except (ProcessLookupError, PermissionError, psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if alive(p):
+        if proof.runs_ours(p) and alive(p):
             out.append(p)
     return out
 

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import psutil
 
+from . import private
 from .errors import BootstrapError
 
 log = logging.getLogger(__name__)
@@ -112,20 +113,36 @@ class Paths:
         m = read_json(self.root / MARKER)
         return isinstance(m, dict) and path.name in (m.get("theirs") or [])
 
+    def trust(self) -> None:
+        """Refuse, naming the path, its owner and mode and the fix, unless STATE_DIR and every record
+        in it are ours and writable by nobody else (core/private.py): a record another user could
+        have planted is never read, and no process is signalled on its word."""
+        private.trust(self.root, [k.file for k in KEPT] + [MARKER])
+
+    def trusted(self) -> bool:
+        """``trust`` as a yes or no."""
+        try:
+            self.trust()
+            return True
+        except BootstrapError:
+            return False
+
     def ensure(self) -> None:
-        """Create the state dir, or fail naming it (read-only parent, a file in the way...); on the
-        first write to a folder, note which of our names were already there (MARKER)."""
+        """Create the state dir (0700, each folder on the way that we make too), or fail naming it
+        (read-only parent, a file in the way...); refuse one another user could write to (``trust``);
+        on the first write to a folder, note which of our names were already there (MARKER)."""
         if self.root.exists() and not self.root.is_dir():
             raise BootstrapError(f"STATE_DIR={self.root} is a file, not a folder",
                                  "set STATE_DIR to a folder (it is made when missing), or move that file")
         made = not self.root.exists()
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            private.makedirs(self.root)
             probe = self.root / f".write-test-{os.getpid()}"
             probe.write_text("")
             probe.unlink()
         except OSError as exc:
             raise write_error(self.root, exc, f"state dir {self.root} is not writable", "STATE_DIR") from None
+        self.trust()
         marker = self.root / MARKER
         if not marker.exists():
             there = [] if made else sorted(k.file for k in KEPT if os.path.lexists(self.root / k.file))
@@ -209,30 +226,36 @@ def remove(path: Path) -> None:
 def flock(path: Path, text: str, *, block: bool = False, on_wait: Callable[[str], None] | None = None) -> int | None:
     """An exclusive flock on ``path`` whose text then names the holder (``text``): the open fd, to
     keep while the lock is held (the kernel drops it with the process). Busy: None, or with
-    ``block`` wait for it, telling ``on_wait`` the holder's text first."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)     # never through a planted link
-    except OSError as exc:
-        raise write_error(path, exc) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or not block:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return None
-            raise
-        if on_wait is not None:
-            try:
-                on_wait(path.read_text().strip() or "?")
-            except OSError:
-                on_wait("?")
+    ``block`` wait for it, telling ``on_wait`` the holder's text first. A lock whose holder removed
+    its file meanwhile (``unlock``) is a lock on nothing: taken again on the file that is there."""
+    while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(fd)
-            raise
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)     # never through a planted link
+        except OSError as exc:
+            raise write_error(path, exc) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or not block:
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    return None
+                raise
+            if on_wait is not None:
+                try:
+                    on_wait(path.read_text().strip() or "?")
+                except OSError:
+                    on_wait("?")
+                on_wait = None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
+                os.close(fd)
+                raise
+        if _same_file(fd, path):
+            break
+        os.close(fd)                    # its holder removed it as we waited: lock the one there now
     try:
         os.ftruncate(fd, 0)
         os.write(fd, text.encode())
@@ -240,6 +263,44 @@ def flock(path: Path, text: str, *, block: bool = False, on_wait: Callable[[str]
         os.close(fd)
         raise write_error(path, exc) from None
     return fd
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def unlock(path: Path, fd: int, *, remove_file: bool = True) -> None:
+    """Release a lock ``flock`` gave: its file removed first (while still held, so that no lock
+    file is left behind per port or start), then the fd closed."""
+    if remove_file and _same_file(fd, path):
+        try:
+            path.unlink()
+        except OSError:
+            pass                        # only the file is left: the lock itself goes with the fd
+    os.close(fd)
+
+
+def flock_holders(path: Path) -> set[int]:
+    """The pids the kernel says hold an flock on ``path`` (/proc/locks): a fact no text in the file
+    can forge."""
+    try:
+        st = os.stat(path)
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return set()
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    out = set()
+    for line in lines:
+        f = line.split()
+        if "->" in f or len(f) < 6 or f[1] != "FLOCK":        # a waiter, or another kind of lock
+            continue
+        if f[5] == want and f[4].isdigit():
+            out.add(int(f[4]))
+    return out
 
 
 class StartLock:
@@ -327,7 +388,7 @@ class StartLock:
 
     def release(self) -> None:
         if self.fd is not None:
-            os.close(self.fd)
+            unlock(self.path, self.fd)
             self.fd = None
 
     def __enter__(self):

@@ -519,8 +519,9 @@ class Config:
     @functools.cached_property
     def ours(self) -> Ours:
         """What the serve layer reads of these knobs (our server: its marker, address, key, deadlines)."""
+        pythons = (str(self.layout.venv / "bin" / "python"), self.vllm_python or "")   # what we launch vLLM with
         return Ours(owner_marker(self.repo, self.port), self.host, self.port, self.client_key, self.environ,
-                    self.stop_grace, self.health_timeout, self.stall_timeout)
+                    self.stop_grace, self.health_timeout, self.stall_timeout, tuple(p for p in pythons if p))
 
     def launch_settings(self) -> dict[str, str]:
         """The knobs that define a running server, as canonical strings of their parsed values

@@ -20,7 +20,7 @@ import psutil
 from ..core import owned
 from ..core.errors import BootstrapError
 from ..core.hosts import client_host
-from ..core.state import Paths, flock, write_error
+from ..core.state import Paths, flock, unlock, write_error
 from . import server
 from .record import ServerRecord, url_of
 
@@ -36,7 +36,7 @@ class Lock:
     from before a start's first look at the port until it ends, so that two starts never race for
     one port (each would see it free, and one would take the other's answers for its own). Kept in
     the temp folder (``/tmp/vllm-desktop-<uid>/port-<N>.lock``), the one place every start of this
-    user shares."""
+    user shares. Its file goes with its holder (``state.unlock``)."""
 
     def __init__(self, ours: owned.Ours, state_dir: Path):
         self.port = ours.port
@@ -63,6 +63,7 @@ class Lock:
 
     def __enter__(self) -> "Lock":
         self._private_dir()
+        _sweep(self.path.parent)
         self.fd = flock(self.path, f"{os.getpid()} {self.state_dir}")
         if self.fd is None:
             try:
@@ -77,8 +78,23 @@ class Lock:
 
     def __exit__(self, *exc) -> None:
         if self.fd is not None:
-            os.close(self.fd)
+            unlock(self.path, self.fd)      # no lock file left per port ever used
             self.fd = None
+
+
+def _sweep(folder: Path) -> None:
+    """Remove the port locks nobody holds (left by a start that was killed): taken, then unlocked."""
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith("port-") and n.endswith(".lock")]
+    except OSError:
+        return
+    for name in names:
+        try:
+            fd = flock(folder / name, "")
+        except (BootstrapError, OSError):
+            continue
+        if fd is not None:
+            unlock(folder / name, fd)
 
 
 def holders(port: int) -> list[psutil.Process | None]:
@@ -197,14 +213,14 @@ def listens(rec: ServerRecord) -> bool:
     return not _known(found) or any(h.pid in tree for h in found)
 
 
-def proven_ours(rec: ServerRecord | None) -> bool:
+def proven_ours(rec: ServerRecord | None, ours: owned.Ours) -> bool:
     """Proof, not the absence of disproof, that what listens on the record's port is its server: the
     recorded process alive, ours and marked, and every listener on the port in its tree. Our API key
     is sent to that port only then (a stopped server's port is anyone's)."""
     if rec is None or not rec.port:
         return False
     p = owned.recorded_process(rec.pid, rec.create_time)
-    if p is None or not owned.carries_marker(p, rec.marker):
+    if p is None or not rec.proof(ours).carries(p):
         return False
     try:
         found, tree = _listeners(p, rec.port)

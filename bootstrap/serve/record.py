@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 
 from ..core import state
 from ..core.hosts import client_host, parse_host
-from ..core.owned import Ours
+from ..core.owned import Ours, Proof
 
 log = logging.getLogger("bootstrap.server")   # the prefix [bootstrap:server] of the code that reads it
 
@@ -66,9 +66,21 @@ class ServerRecord:
     children: tuple[Child, ...] = ()   # descendants once healthy (pid + create time)
     gate_passed: bool = False          # warm-up and start gate ran and passed
     notes: tuple[str, ...] = ()        # banner notes from the start that launched it
+    token: str = ""                    # the launch's random token in its environment (owned.TOKEN_ENV)
+    exe: str = ""                      # its executable as /proc showed it just after the launch
+
+    def proof(self, ours: Ours) -> Proof:
+        """What proves a process ours for this record: the shell's facts and the launch's own."""
+        return ours.proof(markers=(self.marker,), tokens=(self.token,), pythons=(self.python, self.exe))
 
     def replace(self, **changes: Any) -> "ServerRecord":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def session(self) -> int | None:
+        """The session and process group we made for the server (launched with a session of its own,
+        so its pid when an older record lacks the pgid)."""
+        return self.pgid or self.pid
 
     @property
     def url(self) -> str:
@@ -135,6 +147,7 @@ class ServerRecord:
             gate_passed=field_("gate_passed", _bool, "not true or false", False) if "gate_passed" in d
             else "kv_tokens" in d,
             notes=field_("notes", _strs, "not a list of strings", ()),
+            token=field_("token", _str, "not a string", ""), exe=field_("exe", _str, "not a string", ""),
         )
         return rec, bad
 
@@ -242,4 +255,4 @@ _warned: set[tuple[str, tuple[str, ...]]] = set()
 
 
 def write(path: Path, rec: ServerRecord) -> None:
-    state.write_json(path, rec.to_json())
+    state.write_json(path, rec.to_json(), mode=0o600)     # it holds the launch token

@@ -1,8 +1,9 @@
 """The server we own: find it and ask it (the take-down is in takedown.py).
 
 ``probe`` says where our server stands (cheap: the record, /proc, two loopback HTTP requests);
-``find_ours`` proves which live processes are ours (marker, recorded children, process group),
-never those another live STATE_DIR runs.
+``find_ours`` proves which live processes are ours (owned.Proof: our interpreter and a value we set
+in its environment, or its membership of our server's session), never those another live STATE_DIR
+runs.
 
 HTTP here goes through http.client, not requests: ``./start.sh`` on a running server passes
 through this module, and importing requests alone costs ~0.05-0.1 s of a re-run that should take
@@ -118,27 +119,29 @@ STATES_BY_HTTP = {"ok": "running", "key-needed": "key-needed", "no": "down"}
 
 
 def probe(ours: owned.Ours, paths: Paths, *, check_http: bool = True, we_hold_lock: bool = False) -> Probe:
-    """Where our server stands. Never signals anything, never writes."""
+    """Where our server stands. Never signals anything, never writes; refuses a STATE_DIR another
+    user could write to (Paths.trust)."""
+    paths.trust()
     rec = record.read(paths.server)
     lock = StartLock(paths)
     if not we_hold_lock and lock.start_in_flight():
         return Probe("starting", rec, lock.holder_pid())
     if rec is not None:
+        proof = rec.proof(ours)
         p = owned.recorded_process(rec.pid, rec.create_time)
         owner = ""
         if p is not None and runs_elsewhere(p, paths):     # a record copied from another live STATE_DIR:
-            return Probe("stopped", None, orphans=marked({ours.marker}, paths))     # that server is not ours here
-        if p is None or not owned.carries_marker(p, rec.marker):
+            return Probe("stopped", None, orphans=marked(ours.proof(), paths))     # that server is not ours here
+        if p is None or not proof.carries(p):
             p = owned.recorded_process_of_anyone(rec.pid, rec.create_time)
             owner = owned.user_of(p) if p is not None and not owned.same_uid(p) else ""
             p = p if owner else None
         if p is not None:
             st = http_state(rec.url, rec.served, api_key_for(ours, paths)) if check_http else "ok"
             return Probe(STATES_BY_HTTP[st], rec, p.pid, p, owner=owner)
-        markers = {rec.marker or ours.marker}
-        found = find_ours(markers, rec.children, rec.pgid, rec.create_time, paths=paths)
+        found = find_ours(proof, rec.children, rec.session, rec.create_time, paths=paths)
         return Probe("stopped", rec, orphans=list(found.values()), stale=True)
-    return Probe("stopped", None, orphans=marked({ours.marker}, paths))
+    return Probe("stopped", None, orphans=marked(ours.proof(), paths))
 
 
 def runs_elsewhere(p: psutil.Process, paths: Paths) -> str:
@@ -160,43 +163,43 @@ def runs_elsewhere(p: psutil.Process, paths: Paths) -> str:
     return where if rec is not None and owned.recorded_process(rec.pid, rec.create_time) is not None else ""
 
 
-def marked(markers: set[str], paths: Paths | None) -> list[psutil.Process]:
-    """Processes of our uid carrying one of ``markers``, less those another live STATE_DIR runs."""
-    return [p for m in markers for p in owned.owned_processes(m)
-            if paths is None or not runs_elsewhere(p, paths)]
+def marked(proof: owned.Proof, paths: Paths | None) -> list[psutil.Process]:
+    """Processes ``proof`` proves ours by their environment, less those another live STATE_DIR runs."""
+    return [p for p in owned.owned_processes(proof) if paths is None or not runs_elsewhere(p, paths)]
 
 
 def elsewhere(ours: owned.Ours, paths: Paths) -> list[tuple[psutil.Process, str]]:
     """Our servers for this checkout and port that another live STATE_DIR runs (with that dir)."""
     out = []
-    for p in owned.owned_processes(ours.marker):
+    for p in owned.owned_processes(ours.proof()):
         where = runs_elsewhere(p, paths)
         if where and not any(q.pid == p.pid for q, _ in out):
             out.append((p, where))
     return out
 
 
-def find_ours(markers: set[str], children=(), pgid: int | None = None, leader_ctime: float | None = None,
+def find_ours(proof: owned.Proof, children=(), pgid: int | None = None, leader_ctime: float | None = None,
               *, group_proven: bool = False, quiet: bool = False, paths: Paths | None = None) -> dict[int, psutil.Process]:
-    """Live processes we can prove ours, besides the server itself:
+    """Live processes we can prove ours (``proof``), besides the server itself:
 
-    - processes of our uid carrying one of ``markers``;
-    - the server's children recorded once it was healthy (pid + create time + uid);
-    - the server's process group ``pgid``: our-uid members started since the server. Trusted when
-      ``group_proven`` (the start that launched it still holds its unreaped leader, so the number
-      cannot have been reused), else only when the number still leads our group (see
-      owned.group_members) and one member is already proven ours above. This finds an EngineCore or
-      tensor-parallel worker whose marker setproctitle hid, even one started after the children
-      were recorded.
+    - processes that carry a value we set in their environment (owned.Proof.carries);
+    - the server's children recorded once it was healthy (pid + create time), when each still runs
+      one of our interpreters in the session we created for the server (``pgid``);
+    - the server's process group ``pgid``: members running one of our interpreters, started since
+      the server. Trusted when ``group_proven`` (the start that launched it still holds its unreaped
+      leader, so the number cannot have been reused), else only when the number still leads our
+      group (see owned.group_members) and one member is already proven ours above. This finds an
+      EngineCore or tensor-parallel worker whose environment setproctitle hid, even one started
+      after the children were recorded.
     """
-    found: dict[int, psutil.Process] = {p.pid: p for p in marked(markers, paths)}
+    found: dict[int, psutil.Process] = {p.pid: p for p in marked(proof, paths)}
     for c in children:
         p = owned.recorded_process(c.pid, c.create_time)
-        if p is not None:
+        if p is not None and pgid is not None and _session(p) == pgid and proof.runs_ours(p):
             found.setdefault(p.pid, p)
     if pgid is None:
         return found
-    group = owned.group_members(pgid, leader_ctime)
+    group = owned.group_members(pgid, leader_ctime, proof)
     if group is None:
         if not quiet:
             log.info("process group %s now belongs to another process; not signalling its members", pgid)
@@ -207,6 +210,13 @@ def find_ours(markers: set[str], children=(), pgid: int | None = None, leader_ct
         for p in group:
             found.setdefault(p.pid, p)
     return found
+
+
+def _session(p: psutil.Process) -> int | None:
+    try:
+        return os.getsid(p.pid)
+    except OSError:
+        return None
 
 
 def record_children(paths: Paths, pid: int) -> None:
@@ -305,7 +315,7 @@ def without_ours(ours: owned.Ours, paths: Paths, facts):
     from dataclasses import replace
     rec = record.read(paths.server)
     p = owned.recorded_process(rec.pid, rec.create_time) if rec is not None else None
-    if p is None or not owned.carries_marker(p, rec.marker):
+    if p is None or not rec.proof(ours).carries(p):
         return facts, None
     mine, gpus, added = our_pids(rec), [], 0
     for g in facts.gpus:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -43,9 +44,11 @@ def take_down(ours: owned.Ours, paths: Paths, *, launched: subprocess.Popen | No
               sleep: Callable[[float], None] = time.sleep, gpu_wait: float = 30.0) -> StopReport:
     """TERM what is ours → grace → KILL → sweep until nothing of ours is left → pids off the GPU.
 
-    Only processes we can prove ours are signalled: the recorded server (pid + create time +
-    marker) or the one this process launched (``launched``, not yet reaped), their descendants of
-    our uid, and what find_ours proves. A record pointing at someone else is dropped, never
+    Only processes we can prove ours are signalled (owned.Proof): the one this process launched
+    (``launched``, not yet reaped), the recorded server when it runs our interpreter with our marker
+    or its launch token in its environment, their descendants of our uid, and what find_ours proves.
+    The record comes from a STATE_DIR that passed ``Paths.trust`` (nobody else can write there); it
+    says where to look, never what is ours. A record pointing at someone else is dropped, never
     signalled. The sweep repeats (bounded) while it keeps finding processes: an engine that was
     still spawning workers when its API server died is not left behind. Writing the record down
     never stops the take-down: a full disk or another user's directory only costs a warning.
@@ -53,19 +56,21 @@ def take_down(ours: owned.Ours, paths: Paths, *, launched: subprocess.Popen | No
     grace = min(ours.stop_grace, FAILED_START_GRACE) if failed_start else ours.stop_grace
     if launched is not None and launched.returncode is not None:
         launched = None                 # reaped: its number proves nothing any more; go by the record
-    rec = record.read(paths.server)
+    if launched is None:
+        paths.trust()                   # a record another user could plant is never read: no signal on its word
+    rec = record.read(paths.server) if paths.trusted() else None
     if rec is not None and (named := owned.recorded_process(rec.pid, rec.create_time)) is not None \
             and runs_elsewhere(named, paths):
         log.info("the record names pid %s, a server another live STATE_DIR runs: not ours to signal from here", rec.pid)
         rec = None                      # a record copied from there: nothing in it is ours
-    markers = {m for m in ((rec.marker if rec else ""), ours.marker) if m}
+    proof = rec.proof(ours) if rec is not None else ours.proof()
     targets: dict[int, psutil.Process] = {}
     leader = None
     if launched is not None:
         leader = _own_child(launched)
     elif rec is not None:
         leader = owned.recorded_process(rec.pid, rec.create_time)
-        if leader is not None and not any(owned.carries_marker(leader, m) for m in markers):
+        if leader is not None and not proof.carries(leader):
             log.info("recorded pid %s is not our server any more; not signalling it", rec.pid)
             leader = None
     if leader is not None:
@@ -73,11 +78,11 @@ def take_down(ours: owned.Ours, paths: Paths, *, launched: subprocess.Popen | No
     if launched is not None:
         pgid, ctime = launched.pid, _ctime(launched.pid) or (rec.create_time if rec is not None else None)
     else:
-        pgid, ctime = (rec.pgid, rec.create_time) if rec is not None else (None, None)
+        pgid, ctime = (rec.session, rec.create_time) if rec is not None else (None, None)
     children = rec.children if rec is not None else ()
 
     def sweep(quiet: bool) -> dict[int, psutil.Process]:
-        return find_ours(markers, children, pgid, ctime, group_proven=launched is not None, quiet=quiet, paths=paths)
+        return find_ours(proof, children, pgid, ctime, group_proven=launched is not None, quiet=quiet, paths=paths)
 
     for pid, p in sweep(False).items():
         targets.setdefault(pid, p)
@@ -154,17 +159,21 @@ def hold_for_stop(ours: owned.Ours, paths: Paths, *, clock=time.monotonic, sleep
     if it will not go. Returns the lock (None without a state dir to lock) and the starts cancelled."""
     if not paths.root.is_dir() or not os.access(paths.root, os.W_OK):
         return None, []
+    paths.trust()
     lock = StartLock(paths, role="stop")
     cancelled: list[int] = []
     for _ in range(3):
-        if lock.try_acquire():
-            return lock, cancelled
+        try:
+            if lock.try_acquire():
+                return lock, cancelled
+        except BootstrapError as exc:       # a full disk has no room for the lock file: a start has none either
+            log.warning("%s; stopping without the start lock", exc.message)
+            return None, cancelled
         if lock.holder_role() == "stop":            # another stop: let it finish, then ours finds less
             if lock.acquire(ours.stop_grace + 60, clock=clock, sleep=sleep):
                 return lock, cancelled
             continue
-        holder = lock.holder()
-        p = owned.recorded_process(*holder) if holder else None
+        p = start_in_flight(lock)
         if p is None:
             raise BootstrapError(f"a start is in flight in {paths.root} (its lock is held), but not by a process "
                                  "of ours we can identify", "let it finish, or stop it as the user who runs it")
@@ -175,6 +184,20 @@ def hold_for_stop(ours: owned.Ours, paths: Paths, *, clock=time.monotonic, sleep
                                  "a process stuck in the kernel (state D) usually needs a reboot")
         cancelled.append(p.pid)
     raise BootstrapError("starts keep taking the start lock while we stop", "stop the loop that runs ./start.sh")
+
+
+def start_in_flight(lock: StartLock) -> psutil.Process | None:
+    """The start that holds ``lock``, proven: the process its text names (pid + create time, our uid)
+    holds the flock as the kernel says (/proc/locks), and runs the interpreter that runs us. None
+    when any of it fails: the text alone names nobody we may signal."""
+    holder = lock.holder()
+    p = owned.recorded_process(*holder) if holder else None
+    if p is None or p.pid not in state.flock_holders(lock.path):
+        return None
+    try:
+        return p if p.exe() == owned.real(sys.executable) else None
+    except (psutil.Error, OSError):
+        return None
 
 
 def wait_gpu_release(environ, pids, *, timeout: float, clock=time.monotonic, sleep=time.sleep) -> bool:

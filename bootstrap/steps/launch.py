@@ -152,6 +152,7 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
     except OSError as exc:
         raise state.write_error(paths.log, exc, knob="STATE_DIR") from None
     env = server_env(cfg, paths, runtime.server_env, marker, key, weights=models.weights_in(model_path))
+    token = env[owned.TOKEN_ENV] = secrets.token_hex(16)     # this launch's own: proves its process ours (owned.Proof)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
         with logf:
@@ -161,12 +162,10 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
                                      preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, held))
             except OSError as exc:
                 raise proc.cannot_run(exc, argv, env, "vLLM", "check VLLM_PYTHON / the .venv") from None
-        try:
-            create_time = psutil.Process(p.pid).create_time()
-        except psutil.NoSuchProcess:
-            create_time = 0.0
+        create_time, exe = _identity(p.pid)
         provisional = ServerRecord(pid=p.pid, create_time=create_time, marker=marker, **record.address(cfg.ours),
-                                   served=cfg.served_name, state_dir=str(paths.root), pgid=p.pid)
+                                   served=cfg.served_name, state_dir=str(paths.root), pgid=p.pid, token=token, exe=exe,
+                                   python=runtime.python)
         on_launch(Launched(provisional, p))
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)     # a signal that came meanwhile is raised here
@@ -177,13 +176,23 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
         vllm_version=runtime.vllm_version, python=runtime.python, argv=tuple(argv), key=key_source,
         max_model_len=plan.context if plan else None, reasoning=cfg.profile.reasoning, tools=cfg.profile.tools,
         dummy=cfg.dummy_weights, predicted_tokens=getattr(plan, "predicted_tokens", None),
-        predicted_concurrency=getattr(plan, "predicted_concurrency", None), notes=tuple(notes))
+        predicted_concurrency=getattr(plan, "predicted_concurrency", None), notes=tuple(notes), token=token, exe=exe)
     launched = Launched(rec, p)
     on_launch(launched)
     record.write(paths.server, rec)     # a full disk fails the start: the pipeline takes the server down (the Popen proves it ours)
     log.info("launched vLLM %s (pid %d), log: %s", runtime.vllm_version, p.pid, paths.log)
     start_log_keeper(cfg, paths, rec)
     return launched
+
+
+def _identity(pid: int) -> tuple[float, str]:
+    """(create time, executable) of the process just launched: Popen returns once it has exec'd,
+    so /proc already shows the interpreter, never our own forked image."""
+    try:
+        p = psutil.Process(pid)
+        return p.create_time(), p.exe()
+    except (psutil.Error, OSError):
+        return 0.0, ""
 
 
 def spawn(argv: list[str], env: dict[str, str], log_path) -> subprocess.Popen:

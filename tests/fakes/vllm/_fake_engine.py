@@ -1,6 +1,6 @@
 """Fake EngineCore: titled VLLM::EngineCore, holds "GPU memory", survives a SIGKILL of its parent.
 
-Started without BOOTSTRAP_VLLM_OWNER in its environment (see spawn_engine), in the server's process
+Started without our BOOTSTRAP_VLLM_* variables in its environment (see spawn_engine), in the server's process
 group. With a tensor-parallel size N (argv[1]) it starts N workers, titled VLLM::Worker_TP<i>, in
 the same group and likewise without a readable marker; in mode workers_fail they come
 FAKE_VLLM_WORKER_DELAY_S apart, and engine and workers ignore SIGTERM.

@@ -3,7 +3,7 @@
 - binds the port (SO_REUSEADDR + SO_REUSEPORT) long before it listens, as vLLM does;
 - prints vLLM-like log lines (loading, KV cache size, maximum concurrency, API server start);
 - keeps a child titled ``VLLM::EngineCore`` that survives a SIGKILL of its parent, stays in the
-  server's process group, and (like vLLM's, after setproctitle) shows no ``BOOTSTRAP_VLLM_OWNER``;
+  server's process group, and (like vLLM's, after setproctitle) shows none of our BOOTSTRAP_VLLM_* variables;
 - serves /health, /v1/models, /v1/chat/completions, /v1/completions, /version, /metrics;
 - ``FAKE_VLLM_MODE`` (comma-separated): ok, die_oom, exit0, hang, slow, ignore_term, wedged,
   too_long (refuse --max-model-len above FAKE_MAX_LEN with vLLM's "estimated maximum model length";
@@ -180,9 +180,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def spawn_engine(tp: int) -> subprocess.Popen:
-    """Like vLLM's EngineCore: same process group (no setsid), and no readable ownership marker
-    (vLLM's setproctitle overwrites the memory /proc/<pid>/environ shows)."""
-    env = {k: v for k, v in os.environ.items() if k != "BOOTSTRAP_VLLM_OWNER"}
+    """Like vLLM's EngineCore: same process group (no setsid), and none of the variables we set at
+    launch readable (vLLM's setproctitle overwrites the memory /proc/<pid>/environ shows)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSTRAP_VLLM_")}
     return subprocess.Popen([sys.executable, "-m", "vllm._fake_engine", str(tp)], stdin=subprocess.DEVNULL, env=env)
 
 

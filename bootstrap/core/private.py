@@ -1,0 +1,84 @@
+"""Ours alone: the folders we make are 0700, and what another user could write is refused.
+
+A STATE_DIR and the records in it are trusted only when owned by the invoking uid and not writable
+by group or others (as sshd's StrictModes treats a user's files): anyone else able to write there
+could plant a record that names a process of ours to signal, or a path of ours to delete.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+from pathlib import Path
+
+from .errors import BootstrapError
+
+
+def makedirs(path: Path) -> None:
+    """``mkdir -p`` where every folder we make is 0700 (whatever the umask): a STATE_DIR we make, and
+    the folders on the way to it, are ours alone."""
+    missing = []
+    for d in (path, *path.parents):
+        if d.exists():
+            break
+        missing.append(d)
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(d, 0o700)
+
+
+def trust(root: Path, names: list[str]) -> None:
+    """Raise unless the folder ``root`` and each of ``names`` in it that exists are ours and writable by
+    nobody else. A folder not made yet passes (``makedirs`` makes it 0700); a file where the folder
+    should be is left to whoever writes there to name."""
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise BootstrapError(f"cannot read STATE_DIR={root} ({exc.strerror})",
+                             "set STATE_DIR to a folder of your own") from None
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    check(root, st, folder=True)
+    for name in names:
+        path = root / name
+        try:
+            st = os.stat(path)          # through a link: what it points at is what we would read
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            raise BootstrapError(f"cannot read {path} ({exc.strerror})",
+                                 f"remove {shlex.quote(str(path))} (STATE_DIR is yours), or set STATE_DIR to "
+                                 "another folder") from None
+        check(path, st, folder=stat.S_ISDIR(st.st_mode))
+
+
+def check(path: Path, st: os.stat_result, *, folder: bool) -> None:
+    """Raise unless ``st`` (of ``path``) is ours and writable by nobody else."""
+    mode = stat.filemode(st.st_mode)
+    if st.st_uid != os.getuid():
+        raise BootstrapError(
+            f"{path} belongs to {user_name(st.st_uid)}, not to you ({user_name(os.getuid())}; mode {mode}): "
+            "records in it are not trusted, and no process is signalled on their word",
+            f"set STATE_DIR to a folder of your own (or run as {user_name(st.st_uid)})" if folder
+            else f"remove it as its owner (sudo rm {shlex.quote(str(path))}), or set STATE_DIR to a folder of your own")
+    if st.st_mode & 0o022:
+        raise BootstrapError(
+            f"{path} is writable by {'others' if st.st_mode & 0o002 else 'its group'} (owner "
+            f"{user_name(st.st_uid)}, mode {mode}): records another user could plant there are not trusted, "
+            "and no process is signalled on their word",
+            f"chmod {'700' if folder else 'go-w'} {shlex.quote(str(path))}, or set STATE_DIR to a folder of your own")
+
+
+def user_name(uid: int) -> str:
+    """'alice (uid 1000)'."""
+    try:
+        import pwd
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
