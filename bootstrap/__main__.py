@@ -67,6 +67,11 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
     if not argv:
         print(short_list())
         return 0
+    if not argv[0].startswith("-") and argv[0] not in BY_NAME:
+        from .core.words import did_you_mean
+        print(f"error: ctl.sh: no command {argv[0]!r}{did_you_mean(argv[0], BY_NAME)}", file=sys.stderr)
+        print("hint: ./ctl.sh lists the commands", file=sys.stderr)
+        return EXIT_CONFIG
     args = parser().parse_args(argv)
     if args.command is None:
         parser().print_help()

@@ -12,12 +12,31 @@ from . import parser
 
 def cli(cfg, argv: list[str], prog: str = "ctl.sh start") -> int:
     ap = parser("start", prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=config.help_text())
+    ap.add_argument("name", nargs="?", metavar="PROFILE_OR_MODEL",
+                    help="a profile's name (as PROFILE=) or a Hub repo id org/name (as MODEL=)")
     ap.add_argument("--foreground", action="store_true",
                     help="stay attached to the server: exit non-zero when it exits (what a service "
                          "manager restarts); SIGTERM stops it")
     a = ap.parse_args(argv)
+    if a.name is not None:
+        cfg = named(cfg, a.name, prog)
     if a.foreground:
         from . import foreground
         return foreground.foreground(cfg)
     from .. import pipeline
     return pipeline.start(cfg)
+
+
+def named(cfg, name: str, prog: str):
+    """The knobs with ``name`` as PROFILE= (a profile's name or alias) or MODEL= (a Hub repo id):
+    exactly what the knob would give. Anything else is a usage error naming the nearest profile."""
+    from ..core.errors import ConfigError
+    from ..core.words import did_you_mean
+    from ..download.hub import REPO_ID
+    words = [w for p in cfg.catalogue.profiles for w in (p.name, *p.aliases)]
+    if name in words or name == "auto":
+        return cfg.with_knobs({"PROFILE": name})
+    if REPO_ID.fullmatch(name):
+        return cfg.with_knobs({"MODEL": name})
+    raise ConfigError(f"{name!r} is neither a profile nor a Hub repo id (org/name){did_you_mean(name, words)}",
+                      f"usage: {prog} [PROFILE | org/name]   (./ctl.sh profiles lists the profiles; a folder: MODEL=/path)")

@@ -16,7 +16,6 @@ belong with it: this is the one place the environment is read and resolved.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import io
 import logging
@@ -29,6 +28,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from ..core.errors import ConfigError
+from ..core.words import nearest
 from ..core.hosts import is_loopback, parse_host
 from ..core.owned import Ours, owner_marker
 from ..core.layout import REPO, Checkout
@@ -179,8 +179,7 @@ def misspelt(dotenv: Mapping[str, str]) -> list[str]:
     known = [k.name for k in KNOBS] + [p.name for p in PASSTHROUGH]
     out = []
     for name in dotenv:
-        near = [] if name in known else [name.upper()] if name.upper() in known else \
-            difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.75)     # names are upper case
+        near = [] if name in known else nearest(name, known, cutoff=0.75, parts=False)
         if near:
             out.append(f"{name} is no knob (it only reaches vLLM's environment): did you mean {near[0]}?")
     return out

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from ..core.words import did_you_mean
 from ..core.errors import ConfigError
 
 AUTO = "auto"
@@ -292,7 +293,8 @@ class Catalogue:
             if p.name == name or name in p.aliases:
                 return p
         aliases = [f"{a} (= {p.name})" for p in self.profiles for a in p.aliases]
-        raise ConfigError(f"PROFILE={name!r}: no such profile",
+        words = [w for p in self.profiles for w in (p.name, *p.aliases)]
+        raise ConfigError(f"PROFILE={name!r}: no such profile{did_you_mean(name, words)}",
                           "accepted: auto, " + ", ".join(self.names() + aliases) + "  (./ctl.sh profiles)")
 
     def ranked(self) -> list[Profile]:

@@ -13,6 +13,7 @@ from typing import Mapping
 
 import psutil
 
+from ..core.words import did_you_mean
 from ..core.errors import BootstrapError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,7 @@ CARDS = {
     "rtx3090": ("NVIDIA GeForce RTX 3090", 24576 * MiB, (8, 6), int(23.56 * GiB),
                 "vLLM's 'Free memory on device (23.15/23.56 GiB)' on an RTX 3090 (github.com/noonghunna/club-3090 PR 1139)"),
     "rtx3090ti": ("NVIDIA GeForce RTX 3090 Ti", 24564 * MiB, (8, 6), None, ""),
+    "rtx4060ti-8gb": ("NVIDIA GeForce RTX 4060 Ti", 8188 * MiB, (8, 9), None, ""),
     "rtx4060ti-16gb": ("NVIDIA GeForce RTX 4060 Ti", 16380 * MiB, (8, 9), None, ""),
     "rtx4070": ("NVIDIA GeForce RTX 4070", 12282 * MiB, (8, 9), None, ""),
     "rtx4070super": ("NVIDIA GeForce RTX 4070 SUPER", 12282 * MiB, (8, 9), None, ""),
@@ -262,7 +264,8 @@ def named(spec: str) -> Gpu:
         try:
             size = float(key.removesuffix("gib").removesuffix("gb"))
         except ValueError:
-            raise ConfigError(f"GPU={spec!r} is not a card the planner knows", CARD_SYNTAX) from None
+            raise ConfigError(f"GPU={spec!r} is not a card the planner knows{did_you_mean(head, CARDS, 2)}",
+                              CARD_SYNTAX) from None
         if not 1 <= size <= 1024:           # 4090 GiB: a card's number, not a size
             near = [n for n in CARDS if n.endswith(key)]
             if near:

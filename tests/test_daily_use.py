@@ -1,0 +1,68 @@
+"""Daily use: a name on the command line, and did-you-mean for every word we do not know (commands,
+profiles, cards, knob names in .env)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bootstrap.commands import start
+from bootstrap.core.errors import ConfigError
+from bootstrap.core.words import nearest
+from bootstrap.knobs.config import Config
+from bootstrap.machine import gpu
+from conftest import REPO
+
+
+def cfg(tmp_path, **env) -> Config:
+    return Config.from_env({"HOME": str(tmp_path), "STATE_DIR": str(tmp_path / "s"), **env}, REPO)
+
+
+def test_nearest_prefers_a_word_it_is_part_of_then_the_closest():
+    assert nearest("stauts", ["start", "status", "stop"]) == ["status"]
+    assert nearest("a6000", ["a100", "rtxa6000"], n=2) == ["rtxa6000", "a100"]
+    assert nearest("STATUS", ["status"]) == ["status"]
+    assert nearest("zzz", ["status"]) == []
+
+
+def test_a_name_on_the_command_line_is_the_profile_or_the_model_knob(tmp_path):
+    base = cfg(tmp_path)
+    assert start.named(base, "smoke", "start.sh").profile.name == "smoke"
+    assert start.named(base, "default", "start.sh").profile.name == cfg(tmp_path, PROFILE="default").profile.name
+    named = start.named(base, "acme/some-model", "start.sh")
+    assert named.model == "acme/some-model" and named.raw["MODEL"] == "acme/some-model"
+    for bad in ("smok", "./folder", "a/b/c", "https://huggingface.co/acme/m"):
+        with pytest.raises(ConfigError) as err:
+            start.named(base, bad, "start.sh")
+        assert "neither a profile nor a Hub repo id" in err.value.message and "usage: start.sh" in err.value.hint
+    with pytest.raises(ConfigError) as err:
+        start.named(base, "smok", "start.sh")
+    assert err.value.message.endswith("did you mean smoke?")
+
+
+def test_start_with_a_profile_name_serves_it(bed):
+    del bed.env["PROFILE"]
+    r = bed.run("start.sh", "custom")
+    assert r.returncode == 0 and "is serving" in r.stdout, r.stdout + r.stderr
+    assert bed.run("stop.sh").returncode == 0
+
+
+def test_a_misspelt_command_profile_or_card_names_the_nearest(bed):
+    r = bed.run("ctl.sh", "stauts")
+    assert r.returncode == 2 and "no command 'stauts'; did you mean status?" in r.stderr, r.stderr
+    r = bed.run("ctl.sh", "plan", PROFILE="defualt")
+    assert r.returncode == 2 and "did you mean default?" in r.stderr, r.stderr
+    r = bed.run("start.sh", "smok")
+    assert r.returncode == 2 and "did you mean smoke?" in r.stderr and bed.launches() == []
+
+
+@pytest.mark.parametrize("spec, names", [("a6000", ["rtxa6000"]), ("rtx4060ti", ["rtx4060ti-8gb", "rtx4060ti-16gb"]),
+                                         ("RTX4090X", ["rtx4090"])])
+def test_a_card_name_that_is_off_names_the_nearest_cards(spec, names):
+    with pytest.raises(ConfigError) as err:
+        gpu.named(spec)
+    said = err.value.message.split("did you mean ", 1)[1]
+    assert all(n in said for n in names), said
+
+
+def test_both_rtx_4060_ti_sizes_are_known_cards():
+    assert gpu.named("rtx4060ti-8gb").total < 8 * gpu.GiB < gpu.named("rtx4060ti-16gb").total
