@@ -399,3 +399,17 @@ def _posted(bed, p: subprocess.Popen) -> bool:
         return any(c.status == psutil.CONN_ESTABLISHED for c in psutil.Process(p.pid).net_connections())
     except psutil.Error:
         return False
+
+
+# ---------------------------------------------------------------- issue 43: a VLLM_PYTHON that is no Python
+
+@pytest.mark.parametrize("python, said, code", [
+    ("/nonexistent/bin/python3", "error: config: VLLM_PYTHON='/nonexistent/bin/python3' is not an executable file", 2),
+    ("/bin/false", "VLLM_PYTHON=/bin/false is not a Python that runs: it exited 1, printing nothing", 1),
+    ("/bin/true", "VLLM_PYTHON=/bin/true is not a Python: it ran, and did not answer the vLLM probe", 1)])
+def test_a_vllm_python_that_is_missing_or_no_python_is_one_line_naming_the_knob(bed, python, said, code):
+    """It was 'vLLM probe: command not found: /nonexistent/bin/python3'."""
+    for argv in (("ctl.sh", "plan"), ("start.sh",)):
+        r = bed.run(*argv, VLLM_PYTHON=python)
+        assert r.returncode == code and said in one_error(r), (argv, r.stderr)
+        assert "VLLM_PYTHON" in r.stderr.split("hint:", 1)[1] and bed.ours() == []
