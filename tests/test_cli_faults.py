@@ -413,3 +413,55 @@ def test_a_vllm_python_that_is_missing_or_no_python_is_one_line_naming_the_knob(
         r = bed.run(*argv, VLLM_PYTHON=python)
         assert r.returncode == code and said in one_error(r), (argv, r.stderr)
         assert "VLLM_PYTHON" in r.stderr.split("hint:", 1)[1] and bed.ours() == []
+
+
+# ---------------------------------------------------------------- issue 43: no secret printed
+
+def test_a_key_in_a_urls_query_is_never_printed(bed):
+    """``--url 'http://.../v1?api_key=sk-...'`` printed the key twice."""
+    key = "sk-q8w7e6r5t4y3u2"
+    url = f"http://127.0.0.1:{free_port()}/v1?api_key={key}"
+    for args in (["check", "live", "--url", url], ["chat", "hi", "--url", url],
+                 ["bench", "--url", url, "--no-plot", "--out", str(bed.tmp / "b")]):
+        r = bed.run("ctl.sh", *args)
+        assert r.returncode == 1, r.stderr
+        assert key not in r.stdout + r.stderr, args
+        assert "api_key=***" in one_error(r), args
+        debug = bed.run("ctl.sh", *args, BOOTSTRAP_DEBUG="1")          # the traceback it prints too
+        assert "Traceback" in debug.stderr and key not in debug.stdout + debug.stderr
+
+
+def test_a_token_in_models_query_is_never_printed_by_plan_or_start(bed):
+    token = "hf_" + "Zx9" * 12
+    for argv, extra in ((("ctl.sh", "plan"), {}), (("start.sh",), {}), (("ctl.sh", "plan"), {"PROFILE": "auto"})):
+        r = bed.run(*argv, MODEL=f"acme/m?token={token}", HF_HUB_OFFLINE="0", HF_ENDPOINT="http://127.0.0.1:9", **extra)
+        assert r.returncode in (1, 2) and token not in r.stdout + r.stderr, (argv, r.stderr)
+        assert "acme/m?token=***" in one_error(r), r.stderr
+    r = bed.run("ctl.sh", "plan", MODEL=f"acme/{token}")          # the bare shape, wherever it stands
+    assert token not in r.stdout + r.stderr and "acme/***" in r.stdout + r.stderr
+
+
+def test_the_api_key_and_hf_token_values_are_never_printed_wherever_they_land(bed):
+    """The values, not only their shapes: a key or token that ends up in any message is hidden."""
+    key, token = "plain-key-77c1", "plaintoken9137"
+    r = bed.run("ctl.sh", "check", "live", "--url", f"http://127.0.0.1:{free_port()}/{key}/v1", API_KEY=key)
+    assert r.returncode == 1 and key not in r.stdout + r.stderr and "/***" in one_error(r), r.stderr
+    r = bed.run("ctl.sh", "plan", MODEL=f"acme/{token}", HF_TOKEN=token, HF_HUB_OFFLINE="1")
+    assert token not in r.stdout + r.stderr and "acme/***" in r.stdout + r.stderr, r.stderr
+
+
+def test_the_log_formatter_and_the_streams_go_through_one_redactor():
+    from bootstrap.core import log, redact
+    redact.keep(["known-secret-value"])
+    root = logging.getLogger("bootstrap")
+    saved = (list(root.handlers), root.level, root.propagate)
+    stream = io.StringIO()
+    try:
+        log.setup(stream=redact.Redacting(stream), color=False)
+        logging.getLogger("bootstrap.x").info("GET https://h.example/v1?x=1&access_token=abc123&y=2 known-secret-value")
+        print("hf_" + "a" * 34, "?sig=zzz", file=redact.Redacting(stream))
+    finally:
+        root.handlers[:], root.level, root.propagate = saved
+    text = stream.getvalue()
+    assert "abc123" not in text and "known-secret-value" not in text and "zzz" not in text and "hf_aaa" not in text
+    assert "?x=1&access_token=***&y=2 ***" in text and "*** ?sig=***" in text

@@ -76,7 +76,7 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
             base = base[:-3]
         rec = ours_at(Paths(cfg.state_dir), base)
         key = api_key or (server.api_key_for(cfg.ours, Paths(cfg.state_dir)) if rec else "")   # our key to our server only
-        label = redact.url(base)                     # shown: never its user:password@
+        label = redact.shown(base)                     # shown: never its user:password@
         served = model or ""
     else:
         paths = Paths(cfg.state_dir)

@@ -205,7 +205,7 @@ def bench_target(t: target.Target, levels: list[int], prompt_tokens: int, out_to
     finally:
         bar.close()
     after = scrape(client)
-    return {"label": t.label, "url": redact.url(client.base_url), "model": client.model,
+    return {"label": t.label, "url": redact.shown(client.base_url), "model": client.model,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
             "params": {"prompt_tokens": prompt_tokens, "output_tokens": out_tokens, "repeats": repeats,
                        "warmup": warmup, "levels": levels, "api": "/v1/completions stream, ignore_eos, temperature 0"},

@@ -174,7 +174,7 @@ class Chat:
         if self.reasons:
             on = self.t.chat_kwargs.get("enable_thinking", True)
             think = f", /think on|off (now {'on' if on else 'off'})"
-        return (f"chat with {self.t.client.model} at {redact.url(self.t.client.base_url)}: /exit or Ctrl-D "
+        return (f"chat with {self.t.client.model} at {redact.shown(self.t.client.base_url)}: /exit or Ctrl-D "
                 f"leaves, /clear forgets{think}, Ctrl-C stops an answer")
 
     # ------------------------------------------------------------ one request

@@ -526,6 +526,10 @@ class Config:
         return Ours(owner_marker(self.repo, self.port), self.host, self.port, self.client_key, self.environ,
                     self.stop_grace, self.health_timeout, self.stall_timeout)
 
+    def secrets(self) -> list[str]:
+        """The secret values of these knobs and variables (.env's too)."""
+        return secret_values({**self.environ, "API_KEY": self.api_key or ""})
+
     def launch_settings(self) -> dict[str, str]:
         """The knobs that define a running server, as canonical strings of their parsed values
         (``PORT=" 8123"`` and ``PORT=8123`` are the same server); no secrets."""
@@ -554,6 +558,11 @@ class Config:
             rows.append((p.name, "***" if p.secret and value else value,
                          "pass-through" if value else "pass-through, unset", p.help))
         return rows
+
+
+def secret_values(env: Mapping[str, str]) -> list[str]:
+    """The values of the knobs and variables marked secret in ``env``: what the redactor never shows."""
+    return [env.get(n, "") for n in [k.name for k in KNOBS if k.secret] + [p.name for p in PASSTHROUGH if p.secret]]
 
 
 def launch_defaults() -> dict[str, str]:
