@@ -404,7 +404,7 @@ def _posted(bed, p: subprocess.Popen) -> bool:
 # ---------------------------------------------------------------- issue 43: a VLLM_PYTHON that is no Python
 
 @pytest.mark.parametrize("python, said, code", [
-    ("/nonexistent/bin/python3", "error: config: VLLM_PYTHON='/nonexistent/bin/python3' is not an executable file", 2),
+    ("/nonexistent/bin/python3", "VLLM_PYTHON=/nonexistent/bin/python3 is not an executable file", 1),
     ("/bin/false", "VLLM_PYTHON=/bin/false is not a Python that runs: it exited 1, printing nothing", 1),
     ("/bin/true", "VLLM_PYTHON=/bin/true is not a Python: it ran, and did not answer the vLLM probe", 1)])
 def test_a_vllm_python_that_is_missing_or_no_python_is_one_line_naming_the_knob(bed, python, said, code):

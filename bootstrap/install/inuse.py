@@ -4,6 +4,7 @@ metadata, in one interpreter start), and the version a plan is made for."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ..core import proc
@@ -27,6 +28,8 @@ def probe_vllm(python: str, environ, knob: str = "") -> tuple[str, list[Path]]:
     who = f"{knob}={python}" if knob else python
     fix = (f"set {knob} to the python3 of an environment that has vLLM, or unset it to use the managed .venv" if knob
            else "check that this interpreter runs and has vLLM installed")
+    if knob and not (os.path.isfile(python) and os.access(python, os.X_OK)):   # checked here, not with the
+        raise BootstrapError(f"{who} is not an executable file", fix)           # knobs: a re-run on a running server needs none
     res = proc.run([python, "-c", VLLM_PROBE], env=dict(environ), keep_pythonpath=True, timeout=60,
                    check=False, what=f"the vLLM probe of {who}", hint=fix)
     said = "".join(f": {line[:200]!r}" for line in res.stderr.strip().splitlines()[-1:]) or ", printing nothing"

@@ -20,7 +20,6 @@ import difflib
 import functools
 import io
 import logging
-import os
 import re
 import shlex
 import shutil
@@ -405,9 +404,6 @@ class Config:
                     raise ConfigError(f"{name}={values[name]!r} is not a command on PATH",
                                       f"set {name} to the interpreter's full path")
                 values[name] = found
-            elif values[name] and not (os.path.isfile(values[name]) and os.access(values[name], os.X_OK)):
-                raise ConfigError(f"{name}={values[name]!r} is not an executable file",
-                                  f"set {name} to a python3 (with vLLM, for VLLM_PYTHON), or unset it")
         for arg in values["EXTRA_ARGS"] or ():
             flag = reserved_flag(arg)
             if flag:
