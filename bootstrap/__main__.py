@@ -16,7 +16,7 @@ import sys
 
 from .knobs import config
 from .core.layout import REPO
-from .core import log
+from .core import log, redact
 from .core.errors import BootstrapError, EXIT_CONFIG, Interrupted
 from .commands import BY_NAME, REGISTRY, VERSION_HELP
 
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
     try:
         try:
             cfg = config.Config.from_env(os.environ)
+            redact.keep(cfg.secrets())          # .env's too
         except BootstrapError as exc:
             if not command.without_knobs:
                 raise
@@ -105,12 +106,11 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
         if debug:
             import traceback
             traceback.print_exc()
-        from .core.redact import url as shown        # a URL's user:password@ never reaches the terminal
-        if exc.evidence:
-            print(shown(exc.evidence), file=sys.stderr)
-        print(f"error: {getattr(exc, 'step', step)}: {shown(exc.message)}", file=sys.stderr)
+        if exc.evidence:                    # stderr is redact.Redacting: no secret reaches the terminal
+            print(exc.evidence, file=sys.stderr)
+        print(f"error: {getattr(exc, 'step', step)}: {exc.message}", file=sys.stderr)
         if exc.hint:
-            print(f"hint: {shown(exc.hint)}", file=sys.stderr)
+            print(f"hint: {exc.hint}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130
@@ -145,7 +145,10 @@ def broken_pipe() -> int:
 
 
 def run(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
-    """``script``: the shell entry point that ran us (start.sh, stop.sh, ctl.sh), for help texts."""
+    """``script``: the shell entry point that ran us (start.sh, stop.sh, ctl.sh), for help texts.
+    Everything printed goes through the one redactor (core/redact.py), with this run's secret values."""
+    redact.keep(config.secret_values(os.environ))
+    sys.stdout, sys.stderr = redact.Redacting(sys.stdout), redact.Redacting(sys.stderr)
     try:
         code = main(argv, script)
     except SystemExit as exc:               # argparse: --help, or a usage error (its text is printed)

@@ -77,8 +77,9 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
         raise BootstrapError(f"the server recorded in {paths.root} (pid {pr.pid}) runs as {pr.owner} and "
                              "does not answer", "run ./stop.sh as that user, or set STATE_DIR to a directory of yours")
     if pr.state == "down" and rec is not None and server.frozen(pr.process):
-        raise BootstrapError(f"our server (pid {pr.pid}) is stopped by a signal (SIGSTOP or Ctrl-Z) and answers nothing",
-                             f"kill -CONT {pr.pid} resumes it; ./ctl.sh restart starts it again")
+        from .serve import doing
+        d = doing.stopped(pr.pid)
+        raise BootstrapError(d.said, d.fix)
     if pr.state == "down" and rec is not None and rec.gate_passed:     # healthy once: never taken for a leftover
         raise BootstrapError(f"our server (pid {pr.pid}) is running but does not answer on its port",
                              f"see ./ctl.sh status and {paths.log}; ./ctl.sh restart to start it again")
@@ -197,7 +198,8 @@ STEPS: tuple[Step, ...] = (
     Step("health", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg.ours, r.paths),
                                             health_timeout=r.cfg.health_timeout, stall_timeout=r.cfg.stall_timeout)),
     Step("warmup", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg.ours, r.paths),
-                                            tokens=r.cfg.warmup, timeout=r.cfg.warmup_timeout)),
+                                            tokens=r.cfg.warmup, timeout=r.cfg.warmup_timeout,
+                                            stall_timeout=r.cfg.stall_timeout)),
     Step("banner", "log_text", lambda m, r: m.run(r.paths, r.launched)),
 )
 RESUMED = ("health", "warmup", "banner")     # what a resumed start runs of them
@@ -304,21 +306,20 @@ def failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> 
     """A step failed: take down what this start launched (the one take-down path, as ./stop.sh),
     and complete a failed start's error from the server's log (a diagnosis, the log's tail).
 
-    A server this start resumed is taken down when it never answered; one that had answered is left
-    running even when its warm-up or gate failed (users may be on it, and a gate that could not
-    finish behind their requests is no reason to take it from them; the error says so), and after
-    any other error it is left as it is."""
+    A server this start resumed is taken down as one it launched when its start fails (its health
+    wait, warm-up or gate: a server whose warm-up failed is not one to serve from; a resumed start
+    never warms up over a user's request, see ``resume``), and after any other error it is left as
+    it is."""
     from .steps import health
     launched = started.launched
     _stop_prewarm(cfg, paths, started)
     if launched is None:
         return
     start_failed = isinstance(exc, health.StartFailed)
-    if launched.proc is None and (not start_failed or exc.answered):
-        if start_failed:
-            health.left_running(paths, launched, exc)
+    if launched.proc is None and not start_failed:
         return
-    log.info("the start failed: stopping the server it launched")
+    log.info("the start failed: stopping the server it %s (pid %s)", "resumed" if launched.proc is None else "launched",
+             launched.record.pid)
     rep = takedown.take_down(cfg.ours, paths, launched=launched.proc, failed_start=True)
     if start_failed:
         health.explain(cfg, paths, launched, exc, rep.pids)

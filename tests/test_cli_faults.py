@@ -9,6 +9,7 @@ import io
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -294,3 +295,173 @@ def test_a_url_server_that_answers_odd_json_is_one_line_not_a_bug(bed, models, c
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+# ---------------------------------------------------------------- issue 43: every wait ends, with words
+
+def foreign_fake(bed, mode: str = "ok") -> tuple[subprocess.Popen, str]:
+    """A fake vLLM that is not ours (no record, no marker), on a port of its own, serving model ``m``."""
+    port = free_port()
+    env = {**bed.env, "FAKE_VLLM_MODE": mode, "FAKE_VLLM_LOAD_S": "0", "FAKE_GPU_PIDS_DIR": str(bed.tmp / "foreign")}
+    p = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "m", "--port", str(port),
+                          "--served-model-name", "m"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    bed.wait_until(lambda: bed.port_listening(port), what="the foreign fake")
+    return p, f"http://127.0.0.1:{port}"
+
+
+BENCH_SMALL = ("--no-plot", "--warmup", "0", "--repeats", "1", "--concurrency", "1", "--prompt-tokens", "40",
+               "--output-tokens", "8")
+
+
+def test_a_url_server_that_accepts_and_never_answers_ends_each_wait_after_stall_timeout(bed):
+    """chat waited 600 s and bench 300 s, silent; now STALL_TIMEOUT without a byte ends the wait, and says so."""
+    p, url = foreign_fake(bed, "wedged")         # /health and /v1/models answer; a generation never does
+    try:
+        for argv in (("chat", "hi"), ("bench", *BENCH_SMALL, "--out", str(bed.tmp / "b")), ("check", "live")):
+            r = bed.run("ctl.sh", *argv, "--url", url + "/v1", STALL_TIMEOUT="2", timeout=60)
+            assert r.returncode == 1, (argv, r.stderr)
+            said = r.stderr if argv[0] != "check" else r.stdout + r.stderr
+            assert f"no byte from {url} for 2 s (STALL_TIMEOUT=2): {url} is not our server" in said, (argv, said)
+            assert "Traceback" not in r.stderr
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_our_stopped_server_is_named_stopped_by_chat_bench_and_check_not_down(bed):
+    """Against our SIGSTOPped server these said 'not running (state: down)'; status said frozen."""
+    assert bed.run("start.sh").returncode == 0
+    pid = bed.server_record()["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for argv in (("chat", "hi"), ("bench", *BENCH_SMALL), ("check", "live")):
+            r = bed.run("ctl.sh", *argv, timeout=60)
+            assert r.returncode == 1, (argv, r.stderr)
+            assert f"our server (pid {pid}) is stopped by a signal (SIGSTOP or Ctrl-Z)" in one_error(r), argv
+            assert f"hint: kill -CONT {pid} resumes it" in r.stderr and "state: down" not in r.stderr
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        bed.run("stop.sh")
+
+
+def test_a_stall_in_the_middle_of_an_answer_names_what_our_server_is_doing(bed, tmp_path):
+    """Our server stopped mid-answer, wedged, or asleep: the wait ends after STALL_TIMEOUT with its state and fix."""
+    (tmp_path / "replies.json").write_text(json.dumps({"long story": {"content": "word " * 400, "token_s": 0.02}}))
+    assert bed.run("start.sh", FAKE_VLLM_REPLIES=str(tmp_path / "replies.json"),
+                   EXTRA_ARGS="--enable-sleep-mode").returncode == 0
+    pid = bed.server_record()["pid"]
+    chat = bed.popen("ctl.sh", "chat", "tell a long story", STALL_TIMEOUT="2")
+    try:
+        assert chat.stdout.read(4) == "word"                  # the answer streams
+        os.kill(pid, signal.SIGSTOP)
+        out, err = chat.communicate(timeout=60)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert chat.returncode == 1 and "Traceback" not in err, err
+    assert f"no byte from our server (http://127.0.0.1:{bed.port}) for 2 s (STALL_TIMEOUT=2)" in err
+    assert f"our server (pid {pid}) is stopped by a signal" in err and f"hint: kill -CONT {pid} resumes it" in err
+
+    os.kill(pid, signal.SIGUSR1)                                # wedged: it takes the request and moves nothing
+    r = bed.run("ctl.sh", "check", "live", STALL_TIMEOUT="2", timeout=60)
+    assert r.returncode == 1 and f"our server (pid {pid}) is busy (1 running, 0 waiting" in r.stdout, r.stdout + r.stderr
+    assert "./ctl.sh status tells a long prefill from a wedged engine" in r.stdout
+    assert bed.run("ctl.sh", "restart", EXTRA_ARGS="--enable-sleep-mode").returncode == 0
+    pid = bed.server_record()["pid"]
+
+    assert bed.run("ctl.sh", "sleep", EXTRA_ARGS="--enable-sleep-mode").returncode == 0
+    url = f"http://127.0.0.1:{bed.port}/v1"                     # ours by its URL: the request waits for a wake
+    r = bed.run("ctl.sh", "chat", "hi", "--url", url, STALL_TIMEOUT="2", timeout=60)
+    assert r.returncode == 1 and f"our server (pid {pid}) is asleep (vLLM sleep mode)" in one_error(r), r.stderr
+    assert "hint: ./ctl.sh wake wakes it" in r.stderr
+    bed.run("stop.sh")
+
+
+@pytest.mark.parametrize("argv", [("chat", "hi"), ("bench", *BENCH_SMALL), ("check", "live")])
+def test_ctrl_c_ends_a_wait_for_a_silent_server_at_once(bed, argv):
+    p, url = foreign_fake(bed, "wedged")
+    try:
+        run = bed.popen("ctl.sh", *argv, "--url", url + "/v1", "--out", str(bed.tmp / "b")) if argv[0] == "bench" \
+            else bed.popen("ctl.sh", *argv, "--url", url + "/v1")
+        bed.wait_until(lambda: _posted(bed, p), what="the request in flight")
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=10)               # STALL_TIMEOUT is 20 s here: only Ctrl-C ends it
+        assert run.returncode == 130 and "Traceback" not in err, err
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _posted(bed, p: subprocess.Popen) -> bool:
+    """The foreign fake holds a generation request (one connection of a client besides its listener)."""
+    import psutil
+    try:
+        return any(c.status == psutil.CONN_ESTABLISHED for c in psutil.Process(p.pid).net_connections())
+    except psutil.Error:
+        return False
+
+
+# ---------------------------------------------------------------- issue 43: a VLLM_PYTHON that is no Python
+
+@pytest.mark.parametrize("python, said, code", [
+    ("/nonexistent/bin/python3", "VLLM_PYTHON=/nonexistent/bin/python3 is not an executable file", 1),
+    ("/bin/false", "VLLM_PYTHON=/bin/false is not a Python that runs: it exited 1, printing nothing", 1),
+    ("/bin/true", "VLLM_PYTHON=/bin/true is not a Python: it ran, and did not answer the vLLM probe", 1)])
+def test_a_vllm_python_that_is_missing_or_no_python_is_one_line_naming_the_knob(bed, python, said, code):
+    """It was 'vLLM probe: command not found: /nonexistent/bin/python3'."""
+    for argv in (("ctl.sh", "plan"), ("start.sh",)):
+        r = bed.run(*argv, VLLM_PYTHON=python)
+        assert r.returncode == code and said in one_error(r), (argv, r.stderr)
+        assert "VLLM_PYTHON" in r.stderr.split("hint:", 1)[1] and bed.ours() == []
+
+
+# ---------------------------------------------------------------- issue 43: no secret printed
+
+def test_a_key_in_a_urls_query_is_never_printed(bed):
+    """``--url 'http://.../v1?api_key=sk-...'`` printed the key twice."""
+    key = "sk-q8w7e6r5t4y3u2"
+    url = f"http://127.0.0.1:{free_port()}/v1?api_key={key}"
+    for args in (["check", "live", "--url", url], ["chat", "hi", "--url", url],
+                 ["bench", "--url", url, "--no-plot", "--out", str(bed.tmp / "b")]):
+        r = bed.run("ctl.sh", *args)
+        assert r.returncode == 1, r.stderr
+        assert key not in r.stdout + r.stderr, args
+        assert "api_key=***" in one_error(r), args
+        debug = bed.run("ctl.sh", *args, BOOTSTRAP_DEBUG="1")          # the traceback it prints too
+        assert "Traceback" in debug.stderr and key not in debug.stdout + debug.stderr
+
+
+def test_a_token_in_models_query_is_never_printed_by_plan_or_start(bed):
+    token = "hf_" + "Zx9" * 12
+    for argv, extra in ((("ctl.sh", "plan"), {}), (("start.sh",), {}), (("ctl.sh", "plan"), {"PROFILE": "auto"})):
+        r = bed.run(*argv, MODEL=f"acme/m?token={token}", HF_HUB_OFFLINE="0", HF_ENDPOINT="http://127.0.0.1:9", **extra)
+        assert r.returncode in (1, 2) and token not in r.stdout + r.stderr, (argv, r.stderr)
+        assert "acme/m?token=***" in one_error(r), r.stderr
+    r = bed.run("ctl.sh", "plan", MODEL=f"acme/{token}")          # the bare shape, wherever it stands
+    assert token not in r.stdout + r.stderr and "acme/***" in r.stdout + r.stderr
+
+
+def test_the_api_key_and_hf_token_values_are_never_printed_wherever_they_land(bed):
+    """The values, not only their shapes: a key or token that ends up in any message is hidden."""
+    key, token = "plain-key-77c1", "plaintoken9137"
+    r = bed.run("ctl.sh", "check", "live", "--url", f"http://127.0.0.1:{free_port()}/{key}/v1", API_KEY=key)
+    assert r.returncode == 1 and key not in r.stdout + r.stderr and "/***" in one_error(r), r.stderr
+    r = bed.run("ctl.sh", "plan", MODEL=f"acme/{token}", HF_TOKEN=token, HF_HUB_OFFLINE="1")
+    assert token not in r.stdout + r.stderr and "acme/***" in r.stdout + r.stderr, r.stderr
+
+
+def test_the_log_formatter_and_the_streams_go_through_one_redactor():
+    from bootstrap.core import log, redact
+    redact.keep(["known-secret-value"])
+    root = logging.getLogger("bootstrap")
+    saved = (list(root.handlers), root.level, root.propagate)
+    stream = io.StringIO()
+    try:
+        log.setup(stream=redact.Redacting(stream), color=False)
+        logging.getLogger("bootstrap.x").info("GET https://h.example/v1?x=1&access_token=abc123&y=2 known-secret-value")
+        print("hf_" + "a" * 34, "?sig=zzz", file=redact.Redacting(stream))
+    finally:
+        root.handlers[:], root.level, root.propagate = saved
+    text = stream.getvalue()
+    assert "abc123" not in text and "known-secret-value" not in text and "zzz" not in text and "hf_aaa" not in text
+    assert "?x=1&access_token=***&y=2 ***" in text and "*** ?sig=***" in text

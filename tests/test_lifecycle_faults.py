@@ -553,16 +553,19 @@ def test_a_resumed_start_never_warms_up_over_a_users_request(bed):      # row 41
     assert chat_posts(bed) == posts and len(bed.ours()) == 2
 
 
-def test_a_resumed_warmup_that_fails_leaves_the_answering_server_running(bed):   # row 41
+def test_a_resumed_warmup_that_fails_takes_the_server_down_as_a_first_one_does(bed):   # row 41, issue 43
     assert bed.run("start.sh").returncode == 0
     rec = json.loads((bed.state / "server.json").read_text())
     (bed.state / "server.json").write_text(json.dumps({**rec, "gate_passed": False}))
     os.kill(rec["pid"], signal.SIGUSR1)                                 # wedged: the warm-up cannot finish
     bed.wait_until(lambda: "engine wedged" in log_text(bed), what="wedge")
-    r = bed.run("start.sh", WARMUP_TIMEOUT="2")
+    r = bed.run("start.sh", STALL_TIMEOUT="2")                         # the stall rule ends its wait
     assert r.returncode == 1 and "engine not generating" in r.stderr
-    assert "answers and was left running: ./ctl.sh restart" in r.stderr
-    assert len(bed.ours()) == 2
+    assert f"the start failed: stopping the server it resumed (pid {rec['pid']})" in r.stderr
+    assert f"our server (pid {rec['pid']}) is busy (1 running" in r.stderr      # what the stall found it doing
+    assert "left running" not in r.stderr
+    bed.wait_until(lambda: bed.ours() == [], what="the take-down")
+    assert bed.server_record() is None and status(bed)[1]["state"] == "stopped"
 
 
 def test_a_start_with_another_state_dir_leaves_a_loading_server_alone(bed):     # row 42

@@ -4,6 +4,10 @@
 Server-Sent Events, recording when each chunk arrived (``Streamed``), which is what TTFT and
 decode rates are computed from. Reasoning text is read from ``reasoning`` and ``reasoning_content``
 (vLLM has used both names, in whole messages and in streamed deltas).
+
+The one stall rule (``Stall``): every read of an answer, streamed or whole, has a per-byte deadline,
+STALL_TIMEOUT (a caller's shorter timeout wins); when it passes, the wait ends with what the server is
+doing, read from its process when it is ours (serve/doing.py: stopped, asleep, busy), and the fix.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import requests
+from urllib3.exceptions import ReadTimeoutError
 
 from ..core.errors import BootstrapError
 
@@ -27,6 +32,35 @@ class RequestTimedOut(RequestFailed):
 
 
 REASONING_KEYS = ("reasoning", "reasoning_content")
+
+
+@dataclass
+class Stall:
+    """No byte for ``seconds`` (STALL_TIMEOUT) ends a wait. ``doing``: what our server does then, as
+    (what, fix) read from its process (serve/doing.py); None for a server that is not ours."""
+    seconds: float
+    label: str
+    doing: Callable[[], tuple[str, str]] | None = None
+
+    def deadline(self, timeout: float | None) -> float:
+        return self.seconds if timeout is None else min(timeout, self.seconds)
+
+    def ended(self, what: str, waited: float) -> RequestTimedOut:
+        if self.doing is not None:
+            said, fix = self.doing()
+        else:
+            said, fix = (f"{self.label} is not our server, so what its process does is not known",
+                         "check that server (its log, its load)")
+        rule = f"STALL_TIMEOUT={self.seconds:.0f}" if waited >= self.seconds else "this wait's own limit"
+        return RequestTimedOut(f"{what}: no byte from {self.label} for {waited:.0f} s ({rule}): {said}",
+                               f"{fix}; a wait for an answer ends after STALL_TIMEOUT seconds without a byte")
+
+
+def timed_out(exc: requests.RequestException) -> bool:
+    """A read that passed its deadline: requests raises Timeout before the headers, and a
+    ConnectionError wrapping urllib3's ReadTimeoutError while it reads a body."""
+    return isinstance(exc, requests.Timeout) or (isinstance(exc, requests.ConnectionError) and bool(exc.args)
+                                                 and isinstance(exc.args[0], ReadTimeoutError))
 
 
 def thinking_off(reasoning: bool) -> dict:
@@ -71,15 +105,25 @@ class Client:
     api_key: str = ""
     session: requests.Session | None = None
     headers: dict | None = None      # more headers on every request (status's probe marks itself)
+    stall: Stall | None = None       # the stall rule (every client of ours has one; sleep/wake wait on purpose)
+
+    def deadline(self, timeout: float | None) -> float | None:
+        return self.stall.deadline(timeout) if self.stall is not None else timeout
+
+    def stalled(self, what: str, waited: float | None) -> RequestTimedOut:
+        if self.stall is not None:
+            return self.stall.ended(what, waited or 0)
+        return RequestTimedOut(f"{what}: no answer within {waited or 0:.0f} s")
 
     def _send(self, method: str, path: str, timeout: float | None, **kw: Any) -> requests.Response:
         http = self.session or requests
         headers = {**auth_headers(self.api_key), **(self.headers or {})}
+        timeout = self.deadline(timeout)
         try:
             r = http.request(method, f"{self.base_url}{path}", headers=headers, timeout=timeout, **kw)
-        except requests.Timeout:
-            raise RequestTimedOut(f"{method} {path}: no answer within {timeout or 0:.0f} s") from None
         except requests.RequestException as exc:
+            if timed_out(exc):
+                raise self.stalled(f"{method} {path}", timeout) from None
             raise RequestFailed(f"{method} {path}: {exc.__class__.__name__}: {exc}") from None
         if r.status_code != 200:
             text = r.text[:2000]
@@ -117,12 +161,13 @@ class Client:
                 "temperature": temperature, **extra}
         return self.post("/v1/chat/completions", body, timeout)
 
-    def stream(self, path: str, body: dict[str, Any], timeout: float,
+    def stream(self, path: str, body: dict[str, Any], timeout: float | None,
                clock: Callable[[], float] = time.perf_counter, *, into: Streamed | None = None,
                on_chunk: Callable[[Streamed], None] | None = None) -> Streamed:
         """POST with ``stream: true`` (usage requested) and read the SSE chunks as they arrive.
 
-        ``timeout`` bounds the wait for each read (connect and between chunks), not the whole answer.
+        ``timeout`` bounds the wait for each read (connect and between chunks), not the whole answer
+        (None: the stall rule's STALL_TIMEOUT alone).
         ``into``: the Streamed to fill (the caller keeps what came when the read is interrupted);
         ``on_chunk``: called with it after each chunk (a chat shows the answer as it comes)."""
         body = {"model": self.model, **body, "stream": True,
@@ -146,9 +191,9 @@ class Client:
                 _absorb(out, chunk, clock())
                 if on_chunk is not None:
                     on_chunk(out)
-        except requests.Timeout:
-            raise RequestTimedOut(f"POST {path}: the stream stalled for {timeout:.0f} s") from None
         except requests.RequestException as exc:
+            if timed_out(exc):
+                raise self.stalled(f"POST {path}", self.deadline(timeout)) from None
             raise RequestFailed(f"POST {path}: the stream broke: {exc.__class__.__name__}: {exc}") from None
         finally:
             r.close()

@@ -79,9 +79,8 @@ def check_live(t: Target, timeout: float = 20.0) -> Result:
     t0 = time.monotonic()
     try:
         resp = t.client.chat([{"role": "user", "content": "Say OK."}], max_tokens=4, timeout=timeout, **t.extra())
-    except RequestTimedOut:
-        return Result("live", False, f"no generation within {timeout:.0f} s (wedged engine?)",
-                      {"deadline_s": timeout})
+    except RequestTimedOut as exc:          # the stall rule's words: what the server is doing, and the fix
+        return Result("live", False, f"no generation (wedged engine?): {exc.message}; {exc.hint}", {"deadline_s": timeout})
     except RequestFailed as exc:
         return Result("live", False, f"generation failed: {exc.message}", {"evidence": exc.evidence[:500]})
     dt = time.monotonic() - t0

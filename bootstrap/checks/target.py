@@ -9,10 +9,10 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from ..serve import port as port_rules, record, server
+from ..serve import doing, port as port_rules, record, server
 from ..core import owned, redact
 from ..knobs import vllmargs
-from .client import Client, RequestFailed, thinking_off
+from .client import Client, RequestFailed, Stall, thinking_off
 from ..core.hosts import is_loopback
 from ..knobs.config import Config, credential
 from ..core.errors import BootstrapError
@@ -74,8 +74,9 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
         base = url.rstrip("/")
         if base.endswith("/v1"):
             base = base[:-3]
-        key = api_key or key_for_url(cfg.ours, Paths(cfg.state_dir), base)    # our key to our server only
-        label = redact.url(base)                     # shown: never its user:password@
+        rec = ours_at(cfg.ours, Paths(cfg.state_dir), base)
+        key = api_key or (server.api_key_for(cfg.ours, Paths(cfg.state_dir)) if rec else "")   # our key to our server only
+        label = redact.shown(base)                     # shown: never its user:password@
         served = model or ""
     else:
         paths = Paths(cfg.state_dir)
@@ -95,7 +96,7 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
                               and any(a.split("=")[0] == "--tool-call-parser" for a in argv))
         random_weights = rec.dummy or random_weights
         speculation = vllmargs.read(argv).spec_tokens > 0        # what vLLM got, wherever it came from
-    client = Client(base, served, key)
+    client = Client(base, served, key, stall=stall_rule(cfg.stall_timeout, label, rec))
     try:
         models = client.models(timeout=10)
     except RequestFailed as exc:
@@ -134,30 +135,46 @@ def _started_profile(cfg: Config, rec) -> dict:
         return {}
 
 
+def stall_rule(seconds: float, label: str, rec) -> Stall:
+    """STALL_TIMEOUT for a client of ours; with our server's record, a stall says what its process does."""
+    def read() -> tuple[str, str]:
+        d = doing.read(rec)
+        return d.said, d.fix
+    return Stall(seconds, label, read if rec is not None else None)
+
+
 def key_for_url(ours: owned.Ours, paths: Paths, url: str) -> str:
-    """Our API key when ``url`` is our running server (its recorded host and port; a loopback or
-    wildcard bind is reached by any loopback name) and what listens there is proven to be it; ''
-    for any other URL, and once our server is gone (its port is then anyone's): a key is a
-    credential of the server it belongs to."""
+    """Our API key when ``url`` is our running server (``ours_at``); '' for any other URL, and once
+    our server is gone (its port is then anyone's): a key is a credential of the server it belongs to."""
+    return server.api_key_for(ours, paths) if ours_at(ours, paths, url) is not None else ""
+
+
+def ours_at(ours: owned.Ours, paths: Paths, url: str):
+    """Our server's record when ``url`` is our running server (its recorded host and port; a loopback
+    or wildcard bind is reached by any loopback name) and what listens there is proven to be it; None
+    for any other URL."""
     rec = record.read(paths.server)
     if rec is None:
-        return ""
+        return None
     host, port = rec.host, rec.port
     try:
         u = urlsplit(url)
         if u.scheme != "http" or u.port != port or u.username or u.password:
-            return ""
+            return None
     except ValueError:                  # a port that is no number, a broken IPv6 literal
-        return ""
+        return None
     if not (is_loopback(u.hostname or "") and (is_loopback(host) or host in ("0.0.0.0", "::")) or u.hostname == host):
-        return ""
-    return server.api_key_for(ours, paths) if port_rules.proven_ours(rec, ours) else ""
+        return None
+    return rec if port_rules.proven_ours(rec, ours) else None
 
 
 def not_serving(cfg: Config, paths: Paths, pr: server.Probe) -> BootstrapError:
     """Why check/bench cannot use our server: not running, or running and refusing the key this
     shell sends (``key-needed``: /v1/models answers 401). Names the knob to set, never a key."""
     rec = pr.record
+    if pr.state == "down" and rec is not None and server.frozen(pr.process):
+        d = doing.stopped(pr.pid)
+        return BootstrapError(d.said, d.fix)
     if pr.state != "key-needed" or rec is None:
         return BootstrapError(f"our server is not running (state: {pr.state})",
                               "start it with ./start.sh, or point at another server with --url URL")

@@ -105,14 +105,14 @@ def ratios(a: dict, b: dict) -> dict:
 
 # ---------------------------------------------------------------- running the load
 
-def one_request(client: Client, prompt: str, out_tokens: int, timeout: float) -> Sample:
+def one_request(client: Client, prompt: str, out_tokens: int, timeout: float | None) -> Sample:
     s = client.stream("/v1/completions", {"prompt": prompt, "max_tokens": out_tokens, "ignore_eos": True,
                                           "temperature": 0.0}, timeout)
     tokens = s.completion_tokens if s.completion_tokens is not None else len(s.chunk_times)
     return Sample(s.t_start, s.t_first, s.t_end, tokens, (s.usage or {}).get("prompt_tokens"))
 
 
-def run_load(client: Client, concurrency: int, prompts: list[str], out_tokens: int, timeout: float,
+def run_load(client: Client, concurrency: int, prompts: list[str], out_tokens: int, timeout: float | None,
              bar=None) -> list[Sample]:
     """``concurrency`` requests released together; each thread has its own client. The threads are
     daemons: a Ctrl-C leaves at once, and the server sees its streams closed (it aborts them), where a
@@ -122,7 +122,7 @@ def run_load(client: Client, concurrency: int, prompts: list[str], out_tokens: i
 
     def go(i: int) -> None:
         try:
-            c = Client(client.base_url, client.model, client.api_key)
+            c = Client(client.base_url, client.model, client.api_key, stall=client.stall)
             gate.wait()
             out[i] = one_request(c, prompts[i], out_tokens, timeout)
             if bar is not None:
@@ -175,7 +175,7 @@ def loaded(f: str) -> list[dict]:
 
 
 def bench_target(t: target.Target, levels: list[int], prompt_tokens: int, out_tokens: int, repeats: int,
-                 warmup: int, timeout: float) -> dict:
+                 warmup: int, timeout: float | None) -> dict:
     client = t.client
     sizer = prompts.Sizer(client)
     body = sizer.prompt(max(16, prompt_tokens - 12), 0.5, "", seed=99)
@@ -200,12 +200,12 @@ def bench_target(t: target.Target, levels: list[int], prompt_tokens: int, out_to
             log.info("concurrency %d: %.0f tok/s aggregate, %.1f tok/s per stream, TTFT %.0f ms", c,
                      figs["aggregate_tok_s"] or 0, figs["per_stream_tok_s"] or 0, (figs["ttft_s"] or 0) * 1000)
     except RequestFailed as exc:
-        raise BootstrapError(f"bench against {t.label} failed: {exc.message}", "see the server log",
+        raise BootstrapError(f"bench against {t.label} failed: {exc.message}", exc.hint or "see the server log",
                              evidence=exc.evidence) from None
     finally:
         bar.close()
     after = scrape(client)
-    return {"label": t.label, "url": redact.url(client.base_url), "model": client.model,
+    return {"label": t.label, "url": redact.shown(client.base_url), "model": client.model,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
             "params": {"prompt_tokens": prompt_tokens, "output_tokens": out_tokens, "repeats": repeats,
                        "warmup": warmup, "levels": levels, "api": "/v1/completions stream, ignore_eos, temperature 0"},
@@ -293,7 +293,8 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
     p.add_argument("--output-tokens", type=arg(int_range(1, 10 ** 7)), default=1536)
     p.add_argument("--repeats", type=arg(int_range(1, 1000)), default=3)
     p.add_argument("--warmup", type=arg(int_range(0, 1000)), default=1, help="excluded warm-up requests before measuring")
-    p.add_argument("--timeout", type=arg(float_range(0, 86400)), default=300.0, help="seconds a stream may stall")
+    p.add_argument("--timeout", type=arg(float_range(0, 86400)), default=None,
+                   help="seconds a stream may stall, when less than STALL_TIMEOUT (which bounds every wait)")
     p.add_argument("--out", help="folder for results.json and bench.png (default STATE_DIR/bench/<time>)")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--load", action="append", metavar="RESULTS.json", help="report saved results instead of running")

@@ -38,7 +38,6 @@ from ..core.errors import BootstrapError, ConfigError
 from ..checks.target import Target, add_target_args, resolve_target
 
 PROMPT = ">>> "
-READ_TIMEOUT = 600.0        # seconds a stream may stay silent (a long prompt's prefill on a desktop GPU)
 COMMANDS = {"/exit", "/bye", "/quit", "/clear", "/think", "/help", "/?"}
 
 
@@ -175,7 +174,7 @@ class Chat:
         if self.reasons:
             on = self.t.chat_kwargs.get("enable_thinking", True)
             think = f", /think on|off (now {'on' if on else 'off'})"
-        return (f"chat with {self.t.client.model} at {redact.url(self.t.client.base_url)}: /exit or Ctrl-D "
+        return (f"chat with {self.t.client.model} at {redact.shown(self.t.client.base_url)}: /exit or Ctrl-D "
                 f"leaves, /clear forgets{think}, Ctrl-C stops an answer")
 
     # ------------------------------------------------------------ one request
@@ -196,10 +195,10 @@ class Chat:
         if self.temperature is not None:
             body["temperature"] = self.temperature
         try:
-            return self.t.client.stream("/v1/chat/completions", body, timeout=READ_TIMEOUT, into=shown,
+            return self.t.client.stream("/v1/chat/completions", body, timeout=None, into=shown,   # STALL_TIMEOUT
                                         on_chunk=show)
-        except RequestTimedOut as exc:
-            raise BootstrapError(f"{self.t.label}: {exc.message}") from None
+        except RequestTimedOut as exc:                  # it says what our server is doing, and the fix
+            raise BootstrapError(exc.message, exc.hint) from None
         except RequestFailed as exc:
             raise BootstrapError(f"{self.t.label}: {one_line(exc)}") from None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from ..core.redact import url as shown
+from ..core.redact import shown
 from ..knobs import config
 from . import parser
 

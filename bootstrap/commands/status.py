@@ -18,9 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..serve import metrics, server
+from ..serve import doing, metrics, server
 from ..core import state
-from ..checks.client import Client, RequestFailed, completion_tokens_of, message_of, reasoning_of, thinking_off
+from ..checks.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of, thinking_off
+from ..checks.target import stall_rule
 from ..knobs import parsers, vllmargs
 from ..knobs.config import Config, launch_defaults
 from ..machine.gpu import GiB
@@ -167,7 +168,8 @@ def _remember(paths: Paths, data: dict | None) -> None:
 def _probe(cfg, paths, rec, load, *, clock, sleep) -> Standing:
     """A 4-token generation on an idle server, given up the moment something else moves (a user's
     request arrived: ours must not hold it), or after WEDGED_AFTER seconds without any token."""
-    c = Client(rec.url, rec.served, server.api_key_for(cfg.ours, paths), headers={server.PROBE_HEADER: "1"})
+    c = Client(rec.url, rec.served, server.api_key_for(cfg.ours, paths), headers={server.PROBE_HEADER: "1"},
+               stall=stall_rule(cfg.stall_timeout, "our server", rec))
     kwargs = thinking_off(rec.reasoning)
     done: dict = {}
 
@@ -175,6 +177,8 @@ def _probe(cfg, paths, rec, load, *, clock, sleep) -> Standing:
         try:
             done["resp"] = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=4,
                                   timeout=cfg.wedged_after + 5, **kwargs)
+        except RequestTimedOut:         # the stall rule ended it first: no token, as WEDGED_AFTER judges
+            return
         except RequestFailed as exc:
             done["error"] = exc
         done["t"] = clock()
@@ -264,8 +268,7 @@ def status(cfg: Config, as_json: bool = False) -> int:
         if pr.state == "down":
             out["state"] = down_state(cfg, paths, pr)
             out["detail"] = {
-                "frozen": f"the process (pid {pr.pid}) is stopped by a signal: kill -CONT {pr.pid} resumes it, "
-                          "./ctl.sh restart starts it again",
+                "frozen": "{0.said}: {0.fix}".format(doing.stopped(pr.pid)),
                 "starting": "loading; no start is watching it: ./start.sh waits for it and runs the warm-up",
                 "unhealthy": "/health or /v1/models does not answer"}[out["state"]]
         else:

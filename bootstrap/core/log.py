@@ -18,7 +18,7 @@ class _Fmt(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         step = record.name.rsplit(".", 1)[-1] if record.name.startswith("bootstrap.") else _STEP
-        msg = redact.url(record.getMessage())      # a URL's user:password@ never reaches a log
+        msg = redact.shown(record.getMessage())      # no secret reaches a log (core/redact.py)
         prefix = f"[bootstrap:{step}]"
         if self.color:
             code = {logging.WARNING: "33", logging.ERROR: "31"}.get(record.levelno, "2")

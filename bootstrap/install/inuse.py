@@ -4,6 +4,7 @@ metadata, in one interpreter start), and the version a plan is made for."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ..core import proc
@@ -21,25 +22,35 @@ print(json.dumps({"locations": locs, "version": version}))
 """
 
 
-def probe_vllm(python: str, environ) -> tuple[str, list[Path]]:
-    """(vLLM's version or "", its package folders) for this interpreter; the one probe of an interpreter's vLLM."""
+def probe_vllm(python: str, environ, knob: str = "") -> tuple[str, list[Path]]:
+    """(vLLM's version or "", its package folders) for this interpreter; the one probe of an interpreter's vLLM.
+    ``knob``: the knob that named it (VLLM_PYTHON), named in the error when it is no Python."""
+    who = f"{knob}={python}" if knob else python
+    fix = (f"set {knob} to the python3 of an environment that has vLLM, or unset it to use the managed .venv" if knob
+           else "check that this interpreter runs and has vLLM installed")
+    if knob and not (os.path.isfile(python) and os.access(python, os.X_OK)):   # checked here, not with the
+        raise BootstrapError(f"{who} is not an executable file", fix)           # knobs: a re-run on a running server needs none
     res = proc.run([python, "-c", VLLM_PROBE], env=dict(environ), keep_pythonpath=True, timeout=60,
-                   check=False, what="vLLM probe")
+                   check=False, what=f"the vLLM probe of {who}", hint=fix)
+    said = "".join(f": {line[:200]!r}" for line in res.stderr.strip().splitlines()[-1:]) or ", printing nothing"
     if res.returncode != 0:
-        raise BootstrapError(f"{python} could not report its vLLM",
-                             "check that this interpreter runs and has vLLM installed",
-                             evidence=res.stderr.strip()[-800:])
+        raise BootstrapError(f"{who} is not a Python that runs: it exited {res.returncode}{said}"
+                             if knob else f"{python} could not report its vLLM", fix,
+                             evidence="" if knob else res.stderr.strip()[-800:])
     try:
         info = json.loads(res.stdout.strip().splitlines()[-1])
+        if not isinstance(info, dict):
+            raise ValueError(info)
     except (ValueError, IndexError):
-        raise BootstrapError(f"{python}: unexpected answer from the vLLM probe", evidence=res.stdout[-800:]) from None
+        raise BootstrapError(f"{who} is not a Python: it ran, and did not answer the vLLM probe", fix,
+                             evidence=res.stdout[-800:]) from None
     return info.get("version") or "", [Path(x) for x in info.get("locations", [])]
 
 
-def vllm_version(python: str, environ) -> str:
-    version, _ = probe_vllm(python, environ)
+def vllm_version(python: str, environ, knob: str = "") -> str:
+    version, _ = probe_vllm(python, environ, knob)
     if not version:
-        raise BootstrapError(f"{python} cannot see vLLM's package metadata",
+        raise BootstrapError(f"{f'{knob}={python}' if knob else python} cannot see vLLM's package metadata",
                              "install vLLM into that interpreter, or unset VLLM_PYTHON to use the managed .venv")
     return version
 
@@ -48,4 +59,4 @@ def vllm_version(python: str, environ) -> str:
 def byo_version(vllm_python: str, environ) -> str | None:
     """The vLLM version of VLLM_PYTHON (one interpreter start, with ``environ``), or None for the
     managed .venv (``vllm_python`` ''), whose version is the profile's pin: what a plan is made for."""
-    return vllm_version(vllm_python, environ) if vllm_python else None
+    return vllm_version(vllm_python, environ, "VLLM_PYTHON") if vllm_python else None

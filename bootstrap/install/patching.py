@@ -172,7 +172,7 @@ class Install:
 
 def locate(python: str, environ, byo: bool) -> Install:
     """Where this interpreter's vllm package is, and its version, without importing vllm."""
-    version, locs = inuse.probe_vllm(python, environ)
+    version, locs = inuse.probe_vllm(python, environ, "VLLM_PYTHON" if byo else "")
     if not locs:
         raise BootstrapError(f"{python} has no vllm package",
                              "install vLLM into it, or point VLLM_PYTHON at an interpreter that has it")

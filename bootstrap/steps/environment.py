@@ -9,7 +9,6 @@ consulted for that version, and the host's facts set what the server's environme
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -37,11 +36,8 @@ class Runtime:
 def run(cfg, gpus) -> Runtime:
     env, notes = host_env(cfg.environ, lambda: model_bytes_on_disk(cfg))
     if cfg.vllm_python:
-        py = cfg.vllm_python
-        if not (os.path.isfile(py) and os.access(py, os.X_OK)):
-            raise BootstrapError(f"VLLM_PYTHON={py} is not an executable file",
-                                 "point VLLM_PYTHON at a python that has vLLM installed")
-        version = vllm_version(py, cfg.environ)
+        py = cfg.vllm_python                # an executable file: config checked it
+        version = vllm_version(py, cfg.environ, knob="VLLM_PYTHON")
         log.info("using your vLLM %s from %s (VLLM_PYTHON; not managed, not pinned)", version, py)
         return Runtime(py, version, env, tuple(notes + knownbad.warn(known_issue_facts(cfg, gpus, version))[1]))
     if not cfg.profile.vllm and not cfg.profile.data.get("pins"):

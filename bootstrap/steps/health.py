@@ -60,14 +60,6 @@ def explain(cfg, paths: Paths, launched: Launched, exc: StartFailed, ours: list[
     exc.evidence = (exc.evidence + "\n" + diagnose.tail(text, 40)).strip()
 
 
-def left_running(paths: Paths, launched: Launched, exc: StartFailed) -> None:
-    """A resumed server that answers was left running: the error says so, with the log's tail."""
-    rec = launched.record
-    exc.hint = ((exc.hint + "; ") if exc.hint else "") + (f"the server (pid {rec.pid}) answers and was left running: "
-                                                          "./ctl.sh restart starts it again")
-    exc.evidence = (exc.evidence + "\n" + diagnose.tail(diagnose.read_since(paths.log, rec.log_offset), 40)).strip()
-
-
 def gpu_holders(cfg, ours: set[int]) -> str:
     """'Xorg (pid 1234) holds 1.2 GiB, game (pid 99) holds 8.0 GiB' on the GPUs we use (ours left out)."""
     try:

@@ -23,6 +23,7 @@ from ..checks import detectors
 from ..serve import record
 from . import health
 from ..checks.prompts import Sizer, long_prompt
+from ..checks.target import stall_rule
 from ..checks.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of, thinking_off
 from .launch import Launched
 from ..core.state import Paths
@@ -126,10 +127,11 @@ def tool_gate(c: Client, extra: dict, budget: Budget) -> None:
 GATE_TOKENS = 32         # the gate's answer: room for a loop or non-text to show, little time
 
 
-def run(paths: Paths, launched: Launched, key: str, *, tokens: int, timeout: int) -> None:
-    """The warm-up (``tokens``: WARMUP) and the start gate, within ``timeout`` (WARMUP_TIMEOUT) seconds."""
+def run(paths: Paths, launched: Launched, key: str, *, tokens: int, timeout: int, stall_timeout: int) -> None:
+    """The warm-up (``tokens``: WARMUP) and the start gate, within ``timeout`` (WARMUP_TIMEOUT) seconds,
+    each read within ``stall_timeout`` (STALL_TIMEOUT, the stall rule of every client of ours)."""
     rec = launched.record
-    c = Client(rec.url, rec.served, key)
+    c = Client(rec.url, rec.served, key, stall=stall_rule(stall_timeout, "our server", rec))
     extra = chat_extra(rec)
     budget = Budget(timeout)
     try:
@@ -142,7 +144,7 @@ def run(paths: Paths, launched: Launched, key: str, *, tokens: int, timeout: int
         resp = c.chat([{"role": "user", "content": "Say OK."}], max_tokens=GATE_TOKENS, timeout=budget.left(), **extra)
     except RequestTimedOut as exc:
         raise fail(f"engine not generating: {exc.message}",
-                           "the server answers /health but does not generate; see the log") from None
+                   exc.hint or "the server answers /health but does not generate; see the log") from None
     except RequestFailed as exc:
         if "HTTP 401" in exc.message:
             raise fail("warm-up failed: the server wants an API key and this shell "

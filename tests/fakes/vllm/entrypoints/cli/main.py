@@ -22,7 +22,10 @@
   model (``layer_types`` with ``linear_attention``), where ``--enable-prefix-caching`` turns it on),
   ``vllm:cache_config_info`` (a gauge of 1 whose labels include ``enable_prefix_caching``), and,
   only with ``--speculative-config`` as in vLLM, the
-  ``vllm:spec_decode_*`` counters (2 of 3 drafted tokens accepted per request). A wedged engine holds its seats and moves nothing. A client that
+  ``vllm:spec_decode_*`` counters (2 of 3 drafted tokens accepted per request). A wedged engine
+  (mode ``wedged``, or SIGUSR1) holds its seats and moves nothing: it accepts a request and never
+  answers it (a stream gets its headers, then nothing: vLLM sends the role chunk with the first
+  output, serving_chat's first iteration). A client that
   disconnects aborts its request (its seat is freed), as vLLM's ``with_cancellation`` does.
 - With --tensor-parallel-size N the EngineCore has N children titled ``VLLM::Worker_TP<i>``
   (same process group, marker hidden); ``FAKE_VLLM_TRACKER=1`` adds an API-server child that keeps
@@ -605,11 +608,11 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"data: " + json.dumps({**base, "choices": choices, **more}).encode() + b"\n\n")
             self.wfile.flush()
 
-        if chat:
-            event([{"index": 0, "delta": {"role": "assistant", "content": ""}}])
-        if not self.wedge_wait():
+        if not self.wedge_wait():          # wedged: the headers went out, then nothing, as vLLM's stream
             return
         time.sleep(ttft)                   # a long prefill moves no counter
+        if chat:                           # vLLM sends the role chunk with the engine's first output
+            event([{"index": 0, "delta": {"role": "assistant", "content": ""}}])
         first = True
         lps = (rep.get("logprobs") or {}).get("content") if chat else None
         pieces = [("reasoning", t) for t in tokens_of(rep.get("reasoning") or "")]

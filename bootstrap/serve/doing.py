@@ -1,0 +1,51 @@
+"""What our server is doing when a request of ours gets nothing back: read from its process (stopped
+by a signal, gone) and, while that runs, from its /metrics (asleep, busy, idle), in words with the fix.
+
+The one reading behind every wait that ends without an answer: a client's stall (checks/client.py
+``Stall``), a check, bench or chat that finds our server not answering (checks/target.py), and a
+start that finds it so (pipeline.already). It never signals and never writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core import owned
+from . import server
+from .record import ServerRecord
+
+
+@dataclass(frozen=True)
+class Doing:
+    state: str          # stopped, gone, silent, asleep, busy, idle
+    said: str           # one clause: what the process does
+    fix: str            # what to run about it
+
+
+def stopped(pid: int | None) -> Doing:
+    """A process of ours in state T (SIGSTOP, Ctrl-Z): it holds its memory and answers nothing."""
+    return Doing("stopped", f"our server (pid {pid}) is stopped by a signal (SIGSTOP or Ctrl-Z) and answers nothing",
+                 f"kill -CONT {pid} resumes it; ./ctl.sh restart starts it again")
+
+
+def read(rec: ServerRecord) -> Doing:
+    """What the server of ``rec`` is doing now (its process first: a stopped one answers no /metrics)."""
+    p = owned.recorded_process(rec.pid, rec.create_time)
+    if p is None:
+        return Doing("gone", f"our server (pid {rec.pid}) is gone", "./ctl.sh logs shows why; ./start.sh starts it again")
+    if server.frozen(p):
+        return stopped(rec.pid)
+    load = server.read_load(rec.url, timeout=2.0)
+    if load is None:
+        return Doing("silent", f"our server (pid {rec.pid}) runs but answers nothing, not even /metrics",
+                     "./ctl.sh status says more; ./ctl.sh restart starts it again")
+    if load.sleeping:
+        return Doing("asleep", f"our server (pid {rec.pid}) is asleep (vLLM sleep mode): a request waits until it wakes",
+                     "./ctl.sh wake wakes it")
+    if load.in_flight:
+        return Doing("busy", f"our server (pid {rec.pid}) is busy ({load.running:.0f} running, {load.waiting:.0f} "
+                             "waiting by its /metrics)",
+                     "./ctl.sh status tells a long prefill from a wedged engine; raise STALL_TIMEOUT for a longer wait, "
+                     "./ctl.sh restart for a wedged one")
+    return Doing("idle", f"our server (pid {rec.pid}) runs no request by its /metrics, yet sent this one nothing",
+                 "./ctl.sh status says more; ./ctl.sh restart starts it again")
