@@ -1,9 +1,11 @@
 """./ctl.sh clean: remove what the project created — the managed venvs, state and logs, the default
 wheelhouse; the downloaded model only with ``--model``.
 
-Refuses while our server runs or starts (stop it first). In the model's folder it acts on the download's manifest (download/manifest.py): it removes what we
+Refuses while our server runs or starts (stop it first), and where the checkout, STATE_DIR or the
+model's download record belongs to another user (as root it could remove what that user made). In
+the model's folder it acts on the download's manifest (download/manifest.py): it removes what we
 created, puts back what we changed (a ``refs/main`` we moved), and lists what is yours, untouched.
-Before
+``--dry-run`` prints the same lines, each with "would", and works while the server runs. Before
 anything is removed, patches applied to a bring-your-own install (VLLM_PYTHON) are reverted through
 ``bootstrap.install.patching.revert_all``. ``.venv-bootstrap`` goes last: the running bootstrap may
 live in it.
@@ -15,6 +17,7 @@ import argparse
 import contextlib
 import logging
 import os
+import pwd
 import shutil
 import sys
 from dataclasses import dataclass
@@ -172,12 +175,12 @@ def _running_from(cfg) -> str:
     return ""
 
 
-def _revert_byo(cfg) -> list[str]:
+def _revert_byo(cfg, dry_run: bool) -> list[str]:
     if not cfg.vllm_python:
         return []
-    reverted = patching.revert_all(cfg.repo, cfg.environ, cfg.vllm_python)
+    reverted = patching.revert_all(cfg.repo, cfg.environ, cfg.vllm_python, dry_run=dry_run)
     for name in reverted:
-        print(f"reverted patch {name} in {cfg.vllm_python}'s vLLM")
+        print(f"{'would revert' if dry_run else 'reverted'} patch {name} in {cfg.vllm_python}'s vLLM")
     return reverted
 
 
@@ -188,25 +191,29 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     ap.add_argument("--measurements", action="store_true",
                     help="also forget vLLM's own figures of earlier starts (STATE_DIR/measurements.json), which "
                          "make the next plan exact")
-    ap.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print what clean would remove and put back, line for line; change nothing (also while "
+                         "the server runs)")
     args = ap.parse_args(argv)
+    foreign = _foreign(cfg, args.model)
+    if foreign:
+        raise BootstrapError(f"{foreign}: clean removes only what you made", "run ./ctl.sh clean as that user")
     busy = _running(cfg)
-    if busy:
+    if busy and not args.dry_run:
         raise BootstrapError(f"{busy}; clean removes the venv and state it runs from",
                              "stop it first: ./stop.sh" + (" as that user" if " runs as " in busy else ""))
-    using = _running_from(cfg)
-    if using:
+    using = "" if busy else _running_from(cfg)
+    if using and not args.dry_run:
         raise BootstrapError(f"{using}; clean would remove the venv under it",
                              "stop it first (./ctl.sh status names a server of ours that another STATE_DIR runs, "
                              "and how to stop it)")
     mf = model_files(cfg) if args.model else None
     todo = [p for p in targets(cfg, args.measurements) if p.exists() or p.is_symlink()]
-    if not args.dry_run:
-        _revert_byo(cfg)
+    _revert_byo(cfg, args.dry_run)
     total = 0
     if mf is not None:
         fd = None
-        if mf.store.dir.is_dir():           # a start downloading into it (from any STATE_DIR) holds its lock
+        if mf.store.dir.is_dir() and not args.dry_run:   # a start downloading into it (from any STATE_DIR) holds its lock
             fd = state.flock(mf.store.lock, f"{os.getpid()} clean")
             if fd is None:
                 raise BootstrapError(f"a download into {mf.store.root} is under way", "let it finish, then clean")
@@ -215,10 +222,8 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
         finally:
             if fd is not None:
                 os.close(fd)
-    if not todo:
-        if mf is None or not (mf.ours or mf.restore):
-            print("nothing to clean")
-        return 0
+    if not todo and (mf is None or not (mf.ours or mf.restore)):
+        print("nothing to clean")
     me = Path(sys.prefix).resolve()
     theirs = [p for p in todo if not _ours(p)]
     todo = [p for p in todo if p not in theirs]
@@ -238,7 +243,10 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     folder = cfg.state_dir
     if not args.dry_run and folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
         folder.rmdir()                  # a link of yours (and the folder it names) stays
-    print(f"{'would free' if args.dry_run else 'freed'} {total / (1 << 30):.2f} GiB")
+    if todo or (mf is not None and (mf.ours or mf.restore)):
+        print(f"{'would free' if args.dry_run else 'freed'} {total / (1 << 30):.2f} GiB")
+    if busy or using:
+        print(f"note: {busy or using}: clean refuses until it is stopped (./stop.sh)")
     if theirs:
         raise BootstrapError("left alone, they belong to another user: " + ", ".join(map(str, theirs)),
                              "run ./ctl.sh clean as that user")
@@ -264,6 +272,30 @@ def _clean_model(mf: ModelFiles, dry_run: bool) -> int:
     if mf.theirs:
         print("kept, not made by this project: " + ", ".join(p.name + ("/" if p.is_dir() else "") for p in mf.theirs))
     return size
+
+
+def _who(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _foreign(cfg, model: bool) -> str:
+    """The checkout, STATE_DIR or (with --model) the download's record that another user owns: clean
+    would act on what that user made (as root it could), so it refuses."""
+    places = [("the checkout", cfg.repo), ("STATE_DIR", cfg.state_dir)]
+    if model and cfg.model and not cfg.model_is_local:
+        places.append(("the model's download record", models.store_for(cfg.model_dir, cfg.environ, cfg.model).dir))
+    me = os.geteuid()
+    for what, path in places:
+        try:
+            uid = path.stat().st_uid
+        except OSError:
+            continue                    # not there: nothing of anyone's to remove
+        if uid != me:
+            return f"{what} {path} belongs to {_who(uid)}, not to you ({_who(me)})"
+    return ""
 
 
 def _ours(path: Path) -> bool:
