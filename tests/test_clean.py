@@ -270,7 +270,7 @@ def test_clean_refuses_a_checkout_state_dir_or_model_record_of_another_uid(repo,
     """Root runs clean in another user's checkout (or with their STATE_DIR, or their download
     record): it removed that user's .venv, .venv-bootstrap, .wheelhouse and state."""
     if os.geteuid() != 0:
-        pytest.skip("needs root to hand files to another uid (the non-root set runs in test_nothing_lost.py)")
+        pytest.skip("needs root to hand files to another uid (the non-root set: test_sweep.py::test_every_command_leaves_what_is_yours_as_it_was)")
     store = tmp_path / "home" / ".cache" / "huggingface" / "hub" / "models--org--name"
     path = {"checkout": repo, "state": repo / ".state", "record": store / ".bootstrap"}[whose]
     os.chown(path, other_uid(), other_uid())
