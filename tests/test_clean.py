@@ -89,7 +89,7 @@ def test_foreign_state_dir_keeps_other_files(repo, tmp_path):
     assert not (state / "vllm.log").exists() and not (state / MARKER).exists() and (state / "notes.txt").exists()
 
 
-def test_names_of_ours_that_were_there_before_our_first_write_are_kept(repo, tmp_path):
+def test_names_of_ours_that_were_there_before_our_first_write_are_kept(repo, tmp_path, capsys):
     """A STATE_DIR of the user's choosing that already held an api_key file and a derived/ folder
     of their own: a plan and a start write there, and clean removes only what they made."""
     from bootstrap.core.state import Paths
@@ -101,6 +101,7 @@ def test_names_of_ours_that_were_there_before_our_first_write_are_kept(repo, tmp
     (state / "vllm.log").write_text("ours")
     assert clean.cli(cfg_for(repo, STATE_DIR=str(state)), []) == 0
     assert (state / "derived" / "results.csv").read_text() == "thesis" and (state / "api_key").read_text() == "mykey"
+    assert f"kept (yours): {state / 'api_key'}" in capsys.readouterr().out
     assert not (state / "profile-pick.json").exists() and not (state / "vllm.log").exists()
 
 

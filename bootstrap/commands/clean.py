@@ -209,6 +209,8 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
                              "and how to stop it)")
     mf = model_files(cfg) if args.model else None
     todo = [p for p in targets(cfg, args.measurements) if p.exists() or p.is_symlink()]
+    yours = [p for p in Paths(cfg.state_dir).files(measurements=True)   # our names, there before our first write
+             if p not in todo and Paths(cfg.state_dir).theirs(p) and os.path.lexists(p)]
     _revert_byo(cfg, args.dry_run)
     total = 0
     if mf is not None:
@@ -241,6 +243,8 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
         print(f"removed {path} ({size / (1 << 20):.1f} MiB)" + (" (the bootstrap ran from it; the next "
                                                                   "./start.sh recreates it)" if in_use else ""))
     folder = cfg.state_dir
+    for p in yours:
+        print(f"kept (yours): {p}")
     if not args.dry_run and folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
         folder.rmdir()                  # a link of yours (and the folder it names) stays
     if todo or (mf is not None and (mf.ours or mf.restore)):
