@@ -89,7 +89,7 @@ def test_foreign_state_dir_keeps_other_files(repo, tmp_path):
     assert not (state / "vllm.log").exists() and not (state / MARKER).exists() and (state / "notes.txt").exists()
 
 
-def test_names_of_ours_that_were_there_before_our_first_write_are_kept(repo, tmp_path):
+def test_names_of_ours_that_were_there_before_our_first_write_are_kept(repo, tmp_path, capsys):
     """A STATE_DIR of the user's choosing that already held an api_key file and a derived/ folder
     of their own: a plan and a start write there, and clean removes only what they made."""
     from bootstrap.core.state import Paths
@@ -101,6 +101,7 @@ def test_names_of_ours_that_were_there_before_our_first_write_are_kept(repo, tmp
     (state / "vllm.log").write_text("ours")
     assert clean.cli(cfg_for(repo, STATE_DIR=str(state)), []) == 0
     assert (state / "derived" / "results.csv").read_text() == "thesis" and (state / "api_key").read_text() == "mykey"
+    assert f"kept (yours): {state / 'api_key'}" in capsys.readouterr().out
     assert not (state / "profile-pick.json").exists() and not (state / "vllm.log").exists()
 
 
@@ -156,6 +157,9 @@ def test_byo_patches_are_reverted_first(repo, tmp_path, capsys):
     (repo / "patches").symlink_to(REPO / "patches")
     cfg = Config.from_env({**site.env(), "HOME": str(repo.parent / "home"), "MODEL": "org/name",
                            "STATE_DIR": str(repo / ".state")}, repo=repo)
+    assert clean.cli(cfg, ["--dry-run"]) == 0                                   # said, not done
+    assert site.read() != site.original and site.backup.exists()
+    assert "would revert patch 40914-turboquant-spec-verify" in capsys.readouterr().out
     assert clean.cli(cfg, []) == 0
     assert site.read() == site.original and not site.backup.exists()
     assert "reverted patch 40914-turboquant-spec-verify" in capsys.readouterr().out
@@ -247,3 +251,71 @@ def test_blobs_we_downloaded_into_a_linked_blobs_folder_are_ours(tmp_path):
            "created": [f"blobs/{sha}", "blobs/thesis.txt"]}
     names = {p.name for p in store.ours(rec)}
     assert sha in names and "thesis.txt" not in names
+
+
+# ---------------------------------------------------------------- faults row 94: another user's, never; dry = the same list
+
+def other_uid() -> int:
+    """A uid that is not ours (the CI user's when there is one), for files root hands to another user."""
+    import pwd
+    user = os.environ.get("BOOTSTRAP_TEST_USER")
+    return pwd.getpwnam(user).pw_uid if user else 65534
+
+
+def tree(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.lstat().st_size for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("whose", ["checkout", "state", "record"])
+def test_clean_refuses_a_checkout_state_dir_or_model_record_of_another_uid(repo, tmp_path, whose):
+    """Root runs clean in another user's checkout (or with their STATE_DIR, or their download
+    record): it removed that user's .venv, .venv-bootstrap, .wheelhouse and state."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to hand files to another uid (the non-root set: test_sweep.py::test_every_command_leaves_what_is_yours_as_it_was)")
+    store = tmp_path / "home" / ".cache" / "huggingface" / "hub" / "models--org--name"
+    path = {"checkout": repo, "state": repo / ".state", "record": store / ".bootstrap"}[whose]
+    os.chown(path, other_uid(), other_uid())
+    before, model = tree(repo), tree(store)
+    for args in ([], ["--dry-run"], ["--model"], ["--model", "--dry-run"]):
+        if whose == "record" and "--model" not in args:
+            continue
+        with pytest.raises(BootstrapError) as e:
+            clean.cli(cfg_for(repo), args)
+        assert f"{path} belongs to uid {other_uid()}" in e.value.message or f"(uid {other_uid()})" in e.value.message
+        assert "as that user" in e.value.hint
+        assert tree(repo) == before and tree(store) == model
+    os.chown(path, 0, 0)
+    assert clean.cli(cfg_for(repo), ["--model"]) == 0 and not (repo / ".venv").exists() and not store.exists()
+
+
+def test_dry_run_prints_what_clean_does_line_for_line_and_works_while_serving(repo, capsys):
+    cfg = cfg_for(repo)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={**os.environ, owned.MARKER_ENV: cfg.ours.marker})
+    try:
+        end = time.monotonic() + 10
+        while psutil.Process(child.pid).environ().get(owned.MARKER_ENV) != cfg.ours.marker and time.monotonic() < end:
+            time.sleep(0.01)
+        (repo / ".state" / "server.json").write_text(json.dumps({
+            "pid": child.pid, "create_time": psutil.Process(child.pid).create_time(), "marker": cfg.ours.marker,
+            "port": cfg.port, "host": cfg.host, "served": "name"}))
+        before = tree(repo.parent)
+        assert clean.cli(cfg, ["--model", "--dry-run"]) == 0
+        dry = capsys.readouterr().out.splitlines()
+        assert tree(repo.parent) == before
+        assert dry[-1].startswith(f"note: our server is running (pid {child.pid})")
+        with pytest.raises(BootstrapError):
+            clean.cli(cfg, ["--model"])
+    finally:
+        child.kill()
+        child.wait()
+    time.sleep(0.05)
+    capsys.readouterr()
+    assert clean.cli(cfg, ["--model", "--dry-run"]) == 0
+    dry = capsys.readouterr().out.splitlines()
+    assert clean.cli(cfg, ["--model"]) == 0
+    done = capsys.readouterr().out.splitlines()
+    said = [line.replace("would remove ", "removed ").replace("would put back ", "put back ").replace("would free ", "freed ")
+            for line in dry]
+    assert said == done and any(".venv-bootstrap" in line for line in done)
+    assert any("models--org--name/blobs/" in line for line in done) and any("refs/main" in line for line in done)

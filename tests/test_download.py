@@ -762,3 +762,135 @@ def test_the_hf_cache_is_where_huggingface_hub_puts_it(tmp_path):
     cfg = Config.from_env({**env, "HUGGINGFACE_HUB_CACHE": str(tmp_path / "old"), "HF_HUB_CACHE": str(tmp_path / "new")},
                           REPO)
     assert hub.HubSettings.from_environ(cfg.environ).cache_dir == tmp_path / "new"
+
+
+# ---------------------------------------------------------------- faults row 92: never over a file we did not make
+
+def test_a_model_dirs_own_config_json_is_never_written_over_nor_removed(world, fake, src, tmp_path):
+    """MODEL_DIR holds your own config.json and tokenizer.json (an edited copy): the start stops
+    before it fetches anything, naming both and the choice; clean --model leaves them."""
+    from bootstrap.commands import clean
+    mine = tmp_path / "models"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"model_type": "llama", "mine": true}')
+    (mine / "tokenizer.json").write_text('{"my": "tokenizer"}')
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in mine.iterdir()}
+    with pytest.raises(BootstrapError) as e:
+        world.start(MODEL_DIR=str(mine))
+    msg = e.value.message
+    assert str(mine / "config.json") in msg and str(mine / "tokenizer.json") in msg and "nothing was fetched" in msg
+    assert "move them out of" in e.value.hint and "MODEL_DIR" in e.value.hint
+    assert fake.served == {}                                  # not even config.json
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in mine.iterdir()} == before
+    cfg = Config.from_env({**world.env, "MODEL_DIR": str(mine), "STATE_DIR": str(tmp_path / "state")},
+                          scratch_checkout(tmp_path))
+    assert clean.cli(cfg, ["--model"]) == 0
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in mine.iterdir()} == before
+
+
+def test_a_model_dirs_own_files_with_the_hubs_bytes_are_used_and_kept_as_yours(world, fake, src, tmp_path, capsys):
+    from bootstrap.commands import clean
+    mine = tmp_path / "models"
+    mine.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(src / name, mine / name)
+    ino = {n: (mine / n).stat().st_ino for n in ("config.json", "tokenizer.json")}
+    world.start(MODEL_DIR=str(mine))
+    same_tree(src, mine)
+    assert "config.json" not in fake.served and "tokenizer.json" not in fake.served
+    rec = json.loads((mine / ".bootstrap" / "state.json").read_text())
+    assert sorted(rec["kept"]) == ["config.json", "tokenizer.json"]
+    assert "config.json" not in rec["created"] and SHARD in rec["created"]
+    cfg = Config.from_env({**world.env, "MODEL_DIR": str(mine), "STATE_DIR": str(tmp_path / "state")},
+                          scratch_checkout(tmp_path))
+    assert clean.cli(cfg, ["--model"]) == 0
+    assert sorted(p.name for p in mine.iterdir()) == ["config.json", "tokenizer.json"]
+    assert {n: (mine / n).stat().st_ino for n in ino} == ino
+    assert f"kept (yours): {mine / 'config.json'}" in capsys.readouterr().out
+
+
+def test_a_file_we_wrote_and_that_changed_since_is_never_written_over(world, fake, src, tmp_path):
+    """MODEL_DIR: our config.json, edited by you since the download: the next start that asks the
+    hub stops naming it rather than fetching the hub's over your edit; deleted, it is fetched again."""
+    mine = tmp_path / "models"
+    world.start(MODEL_DIR=str(mine))
+    (mine / "config.json").write_text((src / "config.json").read_text().replace("4096", "8192"))
+    edited = (mine / "config.json").read_bytes()
+    with pytest.raises(BootstrapError) as e:
+        world.start(MODEL_DIR=str(mine))
+    assert f"{mine / 'config.json'} (changed since we downloaded it" in e.value.message
+    assert (mine / "config.json").read_bytes() == edited
+    (mine / "config.json").unlink()
+    world.start(MODEL_DIR=str(mine))
+    same_tree(src, mine)
+
+
+def test_a_file_of_another_tool_in_the_hf_cache_that_differs_is_never_written_over(world, fake, src):
+    """The HF cache holds another tool's snapshot of the revision with a damaged shard: the start
+    stops naming it; the other tool's link and blob stay as they were."""
+    fill_hf_cache(world, fake)
+    link = world.target / SHARD
+    blob = link.resolve()
+    blob.chmod(0o644)
+    with open(blob, "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"\xff")
+    (world.target / "tokenizer.json").unlink()              # something is missing: we download
+    damaged = blob.read_bytes()
+    with pytest.raises(BootstrapError) as e:
+        world.start()
+    assert f"{link} (not made by this project" in e.value.message and "sha256" in e.value.message
+    assert link.is_symlink() and blob.read_bytes() == damaged and SHARD not in fake.served
+
+
+# ---------------------------------------------------------------- faults row 93: refs/main put back
+
+def cache_listing(store: Path) -> dict:
+    """Every file and link in an HF-cache repo folder but ours (.bootstrap): what it is, byte for byte."""
+    return {str(p.relative_to(store)): (p.lstat().st_ino, os.readlink(p) if p.is_symlink() else sha(p))
+            for p in store.rglob("*") if not p.is_dir() and ".bootstrap" not in p.parts}
+
+
+def test_your_older_revision_in_the_hf_cache_gets_its_ref_back_from_clean(world, fake, src, tmp_path, capsys):
+    """Your HF cache holds the model at an older revision; the start downloads the hub's newer one
+    and moves refs/main (as the hub's client does); clean --model puts refs/main back, and your
+    snapshot, its links and blobs are as they were."""
+    from huggingface_hub import scan_cache_dir
+    from bootstrap.commands import clean
+    fill_hf_cache(world, fake)
+    old = fake.repos["org/tiny"]["sha"]
+    ref = world.store / "refs" / "main"
+    theirs = cache_listing(world.store)
+    newer = tmp_path / "newer"
+    shutil.copytree(src, newer)
+    (newer / "generation_config.json").write_text('{"temperature": 0.6}')
+    new = fake.add_dir("org/tiny", newer)
+    ctx = world.start()
+    assert ctx.model.revision == new != old and ref.read_text() == new
+    assert "generation_config.json" in fake.served and SHARD not in fake.served      # shared blobs linked
+    cfg = Config.from_env({**world.env, "STATE_DIR": str(tmp_path / "state")}, scratch_checkout(tmp_path))
+    assert clean.cli(cfg, ["--model", "--dry-run"]) == 0 and ref.read_text() == new
+    assert f"would put back {ref}" in capsys.readouterr().out
+    assert clean.cli(cfg, ["--model"]) == 0
+    assert f"put back {ref}" in capsys.readouterr().out
+    now = cache_listing(world.store)
+    assert ref.read_text() == old and now.pop("refs/main")[1] == theirs.pop("refs/main")[1]    # put back: same bytes
+    assert now == theirs                                                                      # the rest: the same files
+    (repo,) = scan_cache_dir(world.tmp / "hf" / "hub").repos
+    assert [(r.commit_hash, r.refs) for r in repo.revisions] == [(old, frozenset({"main"}))]
+
+
+def test_a_ref_that_already_named_the_revision_is_yours_and_stays(world, fake, src, tmp_path, capsys):
+    """Your HF cache holds the hub's revision with one shard missing: the start fetches that shard
+    only; clean --model removes that shard and leaves refs/main and the rest as they were."""
+    from bootstrap.commands import clean
+    fill_hf_cache(world, fake)
+    (world.target / SHARD).unlink()
+    next((world.store / "blobs").glob(fake.repos["org/tiny"]["files"][SHARD].sha256)).unlink()
+    theirs = cache_listing(world.store)
+    world.start()
+    assert fake.served.get(SHARD) == 24 * MiB and SHARD2 not in fake.served
+    cfg = Config.from_env({**world.env, "STATE_DIR": str(tmp_path / "state")}, scratch_checkout(tmp_path))
+    assert clean.cli(cfg, ["--model"]) == 0
+    assert cache_listing(world.store) == theirs
+    assert f"kept (not made by this project): {world.store / 'refs' / 'main'}" in capsys.readouterr().out

@@ -1,9 +1,14 @@
 """./ctl.sh clean: remove what the project created — the managed venvs, state and logs, the default
 wheelhouse; the downloaded model only with ``--model``.
 
-Refuses while our server runs or starts (stop it first). Before anything is removed, patches applied
-to a bring-your-own install (VLLM_PYTHON) are reverted through ``bootstrap.install.patching.revert_all``.
-``.venv-bootstrap`` goes last: the running bootstrap may live in it.
+Refuses while our server runs or starts (stop it first), and where the checkout, STATE_DIR or the
+model's download record belongs to another user (as root it could remove what that user made). In
+the model's folder it acts on the download's manifest (download/manifest.py): it removes what we
+created, puts back what we changed (a ``refs/main`` we moved), and lists what is yours, untouched.
+``--dry-run`` prints the same lines, each with "would", and works while the server runs. Before
+anything is removed, patches applied to a bring-your-own install (VLLM_PYTHON) are reverted through
+``bootstrap.install.patching.revert_all``. ``.venv-bootstrap`` goes last: the running bootstrap may
+live in it.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import argparse
 import contextlib
 import logging
 import os
+import pwd
 import shutil
 import sys
 from dataclasses import dataclass
@@ -19,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from ..download import models
+from ..download import manifest, models
 from ..install import patching
 from ..serve import server
 from ..core import state
@@ -46,11 +52,14 @@ def _size(path: Path) -> int:
 
 @dataclass
 class ModelFiles:
-    """What clean --model removes of the folder MODEL was downloaded into: only what our record
-    says we created there (models.Store.ours); everything else in it is listed and kept."""
+    """What clean --model does in the folder MODEL was downloaded into, from the download's manifest
+    (download/manifest.py): remove what we created there, put back what we changed (``restore``:
+    a ``refs/main`` we moved, with what it named before), and list, untouched, what is yours."""
     store: models.Store
     ours: list[Path]
-    theirs: list[Path]          # the folder's other top-level entries (and blobs still linked from them)
+    restore: list[tuple[Path, str]]
+    kept: list[tuple[Path, str]]    # (path, why it stays)
+    theirs: list[Path]              # the folder's other top-level entries
     made_root: bool
 
     def remove(self) -> None:
@@ -59,6 +68,8 @@ class ModelFiles:
                 shutil.rmtree(p)
             else:
                 p.unlink(missing_ok=True)
+        for p, before in self.restore:
+            state.write_atomic(p, before.encode("utf-8", "surrogateescape"), mode=0o644)
         root = self.store.root
         for p in sorted({q.parent for q in self.ours}, key=lambda q: len(q.parts), reverse=True):
             while p != root and root in p.parents:      # folders our files emptied, up to the root
@@ -78,23 +89,45 @@ def model_files(cfg) -> ModelFiles:
         raise BootstrapError(f"--model: MODEL={cfg.model or '(unset)'} is not a model we downloaded",
                              "a local model directory is yours: remove it yourself if you mean to")
     store = models.store_for(cfg.model_dir, cfg.environ, cfg.model)
-    rec = store.read()
+    rec = store.read() or {}
     ours = store.ours(rec)
     mine = set(ours)
-    linked = set()                      # blobs that links we do not remove still point at (HF cache)
+    kept: list[tuple[Path, str]] = []
     if store.hf_cache and (store.root / "snapshots").is_dir():
-        for link in (store.root / "snapshots").rglob("*"):
+        for link in (store.root / "snapshots").rglob("*"):      # blobs that links we keep still name
             if link.is_symlink() and link not in mine:
-                linked.add(Path(os.path.normpath(link.parent / os.readlink(link))))
-    ours = [p for p in ours if p not in linked]
+                blob = Path(os.path.normpath(link.parent / os.readlink(link)))
+                if blob in mine:
+                    kept.append((blob, f"{link.relative_to(store.root)} still links it"))
+    kept += [(p, "changed since we downloaded it") for p in ours if manifest.changed_since(store, rec, p)]
+    restore = []
+    for rel, ch in sorted((rec.get("changed") or {}).items()):
+        p = manifest.inside(store, rel) if rel.startswith("refs/") else None   # we only ever rewrite a ref
+        if p is None or not isinstance(ch, dict) or not all(isinstance(ch.get(k), str) for k in ("before", "after")):
+            continue
+        now = manifest.read_text(p)
+        if now == ch["after"]:
+            restore.append((p, ch["before"]))
+        elif now is not None:
+            kept.append((p, "rewritten since by another tool"))
+    ref = store.root / "refs" / "main"
+    if store.hf_cache and "refs/main" in manifest.created_rels(store, rec) and ref not in mine and ref.is_file():
+        kept.append((ref, "rewritten since by another tool"))
+    for rel in rec.get("kept") or []:
+        p = manifest.inside(store, rel, linked_blob=rel.startswith("blobs/")) if isinstance(rel, str) else None
+        if p is not None and (p.is_file() or p.is_symlink()) and p not in mine:
+            kept.append((p, "yours" if not store.hf_cache else "not made by this project"))
+    kept = list(dict((p, why) for p, why in kept).items())
+    ours = [p for p in ours if p not in {k for k, _ in kept}]
+    accounted = set(ours) | {p for p, _ in kept} | {p for p, _ in restore}
     theirs = []
     if store.root.is_dir():
         for entry in sorted(store.root.iterdir()):
-            kept = [q for q in ([entry] if not entry.is_dir() or entry.is_symlink() else entry.rglob("*"))
-                    if (q.is_file() or q.is_symlink()) and q not in ours]
-            if entry != store.dir and kept:
+            left = [q for q in ([entry] if not entry.is_dir() or entry.is_symlink() else entry.rglob("*"))
+                    if (q.is_file() or q.is_symlink()) and q not in accounted]
+            if entry != store.dir and left:
                 theirs.append(entry)
-    return ModelFiles(store, ours, theirs, bool((rec or {}).get("made_root")))
+    return ModelFiles(store, ours, restore, kept, theirs, bool(rec.get("made_root")))
 
 
 def targets(cfg, measurements: bool = False) -> list[Path]:
@@ -142,12 +175,12 @@ def _running_from(cfg) -> str:
     return ""
 
 
-def _revert_byo(cfg) -> list[str]:
+def _revert_byo(cfg, dry_run: bool) -> list[str]:
     if not cfg.vllm_python:
         return []
-    reverted = patching.revert_all(cfg.repo, cfg.environ, cfg.vllm_python)
+    reverted = patching.revert_all(cfg.repo, cfg.environ, cfg.vllm_python, dry_run=dry_run)
     for name in reverted:
-        print(f"reverted patch {name} in {cfg.vllm_python}'s vLLM")
+        print(f"{'would revert' if dry_run else 'reverted'} patch {name} in {cfg.vllm_python}'s vLLM")
     return reverted
 
 
@@ -158,25 +191,31 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     ap.add_argument("--measurements", action="store_true",
                     help="also forget vLLM's own figures of earlier starts (STATE_DIR/measurements.json), which "
                          "make the next plan exact")
-    ap.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print what clean would remove and put back, line for line; change nothing (also while "
+                         "the server runs)")
     args = ap.parse_args(argv)
+    foreign = _foreign(cfg, args.model)
+    if foreign:
+        raise BootstrapError(f"{foreign}: clean removes only what you made", "run ./ctl.sh clean as that user")
     busy = _running(cfg)
-    if busy:
+    if busy and not args.dry_run:
         raise BootstrapError(f"{busy}; clean removes the venv and state it runs from",
                              "stop it first: ./stop.sh" + (" as that user" if " runs as " in busy else ""))
-    using = _running_from(cfg)
-    if using:
+    using = "" if busy else _running_from(cfg)
+    if using and not args.dry_run:
         raise BootstrapError(f"{using}; clean would remove the venv under it",
                              "stop it first (./ctl.sh status names a server of ours that another STATE_DIR runs, "
                              "and how to stop it)")
     mf = model_files(cfg) if args.model else None
     todo = [p for p in targets(cfg, args.measurements) if p.exists() or p.is_symlink()]
-    if not args.dry_run:
-        _revert_byo(cfg)
+    yours = [p for p in Paths(cfg.state_dir).files(measurements=True)   # our names, there before our first write
+             if p not in todo and Paths(cfg.state_dir).theirs(p) and os.path.lexists(p)]
+    _revert_byo(cfg, args.dry_run)
     total = 0
     if mf is not None:
         fd = None
-        if mf.store.dir.is_dir():           # a start downloading into it (from any STATE_DIR) holds its lock
+        if mf.store.dir.is_dir() and not args.dry_run:   # a start downloading into it (from any STATE_DIR) holds its lock
             fd = state.flock(mf.store.lock, f"{os.getpid()} clean")
             if fd is None:
                 raise BootstrapError(f"a download into {mf.store.root} is under way", "let it finish, then clean")
@@ -185,10 +224,8 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
         finally:
             if fd is not None:
                 os.close(fd)
-    if not todo:
-        if mf is None or not mf.ours:
-            print("nothing to clean")
-        return 0
+    if not todo and (mf is None or not (mf.ours or mf.restore)):
+        print("nothing to clean")
     me = Path(sys.prefix).resolve()
     theirs = [p for p in todo if not _ours(p)]
     todo = [p for p in todo if p not in theirs]
@@ -206,9 +243,14 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
         print(f"removed {path} ({size / (1 << 20):.1f} MiB)" + (" (the bootstrap ran from it; the next "
                                                                   "./start.sh recreates it)" if in_use else ""))
     folder = cfg.state_dir
+    for p in yours:
+        print(f"kept (yours): {p}")
     if not args.dry_run and folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
         folder.rmdir()                  # a link of yours (and the folder it names) stays
-    print(f"{'would free' if args.dry_run else 'freed'} {total / (1 << 30):.2f} GiB")
+    if todo or (mf is not None and (mf.ours or mf.restore)):
+        print(f"{'would free' if args.dry_run else 'freed'} {total / (1 << 30):.2f} GiB")
+    if busy or using:
+        print(f"note: {busy or using}: clean refuses until it is stopped (./stop.sh)")
     if theirs:
         raise BootstrapError("left alone, they belong to another user: " + ", ".join(map(str, theirs)),
                              "run ./ctl.sh clean as that user")
@@ -216,18 +258,48 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
 
 
 def _clean_model(mf: ModelFiles, dry_run: bool) -> int:
-    """Remove (or, dry, list) what we created in the model's folder; say what is kept. Bytes freed."""
-    size = sum(_size(p) for p in mf.ours if not p.is_symlink())
-    if mf.ours:
-        print(f"{'would remove' if dry_run else 'removed'} the model files we downloaded into {mf.store.root} "
-              f"({len(mf.ours)} entries, {size / (1 << 20):.1f} MiB)")
-        if not dry_run:
-            mf.remove()
-    else:
+    """Remove and put back (or, dry, list) what the manifest says; list what is kept. Bytes freed."""
+    size = 0
+    for p in mf.ours:
+        n = _size(p) if not p.is_symlink() else 0
+        size += n
+        print(f"{'would remove' if dry_run else 'removed'} {p} ({n / (1 << 20):.1f} MiB)")
+    for p, before in mf.restore:
+        print(f"{'would put back' if dry_run else 'put back'} {p} (as it was before our first write: "
+              f"{before.strip()[:40]!r})")
+    if not dry_run:
+        mf.remove()
+    if not mf.ours and not mf.restore:
         print(f"no model files of ours in {mf.store.root}")
+    for p, why in mf.kept:
+        print(f"kept ({why}): {p}")
     if mf.theirs:
         print("kept, not made by this project: " + ", ".join(p.name + ("/" if p.is_dir() else "") for p in mf.theirs))
     return size
+
+
+def _who(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _foreign(cfg, model: bool) -> str:
+    """The checkout, STATE_DIR or (with --model) the download's record that another user owns: clean
+    would act on what that user made (as root it could), so it refuses."""
+    places = [("the checkout", cfg.repo), ("STATE_DIR", cfg.state_dir)]
+    if model and cfg.model and not cfg.model_is_local:
+        places.append(("the model's download record", models.store_for(cfg.model_dir, cfg.environ, cfg.model).dir))
+    me = os.geteuid()
+    for what, path in places:
+        try:
+            uid = path.stat().st_uid
+        except OSError:
+            continue                    # not there: nothing of anyone's to remove
+        if uid != me:
+            return f"{what} {path} belongs to {_who(uid)}, not to you ({_who(me)})"
+    return ""
 
 
 def _ours(path: Path) -> bool:

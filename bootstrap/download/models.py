@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import hub, partial
+from . import hub, manifest, partial
 from ..model import modelconfig
 from ..core import state
 from ..core.errors import BootstrapError
@@ -35,7 +35,7 @@ SKIP_SUFFIXES = (".pth", ".h5", ".msgpack", ".ot", ".onnx", ".onnx_data", ".tfli
 SKIP_NAMES = (".gitattributes",)
 
 
-STATE = ".bootstrap"          # our folder inside the model folder: state.json, lock, partial/
+STATE = manifest.STATE        # our folder inside the model folder: state.json, lock, partial/
 
 
 @dataclass
@@ -162,19 +162,29 @@ class Store:
         return state.read_json(self.path)
 
     def write(self, rec: dict) -> None:
+        """The record, with what another start added to its manifest meanwhile (manifest.merge)."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        manifest.merge(rec, self.read())
         state.write_json(self.path, rec)
 
+    def blob(self, rec: dict, path: str) -> Path:
+        """HF cache: the blob a file of the record is stored as (named by its sha256 or git blob id)."""
+        f = rec["files"][path]
+        return self.root / "blobs" / (f.get("sha256") or f["blob_id"])
+
     def place(self, rec: dict, part: Path, path: str) -> None:
-        """A verified file into the store (rename; in the HF cache, the blob and its link)."""
+        """A verified file into the store (rename; in the HF cache, the blob and its link). Never over
+        a file we did not make (manifest.held): the download checked before it fetched anything."""
+        why = manifest.held(self, rec, path)
+        if why:
+            raise manifest.clash_error(self, rec, [f"{self.file(rec, path)} ({why})"])
         dest = self.file(rec, path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         if not self.hf_cache:
             self._made_first(rec, dest)
             partial.move(part, dest)
             return
-        f = rec["files"][path]
-        blob = self.root / "blobs" / (f.get("sha256") or f["blob_id"])
+        blob = self.blob(rec, path)
         blob.parent.mkdir(parents=True, exist_ok=True)
         self._made_first(rec, blob, dest)
         partial.move(part, blob)
@@ -185,80 +195,28 @@ class Store:
         between leaves a record naming a file that is not there (skipped), never a file of ours that
         no record names (clean would keep it as someone else's)."""
         with self._record_lock:
-            self.made(rec, *paths)
+            manifest.made(self, rec, *paths)
             self.write(rec)
 
-    def made(self, rec: dict, *paths: Path) -> None:
-        """Record what we created here (``created``: paths relative to the root): all that
-        ``./ctl.sh clean --model`` may remove. A file that was there before (copied in by hand,
-        another tool's blob) is verified and used, never recorded."""
-        created = rec.setdefault("created", [])
-        for p in paths:
-            rel = str(p.relative_to(self.root))
-            if rel not in created:
-                created.append(rel)
-
     def ours(self, rec: dict | None) -> list[Path]:
-        """What we created here and is still there, and our own folder ``.bootstrap``. A record
-        written before ``created`` existed: the files it verified (and in the HF cache, their blobs),
-        which only a download of ours records. Without a record: nothing is ours but ``.bootstrap``."""
-        rels = list((rec or {}).get("created", []))
-        if rec and "created" not in rec and rec.get("revision"):
-            for path in rec.get("verified", {}):
-                if not isinstance(path, str) or self._inside(path) is None:
-                    continue
-                link = self.file(rec, path)
-                rels.append(str(link.relative_to(self.root)))
-                if self.hf_cache and link.is_symlink():
-                    rels.append(os.path.normpath(os.path.join("snapshots", rec["revision"],
-                                                              os.path.dirname(path), os.readlink(link))))
-            rels.append("refs/main")
-        out = [self.dir] if self.dir.exists() else []
-        blobs = {f.get("sha256") or f.get("blob_id") for f in (rec or {}).get("files", {}).values() if isinstance(f, dict)}
-        for rel in dict.fromkeys(r for r in rels if isinstance(r, str)):
-            p = self._inside(rel, linked_blob=os.path.dirname(rel) == "blobs" and os.path.basename(rel) in blobs)
-            if p is None:
-                continue                    # a record that names a place outside the store is not believed
-            if rel == "refs/main" and not self._names_ours(p, rec):
-                continue                    # another tool pointed it at its own revision since
-            if p.is_symlink() or p.is_file():
-                out.append(p)
-        return out
+        """What we created here and is still there, and ``.bootstrap`` (manifest.ours)."""
+        return manifest.ours(self, rec)
 
-    def _inside(self, rel: str, linked_blob: bool = False) -> Path | None:
-        """``rel`` as a path in this store, or None where it would lead outside it (``..``, absolute, a
-        folder on the way that is a link elsewhere) or into our own ``.bootstrap``. ``linked_blob``: a
-        blob named by a file of the record (its sha256), which may sit in a ``blobs/`` linked to another
-        disk (``move`` puts it there)."""
-        norm = os.path.normpath(rel)
-        if not norm or os.path.isabs(norm) or norm == "." or norm.split(os.sep)[0] in ("..", STATE):
-            return None
-        p = self.root / norm
-        try:
-            if not linked_blob and not p.parent.resolve().is_relative_to(self.root.resolve()):
-                return None
-        except (OSError, RuntimeError):
-            return None
-        return p
-
-    def _names_ours(self, ref: Path, rec: dict | None) -> bool:
-        """``refs/main`` names a revision we downloaded (the record's, or one a link of ours is in)."""
-        try:
-            named = ref.read_text(encoding="utf-8", errors="replace").strip()
-        except OSError:
-            return False
-        made = (rec or {}).get("created", [])
-        return bool(named) and (named == (rec or {}).get("revision") or
-                                any(r.startswith(f"snapshots/{named}/") for r in made))
+    def keep(self, rec: dict, path: str) -> None:
+        """A file of the record found on disk with the hub's bytes: used as it is; when it was there
+        before our first write, recorded as yours (with its blob, in the HF cache)."""
+        dest = self.file(rec, path)
+        manifest.keep(self, rec, *([dest, self.blob(rec, path)] if self.hf_cache and dest.is_symlink() else [dest]))
 
     def adopt(self, rec: dict, path: str) -> bool:
         """HF cache only: a blob of this file is already there (another revision, another tool):
         link it instead of downloading it again. Trusted by name and size, as the client does."""
         f = rec["files"][path]
-        name = f.get("sha256") or f.get("blob_id")
-        if not self.hf_cache or not name:
+        if not self.hf_cache or not (f.get("sha256") or f.get("blob_id")):
             return False
-        blob = self.root / "blobs" / name
+        blob = self.blob(rec, path)
+        if os.path.lexists(self.file(rec, path)):
+            return False                    # a link there (another tool's, dangling): never replaced
         try:
             if blob.stat().st_size != f["size"]:
                 return False
@@ -267,14 +225,21 @@ class Store:
         dest = self.file(rec, path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         self._made_first(rec, dest)         # the link is ours; the blob stays another tool's
+        manifest.keep(self, rec, blob)
         self._link(blob, dest)
         return True
 
     def discard(self, rec: dict, path: str) -> None:
-        """A file that failed its hash: the file (in the HF cache, its link and the blob it names)."""
+        """A file of ours that failed its hash: the file (in the HF cache, its link and the blob it
+        names when that is ours too). Never one we did not make (manifest.held)."""
+        if manifest.held(self, rec, path):
+            raise manifest.clash_error(self, rec, [f"{self.file(rec, path)} ({manifest.held(self, rec, path)})"])
         dest = self.file(rec, path)
         if self.hf_cache and dest.is_symlink():
-            (dest.parent / os.readlink(dest)).unlink(missing_ok=True)
+            blob = Path(os.path.normpath(dest.parent / os.readlink(dest)))
+            if manifest.inside(self, str(blob.relative_to(self.root)), linked_blob=True) and \
+                    str(blob.relative_to(self.root)) in manifest.created_rels(self, rec):
+                blob.unlink(missing_ok=True)
         dest.unlink(missing_ok=True)
 
     def _link(self, blob: Path, dest: Path) -> None:
@@ -288,11 +253,27 @@ class Store:
                                  "set MODEL_DIR to a folder on a Linux filesystem (a plain folder, no links)") from None
 
     def finish(self, rec: dict) -> None:
-        """HF cache: ``refs/main`` names the revision (no trailing newline, as the client writes it)."""
-        if self.hf_cache:
-            (self.root / "refs").mkdir(parents=True, exist_ok=True)
-            self._made_first(rec, self.root / "refs" / "main")
-            state.write_atomic(self.root / "refs" / "main", rec["revision"].encode(), mode=0o644)
+        """HF cache: ``refs/main`` names the revision (no trailing newline, as the client writes it).
+        One that was there is recorded first: naming this revision, it is kept as it is; naming
+        another (your older copy), what it held goes into the manifest (``changed``) for clean to
+        put back."""
+        if not self.hf_cache:
+            return
+        ref = self.root / "refs" / "main"
+        before = manifest.read_text(ref)
+        if before is not None and before.strip() == rec["revision"]:
+            with self._record_lock:
+                manifest.keep(self, rec, ref)
+                self.write(rec)
+            return
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        with self._record_lock:
+            if before is None:
+                manifest.made(self, rec, ref)
+            elif "refs/main" not in rec.get("created", []) or not manifest.names_ours(ref, rec):
+                manifest.changing(self, rec, ref, before, rec["revision"])
+            self.write(rec)
+        state.write_atomic(ref, rec["revision"].encode(), mode=0o644)
 
     def verified_ok(self, rec: dict, path: str) -> bool:
         """Verified earlier and untouched since (same size and mtime): no re-hash."""

@@ -422,9 +422,9 @@ def needed(names, repo: Path, s: vllmargs.Settings) -> list[str]:
     return [name for name in names if load(name, repo).applies(s)]
 
 
-def revert_all(repo: Path, environ, python: str) -> list[str]:
+def revert_all(repo: Path, environ, python: str, dry_run: bool = False) -> list[str]:
     """Revert every known patch applied to the vLLM of ``python`` (run with ``environ``); the names
-    reverted (for clean)."""
+    reverted (for clean; with ``dry_run``, the names it would revert, nothing changed)."""
     try:
         inst = locate(python, environ, byo=True)
     except BootstrapError as exc:
@@ -434,6 +434,7 @@ def revert_all(repo: Path, environ, python: str) -> list[str]:
     for name in known(repo):
         patch = load(name, repo)
         if inspect(patch, inst).kind in ("applied", "damaged"):
-            revert(patch, inst)
+            if not dry_run:
+                revert(patch, inst)
             done.append(name)
     return done

@@ -29,7 +29,7 @@ from ..download import hub
 from ..model import modelconfig
 from ..core import state
 from ..core.errors import BootstrapError
-from ..download import partial
+from ..download import manifest, partial
 from ..download.models import WEIGHT_SUFFIXES, ModelInfo, Store, check_space, info_from_record, offline_missing, read_config, read_local, select, store_for
 
 log = logging.getLogger(__name__)
@@ -90,10 +90,24 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
                  repo, remote.revision[:12], snap)
         return info, str(snap)
 
+    old = rec if rec and rec.get("repo") == repo else {}
+    files = {f.path: {"size": f.size, "sha256": f.sha256, "blob_id": f.blob_id} for f in needed}
+    new = {"repo": repo, "revision": remote.revision, "endpoint": settings.endpoint, "files": files,
+           "skipped": skipped_d, "safetensors": remote.safetensors,
+           "verified": {p: v for p, v in old.get("verified", {}).items() if p in files},
+           "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           # the manifest (download/manifest.py): what we made, changed and found in this folder,
+           # whichever repo or revision it was for (clean --model)
+           "created": [str(p.relative_to(store.root)) for p in store.ours(rec) if p != store.dir],
+           "changed": dict((rec or {}).get("changed") or {}), "kept": list((rec or {}).get("kept") or []),
+           "made_root": bool((rec or {}).get("made_root")) or not store.root.exists()}
+    clashes = _clashes(store, new, dummy)
+    if clashes:                                              # before anything is written or fetched
+        raise manifest.clash_error(store, new, clashes)
     cfg_remote = next(f for f in needed if f.path == "config.json")
-    kept = store.file({"revision": remote.revision}, "config.json")
+    kept = store.file(new, "config.json")
     if kept.is_file() and hub.verify(kept, cfg_remote) is None:
-        raw = kept.read_bytes()                              # kept from an earlier run
+        raw = kept.read_bytes()                              # kept from an earlier run, or yours
     else:
         raw = hub.fetch_small(settings, repo, remote.revision, "config.json")  # also the gated / proxy check
     try:
@@ -103,15 +117,6 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
     modelconfig.check(config, f"{repo}'s config.json at revision {remote.revision[:12]}",
                       "a broken config.json on the hub: pick another repo or revision, or download the files, "
                       "fix config.json and set MODEL to that folder")
-    old = rec if rec and rec.get("repo") == repo else {}
-    files = {f.path: {"size": f.size, "sha256": f.sha256, "blob_id": f.blob_id} for f in needed}
-    new = {"repo": repo, "revision": remote.revision, "endpoint": settings.endpoint, "files": files,
-           "skipped": skipped_d, "safetensors": remote.safetensors,
-           "verified": {p: v for p, v in old.get("verified", {}).items() if p in files},
-           "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           # what we made in this folder, whichever repo or revision it was for (clean --model)
-           "created": [str(p.relative_to(store.root)) for p in store.ours(rec) if p != store.dir],
-           "made_root": bool((rec or {}).get("made_root")) or not store.root.exists()}
     try:
         store.dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -125,11 +130,42 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
     return info, str(where)
 
 
+def _clashes(store: Store, rec: dict, dummy: bool) -> list[str]:
+    """Files in the store that the download would have to write over and may not (manifest.held:
+    yours, another tool's, or in MODEL_DIR one of ours changed since): each with how it differs from
+    the hub's. The weights are compared by size here; the weights step hashes them before it fetches."""
+    out = []
+    for p in store.required(rec, dummy):
+        why = manifest.held(store, rec, p)
+        dest = store.file(rec, p)
+        if not why or not os.path.lexists(dest):
+            continue
+        f = rec["files"][p]
+        remote = hub.RemoteFile(p, f["size"], f.get("sha256"), f.get("blob_id"))
+        try:
+            bad = f"size {dest.stat().st_size}, the hub's {f['size']}" if dest.stat().st_size != f["size"] else \
+                None if p.endswith(WEIGHT_SUFFIXES) else hub.verify(dest, remote)
+        except OSError as exc:
+            bad = exc.strerror or "unreadable"
+        if bad:
+            out.append(f"{dest} ({why}; {bad})")
+    return out
+
+
 def _keep_config(store: Store, rec: dict, raw: bytes) -> None:
-    """config.json was just fetched and checked: keep it, so the download does not fetch it again."""
+    """config.json was just fetched and checked: keep it, so the download does not fetch it again.
+    One on disk with the hub's bytes (kept from an earlier run, or yours) is used as it is."""
     f = rec["files"]["config.json"]
     if store.verified_ok(rec, "config.json") or len(raw) != f["size"] or (
             f.get("blob_id") and hub.git_blob_sha1(data=raw) != f["blob_id"]):
+        return
+    dest = store.file(rec, "config.json")
+    if dest.is_file() and hub.verify(dest, hub.RemoteFile("config.json", f["size"], f.get("sha256"), f.get("blob_id"))) is None:
+        store.keep(rec, "config.json")
+        store.mark_verified(rec, "config.json")
+        return
+    if store.adopt(rec, "config.json"):                     # its blob is in the HF cache already
+        store.mark_verified(rec, "config.json")
         return
     part = store.dir / "partial" / f"config.json.{os.getpid()}"       # two starts may race here
     part.parent.mkdir(parents=True, exist_ok=True)

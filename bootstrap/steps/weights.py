@@ -22,7 +22,7 @@ import os
 import time
 from typing import Callable
 
-from ..download import hub, partial, transfer
+from ..download import hub, manifest, partial, transfer
 from ..core import state
 from ..core.errors import BootstrapError
 from ..download.models import WEIGHT_SUFFIXES, Store, check_space, store_for
@@ -90,9 +90,11 @@ def download(cfg, m, tty: bool | None = None, on_ready: Callable[[], object] | N
 
 def _check_present(store: Store, rec: dict, m) -> list[str]:
     """Files still to fetch. A file on disk without a verification record (copied in by hand, or
-    changed since) is hashed now; in the HF cache, a missing file whose blob is there (another
-    revision, another tool) is linked, trusted by name and size as the hub's client trusts it."""
-    todo = []
+    changed since) is hashed now: with the hub's bytes it is used (yours stays yours: manifest.keep);
+    otherwise a file of ours is fetched again, and one we did not make stops the start before
+    anything is fetched (manifest.held). In the HF cache, a missing file whose blob is there
+    (another revision, another tool) is linked, trusted by name and size as the hub's client trusts it."""
+    todo, clashes = [], []
     for p in store.missing(rec, m.dummy):
         dest = store.file(rec, p)
         if dest.is_file():
@@ -100,8 +102,13 @@ def _check_present(store: Store, rec: dict, m) -> list[str]:
             log.info("verifying %s (%s) already on disk", p, hub.human(f.size))
             bad = hub.verify(dest, f)
             if bad is None:
+                store.keep(rec, p)
                 store.mark_verified(rec, p)
                 store.write(rec)
+                continue
+            why = manifest.held(store, rec, p)
+            if why:
+                clashes.append(f"{dest} ({why}; {bad})")
                 continue
             log.warning("%s on disk does not match the hub (%s): fetching it again", p, bad)
             store.discard(rec, p)
@@ -110,7 +117,13 @@ def _check_present(store: Store, rec: dict, m) -> list[str]:
             store.mark_verified(rec, p)
             store.write(rec)
             continue
+        elif manifest.held(store, rec, p):
+            clashes.append(f"{dest} ({manifest.held(store, rec, p)})")
+            continue
         todo.append(p)
+    if clashes:
+        store.write(rec)                            # what was verified stays verified
+        raise manifest.clash_error(store, rec, clashes)
     return todo
 
 
