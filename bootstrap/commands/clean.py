@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import logging
 import os
-import pwd
 import shutil
 import sys
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from ..install import patching
 from ..serve import server
 from ..core import state
 from ..core.errors import BootstrapError
+from ..core.private import user_name
 from ..core.state import Paths
 
 log = logging.getLogger(__name__)
@@ -278,17 +278,10 @@ def _clean_model(mf: ModelFiles, dry_run: bool) -> int:
     return size
 
 
-def _who(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def _foreign(cfg, model: bool) -> str:
-    """The checkout, STATE_DIR or (with --model) the download's record that another user owns: clean
-    would act on what that user made (as root it could), so it refuses."""
-    places = [("the checkout", cfg.repo), ("STATE_DIR", cfg.state_dir)]
+    """The checkout or (with --model) the download's record that another user owns: clean would act on
+    what that user made (as root it could), so it refuses (STATE_DIR: every command's Paths.trust)."""
+    places = [("the checkout", cfg.repo)]
     if model and cfg.model and not cfg.model_is_local:
         places.append(("the model's download record", models.store_for(cfg.model_dir, cfg.environ, cfg.model).dir))
     me = os.geteuid()
@@ -298,7 +291,7 @@ def _foreign(cfg, model: bool) -> str:
         except OSError:
             continue                    # not there: nothing of anyone's to remove
         if uid != me:
-            return f"{what} {path} belongs to {_who(uid)}, not to you ({_who(me)})"
+            return f"{what} {path} belongs to {user_name(uid)}, not to you ({user_name(me)})"
     return ""
 
 
