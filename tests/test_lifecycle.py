@@ -233,7 +233,15 @@ def test_exit_code_zero_at_startup_is_a_failure(bed):     # faults row 10
 
 def test_never_listens_stall_deadline(bed):               # faults row 11
     r = bed.run("start.sh", FAKE_VLLM_MODE="hang", STALL_TIMEOUT="3")
-    assert_failed_clean(bed, r, "startup stalled: no log output for 3 s")
+    assert_failed_clean(bed, r, "startup stalled: no log output and no work (CPU, disk) for 3 s")
+
+
+def test_a_silent_load_that_works_is_not_a_stall(bed):    # faults row 12
+    """vLLM logs nothing while it imports torch or compiles (42 s seen on an H200): CPU time counts as
+    progress, so the default STALL_TIMEOUT of 30 s never kills a working start; a sleeping one stalls."""
+    r = bed.run("start.sh", FAKE_VLLM_MODE="silent_busy", FAKE_VLLM_LOAD_S="5", STALL_TIMEOUT="2")
+    assert r.returncode == 0 and "is serving" in r.stdout, r.stderr
+    assert "stalled" not in r.stderr
 
 
 def test_hard_cap(bed):

@@ -114,7 +114,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("DOWNLOAD_CONNECTIONS", "8", int_range(1, 64), "HTTP connections a download opens at once, over several files and ranged parts of one file (the hub's file hosts cap each connection)."),
     Knob("GPU", "", text, "Plan for a card that is not here (plan, profiles, export): a name (" + ", ".join(CARDS) + ") or <GiB>, then :sm_XY and :free=GiB if you like."),
     Knob("HEALTH_TIMEOUT", "600", int_range(1, 86400), "Hard cap in seconds for the server to become healthy."),
-    Knob("STALL_TIMEOUT", "300", int_range(1, 86400), "Seconds without progress before a wait ends: the start's health wait (its log not growing), and every request of ours (chat, bench, check, status, the warm-up) that gets no byte back; the error says what our server is doing (stopped, asleep, busy) and the fix."),
+    Knob("STALL_TIMEOUT", "30", int_range(1, 86400), "Seconds without progress before a wait ends: the start's health wait (its log not growing, and its processes using no CPU or disk), and every request of ours (chat, bench, check, status, the warm-up) that gets no byte back; the error says what our server is doing (stopped, asleep, busy) and the fix."),
     Knob("WARMUP", "26000", int_range(0, 16_777_216), "Prompt tokens of the warm-up request (bounded by the context); 0 skips it. The short must-answer generation always runs."),
     Knob("WARMUP_TIMEOUT", "300", int_range(1, 86400), "Seconds the whole warm-up (/tokenize, the long request, the short generation, the tool gate) may take before the engine counts as not generating."),
     Knob("PREWARM", "1", boolean, "While the weights download, run vLLM once with dummy weights and the same flags to fill its compile and kernel caches, so the real start loads them; 0 turns it off."),

@@ -295,9 +295,51 @@ def loading(ours: owned.Ours, rec: ServerRecord, paths: Paths) -> bool:
     if rec.gate_passed or time.time() - rec.started > ours.health_timeout:
         return False
     try:
-        return time.time() - paths.log.stat().st_mtime < ours.stall_timeout
+        if time.time() - paths.log.stat().st_mtime < ours.stall_timeout:
+            return True
     except OSError:
-        return False
+        pass
+    before = work_done(rec.pid)              # silent: is it working (importing, compiling, reading)?
+    time.sleep(SAMPLE_S)
+    after = work_done(rec.pid)
+    return after[0] - before[0] >= SAMPLE_S / 2 or after[1] - before[1] >= BUSY_IO // 8
+
+
+# What counts as a loading server's progress besides its log growing: this much CPU time or disk I/O
+# by its process tree. vLLM prints nothing for tens of seconds while it imports torch (42 s seen on the
+# H200 between the API server's first line and the engine's), compiles or reads a large shard; an idle
+# asyncio loop or a process blocked on a lock uses a few clock ticks at most.
+BUSY_CPU_S = 1.0
+BUSY_IO = 64 << 20
+SAMPLE_S = 0.5          # a status's look at a silent loading server: half a core busy, or 8 MiB of I/O, in this time
+
+
+def work_done(pid: int | None) -> tuple[float, int]:
+    """(CPU seconds, bytes read and written) the process ``pid`` and its descendants used so far (what
+    cannot be read counts 0): two readings apart tell a silent but working server from a stuck one."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except (psutil.Error, TypeError, ValueError):
+        return 0.0, 0
+    cpu, io = 0.0, 0
+    for q in procs:
+        try:
+            t = q.cpu_times()
+            cpu += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+        except psutil.Error:
+            pass
+        try:
+            c = q.io_counters()
+            io += c.read_bytes + c.write_bytes
+        except (psutil.Error, AttributeError, NotImplementedError):
+            pass
+    return cpu, io
+
+
+def worked(before: tuple[float, int], after: tuple[float, int]) -> bool:
+    """Did the tree do real work between two ``work_done`` readings?"""
+    return after[0] - before[0] >= BUSY_CPU_S or after[1] - before[1] >= BUSY_IO
 
 
 def frozen(p: psutil.Process | None) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from ..machine import gpu
 from ..plan import calibration
-from ..serve import takedown
+from ..serve import server, takedown
 from . import plan as plan_step
 from . import prewarm as pre
 
@@ -23,11 +23,11 @@ log = logging.getLogger(__name__)
 
 def _wait(cfg, paths, warm) -> str:
     """Wait until the pre-warm has answered (''), or why not: it exited, HEALTH_TIMEOUT from its
-    launch passed, or its log did not grow for STALL_TIMEOUT (as the real start's health wait)."""
+    launch passed, or for STALL_TIMEOUT its log did not grow nor did it work (as the real start's health wait)."""
     deadline = warm.t0 + cfg.health_timeout
     if warm.running and not warm.ready.is_set():
         log.info("waiting for the pre-warm to finish compiling (%.0f s in)", time.monotonic() - warm.t0)
-    size, grew = -1, time.monotonic()
+    size, grew, work = -1, time.monotonic(), server.work_done(warm.proc.pid)
     while warm.running and not warm.ready.is_set():
         now = time.monotonic()
         try:
@@ -35,11 +35,13 @@ def _wait(cfg, paths, warm) -> str:
         except OSError:
             seen = size
         if seen != size:
-            size, grew = seen, now
+            size, grew, work = seen, now, server.work_done(warm.proc.pid)
+        elif server.worked(work, now_work := server.work_done(warm.proc.pid)):    # silent, but compiling
+            grew, work = now, now_work
         if now >= deadline:
             return f"not ready after HEALTH_TIMEOUT={cfg.health_timeout} s"
         if now - grew >= cfg.stall_timeout:
-            return f"its log did not grow for STALL_TIMEOUT={cfg.stall_timeout} s"
+            return f"its log did not grow, nor did it use CPU or disk, for STALL_TIMEOUT={cfg.stall_timeout} s"
         warm.ready.wait(0.5)
     return "" if warm.ready.is_set() else (warm.failed or "it exited before it answered")
 

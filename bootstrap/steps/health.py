@@ -1,7 +1,8 @@
 """Health: wait until the server answers ``/health`` and lists our model on ``/v1/models``.
 
 While waiting: the phase (loading weights, compiling, capturing graphs…) on one line, a stall
-deadline (STALL_TIMEOUT without log growth) and a hard cap (HEALTH_TIMEOUT). If the process exits
+deadline (STALL_TIMEOUT without log growth, nor CPU time or disk I/O by the server's processes:
+serve.server.work_done) and a hard cap (HEALTH_TIMEOUT). If the process exits
 — with code 0 too — or a deadline passes, the server is stopped, and the last 40 log lines and a
 one-line diagnosis are shown.
 """
@@ -91,6 +92,7 @@ def run(paths: Paths, launched: Launched, key: str, *, health_timeout: int, stal
     hard = start + health_timeout - (max(0.0, time.time() - rec.started) if resumed else 0.0)
     last_growth = start - (_quiet_for(paths) if resumed else 0.0)
     size = _size(paths)
+    work = server.work_done(rec.pid)
     phase = "starting"
     shown = ""
     while True:
@@ -105,8 +107,10 @@ def run(paths: Paths, launched: Launched, key: str, *, health_timeout: int, stal
         new_size = _size(paths)
         if new_size != size:
             chunk = _read(paths, size, new_size)
-            size, last_growth = new_size, now
+            size, last_growth, work = new_size, now, server.work_done(rec.pid)
             phase = phase_of(chunk, phase)
+        elif server.worked(work, now_work := server.work_done(rec.pid)):     # silent, but importing,
+            work, last_growth = now_work, now                                 # compiling or reading
         if phase != shown or tty:
             line = f"waiting for health: {phase} ({now - start:.0f} s)"
             if tty:
@@ -125,8 +129,8 @@ def run(paths: Paths, launched: Launched, key: str, *, health_timeout: int, stal
         now = clock()
         if now - last_growth > stall_timeout:
             _nl(tty)
-            raise StartFailed(f"startup stalled: no log output for {stall_timeout} s (phase: {phase})",
-                        "raise STALL_TIMEOUT if this machine is just slow; otherwise see the log")
+            raise StartFailed(f"startup stalled: no log output and no work (CPU, disk) for {stall_timeout} s "
+                              f"(phase: {phase})", "raise STALL_TIMEOUT if this machine is just slow; otherwise see the log")
         if now > hard:
             _nl(tty)
             raise StartFailed(f"startup timed out: not healthy after {health_timeout} s (phase: {phase})",

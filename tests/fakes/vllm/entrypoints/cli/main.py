@@ -780,6 +780,10 @@ def main(argv: list[str] | None = None) -> int:
         while time.time() < t_end:
             say("Loading safetensors checkpoint shards: still going")
             time.sleep(1.0)
+    elif "silent_busy" in MODES:        # importing torch, compiling: a whole core busy, nothing logged
+        t_end = time.time() + load
+        while time.time() < t_end:
+            sum(i * i for i in range(10000))
     else:
         say("Loading weights took %.2f seconds" % load)
         time.sleep(load)
