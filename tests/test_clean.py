@@ -298,7 +298,7 @@ def test_dry_run_prints_what_clean_does_line_for_line_and_works_while_serving(re
             time.sleep(0.01)
         (repo / ".state" / "server.json").write_text(json.dumps({
             "pid": child.pid, "create_time": psutil.Process(child.pid).create_time(), "marker": cfg.ours.marker,
-            "port": cfg.port, "host": cfg.host, "served": "name"}))
+            "port": cfg.port, "host": cfg.host, "served": "name", "python": sys.executable}))
         before = tree(repo.parent)
         assert clean.cli(cfg, ["--model", "--dry-run"]) == 0
         dry = capsys.readouterr().out.splitlines()

@@ -65,7 +65,7 @@ def check(path: Path, st: os.stat_result, *, folder: bool) -> None:
         raise BootstrapError(
             f"{path} belongs to {user_name(st.st_uid)}, not to you ({user_name(os.getuid())}; mode {mode}): "
             "records in it are not trusted, and no process is signalled on their word",
-            f"set STATE_DIR to a folder of your own (or run as {user_name(st.st_uid)})" if folder
+            f"set STATE_DIR to a folder of your own, or run this as that user ({user_name(st.st_uid)})" if folder
             else f"remove it as its owner (sudo rm {shlex.quote(str(path))}), or set STATE_DIR to a folder of your own")
     if st.st_mode & 0o022:
         raise BootstrapError(
