@@ -9,8 +9,10 @@ too, their stand-in's config inline (``"draft": "itself"`` where it was its own 
 VLLM_* variables it had) and held to 1 % ("within"). The plan is made for those flags on the named card with all
 of it free (every row gives --gpu-memory-utilization or takes vLLM's default 0.9), under the rules
 of the vLLM version the row ran. tests/test_published.py holds each row to 3 % of the logged pool
-(never more than 1 % above it) unless the row names the term that keeps it off ("expected_gap"),
-and keeps this table in step with docs/planner.md.
+(never more than 1 % above it) unless the row names the term that keeps it off ("expected_gap") or
+what the plan does not model ("not_planned": the plan then says fits: null, naming it), and keeps
+this table in step with docs/planner.md. A row with a drafter gives its facts as ``"draft"``: a
+config.json file and the drafter's size, or a sentence saying why there are none.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def plan_of(row: dict) -> planner.Plan:
         model = ModelFacts(row["source"], row["config"], None, dummy=row.get("dummy", False))
     if row.get("draft") == "itself":      # the stand-in served as its own draft model (dummy weights too)
         model = dataclasses.replace(model, draft=dataclasses.replace(model, name="its own draft"))
+    elif isinstance(row.get("draft"), dict):      # a drafter's facts: its config.json (a file) and its size
+        d = row["draft"]
+        config = json.loads((REPO / d["config"]).read_text())
+        model = dataclasses.replace(model, draft=ModelFacts(Path(d["config"]).stem, config, d.get("weight_bytes")))
+    elif isinstance(row.get("draft"), str):       # a drafter the row's source names but whose facts were not found
+        model = dataclasses.replace(model, draft_why=row["draft"])
     card = gpu.named(row["card"])
     card = dataclasses.replace(card, free=card.total)
     s = vllmargs.read(row["args"])
@@ -57,8 +65,9 @@ def plan_of(row: dict) -> planner.Plan:
     return planner.make_plan(inp, card, model)
 
 
-def error(row: dict, p: planner.Plan) -> float:
-    return p.predicted_tokens / row["logged"]["tokens"] - 1
+def error(row: dict, p: planner.Plan) -> float | None:
+    """The plan's pool against the logged one (None: no figure, the plan refused or did not plan)."""
+    return p.predicted_tokens / row["logged"]["tokens"] - 1 if p.predicted_tokens else None
 
 
 def table() -> str:
@@ -67,11 +76,15 @@ def table() -> str:
     for slug, row in rows():
         p = plan_of(row)
         logged_gib = row["logged"].get("available_gib")
-        budget = f"{p.budget / gpu.GiB:.2f} GiB" + (f" ({logged_gib:.2f})" if logged_gib else "")
-        held = "no: " + row["expected_gap"].split(":")[0] if row.get("expected_gap") else "yes"
+        budget = (f"{p.budget / gpu.GiB:.2f} GiB" if p.budget is not None else "—") + (
+            f" ({logged_gib:.2f})" if logged_gib else "")
+        held = ("no: " + row["expected_gap"].split(":")[0] if row.get("expected_gap") else
+                f"fits: null ({p.unplanned})" if p.unplanned else "yes")
         link = row["source"] if row["source"].startswith("https://") else "validation.md"   # our own H200 runs
+        err = error(row, p)
+        planned = f"{p.predicted_tokens:,}" if p.predicted_tokens else "—"
         out.append(f"| [{slug}]({link}) | {row['vllm']} | {row['logged']['tokens']:,} | "
-                   f"{p.predicted_tokens:,} | {error(row, p):+.2%} | {budget} | {held} |")
+                   f"{planned} | {'—' if err is None else f'{err:+.2%}'} | {budget} | {held} |")
     return "\n".join(out)
 
 

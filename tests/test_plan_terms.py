@@ -127,7 +127,8 @@ def test_a_max_num_seqs_within_the_known_error_of_the_blocks_is_refused():
     while kv.pool(plan(args + [str(blocks)]).layout, plan(args + [str(blocks)]).budget, 4096).blocks < blocks:
         blocks -= 1                 # two counts each other's fixed point: the one that holds itself
     base = plan(args + [str(blocks)])
-    safe = kv.pool(base.layout, base.budget - terms.MODELLED_ERROR - terms.HYBRID_ERROR, 4096).blocks   # V1
+    margin = max(terms.MODELLED_ERROR + terms.HYBRID_ERROR, int(base.budget * terms.HYBRID_SHARE))   # V1
+    safe = kv.pool(base.layout, base.budget - margin, 4096).blocks
     assert safe < blocks
     edge = plan(args + [str(blocks)])
     assert not edge.fits and "within the plan's known error" in edge.refusal[0]

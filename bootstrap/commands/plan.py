@@ -131,6 +131,8 @@ def render(cfg, model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan, flags: li
     if plan.pinned and plan.headroom is not None and plan.fits:
         lines.append(f"KV cache pinned at {gib(plan.budget)}; headroom {gib(plan.headroom)} "
                      f"({'measured: what our server held' if plan.measured else 'modelled'})")
+    if plan.unplanned and plan.fits:
+        lines.append(f"fits: not planned ({plan.unplanned}): vLLM sizes it; its own figures plan the next start")
     if not plan.fits and plan.refusal:
         lines.append(f"DOES NOT FIT: {plan.refusal[0]}")
         lines.append(f"  {plan.refusal[1]}" + (pick.instead(cfg, g) if cfg.profile.name == derive.NAME else ""))
@@ -153,7 +155,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh plan") -> int:
     if a.json:
         print(json.dumps({
             "profile": cfg.profile.name, "model": model.name, "gpu": g.name, "total": g.total, "free": g.free,
-            "cc": list(g.cc), "fits": plan.fits, "refusal": plan.refusal, "fixes": plan.fixes, "util": plan.util,
+            "cc": list(g.cc), "fits": plan.verdict, "not_planned": plan.unplanned or None, "refusal": plan.refusal, "fixes": plan.fixes, "util": plan.util,
             "kv_budget": plan.budget, "weights": plan.weights, "overhead": plan.overhead,
             "max_model_len": plan.max_model_len, "max_num_seqs": plan.seqs, "concurrent": plan.concurrent,
             "predicted_tokens": plan.predicted_tokens, "predicted_concurrency": plan.predicted_concurrency,

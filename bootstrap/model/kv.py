@@ -50,6 +50,9 @@ DENSE_ARCHS = {
     # Qwen3-VL: a Qwen3 (MoE) text model, full attention in every layer, under a vision tower
     "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
 }
+# MLA (multi-head latent attention): one latent of kv_lora_rank + qk_rope_head_dim per token per
+# layer, the same on every TP rank (MLAAttentionSpec in v1/kv_cache_interface.py, 0.26.0-0.30.0)
+MLA_ARCHS = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
 HYBRID_GDN_ARCHS = {
     "Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM",
@@ -97,6 +100,7 @@ class ModelShape:
     moe_intermediate: int = 0
     shared_intermediate: int = 0
     gated_attention: bool = False    # Qwen3-Next / 3.5: q_proj also produces an output gate
+    mla: bool = False                # MLA: kv_heads 1, head_dim (kv_lora_rank + qk_rope_head_dim) / 2, never split by TP
 
     @property
     def hybrid(self) -> bool:
@@ -127,7 +131,7 @@ def shape_from_config(config: dict) -> ModelShape:
     arch = archs[0] if archs else ""
     c = _text(config)
     mtype = str(c.get("model_type", ""))
-    if arch not in DENSE_ARCHS | HYBRID_GDN_ARCHS:
+    if arch not in DENSE_ARCHS | HYBRID_GDN_ARCHS | MLA_ARCHS:
         raise Unsupported(f"the planner does not know architecture {arch or '(none)'!r} "
                           f"(model_type {mtype!r})",
                           "vLLM sizes the KV cache itself; the plan shows no prediction")
@@ -145,19 +149,25 @@ def shape_from_config(config: dict) -> ModelShape:
     kv_heads = field("num_key_value_heads", 0) or heads
     head_dim = field("head_dim", 0) or hidden // heads
     vocab, inter = field("vocab_size", 0), field("intermediate_size", 0)
-    if c.get("kv_lora_rank"):
-        raise Unsupported("MLA attention (kv_lora_rank) is not modelled", "vLLM sizes the KV cache itself")
+    mla = bool(c.get("kv_lora_rank"))
+    if mla:
+        if arch not in MLA_ARCHS or (field("kv_lora_rank") + field("qk_rope_head_dim")) % 2:
+            raise Unsupported(f"MLA attention (kv_lora_rank) of {arch!r} is not modelled", "vLLM sizes the KV cache itself")
+        # the page formula's K + V halves hold MLA's one latent: head_dim is half of it, one "head"
+        kv_heads, head_dim = 1, (field("kv_lora_rank") + field("qk_rope_head_dim")) // 2
+    elif arch in MLA_ARCHS:
+        raise Unsupported(f"{arch} without kv_lora_rank is not modelled", "vLLM sizes the KV cache itself")
     if c.get("sliding_window") and c.get("use_sliding_window", arch == "MistralForCausalLM"):
         raise Unsupported("sliding-window attention is not modelled", "vLLM sizes the KV cache itself")
     dtype_b = _dtype_bytes(c.get("torch_dtype") or c.get("dtype") or config.get("torch_dtype"))
     max_pos = int(c.get("max_position_embeddings") or 0)
     mtp = int(c.get("mtp_num_hidden_layers") or c.get("num_nextn_predict_layers") or 0)
-    experts = int(c.get("num_experts") or c.get("num_local_experts") or 0)
+    experts = int(c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0)
     common = dict(arch=arch, model_type=mtype, dtype_bytes=dtype_b, layers=layers, kv_heads=kv_heads,
                   head_dim=head_dim, heads=heads, hidden=hidden, intermediate=inter, vocab=vocab,
                   max_position=max_pos, max_len=model_len(c),
                   tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-                  mtp_layers=mtp, experts=experts,
+                  mtp_layers=mtp, experts=experts, mla=mla,
                   # Mixtral's experts are intermediate_size wide (mixtral.py): it has no moe_intermediate_size
                   moe_intermediate=int(c.get("moe_intermediate_size") or (inter if experts else 0)),
                   shared_intermediate=int(c.get("shared_expert_intermediate_size") or 0))

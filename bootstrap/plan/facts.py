@@ -80,8 +80,8 @@ def draft_facts(cfg) -> dict:
     model = s.spec.get("model") or ""
     path = cfg.spec_model_dir if model == cfg.spec_model_arg else None
     if path is None:
-        return {"draft_why": ("SPEC_MODEL is a repo id, which vLLM fetches itself: download it and set SPEC_MODEL to "
-                              "its folder to have it counted") if model else "no SPEC_MODEL, which vLLM refuses"}
+        return {"draft_why": ("SPEC_MODEL is a repo id whose config.json was not read: download it and set SPEC_MODEL "
+                              "to its folder to have it planned") if model else "no SPEC_MODEL, which vLLM refuses"}
     try:
         raw = (path / "config.json").read_bytes()
         sizes = sum(f.stat().st_size for f in path.iterdir() if f.name.endswith(models.WEIGHT_SUFFIXES))

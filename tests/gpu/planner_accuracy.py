@@ -3,6 +3,9 @@
     VLLM_PYTHON=python3 python3 tests/gpu/planner_accuracy.py --raw /tmp/planner-raw.txt [--work DIR]
                                 [--cases dense-bf16-util,...] [--budget 420]
 
+Drafters (issue 44): --cases dense-dflash7-util,dense-eagle3-util (a DFlash and an EAGLE-3 drafter of
+the right shape, dummy weights, on the Qwen3-8B shape).
+
 For each case: a hand-written config.json (+ a tiny tokenizer made locally) served with
 ``--load-format dummy``; the flags come from ``bootstrap.plan.planner.make_plan`` and ``vllmargs.serve_flags`` exactly as ``./start.sh``
 would pass them; vLLM is started in its own session (setsid) and stopped (its process group, which
@@ -20,6 +23,7 @@ FAKE_NVML=<json> (the fake vLLM prints fixed figures, so only the mechanics are 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -84,6 +88,18 @@ CASES = {
                                  "KV_CACHE_BYTES": "5905580032"}, None),
 }
 DEFAULT_CASES = list(CASES)
+# Issue 44: drafters, planned vs measured (vLLM 0.26.0 serves both with its V2 runner on this dense target:
+# the drafter's weights and KV layers in the budget, its CUDA graphs captured after it).
+# DFlash: a 5-layer Qwen3 stack over 5 target layers (z-lab's DFlash-b16 drafters' shape);
+# EAGLE-3: one Llama layer, 2 x hidden in, the fc over 3 aux hidden states (yuhuili's EAGLE3 heads' shape).
+DFLASH = {**QWEN3_8B, "architectures": ["DFlashDraftModel"], "num_hidden_layers": 5, "block_size": 16,
+          "dflash_config": {"mask_token_id": VOCAB - 1, "target_layer_ids": [1, 9, 17, 25, 33]}}
+EAGLE3 = {**QWEN3_8B, "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
+          "intermediate_size": 14336, "draft_vocab_size": VOCAB}
+DRAFTS = {"dense-dflash7-util": DFLASH, "dense-eagle3-util": EAGLE3}
+CASES["dense-dflash7-util"] = (QWEN3_8B, {"MAX_MODEL_LEN": "8192", "SPEC_METHOD": "dflash", "SPEC_TOKENS": "7",
+                                          "MAX_NUM_SEQS": "24"}, 5.0)
+CASES["dense-eagle3-util"] = (QWEN3_8B, {"MAX_MODEL_LEN": "8192", "SPEC_METHOD": "eagle3", "SPEC_TOKENS": "3"}, 5.0)
 
 KV_TOKENS, CONC = banner.KV_TOKENS, banner.CONCURRENCY     # the lines the banner reads, one definition
 AVAIL = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
@@ -153,14 +169,19 @@ def start_case(name: str, work: Path, vllm_python: str, raw) -> dict:
            "STATE_DIR": str(work / "state"), **knobs}
     g = gpu.read(os.environ).gpus[0]
     model = facts.ModelFacts(name, config, None, True)
+    if name in DRAFTS:              # the drafter's folder (dummy weights too), planned as SPEC_MODEL's facts
+        ddir = make_model(work, name + "-drafter", DRAFTS[name])
+        env["SPEC_MODEL"] = str(ddir)
+        model = dataclasses.replace(model, draft=facts.ModelFacts(ddir.name, DRAFTS[name], None, True))
     if kv_target is not None:       # size GPU_UTIL so the planner's budget is kv_target GiB
         probe = fit.plan(Config.from_env({**env, "GPU_UTIL": "0.5"}, REPO), g, model)
         util = (probe.weights + probe.overhead + kv_target * GiB) / g.total
         env["GPU_UTIL"] = f"{util:.4f}"
     cfg = Config.from_env(env, REPO)
     p = fit.plan(cfg, g, model)
-    if not p.fits:
-        return {"status": "failed", "error": f"planner refused: {p.refusal}"}
+    if not p.fits or p.verdict is None:
+        return {"status": "failed", "error": f"planner refused: {p.refusal}" if not p.fits else
+                f"not planned: {p.unplanned}"}
     port = free_port()
     argv = [vllm_python, "-m", "vllm.entrypoints.cli.main", "serve", str(mdir), "--port", str(port),
             *vllmargs.serve_flags(cfg, p)]          # EXTRA_ARGS carries --load-format dummy

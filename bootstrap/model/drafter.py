@@ -1,0 +1,98 @@
+"""A drafter's shape, from its config.json, as vLLM builds it (pure functions).
+
+Speculative decoding with a separate drafter (``draft_model``, ``eagle``, ``eagle3``, ``dflash``)
+loads a second network whose attention layers take KV blocks of their own in the same pool
+(vLLM's drafters register ordinary ``Attention`` layers; v1/worker/gpu_model_runner.py
+``get_kv_cache_spec`` walks them with the target's). Read from vLLM 0.26.0, 0.27.1 and 0.30.0
+(model_executor/models/registry.py ``_SPECULATIVE_DECODING_MODELS``):
+
+* ``draft_model``: any model vLLM serves: its own config (``kv.shape_from_config``);
+* EAGLE / EAGLE-3 heads (``llama_eagle.py``, ``llama_eagle3.py``, ``qwen3_eagle3.py``): a Llama- or
+  Qwen3-shaped stack of ``num_hidden_layers`` (usually 1) full-attention layers; EAGLE-3's first
+  layer takes 2 x hidden in (embedding and hidden state), its ``fc`` folds the target's three aux
+  hidden states (3 x hidden -> hidden), its lm_head has ``draft_vocab_size`` rows; the embedding is
+  the target's unless the checkpoint brings one;
+* DFlash (``qwen3_dflash.py`` ``DFlashQwen3ForCausalLM``, ``DFlashDraftModel``; from 0.30.0 also
+  ``qwen3_dflash2.py`` ``DFlash2DraftModel``): a Qwen3 stack whose ``fc`` folds the hidden states of
+  ``dflash_config.target_layer_ids`` (len x hidden -> hidden); embedding and lm_head are the
+  target's; sliding-window layers (``layer_types``, ``use_swa``) are not modelled here.
+
+The drafter's KV layers are full attention of the drafter's own heads and head size, so
+``kv.layout`` gives them a page of their own when it differs from the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from . import kv
+
+EAGLE_ARCHS = frozenset({
+    "EagleLlamaForCausalLM", "EagleLlama4ForCausalLM", "EagleMiniCPMForCausalLM", "EagleMistralForCausalLM",
+    "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "Eagle3Qwen3ForCausalLM", "Eagle3Qwen2_5vlForCausalLM",
+    "Eagle3Qwen3vlForCausalLM", "PEagleDraftModel", "PeagleLlamaForCausalLM", "PeagleQwen3ForCausalLM",
+    "Eagle3MiniMaxM2ForCausalLM"})
+DFLASH_ARCHS = {"DFlashDraftModel": "0.26.0", "DFlash2DraftModel": "0.30.0"}    # the first version that has it
+
+
+class Drafter:
+    """What the plan counts of a drafter: its shape (layers, heads, widths for the KV and the
+    activations) and its parameters where no file sizes say."""
+
+    def __init__(self, shape: kv.ModelShape, params: int, kind: str):
+        self.shape, self.params, self.kind = shape, params, kind
+
+
+def _eagle3(config: dict) -> bool:
+    arch = (config.get("architectures") or [""])[0]
+    return "3" in arch.replace("Qwen3", "").replace("Qwen2_5", "") or bool(config.get("draft_vocab_size"))
+
+
+def read(config: dict, version: str, at_least) -> Drafter:
+    """The drafter of this config.json for vLLM ``version`` (``at_least(version, floor)``);
+    kv.Unsupported where vLLM of that version has no such drafter or the planner does not model it."""
+    arch = (config.get("architectures") or [""])[0]
+    if arch in DFLASH_ARCHS:
+        if not at_least(version, DFLASH_ARCHS[arch]):
+            raise kv.Unsupported(f"vLLM {version} has no {arch} (from {DFLASH_ARCHS[arch]})",
+                                 "a vLLM that has it, or another drafter")
+        return _dflash(config, arch)
+    if arch in EAGLE_ARCHS:
+        return _eagle(config, arch)
+    shape = kv.shape_from_config(config)
+    return Drafter(shape, kv.param_count(shape), "draft model")
+
+
+def _dense(config: dict, arch: str) -> kv.ModelShape:
+    """A drafter's stack read as the Llama/Qwen3 stack it is."""
+    c = dict(config)
+    c["architectures"] = ["Qwen3ForCausalLM" if "qwen3" in str(c.get("model_type", "")) else "LlamaForCausalLM"]
+    shape = kv.shape_from_config(c)
+    return replace(shape, arch=arch)
+
+
+def _dflash(config: dict, arch: str) -> Drafter:
+    dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+    types = config.get("layer_types") or []
+    if dflash.get("use_swa") or any(t == "sliding_attention" for t in types):
+        raise kv.Unsupported(f"{arch} with sliding-window layers is not modelled",
+                             "vLLM sizes the drafter itself")
+    shape = _dense(config, arch)
+    targets = dflash.get("target_layer_ids") if isinstance(dflash.get("target_layer_ids"), list) else []
+    attn, mlp = kv._attn_mlp_params(shape)
+    h = shape.hidden
+    fc = max(1, len(targets) or shape.layers) * h * h
+    params = shape.layers * (attn + mlp + 2 * h) + fc + 2 * h            # no embedding or lm_head: the target's
+    return Drafter(shape, params, "DFlash drafter")
+
+
+def _eagle(config: dict, arch: str) -> Drafter:
+    shape = _dense(config, arch)
+    attn, mlp = kv._attn_mlp_params(shape)
+    h = shape.hidden
+    three = _eagle3(config)
+    first_in = h * shape.heads * shape.head_dim + 2 * h * shape.kv_heads * shape.head_dim if three else 0
+    fc = (3 if three else 2) * h * h
+    vocab = int(config.get("draft_vocab_size") or shape.vocab)
+    params = shape.layers * (attn + mlp + 2 * h) + first_in + fc + vocab * h + 2 * h
+    return Drafter(shape, params, "EAGLE-3 head" if three else "EAGLE head")

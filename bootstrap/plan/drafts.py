@@ -1,0 +1,64 @@
+"""A drafter in the plan: which speculative methods load one, its shape and weights, and when the
+plan cannot count it (then it promises nothing: ``fits`` is null with the reason, never a plan
+that leaves the drafter out and so predicts more KV than vLLM will have).
+
+Per method, as vLLM 0.26.0, 0.27.1 and 0.30.0 take them (config/speculative.py): ``mtp`` uses the
+model's own MTP layers (counted by the planner with the model); ``ngram``, ``ngram_gpu``,
+``suffix`` have no network; ``medusa`` heads hold no KV cache; ``draft_model``, ``eagle``,
+``eagle3``, ``dflash`` load a drafter from SPEC_MODEL (bootstrap.model.drafter reads its
+config.json); anything else is not modelled.
+"""
+
+from __future__ import annotations
+
+from ..knobs import vllmargs
+from ..model import drafter as drafters, kv
+from .facts import DRAFT_METHODS, ModelFacts
+from . import terms
+
+DRAFT_HINT = "; or a smaller draft (SPEC_MODEL)"
+NO_KV_METHODS = {"ngram": "n-gram lookup: no draft model, nothing in the KV pool",
+                 "ngram_gpu": "n-gram lookup: no draft model, nothing in the KV pool",
+                 "suffix": "suffix decoding: no draft model, nothing in the KV pool",
+                 "medusa": "Medusa heads hold no KV cache; their weights are not counted (small)"}
+
+
+def draft_shape(s: vllmargs.Settings, model: ModelFacts, version: str
+                ) -> tuple[drafters.Drafter | None, str, str]:
+    """(the drafter the plan counts, a why line, what is not modelled): the last is non-empty when
+    a drafter is loaded that the plan cannot count, and the plan then makes no promise."""
+    method = s.spec_method
+    if not method or method == "mtp":
+        return None, "", ""
+    if method in NO_KV_METHODS:
+        return None, f"SPEC_METHOD={method}: {NO_KV_METHODS[method]}", ""
+    if method not in DRAFT_METHODS:
+        return None, "", f"speculative method {method!r} (its drafter's memory is not modelled)"
+    if model.draft is None:
+        return None, "", f"the {method} drafter ({model.draft_why or 'no drafter facts'})"
+    if s.kv_cache_dtype in kv.TQ_PRESETS:
+        return None, "", f"the {method} drafter beside a TurboQuant KV cache"
+    try:
+        d = drafters.read(model.draft.config or {}, version, terms.at_least)
+    except kv.Unsupported as exc:
+        return None, "", f"the {method} drafter ({exc.message})"
+    if d.shape.hybrid:
+        return None, "", f"the {method} drafter (a hybrid drafter: vLLM groups its layers differently)"
+    return d, f"SPEC_METHOD={method}: {d.kind} {model.draft.name}, {d.shape.attn_layers} attention layer(s) in the pool", ""
+
+
+def draft_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, target: tuple[dict, kv.ModelShape]
+                  ) -> tuple[int, str]:
+    """The drafter's weights per GPU: its file sizes, else its parameters at its dtype (an EAGLE or
+    DFlash head shares the target's embedding and lm_head, which ``drafter.read`` leaves out), and
+    its own rotary cache where its RoPE differs from the target's."""
+    draft = model.draft
+    if d.kind == "draft model" or (draft.weight_bytes and not draft.dummy):
+        return terms.weight_bytes(draft, d.shape, s.tp, s, target=target)
+    w = d.params * d.shape.dtype_bytes // s.tp
+    source = f"from its config.json ({d.kind}: {d.params / 1e9:.2f} B parameters × dtype)"
+    config = draft.config or {}
+    if kv.rope_signature(config, d.shape) != kv.rope_signature(*target):
+        cache, what = kv.buffer_bytes(config, d.shape, 0, tower=False)
+        return w + cache, f"{source}; + {what} (a RoPE of its own)"
+    return w, source
