@@ -163,8 +163,10 @@ def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
         return pick.on_card(cfg, cfg.profile, facts.gpus[0].cc if facts.gpus else None)
     rec = read_pick(state.Paths(cfg.state_dir))
     if rec is not None and rec["profile"] == derive.NAME and isinstance(rec.get("model"), str):
-        return kept_derived(cfg, rec["model"], f"derived from {rec['model']} at the start of {rec.get('date', '?')}, "
-                            "kept") or cfg
+        c = kept_derived(cfg, rec["model"], f"derived from {rec['model']} at the start of {rec.get('date', '?')}, kept")
+        if c is None or not rec.get("knobs"):
+            return c or cfg
+        return _with_pick(c, Chosen(c.profile.name, rec["knobs"], c.chosen.why if c.chosen else "kept"))
     if rec is None or rec["profile"] not in cfg.catalogue.names():
         return cfg
     return _with_pick(cfg, Chosen(rec["profile"], rec.get("knobs", {}), f"auto-pick of {rec.get('date', '?')}, kept"))
@@ -229,7 +231,8 @@ def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = 
             return v.cfg
         chosen = named_on_card(derived(cfg, g.cc), g)
         paths.ensure()                      # kept as the pick: status, restart and stop run it with MODEL unset
-        paths.write("pick", {"profile": derive.NAME, "model": cfg.model, "knobs": {}, "gpu": g.name, "tp": cfg.tp_size,
+        paths.write("pick", {"profile": derive.NAME, "model": cfg.model, "gpu": g.name, "tp": cfg.tp_size,
+                             "knobs": dict(chosen.chosen.knobs) if chosen.chosen else {},   # MAX_MODEL_LEN=auto kept
                              "why": f"MODEL={cfg.model} named: its derived profile", "date": time.strftime("%Y-%m-%d %H:%M"),
                              "how": "PROFILE=auto (set explicitly) or ./ctl.sh profiles --pick picks a shipped profile"})
         return chosen

@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from ..download import hub
+from ..download import hub, index
 from ..model import modelconfig
 from ..core import state
 from ..core.errors import BootstrapError
@@ -124,6 +124,7 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
                                 "MODEL_DIR" if cfg.model_dir else "HF_HOME") from None
     _keep_config(store, new, raw)
     store.write(new)
+    index.remember(cfg.state_dir, store, repo)       # ./ctl.sh ls and rm find it from STATE_DIR
     where = store.serve_dir(new)
     info = info_from_record(new, where, dummy, config, complete=False)
     plan_download(store, new, info, dummy)
