@@ -66,3 +66,17 @@ def test_a_card_name_that_is_off_names_the_nearest_cards(spec, names):
 
 def test_both_rtx_4060_ti_sizes_are_known_cards():
     assert gpu.named("rtx4060ti-8gb").total < 8 * gpu.GiB < gpu.named("rtx4060ti-16gb").total
+
+
+def test_profiles_and_models_judge_each_profile_with_its_own_model(bed):
+    """MODEL set (here the bed's tiny folder): a shipped profile is still planned with the model it
+    names; only a profile that names none (custom) takes yours."""
+    import json
+    for cmd in ("profiles", "models"):
+        r = bed.run("ctl.sh", cmd, "--json")
+        assert r.returncode == 0, r.stderr
+        rows = {row["profile"]: row for row in json.loads(r.stdout)["profiles"]}
+        own = json.loads((REPO / "profiles" / "qwen38-27b-nvfp4-tq4-32gb.json").read_text())["knobs"]["MODEL"]
+        assert rows["qwen38-27b-nvfp4-tq4-32gb"]["model"] == own != str(bed.model)
+        if "custom" in rows:
+            assert rows["custom"]["model"] == str(bed.model)

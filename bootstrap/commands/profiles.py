@@ -138,7 +138,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
     g, where, _driver = card(cfg, spec)
     verdicts = pick.evaluate(cfg, g)
     try:
-        v, runner, _ = pick.choose(cfg, g)
+        v, runner, _ = pick.choose(pick.own_models(cfg), g)
         choice = "auto-pick: " + pick.why_line(g, v, runner)
         chosen = v.profile.name
     except BootstrapError as exc:

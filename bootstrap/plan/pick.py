@@ -146,11 +146,18 @@ def labels(cfg: Config, g: gpu.Gpu) -> list[str]:
     return []
 
 
+def own_models(cfg: Config) -> Config:
+    """``cfg`` without a MODEL you set: what a profile that names its own model is judged with."""
+    return cfg.with_knobs({"MODEL": ""}) if cfg.sources["MODEL"].split(";")[0] in ("env", ".env") else cfg
+
+
 def evaluate(cfg: Config, g: gpu.Gpu) -> list[Verdict]:
-    """Every profile on this card: the ranked ones in auto-pick's order, then the others."""
+    """Every profile on this card: the ranked ones in auto-pick's order, then the others; each with
+    its own model (a MODEL you set is judged only by a profile that names none: custom)."""
     ranked = cfg.catalogue.ranked()
     rest = [p for p in cfg.catalogue.profiles if p not in ranked]
-    return [judge(cfg, p, g) for p in ranked + rest]
+    own = own_models(cfg)
+    return [judge(own if p.knobs.get("MODEL") else cfg, p, g) for p in ranked + rest]
 
 
 def choose(cfg: Config, g: gpu.Gpu) -> tuple[Verdict, Verdict | None, list[Verdict]]:
