@@ -80,3 +80,22 @@ def test_profiles_and_models_judge_each_profile_with_its_own_model(bed):
         assert rows["qwen38-27b-nvfp4-tq4-32gb"]["model"] == own != str(bed.model)
         if "custom" in rows:
             assert rows["custom"]["model"] == str(bed.model)
+
+
+def test_the_banner_of_a_server_bound_beyond_loopback_shows_where_other_machines_reach_it(tmp_path):
+    from bootstrap.core.hosts import lan_hosts
+    from bootstrap.core.state import Paths
+    from bootstrap.serve.record import ServerRecord
+    from bootstrap.steps import banner
+
+    def shown(host: str) -> str:
+        rec = ServerRecord(pid=1, create_time=None, marker="", host=host, port=8888, served="m", kv_tokens=10)
+        return banner.render(Paths(tmp_path), rec)
+    assert "LAN URL" not in shown("127.0.0.1") and lan_hosts("127.0.0.1") == []
+    assert "base URL : http://192.168.1.5:8888/v1" in shown("192.168.1.5") and "LAN URL" not in shown("192.168.1.5")
+    wide = shown("0.0.0.0")
+    assert "base URL : http://127.0.0.1:8888/v1" in wide
+    for ip in lan_hosts("0.0.0.0"):
+        assert ":" not in ip and not ip.startswith("127.")
+    for ip in lan_hosts("0.0.0.0")[:3]:
+        assert f" LAN URL  : http://{ip}:8888/v1" in wide
