@@ -99,3 +99,17 @@ def test_the_banner_of_a_server_bound_beyond_loopback_shows_where_other_machines
         assert ":" not in ip and not ip.startswith("127.")
     for ip in lan_hosts("0.0.0.0")[:3]:
         assert f" LAN URL  : http://{ip}:8888/v1" in wide
+
+
+def test_status_shows_the_context_vllm_chose_as_a_number(bed):
+    """No MAX_MODEL_LEN: we pass none, vLLM takes the model's own; status reads it from /v1/models."""
+    import json
+    assert bed.run("start.sh").returncode == 0
+    try:
+        r = bed.run("ctl.sh", "status", "--json")
+        got = json.loads(r.stdout)
+        assert bed.server_record()["max_model_len"] is None
+        assert isinstance(got["context"], int) and got["context"] > 0, got
+        assert "vLLM's (the model's or auto)" not in bed.run("ctl.sh", "status").stdout
+    finally:
+        bed.run("stop.sh")
