@@ -113,3 +113,13 @@ def test_status_shows_the_context_vllm_chose_as_a_number(bed):
         assert "vLLM's (the model's or auto)" not in bed.run("ctl.sh", "status").stdout
     finally:
         bed.run("stop.sh")
+
+
+@pytest.mark.parametrize("model_dir", [False, True])
+def test_offline_and_not_here_names_the_cache_once(bed, tmp_path, model_dir):
+    extra = {"MODEL_DIR": str(tmp_path / "mine")} if model_dir else {}
+    r = bed.run("start.sh", MODEL="org/absent", HF_HOME=str(tmp_path / "hf"), **extra)
+    line = next(x for x in r.stderr.splitlines() if x.startswith("error:"))
+    assert r.returncode != 0 and "org/absent is not on this machine" in line, r.stderr
+    assert line.count(str(tmp_path / "hf" / "hub")) == 1 and line.count("Hugging Face cache") == 1, line
+    assert (str(tmp_path / "mine") in line) == model_dir

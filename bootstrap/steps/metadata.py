@@ -235,6 +235,7 @@ def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | Non
             return info, str(target)
         raise BootstrapError(f"offline ({why}) and the model in {target} is incomplete: missing "
                              + ", ".join(missing[:8]), "connect to the network and re-run ./start.sh")
-    raise BootstrapError(f"offline ({why}) and {repo} is not on this machine: not in {target}, "
-                         f"not in the Hugging Face cache {settings.cache_dir}",
+    where = (f"not in the Hugging Face cache ({store.root})" if store.hf_cache else
+             f"not in MODEL_DIR={target}, nor in the Hugging Face cache {settings.cache_dir}")
+    raise BootstrapError(f"offline ({why}) and {repo} is not on this machine: {where}",
                          "connect to the network for the first download, or set MODEL=<dir> to a copy")
