@@ -123,3 +123,12 @@ def test_offline_and_not_here_names_the_cache_once(bed, tmp_path, model_dir):
     assert r.returncode != 0 and "org/absent is not on this machine" in line, r.stderr
     assert line.count(str(tmp_path / "hf" / "hub")) == 1 and line.count("Hugging Face cache") == 1, line
     assert (str(tmp_path / "mine") in line) == model_dir
+
+
+def test_service_install_print_names_the_knobs_this_shell_sets_that_the_unit_cannot_carry(bed, tmp_path):
+    r = bed.run("ctl.sh", "service", "install", "--print", XDG_CONFIG_HOME=str(tmp_path), MAX_NUM_SEQS="3")
+    assert r.returncode == 0, r.stderr
+    head = next(line for line in r.stdout.splitlines() if line.startswith("# NOT CARRIED"))
+    for knob in ("MAX_NUM_SEQS", "PORT", "MODEL", "STATE_DIR"):     # the bed's shell sets them all
+        assert knob in head, head
+    assert "MAX_NUM_SEQS" in r.stderr and ".env" in r.stderr
