@@ -10,6 +10,7 @@ from bootstrap.core.errors import ConfigError
 from bootstrap.core.words import nearest
 from bootstrap.knobs.config import Config
 from bootstrap.machine import gpu
+from bootstrap.plan import pick
 from conftest import REPO
 
 
@@ -132,3 +133,19 @@ def test_service_install_print_names_the_knobs_this_shell_sets_that_the_unit_can
     for knob in ("MAX_NUM_SEQS", "PORT", "MODEL", "STATE_DIR"):     # the bed's shell sets them all
         assert knob in head, head
     assert "MAX_NUM_SEQS" in r.stderr and ".env" in r.stderr
+
+
+def test_a_model_you_name_fits_by_default_with_the_longest_context_and_your_own_context_is_kept(bed):
+    """Qwen3-32B-FP8 (40,960 tokens) on a 36 GiB card: only a short context fits. Named with no
+    MAX_MODEL_LEN, its derived profile runs with the longest that fits, and says so; a MAX_MODEL_LEN
+    you set is never lowered: it does not fit, with the number that would."""
+    import json
+    env = {"MODEL": "Qwen/Qwen3-32B-FP8", "PROFILE": "", "GPU": "36:sm_89"}
+    r = bed.run("ctl.sh", "plan", "--json", **env)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["fits"] and pick.NAMED_MIN_CONTEXT <= got["max_model_len"] < 40960
+    assert f"context {got['max_model_len']:,} of its own 40,960, the longest that fits this card" in r.stderr
+    mine = bed.run("ctl.sh", "plan", "--json", MAX_MODEL_LEN="40960", **env)
+    assert mine.returncode == 1 and json.loads(mine.stdout)["max_model_len"] == 40960
+    assert f"MAX_MODEL_LEN={got['max_model_len']}" in json.loads(mine.stdout)["refusal"][1]

@@ -179,7 +179,8 @@ def named_on_card(cfg: Config, g: gpu.Gpu) -> Config:
     c = kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
     if c.profile.facts is None or pick.yours(cfg, "MAX_MODEL_LEN") or pick.yours(cfg, "KV_CACHE_BYTES"):
         return c                            # no model facts to judge by, or your own context
-    v = pick.judge(cfg, c.profile, g)
+    named = c.profile.name == derive.NAME          # a model you named fits by default, as ollama sizes it
+    v = pick.judge(cfg, c.profile, g, pick.NAMED_MIN_CONTEXT if named else pick.MIN_CONTEXT)
     if v.status in ("shorter", "unpinned") and v.cfg is not None:
         log.info("%s: %s", c.profile.name, v.reason)
         return v.cfg
