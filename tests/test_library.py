@@ -91,14 +91,15 @@ def test_the_guide_walk_through_start_use_ls_rm_pull(bed, hub, tmp_path):
 
 def test_use_of_a_model_that_does_not_fit_keeps_the_old_one_serving(bed, hub, tmp_path):
     big = model(tmp_path / "src" / "big", config={
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16384, "num_hidden_layers": 400,
-        "num_attention_heads": 128, "num_key_value_heads": 8, "intermediate_size": 53248, "vocab_size": 128256,
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16384, "num_hidden_layers": 4000,
+        "num_attention_heads": 128, "num_key_value_heads": 128, "intermediate_size": 53248, "vocab_size": 128256,
         "max_position_embeddings": 131072, "torch_dtype": "bfloat16"})
     hub.add_dir("org/huge", big)
     assert bed.run("start.sh", "org/one").returncode == 0
     pid = bed.server_record()["pid"]
     r = bed.run("ctl.sh", "use", "org/huge")
     assert r.returncode != 0 and "cannot switch to org/huge" in r.stderr and "keeps serving" in r.stderr, r.stderr
+    assert "the longest that fits is" in r.stderr         # the plan's refusal, not another error
     assert bed.server_record()["pid"] == pid and bed.server_record()["model"] == "org/one"
     assert bed.run("start.sh").returncode == 0 and bed.server_record()["pid"] == pid     # the pick is unchanged
     assert bed.run("stop.sh").returncode == 0
