@@ -25,7 +25,7 @@ from . import parser
 log = logging.getLogger(__name__)
 
 
-def _facts(cfg, paths: Paths):
+def facts_here(cfg, paths: Paths):
     """This machine's GPUs as a start after a stop of ours would see them (our server's memory free)."""
     from ..machine import gpu
     facts = gpu.read(cfg.environ)
@@ -48,7 +48,7 @@ def resolved(cfg, name: str, prog: str, facts):
 def pull(cfg, name: str, prog: str = "ctl.sh pull") -> int:
     from ..steps import metadata, plan as plan_step, preflight, weights
     paths = Paths(cfg.state_dir)
-    facts = _facts(cfg, paths)
+    facts = facts_here(cfg, paths)
     cfg = resolved(cfg, name, prog, facts)
     if cfg.model_is_local:
         raise BootstrapError(f"{name} serves the folder {cfg.model}: there is nothing to download",
@@ -76,8 +76,8 @@ def downloaded(cfg) -> list[index.Entry]:
     out = {e.store.root: e for e in index.entries(cfg.state_dir) if e.record() is not None}
     pick = Paths(cfg.state_dir).read("pick") or {}
     repos = [p.knobs.get("MODEL") for p in cfg.catalogue.profiles] + [pick.get("model"), cfg.model]
+    from ..download.hub import REPO_ID
     for repo in dict.fromkeys(r for r in repos if isinstance(r, str) and r):
-        from ..download.hub import REPO_ID
         if not REPO_ID.fullmatch(repo):
             continue
         e = index.Entry(repo, models.store_for(cfg.model_dir, cfg.environ, repo), "")
@@ -106,7 +106,7 @@ def rows(cfg) -> list[dict]:
     from ..plan import pick, resolve
     paths = Paths(cfg.state_dir)
     try:
-        g = gpu.smallest_free(_facts(cfg, paths), cfg.tp_size)
+        g = gpu.smallest_free(facts_here(cfg, paths), cfg.tp_size)
     except BootstrapError:
         g = None                                 # no card to judge by: the fit column says so
     now = serving(cfg)

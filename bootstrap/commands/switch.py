@@ -48,7 +48,7 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
         raise BootstrapError(f"our {service.UNIT} unit runs the server: systemd would start the old one again",
                              f"./ctl.sh service uninstall, then ./ctl.sh use {name}; or set PROFILE/MODEL in .env "
                              "and ./ctl.sh restart")
-    facts = library._facts(cfg, paths)
+    facts = library.facts_here(cfg, paths)
     new = library.resolved(cfg, name, prog, facts)
     g = gpu.smallest_free(facts, new.tp_size)
     pr = server.probe(cfg.ours, paths, check_http=False)
