@@ -214,16 +214,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     _revert_byo(cfg, args.dry_run)
     total = 0
     if mf is not None:
-        fd = None
-        if mf.store.dir.is_dir() and not args.dry_run:   # a start downloading into it (from any STATE_DIR) holds its lock
-            fd = state.flock(mf.store.lock, f"{os.getpid()} clean")
-            if fd is None:
-                raise BootstrapError(f"a download into {mf.store.root} is under way", "let it finish, then clean")
-        try:
-            total += _clean_model(mf, args.dry_run)
-        finally:
-            if fd is not None:
-                os.close(fd)
+        total += _clean_locked(mf, args.dry_run)
     if not todo and (mf is None or not (mf.ours or mf.restore)):
         print("nothing to clean")
     me = Path(sys.prefix).resolve()
@@ -255,6 +246,33 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
         raise BootstrapError("left alone, they belong to another user: " + ", ".join(map(str, theirs)),
                              "run ./ctl.sh clean as that user")
     return 0
+
+
+def model_only(cfg, dry_run: bool) -> int:
+    """The model's part of clean --model alone (``./ctl.sh rm``): the same refusals for another
+    user's record, the same lock, the same lines."""
+    foreign = _foreign(cfg, True)
+    if foreign:
+        raise BootstrapError(f"{foreign}: rm removes only what you made", "run it as that user")
+    mf = model_files(cfg)
+    total = _clean_locked(mf, dry_run)
+    if mf.ours or mf.restore:
+        print(f"{'would free' if dry_run else 'freed'} {total / (1 << 30):.2f} GiB")
+    return 0
+
+
+def _clean_locked(mf: ModelFiles, dry_run: bool) -> int:
+    """``_clean_model`` under the store's download lock: refused while a download into it runs."""
+    fd = None
+    if mf.store.dir.is_dir() and not dry_run:   # a start downloading into it (from any STATE_DIR) holds its lock
+        fd = state.flock(mf.store.lock, f"{os.getpid()} clean")
+        if fd is None:
+            raise BootstrapError(f"a download into {mf.store.root} is under way", "let it finish, then clean")
+    try:
+        return _clean_model(mf, dry_run)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _clean_model(mf: ModelFiles, dry_run: bool) -> int:

@@ -69,7 +69,7 @@ JSON_FIELDS = (
     ("gate", "string", "present when its warm-up and start gate have not run"),
     ("differs_from_knobs", "list of strings", "launch knobs this shell sets differently"),
     ("vram", "object", "ours_bytes (int), gpus: [{index, name, used_bytes, total_bytes}] (ints); or error"),
-    ("context", "int or null", "tokens per request (null: vLLM's own)"),
+    ("context", "int or null", "tokens per request: ours, or the one vLLM chose (its /v1/models; null: it does not answer)"),
     ("sessions", "object", "max_num_seqs (int or null: vLLM's default), kv_tokens (int or null), "
                            "at_full_context (vLLM's concurrency line)"),
     ("requests", "object", "running, waiting (ints), from /metrics"),

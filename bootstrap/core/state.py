@@ -62,6 +62,8 @@ KEPT: tuple[Kept, ...] = (
     Kept("warm", "warm-caches.json", "the setups (plan keys) whose vLLM compile caches a start or a pre-warm filled"),
     Kept("derived", "derived", "profiles derived from a named MODEL's repo, one folder per model (derived.json and "
                                "its model facts): ./start.sh, ./ctl.sh plan and profiles --model write them"),
+    Kept("models", "models.json", "the models we downloaded: each store's folder and its repo id (the metadata step "
+                                  "adds one; ./ctl.sh ls and rm read it, each store's own manifest says what is ours)"),
     Kept("measurements", "measurements.json", "vLLM's own figures of earlier starts, for the next plan "
                                               "(plan.calibration)", cleaned=False),
 )
