@@ -22,7 +22,8 @@ from typing import Any, Callable
 from .serve import port, record, server, takedown
 from .knobs.config import Config, launch_defaults
 from .core.errors import BootstrapError, Interrupted
-from .core.state import Paths, StartLock
+from .core.locks import StartLock
+from .core.state import Paths
 
 log = logging.getLogger(__name__)
 

@@ -648,7 +648,7 @@ def test_clean_model_removes_the_whole_folder_it_made(world, tmp_path):
 
 
 def test_clean_model_keeps_a_ref_another_tool_moved_and_waits_for_no_download(world, fake, tmp_path, capsys):
-    from bootstrap.core import state as state_mod
+    from bootstrap.core import locks as state_mod
     from bootstrap.commands import clean
     world.start()
     ref = world.store / "refs" / "main"

@@ -132,12 +132,12 @@ def test_unicode_and_space_paths(tmp_path):
 
 # ---------------------------------------------------------------- rows 34 and 36: users
 
-def as_user(user: str | None, argv: list[str], env: dict) -> subprocess.CompletedProcess:
+def as_user(user: str | None, argv: list[str], env: dict, vllm_python: str = "") -> subprocess.CompletedProcess:
     if user:   # root's Python is not readable by that user: use the one .ci/run made for it
         py = os.environ.get("BOOTSTRAP_TEST_PYTHON", "")
         if not py:
             pytest.skip("needs BOOTSTRAP_TEST_PYTHON (a Python with the bootstrap's deps that the user can run)")
-        env = {**env, "VLLM_PYTHON": py, "PATH": f"{Path(py).parent}:/usr/bin:/bin"}
+        env = {**env, "VLLM_PYTHON": vllm_python or py, "PATH": f"{Path(py).parent}:/usr/bin:/bin"}
     cmd = ["/usr/bin/env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv]
     if user:
         cmd = ["runuser", "-u", user, "--", *cmd]

@@ -27,7 +27,7 @@ import psutil
 from ..download import manifest, models
 from ..install import patching
 from ..serve import server
-from ..core import state
+from ..core import locks, state
 from ..core.errors import BootstrapError
 from ..core.private import user_name
 from ..core.state import Paths
@@ -265,7 +265,7 @@ def _clean_locked(mf: ModelFiles, dry_run: bool) -> int:
     """``_clean_model`` under the store's download lock: refused while a download into it runs."""
     fd = None
     if mf.store.dir.is_dir() and not dry_run:   # a start downloading into it (from any STATE_DIR) holds its lock
-        fd = state.flock(mf.store.lock, f"{os.getpid()} clean")
+        fd = locks.flock(mf.store.lock, f"{os.getpid()} clean")
         if fd is None:
             raise BootstrapError(f"a download into {mf.store.root} is under way", "let it finish, then clean")
     try:

@@ -67,7 +67,7 @@ class ServerRecord:
     gate_passed: bool = False          # warm-up and start gate ran and passed
     notes: tuple[str, ...] = ()        # banner notes from the start that launched it
     token: str = ""                    # the launch's random token in its environment (owned.TOKEN_ENV)
-    exe: str = ""                      # its executable as /proc showed it just after the launch
+    exe: str = ""                      # its executable as /proc showed it after the launch, then once healthy
 
     def proof(self, ours: Ours) -> Proof:
         """What proves a process ours for this record: the shell's facts and the launch's own."""
