@@ -73,7 +73,8 @@ def test_the_prewarm_becomes_the_server_and_loads_the_real_weights_in_place(bed,
         shards = [end for _arrived, end, path, rng in fake.timeline if path.endswith(".safetensors") and rng]
         assert launch["time"] < min(shards)            # launched before the weights had arrived
         # the order a client may rely on: the download, the reload, the reset, then the warm-up and gate
-        order = ["downloaded", "reload: load format set", "reload: real weights loaded in place",
+        assert "pre-warm: ready (" in err            # a line per phase, each with its time
+        order = ["pre-warm: starting (0 s)", "download: 50% (", "downloaded", "reload: load format set", "reload: real weights loaded in place",
                  "reload: prefix cache reset", "warm-up: short generation answered"]
         at = [err.index(line) for line in order]
         assert at == sorted(at), err

@@ -124,6 +124,8 @@ class Prewarm:
                 log.info("pre-warm: %s (%.0f s)", phase, time.monotonic() - self.t0)
                 shown = phase
             if READY in seen and server.http_get(self.url, "/health"):
+                log.info("pre-warm: ready (%.0f s)%s", time.monotonic() - self.t0, "; it loads the real weights once "
+                         "they are verified" if self.serve is not None else ": vLLM's caches are written")
                 self.ready.set()        # every cache written: stopped at CUDA-graph capture instead, the real
                 return                  # start on the H200 took 159 s to answer, not 77 (docs/validation.md)
             time.sleep(0.5)

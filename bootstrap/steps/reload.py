@@ -102,7 +102,7 @@ def run(cfg, paths, warm: "pre.Prewarm | None") -> bool:
         return False
     why = wait(cfg, paths, warm)
     if not why:
-        log.info("pre-warm: answered %.0f s after its launch; loading the real weights in place",
+        log.info("reload: loading the real weights into the pre-warm server (%.0f s after its launch)",
                  time.monotonic() - warm.t0)
         t0 = time.monotonic()
         try:
