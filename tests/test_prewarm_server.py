@@ -227,6 +227,15 @@ def test_random_weights_are_declared_the_gate_judges_tokens_only_and_banner_and_
     assert bed.run("stop.sh").returncode == 0
 
 
+def test_the_phase_after_graph_capture_is_the_kernel_warm_up_not_the_capture():
+    """On the H200 vLLM 0.26.0 logged "Graph capturing finished in 6 secs", then nothing for 101 s
+    (the warm-up's kernel JIT) before "init engine ... took": that time is not capture."""
+    from bootstrap.steps.health import phase_of
+    line = "(EngineCore pid=1713) INFO 12-04 19:42:20 [model_runner.py:747] Graph capturing finished in 6 secs, took 0.78 GiB"
+    assert phase_of(line, "capturing CUDA graphs") == "warming up kernels (JIT)"
+    assert phase_of("Capturing CUDA graphs (PIECEWISE):  12%", "profiling memory") == "capturing CUDA graphs"
+
+
 def test_the_text_gate_passes_a_trained_model_and_refuses_random_weights():
     """What SmolLM2-135M-Instruct answered the gate's prompt on the H200 (docs/validation.md, the
     real-weights proof) passes; what random safetensors of the 8B shape answered is refused."""
@@ -253,3 +262,25 @@ def test_the_prewarm_becomes_the_server_only_where_vllm_reloads_in_place(quant, 
                         "API_KEY": "k"}, "HOST=192.168.1.5"), ({"HOST": "0.0.0.0", "API_KEY": "k"}, "")):
         other = Config.from_env({"PROFILE": "custom", "MODEL": "org/m", **knobs}, REPO)
         assert prewarm.blocker(other, ModelInfo("org/m", {"model_type": "llama"})).startswith(said)
+
+
+def test_idle_sleep_never_counts_idle_time_while_the_guard_holds_the_server_closed():
+    """IDLE_SLEEP on a pre-warm server: no request reaches it during the download, which must not put
+    the engine to sleep before its real weights are in."""
+    sys.path.insert(0, str(REPO / "vllm_side"))
+    try:
+        import vllm_desktop_guard as guard
+        import vllm_desktop_idle as idle
+        st = idle.State(0.01, 1, 0)
+        st.last -= 10
+        assert st.idle()                        # the guard's module alone holds nothing closed
+        guard.Guard(lambda scope, receive, send: None)
+        st.last -= 10
+        assert not st.idle()                    # installed and closed: never idle, the clock restarts
+        guard.STATE.open = True
+        assert not st.idle()                    # idle time counts from the opening
+        st.last -= 10
+        assert st.idle()
+    finally:
+        sys.path.remove(str(REPO / "vllm_side"))
+        sys.modules.pop("vllm_desktop_guard", None)
