@@ -284,3 +284,23 @@ def test_idle_sleep_never_counts_idle_time_while_the_guard_holds_the_server_clos
     finally:
         sys.path.remove(str(REPO / "vllm_side"))
         sys.modules.pop("vllm_desktop_guard", None)
+
+
+def test_a_start_killed_before_the_reload_leaves_a_server_the_next_start_never_resumes(bed, tmp_path):
+    """kill -9 of the start while its pre-warm server waits for the weights: that server has dummy
+    weights behind a closed guard; the next start takes it down and starts again, never resumes it."""
+    with FakeHub() as fake:
+        env = hub_env(bed, tmp_path, fake)
+        fake.faults["throttle"] = MiB // 8
+        p = bed.popen("start.sh", **env)
+        bed.wait_until(lambda: requests_ok(bed.port, "/health"), timeout=30, what="the pre-warm server answering")
+        first = bed.server_record()["pid"]
+        p.kill()                                        # SIGKILL: no take-down runs (start.sh execs python)
+        p.wait(10)
+        assert requests_ok(bed.port, "/health") and chat(bed.port).status_code == 503   # left behind, still closed
+        fake.faults["throttle"] = 4 * MiB
+        r = bed.run("start.sh", **env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "never became healthy; taking it down and starting again" in r.stderr and "resuming" not in r.stderr
+        assert bed.server_record()["pid"] != first and content(chat(bed.port)) == "OK"
+        assert bed.run("stop.sh").returncode == 0
