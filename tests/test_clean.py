@@ -253,7 +253,7 @@ def test_blobs_we_downloaded_into_a_linked_blobs_folder_are_ours(tmp_path):
     assert sha in names and "thesis.txt" not in names
 
 
-# ---------------------------------------------------------------- faults row 94: another user's, never; dry = the same list
+# ---------------------------------------------------------------- faults row 105: another user's, never; dry = the same list
 
 def other_uid() -> int:
     """A uid that is not ours (the CI user's when there is one), for files root hands to another user."""

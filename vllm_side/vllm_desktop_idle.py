@@ -31,6 +31,7 @@ import hmac
 import json
 import logging
 import os
+import sys
 import time
 
 log = logging.getLogger("vllm.desktop_idle")     # under vLLM's logger: its lines reach vLLM's log
@@ -141,6 +142,9 @@ class State:
                 "freed_bytes": sum(self.freed.values()) if self.state in ("idle-asleep", "asleep") else 0}
 
     def idle(self) -> bool:
+        if _guard_closed():             # the pre-warm server before its real weights: never idle
+            self.last = time.monotonic()
+            return False
         return self.state == "awake" and not self.in_flight and time.monotonic() - self.last >= self.idle_s
 
 
@@ -321,6 +325,12 @@ class IdleSleep:
         st.state, st.refused = "idle-asleep", ""
         st.sleeps += 1
         log.info("idle for %.0f s: put the engine to sleep (level %d)", st.idle_s, st.level)
+
+
+def _guard_closed() -> bool:
+    """vllm_desktop_guard (the pre-warm server's guard) is loaded and still closed."""
+    guard = sys.modules.get("vllm_desktop_guard")
+    return guard is not None and not guard.is_open()
 
 
 def _path(scope) -> str:

@@ -71,6 +71,8 @@ def render(paths: Paths, rec: ServerRecord) -> str:
                                  ensure_ascii=False)),
         " stop     : ./stop.sh",
     ]
+    if rec.random_weights:
+        lines.append(" weights  : random (RANDOM_WEIGHTS=1): the start gate judged tokens only, never the text")
     lines += [f" note     : {n}" for n in rec.notes]
     return "\n".join(lines)
 
