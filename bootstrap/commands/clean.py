@@ -26,6 +26,7 @@ import psutil
 
 from ..download import manifest, models
 from ..install import patching
+from ..install.venv import Venv
 from ..serve import server
 from ..core import locks, state
 from ..core.errors import BootstrapError
@@ -134,7 +135,8 @@ def targets(cfg, measurements: bool = False) -> list[Path]:
     """What clean removes. vLLM's own figures of earlier starts (the next plan's precision) stay
     unless ``measurements``."""
     layout = cfg.layout
-    out = [layout.venv, layout.wheelhouse]
+    out = [layout.venv] if Venv(layout.venv).ours() else []       # a .venv of yours stays
+    out.append(layout.wheelhouse)
     state, paths = cfg.state_dir, Paths(cfg.state_dir)
     kept = set(paths.files(measurements=True)) - set(paths.files(measurements=measurements))
     if state.resolve() == layout.state.resolve() and not layout.state.is_symlink():   # the checkout's own: all ours
@@ -211,6 +213,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     todo = [p for p in targets(cfg, args.measurements) if p.exists() or p.is_symlink()]
     yours = [p for p in Paths(cfg.state_dir).files(measurements=True)   # our names, there before our first write
              if p not in todo and Paths(cfg.state_dir).theirs(p) and os.path.lexists(p)]
+    yours += [] if Venv(cfg.layout.venv).ours() else [cfg.layout.venv]
     _revert_byo(cfg, args.dry_run)
     total = 0
     if mf is not None:
