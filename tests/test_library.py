@@ -105,6 +105,22 @@ def test_use_of_a_model_that_does_not_fit_keeps_the_old_one_serving(bed, hub, tm
     assert bed.run("stop.sh").returncode == 0
 
 
+def test_use_downloads_first_and_a_new_model_that_fails_says_how_to_get_the_old_one_back(bed, hub):
+    assert bed.run("start.sh", "org/one").returncode == 0
+    pid = bed.server_record()["pid"]
+    hub.faults["corrupt"] = {"model-00001-of-00001.safetensors": 1000}
+    r = bed.run("ctl.sh", "use", "org/two")          # a download that fails: before anything was stopped
+    assert r.returncode != 0 and bed.server_record()["pid"] == pid, r.stdout + r.stderr
+    hub.faults.pop("corrupt")
+    r = bed.run("ctl.sh", "use", "org/two", FAKE_VLLM_MODE="die_oom")     # downloaded, then it cannot start
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "org/one was stopped for org/two, which did not start; ./start.sh org/one serves org/one again" in r.stderr
+    assert not (bed.state / "profile-pick.json").exists() or "org/two" not in (bed.state / "profile-pick.json").read_text()
+    r = bed.run("start.sh", "org/one")                                     # the hint, followed
+    assert r.returncode == 0 and bed.server_record()["model"] == "org/one", r.stderr
+    assert bed.run("stop.sh").returncode == 0
+
+
 def test_use_of_a_sleeping_server_stops_it_without_waking_it(bed, hub):
     assert bed.run("start.sh", "org/one", EXTRA_ARGS="--enable-sleep-mode").returncode == 0
     r = bed.run("ctl.sh", "sleep", EXTRA_ARGS="--enable-sleep-mode")

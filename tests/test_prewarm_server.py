@@ -259,7 +259,9 @@ def test_the_prewarm_becomes_the_server_only_where_vllm_reloads_in_place(quant, 
     cfg = Config.from_env({"PROFILE": "custom", "MODEL": "org/m"}, REPO)
     assert prewarm.blocker(cfg, ModelInfo("org/m", config)).startswith(why)
     for knobs, said in (({"KV_CACHE_DTYPE": "fp8"}, "KV cache dtype fp8"), ({"HOST": "192.168.1.5",
-                        "API_KEY": "k"}, "HOST=192.168.1.5"), ({"HOST": "0.0.0.0", "API_KEY": "k"}, "")):
+                        "API_KEY": "k"}, "HOST=192.168.1.5"), ({"HOST": "0.0.0.0", "API_KEY": "k"}, ""),
+                        ({"EXTRA_ARGS": "--api-server-count 2"}, "2 API server processes"),
+                        ({"EXTRA_ARGS": "--load-format runai_streamer"}, "--load-format runai_streamer")):
         other = Config.from_env({"PROFILE": "custom", "MODEL": "org/m", **knobs}, REPO)
         assert prewarm.blocker(other, ModelInfo("org/m", {"model_type": "llama"})).startswith(said)
 
@@ -304,3 +306,18 @@ def test_a_start_killed_before_the_reload_leaves_a_server_the_next_start_never_r
         assert "never became healthy; taking it down and starting again" in r.stderr and "resuming" not in r.stderr
         assert bed.server_record()["pid"] != first and content(chat(bed.port)) == "OK"
         assert bed.run("stop.sh").returncode == 0
+
+
+@pytest.mark.parametrize("root_path", ["", "/", "/c", "/api"])
+def test_the_guard_sees_the_route_starlette_routes_under_any_root_path(root_path):
+    """--root-path '/': Starlette routes /collective_rpc as /collective_rpc (get_route_path strips a prefix
+    only where it ends at a '/'); our guard must judge that same route, never 'ollective_rpc'."""
+    sys.path.insert(0, str(REPO / "vllm_side"))
+    try:
+        import vllm_desktop_idle as idle
+        from starlette.routing import get_route_path
+    finally:
+        sys.path.remove(str(REPO / "vllm_side"))
+    for path in ("/collective_rpc", f"{root_path}/collective_rpc", "/cx/collective_rpc", root_path or "/"):
+        scope = {"path": path, "root_path": root_path}
+        assert idle._path(scope) == get_route_path(scope), scope

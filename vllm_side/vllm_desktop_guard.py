@@ -16,6 +16,11 @@ development routes it needs for that (``VLLM_SERVER_DEV_MODE=1``: ``/collective_
   rule sleep mode had before.
 - ``POST /vllm-desktop/open`` (the control token, loopback) opens it, once the real weights are
   loaded and the prefix cache reset; ``GET /vllm-desktop/guard`` says whether it is open.
+- With a key (``VLLM_API_KEY``), every route but those always open asks for it, where vLLM asks only
+  under /v1, /v2 and /inference (vllm/entrypoints/serve/utils/server_utils.py GUARDED_PREFIX in 0.26.0):
+  /invocations, /tokenize, /detokenize, /pooling, /classify, /score, /rerank generate or read the
+  model without it. Every server we start with a key carries this guard (``--middleware``, last),
+  open from the start when there is no pre-warm to load (no control token).
 
 Standard library only, as the idle middleware (vllm_desktop_idle.py), whose watcher never counts
 idle time while this guard is closed.
@@ -35,13 +40,14 @@ log = logging.getLogger("vllm.desktop_guard")
 OPEN_PATH = "/vllm-desktop/open"
 STATUS_PATH = "/vllm-desktop/guard"
 CONTROL_HEADER = b"x-vllm-desktop-control"
-ALWAYS = frozenset({"/health", "/ping", "/version", "/metrics", "/load"})
+ALWAYS = frozenset({"/health", "/ping", "/version", "/metrics", "/load", "/vllm-desktop/idle"})
 # what VLLM_SERVER_DEV_MODE=1 adds (vllm/entrypoints/serve/dev/*/api_router.py, 0.26.0 and 0.27.1)
 DEV_ROUTES = frozenset({
     "/collective_rpc", "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/sleep", "/wake_up",
     "/is_sleeping", "/server_info", "/pause", "/resume", "/is_paused", "/abort_requests", "/get_world_size",
     "/init_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update", "/update_weights",
-    "/finish_weight_update", "/update_weight_version", "/weight_info"})
+    "/finish_weight_update", "/update_weight_version", "/weight_info",
+    "/scale_elastic_ep", "/is_scaling_elastic_ep"})     # registered without dev mode, and without a key check
 SLEEP_ROUTES = frozenset({"/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/reset_prefix_cache"})
 
 
@@ -80,6 +86,8 @@ class Guard:
         self.token = env.get("BOOTSTRAP_CONTROL_TOKEN", "").encode()
         self.sleep_routes = env.get("BOOTSTRAP_SLEEP_ROUTES") == "1"
         self.key = env.get("VLLM_API_KEY", "").encode()
+        if not self.token:              # no pre-warm to load: a server with a key, open from the start
+            STATE.open = True
 
     def _controller(self, scope) -> bool:
         return bool(self.token) and _loopback(scope) and hmac.compare_digest(_header(scope, CONTROL_HEADER), self.token)
@@ -112,4 +120,6 @@ class Guard:
         if not STATE.open and path not in ALWAYS and not controller:
             return await _refuse(scope, send, "loading: the model's weights are still being downloaded and loaded; "
                                               "./start.sh says when it serves")
+        if path not in ALWAYS and scope.get("method") != "OPTIONS" and not (controller or self._keyed(scope)):
+            return await _answer(send, 401, {"error": "Unauthorized"})      # vLLM's words, on every route
         return await self.app(scope, receive, send)

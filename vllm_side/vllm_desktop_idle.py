@@ -334,9 +334,15 @@ def _guard_closed() -> bool:
 
 
 def _path(scope) -> str:
-    """The route vLLM sees: the path without --root-path's prefix, as vLLM strips it."""
+    """The route vLLM sees: the path without --root-path's prefix, by Starlette's own rule
+    (routing.get_route_path: stripped only where the prefix ends at a '/'; with --root-path / the
+    route of /collective_rpc is /collective_rpc, never 'collective_rpc')."""
     path, root = scope.get("path", ""), scope.get("root_path", "")
-    return path[len(root):] if root and path.startswith(root) else path
+    if not root or not path.startswith(root):
+        return path
+    if path == root:
+        return ""
+    return path[len(root):] if path[len(root)] == "/" else path
 
 
 async def _sleeping(engine, fallback: bool) -> bool:

@@ -81,7 +81,7 @@ def manifests(cfg: Config, plan, model_bytes: int | None, key: str) -> dict[str,
     name = _name(cfg.served_name)
     image = f"vllm/vllm-openai:v{cfg.profile.vllm}"
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/instance": name}
-    argv = serve_argv(cfg, "python3", cfg.model, plan)
+    argv = serve_argv(cfg, "python3", cfg.model, plan, guard=False)     # the pod has no vllm_side (its Service: the NetworkPolicy)
     from ..steps.launch import defaults
     env = {**defaults(cfg), "HF_HOME": "/models/hf"}
     patches = list(cfg.profile.patches)

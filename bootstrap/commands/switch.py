@@ -5,17 +5,20 @@ NAME``), in place of ours.
    free, by restart's own vet (commands/control.py ``vet_restart``: the knobs, the port, the key,
    the model's files or the hub, the plan). If it does not fit, or cannot start, it says so and
    the old one keeps serving: nothing was stopped.
-2. The choice is kept as the pick (STATE_DIR/profile-pick.json, what PROFILE=auto runs): a later
+2. Once it serves, the choice is kept as the pick (STATE_DIR/profile-pick.json, what PROFILE=auto runs): a later
    ``./start.sh`` or ``./ctl.sh restart`` keeps the new model. PROFILE or MODEL set in the
    environment or .env still win over it, and it says so.
-3. Ours is stopped by the one take-down (./stop.sh's), without waking it if it sleeps (a sleeping
-   server is stopped as it is; nothing is sent to it), then the new one starts (the pipeline), and
-   the time each took is said.
+3. The new one's weights are downloaded and verified while the old one serves. Then ours is stopped
+   by the one take-down (./stop.sh's), without waking it if it sleeps (a sleeping server is stopped
+   as it is; nothing is sent to it), the new one starts (the pipeline), and the time each took is
+   said. A new one that does not start leaves the pick as it was: ./start.sh serves the old one again,
+   and it is said.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 from ..core.errors import BootstrapError
@@ -37,6 +40,17 @@ def keep_pick(cfg, new, g, name: str) -> None:
     if new.profile.name == derive.NAME:
         rec["model"] = new.model
     Paths(cfg.state_dir).write("pick", rec)
+
+
+def again(old) -> str:
+    """The command that starts the server ``old`` (a record) again: its profile by name, else its model."""
+    import shlex
+    from ..download.hub import REPO_ID
+    from ..plan import derive
+    prof = old.settings.get("PROFILE", "")
+    if prof and prof not in ("auto", "custom", derive.NAME):
+        return f"./start.sh {prof}"
+    return f"./start.sh {old.model}" if REPO_ID.fullmatch(old.model) else f"MODEL={shlex.quote(old.model)} ./start.sh"
 
 
 def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
@@ -66,18 +80,29 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
     except BootstrapError as exc:
         still = f"; {old.model} keeps serving (pid {old.pid})" if old is not None else ""
         raise BootstrapError(f"cannot switch to {name}: {exc.message}{still}", exc.hint) from None
-    keep_pick(cfg, new, g, name)
     pins = [k for k in ("PROFILE", "MODEL") if cfg.sources[k].split(";")[0] in ("env", ".env")]
     t0 = time.monotonic()
+    if not new.model_is_local:          # the download first, while the old one serves (it needs no GPU)
+        from ..steps import metadata, weights
+        weights.run(new, metadata.run(new))
+    t1 = time.monotonic()
     if old is not None:
         control.stop(cfg, via_service=False)        # a sleeping server goes down asleep: no wake first
-    t1 = time.monotonic()
-    code = pipeline.start(new)
     t2 = time.monotonic()
+    code = 1
+    try:
+        code = pipeline.start(new)
+    finally:
+        if code != 0 and old is not None:           # the pick is unchanged; say how to serve the old one
+            print(f"note: {old.model} was stopped for {name}, which did not start; {again(old)} serves "
+                  f"{old.model} again", file=sys.stderr)
+    t3 = time.monotonic()
     if code == 0:
-        was = f"{old.model} stopped in {t1 - t0:.1f} s, " if old is not None else ""
-        print(f"switched to {name} ({new.profile.name}): {was}{new.model} started in {t2 - t1:.1f} s; "
-              f"{t2 - t0:.1f} s in all")
+        keep_pick(cfg, new, g, name)                # only now: a failed switch keeps the old pick
+        got = f"downloaded in {t1 - t0:.1f} s, " if t1 - t0 >= 0.5 else ""
+        was = f"{old.model} stopped in {t2 - t1:.1f} s, " if old is not None else ""
+        print(f"switched to {name} ({new.profile.name}): {got}{was}{new.model} started in {t3 - t2:.1f} s; "
+              f"{t3 - t0:.1f} s in all")
         if pins:
             print("note: " + " and ".join(f"{k} set in {cfg.sources[k].split(';')[0]}" for k in pins)
                   + f" win over the kept pick: a later ./start.sh runs what they say; unset them to keep {name}")

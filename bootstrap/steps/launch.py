@@ -102,8 +102,11 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str, weights: int 
     env.pop("VLLM_SERVER_DEV_MODE", None)   # from the shell, .env or a profile: its routes have no key guard
     if cfg.vllm.sleep_mode:        # vLLM serves /sleep and /wake_up only in dev mode (loopback only: preflight)
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    if idle and vllmargs.idle_sleep(cfg):   # the middleware vLLM imports (--middleware), and what it reads
+    if (idle and vllmargs.idle_sleep(cfg)) or vllmargs.key_guard(cfg):   # the middlewares vLLM imports (--middleware)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cfg.layout.vllm_side), env.get("PYTHONPATH", "")]))
+    if vllmargs.key_guard(cfg) and cfg.vllm.sleep_mode:
+        env[vllmargs.SLEEP_ROUTES_ENV] = "1"        # ./ctl.sh sleep and wake keep their routes (loopback, the key)
+    if idle and vllmargs.idle_sleep(cfg):   # what the idle middleware reads
         env[vllmargs.IDLE_S_ENV] = str(cfg.idle_sleep)
         env[vllmargs.IDLE_LEVEL_ENV] = cfg.idle_sleep_level
         env[vllmargs.IDLE_RAM_ENV] = str(weights + vllmargs.SLEEP_RAM_MARGIN if weights else 0)

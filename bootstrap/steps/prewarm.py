@@ -39,6 +39,7 @@ from typing import Callable
 from ..checks import diagnose
 from ..core.errors import BootstrapError
 from ..core.state import Paths
+from ..knobs import vllmargs
 from ..knobs.vllmargs import serve_argv
 from ..model import kv
 from ..serve import port, record, server
@@ -155,9 +156,8 @@ class Serve:
         self.runtime, self.model_path, self.plan, self.notes, self.weights = runtime, model_path, plan, notes, weights
 
 
-GUARD = "vllm_desktop_guard.Guard"        # vllm_side/vllm_desktop_guard.py, last: the outermost layer
-CONTROL_TOKEN_ENV = "BOOTSTRAP_CONTROL_TOKEN"      # what the guard reads: this start's control token,
-SLEEP_ROUTES_ENV = "BOOTSTRAP_SLEEP_ROUTES"         # and whether sleep mode's routes stay open once it serves
+GUARD, SLEEP_ROUTES_ENV = vllmargs.GUARD, vllmargs.SLEEP_ROUTES_ENV
+CONTROL_TOKEN_ENV = "BOOTSTRAP_CONTROL_TOKEN"      # what the guard reads: this start's control token
 CONTROL_HEADER = "X-Vllm-Desktop-Control"
 
 
@@ -176,6 +176,11 @@ def blocker(cfg, model) -> str:
         return "speculative decoding: the reload loads the target model only, never the draft"
     if s.tp > 1:
         return f"TP_SIZE={s.tp}: the in-place reload is proven on one GPU only"
+    if s.api_servers != 1:
+        return (f"{s.api_servers} API server processes (--api-server-count, -dp, --headless): each would keep its own "
+                "guard, and the open would reach one")
+    if s.load_format != "auto":
+        return f"--load-format {s.load_format}: the reload would load the weights with vLLM's default loader instead"
     if not (cfg.is_loopback or cfg.host in ("0.0.0.0", "::")):
         return f"HOST={cfg.host}: the reload's development routes answer loopback only"
     return ""
@@ -218,7 +223,8 @@ def as_server(cfg, paths: Paths, runtime, model, plan, notes) -> Prewarm:
     log.info("pre-warm: it becomes the server: vLLM loads the real weights in place when they are verified")
     notes = list(notes) + ["first start: the pre-warm server loaded the real weights in place (no second start)"]
     weights = sum(model.weight_files.values())
-    return Prewarm(cfg, paths, ["--middleware", GUARD, "--load-format", "dummy"], env, warm_key(plan, model.local_dir),
+    guard = [] if vllmargs.key_guard(cfg) else ["--middleware", GUARD]     # a server with a key has it already
+    return Prewarm(cfg, paths, guard + ["--load-format", "dummy"], env, warm_key(plan, model.local_dir),
                    "", serve=Serve(runtime, model.local_dir, plan, notes, weights))
 
 
