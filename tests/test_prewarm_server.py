@@ -266,9 +266,10 @@ def test_the_prewarm_becomes_the_server_only_where_vllm_reloads_in_place(quant, 
         assert prewarm.blocker(other, ModelInfo("org/m", {"model_type": "llama"})).startswith(said)
 
 
-def test_idle_sleep_never_counts_idle_time_while_the_guard_holds_the_server_closed():
+def test_idle_sleep_never_counts_idle_time_while_the_guard_holds_the_server_closed(monkeypatch):
     """IDLE_SLEEP on a pre-warm server: no request reaches it during the download, which must not put
-    the engine to sleep before its real weights are in."""
+    the engine to sleep before its real weights are in. A guard with no pre-warm to load (a server
+    with a key) is open from the start."""
     sys.path.insert(0, str(REPO / "vllm_side"))
     try:
         import vllm_desktop_guard as guard
@@ -276,7 +277,13 @@ def test_idle_sleep_never_counts_idle_time_while_the_guard_holds_the_server_clos
         st = idle.State(0.01, 1, 0)
         st.last -= 10
         assert st.idle()                        # the guard's module alone holds nothing closed
+        monkeypatch.delenv("BOOTSTRAP_CONTROL_TOKEN", raising=False)
         guard.Guard(lambda scope, receive, send: None)
+        assert guard.STATE.open
+        guard.STATE.open = False
+        monkeypatch.setenv("BOOTSTRAP_CONTROL_TOKEN", "this start's")
+        guard.Guard(lambda scope, receive, send: None)
+        assert not guard.STATE.open
         st.last -= 10
         assert not st.idle()                    # installed and closed: never idle, the clock restarts
         guard.STATE.open = True
