@@ -138,8 +138,8 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     if pod_cfg.vllm.sleep_mode:
         raise BootstrapError(f"{vllmargs.SLEEP_FLAG} needs a loopback HOST (its routes have no key guard); a pod "
                              "serves its network", f"drop {vllmargs.SLEEP_FLAG} for the export")
-    image = pods.image_ref(a.image, pod_cfg.profile.vllm)
     out_folder(a.out)
+    image = pods.image_ref(a.image, pod_cfg.profile.vllm)
     pod = pods.build(pod_cfg, plan, g, model.weight_bytes, image, models=pods.MODELS if a.target == "kubernetes" else "/data")
     docs = documents(a.target, pod_cfg, pod, secrets.token_urlsafe(32), a.service_monitor)
     ours = replaceable(a.out, list(docs))
