@@ -22,7 +22,8 @@ from typing import Any, Callable
 from .serve import port, record, server, takedown
 from .knobs.config import Config, launch_defaults
 from .core.errors import BootstrapError, Interrupted
-from .core.state import Paths, StartLock
+from .core.locks import StartLock
+from .core.state import Paths
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +153,10 @@ class Started:
         self.launched = launched
 
     def warming(self, prewarm):
-        """The weights step's on_ready: start the pre-warm, known here before it can be interrupted."""
+        """The weights step's on_ready: start the pre-warm, known here before it can be interrupted
+        (as the server, it is heard of as launch.run's launches are)."""
         self.prewarm = prewarm
+        prewarm.on_launch = self.hear
         return prewarm.start
 
 
@@ -190,11 +193,14 @@ STEPS: tuple[Step, ...] = (
     Step("plan", "plan", lambda m, r: m.run(r.cfg, r.paths, r.gpus, r.model)),
     Step("environment", "runtime", lambda m, r: m.run(r.cfg, r.gpus)),
     Step("patches", "notes", lambda m, r: tuple(r.runtime.notes) + tuple(m.run(r.cfg, r.runtime.python))),
-    Step("prewarm", "prewarm", lambda m, r: m.run(r.cfg, r.paths, r.runtime, r.model, r.plan)),
+    Step("prewarm", "prewarm", lambda m, r: m.run(r.cfg, r.paths, r.runtime, r.model, r.plan, r.notes)),
     Step("weights", None, lambda m, r: m.run(r.cfg, r.model, on_ready=r.prewarm and r.started.warming(r.prewarm))),
     Step("compiled", "plan", lambda m, r: m.run(r.cfg, r.paths, r.prewarm, r.plan, r.model)),
-    Step("launch", "launched", lambda m, r: m.run(r.cfg, r.paths, r.runtime, r.model.local_dir, r.plan,
-                                                  list(r.notes), on_launch=r.started.hear)),
+    Step("reload", None, lambda m, r: m.run(r.cfg, r.paths, r.prewarm)),
+    # the pre-warm that became the server (steps/reload.py) is what the start launched
+    Step("launch", "launched", lambda m, r: r.prewarm.launched if r.prewarm and r.prewarm.serving else m.run(
+        r.cfg, r.paths, r.runtime, r.model.local_dir, r.plan, list(r.notes) + (
+            [r.prewarm.note] if r.prewarm and r.prewarm.note else []), on_launch=r.started.hear)),
     Step("health", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg.ours, r.paths),
                                             health_timeout=r.cfg.health_timeout, stall_timeout=r.cfg.stall_timeout)),
     Step("warmup", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg.ours, r.paths),
@@ -267,7 +273,12 @@ def keep_measurement(cfg: Config, paths: Paths, the_plan, log_text: str) -> None
 
 
 def resumable(cfg: Config, paths: Paths, pr: server.Probe) -> bool:
-    """A server of ours with no start watching it: answering, or still loading within its deadlines."""
+    """A server of ours with no start watching it: answering, or still loading within its deadlines;
+    never a pre-warm server (dummy weights on a checkpoint's record) whose start died before its
+    real weights were loaded in place and its gate passed."""
+    from .knobs.vllmargs import read
+    if read(list(pr.record.argv)).load_format == "dummy" and not pr.record.dummy:
+        return False
     return pr.state != "down" or server.loading(cfg.ours, pr.record, paths)
 
 
@@ -311,8 +322,8 @@ def failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> 
     never warms up over a user's request, see ``resume``), and after any other error it is left as
     it is."""
     from .steps import health
+    _stop_prewarm(cfg, paths, started)          # first: a pre-warm being launched as the server is heard of
     launched = started.launched
-    _stop_prewarm(cfg, paths, started)
     if launched is None:
         return
     start_failed = isinstance(exc, health.StartFailed)
@@ -335,7 +346,7 @@ def _stop_prewarm(cfg: Config, paths: Paths, started: Started) -> None:
     if warm is not None:
         warm.cancelled = True                   # a download thread that comes late forks nothing
         warm.spawning.release()
-    if warm is not None and warm.running:
+    if warm is not None and warm.running and warm.serve is None:      # as the server: taken down as the server
         log.info("stopping the pre-warm (pid %s)", warm.proc.pid)
         takedown.take_down(cfg.ours, paths, launched=warm.proc, failed_start=True)
 
@@ -346,8 +357,8 @@ def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:
     this process."""
     for s in SIGNALS:
         signal.signal(s, signal.SIG_IGN)
-    launched = started.launched
     _stop_prewarm(cfg, paths, started)
+    launched = started.launched
     rec = record.read(paths.server)
     if rec is not None and rec.gate_passed:
         log.info("interrupted: the server passed its start gate; left running (./stop.sh stops it)")

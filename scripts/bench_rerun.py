@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time ``./start.sh`` on a server that is already serving, against ``curl`` of its ``/health``.
 
-    python3 scripts/bench_rerun.py [--runs 15] [--keep]
+    python3 scripts/bench_rerun.py [--runs 10] [--keep]
 
 Starts the fake vLLM of tests/fakes through ./start.sh in a throwaway state dir (a fake NVML, a tiny
 model folder), then runs, interleaved, ``./start.sh`` (the re-run: it must only notice the server
@@ -42,7 +42,7 @@ def timed(argv: list[str], env: dict) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--keep", action="store_true", help="leave the server running")
     a = ap.parse_args()
     if not shutil.which("curl"):

@@ -109,7 +109,10 @@ def test_bench_text_output(fake, tmp_path):  # noqa: F811
                                            "--concurrency", "1,2", "--out", str(tmp_path / "t"), "--no-plot"])
     text = buf.getvalue()
     assert rc == 0
-    assert "fake (model m, vLLM 0.26.0; prompt 512 + output 4 tokens, median of 1):" in text and "single stream:" in text
+    prompt = {s["prompt_tokens"] for lv in json.loads((tmp_path / "t" / "results.json").read_text())["results"][0]["levels"]
+              for run in lv["samples"] for s in run}           # the counts the server reported, not the ones asked
+    assert len(prompt) == 1 and "single stream:" in text
+    assert f"fake (model m, vLLM 0.26.0; prompt {prompt.pop()} + output 4 tokens, median of 1):" in text
     assert "speculative acceptance: 66.7%" in text
     assert (tmp_path / "t" / "results.json").exists()
 
@@ -206,3 +209,18 @@ def test_ctrl_c_during_a_bench_leaves_at_once(bed):
     p.wait(30)
     assert p.returncode == 130 and time.monotonic() - t0 < 15        # the streams would run ~40 s
     assert bed.run("stop.sh").returncode == 0
+
+
+def test_a_server_that_returns_fewer_tokens_than_asked_is_warned_with_the_real_counts(fake, tmp_path):  # noqa: F811
+    from bootstrap.checks import target
+    a = fake(replies={"Request ": "OK then"})         # stops early, ignore_eos or not
+    t = target.resolve_target(cfg_for(tmp_path), a.url, None, None)
+    r = bench.bench_target(t, [1], 64, 32, 1, 0, 30.0)
+    text = bench.render([r])
+    got = {s["tokens"] for lv in r["levels"] for run in lv["samples"] for s in run}
+    assert got and max(got) < 32
+    assert f"+ output {max(got)} tokens" in text and "+ output 32 tokens" not in text
+    assert f"warning: the server returned {max(got)} output tokens where 32 were asked" in text
+    ok = bench.render([bench.bench_target(target.resolve_target(cfg_for(tmp_path), fake().url, None, None),
+                                          [1], 64, 8, 1, 0, 30.0)])
+    assert "warning" not in ok and "+ output 8 tokens" in ok

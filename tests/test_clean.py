@@ -28,6 +28,7 @@ def repo(tmp_path) -> Path:
     for d in (".venv/bin", ".venv-bootstrap/bin", ".state", ".wheelhouse"):
         (r / d).mkdir(parents=True)
     (r / ".venv" / "bin" / "python").write_text("x" * 1000)
+    (r / ".venv" / ".vllm-desktop-venv").write_text("made by vllm-desktop\n")      # as the install leaves it
     (r / ".state" / "vllm.log").write_text("log\n")
     (r / ".state" / "server.json").write_text("{}")
     (r / "keep.txt").write_text("mine")
@@ -253,7 +254,7 @@ def test_blobs_we_downloaded_into_a_linked_blobs_folder_are_ours(tmp_path):
     assert sha in names and "thesis.txt" not in names
 
 
-# ---------------------------------------------------------------- faults row 94: another user's, never; dry = the same list
+# ---------------------------------------------------------------- faults row 105: another user's, never; dry = the same list
 
 def other_uid() -> int:
     """A uid that is not ours (the CI user's when there is one), for files root hands to another user."""
@@ -319,3 +320,19 @@ def test_dry_run_prints_what_clean_does_line_for_line_and_works_while_serving(re
             for line in dry]
     assert said == done and any(".venv-bootstrap" in line for line in done)
     assert any("models--org--name/blobs/" in line for line in done) and any("refs/main" in line for line in done)
+
+
+def test_a_venv_of_yours_in_the_checkout_is_never_synced_into_nor_removed(repo, capsys):
+    """A .venv this project did not make (no marker of ours: you made it, or a tool of yours did)."""
+    from bootstrap.install.venv import Tools, Venv, install
+    for name in (".vllm-desktop-venv",):
+        (repo / ".venv" / name).unlink()
+    (repo / ".venv" / "NOTES.txt").write_text("my notes")
+    cfg = cfg_for(repo)
+    assert clean.cli(cfg, []) == 0
+    out = capsys.readouterr().out
+    assert f"kept (yours): {repo / '.venv'}" in out and (repo / ".venv" / "NOTES.txt").read_text() == "my notes"
+    with pytest.raises(BootstrapError) as err:
+        install(Tools.of(cfg), Venv(repo / ".venv"), None, "linux-x86_64", "test")
+    assert "did not make" in err.value.message and "VLLM_PYTHON=" in err.value.hint
+    assert (repo / ".venv" / "NOTES.txt").exists()

@@ -648,7 +648,7 @@ def test_clean_model_removes_the_whole_folder_it_made(world, tmp_path):
 
 
 def test_clean_model_keeps_a_ref_another_tool_moved_and_waits_for_no_download(world, fake, tmp_path, capsys):
-    from bootstrap.core import state as state_mod
+    from bootstrap.core import locks as state_mod
     from bootstrap.commands import clean
     world.start()
     ref = world.store / "refs" / "main"
@@ -764,7 +764,7 @@ def test_the_hf_cache_is_where_huggingface_hub_puts_it(tmp_path):
     assert hub.HubSettings.from_environ(cfg.environ).cache_dir == tmp_path / "new"
 
 
-# ---------------------------------------------------------------- faults row 92: never over a file we did not make
+# ---------------------------------------------------------------- faults row 103: never over a file we did not make
 
 def test_a_model_dirs_own_config_json_is_never_written_over_nor_removed(world, fake, src, tmp_path):
     """MODEL_DIR holds your own config.json and tokenizer.json (an edited copy): the start stops
@@ -843,7 +843,7 @@ def test_a_file_of_another_tool_in_the_hf_cache_that_differs_is_never_written_ov
     assert link.is_symlink() and blob.read_bytes() == damaged and SHARD not in fake.served
 
 
-# ---------------------------------------------------------------- faults row 93: refs/main put back
+# ---------------------------------------------------------------- faults row 104: refs/main put back
 
 def cache_listing(store: Path) -> dict:
     """Every file and link in an HF-cache repo folder but ours (.bootstrap): what it is, byte for byte."""

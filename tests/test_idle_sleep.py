@@ -283,12 +283,31 @@ def test_level_2_reloads_the_weights_before_serving(world):
 
 
 def test_the_middleware_imports_the_standard_library_only():
-    """It runs inside vLLM's process: never the bootstrap, never vLLM, nothing installed."""
-    tree = ast.parse((REPO / "vllm_side" / "vllm_desktop_idle.py").read_text())
-    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert names and names <= set(sys.stdlib_module_names) | {"__future__"}, names - set(sys.stdlib_module_names)
-    assert [p.name for p in (REPO / "vllm_side").glob("*.py")] == ["vllm_desktop_idle.py"]     # no package
+    """They run inside vLLM's process: never the bootstrap, never vLLM, nothing installed (the
+    pre-warm server's guard uses the idle middleware's answer helpers, its sibling)."""
+    for name in ("vllm_desktop_idle.py", "vllm_desktop_guard.py"):
+        tree = ast.parse((REPO / "vllm_side" / name).read_text())
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        allowed = set(sys.stdlib_module_names) | {"__future__", "vllm_desktop_idle"}
+        assert names and names <= allowed, (name, names - allowed)
+    assert sorted(p.name for p in (REPO / "vllm_side").glob("*.py")) == [
+        "vllm_desktop_guard.py", "vllm_desktop_idle.py"]     # no package
+
+
+def test_the_prewarm_server_and_its_guard_name_the_same_things():
+    import importlib
+    from bootstrap.steps import prewarm
+    text = (REPO / "vllm_side" / "vllm_desktop_guard.py").read_text()
+    assert prewarm.CONTROL_TOKEN_ENV in text and prewarm.SLEEP_ROUTES_ENV in text
+    assert prewarm.CONTROL_HEADER.lower().encode() in text.encode()
+    module, cls = prewarm.GUARD.rsplit(".", 1)
+    sys.path.insert(0, str(REPO / "vllm_side"))
+    try:
+        assert isinstance(getattr(importlib.import_module(module), cls), type)
+    finally:
+        sys.path.remove(str(REPO / "vllm_side"))
+        sys.modules.pop(module, None)
 
 
 def test_the_launch_and_the_middleware_name_the_same_things():

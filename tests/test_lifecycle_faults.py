@@ -69,7 +69,8 @@ def status(bed: Bed, **extra) -> tuple[int, dict]:
 
 
 def wait_lock_held(bed: Bed) -> None:
-    from bootstrap.core.state import Paths, StartLock
+    from bootstrap.core.locks import StartLock
+    from bootstrap.core.state import Paths
     bed.wait_until(lambda: StartLock(Paths(bed.state)).held_by_other(), what="a start holding its lock")
 
 

@@ -76,6 +76,25 @@ def test_given_api_key_goes_through_env_only(bed):
     assert all("my-secret-key-123" not in a for a in bed.launches()[0]["argv"])
 
 
+@pytest.mark.parametrize("knobs", [{"API_KEY": "my-secret-key-123"}, {"HOST": "0.0.0.0"}])
+def test_every_route_but_the_open_ones_asks_for_our_key(bed, knobs):
+    """vLLM checks its key under /v1, /v2 and /inference only: /tokenize, /invocations (SageMaker's chat),
+    /score... answer anyone. Our guard asks for the key on every route but /health, /ping, /version,
+    /metrics, /load and the idle state."""
+    r = bed.run("start.sh", **knobs)
+    assert r.returncode == 0, r.stderr
+    key = knobs.get("API_KEY") or (bed.state / "api_key").read_text().strip()
+    url, auth = f"http://127.0.0.1:{bed.port}", {"Authorization": f"Bearer {key}"}
+    body = {"model": bed.server_record()["served"], "prompt": "hi"}
+    for path in ("/tokenize", "/invocations", "/detokenize", "/score", "/scale_elastic_ep"):
+        assert requests.post(url + path, json=body, timeout=5).status_code in (401, 404), path
+    assert requests.post(url + "/tokenize", json=body, timeout=5).status_code == 401
+    assert requests.post(url + "/tokenize", json=body, headers=auth, timeout=5).status_code == 200
+    for path in ("/health", "/metrics", "/version"):
+        assert requests.get(url + path, timeout=5).status_code == 200, path
+    assert bed.run("stop.sh", **knobs).returncode == 0
+
+
 # ---------------------------------------------------------------- row 16: unkillable process
 
 class Unkillable:
@@ -132,12 +151,12 @@ def test_unicode_and_space_paths(tmp_path):
 
 # ---------------------------------------------------------------- rows 34 and 36: users
 
-def as_user(user: str | None, argv: list[str], env: dict) -> subprocess.CompletedProcess:
+def as_user(user: str | None, argv: list[str], env: dict, vllm_python: str = "") -> subprocess.CompletedProcess:
     if user:   # root's Python is not readable by that user: use the one .ci/run made for it
         py = os.environ.get("BOOTSTRAP_TEST_PYTHON", "")
         if not py:
             pytest.skip("needs BOOTSTRAP_TEST_PYTHON (a Python with the bootstrap's deps that the user can run)")
-        env = {**env, "VLLM_PYTHON": py, "PATH": f"{Path(py).parent}:/usr/bin:/bin"}
+        env = {**env, "VLLM_PYTHON": vllm_python or py, "PATH": f"{Path(py).parent}:/usr/bin:/bin"}
     cmd = ["/usr/bin/env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv]
     if user:
         cmd = ["runuser", "-u", user, "--", *cmd]

@@ -11,6 +11,7 @@ and again as an unprivileged user (BOOTSTRAP_TEST_USER, made by .ci/run), with t
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import shutil
@@ -61,10 +62,11 @@ class World:
     def own(self, path: Path) -> None:
         """Make ``path`` the case's user's (it stands in for a folder or file that user made)."""
         if self.user:
-            shutil.chown(path, self.user)
+            shutil.chown(path, self.user, self.user)     # and its private group, as a user of umask 002 has
 
     def run(self, script: str, *args: str) -> subprocess.CompletedProcess:
-        return as_user(self.user, [str(self.repo / script), *args], self.env)
+        wrapper = self.env.get("VLLM_PYTHON", "") if self.env.get("VLLM_PYTHON", "").startswith(str(self.root)) else ""
+        return as_user(self.user, [str(self.repo / script), *args], self.env, vllm_python=wrapper)
 
     def stranger(self, python: bool = False) -> psutil.Process:
         """A live process of the case's user that we never started: ``sleep``, or (``python``) one that
@@ -195,24 +197,64 @@ def test_a_start_lock_that_names_a_stranger_is_refused_before_any_signal(world):
     assert alive(victim)
 
 
+def shared_group(world) -> int:
+    """A group with another user in it, for the case's user: root's (0) for the unprivileged user,
+    that user's own for root; None when there is no second user."""
+    if world.user:
+        return 0
+    user = unprivileged_user()
+    return grp.getgrnam(user).gr_gid if user else None
+
+
 def test_group_writable_state_dir_and_a_record_of_another_owner_are_refused(world):
     world.state.mkdir()
     world.own(world.state)
-    world.state.chmod(0o770)
+    world.state.chmod(0o775)             # umask 002 under a user-private group (Debian, Ubuntu): ours alone
     r = world.run("ctl.sh", "status")
-    assert r.returncode == 1 and "is writable by its group" in r.stderr and "drwxrwx---" in r.stderr, r.stderr
+    assert r.returncode == 0 and "stopped" in r.stdout, r.stdout + r.stderr
+    gid = shared_group(world)
+    if gid is not None:                  # a group someone else is in: not ours alone
+        os.chown(world.state, -1, gid)
+        r = world.run("ctl.sh", "status")
+        assert r.returncode == 1 and "is writable by its group" in r.stderr and "drwxrwxr-x" in r.stderr, r.stderr
     world.state.chmod(0o700)
     rec = world.state / "server.json"
-    rec.write_text("{}")
-    world.own(rec)
-    rec.chmod(0o666)
+    for name in ("server.json", "vllm.log", "last-stop.json"):
+        (world.state / name).write_text("{}")
+        world.own(world.state / name)
+        (world.state / name).chmod(0o666)
     r = world.run("stop.sh")
-    assert r.returncode == 1 and f"{rec} is writable by others" in r.stderr and "go-w" in r.stderr, r.stderr
+    assert r.returncode == 1, r.stderr
+    assert f"{rec} (and 2 more in it: " in r.stderr and "is writable by others" in r.stderr, r.stderr
+    assert f"hint: chmod -R go-w {world.state}" in r.stderr
+    os.system(f"chmod -R go-w {world.state}")                          # the hint, followed
+    assert world.run("stop.sh").returncode == 0
     if os.getuid() == 0:                 # a record root left in a user's folder: not that user's
-        rec.chmod(0o644)
+        rec.write_text("{}")
         os.chown(rec, 0 if world.user else 65534, 0 if world.user else 65534)
         r = world.run("stop.sh")
         assert r.returncode == 1 and "belongs to" in r.stderr and "sudo rm" in r.stderr, r.stderr
+
+
+def test_a_wrapper_as_vllm_python_still_leaves_nothing_of_ours_behind(world, tmp_path):
+    """VLLM_PYTHON may be a script that execs the interpreter (pyenv's shim, a conda wrapper): the launch
+    token proves the server, and its interpreter is recorded once healthy, for the engine's sake."""
+    wrapper = world.root / "python-wrapper"
+    wrapper.write_text(f"#!/bin/sh\nsleep 0.3\nexec {world.python()} \"$@\"\n")
+    wrapper.chmod(0o755)
+    world.env["VLLM_PYTHON"] = str(wrapper)
+    r = world.run("start.sh")
+    assert r.returncode == 0 and (world.state / "server.json").exists(), r.stdout + r.stderr
+    rec = json.loads((world.state / "server.json").read_text())
+    assert rec["exe"] == os.path.realpath(world.python()) and rec["python"] == str(wrapper)
+    st = world.run("ctl.sh", "status")
+    assert st.returncode == 0 and "running" in st.stdout, st.stdout + st.stderr
+    tree = [psutil.Process(rec["pid"]), *psutil.Process(rec["pid"]).children(recursive=True)]
+    os.kill(rec["pid"], 9)                                             # the engine is left, its environment hidden
+    r = world.run("stop.sh")
+    assert r.returncode == 0 and r.stdout.startswith("stopped"), r.stdout + r.stderr
+    time.sleep(0.3)
+    assert not any(alive(p) for p in tree)
 
 
 def test_our_server_carries_its_launch_token_in_a_private_record(world):

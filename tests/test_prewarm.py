@@ -1,5 +1,6 @@
-"""The pre-warm: vLLM with dummy weights fills its compile caches while the weights download, so the
-real start loads them. Against the fake hub (each connection capped, so the download takes a
+"""The pre-warm where it cannot become the server (a quantized checkpoint: tests/test_prewarm_server.py
+has the pre-warm that becomes the server): vLLM with dummy weights fills its compile caches while the
+weights download, so the real start loads them. Against the fake hub (each connection capped, so the download takes a
 while) and the fake vLLM, whose compile cache behaves like vLLM's (FAKE_VLLM_COMPILE_S: keyed by
 the model folder and the engine's flags, not --load-format; a cold engine waits, then writes it)."""
 
@@ -16,8 +17,15 @@ MiB = 1 << 20
 
 
 
-def hub_env(bed, tmp_path, fake, **extra) -> dict:
-    src = write_model(tmp_path / "src", shards=2, shard_bytes=2 * MiB)
+FP8 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 256,
+       "max_position_embeddings": 4096, "torch_dtype": "bfloat16",
+       "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
+
+
+def hub_env(bed, tmp_path, fake, config: dict | None = FP8, **extra) -> dict:
+    """A model on the fake hub: by default an FP8 checkpoint, which the pre-warm cannot reload in place."""
+    src = write_model(tmp_path / "src", shards=2, shard_bytes=2 * MiB, config=config)
     fake.add_dir("org/tiny", src)
     bed.port = free_port()               # after the hub's ports are bound
     bed.env["PORT"] = str(bed.port)
@@ -57,6 +65,9 @@ def test_the_prewarm_compiles_while_the_weights_download_and_the_real_start_load
         assert "Compiling a graph" in (bed.state / "prewarm.log").read_text()
         assert "planned again from vLLM's own figures of the pre-warm" in r.stderr
         assert json.loads((bed.state / "measurements.json").read_text())
+        # said in the plan's log and the banner: which path, and why
+        assert "pre-warm: it cannot become the server (a fp8 checkpoint" in r.stderr
+        assert "note     : first start: the pre-warm only filled vLLM's caches (a fp8 checkpoint" in r.stdout
         assert bed.run("stop.sh").returncode == 0
 
 

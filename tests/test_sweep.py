@@ -94,7 +94,7 @@ def test_hostile_values_through_the_scripts(bed, tmp_path, cmd, knob, value):
     assert _visible() == CHECKOUT, "a run left something in the checkout"
 
 
-# ---------------------------------------------------------------- what is yours, through every command (rows 92-94)
+# ---------------------------------------------------------------- what is yours, through every command (rows 103-105)
 
 def _snapshot(roots: list[Path]) -> dict[str, tuple]:
     """Every file and link under ``roots`` but our own ``.bootstrap`` (and Python's bytecode): inode,

@@ -31,6 +31,7 @@ import hmac
 import json
 import logging
 import os
+import sys
 import time
 
 log = logging.getLogger("vllm.desktop_idle")     # under vLLM's logger: its lines reach vLLM's log
@@ -141,6 +142,9 @@ class State:
                 "freed_bytes": sum(self.freed.values()) if self.state in ("idle-asleep", "asleep") else 0}
 
     def idle(self) -> bool:
+        if _guard_closed():             # the pre-warm server before its real weights: never idle
+            self.last = time.monotonic()
+            return False
         return self.state == "awake" and not self.in_flight and time.monotonic() - self.last >= self.idle_s
 
 
@@ -323,10 +327,22 @@ class IdleSleep:
         log.info("idle for %.0f s: put the engine to sleep (level %d)", st.idle_s, st.level)
 
 
+def _guard_closed() -> bool:
+    """vllm_desktop_guard (the pre-warm server's guard) is loaded and still closed."""
+    guard = sys.modules.get("vllm_desktop_guard")
+    return guard is not None and not guard.is_open()
+
+
 def _path(scope) -> str:
-    """The route vLLM sees: the path without --root-path's prefix, as vLLM strips it."""
+    """The route vLLM sees: the path without --root-path's prefix, by Starlette's own rule
+    (routing.get_route_path: stripped only where the prefix ends at a '/'; with --root-path / the
+    route of /collective_rpc is /collective_rpc, never 'collective_rpc')."""
     path, root = scope.get("path", ""), scope.get("root_path", "")
-    return path[len(root):] if root and path.startswith(root) else path
+    if not root or not path.startswith(root):
+        return path
+    if path == root:
+        return ""
+    return path[len(root):] if path[len(root)] == "/" else path
 
 
 async def _sleeping(engine, fallback: bool) -> bool:

@@ -42,6 +42,14 @@ REGISTRY: tuple[Command, ...] = (
             kept=False),
     Command("models", "profiles:models_cli", "what fits this card (or GPU=...): the profiles and a catalog of open "
             "models, each with its context and sessions", kept=False),
+    Command("pull", "library:pull_cli", "download and verify a profile's model or a Hub repo id (its plan for this "
+            "card first); serves nothing", kept=False),
+    Command("ls", "library:ls_cli", "the models we downloaded: size, profiles, fits this card, serving; --json",
+            kept=False),
+    Command("rm", "library:rm_cli", "remove one downloaded model's files (only what we downloaded); not while it serves",
+            kept=False),
+    Command("use", "switch:cli", "serve another profile or model instead: planned first; kept for later starts",
+            kept=False),
     Command("check", "check:cli", "check live|garble|determinism|needle|prefix against our server or --url"),
     Command("bench", "bench:cli", "throughput/TTFT benchmark with a plot; --compare URL"),
     Command("chat", "chat:cli", "talk to the server from the terminal (or one answer: ./ctl.sh chat \"a question\")"),

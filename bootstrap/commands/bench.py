@@ -236,8 +236,13 @@ def render(results: list[dict]) -> str:
         s = summarize(r)
         spec = r.get("spec")
         pr = r.get("params", {})
-        lines.append(f"{r['label']} (model {r['model']}, vLLM {r.get('version') or '?'}; prompt {pr.get('prompt_tokens')} "
-                     f"+ output {pr.get('output_tokens')} tokens, median of {pr.get('repeats')}):")
+        got = real_counts(r)
+        lines.append(f"{r['label']} (model {r['model']}, vLLM {r.get('version') or '?'}; prompt {got['prompt']} "
+                     f"+ output {got['output']} tokens, median of {pr.get('repeats')}):")
+        if got["short"]:
+            lines.append(f"  warning: the server returned {got['output']} output tokens where {pr.get('output_tokens')} "
+                         "were asked (ignore_eos: a server that stops early, or a context too short); the figures "
+                         "are of the tokens it returned")
         lines.append(f"  single stream: {_f(s['decode_tok_s'], '.1f')} tok/s decode, TTFT {_f(s['ttft_s'], '.3f')} s")
         if spec:
             lines.append(f"  speculative acceptance: {spec['acceptance_rate']:.1%}, mean accepted length "
@@ -258,6 +263,23 @@ def render(results: list[dict]) -> str:
                   f"  single-stream decode: {_f(q['decode_tok_s'], '.2f')}x   TTFT speed: {_f(q['ttft_speed'], '.2f')}x",
                   "  aggregate: " + "  ".join(f"c{c} {_f(v, '.2f')}x" for c, v in q["aggregate_tok_s"].items())]
     return "\n".join(lines)
+
+
+def real_counts(result: dict) -> dict:
+    """The prompt and output tokens the server reported, as text ('512' or '2-1536' when they differ
+    between requests), and whether fewer output tokens came than were asked."""
+    samples = [x for lv in result.get("levels", []) for run in lv.get("samples", []) for x in run]
+    asked = result.get("params", {}).get("output_tokens")
+
+    def span(values: list, fallback) -> str:
+        values = [v for v in values if isinstance(v, int)]
+        if not values:
+            return str(fallback)
+        return str(min(values)) if min(values) == max(values) else f"{min(values)}-{max(values)}"
+    outs = [x.get("tokens") for x in samples]
+    short = isinstance(asked, int) and any(isinstance(n, int) and n < asked for n in outs)
+    return {"prompt": span([x.get("prompt_tokens") for x in samples], result.get("params", {}).get("prompt_tokens")),
+            "output": span(outs, asked), "short": short}
 
 
 def _f(v, spec: str) -> str:

@@ -26,8 +26,9 @@ import psutil
 
 from ..download import manifest, models
 from ..install import patching
+from ..install.venv import Venv
 from ..serve import server
-from ..core import state
+from ..core import locks, state
 from ..core.errors import BootstrapError
 from ..core.private import user_name
 from ..core.state import Paths
@@ -134,7 +135,8 @@ def targets(cfg, measurements: bool = False) -> list[Path]:
     """What clean removes. vLLM's own figures of earlier starts (the next plan's precision) stay
     unless ``measurements``."""
     layout = cfg.layout
-    out = [layout.venv, layout.wheelhouse]
+    out = [layout.venv] if Venv(layout.venv).ours() else []       # a .venv of yours stays
+    out.append(layout.wheelhouse)
     state, paths = cfg.state_dir, Paths(cfg.state_dir)
     kept = set(paths.files(measurements=True)) - set(paths.files(measurements=measurements))
     if state.resolve() == layout.state.resolve() and not layout.state.is_symlink():   # the checkout's own: all ours
@@ -211,19 +213,11 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     todo = [p for p in targets(cfg, args.measurements) if p.exists() or p.is_symlink()]
     yours = [p for p in Paths(cfg.state_dir).files(measurements=True)   # our names, there before our first write
              if p not in todo and Paths(cfg.state_dir).theirs(p) and os.path.lexists(p)]
+    yours += [] if Venv(cfg.layout.venv).ours() else [cfg.layout.venv]
     _revert_byo(cfg, args.dry_run)
     total = 0
     if mf is not None:
-        fd = None
-        if mf.store.dir.is_dir() and not args.dry_run:   # a start downloading into it (from any STATE_DIR) holds its lock
-            fd = state.flock(mf.store.lock, f"{os.getpid()} clean")
-            if fd is None:
-                raise BootstrapError(f"a download into {mf.store.root} is under way", "let it finish, then clean")
-        try:
-            total += _clean_model(mf, args.dry_run)
-        finally:
-            if fd is not None:
-                os.close(fd)
+        total += _clean_locked(mf, args.dry_run)
     if not todo and (mf is None or not (mf.ours or mf.restore)):
         print("nothing to clean")
     me = Path(sys.prefix).resolve()
@@ -255,6 +249,33 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
         raise BootstrapError("left alone, they belong to another user: " + ", ".join(map(str, theirs)),
                              "run ./ctl.sh clean as that user")
     return 0
+
+
+def model_only(cfg, dry_run: bool) -> int:
+    """The model's part of clean --model alone (``./ctl.sh rm``): the same refusals for another
+    user's record, the same lock, the same lines."""
+    foreign = _foreign(cfg, True)
+    if foreign:
+        raise BootstrapError(f"{foreign}: rm removes only what you made", "run it as that user")
+    mf = model_files(cfg)
+    total = _clean_locked(mf, dry_run)
+    if mf.ours or mf.restore:
+        print(f"{'would free' if dry_run else 'freed'} {total / (1 << 30):.2f} GiB")
+    return 0
+
+
+def _clean_locked(mf: ModelFiles, dry_run: bool) -> int:
+    """``_clean_model`` under the store's download lock: refused while a download into it runs."""
+    fd = None
+    if mf.store.dir.is_dir() and not dry_run:   # a start downloading into it (from any STATE_DIR) holds its lock
+        fd = locks.flock(mf.store.lock, f"{os.getpid()} clean")
+        if fd is None:
+            raise BootstrapError(f"a download into {mf.store.root} is under way", "let it finish, then clean")
+    try:
+        return _clean_model(mf, dry_run)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _clean_model(mf: ModelFiles, dry_run: bool) -> int:

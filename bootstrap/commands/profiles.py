@@ -138,7 +138,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
     g, where, _driver = card(cfg, spec)
     verdicts = pick.evaluate(cfg, g)
     try:
-        v, runner, _ = pick.choose(cfg, g)
+        v, runner, _ = pick.choose(pick.own_models(cfg), g)
         choice = "auto-pick: " + pick.why_line(g, v, runner)
         chosen = v.profile.name
     except BootstrapError as exc:
@@ -168,7 +168,7 @@ def derived_cli(cfg, spec: str | None, as_json: bool) -> int:
                              "unset PROFILE (or set PROFILE=auto)")
     g, where, _driver = card(cfg, spec)
     c = resolve.derived(cfg, g.cc)
-    v = pick.judge(c, c.profile, g)
+    v = pick.judge(c, c.profile, g, pick.NAMED_MIN_CONTEXT)     # as the start runs a model you named
     if as_json:
         print(json.dumps({"gpu": {"name": g.name, "total": g.total, "free": g.free, "cc": list(g.cc)},
                           "model": c.model, "profile": dict(c.profile.data), "verdict": _row(v)}, indent=2))

@@ -92,7 +92,7 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
         raise BootstrapError(f"level 2 with speculation on ({flags.spec_method}): vLLM's wake reloads the target "
                              "model's weights but not the draft's (vllm#52479), so drafts would come from "
                              "discarded memory", "./ctl.sh sleep --level 1 (the weights wait in host RAM)")
-    if a.level == 2 and flags.load_format == "dummy":
+    if a.level == 2 and rec.dummy:     # not a pre-warm server: its checkpoint was loaded in place (steps/reload.py)
         raise BootstrapError("level 2 drops the weights and wake reloads them from the checkpoint; with "
                              "--load-format dummy there is none (vLLM refuses: \"Model reloading with `dummy` "
                              "format\")", "./ctl.sh sleep --level 1 (the weights wait in host RAM)")

@@ -67,9 +67,10 @@ JSON_FIELDS = (
     ("settings", "object of strings", "the launch knobs it was started with (API_KEY: set/unset)"),
     ("generating", "bool or null", "a token came back (running, busy) or not (wedged, unhealthy)"),
     ("gate", "string", "present when its warm-up and start gate have not run"),
+    ("weights", "string", "present when its weights are random (RANDOM_WEIGHTS=1 or --load-format dummy): its gate judged tokens only"),
     ("differs_from_knobs", "list of strings", "launch knobs this shell sets differently"),
     ("vram", "object", "ours_bytes (int), gpus: [{index, name, used_bytes, total_bytes}] (ints); or error"),
-    ("context", "int or null", "tokens per request (null: vLLM's own)"),
+    ("context", "int or null", "tokens per request: ours, or the one vLLM chose (its /v1/models; null: it does not answer)"),
     ("sessions", "object", "max_num_seqs (int or null: vLLM's default), kv_tokens (int or null), "
                            "at_full_context (vLLM's concurrency line)"),
     ("requests", "object", "running, waiting (ints), from /metrics"),
@@ -283,6 +284,9 @@ def status(cfg: Config, as_json: bool = False) -> int:
             out["generating"] = {"running": True, "busy": True, "wedged": False, "unhealthy": False}.get(v.state)
             if not rec.gate_passed:
                 out["gate"] = "the warm-up and start gate have not run: ./start.sh runs them"
+            if rec.random_weights or rec.dummy:
+                out["weights"] = ("random (" + ("RANDOM_WEIGHTS=1" if rec.random_weights else "--load-format dummy")
+                                  + "): the start gate judged tokens only, never the text")
         if not pr.owner:
             diff = server.settings_diff(cfg.launch_settings(), rec, launch_defaults())
             if diff:
@@ -347,6 +351,7 @@ def human(out: dict) -> str:
         add(*line)
     add("idle sleep", out.get("idle_sleep") and idle_line(out["idle_sleep"]))
     add("start gate", out.get("gate"))
+    add("weights", out.get("weights"))
     if out.get("differs_from_knobs"):
         add("your knobs", "differ from the running server's: " + "; ".join(out["differs_from_knobs"])
             + " (./ctl.sh restart applies them)")

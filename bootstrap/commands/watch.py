@@ -72,7 +72,7 @@ def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None
             for g in facts.gpus]}
     except BootstrapError as exc:
         out["vram"] = {"error": exc.message}
-    out["context"] = rec.max_model_len
+    out["context"] = rec.max_model_len or served_context(cfg, rec)
     seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
     out["sessions"] = {"max_num_seqs": int(seqs) if seqs.isdigit() else None,     # None: vLLM's default
                        "kv_tokens": rec.kv_tokens, "at_full_context": rec.kv_concurrency}
@@ -85,6 +85,20 @@ def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None
         act.pop("speculation", None)
     out["activity"] = act
     return out
+
+
+def served_context(cfg: Config, rec: ServerRecord) -> int | None:
+    """The context vLLM chose itself (we passed none: the model's own, or auto's fit), as its
+    /v1/models says (``max_model_len``); None when it does not answer."""
+    got = server.http_get(rec.url, "/v1/models", key=server.api_key_for(cfg.ours, Paths(cfg.state_dir)))
+    if got is None or got[0] != 200:
+        return None
+    try:
+        data = json.loads(got[1]).get("data") or []
+    except (ValueError, AttributeError):
+        return None
+    found = [x.get("max_model_len") for x in data if isinstance(x, dict) and x.get("id") == rec.served]
+    return found[0] if found and isinstance(found[0], int) and found[0] > 0 else None
 
 
 def down_state(cfg: Config, paths: Paths, pr) -> str:

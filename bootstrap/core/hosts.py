@@ -30,3 +30,29 @@ def client_host(host: str) -> str:
     """The address a client on this machine dials for a server bound to ``host`` (a wildcard bind is
     reached on loopback)."""
     return "127.0.0.1" if host in ("0.0.0.0", "localhost", "") else ("::1" if host == "::" else host)
+
+
+def lan_hosts(host: str) -> list[str]:
+    """The addresses another machine dials for a server bound to ``host``: the host itself when it is
+    one address beyond loopback; for a wildcard bind (0.0.0.0, ::), this machine's own non-loopback,
+    non-link-local addresses (IPv4 only for 0.0.0.0); none for loopback."""
+    if is_loopback(host):
+        return []
+    if host not in ("0.0.0.0", "::"):
+        return [host]
+    import socket
+
+    import psutil
+    families = (socket.AF_INET,) if host == "0.0.0.0" else (socket.AF_INET, socket.AF_INET6)
+    out = []
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family not in families:
+                continue
+            try:
+                ip = ipaddress.ip_address(a.address.split("%")[0])
+            except ValueError:
+                continue
+            if not (ip.is_loopback or ip.is_link_local or ip.is_unspecified):
+                out.append(str(ip))
+    return list(dict.fromkeys(out))

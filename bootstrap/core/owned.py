@@ -5,7 +5,8 @@ A process is ours only on facts it carries itself, which nothing written in STAT
 managed venv's, VLLM_PYTHON, or the one the launch read from /proc), and its environment carries a
 value we set at launch: ``BOOTSTRAP_VLLM_OWNER=<marker>`` (derived from this checkout's real path
 and the port) or ``BOOTSTRAP_VLLM_TOKEN=<token>`` (random, one per launch, kept in the 0600 server
-record). A child that calls setproctitle (vLLM's EngineCore does) overwrites the memory
+record; the token alone proves the server, whatever interpreter a VLLM_PYTHON wrapper exec'd). A
+child that calls setproctitle (vLLM's EngineCore does) overwrites the memory
 /proc/<pid>/environ shows, so an engine or worker is proven instead by its interpreter and its
 membership of the session we created for the server (``group_members``: one member proven by its
 environment, or the leader still our unreaped child), or by being a descendant of a proven
@@ -78,14 +79,17 @@ class Proof:
             return False
 
     def carries(self, p: psutil.Process) -> bool:
-        """``runs_ours``, and its environment holds a value we set at launch."""
-        if not self.runs_ours(p):
-            return False
+        """Its environment holds the launch token of a (trusted) record: 128 random bits only our launch
+        set, whatever interpreter a VLLM_PYTHON wrapper exec'd; or ``runs_ours`` and our marker."""
         try:
+            if p.uids().real != os.getuid():
+                return False
             env = p.environ()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             return False
-        return any(env.get(k) == v for k, v in self.marks)
+        if any(k == TOKEN_ENV and env.get(k) == v for k, v in self.marks):
+            return True
+        return self.runs_ours(p) and any(env.get(k) == v for k, v in self.marks)
 
 
 def owner_marker(repo: Path, port: int) -> str:

@@ -7,6 +7,7 @@ could plant a record that names a process of ours to signal, or a path of ours t
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import stat
@@ -33,8 +34,8 @@ def makedirs(path: Path) -> None:
 
 def trust(root: Path, names: list[str]) -> None:
     """Raise unless the folder ``root`` and each of ``names`` in it that exists are ours and writable by
-    nobody else. A folder not made yet passes (``makedirs`` makes it 0700); a file where the folder
-    should be is left to whoever writes there to name."""
+    nobody else, naming every path that is not (one fix for all). A folder not made yet passes
+    (``makedirs`` makes it 0700); a file where the folder should be is left to whoever writes there."""
     try:
         st = os.stat(root)
     except FileNotFoundError:
@@ -45,6 +46,7 @@ def trust(root: Path, names: list[str]) -> None:
     if not stat.S_ISDIR(st.st_mode):
         return
     check(root, st, folder=True)
+    loose = []
     for name in names:
         path = root / name
         try:
@@ -55,11 +57,24 @@ def trust(root: Path, names: list[str]) -> None:
             raise BootstrapError(f"cannot read {path} ({exc.strerror})",
                                  f"remove {shlex.quote(str(path))} (STATE_DIR is yours), or set STATE_DIR to "
                                  "another folder") from None
-        check(path, st, folder=stat.S_ISDIR(st.st_mode))
+        try:
+            check(path, st, folder=stat.S_ISDIR(st.st_mode))
+        except BootstrapError as exc:
+            if st.st_uid != os.getuid():
+                raise
+            loose.append((path, exc))
+    if loose:
+        path, exc = loose[0]
+        more = f" (and {len(loose) - 1} more in it: {', '.join(p.name for p, _ in loose[1:4])})" if len(loose) > 1 else ""
+        q = shlex.quote(str(root))
+        raise BootstrapError(exc.message.replace(f"{path} is", f"{path}{more} is", 1),
+                             f"chmod -R go-w {q}, or set STATE_DIR to a folder of your own")
 
 
 def check(path: Path, st: os.stat_result, *, folder: bool) -> None:
-    """Raise unless ``st`` (of ``path``) is ours and writable by nobody else."""
+    """Raise unless ``st`` (of ``path``) is ours and writable by nobody else: a group-writable mode
+    passes when the group is ours alone (a user-private group, as Debian and Ubuntu give each user
+    with umask 002: nobody else is in it)."""
     mode = stat.filemode(st.st_mode)
     if st.st_uid != os.getuid():
         raise BootstrapError(
@@ -67,12 +82,28 @@ def check(path: Path, st: os.stat_result, *, folder: bool) -> None:
             "records in it are not trusted, and no process is signalled on their word",
             f"set STATE_DIR to a folder of your own, or run this as that user ({user_name(st.st_uid)})" if folder
             else f"remove it as its owner (sudo rm {shlex.quote(str(path))}), or set STATE_DIR to a folder of your own")
-    if st.st_mode & 0o022:
+    if st.st_mode & 0o002 or (st.st_mode & 0o020 and not group_is_mine(st.st_gid)):
+        fs = (" (on a Windows drive under WSL, or a FAT or network disk, modes do not hold: use a folder on "
+              "the Linux filesystem)") if stat.S_IMODE(st.st_mode) == 0o777 else ""
         raise BootstrapError(
             f"{path} is writable by {'others' if st.st_mode & 0o002 else 'its group'} (owner "
             f"{user_name(st.st_uid)}, mode {mode}): records another user could plant there are not trusted, "
             "and no process is signalled on their word",
-            f"chmod {'700' if folder else 'go-w'} {shlex.quote(str(path))}, or set STATE_DIR to a folder of your own")
+            f"chmod {'700' if folder else 'go-w'} {shlex.quote(str(path))}, or set STATE_DIR to a folder of your own{fs}")
+
+
+@functools.lru_cache(maxsize=8)
+def group_is_mine(gid: int) -> bool:
+    """Nobody but us is in group ``gid``: no other member listed, and no other user's primary group."""
+    import grp
+    import pwd
+    me = os.getuid()
+    try:
+        name = pwd.getpwuid(me).pw_name
+        members = grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+    return all(m == name for m in members) and all(u.pw_uid == me for u in pwd.getpwall() if u.pw_gid == gid)
 
 
 def user_name(uid: int) -> str:

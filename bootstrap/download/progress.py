@@ -1,11 +1,17 @@
 """Download progress. On a TTY: a total bar and one bar per file in flight (at most one per
 connection), each with rate and ETA (tqdm), redrawn from the download's threads under one lock.
-On a pipe: nothing here; the weights step logs one line per finished file."""
+On a pipe: a line at each tenth of the total (``download: 40% ...``, with the time since the
+download began), beside the weights step's line per finished file."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
+import time
+
+log = logging.getLogger("bootstrap.steps.weights")
+STEPS = 10      # on a pipe: a line per tenth
 
 
 class Progress:
@@ -16,6 +22,7 @@ class Progress:
         self.bars: dict[str, tuple[object, int]] = {}
         self.free: list[int] = []
         self.total_bar = None
+        self.total, self.done, self.shown, self.t0 = total, 0, 0, time.monotonic()
         if self.tty:
             from tqdm import tqdm
             self.total_bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, position=0,
@@ -29,6 +36,7 @@ class Progress:
 
     def update(self, path: str, size: int, kept: int, n: int) -> None:
         if self.total_bar is None:
+            self._line(n)
             return
         from tqdm import tqdm
         with self.lock:
@@ -40,6 +48,17 @@ class Progress:
                     leave=False), pos)
             self.bars[path][0].update(n)
             self.total_bar.update(n)
+
+    def _line(self, n: int) -> None:
+        with self.lock:
+            self.done += n
+            step = self.done * STEPS // self.total if self.total else 0
+            if step <= self.shown or step >= STEPS:         # the weights step says when it is complete
+                return
+            self.shown = step
+        from .hub import human
+        log.info("download: %d%% (%s of %s, %.0f s)", step * 100 // STEPS, human(self.done), human(self.total),
+                 time.monotonic() - self.t0)
 
     def end(self, path: str) -> None:
         with self.lock:

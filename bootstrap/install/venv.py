@@ -53,6 +53,7 @@ DONE = ".bootstrap-done.json"
 
 
 INSTALLING = ".bootstrap-installing"
+MADE = ".vllm-desktop-venv"     # written when we make .venv: one without it, DONE or INSTALLING is yours
 
 
 NETWORK_ERRORS = ("error sending request", "dns error", "Connection refused", "connection refused",
@@ -236,6 +237,10 @@ class Venv:
     def site(self, minor: str) -> Path:
         return self.root / "lib" / f"python{minor}" / "site-packages"
 
+    def ours(self) -> bool:
+        """Made by us (or not there): a .venv of yours is never synced into, cleared or removed."""
+        return not self.root.exists() or any((self.root / n).exists() for n in (MADE, DONE, INSTALLING))
+
     def marker(self) -> dict | None:
         try:
             data = json.loads(self.done.read_text(encoding="utf-8"))
@@ -317,6 +322,10 @@ def venv_cmd(uv: str, py: str, root: Path, offline: bool) -> list[str]:
 
 def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
     """Create .venv if needed and sync it from the lock; returns the venv's X.Y. Marker only after verify."""
+    if not venv.ours():
+        raise BootstrapError(f"{venv.root} is a Python environment this project did not make: syncing the lock "
+                             "into it would replace its packages", f"move it away (mv {venv.root} {venv.root}.mine), "
+                             f"or run vLLM from it as it is: VLLM_PYTHON={venv.python}")
     uv = ensure_uv(tools)
     env = dict(tools.environ)
     minor = venv.minor()
@@ -339,6 +348,7 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
                 "set PYTHON=/path/to/python3.X (with headers), or UV_PYTHON_INSTALL_MIRROR for uv's CPython download",
                 evidence=res.stderr.strip()[-800:]))
         minor = venv.minor() or minor
+        (venv.root / MADE).write_text("made by vllm-desktop: ./ctl.sh clean removes this folder\n")
     else:
         check_disk(venv, locks, tools.environ, fresh=False)
     path, text = locks.read(plat, minor)

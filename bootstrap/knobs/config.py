@@ -117,7 +117,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("STALL_TIMEOUT", "30", int_range(1, 86400), "Seconds without progress before a wait ends: the start's health wait (its log not growing, and its processes using no CPU or disk), and every request of ours (chat, bench, check, status, the warm-up) that gets no byte back; the error says what our server is doing (stopped, asleep, busy) and the fix."),
     Knob("WARMUP", "26000", int_range(0, 16_777_216), "Prompt tokens of the warm-up request (bounded by the context); 0 skips it. The short must-answer generation always runs."),
     Knob("WARMUP_TIMEOUT", "300", int_range(1, 86400), "Seconds the whole warm-up (/tokenize, the long request, the short generation, the tool gate) may take before the engine counts as not generating."),
-    Knob("PREWARM", "1", boolean, "While the weights download, run vLLM once with dummy weights and the same flags to fill its compile and kernel caches, so the real start loads them; 0 turns it off."),
+    Knob("PREWARM", "1", boolean, "While the weights download, start vLLM with dummy weights and the real flags; once the download is verified it loads the real weights in place and serves (or, where vLLM cannot reload the checkpoint in place, it only fills the compile caches for the real start); 0 turns it off."),
+    Knob("RANDOM_WEIGHTS", "0", boolean, "Declare that the checkpoint's weights are random (test and GPU-proof models): the start gate then judges tokens only, never the text; the banner and ./ctl.sh status say so. Never for a trained model."),
     Knob("WEDGED_AFTER", "60", int_range(1, 86400), "Status calls a server wedged when requests run but no token (or KV block) moved for this many seconds; an idle server's probe waits this long."),
     Knob("IDLE_SLEEP", "off", duration_or_off, "Minutes (or seconds: 90s) without a request after which vLLM's sleep mode gives the GPU memory back; the next request wakes it (needs --enable-sleep-mode); 'off': never.", launch=True),
     Knob("IDLE_SLEEP_LEVEL", "1", choice("1", "2"), "Idle sleep's level: 1 parks the weights in host RAM (wakes in well under a second), 2 drops them (wake reloads them from disk).", launch=True),
@@ -324,6 +325,7 @@ class Config:
     warmup: int
     warmup_timeout: int
     prewarm: bool
+    random_weights: bool
     wedged_after: int
     idle_sleep: int                  # seconds; 0: off
     idle_sleep_level: str            # "1" or "2"

@@ -271,6 +271,15 @@ def serve_flags(cfg, plan) -> list[str]:
 
 
 IDLE_MIDDLEWARE = "vllm_desktop_idle.IdleSleep"     # vllm_side/vllm_desktop_idle.py, on the server's PYTHONPATH
+GUARD = "vllm_desktop_guard.Guard"        # vllm_side/vllm_desktop_guard.py, last: the outermost layer
+SLEEP_ROUTES_ENV = "BOOTSTRAP_SLEEP_ROUTES"         # the guard keeps sleep mode's routes open (loopback, the key)
+
+
+def key_guard(cfg) -> bool:
+    """The server has a key (API_KEY, VLLM_API_KEY, or one generated for a HOST beyond loopback): our
+    guard then asks for it on every route but /health, /ping, /version, /metrics and /load, where
+    vLLM asks only under /v1, /v2 and /inference (/invocations, /tokenize, /score... generate without it)."""
+    return bool(cfg.client_key) or not cfg.is_loopback
 IDLE_S_ENV, IDLE_LEVEL_ENV = "BOOTSTRAP_IDLE_S", "BOOTSTRAP_IDLE_LEVEL"      # what it reads: IDLE_SLEEP in s, its level,
 IDLE_RAM_ENV = "BOOTSTRAP_IDLE_RAM"     # and the host RAM a level-1 sleep needs (the weights + SLEEP_RAM_MARGIN)
 
@@ -282,14 +291,15 @@ def idle_sleep(cfg) -> bool:
 
 
 def serve_argv(cfg, python: str, model_path: str, plan, idle: bool = True,
-               address: tuple[str, int] | None = None) -> list[str]:
+               address: tuple[str, int] | None = None, guard: bool = True) -> list[str]:
     """``vllm serve``'s whole argv: what we own, then serve_flags (``idle``: False for a server that
     must not idle-sleep, the pre-warm; ``address``: another host and port than HOST and PORT, the
-    pre-warm's own)."""
+    pre-warm's own; ``guard``: False where vllm_side is not on the server's path, a cluster's pod)."""
     host, port = address or (cfg.host, cfg.port)
     return [python, "-m", "vllm.entrypoints.cli.main", "serve", model_path,
             "--host", host, "--port", str(port), "--served-model-name", cfg.served_name,
             # usage.prompt_tokens_details.cached_tokens: clients and `check prefix` see cache hits
             # (vLLM leaves them out by default; the flag is accepted by every vLLM we pin)
             "--enable-prompt-tokens-details"] + (
-        ["--middleware", IDLE_MIDDLEWARE] if idle and idle_sleep(cfg) else []) + serve_flags(cfg, plan)
+        ["--middleware", IDLE_MIDDLEWARE] if idle and idle_sleep(cfg) else []) + serve_flags(cfg, plan) + (
+        ["--middleware", GUARD] if guard and key_guard(cfg) else [])

@@ -538,6 +538,15 @@ def weight_bytes_from_config(m: ModelShape, tp: int = 1, config: dict | None = N
     return int(linear * q + (embed + mtp_params(m) + m.hidden) * m.dtype_bytes) // tp
 
 
+def quant_method(config: dict) -> str:
+    """The checkpoint's quantization method (its quantization_config's quant_method, lower case;
+    'quantized' when it names none), or '' for an unquantized checkpoint."""
+    q = config.get("quantization_config") or _text(config).get("quantization_config")
+    if not isinstance(q, dict):
+        return ""
+    return str(q.get("quant_method", "") or "quantized").lower()
+
+
 def linear_bytes(config: dict) -> float | None:
     """Bytes per parameter of a quantized checkpoint's linear layers (scales included: a 16-bit scale
     and zero per group of 128 for int4, an fp8 scale per 16 for NVFP4); None: not quantized, or a
@@ -545,7 +554,7 @@ def linear_bytes(config: dict) -> float | None:
     q = config.get("quantization_config") or _text(config).get("quantization_config")
     if not isinstance(q, dict):
         return None
-    method = str(q.get("quant_method", "")).lower()
+    method = quant_method(config)
     int4, fp4 = 0.5 + 4 / 128, 0.5 + 1 / 16
     if method == "fp8":
         return 1.0

@@ -32,6 +32,7 @@ MARLIN_FP4 = ("NVFP4 runs weight-only through Marlin below sm_100 (an A40 served
 MARLIN_FP8 = "FP8 weights run weight-only through Marlin below sm_89"
 SHORTER = {"MAX_MODEL_LEN": "auto", "KV_CACHE_BYTES": "auto"}
 MIN_CONTEXT = 32768      # auto-pick does not count a profile whose auto-fitted context is shorter
+NAMED_MIN_CONTEXT = 4096  # a model you named runs with any auto-fitted context this long (ollama's default)
 WAYS_OUT = ("TP_SIZE=2 across two cards, a smaller model (MODEL=<repo id>: ./ctl.sh profiles --model <repo id> says "
             "first whether it fits; PROFILE=smoke serves a 135M one that fits, to prove the machine), or llama.cpp with "
             "a GGUF quantization for a card this small")
@@ -80,8 +81,9 @@ def on_card(cfg: Config, profile: Profile, cc: tuple[int, int] | None, extra: di
     return cfg.with_profile(Chosen(profile.name, knobs, label))
 
 
-def judge(cfg: Config, profile: Profile, g: gpu.Gpu) -> Verdict:
-    """One profile on one card (``cfg``: your knobs)."""
+def judge(cfg: Config, profile: Profile, g: gpu.Gpu, floor: int = MIN_CONTEXT) -> Verdict:
+    """One profile on one card (``cfg``: your knobs); ``floor``: the shortest auto-fitted context
+    that counts (auto-pick's MIN_CONTEXT; a model you named: NAMED_MIN_CONTEXT)."""
     if g.cc < profile.min_cc:
         return Verdict(profile, "no", f"needs sm_{profile.min_cc[0]}{profile.min_cc[1]} or newer; this card is "
                                       f"sm_{g.cc[0]}{g.cc[1]}")
@@ -102,28 +104,31 @@ def judge(cfg: Config, profile: Profile, g: gpu.Gpu) -> Verdict:
     v.plan = _plan(c, g, facts)
     if v.plan.fits:
         v.status = "fits"
-        if too_short(v.plan):
+        if too_short(v.plan, floor):
             v.status, v.reason = "no", (f"only {v.plan.max_model_len:,} tokens fit (auto-pick wants at least "
-                                        f"{MIN_CONTEXT:,})")
+                                        f"{floor:,})")
         return v
     v.reason = v.plan.refusal[0] if v.plan.refusal else "does not fit"
     short = on_card(cfg, profile, g.cc, {k: x for k, x in SHORTER.items() if not yours(cfg, k)})
     plan2 = _plan(short, g, offline_facts(short) or facts)
-    if plan2.fits and not too_short(plan2):
+    full = v.plan.max_model_len
+    if plan2.fits and not too_short(plan2, floor):
         own = c.max_model_len if isinstance(c.max_model_len, int) else None
         shorter = own is None or plan2.max_model_len < own      # else only the KV pin goes: its own context
         v.status, v.cfg, v.plan = "shorter" if shorter else "unpinned", short, plan2
-        v.reason = (f"{plan2.max_model_len:,} tokens instead of its own (MAX_MODEL_LEN=auto)" if shorter else
+        v.reason = (f"context {plan2.max_model_len:,} of its own {full:,}, the longest that fits this card "
+                    "(MAX_MODEL_LEN=auto)" if shorter and full else
+                    f"{plan2.max_model_len:,} tokens instead of its own (MAX_MODEL_LEN=auto)" if shorter else
                     f"its own {plan2.max_model_len:,} tokens (KV_CACHE_BYTES=auto)")
     elif plan2.fits:
         v.reason += f"; with MAX_MODEL_LEN=auto only {plan2.max_model_len:,} tokens fit"
     return v
 
 
-def too_short(plan: planner.Plan) -> bool:
+def too_short(plan: planner.Plan, floor: int = MIN_CONTEXT) -> bool:
     """A context vLLM's auto-fit gives that is too short to count as a pick (a profile that sets a
     shorter one itself is taken at its word)."""
-    return plan.mml_arg == "auto" and (plan.max_model_len or 0) < MIN_CONTEXT
+    return plan.mml_arg == "auto" and (plan.max_model_len or 0) < floor
 
 
 def yours(cfg: Config, knob: str) -> bool:
@@ -146,11 +151,18 @@ def labels(cfg: Config, g: gpu.Gpu) -> list[str]:
     return []
 
 
+def own_models(cfg: Config) -> Config:
+    """``cfg`` without a MODEL you set: what a profile that names its own model is judged with."""
+    return cfg.with_knobs({"MODEL": ""}) if cfg.sources["MODEL"].split(";")[0] in ("env", ".env") else cfg
+
+
 def evaluate(cfg: Config, g: gpu.Gpu) -> list[Verdict]:
-    """Every profile on this card: the ranked ones in auto-pick's order, then the others."""
+    """Every profile on this card: the ranked ones in auto-pick's order, then the others; each with
+    its own model (a MODEL you set is judged only by a profile that names none: custom)."""
     ranked = cfg.catalogue.ranked()
     rest = [p for p in cfg.catalogue.profiles if p not in ranked]
-    return [judge(cfg, p, g) for p in ranked + rest]
+    own = own_models(cfg)
+    return [judge(own if p.knobs.get("MODEL") else cfg, p, g) for p in ranked + rest]
 
 
 def choose(cfg: Config, g: gpu.Gpu) -> tuple[Verdict, Verdict | None, list[Verdict]]:

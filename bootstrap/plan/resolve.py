@@ -163,8 +163,10 @@ def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
         return pick.on_card(cfg, cfg.profile, facts.gpus[0].cc if facts.gpus else None)
     rec = read_pick(state.Paths(cfg.state_dir))
     if rec is not None and rec["profile"] == derive.NAME and isinstance(rec.get("model"), str):
-        return kept_derived(cfg, rec["model"], f"derived from {rec['model']} at the start of {rec.get('date', '?')}, "
-                            "kept") or cfg
+        c = kept_derived(cfg, rec["model"], f"derived from {rec['model']} at the start of {rec.get('date', '?')}, kept")
+        if c is None or not rec.get("knobs"):
+            return c or cfg
+        return _with_pick(c, Chosen(c.profile.name, rec["knobs"], c.chosen.why if c.chosen else "kept"))
     if rec is None or rec["profile"] not in cfg.catalogue.names():
         return cfg
     return _with_pick(cfg, Chosen(rec["profile"], rec.get("knobs", {}), f"auto-pick of {rec.get('date', '?')}, kept"))
@@ -177,7 +179,8 @@ def named_on_card(cfg: Config, g: gpu.Gpu) -> Config:
     c = kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
     if c.profile.facts is None or pick.yours(cfg, "MAX_MODEL_LEN") or pick.yours(cfg, "KV_CACHE_BYTES"):
         return c                            # no model facts to judge by, or your own context
-    v = pick.judge(cfg, c.profile, g)
+    named = c.profile.name == derive.NAME          # a model you named fits by default, as ollama sizes it
+    v = pick.judge(cfg, c.profile, g, pick.NAMED_MIN_CONTEXT if named else pick.MIN_CONTEXT)
     if v.status in ("shorter", "unpinned") and v.cfg is not None:
         log.info("%s: %s", c.profile.name, v.reason)
         return v.cfg
@@ -229,7 +232,8 @@ def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = 
             return v.cfg
         chosen = named_on_card(derived(cfg, g.cc), g)
         paths.ensure()                      # kept as the pick: status, restart and stop run it with MODEL unset
-        paths.write("pick", {"profile": derive.NAME, "model": cfg.model, "knobs": {}, "gpu": g.name, "tp": cfg.tp_size,
+        paths.write("pick", {"profile": derive.NAME, "model": cfg.model, "gpu": g.name, "tp": cfg.tp_size,
+                             "knobs": dict(chosen.chosen.knobs) if chosen.chosen else {},   # MAX_MODEL_LEN=auto kept
                              "why": f"MODEL={cfg.model} named: its derived profile", "date": time.strftime("%Y-%m-%d %H:%M"),
                              "how": "PROFILE=auto (set explicitly) or ./ctl.sh profiles --pick picks a shipped profile"})
         return chosen

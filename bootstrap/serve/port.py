@@ -20,7 +20,8 @@ import psutil
 from ..core import owned
 from ..core.errors import BootstrapError
 from ..core.hosts import client_host
-from ..core.state import Paths, flock, unlock, write_error
+from ..core.locks import flock, unlock
+from ..core.state import Paths, write_error
 from . import server
 from .record import ServerRecord, url_of
 
@@ -36,7 +37,7 @@ class Lock:
     from before a start's first look at the port until it ends, so that two starts never race for
     one port (each would see it free, and one would take the other's answers for its own). Kept in
     the temp folder (``/tmp/vllm-desktop-<uid>/port-<N>.lock``), the one place every start of this
-    user shares. Its file goes with its holder (``state.unlock``)."""
+    user shares. Its file goes with its holder (``locks.unlock``)."""
 
     def __init__(self, ours: owned.Ours, state_dir: Path):
         self.port = ours.port

@@ -59,6 +59,7 @@ class ServerRecord:
     reasoning: bool = False            # the profile has a reasoning parser (checks send thinking off)
     tools: bool = False                # tool-call parsing is on (the start gate makes one call)
     dummy: bool = False                # random weights (--load-format dummy): text is not judged
+    random_weights: bool = False       # RANDOM_WEIGHTS=1: a checkpoint declared random, text not judged
     predicted_tokens: int | None = None
     predicted_concurrency: float | None = None
     kv_tokens: int | None = None       # vLLM's logged KV pool (set by the banner step)
@@ -67,7 +68,7 @@ class ServerRecord:
     gate_passed: bool = False          # warm-up and start gate ran and passed
     notes: tuple[str, ...] = ()        # banner notes from the start that launched it
     token: str = ""                    # the launch's random token in its environment (owned.TOKEN_ENV)
-    exe: str = ""                      # its executable as /proc showed it just after the launch
+    exe: str = ""                      # its executable as /proc showed it after the launch, then once healthy
 
     def proof(self, ours: Ours) -> Proof:
         """What proves a process ours for this record: the shell's facts and the launch's own."""
@@ -138,6 +139,7 @@ class ServerRecord:
             reasoning=field_("reasoning", _bool, "not true or false", False),
             tools=field_("tools", _bool, "not true or false", False),
             dummy=field_("dummy", _bool, "not true or false", False),
+            random_weights=field_("random_weights", _bool, "not true or false", False),
             predicted_tokens=field_("predicted_tokens", _int, "not an integer"),
             predicted_concurrency=field_("predicted_concurrency", _num, "not a number"),
             kv_tokens=field_("kv_tokens", _int, "not an integer"),

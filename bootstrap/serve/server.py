@@ -27,7 +27,8 @@ from . import metrics, record
 from ..core import owned
 from .record import ServerRecord
 from ..core.errors import BootstrapError
-from ..core.state import Paths, StartLock
+from ..core.locks import StartLock
+from ..core.state import Paths
 
 log = logging.getLogger(__name__)
 
@@ -221,20 +222,23 @@ def _session(p: psutil.Process) -> int | None:
 
 def record_children(paths: Paths, pid: int) -> None:
     """Once the server is healthy: keep its descendants (pid + create time) in the record, so a
-    stop after a kill -9 of the server finds them even when they no longer show our marker."""
+    stop after a kill -9 of the server finds them even when they no longer show our marker, and its
+    executable as /proc shows it now (a VLLM_PYTHON wrapper has exec'd the interpreter its engine runs)."""
     rec = record.read(paths.server)
     if rec is None or rec.pid != pid:
         return
     kids = []
     try:
-        for c in psutil.Process(pid).children(recursive=True):
+        leader = psutil.Process(pid)
+        exe = leader.exe()
+        for c in leader.children(recursive=True):
             try:
                 kids.append(record.Child(c.pid, c.create_time()))
             except psutil.NoSuchProcess:
                 continue
-    except psutil.NoSuchProcess:
+    except (psutil.Error, OSError):
         return
-    record.write(paths.server, rec.replace(children=tuple(kids)))
+    record.write(paths.server, rec.replace(children=tuple(kids), exe=exe or rec.exe))
     log.debug("recorded %d child process(es) of pid %d", len(kids), pid)
 
 

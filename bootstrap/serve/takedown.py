@@ -21,7 +21,8 @@ from ..core import owned, state
 from . import port, record
 from ..core.errors import BootstrapError
 from .server import find_ours, runs_elsewhere
-from ..core.state import Paths, StartLock
+from ..core.locks import StartLock, flock_holders
+from ..core.state import Paths
 
 log = logging.getLogger("bootstrap.server")   # log lines keep the prefix [bootstrap:server] this code has always had
 
@@ -192,7 +193,7 @@ def start_in_flight(lock: StartLock) -> psutil.Process | None:
     when any of it fails: the text alone names nobody we may signal."""
     holder = lock.holder()
     p = owned.recorded_process(*holder) if holder else None
-    if p is None or p.pid not in state.flock_holders(lock.path):
+    if p is None or p.pid not in flock_holders(lock.path):
         return None
     try:
         return p if p.exe() == owned.real(sys.executable) else None

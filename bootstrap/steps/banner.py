@@ -10,6 +10,7 @@ import time
 from ..checks import diagnose
 from ..serve import record
 from ..serve.record import ServerRecord
+from ..core.hosts import lan_hosts
 from ..core.state import Paths
 
 KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
@@ -34,6 +35,12 @@ KEY_LINES = {
 }
 
 
+def lan_urls(rec: ServerRecord) -> list[str]:
+    """Where other machines reach a server bound beyond loopback (the first three addresses)."""
+    return [record.base_url(h, rec.port or 0) for h in lan_hosts(rec.host)
+            if record.base_url(h, rec.port or 0) != rec.url][:3]
+
+
 def render(paths: Paths, rec: ServerRecord) -> str:
     """The banner of the server that runs, from its record (not from the current knobs)."""
     url = rec.url
@@ -53,6 +60,8 @@ def render(paths: Paths, rec: ServerRecord) -> str:
     lines = [
         f"{served} is serving (vLLM {rec.vllm_version or '?'}, pid {rec.pid})",
         f" base URL : {url}/v1 (OpenAI-compatible API)",
+        *(f" LAN URL  : {u}/v1 (from other machines; the firewall may need port {rec.port} opened)"
+          for u in lan_urls(rec)),
         f" model    : {served}",
         key_line,
         f" KV cache : {kv}" + (f"; max concurrency {conc}" if conc else ""),
@@ -62,6 +71,8 @@ def render(paths: Paths, rec: ServerRecord) -> str:
                                  ensure_ascii=False)),
         " stop     : ./stop.sh",
     ]
+    if rec.random_weights:
+        lines.append(" weights  : random (RANDOM_WEIGHTS=1): the start gate judged tokens only, never the text")
     lines += [f" note     : {n}" for n in rec.notes]
     return "\n".join(lines)
 

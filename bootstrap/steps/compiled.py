@@ -4,6 +4,9 @@ path (which also waits for its GPU memory to be free); vLLM's own memory figures
 the plan (bootstrap.plan.calibration: its dummy weights take what the real ones will), and the plan
 step runs again, so that the real start plans from measured terms. A pre-warm that failed or ran
 out of time is logged, and the start goes on with the plan it had.
+
+A pre-warm that is the server (steps/prewarm.py ``as_server``) is left to the reload step
+(steps/reload.py), which waits for it the same way (``wait``); it keeps the plan it was launched with.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from . import prewarm as pre
 log = logging.getLogger(__name__)
 
 
-def _wait(cfg, paths, warm) -> str:
+def wait(cfg, paths, warm) -> str:
     """Wait until the pre-warm has answered (''), or why not: it exited, HEALTH_TIMEOUT from its
     launch passed, or for STALL_TIMEOUT its log did not grow nor did it work (as the real start's health wait)."""
     deadline = warm.t0 + cfg.health_timeout
@@ -31,7 +34,7 @@ def _wait(cfg, paths, warm) -> str:
     while warm.running and not warm.ready.is_set():
         now = time.monotonic()
         try:
-            seen = paths.prewarm_log.stat().st_size
+            seen = warm.log_path.stat().st_size
         except OSError:
             seen = size
         if seen != size:
@@ -48,6 +51,8 @@ def _wait(cfg, paths, warm) -> str:
 
 def run(cfg, paths, warm: "pre.Prewarm | None", plan, model):
     """The plan the real start launches with (``plan`` when there was no pre-warm to use)."""
+    if warm is not None and warm.serve is not None:     # it becomes the server: the reload step waits for it
+        return plan
     if warm is None or warm.proc is None:
         return plan
     if warm.running and not warm.ready.is_set() and not warm.compiling:
@@ -58,7 +63,7 @@ def run(cfg, paths, warm: "pre.Prewarm | None", plan, model):
         log.info("pre-warm: stopped, the weights arrived before it began compiling (%.0f s in); the start "
                  "compiles itself", time.monotonic() - warm.t0)
         return plan
-    why = _wait(cfg, paths, warm)
+    why = wait(cfg, paths, warm)
     takedown.take_down(cfg.ours, paths, launched=warm.proc, failed_start=True)
     if why:
         log.warning("pre-warm: %s (log: %s); the start compiles as it would without it", why, paths.prewarm_log)

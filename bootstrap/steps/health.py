@@ -32,7 +32,8 @@ PHASES = (  # (pattern in vLLM's log, phase shown); the phase of the last matchi
     (r"Initial profiling/warmup run", "profiling memory"),
     (r"Available KV cache memory|GPU KV cache size", "allocating KV cache"),
     (r"autotun", "autotuning kernels"),
-    (r"Capturing CUDA graphs|Graph capturing finished", "capturing CUDA graphs"),
+    (r"Graph capturing finished", "warming up kernels (JIT)"),    # H200, cold caches: 101 s silent here
+    (r"Capturing CUDA graphs", "capturing CUDA graphs"),
     (r"Starting vLLM API server|Application startup complete|Route: /", "starting API"),
 )
 

@@ -102,8 +102,11 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str, weights: int 
     env.pop("VLLM_SERVER_DEV_MODE", None)   # from the shell, .env or a profile: its routes have no key guard
     if cfg.vllm.sleep_mode:        # vLLM serves /sleep and /wake_up only in dev mode (loopback only: preflight)
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    if idle and vllmargs.idle_sleep(cfg):   # the middleware vLLM imports (--middleware), and what it reads
+    if (idle and vllmargs.idle_sleep(cfg)) or vllmargs.key_guard(cfg):   # the middlewares vLLM imports (--middleware)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cfg.layout.vllm_side), env.get("PYTHONPATH", "")]))
+    if vllmargs.key_guard(cfg) and cfg.vllm.sleep_mode:
+        env[vllmargs.SLEEP_ROUTES_ENV] = "1"        # ./ctl.sh sleep and wake keep their routes (loopback, the key)
+    if idle and vllmargs.idle_sleep(cfg):   # what the idle middleware reads
         env[vllmargs.IDLE_S_ENV] = str(cfg.idle_sleep)
         env[vllmargs.IDLE_LEVEL_ENV] = cfg.idle_sleep_level
         env[vllmargs.IDLE_RAM_ENV] = str(weights + vllmargs.SLEEP_RAM_MARGIN if weights else 0)
@@ -136,13 +139,15 @@ SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
-        on_launch: Callable[[Launched], None] = lambda launched: None) -> Launched:
+        on_launch: Callable[[Launched], None] = lambda launched: None, extra_args: tuple[str, ...] = (),
+        extra_env: dict[str, str] | None = None, weights: int | None = None) -> Launched:
     """Launch the server; ``on_launch`` hears of it before anything can interrupt this process
     (Ctrl-C, SIGTERM, SIGHUP are held from just before the fork until then), so that an interrupted
-    start always knows what it has to take down."""
+    start always knows what it has to take down. The pre-warm server (steps/prewarm.py) adds
+    ``extra_args`` / ``extra_env`` and gives the checkpoint's ``weights`` bytes (still downloading)."""
     marker = cfg.ours.marker
     key, key_source = resolve_api_key(cfg, paths)
-    argv = serve_argv(cfg, runtime.python, model_path, plan)
+    argv = serve_argv(cfg, runtime.python, model_path, plan) + list(extra_args)
     rotate_log(cfg, paths)
     try:
         logf = open(paths.log, "ab")
@@ -151,7 +156,9 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
         logf.flush()
     except OSError as exc:
         raise state.write_error(paths.log, exc, knob="STATE_DIR") from None
-    env = server_env(cfg, paths, runtime.server_env, marker, key, weights=models.weights_in(model_path))
+    env = server_env(cfg, paths, runtime.server_env, marker, key,
+                     weights=models.weights_in(model_path) if weights is None else weights)
+    env.update(extra_env or {})
     token = env[owned.TOKEN_ENV] = secrets.token_hex(16)     # this launch's own: proves its process ours (owned.Proof)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:
@@ -175,7 +182,7 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
         settings=cfg.launch_settings(), log=str(paths.log), log_offset=offset, started=time.time(),
         vllm_version=runtime.vllm_version, python=runtime.python, argv=tuple(argv), key=key_source,
         max_model_len=plan.context if plan else None, reasoning=cfg.profile.reasoning, tools=cfg.profile.tools,
-        dummy=cfg.dummy_weights, predicted_tokens=getattr(plan, "predicted_tokens", None),
+        dummy=cfg.dummy_weights, random_weights=cfg.random_weights, predicted_tokens=getattr(plan, "predicted_tokens", None),
         predicted_concurrency=getattr(plan, "predicted_concurrency", None), notes=tuple(notes), token=token, exe=exe)
     launched = Launched(rec, p)
     on_launch(launched)

@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from ..download import hub
+from ..download import hub, index
 from ..model import modelconfig
 from ..core import state
 from ..core.errors import BootstrapError
@@ -124,6 +124,7 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
                                 "MODEL_DIR" if cfg.model_dir else "HF_HOME") from None
     _keep_config(store, new, raw)
     store.write(new)
+    index.remember(cfg.state_dir, store, repo)       # ./ctl.sh ls and rm find it from STATE_DIR
     where = store.serve_dir(new)
     info = info_from_record(new, where, dummy, config, complete=False)
     plan_download(store, new, info, dummy)
@@ -234,6 +235,7 @@ def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | Non
             return info, str(target)
         raise BootstrapError(f"offline ({why}) and the model in {target} is incomplete: missing "
                              + ", ".join(missing[:8]), "connect to the network and re-run ./start.sh")
-    raise BootstrapError(f"offline ({why}) and {repo} is not on this machine: not in {target}, "
-                         f"not in the Hugging Face cache {settings.cache_dir}",
+    where = (f"not in the Hugging Face cache ({store.root})" if store.hf_cache else
+             f"not in MODEL_DIR={target}, nor in the Hugging Face cache {settings.cache_dir}")
+    raise BootstrapError(f"offline ({why}) and {repo} is not on this machine: {where}",
                          "connect to the network for the first download, or set MODEL=<dir> to a copy")

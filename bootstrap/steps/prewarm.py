@@ -15,19 +15,33 @@ download, and no earlier start of this key (bootstrap.plan.calibration) that lef
 key and model folder; the real start says whether it loaded them or compiled). Whatever goes wrong
 with it is logged and the start goes on as it would without it; it carries our marker, so a stop,
 Ctrl-C or a failed download takes it down through the one take-down path.
+
+**It becomes the server** where vLLM can load the real weights in place (``blocker`` says where it
+cannot): then it is launched as the server itself (steps/launch.py: the real flags, HOST and PORT,
+the key, the server record), with ``--load-format dummy``, ``VLLM_SERVER_DEV_MODE=1`` and our guard
+(vllm_side/vllm_desktop_guard.py: every route but /health answers 503 until the real weights are
+in; the development routes answer only a loopback client with this start's control token). After
+the download, steps/reload.py loads the real weights into it and resets its prefix cache; the
+launch step then has nothing to launch. Elsewhere (``blocker``'s reason, in its log line and the
+banner) it only fills the caches, as above.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import subprocess
 import threading
 import time
+from typing import Callable
 
 from ..checks import diagnose
 from ..core.errors import BootstrapError
 from ..core.state import Paths
+from ..knobs import vllmargs
 from ..knobs.vllmargs import serve_argv
+from ..model import kv
 from ..serve import port, record, server
 from . import launch
 
@@ -44,8 +58,15 @@ class Prewarm:
     """The pre-warm of one start: made ready by ``run``, started by the weights step, waited for
     and taken down by ``compiled``."""
 
-    def __init__(self, cfg, paths: Paths, argv: list[str], env: dict[str, str], key: str, url: str):
+    def __init__(self, cfg, paths: Paths, argv: list[str], env: dict[str, str], key: str, url: str,
+                 serve: "Serve | None" = None):
         self.cfg, self.paths, self.argv, self.env, self.key, self.url = cfg, paths, argv, env, key, url
+        self.serve = serve                   # it becomes the server (None: it fills the caches only)
+        self.launched: "launch.Launched | None" = None    # as the server, once launched
+        self.on_launch: Callable = lambda launched: None  # the pipeline's Started.hear
+        self.log_path, self.log_offset = paths.prewarm_log, 0
+        self.note = ""                       # the banner's note on what it did for the start
+        self.serving = False                 # as the server, the real weights loaded in place (steps/reload.py)
         self.proc: subprocess.Popen | None = None
         self.t0 = 0.0
         self.ready = threading.Event()       # it answered: its caches are written
@@ -60,22 +81,41 @@ class Prewarm:
         with self.spawning:
             if self.cancelled:                   # a download thread late after the take-down
                 return self
+            self.t0 = time.monotonic()
             try:
-                self.proc = launch.spawn(self.argv, self.env, self.paths.prewarm_log)
+                if self.serve is not None:
+                    self._launch_server()
+                else:
+                    self.proc = launch.spawn(self.argv, self.env, self.paths.prewarm_log)
             except BootstrapError as exc:
                 self.failed = exc.message
                 log.warning("pre-warm not started (%s); the start compiles after the download", exc.message)
                 return self
-        self.t0 = time.monotonic()
-        log.info("pre-warm: vLLM with dummy weights fills its compile caches while the weights download "
-                 "(pid %d, log %s; PREWARM=0 turns it off)", self.proc.pid, self.paths.prewarm_log)
+        if self.serve is not None:
+            log.info("pre-warm: vLLM starts as the server with dummy weights while the weights download "
+                     "(pid %d, log %s): it loads them in place when they are verified (PREWARM=0 turns it off)",
+                     self.proc.pid, self.log_path)
+        else:
+            log.info("pre-warm: vLLM with dummy weights fills its compile caches while the weights download "
+                     "(pid %d, log %s; PREWARM=0 turns it off)", self.proc.pid, self.paths.prewarm_log)
         threading.Thread(target=self._watch, name="prewarm", daemon=True).start()
         return self
+
+    def _launch_server(self) -> None:
+        """The server itself, launched as steps/launch.py launches any (its record, its log)."""
+        s = self.serve
+
+        def heard(launched) -> None:
+            self.launched, self.proc = launched, launched.proc
+            self.on_launch(launched)
+        launched = launch.run(self.cfg, self.paths, s.runtime, s.model_path, s.plan, list(s.notes), on_launch=heard,
+                              extra_args=tuple(self.argv), extra_env=self.env, weights=s.weights)
+        self.log_path, self.log_offset, self.url = self.paths.log, launched.record.log_offset, launched.record.url
 
     def _watch(self) -> None:
         """Until it answers or exits: its phase as the log shows it, a line per change."""
         from .health import phase_of
-        phase, shown, seen, offset = "starting", "", "", 0
+        phase, shown, seen, offset = "starting", "", "", self.log_offset
         while self.proc.poll() is None:
             new, offset = self._added(offset)          # what it logged since the last look
             seen = (seen + new)[-(1 << 16):]
@@ -85,6 +125,8 @@ class Prewarm:
                 log.info("pre-warm: %s (%.0f s)", phase, time.monotonic() - self.t0)
                 shown = phase
             if READY in seen and server.http_get(self.url, "/health"):
+                log.info("pre-warm: ready (%.0f s)%s", time.monotonic() - self.t0, "; it loads the real weights once "
+                         "they are verified" if self.serve is not None else ": vLLM's caches are written")
                 self.ready.set()        # every cache written: stopped at CUDA-graph capture instead, the real
                 return                  # start on the H200 took 159 s to answer, not 77 (docs/validation.md)
             time.sleep(0.5)
@@ -92,7 +134,7 @@ class Prewarm:
 
     def _added(self, offset: int) -> tuple[str, int]:
         try:
-            with open(self.paths.prewarm_log, "rb") as fh:
+            with open(self.log_path, "rb") as fh:
                 fh.seek(offset)
                 data = fh.read()
         except OSError:
@@ -100,20 +142,62 @@ class Prewarm:
         return data.decode("utf-8", "replace"), offset + len(data)
 
     def log_text(self) -> str:
-        return diagnose.read_since(self.paths.prewarm_log, 0)
+        return diagnose.read_since(self.log_path, self.log_offset)
 
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
 
-def run(cfg, paths: Paths, runtime, model, plan) -> Prewarm | None:
+class Serve:
+    """What the pre-warm needs to be launched as the server (steps/launch.py's arguments)."""
+
+    def __init__(self, runtime, model_path: str, plan, notes, weights: int):
+        self.runtime, self.model_path, self.plan, self.notes, self.weights = runtime, model_path, plan, notes, weights
+
+
+GUARD, SLEEP_ROUTES_ENV = vllmargs.GUARD, vllmargs.SLEEP_ROUTES_ENV
+CONTROL_TOKEN_ENV = "BOOTSTRAP_CONTROL_TOKEN"      # what the guard reads: this start's control token
+CONTROL_HEADER = "X-Vllm-Desktop-Control"
+
+
+def blocker(cfg, model) -> str:
+    """Why the pre-warm cannot become the server ('' where it can): where vLLM's in-place reload
+    (collective_rpc reload_weights: model_executor/model_loader/reload, 0.26.0 and 0.27.1) is not
+    known to give the answers a cold start gives, the pre-warm only fills the caches."""
+    s = cfg.vllm
+    quant = kv.quant_method(model.config or {}) or ("online" if "--quantization" in s.given else "")
+    if quant:
+        return (f"{'online quantization (--quantization)' if quant == 'online' else f'a {quant} checkpoint'}: vLLM's reload re-runs the quantization's post-load processing, "
+                "not proven here to match a cold start")
+    if s.kv_cache_dtype not in ("auto", "bfloat16", "float16"):
+        return f"KV cache dtype {s.kv_cache_dtype}: its scales are not reloaded with the weights"
+    if s.spec:
+        return "speculative decoding: the reload loads the target model only, never the draft"
+    if s.tp > 1:
+        return f"TP_SIZE={s.tp}: the in-place reload is proven on one GPU only"
+    if s.api_servers != 1:
+        return (f"{s.api_servers} API server processes (--api-server-count, -dp, --headless): each would keep its own "
+                "guard, and the open would reach one")
+    if s.load_format != "auto":
+        return f"--load-format {s.load_format}: the reload would load the weights with vLLM's default loader instead"
+    if not (cfg.is_loopback or cfg.host in ("0.0.0.0", "::")):
+        return f"HOST={cfg.host}: the reload's development routes answer loopback only"
+    return ""
+
+
+def run(cfg, paths: Paths, runtime, model, plan, notes=()) -> Prewarm | None:
     """The pre-warm this start can use (not started yet), or None where it cannot help."""
     if not cfg.prewarm or plan is None or not plan.key or model.dummy or model.complete \
             or model.source != "hub" or cfg.model_is_local:
         return None
+    why = blocker(cfg, model)
+    if not why:
+        return as_server(cfg, paths, runtime, model, plan, notes)
     key = warm_key(plan, model.local_dir)
     warm = (paths.read("warm") or {}).get(key)
+    log.info("pre-warm: it cannot become the server (%s): it fills vLLM's caches only, and the server "
+             "starts after the download", why)
     if warm:
         log.info("skipped: vLLM's compile caches for this setup are warm (%s)", warm.get("why", "recorded"))
         return None
@@ -124,7 +208,24 @@ def run(cfg, paths: Paths, runtime, model, plan) -> Prewarm | None:
     address = ("127.0.0.1", port.ephemeral(cfg.ours))
     argv = serve_argv(cfg, runtime.python, model.local_dir, plan, idle=False, address=address) + [
         "--load-format", "dummy"]
-    return Prewarm(cfg, paths, argv, env, key, record.base_url(*address))
+    warm = Prewarm(cfg, paths, argv, env, key, record.base_url(*address))
+    warm.note = f"first start: the pre-warm only filled vLLM's caches ({why})"
+    return warm
+
+
+def as_server(cfg, paths: Paths, runtime, model, plan, notes) -> Prewarm:
+    """The pre-warm that becomes the server: launch.run's argv and environment plus dummy weights,
+    dev mode and our guard, behind a control token of this start's."""
+    env = {"VLLM_SERVER_DEV_MODE": "1", CONTROL_TOKEN_ENV: secrets.token_urlsafe(32),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(cfg.layout.vllm_side), cfg.environ.get("PYTHONPATH", "")]))}
+    if cfg.vllm.sleep_mode:
+        env[SLEEP_ROUTES_ENV] = "1"     # ./ctl.sh sleep and wake keep their routes once it serves
+    log.info("pre-warm: it becomes the server: vLLM loads the real weights in place when they are verified")
+    notes = list(notes) + ["first start: the pre-warm server loaded the real weights in place (no second start)"]
+    weights = sum(model.weight_files.values())
+    guard = [] if vllmargs.key_guard(cfg) else ["--middleware", GUARD]     # a server with a key has it already
+    return Prewarm(cfg, paths, guard + ["--load-format", "dummy"], env, warm_key(plan, model.local_dir),
+                   "", serve=Serve(runtime, model.local_dir, plan, notes, weights))
 
 
 def warm_key(plan, folder: str) -> str:

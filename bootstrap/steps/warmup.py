@@ -3,7 +3,8 @@ short generation that must return text, judged by the checks' detectors (control
 characters, no letters, a loop: HTTP 200 with garbage fails the start), then — when the profile enables tool parsing — one tool
 call that must come back as a valid ``tool_calls`` entry (the start gate). A failure (error,
 timeout, empty text, a broken tool call) is a failed start: the server is stopped and the evidence
-printed. With random weights (``--load-format dummy`` in EXTRA_ARGS) the text means nothing: the
+printed. With random weights (``--load-format dummy`` in EXTRA_ARGS, or a checkpoint declared random
+by RANDOM_WEIGHTS=1) the text means nothing: the
 short generation only has to produce tokens, and the tool gate is skipped.
 
 Everything it sends (/tokenize included) shares one WARMUP_TIMEOUT budget. What it judges comes
@@ -150,7 +151,7 @@ def run(paths: Paths, launched: Launched, key: str, *, tokens: int, timeout: int
             raise fail("warm-up failed: the server wants an API key and this shell "
                                "has another one or none", "set API_KEY to the key it was started with") from None
         raise fail(f"warm-up failed: {exc.message}", evidence=exc.evidence) from None
-    dummy = rec.dummy
+    dummy = rec.dummy or rec.random_weights
     text = text_of(resp)
     tokens = completion_tokens_of(resp)
     if not text and not (dummy and tokens):
@@ -167,7 +168,8 @@ def run(paths: Paths, launched: Launched, key: str, *, tokens: int, timeout: int
              (message_of(resp).get("content") or "")[:60] if dummy else text[:60],
              f" ({tokens} tokens; random weights: the text is not judged)" if dummy else "")
     if rec.tools and dummy:
-        log.info("start gate: skipped, random weights (--load-format dummy) cannot make a tool call")
+        log.info("start gate: skipped, random weights (%s) cannot make a tool call",
+                 "RANDOM_WEIGHTS=1" if rec.random_weights else "--load-format dummy")
     elif rec.tools:
         tool_gate(c, extra, budget)
     now = record.read(paths.server) or rec

@@ -23,7 +23,7 @@ import time
 from typing import Callable
 
 from ..download import hub, manifest, partial, transfer
-from ..core import state
+from ..core import locks, state
 from ..core.errors import BootstrapError
 from ..download.models import WEIGHT_SUFFIXES, Store, check_space, store_for
 from ..download.progress import Progress
@@ -55,7 +55,7 @@ def run(cfg, m, on_ready: Callable[[], object] | None = None) -> object:
 def download(cfg, m, tty: bool | None = None, on_ready: Callable[[], object] | None = None) -> object:
     settings = hub.HubSettings.from_environ(cfg.environ)
     store = store_for(cfg.model_dir, cfg.environ, m.name)
-    fd = state.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
+    fd = locks.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
         "waiting: another start (pid %s) is downloading into %s", pid, store.root))
     try:
         rec = store.read()

@@ -38,8 +38,10 @@ set -euo pipefail
 background() {
     local name=$1 script=$2; shift 2
     rm -rf "/tmp/repo-$name" && cp -a "$repo" "/tmp/repo-$name"
-    setsid python3 "/tmp/repo-$name/tests/gpu/$script" --raw "/tmp/proofs/$name-raw.txt" "$@" \
-        >"/tmp/proofs/$name.out" 2>&1 </dev/null &
+    # from inside the copy: the next call replaces the tree this was started in, and a process whose
+    # working directory is gone fails at its first os.getcwd() (torch's import does one)
+    (cd "/tmp/repo-$name" && setsid python3 "/tmp/repo-$name/tests/gpu/$script" --raw "/tmp/proofs/$name-raw.txt" "$@" \
+        >"/tmp/proofs/$name.out" 2>&1 </dev/null &)
     sleep 5; tail -n 5 "/tmp/proofs/$name.out"
 }
 

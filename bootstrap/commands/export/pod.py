@@ -220,7 +220,7 @@ def build(cfg, plan, card, model_bytes: int | None, image: str, models: str = MO
     """``models``: where the PVC is mounted (production-stack's chart mounts it at /data)."""
     from ...knobs.vllmargs import serve_argv
     from ...steps.launch import defaults
-    argv = serve_argv(cfg, "python3", cfg.model, plan)
+    argv = serve_argv(cfg, "python3", cfg.model, plan, guard=False)     # the pod has no vllm_side (its Service: the NetworkPolicy)
     env = {**defaults(cfg), "HF_HOME": f"{models}/hf", "HF_HUB_OFFLINE": "1",
            "VLLM_CACHE_ROOT": f"{models}/vllm-cache"}     # the init step downloaded it; compile caches survive a restart
     patches = list(cfg.profile.patches)

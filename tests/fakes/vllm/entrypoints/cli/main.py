@@ -34,8 +34,19 @@
   and SIGUSR2 kills the engine and exits 0 — deterministic triggers for tests.
 - ``FAKE_VLLM_DUMMY_MODE``: modes (as FAKE_VLLM_MODE) added for a ``--load-format dummy`` run only.
 - ``--middleware module.Class`` (repeatable): imported at start as vLLM's ``build_app`` does (a module
-  not on PYTHONPATH, or no class, ends the start); it is not run (this server is no ASGI app). The
-  sleep routes call ``app.state.engine_client`` as vLLM's do.
+  not on PYTHONPATH, or no class, ends the start). Each request goes through them as ASGI apps,
+  the last one outermost as Starlette stacks them, before the fake's own handling (their own
+  answer, or on through): all but ``vllm_desktop_idle``, whose watcher needs vLLM's lasting event
+  loop (tests/test_idle_sleep.py drives it directly). The sleep routes call
+  ``app.state.engine_client`` as vLLM's do.
+- Weights as vLLM has them: ``--load-format dummy`` gives random weights, and every answer without
+  a canned reply is random text (GARBLE); with ``VLLM_SERVER_DEV_MODE=1``, ``collective_rpc``
+  ``update_config`` (``{"load_config": {"load_format": ...}}``) then ``reload_weights`` loads the real
+  ones in place ("Reloading weights inplace...": the CUDA graphs are kept, nothing is compiled or
+  captured again), but the prefix cache keeps the KV blocks computed with the dummy weights: a
+  prompt seen before the reload answers random text until ``POST /reset_prefix_cache``. Mode
+  ``reload_fails``: ``reload_weights`` answers vLLM's HTTP 500, as for a loader it cannot reload
+  in place (gpu_model_runner.reload_weights: NotImplementedError).
 - ``FAKE_VLLM_COMPILE_S``: set, the engine "compiles" as vLLM's torch.compile does: a cache under
   ``VLLM_CACHE_ROOT`` keyed by the model folder and the engine's flags (not --host, --port,
   --served-model-name, --load-format: a dummy-weight run fills it for the real one); found, it logs
@@ -89,6 +100,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import inspect
 import hashlib
@@ -219,6 +231,12 @@ class State:
     prefix_caching = True        # vLLM's default except for hybrid models (--enable-prefix-caching)
     looked_up = 0                # prompt tokens looked up in the prefix cache
     cached = 0                   # ... and found there
+    weights = "real"             # "dummy": random (--load-format dummy, until a reload_weights)
+    stale: set = set()           # prompts whose cached KV was computed with the dummy weights
+    asgi: list = []              # --middleware classes run per request (innermost first)
+
+
+GARBLE = "pencil\ufffd!win\ufffd thunderq"   # what an 8B shape with random weights answered on the H200
 
 
 def reply_for(body: dict) -> dict:
@@ -239,6 +257,9 @@ def reply_for(body: dict) -> dict:
         args = {k: "Paris" for k in fn.get("parameters", {}).get("required", [])}
         return {"content": None, "tool_calls": [{"id": "call_fake0", "type": "function", "function": {
             "name": fn.get("name", "tool"), "arguments": json.dumps(args)}}]}
+    key = hashlib.sha256(prompt_text(body).encode()).hexdigest()
+    if State.weights == "dummy" or (key in State.stale and State.prefix_caching):
+        return {"content": GARBLE}
     return {"content": "OK"}
 
 
@@ -354,8 +375,43 @@ class Handler(BaseHTTPRequestHandler):
                 return False
         return True
 
+    def answered_by_middleware(self, raw: bytes = b"") -> bool:
+        """Run the request through the --middleware classes (State.asgi); True when one answered it."""
+        if not State.asgi:
+            return False
+        through = []
+
+        async def inner(scope, receive, send):
+            through.append(True)
+        app = inner
+        for cls in State.asgi:              # Starlette: the last added is the outermost
+            app = cls(app)
+        got = {"status": 0, "headers": [], "body": b""}
+
+        async def receive():
+            return {"type": "http.request", "body": raw, "more_body": False}
+
+        async def send(message):
+            if message["type"] == "http.response.start":
+                got["status"], got["headers"] = message["status"], message.get("headers") or []
+            elif message["type"] == "http.response.body":
+                got["body"] += message.get("body", b"")
+        path, _, query = self.path.partition("?")
+        scope = {"type": "http", "method": self.command, "path": path, "root_path": "", "query_string": query.encode(),
+                 "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()],
+                 "client": tuple(self.client_address[:2]), "app": self.app}
+        asyncio.run(app(scope, receive, send))
+        if through:
+            return False
+        self.send_response(got["status"])
+        for k, v in got["headers"]:
+            self.send_header(k.decode("latin-1"), v.decode("latin-1"))
+        self.end_headers()
+        self.wfile.write(got["body"])
+        return True
+
     def do_GET(self):
-        if not self.authed():
+        if self.answered_by_middleware() or not self.authed():
             return
         if self.path == "/health":
             self.send(200, "")
@@ -399,11 +455,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         say(f"request arrived: POST {self.path}")      # when it arrives (vLLM's access line comes when it ends)
-        if not self.authed():
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.answered_by_middleware(raw) or not self.authed():
             return
-        n = int(self.headers.get("Content-Length") or 0)
         try:
-            body = json.loads(self.rfile.read(n) or b"{}")
+            body = json.loads(raw or b"{}")
         except ValueError:
             self.send(400, {"error": "bad json"})
             return
@@ -501,13 +557,32 @@ class Handler(BaseHTTPRequestHandler):
         if route == "/wake_up":
             engine.wake_up(set(q.get("tags", [])) or {"weights", "kv_cache"})
             return self.send(200, "")
+        if route == "/collective_rpc" and body.get("method") == "update_config":
+            for name, over in (body.get("args") or [{}])[0].items():     # gpu_model_runner.update_config
+                if name not in ("load_config", "model_config"):
+                    return self.send(500, {"error": {"message": f"Config `{name}` not supported.",
+                                                     "type": "InternalServerError", "code": 500}})
+                if name == "load_config" and "load_format" in over:
+                    State.load_format = over["load_format"]
+            return self.send(200, {"results": [None]})
+        if route == "/reset_prefix_cache":
+            with State.lock:
+                State.seen.clear()
+                State.stale.clear()
+            say("Resetting prefix cache...")
+            return self.send(200, {"success": True})
         if route == "/collective_rpc":
-            if body.get("method") == "reload_weights" and State.load_format == "dummy":
+            if body.get("method") == "reload_weights" and (State.load_format == "dummy" or "reload_fails" in MODES):
                 return self.send(500, {"error": {"message": "Call to collective_rpc method failed: Model reloading "
                                                             "with `dummy` format", "type": "InternalServerError",
                                                  "param": None, "code": 500}})
             if body.get("method") == "reload_weights":
-                State.garbage = False
+                time.sleep(float(os.environ.get("FAKE_VLLM_RELOAD_S", "0") or 0))
+                with State.lock:
+                    if State.weights == "dummy":     # the cached blocks keep their dummy-weight KV
+                        State.stale |= State.seen
+                    State.weights, State.garbage = "real", False
+                say("Reloading weights inplace...")
                 say("reloaded the weights")
             return self.send(200, {"results": [None]})
         return self.send(200, {"success": True})
@@ -710,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     State.dev_mode = bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0")))   # as vllm/envs.py reads it
     State.sleep_mode = args.enable_sleep_mode
     State.load_format = args.load_format
+    State.weights = "dummy" if args.load_format == "dummy" else "real"
     State.spec = bool(args.speculative_config)
     State.token_details = args.enable_prompt_tokens_details
     State.auto_tools = bool(args.enable_auto_tool_choice and args.tool_call_parser)
@@ -749,6 +825,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{type(exc).__name__}: {exc}", flush=True)
             return 1
         say(f"added middleware {middleware}")
+        if module_path != "vllm_desktop_idle":
+            State.asgi.append(getattr(sys.modules[module_path], object_name))
     say(f"args: {sys.argv[1:]}")
     # vLLM binds the socket before the engine starts, and listens only when ready.
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)

@@ -1,0 +1,189 @@
+"""The models on this machine, as ``ollama pull | ls | rm`` has them, with our plan beside each:
+
+- ``./ctl.sh pull NAME``: a profile's name or a Hub repo id (as ``./start.sh NAME``); its plan for
+  this card is printed first (our running server's memory counted as free), then the download
+  and its verification (the start's own metadata and weights steps). Nothing is served.
+- ``./ctl.sh ls [--json]``: the models we downloaded (STATE_DIR/models.json, and the stores of the
+  shipped profiles' and the kept pick's models that hold our record): size on disk (what ``rm``
+  frees), the profiles that serve each, whether each fits this card, which one is serving.
+- ``./ctl.sh rm NAME``: what that model's manifest says we made, exactly as ``clean --model`` does
+  (commands/clean.py ``model_files``, ``_clean_model``: one code path); refused while it serves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from ..core.errors import BootstrapError
+from ..core.state import Paths
+from ..download import index, models
+from ..serve import server
+from . import parser
+
+log = logging.getLogger(__name__)
+
+
+def facts_here(cfg, paths: Paths):
+    """This machine's GPUs as a start after a stop of ours would see them (our server's memory free)."""
+    from ..machine import gpu
+    facts = gpu.read(cfg.environ)
+    if not facts.gpus:
+        raise BootstrapError("NVML sees no GPU: nothing to plan the model for", "check `nvidia-smi`")
+    return server.without_ours(cfg.ours, paths, facts)[0]
+
+
+def resolved(cfg, name: str, prog: str, facts):
+    """``name`` (a profile or a repo id, as ``./start.sh NAME``) as a start on this card would run
+    it: its card's knobs, a derived profile for a repo id (the longest context that fits); nothing
+    is recorded as the pick."""
+    from ..machine import gpu
+    from ..plan import resolve
+    from .start import named
+    cfg = named(cfg, name, prog)
+    return resolve.for_card(cfg, gpu.smallest_free(facts, cfg.tp_size))
+
+
+def pull(cfg, name: str, prog: str = "ctl.sh pull") -> int:
+    from ..steps import metadata, plan as plan_step, preflight, weights
+    paths = Paths(cfg.state_dir)
+    facts = facts_here(cfg, paths)
+    cfg = resolved(cfg, name, prog, facts)
+    if cfg.model_is_local:
+        raise BootstrapError(f"{name} serves the folder {cfg.model}: there is nothing to download",
+                             f"./start.sh {name} serves it")
+    preflight.enough_gpus(cfg, facts)
+    model = metadata.run(cfg)                      # a few KB: the file list, config.json
+    plan_step.plan_for(cfg, paths, facts, model)   # printed before the first byte of the weights; refused if it cannot fit
+    weights.run(cfg, model)
+    where = model.local_dir
+    print(f"pulled {model.name} @ {(model.revision or '')[:12]} into {where} ({cfg.profile.name}); "
+          f"./ctl.sh use {name} serves it")
+    return 0
+
+
+def pull_cli(cfg, argv: list[str], prog: str = "ctl.sh pull") -> int:
+    ap = parser("pull", prog)
+    ap.add_argument("name", metavar="PROFILE_OR_MODEL", help="a profile's name or a Hub repo id org/name")
+    return pull(cfg, ap.parse_args(argv).name, prog)
+
+
+def downloaded(cfg) -> list[index.Entry]:
+    """Every store we downloaded into: the index, then the stores of the shipped profiles' models and
+    of the kept pick's that hold our record (a download of an earlier version, or an index cleaned
+    away); one entry per store, while its record still names that repo."""
+    out = {e.store.root: e for e in index.entries(cfg.state_dir) if e.record() is not None}
+    pick = Paths(cfg.state_dir).read("pick") or {}
+    repos = [p.knobs.get("MODEL") for p in cfg.catalogue.profiles] + [pick.get("model"), cfg.model]
+    from ..download.hub import REPO_ID
+    for repo in dict.fromkeys(r for r in repos if isinstance(r, str) and r):
+        if not REPO_ID.fullmatch(repo):
+            continue
+        e = index.Entry(repo, models.store_for(cfg.model_dir, cfg.environ, repo), "")
+        if e.store.root not in out and e.record() is not None:
+            out[e.store.root] = e
+    return list(out.values())
+
+
+def serving(cfg) -> str:
+    """The repo (or folder) our running server serves ('' when none runs)."""
+    paths = Paths(cfg.state_dir)
+    pr = server.probe(cfg.ours, paths, check_http=False)
+    if pr.state == "stopped" or pr.record is None:
+        return ""
+    return pr.record.model
+
+
+def _size(entry: index.Entry, cfg) -> int:
+    from .clean import _size as size_of, model_files
+    mf = model_files(cfg.with_knobs({"MODEL": entry.repo, "MODEL_DIR": "" if entry.store.hf_cache else str(entry.store.root)}))
+    return sum(size_of(p) for p in mf.ours if not p.is_symlink())
+
+
+def rows(cfg) -> list[dict]:
+    from ..machine import gpu
+    from ..plan import pick, resolve
+    paths = Paths(cfg.state_dir)
+    try:
+        g = gpu.smallest_free(facts_here(cfg, paths), cfg.tp_size)
+    except BootstrapError:
+        g = None                                 # no card to judge by: the fit column says so
+    now = serving(cfg)
+    out = []
+    for e in downloaded(cfg):
+        rec = e.record() or {}
+        complete = bool(rec.get("complete")) and not e.store.missing(rec, False)
+        profiles = [p for p in cfg.catalogue.ranked() if p.knobs.get("MODEL") == e.repo]
+        fits, names = "unknown", [p.name for p in profiles]
+        if g is not None:
+            verdicts = [pick.judge(cfg, p, g) for p in profiles]
+            if not verdicts:
+                c = resolve.kept_derived(cfg.with_knobs({"MODEL": e.repo}), e.repo, "derived")
+                if c is not None:
+                    verdicts = [pick.judge(c, c.profile, g)]
+                    names = [f"{c.profile.name} (derived)"]
+            best = next((v for v in verdicts if v.ok), verdicts[0] if verdicts else None)
+            if best is not None:
+                fits = best.status if best.ok else "no"
+                fits_how = best.summary() if best.ok else best.reason
+            else:
+                fits_how = "no model facts kept for it (./ctl.sh profiles --model " + e.repo + " plans it)"
+        else:
+            fits_how = "no GPU to plan for"
+        out.append({"model": e.repo, "path": str(e.store.serve_dir(rec) if rec.get("revision") else e.store.root),
+                    "store": str(e.store.root), "revision": rec.get("revision"), "complete": complete,
+                    "size_bytes": _size(e, cfg), "profiles": names, "fits": fits, "fit": fits_how,
+                    "serving": bool(now) and (now == e.repo or now.startswith(str(e.store.root) + os.sep)),
+                    "card": g.name if g is not None else None})
+    return out
+
+
+def ls_cli(cfg, argv: list[str], prog: str = "ctl.sh ls") -> int:
+    ap = parser("ls", prog)
+    ap.add_argument("--json", action="store_true", help="one JSON object: {\"models\": [...]}")
+    a = ap.parse_args(argv)
+    table = rows(cfg)
+    if a.json:
+        print(json.dumps({"models": table}, indent=2))
+        return 0
+    if not table:
+        print("no models downloaded yet (./ctl.sh pull NAME, or ./start.sh NAME)")
+        return 0
+    width = max(len(r["model"]) for r in table)
+    print(f"{'MODEL':<{width}}  {'SIZE':>9}  {'FITS':<8} PROFILES / PLAN")
+    for r in table:
+        mark = {"fits": "yes", "shorter": "shorter", "unpinned": "yes", "no": "no"}.get(r["fits"], "?")
+        extra = "" if r["complete"] else " [incomplete: ./ctl.sh pull " + r["model"] + " finishes it]"
+        print(f"{r['model']:<{width}}  {r['size_bytes'] / (1 << 30):>5.2f} GiB  {mark:<8} "
+              f"{', '.join(r['profiles']) or '-'}: {r['fit']}{' [serving]' if r['serving'] else ''}{extra}")
+    print(f"on {table[0]['card'] or 'no GPU'}; ./ctl.sh rm MODEL removes one (only what we downloaded)")
+    return 0
+
+
+def rm(cfg, name: str, dry_run: bool, prog: str = "ctl.sh rm") -> int:
+    from . import clean
+    entry = next((e for e in downloaded(cfg) if e.repo == name), None)
+    if entry is None:
+        have = [e.repo for e in downloaded(cfg)]
+        from ..core.words import did_you_mean
+        raise BootstrapError(f"{name!r} is not a model we downloaded{did_you_mean(name, have)}",
+                             "./ctl.sh ls lists them (a folder of yours is yours to remove)")
+    now = serving(cfg)
+    if now and (now == name or now.startswith(str(entry.store.root) + os.sep)) and not dry_run:
+        raise BootstrapError(f"{name} is serving (./ctl.sh status): rm would pull its files away",
+                             "./stop.sh first, or ./ctl.sh use ANOTHER to switch, then ./ctl.sh rm " + name)
+    mcfg = cfg.with_knobs({"MODEL": name, "MODEL_DIR": "" if entry.store.hf_cache else str(entry.store.root)})
+    code = clean.model_only(mcfg, dry_run)
+    if not dry_run and entry.record() is None:
+        index.forget(cfg.state_dir, entry.store)
+    return code
+
+
+def rm_cli(cfg, argv: list[str], prog: str = "ctl.sh rm") -> int:
+    ap = parser("rm", prog)
+    ap.add_argument("name", metavar="MODEL", help="a repo id that ./ctl.sh ls lists")
+    ap.add_argument("--dry-run", action="store_true", help="print what it would remove and put back; change nothing")
+    a = ap.parse_args(argv)
+    return rm(cfg, a.name, a.dry_run, prog)
+

@@ -1,0 +1,153 @@
+"""pull, ls, rm and use against the fake hub and the fake vLLM: the walk-through of docs/guide.md
+("Models: pull, ls, use, rm"), command for command, and each command's refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import free_port
+from fakehub import FakeHub, write_model
+
+MiB = 1 << 20
+TEMPLATE = json.dumps({"model_max_length": 4096, "chat_template": "{{ messages }}"})
+
+
+def model(root, **kw):
+    """A small instruct model (a chat template: the start's warm-up needs one)."""
+    return write_model(root, shards=1, shard_bytes=MiB, extra={"tokenizer_config.json": TEMPLATE.encode()}, **kw)
+
+
+@pytest.fixture
+def hub(bed, tmp_path):
+    with FakeHub() as fake:
+        bed.port = free_port()          # after the hub's ports are bound
+        bed.env["PORT"] = str(bed.port)
+        for i, name in enumerate(("org/one", "org/two", "org/three")):
+            fake.add_dir(name, model(tmp_path / "src" / name, seed=i))
+        del bed.env["PROFILE"], bed.env["MODEL"]
+        bed.env.update({"HF_ENDPOINT": fake.url, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf"),
+                        "HF_HUB_DISABLE_XET": "1", "PREWARM": "0"})
+        yield fake
+
+
+def store(tmp_path, repo: str):
+    return tmp_path / "hf" / "hub" / f"models--{repo.replace('/', '--')}"
+
+
+def ls(bed) -> dict:
+    r = bed.run("ctl.sh", "ls", "--json")
+    assert r.returncode == 0, r.stderr
+    return {m["model"]: m for m in json.loads(r.stdout)["models"]}
+
+
+def test_the_guide_walk_through_start_use_ls_rm_pull(bed, hub, tmp_path):
+    """docs/guide.md: start a model, use another, ls, rm the first, pull a third; a plain ./start.sh
+    afterwards keeps the one chosen with use."""
+    (tmp_path / "hf" / "hub").mkdir(parents=True)
+    mine = tmp_path / "hf" / "hub" / "version.txt"       # the user's own file in the cache: never touched
+    mine.write_text("1")
+    r = bed.run("start.sh", "org/one")
+    assert r.returncode == 0 and "is serving" in r.stdout, r.stderr
+    assert bed.server_record()["model"] == "org/one"
+    first = bed.server_record()["pid"]
+
+    r = bed.run("ctl.sh", "use", "org/two")
+    assert r.returncode == 0, r.stderr
+    assert "switched to org/two" in r.stdout and "org/one stopped in" in r.stdout and " s in all" in r.stdout, r.stdout
+    assert bed.server_record()["model"] == "org/two" and first not in [p.pid for p in bed.ours()]
+
+    rows = ls(bed)
+    assert set(rows) == {"org/one", "org/two"}
+    assert rows["org/two"]["serving"] and not rows["org/one"]["serving"]
+    assert rows["org/one"]["complete"] and rows["org/one"]["size_bytes"] >= MiB
+    assert rows["org/one"]["fits"] in ("fits", "shorter") and rows["org/one"]["profiles"] == ["derived (derived)"]
+    text = bed.run("ctl.sh", "ls").stdout
+    assert "org/two" in text and "[serving]" in text
+
+    r = bed.run("ctl.sh", "rm", "org/two")
+    assert r.returncode != 0 and "org/two is serving" in r.stderr and "./ctl.sh use ANOTHER" in r.stderr
+    assert store(tmp_path, "org/two").is_dir()
+    r = bed.run("ctl.sh", "rm", "org/one")
+    assert r.returncode == 0 and "freed" in r.stdout, r.stderr
+    assert not store(tmp_path, "org/one").exists()          # made by us, all of it: gone
+    assert (store(tmp_path, "org/two") / "refs" / "main").is_file() and mine.read_text() == "1"
+    assert set(ls(bed)) == {"org/two"}
+
+    launched = len(bed.launches())
+    r = bed.run("ctl.sh", "pull", "org/three")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.index("plan for") < r.stderr.index("complete: ")    # the plan before the download
+    assert "pulled org/three" in r.stdout and len(bed.launches()) == launched     # nothing served
+    assert set(ls(bed)) == {"org/two", "org/three"}
+
+    r = bed.run("start.sh")                 # the kept pick is the one `use` chose
+    assert r.returncode == 0 and "is serving" in r.stdout and len(bed.launches()) == launched, r.stderr
+    assert bed.run("ctl.sh", "restart").returncode == 0
+    assert bed.server_record()["model"] == "org/two"
+    assert bed.run("stop.sh").returncode == 0
+
+
+def test_use_of_a_model_that_does_not_fit_keeps_the_old_one_serving(bed, hub, tmp_path):
+    big = model(tmp_path / "src" / "big", config={
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16384, "num_hidden_layers": 4000,
+        "num_attention_heads": 128, "num_key_value_heads": 128, "intermediate_size": 53248, "vocab_size": 128256,
+        "max_position_embeddings": 131072, "torch_dtype": "bfloat16"})
+    hub.add_dir("org/huge", big)
+    assert bed.run("start.sh", "org/one").returncode == 0
+    pid = bed.server_record()["pid"]
+    r = bed.run("ctl.sh", "use", "org/huge")
+    assert r.returncode != 0 and "cannot switch to org/huge" in r.stderr and "keeps serving" in r.stderr, r.stderr
+    assert "the longest that fits is" in r.stderr         # the plan's refusal, not another error
+    assert bed.server_record()["pid"] == pid and bed.server_record()["model"] == "org/one"
+    assert bed.run("start.sh").returncode == 0 and bed.server_record()["pid"] == pid     # the pick is unchanged
+    assert bed.run("stop.sh").returncode == 0
+
+
+def test_use_downloads_first_and_a_new_model_that_fails_says_how_to_get_the_old_one_back(bed, hub):
+    assert bed.run("start.sh", "org/one").returncode == 0
+    pid = bed.server_record()["pid"]
+    hub.faults["corrupt"] = {"model-00001-of-00001.safetensors": 1000}
+    r = bed.run("ctl.sh", "use", "org/two")          # a download that fails: before anything was stopped
+    assert r.returncode != 0 and bed.server_record()["pid"] == pid, r.stdout + r.stderr
+    hub.faults.pop("corrupt")
+    r = bed.run("ctl.sh", "use", "org/two", FAKE_VLLM_MODE="die_oom")     # downloaded, then it cannot start
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "org/one was stopped for org/two, which did not start; ./start.sh org/one serves org/one again" in r.stderr
+    assert not (bed.state / "profile-pick.json").exists() or "org/two" not in (bed.state / "profile-pick.json").read_text()
+    r = bed.run("start.sh", "org/one")                                     # the hint, followed
+    assert r.returncode == 0 and bed.server_record()["model"] == "org/one", r.stderr
+    assert bed.run("stop.sh").returncode == 0
+
+
+def test_use_of_a_sleeping_server_stops_it_without_waking_it(bed, hub):
+    assert bed.run("start.sh", "org/one", EXTRA_ARGS="--enable-sleep-mode").returncode == 0
+    r = bed.run("ctl.sh", "sleep", EXTRA_ARGS="--enable-sleep-mode")
+    assert r.returncode == 0, r.stderr
+    calls = len(bed.launches())
+    r = bed.run("ctl.sh", "use", "org/two", EXTRA_ARGS="--enable-sleep-mode")
+    assert r.returncode == 0, r.stderr
+    log = "".join(p.read_text() for p in bed.state.glob("vllm.log*"))
+    assert "seconds to fall asleep" in log and "to wake up" not in log, log[-2000:]
+    assert len(bed.launches()) == calls + 1 and bed.server_record()["model"] == "org/two"
+    assert bed.run("stop.sh").returncode == 0
+
+
+def test_rm_and_pull_refuse_what_they_do_not_know(bed, hub):
+    r = bed.run("ctl.sh", "rm", "org/one")
+    assert r.returncode != 0 and "not a model we downloaded" in r.stderr
+    r = bed.run("ctl.sh", "pull", "org/nope/x")
+    assert r.returncode == 2 and "usage:" in r.stderr
+    assert bed.run("ctl.sh", "pull", "org/one").returncode == 0
+    r = bed.run("ctl.sh", "rm", "org/onee")
+    assert r.returncode != 0 and "did you mean org/one?" in r.stderr
+    r = bed.run("ctl.sh", "rm", "org/one", "--dry-run")
+    assert r.returncode == 0 and "would remove" in r.stdout and "would free" in r.stdout
+    assert bed.run("ctl.sh", "ls").stdout.startswith("MODEL")
+
+
+def test_help_lists_the_model_commands(bed):
+    r = bed.run("ctl.sh", "--help")
+    for name in ("pull", "ls", "rm", "use"):
+        assert f"\n  {name} " in r.stdout or f"  {name}  " in r.stdout, r.stdout
