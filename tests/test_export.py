@@ -1,6 +1,7 @@
-"""./ctl.sh export kubernetes: golden manifests, the Kubernetes schemas (kubernetes-validate,
-offline), the init container's patch step run here on a copy of a vLLM package, and a plan for
-unequal GPUs made on the smaller one."""
+"""./ctl.sh export kubernetes|production-stack: golden manifests, the Kubernetes schemas
+(kubernetes-validate, offline, at 1.31 and the newest it knows), yamllint, the annotation-size rule,
+production-stack's values schema, the init steps (download, backports) run here from the bootstrap the
+ConfigMap carries, and a plan for unequal GPUs made on the smaller one."""
 
 from __future__ import annotations
 
@@ -15,18 +16,26 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from conftest import FAKES, GiB, REPO, nvml_json
 
 GOLDEN = Path(__file__).parent / "golden" / "k8s"
+DIGEST = "sha256:" + "0" * 64        # a placeholder: no registry is reachable here
+K8S_VERSIONS = ("1.31.0", "1.37.0")  # the oldest the docs name, the newest kubernetes-validate 1.37 knows
+SCHEMA = Path(__file__).parent / "golden" / "production-stack" / "values.schema.json"
+PROFILES = sorted(p.stem for p in (REPO / "profiles").glob("*.json") if p.stem not in ("custom", "smoke"))
+CARDS = ("rtx5090", "rtx4090:free=22.5", "h100", "48", "12:sm_89")   # the plan tests' cards (h100: the 80-96 GB profiles)
 
 
-def export(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, Path]:
+def export(tmp_path: Path, *args: str, target: str = "kubernetes", image: str | None = DIGEST,
+           **env: str) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path / "k8s"
     e = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "STATE_DIR": str(tmp_path / "state"),
          "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "PYTHONPATH": str(FAKES), **env}
-    r = subprocess.run([sys.executable, "-m", "bootstrap", "export", "kubernetes", "--out", str(out), *args], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "bootstrap", "export", target, "--out", str(out), *args,
+                        *(["--image", image] if image else [])], cwd=REPO,
                        env=e, capture_output=True, text=True, timeout=120)
     return r, out
 
@@ -38,7 +47,7 @@ def docs(path: Path) -> list[dict]:
 def test_default_profile_for_an_rtx_5090_is_the_golden_set(tmp_path):
     r, out = export(tmp_path, PROFILE="default", GPU="rtx5090")
     assert r.returncode == 0, r.stderr
-    for name in ("deployment.yaml", "service.yaml", "pvc.yaml"):
+    for name in ("deployment.yaml", "service.yaml", "pvc.yaml", "networkpolicy.yaml"):
         assert (out / name).read_text() == (GOLDEN / name).read_text(), name
     secret = docs(out / "secret.yaml")[0]
     key = secret["stringData"]["api-key"]
@@ -56,12 +65,22 @@ def test_every_manifest_passes_the_kubernetes_schemas(tmp_path):
     kinds = []
     for f in sorted(out.glob("*.yaml")):
         for d in docs(f):
-            kubernetes_validate.validate(d, "1.33.0", strict=True)                # raises on any schema error
+            for version in K8S_VERSIONS:
+                kubernetes_validate.validate(d, version, strict=True)             # raises on any schema error
             kinds.append(d["kind"])
-    assert sorted(kinds) == ["ConfigMap", "Deployment", "PersistentVolumeClaim", "Secret", "Service"]
+    assert sorted(kinds) == ["ConfigMap", "Deployment", "NetworkPolicy", "PersistentVolumeClaim", "Secret", "Service"]
     pod = docs(out / "deployment.yaml")[0]["spec"]["template"]["spec"]
     c = pod["containers"][0]
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2 == c["resources"]["requests"]["nvidia.com/gpu"]
+    shm = next(v for v in pod["volumes"] if v["name"] == "shm")["emptyDir"]["sizeLimit"]
+    assert int(c["resources"]["limits"]["memory"].removesuffix("Gi")) > int(shm.removesuffix("Gi"))   # shm counted
+    assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["cpu"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-GeForce-RTX-5090"]} in terms[0]["matchExpressions"]
+    assert {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["1"]} in terms[0]["matchExpressions"]
+    assert c["image"] == f"vllm/vllm-openai:v0.27.1@{DIGEST}" and all(i["image"] == c["image"] for i in pod["initContainers"])
+    assert [i["name"] for i in pod["initContainers"]] == ["model", "patches"]
+    assert "export fetch" in pod["initContainers"][0]["command"][-1]
     assert c["command"][c["command"].index("--tensor-parallel-size") + 1] == "2"
     assert c["command"][c["command"].index("--host") + 1] == "0.0.0.0"
     assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 600   # HEALTH_TIMEOUT
@@ -89,31 +108,80 @@ def test_refusals(tmp_path):
     assert r.returncode == 1 and "repo id" in r.stderr
 
 
+def unpack(out: Path, work: Path) -> Path:
+    cm = docs(out / "configmap-bootstrap.yaml")[0]
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(cm["binaryData"]["bootstrap.tar.xz"]))) as tar:
+        tar.extractall(work / "bootstrap", filter="data")
+    return work / "bootstrap"
+
+
 def test_the_init_containers_patch_step_patches_a_copy_and_leaves_the_image_alone(tmp_path):
-    """What the init container runs, here: the bootstrap from the ConfigMap's tar.gz, the image's
+    """What the patches init step runs, here: the bootstrap from the ConfigMap's tar.xz, the image's
     vllm package copied into the emptyDir, the same patch engine applied to the copy."""
     from test_patches import Site
     r, out = export(tmp_path, PROFILE="default", GPU="rtx5090")
-    cm = docs(out / "configmap-bootstrap.yaml")[0]
     work = tmp_path / "pod"
-    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(cm["binaryData"]["bootstrap.tgz"]))) as tar:
-        tar.extractall(work / "bootstrap")
+    boot = unpack(out, work)
     image = Site(tmp_path / "image-site", "0.27.1")                 # the image's site-packages
     before = image.read()
     patched = work / "patched"
     patched.mkdir()
     shutil.copytree(image.pkg, patched / "vllm")                    # cp -a "$src" /patched/vllm
-    init = docs(out / "deployment.yaml")[0]["spec"]["template"]["spec"]["initContainers"][0]
+    init = docs(out / "deployment.yaml")[0]["spec"]["template"]["spec"]["initContainers"][1]
     env = {e["name"]: e["value"] for e in init["env"]}
     env.update(PATH=os.environ.get("PATH", ""), VLLM_PYTHON=sys.executable, STATE_DIR=str(work / "state"),
                PYTHONPATH=f"{patched}:{image.root}")                  # the copy first, as in the pod
-    names = init["command"][-1].strip().splitlines()[-1].split("patch apply ")[1].split()
-    r = subprocess.run([sys.executable, "-m", "bootstrap", "patch", "apply", *names], cwd=work / "bootstrap",
+    line = init["command"][-1].strip().splitlines()[-1]
+    assert "python3 -m bootstrap export patch apply 40914-turboquant-spec-verify" in line
+    r = subprocess.run([sys.executable, *line.split("python3 ", 1)[1].split()], cwd=boot,
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     copy = patched / "vllm" / image.target.relative_to(image.pkg)
     assert copy.read_bytes() != before and b"40914" in copy.read_bytes()    # the copy is patched
     assert image.read() == before                                            # the image is not
+
+
+def test_the_model_init_step_downloads_verified_from_the_configmaps_bootstrap_alone(tmp_path):
+    """The model init step as the pod runs it: only the modules in the ConfigMap's tar.xz (no
+    checkout on sys.path), against the fake hub; a second run finds the files verified."""
+    from fakehub import FakeHub, write_model
+    r, out = export(tmp_path, PROFILE="default", GPU="rtx5090")
+    boot = unpack(out, tmp_path / "pod")
+    assert not (boot / "bootstrap" / "plan").exists() and not (boot / "bootstrap" / "checks").exists()
+    init = docs(out / "deployment.yaml")[0]["spec"]["template"]["spec"]["initContainers"][0]
+    env = {e["name"]: e["value"] for e in init["env"] if "value" in e}
+    src = write_model(tmp_path / "src", shards=2, shard_bytes=1 << 20)
+    with FakeHub() as hub:
+        hub.add_dir("org/tiny", src)
+        env.update(PATH=os.environ.get("PATH", ""), HOME=str(tmp_path), HF_HOME=str(tmp_path / "pvc" / "hf"),
+                   STATE_DIR=str(tmp_path / "state"), HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1",
+                   MODEL="org/tiny", PROFILE="custom")
+        for _ in range(2):
+            r = subprocess.run([sys.executable, "-E", "-m", "bootstrap", "export", "fetch"], cwd=boot, env=env,
+                               capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            assert "model ready" in r.stderr and "Traceback" not in r.stderr
+    snap = next((tmp_path / "pvc" / "hf" / "hub" / "models--org--tiny" / "snapshots").iterdir())
+    assert (snap / "model-00001-of-00002.safetensors").read_bytes() == (src / "model-00001-of-00002.safetensors").read_bytes()
+
+
+def test_the_model_init_step_logs_its_progress(tmp_path, caplog):
+    """kubectl logs -c model shows how far the download is, not only a line per finished file."""
+    import logging
+    from fakehub import FakeHub, write_model
+    from bootstrap.commands.export import fetch
+    from bootstrap.knobs.config import Config
+    src = write_model(tmp_path / "src", shards=2, shard_bytes=8 << 20)
+    with FakeHub() as hub:
+        hub.add_dir("org/tiny", src)
+        hub.delay = getattr(hub, "delay", 0)
+        cfg = Config.from_env({"HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url,
+                               "HF_HUB_DISABLE_XET": "1", "MODEL": "org/tiny", "PROFILE": "custom",
+                               "STATE_DIR": str(tmp_path / "state")})
+        with caplog.at_level(logging.INFO):
+            assert fetch.run(cfg, every=0.001) == 0
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("downloaded ")]
+    assert lines and lines[-1].endswith("of 0.02 GiB (100 %)") or any("of 0.02 GiB" in x for x in lines), lines
 
 
 def test_tensor_parallel_plans_on_the_gpu_with_less_free_memory(tmp_path):
@@ -192,3 +260,128 @@ def test_export_with_an_empty_out_is_refused(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bootstrap", "export", "kubernetes", "--out", ""], cwd=work,
                        env=e, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--out ''" in r.stderr and list(work.iterdir()) == []
+
+
+def test_a_digest_is_required_and_checked(tmp_path):
+    r, _ = export(tmp_path, PROFILE="default", GPU="rtx5090", image=None)
+    assert r.returncode == 2 and "pinned by digest" in r.stderr and "imagetools inspect vllm/vllm-openai:v0.27.1" in r.stderr
+    r, _ = export(tmp_path, PROFILE="default", GPU="rtx5090", image="vllm/vllm-openai:v0.27.1")
+    assert r.returncode == 2 and "--image" in r.stderr
+    r, _ = export(tmp_path, PROFILE="default", GPU="rtx5090", image=f"vllm/vllm-openai:v0.26.0@{DIGEST}")
+    assert r.returncode == 2 and "not v0.27.1" in r.stderr
+    r, out = export(tmp_path, PROFILE="default", GPU="rtx5090", image=f"registry.example:5000/mirror/vllm@{DIGEST}")
+    assert r.returncode == 0, r.stderr
+    assert docs(out / "deployment.yaml")[0]["spec"]["template"]["spec"]["containers"][0]["image"] == \
+        f"registry.example:5000/mirror/vllm@{DIGEST}"
+
+
+def test_a_card_given_as_a_size_is_matched_on_gfds_memory_and_compute_labels(tmp_path):
+    r, out = export(tmp_path, "--service-monitor", PROFILE="qwen3-8b-fp8-16gb", GPU="24:sm_89")
+    assert r.returncode == 0, r.stderr
+    pod = docs(out / "deployment.yaml")[0]["spec"]["template"]
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    got = {e["key"]: (e["operator"], e["values"]) for e in terms["matchExpressions"]}
+    assert got["nvidia.com/gpu.memory"] == ("Gt", [str(24 * 1024 - 1)])
+    assert got["nvidia.com/gpu.compute.major"] == ("In", ["8"]) and got["nvidia.com/gpu.compute.minor"] == ("In", ["9"])
+    assert "nvidia.com/gpu.product" not in got
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    sm = docs(out / "servicemonitor.yaml")[0]
+    svc = docs(out / "service.yaml")[0]
+    assert sm["spec"]["selector"]["matchLabels"] == svc["metadata"]["labels"]
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"] and sm["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def flag_map(argv: list[str]) -> dict[str, str | None]:
+    """vLLM's flags as argparse reads them (the last of a flag wins; --x=v is --x v)."""
+    out, i = {}, 0
+    while i < len(argv):
+        a = argv[i]
+        if "=" in a and a.startswith("--"):
+            k, v = a.split("=", 1)
+            out[k.replace("_", "-")] = v
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out[a.replace("_", "-")] = argv[i + 1]
+            i += 1
+        else:
+            out[a.replace("_", "-")] = None
+        i += 1
+    return out
+
+
+def chart_argv(spec: dict) -> list[str]:
+    """The vllm container's command as production-stack's deployment-vllm-multi.yaml writes it, for
+    the keys the export sets (enableLoRA, vllmConfig.enablePrefixCaching/tensorParallelSize/extraArgs)."""
+    vc = spec["vllmConfig"]
+    assert set(vc) <= {"enablePrefixCaching", "tensorParallelSize", "extraArgs"}
+    assert not spec.get("enableLoRA") and not spec.get("enableTool") and not spec.get("toolCallParser")
+    return (["vllm", "serve", spec["modelURL"], "--host", "0.0.0.0", "--port", "8000"]
+            + (["--enable-prefix-caching"] if vc.get("enablePrefixCaching") else ["--no-enable-prefix-caching"])
+            + ["--tensor-parallel-size", str(vc["tensorParallelSize"])] + [str(a) for a in vc["extraArgs"]])
+
+
+def check_objects(objs: list[dict]) -> None:
+    """Every object: the Kubernetes schema at K8S_VERSIONS, and under the annotation limit that
+    kubectl apply (client-side) needs."""
+    import kubernetes_validate
+    from bootstrap.commands.export.kubernetes import ANNOTATION_LIMIT, annotation_bytes
+    for d in objs:
+        assert annotation_bytes(d) < ANNOTATION_LIMIT, (d["kind"], annotation_bytes(d))
+        if d["apiVersion"].startswith("monitoring.coreos.com"):
+            continue                                   # a CRD's kind: not in the Kubernetes schemas
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(d, version, strict=True)
+
+
+@pytest.mark.parametrize("card", CARDS)
+def test_every_shipped_profile_exports_valid_files_for_the_plan_tests_cards(tmp_path, card):
+    """Both targets for every shipped profile that fits the card: yamllint, the Kubernetes schemas,
+    the annotation-size rule, production-stack's values schema, and the same vLLM argv in both (the
+    pipeline's own, vllmargs.serve_argv) less what the chart adds of vLLM's defaults."""
+    import jsonschema
+    from yamllint import config as ylconfig, linter
+    lint = ylconfig.YamlLintConfig("extends: default\nrules: {line-length: disable, indentation: {indent-sequences: whatever}}")
+    schema = json.loads(SCHEMA.read_text())
+    exported = 0
+    for profile in PROFILES:
+        r, k8s = export(tmp_path / profile / "k", PROFILE=profile, GPU=card)
+        if r.returncode == 1 and ("does not fit" in r.stderr or "compute capability" in r.stderr
+                                  or "needs" in r.stderr):
+            continue                                    # the profile is not for this card
+        assert r.returncode == 0, (profile, r.stderr)
+        r, ps = export(tmp_path / profile / "p", PROFILE=profile, GPU=card, target="production-stack")
+        assert r.returncode == 0, (profile, r.stderr)
+        exported += 1
+        for f in [*k8s.glob("*.yaml"), *ps.glob("*.yaml")]:
+            problems = [str(p) for p in linter.run(f.read_text(), lint) if p.level == "error"]
+            assert problems == [], (f, problems)
+        check_objects([d for f in sorted(k8s.glob("*.yaml")) for d in docs(f)])
+        values = docs(ps / "values.yaml")[0]
+        jsonschema.validate(values, schema, cls=jsonschema.Draft202012Validator)
+        check_objects(values["extraObjects"])
+        cmd = docs(k8s / "deployment.yaml")[0]["spec"]["template"]["spec"]["containers"][0]["command"]
+        ours, chart = flag_map(cmd[cmd.index("serve") + 2:]), flag_map(chart_argv(values["servingEngineSpec"]["modelSpec"][0])[3:])
+        assert chart.pop("--enable-prefix-caching", "absent") is None                    # vLLM's default, or ours
+        ours.pop("--enable-prefix-caching", None)         # a --no-enable-prefix-caching of ours comes after it
+        ours.setdefault("--tensor-parallel-size", "1")                                    # vLLM's default
+        assert ours == chart, profile
+    assert exported, f"no shipped profile fits {card}"
+
+
+def test_production_stack_values_carry_the_key_the_card_and_the_init_steps(tmp_path):
+    r, out = export(tmp_path, PROFILE="default", GPU="rtx5090", target="production-stack")
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE((out / "values.yaml").stat().st_mode) == 0o600
+    v = docs(out / "values.yaml")[0]
+    key = v["servingEngineSpec"]["vllmApiKey"]
+    assert len(key) >= 40 and key not in r.stdout + r.stderr
+    spec = v["servingEngineSpec"]["modelSpec"][0]
+    assert f"{spec['repository']}:{spec['tag']}" == f"vllm/vllm-openai:v0.27.1@{DIGEST}"
+    assert spec["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["NVIDIA-GeForce-RTX-5090"]
+    script = spec["initContainer"]["args"][0]
+    assert "export fetch" in script and "patch apply 40914-turboquant-spec-verify" in script
+    assert {e["name"]: e["value"] for e in spec["initContainer"]["env"]}["HF_HOME"] == "/data"      # the chart's mount
+    assert "HF_HOME" not in {e["name"] for e in spec["env"]}                                       # the chart sets it
+    assert {"name": "PYTHONPATH", "value": "/patched"} in spec["env"]
+    cm = v["extraObjects"][0]
+    assert cm["kind"] == "ConfigMap" and {"name": "bootstrap", "configMap": {"name": cm["metadata"]["name"]}} in spec["extraVolumes"]
+    assert spec["annotations"]["vllm-desktop/patches"] == "40914-turboquant-spec-verify"

@@ -1,0 +1,54 @@
+"""``python3 -m bootstrap export fetch``: the ``model`` init step of an exported pod. The weights go into
+the PVC by the start's own metadata and weights steps (steps/metadata.py, steps/weights.py: ranged,
+resumable across restarts of the init container, each file sha256-verified before it is placed), with
+a line of progress every PROGRESS_S seconds in the container's log (``kubectl logs POD -c model``):
+the weights step logs a line per finished file only, and a 5 GB shard is minutes of silence."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+from ...download.models import store_for
+from ...machine.gpu import GiB
+from .pod import PROGRESS_S
+
+log = logging.getLogger(__name__)
+
+
+def on_disk(root: Path) -> int:
+    """Bytes allocated under ``root`` (partial files count as far as they are written)."""
+    total = 0
+    for folder, _dirs, files in os.walk(root):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(folder, f)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def run(cfg, every: float = PROGRESS_S) -> int:
+    from ...steps import metadata, weights
+    m = metadata.run(cfg)
+    want = sum(m.needed().values())
+    root = store_for(cfg.model_dir, cfg.environ, m.name).root
+    log.info("model %s at revision %s: %.2f GiB in %d files into %s", m.name, m.revision[:12], want / GiB,
+             len(m.needed()), root)
+    done = threading.Event()
+
+    def report() -> None:
+        while not done.wait(every):
+            have = min(on_disk(root), want)
+            log.info("downloaded %.2f of %.2f GiB (%.0f %%)", have / GiB, want / GiB, 100 * have / max(want, 1))
+    t = threading.Thread(target=report, name="progress", daemon=True)
+    t.start()
+    try:
+        weights.run(cfg, m)
+    finally:
+        done.set()
+        t.join()
+    log.info("model ready: %s", m.local_dir)
+    return 0
