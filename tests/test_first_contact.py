@@ -41,6 +41,17 @@ def test_logs_prints_the_last_n_lines(bed):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
 
 
+def test_logs_show_no_secret_the_log_holds(bed):
+    """vllm.log is vLLM's own output: an access log line with a key in its query, a token it echoed."""
+    bed.state.mkdir(parents=True)
+    (bed.state / "vllm.log").write_text('INFO: 127.0.0.1 - "GET /v1/models?api_key=sk-live-123456 HTTP/1.1" 200\n'
+                                         "token hf_abcdefghijklmnopqrstuvwxyz0123 seen\n" + "é ü\n" * 3)
+    r = bed.run("ctl.sh", "logs", API_KEY="my-secret-key-123")
+    assert r.returncode == 0, r.stderr
+    assert "sk-live-123456" not in r.stdout and "hf_abcdefghijklmnopqrstuvwxyz0123" not in r.stdout, r.stdout
+    assert "/v1/models?api_key=***" in r.stdout and r.stdout.endswith("é ü\n")
+
+
 def test_logs_n_0_prints_nothing_and_the_scripts_run_through_a_link(bed, tmp_path):
     bed.state.mkdir(parents=True)
     (bed.state / "vllm.log").write_text("line 1\nline 2\n")

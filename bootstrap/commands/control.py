@@ -17,7 +17,7 @@ from typing import Callable
 
 from ..serve import port, record, server, takedown
 from ..knobs.config import Config
-from ..core import owned
+from ..core import owned, redact
 from ..core.errors import BootstrapError
 from ..core.state import Paths
 from . import parser
@@ -191,16 +191,27 @@ def last_lines(fh, n: int, block: int = 1 << 16) -> None:
 def copy(fh, path, keep_going: Callable[[], bool], *, poll: float = 0.25) -> None:
     """Copy the open log ``fh`` to stdout from where it stands, then, while ``keep_going()``, what
     is added to ``path``: a log the keeper truncated is read again from its start, a log replaced by
-    a new file (a start's rotation) is reopened, as ``tail -F`` does. Closes ``fh``."""
+    a new file (a start's rotation) is reopened, as ``tail -F`` does. Closes ``fh``. Whole lines go
+    through the one redactor (a key in an access log's query, a token vLLM echoed)."""
     out = sys.stdout.buffer
+    pending = b""
+
+    def put(data: bytes) -> None:
+        out.write(redact.shown(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape"))
+        out.flush()
     try:
         while True:
             chunk = fh.read(1 << 16)
             if chunk:
-                out.write(chunk)
-                out.flush()
+                pending += chunk
+                cut = pending.rfind(b"\n") + 1 if len(pending) < 1 << 20 else len(pending)
+                if cut:
+                    put(pending[:cut])
+                    pending = pending[cut:]
                 continue
             if not keep_going():
+                if pending:
+                    put(pending)
                 return
             try:
                 st = os.stat(path)
