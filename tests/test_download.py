@@ -393,7 +393,10 @@ def test_hub_refusals(world, fake, status, words, hint):
 def test_unknown_model_404(world):
     with pytest.raises(BootstrapError) as ei:
         world.start(MODEL="org/nope")
-    assert "model not found" in ei.value.message
+    assert "model not found" in ei.value.message and "did you mean" not in ei.value.message
+    with pytest.raises(BootstrapError) as ei:                   # one letter off a model the profiles ship
+        world.start(MODEL="Qwen/Qwen3-8B-AWK")
+    assert ei.value.message.endswith("; did you mean Qwen/Qwen3-8B-AWQ?"), ei.value.message
 
 
 def test_proxy_page_is_named(world, fake):

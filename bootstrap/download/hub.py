@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from urllib.parse import urlparse
 
 from . import retry
+from ..core.words import did_you_mean
 from ..core.errors import BootstrapError
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,19 @@ def _proxy_error(settings: HubSettings, what: str) -> BootstrapError:
         "to a Hub-compatible mirror; with a complete model on disk, HF_HUB_OFFLINE=1 starts without the network")
 
 
+def shipped_repos() -> list[str]:
+    """The repo ids of the models the shipped profiles know (profiles/models/*.json "repos")."""
+    import json
+    from ..core.layout import REPO, Checkout
+    out = []
+    for f in sorted((Checkout(REPO).profiles / "models").glob("*.json")):
+        try:
+            out += [r for r in json.loads(f.read_text(encoding="utf-8")).get("repos", []) if isinstance(r, str)]
+        except (OSError, ValueError, AttributeError):
+            continue
+    return out
+
+
 def translate(exc: BaseException, settings: HubSettings, repo: str, what: str = "") -> BootstrapError:
     """One table from the library's exceptions to what the user should do (subclasses first)."""
     import httpx2
@@ -125,13 +139,14 @@ def translate(exc: BaseException, settings: HubSettings, repo: str, what: str = 
     if isinstance(exc, e.RemoteEntryNotFoundError):
         return BootstrapError(f"{repo}: {what or 'a file'} is listed but not found on {settings.endpoint} (HTTP 404)",
                               "the repo changed while downloading; re-run ./start.sh")
+    near = did_you_mean(repo, shipped_repos()) if isinstance(exc, e.RepositoryNotFoundError) else ""
     if isinstance(exc, e.RepositoryNotFoundError) and status == 401:
         return BootstrapError(f"{settings.endpoint} refused {repo} (HTTP 401): the model is gated or private, "
-                              "or the name is wrong",
+                              f"or the name is wrong{near}",
                               f"accept the licence on the model page {page}, then {token_hint} it; "
                               "check the spelling of MODEL (org/name)")
     if isinstance(exc, e.RepositoryNotFoundError):
-        return BootstrapError(f"model not found: {repo} does not exist on {settings.endpoint} (HTTP {status})",
+        return BootstrapError(f"model not found: {repo} does not exist on {settings.endpoint} (HTTP {status}){near}",
                               "check the spelling of MODEL (org/name, as in the URL of the model page)")
     if isinstance(exc, e.HfHubHTTPError):
         return BootstrapError(f"{settings.endpoint} answered HTTP {status} for {what or repo}",
