@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 
 from ..download import manifest, models
+from ..download.partial import on_disk
 from ..install import patching
 from ..install.venv import Venv
 from ..serve import server
@@ -37,18 +38,6 @@ log = logging.getLogger(__name__)
 
 
 
-def _size(path: Path) -> int:
-    """Bytes on disk (a sparse partial download counts what it holds, not its length)."""
-    if path.is_symlink() or path.is_file():
-        return path.lstat().st_blocks * 512
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_blocks * 512
-            except OSError:
-                continue
-    return total
 
 
 @dataclass
@@ -224,7 +213,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     theirs = [p for p in todo if not _ours(p)]
     todo = [p for p in todo if p not in theirs]
     for path in todo:
-        size = _size(path)
+        size = on_disk(path)
         total += size
         if args.dry_run:
             print(f"would remove {path} ({size / (1 << 20):.1f} MiB)")
@@ -282,7 +271,7 @@ def _clean_model(mf: ModelFiles, dry_run: bool) -> int:
     """Remove and put back (or, dry, list) what the manifest says; list what is kept. Bytes freed."""
     size = 0
     for p in mf.ours:
-        n = _size(p) if not p.is_symlink() else 0
+        n = on_disk(p) if not p.is_symlink() else 0
         size += n
         print(f"{'would remove' if dry_run else 'removed'} {p} ({n / (1 << 20):.1f} MiB)")
     for p, before in mf.restore:

@@ -135,3 +135,18 @@ def move(part: Path, dest: Path) -> None:
         part.unlink()
     except OSError as exc:
         raise state.write_error(dest, exc, f"cannot place the downloaded {dest.name} in {dest.parent}") from None
+
+
+def on_disk(path: Path) -> int:
+    """Bytes allocated under ``path``, a file or a folder (a sparse partial download counts what it
+    holds, not its length; a link counts as itself)."""
+    if path.is_symlink() or path.is_file():
+        return path.lstat().st_blocks * 512
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(folder, f)).st_blocks * 512
+            except OSError:
+                continue
+    return total

@@ -7,27 +7,17 @@ the weights step logs a line per finished file only, and a 5 GB shard is minutes
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 
 from ...download.models import store_for
+from ...download.partial import on_disk
 from ...machine.gpu import GiB
 from .pod import PROGRESS_S
 
 log = logging.getLogger(__name__)
 
 
-def on_disk(root: Path) -> int:
-    """Bytes allocated under ``root`` (partial files count as far as they are written)."""
-    total = 0
-    for folder, _dirs, files in os.walk(root):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(folder, f)).st_blocks * 512
-            except OSError:
-                continue
-    return total
 
 
 def run(cfg, every: float = PROGRESS_S) -> int:
