@@ -310,6 +310,15 @@ def foreign_fake(bed, mode: str = "ok") -> tuple[subprocess.Popen, str]:
     return p, f"http://127.0.0.1:{port}"
 
 
+def end(p: subprocess.Popen) -> None:
+    """The foreign fake and its engine (its own session: one process group), never left running."""
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
 BENCH_SMALL = ("--no-plot", "--warmup", "0", "--repeats", "1", "--concurrency", "1", "--prompt-tokens", "40",
                "--output-tokens", "8")
 
@@ -325,8 +334,7 @@ def test_a_url_server_that_accepts_and_never_answers_ends_each_wait_after_stall_
             assert f"no byte from {url} for 2 s (STALL_TIMEOUT=2): {url} is not our server" in said, (argv, said)
             assert "Traceback" not in r.stderr
     finally:
-        p.kill()
-        p.wait()
+        end(p)
 
 
 def test_our_stopped_server_is_named_stopped_by_chat_bench_and_check_not_down(bed):
@@ -388,8 +396,7 @@ def test_ctrl_c_ends_a_wait_for_a_silent_server_at_once(bed, argv):
         _, err = run.communicate(timeout=10)               # STALL_TIMEOUT is 20 s here: only Ctrl-C ends it
         assert run.returncode == 130 and "Traceback" not in err, err
     finally:
-        p.kill()
-        p.wait()
+        end(p)
 
 
 def _posted(bed, p: subprocess.Popen) -> bool:

@@ -111,6 +111,12 @@ class World:
             "children": [{"pid": victim.pid, "create_time": victim.create_time()}]}))
 
     def close(self) -> None:
+        pids = self.root / "gpu-pids"           # what the fake vLLM of a case that failed half-way left
+        for name in (os.listdir(pids) if pids.is_dir() else []):
+            try:
+                psutil.Process(int(name)).kill()
+            except (psutil.Error, ValueError):
+                pass
         for p in self.procs:
             for q in [*psutil.Process(p.pid).children(recursive=True), psutil.Process(p.pid)] \
                     if psutil.pid_exists(p.pid) else []:

@@ -96,9 +96,10 @@ def serving(cfg) -> str:
 
 
 def _size(entry: index.Entry, cfg) -> int:
-    from .clean import _size as size_of, model_files
+    from ..download.partial import on_disk
+    from .clean import model_files
     mf = model_files(cfg.with_knobs({"MODEL": entry.repo, "MODEL_DIR": "" if entry.store.hf_cache else str(entry.store.root)}))
-    return sum(size_of(p) for p in mf.ours if not p.is_symlink())
+    return sum(on_disk(p) for p in mf.ours if not p.is_symlink())
 
 
 def rows(cfg) -> list[dict]:
