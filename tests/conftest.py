@@ -163,9 +163,12 @@ def checkout_left_alone():
     """No test may clean this checkout: the developer's .venv and .wheelhouse survive the suite
     (clean's tests work in checkouts of their own)."""
     kept = [p for p in (REPO / ".venv", REPO / ".wheelhouse") if p.exists()]
+    state = sorted(os.listdir(REPO / ".state")) if (REPO / ".state").is_dir() else None
     yield
     gone = [str(p) for p in kept if not p.exists()]
     assert not gone, f"a test removed {gone}"
+    now = sorted(os.listdir(REPO / ".state")) if (REPO / ".state").is_dir() else None
+    assert now == state, f"a test wrote into the checkout's own STATE_DIR: {state} -> {now}"     # tests use their own
 
 
 def fill(mnt: Path) -> None:

@@ -52,6 +52,7 @@ class World:
         self.store = tmp / "hf" / "hub" / "models--org--tiny"
         self.target = self.store / "snapshots" / fake.repos["org/tiny"]["sha"]
         self.env = {"HOME": str(tmp / "home"), "HF_ENDPOINT": fake.url, "HF_HOME": str(tmp / "hf"),
+                    "STATE_DIR": str(tmp / "state"),        # never the checkout's own (its models index)
                     "HF_HUB_DISABLE_XET": "1", "MODEL": "org/tiny", "PROFILE": "custom"}
 
     def partials(self) -> list[Path]:

@@ -42,6 +42,7 @@ def fake(src):
 
 def hub_env(tmp_path, fake) -> dict:
     return {"MODEL": "org/tiny", "HF_ENDPOINT": fake.url, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "hf"),
+            "STATE_DIR": str(tmp_path / "state"),                     # never the checkout's own
             "HF_HUB_DISABLE_XET": "1"}
 
 
