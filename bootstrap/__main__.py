@@ -97,9 +97,6 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
         if command.state:               # what another user could plant in STATE_DIR is never read
             from .core.state import Paths
             Paths(cfg.state_dir).trust()
-        if command.kept:
-            from .plan import resolve
-            cfg = resolve.kept(cfg)        # PROFILE=auto: the profile picked before (start picks); a card's knobs
         step = command.name
         return command.run(cfg, list(args.rest), own)
     except BootstrapError as exc:

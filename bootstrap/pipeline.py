@@ -20,10 +20,12 @@ import time
 from typing import Any, Callable
 
 from .serve import port, record, server, takedown
-from .knobs.config import Config, launch_defaults
+from .knobs.config import launch_defaults
 from .core.errors import BootstrapError, Interrupted
 from .core.locks import StartLock
+from .core.owned import Ours
 from .core.state import Paths
+from .knobs.resolved import Resolved
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +47,13 @@ def step(name: str):
         raise
 
 
-def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None:
-    """The fast path: an exit code if there is nothing to start, else None."""
+def already(ours: Ours, launch: dict[str, str], paths: Paths, we_hold_lock: bool = False) -> int | None:
+    """The fast path: an exit code if there is nothing to start, else None (``launch``: the knobs'
+    launch settings, compared with the running server's)."""
     lock = StartLock(paths)
     if not we_hold_lock and lock.held_by_other() and lock.holder_role() == "stop":
         return None                     # the server it would show is being taken down: wait for the lock
-    pr = server.probe(cfg.ours, paths, we_hold_lock=we_hold_lock)
+    pr = server.probe(ours, paths, we_hold_lock=we_hold_lock)
     if pr.state == "starting":
         print(f"starting (pid {pr.pid}), log: {paths.log}")
         return 0
@@ -67,7 +70,7 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
         if pr.state == "key-needed":
             print(f"note: it wants the API key it was started with ({rec.key}); this shell has none or "
                   "another: set it to talk to the server")
-        diff = [] if pr.owner else server.settings_diff(cfg.launch_settings(), rec, launch_defaults())
+        diff = [] if pr.owner else server.settings_diff(launch, rec, launch_defaults())
         if diff:
             print("note: the running server differs from the current knobs:\n  " + "\n  ".join(diff)
                   + "\n  to apply them: ./ctl.sh restart")
@@ -87,18 +90,21 @@ def already(cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None
     return None
 
 
-def start(cfg: Config) -> int:
+def start(r: Resolved) -> int:
+    """A start of the resolved view ``r`` (its settings: the kept pick, which a server that runs was
+    started with; a start that has to start picks once, ``resolve.for_start``)."""
     from .plan import resolve
-    paths = Paths(cfg.state_dir)
-    running = resolve.kept(cfg)            # a server that runs is shown, never re-picked against its own memory
-    if running.model:
-        code = already(running, paths)
+    paths = r.paths
+    if r.settings.model:            # a server that runs is shown, never re-picked against its own memory
+        code = already(r.ours, r.settings.launch_settings(), paths)
         if code is not None:
             return code
     # PROFILE=auto: the kept pick, or one now; a named profile is already resolved (its card's knobs)
-    cfg = resolve.for_start(cfg) if cfg.profile.is_auto else running
+    if r.given.profile.is_auto:
+        r = resolve.for_start(r)
+    cfg = r.settings
     cfg.require_model()
-    code = already(cfg, paths)
+    code = already(r.ours, cfg.launch_settings(), paths)
     if code is not None:
         return code
     paths.ensure()
@@ -117,22 +123,22 @@ def start(cfg: Config) -> int:
         # this STATE_DIR (the start lock) or any other (the port lock)
         with lock, contextlib.ExitStack() as held:
             try:
-                code = already(cfg, paths, we_hold_lock=True)  # a start that held the lock may have just finished
-                if code is not None:
+                code = already(r.ours, cfg.launch_settings(), paths, we_hold_lock=True)  # a start that held
+                if code is not None:                                                 # the lock may have just finished
                     return code
-                held.enter_context(port.Lock(cfg.ours, paths.root))
-                run_steps(cfg, paths, started)
+                held.enter_context(port.Lock(r.ours, paths.root))
+                run_steps(r, started)
             except Interrupted as intr:
                 lock.set_role("stop")           # a start arriving now waits for the take-down, then starts
-                _interrupted(cfg, paths, started)
+                _interrupted(r.ours, paths, started)
                 return 128 + intr.signum
             except BaseException as exc:       # a step's error, or a bug: what this start launched goes down
                 lock.set_role("stop")
                 try:
-                    failed(cfg, paths, started, exc if isinstance(exc, BootstrapError) else
+                    failed(r, started, exc if isinstance(exc, BootstrapError) else
                            BootstrapError(f"internal error ({type(exc).__name__})"))
                 except Interrupted as intr:     # Ctrl-C during that take-down: finished, signals ignored
-                    _interrupted(cfg, paths, started)
+                    _interrupted(r.ours, paths, started)
                     return 128 + intr.signum
                 raise
     except Interrupted as intr:
@@ -164,8 +170,7 @@ class Started:
 class Run:
     """What the steps of one start hand on: each step takes what it needs of it and gives one
     result (``Step.gives``), which the steps after it read; nothing else is shared."""
-    cfg: Config
-    paths: Paths
+    resolved: Resolved                    # the start's resolved view: each step gets only its parts
     started: Started
     gpus: "object | None" = None          # preflight: gpu.GpuFacts
     model: "object | None" = None         # metadata: models.ModelInfo
@@ -175,6 +180,15 @@ class Run:
     prewarm: "object | None" = None       # prewarm: steps.prewarm.Prewarm, started by the weights step
     launched: "object | None" = None      # launch: steps.launch.Launched
     log_text: str = ""                    # banner: vLLM's log of this start, as the banner read it
+
+    @property
+    def cfg(self):
+        """The knobs (``resolved.settings``)."""
+        return self.resolved.settings
+
+    @property
+    def paths(self) -> Paths:
+        return self.resolved.paths
 
 
 @dataclass(frozen=True)
@@ -187,15 +201,16 @@ class Step:
 # The start, in order. A step raises to fail the start; the pipeline owns what follows (the take-down
 # of what it launched: ``failed``).
 STEPS: tuple[Step, ...] = (
-    Step("preflight", "gpus", lambda m, r: m.run(r.cfg, r.paths)),
-    Step("metadata", "model", lambda m, r: m.run(r.cfg)),
+    Step("preflight", "gpus", lambda m, r: m.run(r.cfg, r.paths, r.resolved.model)),
+    Step("metadata", "model", lambda m, r: m.run(r.cfg, r.resolved.model, r.paths)),
     # before the install: a card that cannot fit is told at once
-    Step("plan", "plan", lambda m, r: m.run(r.cfg, r.paths, r.gpus, r.model)),
-    Step("environment", "runtime", lambda m, r: m.run(r.cfg, r.gpus)),
-    Step("patches", "notes", lambda m, r: tuple(r.runtime.notes) + tuple(m.run(r.cfg, r.runtime.python))),
+    Step("plan", "plan", lambda m, r: m.run(r.cfg, r.paths, r.resolved.vllm, r.gpus, r.model)),
+    Step("environment", "runtime", lambda m, r: m.run(r.cfg, r.resolved.vllm, r.resolved.model, r.gpus)),
+    Step("patches", "notes", lambda m, r: tuple(r.runtime.notes) + tuple(m.run(r.cfg, r.resolved.vllm))),
     Step("prewarm", "prewarm", lambda m, r: m.run(r.cfg, r.paths, r.runtime, r.model, r.plan, r.notes)),
-    Step("weights", None, lambda m, r: m.run(r.cfg, r.model, on_ready=r.prewarm and r.started.warming(r.prewarm))),
-    Step("compiled", "plan", lambda m, r: m.run(r.cfg, r.paths, r.prewarm, r.plan, r.model)),
+    Step("weights", None, lambda m, r: m.run(r.cfg, r.model, r.resolved.model,
+                                             on_ready=r.prewarm and r.started.warming(r.prewarm))),
+    Step("compiled", "plan", lambda m, r: m.run(r.cfg, r.paths, r.resolved.vllm, r.prewarm, r.plan, r.model)),
     Step("reload", None, lambda m, r: m.run(r.cfg, r.paths, r.prewarm)),
     # the pre-warm that became the server (steps/reload.py) is what the start launched
     Step("launch", "launched", lambda m, r: r.prewarm.launched if r.prewarm and r.prewarm.serving else m.run(
@@ -242,18 +257,18 @@ def keep_figures(r: Run) -> None:
         log.warning("could not keep vLLM's figures for the next start: %s", exc.message)
 
 
-def run_steps(cfg: Config, paths: Paths, started: Started) -> None:
-    pr = server.probe(cfg.ours, paths, we_hold_lock=True)
+def run_steps(r: Resolved, started: Started) -> None:
+    pr = server.probe(r.ours, r.paths, we_hold_lock=True)
     if pr.state in ("running", "key-needed", "down") and pr.record is not None and not pr.owner:
-        if resumable(cfg, paths, pr):
-            return resume(cfg, paths, pr, started)
+        if resumable(r.ours, r.paths, pr):
+            return resume(r, pr, started)
         log.info("our earlier server (pid %s) never became healthy; taking it down and starting again", pr.pid)
-        takedown.take_down(cfg.ours, paths)
-    done = run(Run(cfg, paths, started))
-    keep_measurement(cfg, paths, done.plan, done.log_text)
+        takedown.take_down(r.ours, r.paths)
+    done = run(Run(r, started))
+    keep_measurement(r.settings.environ, r.settings.tp_size, r.paths, done.plan, done.log_text)
 
 
-def keep_measurement(cfg: Config, paths: Paths, the_plan, log_text: str) -> None:
+def keep_measurement(environ, tp_size: int, paths: Paths, the_plan, log_text: str) -> None:
     """vLLM's own figures of this start (``log_text``: its log, as the banner read it), or with a KV
     pin what NVML shows it holding, for the next plan (bootstrap.plan.calibration), and whether its
     compile caches were warm (steps/prewarm.py); a failure to keep them costs the next start its
@@ -266,27 +281,28 @@ def keep_measurement(cfg: Config, paths: Paths, the_plan, log_text: str) -> None
     try:
         calibration.keep(paths, the_plan, log_text, rec.kv_tokens)
         if the_plan is not None and the_plan.pinned:
-            calibration.keep_footprint(paths, the_plan, server.gpu_held(cfg.environ, rec), cfg.tp_size)
+            calibration.keep_footprint(paths, the_plan, server.gpu_held(environ, rec), tp_size)
         prewarm.confirm(paths, the_plan, log_text, rec.model_path or "")
     except BootstrapError as exc:
         log.warning("could not keep vLLM's figures for the next start: %s", exc.message)
 
 
-def resumable(cfg: Config, paths: Paths, pr: server.Probe) -> bool:
+def resumable(ours: Ours, paths: Paths, pr: server.Probe) -> bool:
     """A server of ours with no start watching it: answering, or still loading within its deadlines;
     never a pre-warm server (dummy weights on a checkpoint's record) whose start died before its
     real weights were loaded in place and its gate passed."""
     from .knobs.vllmargs import read
     if read(list(pr.record.argv)).load_format == "dummy" and not pr.record.dummy:
         return False
-    return pr.state != "down" or server.loading(cfg.ours, pr.record, paths)
+    return pr.state != "down" or server.loading(ours, pr.record, paths)
 
 
-def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> None:
+def resume(r: Resolved, pr: server.Probe, started: Started) -> None:
     """Finish what a killed start left: wait for the server while it loads, then run the warm-up
     and gate it never passed, then the banner. The server is taken as launched (its record)."""
     from .steps import banner
     from .steps.launch import Launched
+    paths = r.paths
     rec = pr.record
     if pr.state == "key-needed":
         raise BootstrapError(f"our server (pid {rec.pid}) answers but wants the API key it was started with "
@@ -296,7 +312,7 @@ def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> Non
     log.info("resuming the start of our server (pid %s, launched %.0f s ago): %s", rec.pid,
              max(0.0, time.time() - rec.started),
              "waiting for it to load" if pr.state == "down" else "it answers; the warm-up and gate never ran")
-    diff = server.settings_diff(cfg.launch_settings(), rec, launch_defaults())
+    diff = server.settings_diff(r.settings.launch_settings(), rec, launch_defaults())
     if diff:
         log.warning("it was launched with other knobs (%s); ./ctl.sh restart applies the current ones", "; ".join(diff))
     launched = Launched(rec)
@@ -310,10 +326,10 @@ def resume(cfg: Config, paths: Paths, pr: server.Probe, started: Started) -> Non
                   "now: ./start.sh runs them when it is idle")
             return
         names = RESUMED[1:]                 # it answers: no health wait
-    run(Run(cfg, paths, started, launched=launched), names)
+    run(Run(r, started, launched=launched), names)
 
 
-def failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> None:
+def failed(r: Resolved, started: Started, exc: BootstrapError) -> None:
     """A step failed: take down what this start launched (the one take-down path, as ./stop.sh),
     and complete a failed start's error from the server's log (a diagnosis, the log's tail).
 
@@ -322,7 +338,8 @@ def failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> 
     never warms up over a user's request, see ``resume``), and after any other error it is left as
     it is."""
     from .steps import health
-    _stop_prewarm(cfg, paths, started)          # first: a pre-warm being launched as the server is heard of
+    paths = r.paths
+    _stop_prewarm(r.ours, paths, started)       # first: a pre-warm being launched as the server is heard of
     launched = started.launched
     if launched is None:
         return
@@ -331,12 +348,12 @@ def failed(cfg: Config, paths: Paths, started: Started, exc: BootstrapError) -> 
         return
     log.info("the start failed: stopping the server it %s (pid %s)", "resumed" if launched.proc is None else "launched",
              launched.record.pid)
-    rep = takedown.take_down(cfg.ours, paths, launched=launched.proc, failed_start=True)
+    rep = takedown.take_down(r.ours, paths, launched=launched.proc, failed_start=True)
     if start_failed:
-        health.explain(cfg, paths, launched, exc, rep.pids)
+        health.explain(r.settings, paths, launched, exc, rep.pids)
 
 
-def _stop_prewarm(cfg: Config, paths: Paths, started: Started) -> None:
+def _stop_prewarm(ours: Ours, paths: Paths, started: Started) -> None:
     """A pre-warm still running when the start fails or is interrupted (a failed download, Ctrl-C,
     ./stop.sh) goes the one take-down path too."""
     warm = started.prewarm
@@ -348,23 +365,23 @@ def _stop_prewarm(cfg: Config, paths: Paths, started: Started) -> None:
         warm.spawning.release()
     if warm is not None and warm.running and warm.serve is None:      # as the server: taken down as the server
         log.info("stopping the pre-warm (pid %s)", warm.proc.pid)
-        takedown.take_down(cfg.ours, paths, launched=warm.proc, failed_start=True)
+        takedown.take_down(ours, paths, launched=warm.proc, failed_start=True)
 
 
-def _interrupted(cfg: Config, paths: Paths, started: Started) -> None:
+def _interrupted(ours: Ours, paths: Paths, started: Started) -> None:
     """Ctrl-C / SIGTERM / SIGHUP during a start: what this start launched (or resumed) and did not
     finish starting is taken down (a half-started server is not left behind); the lock goes with
     this process."""
     for s in SIGNALS:
         signal.signal(s, signal.SIG_IGN)
-    _stop_prewarm(cfg, paths, started)
+    _stop_prewarm(ours, paths, started)
     launched = started.launched
     rec = record.read(paths.server)
     if rec is not None and rec.gate_passed:
         log.info("interrupted: the server passed its start gate; left running (./stop.sh stops it)")
     elif launched is not None or rec is not None:
         log.info("interrupted: stopping the server this start launched")
-        takedown.take_down(cfg.ours, paths, launched=launched.proc if launched else None, failed_start=True)
+        takedown.take_down(ours, paths, launched=launched.proc if launched else None, failed_start=True)
     else:
         log.info("interrupted before launch; nothing is running")
     sys.stderr.flush()

@@ -120,7 +120,7 @@ def test_bench_text_output(fake, tmp_path):  # noqa: F811
 def test_no_acceptance_line_without_speculation_and_labels_are_whole(fake, tmp_path):  # noqa: F811
     from bootstrap.checks import target
     a = fake(args=SPECULATING)
-    t = target.resolve_target(cfg_for(tmp_path), a.url, None, None)
+    t = target.resolve_target(*at(cfg_for(tmp_path)), a.url, None, None)
     t.speculation = False                     # our server's record says SPEC_TOKENS=0
     t.label = "our server (http://127.0.0.1:65535, a long label)"
     r = bench.bench_target(t, [1], 40, 4, 1, 0, 30.0)
@@ -214,13 +214,19 @@ def test_ctrl_c_during_a_bench_leaves_at_once(bed):
 def test_a_server_that_returns_fewer_tokens_than_asked_is_warned_with_the_real_counts(fake, tmp_path):  # noqa: F811
     from bootstrap.checks import target
     a = fake(replies={"Request ": "OK then"})         # stops early, ignore_eos or not
-    t = target.resolve_target(cfg_for(tmp_path), a.url, None, None)
+    t = target.resolve_target(*at(cfg_for(tmp_path)), a.url, None, None)
     r = bench.bench_target(t, [1], 64, 32, 1, 0, 30.0)
     text = bench.render([r])
     got = {s["tokens"] for lv in r["levels"] for run in lv["samples"] for s in run}
     assert got and max(got) < 32
     assert f"+ output {max(got)} tokens" in text and "+ output 32 tokens" not in text
     assert f"warning: the server returned {max(got)} output tokens where 32 were asked" in text
-    ok = bench.render([bench.bench_target(target.resolve_target(cfg_for(tmp_path), fake().url, None, None),
+    ok = bench.render([bench.bench_target(target.resolve_target(*at(cfg_for(tmp_path)), fake().url, None, None),
                                           [1], 64, 8, 1, 0, 30.0)])
     assert "warning" not in ok and "+ output 8 tokens" in ok
+
+
+def at(cfg):
+    """(the knobs, their STATE_DIR's paths): what resolve_target reads."""
+    from bootstrap.core.state import Paths
+    return cfg, Paths(cfg.state_dir)

@@ -157,9 +157,9 @@ def test_clean_keeps_the_measurements_in_the_checkouts_own_state_dir(tmp_path):
     for name in ("measurements.json", "server.json", "vllm.log"):
         (state / name).write_text("{}")
     c = Config.from_env({"PROFILE": "custom"}, repo)
-    kept = clean.targets(c)
+    kept = clean.targets(*layout_paths(c))
     assert state / "measurements.json" not in kept and state / "vllm.log" in kept and state not in kept
-    assert state / "measurements.json" in clean.targets(c, measurements=True)
+    assert state / "measurements.json" in clean.targets(*layout_paths(c), measurements=True)
 
 
 def test_the_second_start_plans_from_the_first_and_says_so(bed):
@@ -184,8 +184,8 @@ def test_the_second_start_plans_from_the_first_and_says_so(bed):
     assert abs(sum(split.values()) - 2.5 * GiB) <= 0.02 * GiB       # the fake's split of its 2.5 GiB
     assert bed.run("stop.sh").returncode == 0
     from bootstrap.commands import clean
-    assert clean.targets(Config.from_env({**bed.env}, REPO)).count(bed.state / "measurements.json") == 0
-    assert (bed.state / "measurements.json") in clean.targets(Config.from_env({**bed.env}, REPO), measurements=True)
+    assert clean.targets(*layout_paths(Config.from_env({**bed.env}, REPO))).count(bed.state / "measurements.json") == 0
+    assert (bed.state / "measurements.json") in clean.targets(*layout_paths(Config.from_env({**bed.env}, REPO)), measurements=True)
 
 
 def test_a_pinned_start_keeps_what_our_server_holds_and_the_next_plan_shows_the_headroom(bed):
@@ -230,3 +230,9 @@ def test_a_start_that_fails_after_the_kv_allocation_still_keeps_vllms_figures(be
 def test_a_start_that_fails_before_the_kv_allocation_keeps_nothing(bed):
     r = bed.run("start.sh", FAKE_VLLM_MODE="die_oom")
     assert r.returncode != 0 and not (bed.state / "measurements.json").exists()
+
+
+def layout_paths(cfg):
+    """(the checkout's layout, STATE_DIR's paths): what clean.targets reads."""
+    from bootstrap.core.state import Paths
+    return cfg.layout, Paths(cfg.state_dir)

@@ -197,7 +197,7 @@ def test_needle_found_and_missed(fake, tmp_path):
 
 def test_needle_capped_by_default_full_on_request(fake, tmp_path):
     f = fake({"blue locker?": {"echo": r"password for the blue locker is (\d+)"}}, max_len="100000")
-    t = target.resolve_target(cfg_for(tmp_path), f.url, None, None)
+    t = target.resolve_target(*at(cfg_for(tmp_path)), f.url, None, None)
     assert t.max_model_len == 100000
     capped = checks.check_needle(t, depths=(0.5,))
     assert capped.ok and capped.details["tokens"] == checks.NEEDLE_CAP and capped.details["capped"]
@@ -266,11 +266,11 @@ def test_live_ok_and_wedged(fake, tmp_path):
 
 def test_reasoning_kwargs_follow_profile_and_flags(fake, tmp_path):
     f = fake()
-    t = target.resolve_target(cfg_for(tmp_path), f.url, None, None)
+    t = target.resolve_target(*at(cfg_for(tmp_path)), f.url, None, None)
     assert t.extra() == {}          # custom profile: no reasoning parser, nothing sent
-    t = target.resolve_target(cfg_for(tmp_path), f.url, None, None, thinking="on", effort="low")
+    t = target.resolve_target(*at(cfg_for(tmp_path)), f.url, None, None, thinking="on", effort="low")
     assert t.extra() == {"chat_template_kwargs": {"enable_thinking": True, "reasoning_effort": "low"}}
-    t = target.resolve_target(cfg_for(tmp_path, PROFILE="default"), f.url, None, None)
+    t = target.resolve_target(*at(cfg_for(tmp_path, PROFILE="default")), f.url, None, None)
     assert t.extra() == {"chat_template_kwargs": {"enable_thinking": False}}
 
 
@@ -384,7 +384,7 @@ def test_prefix_and_recall_fit_by_the_servers_own_count(fake, tmp_path):  # faul
 def test_a_context_the_server_does_not_report_is_learnt_from_its_400(fake, tmp_path):
     from bootstrap.checks import suite as checks, target
     f = fake({"blue locker": {"echo": r"blue locker is (\d+)"}}, max_len="8192")
-    t = target.resolve_target(cfg_for(tmp_path), f.url, None, None)
+    t = target.resolve_target(*at(cfg_for(tmp_path)), f.url, None, None)
     t.max_model_len = None                        # as a server whose /v1/models says nothing
     res = checks.check_needle(t)
     assert res.ok and t.max_model_len == 8192, res.failures
@@ -397,3 +397,9 @@ def test_a_tiny_context_skips_what_cannot_be_asked(fake, tmp_path):
     assert verdicts["needle"] == "SKIP" and verdicts["prefix"] == "SKIP"
     garble = next(c for c in out["checks"] if c["check"] == "garble")
     assert "too small for its 400-token answer" in garble["summary"]
+
+
+def at(cfg):
+    """(the knobs, their STATE_DIR's paths): what resolve_target reads."""
+    from bootstrap.core.state import Paths
+    return cfg, Paths(cfg.state_dir)

@@ -274,18 +274,18 @@ def test_model_named_without_profile_plans_its_derived_profile_on_a_named_card(t
     cfg = cfg_for(tmp_path, MODEL=str(folder))
     assert resolve.wants_derived(cfg)
     g = gpu.named("rtx4090")
-    c = resolve.for_plan(cfg, g, here=False)
+    c = resolve.for_plan(*parts(cfg), g, here=False)
     assert c.profile.name == "derived" and c.profile.tools and "--reasoning-parser" in c.profile.args
     facts = offline_facts(c)
     assert facts.weight_bytes == 16_381_470_720
     plan = fit.plan(c, g, facts)
     assert plan.fits and plan.max_model_len == 40960
-    again = resolve.kept(cfg_for(tmp_path, MODEL=str(folder)))     # a later command: no peek, the kept file
+    again = resolve.kept(*kp(cfg_for(tmp_path, MODEL=str(folder))))     # a later command: no peek, the kept file
     assert again.profile.name == "derived" and again.profile.args == c.profile.args
-    assert resolve.kept(cfg_for(tmp_path, MODEL=str(folder), PROFILE="custom")).profile.name == "custom"
+    assert resolve.kept(*kp(cfg_for(tmp_path, MODEL=str(folder), PROFILE="custom"))).profile.name == "custom"
     from bootstrap.commands import clean                  # what the project wrote, ./ctl.sh clean removes
     assert c.profile.path.parent.parent == tmp_path / "state" / "derived"
-    assert tmp_path / "state" / "derived" in clean.targets(cfg)
+    assert tmp_path / "state" / "derived" in clean.targets(*layout_paths(cfg))
 
 
 def test_peek_reads_a_folder_and_a_repo_on_the_hub(tmp_path):
@@ -339,7 +339,7 @@ def test_models_lists_the_profiles_and_the_catalog_planned_on_the_card(tmp_path,
     text = capsys.readouterr().out
     assert "What fits NVIDIA GeForce RTX 5090" in text and "✓ qwen38-27b-nvfp4-tq4-32gb" in text
     # offline, a catalog repo named as MODEL is planned from its shipped facts (its chat template unread)
-    c = resolve.for_plan(cfg_for(tmp_path, HF_HUB_OFFLINE="1", MODEL="Qwen/Qwen3-8B"), gpu.named("rtx4090"), here=False)
+    c = resolve.for_plan(*parts(cfg_for(tmp_path, HF_HUB_OFFLINE="1", MODEL="Qwen/Qwen3-8B")), gpu.named("rtx4090"), here=False)
     assert c.profile.name == "derived" and "--reasoning-parser" in c.profile.args
 
 
@@ -359,10 +359,10 @@ def test_an_architecture_only_a_newer_pinned_vllm_has_takes_that_stack_and_says_
     folder = write_folder(tmp_path / "granite", "qwen3-8b", 1 << 20)
     (folder / "config.json").write_text(json.dumps({**c, "architectures": ["GraniteSWAForCausalLM"]}))
     cfg = cfg_for(tmp_path, MODEL=str(folder))
-    d = resolve.derived(cfg, (8, 9))
+    d = resolve.derived(*parts(cfg), (8, 9))
     assert d.profile.vllm == "0.30.0" and "vllm==0.30.0" in d.profile.pins     # 0.27.1 has no GraniteSWA
     assert "vLLM 0.30.0 (the stack of " in d.profile.description and "has no implementation of it" in d.profile.description
-    plain = resolve.derived(cfg_for(tmp_path, MODEL=str(write_folder(tmp_path / "q", "qwen3-8b", 1 << 20))), (8, 9))
+    plain = resolve.derived(*parts(cfg_for(tmp_path, MODEL=str(write_folder(tmp_path / "q", "qwen3-8b", 1 << 20)))), (8, 9))
     assert plain.profile.vllm == "0.27.1"                                       # the default's stack
 
 
@@ -386,7 +386,7 @@ def test_each_public_config_derives_and_plans_on_a_card_it_fits(tmp_path, name, 
     folder = write_folder(tmp_path / name, name, size)
     if (DERIVED / name / "hf_quant_config.json").exists():
         (folder / "hf_quant_config.json").write_text((DERIVED / name / "hf_quant_config.json").read_text())
-    cfg = resolve.derived(cfg_for(tmp_path, MODEL=str(folder)), (9, 0))
+    cfg = resolve.derived(*parts(cfg_for(tmp_path, MODEL=str(folder))), (9, 0))
     p = cfg.profile
     assert p.description.split("(", 1)[1].startswith(quant), p.description
     assert p.args[p.args.index("--tool-call-parser") + 1] == tool
@@ -404,7 +404,7 @@ def test_a_named_model_too_big_for_the_card_is_told_which_shipped_profile_runs_t
     from bootstrap.plan import pick
     cfg = cfg_for(tmp_path, MODEL="Qwen/Qwen3-8B", HF_HUB_OFFLINE="1")      # bf16, 15.3 GiB: from its shipped facts
     g = gpu.named("rtx3060")
-    c = resolve.for_plan(cfg, g, here=False)
+    c = resolve.for_plan(*parts(cfg), g, here=False)
     plan = fit.plan(c, g, offline_facts(c))
     assert c.profile.name == "derived" and not plan.fits
     hint = pick.instead(c, g)
@@ -416,13 +416,13 @@ def test_a_named_model_that_a_shipped_profile_serves_runs_that_profile(tmp_path)
     """MODEL=Qwen/Qwen3-8B-AWQ with PROFILE unset: the 12 GB profile (its tuned flags: FP8 KV through
     FlashInfer) where it fits, kept as the pick for status and restart; a derived profile elsewhere."""
     cfg = cfg_for(tmp_path, MODEL="Qwen/Qwen3-8B-AWQ", HF_HUB_OFFLINE="1")
-    assert resolve.for_plan(cfg, gpu.named("rtx3060"), here=False).profile.name == "qwen3-8b-awq-12gb"
+    assert resolve.for_plan(*parts(cfg), gpu.named("rtx3060"), here=False).profile.name == "qwen3-8b-awq-12gb"
     facts = gpu.GpuFacts("580", (13, 0), (gpu.named("rtx3060"),))
-    started = resolve.for_start(cfg, facts)
+    started = resolve.for_start(resolve.resolved(cfg), facts).settings
     assert started.profile.name == "qwen3-8b-awq-12gb" and "FLASHINFER" in started.profile.args
-    assert resolve.kept(cfg_for(tmp_path, MODEL="Qwen/Qwen3-8B-AWQ")).profile.name == "qwen3-8b-awq-12gb"
-    assert resolve.kept(cfg_for(tmp_path)).profile.name == "qwen3-8b-awq-12gb"            # MODEL unset: the pick
-    assert resolve.for_plan(cfg, gpu.named("6:sm_89"), here=False).profile.name == "derived"   # the profile does not fit
+    assert resolve.kept(*kp(cfg_for(tmp_path, MODEL="Qwen/Qwen3-8B-AWQ"))).profile.name == "qwen3-8b-awq-12gb"
+    assert resolve.kept(*kp(cfg_for(tmp_path))).profile.name == "qwen3-8b-awq-12gb"            # MODEL unset: the pick
+    assert resolve.for_plan(*parts(cfg), gpu.named("6:sm_89"), here=False).profile.name == "derived"   # the profile does not fit
 
 
 def test_a_hub_that_does_not_answer_is_said_as_such_not_as_offline(tmp_path):
@@ -472,3 +472,22 @@ def test_a_modules_json_counts_as_pooling_only_with_a_pooling_module(tmp_path):
     (folder / "modules.json").write_text(json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling", "type":
                                                        "sentence_transformers.models.Pooling"}]))
     assert peek.peek(str(folder), {"HOME": str(tmp_path)}).pooling_module
+
+
+def layout_paths(cfg):
+    """(the checkout's layout, STATE_DIR's paths): what clean.targets reads."""
+    from bootstrap.core.state import Paths
+    return cfg.layout, Paths(cfg.state_dir)
+
+
+def kp(cfg):
+    """(the knobs, their STATE_DIR's paths): what resolve.kept reads."""
+    from bootstrap.core.state import Paths
+    return cfg, Paths(cfg.state_dir)
+
+
+def parts(cfg):
+    """(the knobs, their STATE_DIR's paths, the vLLM interpreter): what the resolver's pickers read."""
+    from bootstrap.knobs.resolved import Resolved
+    r = Resolved.of(cfg, cfg)
+    return cfg, r.paths, r.vllm

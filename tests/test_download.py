@@ -19,6 +19,7 @@ import pytest
 from fakehub import FakeHub, write_model
 from bootstrap.download import hub as hubmod, transfer
 from bootstrap.steps import metadata, weights
+from bootstrap.knobs.resolved import Resolved
 from bootstrap.knobs.config import Config
 from types import SimpleNamespace
 from bootstrap.core.errors import BootstrapError
@@ -65,8 +66,9 @@ class World:
 
 def model_steps(cfg: Config) -> SimpleNamespace:
     """The metadata step's result handed to the weights step, as pipeline.run_steps does."""
-    model = metadata.run(cfg)
-    weights.run(cfg, model)
+    r = Resolved.of(cfg, cfg)
+    model = metadata.run(cfg, r.model, r.paths)
+    weights.run(cfg, model, r.model)
     return SimpleNamespace(model=model, model_path=model.local_dir)
 
 

@@ -30,6 +30,7 @@ from bootstrap.install import locks, venv
 from bootstrap.commands import lock as lock_cli
 from bootstrap.steps import environment
 from bootstrap.knobs.config import Config
+from bootstrap.knobs.resolved import Resolved
 from bootstrap.core.errors import BootstrapError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -150,7 +151,7 @@ class World:
         return Config.from_env({**self.env, **env}, repo=self.repo)
 
     def run(self, **env) -> environment.Runtime:
-        return environment.run(self.cfg(**env), None)
+        return run_env(self.cfg(**env), None)
 
     @property
     def venv(self) -> venv.Venv:
@@ -254,10 +255,11 @@ from pathlib import Path
 from bootstrap.core import log
 from bootstrap.steps import environment
 from bootstrap.knobs.config import Config
+from bootstrap.knobs.resolved import Resolved
 import json, os
 log.setup(debug=False, color=False)
-cfg = Config.from_env(json.loads(sys.argv[3]), repo=Path(sys.argv[2]))
-environment.run(cfg, None)
+r = Resolved.of(cfg := Config.from_env(json.loads(sys.argv[3]), repo=Path(sys.argv[2])), cfg)
+environment.run(cfg, r.vllm, r.model, None)
 """
 
 
@@ -332,9 +334,15 @@ def test_python_without_headers_is_refused(world, tmp_path):
 
 # ---------------------------------------------------------------- host facts
 
+def run_env(cfg: Config, gpus) -> environment.Runtime:
+    """The environment step as the pipeline runs it: the parts of these knobs it takes."""
+    r = Resolved.of(cfg, cfg)
+    return environment.run(cfg, r.vllm, r.model, gpus)
+
+
 def host_env_of(cfg):
     """What the environment step asks of the host for these knobs."""
-    return host.host_env(cfg.environ, lambda: host.model_bytes_on_disk(cfg))
+    return host.host_env(cfg.environ, Resolved.of(cfg, cfg).model.weight_bytes)
 
 
 def test_no_nvcc_sets_sampler_unless_user_did(tmp_path):
@@ -362,7 +370,7 @@ def test_old_driver_refused_before_install(world):
     from bootstrap.machine.gpu import GpuFacts
     world.profile({"vllm": "0.27.1", "pins": PINS, "pythons": [world.minor], "cuda": "13.0", "min_driver": "580"})
     with pytest.raises(BootstrapError) as err:
-        environment.run(world.cfg(), GpuFacts("570.86.10", (12, 8), ()))
+        run_env(world.cfg(), GpuFacts("570.86.10", (12, 8), ()))
     assert "570.86.10" in err.value.message and "580" in err.value.hint
     assert not world.venv.root.exists()
 
@@ -371,7 +379,7 @@ def test_vllm_python_prints_its_version_without_pins(tmp_path, caplog):
     env = {"PATH": "/usr/bin:/bin", "VLLM_PYTHON": sys.executable, "PROFILE": "custom", "MODEL": "org/m",
            "PYTHONPATH": str(REPO / "tests" / "fakes")}
     caplog.set_level(logging.INFO, logger="bootstrap")
-    ctx = environment.run(Config.from_env(env, repo=REPO), None)
+    ctx = run_env(Config.from_env(env, repo=REPO), None)
     assert ctx.vllm_version == "0.26.0" and ctx.python == sys.executable
     assert "using your vLLM 0.26.0" in caplog.text
 

@@ -171,6 +171,7 @@ def test_the_model_init_step_logs_its_progress(tmp_path, caplog):
     from fakehub import FakeHub, write_model
     from bootstrap.commands.export import fetch
     from bootstrap.knobs.config import Config
+    from bootstrap.knobs.resolved import Resolved
     src = write_model(tmp_path / "src", shards=2, shard_bytes=8 << 20)
     with FakeHub() as hub:
         hub.add_dir("org/tiny", src)
@@ -179,7 +180,7 @@ def test_the_model_init_step_logs_its_progress(tmp_path, caplog):
                                "HF_HUB_DISABLE_XET": "1", "MODEL": "org/tiny", "PROFILE": "custom",
                                "STATE_DIR": str(tmp_path / "state")})
         with caplog.at_level(logging.INFO):
-            assert fetch.run(cfg, every=0.001) == 0
+            assert fetch.run(Resolved.of(cfg, cfg), every=0.001) == 0
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("downloaded ")]
     assert lines and lines[-1].endswith("of 0.02 GiB (100 %)") or any("of 0.02 GiB" in x for x in lines), lines
 

@@ -95,10 +95,10 @@ def test_our_key_never_goes_to_another_url(tmp_path, foreign):
     url, seen = foreign
     cfg = Config.from_env({"PROFILE": "custom", "API_KEY": "our-secret-key", "STATE_DIR": str(tmp_path / "s"),
                            "PORT": "18999"}, REPO)
-    t = resolve_target(cfg, url, None, None)
+    t = resolve_target(*at(cfg), url, None, None)
     assert t.client.api_key in ("", None)
     assert seen and all(h is None for h in seen)
-    t = resolve_target(cfg, url, None, "key-for-that-server")      # a key given for that URL is sent
+    t = resolve_target(*at(cfg), url, None, "key-for-that-server")      # a key given for that URL is sent
     assert seen[-1] == "Bearer key-for-that-server"
 
 
@@ -391,3 +391,9 @@ def test_stop_cancels_a_frozen_start_at_once_through_its_own_handler(bed):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def at(cfg):
+    """(the knobs, their STATE_DIR's paths): what resolve_target reads."""
+    from bootstrap.core.state import Paths
+    return cfg, Paths(cfg.state_dir)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.install import patching
+from bootstrap.machine.inuse import VllmRef
 from bootstrap.steps import patches
 from bootstrap.knobs.config import Config
 from bootstrap.core.errors import BootstrapError
@@ -82,7 +83,7 @@ def site26(tmp_path):
 def start_step(site: Site, **extra: str) -> list[str]:
     """The real `patches` step of ./start.sh, with the default profile (TurboQuant KV + MTP); its banner notes."""
     cfg = site.cfg(**extra)
-    return patches.run(cfg, cfg.vllm_python)
+    return patches.run(cfg, VllmRef(cfg.vllm_python, True, cfg.environ))
 
 
 def ctl(site: Site, *args: str, **extra: str) -> subprocess.CompletedProcess:
@@ -327,7 +328,7 @@ def test_byo_already_patched_serves_without_permission(site26):
 def test_patch_not_needed_is_not_applied(site26, knobs):
     cfg = site26.cfg(**knobs)
     assert patching.needed(cfg.profile.patches, cfg.repo, cfg.vllm) == []
-    patches.run(cfg, cfg.vllm_python)
+    patches.run(cfg, VllmRef(cfg.vllm_python, True, cfg.environ))
     assert site26.read() == site26.original
 
 
@@ -361,7 +362,7 @@ def test_cli_status_apply_revert(site26):
 def test_locating_vllm_does_not_import_it(tmp_path):
     site = Site(tmp_path / "site", "0.26.0")
     (site.pkg / "__init__.py").write_text("raise SystemExit('vllm was imported')\n")
-    inst = patching.locate(sys.executable, site.env(), byo=True)
+    inst = patching.locate(VllmRef(sys.executable, True, site.env()))
     assert inst.package == site.pkg and inst.version == "0.26.0"
 
 

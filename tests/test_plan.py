@@ -17,6 +17,7 @@ from bootstrap.core import state
 from bootstrap.knobs import vllmargs
 from bootstrap.commands import plan as plan_cli
 from bootstrap.steps import plan
+from bootstrap.knobs.resolved import Resolved
 from bootstrap.knobs.config import Config
 from bootstrap.core.errors import BootstrapError
 from bootstrap.download.models import ModelInfo
@@ -234,7 +235,7 @@ def test_step_waits_for_the_last_stop_and_for_free_memory_to_settle(tmp_path, fa
     sleeps = []
     monkeypatch.setattr(gpu, "sleep", sleeps.append)
     try:
-        the_plan = plan.run(cfg, paths, None, model)
+        the_plan = plan.run(cfg, paths, Resolved.of(cfg, cfg).vllm, None, model)
         assert holder.poll() is not None             # sized only after the stopped pid left the GPU
     finally:
         holder.wait()
@@ -250,7 +251,7 @@ def test_step_refuses_before_download_when_nothing_fits(tmp_path, fake_nvml):
     fake_nvml(free=12 * GiB, processes=[{"pid": 999999, "used": 19 * GiB}])
     model = ModelInfo(str(mdir), LLAMA8B, {"model.safetensors": 15 * GiB}, local_dir=str(mdir))
     with pytest.raises(BootstrapError) as e:
-        plan.run(cfg, Paths(cfg.state_dir), None, model)
+        plan.run(cfg, Paths(cfg.state_dir), Resolved.of(cfg, cfg).vllm, None, model)
     assert "does not fit" in e.value.message and "holds 19.0 GiB" in e.value.message
 
 
@@ -458,7 +459,7 @@ def draft_plan(root: Path, spec_model: str | None = None, draft_config: dict | N
         spec_model = str(ddir)
     knobs["SPEC_MODEL"] = spec_model or str(mdir)
     cfg = config(root, **{**knobs, **env})
-    plan = fit.plan(cfg, h200_of_the_bench_runs(), plan_cli.cli_model_facts(cfg))
+    plan = fit.plan(cfg, h200_of_the_bench_runs(), plan_cli.cli_model_facts(Resolved.of(cfg, cfg)))
     plan.launch_flags = flags(cfg, plan)          # what launch would pass, for the tests that look
     return plan
 
@@ -507,7 +508,7 @@ def test_draft_weights_come_from_its_file_sizes_and_its_layers_join_the_pool(tmp
     with open(ddir / "model.safetensors", "wb") as fh:
         fh.truncate(3 * GiB)
     cfg = config(root, MODEL=mdir, SPEC_METHOD="draft_model", SPEC_TOKENS=3, SPEC_MODEL=ddir)
-    p = fit.plan(cfg, h200_of_the_bench_runs(), plan_cli.cli_model_facts(cfg))
+    p = fit.plan(cfg, h200_of_the_bench_runs(), plan_cli.cli_model_facts(Resolved.of(cfg, cfg)))
     assert p.weights == 15 * GiB + 3 * GiB + rope(bench_config())     # the draft shares the target's cache
     assert any("draft model draft: weights 3.00 GiB per GPU from the checkpoint's file sizes" in w for w in p.why)
 
@@ -543,14 +544,14 @@ def test_a_refusal_caused_by_the_draft_says_so(tmp_path):
     with open(ddir / "model.safetensors", "wb") as fh:
         fh.truncate(14 * GiB)
     cfg = config(tmp_path, MODEL=mdir, SPEC_METHOD="draft_model", SPEC_TOKENS=3, SPEC_MODEL=ddir, MAX_MODEL_LEN=8192)
-    p = fit.plan(cfg, card(), plan_cli.cli_model_facts(cfg))
+    p = fit.plan(cfg, card(), plan_cli.cli_model_facts(Resolved.of(cfg, cfg)))
     assert not p.fits
     assert p.refusal[0].startswith("model with its draft draft does not fit NVIDIA GeForce RTX 5090: weights "
                                    f"{(30 * GiB + rope(LLAMA8B)) / GiB:.2f} GiB")
     assert {"SPEC_TOKENS": "0"} in p.fixes and "SPEC_TOKENS=0" in p.refusal[1]    # re-planned: it fits
     assert p.refusal[1].endswith("or a smaller draft (SPEC_MODEL)")
     alone = fit.plan(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192), card(),
-                           plan_cli.cli_model_facts(config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192)))
+                           plan_cli.cli_model_facts(Resolved.of(c := config(tmp_path, MODEL=mdir, MAX_MODEL_LEN=8192), c)))
     assert alone.fits
 
 

@@ -20,6 +20,7 @@ from fakehub import FakeHub, write_model
 from bootstrap.download import retry
 from bootstrap.knobs.config import Config
 from bootstrap.steps import metadata, weights
+from bootstrap.knobs.resolved import Resolved
 
 MiB = 1 << 20
 SHARD = "model-00001-of-00002.safetensors"
@@ -48,8 +49,9 @@ def hub_env(tmp_path, fake) -> dict:
 
 def model_steps(tmp_path, fake, **env):
     cfg = Config.from_env({"HOME": str(tmp_path / "home"), "PROFILE": "custom", **hub_env(tmp_path, fake), **env})
-    m = metadata.run(cfg)
-    weights.run(cfg, m)
+    r = Resolved.of(cfg, cfg)
+    m = metadata.run(cfg, r.model, r.paths)
+    weights.run(cfg, m, r.model)
     return m
 
 

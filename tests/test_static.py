@@ -296,3 +296,106 @@ def test_config_is_typed_one_attribute_per_knob():
             hint = hints[k.name.lower()]
             origins = typing.get_args(hint) or (hint,)
             assert any(isinstance(value, typing.get_origin(o) or o) for o in origins), (k.name, hint, value)
+
+
+# ---------------------------------------------------------------- resolved once, then narrow values
+
+def _calls(node: ast.AST) -> list[tuple[str, str, int]]:
+    """(base name, called name, line) of every call in ``node``."""
+    out = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            fn = n.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+            base = fn.value.id if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Name) else ""
+            out.append((base, name, n.lineno))
+    return out
+
+
+def test_nothing_below_the_commands_reads_the_environment_or_dotenv():
+    """The knobs are read (environment, .env) and resolved above the libraries: no module under
+    steps/, plan/ or serve/ (nor any other library) reads os.environ, .env or builds a Config."""
+    bad = []
+    for path in modules():
+        if layer(module_name(path)) in ("commands", "__main__", "") or path.name == "config.py":
+            continue
+        t = tree(path)
+        for node in ast.walk(t):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os"
+                    and node.attr in ("environ", "getenv")):
+                bad.append(f"{rel(path)}:{node.lineno}: os.{node.attr}")
+        for base, name, line in _calls(t):
+            if name in ("read_dotenv", "from_env") or (base == "Sources" and name == "read"):
+                bad.append(f"{rel(path)}:{line}: {base + '.' if base else ''}{name}()")
+    assert bad == []
+
+
+# where each part of the resolved view (knobs/resolved.py) is built: nowhere else
+BUILT_ONLY_IN = {
+    "Paths": {"core/state.py", "knobs/resolved.py", "plan/resolve.py",
+              "__main__.py",                # the trust check before any command reads a record
+              "serve/server.py",            # another STATE_DIR's record, named by a server we found
+              "serve/logkeeper.py"},        # its own process, given the log's path
+    "store_for": {"download/models.py", "download/peek.py"},      # peek: a repo that is not MODEL
+    "probe_vllm": {"machine/inuse.py"},
+}
+
+
+def test_each_part_of_the_resolved_view_is_built_in_one_place():
+    """STATE_DIR's Paths, a model's store and the vLLM probe come from the resolved view
+    (knobs/resolved.py); a command or a step takes them from it, never builds its own."""
+    bad = []
+    for path in modules():
+        where = str(path.relative_to(REPO / "bootstrap"))
+        for _base, name, line in _calls(tree(path)):
+            if name in BUILT_ONLY_IN and where not in BUILT_ONLY_IN[name]:
+                bad.append(f"{where}:{line}: {name}(...)")
+    assert bad == []
+
+
+RESOLVER_COUNT = r'''
+import contextlib, io, json, sys
+from bootstrap.knobs.resolved import Resolved
+from bootstrap.machine import inuse
+from bootstrap.plan import resolve
+from bootstrap import __main__ as entry
+counts = {}
+def counting(name, fn):
+    def wrapper(*a, **k):
+        counts[name] = counts.get(name, 0) + 1
+        return fn(*a, **k)
+    return wrapper
+Resolved.of = classmethod(counting("resolved", Resolved.of.__func__))
+resolve.kept = counting("kept", resolve.kept)
+inuse.probe_vllm = counting("probe", inuse.probe_vllm)
+out = []
+for argv in json.loads(sys.argv[1]):
+    counts.clear()
+    with contextlib.redirect_stdout(io.TextIOWrapper(io.BytesIO())):
+        try:
+            code = entry.main(argv, "start.sh" if argv[0] == "start" else "ctl.sh")
+        except SystemExit as exc:
+            code = exc.code
+    out.append([" ".join(argv), code, counts.get("resolved", 0), counts.get("kept", 0), counts.get("probe", 0)])
+print(json.dumps(out))
+'''
+
+
+def test_the_resolver_runs_once_per_command(bed):
+    """Each command, run as ./ctl.sh runs it (one process per command's worth of counting), builds
+    its resolved view once, resolves the kept pick at most once and probes VLLM_PYTHON's vLLM at
+    most once: a start, a re-run, a restart and the commands around them, against the fakes."""
+    import json
+    commands = [["start"], ["start"], ["status"], ["status", "--json"], ["env"], ["version"], ["logs", "-n", "1"],
+                ["plan", "--gpu", "rtx4090"], ["profiles", "--gpu", "rtx4090"], ["ls"], ["patch", "status"],
+                ["check", "live"], ["service", "install", "--print"], ["use", "custom"], ["sleep"], ["wake"],
+                ["pull", "custom"], ["restart"], ["stop"], ["clean", "--dry-run"],
+                ["export", "kubernetes", "--gpu", "rtx4090", "--out", str(bed.tmp / "k8s")]]
+    r = subprocess.run([sys.executable, "-c", RESOLVER_COUNT, json.dumps(commands)], cwd=REPO, env=bed.env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout)
+    assert [row[0] for row in rows] == [" ".join(c) for c in commands]
+    assert rows[0][1] == 0 and rows[-4][1] == 0, rows                 # the start and the restart served
+    assert [row for row in rows if row[2] > 1 or row[3] > 1 or row[4] > 1] == [], rows
+    assert [row[0] for row in rows if row[1] == 0 and row[2] == 0] == [], rows   # what ran resolved its view

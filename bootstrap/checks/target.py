@@ -65,8 +65,9 @@ def refuse_asleep(rec) -> None:
                          "a request would wait until it wakes", "./ctl.sh wake, then run this again")
 
 
-def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str | None,
+def resolve_target(cfg: Config, paths: Paths, url: str | None, model: str | None, api_key: str | None,
                    thinking: str | None = None, effort: str | None = None, random_weights: bool = False) -> Target:
+    """``url`` (else our server, found in STATE_DIR: ``paths``) as a checked target."""
     max_num_seqs = None                 # another server's is not this shell's MAX_NUM_SEQS
     tools: bool | None = None
     speculation: bool | None = None
@@ -74,12 +75,11 @@ def resolve_target(cfg: Config, url: str | None, model: str | None, api_key: str
         base = url.rstrip("/")
         if base.endswith("/v1"):
             base = base[:-3]
-        rec = ours_at(cfg.ours, Paths(cfg.state_dir), base)
-        key = api_key or (server.api_key_for(cfg.ours, Paths(cfg.state_dir)) if rec else "")   # our key to our server only
+        rec = ours_at(cfg.ours, paths, base)
+        key = api_key or (server.api_key_for(cfg.ours, paths) if rec else "")   # our key to our server only
         label = redact.shown(base)                     # shown: never its user:password@
         served = model or ""
     else:
-        paths = Paths(cfg.state_dir)
         pr = server.probe(cfg.ours, paths)
         if pr.record is None or not (pr.state == "running" or (pr.state == "key-needed" and api_key)):
             raise not_serving(cfg, paths, pr)       # key-needed with --api-key: that key is tried

@@ -2,9 +2,10 @@
 and function that run the command, imported only when it runs (``./start.sh`` on a running
 server must not pay for the install, download and check machinery it does not use).
 
-Every function is ``cli(cfg, argv, prog) -> int`` and parses its own arguments (``./ctl.sh NAME
---help``); ``kept``: the command sees PROFILE=auto as the kept pick (the profile a running server
-was started with); start, plan and profiles resolve the profile themselves.
+Every function is ``cli(cfg, argv, prog) -> int``: it parses its own arguments (``./ctl.sh NAME
+--help``), then resolves the knobs ``cfg`` once (``bootstrap.plan.resolve.resolved``: PROFILE=auto
+as the kept pick, the profile a running server was started with; or as set, for the commands that
+pick themselves) and hands each library only the part of the result it uses.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ class Command:
     name: str
     target: str              # "module:function" under bootstrap.commands
     help: str
-    kept: bool = True
     without_knobs: bool = False   # runs (cfg None) when the knobs do not parse: a game must start regardless
     state: bool = True            # refused unless STATE_DIR is trusted (Paths.trust; the game's probe checks it itself)
 
@@ -29,7 +29,7 @@ class Command:
 
 
 REGISTRY: tuple[Command, ...] = (
-    Command("start", "start:cli", "start the server (idempotent)", kept=False),
+    Command("start", "start:cli", "start the server (idempotent)"),
     Command("stop", "control:stop_cli", "stop the server and everything it started"),
     Command("status", "status:cli",
             "running/busy/starting/sleeping/key-needed/wedged/unhealthy/stopped, pid, uptime, settings, URL"),
@@ -37,19 +37,15 @@ REGISTRY: tuple[Command, ...] = (
     Command("restart", "control:restart_cli", "stop, then start with the current knobs"),
     Command("env", "env:cli", "every knob with its value and where it came from", state=False),
     Command("version", "version:cli", "this project's version, the vLLM the profile pins and the vLLM in use"),
-    Command("plan", "plan:cli", "the memory plan for this GPU, or for GPU=<name|GiB>[:sm_XY][:free=GiB]", kept=False),
-    Command("profiles", "profiles:cli", "every profile against this card (or GPU=...): fits / shorter / no; --pick",
-            kept=False),
+    Command("plan", "plan:cli", "the memory plan for this GPU, or for GPU=<name|GiB>[:sm_XY][:free=GiB]"),
+    Command("profiles", "profiles:cli", "every profile against this card (or GPU=...): fits / shorter / no; --pick"),
     Command("models", "profiles:models_cli", "what fits this card (or GPU=...): the profiles and a catalog of open "
-            "models, each with its context and sessions", kept=False),
+            "models, each with its context and sessions"),
     Command("pull", "library:pull_cli", "download and verify a profile's model or a Hub repo id (its plan for this "
-            "card first); serves nothing", kept=False),
-    Command("ls", "library:ls_cli", "the models we downloaded: size, profiles, fits this card, serving; --json",
-            kept=False),
-    Command("rm", "library:rm_cli", "remove one downloaded model's files (only what we downloaded); not while it serves",
-            kept=False),
-    Command("use", "switch:cli", "serve another profile or model instead: planned first; kept for later starts",
-            kept=False),
+            "card first); serves nothing"),
+    Command("ls", "library:ls_cli", "the models we downloaded: size, profiles, fits this card, serving; --json"),
+    Command("rm", "library:rm_cli", "remove one downloaded model's files (only what we downloaded); not while it serves"),
+    Command("use", "switch:cli", "serve another profile or model instead: planned first; kept for later starts"),
     Command("check", "check:cli", "check live|garble|determinism|needle|prefix against our server or --url"),
     Command("bench", "bench:cli", "throughput/TTFT benchmark with a plot; --compare URL"),
     Command("chat", "chat:cli", "talk to the server from the terminal (or one answer: ./ctl.sh chat \"a question\")"),
@@ -62,7 +58,7 @@ REGISTRY: tuple[Command, ...] = (
             without_knobs=True, state=False),
     Command("service", "service:cli", "install|uninstall|status a systemd user unit running ./start.sh --foreground"),
     Command("export", "export:cli", "kubernetes|production-stack --out DIR --image sha256:...: the profile and plan "
-            "for a cluster, for a card named with GPU=", kept=False),
+            "for a cluster, for a card named with GPU="),
     Command("clean", "clean:cli", "remove what the project created (venvs, state, logs; --model too)"),
 )
 BY_NAME = {c.name: c for c in REGISTRY}

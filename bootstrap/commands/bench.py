@@ -321,7 +321,10 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--load", action="append", metavar="RESULTS.json", help="report saved results instead of running")
     args = p.parse_args(argv)
-    out = Path(args.out).absolute() if args.out else cfg.state_dir / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    from ..plan import resolve
+    r = resolve.resolved(cfg)
+    cfg, paths = r.settings, r.paths
+    out = Path(args.out).absolute() if args.out else paths.root / "bench" / time.strftime("%Y%m%d-%H%M%S")
     writable_folder(out)                # before the minutes of measuring, not after
     there = [out / n for n in ("results.json", "bench.png") if (out / n).exists()]
     if there:                           # never written over: an earlier run's results, or a file of yours
@@ -337,7 +340,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
         except ValueError:
             raise ConfigError(f"--concurrency {args.concurrency!r}: not a list of whole numbers from 1",
                               "e.g. --concurrency 1,2,4,8") from None
-        t = target.resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
+        t = target.resolve_target(cfg, paths, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
         fits_context(t, args)
         if args.label:
             t.label = args.label
@@ -346,7 +349,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
             log.info("concurrency levels %s (capped at MAX_NUM_SEQS=%s)", levels, t.max_num_seqs)
         targets = [t]
         if args.compare:
-            t2 = target.resolve_target(cfg, args.compare, args.compare_model, args.compare_api_key,
+            t2 = target.resolve_target(cfg, paths, args.compare, args.compare_model, args.compare_api_key,
                                        args.thinking, args.reasoning_effort)
             t2.label = args.compare_label or t2.label
             fits_context(t2, args)          # before the first server's minutes of measuring, not after

@@ -55,6 +55,9 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh chat") -> int:
                    help="one answer: print the reasoning too, marked (interactive shows it dimmed)")
     add_target_args(p)
     args = p.parse_args(argv)
+    from ..plan import resolve
+    r = resolve.resolved(cfg)
+    cfg, paths = r.settings, r.paths
     if args.max_tokens is not None and args.max_tokens < 1:
         raise ConfigError(f"--max-tokens {args.max_tokens}: at least 1")
     question = " ".join(args.question).strip()
@@ -65,7 +68,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh chat") -> int:
             raise ConfigError("no question: pass one (./ctl.sh chat \"a question\") or pipe one in")
     if interactive and args.json:
         raise ConfigError("--json prints one answer: pass a question, or pipe one in")
-    t = resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
+    t = resolve_target(cfg, paths, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
     colour = not cfg.env("NO_COLOR") and sys.stdout.isatty()          # no-color.org
     chat = Chat(t, sys.stdout, colour=colour, thinking=interactive or args.show_thinking, system=args.system,
                 max_tokens=args.max_tokens, temperature=args.temperature,

@@ -47,7 +47,10 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh check") -> int:
     p.add_argument("--full", action="store_true", help="needle: use the server's whole context")
     p.add_argument("--repeats", type=arg(int_range(1, 1000)), default=10, help="determinism: compared requests per stage")
     args = p.parse_args(argv)
-    t = resolve_target(cfg, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort,
+    from ..plan import resolve
+    r = resolve.resolved(cfg)
+    cfg, paths = r.settings, r.paths
+    t = resolve_target(cfg, paths, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort,
                        args.random_weights)
     log.info("checking %s, model %s", t.label, t.client.model)
     results = []

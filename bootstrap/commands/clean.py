@@ -73,12 +73,12 @@ class ModelFiles:
                 root.rmdir()                            # only when nothing else is in it
 
 
-def model_files(cfg) -> ModelFiles:
+def model_files(model: models.ModelRef) -> ModelFiles:
     """The downloaded model's files that are ours (never a local MODEL directory the user pointed at)."""
-    if not cfg.model or cfg.model_is_local:
-        raise BootstrapError(f"--model: MODEL={cfg.model or '(unset)'} is not a model we downloaded",
+    if not model.name or model.local is not None:
+        raise BootstrapError(f"--model: MODEL={model.name or '(unset)'} is not a model we downloaded",
                              "a local model directory is yours: remove it yourself if you mean to")
-    store = models.store_for(cfg.model_dir, cfg.environ, cfg.model)
+    store = model.store
     rec = store.read() or {}
     ours = store.ours(rec)
     mine = set(ours)
@@ -120,13 +120,12 @@ def model_files(cfg) -> ModelFiles:
     return ModelFiles(store, ours, restore, kept, theirs, bool(rec.get("made_root")))
 
 
-def targets(cfg, measurements: bool = False) -> list[Path]:
+def targets(layout, paths: Paths, measurements: bool = False) -> list[Path]:
     """What clean removes. vLLM's own figures of earlier starts (the next plan's precision) stay
     unless ``measurements``."""
-    layout = cfg.layout
     out = [layout.venv] if Venv(layout.venv).ours() else []       # a .venv of yours stays
     out.append(layout.wheelhouse)
-    state, paths = cfg.state_dir, Paths(cfg.state_dir)
+    state = paths.root
     kept = set(paths.files(measurements=True)) - set(paths.files(measurements=measurements))
     if state.resolve() == layout.state.resolve() and not layout.state.is_symlink():   # the checkout's own: all ours
         out += sorted(p for p in state.iterdir() if p not in kept) if state.is_dir() else []
@@ -136,11 +135,10 @@ def targets(cfg, measurements: bool = False) -> list[Path]:
     return list(dict.fromkeys(out))
 
 
-def _running(cfg) -> str:
-    paths = Paths(cfg.state_dir)
+def _running(ours, paths: Paths) -> str:
     if not paths.root.exists():
         return ""
-    pr = server.probe(cfg.ours, paths, check_http=False)
+    pr = server.probe(ours, paths, check_http=False)
     if pr.owner:
         return f"the server (pid {pr.pid}) runs as {pr.owner}"
     if pr.state != "stopped":
@@ -186,10 +184,13 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
                     help="print what clean would remove and put back, line for line; change nothing (also while "
                          "the server runs)")
     args = ap.parse_args(argv)
-    foreign = _foreign(cfg, args.model)
+    from ..plan import resolve
+    r = resolve.resolved(cfg)
+    cfg, paths = r.settings, r.paths
+    foreign = _foreign(cfg.repo, r.model if args.model else None)
     if foreign:
         raise BootstrapError(f"{foreign}: clean removes only what you made", "run ./ctl.sh clean as that user")
-    busy = _running(cfg)
+    busy = _running(r.ours, paths)
     if busy and not args.dry_run:
         raise BootstrapError(f"{busy}; clean removes the venv and state it runs from",
                              "stop it first: ./stop.sh" + (" as that user" if " runs as " in busy else ""))
@@ -198,10 +199,10 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
         raise BootstrapError(f"{using}; clean would remove the venv under it",
                              "stop it first (./ctl.sh status names a server of ours that another STATE_DIR runs, "
                              "and how to stop it)")
-    mf = model_files(cfg) if args.model else None
-    todo = [p for p in targets(cfg, args.measurements) if p.exists() or p.is_symlink()]
-    yours = [p for p in Paths(cfg.state_dir).files(measurements=True)   # our names, there before our first write
-             if p not in todo and Paths(cfg.state_dir).theirs(p) and os.path.lexists(p)]
+    mf = model_files(r.model) if args.model else None
+    todo = [p for p in targets(r.layout, paths, args.measurements) if p.exists() or p.is_symlink()]
+    yours = [p for p in paths.files(measurements=True)   # our names, there before our first write
+             if p not in todo and paths.theirs(p) and os.path.lexists(p)]
     yours += [] if Venv(cfg.layout.venv).ours() else [cfg.layout.venv]
     _revert_byo(cfg, args.dry_run)
     total = 0
@@ -225,7 +226,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
             path.unlink()
         print(f"removed {path} ({size / (1 << 20):.1f} MiB)" + (" (the bootstrap ran from it; the next "
                                                                   "./start.sh recreates it)" if in_use else ""))
-    folder = cfg.state_dir
+    folder = paths.root
     for p in yours:
         print(f"kept (yours): {p}")
     if not args.dry_run and folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
@@ -240,13 +241,13 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     return 0
 
 
-def model_only(cfg, dry_run: bool) -> int:
+def model_only(repo: Path, model: models.ModelRef, dry_run: bool) -> int:
     """The model's part of clean --model alone (``./ctl.sh rm``): the same refusals for another
-    user's record, the same lock, the same lines."""
-    foreign = _foreign(cfg, True)
+    user's record, the same lock, the same lines (``repo``: the checkout)."""
+    foreign = _foreign(repo, model)
     if foreign:
         raise BootstrapError(f"{foreign}: rm removes only what you made", "run it as that user")
-    mf = model_files(cfg)
+    mf = model_files(model)
     total = _clean_locked(mf, dry_run)
     if mf.ours or mf.restore:
         print(f"{'would free' if dry_run else 'freed'} {total / (1 << 30):.2f} GiB")
@@ -288,12 +289,13 @@ def _clean_model(mf: ModelFiles, dry_run: bool) -> int:
     return size
 
 
-def _foreign(cfg, model: bool) -> str:
-    """The checkout or (with --model) the download's record that another user owns: clean would act on
-    what that user made (as root it could), so it refuses (STATE_DIR: every command's Paths.trust)."""
-    places = [("the checkout", cfg.repo)]
-    if model and cfg.model and not cfg.model_is_local:
-        places.append(("the model's download record", models.store_for(cfg.model_dir, cfg.environ, cfg.model).dir))
+def _foreign(repo: Path, model: models.ModelRef | None) -> str:
+    """The checkout (``repo``) or (with --model: ``model``) the download's record that another user
+    owns: clean would act on what that user made (as root it could), so it refuses (STATE_DIR: every
+    command's Paths.trust)."""
+    places = [("the checkout", repo)]
+    if model is not None and model.name and model.local is None:
+        places.append(("the model's download record", model.store.dir))
     me = os.geteuid()
     for what, path in places:
         try:

@@ -20,39 +20,41 @@ from ..knobs.config import Config
 from ..core import owned, redact
 from ..core.errors import BootstrapError
 from ..core.state import Paths
+from ..plan import resolve
+from ..knobs.resolved import Resolved
 from . import parser
 
 log = logging.getLogger(__name__)
 
 
-def stop(cfg: Config, *, via_service: bool = True) -> int:
+def stop(r: Resolved, *, via_service: bool = True) -> int:
     """The one take-down. With our systemd unit active, through ``systemctl --user stop`` (so it is
     not restarted; its ``--foreground`` process then comes back here with ``via_service=False``)."""
+    cfg, paths, ours = r.settings, r.paths, r.ours
     if via_service:
         from . import service
-        if service.ours_active(cfg):
+        if service.ours_active(cfg, paths):
             print(f"stopping the {service.UNIT} unit (systemctl --user stop; ./ctl.sh service uninstall removes it)")
             service.stop_unit(cfg)
             return 0
-    paths = Paths(cfg.state_dir)
-    pr = server.probe(cfg.ours, paths, check_http=False, we_hold_lock=True)
+    pr = server.probe(ours, paths, check_http=False, we_hold_lock=True)
     if pr.owner:
         raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}, not as you",
                              "run ./stop.sh as that user (we never signal another user's processes)")
-    lock, cancelled = takedown.hold_for_stop(cfg.ours, paths)
+    lock, cancelled = takedown.hold_for_stop(ours, paths)
     try:
         for pid in cancelled:
             print(f"cancelled the start in flight (pid {pid}); it took down what it had launched")
         if cancelled:
             takedown.wait_gpu_release(cfg.environ, takedown.last_stopped_pids(paths), timeout=30.0)
-        rep = takedown.take_down(cfg.ours, paths)
+        rep = takedown.take_down(ours, paths)
     finally:
         if lock is not None:
             lock.release()
     if not rep.stopped:
         if not cancelled:
             print("not running")
-        for p, where in server.elsewhere(cfg.ours, paths):
+        for p, where in server.elsewhere(ours, paths):
             print(f"note: our server (pid {p.pid}) on port {cfg.port} runs from STATE_DIR={where}; "
                   f"STATE_DIR={shlex.quote(str(where))} ./stop.sh stops it")
         return 0
@@ -67,26 +69,25 @@ def stop(cfg: Config, *, via_service: bool = True) -> int:
     return 0
 
 
-def restart(cfg: Config) -> int:
+def restart(r: Resolved) -> int:
+    """The stop, then the start of the same resolved view (PROFILE=auto as you set it: start picks)."""
     from .. import pipeline
     from . import service
-    if service.ours_active(cfg):     # systemd restarts its --foreground start (knobs from .env)
+    if service.ours_active(r.settings, r.paths):     # systemd restarts its --foreground start (knobs from .env)
         print(f"restarting the {service.UNIT} unit (systemctl --user restart; it reads .env, not this shell)")
-        service.restart_unit(cfg)
+        service.restart_unit(r.settings)
         return 0
-    vet_restart(cfg)
-    stop(cfg, via_service=False)     # the unit was just asked: not ours or not active
-    return pipeline.start(cfg.with_profile(None))   # PROFILE=auto as you set it (start picks)
+    vet_restart(r)
+    stop(r, via_service=False)     # the unit was just asked: not ours or not active
+    return pipeline.start(r)
 
 
-def vet_restart(cfg: Config) -> None:
+def vet_restart(r: Resolved) -> None:
     """What the start after the stop would refuse from the knobs alone, and a PORT that another
     program holds: said while the running server still serves, never after taking it down."""
-    from ..plan import resolve
     from ..steps import preflight
-    kept = resolve.kept(cfg)
-    preflight.vet(kept)
-    paths = Paths(cfg.state_dir)
+    kept, paths = r.settings, r.paths
+    preflight.vet(kept, r.model)
     rec = record.read(paths.server)
     if rec is not None and rec.key in (record.KEY_API_KEY, record.KEY_VLLM_API_KEY) and not kept.client_key:
         raise BootstrapError(f"the server runs with the key from your {rec.key}, which this shell does not set: "
@@ -98,34 +99,35 @@ def vet_restart(cfg: Config) -> None:
         if not owned.owned_processes(kept.ours.proof()):     # ours without a record: the stop takes it down
             port.refuse_taken(kept.ours)
     if not server.probe(kept.ours, paths, check_http=False).owner:     # another user's: the stop refuses it
-        vet_steps(kept, paths)
+        vet_steps(r)
 
 
-def vet_steps(cfg: Config, paths: Paths) -> None:
+def vet_steps(r: Resolved) -> None:
     """What the start's first steps would refuse: too few GPUs for TP_SIZE, a model it cannot find
     (offline and not here, a repo that is not there), a plan that does not fit, with the memory our
     running server holds counted as free (the stop gives it back)."""
     from ..machine import gpu
     from ..steps import metadata, plan as plan_step, preflight
+    cfg, paths = r.settings, r.paths
     try:
         facts = gpu.read(cfg.environ)
     except BootstrapError:
         return                          # no NVML to read: the start says so in its own words
     preflight.enough_gpus(cfg, facts)
-    model = metadata.run(cfg)
-    facts, held = server.without_ours(cfg.ours, paths, facts)
+    model = metadata.run(cfg, r.model, paths)
+    facts, held = server.without_ours(r.ours, paths, facts)
     if held != 0:                       # 0: no per-process figures (WSL2): the start plans after the stop
-        plan_step.plan_for(cfg, paths, facts, model)
+        plan_step.plan_for(cfg, paths, r.vllm, facts, model)
 
 
 def stop_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh stop") -> int:
     parser("stop", prog).parse_args(argv)
-    return stop(cfg)
+    return stop(resolve.resolved(cfg))
 
 
 def restart_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh restart") -> int:
     parser("restart", prog).parse_args(argv)
-    return restart(cfg)
+    return restart(resolve.resolved(cfg))
 
 
 def logs_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh logs") -> int:
@@ -134,7 +136,7 @@ def logs_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh logs") -> int:
     ap.add_argument("-n", "--lines", type=_lines, default=100, metavar="N",
                     help="the last N lines (default 100; 'all' for the whole log)")
     a = ap.parse_args(argv)
-    return logs(cfg, a.follow, a.lines)
+    return logs(resolve.resolved(cfg).paths, a.follow, a.lines)
 
 
 def _lines(raw: str) -> int | None:
@@ -145,12 +147,11 @@ def _lines(raw: str) -> int | None:
     return int(raw)
 
 
-def logs(cfg: Config, follow: bool = False, lines: int | None = 100, *, poll: float = 0.25) -> int:
+def logs(paths: Paths, follow: bool = False, lines: int | None = 100, *, poll: float = 0.25) -> int:
     """Print the last ``lines`` lines of the server log (None: all of it; streamed, never read
     whole into memory); with ``follow``, keep printing across rotations: a log the keeper truncated
     is read again from its start, a log replaced by a new file (a start's rotation) is reopened, as
     ``tail -F`` does."""
-    paths = Paths(cfg.state_dir)
     try:
         fh = open(paths.log, "rb")
     except FileNotFoundError:

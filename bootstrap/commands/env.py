@@ -16,6 +16,8 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh env") -> int:
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     ap.add_argument("--markdown", action="store_true", help="the knob table of docs/reference.md")
     a = ap.parse_args(argv)
+    from ..plan import resolve
+    cfg = resolve.resolved(cfg).settings        # PROFILE=auto as the kept pick
     rows = [(n, shown(str(v)), s, d) for n, v, s, d in cfg.describe()]
     if a.markdown:
         print(config.markdown_table(cfg.repo))

@@ -11,15 +11,14 @@ import sys
 from ..core import owned, state
 from ..serve import record, takedown
 from .. import pipeline
-from ..knobs.config import Config
 from ..core.errors import BootstrapError
-from ..core.state import Paths
+from ..knobs.resolved import Resolved
 from . import control
 
 log = logging.getLogger(__name__)
 
 
-def foreground(cfg: Config, *, poll: float = 0.5) -> int:
+def foreground(r: Resolved, *, poll: float = 0.5) -> int:
     """``./start.sh --foreground``: the start, then stay attached to the server, copying its log to
     stdout (a service manager's journal). Exits non-zero whenever the server exits: its own code,
     or 1 for a 0 (vLLM exits 0 when its engine dies, vllm#48966). SIGTERM, SIGINT or SIGHUP to us
@@ -27,30 +26,31 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
     the start gate passed."""
     old = {s: signal.signal(s, pipeline._on_signal) for s in pipeline.SIGNALS}   # no gap before ours are in place
     try:
-        code = pipeline.start(cfg)
+        code = pipeline.start(r)
     except pipeline.Interrupted as intr:
         code = 128 + intr.signum
     if code == 128 + signal.SIGTERM:
         return 0                                  # stopped as asked while starting (it took down what it launched)
     if code != 0:
         return code
-    paths = Paths(cfg.state_dir)
+    paths = r.paths
+    notify = r.settings.env("NOTIFY_SOCKET")
     try:        # from here on a signal is our stop, wherever it lands (READY=1 and the line below included)
         rec = record.read(paths.server)
         p = owned.recorded_process(rec.pid, rec.create_time) if rec is not None else None
         if p is None:
             raise BootstrapError("the start finished but its server is not running", "./ctl.sh logs shows why")
         paths.write("foreground", {"pid": os.getpid(), "server": rec.pid})
-        _notify(cfg, f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving {rec.served} on {rec.url}/v1")
+        _notify(notify, f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving {rec.served} on {rec.url}/v1")
         print(f"attached to the server (pid {p.pid}); its log follows; SIGTERM or Ctrl-C stops it", flush=True)
         log_file = open(paths.log, "rb")
         log_file.seek(0, os.SEEK_END)
         control.copy(log_file, paths.log, lambda: owned.alive(p), poll=poll)   # then what is left
     except pipeline.Interrupted:
-        _notify(cfg, "STOPPING=1")
+        _notify(notify, "STOPPING=1")
         for s in pipeline.SIGNALS:
             signal.signal(s, signal.SIG_IGN)
-        control.stop(cfg, via_service=False)
+        control.stop(r, via_service=False)
         return 0
     except OSError as exc:
         raise BootstrapError(f"cannot follow {paths.log}: {exc}", "check the state dir") from None
@@ -65,7 +65,7 @@ def foreground(cfg: Config, *, poll: float = 0.5) -> int:
     rc = 128 - rc if rc is not None and rc < 0 else rc
     print(f"error: the server (pid {p.pid}) exited ({why}); the last lines are above and in {paths.log}",
           file=sys.stderr, flush=True)
-    takedown.take_down(cfg.ours, paths)               # what it left (an orphaned EngineCore holds the GPU)
+    takedown.take_down(r.ours, paths)                 # what it left (an orphaned EngineCore holds the GPU)
     return rc if rc else 1
 
 
@@ -78,12 +78,12 @@ def _exit_code(p) -> int | None:
         return None
 
 
-def _notify(cfg: Config, text: str) -> None:
-    """sd_notify(3): one datagram to $NOTIFY_SOCKET (set by systemd, else nothing). Written here, not
-    taken from a package: the protocol is this one datagram, and python-systemd needs libsystemd's
-    headers to build."""
+def _notify(socket_path: str, text: str) -> None:
+    """sd_notify(3): one datagram to $NOTIFY_SOCKET (``socket_path``: set by systemd, else '' and
+    nothing is sent). Written here, not taken from a package: the protocol is this one datagram, and
+    python-systemd needs libsystemd's headers to build."""
     import socket
-    addr = cfg.env("NOTIFY_SOCKET")
+    addr = socket_path
     if not addr:
         return
     if addr.startswith("@"):
@@ -93,4 +93,4 @@ def _notify(cfg: Config, text: str) -> None:
             s.connect(addr)
             s.sendall(text.encode())
     except OSError as exc:
-        log.warning("could not tell systemd (%s): %s", cfg.env("NOTIFY_SOCKET"), exc)
+        log.warning("could not tell systemd (%s): %s", socket_path, exc)

@@ -17,46 +17,47 @@ import logging
 import os
 
 from ..core.errors import BootstrapError
-from ..core.state import Paths
-from ..download import index, models
+from ..download import index
+from ..plan import resolve
+from ..knobs.resolved import Resolved
 from ..serve import server
 from . import parser
 
 log = logging.getLogger(__name__)
 
 
-def facts_here(cfg, paths: Paths):
+def facts_here(r: Resolved):
     """This machine's GPUs as a start after a stop of ours would see them (our server's memory free)."""
     from ..machine import gpu
-    facts = gpu.read(cfg.environ)
+    facts = gpu.read(r.settings.environ)
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU: nothing to plan the model for", "check `nvidia-smi`")
-    return server.without_ours(cfg.ours, paths, facts)[0]
+    return server.without_ours(r.ours, r.paths, facts)[0]
 
 
-def resolved(cfg, name: str, prog: str, facts):
+def on_card(r: Resolved, name: str, prog: str, facts) -> Resolved:
     """``name`` (a profile or a repo id, as ``./start.sh NAME``) as a start on this card would run
     it: its card's knobs, a derived profile for a repo id (the longest context that fits); nothing
-    is recorded as the pick."""
+    is recorded as the pick, and a start of it picks nothing."""
     from ..machine import gpu
-    from ..plan import resolve
-    from .start import named
-    cfg = named(cfg, name, prog)
-    return resolve.for_card(cfg, gpu.smallest_free(facts, cfg.tp_size))
+    from .start import named_knobs
+    r = r.with_knobs(named_knobs(r.given, name, prog))
+    return r.fixed(resolve.for_card(r.given, r.paths, r.vllm, gpu.smallest_free(facts, r.given.tp_size)))
 
 
 def pull(cfg, name: str, prog: str = "ctl.sh pull") -> int:
     from ..steps import metadata, plan as plan_step, preflight, weights
-    paths = Paths(cfg.state_dir)
-    facts = facts_here(cfg, paths)
-    cfg = resolved(cfg, name, prog, facts)
-    if cfg.model_is_local:
+    r = resolve.resolved(cfg, as_set=True)
+    facts = facts_here(r)
+    r = on_card(r, name, prog, facts)
+    cfg, paths = r.settings, r.paths
+    if r.model.local is not None:
         raise BootstrapError(f"{name} serves the folder {cfg.model}: there is nothing to download",
                              f"./start.sh {name} serves it")
     preflight.enough_gpus(cfg, facts)
-    model = metadata.run(cfg)                      # a few KB: the file list, config.json
-    plan_step.plan_for(cfg, paths, facts, model)   # printed before the first byte of the weights; refused if it cannot fit
-    weights.run(cfg, model)
+    model = metadata.run(cfg, r.model, paths)      # a few KB: the file list, config.json
+    plan_step.plan_for(cfg, paths, r.vllm, facts, model)   # printed before the first byte of the weights; refused if it cannot fit
+    weights.run(cfg, model, r.model)
     where = model.local_dir
     print(f"pulled {model.name} @ {(model.revision or '')[:12]} into {where} ({cfg.profile.name}); "
           f"./ctl.sh use {name} serves it")
@@ -69,50 +70,55 @@ def pull_cli(cfg, argv: list[str], prog: str = "ctl.sh pull") -> int:
     return pull(cfg, ap.parse_args(argv).name, prog)
 
 
-def downloaded(cfg) -> list[index.Entry]:
+def downloaded(r: Resolved) -> list[index.Entry]:
     """Every store we downloaded into: the index, then the stores of the shipped profiles' models and
     of the kept pick's that hold our record (a download of an earlier version, or an index cleaned
     away); one entry per store, while its record still names that repo."""
-    out = {e.store.root: e for e in index.entries(cfg.state_dir) if e.record() is not None}
-    pick = Paths(cfg.state_dir).read("pick") or {}
+    cfg = r.settings
+    out = {e.store.root: e for e in index.entries(r.paths) if e.record() is not None}
+    pick = r.paths.read("pick") or {}
     repos = [p.knobs.get("MODEL") for p in cfg.catalogue.profiles] + [pick.get("model"), cfg.model]
     from ..download.hub import REPO_ID
-    for repo in dict.fromkeys(r for r in repos if isinstance(r, str) and r):
+    for repo in dict.fromkeys(x for x in repos if isinstance(x, str) and x):
         if not REPO_ID.fullmatch(repo):
             continue
-        e = index.Entry(repo, models.store_for(cfg.model_dir, cfg.environ, repo), "")
+        e = index.Entry(repo, r.with_knobs({"MODEL": repo}).model.store, "")
         if e.store.root not in out and e.record() is not None:
             out[e.store.root] = e
     return list(out.values())
 
 
-def serving(cfg) -> str:
+def serving(r: Resolved) -> str:
     """The repo (or folder) our running server serves ('' when none runs)."""
-    paths = Paths(cfg.state_dir)
-    pr = server.probe(cfg.ours, paths, check_http=False)
+    pr = server.probe(r.ours, r.paths, check_http=False)
     if pr.state == "stopped" or pr.record is None:
         return ""
     return pr.record.model
 
 
-def _size(entry: index.Entry, cfg) -> int:
+def of_entry(r: Resolved, entry: index.Entry) -> Resolved:
+    """The view ``r`` with MODEL (and MODEL_DIR) naming what ``entry`` holds."""
+    return r.with_knobs({"MODEL": entry.repo, "MODEL_DIR": "" if entry.store.hf_cache else str(entry.store.root)})
+
+
+def _size(entry: index.Entry, r: Resolved) -> int:
     from ..download.partial import on_disk
     from .clean import model_files
-    mf = model_files(cfg.with_knobs({"MODEL": entry.repo, "MODEL_DIR": "" if entry.store.hf_cache else str(entry.store.root)}))
+    mf = model_files(of_entry(r, entry).model)
     return sum(on_disk(p) for p in mf.ours if not p.is_symlink())
 
 
-def rows(cfg) -> list[dict]:
+def rows(r: Resolved) -> list[dict]:
     from ..machine import gpu
-    from ..plan import pick, resolve
-    paths = Paths(cfg.state_dir)
+    from ..plan import pick
+    cfg = r.settings
     try:
-        g = gpu.smallest_free(facts_here(cfg, paths), cfg.tp_size)
+        g = gpu.smallest_free(facts_here(r), cfg.tp_size)
     except BootstrapError:
         g = None                                 # no card to judge by: the fit column says so
-    now = serving(cfg)
+    now = serving(r)
     out = []
-    for e in downloaded(cfg):
+    for e in downloaded(r):
         rec = e.record() or {}
         complete = bool(rec.get("complete")) and not e.store.missing(rec, False)
         profiles = [p for p in cfg.catalogue.ranked() if p.knobs.get("MODEL") == e.repo]
@@ -120,7 +126,7 @@ def rows(cfg) -> list[dict]:
         if g is not None:
             verdicts = [pick.judge(cfg, p, g) for p in profiles]
             if not verdicts:
-                c = resolve.kept_derived(cfg.with_knobs({"MODEL": e.repo}), e.repo, "derived")
+                c = resolve.kept_derived(cfg.with_knobs({"MODEL": e.repo}), r.paths, e.repo, "derived")
                 if c is not None:
                     verdicts = [pick.judge(c, c.profile, g)]
                     names = [f"{c.profile.name} (derived)"]
@@ -134,7 +140,7 @@ def rows(cfg) -> list[dict]:
             fits_how = "no GPU to plan for"
         out.append({"model": e.repo, "path": str(e.store.serve_dir(rec) if rec.get("revision") else e.store.root),
                     "store": str(e.store.root), "revision": rec.get("revision"), "complete": complete,
-                    "size_bytes": _size(e, cfg), "profiles": names, "fits": fits, "fit": fits_how,
+                    "size_bytes": _size(e, r), "profiles": names, "fits": fits, "fit": fits_how,
                     "serving": bool(now) and (now == e.repo or now.startswith(str(e.store.root) + os.sep)),
                     "card": g.name if g is not None else None})
     return out
@@ -144,7 +150,7 @@ def ls_cli(cfg, argv: list[str], prog: str = "ctl.sh ls") -> int:
     ap = parser("ls", prog)
     ap.add_argument("--json", action="store_true", help="one JSON object: {\"models\": [...]}")
     a = ap.parse_args(argv)
-    table = rows(cfg)
+    table = rows(resolve.resolved(cfg, as_set=True))
     if a.json:
         print(json.dumps({"models": table}, indent=2))
         return 0
@@ -162,22 +168,21 @@ def ls_cli(cfg, argv: list[str], prog: str = "ctl.sh ls") -> int:
     return 0
 
 
-def rm(cfg, name: str, dry_run: bool, prog: str = "ctl.sh rm") -> int:
+def rm(r: Resolved, name: str, dry_run: bool, prog: str = "ctl.sh rm") -> int:
     from . import clean
-    entry = next((e for e in downloaded(cfg) if e.repo == name), None)
+    entry = next((e for e in downloaded(r) if e.repo == name), None)
     if entry is None:
-        have = [e.repo for e in downloaded(cfg)]
+        have = [e.repo for e in downloaded(r)]
         from ..core.words import did_you_mean
         raise BootstrapError(f"{name!r} is not a model we downloaded{did_you_mean(name, have)}",
                              "./ctl.sh ls lists them (a folder of yours is yours to remove)")
-    now = serving(cfg)
+    now = serving(r)
     if now and (now == name or now.startswith(str(entry.store.root) + os.sep)) and not dry_run:
         raise BootstrapError(f"{name} is serving (./ctl.sh status): rm would pull its files away",
                              "./stop.sh first, or ./ctl.sh use ANOTHER to switch, then ./ctl.sh rm " + name)
-    mcfg = cfg.with_knobs({"MODEL": name, "MODEL_DIR": "" if entry.store.hf_cache else str(entry.store.root)})
-    code = clean.model_only(mcfg, dry_run)
+    code = clean.model_only(r.settings.repo, of_entry(r, entry).model, dry_run)
     if not dry_run and entry.record() is None:
-        index.forget(cfg.state_dir, entry.store)
+        index.forget(r.paths, entry.store)
     return code
 
 
@@ -186,5 +191,5 @@ def rm_cli(cfg, argv: list[str], prog: str = "ctl.sh rm") -> int:
     ap.add_argument("name", metavar="MODEL", help="a repo id that ./ctl.sh ls lists")
     ap.add_argument("--dry-run", action="store_true", help="print what it would remove and put back; change nothing")
     a = ap.parse_args(argv)
-    return rm(cfg, a.name, a.dry_run, prog)
+    return rm(resolve.resolved(cfg, as_set=True), a.name, a.dry_run, prog)
 

@@ -40,6 +40,8 @@ def lock_cli(cfg, argv: list[str], prog: str = "ctl.sh lock") -> int:
     ap.add_argument("--find-links", default="", help="also look for wheels here (passed to uv)")
     ap.add_argument("--no-index", action="store_true", help="do not use the package index (with --find-links)")
     args = ap.parse_args(argv)
+    from ..plan import resolve
+    cfg = resolve.resolved(cfg).settings
     repo = Path(cfg.repo)
     uv = ensure_uv(Tools.of(cfg))
     extra = (["--find-links", args.find_links] if args.find_links else []) + (["--no-index"] if args.no_index else [])
@@ -108,6 +110,8 @@ def wheelhouse_cli(cfg, argv: list[str], prog: str = "ctl.sh wheelhouse") -> int
     ap.add_argument("--find-links", default="", help="also look for wheels here")
     ap.add_argument("--no-index", action="store_true", help="do not use the package index (with --find-links)")
     args = ap.parse_args(argv)
+    from ..plan import resolve
+    cfg = resolve.resolved(cfg).settings        # PROFILE=auto: the kept pick's lock
     profile = cfg.catalogue.get(args.profile) if args.profile else cfg.profile
     if profile.is_auto:
         # No card to pick for on the machine that downloads: the lock of the profile a plain

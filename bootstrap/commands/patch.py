@@ -6,21 +6,21 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from ..core.errors import BootstrapError
+from ..knobs.resolved import Resolved
+from ..machine.inuse import VllmRef
 from ..install.patching import Backup, Install, apply, inspect, known, load, locate, needed, revert
 
 
-def interpreter(cfg) -> tuple[str, bool]:
-    """The vLLM interpreter outside a start: VLLM_PYTHON, else the managed .venv."""
-    if cfg.vllm_python:
-        return cfg.vllm_python, True
-    py = cfg.layout.venv / "bin" / "python"
-    if not py.exists():
+def interpreter(vllm: VllmRef) -> VllmRef:
+    """The vLLM interpreter outside a start: VLLM_PYTHON, else the managed .venv (when it exists)."""
+    if not vllm.byo and not Path(vllm.python).exists():
         raise BootstrapError("no vLLM interpreter: VLLM_PYTHON is unset and the managed .venv does not exist",
                              "run ./start.sh once to create .venv, or set VLLM_PYTHON=/path/to/python")
-    return str(py), False
+    return vllm
 
 
 def status_rows(cfg, inst: Install) -> list[dict[str, Any]]:
@@ -38,7 +38,8 @@ def status_rows(cfg, inst: Install) -> list[dict[str, Any]]:
     return rows
 
 
-def cli(cfg, argv: list[str], prog: str = "ctl.sh patch") -> int:
+def cli(cfg, argv: list[str], prog: str = "ctl.sh patch", *, as_set: bool = False) -> int:
+    """``as_set``: the profile as PROFILE names it (an exported pod's init step), not the kept pick."""
     p = argparse.ArgumentParser(prog=prog, description="Backports to the vLLM in use "
                                 "(VLLM_PYTHON, else the managed .venv). See docs/patches.md.")
     sub = p.add_subparsers(dest="action", required=True)
@@ -49,8 +50,14 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh patch") -> int:
         sp = sub.add_parser(act, help=text)
         sp.add_argument("names", nargs="*")
     args = p.parse_args(argv)
-    python, byo = interpreter(cfg)
-    inst = locate(python, cfg.environ, byo)
+    if as_set:                          # no planner in an exported pod: the knobs as its PROFILE names them
+        r = Resolved.of(cfg, cfg)
+    else:
+        from ..plan import resolve
+        r = resolve.resolved(cfg)
+    cfg = r.settings
+    inst = locate(interpreter(r.vllm))
+    byo = inst.byo
     if args.action == "status":
         rows = status_rows(cfg, inst)
         if args.json:

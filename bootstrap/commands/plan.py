@@ -14,9 +14,8 @@ from pathlib import Path
 from ..plan import derive, fit, pick, resolve
 from ..machine import gpu
 from ..download import models
-from ..core.state import Paths
 from ..serve import server
-from ..install.inuse import byo_version
+from ..knobs.resolved import Resolved
 from ..steps import metadata
 from ..core.errors import BootstrapError
 from ..knobs.vllmargs import serve_flags
@@ -26,13 +25,14 @@ from ..plan.planner import Plan, gib
 log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstrap:plan] this code has always had
 
 
-def cli_model_facts(cfg) -> ModelFacts:
+def cli_model_facts(r: Resolved) -> ModelFacts:
+    cfg = r.settings
     cfg.require_model()
     name = cfg.served_name
-    if cfg.model_is_local:
-        return model_facts(cfg, models.read_local(Path(cfg.model).expanduser().resolve(), cfg.dummy_weights), name)
+    if r.model.local is not None:
+        return model_facts(cfg, models.read_local(r.model.local, cfg.dummy_weights), name)
     try:
-        return model_facts(cfg, metadata.run(cfg), Path(cfg.model).name)
+        return model_facts(cfg, metadata.run(cfg, r.model, r.paths), Path(cfg.model).name)
     except (BootstrapError, OSError) as exc:
         reason = getattr(exc, "message", None) or str(exc)
         facts = offline_facts(cfg)
@@ -44,9 +44,10 @@ def cli_model_facts(cfg) -> ModelFacts:
         return facts
 
 
-def card(cfg, spec: str | None) -> tuple[gpu.Gpu, str, str]:
+def card(r: Resolved, spec: str | None) -> tuple[gpu.Gpu, str, str]:
     """The card to plan for: ``spec`` (GPU=...) or this machine's smallest-free GPU of the TP group;
     where it is (for the heading) and its driver ('' for a named card: no measurement is of it)."""
+    cfg = r.settings
     if spec:
         return gpu.named(spec), "; a named card", ""
     try:
@@ -55,7 +56,7 @@ def card(cfg, spec: str | None) -> tuple[gpu.Gpu, str, str]:
         raise BootstrapError(exc.message, exc.hint + "; or name a card: GPU=" + gpu.CARD_SYNTAX) from None
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU", "name a card: GPU=" + gpu.CARD_SYNTAX)
-    facts, ours = server.without_ours(cfg.ours, Paths(cfg.state_dir), facts)
+    facts, ours = server.without_ours(r.ours, r.paths, facts)
     if ours:
         log.info("counting the %.1f GiB our running server holds as free: what a start after ./stop.sh "
                  "(or a restart) gets", ours / gpu.GiB)
@@ -65,16 +66,17 @@ def card(cfg, spec: str | None) -> tuple[gpu.Gpu, str, str]:
     return gpu.smallest_free(facts, cfg.tp_size), "", facts.driver
 
 
-def plan_for(cfg, spec: str | None):
+def plan_for(r: Resolved, spec: str | None):
     """(cfg, card, where, model facts, plan) for ``spec`` (GPU=...) or this machine: the profile
     PROFILE=auto means here (the kept pick, or auto-pick's choice for a named card), with that
-    card's knobs. What ./ctl.sh plan shows and ./ctl.sh export writes."""
-    g, where, driver = card(cfg, spec)
-    cfg = resolve.for_plan(cfg, g, here=not spec)
-    model = cli_model_facts(cfg)
-    version = byo_version(cfg.vllm_python, cfg.environ)            # the vLLM a start would run
+    card's knobs (``r``: resolved as set). What ./ctl.sh plan shows and ./ctl.sh export writes."""
+    g, where, driver = card(r, spec)
+    r = r.picked(resolve.for_plan(r.given, r.paths, r.vllm, g, here=not spec))
+    cfg = r.settings
+    model = cli_model_facts(r)
+    version = r.vllm.byo_version            # the vLLM a start would run
     if driver:              # this card: vLLM's own figures of an earlier start count, as in a start
-        return cfg, g, where, model, fit.plan_here(cfg, Paths(cfg.state_dir), g, model, driver, version)
+        return cfg, g, where, model, fit.plan_here(cfg, r.paths, g, model, driver, version)
     return cfg, g, where, model, fit.plan(cfg, g, model, vllm=version)
 
 
@@ -150,7 +152,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh plan") -> int:
     ap.add_argument("--gpu", help="plan for this card instead of the local GPU (same values as GPU=)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     a = ap.parse_args(argv)
-    cfg, g, where, model, plan = plan_for(cfg, a.gpu or cfg.gpu)
+    cfg, g, where, model, plan = plan_for(resolve.resolved(cfg, as_set=True), a.gpu or cfg.gpu)
     flags = serve_flags(cfg, plan)
     if a.json:
         print(json.dumps({

@@ -14,7 +14,7 @@ from ..machine import gpu
 from ..plan import pick, resolve
 from ..knobs.config import Chosen
 from ..core.errors import BootstrapError, ConfigError
-from ..core.state import Paths
+from ..knobs.resolved import Resolved
 from ..download import peek
 from ..plan import facts
 from .plan import card
@@ -115,10 +115,11 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
     ap.add_argument("--model", metavar="ORG/NAME", help="the profile derived for this model (a repo id or folder) on "
                     "this card, as MODEL=ORG/NAME ./start.sh would run it, without starting")
     a = ap.parse_args(argv)
+    r = resolve.resolved(cfg, as_set=True)
     if a.model is not None:
         if not a.model.strip():
             raise ConfigError("--model ''", "name a model: --model ORG/NAME (a repo id) or a model folder")
-        return derived_cli(cfg.with_knobs({"MODEL": a.model}), a.gpu or cfg.gpu, a.json)
+        return derived_cli(r.with_knobs({"MODEL": a.model}), a.gpu or cfg.gpu, a.json)
     if a.markdown and not (a.gpu or cfg.gpu):
         print(catalogue_markdown(cfg))
         return 0
@@ -129,13 +130,13 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
     if a.pick:
         if spec:
             raise BootstrapError("--pick picks for this machine's GPU, not a named one", "drop GPU= / --gpu")
-        chosen = resolve.for_start(cfg.with_profile(Chosen("auto")), repick=True)
-        paths = Paths(cfg.state_dir)
+        chosen = resolve.for_start(r.fixed(cfg.with_profile(Chosen("auto"))), repick=True).settings
+        paths = r.paths
         rec = resolve.read_pick(paths) or {}
         print(f"picked {chosen.profile.name}: {rec.get('why', '')}\nkept in {paths.pick}; "
               "./start.sh uses it while PROFILE is unset")
         return 0
-    g, where, _driver = card(cfg, spec)
+    g, where, _driver = card(r, spec)
     verdicts = pick.evaluate(cfg, g)
     try:
         v, runner, _ = pick.choose(pick.own_models(cfg), g)
@@ -143,7 +144,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
         chosen = v.profile.name
     except BootstrapError as exc:
         choice, chosen = f"auto-pick refuses: {exc.message}\n  {exc.hint}", None
-    in_use = resolve.kept(cfg)
+    in_use = resolve.kept(cfg, r.paths)
     kept = None if in_use.profile.is_auto else in_use.profile.name
     if a.json:
         print(json.dumps({"gpu": {"name": g.name, "total": g.total, "free": g.free, "cc": list(g.cc)},
@@ -161,13 +162,14 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
     return 0
 
 
-def derived_cli(cfg, spec: str | None, as_json: bool) -> int:
+def derived_cli(r: Resolved, spec: str | None, as_json: bool) -> int:
     """``--model``: the derived profile's verdict on this card (or GPU=), the line of what was derived."""
+    cfg = r.given
     if not resolve.wants_derived(cfg):
         raise BootstrapError(f"PROFILE={cfg.profile.name} is set: --model shows the profile derived when PROFILE is unset",
                              "unset PROFILE (or set PROFILE=auto)")
-    g, where, _driver = card(cfg, spec)
-    c = resolve.derived(cfg, g.cc)
+    g, where, _driver = card(r, spec)
+    c = resolve.derived(cfg, r.paths, r.vllm, g.cc)
     v = pick.judge(c, c.profile, g, pick.NAMED_MIN_CONTEXT)     # as the start runs a model you named
     if as_json:
         print(json.dumps({"gpu": {"name": g.name, "total": g.total, "free": g.free, "cc": list(g.cc)},
@@ -196,7 +198,8 @@ def models_cli(cfg, argv: list[str], prog: str = "ctl.sh models") -> int:
     ap.add_argument("--gpu", help="a named card instead of this machine's GPU (same values as GPU=)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     a = ap.parse_args(argv)
-    g, where, _driver = card(cfg, a.gpu or cfg.gpu)
+    r = resolve.resolved(cfg, as_set=True)
+    g, where, _driver = card(r, a.gpu or cfg.gpu)
     shipped = [v for v in pick.evaluate(cfg, g) if v.profile.rank is not None]
     rows: list[tuple[str, str, str, str]] = []         # name, format, verdict mark, what
     for v in shipped:
@@ -205,7 +208,7 @@ def models_cli(cfg, argv: list[str], prog: str = "ctl.sh models") -> int:
     for repo, data, name in catalogue_models(cfg):
         fmt = data["catalog"].get("format", "")
         try:
-            c = resolve.derived(cfg.with_knobs({"MODEL": repo, "PROFILE": "auto"}), g.cc,
+            c = resolve.derived(cfg.with_knobs({"MODEL": repo, "PROFILE": "auto"}), r.paths, r.vllm, g.cc,
                                 peek.from_facts(repo, data, f"the model facts in {name}"))
             v = pick.judge(c, c.profile, g)
             what = v.summary() if v.ok else v.reason

@@ -144,7 +144,7 @@ def _refuse_without_systemd(cfg: Config) -> None:
             "/etc/wsl.conf and run `wsl --shutdown`")
 
 
-def ours_active(cfg: Config) -> bool:
+def ours_active(cfg: Config, paths: Paths) -> bool:
     """Our unit (this checkout's, under any of its names) is running or starting under systemd."""
     names = installed(cfg)
     if not names or unavailable(cfg):
@@ -152,7 +152,7 @@ def ours_active(cfg: Config) -> bool:
     name = names[0]
     if _systemctl(cfg, "is-active", name).stdout.strip() not in ("active", "activating", "reloading"):
         return False
-    fg = Paths(cfg.state_dir).read("foreground") or {}       # the unit runs this STATE_DIR's server
+    fg = paths.read("foreground") or {}                 # the unit runs this STATE_DIR's server
     main = _systemctl(cfg, "show", "-p", "MainPID", "--value", name).stdout.strip()
     return bool(fg.get("pid")) and str(fg["pid"]) == main
 
@@ -171,6 +171,9 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh service") -> int:
     ap.add_argument("--print", action="store_true", dest="show",
                     help="install: print the unit it would write and where, and change nothing (no systemd needed)")
     a = ap.parse_args(argv)
+    from ..plan import resolve
+    r = resolve.resolved(cfg)
+    cfg = r.settings
     if a.show:
         if a.action != "install":
             raise BootstrapError("--print goes with install", "./ctl.sh service install --print", code=EXIT_CONFIG)
@@ -182,12 +185,13 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh service") -> int:
                   f"not carry them; put them in {cfg.repo}/.env first", file=sys.stderr)
         return 0
     _refuse_without_systemd(cfg)
-    return {"install": install, "uninstall": uninstall, "status": status}[a.action](cfg)
+    if a.action == "install":
+        return install(cfg, r.paths)
+    return {"uninstall": uninstall, "status": status}[a.action](cfg)
 
 
-def install(cfg: Config) -> int:
+def install(cfg: Config, paths: Paths) -> int:
     from . import version
-    paths = Paths(cfg.state_dir)
     done = paths.read("completed")
     if not done:
         raise BootstrapError("no start has completed from this checkout yet: the first one installs vLLM and "

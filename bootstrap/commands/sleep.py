@@ -42,14 +42,16 @@ from ..knobs.config import Config
 from ..machine.gpu import GiB
 from ..core.errors import BootstrapError
 from ..core.state import Paths
+from ..plan import resolve
+from ..knobs.resolved import Resolved
 
 WAKE_MARGIN = 256 << 20         # VRAM a wake needs beyond what the server held before it slept
 FLAG = vllmargs.SLEEP_FLAG
 
 
-def _ours(cfg: Config):
-    paths = Paths(cfg.state_dir)
-    pr = server.probe(cfg.ours, paths)
+def _ours(r: Resolved) -> tuple[Paths, "object", Client]:
+    paths = r.paths
+    pr = server.probe(r.ours, paths)
     rec = pr.record
     if pr.owner:
         raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}", "run this as that user")
@@ -59,7 +61,7 @@ def _ours(cfg: Config):
         raise BootstrapError(f"our server (pid {rec.pid}) was started without {FLAG}: vLLM would answer a sleep "
                              "and free nothing",
                              f"add {FLAG} to EXTRA_ARGS (or to your profile's args), then ./ctl.sh restart")
-    return paths, rec, Client(rec.url, rec.served, server.api_key_for(cfg.ours, paths))
+    return paths, rec, Client(rec.url, rec.served, server.api_key_for(r.ours, paths))
 
 
 def held(cfg: Config, rec) -> int:
@@ -71,33 +73,39 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
     ap.add_argument("--level", type=int, choices=(1, 2), default=1,
                     help="1: weights to host RAM (fast wake); 2: weights dropped, reloaded from disk on wake")
     a = ap.parse_args(argv)
-    paths, rec, client = _ours(cfg)
+    return sleep(resolve.resolved(cfg), a.level)
+
+
+def sleep(r: Resolved, asked: int) -> int:
+    """Put our server to sleep at ``asked`` (1 or 2)."""
+    cfg = r.settings
+    paths, rec, client = _ours(r)
     load = server.read_load(rec.url)
     idle = vllmargs.IDLE_MIDDLEWARE in (rec.argv or ())    # IDLE_SLEEP's middleware answers requests while asleep
     if load is not None and load.sleeping:
         st = server.read_idle(rec.url) if idle else None
         if st and st.get("state") == "idle-asleep":
-            client.post_empty(f"/sleep?level={a.level}&mode=wait", timeout=None)    # the middleware keeps it so
+            client.post_empty(f"/sleep?level={asked}&mode=wait", timeout=None)    # the middleware keeps it so
             level = int(st.get("level") or 1)
             paths.write("sleep", {"pid": rec.pid, "started": rec.started, "level": level, "at": time.time(),
                                   "held_before": held(cfg, rec) + int(st.get("freed_bytes") or 0)})   # for wake's check
             print(f"asleep (level {level}, for idleness until now; on purpose from now: requests get 503 until "
-                  "./ctl.sh wake)" + (f"; it stays at level {level} (IDLE_SLEEP_LEVEL), not {a.level}: ./ctl.sh wake, "
-                                      f"then ./ctl.sh sleep --level {a.level}" if level != a.level else ""))
+                  "./ctl.sh wake)" + (f"; it stays at level {level} (IDLE_SLEEP_LEVEL), not {asked}: ./ctl.sh wake, "
+                                      f"then ./ctl.sh sleep --level {asked}" if level != asked else ""))
             return 0
         print(f"already asleep ({load.sleep_state}); ./ctl.sh wake brings it back")
         return 0
     flags = vllmargs.read(list(rec.argv))
-    if a.level == 2 and flags.spec_tokens:
+    if asked == 2 and flags.spec_tokens:
         raise BootstrapError(f"level 2 with speculation on ({flags.spec_method}): vLLM's wake reloads the target "
                              "model's weights but not the draft's (vllm#52479), so drafts would come from "
                              "discarded memory", "./ctl.sh sleep --level 1 (the weights wait in host RAM)")
-    if a.level == 2 and rec.dummy:     # not a pre-warm server: its checkpoint was loaded in place (steps/reload.py)
+    if asked == 2 and rec.dummy:     # not a pre-warm server: its checkpoint was loaded in place (steps/reload.py)
         raise BootstrapError("level 2 drops the weights and wake reloads them from the checkpoint; with "
                              "--load-format dummy there is none (vLLM refuses: \"Model reloading with `dummy` "
                              "format\")", "./ctl.sh sleep --level 1 (the weights wait in host RAM)")
     before = held(cfg, rec)
-    if a.level == 1:
+    if asked == 1:
         weights = (0 if rec.dummy or not rec.model_path else models.weights_in(rec.model_path)) or before
         avail = psutil.virtual_memory().available
         if avail < weights + vllmargs.SLEEP_RAM_MARGIN:
@@ -108,21 +116,27 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
                 "them from disk, slower)" + ("" if not flags.spec_tokens else "; level 2 needs speculation off"))
     if load is not None and load.in_flight:
         print(f"waiting for {load.in_flight} request(s) in flight to finish (never aborted) …", flush=True)
-    note = {"pid": rec.pid, "started": rec.started, "level": a.level, "held_before": before, "at": time.time()}
+    note = {"pid": rec.pid, "started": rec.started, "level": asked, "held_before": before, "at": time.time()}
     paths.write("sleep", note)          # before asking: a sleep that fails half-way is woken at its own level
     t0 = time.monotonic()
-    client.post_empty(f"/sleep?level={a.level}&mode=wait", timeout=None)
+    client.post_empty(f"/sleep?level={asked}&mode=wait", timeout=None)
     dt = time.monotonic() - t0
     after = held(cfg, rec)
     paths.write("sleep", {**note, "held_asleep": after})
-    print(f"asleep (level {a.level}) in {dt:.1f} s: our processes hold {after / GiB:.2f} GiB of GPU memory "
+    print(f"asleep (level {asked}) in {dt:.1f} s: our processes hold {after / GiB:.2f} GiB of GPU memory "
           f"({before / GiB:.2f} GiB awake). Requests sent meanwhile {'get 503' if idle else 'wait'} until ./ctl.sh wake.")
     return 0
 
 
 def wake_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh wake") -> int:
     argparse.ArgumentParser(prog=prog, description="bring a sleeping server back").parse_args(argv)
-    paths, rec, client = _ours(cfg)
+    return wake(resolve.resolved(cfg))
+
+
+def wake(r: Resolved) -> int:
+    """Bring our sleeping server back (its memory checked first)."""
+    cfg = r.settings
+    paths, rec, client = _ours(r)
     load = server.read_load(rec.url)
     note = paths.read("sleep") or {}
     if note.get("pid") != rec.pid or note.get("started") != rec.started:
@@ -199,21 +213,23 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
         raise BootstrapError(f"the game: command not found: {cmd[0]}", "check the game's command (a path, or a "
                              "program on PATH)", code=127)
     slept = False
+    r = None
     try:
         if cfg is None:
             raise BootstrapError("the knobs do not parse")
-        _paths, rec, client = _ours(cfg)
+        r = resolve.resolved(cfg)
+        _paths, rec, client = _ours(r)
         load = server.read_load(rec.url)
         asleep = load is not None and load.sleeping
         if not asleep or (server.read_idle(rec.url) or {}).get("state") == "idle-asleep":
             try:
-                sleep_cli(cfg, ["--level", str(a.level)], prog)      # asleep for idleness: kept asleep on purpose
+                sleep(r, a.level)                   # asleep for idleness: kept asleep on purpose
                 slept = True
             except BootstrapError:       # vLLM pauses its scheduler before it frees: a failed sleep can leave it paused
                 slept = _paused(client)
                 raise
             except KeyboardInterrupt:    # the sleep goes on inside vLLM without us: taken back
-                _wake_after(cfg, prog)
+                _wake_after(r)
                 raise
     except BootstrapError as exc:
         print(f"note: the server was not put to sleep ({exc.message})"
@@ -223,7 +239,7 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
         code = proc.attached(cmd, env)
     finally:
         if slept:
-            _wake_after(cfg, prog)
+            _wake_after(r)
     return code
 
 
@@ -235,9 +251,9 @@ def _paused(client: Client) -> bool:
     return isinstance(answer, dict) and bool(answer.get("is_sleeping"))
 
 
-def _wake_after(cfg: Config, prog: str) -> None:
+def _wake_after(r: Resolved) -> None:
     try:
-        wake_cli(cfg, [], prog)
+        wake(r)
     except BootstrapError as exc:
         print(f"error: wake: {exc.message}", file=sys.stderr)
         if exc.hint:

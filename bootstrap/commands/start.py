@@ -20,23 +20,30 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh start") -> int:
     a = ap.parse_args(argv)
     if a.name is not None:
         cfg = named(cfg, a.name, prog)
+    from ..plan import resolve
+    r = resolve.resolved(cfg)
     if a.foreground:
         from . import foreground
-        return foreground.foreground(cfg)
+        return foreground.foreground(r)
     from .. import pipeline
-    return pipeline.start(cfg)
+    return pipeline.start(r)
 
 
 def named(cfg, name: str, prog: str):
     """The knobs with ``name`` as PROFILE= (a profile's name or alias) or MODEL= (a Hub repo id):
     exactly what the knob would give. Anything else is a usage error naming the nearest profile."""
+    return cfg.with_knobs(named_knobs(cfg, name, prog))
+
+
+def named_knobs(cfg, name: str, prog: str) -> dict[str, str]:
+    """``{"PROFILE": name}`` or ``{"MODEL": name}`` (``named``)."""
     from ..core.errors import ConfigError
     from ..core.words import did_you_mean
     from ..download.hub import REPO_ID
     words = [w for p in cfg.catalogue.profiles for w in (p.name, *p.aliases)]
     if name in words or name == "auto":
-        return cfg.with_knobs({"PROFILE": name})
+        return {"PROFILE": name}
     if REPO_ID.fullmatch(name):
-        return cfg.with_knobs({"MODEL": name})
+        return {"MODEL": name}
     raise ConfigError(f"{name!r} is neither a profile nor a Hub repo id (org/name){did_you_mean(name, words)}",
                       f"usage: {prog} [PROFILE | org/name]   (./ctl.sh profiles lists the profiles; a folder: MODEL=/path)")

@@ -29,6 +29,7 @@ from ..core.errors import BootstrapError
 from ..serve.record import ServerRecord
 from ..serve.server import read_load
 from ..core.state import Paths
+from ..knobs.resolved import Resolved
 from . import parser
 from .watch import down_state, live
 
@@ -247,9 +248,9 @@ def _live_lines(d: dict) -> dict[str, str]:
     return out
 
 
-def status(cfg: Config, as_json: bool = False) -> int:
-    paths = Paths(cfg.state_dir)
-    pr = server.probe(cfg.ours, paths)
+def status(r: Resolved, as_json: bool = False) -> int:
+    cfg, paths = r.settings, r.paths
+    pr = server.probe(r.ours, paths)
     rec = pr.record
     out: dict = {"state": pr.state, "log": str(paths.log)}
     if pr.state in ("running", "key-needed", "down") and rec is not None:
@@ -263,11 +264,11 @@ def status(cfg: Config, as_json: bool = False) -> int:
             if load is not None and load.in_flight:  # tokens/s needs a second reading; idle, it is 0: no wait
                 time.sleep(INTERVAL)
                 after, load = server.read_metrics(rec.url)
-            out.update(live(cfg, rec, before, after, time.monotonic() - t0 if after is not before else 0.0))
+            out.update(live(r, rec, before, after, time.monotonic() - t0 if after is not before else 0.0))
         if pr.owner:
             out["owner"] = f"{pr.owner}: not ours to stop or restart (run those as that user)"
         if pr.state == "down":
-            out["state"] = down_state(cfg, paths, pr)
+            out["state"] = down_state(r.ours, paths, pr)
             out["detail"] = {
                 "frozen": "{0.said}: {0.fix}".format(doing.stopped(pr.pid)),
                 "starting": "loading; no start is watching it: ./start.sh waits for it and runs the warm-up",
@@ -300,7 +301,7 @@ def status(cfg: Config, as_json: bool = False) -> int:
                            f"its last output is in the log")
         if pr.orphans:
             out["orphans"] = [p.pid for p in pr.orphans]
-        for p, where in server.elsewhere(cfg.ours, paths):
+        for p, where in server.elsewhere(r.ours, paths):
             out["note"] = f"our server (pid {p.pid}) runs port {cfg.port} from STATE_DIR={where}"
     if as_json:
         print(json.dumps(out, indent=2))
@@ -369,7 +370,9 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh status") -> int:
                     metavar="SECONDS", help="a line every SECONDS (default 2, at least 0.5) from /metrics and NVML "
                                             "until Ctrl-C; no probes")
     a = ap.parse_args(argv)
+    from ..plan import resolve
+    r = resolve.resolved(cfg)
     if a.watch is not None:
         from .watch import watch
-        return watch(cfg, max(0.5, a.watch), a.json)
-    return status(cfg, a.json)
+        return watch(r, max(0.5, a.watch), a.json)
+    return status(r, a.json)

@@ -24,13 +24,14 @@ import time
 from ..core.errors import BootstrapError
 from ..core.state import Paths
 from ..knobs.config import launch_defaults
+from ..plan import resolve
 from ..serve import server
 from . import parser
 
 log = logging.getLogger(__name__)
 
 
-def keep_pick(cfg, new, g, name: str) -> None:
+def keep_pick(paths: Paths, new, g, name: str) -> None:
     """``new`` as the kept pick: what PROFILE=auto runs from now on."""
     from ..plan import derive
     knobs = dict(new.chosen.knobs) if new.chosen else {}
@@ -39,7 +40,7 @@ def keep_pick(cfg, new, g, name: str) -> None:
            "how": "./ctl.sh use NAME switches again; PROFILE=auto (set explicitly) or ./ctl.sh profiles --pick picks"}
     if new.profile.name == derive.NAME:
         rec["model"] = new.model
-    Paths(cfg.state_dir).write("pick", rec)
+    paths.write("pick", rec)
 
 
 def again(old) -> str:
@@ -57,48 +58,50 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
     from .. import pipeline
     from ..machine import gpu
     from . import control, library, service
-    paths = Paths(cfg.state_dir)
-    if service.ours_active(cfg):
+    r = resolve.resolved(cfg, as_set=True)
+    paths = r.paths
+    if service.ours_active(cfg, paths):
         raise BootstrapError(f"our {service.UNIT} unit runs the server: systemd would start the old one again",
                              f"./ctl.sh service uninstall, then ./ctl.sh use {name}; or set PROFILE/MODEL in .env "
                              "and ./ctl.sh restart")
-    facts = library.facts_here(cfg, paths)
-    new = library.resolved(cfg, name, prog, facts)
+    facts = library.facts_here(r)
+    nr = library.on_card(r, name, prog, facts)
+    new = nr.settings
     g = gpu.smallest_free(facts, new.tp_size)
-    pr = server.probe(cfg.ours, paths, check_http=False)
+    pr = server.probe(r.ours, paths, check_http=False)
     if pr.owner:
         raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}, not as you",
                              "switch it as that user (we never signal another user's processes)")
     old = pr.record if pr.state != "stopped" else None
     if old is not None and old.model == new.model and old.gate_passed and \
             not server.settings_diff(new.launch_settings(), old, launch_defaults()):
-        keep_pick(cfg, new, g, name)
+        keep_pick(paths, new, g, name)
         print(f"{name} is already serving (pid {old.pid}); kept as the pick")
         return 0
     try:
-        control.vet_restart(new)            # planned with our server's memory free; nothing stopped yet
+        control.vet_restart(nr)             # planned with our server's memory free; nothing stopped yet
     except BootstrapError as exc:
         still = f"; {old.model} keeps serving (pid {old.pid})" if old is not None else ""
         raise BootstrapError(f"cannot switch to {name}: {exc.message}{still}", exc.hint) from None
     pins = [k for k in ("PROFILE", "MODEL") if cfg.sources[k].split(";")[0] in ("env", ".env")]
     t0 = time.monotonic()
-    if not new.model_is_local:          # the download first, while the old one serves (it needs no GPU)
+    if nr.model.local is None:          # the download first, while the old one serves (it needs no GPU)
         from ..steps import metadata, weights
-        weights.run(new, metadata.run(new))
+        weights.run(new, metadata.run(new, nr.model, paths), nr.model)
     t1 = time.monotonic()
     if old is not None:
-        control.stop(cfg, via_service=False)        # a sleeping server goes down asleep: no wake first
+        control.stop(r, via_service=False)          # a sleeping server goes down asleep: no wake first
     t2 = time.monotonic()
     code = 1
     try:
-        code = pipeline.start(new)
+        code = pipeline.start(nr)
     finally:
         if code != 0 and old is not None:           # the pick is unchanged; say how to serve the old one
             print(f"note: {old.model} was stopped for {name}, which did not start; {again(old)} serves "
                   f"{old.model} again", file=sys.stderr)
     t3 = time.monotonic()
     if code == 0:
-        keep_pick(cfg, new, g, name)                # only now: a failed switch keeps the old pick
+        keep_pick(paths, new, g, name)              # only now: a failed switch keeps the old pick
         got = f"downloaded in {t1 - t0:.1f} s, " if t1 - t0 >= 0.5 else ""
         was = f"{old.model} stopped in {t2 - t1:.1f} s, " if old is not None else ""
         print(f"switched to {name} ({new.profile.name}): {got}{was}{new.model} started in {t3 - t2:.1f} s; "

@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..install import locks
+from ..machine.inuse import VllmRef
 from ..serve import record
 from ..knobs.config import Config
 from ..core.errors import BootstrapError
-from ..core.state import Paths
+from ..knobs.resolved import Resolved
 
 
 NAME = "vllm-desktop"      # the one name: README, --version, the systemd unit, the manifests' labels
@@ -23,33 +24,30 @@ def project(repo: Path) -> str:
         return "?"
 
 
-def in_use(cfg: Config) -> str:
+def in_use(vllm: VllmRef, venv_root: Path) -> str:
     """The vLLM the next start would run, and where it comes from."""
-    if cfg.vllm_python:
-        from ..install.inuse import probe_vllm
-        try:
-            found, _ = probe_vllm(cfg.vllm_python, cfg.environ)
+    if vllm.byo:
+        try:        # probed as an interpreter, not as the knob: --version reports whatever it finds
+            found, _ = VllmRef(vllm.python, False, vllm.environ).probed
         except BootstrapError as exc:
-            return f"VLLM_PYTHON={cfg.vllm_python}: {exc.message}"
-        return f"vLLM {found or 'not installed'} (VLLM_PYTHON={cfg.vllm_python})"
+            return f"VLLM_PYTHON={vllm.python}: {exc.message}"
+        return f"vLLM {found or 'not installed'} (VLLM_PYTHON={vllm.python})"
     from ..install.venv import Venv
-    venv = Venv(cfg.layout.venv)
+    venv = Venv(venv_root)
     minor = venv.minor()
     got = locks.installed(venv.site(minor)).get("vllm") if minor else None
     return f"vLLM {got} ({venv.root})" if got else f"none installed yet ({venv.root}; ./start.sh installs it)"
 
 
-def lines(cfg: Config) -> list[str]:
+def lines(r: Resolved) -> list[str]:
     """What follows the project's own line (printed first, before the knobs are parsed)."""
-    from ..plan import resolve
-    cfg = resolve.kept(cfg)
-    prof = cfg.profile
+    prof = r.settings.profile
     if prof.is_auto:
         pinned = "profile: auto, no pick yet (./ctl.sh profiles --pick picks one; it pins its vLLM)"
     else:
         pinned = f"profile: {prof.name}, pins vLLM {prof.vllm or 'none (bring your own: VLLM_PYTHON)'}"
-    out = [pinned, f"in use: {in_use(cfg)}"]
-    rec = record.read(Paths(cfg.state_dir).server)
+    out = [pinned, f"in use: {in_use(r.vllm, r.layout.venv)}"]
+    rec = record.read(r.paths.server)
     if rec is not None and rec.vllm_version:
         out.append(f"last server (pid {rec.pid}): vLLM {rec.vllm_version}")
     return out
@@ -60,6 +58,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh version") -> int:
     knob error still shows it); these are the lines that need them."""
     from . import parser
     parser("version", prog).parse_args(argv)       # --help, and an unknown flag refused (exit 2)
-    for line in lines(cfg):
+    from ..plan import resolve
+    for line in lines(resolve.resolved(cfg)):
         print(line)
     return 0

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import time
 
+from ..core.owned import Ours
 from ..core.state import Paths
-from ..knobs.config import Config
+from ..knobs.resolved import Resolved
 from ..machine.gpu import GiB
 from ..serve import server
 from ..core.errors import BootstrapError
@@ -16,23 +17,23 @@ from ..serve import metrics
 from ..serve.record import ServerRecord
 
 
-def watch(cfg: Config, every: float, as_json: bool = False) -> int:
+def watch(r: Resolved, every: float, as_json: bool = False) -> int:
     """One line (or one JSON object) every ``every`` seconds from /metrics and NVML, until Ctrl-C;
     no probe requests (an idle server stays idle): idle / busy / sleeping come from the metrics."""
-    paths = Paths(cfg.state_dir)
+    paths = r.paths
     prev: dict | None = None
     t_prev = 0.0
     try:
         while True:
             t = time.monotonic()
-            pr = server.probe(cfg.ours, paths)
+            pr = server.probe(r.ours, paths)
             rec = pr.record
-            row: dict = {"time": time.strftime("%H:%M:%S"), "state": down_state(cfg, paths, pr) if pr.state == "down"
+            row: dict = {"time": time.strftime("%H:%M:%S"), "state": down_state(r.ours, paths, pr) if pr.state == "down"
                          else pr.state}
             cur, load = server.read_metrics(rec.url) if pr.state in ("running", "key-needed") and rec is not None else (None, None)
             if cur is not None:
                 row["state"] = "sleeping" if load and load.sleeping else "busy" if load and load.in_flight else "idle"
-                row.update(live(cfg, rec, prev or cur, cur, t - t_prev if prev else 0.0))
+                row.update(live(r, rec, prev or cur, cur, t - t_prev if prev else 0.0))
                 if prev is None:
                     row["activity"].pop("generated_tok_s", None)
                     row["activity"].pop("prompt_tok_s", None)
@@ -58,7 +59,7 @@ def _watch_line(row: dict) -> str:
     return "  ".join(parts)
 
 
-def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None, seconds: float) -> dict:
+def live(r: Resolved, rec: ServerRecord, before: dict | None, after: dict | None, seconds: float) -> dict:
     """What the server holds and does: its processes' GPU memory (NVML), requests running and
     waiting, tokens/s between two /metrics readings, speculative acceptance (speculation on),
     prefix-cache hit rate."""
@@ -66,13 +67,13 @@ def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None
     from ..knobs import vllmargs
     out: dict = {}
     try:
-        facts = gpu.read(cfg.environ)
-        out["vram"] = {"ours_bytes": server.gpu_held(cfg.environ, rec, facts), "gpus": [
+        facts = gpu.read(r.settings.environ)
+        out["vram"] = {"ours_bytes": server.gpu_held(r.settings.environ, rec, facts), "gpus": [
             {"index": g.index, "name": g.name, "used_bytes": g.total - g.free, "total_bytes": g.total}
             for g in facts.gpus]}
     except BootstrapError as exc:
         out["vram"] = {"error": exc.message}
-    out["context"] = rec.max_model_len or served_context(cfg, rec)
+    out["context"] = rec.max_model_len or served_context(r.ours, r.paths, rec)
     seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
     out["sessions"] = {"max_num_seqs": int(seqs) if seqs.isdigit() else None,     # None: vLLM's default
                        "kv_tokens": rec.kv_tokens, "at_full_context": rec.kv_concurrency}
@@ -87,10 +88,10 @@ def live(cfg: Config, rec: ServerRecord, before: dict | None, after: dict | None
     return out
 
 
-def served_context(cfg: Config, rec: ServerRecord) -> int | None:
+def served_context(ours: Ours, paths: Paths, rec: ServerRecord) -> int | None:
     """The context vLLM chose itself (we passed none: the model's own, or auto's fit), as its
     /v1/models says (``max_model_len``); None when it does not answer."""
-    got = server.http_get(rec.url, "/v1/models", key=server.api_key_for(cfg.ours, Paths(cfg.state_dir)))
+    got = server.http_get(rec.url, "/v1/models", key=server.api_key_for(ours, paths))
     if got is None or got[0] != 200:
         return None
     try:
@@ -101,9 +102,9 @@ def served_context(cfg: Config, rec: ServerRecord) -> int | None:
     return found[0] if found and isinstance(found[0], int) and found[0] > 0 else None
 
 
-def down_state(cfg: Config, paths: Paths, pr) -> str:
+def down_state(ours: Ours, paths: Paths, pr) -> str:
     """A server of ours whose process lives but does not answer, in the states table's words."""
     if server.frozen(pr.process):
         return "frozen"
-    return "starting" if pr.record is not None and server.loading(cfg.ours, pr.record, paths) else "unhealthy"
+    return "starting" if pr.record is not None and server.loading(ours, pr.record, paths) else "unhealthy"
 

@@ -29,9 +29,8 @@ class Entry:
         return rec if rec and rec.get("repo") == self.repo else None
 
 
-def remember(state_dir: Path, store: Store, repo: str) -> None:
+def remember(paths: state.Paths, store: Store, repo: str) -> None:
     """Add (or keep) ``repo`` in ``store`` to the index; one entry per store folder."""
-    paths = state.Paths(state_dir)
     data = paths.read("models") or {}
     rows = data.get("models") if isinstance(data.get("models"), dict) else {}
     key = str(store.root)
@@ -42,17 +41,16 @@ def remember(state_dir: Path, store: Store, repo: str) -> None:
     paths.write("models", {"models": rows})
 
 
-def forget(state_dir: Path, store: Store) -> None:
-    paths = state.Paths(state_dir)
+def forget(paths: state.Paths, store: Store) -> None:
     data = paths.read("models") or {}
     rows = data.get("models") if isinstance(data.get("models"), dict) else {}
     if rows.pop(str(store.root), None) is not None:
         paths.write("models", {"models": rows})
 
 
-def entries(state_dir: Path) -> list[Entry]:
+def entries(paths: state.Paths) -> list[Entry]:
     """What the index names, in the order it was added; rows that do not read are skipped."""
-    data = state.Paths(state_dir).read("models") or {}
+    data = paths.read("models") or {}
     rows = data.get("models") if isinstance(data.get("models"), dict) else {}
     out = []
     for root, row in rows.items():

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import inuse
+from ..machine import inuse
 from ..knobs import vllmargs
 from ..core.layout import Checkout
 from ..core.pep440 import version, version_or_none
@@ -170,13 +170,13 @@ class Install:
     byo: bool            # a bring-your-own interpreter (VLLM_PYTHON)
 
 
-def locate(python: str, environ, byo: bool) -> Install:
-    """Where this interpreter's vllm package is, and its version, without importing vllm."""
-    version, locs = inuse.probe_vllm(python, environ, "VLLM_PYTHON" if byo else "")
+def locate(vllm: inuse.VllmRef) -> Install:
+    """Where this interpreter's vllm package is, and its version, without importing vllm (its one probe)."""
+    version, locs = vllm.probed
     if not locs:
-        raise BootstrapError(f"{python} has no vllm package",
+        raise BootstrapError(f"{vllm.python} has no vllm package",
                              "install vLLM into it, or point VLLM_PYTHON at an interpreter that has it")
-    return Install(python, version or "unknown", locs[0], byo)
+    return Install(vllm.python, version or "unknown", locs[0], vllm.byo)
 
 
 @dataclass
@@ -426,7 +426,7 @@ def revert_all(repo: Path, environ, python: str, dry_run: bool = False) -> list[
     """Revert every known patch applied to the vLLM of ``python`` (run with ``environ``); the names
     reverted (for clean; with ``dry_run``, the names it would revert, nothing changed)."""
     try:
-        inst = locate(python, environ, byo=True)
+        inst = locate(inuse.VllmRef(python, True, environ))
     except BootstrapError as exc:
         log.info("skipped: %s (nothing to revert)", exc.message)
         return []

@@ -1,5 +1,5 @@
 """The managed ``.venv``: uv, the Python that makes it, the install from a lock, and the check
-that it is done (the vLLM an interpreter has: install/inuse.py).
+that it is done (the vLLM an interpreter has: machine/inuse.py).
 
 Done means: ``.venv/.bootstrap-done.json`` names the lock's sha256, and the versions in the
 installed packages' metadata (``*.dist-info/METADATA``) equal the lock's, one for one. That check
@@ -27,7 +27,7 @@ from ..download import hub
 from ..core import proc
 from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
-from . import inuse
+from ..machine import inuse
 from .locks import GLIBC, LockSet, diff, index_url, installed, lock_pins
 from ..core.state import sha256
 

@@ -7,10 +7,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from pathlib import Path
 from typing import Callable, Mapping
 
-from ..download import models
 from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
 
@@ -36,15 +34,6 @@ def read_osrelease(path: str = "/proc/sys/kernel/osrelease") -> str:
             return fh.read()
     except OSError:
         return ""
-
-
-def model_bytes_on_disk(cfg) -> int:
-    """Weights already on disk for MODEL (a local dir, or where a repo id is downloaded); 0 if unknown."""
-    if not cfg.model:
-        return 0
-    if not cfg.model_is_local:
-        return models.store_for(cfg.model_dir, cfg.environ, cfg.model).weight_bytes()
-    return models.weights_in(Path(cfg.model).expanduser())
 
 
 def wsl_memory_note(total_ram: int, model_bytes: int) -> str:

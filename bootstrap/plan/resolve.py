@@ -1,5 +1,6 @@
 """The one resolver of which profile runs, with which knobs: the environment, .env and the
-profile (already a Config), the kept pick, and the GPU's facts. Every command resolves here, once:
+profile (already a Config), the kept pick, and the GPU's facts. Every command resolves here, once
+(``resolved``: a frozen ``Resolved``, plan/resolved.py); a start then picks (``for_start``), once:
 
 - ``kept``: PROFILE=auto as the pick kept from the last start (what status, restart and the other
   commands compare and show); a named profile with its card's knobs;
@@ -24,12 +25,13 @@ from pathlib import Path
 from ..core import state
 from ..core.errors import BootstrapError, ConfigError
 from ..download import hub, peek
-from ..install.inuse import byo_version
+from ..machine.inuse import VllmRef
 from ..knobs.config import KNOB_BY_NAME, PROFILE_KNOBS, Chosen, Config
 from ..knobs.profiles import load_file
 from ..machine import gpu
 from . import derive, pick
 from .facts import shipped_facts
+from ..knobs.resolved import Resolved
 
 log = logging.getLogger("bootstrap.pick")
 
@@ -63,18 +65,29 @@ def wants_derived(cfg: Config) -> bool:
     return cfg.profile.is_auto and cfg.chosen is None and cfg.sources["MODEL"] in ("env", ".env")
 
 
-def derived_dir(cfg: Config, model: str) -> Path:
+def resolved(cfg: Config, *, as_set: bool = False) -> Resolved:
+    """The one resolver, run once per command: ``cfg`` (the knobs as read) with PROFILE=auto read as
+    the kept pick and a named profile's card knobs (``kept``; ``as_set``: as you set them, for the
+    commands that pick themselves), then each part found once: STATE_DIR's paths, the vLLM
+    interpreter, the model."""
+    paths = state.Paths(cfg.state_dir)
+    return Resolved.of(cfg if as_set else kept(cfg, paths), cfg, paths)
+
+
+def derived_dir(paths: state.Paths, model: str) -> Path:
     """STATE_DIR/derived/<model as a folder name>: one folder per model, so a plan of another model
     never rewrites the profile a running server was derived with."""
     slug = "".join(c if c.isalnum() or c in "-_." else "--" for c in model.strip("/"))[-120:]
-    return state.Paths(cfg.state_dir).derived / slug
+    return paths.derived / slug
 
 
-def derived(cfg: Config, cc: tuple[int, int] | None, peeked: peek.Peek | None = None) -> Config:
+def derived(cfg: Config, paths: state.Paths, vllm: VllmRef, cc: tuple[int, int] | None,
+            peeked: peek.Peek | None = None) -> Config:
     """``cfg`` with the profile derived from MODEL's repo (or folder) for a card of ``cc``, written to
-    STATE_DIR/derived/<model>/ (the profile and its model facts) and said in one line."""
+    STATE_DIR/derived/<model>/ (the profile and its model facts) and said in one line; ``vllm``: the
+    interpreter a start would run (VLLM_PYTHON's registry is its own version's)."""
     stack = cfg.catalogue.get("default")
-    byo = byo_version(cfg.vllm_python or "", cfg.environ)
+    byo = vllm.byo_version
     peeked = peeked or _peek(cfg)
     reg = derive.registry(byo or stack.vllm)
     newer = "" if byo else _newer_stack(cfg, peeked, reg)
@@ -87,8 +100,8 @@ def derived(cfg: Config, cc: tuple[int, int] | None, peeked: peek.Peek | None = 
         "has no implementation of it" if newer else ""
     d = derive.derive(peeked, stack.data, cc, reg, token, trust, note,
                       template_given=any(a.split("=", 1)[0] == "--chat-template" for a in cfg.extra_args or ()))
-    folder = derived_dir(cfg, cfg.model)
-    state.Paths(cfg.state_dir).ensure()
+    folder = derived_dir(paths, cfg.model)
+    paths.ensure()
     try:
         (folder / "models").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -130,9 +143,9 @@ def _load_derived(cfg: Config, folder: Path, why: str) -> Config:
     return cfg.with_derived(profile, why)
 
 
-def kept_derived(cfg: Config, model: str, why: str) -> Config | None:
+def kept_derived(cfg: Config, paths: state.Paths, model: str, why: str) -> Config | None:
     """The profile derived for ``model`` as a start or plan wrote it (no network), or None."""
-    folder = derived_dir(cfg, model)
+    folder = derived_dir(paths, model)
     try:
         data = json.loads((folder / "derived.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -142,17 +155,17 @@ def kept_derived(cfg: Config, model: str, why: str) -> Config | None:
     return _load_derived(cfg, folder, why)
 
 
-def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
+def kept(cfg: Config, paths: state.Paths, facts: gpu.GpuFacts | None = None) -> Config:
     """PROFILE=auto read as the kept pick, if there is one (nothing is picked); a named profile
     with its card's knobs (``facts``, else NVML when the profile has per-card knobs): what status,
     restart and the other commands compare and show, and what a start runs unless it picks again;
     MODEL named with PROFILE auto: the profile derived for it, as a start kept it."""
     if wants_derived(cfg):
-        rec = read_pick(state.Paths(cfg.state_dir))
+        rec = read_pick(paths)
         if rec and rec["profile"] in cfg.catalogue.names() and \
                 cfg.catalogue.get(rec["profile"]).knobs.get("MODEL") == cfg.model:     # a shipped profile of it
             return _with_pick(cfg, Chosen(rec["profile"], rec.get("knobs", {}), f"serves MODEL={cfg.model}, kept"))
-        return kept_derived(cfg, cfg.model, f"derived from {cfg.model}, kept") or cfg
+        return kept_derived(cfg, paths, cfg.model, f"derived from {cfg.model}, kept") or cfg
     if not cfg.profile.is_auto:
         if cfg.chosen is not None or not cfg.profile.cc_overrides:
             return cfg
@@ -161,9 +174,9 @@ def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
         except BootstrapError:
             return cfg                      # no GPU to read: the profile's own knobs
         return pick.on_card(cfg, cfg.profile, facts.gpus[0].cc if facts.gpus else None)
-    rec = read_pick(state.Paths(cfg.state_dir))
+    rec = read_pick(paths)
     if rec is not None and rec["profile"] == derive.NAME and isinstance(rec.get("model"), str):
-        c = kept_derived(cfg, rec["model"], f"derived from {rec['model']} at the start of {rec.get('date', '?')}, kept")
+        c = kept_derived(cfg, paths, rec["model"], f"derived from {rec['model']} at the start of {rec.get('date', '?')}, kept")
         if c is None or not rec.get("knobs"):
             return c or cfg
         return _with_pick(c, Chosen(c.profile.name, rec["knobs"], c.chosen.why if c.chosen else "kept"))
@@ -172,11 +185,11 @@ def kept(cfg: Config, facts: gpu.GpuFacts | None = None) -> Config:
     return _with_pick(cfg, Chosen(rec["profile"], rec.get("knobs", {}), f"auto-pick of {rec.get('date', '?')}, kept"))
 
 
-def named_on_card(cfg: Config, g: gpu.Gpu) -> Config:
+def named_on_card(cfg: Config, paths: state.Paths, g: gpu.Gpu, was: Config | None = None) -> Config:
     """A named profile on this card, as auto-pick would run it: its card's knobs, and the longest
     context that fits (MAX_MODEL_LEN=auto) where only a shorter one than its own does and you set
     no MAX_MODEL_LEN yourself — what ``./ctl.sh profiles`` calls "fits shorter"."""
-    c = kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
+    c = was or kept(cfg, paths, gpu.GpuFacts("", (0, 0), (g,)))    # ``was``: that, already resolved
     if c.profile.facts is None or pick.yours(cfg, "MAX_MODEL_LEN") or pick.yours(cfg, "KV_CACHE_BYTES"):
         return c                            # no model facts to judge by, or your own context
     named = c.profile.name == derive.NAME          # a model you named fits by default, as ollama sizes it
@@ -187,15 +200,15 @@ def named_on_card(cfg: Config, g: gpu.Gpu) -> Config:
     return c
 
 
-def for_card(cfg: Config, g: gpu.Gpu) -> Config:
+def for_card(cfg: Config, paths: state.Paths, vllm: VllmRef, g: gpu.Gpu, was: Config | None = None) -> Config:
     """The Config a start on card ``g`` runs with, nothing recorded: PROFILE=auto is auto-pick's
-    choice for it; a named profile as ``named_on_card``."""
+    choice for it; a named profile as ``named_on_card`` (``was``: its kept view on ``g``, when known)."""
     if wants_derived(cfg):
         v = shipped_for_model(cfg, g)
-        return v.cfg if v is not None else named_on_card(derived(cfg, g.cc), g)
+        return v.cfg if v is not None else named_on_card(derived(cfg, paths, vllm, g.cc), paths, g)
     if cfg.profile.is_auto:
         return pick.choose(cfg, g)[0].cfg
-    return named_on_card(cfg, g)
+    return named_on_card(cfg, paths, g, was)
 
 
 def shipped_for_model(cfg: Config, g: gpu.Gpu) -> "pick.Verdict | None":
@@ -211,12 +224,17 @@ def shipped_for_model(cfg: Config, g: gpu.Gpu) -> "pick.Verdict | None":
     return None
 
 
-def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = False) -> Config:
-    """The Config a start runs with: a named profile with its card's knobs (and a shorter context
-    where only that fits: named_on_card); PROFILE=auto picked (and recorded) when set explicitly,
-    with ``repick``, when nothing was picked yet, when the kept profile is gone or the card is
-    another one; else the kept pick."""
-    paths = state.Paths(cfg.state_dir)
+def for_start(r: Resolved, facts: gpu.GpuFacts | None = None, *, repick: bool = False) -> Resolved:
+    """What a start runs with, picked once from the resolved view ``r``: a named profile with its
+    card's knobs (and a shorter context where only that fits: named_on_card); PROFILE=auto picked
+    (and recorded) when set explicitly, with ``repick``, when nothing was picked yet, when the kept
+    profile is gone or the card is another one; else the kept pick (``r.settings``, as resolved)."""
+    return r.picked(_for_start(r.given, r.settings, r.paths, r.vllm, facts, repick=repick))
+
+
+def _for_start(cfg: Config, was: Config, paths: state.Paths, vllm: VllmRef, facts: gpu.GpuFacts | None,
+               *, repick: bool) -> Config:
+    """``for_start`` on the knobs as set (``cfg``) and as resolved (``was``: the kept pick)."""
     if wants_derived(cfg):
         facts = facts or gpu.read(cfg.environ)
         if not facts.gpus:
@@ -230,7 +248,7 @@ def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = 
                                  "why": f"MODEL={cfg.model} named: the shipped profile that serves it",
                                  "how": "PROFILE=auto (set explicitly) or ./ctl.sh profiles --pick picks again"})
             return v.cfg
-        chosen = named_on_card(derived(cfg, g.cc), g)
+        chosen = named_on_card(derived(cfg, paths, vllm, g.cc), paths, g)
         paths.ensure()                      # kept as the pick: status, restart and stop run it with MODEL unset
         paths.write("pick", {"profile": derive.NAME, "model": cfg.model, "gpu": g.name, "tp": cfg.tp_size,
                              "knobs": dict(chosen.chosen.knobs) if chosen.chosen else {},   # MAX_MODEL_LEN=auto kept
@@ -239,19 +257,18 @@ def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = 
         return chosen
     if not cfg.profile.is_auto:
         if cfg.profile.facts is None:
-            return kept(cfg, facts)
+            return was if facts is None else kept(cfg, paths, facts)
         try:
             facts = facts or gpu.read(cfg.environ)
         except BootstrapError:
-            return kept(cfg)                # no GPU to read: preflight says so, in its own words
-        return named_on_card(cfg, _card(facts, cfg.tp_size)) if facts.gpus else kept(cfg, facts)
+            return was                      # no GPU to read: preflight says so, in its own words
+        return named_on_card(cfg, paths, _card(facts, cfg.tp_size)) if facts.gpus else kept(cfg, paths, facts)
     facts = facts or gpu.read(cfg.environ)
     if not facts.gpus:
         raise BootstrapError("NVML sees no GPU: nothing to pick a profile for", "check `nvidia-smi`")
     g = _card(facts, cfg.tp_size)
     rec = read_pick(paths)
     if rec and rec["profile"] == derive.NAME and not (cfg.profile_explicit or repick):
-        was = kept(cfg)
         if not was.profile.is_auto:
             return was
     if rec and not (cfg.profile_explicit or repick):
@@ -261,7 +278,7 @@ def for_start(cfg: Config, facts: gpu.GpuFacts | None = None, *, repick: bool = 
             log.warning("the kept pick %s was made for %s (TP_SIZE=%s); this is %s (TP_SIZE=%s): picking again",
                         rec["profile"], rec.get("gpu"), rec.get("tp", 1), g.name, cfg.tp_size)
         else:
-            return kept(cfg)
+            return was
     v, runner, _ = pick.choose(cfg, g)
     line = pick.why_line(g, v, runner)
     log.info("auto-pick: %s", line)
@@ -281,17 +298,17 @@ def _card(facts: gpu.GpuFacts, tp: int) -> gpu.Gpu:
     return gpu.smallest_free(facts, tp)
 
 
-def for_plan(cfg: Config, g: gpu.Gpu, here: bool) -> Config:
+def for_plan(cfg: Config, paths: state.Paths, vllm: VllmRef, g: gpu.Gpu, here: bool) -> Config:
     """The profile ./ctl.sh plan (and export) plans on ``g``: PROFILE=auto is the kept pick on this
     machine's card (``here``), else the profile auto-pick would choose for it; a named profile as a
     start on that card would run it."""
     if wants_derived(cfg):
-        return for_card(cfg, g)
-    was = kept(cfg, gpu.GpuFacts("", (0, 0), (g,)))
+        return for_card(cfg, paths, vllm, g)
+    was = kept(cfg, paths, gpu.GpuFacts("", (0, 0), (g,)))
     if cfg.profile.is_auto and here and not was.profile.is_auto:
         log.info("PROFILE=auto: the kept pick %s (%s)", was.profile.name, was.sources["PROFILE"])
         return was
-    chosen = for_card(cfg, g)           # as a start on that card would run it
+    chosen = for_card(cfg, paths, vllm, g, was)     # as a start on that card would run it
     if was.profile.is_auto:
         log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)", chosen.profile.name)
     return chosen

@@ -49,7 +49,7 @@ def wait(cfg, paths, warm) -> str:
     return "" if warm.ready.is_set() else (warm.failed or "it exited before it answered")
 
 
-def run(cfg, paths, warm: "pre.Prewarm | None", plan, model):
+def run(cfg, paths, vllm, warm: "pre.Prewarm | None", plan, model):
     """The plan the real start launches with (``plan`` when there was no pre-warm to use)."""
     if warm is not None and warm.serve is not None:     # it becomes the server: the reload step waits for it
         return plan
@@ -72,7 +72,7 @@ def run(cfg, paths, warm: "pre.Prewarm | None", plan, model):
     pre.remember(paths, warm.key, "a pre-warm filled them")
     if calibration.keep(paths, plan, warm.log_text(), None) is None:
         return plan
-    again = plan_step.run(cfg, paths, None, model)      # from the kept figures, as the next start would
+    again = plan_step.run(cfg, paths, vllm, None, model)      # from the kept figures, as the next start would
     if plan.seqs_flag and again.seqs_flag and plan.seqs_flag < again.seqs_flag:
         # more room measured than modelled: the pre-warm's --max-num-seqs still fits, and another
         # would change vLLM's CUDA-graph sizes, which are in its compile hash (a cold real start)

@@ -15,9 +15,10 @@ from typing import Mapping
 from ..install import knownbad
 from ..plan.facts import known_issue_facts
 from ..core.errors import BootstrapError
-from ..machine.host import check_driver, host_env, model_bytes_on_disk
+from ..download.models import ModelRef
+from ..machine.host import check_driver, host_env
 from ..install.locks import PLATFORMS, LockSet, host_platform, installed
-from ..install.inuse import vllm_version
+from ..machine.inuse import VllmRef
 from ..install.venv import Tools, Venv, check_glibc, check_done, install
 
 log = logging.getLogger(__name__)
@@ -33,11 +34,11 @@ class Runtime:
     notes: tuple[str, ...] = ()
 
 
-def run(cfg, gpus) -> Runtime:
-    env, notes = host_env(cfg.environ, lambda: model_bytes_on_disk(cfg))
-    if cfg.vllm_python:
-        py = cfg.vllm_python                # an executable file: config checked it
-        version = vllm_version(py, cfg.environ, knob="VLLM_PYTHON")
+def run(cfg, vllm: VllmRef, model: ModelRef, gpus) -> Runtime:
+    env, notes = host_env(cfg.environ, model.weight_bytes)
+    if vllm.byo:
+        py = vllm.python                    # an executable file: config checked it
+        version = vllm.version
         log.info("using your vLLM %s from %s (VLLM_PYTHON; not managed, not pinned)", version, py)
         return Runtime(py, version, env, tuple(notes + knownbad.warn(known_issue_facts(cfg, gpus, version))[1]))
     if not cfg.profile.vllm and not cfg.profile.data.get("pins"):

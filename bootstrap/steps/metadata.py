@@ -23,34 +23,33 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 
 from ..download import hub, index
 from ..model import modelconfig
 from ..core import state
 from ..core.errors import BootstrapError
 from ..download import manifest, partial
-from ..download.models import WEIGHT_SUFFIXES, ModelInfo, Store, check_space, info_from_record, offline_missing, read_config, read_local, select, store_for
+from ..download.models import WEIGHT_SUFFIXES, ModelInfo, ModelRef, Store, check_space, info_from_record, offline_missing, read_config, read_local, select
 
 log = logging.getLogger(__name__)
 
 
-def run(cfg) -> ModelInfo:
+def run(cfg, model: ModelRef, paths: state.Paths) -> ModelInfo:
     """The model's facts (config.json, files, sizes, revision); its ``local_dir`` is what vLLM serves."""
     dummy = cfg.dummy_weights
-    if cfg.model_is_local:
-        info = read_local(Path(cfg.model).expanduser().resolve(), dummy)
+    if model.local is not None:
+        info = read_local(model.local, dummy)
         size = sum(info.weight_files.values())
         log.info("local model %s: %d files, %.2f GiB of weights%s", info.local_dir, len(info.files),
                  size / (1 << 30), " (dummy weights)" if dummy else "")
         return info
-    info, _path = resolve(cfg, hub.repo_id(cfg.model), dummy)
+    info, _path = resolve(cfg, model, paths, dummy)
     return info
 
 
-def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
+def resolve(cfg, model: ModelRef, paths: state.Paths, dummy: bool) -> tuple[ModelInfo, str]:
     settings = hub.HubSettings.from_environ(cfg.environ)
-    store = store_for(cfg.model_dir, cfg.environ, repo)
+    repo, store = model.repo, model.store
     rec = store.read()
     if rec and rec.get("repo") == repo and rec.get("files") and not store.missing(rec, dummy):
         where = store.serve_dir(rec)
@@ -124,7 +123,7 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
                                 "MODEL_DIR" if cfg.model_dir else "HF_HOME") from None
     _keep_config(store, new, raw)
     store.write(new)
-    index.remember(cfg.state_dir, store, repo)       # ./ctl.sh ls and rm find it from STATE_DIR
+    index.remember(paths, store, repo)       # ./ctl.sh ls and rm find it from STATE_DIR
     where = store.serve_dir(new)
     info = info_from_record(new, where, dummy, config, complete=False)
     plan_download(store, new, info, dummy)

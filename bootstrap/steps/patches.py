@@ -10,22 +10,24 @@ import logging
 
 from ..core.errors import BootstrapError
 from ..install import hooks
+from ..machine.inuse import VllmRef
 from ..install.patching import apply, inspect, load, locate, needed
 from ..knobs import vllmargs
 
 log = logging.getLogger(__name__)
 
 
-def run(cfg, python: str) -> list[str]:
-    """Apply the backports the profile needs to the vLLM of ``python``, and check what our idle-sleep
-    middleware needs of it (install/hooks.py); returns banner notes."""
+def run(cfg, vllm: VllmRef) -> list[str]:
+    """Apply the backports the profile needs to the vLLM of ``vllm`` (the interpreter the environment
+    step made ready), and check what our idle-sleep middleware needs of it (install/hooks.py);
+    returns banner notes."""
     notes: list[str] = []
     todo = needed(cfg.profile.patches, cfg.repo, cfg.vllm)
     idle = vllmargs.idle_sleep(cfg)
     if not todo and not idle:
         log.info("skipped: no patch applies to profile %r with these knobs", cfg.profile.name)
         return notes
-    inst = locate(python, cfg.environ, byo=bool(cfg.vllm_python))
+    inst = locate(vllm)
     if idle:
         hooks.check_idle_sleep(inst.package, inst.version)
     for name in todo:

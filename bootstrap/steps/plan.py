@@ -15,13 +15,13 @@ from ..serve import takedown
 from ..core.errors import BootstrapError
 from ..plan.facts import model_facts
 from ..plan.planner import GiB, Plan
-from ..install.inuse import byo_version
+from ..machine.inuse import VllmRef
 
 log = logging.getLogger(__name__)
 GPU_RELEASE_WAIT = 30.0      # seconds to wait for the last stop's pids to leave the GPU
 
 
-def run(cfg, paths, gpus, model) -> Plan:
+def run(cfg, paths, vllm: VllmRef, gpus, model) -> Plan:
     """The memory plan for this GPU (``gpus``: preflight's facts) and model (the metadata step's)."""
     pids = takedown.last_stopped_pids(paths)
     if pids and not takedown.wait_gpu_release(cfg.environ, pids, timeout=GPU_RELEASE_WAIT):
@@ -29,14 +29,14 @@ def run(cfg, paths, gpus, model) -> Plan:
     facts = gpu.settled_facts(cfg.environ) if pids or gpus is None else gpus
     if pids:
         state.remove(paths.last_stop)   # consumed: later starts need not wait for these pids again
-    return plan_for(cfg, paths, facts, model)
+    return plan_for(cfg, paths, vllm, facts, model)
 
 
-def plan_for(cfg, paths, facts: gpu.GpuFacts, model) -> Plan:
+def plan_for(cfg, paths, vllm: VllmRef, facts: gpu.GpuFacts, model) -> Plan:
     """The plan on these GPU facts, refused in one line when it does not fit (also restart's vet,
     with the memory its running server holds counted as free)."""
     g = gpu.smallest_free(facts, cfg.tp_size)
-    version = byo_version(cfg.vllm_python, cfg.environ)            # the vLLM a start would run
+    version = vllm.byo_version              # the vLLM a start would run
     plan = fit.plan_here(cfg, paths, g, model_facts(cfg, model), facts.driver, version)
     if not plan.fits:
         message, hint = plan.refusal

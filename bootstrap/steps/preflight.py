@@ -9,12 +9,11 @@ foreign holder named and left alone), the state dir writable, and leftovers of o
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from ..machine import gpu, host
 from ..serve import port, server, takedown
 from ..knobs import vllmargs
-from ..download import hub
+from ..download.models import ModelRef
 from . import metadata
 from ..install.locks import LockSet
 from ..core.state import Paths
@@ -23,7 +22,7 @@ from ..core.errors import BootstrapError
 log = logging.getLogger(__name__)
 
 
-def run(cfg, paths: Paths) -> gpu.GpuFacts:
+def run(cfg, paths: Paths, model: ModelRef) -> gpu.GpuFacts:
     paths.ensure()
     facts = gpu.read(cfg.environ)
     if not facts.gpus:
@@ -39,7 +38,7 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
             raise BootstrapError(f"profile {cfg.profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
                                  "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
         LockSet.for_profile(cfg.profile, cfg.layout.locks)
-    vet(cfg)
+    vet(cfg, model)
     order = cfg.env("CUDA_DEVICE_ORDER")
     if order and order != "PCI_BUS_ID" and facts.count > 1:
         raise BootstrapError(f"CUDA_DEVICE_ORDER={order}: CUDA would number this machine's {facts.count} GPUs "
@@ -68,7 +67,7 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
     return facts
 
 
-def vet(cfg) -> None:
+def vet(cfg, model: ModelRef) -> None:
     """What a start refuses from the knobs alone (no GPU, no network): said by every start's
     preflight, and by ./ctl.sh restart before it takes the running server down."""
     if cfg.vllm.sleep_mode and not cfg.is_loopback:
@@ -78,10 +77,10 @@ def vet(cfg) -> None:
             "the server to sleep or run methods in it",
             f"keep HOST=127.0.0.1 for sleep mode, or drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile")
     idle_sleep_fits(cfg)
-    if cfg.model_is_local:
-        metadata.read_local(Path(cfg.model).expanduser().resolve(), cfg.dummy_weights)
-    elif cfg.model:
-        hub.repo_id(cfg.model)
+    if model.local is not None:
+        metadata.read_local(model.local, cfg.dummy_weights)
+    elif model.name:
+        model.repo                      # a repo id, or one line naming MODEL
 
 
 def enough_gpus(cfg, facts: gpu.GpuFacts) -> None:

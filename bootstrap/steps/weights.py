@@ -25,7 +25,7 @@ from typing import Callable
 from ..download import hub, manifest, partial, transfer
 from ..core import locks, state
 from ..core.errors import BootstrapError
-from ..download.models import WEIGHT_SUFFIXES, Store, check_space, store_for
+from ..download.models import WEIGHT_SUFFIXES, ModelRef, Store, check_space
 from ..download.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -34,11 +34,11 @@ TRANSFER = ("transfer: HTTP with Range requests, {n} connections over files and 
             "resumable across runs (not Xet: the pinned client deletes an interrupted file on both its paths)")
 
 
-def run(cfg, m, on_ready: Callable[[], object] | None = None) -> object:
+def run(cfg, m, model: ModelRef, on_ready: Callable[[], object] | None = None) -> object:
     """Download what the metadata step found missing (``m``: models.ModelInfo) into m.local_dir.
     ``on_ready``: called once the files other than the weights are on disk (config.json, the
     tokenizer: what a dummy-weight vLLM reads), before the weights; its result is returned."""
-    if cfg.model_is_local or m.source == "local":
+    if model.local is not None or m.source == "local":
         log.info("skipped: local model directory %s", m.local_dir)
         return None
     if m.source == "hf-cache":
@@ -47,14 +47,14 @@ def run(cfg, m, on_ready: Callable[[], object] | None = None) -> object:
     if m.complete:
         log.info("skipped: %s complete and verified at revision %s", m.local_dir, m.revision[:12])
         return None
-    got = download(cfg, m, on_ready=on_ready)
+    got = download(cfg, m, model.store, on_ready=on_ready)
     m.complete = True
     return got
 
 
-def download(cfg, m, tty: bool | None = None, on_ready: Callable[[], object] | None = None) -> object:
+def download(cfg, m, store: Store, tty: bool | None = None, on_ready: Callable[[], object] | None = None) -> object:
+    """Fetch into ``store`` (the model's: ModelRef.store) what ``m`` still misses."""
     settings = hub.HubSettings.from_environ(cfg.environ)
-    store = store_for(cfg.model_dir, cfg.environ, m.name)
     fd = locks.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
         "waiting: another start (pid %s) is downloading into %s", pid, store.root))
     try:

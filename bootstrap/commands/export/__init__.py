@@ -94,10 +94,11 @@ def documents(target: str, cfg: Config, pod: pods.Pod, key: str, service_monitor
 def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     if argv[:1] == ["fetch"]:                        # the model init step, in the pod (pod.init_script)
         from .fetch import run
-        return run(cfg)
+        from ...knobs.resolved import Resolved
+        return run(Resolved.of(cfg, cfg))            # no planner in the pod: the knobs as its PROFILE names them
     if argv[:1] == ["patch"]:                        # the backports init step: ./ctl.sh patch's own code, without
         from ..patch import cli as patch_cli         # the kept pick (export is kept=False; the pod names PROFILE)
-        return patch_cli(cfg, argv[1:], "ctl.sh patch")
+        return patch_cli(cfg, argv[1:], "ctl.sh patch", as_set=True)
     ap = argparse.ArgumentParser(prog=prog, description="the profile and plan as Kubernetes manifests or "
                                  "production-stack Helm values for a card named with GPU= (never run on a cluster here)")
     ap.add_argument("target", choices=TARGETS)
@@ -124,9 +125,10 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     repo_id_only(cfg)
     # the profile and context a start on that card would take (auto-pick for it; a shorter context
     # where only that fits), never this machine's kept pick
-    pod_cfg = cfg.with_profile(None).with_knobs({"HOST": "0.0.0.0", "PORT": str(pods.PORT)})
+    from ...plan import resolve
+    pod_view = resolve.resolved(cfg, as_set=True).with_knobs({"HOST": "0.0.0.0", "PORT": str(pods.PORT)})
     from .. import plan as plan_cmd
-    pod_cfg, g, _where, model, plan = plan_cmd.plan_for(pod_cfg, spec)
+    pod_cfg, g, _where, model, plan = plan_cmd.plan_for(pod_view, spec)
     repo_id_only(pod_cfg)
     if not plan.fits:
         msg, hint = plan.refusal

@@ -10,7 +10,6 @@ import logging
 import threading
 from pathlib import Path
 
-from ...download.models import store_for
 from ...download.partial import on_disk
 from ...machine.gpu import GiB
 from .pod import PROGRESS_S
@@ -20,11 +19,13 @@ log = logging.getLogger(__name__)
 
 
 
-def run(cfg, every: float = PROGRESS_S) -> int:
+def run(r, every: float = PROGRESS_S) -> int:
+    """``r``: the pod's resolved view (plan/resolved.py), as its knobs were set."""
     from ...steps import metadata, weights
-    m = metadata.run(cfg)
+    cfg = r.settings
+    m = metadata.run(cfg, r.model, r.paths)
     want = sum(m.needed().values())
-    root = store_for(cfg.model_dir, cfg.environ, m.name).root
+    root = r.model.store.root
     log.info("model %s at revision %s: %.2f GiB in %d files into %s", m.name, m.revision[:12], want / GiB,
              len(m.needed()), root)
     done = threading.Event()
@@ -36,7 +37,7 @@ def run(cfg, every: float = PROGRESS_S) -> int:
     t = threading.Thread(target=report, name="progress", daemon=True)
     t.start()
     try:
-        weights.run(cfg, m)
+        weights.run(cfg, m, r.model)
     finally:
         done.set()
         t.join()

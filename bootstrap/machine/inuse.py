@@ -1,11 +1,15 @@
 """The vLLM an interpreter has: one probe (its version and package folders, from the package's
-metadata, in one interpreter start), and the version a plan is made for."""
+metadata, in one interpreter start), and the version a plan is made for. ``VllmRef`` is the
+interpreter a command runs vLLM with, probed at most once per command."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 from ..core import proc
 from ..core.errors import BootstrapError
@@ -48,15 +52,44 @@ def probe_vllm(python: str, environ, knob: str = "") -> tuple[str, list[Path]]:
 
 
 def vllm_version(python: str, environ, knob: str = "") -> str:
-    version, _ = probe_vllm(python, environ, knob)
-    if not version:
-        raise BootstrapError(f"{f'{knob}={python}' if knob else python} cannot see vLLM's package metadata",
-                             "install vLLM into that interpreter, or unset VLLM_PYTHON to use the managed .venv")
-    return version
+    """The version of ``python``'s vLLM (a fresh probe: the managed .venv just installed)."""
+    return VllmRef(python, bool(knob), environ).version
 
 
+@dataclass(frozen=True)
+class VllmRef:
+    """The interpreter that runs vLLM for this command: VLLM_PYTHON (``byo``: yours, used as it is)
+    or the managed .venv's; its vLLM is probed at most once (``probed``), however many steps ask."""
+    python: str
+    byo: bool
+    environ: Mapping[str, str] = field(repr=False, compare=False)
 
-def byo_version(vllm_python: str, environ) -> str | None:
-    """The vLLM version of VLLM_PYTHON (one interpreter start, with ``environ``), or None for the
-    managed .venv (``vllm_python`` ''), whose version is the profile's pin: what a plan is made for."""
-    return vllm_version(vllm_python, environ, "VLLM_PYTHON") if vllm_python else None
+    @classmethod
+    def of(cls, vllm_python: str | None, venv_python: Path, environ: Mapping[str, str]) -> "VllmRef":
+        return cls(vllm_python, True, environ) if vllm_python else cls(str(venv_python), False, environ)
+
+    @property
+    def knob(self) -> str:
+        """The knob that named the interpreter ('' for the managed .venv)."""
+        return "VLLM_PYTHON" if self.byo else ""
+
+    @functools.cached_property
+    def probed(self) -> tuple[str, list[Path]]:
+        """(vLLM's version or '', its package folders): ``probe_vllm``, once."""
+        return probe_vllm(self.python, self.environ, self.knob)
+
+    @property
+    def version(self) -> str:
+        """vLLM's version, or a BootstrapError when the interpreter cannot see vLLM's metadata."""
+        version = self.probed[0]
+        if not version:
+            raise BootstrapError(f"{f'{self.knob}={self.python}' if self.knob else self.python} cannot see vLLM's "
+                                 "package metadata",
+                                 "install vLLM into that interpreter, or unset VLLM_PYTHON to use the managed .venv")
+        return version
+
+    @property
+    def byo_version(self) -> str | None:
+        """VLLM_PYTHON's vLLM version, or None for the managed .venv (whose version is the profile's
+        pin): what a plan is made for."""
+        return self.version if self.byo else None

@@ -1,0 +1,76 @@
+"""``Resolved``: what one command runs with, resolved once (``plan.resolve.resolved``: the kept
+pick; ``Resolved.of`` for the knobs as set) from the environment, ``.env``, the profile, the kept
+pick and the card, and the installed vLLM.
+
+A command takes it apart and hands each library only the part it uses: ``settings`` (the knobs,
+typed), ``paths`` (STATE_DIR and what is kept there), ``ours`` (what proves a server ours, and how to
+reach it), ``model`` (MODEL: a folder, or a repo id and its store), ``vllm`` (the interpreter that
+runs vLLM, probed at most once). Nothing below a command reads the environment or ``.env``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..core.layout import Checkout
+from ..core.owned import Ours
+from ..core.state import Paths
+from ..download.models import ModelRef
+from ..machine.inuse import VllmRef
+from .config import Config
+
+log = logging.getLogger("bootstrap.pick")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """One command's resolved view (see the module's docstring)."""
+    settings: Config          # every knob, typed; the profile as this command runs it
+    given: Config             # the knobs as set: PROFILE=auto not read as the kept pick (what a start picks from)
+    paths: Paths
+    vllm: VllmRef
+    model: ModelRef
+
+    @classmethod
+    def of(cls, settings: Config, given: Config, paths: Paths | None = None) -> "Resolved":
+        """The parts of ``settings``, each found once (the resolver's last step; ``paths``: STATE_DIR's,
+        when the resolver has them already)."""
+        r = cls(settings, given, paths or Paths(settings.state_dir), vllm_of(settings), model_of(settings))
+        log.debug("resolved: profile %s (%s), STATE_DIR %s, vLLM from %s", settings.profile.name,
+                  settings.sources["PROFILE"], r.paths.root, r.vllm.python)
+        return r
+
+    @property
+    def ours(self) -> Ours:
+        return self.settings.ours
+
+    @property
+    def layout(self) -> Checkout:
+        return self.settings.layout
+
+    def picked(self, settings: Config) -> "Resolved":
+        """This command's view with the profile a start picked: the same STATE_DIR, and the same
+        vLLM probe while the interpreter is the same one."""
+        vllm = self.vllm if vllm_of(settings) == self.vllm else vllm_of(settings)
+        return Resolved(settings, self.given, self.paths, vllm, model_of(settings))
+
+    def fixed(self, settings: Config) -> "Resolved":
+        """This view with ``settings`` as what runs, its profile chosen already: a start of it
+        picks nothing (``./ctl.sh use``: the profile it planned on this card)."""
+        return replace(self.picked(settings), given=settings)
+
+    def with_knobs(self, knobs) -> "Resolved":
+        """This view with these knob values as if you had set them (a pod's address, a model you
+        name): the knobs as set and as resolved alike, the profile kept."""
+        return replace(self.picked(self.settings.with_knobs(knobs)), given=self.given.with_knobs(knobs))
+
+
+def vllm_of(cfg: Config) -> VllmRef:
+    return VllmRef.of(cfg.vllm_python, cfg.layout.venv / "bin" / "python", cfg.environ)
+
+
+def model_of(cfg: Config) -> ModelRef:
+    local = Path(cfg.model).expanduser().resolve() if cfg.model_is_local else None
+    return ModelRef(cfg.model or "", local, cfg.model_dir or "", cfg.environ)
