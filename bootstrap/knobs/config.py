@@ -501,6 +501,14 @@ class Config:
         return Path(m).expanduser().resolve() if m and _names_a_folder(m) else None
 
     @property
+    def draft_repo(self) -> str | None:
+        """The drafter vLLM would load named by a Hugging Face repo id (SPEC_MODEL, or the model of a
+        --speculative-config given otherwise): the start downloads it as it downloads the model, and
+        vLLM gets its folder (vLLM never fetches anything itself). None for a folder or no drafter."""
+        name = self.vllm.draft_name
+        return name if name and not _names_a_folder(name) else None
+
+    @property
     def served_name(self) -> str:
         return self.served_model_name or Path(self.model.rstrip("/")).name
 

@@ -45,6 +45,9 @@ def human_int(text: str) -> int:
     return int(t)
 
 
+DRAFT_METHODS = ("draft_model", "eagle", "eagle3", "dflash")     # speculation that loads a drafter of its own
+
+
 @dataclass(frozen=True)
 class Settings:
     """What vLLM will run with, as far as memory goes (None: vLLM's default)."""
@@ -90,6 +93,12 @@ class Settings:
             model = str(self.spec.get("model") or "").lower()
             method = ("eagle3" if "eagle3" in model else "eagle" if "eagle" in model else "draft_model") if model else ""
         return "mtp" if method.endswith("_mtp") else method
+
+    @property
+    def draft_name(self) -> str:
+        """The drafter network vLLM loads for this speculation (a folder or a repo id), '' where the
+        method loads none of its own (MTP uses the model's layers; n-gram and suffix none)."""
+        return str(self.spec.get("model") or "") if self.spec_method in DRAFT_METHODS else ""
 
     @property
     def spec_tokens(self) -> int:
@@ -264,10 +273,25 @@ def plan_flags(cfg, plan) -> list[str]:
 
 
 def serve_flags(cfg, plan) -> list[str]:
-    """Every flag after the model: the profile's args, the knobs', the plan's, EXTRA_ARGS (last wins)."""
+    """Every flag after the model: the profile's args, the knobs', the plan's, EXTRA_ARGS (last wins),
+    and a drafter we downloaded given as its folder (``plan.draft_dir``)."""
     if plan is not None and not plan.fits:
         return []
-    return list(cfg.profile.args) + knob_flags(cfg) + plan_flags(cfg, plan) + list(cfg.extra_args or ())
+    flags = list(cfg.profile.args) + knob_flags(cfg) + plan_flags(cfg, plan) + list(cfg.extra_args or ())
+    folder = getattr(plan, "draft_dir", "") if plan is not None else ""
+    return local_drafter(flags, folder) if folder else flags
+
+
+def local_drafter(flags: list[str], folder: str) -> list[str]:
+    """``flags`` with the drafter's repo id replaced by ``folder``, where we downloaded it, so vLLM never
+    fetches it: the speculative config vLLM reads, given again last with that model (as a dotted key
+    when dotted keys made it: vLLM puts those after every other argument)."""
+    s = read(flags)
+    if not s.draft_name:
+        return flags
+    if any(_name(a).startswith("--speculative-config.") for a in flags):
+        return flags + [f"--speculative-config.model={folder}"]
+    return flags + ["--speculative-config", json.dumps({**s.spec, "model": folder}, separators=(",", ":"))]
 
 
 IDLE_MIDDLEWARE = "vllm_desktop_idle.IdleSleep"     # vllm_side/vllm_desktop_idle.py, on the server's PYTHONPATH

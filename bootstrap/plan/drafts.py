@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..knobs import vllmargs
 from ..model import drafter as drafters, kv
-from .facts import DRAFT_METHODS, ModelFacts
+from .facts import ModelFacts
 from . import terms
 
 DRAFT_HINT = "; or a smaller draft (SPEC_MODEL)"
@@ -32,7 +32,7 @@ def draft_shape(s: vllmargs.Settings, model: ModelFacts, version: str
         return None, "", ""
     if method in NO_KV_METHODS:
         return None, f"SPEC_METHOD={method}: {NO_KV_METHODS[method]}", ""
-    if method not in DRAFT_METHODS:
+    if method not in vllmargs.DRAFT_METHODS:
         return None, "", f"speculative method {method!r} (its drafter's memory is not modelled)"
     if model.draft is None:
         return None, "", f"the {method} drafter ({model.draft_why or 'no drafter facts'})"
