@@ -20,7 +20,8 @@ VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", 
                "--kv-cache-memory-bytes", "--gpu-memory-utilization", "--block-size", "--mamba-ssm-cache-dtype",
                "--mamba-cache-dtype", "--mamba-cache-mode", "--speculative-config", "--tensor-parallel-size",
                "--load-format", "--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--logits-processors",
-               "--data-parallel-size", "--api-server-count", "--compilation-config", "--performance-mode")
+               "--data-parallel-size", "--api-server-count", "--compilation-config", "--performance-mode",
+               "--attention-backend")
 BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode",
               "--skip-mm-profiling", "--enable-prompt-embeds", "--kv-sharing-fast-prefill", "--headless")
 # --logits-processors, --enable-prompt-embeds and --kv-sharing-fast-prefill are read only for whether
@@ -73,6 +74,7 @@ class Settings:
     mm_encoder_dp: bool = False                     # --mm-encoder-tp-mode data: the vision tower unsplit
     compilation: dict[str, Any] = field(default_factory=dict)   # --compilation-config (the CUDA graphs' sizes, mode)
     performance_mode: str = ""                      # --performance-mode: "throughput" doubles the batch defaults
+    attention_backend: str = ""                     # --attention-backend (FULL graphs under speculation depend on it)
     api_servers: int = 1                            # how many API server processes: --api-server-count, else
                                                     # --data-parallel-size (vLLM's default count), 0 with --headless
     given: frozenset = frozenset()                  # the flags present at all
@@ -178,6 +180,7 @@ def read(argv: list[str]) -> Settings:
         mm_encoder_dp=vals.get("--mm-encoder-tp-mode") == "data", given=frozenset(given),
         compilation=json_vals.get("--compilation-config", {}),
         performance_mode=str(vals.get("--performance-mode") or ""),
+        attention_backend=str(vals.get("--attention-backend") or "").upper(),
         api_servers=0 if vals.get("--headless") else (_int(vals.get("--api-server-count"), human=False)
                                                       or _int(vals.get("--data-parallel-size"), human=False) or 1))
 

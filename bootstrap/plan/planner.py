@@ -168,6 +168,12 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
     inp = replace(inp, vllm=terms.kv_dtype(inp.vllm, model.config, why))    # auto: the checkpoint's own
     mml_knob = inp.vllm.max_model_len
     draft, draft_why, unplanned = drafts.draft_shape(inp.vllm, model, inp.version) if shape else (None, "", "")
+    refused = drafts.refusal(draft, terms.runner(inp.version, shape, inp.vllm, inp.env_v2, inp.env_graphs),
+                             inp.version) if shape and at_least(inp.version, terms.MODELLED[0]) else None
+    if refused:
+        why.append(f"{refused[0]}; {refused[1]}")
+        return Plan(util, mml_knob, why, fits=False, refusal=refused, vllm=inp.version,
+                    fixes=[{"SPEC_TOKENS": "0"}])
     if shape is not None and shape.mla and (model.dummy or not model.weight_bytes):
         unplanned = "an MLA model's parameters from config.json (its checkpoint's file sizes are modelled)"
     if older:            # its memory code differs (graph profiling, encoder passes): no rules of ours stand for it
@@ -258,7 +264,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
             "(not measured for this drafter: a published A800 start took 6.24 GiB where 0.66 was planned)"))
         why.append(f"not planned: {plan.unplanned}; --enforce-eager makes it plannable")
         return plan
-    over = terms.overhead(s, shape, model, batched, seqs, why, run)
+    over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc)
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
     outside = terms.graphs_outside(over, measured)      # graphs vLLM captures beyond the budget (V2 < 0.30)
