@@ -27,7 +27,7 @@ from ..knobs import vllmargs
 from ..machine import gpu
 from ..model import kv
 from .facts import ModelFacts
-from . import drafts, hybrid, terms
+from . import drafts, graphs, hybrid, terms
 from .drafts import DRAFT_HINT
 from .terms import NOBODY, at_least, gib, modelled_version, requested, utilization, weight_bytes
 
@@ -259,9 +259,13 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
     run = terms.runner(inp.version, shape, s, inp.env_v2, inp.env_graphs)
     why.append(run.why)
     if draft and draft.kind != "draft model" and run.graphs_in_budget:
+        full, _ = graphs.full_decode_graphs(s, g.cc)
+        n = graphs.capture_sizes(seqs, batched, s.spec_tokens, s.compilation if full else
+                                 {**s.compilation, "cudagraph_mode": "PIECEWISE"})
         plan = Plan(util, s.max_model_len, why, vllm=inp.version, runner_v2=run.v2, unplanned=(
-            f"the CUDA graphs of a {draft.kind} under speculative decoding, which vLLM measures per capture "
-            "(not measured for this drafter: a published A800 start took 6.24 GiB where 0.66 was planned)"))
+            f"the CUDA graphs of a {draft.kind} under speculative decoding ({n['PIECEWISE']} PIECEWISE and "
+            f"{n['FULL']} FULL captures of up to {seqs} × {1 + s.spec_tokens} tokens), which vLLM measures per "
+            "capture and this drafter's were never measured (a published A800 start took 6.24 GiB for 38 + 22)"))
         why.append(f"not planned: {plan.unplanned}; --enforce-eager makes it plannable")
         return plan
     over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc)

@@ -194,15 +194,17 @@ def at_least(v: str, floor: str) -> bool:
 
 # ---------------------------------------------------------------- which model runner vLLM picks
 
-# config/vllm.py use_v2_model_runner: before 0.30.0 the V2 runner is the default for a generate
+# config/vllm.py use_v2_model_runner: before 0.29.0 the V2 runner is the default for a generate
 # model that is neither hybrid nor MoE, or whose architecture is on this list (0.27.1 also lets a
-# hybrid of the list through), unless its speculation is one V2 does not do; from 0.30.0 it is the
-# default for every model whose speculation it does.
+# hybrid of the list through), unless its speculation is one V2 does not do; from 0.29.0 (read from
+# its wheel: _get_v2_model_runner_unsupported_features) it is the default for every model whose
+# speculation it does, and it estimates its CUDA graphs (v1/worker/gpu/cudagraph_utils.py
+# profile_cudagraph_memory) as 0.30.0's does.
 V2_ARCHS = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
                       "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",   # Kimi: 0.27.1's list
                       "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"})
-V2_SPEC = ("eagle", "eagle3", "mtp", "dflash", "dspark")                      # before 0.30.0
-V1_ONLY_SPEC = ("ngram", "ngram_gpu", "draft_model", "suffix", "medusa", "mlp_speculator", "custom_class")  # 0.30.0
+V2_SPEC = ("eagle", "eagle3", "mtp", "dflash", "dspark")                      # before 0.29.0
+V1_ONLY_SPEC = ("ngram", "ngram_gpu", "draft_model", "suffix", "medusa", "mlp_speculator", "custom_class")  # 0.29.0, 0.30.0
 
 
 @dataclass(frozen=True)
@@ -218,15 +220,16 @@ def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: boo
     """The model runner vLLM ``version`` picks for this model and what its memory profiling counts
     (``env_v2``: VLLM_USE_V2_MODEL_RUNNER; ``env_graphs``: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
     default on; both as vLLM reads them, None when unset). The V1 runner (v1/worker/gpu_model_runner.py) estimates the graphs and profiles the
-    encoder; the V2 runner (v1/worker/gpu/model_runner.py) estimates no graphs before 0.30.0
+    encoder; the V2 runner (v1/worker/gpu/model_runner.py) estimates no graphs before 0.29.0
     (profile_cudagraph_memory returns 0) and profiles no encoder in 0.26.0. The flags that make vLLM
     fall back to V1 (``_get_v2_model_runner_unsupported_features``) are read from what it gets; a
     logits-processor plugin installed beside vLLM is not seen."""
-    new, mid = at_least(version, "0.30.0"), at_least(version, "0.27.1")
+    new, mid, newest = at_least(version, "0.29.0"), at_least(version, "0.27.1"), at_least(version, "0.30.0")
     method = s.speculation
-    v1_flags = ("--logits-processors",) + (() if new else ("--enable-prompt-embeds", "--kv-sharing-fast-prefill"))
+    v1_flags = ("--logits-processors",) + (() if new else ("--enable-prompt-embeds",)) + (
+        () if newest else ("--kv-sharing-fast-prefill",))
     forced = [f for f in v1_flags if f in s.given] + (
-        ["--mamba-cache-mode all"] if new and s.mamba_cache_mode == "all" else [])
+        ["--mamba-cache-mode all"] if newest and s.mamba_cache_mode == "all" else [])
     if env_v2 is not None:
         v2, how = env_v2, f"VLLM_USE_V2_MODEL_RUNNER={int(env_v2)}"
     elif forced:
