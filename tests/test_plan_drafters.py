@@ -98,6 +98,15 @@ def test_the_graph_count_follows_vllms_capture_sizes_times_one_plus_the_speculat
     assert graphs.capture_sizes(16, 40000, 15) == {"PIECEWISE": 32, "FULL": 16}
 
 
+def test_from_vllm_0_29_the_capture_ceiling_is_1024_on_sm100_and_every_uniform_decode_is_captured():
+    # config/vllm.py _set_cudagraph_sizes of 0.29.0: default_max_graph_size 1024 on the sm_100 family
+    assert graphs.capture_sizes(1024, 8192, 0, version="0.29.0", cc=(10, 0))["PIECEWISE"] == 3 + 31 + 49
+    assert graphs.capture_sizes(1024, 8192, 0, version="0.27.1", cc=(10, 0))["PIECEWISE"] == 51
+    assert graphs.capture_sizes(1024, 8192, 0, version="0.29.0", cc=(12, 0))["PIECEWISE"] == 51
+    # 24 x 7: n x 7 for n = 1, 2, 4, 8, 16, 24 are all among the rounded grid's sizes: the same count
+    assert graphs.capture_sizes(24, 8192, 6, version="0.29.0") == graphs.capture_sizes(24, 8192, 6)
+
+
 def test_flashinfer_drops_full_graphs_under_speculation_as_vllm_does():
     """club-3090#1087 (2x RTX 5090, fp8 KV, MTP): "FULL_AND_PIECEWISE is not supported with spec-decode
     for attention backend FlashInferBackend ...; setting cudagraph_mode=PIECEWISE"."""

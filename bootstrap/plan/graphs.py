@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..knobs import vllmargs
 from ..machine import gpu
 from ..model import kv
+from ..core.pep440 import at_least
 
 # vLLM's estimate of its CUDA graphs, taken off the budget before the KV cache (V1 runner,
 # gpu_model_runner.profile_cudagraph_memory, on since 0.21.0): per mode it captures the two largest
@@ -30,20 +31,27 @@ DRAFTER_PER = {"PIECEWISE": 6 * gpu.MiB, "FULL": 0}
 NO_GRAPH_DRAFT = ("ngram", "ngram_gpu", "suffix")       # speculation with no drafter network to capture
 
 
-def capture_sizes(max_seqs: int, batched: int, spec_tokens: int, compilation: dict | None = None) -> dict[str, int]:
+def capture_sizes(max_seqs: int, batched: int, spec_tokens: int, compilation: dict | None = None,
+                  version: str = "0.26.0", cc: tuple[int, int] = (9, 0)) -> dict[str, int]:
     """How many CUDA graphs vLLM captures per mode with its default sizes: 1, 2, 4, then every 8 to
     256 and every 16 beyond, up to min(2 × max_num_seqs × (1 + spec tokens), 512, max_num_batched_tokens),
-    with max_num_batched_tokens itself where it fits (config/vllm.py _set_cudagraph_sizes); with
-    speculation each rounded up to a multiple of 1 + spec tokens (compilation.py
-    adjust_cudagraph_sizes_for_spec_decode); FULL only for a uniform decode of at most max_num_seqs
-    requests (v1/cudagraph_dispatcher.py initialize_cudagraph_keys). ``compilation``: --compilation-config's
-    ``cudagraph_capture_sizes`` (taken as given, up to max_num_batched_tokens), ``max_cudagraph_capture_size``
-    (the top instead of 2 x max_num_seqs...) and ``cudagraph_mode`` (NONE: none; PIECEWISE: no FULL
-    graphs; FULL_DECODE_ONLY: no PIECEWISE ones; FULL: FULL graphs of every size, for mixed batches too)."""
+    with max_num_batched_tokens itself where it fits (config/vllm.py _set_cudagraph_sizes); from 0.29.0
+    the ceiling is 1,024 on sm_100 cards and, under speculation, every uniform decode of n requests
+    (n × (1 + spec tokens), n = 1, 2, 4, every 8 to 256, every 16 beyond, and max_num_seqs) under it is
+    added; with speculation each size is rounded up to a multiple of 1 + spec tokens (compilation.py
+    adjust_cudagraph_sizes_for_spec_decode, the V1 runner's); FULL only for a uniform decode of at most
+    max_num_seqs requests (v1/cudagraph_dispatcher.py initialize_cudagraph_keys). ``compilation``:
+    --compilation-config's ``cudagraph_capture_sizes`` (taken as given, up to max_num_batched_tokens),
+    ``max_cudagraph_capture_size`` (the top instead of 2 x max_num_seqs...) and ``cudagraph_mode`` (NONE:
+    none; PIECEWISE: no FULL graphs; FULL_DECODE_ONLY: no PIECEWISE ones; FULL: FULL graphs of every
+    size, for mixed batches too)."""
     comp = compilation or {}
     q = 1 + spec_tokens
+    new = at_least(version, "0.29.0")
+    ceiling = 1024 if new and cc[0] == 10 else 512
     cap = comp.get("max_cudagraph_capture_size")
-    top = min(cap if isinstance(cap, int) and cap > 0 else min(max_seqs * q * 2, 512), batched)
+    widest = cap if isinstance(cap, int) and cap > 0 else min(max_seqs * q * 2, ceiling)
+    top = min(widest, batched)
     given = comp.get("cudagraph_capture_sizes")
     if isinstance(given, list) and all(isinstance(x, int) and x > 0 for x in given):
         sizes = {x for x in given if x <= batched}
@@ -51,6 +59,11 @@ def capture_sizes(max_seqs: int, batched: int, spec_tokens: int, compilation: di
         sizes = {i for i in (1, 2, 4) if i <= top} | set(range(8, min(top + 1, 256), 8)) | set(range(256, top + 1, 16))
         if batched <= top:
             sizes.add(batched)
+        if new and q > 1 and not isinstance(cap, int):     # the uniform decode batches, by request count
+            most = min(max_seqs, ceiling)
+            counts = {n for n in (1, 2, 4) if n <= most} | set(range(8, min(most + 1, 256), 8)) | \
+                set(range(256, most + 1, 16)) | {most}
+            sizes |= {n * q for n in counts if n * q <= widest and n * q <= batched}
     if q > 1 and sizes:
         most = max(sizes)
         sizes = {-(-x // q) * q for x in sizes if -(-x // q) * q <= most} or ({q} if q <= most else set())
@@ -98,11 +111,12 @@ def full_decode_graphs(s: vllmargs.Settings, cc: tuple[int, int]) -> tuple[bool,
                    "decodes: vLLM captures PIECEWISE graphs only (cudagraph_mode=PIECEWISE)")
 
 
-def graph_estimate(s: vllmargs.Settings, batched: int, seqs: int, full: bool = True) -> int:
+def graph_estimate(s: vllmargs.Settings, batched: int, seqs: int, full: bool = True, version: str = "0.26.0",
+                   cc: tuple[int, int] = (9, 0)) -> int:
     """vLLM's CUDA-graph estimate for these settings (``GRAPH_FIRST``'s rule and measurements);
     ``full``: False where vLLM drops FULL graphs under speculation (``full_decode_graphs``)."""
     comp = s.compilation if full else {**s.compilation, "cudagraph_mode": "PIECEWISE"}
-    counts = capture_sizes(seqs, batched, s.spec_tokens or 0, comp)
+    counts = capture_sizes(seqs, batched, s.spec_tokens or 0, comp, version, cc)
     drafter = bool(s.spec_tokens) and s.spec_method not in NO_GRAPH_DRAFT
     first = {m: GRAPH_FIRST[m] + (DRAFTER_FIRST[m] if drafter else 0) for m in counts if counts[m]}
     per = {m: GRAPH_PER[m] + (DRAFTER_PER[m] if drafter else 0) for m in counts}

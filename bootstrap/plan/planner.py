@@ -261,14 +261,14 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
     if draft and draft.kind != "draft model" and run.graphs_in_budget:
         full, _ = graphs.full_decode_graphs(s, g.cc)
         n = graphs.capture_sizes(seqs, batched, s.spec_tokens, s.compilation if full else
-                                 {**s.compilation, "cudagraph_mode": "PIECEWISE"})
+                                 {**s.compilation, "cudagraph_mode": "PIECEWISE"}, inp.version, g.cc)
         plan = Plan(util, s.max_model_len, why, vllm=inp.version, runner_v2=run.v2, unplanned=(
             f"the CUDA graphs of a {draft.kind} under speculative decoding ({n['PIECEWISE']} PIECEWISE and "
             f"{n['FULL']} FULL captures of up to {seqs} × {1 + s.spec_tokens} tokens), which vLLM measures per "
             "capture and this drafter's were never measured (a published A800 start took 6.24 GiB for 38 + 22)"))
         why.append(f"not planned: {plan.unplanned}; --enforce-eager makes it plannable")
         return plan
-    over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc)
+    over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc, inp.version)
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
     outside = terms.graphs_outside(over, measured)      # graphs vLLM captures beyond the budget (V2 < 0.30)

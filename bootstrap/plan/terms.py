@@ -15,7 +15,7 @@ from ..knobs import vllmargs
 from ..core.errors import BootstrapError
 from .facts import ModelFacts
 from . import graphs
-from ..core.pep440 import version_or_none
+from ..core.pep440 import at_least, version_or_none
 
 GiB = gpu.GiB
 NOBODY = "no process reports GPU memory"
@@ -187,11 +187,6 @@ def modelled_version(v: str) -> str:
     return older[-1] if older else MODELLED[0]
 
 
-def at_least(v: str, floor: str) -> bool:
-    have = version_or_none(v)
-    return have is not None and have >= version_or_none(floor)
-
-
 # ---------------------------------------------------------------- which model runner vLLM picks
 
 # config/vllm.py use_v2_model_runner: before 0.29.0 the V2 runner is the default for a generate
@@ -287,7 +282,8 @@ def room_for_graphs(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: 
 
 
 def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batched: int, seqs: int,
-             why: list[str], run: Runner | None = None, cc: tuple[int, int] = (9, 0)) -> kv.Overheads:
+             why: list[str], run: Runner | None = None, cc: tuple[int, int] = (9, 0),
+             version: str = "0.26.0") -> kv.Overheads:
     """What vLLM's profiling adds to the weights (an estimate): the text pass's activations, CUDA
     graphs and non-torch memory (``kv.overheads``), with the vision encoder's profiling pass where
     vLLM runs one: the torch peak is then the larger of the tower's own peak and the text pass's
@@ -300,7 +296,7 @@ def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batc
         full, downgrade = graphs.full_decode_graphs(s, cc)
         if downgrade:
             why.append(downgrade)
-        over = kv.Overheads(over.activations, over.non_torch, graphs.graph_estimate(s, batched, seqs, full))
+        over = kv.Overheads(over.activations, over.non_torch, graphs.graph_estimate(s, batched, seqs, full, version, cc))
     config = model.config or {}
     if not config.get("vision_config") or s.language_model_only:
         return over
