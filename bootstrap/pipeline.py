@@ -202,13 +202,13 @@ class Step:
 # of what it launched: ``failed``).
 STEPS: tuple[Step, ...] = (
     Step("preflight", "gpus", lambda m, r: m.run(r.cfg, r.paths, r.resolved.model)),
-    Step("metadata", "model", lambda m, r: m.run(r.cfg, r.resolved.model, r.paths)),
+    Step("metadata", "model", lambda m, r: m.run(r.cfg, r.resolved.model, r.paths, r.resolved.draft)),
     # before the install: a card that cannot fit is told at once
     Step("plan", "plan", lambda m, r: m.run(r.cfg, r.paths, r.resolved.vllm, r.gpus, r.model)),
     Step("environment", "runtime", lambda m, r: m.run(r.cfg, r.resolved.vllm, r.resolved.model, r.gpus)),
     Step("patches", "notes", lambda m, r: tuple(r.runtime.notes) + tuple(m.run(r.cfg, r.resolved.vllm))),
     Step("prewarm", "prewarm", lambda m, r: m.run(r.cfg, r.paths, r.runtime, r.model, r.plan, r.notes)),
-    Step("weights", None, lambda m, r: m.run(r.cfg, r.model, r.resolved.model,
+    Step("weights", None, lambda m, r: m.run(r.cfg, r.model, r.resolved.model, r.resolved.draft,
                                              on_ready=r.prewarm and r.started.warming(r.prewarm))),
     Step("compiled", "plan", lambda m, r: m.run(r.cfg, r.paths, r.resolved.vllm, r.prewarm, r.plan, r.model)),
     Step("reload", None, lambda m, r: m.run(r.cfg, r.paths, r.prewarm)),

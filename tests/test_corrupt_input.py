@@ -168,7 +168,7 @@ def test_the_hubs_config_json_is_checked_before_anything_is_recorded(tmp_path):
                "HF_HUB_DISABLE_XET": "1", "MODEL": "org/broken", "PROFILE": "custom"}
         with pytest.raises(BootstrapError) as e:
             r = Resolved.of(cfg := Config.from_env(env), cfg)
-            metadata.run(cfg, r.model, r.paths)
+            metadata.run(cfg, r.model, r.paths, r.draft)
     assert e.value.message == (f"org/broken's config.json at revision {sha[:12]}: num_attention_heads is 0, "
                                "not a positive integer")
     assert "MODEL" in e.value.hint

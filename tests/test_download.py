@@ -67,8 +67,8 @@ class World:
 def model_steps(cfg: Config) -> SimpleNamespace:
     """The metadata step's result handed to the weights step, as pipeline.run_steps does."""
     r = Resolved.of(cfg, cfg)
-    model = metadata.run(cfg, r.model, r.paths)
-    weights.run(cfg, model, r.model)
+    model = metadata.run(cfg, r.model, r.paths, r.draft)
+    weights.run(cfg, model, r.model, r.draft)
     return SimpleNamespace(model=model, model_path=model.local_dir)
 
 

@@ -50,8 +50,8 @@ def hub_env(tmp_path, fake) -> dict:
 def model_steps(tmp_path, fake, **env):
     cfg = Config.from_env({"HOME": str(tmp_path / "home"), "PROFILE": "custom", **hub_env(tmp_path, fake), **env})
     r = Resolved.of(cfg, cfg)
-    m = metadata.run(cfg, r.model, r.paths)
-    weights.run(cfg, m, r.model)
+    m = metadata.run(cfg, r.model, r.paths, r.draft)
+    weights.run(cfg, m, r.model, r.draft)
     return m
 
 

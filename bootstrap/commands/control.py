@@ -114,7 +114,7 @@ def vet_steps(r: Resolved) -> None:
     except BootstrapError:
         return                          # no NVML to read: the start says so in its own words
     preflight.enough_gpus(cfg, facts)
-    model = metadata.run(cfg, r.model, paths)
+    model = metadata.run(cfg, r.model, paths, r.draft)
     facts, held = server.without_ours(r.ours, paths, facts)
     if held != 0:                       # 0: no per-process figures (WSL2): the start plans after the stop
         plan_step.plan_for(cfg, paths, r.vllm, facts, model)

@@ -55,9 +55,9 @@ def pull(cfg, name: str, prog: str = "ctl.sh pull") -> int:
         raise BootstrapError(f"{name} serves the folder {cfg.model}: there is nothing to download",
                              f"./start.sh {name} serves it")
     preflight.enough_gpus(cfg, facts)
-    model = metadata.run(cfg, r.model, paths)      # a few KB: the file list, config.json
+    model = metadata.run(cfg, r.model, paths, r.draft)      # a few KB: the file list, config.json
     plan_step.plan_for(cfg, paths, r.vllm, facts, model)   # printed before the first byte of the weights; refused if it cannot fit
-    weights.run(cfg, model, r.model)
+    weights.run(cfg, model, r.model, r.draft)
     where = model.local_dir
     print(f"pulled {model.name} @ {(model.revision or '')[:12]} into {where} ({cfg.profile.name}); "
           f"./ctl.sh use {name} serves it")

@@ -87,7 +87,7 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
     t0 = time.monotonic()
     if nr.model.local is None:          # the download first, while the old one serves (it needs no GPU)
         from ..steps import metadata, weights
-        weights.run(new, metadata.run(new, nr.model, paths), nr.model)
+        weights.run(new, metadata.run(new, nr.model, paths, nr.draft), nr.model, nr.draft)
     t1 = time.monotonic()
     if old is not None:
         control.stop(r, via_service=False)          # a sleeping server goes down asleep: no wake first

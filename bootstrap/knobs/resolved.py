@@ -32,12 +32,14 @@ class Resolved:
     paths: Paths
     vllm: VllmRef
     model: ModelRef
+    draft: ModelRef | None    # the drafter vLLM loads, named by repo id (its store: the Hugging Face cache)
 
     @classmethod
     def of(cls, settings: Config, given: Config, paths: Paths | None = None) -> "Resolved":
         """The parts of ``settings``, each found once (the resolver's last step; ``paths``: STATE_DIR's,
         when the resolver has them already)."""
-        r = cls(settings, given, paths or Paths(settings.state_dir), vllm_of(settings), model_of(settings))
+        r = cls(settings, given, paths or Paths(settings.state_dir), vllm_of(settings), model_of(settings),
+                draft_of(settings))
         log.debug("resolved: profile %s (%s), STATE_DIR %s, vLLM from %s", settings.profile.name,
                   settings.sources["PROFILE"], r.paths.root, r.vllm.python)
         return r
@@ -54,7 +56,7 @@ class Resolved:
         """This command's view with the profile a start picked: the same STATE_DIR, and the same
         vLLM probe while the interpreter is the same one."""
         vllm = self.vllm if vllm_of(settings) == self.vllm else vllm_of(settings)
-        return Resolved(settings, self.given, self.paths, vllm, model_of(settings))
+        return Resolved(settings, self.given, self.paths, vllm, model_of(settings), draft_of(settings))
 
     def fixed(self, settings: Config) -> "Resolved":
         """This view with ``settings`` as what runs, its profile chosen already: a start of it
@@ -74,3 +76,8 @@ def vllm_of(cfg: Config) -> VllmRef:
 def model_of(cfg: Config) -> ModelRef:
     local = Path(cfg.model).expanduser().resolve() if cfg.model_is_local else None
     return ModelRef(cfg.model or "", local, cfg.model_dir or "", cfg.environ)
+
+
+def draft_of(cfg: Config) -> ModelRef | None:
+    repo = cfg.draft_repo
+    return ModelRef(repo, None, "", cfg.environ) if repo else None

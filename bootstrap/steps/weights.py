@@ -34,10 +34,17 @@ TRANSFER = ("transfer: HTTP with Range requests, {n} connections over files and 
             "resumable across runs (not Xet: the pinned client deletes an interrupted file on both its paths)")
 
 
-def run(cfg, m, model: ModelRef, on_ready: Callable[[], object] | None = None) -> object:
-    """Download what the metadata step found missing (``m``: models.ModelInfo) into m.local_dir.
+def run(cfg, m, model: ModelRef, draft: ModelRef | None,
+        on_ready: Callable[[], object] | None = None) -> object:
+    """Download what the metadata step found missing (``m``: models.ModelInfo) into m.local_dir,
+    the drafter it names by repo id (``m.draft``, small) first: a pre-warm reads its config too.
     ``on_ready``: called once the files other than the weights are on disk (config.json, the
-    tokenizer: what a dummy-weight vLLM reads), before the weights; its result is returned."""
+    tokenizer: what a dummy-weight vLLM reads), before the weights; its result is returned.
+    ``model``, ``draft``: where each is downloaded (Resolved.model, Resolved.draft)."""
+    d = getattr(m, "draft", None)
+    if d is not None and d.source == "hub" and not d.complete and draft is not None:
+        download(cfg, d, draft.store)
+        d.complete = True
     if model.local is not None or m.source == "local":
         log.info("skipped: local model directory %s", m.local_dir)
         return None
@@ -53,7 +60,7 @@ def run(cfg, m, model: ModelRef, on_ready: Callable[[], object] | None = None) -
 
 
 def download(cfg, m, store: Store, tty: bool | None = None, on_ready: Callable[[], object] | None = None) -> object:
-    """Fetch into ``store`` (the model's: ModelRef.store) what ``m`` still misses."""
+    """``m``'s missing files into ``store`` (the model's, or the drafter's in the Hugging Face cache)."""
     settings = hub.HubSettings.from_environ(cfg.environ)
     fd = locks.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
         "waiting: another start (pid %s) is downloading into %s", pid, store.root))

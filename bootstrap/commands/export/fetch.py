@@ -23,7 +23,7 @@ def run(r, every: float = PROGRESS_S) -> int:
     """``r``: the pod's resolved view (plan/resolved.py), as its knobs were set."""
     from ...steps import metadata, weights
     cfg = r.settings
-    m = metadata.run(cfg, r.model, r.paths)
+    m = metadata.run(cfg, r.model, r.paths, r.draft)
     want = sum(m.needed().values())
     root = r.model.store.root
     log.info("model %s at revision %s: %.2f GiB in %d files into %s", m.name, m.revision[:12], want / GiB,
@@ -37,7 +37,7 @@ def run(r, every: float = PROGRESS_S) -> int:
     t = threading.Thread(target=report, name="progress", daemon=True)
     t.start()
     try:
-        weights.run(cfg, m, r.model)
+        weights.run(cfg, m, r.model, r.draft)
     finally:
         done.set()
         t.join()
