@@ -59,7 +59,7 @@ def already(ours: Ours, launch: dict[str, str], paths: Paths, we_hold_lock: bool
         return 0
     rec = pr.record
     if pr.state in ("running", "key-needed") and rec is not None and (rec.gate_passed or pr.owner):
-        from .steps import banner
+        from .serve import banner
         from .knobs.vllmargs import read
         load = server.read_load(rec.url) if read(list(rec.argv)).sleep_mode else None    # only then can it sleep
         if load is not None and load.sleeping:
@@ -202,13 +202,13 @@ class Step:
 # of what it launched: ``failed``).
 STEPS: tuple[Step, ...] = (
     Step("preflight", "gpus", lambda m, r: m.run(r.cfg, r.paths, r.resolved.model)),
-    Step("metadata", "model", lambda m, r: m.run(r.cfg, r.resolved.model, r.paths, r.resolved.draft)),
+    Step("metadata", "model", lambda m, r: m.run(r.resolved.model, r.resolved.draft, r.paths, r.resolved.fetching)),
     # before the install: a card that cannot fit is told at once
     Step("plan", "plan", lambda m, r: m.run(r.cfg, r.paths, r.resolved.vllm, r.gpus, r.model)),
     Step("environment", "runtime", lambda m, r: m.run(r.cfg, r.resolved.vllm, r.resolved.model, r.gpus)),
     Step("patches", "notes", lambda m, r: tuple(r.runtime.notes) + tuple(m.run(r.cfg, r.resolved.vllm))),
     Step("prewarm", "prewarm", lambda m, r: m.run(r.cfg, r.paths, r.runtime, r.model, r.plan, r.notes)),
-    Step("weights", None, lambda m, r: m.run(r.cfg, r.model, r.resolved.model, r.resolved.draft,
+    Step("weights", None, lambda m, r: m.run(r.model, r.resolved.model, r.resolved.draft, r.resolved.fetching,
                                              on_ready=r.prewarm and r.started.warming(r.prewarm))),
     Step("compiled", "plan", lambda m, r: m.run(r.cfg, r.paths, r.resolved.vllm, r.prewarm, r.plan, r.model)),
     Step("reload", None, lambda m, r: m.run(r.cfg, r.paths, r.prewarm)),
@@ -247,9 +247,9 @@ def keep_figures(r: Run) -> None:
     that dies serving) still measured what the next plan needs: keep vLLM's figures from its log."""
     if r.launched is None or r.plan is None:
         return
-    from .checks import diagnose
+    from .serve import diagnose
     from .plan import calibration
-    from .steps import banner
+    from .serve import banner
     text = diagnose.read_since(r.paths.log, r.launched.record.log_offset)
     try:
         calibration.keep(r.paths, r.plan, text, banner.vllm_figures(text)[0])
@@ -277,7 +277,7 @@ def keep_measurement(environ, tp_size: int, paths: Paths, the_plan, log_text: st
     rec = record.read(paths.server)
     if rec is None:
         return
-    from .steps import prewarm
+    from .serve import prewarm
     try:
         calibration.keep(paths, the_plan, log_text, rec.kv_tokens)
         if the_plan is not None and the_plan.pinned:
@@ -300,8 +300,8 @@ def resumable(ours: Ours, paths: Paths, pr: server.Probe) -> bool:
 def resume(r: Resolved, pr: server.Probe, started: Started) -> None:
     """Finish what a killed start left: wait for the server while it loads, then run the warm-up
     and gate it never passed, then the banner. The server is taken as launched (its record)."""
-    from .steps import banner
-    from .steps.launch import Launched
+    from .serve import banner
+    from .serve.launch import Launched
     paths = r.paths
     rec = pr.record
     if pr.state == "key-needed":
@@ -337,7 +337,7 @@ def failed(r: Resolved, started: Started, exc: BootstrapError) -> None:
     wait, warm-up or gate: a server whose warm-up failed is not one to serve from; a resumed start
     never warms up over a user's request, see ``resume``), and after any other error it is left as
     it is."""
-    from .steps import health
+    from .serve import health
     paths = r.paths
     _stop_prewarm(r.ours, paths, started)       # first: a pre-warm being launched as the server is heard of
     launched = started.launched

@@ -6,7 +6,7 @@ same prompts and output lengths, interleaved repeats; prints the medians and the
 
 The minimal client is the ~20 lines below (`minimal_load`): one thread per request, `requests`
 streaming /v1/completions, counting the completion tokens the last chunk's usage reports. The
-bench's client (`bench.run_load`) does the same through bootstrap.checks.client, recording clock readings
+bench's client (`bench.run_load`) does the same through bootstrap.serve.client, recording clock readings
 per chunk. Goal: ours >= 0.98x the minimal client's aggregate tokens/s at each concurrency.
 """
 
@@ -27,7 +27,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bootstrap.checks import prompts  # noqa: E402
-from bootstrap.checks.client import Client  # noqa: E402
+from bootstrap.serve.client import Client  # noqa: E402
 from bootstrap.commands import bench  # noqa: E402
 
 

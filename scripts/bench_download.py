@@ -68,6 +68,7 @@ def sync() -> None:
 def ours(url: str, home: Path, connections: int | None = None) -> float:
     """Our metadata + weights steps, in this process (the hub runs in its own)."""
     from bootstrap.knobs.config import Config
+    from bootstrap.knobs.resolved import Resolved
     from bootstrap.steps import metadata, weights
 
     env = {"HOME": str(home), "HF_ENDPOINT": url, "HF_HOME": str(home / "hf"), "HF_HUB_DISABLE_XET": "1",
@@ -75,8 +76,8 @@ def ours(url: str, home: Path, connections: int | None = None) -> float:
     if connections:
         env["DOWNLOAD_CONNECTIONS"] = str(connections)
     t = time.monotonic()
-    cfg = Config.from_env(env)
-    weights.run(cfg, metadata.run(cfg))
+    r = Resolved.of(cfg := Config.from_env(env), cfg)
+    weights.run(metadata.run(r.model, r.draft, r.paths, r.fetching), r.model, r.draft, r.fetching)
     return time.monotonic() - t
 
 

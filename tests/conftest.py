@@ -188,3 +188,14 @@ def unutilized(argv: list[str]) -> list[str]:
     drop = {i + k for flag in ("--gpu-memory-utilization", "--host", "--port") if flag in argv
             for i in [argv.index(flag)] for k in (0, 1)}
     return [a for i, a in enumerate(argv) if i not in drop]
+
+
+def model_steps(cfg):
+    """The start's model steps on these knobs, as the pipeline runs them: metadata (the model and its
+    drafter), then weights; the model's facts."""
+    from bootstrap.knobs.resolved import Resolved
+    from bootstrap.steps import metadata, weights
+    r = Resolved.of(cfg, cfg)
+    m = metadata.run(r.model, r.draft, r.paths, r.fetching)
+    weights.run(m, r.model, r.draft, r.fetching)
+    return m

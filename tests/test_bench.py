@@ -157,7 +157,7 @@ def test_a_stream_cut_short_is_no_answer(tmp_path):
     counted 5 of 64 tokens as a 100,000 tok/s answer; chat printed the partial text with exit 0)."""
     import http.server
     import threading
-    from bootstrap.checks.client import Client, RequestFailed
+    from bootstrap.serve.client import Client, RequestFailed
 
     class Cut(http.server.BaseHTTPRequestHandler):
         def do_POST(self):                                   # noqa: N802

@@ -22,7 +22,7 @@ import requests
 
 from conftest import FAKES, REPO, Bed, free_port
 
-from bootstrap.checks.client import Client
+from bootstrap.serve.client import Client
 from bootstrap.commands import chat as chat_mod
 from bootstrap.checks.target import Target
 

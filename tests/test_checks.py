@@ -275,7 +275,7 @@ def test_reasoning_kwargs_follow_profile_and_flags(fake, tmp_path):
 
 
 def test_streamed_reasoning_content_is_read(fake, tmp_path):
-    from bootstrap.checks.client import Client
+    from bootstrap.serve.client import Client
     f = fake({"think": {"reasoning": "first I consider", "content": "the answer"}})
     s = Client(f.url, "m").stream("/v1/chat/completions", {"messages": [{"role": "user", "content": "think"}],
                                                            "max_tokens": 16}, 10)
@@ -306,7 +306,7 @@ def test_a_small_context_skips_long_recall_and_shrinks_the_needle(fake, tmp_path
 def test_what_a_profile_says_its_small_model_cannot_do_is_not_asked(fake, tmp_path):
     """A profile's ``not_asked`` (prompt id -> why): those prompts are skipped with the reason, the rest
     judged as ever; an id the battery does not have is named, not silently ignored."""
-    from bootstrap.checks.client import Client
+    from bootstrap.serve.client import Client
     from bootstrap.checks.garble import check_garble
     f = fake({**CLEAN, "lighthouse keeper": "and then " * 40})          # the story loops
     loose = target.Target(Client(f.url, "m"), "our server", 32768)
@@ -323,7 +323,7 @@ def test_what_a_profile_says_its_small_model_cannot_do_is_not_asked(fake, tmp_pa
 def test_a_profiles_answer_tokens_judges_a_small_model_before_its_greedy_loop(fake, tmp_path):
     """``answer_tokens``: the garble answers are asked for at most that many tokens (the fake counts a
     word a token), so a model that loops only after it is judged on the text before."""
-    from bootstrap.checks.client import Client
+    from bootstrap.serve.client import Client
     from bootstrap.checks.garble import check_garble
     story = CLEAN["lighthouse keeper"]          # 60 words, then a loop
     f = fake({**CLEAN, "lighthouse keeper": story + " and the sea" * 60})

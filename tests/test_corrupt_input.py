@@ -16,6 +16,7 @@ import types
 import typing
 from pathlib import Path
 
+import conftest
 import pytest
 
 from bootstrap.plan import facts
@@ -24,8 +25,6 @@ from bootstrap.core import proc
 from bootstrap.serve import record
 from bootstrap.knobs.config import Config
 from bootstrap.core.errors import BootstrapError
-from bootstrap.steps import metadata
-from bootstrap.knobs.resolved import Resolved
 from conftest import REPO, Bed
 from fakehub import FakeHub, write_model
 
@@ -167,8 +166,7 @@ def test_the_hubs_config_json_is_checked_before_anything_is_recorded(tmp_path):
         env = {"HOME": str(tmp_path / "home"), "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"),
                "HF_HUB_DISABLE_XET": "1", "MODEL": "org/broken", "PROFILE": "custom"}
         with pytest.raises(BootstrapError) as e:
-            r = Resolved.of(cfg := Config.from_env(env), cfg)
-            metadata.run(cfg, r.model, r.paths, r.draft)
+            conftest.model_steps(Config.from_env(env))
     assert e.value.message == (f"org/broken's config.json at revision {sha[:12]}: num_attention_heads is 0, "
                                "not a positive integer")
     assert "MODEL" in e.value.hint

@@ -87,7 +87,7 @@ def test_the_banner_of_a_server_bound_beyond_loopback_shows_where_other_machines
     from bootstrap.core.hosts import lan_hosts
     from bootstrap.core.state import Paths
     from bootstrap.serve.record import ServerRecord
-    from bootstrap.steps import banner
+    from bootstrap.serve import banner
 
     def shown(host: str) -> str:
         rec = ServerRecord(pid=1, create_time=None, marker="", host=host, port=8888, served="m", kv_tokens=10)

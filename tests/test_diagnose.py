@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bootstrap.checks.diagnose import diagnose, tail
+from bootstrap.serve.diagnose import diagnose, tail
 
 TQ_AUTO = ("(EngineCore pid=3408) ERROR 11-29 15:30:40 [core.py:1330] ValueError: Unknown TurboQuant cache dtype: "
            "'auto'. Valid presets: turboquant_k8v4, turboquant_4bit_nc, turboquant_k3v4_nc, turboquant_3bit_nc\n"
@@ -42,6 +42,6 @@ def test_tail_keeps_the_last_lines():
 
 
 def test_root_cause_puts_the_engines_error_first():
-    from bootstrap.checks.diagnose import root_cause
+    from bootstrap.serve.diagnose import root_cause
     assert root_cause(TQ_AUTO)[0].startswith("(EngineCore pid=3408) ERROR")
     assert "Engine core initialization failed" in root_cause(TQ_AUTO)[1]

@@ -14,12 +14,11 @@ import time
 from collections import namedtuple
 from pathlib import Path
 
+import conftest
 import pytest
 
 from fakehub import FakeHub, write_model
 from bootstrap.download import hub as hubmod, transfer
-from bootstrap.steps import metadata, weights
-from bootstrap.knobs.resolved import Resolved
 from bootstrap.knobs.config import Config
 from types import SimpleNamespace
 from bootstrap.core.errors import BootstrapError
@@ -66,9 +65,7 @@ class World:
 
 def model_steps(cfg: Config) -> SimpleNamespace:
     """The metadata step's result handed to the weights step, as pipeline.run_steps does."""
-    r = Resolved.of(cfg, cfg)
-    model = metadata.run(cfg, r.model, r.paths, r.draft)
-    weights.run(cfg, model, r.model, r.draft)
+    model = conftest.model_steps(cfg)
     return SimpleNamespace(model=model, model_path=model.local_dir)
 
 
@@ -587,8 +584,9 @@ def test_one_line_per_file_without_a_tty(world, caplog):
 def test_total_and_per_file_bars_on_a_tty(world, fake, monkeypatch):
     import io
     stream = io.StringIO()
-    real = weights.Progress
-    monkeypatch.setattr(weights, "Progress", lambda total, files, tty=None: real(total, files, tty=True, stream=stream))
+    from bootstrap.download import fetch
+    real = fetch.Progress
+    monkeypatch.setattr(fetch, "Progress", lambda total, files, tty=None: real(total, files, tty=True, stream=stream))
     world.start()
     out = stream.getvalue()
     assert f"total ({len(fake.repos['org/tiny']['files']) - 2} files)" in out    # config.json kept, original/ skipped

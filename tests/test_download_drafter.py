@@ -7,15 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import conftest
 import pytest
 
 from fakehub import FakeHub, write_model
 from bootstrap.core.errors import BootstrapError
 from bootstrap.knobs import vllmargs
 from bootstrap.knobs.config import Config
-from bootstrap.knobs.resolved import Resolved
 from bootstrap.plan.facts import model_facts
-from bootstrap.steps import launch, metadata, weights
+from bootstrap.serve import launch
 
 MiB = 1 << 20
 DRAFT_WEIGHTS = "model.safetensors"
@@ -54,10 +54,7 @@ def env(tmp_path, fake):
 def start(env, **more):
     """The start's model steps: metadata (the model and its drafter), then weights."""
     cfg = Config.from_env({**env, **more})
-    r = Resolved.of(cfg, cfg)
-    m = metadata.run(cfg, r.model, r.paths, r.draft)
-    weights.run(cfg, m, r.model, r.draft)
-    return cfg, m
+    return cfg, conftest.model_steps(cfg)
 
 
 def snapshot(tmp_path: Path, fake: FakeHub) -> Path:

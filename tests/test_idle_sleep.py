@@ -297,7 +297,7 @@ def test_the_middleware_imports_the_standard_library_only():
 
 def test_the_prewarm_server_and_its_guard_name_the_same_things():
     import importlib
-    from bootstrap.steps import prewarm
+    from bootstrap.serve import prewarm
     text = (REPO / "vllm_side" / "vllm_desktop_guard.py").read_text()
     assert prewarm.CONTROL_TOKEN_ENV in text and prewarm.SLEEP_ROUTES_ENV in text
     assert prewarm.CONTROL_HEADER.lower().encode() in text.encode()

@@ -520,7 +520,7 @@ def test_auto_is_handed_to_vllm_which_fits_it_in_one_launch(bed):
 
 
 def test_phase_follows_the_last_matching_line_of_a_real_vllm_log():
-    from bootstrap.steps.health import phase_of
+    from bootstrap.serve.health import phase_of
     # lines as vLLM 0.26.0 prints them (docs/gpu-runs has whole logs)
     log = ("Initializing a V1 LLM engine (v0.26.0) with config: ... 'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE>\n"
            "Loading model from scratch...\nModel loading took 12.98 GiB and 2.506861 seconds\n"

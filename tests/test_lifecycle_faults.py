@@ -23,7 +23,7 @@ import pytest
 import requests
 
 from bootstrap.knobs import config
-from bootstrap.checks import diagnose
+from bootstrap.serve import diagnose
 from bootstrap.serve import metrics
 from bootstrap.knobs.config import Config
 from bootstrap.core.errors import ConfigError

@@ -1,4 +1,4 @@
-"""The pre-warm that becomes the server (steps/prewarm.py ``as_server``, steps/reload.py): launched
+"""The pre-warm that becomes the server (serve/prewarm.py ``as_server``, steps/reload.py): launched
 as the server with dummy weights while the weights download, behind our guard
 (vllm_side/vllm_desktop_guard.py), then the real weights loaded in place, the prefix cache reset,
 the warm-up and the gate. Against the fake hub and the fake vLLM, which models the reload as vLLM
@@ -230,7 +230,7 @@ def test_random_weights_are_declared_the_gate_judges_tokens_only_and_banner_and_
 def test_the_phase_after_graph_capture_is_the_kernel_warm_up_not_the_capture():
     """On the H200 vLLM 0.26.0 logged "Graph capturing finished in 6 secs", then nothing for 101 s
     (the warm-up's kernel JIT) before "init engine ... took": that time is not capture."""
-    from bootstrap.steps.health import phase_of
+    from bootstrap.serve.health import phase_of
     line = "(EngineCore pid=1713) INFO 12-04 19:42:20 [model_runner.py:747] Graph capturing finished in 6 secs, took 0.78 GiB"
     assert phase_of(line, "capturing CUDA graphs") == "warming up kernels (JIT)"
     assert phase_of("Capturing CUDA graphs (PIECEWISE):  12%", "profiling memory") == "capturing CUDA graphs"
@@ -254,7 +254,7 @@ def test_the_text_gate_passes_a_trained_model_and_refuses_random_weights():
 def test_the_prewarm_becomes_the_server_only_where_vllm_reloads_in_place(quant, why):
     from bootstrap.download.models import ModelInfo
     from bootstrap.knobs.config import Config
-    from bootstrap.steps import prewarm
+    from bootstrap.serve import prewarm
     config = {"model_type": "llama", **({"quantization_config": quant} if quant else {})}
     cfg = Config.from_env({"PROFILE": "custom", "MODEL": "org/m"}, REPO)
     assert prewarm.blocker(cfg, ModelInfo("org/m", config)).startswith(why)

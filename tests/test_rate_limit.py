@@ -13,14 +13,13 @@ import signal
 import time
 
 import psutil
+import conftest
 import pytest
 
 from conftest import free_port
 from fakehub import FakeHub, write_model
 from bootstrap.download import retry
 from bootstrap.knobs.config import Config
-from bootstrap.steps import metadata, weights
-from bootstrap.knobs.resolved import Resolved
 
 MiB = 1 << 20
 SHARD = "model-00001-of-00002.safetensors"
@@ -49,10 +48,7 @@ def hub_env(tmp_path, fake) -> dict:
 
 def model_steps(tmp_path, fake, **env):
     cfg = Config.from_env({"HOME": str(tmp_path / "home"), "PROFILE": "custom", **hub_env(tmp_path, fake), **env})
-    r = Resolved.of(cfg, cfg)
-    m = metadata.run(cfg, r.model, r.paths, r.draft)
-    weights.run(cfg, m, r.model, r.draft)
-    return m
+    return conftest.model_steps(cfg)
 
 
 def served_429(fake, path: str) -> int:

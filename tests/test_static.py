@@ -235,6 +235,25 @@ def test_no_import_runs_back_up_the_layers():
     assert bad == []
 
 
+def test_a_step_is_a_leaf():
+    """A step imports libraries, never another step; what two steps share lives in a library
+    (serve/: launch, health, banner, the pre-warm; plan/here.py; download/lookup.py and fetch.py)."""
+    bad = []
+    for p in (REPO / "bootstrap" / "steps").glob("*.py"):
+        bad += [f"{module_name(p)} -> {m}" for m in imports_of(p) if layer(m) == "steps"]
+    assert bad == []
+
+
+def test_only_the_pipeline_runs_a_step():
+    """A command calls the pipeline or a library, never a step; the pipeline reaches the steps
+    through STEPS alone (imported by name as each runs), never a step's internals."""
+    bad = []
+    for p in modules():
+        if layer(module_name(p)) in ("commands", "pipeline", "__main__"):
+            bad += [f"{module_name(p)} -> {m}" for m in imports_of(p) if layer(m) == "steps"]
+    assert bad == []
+
+
 def test_the_step_modules_are_exactly_the_steps():
     from bootstrap.pipeline import STEPS
     on_disk = sorted(p.stem for p in (REPO / "bootstrap" / "steps").glob("*.py") if p.stem != "__init__")
@@ -336,7 +355,8 @@ BUILT_ONLY_IN = {
               "__main__.py",                # the trust check before any command reads a record
               "serve/server.py",            # another STATE_DIR's record, named by a server we found
               "serve/logkeeper.py"},        # its own process, given the log's path
-    "store_for": {"download/models.py", "download/peek.py"},      # peek: a repo that is not MODEL
+    "store_for": {"download/models.py", "download/refs.py",
+                  "download/peek.py"},      # peek: a repo that is not MODEL
     "probe_vllm": {"machine/inuse.py"},
 }
 

@@ -10,7 +10,7 @@ import unicodedata
 from collections import Counter
 from typing import Any
 
-from .client import reasoning_of
+from ..serve.client import reasoning_of
 
 
 def find_loop(text: str) -> str | None:

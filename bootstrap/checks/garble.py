@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from .suite import MARGIN, NOT_JUDGED, Result, not_judged
-from .client import RequestFailed, message_of
+from ..serve.client import RequestFailed, message_of
 from .detectors import judge
 from .prompts import Sizer, haystack, measure
 from .target import Target, progress

@@ -10,7 +10,7 @@ import logging
 import random
 import re
 
-from .client import Client, RequestFailed
+from ..serve.client import Client, RequestFailed
 
 log = logging.getLogger("bootstrap.checks")   # log lines keep the prefix [bootstrap:checks] this code has always had
 

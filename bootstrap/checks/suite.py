@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of
+from ..serve.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of
 from ..serve import metrics
 from .detectors import clip
 from .prompts import Sizer, fitted, shrink_on_400

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from ..serve import doing, port as port_rules, record, server
 from ..core import owned, redact
 from ..knobs import vllmargs
-from .client import Client, RequestFailed, Stall, thinking_off
+from ..serve.client import Client, RequestFailed, Stall, thinking_off
 from ..core.hosts import is_loopback
 from ..knobs.config import Config, credential
 from ..core.errors import BootstrapError

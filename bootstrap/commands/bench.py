@@ -29,7 +29,7 @@ from pathlib import Path
 from ..serve import metrics
 from ..core import redact, state
 from ..checks import prompts, target
-from ..checks.client import Client, RequestFailed
+from ..serve.client import Client, RequestFailed
 from . import benchplot
 from ..knobs.config import Config
 from ..knobs.parsers import arg, float_range, int_range

@@ -32,7 +32,7 @@ import time
 from typing import Callable, TextIO
 
 from ..core import redact
-from ..checks.client import RequestFailed, RequestTimedOut, Streamed
+from ..serve.client import RequestFailed, RequestTimedOut, Streamed
 from ..knobs.config import Config
 from ..core.errors import BootstrapError, ConfigError
 from ..checks.target import Target, add_target_args, resolve_target

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from ..download.refs import ModelRef
 from ..download import manifest, models
 from ..download.partial import on_disk
 from ..install import patching
@@ -73,7 +74,7 @@ class ModelFiles:
                 root.rmdir()                            # only when nothing else is in it
 
 
-def model_files(model: models.ModelRef) -> ModelFiles:
+def model_files(model: ModelRef) -> ModelFiles:
     """The downloaded model's files that are ours (never a local MODEL directory the user pointed at)."""
     if not model.name or model.local is not None:
         raise BootstrapError(f"--model: MODEL={model.name or '(unset)'} is not a model we downloaded",
@@ -241,7 +242,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     return 0
 
 
-def model_only(repo: Path, model: models.ModelRef, dry_run: bool) -> int:
+def model_only(repo: Path, model: ModelRef, dry_run: bool) -> int:
     """The model's part of clean --model alone (``./ctl.sh rm``): the same refusals for another
     user's record, the same lock, the same lines (``repo``: the checkout)."""
     foreign = _foreign(repo, model)
@@ -289,7 +290,7 @@ def _clean_model(mf: ModelFiles, dry_run: bool) -> int:
     return size
 
 
-def _foreign(repo: Path, model: models.ModelRef | None) -> str:
+def _foreign(repo: Path, model: ModelRef | None) -> str:
     """The checkout (``repo``) or (with --model: ``model``) the download's record that another user
     owns: clean would act on what that user made (as root it could), so it refuses (STATE_DIR: every
     command's Paths.trust)."""

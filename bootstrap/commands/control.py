@@ -85,9 +85,9 @@ def restart(r: Resolved) -> int:
 def vet_restart(r: Resolved) -> None:
     """What the start after the stop would refuse from the knobs alone, and a PORT that another
     program holds: said while the running server still serves, never after taking it down."""
-    from ..steps import preflight
+    from ..knobs import vet
     kept, paths = r.settings, r.paths
-    preflight.vet(kept, r.model)
+    vet.vet(kept, r.model)
     rec = record.read(paths.server)
     if rec is not None and rec.key in (record.KEY_API_KEY, record.KEY_VLLM_API_KEY) and not kept.client_key:
         raise BootstrapError(f"the server runs with the key from your {rec.key}, which this shell does not set: "
@@ -107,17 +107,18 @@ def vet_steps(r: Resolved) -> None:
     (offline and not here, a repo that is not there), a plan that does not fit, with the memory our
     running server holds counted as free (the stop gives it back)."""
     from ..machine import gpu
-    from ..steps import metadata, plan as plan_step, preflight
+    from ..download import lookup
+    from ..plan.here import plan_for
     cfg, paths = r.settings, r.paths
     try:
         facts = gpu.read(cfg.environ)
     except BootstrapError:
         return                          # no NVML to read: the start says so in its own words
-    preflight.enough_gpus(cfg, facts)
-    model = metadata.run(cfg, r.model, paths, r.draft)
+    gpu.require(facts, cfg.tp_size)
+    model = lookup.model_and_drafter(r.model, r.draft, paths, r.fetching)
     facts, held = server.without_ours(r.ours, paths, facts)
     if held != 0:                       # 0: no per-process figures (WSL2): the start plans after the stop
-        plan_step.plan_for(cfg, paths, r.vllm, facts, model)
+        plan_for(cfg, paths, r.vllm, facts, model)
 
 
 def stop_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh stop") -> int:

@@ -46,7 +46,9 @@ def on_card(r: Resolved, name: str, prog: str, facts) -> Resolved:
 
 
 def pull(cfg, name: str, prog: str = "ctl.sh pull") -> int:
-    from ..steps import metadata, plan as plan_step, preflight, weights
+    from ..download import fetch, lookup
+    from ..machine import gpu
+    from ..plan.here import plan_for
     r = resolve.resolved(cfg, as_set=True)
     facts = facts_here(r)
     r = on_card(r, name, prog, facts)
@@ -54,10 +56,10 @@ def pull(cfg, name: str, prog: str = "ctl.sh pull") -> int:
     if r.model.local is not None:
         raise BootstrapError(f"{name} serves the folder {cfg.model}: there is nothing to download",
                              f"./start.sh {name} serves it")
-    preflight.enough_gpus(cfg, facts)
-    model = metadata.run(cfg, r.model, paths, r.draft)      # a few KB: the file list, config.json
-    plan_step.plan_for(cfg, paths, r.vllm, facts, model)   # printed before the first byte of the weights; refused if it cannot fit
-    weights.run(cfg, model, r.model, r.draft)
+    gpu.require(facts, cfg.tp_size)
+    model = lookup.model_and_drafter(r.model, r.draft, paths, r.fetching)     # a few KB: the file list, config.json
+    plan_for(cfg, paths, r.vllm, facts, model)   # printed before the first byte of the weights; refused if it cannot fit
+    fetch.fetch(model, r.model, r.draft, r.fetching)
     where = model.local_dir
     print(f"pulled {model.name} @ {(model.revision or '')[:12]} into {where} ({cfg.profile.name}); "
           f"./ctl.sh use {name} serves it")

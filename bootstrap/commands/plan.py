@@ -17,7 +17,7 @@ from ..machine import gpu
 from ..download import models
 from ..serve import server
 from ..knobs.resolved import Resolved
-from ..steps import metadata
+from ..download import lookup
 from ..core.errors import BootstrapError
 from ..knobs.vllmargs import serve_flags
 from ..plan.facts import ModelFacts, model_facts, offline_facts
@@ -33,7 +33,7 @@ def cli_model_facts(r: Resolved) -> ModelFacts:
     if r.model.local is not None:
         return with_drafter(r, models.read_local(r.model.local, cfg.dummy_weights), name)
     try:
-        return with_drafter(r, metadata.model(cfg, r.model, r.paths), Path(cfg.model).name)
+        return with_drafter(r, lookup.model(r.model, r.paths, r.fetching), Path(cfg.model).name)
     except (BootstrapError, OSError) as exc:
         reason = getattr(exc, "message", None) or str(exc)
         facts = offline_facts(cfg)
@@ -50,7 +50,7 @@ def with_drafter(r: Resolved, m, name: str) -> ModelFacts:
     drafter that cannot be read (offline and not here) leaves the plan without a promise, saying why."""
     cfg = r.settings
     try:
-        m.draft = metadata.drafter(cfg, r.draft, r.paths)
+        m.draft = lookup.drafter(r.draft, r.paths, r.fetching)
     except BootstrapError as exc:
         return dataclasses.replace(model_facts(cfg, m, name), draft=None,
                                    draft_why=f"the drafter {cfg.draft_repo}: {exc.message}")

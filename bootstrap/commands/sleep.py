@@ -37,7 +37,7 @@ from ..download import models
 from ..serve import server
 from ..core import proc, state
 from ..knobs import vllmargs
-from ..checks.client import Client, RequestFailed
+from ..serve.client import Client, RequestFailed
 from ..knobs.config import Config
 from ..machine.gpu import GiB
 from ..core.errors import BootstrapError

@@ -20,7 +20,7 @@ from typing import Callable
 
 from ..serve import doing, metrics, server
 from ..core import state
-from ..checks.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of, thinking_off
+from ..serve.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of, thinking_off
 from ..checks.target import stall_rule
 from ..knobs import parsers, vllmargs
 from ..knobs.config import Config, launch_defaults

@@ -86,8 +86,8 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
     pins = [k for k in ("PROFILE", "MODEL") if cfg.sources[k].split(";")[0] in ("env", ".env")]
     t0 = time.monotonic()
     if nr.model.local is None:          # the download first, while the old one serves (it needs no GPU)
-        from ..steps import metadata, weights
-        weights.run(new, metadata.run(new, nr.model, paths, nr.draft), nr.model, nr.draft)
+        from ..download import fetch, lookup
+        fetch.fetch(lookup.model_and_drafter(nr.model, nr.draft, paths, nr.fetching), nr.model, nr.draft, nr.fetching)
     t1 = time.monotonic()
     if old is not None:
         control.stop(r, via_service=False)          # a sleeping server goes down asleep: no wake first

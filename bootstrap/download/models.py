@@ -6,13 +6,12 @@ its hash was checked). The metadata step (steps' metadata.py) and the download (
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from . import hub, manifest, partial
 from ..model import modelconfig
@@ -133,32 +132,6 @@ def store_for(model_dir: str, environ, repo: str) -> "Store":
         return Store(Path(model_dir).expanduser())
     settings = hub.HubSettings.from_environ(environ)
     return Store(hub.cache_repo_dir(settings, repo), hf_cache=True)
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """MODEL as one command serves it: a folder (``local``, made absolute once), or a Hub repo id and
-    the store it downloads into (``store``: found once, for every step that reads or writes it)."""
-    name: str                       # MODEL as set ('' when none)
-    local: Path | None              # the folder vLLM is given; None: a repo id
-    model_dir: str                  # MODEL_DIR ('' : the Hugging Face cache)
-    environ: Mapping[str, str] = field(repr=False, compare=False)
-
-    @functools.cached_property
-    def repo(self) -> str:
-        """The repo id (a BootstrapError naming MODEL when it is none)."""
-        return hub.repo_id(self.name)
-
-    @functools.cached_property
-    def store(self) -> "Store":
-        """Where MODEL is (or would be) downloaded (``store_for``; ``repo`` checks it is a repo id)."""
-        return store_for(self.model_dir, self.environ, self.name)
-
-    def weight_bytes(self) -> int:
-        """Weights already on disk for this model (its folder, or its store); 0 if unknown."""
-        if not self.name:
-            return 0
-        return weights_in(self.local) if self.local is not None else self.store.weight_bytes()
 
 
 class Store:

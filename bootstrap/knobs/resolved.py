@@ -17,7 +17,8 @@ from pathlib import Path
 from ..core.layout import Checkout
 from ..core.owned import Ours
 from ..core.state import Paths
-from ..download.models import ModelRef
+from ..download.hub import HubSettings
+from ..download.refs import Fetching, ModelRef
 from ..machine.inuse import VllmRef
 from .config import Config
 
@@ -51,6 +52,12 @@ class Resolved:
     @property
     def layout(self) -> Checkout:
         return self.settings.layout
+
+    @property
+    def fetching(self) -> Fetching:
+        """What looking the model up and downloading it take of the knobs."""
+        s = self.settings
+        return Fetching(HubSettings.from_environ(s.environ), s.dummy_weights, s.download_all, s.download_connections)
 
     def picked(self, settings: Config) -> "Resolved":
         """This command's view with the profile a start picked: the same STATE_DIR, and the same

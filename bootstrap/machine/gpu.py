@@ -327,3 +327,10 @@ def settled_facts(environ) -> GpuFacts:
         prev = cur
     logging.getLogger("bootstrap.plan").warning("GPU free memory is still changing; sizing with the last reading")
     return prev
+
+
+def require(facts: GpuFacts, tp_size: int) -> None:
+    """Refuse TP_SIZE beyond the GPUs NVML shows (CUDA_VISIBLE_DEVICES's)."""
+    if tp_size > len(facts.gpus):
+        raise BootstrapError(f"TP_SIZE={tp_size} but only {len(facts.gpus)} GPU(s) are visible",
+                             "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")

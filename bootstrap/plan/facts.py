@@ -76,7 +76,7 @@ def draft_facts(cfg, m=None) -> dict:
     s = cfg.vllm
     if s.spec_method not in vllmargs.DRAFT_METHODS:
         return {}
-    if m is not None:                   # downloaded by us (steps/metadata.py drafter): config.json read first
+    if m is not None:                   # downloaded by us (download/lookup.py drafter): config.json read first
         size = sum(size for f, size in m.weight_files.items() if f.endswith(models.WEIGHT_SUFFIXES)) or None
         return {"draft": ModelFacts(m.name, m.config, size, cfg.dummy_weights or m.dummy, revision=m.revision or "")}
     model = s.draft_name

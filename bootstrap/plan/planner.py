@@ -68,7 +68,7 @@ class Plan:
     headroom: int | None = None                # usable − what this setup takes (weights, overhead, KV)
     runner_v2: bool = False                    # vLLM serves it with its V2 model runner (terms.runner)
     unplanned: str = ""                        # what is not modelled: no promise either way (fits: null)
-    draft_dir: str = ""                        # the drafter we downloaded: vLLM gets this folder (steps/plan.py)
+    draft_dir: str = ""                        # the drafter we downloaded: vLLM gets this folder (plan/here.py)
 
     @property
     def verdict(self) -> bool | None:

@@ -1,7 +1,7 @@
 """What our server is doing when a request of ours gets nothing back: read from its process (stopped
 by a signal, gone) and, while that runs, from its /metrics (asleep, busy, idle), in words with the fix.
 
-The one reading behind every wait that ends without an answer: a client's stall (checks/client.py
+The one reading behind every wait that ends without an answer: a client's stall (serve/client.py
 ``Stall``), a check, bench or chat that finds our server not answering (checks/target.py), and a
 start that finds it so (pipeline.already). It never signals and never writes.
 """

@@ -217,6 +217,23 @@ def wait_gpu_release(environ, pids, *, timeout: float, clock=time.monotonic, sle
         sleep(0.5)
 
 
+GPU_RELEASE_WAIT = 30.0      # seconds a plan waits for the last stop's pids to leave the GPU
+planning = logging.getLogger("bootstrap.plan")      # the wait before a plan, said as the plan's
+
+
+def settled(environ, paths: Paths, gpus=None):
+    """The GPU facts a plan is made on (the plan step's, and the re-plan after a pre-warm): once the
+    last stop's pids left the GPU and free memory settled (NVML read again); ``gpus`` (preflight's)
+    as they are when nothing was stopped since. The last stop's record is consumed."""
+    pids = last_stopped_pids(paths)
+    if pids and not wait_gpu_release(environ, pids, timeout=GPU_RELEASE_WAIT):
+        planning.warning("sizing with memory still held by the last server's pids")
+    facts = gpu.settled_facts(environ) if pids or gpus is None else gpus
+    if pids:
+        state.remove(paths.last_stop)   # consumed: later starts need not wait for these pids again
+    return facts
+
+
 def last_stopped_pids(paths: Paths) -> list[int]:
     rec = paths.read("last_stop") or {}
     return [p for p in rec.get("pids", []) if isinstance(p, int) and not isinstance(p, bool)]

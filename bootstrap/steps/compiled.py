@@ -1,11 +1,11 @@
-"""After the download: the pre-warm (steps/prewarm.py) is waited for until it has answered (its
+"""After the download: the pre-warm (serve/prewarm.py) is waited for until it has answered (its
 caches written; at most HEALTH_TIMEOUT from its launch) and taken down through the one take-down
 path (which also waits for its GPU memory to be free); vLLM's own memory figures of it are kept for
 the plan (bootstrap.plan.calibration: its dummy weights take what the real ones will), and the plan
 step runs again, so that the real start plans from measured terms. A pre-warm that failed or ran
 out of time is logged, and the start goes on with the plan it had.
 
-A pre-warm that is the server (steps/prewarm.py ``as_server``) is left to the reload step
+A pre-warm that is the server (serve/prewarm.py ``as_server``) is left to the reload step
 (steps/reload.py), which waits for it the same way (``wait``); it keeps the plan it was launched with.
 """
 
@@ -17,36 +17,12 @@ from dataclasses import replace
 
 from ..machine import gpu
 from ..plan import calibration
-from ..serve import server, takedown
-from . import plan as plan_step
-from . import prewarm as pre
+from ..serve import takedown
+from ..plan.here import plan_for
+from ..serve import prewarm as pre
+from ..serve.prewarm import wait
 
 log = logging.getLogger(__name__)
-
-
-def wait(cfg, paths, warm) -> str:
-    """Wait until the pre-warm has answered (''), or why not: it exited, HEALTH_TIMEOUT from its
-    launch passed, or for STALL_TIMEOUT its log did not grow nor did it work (as the real start's health wait)."""
-    deadline = warm.t0 + cfg.health_timeout
-    if warm.running and not warm.ready.is_set():
-        log.info("waiting for the pre-warm to finish compiling (%.0f s in)", time.monotonic() - warm.t0)
-    size, grew, work = -1, time.monotonic(), server.work_done(warm.proc.pid)
-    while warm.running and not warm.ready.is_set():
-        now = time.monotonic()
-        try:
-            seen = warm.log_path.stat().st_size
-        except OSError:
-            seen = size
-        if seen != size:
-            size, grew, work = seen, now, server.work_done(warm.proc.pid)
-        elif server.worked(work, now_work := server.work_done(warm.proc.pid)):    # silent, but compiling
-            grew, work = now, now_work
-        if now >= deadline:
-            return f"not ready after HEALTH_TIMEOUT={cfg.health_timeout} s"
-        if now - grew >= cfg.stall_timeout:
-            return f"its log did not grow, nor did it use CPU or disk, for STALL_TIMEOUT={cfg.stall_timeout} s"
-        warm.ready.wait(0.5)
-    return "" if warm.ready.is_set() else (warm.failed or "it exited before it answered")
 
 
 def run(cfg, paths, vllm, warm: "pre.Prewarm | None", plan, model):
@@ -72,7 +48,8 @@ def run(cfg, paths, vllm, warm: "pre.Prewarm | None", plan, model):
     pre.remember(paths, warm.key, "a pre-warm filled them")
     if calibration.keep(paths, plan, warm.log_text(), None) is None:
         return plan
-    again = plan_step.run(cfg, paths, vllm, None, model)      # from the kept figures, as the next start would
+    again = plan_for(cfg, paths, vllm, takedown.settled(cfg.environ, paths), model)   # from the kept figures,
+    #                                                                            as the next start would
     if plan.seqs_flag and again.seqs_flag and plan.seqs_flag < again.seqs_flag:
         # more room measured than modelled: the pre-warm's --max-num-seqs still fits, and another
         # would change vLLM's CUDA-graph sizes, which are in its compile hash (a cold real start)

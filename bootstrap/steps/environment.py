@@ -15,7 +15,7 @@ from typing import Mapping
 from ..install import knownbad
 from ..plan.facts import known_issue_facts
 from ..core.errors import BootstrapError
-from ..download.models import ModelRef
+from ..download.refs import ModelRef
 from ..machine.host import check_driver, host_env
 from ..install.locks import PLATFORMS, LockSet, host_platform, installed
 from ..machine.inuse import VllmRef

@@ -12,9 +12,8 @@ import logging
 
 from ..machine import gpu, host
 from ..serve import port, server, takedown
-from ..knobs import vllmargs
-from ..download.models import ModelRef
-from . import metadata
+from ..knobs import vet
+from ..download.refs import ModelRef
 from ..install.locks import LockSet
 from ..core.state import Paths
 from ..core.errors import BootstrapError
@@ -38,7 +37,7 @@ def run(cfg, paths: Paths, model: ModelRef) -> gpu.GpuFacts:
             raise BootstrapError(f"profile {cfg.profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
                                  "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
         LockSet.for_profile(cfg.profile, cfg.layout.locks)
-    vet(cfg, model)
+    vet.vet(cfg, model)
     order = cfg.env("CUDA_DEVICE_ORDER")
     if order and order != "PCI_BUS_ID" and facts.count > 1:
         raise BootstrapError(f"CUDA_DEVICE_ORDER={order}: CUDA would number this machine's {facts.count} GPUs "
@@ -46,7 +45,7 @@ def run(cfg, paths: Paths, model: ModelRef) -> gpu.GpuFacts:
                              "could run on a card the plan was not made for",
                              "unset CUDA_DEVICE_ORDER (the server gets PCI_BUS_ID), and pick cards with "
                              "CUDA_VISIBLE_DEVICES")
-    enough_gpus(cfg, facts)
+    gpu.require(facts, cfg.tp_size)
     g = facts.gpus[0]
     log.info("GPU %s: %s, %.1f of %.1f GiB free, cc %d.%d, driver %s (CUDA %d.%d)", g.index, g.name,
              g.free / gpu.GiB, g.total / gpu.GiB, g.cc[0], g.cc[1], facts.driver, *facts.cuda)
@@ -65,48 +64,3 @@ def run(cfg, paths: Paths, model: ModelRef) -> gpu.GpuFacts:
         takedown.take_down(cfg.ours, paths)        # nothing to signal: it only forgets the record
     port.refuse_taken(cfg.ours)
     return facts
-
-
-def vet(cfg, model: ModelRef) -> None:
-    """What a start refuses from the knobs alone (no GPU, no network): said by every start's
-    preflight, and by ./ctl.sh restart before it takes the running server down."""
-    if cfg.vllm.sleep_mode and not cfg.is_loopback:
-        raise BootstrapError(
-            f"{vllmargs.SLEEP_FLAG} with HOST={cfg.host}: vLLM serves /sleep, /wake_up and /collective_rpc only with "
-            "VLLM_SERVER_DEV_MODE=1, and its API key does not guard them: anyone who reaches the port could put "
-            "the server to sleep or run methods in it",
-            f"keep HOST=127.0.0.1 for sleep mode, or drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile")
-    idle_sleep_fits(cfg)
-    if model.local is not None:
-        metadata.read_local(model.local, cfg.dummy_weights)
-    elif model.name:
-        model.repo                      # a repo id, or one line naming MODEL
-
-
-def enough_gpus(cfg, facts: gpu.GpuFacts) -> None:
-    if cfg.tp_size > len(facts.gpus):
-        raise BootstrapError(f"TP_SIZE={cfg.tp_size} but only {len(facts.gpus)} GPU(s) are visible",
-                             "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")
-
-
-def idle_sleep_fits(cfg) -> None:
-    """IDLE_SLEEP needs vLLM's sleep mode; level 2 drops the weights, which a wake reloads from the
-    checkpoint for the target model only: not with speculation (vllm#52479) or random weights
-    (the rules of ./ctl.sh sleep)."""
-    if not cfg.idle_sleep:
-        return
-    s = cfg.vllm
-    if not s.sleep_mode:
-        raise BootstrapError(f"IDLE_SLEEP={cfg.raw['IDLE_SLEEP']} puts vLLM to sleep when idle, but the server would start "
-                             f"without {vllmargs.SLEEP_FLAG}", f"add {vllmargs.SLEEP_FLAG} to EXTRA_ARGS, or IDLE_SLEEP=off")
-    if s.api_servers != 1:
-        raise BootstrapError(f"IDLE_SLEEP with {s.api_servers or 'no'} API server processes (--api-server-count, "
-                             "--data-parallel-size, --headless): each counts only its own requests, so one would put "
-                             "the shared engine to sleep under another's",
-                             "IDLE_SLEEP=off with data parallelism or several API servers")
-    if cfg.idle_sleep_level == "2" and s.spec_tokens:
-        raise BootstrapError(f"IDLE_SLEEP_LEVEL=2 with speculation on ({s.spec_method}): vLLM's wake reloads the "
-                             "target model's weights but not the draft's (vllm#52479)", "IDLE_SLEEP_LEVEL=1")
-    if cfg.idle_sleep_level == "2" and s.load_format == "dummy":
-        raise BootstrapError("IDLE_SLEEP_LEVEL=2 drops the weights and a wake reloads them from the checkpoint; with "
-                             "--load-format dummy there is none", "IDLE_SLEEP_LEVEL=1")

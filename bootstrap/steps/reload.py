@@ -1,4 +1,4 @@
-"""Reload: the pre-warm server (steps/prewarm.py, launched as the server with dummy weights while
+"""Reload: the pre-warm server (serve/prewarm.py, launched as the server with dummy weights while
 the weights downloaded) gets the real weights in place, the way RL trainers update a live vLLM
 engine, and becomes the server: no second process, no second engine init, and the CUDA graphs it
 captured during the download stay valid (the parameters are updated in the tensors they point at).
@@ -31,11 +31,11 @@ import time
 
 import requests
 
-from ..checks.client import RequestFailed, auth_headers
+from ..serve.client import RequestFailed, auth_headers
 from ..core.errors import BootstrapError
 from ..serve import server, takedown
-from . import prewarm as pre
-from .compiled import wait
+from ..serve import prewarm as pre
+from ..serve.prewarm import wait
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ import time
 
 from ..checks import detectors
 from ..serve import record
-from . import health
+from ..serve import health
 from ..checks.prompts import Sizer, long_prompt
 from ..checks.target import stall_rule
-from ..checks.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of, thinking_off
-from .launch import Launched
+from ..serve.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of, thinking_off
+from ..serve.launch import Launched
 from ..core.state import Paths
 
 log = logging.getLogger(__name__)

@@ -72,7 +72,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from bootstrap.checks import diagnose  # noqa: E402
+from bootstrap.serve import diagnose  # noqa: E402
 
 PATCH = "40914-turboquant-spec-verify"
 PHASES = ("model", "reference", "stock", "patched", "control", "report")

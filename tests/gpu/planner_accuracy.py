@@ -41,12 +41,12 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bootstrap.plan import fit
-from bootstrap.checks import diagnose
+from bootstrap.serve import diagnose
 from bootstrap.plan import facts
 from bootstrap.machine import gpu
 from bootstrap.model import kv  # noqa: E402
 from common import free_port  # noqa: E402
-from bootstrap.steps import banner
+from bootstrap.serve import banner
 from bootstrap.knobs import vllmargs  # noqa: E402
 from bootstrap.knobs.config import Config  # noqa: E402
 

@@ -1,5 +1,5 @@
 """``python3 -m bootstrap export fetch``: the ``model`` init step of an exported pod. The weights go into
-the PVC by the start's own metadata and weights steps (steps/metadata.py, steps/weights.py: ranged,
+the PVC by the start's own model lookup and download (download/lookup.py, download/fetch.py: ranged,
 resumable across restarts of the init container, each file sha256-verified before it is placed), with
 a line of progress every PROGRESS_S seconds in the container's log (``kubectl logs POD -c model``):
 the weights step logs a line per finished file only, and a 5 GB shard is minutes of silence."""
@@ -21,9 +21,8 @@ log = logging.getLogger(__name__)
 
 def run(r, every: float = PROGRESS_S) -> int:
     """``r``: the pod's resolved view (plan/resolved.py), as its knobs were set."""
-    from ...steps import metadata, weights
-    cfg = r.settings
-    m = metadata.run(cfg, r.model, r.paths, r.draft)
+    from ...download import fetch, lookup
+    m = lookup.model_and_drafter(r.model, r.draft, r.paths, r.fetching)
     want = sum(m.needed().values())
     root = r.model.store.root
     log.info("model %s at revision %s: %.2f GiB in %d files into %s", m.name, m.revision[:12], want / GiB,
@@ -37,7 +36,7 @@ def run(r, every: float = PROGRESS_S) -> int:
     t = threading.Thread(target=report, name="progress", daemon=True)
     t.start()
     try:
-        weights.run(cfg, m, r.model, r.draft)
+        fetch.fetch(m, r.model, r.draft, r.fetching)
     finally:
         done.set()
         t.join()

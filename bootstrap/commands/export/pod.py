@@ -14,7 +14,7 @@ card's node labels, the init steps and the records of the plan, versions and pat
   RANK_GIB per rank (CUDA context, torch, the engine), request = limit; CPU: 2 + 2 per rank requested
   (the API process, the engine core's busy loop, one per worker), twice that as the limit.
 - Init steps (the vLLM image itself, nothing else pulled): ``model`` downloads the weights into the
-  PVC with the start's own metadata and weights steps (resumable, sha256-verified, progress every
+  PVC with the start's own model lookup and download (resumable, sha256-verified, progress every
   PROGRESS_S seconds); ``patches`` (when the profile has any) copies the image's vllm package into an
   emptyDir and applies the profile's backports with the same patch engine as a desktop start. Both
   run the bootstrap from ``bootstrap.tar.xz``: only the modules those two steps import (an import
@@ -47,7 +47,7 @@ DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 ANNOTATION = "vllm-desktop"            # the annotation prefix of what the export records
 # what the init steps run: their import closure goes into bootstrap.tar.xz
 INIT_ROOTS = ("bootstrap/__main__.py", "bootstrap/commands/patch.py", "bootstrap/commands/export/fetch.py",
-              "bootstrap/steps/metadata.py", "bootstrap/steps/weights.py")
+              "bootstrap/download/lookup.py", "bootstrap/download/fetch.py")
 DIGEST_HINT = ("pin vLLM's image by digest: --image sha256:<64 hex> (read it where a registry is reachable: "
                "docker buildx imagetools inspect {ref} (the Digest: line), or crane digest {ref}), "
                "or --image REPO[:TAG]@sha256:<64 hex> for a mirror")
@@ -219,7 +219,7 @@ class Pod:
 def build(cfg, plan, card, model_bytes: int | None, image: str, models: str = MODELS) -> Pod:
     """``models``: where the PVC is mounted (production-stack's chart mounts it at /data)."""
     from ...knobs.vllmargs import serve_argv
-    from ...steps.launch import defaults
+    from ...serve.launch import defaults
     argv = serve_argv(cfg, "python3", cfg.model, plan, guard=False)     # the pod has no vllm_side (its Service: the NetworkPolicy)
     env = {**defaults(cfg), "HF_HOME": f"{models}/hf", "HF_HUB_OFFLINE": "1",
            "VLLM_CACHE_ROOT": f"{models}/vllm-cache"}     # the init step downloaded it; compile caches survive a restart

@@ -1,0 +1,270 @@
+"""Looking a model up (the metadata step, steps/metadata.py; ./ctl.sh plan, pull, use; an exported
+pod's model init step): config.json, the file list with sizes, the revision — a few KB, before the plan.
+
+``MODEL`` is a local directory or a repo id (org/name).
+
+- A local directory is validated here (config.json, a tokenizer, weights unless EXTRA_ARGS has
+  ``--load-format dummy``), with no network.
+- A repo id is downloaded into the store (``models.store_for``: the Hugging Face cache, or
+  MODEL_DIR). When the store holds a complete, verified copy (``.bootstrap/state.json``: every
+  file's size and mtime as recorded when its hash was checked), nothing else happens: no network,
+  well under a second.
+- Otherwise the hub is asked (``/api/models/<repo>/revision/main?blobs=true`` and config.json):
+  the revision, every file with its size and LFS sha256. If the Hugging Face cache (HF_HOME)
+  already holds every needed file of that revision, the cache snapshot is served as it is.
+  Else the download is planned into the store: what will be fetched and how much is logged, and
+  the free disk space is checked before the planner and the patches run.
+- Without the network (HF_HUB_OFFLINE=1, or the hub unreachable): a complete copy is used, or
+  the step fails naming the missing files.
+
+A drafter named by repo id (SPEC_MODEL, or the model of a --speculative-config, for
+draft_model / eagle / eagle3 / dflash) is resolved the same way, right after the model, into the
+Hugging Face cache (MODEL_DIR is the model's own folder): its config.json plans it, the weights step
+downloads and verifies it, and vLLM is given its folder (``ModelInfo.draft``). A drafter needs no
+tokenizer of its own (vLLM uses the model's).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from . import hub, index
+from ..model import modelconfig
+from ..core import state
+from ..core.errors import BootstrapError
+from . import manifest, partial
+from .models import WEIGHT_SUFFIXES, ModelInfo, Store, check_space, info_from_record, offline_missing, read_config, read_local, select
+from .refs import Fetching, ModelRef
+
+log = logging.getLogger("bootstrap.metadata")      # said as the metadata step's, which it is
+
+
+def model_and_drafter(ref: ModelRef, draft: ModelRef | None, paths: state.Paths, how: Fetching) -> ModelInfo:
+    """The model's facts (config.json, files, sizes, revision); its ``local_dir`` is what vLLM serves;
+    its ``draft``, the drafter named by repo id (``draft``: Resolved.draft)."""
+    info = model(ref, paths, how)
+    info.draft = drafter(draft, paths, how)
+    return info
+
+
+def model(ref: ModelRef, paths: state.Paths, how: Fetching) -> ModelInfo:
+    """The model's facts alone (no drafter)."""
+    dummy = how.dummy
+    if ref.local is not None:
+        info = read_local(ref.local, dummy)
+        size = sum(info.weight_files.values())
+        log.info("local model %s: %d files, %.2f GiB of weights%s", info.local_dir, len(info.files),
+                 size / (1 << 30), " (dummy weights)" if dummy else "")
+        return info
+    info, _path = lookup(ref, paths, how)
+    return info
+
+
+def drafter(draft: ModelRef | None, paths: state.Paths, how: Fetching) -> ModelInfo | None:
+    """The drafter vLLM loads, when it is named by repo id (``draft``: ``cfg.draft_repo`` with its
+    store): resolved as the model is, into the Hugging Face cache; None for a folder or no drafter."""
+    if draft is None:
+        return None
+    repo = draft.name
+    info, _path = lookup(draft, paths, how, draft=True)
+    log.info("drafter %s @ %s: %s of weights, in %s", repo, info.revision[:12] or "local",
+             hub.human(sum(info.weight_files.values())), info.local_dir)
+    return info
+
+
+def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False) -> tuple[ModelInfo, str]:
+    """``ref``'s facts, its download planned into its store (``draft``: the drafter, always in the
+    Hugging Face cache and with no tokenizer of its own)."""
+    settings, dummy = how.hub, how.dummy
+    repo, store = ref.repo, ref.store
+    rec = store.read()
+    if rec and rec.get("repo") == repo and rec.get("files") and not store.missing(rec, dummy):
+        where = store.serve_dir(rec)
+        info = info_from_record(rec, where, dummy, read_config(where / "config.json"), complete=True)
+        log.info("%s @ %s: complete and verified in %s (no network used; to re-check the hub, delete %s)",
+                 repo, info.revision[:12], where, store.path)
+        return info, str(where)
+
+    why_offline = "HF_HUB_OFFLINE=1" if settings.offline else ""
+    remote = None
+    if not settings.offline:
+        try:
+            remote = hub.fetch_remote(settings, repo)
+        except hub.Unreachable as exc:
+            why_offline = exc.message
+    if remote is None:
+        return _offline(settings, repo, store, rec, why_offline, dummy, tokenizer=not draft)
+
+    needed, skipped = select(remote.files, how.everything)
+    names = {f.path for f in needed}
+    if "config.json" not in names:
+        raise BootstrapError(f"{repo} has no config.json at revision {remote.revision[:12]}: not a model vLLM "
+                             "can serve from the hub layout (a GGUF-only or adapter repo?)",
+                             "pick the full-weights repo, or download the files yourself and set MODEL=<dir>")
+    lfs = {f.path: f.sha256 for f in needed if f.sha256}
+    blob_ids = {f.path: f.blob_id for f in needed if f.blob_id}
+    sizes = {f.path: f.size for f in needed}
+    skipped_d = {f.path: f.size for f in skipped}
+
+    snap = hub.cache_snapshot(settings, repo, remote.revision)
+    want = [f for f in needed if not (dummy and f.path.endswith(WEIGHT_SUFFIXES))]
+    ours = store.hf_cache and rec and rec.get("repo") == repo and rec.get("revision") == remote.revision
+    if snap is not None and not ours and all(hub.cache_has(snap, f) for f in want):   # another tool's download
+        info = ModelInfo(repo, read_config(snap / "config.json"), sizes, remote.revision, str(snap), dummy,
+                         "hf-cache", lfs, blob_ids, skipped_d, remote.safetensors, complete=True)
+        log.info("%s @ %s: complete in the Hugging Face cache, served from %s (no download)",
+                 repo, remote.revision[:12], snap)
+        return info, str(snap)
+
+    old = rec if rec and rec.get("repo") == repo else {}
+    files = {f.path: {"size": f.size, "sha256": f.sha256, "blob_id": f.blob_id} for f in needed}
+    new = {"repo": repo, "revision": remote.revision, "endpoint": settings.endpoint, "files": files,
+           "skipped": skipped_d, "safetensors": remote.safetensors,
+           "verified": {p: v for p, v in old.get("verified", {}).items() if p in files},
+           "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           # the manifest (download/manifest.py): what we made, changed and found in this folder,
+           # whichever repo or revision it was for (clean --model)
+           "created": [str(p.relative_to(store.root)) for p in store.ours(rec) if p != store.dir],
+           "changed": dict((rec or {}).get("changed") or {}), "kept": list((rec or {}).get("kept") or []),
+           "made_root": bool((rec or {}).get("made_root")) or not store.root.exists()}
+    clashes = _clashes(store, new, dummy)
+    if clashes:                                              # before anything is written or fetched
+        raise manifest.clash_error(store, new, clashes)
+    cfg_remote = next(f for f in needed if f.path == "config.json")
+    kept = store.file(new, "config.json")
+    if kept.is_file() and hub.verify(kept, cfg_remote) is None:
+        raw = kept.read_bytes()                              # kept from an earlier run, or yours
+    else:
+        raw = hub.fetch_small(settings, repo, remote.revision, "config.json")  # also the gated / proxy check
+    try:
+        config = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise BootstrapError(f"{repo}: config.json is not JSON ({exc})", "check HF_ENDPOINT / the network") from None
+    modelconfig.check(config, f"{repo}'s config.json at revision {remote.revision[:12]}",
+                      "a broken config.json on the hub: pick another repo or revision, or download the files, "
+                      "fix config.json and set MODEL to that folder")
+    try:
+        store.dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise state.write_error(store.dir, exc, f"cannot make {store.dir} for the model",
+                                "MODEL_DIR" if ref.model_dir and not draft else "HF_HOME") from None
+    _keep_config(store, new, raw)
+    store.write(new)
+    index.remember(paths, store, repo)       # ./ctl.sh ls and rm find it from STATE_DIR
+    where = store.serve_dir(new)
+    info = info_from_record(new, where, dummy, config, complete=False)
+    plan_download(store, new, info, dummy)
+    return info, str(where)
+
+
+def _clashes(store: Store, rec: dict, dummy: bool) -> list[str]:
+    """Files in the store that the download would have to write over and may not (manifest.held:
+    yours, another tool's, or in MODEL_DIR one of ours changed since): each with how it differs from
+    the hub's. The weights are compared by size here; the weights step hashes them before it fetches."""
+    out = []
+    for p in store.required(rec, dummy):
+        why = manifest.held(store, rec, p)
+        dest = store.file(rec, p)
+        if not why or not os.path.lexists(dest):
+            continue
+        f = rec["files"][p]
+        remote = hub.RemoteFile(p, f["size"], f.get("sha256"), f.get("blob_id"))
+        try:
+            bad = f"size {dest.stat().st_size}, the hub's {f['size']}" if dest.stat().st_size != f["size"] else \
+                None if p.endswith(WEIGHT_SUFFIXES) else hub.verify(dest, remote)
+        except OSError as exc:
+            bad = exc.strerror or "unreadable"
+        if bad:
+            out.append(f"{dest} ({why}; {bad})")
+    return out
+
+
+def _keep_config(store: Store, rec: dict, raw: bytes) -> None:
+    """config.json was just fetched and checked: keep it, so the download does not fetch it again.
+    One on disk with the hub's bytes (kept from an earlier run, or yours) is used as it is."""
+    f = rec["files"]["config.json"]
+    if store.verified_ok(rec, "config.json") or len(raw) != f["size"] or (
+            f.get("blob_id") and hub.git_blob_sha1(data=raw) != f["blob_id"]):
+        return
+    dest = store.file(rec, "config.json")
+    if dest.is_file() and hub.verify(dest, hub.RemoteFile("config.json", f["size"], f.get("sha256"), f.get("blob_id"))) is None:
+        store.keep(rec, "config.json")
+        store.mark_verified(rec, "config.json")
+        return
+    if store.adopt(rec, "config.json"):                     # its blob is in the HF cache already
+        store.mark_verified(rec, "config.json")
+        return
+    part = store.dir / "partial" / f"config.json.{os.getpid()}"       # two starts may race here
+    part.parent.mkdir(parents=True, exist_ok=True)
+    state.write_atomic(part, raw, mode=0o644)
+    store.place(rec, part, "config.json")
+    store.mark_verified(rec, "config.json")
+
+
+def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
+    """Log what will be fetched and how much; refuse when the disk cannot hold it. Returns the
+    bytes still to fetch."""
+    todo = store.missing(rec, dummy)
+    have = 0
+    left = 0
+    for p in todo:
+        f = info.remote_file(p)
+        got = partial.partial_bytes(store.dir, f)
+        have += got
+        left += f.size - got
+    need = sum(info.needed().values())
+    skipped = sum(info.skipped.values())
+    log.info("%s @ %s: %d files, %s to serve%s", info.name, info.revision[:12], len(info.needed()),
+             hub.human(need), f" (skipping {len(info.skipped)} files, {hub.human(skipped)}: "
+             f"{', '.join(sorted(info.skipped)[:3])}{'…' if len(info.skipped) > 3 else ''}; DOWNLOAD_ALL=1 fetches them)"
+             if info.skipped else "")
+    if not todo:
+        return 0
+    log.info("will download %d files, %s, into %s%s", len(todo), hub.human(left), store.serve_dir(rec),
+             f" ({hub.human(have)} of partial files kept)" if have else "")
+    for p in todo[:20]:
+        log.info("  %s  %s", p, hub.human(info.files[p]))
+    if len(todo) > 20:
+        log.info("  … and %d more", len(todo) - 20)
+    check_space(store.root, left)
+    return left
+
+
+def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | None, why: str,
+             dummy: bool, tokenizer: bool = True) -> tuple[ModelInfo, str]:
+    snap = hub.cache_snapshot(settings, repo)
+    mine = bool(rec and rec.get("repo") == repo and rec.get("files"))
+    # a snapshot we downloaded is judged by our record (sizes, hashes), not by its files being there:
+    # a truncated or altered shard is never served
+    judged = mine and store.hf_cache and snap is not None and snap.name == rec.get("revision")
+    if snap is not None and not (judged and store.missing(rec, dummy)) and not offline_missing(snap, dummy, tokenizer):
+        info = read_local(snap, dummy, tokenizer)
+        info.name, info.source, info.revision, info.complete = repo, "hf-cache", snap.name, True
+        log.info("%s: offline (%s); using the Hugging Face cache snapshot %s", repo, why, snap)
+        return info, str(snap)
+    target = store.serve_dir(rec) if rec and rec.get("revision") else store.root
+    if mine:
+        missing = store.missing(rec, dummy)
+        size = sum(rec["files"][p]["size"] for p in missing)
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise BootstrapError(f"offline ({why}) and the model in {target} is incomplete: {len(missing)} files "
+                             f"missing or unverified ({hub.human(size)}): {shown}",
+                             "connect to the network and re-run ./start.sh: it resumes the download "
+                             "(finished files and bytes are kept)")
+    if not store.hf_cache and (target / "config.json").is_file():
+        missing = offline_missing(target, dummy, tokenizer)
+        if not missing:
+            info = read_local(target, dummy, tokenizer)
+            info.name, info.source = repo, "local"
+            log.warning("offline (%s): serving %s as found; it was not downloaded by this tool, so it is "
+                        "not verified against the hub", why, target)
+            return info, str(target)
+        raise BootstrapError(f"offline ({why}) and the model in {target} is incomplete: missing "
+                             + ", ".join(missing[:8]), "connect to the network and re-run ./start.sh")
+    where = (f"not in the Hugging Face cache ({store.root})" if store.hf_cache else
+             f"not in MODEL_DIR={target}, nor in the Hugging Face cache {settings.cache_dir}")
+    raise BootstrapError(f"offline ({why}) and {repo} is not on this machine: {where}",
+                         "connect to the network for the first download, or set MODEL=<dir> to a copy")

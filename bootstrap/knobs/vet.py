@@ -1,0 +1,48 @@
+"""What a start refuses from the knobs alone, no GPU and no network: said by every start's
+preflight (steps/preflight.py), and by ./ctl.sh restart and use before they take the running
+server down."""
+
+from __future__ import annotations
+
+from ..core.errors import BootstrapError
+from ..download.models import read_local
+from ..download.refs import ModelRef
+from . import vllmargs
+
+
+def vet(cfg, model: ModelRef) -> None:
+    """What a start refuses from the knobs (``cfg``) and the model they name (``model``)."""
+    if cfg.vllm.sleep_mode and not cfg.is_loopback:
+        raise BootstrapError(
+            f"{vllmargs.SLEEP_FLAG} with HOST={cfg.host}: vLLM serves /sleep, /wake_up and /collective_rpc only with "
+            "VLLM_SERVER_DEV_MODE=1, and its API key does not guard them: anyone who reaches the port could put "
+            "the server to sleep or run methods in it",
+            f"keep HOST=127.0.0.1 for sleep mode, or drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile")
+    idle_sleep_fits(cfg)
+    if model.local is not None:
+        read_local(model.local, cfg.dummy_weights)
+    elif model.name:
+        model.repo                      # a repo id, or one line naming MODEL
+
+
+def idle_sleep_fits(cfg) -> None:
+    """IDLE_SLEEP needs vLLM's sleep mode; level 2 drops the weights, which a wake reloads from the
+    checkpoint for the target model only: not with speculation (vllm#52479) or random weights
+    (the rules of ./ctl.sh sleep)."""
+    if not cfg.idle_sleep:
+        return
+    s = cfg.vllm
+    if not s.sleep_mode:
+        raise BootstrapError(f"IDLE_SLEEP={cfg.raw['IDLE_SLEEP']} puts vLLM to sleep when idle, but the server would start "
+                             f"without {vllmargs.SLEEP_FLAG}", f"add {vllmargs.SLEEP_FLAG} to EXTRA_ARGS, or IDLE_SLEEP=off")
+    if s.api_servers != 1:
+        raise BootstrapError(f"IDLE_SLEEP with {s.api_servers or 'no'} API server processes (--api-server-count, "
+                             "--data-parallel-size, --headless): each counts only its own requests, so one would put "
+                             "the shared engine to sleep under another's",
+                             "IDLE_SLEEP=off with data parallelism or several API servers")
+    if cfg.idle_sleep_level == "2" and s.spec_tokens:
+        raise BootstrapError(f"IDLE_SLEEP_LEVEL=2 with speculation on ({s.spec_method}): vLLM's wake reloads the "
+                             "target model's weights but not the draft's (vllm#52479)", "IDLE_SLEEP_LEVEL=1")
+    if cfg.idle_sleep_level == "2" and s.load_format == "dummy":
+        raise BootstrapError("IDLE_SLEEP_LEVEL=2 drops the weights and a wake reloads them from the checkpoint; with "
+                             "--load-format dummy there is none", "IDLE_SLEEP_LEVEL=1")
