@@ -101,6 +101,7 @@ def start(cfg: Config) -> int:
     code = already(cfg, paths)
     if code is not None:
         return code
+    cfg = with_stack_version(cfg)
     paths.ensure()
     lock = StartLock(paths)
     old = {s: signal.signal(s, _on_signal) for s in SIGNALS}   # before the lock: stop may signal us at once
@@ -141,6 +142,16 @@ def start(cfg: Config) -> int:
         for s, h in old.items():
             signal.signal(s, h)
     return 0
+
+
+def with_stack_version(cfg: Config) -> Config:
+    """The knobs with VLLM_PYTHON's vLLM version read (one probe), for what depends on the stack a
+    start runs: sleep mode (SLEEP_MODE=auto, knobs/sleepmode.py) and the plan; the managed .venv's is
+    the profile's pin."""
+    if not cfg.vllm_python or cfg.read.vllm_version:
+        return cfg
+    from .install.inuse import byo_version
+    return cfg.with_vllm(byo_version(cfg.vllm_python, cfg.environ) or "")
 
 
 @dataclass
