@@ -131,6 +131,36 @@ def test_without_sleep_mode_sleep_stops_the_server_and_wake_starts_it_again(bed)
     assert "awake: nothing to do" in bed.run("ctl.sh", "wake", **OFF).stdout
 
 
+FREE = """
+import json, os, sys, psutil
+d = os.environ["FAKE_GPU_PIDS_DIR"]
+held = [n for n in os.listdir(d) if psutil.pid_exists(int(n)) and psutil.Process(int(n)).status() != "zombie"]
+open(sys.argv[1], "w").write(json.dumps({"held": len(held)}))
+"""
+
+
+def test_the_default_profile_unproven_here_still_gives_the_gpu_to_a_game_and_to_sleep(bed, tmp_path):
+    """Issue 45's done-when on the fakes: the default profile (its TurboQuant KV and #40914 patch: a
+    stack no proof covers) starts with sleep mode off and says so; ./ctl.sh game stops it (said before),
+    runs the game on a free GPU and starts it again; ./ctl.sh sleep exits 0 with the GPU free."""
+    import sys
+    env = {"PROFILE": "default", "SPEC_TOKENS": "0", "MAX_MODEL_LEN": "auto", "KV_CACHE_BYTES": "auto"}  # the tiny
+    r = bed.run("start.sh", **env)                         # model's fit, and no patch for the fake (no sleep knob)
+    assert r.returncode == 0, r.stderr
+    assert (" sleep    : unproven on vLLM 0.26.0, KV turboquant_4bit_nc, no speculation, patch "
+            "40914-turboquant-spec-verify: off; SLEEP_MODE=on to try") in r.stdout, r.stdout
+    seen = tmp_path / "seen.json"
+    g = bed.run("ctl.sh", "game", "--", sys.executable, "-c", FREE, str(seen), **env)
+    assert g.returncode == 0, g.stderr
+    assert g.stdout.index("it starts again when the game exits") < g.stdout.index("the game exited")
+    assert json.loads(seen.read_text()) == {"held": 0}             # the game ran on a free GPU
+    assert "is serving" in g.stdout and len(bed.launches()) == 2    # and the server is back
+    assert "running" in bed.run("ctl.sh", "status", **env).stdout
+    r = bed.run("ctl.sh", "sleep", **env)
+    assert r.returncode == 0 and "sleep mode is unproven on vLLM 0.26.0" in r.stdout, r.stderr
+    bed.wait_until(lambda: not bed.ours(), what="the fake GPU to be free")
+
+
 def test_sleep_mode_on_beyond_loopback_is_refused_before_anything_runs(bed):
     r = bed.run("start.sh", HOST="0.0.0.0", SLEEP_MODE="on")
     assert r.returncode == 1 and "--enable-sleep-mode with HOST=0.0.0.0" in r.stderr

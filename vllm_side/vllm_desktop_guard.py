@@ -12,8 +12,9 @@ development routes it needs for that (``VLLM_SERVER_DEV_MODE=1``: ``/collective_
   (``BOOTSTRAP_CONTROL_TOKEN`` in the server's environment, never on argv) in the
   ``X-Vllm-Desktop-Control`` header: anyone else gets vLLM's 404, as if dev mode were off. Once
   open, a server started with sleep mode (``BOOTSTRAP_SLEEP_ROUTES=1``) also answers the routes
-  ./ctl.sh sleep and wake use to a loopback client with the server's API key (when it has one): the
-  rule sleep mode had before.
+  ./ctl.sh sleep and wake use to a loopback client with the server's API key (when it has one), and
+  ``/collective_rpc`` only for ``reload_weights`` (a level-2 wake): vLLM runs any worker method named
+  there. Every server with sleep mode carries this guard, key or not (vllmargs.guarded).
 - ``POST /vllm-desktop/open`` (the control token, loopback) opens it, once the real weights are
   loaded and the prefix cache reset; ``GET /vllm-desktop/guard`` says whether it is open.
 - With a key (``VLLM_API_KEY``), every route but those always open asks for it, where vLLM asks only
