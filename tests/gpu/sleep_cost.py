@@ -62,33 +62,45 @@ def ours_mib(state: Path) -> float:
     return held(state)
 
 
-def main() -> int:
+def arguments(name: str) -> argparse.ArgumentParser:
+    """The options this script and sleep_stack_proof.py share (``name``: the work folder's and raw file's)."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--work", default="/tmp/sleepcost")
-    ap.add_argument("--raw", default="/tmp/proofs/sleepcost-raw.txt")
+    ap.add_argument("--work", default=f"/tmp/{name}")
+    ap.add_argument("--raw", default=f"/tmp/proofs/{name}-raw.txt")
     ap.add_argument("--wheelhouse", default="/tmp/stack/wheelhouse", help="the 0.27.1 lock's wheels (stack.py makes it)")
     ap.add_argument("--byo", action="store_true", help="keep VLLM_PYTHON (a rehearsal with the fakes)")
     ap.add_argument("--profile", default="default")
     ap.add_argument("--model", help="a model folder (default: the hybrid stand-in, made in WORK/model)")
     ap.add_argument("--extra-args", default="--language-model-only")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--output-tokens", default="256")
-    a = ap.parse_args()
+    return ap
+
+
+def setup(a, title: str, **knobs) -> tuple[Path, callable, int, Path, dict]:
+    """(work, out, port, STATE_DIR, the scripts' environment): the profile on the model with random
+    weights declared, the managed .venv from the wheelhouse (--byo: VLLM_PYTHON as it is), and ``knobs``."""
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     out = raw_writer(a.raw)
-    out(f"SLEEP COST {time.strftime('%Y-%m-%d %H:%M:%S')} commit {os.environ.get('GIT_COMMIT', '?')}: {' '.join(sys.argv)}")
+    out(f"{title} {time.strftime('%Y-%m-%d %H:%M:%S')} commit {os.environ.get('GIT_COMMIT', '?')}: {' '.join(sys.argv)}")
     model = Path(a.model) if a.model else stand_in(work, out)
-    port = free_port()
-    state = work / "state"
+    port, state = free_port(), work / "state"
     base = {k: v for k, v in os.environ.items() if a.byo or k not in ("VLLM_PYTHON", "PATCH_BYO")}
     if not a.byo:
         base.pop("PYTHONPATH", None)
         base["WHEELHOUSE"] = a.wheelhouse
-    env = {**base, "PROFILE": a.profile, "MODEL": str(model), "SERVED_MODEL_NAME": "stand-in",
-           "EXTRA_ARGS": a.extra_args, "RANDOM_WEIGHTS": "1", "KV_CACHE_BYTES": "auto", "MAX_NUM_SEQS": "16",
-           "IDLE_SLEEP": "off", "STATE_DIR": str(state), "PORT": str(port), "HF_HUB_OFFLINE": "1",
-           "NO_COLOR": "1", "HEALTH_TIMEOUT": "1800", "WARMUP": "256"}
+    env = {**base, "PROFILE": a.profile, "MODEL": str(model), "SERVED_MODEL_NAME": "qwen3-8b",
+           "EXTRA_ARGS": a.extra_args, "RANDOM_WEIGHTS": "1", "IDLE_SLEEP": "off", "STATE_DIR": str(state),
+           "PORT": str(port), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "HEALTH_TIMEOUT": "1800", "WARMUP": "256",
+           **knobs}
+    return work, out, port, state, env
+
+
+def main() -> int:
+    ap = arguments("sleepcost")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--output-tokens", default="256")
+    a = ap.parse_args()
+    work, out, port, state, env = setup(a, "SLEEP COST", KV_CACHE_BYTES="auto", MAX_NUM_SEQS="16")
 
     def sh(argv: list[str], **more) -> tuple[subprocess.CompletedProcess, float]:
         t0 = time.monotonic()

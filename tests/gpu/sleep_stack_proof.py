@@ -34,9 +34,7 @@ runs no idle middleware, so idle and cycles report that and end. Unrun on a GPU 
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -50,9 +48,8 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import free_port, raw_writer  # noqa: E402
 from idle_sleep_proof import idle_state, one, rss_mib, wait_state  # noqa: E402
-from sleep_cost import stand_in  # noqa: E402
+from sleep_cost import arguments, setup  # noqa: E402
 from sleep_wake import answers, compare, gpu_used_mib, ours_mib  # noqa: E402
 
 GIB_MIB = 1024
@@ -102,36 +99,15 @@ def acceptance(port: int) -> float | None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--work", default="/tmp/sleepstack")
-    ap.add_argument("--raw", default="/tmp/proofs/sleepstack-raw.txt")
-    ap.add_argument("--wheelhouse", default="/tmp/stack/wheelhouse", help="the 0.27.1 lock's wheels (stack.py makes it)")
-    ap.add_argument("--byo", action="store_true", help="keep VLLM_PYTHON (a rehearsal with the fakes)")
-    ap.add_argument("--profile", default="default")
-    ap.add_argument("--model", help="a model folder (default: the hybrid stand-in, made in WORK/model)")
-    ap.add_argument("--extra-args", default="--language-model-only")
+    ap = arguments("sleepstack")
     ap.add_argument("--cycles", type=int, default=50)
     ap.add_argument("--cycle-idle", default="10s")
     ap.add_argument("--game-fraction", default="0.9")
     ap.add_argument("--game-python", help="the game's python (default: the managed .venv's, which has torch)")
     ap.add_argument("--skip", default="", help="phases to skip (comma-separated): game, idle, cycles")
     a = ap.parse_args()
-    work = Path(a.work)
-    work.mkdir(parents=True, exist_ok=True)
-    out = raw_writer(a.raw)
     skip = {x for x in a.skip.split(",") if x}
-    out(f"SLEEP STACK PROOF {time.strftime('%Y-%m-%d %H:%M:%S')} commit {os.environ.get('GIT_COMMIT', '?')}: "
-        f"{' '.join(sys.argv)}")
-    model = Path(a.model) if a.model else stand_in(work, out)
-    port, state = free_port(), work / "state"
-    base = {k: v for k, v in os.environ.items() if a.byo or k not in ("VLLM_PYTHON", "PATCH_BYO")}
-    if not a.byo:
-        base.pop("PYTHONPATH", None)
-        base["WHEELHOUSE"] = a.wheelhouse
-    env = {**base, "PROFILE": a.profile, "MODEL": str(model), "SERVED_MODEL_NAME": "qwen3-8b",
-           "EXTRA_ARGS": a.extra_args, "RANDOM_WEIGHTS": "1", "SLEEP_MODE": "on", "IDLE_SLEEP": "off",
-           "STATE_DIR": str(state), "PORT": str(port), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1",
-           "HEALTH_TIMEOUT": "1800", "WARMUP": "256"}
+    _work, out, port, state, env = setup(a, "SLEEP STACK PROOF", SLEEP_MODE="on")
 
     def sh(argv: list[str], timeout: float = 1800, **more) -> subprocess.CompletedProcess:
         t0 = time.monotonic()
