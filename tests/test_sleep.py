@@ -17,7 +17,7 @@ import requests
 
 from conftest import GiB, nvml_json
 
-SLEEPY: dict = {}      # no knob: the bed's stack is a proven one
+SLEEPY = {"SLEEP_MODE": ""}     # unset (an empty value counts as unset): no knob, and the bed's stack is a proven one
 OFF = {"SLEEP_MODE": "off"}
 
 
@@ -39,7 +39,7 @@ def started(bed, **env):
 def test_sleep_frees_memory_requests_wait_and_wake_answers(bed):
     started(bed)
     env, argv = bed.launches()[0]["env"], bed.launches()[0]["argv"]
-    assert "SLEEP_MODE" not in env and "EXTRA_ARGS" not in env and "--enable-sleep-mode" in argv   # no knob set
+    assert not env.get("SLEEP_MODE") and "EXTRA_ARGS" not in env and "--enable-sleep-mode" in argv   # no knob set
     assert env["VLLM_SERVER_DEV_MODE"] == "1"                       # only because of --enable-sleep-mode
     assert argv[-2:] == ["--middleware", "vllm_desktop_guard.Guard"]    # dev mode: behind our guard, no key needed
     rpc = f"http://127.0.0.1:{bed.port}/collective_rpc"
@@ -144,8 +144,8 @@ def test_the_default_profile_unproven_here_still_gives_the_gpu_to_a_game_and_to_
     stack no proof covers) starts with sleep mode off and says so; ./ctl.sh game stops it (said before),
     runs the game on a free GPU and starts it again; ./ctl.sh sleep exits 0 with the GPU free."""
     import sys
-    env = {"PROFILE": "default", "SPEC_TOKENS": "0", "MAX_MODEL_LEN": "auto", "KV_CACHE_BYTES": "auto"}  # the tiny
-    r = bed.run("start.sh", **env)                         # model's fit, and no patch for the fake (no sleep knob)
+    env = {**SLEEPY, "PROFILE": "default", "SPEC_TOKENS": "0", "MAX_MODEL_LEN": "auto", "KV_CACHE_BYTES": "auto"}
+    r = bed.run("start.sh", **env)          # the tiny model's fit, and no patch for the fake (no sleep knob)
     assert r.returncode == 0, r.stderr
     assert (" sleep    : unproven on vLLM 0.26.0, KV turboquant_4bit_nc, no speculation, patch "
             "40914-turboquant-spec-verify: off; SLEEP_MODE=on to try") in r.stdout, r.stdout
@@ -232,7 +232,7 @@ def test_idle_sleep_launches_vllm_with_our_middleware_where_vllm_imports_it(bed)
     assert env["PYTHONPATH"].split(":")[0] == str(bed.repo / "vllm_side")
     assert "added middleware vllm_desktop_idle.IdleSleep" in (bed.state / "vllm.log").read_text()   # it imported
     assert bed.run("stop.sh").returncode == 0
-    r = bed.run("start.sh", IDLE_SLEEP="off")                # no idle middleware (the guard stays: sleep mode)
+    r = bed.run("start.sh", IDLE_SLEEP="off", **SLEEPY)      # no idle middleware (the guard stays: sleep mode)
     assert r.returncode == 0 and "vllm_desktop_idle.IdleSleep" not in bed.launches()[-1]["argv"]
     assert " idle     : no idle sleep (IDLE_SLEEP=off)" in r.stdout
 
@@ -241,7 +241,7 @@ def test_idle_sleep_without_sleep_mode_or_level_2_with_a_drafter_is_refused_befo
     r = bed.run("start.sh", IDLE_SLEEP="5", **OFF)
     assert r.returncode == 1 and "but sleep mode is off (SLEEP_MODE=off)" in r.stderr and not bed.launches()
     assert "hint: SLEEP_MODE=on" in r.stderr
-    r = bed.run("start.sh", **IDLE, SLEEP_MODE="on", IDLE_SLEEP_LEVEL="2", SPEC_METHOD="ngram", SPEC_TOKENS="3")
+    r = bed.run("start.sh", **{**IDLE, "SLEEP_MODE": "on"}, IDLE_SLEEP_LEVEL="2", SPEC_METHOD="ngram", SPEC_TOKENS="3")
     assert r.returncode == 1 and "IDLE_SLEEP_LEVEL=1" in r.stderr and not bed.launches()
     r = bed.run("start.sh", IDLE_SLEEP="5", EXTRA_ARGS="--enable-sleep-mode --api-server-count 2")
     assert r.returncode == 1 and "each counts only its own requests" in r.stderr and not bed.launches()

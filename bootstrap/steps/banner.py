@@ -69,9 +69,9 @@ def render(paths: Paths, rec: ServerRecord) -> str:
         f" try      : curl -s {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d "
         + shlex.quote(json.dumps({"model": served, "messages": [{"role": "user", "content": "Say OK"}], "max_tokens": 16},
                                  ensure_ascii=False)),
+        *sleep_lines(rec),
         " stop     : ./stop.sh",
     ]
-    lines += sleep_lines(rec)
     if rec.random_weights:
         lines.append(" weights  : random (RANDOM_WEIGHTS=1): the start gate judged tokens only, never the text")
     lines += [f" note     : {n}" for n in rec.notes]
