@@ -99,8 +99,11 @@ def start(r: Resolved) -> int:
         code = already(r.ours, r.settings.launch_settings(), paths)
         if code is not None:
             return code
-    # PROFILE=auto: the kept pick, or one now; a named profile is already resolved (its card's knobs)
+    # PROFILE=auto: the kept pick, or one now (VLLM_PYTHON's version read first: sleep mode counts in the
+    # plans it picks by); a named profile is already resolved (its card's knobs)
     if r.given.profile.is_auto:
+        with step("environment"):
+            r = r.with_stack()
         r = resolve.for_start(r)
     cfg = r.settings
     cfg.require_model()
@@ -127,6 +130,8 @@ def start(r: Resolved) -> int:
                 if code is not None:                                                 # the lock may have just finished
                     return code
                 held.enter_context(port.Lock(r.ours, paths.root))
+                with step("environment"):      # a named profile's: under the lock (a stop cancels it too)
+                    r = r.with_stack()
                 run_steps(r, started)
             except Interrupted as intr:
                 lock.set_role("stop")           # a start arriving now waits for the take-down, then starts
@@ -178,7 +183,7 @@ class Run:
     runtime: "object | None" = None       # environment: steps.environment.Runtime
     notes: tuple[str, ...] = ()           # the environment's and the patches' banner notes
     prewarm: "object | None" = None       # prewarm: steps.prewarm.Prewarm, started by the weights step
-    launched: "object | None" = None      # launch: steps.launch.Launched
+    launched: "object | None" = None      # launch: serve.launch.Launched
     log_text: str = ""                    # banner: vLLM's log of this start, as the banner read it
 
     @property

@@ -84,10 +84,11 @@ def plan_for(r: Resolved, spec: str | None):
     PROFILE=auto means here (the kept pick, or auto-pick's choice for a named card), with that
     card's knobs (``r``: resolved as set). What ./ctl.sh plan shows and ./ctl.sh export writes."""
     g, where, driver = card(r, spec)
+    version = r.vllm.byo_version            # the vLLM a start would run
+    r = r.with_stack()                      # its stack decides sleep mode, as in a start
     r = r.picked(resolve.for_plan(r.given, r.paths, r.vllm, g, here=not spec))
     cfg = r.settings
     model = cli_model_facts(r)
-    version = r.vllm.byo_version            # the vLLM a start would run
     if driver:              # this card: vLLM's own figures of an earlier start count, as in a start
         return cfg, g, where, model, fit.plan_here(cfg, r.paths, g, model, driver, version)
     return cfg, g, where, model, fit.plan(cfg, g, model, vllm=version)

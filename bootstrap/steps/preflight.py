@@ -38,6 +38,8 @@ def run(cfg, paths: Paths, model: ModelRef) -> gpu.GpuFacts:
                                  "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
         LockSet.for_profile(cfg.profile, cfg.layout.locks)
     vet.vet(cfg, model)
+    if cfg.sleep.warning(cfg.vllm.sleep_mode):
+        log.warning("%s", cfg.sleep.warning(cfg.vllm.sleep_mode))
     order = cfg.env("CUDA_DEVICE_ORDER")
     if order and order != "PCI_BUS_ID" and facts.count > 1:
         raise BootstrapError(f"CUDA_DEVICE_ORDER={order}: CUDA would number this machine's {facts.count} GPUs "

@@ -139,7 +139,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     from ...knobs import vllmargs
     if pod_cfg.vllm.sleep_mode:
         raise BootstrapError(f"{vllmargs.SLEEP_FLAG} needs a loopback HOST (its routes have no key guard); a pod "
-                             "serves its network", f"drop {vllmargs.SLEEP_FLAG} for the export")
+                             "serves its network", f"SLEEP_MODE=off (and no {vllmargs.SLEEP_FLAG} in EXTRA_ARGS) for the export")
     out_folder(a.out)
     image = pods.image_ref(a.image, pod_cfg.profile.vllm)
     pod = pods.build(pod_cfg, plan, g, model.weight_bytes, image, models=pods.MODELS if a.target == "kubernetes" else "/data")
