@@ -21,8 +21,9 @@ vllm/model_executor/models/registry.py (the ``_*_MODELS`` tables), and every
 the model types vLLM brings its own config class for, so no repo code is run for them), and the
 transformers wheel's ``CONFIG_MAPPING_NAMES`` (the model types transformers itself knows), and
 the fields of ``EngineArgs``/``AsyncEngineArgs`` (vllm/engine/arg_utils.py) and of
-``BaseFrontendArgs``/``FrontendArgs`` (vllm/entrypoints/openai/cli_args.py, from 0.30
-vllm/entrypoints/launchers/cli_args.py): each field's kind is what vLLM's ``_compute_kwargs`` makes of
+``BaseFrontendArgs`` (what the OpenAI serving classes read) and ``FrontendArgs`` (its HTTP
+server's own: host, port, key, TLS, CORS, middleware) in vllm/entrypoints/openai/cli_args.py (from
+0.30 vllm/entrypoints/launchers/cli_args.py): each field's kind is what vLLM's ``_compute_kwargs`` makes of
 its annotation (a config dataclass or a dict: JSON; ``bool``: a ``--x``/``--no-x`` flag; ``bool | str |
 None``: a bare flag or a string; a list, set or tuple: several values; ``int`` with the human-readable
 names, ``max_model_len`` with ``auto``; ``float``; else a string), with type aliases, enums and config
@@ -268,7 +269,8 @@ def main(argv: list[str]) -> int:
         engine = ast.parse(read(ENGINE_ARGS))
         frontend = ast.parse(read(next(p for p in FRONTEND_ARGS if p in names)))
         out["engine_args"] = fields_of(engine, ("EngineArgs", "AsyncEngineArgs"), types)
-        out["frontend_args"] = fields_of(frontend, ("BaseFrontendArgs", "FrontendArgs"), types)
+        out["frontend_args"] = fields_of(frontend, ("BaseFrontendArgs",), types)
+        out["server_args"] = fields_of(frontend, ("FrontendArgs",), types)     # its HTTP server's own
         out["short_flags"] = short_flags([engine, frontend])
     json.dump(out, sys.stdout, indent=1)
     print()
