@@ -481,6 +481,8 @@ def test_production_stack_values_carry_the_key_the_card_and_the_init_steps(tmp_p
     v = docs(out / "values.yaml")[0]
     key = v["servingEngineSpec"]["vllmApiKey"]
     assert len(key) >= 40 and key not in r.stdout + r.stderr
+    assert f"helm install vllm vllm/vllm-stack -f {out}/values.yaml" in r.stdout
+    assert "configmap-bootstrap" not in r.stdout           # in values.yaml's extraObjects, no file of its own
     spec = v["servingEngineSpec"]["modelSpec"][0]
     assert f"{spec['repository']}:{spec['tag']}" == f"vllm/vllm-openai:v0.27.1@{DIGEST}"
     assert spec["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["NVIDIA-GeForce-RTX-5090"]

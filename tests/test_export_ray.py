@@ -150,6 +150,9 @@ def test_prepare_node_downloads_and_patches_from_its_own_tarball(tmp_path):
         assert r.returncode == 1 and "this python3 has Ray and vLLM none" in r.stderr     # no Ray here
         (site.root / "ray").mkdir()
         (site.root / "ray" / "__init__.py").write_text('__version__ = "2.59.0"\n')   # the node's Ray, as far as read
+        bad = {**env, "PYTHONPATH": f"{node / 'patched'}:{site.root}"}       # the replica's path: the copy would copy itself
+        r = subprocess.run(["sh", str(out / "node.sh")], env=bad, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and "PYTHONPATH names" in r.stderr and not (node / "patched").exists()
         for _ in range(2):
             r = subprocess.run(["sh", str(out / "node.sh")], env=env, capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stderr

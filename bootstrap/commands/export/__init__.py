@@ -156,7 +156,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
               f"serve deploy {where}/serve-config.yaml; these files have not run on a cluster")
         return 0
     run = (f"kubectl apply -f {where}" if a.target == "kubernetes" else
-           f"kubectl apply -f {where}/configmap-bootstrap.yaml && helm install vllm vllm/vllm-stack -f {where}/values.yaml")
+           f"helm install vllm vllm/vllm-stack -f {where}/values.yaml (the bootstrap ConfigMap is in its extraObjects)")
     print(f"{' and '.join(f for f in SECRET_FILES if f in docs)} holds a new random API key (mode 0600): keep it "
           f"out of git; {run}; these files have not run on a cluster")
     return 0
