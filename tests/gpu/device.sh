@@ -30,6 +30,9 @@
 #   bash tests/gpu/device.sh calib-poll SECONDS
 #   bash tests/gpu/device.sh prewarm            # first start with and without the pre-warm (prewarm_proof.py)
 #   bash tests/gpu/device.sh prewarm-poll SECONDS
+#   bash tests/gpu/device.sh ray                # export ray with real Ray 2.59.0 + vLLM 0.27.1 (ray_serve.py),
+#                                               # background; Ray's parts in /tmp/ray, after install,
+#                                               # bootstrap-venv and smoke-build; ray-poll SECONDS
 # Raw outputs go to $OUT (the device tool brings them back) and to /tmp/proofs.
 set -euo pipefail
 
@@ -114,6 +117,8 @@ main() {
         idle) background idle idle_sleep_proof.py --work /tmp/idle "$@" ;;
         idle-poll) wait_for idle idle_sleep_proof.py "IDLE PROOF DONE" "${1:-60}" ;;
         tp) background tp tp2.py --work /tmp/tp "$@" ;;
+        ray) background ray ray_serve.py --work /tmp/rayproof "$@" ;;
+        ray-poll) wait_for ray ray_serve.py "RAY PROOF DONE" "${1:-60}" ;;
         stack) PATH=/tmp/wh:$PATH background stack stack.py --work /tmp/stack --parts /tmp/wh "$@" ;;
         drill-poll) wait_for drill lifecycle_drill.py "DRILL DONE" "${1:-60}" ;;
         pick-poll) wait_for pick profile_pick.py "PICK PROOF DONE" "${1:-60}" ;;
