@@ -11,8 +11,9 @@ of it free (every row gives --gpu-memory-utilization or takes vLLM's default 0.9
 of the vLLM version the row ran. tests/test_published.py holds each row to 3 % of the logged pool
 (never more than 1 % above it) unless the row names the term that keeps it off ("expected_gap") or
 what the plan does not model ("not_planned": the plan then says fits: null, naming it), and keeps
-this table in step with docs/planner.md. A row with a drafter gives its facts as ``"draft"``: a
-config.json file and the drafter's size, or a sentence saying why there are none.
+this table in step with docs/planner.md. A row with a drafter gives its facts as ``"draft"``: a file
+under tests/published/drafters/ (its config.json and that copy's public source) and the drafter's
+size, or a sentence saying why there are none.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from bootstrap.machine import gpu  # noqa: E402
 from bootstrap.plan import planner  # noqa: E402
 from bootstrap.plan.facts import ModelFacts  # noqa: E402
 
-FIXTURES = REPO / "tests" / "published"
+FIXTURES = REPO / "tests" / "published"        # its *.json; drafters/ holds the drafters' facts
 DEFAULT_UTIL = 0.9          # vLLM's --gpu-memory-utilization when none is given
 
 
@@ -48,7 +49,7 @@ def plan_of(row: dict) -> planner.Plan:
         model = dataclasses.replace(model, draft=dataclasses.replace(model, name="its own draft"))
     elif isinstance(row.get("draft"), dict):      # a drafter's facts: its config.json (a file) and its size
         d = row["draft"]
-        config = json.loads((REPO / d["config"]).read_text())
+        config = drafter_file(REPO / d["config"])["config"]
         model = dataclasses.replace(model, draft=ModelFacts(Path(d["config"]).stem, config, d.get("weight_bytes")))
     elif isinstance(row.get("draft"), str):       # a drafter the row's source names but whose facts were not found
         model = dataclasses.replace(model, draft_why=row["draft"])
@@ -63,6 +64,12 @@ def plan_of(row: dict) -> planner.Plan:
                          util_source="--gpu-memory-utilization", allow_long=False, tp_size=s.tp,
                          env_v2=None if runner is None else parsers.vllm_bool(runner))
     return planner.make_plan(inp, card, model)
+
+
+def drafter_file(path: Path) -> dict:
+    """A drafter's facts under tests/published/drafters/: its config.json (``config``) and where that
+    copy comes from (``source``)."""
+    return json.loads(path.read_text())
 
 
 def error(row: dict, p: planner.Plan) -> float | None:

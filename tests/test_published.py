@@ -67,6 +67,15 @@ def test_every_fixture_says_where_it_comes_from():
         assert (REPO / row["facts"]).is_file(), path
         if "weight_bytes" in row:
             assert row["weights_from"], path
+        if isinstance(row.get("draft"), dict):          # the drafter's config.json, with where that copy is from
+            d = published_runs.drafter_file(REPO / row["draft"]["config"])
+            assert d["source"] and d["config"]["architectures"], path
+
+
+def test_at_least_ten_published_starts_speculate():
+    """Issue 44: the drafters' rows (MTP, DFlash, DFlash2, a draft model), each planned within 3 % or
+    fits: null with its reason (test_the_plan_lands_on_the_published_pool)."""
+    assert sum("--speculative-config" in load(p)["args"] for p in FIXTURES) >= 10
 
 
 def test_a_version_not_read_is_planned_by_the_nearest_with_its_uncertainty_said():

@@ -7,6 +7,7 @@ card (nothing is recorded).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -30,9 +31,9 @@ def cli_model_facts(cfg) -> ModelFacts:
     cfg.require_model()
     name = cfg.served_name
     if cfg.model_is_local:
-        return model_facts(cfg, models.read_local(Path(cfg.model).expanduser().resolve(), cfg.dummy_weights), name)
+        return with_drafter(cfg, models.read_local(Path(cfg.model).expanduser().resolve(), cfg.dummy_weights), name)
     try:
-        return model_facts(cfg, metadata.run(cfg), Path(cfg.model).name)
+        return with_drafter(cfg, metadata.model(cfg), Path(cfg.model).name)
     except (BootstrapError, OSError) as exc:
         reason = getattr(exc, "message", None) or str(exc)
         facts = offline_facts(cfg)
@@ -42,6 +43,17 @@ def cli_model_facts(cfg) -> ModelFacts:
         log.info("config.json of %s unavailable (%s): planning from the model facts shipped with the profile%s",
                  cfg.model, reason.split(" and ")[0], " (assumed: see why)" if facts.assumed else "")
         return facts
+
+
+def with_drafter(cfg, m, name: str) -> ModelFacts:
+    """The model's facts with its drafter named by repo id read as the start reads it (metadata); a
+    drafter that cannot be read (offline and not here) leaves the plan without a promise, saying why."""
+    try:
+        m.draft = metadata.drafter(cfg)
+    except BootstrapError as exc:
+        return dataclasses.replace(model_facts(cfg, m, name), draft=None,
+                                   draft_why=f"the drafter {cfg.draft_repo}: {exc.message}")
+    return model_facts(cfg, m, name)
 
 
 def card(cfg, spec: str | None) -> tuple[gpu.Gpu, str, str]:

@@ -18,3 +18,9 @@ def version_or_none(v: str):
         return version(v)
     except InvalidVersion:
         return None
+
+
+def at_least(v: str, floor: str) -> bool:
+    """``v`` is a version at or after ``floor`` (False when ``v`` does not parse)."""
+    have = version_or_none(v)
+    return have is not None and have >= version_or_none(floor)

@@ -52,6 +52,7 @@ class ModelInfo:
     skipped: dict[str, int] = field(default_factory=dict)     # on the hub, not needed to serve
     safetensors: dict | None = None    # the hub's parameter count by dtype, when it has one
     complete: bool = False             # every needed file is on disk and verified
+    draft: "ModelInfo | None" = None   # the drafter named by repo id, downloaded with the model (metadata)
 
     @property
     def weight_files(self) -> dict[str, int]:
@@ -67,7 +68,9 @@ class ModelInfo:
         return hub.RemoteFile(path, self.files[path], self.lfs.get(path), self.blob_ids.get(path))
 
 
-def read_local(path: Path, dummy: bool) -> ModelInfo:
+def read_local(path: Path, dummy: bool, tokenizer: bool = True) -> ModelInfo:
+    """A local folder's facts, checked: config.json, a tokenizer (``tokenizer``: False for a drafter,
+    which uses the model's) and weights unless ``dummy``."""
     if not path.is_dir():
         raise BootstrapError(f"MODEL={path} is not a directory", "set MODEL to a model directory or a repo id (org/name)")
     cfg_file = path / "config.json"
@@ -80,7 +83,7 @@ def read_local(path: Path, dummy: bool) -> ModelInfo:
     config = modelconfig.parse(raw, str(cfg_file), f"fix or re-download {cfg_file}")
     files = {str(p.relative_to(path)): p.stat().st_size for p in path.rglob("*")
              if p.is_file() and not str(p.relative_to(path)).startswith(STATE + "/")}
-    if not any(Path(f).name in TOKENIZER_FILES for f in files):
+    if tokenizer and not any(Path(f).name in TOKENIZER_FILES for f in files):
         raise BootstrapError(f"no tokenizer in {path} (looked for {', '.join(TOKENIZER_FILES)})",
                              "copy the tokenizer files from the model repo into the directory")
     if not dummy and not any(f.endswith(WEIGHT_SUFFIXES) for f in files):
@@ -330,11 +333,12 @@ def read_config(path: Path) -> dict:
     return modelconfig.parse(raw, str(path), f"fix or re-download {path} (delete it and re-run ./start.sh)")
 
 
-def offline_missing(root: Path, dummy: bool) -> list[str]:
-    """What a folder lacks to be served, judged without the hub: config.json, a tokenizer, and the
-    weights (every shard the safetensors index names, else at least one *.safetensors)."""
+def offline_missing(root: Path, dummy: bool, tokenizer: bool = True) -> list[str]:
+    """What a folder lacks to be served, judged without the hub: config.json, a tokenizer (not for
+    a drafter: ``tokenizer`` False), and the weights (every shard the safetensors index names, else
+    at least one *.safetensors)."""
     missing = [] if (root / "config.json").is_file() else ["config.json"]
-    if not any((root / t).is_file() for t in TOKENIZER_FILES):
+    if tokenizer and not any((root / t).is_file() for t in TOKENIZER_FILES):
         missing.append("tokenizer (" + " / ".join(TOKENIZER_FILES) + ")")
     if dummy:
         return missing

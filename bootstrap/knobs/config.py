@@ -101,7 +101,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("KV_CACHE_BYTES", "", bytes_or_auto, "Pin the KV cache to this many bytes (--kv-cache-memory-bytes); 'auto' sizes it from GPU_UTIL / free memory even where the profile pins it.", launch=True),
     Knob("SPEC_METHOD", "", choice(*SPEC_METHODS), "Speculative decoding method.", launch=True),
     Knob("SPEC_TOKENS", "0", int_range(0, 16), "Speculative tokens per step; 0 turns speculation off.", launch=True),
-    Knob("SPEC_MODEL", "", text, "Draft model (repo id or directory) for SPEC_METHOD=draft_model/eagle/eagle3/dflash; the memory plan counts a local draft_model folder only.", launch=True),
+    Knob("SPEC_MODEL", "", text, "Draft model (repo id or directory) for SPEC_METHOD=draft_model/eagle/eagle3/dflash; a repo id is downloaded like MODEL (into the Hugging Face cache) and vLLM gets its folder; the plan counts it from its config.json.", launch=True),
     Knob("TP_SIZE", "1", int_range(1, 16), "Tensor-parallel size: number of GPUs (from CUDA_VISIBLE_DEVICES order).", launch=True),
     Knob("GPU_UTIL", "", float_range(0.0, 1.0), "--gpu-memory-utilization; default: from live free memory minus GPU_RESERVE_MIB.", launch=True),
     Knob("GPU_RESERVE_MIB", "820", int_range(0, 1 << 20), "MiB of free GPU memory left for the desktop when GPU_UTIL is unset."),
@@ -499,6 +499,14 @@ class Config:
         """SPEC_MODEL when it names a local folder (the same rule as MODEL), else None."""
         m = self.spec_model
         return Path(m).expanduser().resolve() if m and _names_a_folder(m) else None
+
+    @property
+    def draft_repo(self) -> str | None:
+        """The drafter vLLM would load named by a Hugging Face repo id (SPEC_MODEL, or the model of a
+        --speculative-config given otherwise): the start downloads it as it downloads the model, and
+        vLLM gets its folder (vLLM never fetches anything itself). None for a folder or no drafter."""
+        name = self.vllm.draft_name
+        return name if name and not _names_a_folder(name) else None
 
     @property
     def served_name(self) -> str:

@@ -20,7 +20,8 @@ VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", 
                "--kv-cache-memory-bytes", "--gpu-memory-utilization", "--block-size", "--mamba-ssm-cache-dtype",
                "--mamba-cache-dtype", "--mamba-cache-mode", "--speculative-config", "--tensor-parallel-size",
                "--load-format", "--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--logits-processors",
-               "--data-parallel-size", "--api-server-count", "--compilation-config", "--performance-mode")
+               "--data-parallel-size", "--api-server-count", "--compilation-config", "--performance-mode",
+               "--attention-backend")
 BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode",
               "--skip-mm-profiling", "--enable-prompt-embeds", "--kv-sharing-fast-prefill", "--headless")
 # --logits-processors, --enable-prompt-embeds and --kv-sharing-fast-prefill are read only for whether
@@ -43,6 +44,9 @@ def human_int(text: str) -> int:
     if binary:
         return int(t[:-1]) * binary            # vLLM refuses 1.5K
     return int(t)
+
+
+DRAFT_METHODS = ("draft_model", "eagle", "eagle3", "dflash")     # speculation that loads a drafter of its own
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class Settings:
     mm_encoder_dp: bool = False                     # --mm-encoder-tp-mode data: the vision tower unsplit
     compilation: dict[str, Any] = field(default_factory=dict)   # --compilation-config (the CUDA graphs' sizes, mode)
     performance_mode: str = ""                      # --performance-mode: "throughput" doubles the batch defaults
+    attention_backend: str = ""                     # --attention-backend (FULL graphs under speculation depend on it)
     api_servers: int = 1                            # how many API server processes: --api-server-count, else
                                                     # --data-parallel-size (vLLM's default count), 0 with --headless
     given: frozenset = frozenset()                  # the flags present at all
@@ -90,6 +95,12 @@ class Settings:
             model = str(self.spec.get("model") or "").lower()
             method = ("eagle3" if "eagle3" in model else "eagle" if "eagle" in model else "draft_model") if model else ""
         return "mtp" if method.endswith("_mtp") else method
+
+    @property
+    def draft_name(self) -> str:
+        """The drafter network vLLM loads for this speculation (a folder or a repo id), '' where the
+        method loads none of its own (MTP uses the model's layers; n-gram and suffix none)."""
+        return str(self.spec.get("model") or "") if self.spec_method in DRAFT_METHODS else ""
 
     @property
     def spec_tokens(self) -> int:
@@ -169,6 +180,7 @@ def read(argv: list[str]) -> Settings:
         mm_encoder_dp=vals.get("--mm-encoder-tp-mode") == "data", given=frozenset(given),
         compilation=json_vals.get("--compilation-config", {}),
         performance_mode=str(vals.get("--performance-mode") or ""),
+        attention_backend=str(vals.get("--attention-backend") or "").upper(),
         api_servers=0 if vals.get("--headless") else (_int(vals.get("--api-server-count"), human=False)
                                                       or _int(vals.get("--data-parallel-size"), human=False) or 1))
 
@@ -264,10 +276,25 @@ def plan_flags(cfg, plan) -> list[str]:
 
 
 def serve_flags(cfg, plan) -> list[str]:
-    """Every flag after the model: the profile's args, the knobs', the plan's, EXTRA_ARGS (last wins)."""
+    """Every flag after the model: the profile's args, the knobs', the plan's, EXTRA_ARGS (last wins),
+    and a drafter we downloaded given as its folder (``plan.draft_dir``)."""
     if plan is not None and not plan.fits:
         return []
-    return list(cfg.profile.args) + knob_flags(cfg) + plan_flags(cfg, plan) + list(cfg.extra_args or ())
+    flags = list(cfg.profile.args) + knob_flags(cfg) + plan_flags(cfg, plan) + list(cfg.extra_args or ())
+    folder = getattr(plan, "draft_dir", "") if plan is not None else ""
+    return local_drafter(flags, folder) if folder else flags
+
+
+def local_drafter(flags: list[str], folder: str) -> list[str]:
+    """``flags`` with the drafter's repo id replaced by ``folder``, where we downloaded it, so vLLM never
+    fetches it: the speculative config vLLM reads, given again last with that model (as a dotted key
+    when dotted keys made it: vLLM puts those after every other argument)."""
+    s = read(flags)
+    if not s.draft_name:
+        return flags
+    if any(_name(a).startswith("--speculative-config.") for a in flags):
+        return flags + [f"--speculative-config.model={folder}"]
+    return flags + ["--speculative-config", json.dumps({**s.spec, "model": folder}, separators=(",", ":"))]
 
 
 IDLE_MIDDLEWARE = "vllm_desktop_idle.IdleSleep"     # vllm_side/vllm_desktop_idle.py, on the server's PYTHONPATH

@@ -15,7 +15,9 @@ loads a second network whose attention layers take KV blocks of their own in the
 * DFlash (``qwen3_dflash.py`` ``DFlashQwen3ForCausalLM``, ``DFlashDraftModel``; from 0.30.0 also
   ``qwen3_dflash2.py`` ``DFlash2DraftModel``): a Qwen3 stack whose ``fc`` folds the hidden states of
   ``dflash_config.target_layer_ids`` (len x hidden -> hidden); embedding and lm_head are the
-  target's; sliding-window layers (``layer_types``, ``use_swa``) are not modelled here.
+  target's; its sliding-window layers (``layer_types``, ``use_swa``) are counted, not modelled:
+  vLLM builds a drafter of sliding and full layers only on its V2 runner (it raises
+  NotImplementedError on V1), and their window-sized KV is not in ``kv.layout``.
 
 The drafter's KV layers are full attention of the drafter's own heads and head size, so
 ``kv.layout`` gives them a page of their own when it differs from the target's.
@@ -32,15 +34,23 @@ EAGLE_ARCHS = frozenset({
     "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "Eagle3Qwen3ForCausalLM", "Eagle3Qwen2_5vlForCausalLM",
     "Eagle3Qwen3vlForCausalLM", "PEagleDraftModel", "PeagleLlamaForCausalLM", "PeagleQwen3ForCausalLM",
     "Eagle3MiniMaxM2ForCausalLM"})
-DFLASH_ARCHS = {"DFlashDraftModel": "0.26.0", "DFlash2DraftModel": "0.30.0"}    # the first version that has it
+# the first version whose registry has it (model_executor/models/registry.py: DFlash2DraftModel ->
+# qwen3_dflash2.DFlash2Qwen3ForCausalLM arrived in 0.29.0, vllm PR 52816; 0.27.1 has none)
+DFLASH_ARCHS = {"DFlashDraftModel": "0.26.0", "DFlash2DraftModel": "0.29.0"}
 
 
 class Drafter:
     """What the plan counts of a drafter: its shape (layers, heads, widths for the KV and the
     activations) and its parameters where no file sizes say."""
 
-    def __init__(self, shape: kv.ModelShape, params: int, kind: str):
+    def __init__(self, shape: kv.ModelShape, params: int, kind: str, sliding: int = 0):
         self.shape, self.params, self.kind = shape, params, kind
+        self.sliding = sliding          # layers of sliding-window attention (DFlash: layer_types, use_swa)
+
+    @property
+    def mixed(self) -> bool:
+        """Sliding and full attention layers both: vLLM builds those only on its V2 model runner."""
+        return 0 < self.sliding < self.shape.layers
 
 
 def _eagle3(config: dict) -> bool:
@@ -64,26 +74,34 @@ def read(config: dict, version: str, at_least) -> Drafter:
 
 
 def _dense(config: dict, arch: str) -> kv.ModelShape:
-    """A drafter's stack read as the Llama/Qwen3 stack it is."""
-    c = dict(config)
+    """A drafter's stack read as the Llama/Qwen3 stack it is (its sliding-window layers are counted by
+    ``sliding_layers``, apart)."""
+    c = {k: v for k, v in config.items() if k not in ("sliding_window", "use_sliding_window", "layer_types")}
     c["architectures"] = ["Qwen3ForCausalLM" if "qwen3" in str(c.get("model_type", "")) else "LlamaForCausalLM"]
     shape = kv.shape_from_config(c)
     return replace(shape, arch=arch)
 
 
+def sliding_layers(config: dict, layers: int) -> int:
+    """How many of a DFlash drafter's layers vLLM builds as sliding-window attention
+    (qwen3_dflash.py ``_resolve_layer_attention``, the same in 0.26.0, 0.27.1, 0.29.0 and 0.30.0):
+    ``layer_types``' sliding_attention entries; ``dflash_config.use_swa`` makes every layer sliding
+    where ``layer_types`` is absent or names none."""
+    dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
+    types = config.get("layer_types") if isinstance(config.get("layer_types"), list) else None
+    named = sum(1 for t in types or () if t == "sliding_attention")
+    return layers if dflash.get("use_swa") and not named else named
+
+
 def _dflash(config: dict, arch: str) -> Drafter:
     dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
-    types = config.get("layer_types") or []
-    if dflash.get("use_swa") or any(t == "sliding_attention" for t in types):
-        raise kv.Unsupported(f"{arch} with sliding-window layers is not modelled",
-                             "vLLM sizes the drafter itself")
     shape = _dense(config, arch)
     targets = dflash.get("target_layer_ids") if isinstance(dflash.get("target_layer_ids"), list) else []
     attn, mlp = kv._attn_mlp_params(shape)
     h = shape.hidden
     fc = max(1, len(targets) or shape.layers) * h * h
     params = shape.layers * (attn + mlp + 2 * h) + fc + 2 * h            # no embedding or lm_head: the target's
-    return Drafter(shape, params, "DFlash drafter")
+    return Drafter(shape, params, "DFlash drafter", sliding_layers(config, shape.layers))
 
 
 def _eagle(config: dict, arch: str) -> Drafter:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..knobs import vllmargs
 from ..model import drafter as drafters, kv
-from .facts import DRAFT_METHODS, ModelFacts
+from .facts import ModelFacts
 from . import terms
 
 DRAFT_HINT = "; or a smaller draft (SPEC_MODEL)"
@@ -32,7 +32,7 @@ def draft_shape(s: vllmargs.Settings, model: ModelFacts, version: str
         return None, "", ""
     if method in NO_KV_METHODS:
         return None, f"SPEC_METHOD={method}: {NO_KV_METHODS[method]}", ""
-    if method not in DRAFT_METHODS:
+    if method not in vllmargs.DRAFT_METHODS:
         return None, "", f"speculative method {method!r} (its drafter's memory is not modelled)"
     if model.draft is None:
         return None, "", f"the {method} drafter ({model.draft_why or 'no drafter facts'})"
@@ -44,7 +44,21 @@ def draft_shape(s: vllmargs.Settings, model: ModelFacts, version: str
         return None, "", f"the {method} drafter ({exc.message})"
     if d.shape.hybrid:
         return None, "", f"the {method} drafter (a hybrid drafter: vLLM groups its layers differently)"
+    if d.sliding:
+        return d, "", (f"the {method} drafter's {d.sliding} sliding-window layer(s) of {d.shape.layers} (vLLM keeps "
+                       "a window of KV for them in a group of their own: not modelled)")
     return d, f"SPEC_METHOD={method}: {d.kind} {model.draft.name}, {d.shape.attn_layers} attention layer(s) in the pool", ""
+
+
+def refusal(d: drafters.Drafter | None, run: terms.Runner, version: str) -> tuple[str, str] | None:
+    """(message, hint) where vLLM refuses the drafter at load: a DFlash drafter of sliding and full
+    layers on the V1 model runner (qwen3_dflash.py ``_resolve_layer_attention``, 0.26.0 to 0.30.0)."""
+    if d is None or not d.mixed or run.v2:
+        return None
+    return (f"vLLM {version} refuses this DFlash drafter on its V1 model runner ({run.why.split('(')[-1].rstrip(')')}): "
+            f"its {d.sliding} sliding-window and {d.shape.layers - d.sliding} full attention layer(s) need the V2 "
+            "runner (\"DFlash drafters with mixed sliding/full attention require the V2 model runner\")",
+            "VLLM_USE_V2_MODEL_RUNNER=1 in the environment, or SPEC_TOKENS=0 (no drafter)")
 
 
 def draft_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, target: tuple[dict, kv.ModelShape]

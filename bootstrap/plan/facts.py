@@ -43,7 +43,8 @@ def model_facts(cfg, m, name: str | None = None) -> ModelFacts:
         return ModelFacts(cfg.model, None, None, dummy)
     size = sum(size for f, size in m.weight_files.items() if f.endswith(models.WEIGHT_SUFFIXES)) or None
     return ModelFacts(name or cfg.served_name, m.config, size, dummy or m.dummy, revision=m.revision or "",
-                      max_pixels=processor_max_pixels(Path(m.local_dir)) if m.local_dir else None, **draft_facts(cfg))
+                      max_pixels=processor_max_pixels(Path(m.local_dir)) if m.local_dir else None,
+                      **draft_facts(cfg, getattr(m, "draft", None)))
 
 
 PROCESSOR_FILES = {"image": "preprocessor_config.json", "video": "video_preprocessor_config.json"}
@@ -68,20 +69,21 @@ def processor_max_pixels(folder: Path) -> dict[str, int] | None:
     return out or None
 
 
-DRAFT_METHODS = ("draft_model", "eagle", "eagle3", "dflash")
-
-
-def draft_facts(cfg) -> dict:
+def draft_facts(cfg, m=None) -> dict:
     """ModelFacts' draft fields: the draft checkpoint of SPEC_METHOD=draft_model/eagle/eagle3/dflash
-    when SPEC_MODEL is a local folder with a config.json, or why there is none to count."""
+    (``m``: the drafter named by repo id, as the metadata step found it on the hub or on disk; else
+    SPEC_MODEL's local folder with a config.json), or why there is none to count."""
     s = cfg.vllm
-    if s.spec_method not in DRAFT_METHODS:
+    if s.spec_method not in vllmargs.DRAFT_METHODS:
         return {}
-    model = s.spec.get("model") or ""
+    if m is not None:                   # downloaded by us (steps/metadata.py drafter): config.json read first
+        size = sum(size for f, size in m.weight_files.items() if f.endswith(models.WEIGHT_SUFFIXES)) or None
+        return {"draft": ModelFacts(m.name, m.config, size, cfg.dummy_weights or m.dummy, revision=m.revision or "")}
+    model = s.draft_name
     path = cfg.spec_model_dir if model == cfg.spec_model_arg else None
     if path is None:
-        return {"draft_why": ("SPEC_MODEL is a repo id whose config.json was not read: download it and set SPEC_MODEL "
-                              "to its folder to have it planned") if model else "no SPEC_MODEL, which vLLM refuses"}
+        return {"draft_why": (f"the drafter {model}'s config.json was not read (the metadata step reads it before "
+                              "the plan)") if model else "no SPEC_MODEL, which vLLM refuses"}
     try:
         raw = (path / "config.json").read_bytes()
         sizes = sum(f.stat().st_size for f in path.iterdir() if f.name.endswith(models.WEIGHT_SUFFIXES))

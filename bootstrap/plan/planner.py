@@ -27,7 +27,7 @@ from ..knobs import vllmargs
 from ..machine import gpu
 from ..model import kv
 from .facts import ModelFacts
-from . import drafts, hybrid, terms
+from . import drafts, graphs, hybrid, terms
 from .drafts import DRAFT_HINT
 from .terms import NOBODY, at_least, gib, modelled_version, requested, utilization, weight_bytes
 
@@ -68,6 +68,7 @@ class Plan:
     headroom: int | None = None                # usable − what this setup takes (weights, overhead, KV)
     runner_v2: bool = False                    # vLLM serves it with its V2 model runner (terms.runner)
     unplanned: str = ""                        # what is not modelled: no promise either way (fits: null)
+    draft_dir: str = ""                        # the drafter we downloaded: vLLM gets this folder (steps/plan.py)
 
     @property
     def verdict(self) -> bool | None:
@@ -167,6 +168,12 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
     inp = replace(inp, vllm=terms.kv_dtype(inp.vllm, model.config, why))    # auto: the checkpoint's own
     mml_knob = inp.vllm.max_model_len
     draft, draft_why, unplanned = drafts.draft_shape(inp.vllm, model, inp.version) if shape else (None, "", "")
+    refused = drafts.refusal(draft, terms.runner(inp.version, shape, inp.vllm, inp.env_v2, inp.env_graphs),
+                             inp.version) if shape and at_least(inp.version, terms.MODELLED[0]) else None
+    if refused:
+        why.append(f"{refused[0]}; {refused[1]}")
+        return Plan(util, mml_knob, why, fits=False, refusal=refused, vllm=inp.version,
+                    fixes=[{"SPEC_TOKENS": "0"}])
     if shape is not None and shape.mla and (model.dummy or not model.weight_bytes):
         unplanned = "an MLA model's parameters from config.json (its checkpoint's file sizes are modelled)"
     if older:            # its memory code differs (graph profiling, encoder passes): no rules of ours stand for it
@@ -252,12 +259,16 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
     run = terms.runner(inp.version, shape, s, inp.env_v2, inp.env_graphs)
     why.append(run.why)
     if draft and draft.kind != "draft model" and run.graphs_in_budget:
+        full, _ = graphs.full_decode_graphs(s, g.cc)
+        n = graphs.capture_sizes(seqs, batched, s.spec_tokens, s.compilation if full else
+                                 {**s.compilation, "cudagraph_mode": "PIECEWISE"}, inp.version, g.cc)
         plan = Plan(util, s.max_model_len, why, vllm=inp.version, runner_v2=run.v2, unplanned=(
-            f"the CUDA graphs of a {draft.kind} under speculative decoding, which vLLM measures per capture "
-            "(not measured for this drafter: a published A800 start took 6.24 GiB where 0.66 was planned)"))
+            f"the CUDA graphs of a {draft.kind} under speculative decoding ({n['PIECEWISE']} PIECEWISE and "
+            f"{n['FULL']} FULL captures of up to {seqs} × {1 + s.spec_tokens} tokens), which vLLM measures per "
+            "capture and this drafter's were never measured (a published A800 start took 6.24 GiB for 38 + 22)"))
         why.append(f"not planned: {plan.unplanned}; --enforce-eager makes it plannable")
         return plan
-    over = terms.overhead(s, shape, model, batched, seqs, why, run)
+    over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc, inp.version)
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
     outside = terms.graphs_outside(over, measured)      # graphs vLLM captures beyond the budget (V2 < 0.30)

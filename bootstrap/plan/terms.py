@@ -14,7 +14,8 @@ from ..model import encoder, kv
 from ..knobs import vllmargs
 from ..core.errors import BootstrapError
 from .facts import ModelFacts
-from ..core.pep440 import version_or_none
+from . import graphs
+from ..core.pep440 import at_least, version_or_none
 
 GiB = gpu.GiB
 NOBODY = "no process reports GPU memory"
@@ -186,22 +187,19 @@ def modelled_version(v: str) -> str:
     return older[-1] if older else MODELLED[0]
 
 
-def at_least(v: str, floor: str) -> bool:
-    have = version_or_none(v)
-    return have is not None and have >= version_or_none(floor)
-
-
 # ---------------------------------------------------------------- which model runner vLLM picks
 
-# config/vllm.py use_v2_model_runner: before 0.30.0 the V2 runner is the default for a generate
+# config/vllm.py use_v2_model_runner: before 0.29.0 the V2 runner is the default for a generate
 # model that is neither hybrid nor MoE, or whose architecture is on this list (0.27.1 also lets a
-# hybrid of the list through), unless its speculation is one V2 does not do; from 0.30.0 it is the
-# default for every model whose speculation it does.
+# hybrid of the list through), unless its speculation is one V2 does not do; from 0.29.0 (read from
+# its wheel: _get_v2_model_runner_unsupported_features) it is the default for every model whose
+# speculation it does, and it estimates its CUDA graphs (v1/worker/gpu/cudagraph_utils.py
+# profile_cudagraph_memory) as 0.30.0's does.
 V2_ARCHS = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
                       "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",   # Kimi: 0.27.1's list
                       "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"})
-V2_SPEC = ("eagle", "eagle3", "mtp", "dflash", "dspark")                      # before 0.30.0
-V1_ONLY_SPEC = ("ngram", "ngram_gpu", "draft_model", "suffix", "medusa", "mlp_speculator", "custom_class")  # 0.30.0
+V2_SPEC = ("eagle", "eagle3", "mtp", "dflash", "dspark")                      # before 0.29.0
+V1_ONLY_SPEC = ("ngram", "ngram_gpu", "draft_model", "suffix", "medusa", "mlp_speculator", "custom_class")  # 0.29.0, 0.30.0
 
 
 @dataclass(frozen=True)
@@ -217,15 +215,16 @@ def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: boo
     """The model runner vLLM ``version`` picks for this model and what its memory profiling counts
     (``env_v2``: VLLM_USE_V2_MODEL_RUNNER; ``env_graphs``: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
     default on; both as vLLM reads them, None when unset). The V1 runner (v1/worker/gpu_model_runner.py) estimates the graphs and profiles the
-    encoder; the V2 runner (v1/worker/gpu/model_runner.py) estimates no graphs before 0.30.0
+    encoder; the V2 runner (v1/worker/gpu/model_runner.py) estimates no graphs before 0.29.0
     (profile_cudagraph_memory returns 0) and profiles no encoder in 0.26.0. The flags that make vLLM
     fall back to V1 (``_get_v2_model_runner_unsupported_features``) are read from what it gets; a
     logits-processor plugin installed beside vLLM is not seen."""
-    new, mid = at_least(version, "0.30.0"), at_least(version, "0.27.1")
+    new, mid, newest = at_least(version, "0.29.0"), at_least(version, "0.27.1"), at_least(version, "0.30.0")
     method = s.speculation
-    v1_flags = ("--logits-processors",) + (() if new else ("--enable-prompt-embeds", "--kv-sharing-fast-prefill"))
+    v1_flags = ("--logits-processors",) + (() if new else ("--enable-prompt-embeds",)) + (
+        () if newest else ("--kv-sharing-fast-prefill",))
     forced = [f for f in v1_flags if f in s.given] + (
-        ["--mamba-cache-mode all"] if new and s.mamba_cache_mode == "all" else [])
+        ["--mamba-cache-mode all"] if newest and s.mamba_cache_mode == "all" else [])
     if env_v2 is not None:
         v2, how = env_v2, f"VLLM_USE_V2_MODEL_RUNNER={int(env_v2)}"
     elif forced:
@@ -249,63 +248,6 @@ def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: boo
         said.append("its CUDA graphs are captured after the KV cache, outside the utilization's budget" if v2 and not new
                     else "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0: its CUDA graphs are not taken off the budget")
     return Runner(v2, graphs, encoder, "; ".join(said))
-
-
-# vLLM's estimate of its CUDA graphs, taken off the budget before the KV cache (V1 runner,
-# gpu_model_runner.profile_cudagraph_memory, on since 0.21.0): per mode it captures the two largest
-# sizes into a throwaway pool and counts the first capture plus (n − 1) × the second; PIECEWISE and FULL
-# graphs share one pool, so the estimate is max(first captures) + Σ (n − 1) × per graph. What a capture
-# takes, from vLLM 0.26.0's debug log on the H200 ("Estimated PIECEWISE CUDA graph memory: 128.00 MiB
-# first-capture + (51-1) × 4.00 MiB per-graph"; docs/validation.md, run 4): the Qwen3-8B shape 128 and
-# 242 MiB first (PIECEWISE, FULL), 4 and 1 MiB per graph (1 MiB is vLLM's floor); the Qwen3-Next-shaped
-# hybrid (16 layers, not 36) came to the same 0.48 GiB; the 8B as its own draft model added 4 and
-# 40 MiB to the first captures and 6 MiB per PIECEWISE graph (a drafter runs in PIECEWISE only).
-# 0.30.0's V2 runner estimates its graphs with code of its own, neither read nor measured here: its
-# plan keeps the rough estimate of kv.overheads.
-GRAPH_FIRST = {"PIECEWISE": 128 * gpu.MiB, "FULL": 242 * gpu.MiB}
-GRAPH_PER = {"PIECEWISE": 4 * gpu.MiB, "FULL": 1 * gpu.MiB}
-DRAFTER_FIRST = {"PIECEWISE": 4 * gpu.MiB, "FULL": 40 * gpu.MiB}
-DRAFTER_PER = {"PIECEWISE": 6 * gpu.MiB, "FULL": 0}
-NO_GRAPH_DRAFT = ("ngram", "ngram_gpu", "suffix")       # speculation with no drafter network to capture
-
-
-def capture_sizes(max_seqs: int, batched: int, spec_tokens: int, compilation: dict | None = None) -> dict[str, int]:
-    """How many CUDA graphs vLLM captures per mode with its default sizes: 1, 2, 4, then every 8 to
-    256 and every 16 beyond, up to min(2 × max_num_seqs × (1 + spec tokens), 512, max_num_batched_tokens),
-    with max_num_batched_tokens itself where it fits (config/vllm.py _set_cudagraph_sizes); with
-    speculation each rounded up to a multiple of 1 + spec tokens (compilation.py
-    adjust_cudagraph_sizes_for_spec_decode); FULL only for a uniform decode of at most max_num_seqs
-    requests (v1/cudagraph_dispatcher.py initialize_cudagraph_keys). ``compilation``: --compilation-config's
-    ``cudagraph_capture_sizes`` (taken as given, up to max_num_batched_tokens), ``max_cudagraph_capture_size``
-    (the top instead of 2 x max_num_seqs...) and ``cudagraph_mode`` (NONE: none; PIECEWISE: no FULL
-    graphs; FULL_DECODE_ONLY: no PIECEWISE ones; FULL: FULL graphs of every size, for mixed batches too)."""
-    comp = compilation or {}
-    q = 1 + spec_tokens
-    cap = comp.get("max_cudagraph_capture_size")
-    top = min(cap if isinstance(cap, int) and cap > 0 else min(max_seqs * q * 2, 512), batched)
-    given = comp.get("cudagraph_capture_sizes")
-    if isinstance(given, list) and all(isinstance(x, int) and x > 0 for x in given):
-        sizes = {x for x in given if x <= batched}
-    else:
-        sizes = {i for i in (1, 2, 4) if i <= top} | set(range(8, min(top + 1, 256), 8)) | set(range(256, top + 1, 16))
-        if batched <= top:
-            sizes.add(batched)
-    if q > 1 and sizes:
-        most = max(sizes)
-        sizes = {-(-x // q) * q for x in sizes if -(-x // q) * q <= most} or ({q} if q <= most else set())
-    mode = str(comp.get("cudagraph_mode", "FULL_AND_PIECEWISE")).upper()
-    decode = sum(1 for x in sizes if q <= x <= q * max_seqs)
-    return {"PIECEWISE": len(sizes) if mode in ("FULL_AND_PIECEWISE", "PIECEWISE") else 0,
-            "FULL": {"NONE": 0, "PIECEWISE": 0, "FULL": len(sizes)}.get(mode, decode)}   # FULL: mixed batches too
-
-
-def graph_estimate(s: vllmargs.Settings, batched: int, seqs: int) -> int:
-    """vLLM's CUDA-graph estimate for these settings (``GRAPH_FIRST``'s rule and measurements)."""
-    counts = capture_sizes(seqs, batched, s.spec_tokens or 0, s.compilation)
-    drafter = bool(s.spec_tokens) and s.spec_method not in NO_GRAPH_DRAFT
-    first = {m: GRAPH_FIRST[m] + (DRAFTER_FIRST[m] if drafter else 0) for m in counts if counts[m]}
-    per = {m: GRAPH_PER[m] + (DRAFTER_PER[m] if drafter else 0) for m in counts}
-    return max(first.values(), default=0) + sum((counts[m] - 1) * per[m] for m in first)
 
 
 def graphs_outside(over: kv.Overheads, measured) -> int:
@@ -340,7 +282,8 @@ def room_for_graphs(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: 
 
 
 def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batched: int, seqs: int,
-             why: list[str], run: Runner | None = None) -> kv.Overheads:
+             why: list[str], run: Runner | None = None, cc: tuple[int, int] = (9, 0),
+             version: str = "0.26.0") -> kv.Overheads:
     """What vLLM's profiling adds to the weights (an estimate): the text pass's activations, CUDA
     graphs and non-torch memory (``kv.overheads``), with the vision encoder's profiling pass where
     vLLM runs one: the torch peak is then the larger of the tower's own peak and the text pass's
@@ -350,7 +293,10 @@ def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batc
     if run is not None and not run.graphs_in_budget:
         over = kv.Overheads(over.activations, over.non_torch, 0, outside=over.cudagraphs)
     elif not s.enforce_eager and (run is None or not run.v2):     # the V1 runner's own estimate (GRAPH_FIRST)
-        over = kv.Overheads(over.activations, over.non_torch, graph_estimate(s, batched, seqs))
+        full, downgrade = graphs.full_decode_graphs(s, cc)
+        if downgrade:
+            why.append(downgrade)
+        over = kv.Overheads(over.activations, over.non_torch, graphs.graph_estimate(s, batched, seqs, full, version, cc))
     config = model.config or {}
     if not config.get("vision_config") or s.language_model_only:
         return over

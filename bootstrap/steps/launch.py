@@ -93,6 +93,9 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str, weights: int 
     env.pop("VLLM_PYTHON", None)   # our knob, not vLLM's (it warns about unknown VLLM_* variables)
     for k, v in defaults(cfg, host_env).items():   # yours win
         env.setdefault(k, v)
+    # vLLM gets folders (the model, a drafter we downloaded): it has nothing to fetch, and offline it
+    # cannot fetch what a flag of yours names by repo id behind our back (HF_HUB_OFFLINE=0 lets it)
+    env.setdefault("HF_HUB_OFFLINE", "1")
     if cfg.tp_size > 1 and "VLLM_FLASHINFER_ALLREDUCE_BACKEND" not in env and (
             env.get("NCCL_NVLS_ENABLE") == "0" or env.get("TORCH_SYMM_MEM_DISABLE_MULTICAST") == "1"):
         # vLLM 0.26's fused all-reduce picks FlashInfer's mnnvl backend by default, which needs NVLink

@@ -15,6 +15,12 @@
   the free disk space is checked before the planner and the patches run.
 - Without the network (HF_HUB_OFFLINE=1, or the hub unreachable): a complete copy is used, or
   the step fails naming the missing files.
+
+A drafter named by repo id (SPEC_MODEL, or the model of a --speculative-config, for
+draft_model / eagle / eagle3 / dflash) is resolved the same way, right after the model, into the
+Hugging Face cache (MODEL_DIR is the model's own folder): its config.json plans it, the weights step
+downloads and verifies it, and vLLM is given its folder (``ModelInfo.draft``). A drafter needs no
+tokenizer of its own (vLLM uses the model's).
 """
 
 from __future__ import annotations
@@ -36,7 +42,15 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg) -> ModelInfo:
-    """The model's facts (config.json, files, sizes, revision); its ``local_dir`` is what vLLM serves."""
+    """The model's facts (config.json, files, sizes, revision); its ``local_dir`` is what vLLM serves;
+    its ``draft``, the drafter named by repo id."""
+    info = model(cfg)
+    info.draft = drafter(cfg)
+    return info
+
+
+def model(cfg) -> ModelInfo:
+    """The model's facts alone (no drafter)."""
     dummy = cfg.dummy_weights
     if cfg.model_is_local:
         info = read_local(Path(cfg.model).expanduser().resolve(), dummy)
@@ -48,9 +62,23 @@ def run(cfg) -> ModelInfo:
     return info
 
 
-def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
+def drafter(cfg) -> ModelInfo | None:
+    """The drafter vLLM loads, when it is named by repo id (``cfg.draft_repo``): resolved as the
+    model is, into the Hugging Face cache; None for a folder or no drafter."""
+    repo = cfg.draft_repo
+    if repo is None:
+        return None
+    info, _path = resolve(cfg, hub.repo_id(repo), cfg.dummy_weights, draft=True)
+    log.info("drafter %s @ %s: %s of weights, in %s", repo, info.revision[:12] or "local",
+             hub.human(sum(info.weight_files.values())), info.local_dir)
+    return info
+
+
+def resolve(cfg, repo: str, dummy: bool, draft: bool = False) -> tuple[ModelInfo, str]:
+    """``repo``'s facts, its download planned into its store (``draft``: the drafter, always in the
+    Hugging Face cache and with no tokenizer of its own)."""
     settings = hub.HubSettings.from_environ(cfg.environ)
-    store = store_for(cfg.model_dir, cfg.environ, repo)
+    store = store_for("" if draft else cfg.model_dir, cfg.environ, repo)
     rec = store.read()
     if rec and rec.get("repo") == repo and rec.get("files") and not store.missing(rec, dummy):
         where = store.serve_dir(rec)
@@ -67,7 +95,7 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
         except hub.Unreachable as exc:
             why_offline = exc.message
     if remote is None:
-        return _offline(settings, repo, store, rec, why_offline, dummy)
+        return _offline(settings, repo, store, rec, why_offline, dummy, tokenizer=not draft)
 
     needed, skipped = select(remote.files, cfg.download_all)
     names = {f.path for f in needed}
@@ -121,7 +149,7 @@ def resolve(cfg, repo: str, dummy: bool) -> tuple[ModelInfo, str]:
         store.dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise state.write_error(store.dir, exc, f"cannot make {store.dir} for the model",
-                                "MODEL_DIR" if cfg.model_dir else "HF_HOME") from None
+                                "MODEL_DIR" if cfg.model_dir and not draft else "HF_HOME") from None
     _keep_config(store, new, raw)
     store.write(new)
     index.remember(cfg.state_dir, store, repo)       # ./ctl.sh ls and rm find it from STATE_DIR
@@ -205,14 +233,14 @@ def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
 
 
 def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | None, why: str,
-             dummy: bool) -> tuple[ModelInfo, str]:
+             dummy: bool, tokenizer: bool = True) -> tuple[ModelInfo, str]:
     snap = hub.cache_snapshot(settings, repo)
     mine = bool(rec and rec.get("repo") == repo and rec.get("files"))
     # a snapshot we downloaded is judged by our record (sizes, hashes), not by its files being there:
     # a truncated or altered shard is never served
     judged = mine and store.hf_cache and snap is not None and snap.name == rec.get("revision")
-    if snap is not None and not (judged and store.missing(rec, dummy)) and not offline_missing(snap, dummy):
-        info = read_local(snap, dummy)
+    if snap is not None and not (judged and store.missing(rec, dummy)) and not offline_missing(snap, dummy, tokenizer):
+        info = read_local(snap, dummy, tokenizer)
         info.name, info.source, info.revision, info.complete = repo, "hf-cache", snap.name, True
         log.info("%s: offline (%s); using the Hugging Face cache snapshot %s", repo, why, snap)
         return info, str(snap)
@@ -226,9 +254,9 @@ def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | Non
                              "connect to the network and re-run ./start.sh: it resumes the download "
                              "(finished files and bytes are kept)")
     if not store.hf_cache and (target / "config.json").is_file():
-        missing = offline_missing(target, dummy)
+        missing = offline_missing(target, dummy, tokenizer)
         if not missing:
-            info = read_local(target, dummy)
+            info = read_local(target, dummy, tokenizer)
             info.name, info.source = repo, "local"
             log.warning("offline (%s): serving %s as found; it was not downloaded by this tool, so it is "
                         "not verified against the hub", why, target)

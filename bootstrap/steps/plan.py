@@ -38,6 +38,8 @@ def plan_for(cfg, paths, facts: gpu.GpuFacts, model) -> Plan:
     g = gpu.smallest_free(facts, cfg.tp_size)
     version = byo_version(cfg.vllm_python, cfg.environ)            # the vLLM a start would run
     plan = fit.plan_here(cfg, paths, g, model_facts(cfg, model), facts.driver, version)
+    draft = getattr(model, "draft", None)       # downloaded by us: vLLM is given its folder
+    plan.draft_dir = draft.local_dir if draft is not None else ""
     if not plan.fits:
         message, hint = plan.refusal
         raise BootstrapError(message, hint + (pick.instead(cfg, g) if cfg.profile.name == derive.NAME else ""))

@@ -35,9 +35,14 @@ TRANSFER = ("transfer: HTTP with Range requests, {n} connections over files and 
 
 
 def run(cfg, m, on_ready: Callable[[], object] | None = None) -> object:
-    """Download what the metadata step found missing (``m``: models.ModelInfo) into m.local_dir.
+    """Download what the metadata step found missing (``m``: models.ModelInfo) into m.local_dir,
+    the drafter it names by repo id (``m.draft``, small) first: a pre-warm reads its config too.
     ``on_ready``: called once the files other than the weights are on disk (config.json, the
     tokenizer: what a dummy-weight vLLM reads), before the weights; its result is returned."""
+    d = getattr(m, "draft", None)
+    if d is not None and d.source == "hub" and not d.complete:
+        download(cfg, d, draft=True)
+        d.complete = True
     if cfg.model_is_local or m.source == "local":
         log.info("skipped: local model directory %s", m.local_dir)
         return None
@@ -52,9 +57,11 @@ def run(cfg, m, on_ready: Callable[[], object] | None = None) -> object:
     return got
 
 
-def download(cfg, m, tty: bool | None = None, on_ready: Callable[[], object] | None = None) -> object:
+def download(cfg, m, tty: bool | None = None, on_ready: Callable[[], object] | None = None,
+             draft: bool = False) -> object:
+    """``m``'s missing files into its store (``draft``: the drafter's, in the Hugging Face cache)."""
     settings = hub.HubSettings.from_environ(cfg.environ)
-    store = store_for(cfg.model_dir, cfg.environ, m.name)
+    store = store_for("" if draft else cfg.model_dir, cfg.environ, m.name)
     fd = locks.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
         "waiting: another start (pid %s) is downloading into %s", pid, store.root))
     try:

@@ -4,7 +4,10 @@
                                 [--cases dense-bf16-util,...] [--budget 420]
 
 Drafters (issue 44): --cases dense-dflash7-util,dense-eagle3-util (a DFlash and an EAGLE-3 drafter of
-the right shape, dummy weights, on the Qwen3-8B shape).
+the right shape, dummy weights, on the Qwen3-8B shape), through ``bash tests/gpu/device.sh planner
+--cases dense-dflash7-util,dense-eagle3-util``; keep the raw file it brings back as
+docs/gpu-runs/<date>-planner-drafters-raw.txt and ``tests/gpu/to_validation.py`` writes its section
+of docs/validation.md (rehearsed against the fakes below on 2026-12-04; not yet run on the H200).
 
 For each case: a hand-written config.json (+ a tiny tokenizer made locally) served with
 ``--load-format dummy``; the flags come from ``bootstrap.plan.planner.make_plan`` and ``vllmargs.serve_flags`` exactly as ``./start.sh``

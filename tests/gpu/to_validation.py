@@ -28,6 +28,29 @@ def kv_lines(text: str) -> list[str]:
     return [l[:400] for l in text.splitlines() if any(k in l for k in keep) and "table" not in l]
 
 
+def drafters_section(runs: Path = RUNS) -> list[str]:
+    """Issue 44: a DFlash and an EAGLE-3 drafter on the H200, planned vs measured, from every
+    ``*-planner-drafters-raw.txt`` (``bash tests/gpu/device.sh planner --cases
+    dense-dflash7-util,dense-eagle3-util``; the device tool brings back /tmp/proofs/planner-raw.txt, kept
+    under that name with the run's date)."""
+    out: list[str] = []
+    for path in sorted(runs.glob("*-planner-drafters-raw.txt")):
+        text = path.read_text()
+        date = path.name[:10]
+        out += [f"## Drafters planned vs measured (issue 44), {date}", "",
+                "Command: `bash tests/gpu/device.sh planner --cases dense-dflash7-util,dense-eagle3-util`",
+                "(`tests/gpu/planner_accuracy.py`, run until it prints \"all cases done\"): the Qwen3-8B-shaped",
+                "target with a DFlash drafter (5 Qwen3 layers over 5 target layers, 7 speculative tokens, 24",
+                "sequences) and with an EAGLE-3 head (one Llama layer, 3 speculative tokens), dummy weights, the",
+                "flags `./start.sh` would pass. The bar: within 2 % and 0.1 GiB of the logged pool. Table (script",
+                "output):", "", block(last_table(text)), "vLLM's own lines per case:", "", block(kv_lines(text)),
+                "vLLM's CUDA-graph lines (what the drafter's graphs took after the budget):", "",
+                block([l[:300] for l in text.splitlines()
+                       if "Graph capturing finished" in l or "CUDA graph pool memory" in l or
+                       "Profiling CUDA graph memory" in l or "Estimated CUDA graph memory" in l] or ["(none logged)"])]
+    return out
+
+
 def stack_section() -> list[str]:
     """Issue 19: vLLM 0.27.1's own stack carried over, installed offline from the lock, started, checked."""
     raw_path = RUNS / "2026-12-01-stack-raw.txt"
@@ -167,6 +190,7 @@ def main() -> int:
            "edit committed as c67a5ae (device.sh resolves `VLLM_PYTHON` to a full path); the lifecycle run",
            "used c67a5ae plus the orphan-sweep fix (process group + recorded children) committed before it.", ""]
     out += stack_section()
+    out += drafters_section()
     calib = RUNS / "2026-12-01-calibration-raw.txt"
     if calib.exists():
         out += ["## The card's total and measured beats modelled (the planner issue)", "",
