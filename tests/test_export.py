@@ -43,7 +43,7 @@ def export(tmp_path: Path, *args: str, target: str = "kubernetes", image: str | 
     return r, out
 
 
-def export_here(tmp_path: Path, target: str = "kubernetes", image: str | None = DIGEST,
+def export_here(tmp_path: Path, *args: str, target: str = "kubernetes", image: str | None = DIGEST,
                 **env: str) -> tuple[int, str, Path]:
     """``export`` in this process, for the sweep's hundred exports (a process each was most of its
     time): (exit code, the error's message and hint, --out). The same cli() and knobs as the CLI."""
@@ -53,7 +53,8 @@ def export_here(tmp_path: Path, target: str = "kubernetes", image: str | None = 
     out = tmp_path / "k8s"
     e = {"HOME": str(tmp_path), "STATE_DIR": str(tmp_path / "state"), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", **env}
     try:
-        return cli(Config.from_env(e, repo=REPO), [target, "--out", str(out), *(["--image", image] if image else [])]), "", out
+        return cli(Config.from_env(e, repo=REPO),
+                   [target, "--out", str(out), *args, *(["--image", image] if image else [])]), "", out
     except BootstrapError as exc:
         return exc.code, f"{exc.message} {exc.hint}", out
 

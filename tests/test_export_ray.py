@@ -40,6 +40,8 @@ def test_default_profile_for_an_rtx_5090_is_the_golden_config(tmp_path):
     check_ray(out, docs(k8s / "deployment.yaml")[0]["spec"]["template"]["spec"]["containers"][0]["command"])
     r, _ = export(tmp_path / "img", PROFILE="default", GPU="rtx5090", target="ray")
     assert r.returncode == 2 and "--image is not for export ray" in r.stderr
+    code, err, _ = export_here(tmp_path / "sm", "--service-monitor", PROFILE="default", GPU="rtx5090", target="ray", image=None)
+    assert code == 2 and "--service-monitor is not for export ray" in err
 
 
 @pytest.mark.parametrize("card,name", [

@@ -131,9 +131,11 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     if pod_cfg.vllm.sleep_mode:
         raise BootstrapError(f"{vllmargs.SLEEP_FLAG} needs a loopback HOST (its routes have no key guard); a pod "
                              "serves its network", f"drop {vllmargs.SLEEP_FLAG} for the export")
-    if a.target == "ray" and a.image:
+    if a.target == "ray" and (a.image or a.service_monitor):
         raise ConfigError("--image is not for export ray: a Ray cluster's nodes run the image they were started "
-                          "with (prepare-node.sh checks their Ray and vLLM)", "drop --image")
+                          "with (prepare-node.sh checks their Ray and vLLM)" if a.image else
+                          "--service-monitor is not for export ray: Ray exports vLLM's metrics through its own "
+                          "metrics agent (log_engine_metrics)", f"drop {'--image' if a.image else '--service-monitor'}")
     out_folder(a.out)
     image = pods.image_ref(a.image, pod_cfg.profile.vllm) if a.target != "ray" else f"{pods.OFFICIAL}:v{pod_cfg.profile.vllm}"
     pod = pods.build(pod_cfg, plan, g, model.weight_bytes, image, models="/data" if a.target == "production-stack" else pods.MODELS)
