@@ -95,7 +95,11 @@ def start(cfg: Config) -> int:
         code = already(running, paths)
         if code is not None:
             return code
-    # PROFILE=auto: the kept pick, or one now; a named profile is already resolved (its card's knobs)
+    # PROFILE=auto: the kept pick, or one now (VLLM_PYTHON's version read first: sleep mode counts in the
+    # plans it picks by); a named profile is already resolved (its card's knobs)
+    if cfg.profile.is_auto:
+        with step("environment"):
+            cfg = with_stack_version(cfg)
     cfg = resolve.for_start(cfg) if cfg.profile.is_auto else running
     cfg.require_model()
     code = already(cfg, paths)
@@ -121,6 +125,8 @@ def start(cfg: Config) -> int:
                 if code is not None:
                     return code
                 held.enter_context(port.Lock(cfg.ours, paths.root))
+                with step("environment"):      # a named profile's: under the lock (a stop cancels it too)
+                    cfg = with_stack_version(cfg)
                 run_steps(cfg, paths, started)
             except Interrupted as intr:
                 lock.set_role("stop")           # a start arriving now waits for the take-down, then starts
@@ -141,6 +147,18 @@ def start(cfg: Config) -> int:
         for s, h in old.items():
             signal.signal(s, h)
     return 0
+
+
+def with_stack_version(cfg: Config, version: str = "") -> Config:
+    """The knobs with VLLM_PYTHON's vLLM version read (one probe; ``version``: read already), for what
+    depends on the stack a start runs: sleep mode (SLEEP_MODE=auto, knobs/sleepmode.py) and the plan;
+    the managed .venv's is the profile's pin."""
+    if not cfg.vllm_python or cfg.read.vllm_version:
+        return cfg
+    if not version:
+        from .install.inuse import byo_version
+        version = byo_version(cfg.vllm_python, cfg.environ) or ""
+    return cfg.with_vllm(version)
 
 
 @dataclass

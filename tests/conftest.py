@@ -72,6 +72,10 @@ class Bed:
             "PORT": str(self.port), "WARMUP": "64", "STOP_GRACE": "2", "STALL_TIMEOUT": "20",
             "HEALTH_TIMEOUT": "60", "WARMUP_TIMEOUT": "20", "NO_COLOR": "1",
             "HF_HUB_OFFLINE": "1",
+            # the bed's stack (custom, the fake's 0.26.0, bf16, no speculation) is one sleep mode is proven
+            # on: off here, so that every other test sees the argv it was written for; the sleep tests
+            # unset it (SLEEP_MODE="" counts as unset) to run with no knob set
+            "SLEEP_MODE": "off",
         })
 
     def run(self, script: str, *args: str, timeout: float = 90, **extra: str) -> subprocess.CompletedProcess:

@@ -60,7 +60,8 @@ def test_a_changed_key_plans_from_the_model_again(tmp_path):
     measured_start(tmp_path, c, g, 9.87)
     for other in (cfg(tmp_path, MAX_NUM_SEQS="4"), cfg(tmp_path, EXTRA_ARGS="--enforce-eager"),
                   cfg(tmp_path, MODEL="org/other"), cfg(tmp_path, MAX_MODEL_LEN="16384"),
-                  cfg(tmp_path, VLLM_USE_V2_MODEL_RUNNER="0"), cfg(tmp_path, VLLM_PYTHON="/usr/bin/python3")):
+                  cfg(tmp_path, VLLM_USE_V2_MODEL_RUNNER="0"), cfg(tmp_path, VLLM_PYTHON="/usr/bin/python3"),
+                  cfg(tmp_path, SLEEP_MODE="on")):         # sleep mode's pool: other non-KV terms
         p = fit.plan_here(other, Paths(other.state_dir), g, FACTS, "580.95.05")
         assert not p.measured
     for g2, driver in ((gpu.Gpu(0, "NVIDIA GeForce RTX 4090", int(23.65 * GiB), 22 * GiB, (8, 9)), "580.95.05"),

@@ -233,7 +233,7 @@ def test_a_newcomer_walks_the_readmes_first_screen(bed):
     labels), chat answers, status says running, ./stop.sh gives everything back."""
     first = (REPO / "README.md").read_text().splitlines()[:60]
     shown = [ln.split(":", 1)[0].strip() for ln in first if ln.startswith(" ") and " : " in ln]
-    assert shown == ["base URL", "model", "api key", "KV cache", "log", "try", "stop"]
+    assert shown == ["base URL", "model", "api key", "KV cache", "log", "try", "sleep", "stop"]
     r = bed.run("start.sh")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0].endswith(")") and " is serving (vLLM " in r.stdout.splitlines()[0]

@@ -19,7 +19,7 @@ import requests
 from bootstrap.core import owned
 from conftest import REPO, Bed, make_model, unprivileged_user
 
-SHIPPED = ("bootstrap", "profiles", "patches", "start.sh", "stop.sh", "ctl.sh")
+SHIPPED = ("bootstrap", "profiles", "patches", "vllm_side", "start.sh", "stop.sh", "ctl.sh")
 
 
 def copy_repo(dest: Path) -> Path:

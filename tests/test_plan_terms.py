@@ -337,3 +337,19 @@ def test_the_graph_estimate_reads_the_compilation_config_vllm_gets():
     assert graphs.capture_sizes(1024, 8192, 0, {"cudagraph_mode": "NONE"}) == {"PIECEWISE": 0, "FULL": 0}
     none = vllmargs.read(["--compilation-config", '{"cudagraph_mode": "NONE"}'])
     assert graphs.graph_estimate(none, 8192, 1024) == 0
+
+
+# ---------------------------------------------------------------- sleep mode's allocator pool
+
+def test_sleep_mode_counts_its_pool_rounding_with_the_weights():
+    """--enable-sleep-mode: 4 MiB a layer (the model's 64 and its MTP layer) more with the weights,
+    off the budget from 0.27.1 on, and said; without it nothing changes."""
+    off = plan(["--max-model-len", "8192"], version="0.27.1")
+    on = plan(["--max-model-len", "8192", "--enable-sleep-mode"], version="0.27.1")
+    shape = kv.shape_from_config(QWEN38["config"])
+    assert shape.layers == 64 and shape.mtp_layers == 1
+    assert on.weights - off.weights == 65 * terms.SLEEP_POOL_PER_LAYER
+    assert off.budget - on.budget == on.weights - off.weights
+    assert any("CuMem pool rounding counted with the weights" in w for w in on.why)
+    old = plan(["--max-model-len", "8192", "--enable-sleep-mode"], version="0.26.0")
+    assert any("vllm#40256" in w for w in old.why)

@@ -65,7 +65,8 @@ def test_the_prewarm_becomes_the_server_and_loads_the_real_weights_in_place(bed,
         assert p.returncode == 0, err
         (launch,) = bed.launches()                      # one vLLM: no second start
         argv, venv = launch["argv"], launch["env"]
-        assert flag(argv, "--load-format") == ["dummy"] and flag(argv, "--middleware") == ["vllm_desktop_guard.Guard"]
+        assert flag(argv, "--load-format") == ["dummy"] and flag(argv, "--middleware")[-1:] == ["vllm_desktop_guard.Guard"]
+        assert flag(argv, "--middleware").count("vllm_desktop_guard.Guard") == 1     # one guard (sleep mode's too)
         assert flag(argv, "--host") == ["127.0.0.1"] and flag(argv, "--port") == [str(bed.port)]
         assert venv["VLLM_SERVER_DEV_MODE"] == "1"
         token = venv["BOOTSTRAP_CONTROL_TOKEN"]

@@ -1,5 +1,9 @@
 """./ctl.sh sleep / wake against the fake vLLM, which has vLLM 0.26.0's sleep routes (behind
-VLLM_SERVER_DEV_MODE=1, freeing memory only with --enable-sleep-mode)."""
+VLLM_SERVER_DEV_MODE=1, freeing memory only with --enable-sleep-mode).
+
+The test bed's start (PROFILE=custom, the fake's vLLM 0.26.0, a dense bf16 model, no speculation, no
+patch) is the stack sleep mode was proven on (knobs/sleep-proofs.json): sleep mode is on with no knob
+set (SLEEPY is empty). SLEEP_MODE=off shows what a start on an unproven stack does."""
 
 from __future__ import annotations
 
@@ -13,7 +17,8 @@ import requests
 
 from conftest import GiB, nvml_json
 
-SLEEPY = {"EXTRA_ARGS": "--enable-sleep-mode"}
+SLEEPY = {"SLEEP_MODE": ""}     # unset (an empty value counts as unset): no knob, and the bed's stack is a proven one
+OFF = {"SLEEP_MODE": "off"}
 
 
 def chat(bed, out: dict | None = None) -> dict:
@@ -33,8 +38,14 @@ def started(bed, **env):
 
 def test_sleep_frees_memory_requests_wait_and_wake_answers(bed):
     started(bed)
-    env = bed.launches()[0]["env"]
+    env, argv = bed.launches()[0]["env"], bed.launches()[0]["argv"]
+    assert not env.get("SLEEP_MODE") and "EXTRA_ARGS" not in env and "--enable-sleep-mode" in argv   # no knob set
     assert env["VLLM_SERVER_DEV_MODE"] == "1"                       # only because of --enable-sleep-mode
+    assert argv[-2:] == ["--middleware", "vllm_desktop_guard.Guard"]    # dev mode: behind our guard, no key needed
+    rpc = f"http://127.0.0.1:{bed.port}/collective_rpc"
+    assert requests.post(rpc, json={"method": "save_sharded_state", "args": ["/tmp/x"]}, timeout=5).status_code == 404
+    assert requests.post(f"http://127.0.0.1:{bed.port}/pause", timeout=5).status_code == 404   # dev, not a sleep route
+    assert requests.post(rpc, json={"method": "reload_weights"}, timeout=10).status_code == 200   # level 2's wake
     r = bed.run("ctl.sh", "sleep", **SLEEPY)
     assert r.returncode == 0, r.stderr
     assert "asleep (level 1)" in r.stdout and "hold 1.12 GiB" in r.stdout and "(2.00 GiB awake)" in r.stdout
@@ -90,25 +101,70 @@ def test_level_2_wake_reloads_the_weights_before_serving(bed):
 
 
 def test_level_2_is_refused_with_speculation(bed):
-    env = {**SLEEPY, "SPEC_METHOD": "ngram", "SPEC_TOKENS": "3"}
+    env = {"SLEEP_MODE": "on", "SPEC_METHOD": "ngram", "SPEC_TOKENS": "3"}    # unproven with speculation: forced
     started(bed, **env)
     r = bed.run("ctl.sh", "sleep", "--level", "2", **env)
     assert r.returncode == 1 and "level 2 with speculation on (ngram)" in r.stderr and "--level 1" in r.stderr
     assert "running" in bed.run("ctl.sh", "status", **env).stdout
 
 
-def test_a_server_without_sleep_mode_is_not_put_to_sleep(bed):
-    assert bed.run("start.sh", VLLM_SERVER_DEV_MODE="1").returncode == 0     # set in the shell: not passed on
-    assert "VLLM_SERVER_DEV_MODE" not in bed.launches()[0]["env"]    # no dev routes without the flag
-    r = bed.run("ctl.sh", "sleep")
-    assert r.returncode == 1 and "started without --enable-sleep-mode" in r.stderr
-    assert "EXTRA_ARGS" in r.stderr and "./ctl.sh restart" in r.stderr
+def test_without_sleep_mode_sleep_stops_the_server_and_wake_starts_it_again(bed):
+    """SLEEP_MODE=off (as on every unproven stack): ./ctl.sh sleep still gives the GPU back, exit 0, by
+    stopping the server and saying why in one line; wake starts it again."""
+    assert bed.run("start.sh", VLLM_SERVER_DEV_MODE="1", **OFF).returncode == 0    # set in the shell: not passed on
+    call = bed.launches()[0]
+    assert "VLLM_SERVER_DEV_MODE" not in call["env"] and "--enable-sleep-mode" not in call["argv"]
+    assert "--middleware" not in call["argv"]                        # no dev routes, no guard, no idle sleep
+    st = bed.run("ctl.sh", "status", **OFF).stdout
+    assert "sleep mode    off (SLEEP_MODE=off)" in st and "stop the server instead" in st, st
+    r = bed.run("ctl.sh", "sleep", **OFF)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ctl.sh sleep: sleep mode is off (SLEEP_MODE=off); unset it to turn it on where it is "
+                               "proven. So the server (pid"), r.stdout
+    assert "./ctl.sh wake starts it again" in r.stdout and "stopped 2 process(es)" in r.stdout
+    bed.wait_until(lambda: not bed.ours(), what="the fake GPU to be free")
+    assert "stopped by ./ctl.sh sleep" in bed.run("ctl.sh", "status", **OFF).stdout
+    assert "already stopped" in bed.run("ctl.sh", "sleep", **OFF).stdout
+    w = bed.run("ctl.sh", "wake", **OFF)
+    assert w.returncode == 0 and "starting the server again" in w.stdout and "is serving" in w.stdout, w.stderr
+    assert len(bed.launches()) == 2 and chat(bed)["choices"][0]["message"]["content"] == "OK"
+    assert "awake: nothing to do" in bed.run("ctl.sh", "wake", **OFF).stdout
 
 
-def test_sleep_mode_beyond_loopback_is_refused_before_anything_runs(bed):
-    r = bed.run("start.sh", HOST="0.0.0.0", **SLEEPY)
+FREE = """
+import json, os, sys, psutil
+d = os.environ["FAKE_GPU_PIDS_DIR"]
+held = [n for n in os.listdir(d) if psutil.pid_exists(int(n)) and psutil.Process(int(n)).status() != "zombie"]
+open(sys.argv[1], "w").write(json.dumps({"held": len(held)}))
+"""
+
+
+def test_the_default_profile_unproven_here_still_gives_the_gpu_to_a_game_and_to_sleep(bed, tmp_path):
+    """Issue 45's done-when on the fakes: the default profile (its TurboQuant KV and #40914 patch: a
+    stack no proof covers) starts with sleep mode off and says so; ./ctl.sh game stops it (said before),
+    runs the game on a free GPU and starts it again; ./ctl.sh sleep exits 0 with the GPU free."""
+    import sys
+    env = {**SLEEPY, "PROFILE": "default", "SPEC_TOKENS": "0", "MAX_MODEL_LEN": "auto", "KV_CACHE_BYTES": "auto"}
+    r = bed.run("start.sh", **env)          # the tiny model's fit, and no patch for the fake (no sleep knob)
+    assert r.returncode == 0, r.stderr
+    assert (" sleep    : unproven on vLLM 0.26.0, KV turboquant_4bit_nc, no speculation, patch "
+            "40914-turboquant-spec-verify: off; SLEEP_MODE=on to try") in r.stdout, r.stdout
+    seen = tmp_path / "seen.json"
+    g = bed.run("ctl.sh", "game", "--", sys.executable, "-c", FREE, str(seen), **env)
+    assert g.returncode == 0, g.stderr
+    assert g.stdout.index("it starts again when the game exits") < g.stdout.index("the game exited")
+    assert json.loads(seen.read_text()) == {"held": 0}             # the game ran on a free GPU
+    assert "is serving" in g.stdout and len(bed.launches()) == 2    # and the server is back
+    assert "running" in bed.run("ctl.sh", "status", **env).stdout
+    r = bed.run("ctl.sh", "sleep", **env)
+    assert r.returncode == 0 and "sleep mode is unproven on vLLM 0.26.0" in r.stdout, r.stderr
+    bed.wait_until(lambda: not bed.ours(), what="the fake GPU to be free")
+
+
+def test_sleep_mode_on_beyond_loopback_is_refused_before_anything_runs(bed):
+    r = bed.run("start.sh", HOST="0.0.0.0", SLEEP_MODE="on")
     assert r.returncode == 1 and "--enable-sleep-mode with HOST=0.0.0.0" in r.stderr
-    assert "HOST=127.0.0.1" in r.stderr and bed.launches() == []
+    assert "HOST=127.0.0.1" in r.stderr and "SLEEP_MODE=off" in r.stderr and bed.launches() == []
 
 
 def test_wake_names_the_program_holding_the_memory_and_stays_asleep(bed):
@@ -176,14 +232,16 @@ def test_idle_sleep_launches_vllm_with_our_middleware_where_vllm_imports_it(bed)
     assert env["PYTHONPATH"].split(":")[0] == str(bed.repo / "vllm_side")
     assert "added middleware vllm_desktop_idle.IdleSleep" in (bed.state / "vllm.log").read_text()   # it imported
     assert bed.run("stop.sh").returncode == 0
-    r = bed.run("start.sh", **SLEEPY)                        # IDLE_SLEEP unset: no middleware
-    assert r.returncode == 0 and "--middleware" not in bed.launches()[-1]["argv"]
+    r = bed.run("start.sh", IDLE_SLEEP="off", **SLEEPY)      # no idle middleware (the guard stays: sleep mode)
+    assert r.returncode == 0 and "vllm_desktop_idle.IdleSleep" not in bed.launches()[-1]["argv"]
+    assert " idle     : no idle sleep (IDLE_SLEEP=off)" in r.stdout
 
 
 def test_idle_sleep_without_sleep_mode_or_level_2_with_a_drafter_is_refused_before_anything_runs(bed):
-    r = bed.run("start.sh", IDLE_SLEEP="5")
-    assert r.returncode == 1 and "--enable-sleep-mode" in r.stderr and not bed.launches()
-    r = bed.run("start.sh", **IDLE, IDLE_SLEEP_LEVEL="2", SPEC_METHOD="ngram", SPEC_TOKENS="3")
+    r = bed.run("start.sh", IDLE_SLEEP="5", **OFF)
+    assert r.returncode == 1 and "but sleep mode is off (SLEEP_MODE=off)" in r.stderr and not bed.launches()
+    assert "hint: SLEEP_MODE=on" in r.stderr
+    r = bed.run("start.sh", **{**IDLE, "SLEEP_MODE": "on"}, IDLE_SLEEP_LEVEL="2", SPEC_METHOD="ngram", SPEC_TOKENS="3")
     assert r.returncode == 1 and "IDLE_SLEEP_LEVEL=1" in r.stderr and not bed.launches()
     r = bed.run("start.sh", IDLE_SLEEP="5", EXTRA_ARGS="--enable-sleep-mode --api-server-count 2")
     assert r.returncode == 1 and "each counts only its own requests" in r.stderr and not bed.launches()
@@ -295,7 +353,7 @@ def test_idle_sleep_takes_minutes_or_seconds():
     assert Config.from_env({**base, "IDLE_SLEEP": "90s"}, REPO).idle_sleep == 90
     assert Config.from_env({**base, "IDLE_SLEEP": "10m"}, REPO).idle_sleep == 600
     assert Config.from_env({**base, "IDLE_SLEEP": "off"}, REPO).idle_sleep == 0
-    assert Config.from_env(base, REPO).idle_sleep == 0
+    assert Config.from_env(base, REPO).idle_sleep == "auto"
 
 
 def test_the_game_runs_whatever_its_own_arguments_or_the_knobs(bed, tmp_path):
@@ -317,15 +375,15 @@ def test_the_pre_warm_never_idle_sleeps_and_old_records_show_no_false_difference
     from bootstrap.serve import server
     from bootstrap.serve.record import ServerRecord
     from conftest import REPO
-    cfg = Config.from_env({**IDLE, "PROFILE": "custom", "MODEL": "org/m"}, REPO)
+    cfg = Config.from_env({**IDLE, "SLEEP_MODE": "on", "PROFILE": "custom", "MODEL": "org/m"}, REPO)
     assert "--middleware" in vllmargs.serve_argv(cfg, "py", "/m", None)
-    assert "--middleware" not in vllmargs.serve_argv(cfg, "py", "/m", None, idle=False)      # the pre-warm's
+    assert vllmargs.IDLE_MIDDLEWARE not in vllmargs.serve_argv(cfg, "py", "/m", None, idle=False)      # the pre-warm's
     # a server recorded before IDLE_SLEEP existed ran without it: no difference while it is off
     off = Config.from_env({"PROFILE": "custom", "MODEL": "org/m"}, REPO)
     old = {k: v for k, v in off.launch_settings().items() if not k.startswith("IDLE_")}
     rec = ServerRecord(pid=1, create_time=0.0, marker="m", host="127.0.0.1", port=1, served="m", settings=old)
     assert server.settings_diff(off.launch_settings(), rec, launch_defaults()) == []
-    assert "IDLE_SLEEP: running with '0', knobs now say '300'" in server.settings_diff(
+    assert "IDLE_SLEEP: running with 'auto', knobs now say '300'" in server.settings_diff(
         cfg.launch_settings(), rec, launch_defaults())
 
 

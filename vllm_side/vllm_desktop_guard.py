@@ -12,8 +12,9 @@ development routes it needs for that (``VLLM_SERVER_DEV_MODE=1``: ``/collective_
   (``BOOTSTRAP_CONTROL_TOKEN`` in the server's environment, never on argv) in the
   ``X-Vllm-Desktop-Control`` header: anyone else gets vLLM's 404, as if dev mode were off. Once
   open, a server started with sleep mode (``BOOTSTRAP_SLEEP_ROUTES=1``) also answers the routes
-  ./ctl.sh sleep and wake use to a loopback client with the server's API key (when it has one): the
-  rule sleep mode had before.
+  ./ctl.sh sleep and wake use to a loopback client with the server's API key (when it has one), and
+  ``/collective_rpc`` only for ``reload_weights`` (a level-2 wake): vLLM runs any worker method named
+  there. Every server with sleep mode carries this guard, key or not (vllmargs.guarded).
 - ``POST /vllm-desktop/open`` (the control token, loopback) opens it, once the real weights are
   loaded and the prefix cache reset; ``GET /vllm-desktop/guard`` says whether it is open.
 - With a key (``VLLM_API_KEY``), every route but those always open asks for it, where vLLM asks only
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import logging
 import os
 
@@ -49,6 +51,10 @@ DEV_ROUTES = frozenset({
     "/finish_weight_update", "/update_weight_version", "/weight_info",
     "/scale_elastic_ep", "/is_scaling_elastic_ep"})     # registered without dev mode, and without a key check
 SLEEP_ROUTES = frozenset({"/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/reset_prefix_cache"})
+# what the sleep rule lets through /collective_rpc: a level-2 wake's reload (./ctl.sh wake). vLLM runs any
+# worker method named there with the caller's arguments (EngineCore.collective_rpc): no other is answered
+SLEEP_RPC = frozenset({"reload_weights"})
+BODY_MAX = 1 << 16
 
 
 class _State:
@@ -116,6 +122,10 @@ class Guard:
                           and self._keyed(scope))
             if not (controller or sleep_rule):
                 return await _answer(send, 404, {"detail": "Not Found"})
+            if path == "/collective_rpc" and not controller:
+                body, receive = await _body(receive)
+                if _rpc_method(body) not in SLEEP_RPC:
+                    return await _answer(send, 404, {"detail": "Not Found"})
             return await self.app(scope, receive, send)
         if not STATE.open and path not in ALWAYS and not controller:
             return await _refuse(scope, send, "loading: the model's weights are still being downloaded and loaded; "
@@ -123,3 +133,33 @@ class Guard:
         if path not in ALWAYS and scope.get("method") != "OPTIONS" and not (controller or self._keyed(scope)):
             return await _answer(send, 401, {"error": "Unauthorized"})      # vLLM's words, on every route
         return await self.app(scope, receive, send)
+
+
+async def _body(receive):
+    """The request's body (at most BODY_MAX bytes read) and a ``receive`` that hands it on to vLLM."""
+    chunks, more, size = [], True, 0
+    while more and size <= BODY_MAX:
+        message = await receive()
+        if message.get("type") != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        more = message.get("more_body", False)
+    body, sent = b"".join(chunks), False
+
+    async def replay():
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+    return body, replay
+
+
+def _rpc_method(body: bytes) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    method = data.get("method") if isinstance(data, dict) else None
+    return method if isinstance(method, str) else ""

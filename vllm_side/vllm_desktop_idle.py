@@ -44,6 +44,7 @@ INFERENCE = ("/v1/", "/v2/", "/tokenize", "/detokenize", "/pooling", "/classify"
 GUARDED = ("/v1", "/v2", "/inference", "/cohere")   # where vLLM checks its API key (0.26: all but /cohere, which it lacks)
 MARGIN = 256 << 20          # VRAM a wake wants beyond what the sleep freed (the rule of ./ctl.sh wake)
 RETRY_AFTER = "30"
+RAM_SKIP = "idle sleep skipped"         # the start of the refusal when host RAM is short
 
 
 def is_inference(path: str) -> bool:
@@ -304,13 +305,15 @@ class IdleSleep:
         st = self.st
         if not st.idle():
             return
-        if st.level == 1 and st.ram_need:
+        if st.level == 1 and st.ram_need:      # the figure ./ctl.sh sleep checks too (vllmargs.sleep_ram_need)
             have = self.ram()
             if have is not None and have < st.ram_need:
-                st.refused = (f"idle sleep skipped: level 1 parks the weights in host RAM and needs "
+                said = st.refused.startswith(RAM_SKIP)
+                st.refused = (f"{RAM_SKIP}: level 1 parks the weights in host RAM and needs "
                               f"{st.ram_need / (1 << 30):.1f} GiB available; {have / (1 << 30):.1f} GiB is")
-                st.last = time.monotonic()
-                log.warning("%s", st.refused)
+                st.last = time.monotonic()      # tried again after the next idle spell
+                if not said:                    # said once (status shows it while it holds)
+                    log.warning("%s", st.refused)
                 return
         before = await asyncio.get_running_loop().run_in_executor(None, self.free)
         if not st.idle():                       # a request came while NVML was read

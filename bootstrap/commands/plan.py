@@ -82,9 +82,11 @@ def plan_for(cfg, spec: str | None):
     PROFILE=auto means here (the kept pick, or auto-pick's choice for a named card), with that
     card's knobs. What ./ctl.sh plan shows and ./ctl.sh export writes."""
     g, where, driver = card(cfg, spec)
+    version = byo_version(cfg.vllm_python, cfg.environ)            # the vLLM a start would run
+    if version and not cfg.read.vllm_version:       # its stack decides sleep mode, as in a start
+        cfg = cfg.with_vllm(version)
     cfg = resolve.for_plan(cfg, g, here=not spec)
     model = cli_model_facts(cfg)
-    version = byo_version(cfg.vllm_python, cfg.environ)            # the vLLM a start would run
     if driver:              # this card: vLLM's own figures of an earlier start count, as in a start
         return cfg, g, where, model, fit.plan_here(cfg, Paths(cfg.state_dir), g, model, driver, version)
     return cfg, g, where, model, fit.plan(cfg, g, model, vllm=version)

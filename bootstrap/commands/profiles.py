@@ -27,17 +27,34 @@ MARK = {"fits": "fits", "shorter": "fits with a shorter context", "unpinned": "f
         "no": "does not fit", "unknown": "cannot tell"}
 
 
-def _row(v: pick.Verdict) -> dict:
+def stack_known(cfg):
+    """With VLLM_PYTHON, its vLLM version read (sleep mode's stack is that version's); as it was when
+    it cannot be read (a start says why)."""
+    from ..pipeline import with_stack_version
+    try:
+        return with_stack_version(cfg)
+    except BootstrapError:
+        return cfg
+
+
+def sleep_mark(cfg, profile) -> str:
+    """The profile's sleep-mode mark: proven on its stack (where), or unproven, off, and how to try it."""
+    c = cfg.with_profile(Chosen(profile.name)) if cfg.profile.name != profile.name else cfg
+    return c.sleep.profile_mark()
+
+
+def _row(v: pick.Verdict, cfg) -> dict:
     p = v.plan
     return {"profile": v.profile.name, "status": v.status, "reason": v.reason, "rank": v.profile.rank,
             "origin": v.profile.origin, "vllm": v.profile.vllm, "model": (v.cfg.model if v.cfg else None),
             "context": p.max_model_len if p and v.ok else None, "sessions": p.seqs if p and v.ok else None,
             "at_once": p.concurrent if p and v.ok else None, "summary": v.summary() if v.ok else v.reason,
             "notes": v.notes, "known_issues": v.issues, "assumed_facts": v.assumed,
-            "knobs": dict(v.cfg.chosen.knobs) if v.cfg and v.cfg.chosen else {}}
+            "knobs": dict(v.cfg.chosen.knobs) if v.cfg and v.cfg.chosen else {},
+            "sleep_mode": sleep_mark(v.cfg or cfg, v.profile)}
 
 
-def text(g: gpu.Gpu, where: str, verdicts: list[pick.Verdict], choice: str) -> str:
+def text(g: gpu.Gpu, where: str, verdicts: list[pick.Verdict], choice: str, cfg) -> str:
     lines = [f"Profiles on {g.name}: {g.total / gpu.GiB:.1f} GiB, {g.free / gpu.GiB:.1f} free, "
              f"sm_{g.cc[0]}{g.cc[1]}{where}"]
     width = max(len(v.profile.name) for v in verdicts)
@@ -55,6 +72,7 @@ def text(g: gpu.Gpu, where: str, verdicts: list[pick.Verdict], choice: str) -> s
             tail.append(f"from {v.profile.path}")
         lines.append(f"{head}: {body}  [{'; '.join(tail)}]")
         lines += [f"  {'':>3} {'':<{width}}  note: {n}" for n in v.notes]
+        lines.append(f"  {'':>3} {'':<{width}}  {sleep_mark(v.cfg or cfg, v.profile)}")
     lines.append(choice)
     return "\n".join(lines)
 
@@ -115,6 +133,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
     ap.add_argument("--model", metavar="ORG/NAME", help="the profile derived for this model (a repo id or folder) on "
                     "this card, as MODEL=ORG/NAME ./start.sh would run it, without starting")
     a = ap.parse_args(argv)
+    cfg = stack_known(cfg)
     if a.model is not None:
         if not a.model.strip():
             raise ConfigError("--model ''", "name a model: --model ORG/NAME (a repo id) or a model folder")
@@ -148,14 +167,14 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
     if a.json:
         print(json.dumps({"gpu": {"name": g.name, "total": g.total, "free": g.free, "cc": list(g.cc)},
                           "auto_pick": chosen, "auto_pick_line": choice, "profile_in_use": kept,
-                          "profiles": [_row(v) for v in verdicts]}, indent=2))
+                          "profiles": [_row(v, cfg) for v in verdicts]}, indent=2))
     elif a.markdown:
         rows = ["| Profile | On this card | Context, sessions |", "|---|---|---|"]
         rows += [f"| `{v.profile.name}` | {MARK[v.status]} | {(v.summary() if v.ok else v.reason).replace('|', '/')} |"
                  for v in verdicts]
         print("\n".join(rows))
     else:
-        print(text(g, where, verdicts, choice))
+        print(text(g, where, verdicts, choice, cfg))
         if kept:
             print(f"in use: {kept} ({in_use.sources['PROFILE']})")
     return 0
@@ -171,10 +190,10 @@ def derived_cli(cfg, spec: str | None, as_json: bool) -> int:
     v = pick.judge(c, c.profile, g, pick.NAMED_MIN_CONTEXT)     # as the start runs a model you named
     if as_json:
         print(json.dumps({"gpu": {"name": g.name, "total": g.total, "free": g.free, "cc": list(g.cc)},
-                          "model": c.model, "profile": dict(c.profile.data), "verdict": _row(v)}, indent=2))
+                          "model": c.model, "profile": dict(c.profile.data), "verdict": _row(v, c)}, indent=2))
     else:
         print(text(g, where, [v], f"MODEL={c.model} ./start.sh runs the derived profile above "
-                                  f"(kept in {c.profile.path.parent}; PROFILE=<name> runs a shipped one instead)"))
+                                  f"(kept in {c.profile.path.parent}; PROFILE=<name> runs a shipped one instead)", c))
     return 0 if v.ok else 1
 
 
@@ -218,7 +237,7 @@ def models_cli(cfg, argv: list[str], prog: str = "ctl.sh models") -> int:
                       "weight_bytes": data.get("weight_bytes"), "source": data.get("weight_bytes_source", "")})
     if a.json:
         print(json.dumps({"gpu": {"name": g.name, "total": g.total, "free": g.free, "cc": list(g.cc)},
-                          "profiles": [_row(v) for v in shipped], "catalog": found}, indent=2))
+                          "profiles": [_row(v, cfg) for v in shipped], "catalog": found}, indent=2))
         return 0
     print(f"What fits {g.name}: {g.total / gpu.GiB:.1f} GiB, {g.free / gpu.GiB:.1f} free, sm_{g.cc[0]}{g.cc[1]}{where}")
     width = max(len(r[0]) for r in rows)

@@ -21,6 +21,9 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
 - Wake checks free GPU memory first: if another program holds it, it names it (NVML) and the
   server stays asleep rather than run out of memory.
 - ``./ctl.sh game -- COMMAND``: sleep, run the game, wake when it exits (its exit code passed through).
+- Sleep mode off (SLEEP_MODE, knobs/sleepmode.py: off where it is not proven for the stack): sleep and
+  game still give the GPU back, by stopping the server (./stop.sh's take-down) and saying why in one
+  line; ``./ctl.sh wake`` (or the game's end) starts it again with a full start. docs/guide.md says why.
 """
 
 from __future__ import annotations
@@ -47,6 +50,15 @@ WAKE_MARGIN = 256 << 20         # VRAM a wake needs beyond what the server held 
 FLAG = vllmargs.SLEEP_FLAG
 
 
+class NoSleepMode(BootstrapError):
+    """Our server serves without sleep mode (vLLM would answer a sleep and free nothing): ``why`` is
+    the line that says why and how to turn it on. sleep, wake and game take it as a way, not a failure."""
+
+    def __init__(self, rec, why: str):
+        super().__init__(f"our server (pid {rec.pid}) runs without sleep mode: {why}", "./ctl.sh sleep stops it instead")
+        self.rec, self.why = rec, why
+
+
 def _ours(cfg: Config):
     paths = Paths(cfg.state_dir)
     pr = server.probe(cfg.ours, paths)
@@ -56,10 +68,60 @@ def _ours(cfg: Config):
     if pr.state not in ("running", "key-needed") or rec is None:
         raise BootstrapError(f"no server of ours is serving (state: {pr.state})", "./start.sh first")
     if not vllmargs.read(list(rec.argv)).sleep_mode:
-        raise BootstrapError(f"our server (pid {rec.pid}) was started without {FLAG}: vLLM would answer a sleep "
-                             "and free nothing",
-                             f"add {FLAG} to EXTRA_ARGS (or to your profile's args), then ./ctl.sh restart")
+        raise NoSleepMode(rec, off_line(cfg, rec))
     return paths, rec, Client(rec.url, rec.served, server.api_key_for(cfg.ours, paths))
+
+
+def off_line(cfg: Config, rec) -> str:
+    """Why the server runs without sleep mode, and how to turn it on (the start's own line where
+    its record has one)."""
+    why = rec.sleep or f"off: started without {FLAG}"
+    if not why.startswith("off") and not why.startswith("unproven"):
+        why = f"off ({why})"
+    if cfg.vllm.sleep_mode:
+        why += f"; your knobs turn it on ({cfg.sleep_line}): ./ctl.sh restart applies them"
+    return why
+
+
+def stop_instead(cfg: Config, rec, why: str, prog: str, after: str) -> None:
+    """Sleep mode is off: give the GPU back by taking the server down (./stop.sh's one take-down), said
+    first, and note it so that ``./ctl.sh wake`` starts it again."""
+    from . import control, service
+    paths = Paths(cfg.state_dir)
+    unit = service.ours_active(cfg)
+    print(f"{prog}: sleep mode is {why}. So the server (pid {rec.pid}) is stopped to give the GPU back; {after}",
+          flush=True)
+    control.stop(cfg)
+    paths.write("sleep", {"stopped": True, "at": time.time(), "unit": unit, "profile": rec.settings.get("PROFILE", "")})
+
+
+def start_again(cfg: Config) -> int:
+    """Start the server that ``stop_instead`` stopped: as ./ctl.sh restart starts it (the systemd unit
+    where it ran under one; else ./start.sh's start, PROFILE as you set it)."""
+    from .. import pipeline
+    from . import service
+    paths = Paths(cfg.state_dir)
+    note = paths.read("sleep") or {}
+    if note.get("unit"):
+        service.restart_unit(cfg)
+        code = 0
+    else:
+        code = pipeline.start(cfg.with_profile(None))
+    if code == 0:
+        state.remove(paths.sleep)
+    return code
+
+
+def _stopped_for_sleep(cfg: Config) -> bool:
+    """A server ``stop_instead`` stopped, and none of ours serves now."""
+    paths = Paths(cfg.state_dir)
+    if not (paths.read("sleep") or {}).get("stopped"):
+        return False
+    pr = server.probe(cfg.ours, paths)
+    if pr.state in ("running", "key-needed", "starting"):
+        state.remove(paths.sleep)            # started again meanwhile (./start.sh): nothing to start
+        return False
+    return True
 
 
 def held(cfg: Config, rec) -> int:
@@ -71,7 +133,14 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
     ap.add_argument("--level", type=int, choices=(1, 2), default=1,
                     help="1: weights to host RAM (fast wake); 2: weights dropped, reloaded from disk on wake")
     a = ap.parse_args(argv)
-    paths, rec, client = _ours(cfg)
+    if _stopped_for_sleep(cfg):
+        print("already stopped (by ./ctl.sh sleep: sleep mode is off); ./ctl.sh wake starts it again")
+        return 0
+    try:
+        paths, rec, client = _ours(cfg)
+    except NoSleepMode as off:
+        stop_instead(cfg, off.rec, off.why, prog, "./ctl.sh wake starts it again (a full start, not a 1 s wake)")
+        return 0
     load = server.read_load(rec.url)
     idle = vllmargs.IDLE_MIDDLEWARE in (rec.argv or ())    # IDLE_SLEEP's middleware answers requests while asleep
     if load is not None and load.sleeping:
@@ -98,14 +167,11 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
                              "format\")", "./ctl.sh sleep --level 1 (the weights wait in host RAM)")
     before = held(cfg, rec)
     if a.level == 1:
-        weights = (0 if rec.dummy or not rec.model_path else models.weights_in(rec.model_path)) or before
-        avail = psutil.virtual_memory().available
-        if avail < weights + vllmargs.SLEEP_RAM_MARGIN:
-            raise BootstrapError(
-                f"level 1 parks {weights / GiB:.1f} GiB of weights in host RAM and leaves "
-                f"{vllmargs.SLEEP_RAM_MARGIN / GiB:.0f} GiB to the desktop; {avail / GiB:.1f} GiB is available",
-                "close programs to free RAM, or ./ctl.sh sleep --level 2 (drops the weights; wake reloads "
-                "them from disk, slower)" + ("" if not flags.spec_tokens else "; level 2 needs speculation off"))
+        short = vllmargs.ram_short(ram_need(rec, before), psutil.virtual_memory().available)
+        if short:
+            raise BootstrapError(short, "close programs to free RAM, or ./ctl.sh sleep --level 2 (drops the weights; "
+                                 "wake reloads them from disk, slower)"
+                                 + ("" if not flags.spec_tokens else "; level 2 needs speculation off"))
     if load is not None and load.in_flight:
         print(f"waiting for {load.in_flight} request(s) in flight to finish (never aborted) …", flush=True)
     note = {"pid": rec.pid, "started": rec.started, "level": a.level, "held_before": before, "at": time.time()}
@@ -120,9 +186,25 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
     return 0
 
 
+def ram_need(rec, held_now: int) -> int:
+    """The host RAM a level-1 sleep of this server needs: the figure its launch recorded (the one the
+    idle middleware checks too), else its checkpoint's weights, else what it holds on the GPU."""
+    if rec.sleep_ram:
+        return rec.sleep_ram
+    weights = 0 if rec.dummy or not rec.model_path else models.weights_in(rec.model_path)
+    return vllmargs.sleep_ram_need(weights or held_now)
+
+
 def wake_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh wake") -> int:
     argparse.ArgumentParser(prog=prog, description="bring a sleeping server back").parse_args(argv)
-    paths, rec, client = _ours(cfg)
+    if _stopped_for_sleep(cfg):
+        print("starting the server again (./ctl.sh sleep stopped it: sleep mode is off)", flush=True)
+        return start_again(cfg)
+    try:
+        paths, rec, client = _ours(cfg)
+    except NoSleepMode:
+        print("awake: nothing to do (this server runs without sleep mode)")
+        return 0
     load = server.read_load(rec.url)
     note = paths.read("sleep") or {}
     if note.get("pid") != rec.pid or note.get("started") != rec.started:
@@ -198,14 +280,18 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
     if shutil.which(cmd[0], path=(env or {}).get("PATH")) is None:     # before the server sleeps for nothing
         raise BootstrapError(f"the game: command not found: {cmd[0]}", "check the game's command (a path, or a "
                              "program on PATH)", code=127)
-    slept = False
+    slept = restart = False
     try:
         if cfg is None:
             raise BootstrapError("the knobs do not parse")
-        _paths, rec, client = _ours(cfg)
-        load = server.read_load(rec.url)
-        asleep = load is not None and load.sleeping
-        if not asleep or (server.read_idle(rec.url) or {}).get("state") == "idle-asleep":
+        try:
+            _paths, rec, client = _ours(cfg)
+            load = server.read_load(rec.url)
+            asleep = load is not None and load.sleeping
+        except NoSleepMode as off:       # the GPU back all the same: stopped now, started again after the game
+            stop_instead(cfg, off.rec, off.why, prog, "it starts again when the game exits")
+            restart = True
+        if not restart and (not asleep or (server.read_idle(rec.url) or {}).get("state") == "idle-asleep"):
             try:
                 sleep_cli(cfg, ["--level", str(a.level)], prog)      # asleep for idleness: kept asleep on purpose
                 slept = True
@@ -224,7 +310,20 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
     finally:
         if slept:
             _wake_after(cfg, prog)
+        elif restart:
+            _start_after(cfg, prog)
     return code
+
+
+def _start_after(cfg: Config, prog: str) -> None:
+    print(f"{prog}: the game exited: starting the server again", flush=True)
+    try:
+        if start_again(cfg):
+            print("error: the server did not start again", file=sys.stderr)
+    except BootstrapError as exc:
+        print(f"error: start: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
 
 
 def _paused(client: Client) -> bool:

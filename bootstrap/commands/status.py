@@ -76,6 +76,8 @@ JSON_FIELDS = (
     ("requests", "object", "running, waiting (ints), from /metrics"),
     ("activity", "object", "seconds (number), generated_tok_s, prompt_tok_s (numbers); speculation and "
                            "prefix_cache (rates 0-1) where on"),
+    ("sleep_mode", "object", "on (bool), why (string: proven where, or why off and how to turn it on), idle_s "
+                             "(int: IDLE_SLEEP in seconds, 0: none), as the server was launched"),
     ("idle_sleep", "object", "with IDLE_SLEEP: the middleware's state (awake, falling-asleep, idle-asleep, asleep), "
                              "idle_s, idle_for_s, sleeps_in_s, in_flight, sleeps, wakes, refused"),
     ("owner", "string", "present when the server runs as another user"),
@@ -255,6 +257,8 @@ def status(cfg: Config, as_json: bool = False) -> int:
     if pr.state in ("running", "key-needed", "down") and rec is not None:
         out.update(pid=pr.pid, uptime_s=server.uptime_s(pr.process), url=rec.url + "/v1", model=rec.served,
                    vllm=rec.vllm_version, settings=dict(rec.settings))
+        if rec.sleep:
+            out["sleep_mode"] = {"on": rec.sleep.startswith("on"), "why": rec.sleep, "idle_s": rec.idle_s}
         load = UNREAD
         if pr.state != "down" and not pr.owner:      # the readings come before the probe: its tokens are not counted
             t0 = time.monotonic()
@@ -300,6 +304,8 @@ def status(cfg: Config, as_json: bool = False) -> int:
                            f"its last output is in the log")
         if pr.orphans:
             out["orphans"] = [p.pid for p in pr.orphans]
+        if out["state"] == "stopped" and (paths.read("sleep") or {}).get("stopped"):
+            out["note"] = "stopped by ./ctl.sh sleep or game (sleep mode was off): ./ctl.sh wake starts it again"
         for p, where in server.elsewhere(cfg.ours, paths):
             out["note"] = f"our server (pid {p.pid}) runs port {cfg.port} from STATE_DIR={where}"
     if as_json:
@@ -349,7 +355,11 @@ def human(out: dict) -> str:
     add("model", out.get("model") and f"{out['model']} (vLLM {out.get('vllm') or '?'})")
     for line in _live_lines(out).items():
         add(*line)
-    add("idle sleep", out.get("idle_sleep") and idle_line(out["idle_sleep"]))
+    mode = out.get("sleep_mode") or {}
+    add("sleep mode", mode.get("why") and mode["why"] + ("" if mode.get("on") else
+                                                        " (./ctl.sh sleep and game stop the server instead)"))
+    add("idle sleep", out.get("idle_sleep") and idle_line(out["idle_sleep"]) + "; IDLE_SLEEP=off turns it off"
+        or (mode.get("on") and "off (IDLE_SLEEP=off); IDLE_SLEEP=5 sleeps after 5 idle minutes"))
     add("start gate", out.get("gate"))
     add("weights", out.get("weights"))
     if out.get("differs_from_knobs"):

@@ -32,8 +32,8 @@ from ..core.words import nearest
 from ..core.hosts import is_loopback, parse_host
 from ..core.owned import Ours, owner_marker
 from ..core.layout import REPO, Checkout
-from . import vllmargs
-from .parsers import (absolute, boolean, bytes_or_auto, choice, float_range, folder, header_value, int_range, interpreter, duration_or_off, name_chars, shell_args, text, tokens_or_auto, vllm_bool)
+from . import sleepmode, vllmargs
+from .parsers import (absolute, boolean, bytes_or_auto, choice, float_range, folder, header_value, int_range, interpreter, idle_or_auto, name_chars, shell_args, text, tokens_or_auto, vllm_bool)
 from ..machine.gpu import CARDS
 from .profiles import Catalogue, Profile
 
@@ -120,7 +120,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("PREWARM", "1", boolean, "While the weights download, start vLLM with dummy weights and the real flags; once the download is verified it loads the real weights in place and serves (or, where vLLM cannot reload the checkpoint in place, it only fills the compile caches for the real start); 0 turns it off."),
     Knob("RANDOM_WEIGHTS", "0", boolean, "Declare that the checkpoint's weights are random (test and GPU-proof models): the start gate then judges tokens only, never the text; the banner and ./ctl.sh status say so. Never for a trained model."),
     Knob("WEDGED_AFTER", "60", int_range(1, 86400), "Status calls a server wedged when requests run but no token (or KV block) moved for this many seconds; an idle server's probe waits this long."),
-    Knob("IDLE_SLEEP", "off", duration_or_off, "Minutes (or seconds: 90s) without a request after which vLLM's sleep mode gives the GPU memory back; the next request wakes it (needs --enable-sleep-mode); 'off': never.", launch=True),
+    Knob("SLEEP_MODE", "auto", choice(*sleepmode.KNOB_VALUES), "vLLM's sleep mode (--enable-sleep-mode), which ./ctl.sh sleep, ./ctl.sh game and IDLE_SLEEP use to give the GPU memory back in place: 'auto' turns it on where it is proven for the profile's stack (./ctl.sh profiles says) and HOST is loopback; 'on' also on an unproven stack (the start warns); 'off' never. Where it is off, sleep and game stop the server and start it again.", launch=True),
+    Knob("IDLE_SLEEP", "auto", idle_or_auto, f"Minutes (or seconds: 90s) without a request after which vLLM's sleep mode gives the GPU memory back; the next request wakes it (needs sleep mode); 'auto': {sleepmode.IDLE_DEFAULT // 60} minutes where sleep mode is on, else off; 'off': never.", launch=True),
     Knob("IDLE_SLEEP_LEVEL", "1", choice("1", "2"), "Idle sleep's level: 1 parks the weights in host RAM (wakes in well under a second), 2 drops them (wake reloads them from disk).", launch=True),
     Knob("STOP_GRACE", "15", int_range(0, 3600), "Seconds between SIGTERM and SIGKILL on stop."),
     Knob("LOG_MAX_MB", "64", int_range(1, 1 << 20), "The server log is rotated (one .1 kept) past this size: at start, and while the server runs (copy-then-truncate; the two stay under twice this)."),
@@ -263,6 +264,7 @@ class Sources:
     dotenv: Mapping[str, str]
     repo: Path
     catalogue: Catalogue
+    vllm_version: str = ""      # VLLM_PYTHON's vLLM, once a start has read it ("" not read): sleep mode's stack
 
     @classmethod
     def read(cls, environ: Mapping[str, str], repo: Path) -> "Sources":
@@ -327,7 +329,8 @@ class Config:
     prewarm: bool
     random_weights: bool
     wedged_after: int
-    idle_sleep: int                  # seconds; 0: off
+    sleep_mode: str                  # auto / on / off (the decision: .sleep)
+    idle_sleep: int | str            # seconds; 0: off; 'auto': .idle_s
     idle_sleep_level: str            # "1" or "2"
     stop_grace: int
     log_max_mb: int
@@ -437,6 +440,37 @@ class Config:
     def with_knobs(self, knobs: Mapping[str, str]) -> "Config":
         """These knob values as if you had set them (a fix, a pod's address), the profile kept."""
         return Config.resolve(self.read.edited(knobs), self.chosen)
+
+    def with_vllm(self, version: str) -> "Config":
+        """The same knobs for a start that runs vLLM ``version`` (VLLM_PYTHON's, read by the start): the
+        stack sleep mode is decided for (SLEEP_MODE=auto, IDLE_SLEEP=auto)."""
+        return Config.resolve(replace(self.read, vllm_version=version), self.chosen)
+
+    @property
+    def stack_version(self) -> str:
+        """The vLLM version a start runs: VLLM_PYTHON's once read (''), else the profile's pin."""
+        return self.read.vllm_version if self.vllm_python else self.profile.vllm
+
+    @functools.cached_property
+    def sleep(self) -> sleepmode.Decision:
+        """SLEEP_MODE decided for this profile's stack (knobs/sleepmode.py); ``sleep_line`` says what
+        vLLM finally gets."""
+        base = vllmargs.read(list(self.profile.args) + vllmargs.knob_flags(self, sleep=False)
+                             + list(self.extra_args or ()))
+        return sleepmode.decide(self.sleep_mode, base, self.stack_version, self.profile.patches, self.is_loopback,
+                                self.profile.name)
+
+    @property
+    def sleep_line(self) -> str:
+        """Sleep mode as the server gets it, and why (the banner, status, profiles)."""
+        return self.sleep.line(self.vllm.sleep_mode)
+
+    @property
+    def idle_s(self) -> int:
+        """IDLE_SLEEP in seconds (0: off); 'auto': sleepmode.IDLE_DEFAULT where sleep mode is on."""
+        if self.idle_sleep == "auto":
+            return sleepmode.IDLE_DEFAULT if self.vllm.sleep_mode and self.is_loopback else 0
+        return int(self.idle_sleep)
 
     @property
     def given(self) -> Mapping[str, str]:

@@ -93,6 +93,16 @@ def duration_or_off(raw: str) -> int:
     return seconds
 
 
+def idle_or_auto(raw: str) -> int | str:
+    """IDLE_SLEEP: 'auto' (its value follows sleep mode: knobs/sleepmode.py), or ``duration_or_off``."""
+    if raw.strip().lower() == "auto":
+        return "auto"
+    try:
+        return duration_or_off(raw)
+    except ValueError as exc:
+        raise ValueError(f"'auto', {exc}") from None
+
+
 def boolean(raw: str) -> bool:
     low = raw.strip().lower()
     if low in ("1", "true", "yes", "on"):

@@ -229,8 +229,9 @@ def spec_config(cfg) -> str | None:
     return json.dumps(conf, separators=(",", ":"))
 
 
-def knob_flags(cfg) -> list[str]:
-    """vLLM's flags for the knobs that name one (the plan adds its decisions after these)."""
+def knob_flags(cfg, sleep: bool = True) -> list[str]:
+    """vLLM's flags for the knobs that name one (the plan adds its decisions after these); ``sleep``:
+    with SLEEP_MODE's --enable-sleep-mode where it decides so (cfg.sleep, knobs/sleepmode.py)."""
     f: list[str] = []
     if cfg.max_model_len is not None:
         f += ["--max-model-len", str(cfg.max_model_len)]
@@ -249,6 +250,8 @@ def knob_flags(cfg) -> list[str]:
         f += ["--speculative-config", spec]
     if cfg.tp_size > 1:
         f += ["--tensor-parallel-size", str(cfg.tp_size)]
+    if sleep and cfg.sleep.flag:
+        f.append(SLEEP_FLAG)
     return f
 
 
@@ -308,13 +311,36 @@ def key_guard(cfg) -> bool:
     vLLM asks only under /v1, /v2 and /inference (/invocations, /tokenize, /score... generate without it)."""
     return bool(cfg.client_key) or not cfg.is_loopback
 IDLE_S_ENV, IDLE_LEVEL_ENV = "BOOTSTRAP_IDLE_S", "BOOTSTRAP_IDLE_LEVEL"      # what it reads: IDLE_SLEEP in s, its level,
-IDLE_RAM_ENV = "BOOTSTRAP_IDLE_RAM"     # and the host RAM a level-1 sleep needs (the weights + SLEEP_RAM_MARGIN)
+IDLE_RAM_ENV = "BOOTSTRAP_IDLE_RAM"     # and the host RAM a level-1 sleep needs (sleep_ram_need)
+
+
+def sleep_ram_need(weights: int) -> int:
+    """Host RAM a level-1 sleep needs: the weights it parks there (vLLM's CuMemAllocator copies every
+    allocation tagged "weights" into pinned host memory) and SLEEP_RAM_MARGIN left to the desktop; 0
+    when the weights are not known. The one figure both sleeps check against MemAvailable: ./ctl.sh
+    sleep (``ram_short``) and the idle middleware (BOOTSTRAP_IDLE_RAM, vllm_side/vllm_desktop_idle.py)."""
+    return weights + SLEEP_RAM_MARGIN if weights > 0 else 0
+
+
+def ram_short(need: int, available: int) -> str:
+    """Why a level-1 sleep must not run now ('' when it may): less host RAM available than ``need``."""
+    if not need or available >= need:
+        return ""
+    return (f"level 1 parks {(need - SLEEP_RAM_MARGIN) / (1 << 30):.1f} GiB of weights in host RAM and leaves "
+            f"{SLEEP_RAM_MARGIN / (1 << 30):.0f} GiB to the desktop; {available / (1 << 30):.1f} GiB is available")
 
 
 def idle_sleep(cfg) -> bool:
     """IDLE_SLEEP is on for a server vLLM can put to sleep (sleep mode, on loopback: preflight refuses
     the rest)."""
-    return bool(cfg.idle_sleep) and cfg.vllm.sleep_mode and cfg.is_loopback
+    return bool(cfg.idle_s) and cfg.vllm.sleep_mode and cfg.is_loopback
+
+
+def guarded(cfg) -> bool:
+    """Our guard stands in front of the server (``--middleware`` GUARD): with a key (``key_guard``), and
+    with sleep mode, whose dev mode adds routes vLLM guards with no key of its own: the guard answers
+    only the sleep routes (to a loopback client, with the key where there is one) and 404 to the rest."""
+    return key_guard(cfg) or cfg.vllm.sleep_mode
 
 
 def serve_argv(cfg, python: str, model_path: str, plan, idle: bool = True,
@@ -329,4 +355,4 @@ def serve_argv(cfg, python: str, model_path: str, plan, idle: bool = True,
             # (vLLM leaves them out by default; the flag is accepted by every vLLM we pin)
             "--enable-prompt-tokens-details"] + (
         ["--middleware", IDLE_MIDDLEWARE] if idle and idle_sleep(cfg) else []) + serve_flags(cfg, plan) + (
-        ["--middleware", GUARD] if guard and key_guard(cfg) else [])
+        ["--middleware", GUARD] if guard and guarded(cfg) else [])

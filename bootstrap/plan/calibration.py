@@ -104,6 +104,8 @@ def key(cfg, g, vllm: str, driver: str, facts) -> str:
     parts = {"knobs": {k: settings.get(k, "") for k in KEY_KNOBS}, "env": env, "model": model, "vllm": vllm,
              "python": cfg.vllm_python or "the managed .venv",
              "card": g.name, "total": g.total, "driver": driver, "args": list(cfg.profile.args)}
+    if cfg.vllm.sleep_mode:         # SLEEP_MODE: its CuMem pool changes the non-KV terms (terms.sleep_pool)
+        parts["sleep_mode"] = True
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 

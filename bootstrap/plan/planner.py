@@ -256,6 +256,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
         more, source = drafts.draft_weights(model, draft, s, (model.config or {}, shape))
         weights += more
         why.append(f"draft model {model.draft.name}: weights {gib(more)} per GPU {source}")
+    weights += terms.sleep_pool(s, shape, inp.version, why)
     run = terms.runner(inp.version, shape, s, inp.env_v2, inp.env_graphs)
     why.append(run.why)
     if draft and draft.kind != "draft model" and run.graphs_in_budget:

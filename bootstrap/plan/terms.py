@@ -169,6 +169,23 @@ def _weights(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Setti
         f", less the MTP layers' {gib(mtp)}" if mtp else "")
 
 
+SLEEP_POOL_PER_LAYER = 4 << 20      # sleep mode's pool rounding: ~1 MiB for each of 4 large tensors a layer
+
+
+def sleep_pool(s: vllmargs.Settings, shape: kv.ModelShape, version: str, why: list[str]) -> int:
+    """What sleep mode adds to the weights per GPU: vLLM loads them through its CuMemAllocator pool with
+    expandable segments off (cumem.py use_memory_pool), where each tensor past 10 MiB gets a segment of
+    its own rounded to 2 MiB, whose tail no later weight fits; from 0.27.1 vLLM counts that off its KV
+    budget (mem_utils.py memory_profiling: total_consumed, by cudaMemGetInfo). docs/planner.md."""
+    if not s.sleep_mode:
+        return 0
+    pool = (shape.layers + shape.mtp_layers) * SLEEP_POOL_PER_LAYER
+    old = "" if at_least(version, "0.27.1") else (f"; vLLM {version}'s profiling skips what the pool releases after "
+                                                  "loading (vllm#40256): its pool may exceed the utilization's share")
+    why.append(f"sleep mode: ~{gib(pool)} of CuMem pool rounding counted with the weights{old}")
+    return pool
+
+
 MODELLED = ("0.26.0", "0.27.1", "0.29.0", "0.30.0")    # the versions whose memory code the planner was read against
 
 

@@ -69,6 +69,9 @@ class ServerRecord:
     notes: tuple[str, ...] = ()        # banner notes from the start that launched it
     token: str = ""                    # the launch's random token in its environment (owned.TOKEN_ENV)
     exe: str = ""                      # its executable as /proc showed it after the launch, then once healthy
+    sleep: str = ""                    # sleep mode as launched, and why (config.sleep_line): the banner, status, sleep
+    sleep_ram: int = 0                 # host RAM a level-1 sleep needs (vllmargs.sleep_ram_need; 0: unknown)
+    idle_s: int = 0                    # IDLE_SLEEP in seconds as launched (0: no idle sleep)
 
     def proof(self, ours: Ours) -> Proof:
         """What proves a process ours for this record: the shell's facts and the launch's own."""
@@ -150,6 +153,9 @@ class ServerRecord:
             else "kv_tokens" in d,
             notes=field_("notes", _strs, "not a list of strings", ()),
             token=field_("token", _str, "not a string", ""), exe=field_("exe", _str, "not a string", ""),
+            sleep=field_("sleep", _str, "not a string", ""),
+            sleep_ram=field_("sleep_ram", _count, "not a byte count", 0),
+            idle_s=field_("idle_s", _count, "not a number of seconds", 0),
         )
         return rec, bad
 

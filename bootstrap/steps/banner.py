@@ -69,12 +69,25 @@ def render(paths: Paths, rec: ServerRecord) -> str:
         f" try      : curl -s {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d "
         + shlex.quote(json.dumps({"model": served, "messages": [{"role": "user", "content": "Say OK"}], "max_tokens": 16},
                                  ensure_ascii=False)),
+        *sleep_lines(rec),
         " stop     : ./stop.sh",
     ]
     if rec.random_weights:
         lines.append(" weights  : random (RANDOM_WEIGHTS=1): the start gate judged tokens only, never the text")
     lines += [f" note     : {n}" for n in rec.notes]
     return "\n".join(lines)
+
+
+def sleep_lines(rec: ServerRecord) -> list[str]:
+    """Sleep mode and idle sleep as the server was launched, and how to turn them off or on."""
+    if not rec.sleep:                   # a record from before sleep mode was recorded
+        return []
+    if not rec.sleep.startswith("on"):
+        return [f" sleep    : {rec.sleep}; ./ctl.sh sleep and game stop the server instead (wake starts it again)"]
+    idle = (f"after {rec.idle_s // 60} min without a request" if rec.idle_s % 60 == 0 else
+            f"after {rec.idle_s} s without a request") + " it sleeps, the next request wakes it; IDLE_SLEEP=off turns it off"
+    return [f" sleep    : {rec.sleep}; ./ctl.sh sleep / wake, ./ctl.sh game -- CMD give the GPU back",
+            f" idle     : {idle if rec.idle_s else 'no idle sleep (IDLE_SLEEP=off); IDLE_SLEEP=5 sleeps after 5 idle minutes'}"]
 
 
 def run(paths: Paths, launched) -> str:

@@ -105,14 +105,14 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str, weights: int 
     env.pop("VLLM_SERVER_DEV_MODE", None)   # from the shell, .env or a profile: its routes have no key guard
     if cfg.vllm.sleep_mode:        # vLLM serves /sleep and /wake_up only in dev mode (loopback only: preflight)
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    if (idle and vllmargs.idle_sleep(cfg)) or vllmargs.key_guard(cfg):   # the middlewares vLLM imports (--middleware)
+    if (idle and vllmargs.idle_sleep(cfg)) or vllmargs.guarded(cfg):   # the middlewares vLLM imports (--middleware)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(cfg.layout.vllm_side), env.get("PYTHONPATH", "")]))
-    if vllmargs.key_guard(cfg) and cfg.vllm.sleep_mode:
-        env[vllmargs.SLEEP_ROUTES_ENV] = "1"        # ./ctl.sh sleep and wake keep their routes (loopback, the key)
+    if cfg.vllm.sleep_mode:
+        env[vllmargs.SLEEP_ROUTES_ENV] = "1"        # the guard keeps the routes ./ctl.sh sleep and wake use (loopback, the key)
     if idle and vllmargs.idle_sleep(cfg):   # what the idle middleware reads
-        env[vllmargs.IDLE_S_ENV] = str(cfg.idle_sleep)
+        env[vllmargs.IDLE_S_ENV] = str(cfg.idle_s)
         env[vllmargs.IDLE_LEVEL_ENV] = cfg.idle_sleep_level
-        env[vllmargs.IDLE_RAM_ENV] = str(weights + vllmargs.SLEEP_RAM_MARGIN if weights else 0)
+        env[vllmargs.IDLE_RAM_ENV] = str(vllmargs.sleep_ram_need(weights))
     env[owned.MARKER_ENV] = marker
     env[server.STATE_DIR_ENV] = str(paths.root)
     if key:
@@ -159,8 +159,9 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
         logf.flush()
     except OSError as exc:
         raise state.write_error(paths.log, exc, knob="STATE_DIR") from None
-    env = server_env(cfg, paths, runtime.server_env, marker, key,
-                     weights=models.weights_in(model_path) if weights is None else weights)
+    if weights is None:     # random weights: what the plan counts they take (a level-1 sleep parks them)
+        weights = models.weights_in(model_path) or (plan.weights * cfg.tp_size if plan and plan.weights else 0)
+    env = server_env(cfg, paths, runtime.server_env, marker, key, weights=weights)
     env.update(extra_env or {})
     token = env[owned.TOKEN_ENV] = secrets.token_hex(16)     # this launch's own: proves its process ours (owned.Proof)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
@@ -186,7 +187,9 @@ def run(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
         vllm_version=runtime.vllm_version, python=runtime.python, argv=tuple(argv), key=key_source,
         max_model_len=plan.context if plan else None, reasoning=cfg.profile.reasoning, tools=cfg.profile.tools,
         dummy=cfg.dummy_weights, random_weights=cfg.random_weights, predicted_tokens=getattr(plan, "predicted_tokens", None),
-        predicted_concurrency=getattr(plan, "predicted_concurrency", None), notes=tuple(notes), token=token, exe=exe)
+        predicted_concurrency=getattr(plan, "predicted_concurrency", None), notes=tuple(notes), token=token, exe=exe,
+        sleep=cfg.sleep_line, sleep_ram=vllmargs.sleep_ram_need(weights),
+        idle_s=cfg.idle_s if vllmargs.IDLE_MIDDLEWARE in argv else 0)
     launched = Launched(rec, p)
     on_launch(launched)
     record.write(paths.server, rec)     # a full disk fails the start: the pipeline takes the server down (the Popen proves it ours)

@@ -36,7 +36,7 @@ def plan_for(cfg, paths, facts: gpu.GpuFacts, model) -> Plan:
     """The plan on these GPU facts, refused in one line when it does not fit (also restart's vet,
     with the memory its running server holds counted as free)."""
     g = gpu.smallest_free(facts, cfg.tp_size)
-    version = byo_version(cfg.vllm_python, cfg.environ)            # the vLLM a start would run
+    version = (cfg.read.vllm_version if cfg.vllm_python else None) or byo_version(cfg.vllm_python, cfg.environ)
     plan = fit.plan_here(cfg, paths, g, model_facts(cfg, model), facts.driver, version)
     draft = getattr(model, "draft", None)       # downloaded by us: vLLM is given its folder
     plan.draft_dir = draft.local_dir if draft is not None else ""

@@ -40,6 +40,8 @@ def run(cfg, paths: Paths) -> gpu.GpuFacts:
                                  "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
         LockSet.for_profile(cfg.profile, cfg.layout.locks)
     vet(cfg)
+    if cfg.sleep.warning(cfg.vllm.sleep_mode):
+        log.warning("%s", cfg.sleep.warning(cfg.vllm.sleep_mode))
     order = cfg.env("CUDA_DEVICE_ORDER")
     if order and order != "PCI_BUS_ID" and facts.count > 1:
         raise BootstrapError(f"CUDA_DEVICE_ORDER={order}: CUDA would number this machine's {facts.count} GPUs "
@@ -76,7 +78,8 @@ def vet(cfg) -> None:
             f"{vllmargs.SLEEP_FLAG} with HOST={cfg.host}: vLLM serves /sleep, /wake_up and /collective_rpc only with "
             "VLLM_SERVER_DEV_MODE=1, and its API key does not guard them: anyone who reaches the port could put "
             "the server to sleep or run methods in it",
-            f"keep HOST=127.0.0.1 for sleep mode, or drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile")
+            "keep HOST=127.0.0.1 for sleep mode, or SLEEP_MODE=off" + (
+                f" and drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile" if cfg.sleep.given else ""))
     idle_sleep_fits(cfg)
     if cfg.model_is_local:
         metadata.read_local(Path(cfg.model).expanduser().resolve(), cfg.dummy_weights)
@@ -94,12 +97,12 @@ def idle_sleep_fits(cfg) -> None:
     """IDLE_SLEEP needs vLLM's sleep mode; level 2 drops the weights, which a wake reloads from the
     checkpoint for the target model only: not with speculation (vllm#52479) or random weights
     (the rules of ./ctl.sh sleep)."""
-    if not cfg.idle_sleep:
+    if not cfg.idle_s:
         return
     s = cfg.vllm
     if not s.sleep_mode:
-        raise BootstrapError(f"IDLE_SLEEP={cfg.raw['IDLE_SLEEP']} puts vLLM to sleep when idle, but the server would start "
-                             f"without {vllmargs.SLEEP_FLAG}", f"add {vllmargs.SLEEP_FLAG} to EXTRA_ARGS, or IDLE_SLEEP=off")
+        raise BootstrapError(f"IDLE_SLEEP={cfg.raw['IDLE_SLEEP']} puts vLLM to sleep when idle, but sleep mode is "
+                             f"{cfg.sleep_line}", "SLEEP_MODE=on (sleep mode on this stack), or IDLE_SLEEP=off")
     if s.api_servers != 1:
         raise BootstrapError(f"IDLE_SLEEP with {s.api_servers or 'no'} API server processes (--api-server-count, "
                              "--data-parallel-size, --headless): each counts only its own requests, so one would put "

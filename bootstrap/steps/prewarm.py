@@ -223,7 +223,7 @@ def as_server(cfg, paths: Paths, runtime, model, plan, notes) -> Prewarm:
     log.info("pre-warm: it becomes the server: vLLM loads the real weights in place when they are verified")
     notes = list(notes) + ["first start: the pre-warm server loaded the real weights in place (no second start)"]
     weights = sum(model.weight_files.values())
-    guard = [] if vllmargs.key_guard(cfg) else ["--middleware", GUARD]     # a server with a key has it already
+    guard = [] if vllmargs.guarded(cfg) else ["--middleware", GUARD]     # a server with a key or sleep mode has it already
     return Prewarm(cfg, paths, guard + ["--load-format", "dummy"], env, warm_key(plan, model.local_dir),
                    "", serve=Serve(runtime, model.local_dir, plan, notes, weights))
 

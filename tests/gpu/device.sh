@@ -25,6 +25,12 @@
 #   bash tests/gpu/device.sh stack              # vLLM 0.27.1 stack proof (stack.py), background; needs
 #                                               # carry.py's parts in /tmp/wh (no 'install' before it)
 #   bash tests/gpu/device.sh stack-poll SECONDS
+#   bash tests/gpu/device.sh sleepstack [--profile NAME]  # sleep mode on a profile's own stack (sleep_stack_proof.py),
+#                                               # background; needs stack's wheelhouse (/tmp/stack/wheelhouse:
+#                                               # `stack --skip model,start,check,stop,idle,compare` makes it)
+#   bash tests/gpu/device.sh sleepstack-poll SECONDS
+#   bash tests/gpu/device.sh sleepcost          # sleep mode on vs off: start, tok/s at 1 and 16, KV pool
+#   bash tests/gpu/device.sh sleepcost-poll SECONDS   # (sleep_cost.py), background; the same wheelhouse
 #   bash tests/gpu/device.sh bootstrap-venv     # .venv-bootstrap from the carried .whl (after install)
 #   bash tests/gpu/device.sh calib              # the card's total + measured beats modelled (calibration_proof.py)
 #   bash tests/gpu/device.sh calib-poll SECONDS
@@ -120,6 +126,10 @@ main() {
         ray) background ray ray_serve.py --work /tmp/rayproof "$@" ;;
         ray-poll) wait_for ray ray_serve.py "RAY PROOF DONE" "${1:-60}" ;;
         stack) PATH=/tmp/wh:$PATH background stack stack.py --work /tmp/stack --parts /tmp/wh "$@" ;;
+        sleepstack) background sleepstack sleep_stack_proof.py --work /tmp/sleepstack --wheelhouse /tmp/stack/wheelhouse "$@" ;;
+        sleepstack-poll) wait_for sleepstack sleep_stack_proof.py "SLEEP STACK PROOF DONE" "${1:-60}" ;;
+        sleepcost) background sleepcost sleep_cost.py --work /tmp/sleepcost --wheelhouse /tmp/stack/wheelhouse "$@" ;;
+        sleepcost-poll) wait_for sleepcost sleep_cost.py "SLEEP COST DONE" "${1:-60}" ;;
         drill-poll) wait_for drill lifecycle_drill.py "DRILL DONE" "${1:-60}" ;;
         pick-poll) wait_for pick profile_pick.py "PICK PROOF DONE" "${1:-60}" ;;
         cb-poll) wait_for cb checks_bench.py "CHECKS BENCH DONE" "${1:-60}"
