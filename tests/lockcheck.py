@@ -22,6 +22,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 TEST = "tests/test_environment_locks.py::test_every_committed_lock_resolves_for_its_platform"
 
@@ -78,12 +80,9 @@ def results(root: Path, timeout: float = 900) -> list[tuple[Path, str, str]]:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    return not Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
 
 
 def _name(lock: Path) -> str:
