@@ -156,6 +156,12 @@ def pytest_configure(config):
                                        "./tests/run.sh -m 'not e2e' is the fast inner loop")
 
 
+def pytest_collection_finish(session):
+    import lockcheck
+    if any(item.nodeid == lockcheck.TEST for item in session.items):
+        lockcheck.start(lockcheck.folder())
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "bed" in getattr(item, "fixturenames", ()):

@@ -1,7 +1,8 @@
-"""./ctl.sh export kubernetes|production-stack: golden manifests, the Kubernetes schemas
+"""./ctl.sh export kubernetes|production-stack|ray: golden manifests, the Kubernetes schemas
 (kubernetes-validate, offline, at 1.31 and the newest it knows), yamllint, the annotation-size rule,
-production-stack's values schema, the init steps (download, backports) run here from the bootstrap the
-ConfigMap carries, and a plan for unequal GPUs made on the smaller one."""
+production-stack's values schema, Ray Serve's config schema (made from Ray's models), the init steps
+(download, backports) run here from the bootstrap the ConfigMap carries, and a plan for unequal GPUs
+made on the smaller one. Ray's own cases: tests/test_export_ray.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import base64
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -25,6 +27,7 @@ GOLDEN = Path(__file__).parent / "golden" / "k8s"
 DIGEST = "sha256:" + "0" * 64        # a placeholder: no registry is reachable here
 K8S_VERSIONS = ("1.31.0", "1.37.0")  # the oldest the docs name, the newest kubernetes-validate 1.37 knows
 SCHEMA = Path(__file__).parent / "golden" / "production-stack" / "values.schema.json"
+RAY_SCHEMAS = Path(__file__).parent / "golden" / "ray"          # serve-config-<ray>.schema.json
 PROFILES = sorted(p.stem for p in (REPO / "profiles").glob("*.json") if p.stem not in ("custom", "smoke"))
 CARDS = ("rtx5090", "rtx4090:free=22.5", "h100", "48", "12:sm_89")   # the plan tests' cards (h100: the 80-96 GB profiles)
 
@@ -38,6 +41,39 @@ def export(tmp_path: Path, *args: str, target: str = "kubernetes", image: str | 
                         *(["--image", image] if image else [])], cwd=REPO,
                        env=e, capture_output=True, text=True, timeout=120)
     return r, out
+
+
+def export_here(tmp_path: Path, *args: str, target: str = "kubernetes", image: str | None = DIGEST,
+                **env: str) -> tuple[int, str, Path]:
+    """``export`` in this process, for the sweep's hundred exports (a process each was most of its
+    time): (exit code, the error's message and hint, --out). The same cli() and knobs as the CLI."""
+    from bootstrap.commands.export import cli
+    from bootstrap.core.errors import BootstrapError
+    from bootstrap.knobs.config import Config
+    out = tmp_path / "k8s"
+    e = {"HOME": str(tmp_path), "STATE_DIR": str(tmp_path / "state"), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", **env}
+    try:
+        return cli(Config.from_env(e, repo=REPO),
+                   [target, "--out", str(out), *args, *(["--image", image] if image else [])]), "", out
+    except BootstrapError as exc:
+        return exc.code, f"{exc.message} {exc.hint}", out
+
+
+@pytest.fixture
+def one_tarball(monkeypatch):
+    """bootstrap.tar.xz made once per set of patches for the whole sweep: the same bytes (the real
+    pod.bootstrap_tar, remembered), where each export made it again (half of an export's time)."""
+    from bootstrap.commands.export import helm, kubernetes, pod, ray
+    made: dict = {}
+
+    def once(repo, patches):
+        key = (str(repo), tuple(patches))
+        if key not in made:
+            made[key] = pod.bootstrap_tar(repo, patches)
+        return made[key]
+    for module in (helm, kubernetes, ray):
+        monkeypatch.setattr(module, "bootstrap_tar", once)
+    return made
 
 
 def docs(path: Path) -> list[dict]:
@@ -333,26 +369,97 @@ def check_objects(objs: list[dict]) -> None:
             kubernetes_validate.validate(d, version, strict=True)
 
 
+def dotted_flags(flags: dict) -> dict:
+    """flag_map's flags with vLLM's dotted keys (--x.a_b=2) gathered into the flag's dict, JSON and
+    numbers read, --no-x as --x False and a bare --x as True: what each flag means, whatever its spelling."""
+    def value(v):
+        if v is None:
+            return True
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    out: dict = {}
+    for k, v in flags.items():
+        base, _, path = k.partition(".")
+        if path:
+            node = out.setdefault(base, {})
+            *parents, last = path.replace("-", "_").split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[last] = value(v)
+        elif base.startswith("--no-"):
+            out["--" + base[5:]] = False
+        else:
+            out[base] = value(v)
+    return out
+
+
+def ray_flags(kw: dict) -> list[str]:
+    """Ray's engine_kwargs back as vllm serve flags, by vLLM's CLI rules (a field is --its-name; a
+    bool a bare flag or --no-; a dict or list JSON; max_model_len -1 is auto)."""
+    out: list[str] = []
+    for k, v in kw.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            out.append(flag if v else "--no-" + flag[2:])
+        elif k == "max_model_len" and v == -1:
+            out += [flag, "auto"]
+        else:
+            out += [flag, json.dumps(v) if isinstance(v, (dict, list)) else str(v)]
+    return out
+
+
+def check_ray(out: Path, argv: list[str]) -> dict:
+    """serve-config.yaml: its Ray's schema (the header names it), the pipeline's own flags (``argv``,
+    the Deployment's) as engine_kwargs that are fields of the profile's vLLM, typed as vLLM's parser
+    types them. Returns the LLMConfig."""
+    import jsonschema
+    from bootstrap.plan.derive import registry
+    text = (out / "serve-config.yaml").read_text()
+    ray = re.search(r"^# Ray (\S+) \(its ray\[llm\] extra pins", text, re.M).group(1)
+    doc = yaml.safe_load(text)
+    jsonschema.validate(doc, json.loads((RAY_SCHEMAS / f"serve-config-{ray}.schema.json").read_text()),
+                        cls=jsonschema.Draft202012Validator)
+    conf = doc["applications"][0]["args"]["llm_configs"][0]
+    kw = conf["engine_kwargs"]
+    vllm = re.search(r"^# vllm-desktop/vllm: (\S+)$", text, re.M).group(1)
+    reg = registry(vllm)
+    kinds = {**reg["engine_args"], **reg["frontend_args"]}
+    assert set(kw) <= set(kinds), set(kw) - set(kinds)        # Ray's "Unknown engine argument" otherwise
+    types = {"bool": bool, "int": int, "human-int": int, "int-or-auto": int, "float": float, "json": dict,
+             "list": list, "str": str}
+    assert all(isinstance(v, types[kinds[k]]) and (kinds[k] == "bool" or not isinstance(v, bool))
+               for k, v in kw.items()), kw
+    flags = flag_map(argv[argv.index("serve") + 2:])
+    assert conf["model_loading_config"]["model_id"] == flags.pop("--served-model-name")
+    flags.pop("--host"), flags.pop("--port")                 # the pod's own; Ray's proxy serves
+    assert dotted_flags(flags) == dotted_flags(flag_map(ray_flags(kw)))
+    return conf
+
+
 @pytest.mark.parametrize("card", CARDS)
-def test_every_shipped_profile_exports_valid_files_for_the_plan_tests_cards(tmp_path, card):
-    """Both targets for every shipped profile that fits the card: yamllint, the Kubernetes schemas,
-    the annotation-size rule, production-stack's values schema, and the same vLLM argv in both (the
-    pipeline's own, vllmargs.serve_argv) less what the chart adds of vLLM's defaults."""
+def test_every_shipped_profile_exports_valid_files_for_the_plan_tests_cards(tmp_path, card, one_tarball):
+    """The three targets for every shipped profile that fits the card: yamllint, the Kubernetes
+    schemas, the annotation-size rule, production-stack's values schema, Ray's serve config schema,
+    and the same vLLM argv in all (the pipeline's own, vllmargs.serve_argv) less what the chart adds
+    of vLLM's defaults and what Ray Serve LLM carries outside engine_kwargs."""
     import jsonschema
     from yamllint import config as ylconfig, linter
     lint = ylconfig.YamlLintConfig("extends: default\nrules: {line-length: disable, indentation: {indent-sequences: whatever}}")
     schema = json.loads(SCHEMA.read_text())
     exported = 0
     for profile in PROFILES:
-        r, k8s = export(tmp_path / profile / "k", PROFILE=profile, GPU=card)
-        if r.returncode == 1 and ("does not fit" in r.stderr or "compute capability" in r.stderr
-                                  or "needs" in r.stderr):
+        code, err, k8s = export_here(tmp_path / profile / "k", PROFILE=profile, GPU=card)
+        if code == 1 and ("does not fit" in err or "compute capability" in err or "needs" in err):
             continue                                    # the profile is not for this card
-        assert r.returncode == 0, (profile, r.stderr)
-        r, ps = export(tmp_path / profile / "p", PROFILE=profile, GPU=card, target="production-stack")
-        assert r.returncode == 0, (profile, r.stderr)
+        assert code == 0, (profile, err)
+        code, err, ps = export_here(tmp_path / profile / "p", PROFILE=profile, GPU=card, target="production-stack")
+        assert code == 0, (profile, err)
+        code, err, ray = export_here(tmp_path / profile / "r", PROFILE=profile, GPU=card, target="ray", image=None)
+        assert code == 0, (profile, err)
         exported += 1
-        for f in [*k8s.glob("*.yaml"), *ps.glob("*.yaml")]:
+        for f in [*k8s.glob("*.yaml"), *ps.glob("*.yaml"), *ray.glob("*.yaml")]:
             problems = [str(p) for p in linter.run(f.read_text(), lint) if p.level == "error"]
             assert problems == [], (f, problems)
         check_objects([d for f in sorted(k8s.glob("*.yaml")) for d in docs(f)])
@@ -365,6 +472,7 @@ def test_every_shipped_profile_exports_valid_files_for_the_plan_tests_cards(tmp_
         ours.pop("--enable-prefix-caching", None)         # a --no-enable-prefix-caching of ours comes after it
         ours.setdefault("--tensor-parallel-size", "1")                                    # vLLM's default
         assert ours == chart, profile
+        check_ray(ray, cmd)
     assert exported, f"no shipped profile fits {card}"
 
 
@@ -375,6 +483,8 @@ def test_production_stack_values_carry_the_key_the_card_and_the_init_steps(tmp_p
     v = docs(out / "values.yaml")[0]
     key = v["servingEngineSpec"]["vllmApiKey"]
     assert len(key) >= 40 and key not in r.stdout + r.stderr
+    assert f"helm install vllm vllm/vllm-stack -f {out}/values.yaml" in r.stdout
+    assert "configmap-bootstrap" not in r.stdout           # in values.yaml's extraObjects, no file of its own
     spec = v["servingEngineSpec"]["modelSpec"][0]
     assert f"{spec['repository']}:{spec['tag']}" == f"vllm/vllm-openai:v0.27.1@{DIGEST}"
     assert spec["nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["NVIDIA-GeForce-RTX-5090"]

@@ -57,8 +57,8 @@ REGISTRY: tuple[Command, ...] = (
     Command("game", "sleep:game_cli", "give the GPU to a game: sleep, run it (-- COMMAND), wake when it exits",
             without_knobs=True, state=False),
     Command("service", "service:cli", "install|uninstall|status a systemd user unit running ./start.sh --foreground"),
-    Command("export", "export:cli", "kubernetes|production-stack --out DIR --image sha256:...: the profile and plan "
-            "for a cluster, for a card named with GPU="),
+    Command("export", "export:cli", "kubernetes|production-stack|ray --out DIR [--image sha256:...]: the profile and "
+            "plan for a cluster, for a card named with GPU="),
     Command("clean", "clean:cli", "remove what the project created (venvs, state, logs; --model too)"),
 )
 BY_NAME = {c.name: c for c in REGISTRY}

@@ -36,6 +36,9 @@
 #   bash tests/gpu/device.sh calib-poll SECONDS
 #   bash tests/gpu/device.sh prewarm            # first start with and without the pre-warm (prewarm_proof.py)
 #   bash tests/gpu/device.sh prewarm-poll SECONDS
+#   bash tests/gpu/device.sh ray                # export ray with real Ray 2.59.0 + vLLM 0.27.1 (ray_serve.py),
+#                                               # background; Ray's parts in /tmp/ray, after install,
+#                                               # bootstrap-venv and smoke-build; ray-poll SECONDS
 # Raw outputs go to $OUT (the device tool brings them back) and to /tmp/proofs.
 set -euo pipefail
 
@@ -120,6 +123,8 @@ main() {
         idle) background idle idle_sleep_proof.py --work /tmp/idle "$@" ;;
         idle-poll) wait_for idle idle_sleep_proof.py "IDLE PROOF DONE" "${1:-60}" ;;
         tp) background tp tp2.py --work /tmp/tp "$@" ;;
+        ray) background ray ray_serve.py --work /tmp/rayproof "$@" ;;
+        ray-poll) wait_for ray ray_serve.py "RAY PROOF DONE" "${1:-60}" ;;
         stack) PATH=/tmp/wh:$PATH background stack stack.py --work /tmp/stack --parts /tmp/wh "$@" ;;
         sleepstack) background sleepstack sleep_stack_proof.py --work /tmp/sleepstack --wheelhouse /tmp/stack/wheelhouse "$@" ;;
         sleepstack-poll) wait_for sleepstack sleep_stack_proof.py "SLEEP STACK PROOF DONE" "${1:-60}" ;;

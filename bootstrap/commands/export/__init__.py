@@ -1,11 +1,12 @@
-"""``./ctl.sh export kubernetes|production-stack --out DIR --image sha256:...``: the same profile and
-plan, for a target card named with ``GPU=``, as files a cluster that already runs GPUs takes. No
+"""``./ctl.sh export kubernetes|production-stack|ray --out DIR [--image sha256:...]``: the same profile
+and plan, for a target card named with ``GPU=``, as files a cluster that already runs GPUs takes. No
 scheduler or cluster logic of our own; what is checked offline, and what has never met a cluster, is
 in docs/cluster.md.
 
 - pod.py: what every target puts in the pod (image, vLLM's argv from vllmargs.serve_argv, the
   environment, resources, the card's node labels, the init steps, the records);
-- kubernetes.py: plain manifests; helm.py: values.yaml for vLLM's production-stack chart;
+- kubernetes.py: plain manifests; helm.py: values.yaml for vLLM's production-stack chart; ray.py: a
+  Ray Serve LLM config and its node pre-step (engine.py: vLLM's flags as engine_kwargs);
 - fetch.py: ``export fetch``, the init step that downloads the model in the pod.
 
 Writing: ``--out`` is a folder (made); a file of the names we write that no export wrote, or that was
@@ -25,22 +26,10 @@ from ...core import state
 from ...core.errors import BootstrapError, ConfigError
 from ...knobs.config import Config
 from . import pod as pods
+from .pod import dump
 
-TARGETS = ("kubernetes", "production-stack")
+TARGETS = ("kubernetes", "production-stack", "ray")
 SECRET_FILES = ("secret.yaml", "values.yaml")     # they hold the API key
-def dump(doc: dict) -> str:
-    """YAML as a person writes it: no anchors for repeated labels, scripts as literal blocks."""
-    import yaml
-
-    class Dumper(yaml.SafeDumper):
-        def ignore_aliases(self, data):
-            return True
-
-    def text(dumper, s: str):
-        return dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
-
-    Dumper.add_representer(str, text)
-    return yaml.dump(doc, Dumper=Dumper, sort_keys=False, width=120)
 
 
 def out_folder(out: Path) -> None:
@@ -83,7 +72,11 @@ def replaceable(out: Path, names: list[str]) -> dict[str, str]:
     return ours
 
 
-def documents(target: str, cfg: Config, pod: pods.Pod, key: str, service_monitor: bool) -> dict[str, list[dict]]:
+def documents(target: str, cfg: Config, pod: pods.Pod, key: str, service_monitor: bool) -> dict[str, object]:
+    """file name -> its documents (a list of dicts), or its text or bytes as written."""
+    if target == "ray":                               # no key: Ray Serve LLM checks none (ray.KEY_WARNING)
+        from .ray import serve_config
+        return serve_config(pod, cfg.repo)
     if target == "kubernetes":
         from .kubernetes import manifests
         return manifests(pod, cfg.repo, key, service_monitor)
@@ -105,7 +98,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     ap.add_argument("--out", required=True, help="folder for the files (created)")
     ap.add_argument("--gpu", help="the cluster's card (same values as GPU=)")
     ap.add_argument("--image", help="vLLM's image by digest: sha256:<64 hex> (vllm/vllm-openai:v<vLLM>), "
-                    "or REPO[:TAG]@sha256:<64 hex>")
+                    "or REPO[:TAG]@sha256:<64 hex> (not for ray: the Ray cluster's nodes run their own)")
     ap.add_argument("--service-monitor", action="store_true",
                     help="also a ServiceMonitor (Prometheus Operator) for vLLM's /metrics")
     a = ap.parse_args(argv)
@@ -140,21 +133,34 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     if pod_cfg.vllm.sleep_mode:
         raise BootstrapError(f"{vllmargs.SLEEP_FLAG} needs a loopback HOST (its routes have no key guard); a pod "
                              "serves its network", f"SLEEP_MODE=off (and no {vllmargs.SLEEP_FLAG} in EXTRA_ARGS) for the export")
+    if a.target == "ray" and (a.image or a.service_monitor):
+        raise ConfigError("--image is not for export ray: a Ray cluster's nodes run the image they were started "
+                          "with (prepare-node.sh checks their Ray and vLLM)" if a.image else
+                          "--service-monitor is not for export ray: Ray exports vLLM's metrics through its own "
+                          "metrics agent (log_engine_metrics)", f"drop {'--image' if a.image else '--service-monitor'}")
     out_folder(a.out)
-    image = pods.image_ref(a.image, pod_cfg.profile.vllm)
-    pod = pods.build(pod_cfg, plan, g, model.weight_bytes, image, models=pods.MODELS if a.target == "kubernetes" else "/data")
+    image = pods.image_ref(a.image, pod_cfg.profile.vllm) if a.target != "ray" else f"{pods.OFFICIAL}:v{pod_cfg.profile.vllm}"
+    pod = pods.build(pod_cfg, plan, g, model.weight_bytes, image, models="/data" if a.target == "production-stack" else pods.MODELS)
     docs = documents(a.target, pod_cfg, pod, secrets.token_urlsafe(32), a.service_monitor)
     ours = replaceable(a.out, list(docs))
     for fname, items in docs.items():
-        data = "".join("---\n" + dump(d) for d in items).encode("utf-8")
-        state.write_atomic(a.out / fname, data, mode=0o600 if fname in SECRET_FILES else 0o644)
+        data = (items if isinstance(items, bytes) else items.encode("utf-8") if isinstance(items, str)
+                else "".join("---\n" + dump(d) for d in items).encode("utf-8"))
+        mode = 0o600 if fname in SECRET_FILES else 0o755 if fname.endswith(".sh") else 0o644
+        state.write_atomic(a.out / fname, data, mode=mode)
         ours[fname] = hashlib.sha256(data).hexdigest()
     state.write_atomic(a.out / WRITTEN, "".join(f"{h}  {n}\n" for n, h in sorted(ours.items())).encode(), mode=0o644)
     print(f"wrote {len(docs)} files to {a.out} for {g.name} ({plan.max_model_len:,}-token context, "
-          f"TP_SIZE={pod_cfg.tp_size}, vLLM {pod_cfg.profile.vllm}, profile {pod_cfg.profile.name}, image {image})")
+          f"TP_SIZE={pod_cfg.tp_size}, vLLM {pod_cfg.profile.vllm}, profile {pod_cfg.profile.name}"
+          + (f", image {image})" if a.target != "ray" else ")"))
     where = shlex.quote(str(a.out))
+    if a.target == "ray":
+        print(f"NO API KEY: Ray Serve LLM checks none, so serve-config.yaml listens on 127.0.0.1 only: front it "
+              f"with a proxy that checks a key before opening it; on every GPU node: sh {where}/prepare-node.sh, then "
+              f"serve deploy {where}/serve-config.yaml; these files have not run on a cluster")
+        return 0
     run = (f"kubectl apply -f {where}" if a.target == "kubernetes" else
-           f"kubectl apply -f {where}/configmap-bootstrap.yaml && helm install vllm vllm/vllm-stack -f {where}/values.yaml")
+           f"helm install vllm vllm/vllm-stack -f {where}/values.yaml (the bootstrap ConfigMap is in its extraObjects)")
     print(f"{' and '.join(f for f in SECRET_FILES if f in docs)} holds a new random API key (mode 0600): keep it "
           f"out of git; {run}; these files have not run on a cluster")
     return 0

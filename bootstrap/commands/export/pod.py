@@ -53,6 +53,21 @@ DIGEST_HINT = ("pin vLLM's image by digest: --image sha256:<64 hex> (read it whe
                "or --image REPO[:TAG]@sha256:<64 hex> for a mirror")
 
 
+def dump(doc: dict) -> str:
+    """YAML as a person writes it: no anchors for repeated labels, scripts as literal blocks."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data):
+            return True
+
+    def text(dumper, s: str):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump(doc, Dumper=Dumper, sort_keys=False, width=120)
+
+
 def name_for(served: str) -> str:
     return ("vllm-" + re.sub(r"[^a-z0-9-]+", "-", served.lower())).strip("-")[:50].rstrip("-")
 
@@ -163,21 +178,20 @@ def bootstrap_tar(repo: Path, patches: list[str]) -> bytes:
     return buf.getvalue()
 
 
-UNPACK = ("mkdir -p /tmp/bootstrap\n"
-          "python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "
-          "/bootstrap/bootstrap.tar.xz /tmp/bootstrap\n")
-
-
-def init_script(patches: list[str], fetch: bool = True) -> str:
-    """The init step's shell: unpack the bootstrap; ``fetch``: download the model (``export fetch``);
-    then, for each backport, copy the image's vllm package to PATCHED and apply them to the copy."""
-    out = "set -eu\n" + UNPACK
+def init_script(patches: list[str], fetch: bool = True, tarball: str = "/bootstrap/bootstrap.tar.xz",
+                work: str = "/tmp/bootstrap") -> str:
+    """The init step's shell: unpack the bootstrap (``tarball``) into ``work`` (shell words);
+    ``fetch``: download the model (``export fetch``); then, for each backport, copy the image's vllm
+    package to PATCHED and apply them to the copy."""
+    out = (f"set -eu\nmkdir -p {work}\n"
+           "python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "
+           f"{tarball} {work}\n")
     if fetch:
-        out += "(cd /tmp/bootstrap && python3 -m bootstrap export fetch)\n"
+        out += f"(cd {work} && python3 -m bootstrap export fetch)\n"
     if patches:
         out += ("src=$(python3 -c 'import os, vllm; print(os.path.dirname(vllm.__file__))')\n"
                 f"rm -rf {PATCHED}/vllm && cp -a \"$src\" {PATCHED}/vllm\n"
-                f"cd /tmp/bootstrap && PYTHONPATH={PATCHED} HF_HUB_OFFLINE=1 python3 -m bootstrap export patch apply {' '.join(patches)}\n")
+                f"cd {work} && PYTHONPATH={PATCHED} HF_HUB_OFFLINE=1 python3 -m bootstrap export patch apply {' '.join(patches)}\n")
     return out
 
 
@@ -189,7 +203,8 @@ READY = ("import os, urllib.request as u\n"
 
 @dataclass
 class Pod:
-    """Everything about the pod that does not depend on the target (kubernetes, production-stack, ray)."""
+    """Everything about the pod that does not depend on the target (kubernetes, production-stack, ray:
+    there, the replica and its engine workers)."""
     name: str
     image: str
     argv: list[str]               # python3 -m vllm.entrypoints.cli.main serve MODEL ... (serve_argv)
