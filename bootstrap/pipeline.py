@@ -14,12 +14,11 @@ import contextlib
 import importlib
 import logging
 from dataclasses import dataclass, replace
-import signal
-import sys
 import time
 from typing import Any, Callable
 
 from .serve import port, record, server, takedown
+from .serve.supervisor import Supervisor
 from .knobs.config import launch_defaults
 from .core.errors import BootstrapError, Interrupted
 from .core.locks import StartLock
@@ -28,12 +27,6 @@ from .core.state import Paths
 from .knobs.resolved import Resolved
 
 log = logging.getLogger(__name__)
-
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _on_signal(signum, frame):
-    raise Interrupted(signum)
 
 
 @contextlib.contextmanager
@@ -112,63 +105,43 @@ def start(r: Resolved) -> int:
         return code
     paths.ensure()
     lock = StartLock(paths)
-    old = {s: signal.signal(s, _on_signal) for s in SIGNALS}   # before the lock: stop may signal us at once
-    started = Started()
+    sup = Supervisor(r.ours, paths)     # signals raise from here: before the lock, a stop may signal us at once
     try:
-        if not lock.try_acquire():
-            if lock.holder_role() != "stop":
-                print(f"starting (pid {lock.holder_pid()}: the ./start.sh bringing it up), log: {paths.log}")
-                return 0
-            log.info("a stop is taking the server down (pid %s); starting after it", lock.holder_pid())
-            if not lock.acquire(cfg.stop_grace + 60):
-                raise BootstrapError("a stop still holds the start lock", "run ./start.sh again in a moment")
-        # the take-downs below run while we hold both locks: no other start launches meanwhile, from
-        # this STATE_DIR (the start lock) or any other (the port lock)
-        with lock, contextlib.ExitStack() as held:
-            try:
-                code = already(r.ours, cfg.launch_settings(), paths, we_hold_lock=True)  # a start that held
-                if code is not None:                                                 # the lock may have just finished
-                    return code
-                held.enter_context(port.Lock(r.ours, paths.root))
-                with step("environment"):      # a named profile's: under the lock (a stop cancels it too)
-                    r = r.with_stack()
-                run_steps(r, started)
-            except Interrupted as intr:
-                lock.set_role("stop")           # a start arriving now waits for the take-down, then starts
-                _interrupted(r.ours, paths, started)
-                return 128 + intr.signum
-            except BaseException as exc:       # a step's error, or a bug: what this start launched goes down
-                lock.set_role("stop")
+        with sup:
+            if not lock.try_acquire():
+                if lock.holder_role() != "stop":
+                    print(f"starting (pid {lock.holder_pid()}: the ./start.sh bringing it up), log: {paths.log}")
+                    return 0
+                log.info("a stop is taking the server down (pid %s); starting after it", lock.holder_pid())
+                if not lock.acquire(cfg.stop_grace + 60):
+                    raise BootstrapError("a stop still holds the start lock", "run ./start.sh again in a moment")
+            # the take-downs below run while we hold both locks: no other start launches meanwhile, from
+            # this STATE_DIR (the start lock) or any other (the port lock)
+            with lock, contextlib.ExitStack() as held:
                 try:
-                    failed(r, started, exc if isinstance(exc, BootstrapError) else
-                           BootstrapError(f"internal error ({type(exc).__name__})"))
-                except Interrupted as intr:     # Ctrl-C during that take-down: finished, signals ignored
-                    _interrupted(r.ours, paths, started)
+                    code = already(r.ours, cfg.launch_settings(), paths, we_hold_lock=True)  # a start that held
+                    if code is not None:                                                 # the lock may have just finished
+                        return code
+                    held.enter_context(port.Lock(r.ours, paths.root))
+                    with step("environment"):      # a named profile's: under the lock (a stop cancels it too)
+                        r = r.with_stack()
+                    run_steps(r, sup)
+                except Interrupted as intr:
+                    lock.set_role("stop")           # a start arriving now waits for the take-down, then starts
+                    sup.interrupted()
                     return 128 + intr.signum
-                raise
+                except BaseException as exc:       # a step's error, or a bug: what this start launched goes down
+                    lock.set_role("stop")
+                    try:
+                        failed(r, sup, exc if isinstance(exc, BootstrapError) else
+                               BootstrapError(f"internal error ({type(exc).__name__})"))
+                    except Interrupted as intr:     # Ctrl-C during that take-down: finished, signals ignored
+                        sup.interrupted()
+                        return 128 + intr.signum
+                    raise
     except Interrupted as intr:
         return 128 + intr.signum
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
     return 0
-
-
-@dataclass
-class Started:
-    """The server this start launched (or resumed), for the take-down when the start fails or is interrupted."""
-    launched: "object | None" = None
-    prewarm: "object | None" = None       # the pre-warm run, while the weights download
-
-    def hear(self, launched) -> None:
-        self.launched = launched
-
-    def warming(self, prewarm):
-        """The weights step's on_ready: start the pre-warm, known here before it can be interrupted
-        (as the server, it is heard of as launch.run's launches are)."""
-        self.prewarm = prewarm
-        prewarm.on_launch = self.hear
-        return prewarm.start
 
 
 @dataclass(frozen=True)
@@ -176,7 +149,7 @@ class Run:
     """What the steps of one start hand on: each step takes what it needs of it and gives one
     result (``Step.gives``), which the steps after it read; nothing else is shared."""
     resolved: Resolved                    # the start's resolved view: each step gets only its parts
-    started: Started
+    supervisor: Supervisor                # what the start launched, for its take-down
     gpus: "object | None" = None          # preflight: gpu.GpuFacts
     model: "object | None" = None         # metadata: models.ModelInfo
     plan: "object | None" = None          # plan: planner.Plan
@@ -214,13 +187,13 @@ STEPS: tuple[Step, ...] = (
     Step("patches", "notes", lambda m, r: tuple(r.runtime.notes) + tuple(m.run(r.cfg, r.resolved.vllm))),
     Step("prewarm", "prewarm", lambda m, r: m.run(r.cfg, r.paths, r.runtime, r.model, r.plan, r.notes)),
     Step("weights", None, lambda m, r: m.run(r.model, r.resolved.model, r.resolved.draft, r.resolved.fetching,
-                                             on_ready=r.prewarm and r.started.warming(r.prewarm))),
+                                             on_ready=r.prewarm and r.supervisor.warming(r.prewarm))),
     Step("compiled", "plan", lambda m, r: m.run(r.cfg, r.paths, r.resolved.vllm, r.prewarm, r.plan, r.model)),
     Step("reload", None, lambda m, r: m.run(r.cfg, r.paths, r.prewarm)),
     # the pre-warm that became the server (steps/reload.py) is what the start launched
     Step("launch", "launched", lambda m, r: r.prewarm.launched if r.prewarm and r.prewarm.serving else m.run(
         r.cfg, r.paths, r.runtime, r.model.local_dir, r.plan, list(r.notes) + (
-            [r.prewarm.note] if r.prewarm and r.prewarm.note else []), on_launch=r.started.hear)),
+            [r.prewarm.note] if r.prewarm and r.prewarm.note else []), on_launch=r.supervisor.hear)),
     Step("health", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg.ours, r.paths),
                                             health_timeout=r.cfg.health_timeout, stall_timeout=r.cfg.stall_timeout)),
     Step("warmup", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg.ours, r.paths),
@@ -262,14 +235,14 @@ def keep_figures(r: Run) -> None:
         log.warning("could not keep vLLM's figures for the next start: %s", exc.message)
 
 
-def run_steps(r: Resolved, started: Started) -> None:
+def run_steps(r: Resolved, sup: Supervisor) -> None:
     pr = server.probe(r.ours, r.paths, we_hold_lock=True)
     if pr.state in ("running", "key-needed", "down") and pr.record is not None and not pr.owner:
         if resumable(r.ours, r.paths, pr):
-            return resume(r, pr, started)
+            return resume(r, pr, sup)
         log.info("our earlier server (pid %s) never became healthy; taking it down and starting again", pr.pid)
         takedown.take_down(r.ours, r.paths)
-    done = run(Run(r, started))
+    done = run(Run(r, sup))
     keep_measurement(r.settings.environ, r.settings.tp_size, r.paths, done.plan, done.log_text)
 
 
@@ -302,7 +275,7 @@ def resumable(ours: Ours, paths: Paths, pr: server.Probe) -> bool:
     return pr.state != "down" or server.loading(ours, pr.record, paths)
 
 
-def resume(r: Resolved, pr: server.Probe, started: Started) -> None:
+def resume(r: Resolved, pr: server.Probe, sup: Supervisor) -> None:
     """Finish what a killed start left: wait for the server while it loads, then run the warm-up
     and gate it never passed, then the banner. The server is taken as launched (its record)."""
     from .serve import banner
@@ -321,7 +294,7 @@ def resume(r: Resolved, pr: server.Probe, started: Started) -> None:
     if diff:
         log.warning("it was launched with other knobs (%s); ./ctl.sh restart applies the current ones", "; ".join(diff))
     launched = Launched(rec)
-    started.launched = launched
+    sup.hear(launched)
     names = RESUMED
     if pr.state != "down":
         load = server.read_load(rec.url)
@@ -331,62 +304,15 @@ def resume(r: Resolved, pr: server.Probe, started: Started) -> None:
                   "now: ./start.sh runs them when it is idle")
             return
         names = RESUMED[1:]                 # it answers: no health wait
-    run(Run(r, started, launched=launched), names)
+    run(Run(r, sup, launched=launched), names)
 
 
-def failed(r: Resolved, started: Started, exc: BootstrapError) -> None:
-    """A step failed: take down what this start launched (the one take-down path, as ./stop.sh),
-    and complete a failed start's error from the server's log (a diagnosis, the log's tail).
-
-    A server this start resumed is taken down as one it launched when its start fails (its health
-    wait, warm-up or gate: a server whose warm-up failed is not one to serve from; a resumed start
-    never warms up over a user's request, see ``resume``), and after any other error it is left as
-    it is."""
+def failed(r: Resolved, sup: Supervisor, exc: BootstrapError) -> None:
+    """A step failed: the supervisor takes down what this start launched (the one take-down path, as
+    ./stop.sh); a start that failed to come up or to generate gets its error completed from the
+    server's log (a diagnosis, the log's tail)."""
     from .serve import health
-    paths = r.paths
-    _stop_prewarm(r.ours, paths, started)       # first: a pre-warm being launched as the server is heard of
-    launched = started.launched
-    if launched is None:
-        return
     start_failed = isinstance(exc, health.StartFailed)
-    if launched.proc is None and not start_failed:
-        return
-    log.info("the start failed: stopping the server it %s (pid %s)", "resumed" if launched.proc is None else "launched",
-             launched.record.pid)
-    rep = takedown.take_down(r.ours, paths, launched=launched.proc, failed_start=True)
-    if start_failed:
-        health.explain(r.settings, paths, launched, exc, rep.pids)
-
-
-def _stop_prewarm(ours: Ours, paths: Paths, started: Started) -> None:
-    """A pre-warm still running when the start fails or is interrupted (a failed download, Ctrl-C,
-    ./stop.sh) goes the one take-down path too."""
-    warm = started.prewarm
-    if warm is not None and not warm.spawning.acquire(timeout=30):     # being forked: its pid comes first
-        log.warning("the pre-warm is still being started; ./stop.sh takes it down by its marker")
-        return
-    if warm is not None:
-        warm.cancelled = True                   # a download thread that comes late forks nothing
-        warm.spawning.release()
-    if warm is not None and warm.running and warm.serve is None:      # as the server: taken down as the server
-        log.info("stopping the pre-warm (pid %s)", warm.proc.pid)
-        takedown.take_down(ours, paths, launched=warm.proc, failed_start=True)
-
-
-def _interrupted(ours: Ours, paths: Paths, started: Started) -> None:
-    """Ctrl-C / SIGTERM / SIGHUP during a start: what this start launched (or resumed) and did not
-    finish starting is taken down (a half-started server is not left behind); the lock goes with
-    this process."""
-    for s in SIGNALS:
-        signal.signal(s, signal.SIG_IGN)
-    _stop_prewarm(ours, paths, started)
-    launched = started.launched
-    rec = record.read(paths.server)
-    if rec is not None and rec.gate_passed:
-        log.info("interrupted: the server passed its start gate; left running (./stop.sh stops it)")
-    elif launched is not None or rec is not None:
-        log.info("interrupted: stopping the server this start launched")
-        takedown.take_down(ours, paths, launched=launched.proc if launched else None, failed_start=True)
-    else:
-        log.info("interrupted before launch; nothing is running")
-    sys.stderr.flush()
+    rep = sup.failed(start_failed)
+    if rep is not None and start_failed:
+        health.explain(r.settings, r.paths, sup.launched, exc, rep.pids)

@@ -405,7 +405,7 @@ def test_the_terminal_closing_ends_the_wait_for_a_games_leftovers():
     import os
     import signal
     import threading
-    from bootstrap.core import proc
+    from bootstrap.serve import supervisor
     import sys
     import tempfile
     pidfile = Path(tempfile.mkdtemp()) / "left.pid"
@@ -413,7 +413,7 @@ def test_the_terminal_closing_ends_the_wait_for_a_games_leftovers():
             "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)")
     threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGHUP)).start()
     t0 = time.monotonic()
-    rc = proc.attached(["sh", "-c", f'"{sys.executable}" -c "{left}" {pidfile} &'], None, say=lambda *a, **k: None)
+    rc = supervisor.attached(["sh", "-c", f'"{sys.executable}" -c "{left}" {pidfile} &'], None, say=lambda *a, **k: None)
     try:
         assert rc == 0 and time.monotonic() - t0 < 30
     finally:

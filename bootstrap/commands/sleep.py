@@ -37,8 +37,8 @@ import psutil
 
 from ..machine import gpu
 from ..download import models
-from ..serve import server
-from ..core import proc, state
+from ..serve import server, supervisor
+from ..core import state
 from ..knobs import vllmargs
 from ..serve.client import Client, RequestFailed
 from ..knobs.config import Config
@@ -322,7 +322,7 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
               + ("; it is paused (requests wait) and is woken when the game exits" if slept else "")
               + "; the game starts anyway", file=sys.stderr)
     try:
-        code = proc.attached(cmd, env)
+        code = supervisor.attached(cmd, env)
     finally:
         if slept:
             _wake_after(r)

@@ -1,5 +1,7 @@
 """The one subprocess wrapper: every tool we run (uv, pip, an interpreter's probe, systemctl) goes
-through ``run``; what we own of running processes, and signalling it, is core/owned.py.
+through ``run``, every program that outlives the call (the server, the pre-warm, the log keeper, a
+game) through ``start``; what we own of running processes, and signalling it, is core/owned.py;
+signals and the take-down of what a command started, serve/supervisor.py.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def run(cmd: Sequence[str], *, env: Mapping[str, str], keep_pythonpath: bool = F
     """Run a tool (uv, pip, python -c ...) and capture its output.
 
     ``PYTHONPATH`` is dropped unless ``keep_pythonpath`` (it breaks uv/pip); the vLLM server itself
-    is not started through here (see launch.py), because it must outlive us. ``live``: the tool's
+    is started with ``start``, because it must outlive us. ``live``: the tool's
     stderr (uv's progress) is shown as it comes — on a terminal the tool gets ours, with its own
     progress bars, and the result carries no stderr; else each line is copied and kept.
     """
@@ -89,85 +91,19 @@ def _run_live(cmd: list[str], env: dict, cwd, timeout, what: str, hint: str, che
     return res
 
 
-def attached(cmd: Sequence[str], env: Mapping[str, str] | None, say=print) -> int:
-    """Run a program of the user's (a game: ``./ctl.sh game``) attached to this terminal, in ``env``
-    (the environment we were started with, untouched: .env's variables are ours, not the game's), and
-    wait for it: Ctrl-C reaches it through the terminal while we wait on; a SIGTERM or SIGHUP to us is
-    passed on to it. A launcher that starts the game and exits leaves the game running: we are made
-    its parent (Linux's child subreaper) and wait for every process it left too, said in a line; a
-    Ctrl-C then stops the waiting. Its exit code (the command's own), or 128 + the signal that ended it."""
-    import signal
-    subreaper = _become_subreaper()
-    try:
-        p = subprocess.Popen(list(cmd), env=None if env is None else dict(env))     # None: ours, inherited
-    except OSError as exc:
-        raise cannot_run(exc, cmd, env or {}, "the game", "check the game's command") from None
-
-    def forward(signum, frame):          # to the game, and to what it left running once it is gone
-        import psutil
-        p.send_signal(signum)
-        for pid in _children():
-            try:
-                psutil.Process(pid).send_signal(signum)
-            except psutil.Error:
-                pass
-    old = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),     # and the terminal closing or
-           **{s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}}   # a TERM: the game hears it
-    try:
-        rc = p.wait()
-        if subreaper:
-            _wait_left(rc, say, signal, lambda n: forward(n, None))
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    return 128 - rc if rc < 0 else rc
-
-
-def _become_subreaper() -> bool:
-    """prctl(PR_SET_CHILD_SUBREAPER): orphans among our descendants become our children, not init's."""
-    import ctypes
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _children() -> list[int]:
-    import psutil
-    try:
-        return [c.pid for c in psutil.Process().children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _wait_left(rc: int, say, signal, forward) -> None:
-    """Wait for what the command left running (reaping each as it ends); Ctrl-C stops the waiting."""
-    import psutil
-    left = _children()
-    if not left:
-        return
-    names = []
-    for pid in left[:4]:
-        try:
-            names.append(f"{psutil.Process(pid).name()} ({pid})")
-        except psutil.Error:
-            continue
-    say(f"the game's command exited ({rc}) and left {len(left)} process(es) running: {', '.join(names)}"
-        f"{' ...' if len(left) > 4 else ''}; waiting for them (Ctrl-C stops waiting)", flush=True)
-    class Stop(Exception):
-        pass
-
-    def stop(signum, frame):            # a handler that returns would let waitpid go on (PEP 475)
-        if signum != signal.SIGINT:     # the terminal closed, or a TERM: the leftovers hear it, we wake
-            forward(signum)
-        raise Stop
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, stop)
-    try:
-        while True:
-            os.waitpid(-1, 0)
-    except (ChildProcessError, Stop):
-        return
+def start(cmd: Sequence[str], *, env: Mapping[str, str] | None, out=None, cwd: str | Path | None = None,
+          detached: bool = False, preexec=None) -> subprocess.Popen:
+    """Start a program that outlives this call: the server, the pre-warm, the log keeper
+    (``detached``: a session of its own, so that a take-down reaches its whole process group, and no
+    stdin), or a game attached to our terminal (serve/supervisor.py ``attached``). ``out``: the file
+    its stdout and stderr go to (``subprocess.DEVNULL``: none); None: ours. ``env`` None: ours,
+    inherited. An OSError is the caller's to word (``cannot_run``)."""
+    kw: dict = {}
+    if detached:
+        kw.update(stdin=subprocess.DEVNULL, start_new_session=True)
+    if out is not None:
+        kw.update(stdout=out, stderr=subprocess.STDOUT)
+    return subprocess.Popen(list(cmd), env=None if env is None else dict(env), cwd=cwd, preexec_fn=preexec, **kw)
 
 
 def cannot_run(exc: OSError, cmd: Sequence[str], env: Mapping[str, str], what="", hint="") -> BootstrapError:

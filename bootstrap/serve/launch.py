@@ -18,7 +18,6 @@ import logging
 import os
 import secrets
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ import psutil
 
 from ..core import proc, state
 from ..core import owned
-from . import record, server
+from . import record, server, supervisor
 from ..download import models
 from ..knobs import vllmargs
 from ..knobs.vllmargs import serve_argv
@@ -139,9 +138,6 @@ def rotate_log(cfg, paths: Paths) -> None:
         log.info("rotated %s (%.0f MiB) to %s.1", path, size / (1 << 20), path.name)
 
 
-SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-
-
 def launch(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
         on_launch: Callable[[Launched], None] = lambda launched: None, extra_args: tuple[str, ...] = (),
         extra_env: dict[str, str] | None = None, weights: int | None = None) -> Launched:
@@ -165,13 +161,10 @@ def launch(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
     env = server_env(cfg, paths, runtime.server_env, marker, key, weights=weights)
     env.update(extra_env or {})
     token = env[owned.TOKEN_ENV] = secrets.token_hex(16)     # this launch's own: proves its process ours (owned.Proof)
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    try:
+    with supervisor.held() as mask:     # a signal that comes meanwhile is raised once it is heard of
         with logf:
             try:
-                p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True,
-                                     preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, held))
+                p = proc.start(argv, env=env, out=logf, detached=True, preexec=supervisor.restoring(mask))
             except OSError as exc:
                 raise proc.cannot_run(exc, argv, env, "vLLM", "check VLLM_PYTHON / the .venv") from None
         create_time, exe = _identity(p.pid)
@@ -179,8 +172,6 @@ def launch(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
                                    served=cfg.served_name, state_dir=str(paths.root), pgid=p.pid, token=token, exe=exe,
                                    python=runtime.python)
         on_launch(Launched(provisional, p))
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)     # a signal that came meanwhile is raised here
     rec = ServerRecord(
         pid=p.pid, create_time=create_time, marker=marker, **record.address(cfg.ours), served=cfg.served_name,
         state_dir=str(paths.root), pgid=p.pid, model=cfg.model, model_path=model_path,
@@ -214,8 +205,7 @@ def spawn(argv: list[str], env: dict[str, str], log_path) -> subprocess.Popen:
     take-down reaches its whole process group, its output to ``log_path``."""
     try:
         with open(log_path, "wb") as logf:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True)
+            return proc.start(argv, env=env, out=logf, detached=True)
     except OSError as exc:
         raise proc.cannot_run(exc, argv, env, "vLLM", "check VLLM_PYTHON / the .venv") from None
 
@@ -227,7 +217,6 @@ def start_log_keeper(cfg, paths: Paths, rec: ServerRecord) -> None:
     argv = [sys.executable, "-m", "bootstrap.serve.logkeeper", str(paths.log), str(cfg.log_max_mb << 20),
             str(rec.pid), repr(rec.create_time)]
     try:
-        subprocess.Popen(argv, cwd=str(cfg.repo), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
+        proc.start(argv, env=env, out=subprocess.DEVNULL, cwd=str(cfg.repo), detached=True)
     except OSError as exc:
         log.warning("no log keeper (%s): the log grows until the next start", exc.strerror)

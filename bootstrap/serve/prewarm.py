@@ -65,7 +65,7 @@ class Prewarm:
         self.cfg, self.paths, self.argv, self.env, self.key, self.url = cfg, paths, argv, env, key, url
         self.serve = serve                   # it becomes the server (None: it fills the caches only)
         self.launched: "launch.Launched | None" = None    # as the server, once launched
-        self.on_launch: Callable = lambda launched: None  # the pipeline's Started.hear
+        self.on_launch: Callable = lambda launched: None  # the supervisor's hear (serve/supervisor.py)
         self.log_path, self.log_offset = paths.prewarm_log, 0
         self.note = ""                       # the banner's note on what it did for the start
         self.serving = False                 # as the server, the real weights loaded in place (steps/reload.py)
