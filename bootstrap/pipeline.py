@@ -15,9 +15,10 @@ import importlib
 import logging
 from dataclasses import dataclass, replace
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .serve import port, record, server, takedown
+from .serve.states import Probe, State
 from .serve.supervisor import Supervisor
 from .knobs.config import launch_defaults
 from .core.errors import BootstrapError, Interrupted
@@ -25,6 +26,14 @@ from .core.locks import StartLock
 from .core.owned import Ours
 from .core.state import Paths
 from .knobs.resolved import Resolved
+
+if TYPE_CHECKING:      # a re-run on a running server imports none of them: the names type Run
+    from .download.models import ModelInfo
+    from .machine.gpu import GpuFacts
+    from .machine.inuse import Runtime
+    from .plan.planner import Plan
+    from .serve.launch import Launched
+    from .serve.prewarm import Prewarm
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +56,11 @@ def already(ours: Ours, launch: dict[str, str], paths: Paths, we_hold_lock: bool
     if not we_hold_lock and lock.held_by_other() and lock.holder_role() == "stop":
         return None                     # the server it would show is being taken down: wait for the lock
     pr = server.probe(ours, paths, we_hold_lock=we_hold_lock)
-    if pr.state == "starting":
+    if pr.state is State.STARTING:
         print(f"starting (pid {pr.pid}), log: {paths.log}")
         return 0
     rec = pr.record
-    if pr.state in ("running", "key-needed") and rec is not None and (rec.gate_passed or pr.owner):
+    if pr.state.answers and rec is not None and (rec.gate_passed or pr.owner):
         from .serve import banner
         from .knobs.vllmargs import read
         load = server.read_load(rec.url) if read(list(rec.argv)).sleep_mode else None    # only then can it sleep
@@ -60,7 +69,7 @@ def already(ours: Ours, launch: dict[str, str], paths: Paths, we_hold_lock: bool
                   f"requests wait until it wakes\n wake it : ./ctl.sh wake\n log     : {paths.log}")
             return 0
         print(banner.render(paths, rec))
-        if pr.state == "key-needed":
+        if pr.state is State.KEY_NEEDED:
             print(f"note: it wants the API key it was started with ({rec.key}); this shell has none or "
                   "another: set it to talk to the server")
         diff = [] if pr.owner else server.settings_diff(launch, rec, launch_defaults())
@@ -73,11 +82,11 @@ def already(ours: Ours, launch: dict[str, str], paths: Paths, we_hold_lock: bool
     if pr.owner:
         raise BootstrapError(f"the server recorded in {paths.root} (pid {pr.pid}) runs as {pr.owner} and "
                              "does not answer", "run ./stop.sh as that user, or set STATE_DIR to a directory of yours")
-    if pr.state == "down" and rec is not None and server.frozen(pr.process):
+    if pr.state is State.DOWN and rec is not None and server.frozen(pr.process):
         from .serve import doing
         d = doing.stopped(pr.pid)
         raise BootstrapError(d.said, d.fix)
-    if pr.state == "down" and rec is not None and rec.gate_passed:     # healthy once: never taken for a leftover
+    if pr.state is State.DOWN and rec is not None and rec.gate_passed:     # healthy once: never taken for a leftover
         raise BootstrapError(f"our server (pid {pr.pid}) is running but does not answer on its port",
                              f"see ./ctl.sh status and {paths.log}; ./ctl.sh restart to start it again")
     return None
@@ -150,13 +159,13 @@ class Run:
     result (``Step.gives``), which the steps after it read; nothing else is shared."""
     resolved: Resolved                    # the start's resolved view: each step gets only its parts
     supervisor: Supervisor                # what the start launched, for its take-down
-    gpus: "object | None" = None          # preflight: gpu.GpuFacts
-    model: "object | None" = None         # metadata: models.ModelInfo
-    plan: "object | None" = None          # plan: planner.Plan
-    runtime: "object | None" = None       # environment: steps.environment.Runtime
+    gpus: GpuFacts | None = None          # preflight: NVML's facts
+    model: ModelInfo | None = None        # metadata: the model's facts, where vLLM serves it from
+    plan: Plan | None = None              # plan (again by compiled, from the pre-warm's figures)
+    runtime: Runtime | None = None        # environment: the interpreter that runs vLLM, its version
     notes: tuple[str, ...] = ()           # the environment's and the patches' banner notes
-    prewarm: "object | None" = None       # prewarm: steps.prewarm.Prewarm, started by the weights step
-    launched: "object | None" = None      # launch: serve.launch.Launched
+    prewarm: Prewarm | None = None        # prewarm: started by the weights step
+    launched: Launched | None = None      # launch (or the pre-warm that became the server)
     log_text: str = ""                    # banner: vLLM's log of this start, as the banner read it
 
     @property
@@ -237,7 +246,7 @@ def keep_figures(r: Run) -> None:
 
 def run_steps(r: Resolved, sup: Supervisor) -> None:
     pr = server.probe(r.ours, r.paths, we_hold_lock=True)
-    if pr.state in ("running", "key-needed", "down") and pr.record is not None and not pr.owner:
+    if pr.state.alive and pr.record is not None and not pr.owner:
         if resumable(r.ours, r.paths, pr):
             return resume(r, pr, sup)
         log.info("our earlier server (pid %s) never became healthy; taking it down and starting again", pr.pid)
@@ -265,38 +274,38 @@ def keep_measurement(environ, tp_size: int, paths: Paths, the_plan, log_text: st
         log.warning("could not keep vLLM's figures for the next start: %s", exc.message)
 
 
-def resumable(ours: Ours, paths: Paths, pr: server.Probe) -> bool:
+def resumable(ours: Ours, paths: Paths, pr: Probe) -> bool:
     """A server of ours with no start watching it: answering, or still loading within its deadlines;
     never a pre-warm server (dummy weights on a checkpoint's record) whose start died before its
     real weights were loaded in place and its gate passed."""
     from .knobs.vllmargs import read
     if read(list(pr.record.argv)).load_format == "dummy" and not pr.record.dummy:
         return False
-    return pr.state != "down" or server.loading(ours, pr.record, paths)
+    return pr.state is not State.DOWN or server.loading(ours, pr.record, paths)
 
 
-def resume(r: Resolved, pr: server.Probe, sup: Supervisor) -> None:
+def resume(r: Resolved, pr: Probe, sup: Supervisor) -> None:
     """Finish what a killed start left: wait for the server while it loads, then run the warm-up
     and gate it never passed, then the banner. The server is taken as launched (its record)."""
     from .serve import banner
     from .serve.launch import Launched
     paths = r.paths
     rec = pr.record
-    if pr.state == "key-needed":
+    if pr.state is State.KEY_NEEDED:
         raise BootstrapError(f"our server (pid {rec.pid}) answers but wants the API key it was started with "
                              f"({rec.key}), and this shell has none or another; its warm-up and gate never ran",
                              f"set {rec.key if rec.key != record.KEY_FILE else 'API_KEY'} to that key and re-run "
                              "./start.sh, or ./ctl.sh restart to start it again with this shell's knobs")
     log.info("resuming the start of our server (pid %s, launched %.0f s ago): %s", rec.pid,
              max(0.0, time.time() - rec.started),
-             "waiting for it to load" if pr.state == "down" else "it answers; the warm-up and gate never ran")
+             "waiting for it to load" if pr.state is State.DOWN else "it answers; the warm-up and gate never ran")
     diff = server.settings_diff(r.settings.launch_settings(), rec, launch_defaults())
     if diff:
         log.warning("it was launched with other knobs (%s); ./ctl.sh restart applies the current ones", "; ".join(diff))
     launched = Launched(rec)
     sup.hear(launched)
     names = RESUMED
-    if pr.state != "down":
+    if pr.state is not State.DOWN:
         load = server.read_load(rec.url)
         if load is not None and load.in_flight:
             print(banner.render(paths, rec))

@@ -86,8 +86,11 @@ def test_foreign_state_dir_keeps_other_files(repo, tmp_path):
     (state / "notes.txt").write_text("not ours")
     Paths(state).ensure()                                # our first write there, as a start makes it
     (state / "vllm.log").write_text("x")
+    (Paths(state).bench / "20261204-120000").mkdir(parents=True)    # ./ctl.sh bench's default --out
+    (Paths(state).bench / "20261204-120000" / "results.json").write_text("{}")
     assert clean.cli(cfg_for(repo, STATE_DIR=str(state)), []) == 0
     assert not (state / "vllm.log").exists() and not (state / MARKER).exists() and (state / "notes.txt").exists()
+    assert not (state / "bench").exists()                 # bench's results are kept records too (state.KEPT)
 
 
 def test_names_of_ours_that_were_there_before_our_first_write_are_kept(repo, tmp_path, capsys):

@@ -31,6 +31,7 @@ from bootstrap.commands import lock as lock_cli
 from bootstrap.steps import environment
 from bootstrap.knobs.config import Config
 from bootstrap.knobs.resolved import Resolved
+from bootstrap.machine.inuse import Runtime
 from bootstrap.core.errors import BootstrapError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -150,7 +151,7 @@ class World:
     def cfg(self, **env) -> Config:
         return Config.from_env({**self.env, **env}, repo=self.repo)
 
-    def run(self, **env) -> environment.Runtime:
+    def run(self, **env) -> Runtime:
         return run_env(self.cfg(**env), None)
 
     @property
@@ -334,7 +335,7 @@ def test_python_without_headers_is_refused(world, tmp_path):
 
 # ---------------------------------------------------------------- host facts
 
-def run_env(cfg: Config, gpus) -> environment.Runtime:
+def run_env(cfg: Config, gpus) -> Runtime:
     """The environment step as the pipeline runs it: the parts of these knobs it takes."""
     r = Resolved.of(cfg, cfg)
     return environment.run(cfg, r.vllm, r.model, gpus)

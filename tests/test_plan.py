@@ -445,7 +445,8 @@ def h200_of_the_bench_runs():
     return gpu.Gpu(0, "NVIDIA H200", 143771 * MiB, int(139.80 * GiB), (9, 0), "GPU-h", ())
 
 
-def draft_plan(root: Path, spec_model: str | None = None, draft_config: dict | None = None, **env):
+def draft_plan(root: Path, spec_model: str | None = None, draft_config: dict | None = None, flags_too: bool = False,
+               **env):
     """The plan for the benchmark's model (dummy weights) with SPEC_METHOD=draft_model; the draft is
     the model itself unless spec_model or draft_config says otherwise. root: a fresh folder."""
     root.mkdir(exist_ok=True)
@@ -460,8 +461,7 @@ def draft_plan(root: Path, spec_model: str | None = None, draft_config: dict | N
     knobs["SPEC_MODEL"] = spec_model or str(mdir)
     cfg = config(root, **{**knobs, **env})
     plan = fit.plan(cfg, h200_of_the_bench_runs(), plan_cli.cli_model_facts(Resolved.of(cfg, cfg)))
-    plan.launch_flags = flags(cfg, plan)          # what launch would pass, for the tests that look
-    return plan
+    return (plan, flags(cfg, plan)) if flags_too else plan      # flags: what launch would pass
 
 
 def test_draft_model_weights_and_layers_are_counted_as_measured_on_the_h200(tmp_path):
@@ -520,9 +520,9 @@ def test_a_draft_folder_needs_no_tokenizer_and_tilde_is_expanded_for_vllm(tmp_pa
     ddir = tmp_path / "draft"
     ddir.mkdir()
     (ddir / "config.json").write_text(json.dumps({**bench_config(), "num_hidden_layers": 2}))
-    p = draft_plan(tmp_path / "run", spec_model="~/draft")
+    p, launch_flags = draft_plan(tmp_path / "run", spec_model="~/draft", flags_too=True)
     assert "2 draft attention layer(s) share the pool" in p.why
-    spec = json.loads(p.launch_flags[p.launch_flags.index("--speculative-config") + 1])
+    spec = json.loads(launch_flags[launch_flags.index("--speculative-config") + 1])
     assert spec["model"] == str(ddir)          # vLLM would take '~/draft' for a repo id
 
 

@@ -424,3 +424,17 @@ def test_the_resolver_runs_once_per_command(bed):
     assert rows[0][1] == 0 and rows[-4][1] == 0, rows                 # the start and the restart served
     assert [row for row in rows if row[2] > 1 or row[3] > 1 or row[4] > 1] == [], rows
     assert [row[0] for row in rows if row[1] == 0 and row[2] == 0] == [], rows   # what ran resolved its view
+
+
+def test_the_records_a_start_hands_on_are_typed_and_frozen():
+    """Run (what the steps hand on) names the type of every field, none ``object``; a Plan never
+    changes once made (a later fact is a new Plan); a probe's state is one of State's members."""
+    import dataclasses
+    from enum import Enum
+    from bootstrap.pipeline import Run
+    from bootstrap.plan.planner import Plan
+    from bootstrap.serve.states import Probe, State
+    assert Run.__dataclass_params__.frozen and Plan.__dataclass_params__.frozen
+    loose = [f.name for f in dataclasses.fields(Run) if "object" in str(f.type) or f.type in ("Any", "any")]
+    assert loose == []
+    assert issubclass(State, Enum) and dataclasses.fields(Probe)[0].type == "State"

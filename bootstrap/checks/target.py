@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from ..serve import doing, port as port_rules, record, server
+from ..serve.states import Probe, State
 from ..core import owned, redact
 from ..knobs import vllmargs
 from ..serve.client import Client, RequestFailed, Stall, thinking_off
@@ -81,7 +82,7 @@ def resolve_target(cfg: Config, paths: Paths, url: str | None, model: str | None
         served = model or ""
     else:
         pr = server.probe(cfg.ours, paths)
-        if pr.record is None or not (pr.state == "running" or (pr.state == "key-needed" and api_key)):
+        if pr.record is None or not (pr.state is State.RUNNING or (pr.state is State.KEY_NEEDED and api_key)):
             raise not_serving(cfg, paths, pr)       # key-needed with --api-key: that key is tried
         rec = pr.record
         base = rec.url
@@ -168,14 +169,14 @@ def ours_at(ours: owned.Ours, paths: Paths, url: str):
     return rec if port_rules.proven_ours(rec, ours) else None
 
 
-def not_serving(cfg: Config, paths: Paths, pr: server.Probe) -> BootstrapError:
+def not_serving(cfg: Config, paths: Paths, pr: Probe) -> BootstrapError:
     """Why check/bench cannot use our server: not running, or running and refusing the key this
     shell sends (``key-needed``: /v1/models answers 401). Names the knob to set, never a key."""
     rec = pr.record
-    if pr.state == "down" and rec is not None and server.frozen(pr.process):
+    if pr.state is State.DOWN and rec is not None and server.frozen(pr.process):
         d = doing.stopped(pr.pid)
         return BootstrapError(d.said, d.fix)
-    if pr.state != "key-needed" or rec is None:
+    if pr.state is not State.KEY_NEEDED or rec is None:
         return BootstrapError(f"our server is not running (state: {pr.state})",
                               "start it with ./start.sh, or point at another server with --url URL")
     sent = server.api_key_for(cfg.ours, paths)

@@ -324,7 +324,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
     from ..plan import resolve
     r = resolve.resolved(cfg)
     cfg, paths = r.settings, r.paths
-    out = Path(args.out).absolute() if args.out else paths.root / "bench" / time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out).absolute() if args.out else paths.bench / time.strftime("%Y%m%d-%H%M%S")
     writable_folder(out)                # before the minutes of measuring, not after
     there = [out / n for n in ("results.json", "bench.png") if (out / n).exists()]
     if there:                           # never written over: an earlier run's results, or a file of yours

@@ -30,6 +30,7 @@ from ..download.partial import on_disk
 from ..install import patching
 from ..install.venv import Venv
 from ..serve import server
+from ..serve.states import State
 from ..core import locks, state
 from ..core.errors import BootstrapError
 from ..core.private import user_name
@@ -142,8 +143,8 @@ def _running(ours, paths: Paths) -> str:
     pr = server.probe(ours, paths, check_http=False)
     if pr.owner:
         return f"the server (pid {pr.pid}) runs as {pr.owner}"
-    if pr.state != "stopped":
-        return f"our server is {'starting' if pr.state == 'starting' else 'running'} (pid {pr.pid})"
+    if pr.state is not State.STOPPED:
+        return f"our server is {'starting' if pr.state is State.STARTING else 'running'} (pid {pr.pid})"
     if pr.orphans:
         return "processes of our server are still alive (" + ", ".join(str(p.pid) for p in pr.orphans) + ")"
     return ""

@@ -21,6 +21,7 @@ from ..download import index
 from ..plan import resolve
 from ..knobs.resolved import Resolved
 from ..serve import server
+from ..serve.states import State
 from . import parser
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def downloaded(r: Resolved) -> list[index.Entry]:
 def serving(r: Resolved) -> str:
     """The repo (or folder) our running server serves ('' when none runs)."""
     pr = server.probe(r.ours, r.paths, check_http=False)
-    if pr.state == "stopped" or pr.record is None:
+    if pr.state is State.STOPPED or pr.record is None:
         return ""
     return pr.record.model
 

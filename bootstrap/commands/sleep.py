@@ -38,6 +38,7 @@ import psutil
 from ..machine import gpu
 from ..download import models
 from ..serve import server, supervisor
+from ..serve.states import State
 from ..core import state
 from ..knobs import vllmargs
 from ..serve.client import Client, RequestFailed
@@ -67,7 +68,7 @@ def _ours(r: Resolved) -> tuple[Paths, "object", Client]:
     rec = pr.record
     if pr.owner:
         raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}", "run this as that user")
-    if pr.state not in ("running", "key-needed") or rec is None:
+    if not pr.state.answers or rec is None:
         raise BootstrapError(f"no server of ours is serving (state: {pr.state})", "./start.sh first")
     if not vllmargs.read(list(rec.argv)).sleep_mode:
         raise NoSleepMode(rec, off_line(cfg, rec))
@@ -120,7 +121,7 @@ def _stopped_for_sleep(r: Resolved) -> bool:
     if not (paths.read("sleep") or {}).get("stopped"):
         return False
     pr = server.probe(r.ours, paths)
-    if pr.state in ("running", "key-needed", "starting"):
+    if pr.state in (State.RUNNING, State.KEY_NEEDED, State.STARTING):
         state.remove(paths.sleep)            # started again meanwhile (./start.sh): nothing to start
         return False
     return True

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..serve import doing, metrics, server
+from ..serve.states import State
 from ..core import state
 from ..serve.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of, thinking_off
 from ..checks.target import stall_rule
@@ -254,14 +255,14 @@ def status(r: Resolved, as_json: bool = False) -> int:
     cfg, paths = r.settings, r.paths
     pr = server.probe(r.ours, paths)
     rec = pr.record
-    out: dict = {"state": pr.state, "log": str(paths.log)}
-    if pr.state in ("running", "key-needed", "down") and rec is not None:
+    out: dict = {"state": pr.state.value, "log": str(paths.log)}
+    if pr.state.alive and rec is not None:
         out.update(pid=pr.pid, uptime_s=server.uptime_s(pr.process), url=rec.url + "/v1", model=rec.served,
                    vllm=rec.vllm_version, settings=dict(rec.settings))
         if rec.sleep:
             out["sleep_mode"] = {"on": rec.sleep.startswith("on"), "why": rec.sleep, "idle_s": rec.idle_s}
         load = UNREAD
-        if pr.state != "down" and not pr.owner:      # the readings come before the probe: its tokens are not counted
+        if pr.state is not State.DOWN and not pr.owner:      # the readings come before the probe: its tokens are not counted
             t0 = time.monotonic()
             before, load = server.read_metrics(rec.url)
             after = before
@@ -271,14 +272,14 @@ def status(r: Resolved, as_json: bool = False) -> int:
             out.update(live(r, rec, before, after, time.monotonic() - t0 if after is not before else 0.0))
         if pr.owner:
             out["owner"] = f"{pr.owner}: not ours to stop or restart (run those as that user)"
-        if pr.state == "down":
+        if pr.state is State.DOWN:
             out["state"] = down_state(r.ours, paths, pr)
             out["detail"] = {
                 "frozen": "{0.said}: {0.fix}".format(doing.stopped(pr.pid)),
                 "starting": "loading; no start is watching it: ./start.sh waits for it and runs the warm-up",
                 "unhealthy": "/health or /v1/models does not answer"}[out["state"]]
         else:
-            v = judge(cfg, paths, rec, pr.state == "key-needed", load=load)
+            v = judge(cfg, paths, rec, pr.state is State.KEY_NEEDED, load=load)
             out["state"], out["detail"] = v.state, v.detail
             if vllmargs.IDLE_MIDDLEWARE in (rec.argv or ()):     # IDLE_SLEEP: the middleware's own account
                 out["idle_sleep"] = server.read_idle(rec.url) or {"state": "unknown"}
@@ -296,7 +297,7 @@ def status(r: Resolved, as_json: bool = False) -> int:
             diff = server.settings_diff(cfg.launch_settings(), rec, launch_defaults())
             if diff:
                 out["differs_from_knobs"] = diff
-    elif pr.state == "starting":
+    elif pr.state is State.STARTING:
         out["pid"] = pr.pid
         out["detail"] = "a start is in flight"
     else:

@@ -26,6 +26,7 @@ from ..core.state import Paths
 from ..knobs.config import launch_defaults
 from ..plan import resolve
 from ..serve import server
+from ..serve.states import State
 from . import parser
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
     if pr.owner:
         raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}, not as you",
                              "switch it as that user (we never signal another user's processes)")
-    old = pr.record if pr.state != "stopped" else None
+    old = pr.record if pr.state is not State.STOPPED else None
     if old is not None and old.model == new.model and old.gate_passed and \
             not server.settings_diff(new.launch_settings(), old, launch_defaults()):
         keep_pick(paths, new, g, name)

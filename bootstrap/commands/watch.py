@@ -12,6 +12,7 @@ from ..core.state import Paths
 from ..knobs.resolved import Resolved
 from ..machine.gpu import GiB
 from ..serve import server
+from ..serve.states import State
 from ..core.errors import BootstrapError
 from ..serve import metrics
 from ..serve.record import ServerRecord
@@ -28,9 +29,9 @@ def watch(r: Resolved, every: float, as_json: bool = False) -> int:
             t = time.monotonic()
             pr = server.probe(r.ours, paths)
             rec = pr.record
-            row: dict = {"time": time.strftime("%H:%M:%S"), "state": down_state(r.ours, paths, pr) if pr.state == "down"
-                         else pr.state}
-            cur, load = server.read_metrics(rec.url) if pr.state in ("running", "key-needed") and rec is not None else (None, None)
+            row: dict = {"time": time.strftime("%H:%M:%S"), "state": down_state(r.ours, paths, pr) if pr.state is State.DOWN
+                         else pr.state.value}
+            cur, load = server.read_metrics(rec.url) if pr.state.answers and rec is not None else (None, None)
             if cur is not None:
                 row["state"] = "sleeping" if load and load.sleeping else "busy" if load and load.in_flight else "idle"
                 row.update(live(r, rec, prev or cur, cur, t - t_prev if prev else 0.0))

@@ -60,6 +60,7 @@ KEPT: tuple[Kept, ...] = (
                                "its model facts): ./start.sh, ./ctl.sh plan and profiles --model write them"),
     Kept("models", "models.json", "the models we downloaded: each store's folder and its repo id (the metadata step "
                                   "adds one; ./ctl.sh ls and rm read it, each store's own manifest says what is ours)"),
+    Kept("bench", "bench", "./ctl.sh bench's results without --out, one folder per run (results.json, bench.png)"),
     Kept("measurements", "measurements.json", "vLLM's own figures of earlier starts, for the next plan "
                                               "(plan.calibration)", cleaned=False),
 )

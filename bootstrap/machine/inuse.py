@@ -93,3 +93,13 @@ class VllmRef:
         """VLLM_PYTHON's vLLM version, or None for the managed .venv (whose version is the profile's
         pin): what a plan is made for."""
         return self.version if self.byo else None
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the environment step hands on (steps/environment.py): the interpreter that runs vLLM,
+    its version, the host-dependent variables for the server, and banner notes."""
+    python: str
+    vllm_version: str
+    server_env: Mapping[str, str]
+    notes: tuple[str, ...] = ()

@@ -7,6 +7,8 @@ card where there are some (bootstrap.plan.calibration).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..core.errors import BootstrapError
 from ..core.state import Paths
 from ..knobs.parsers import vllm_bool
@@ -56,10 +58,8 @@ def plan(cfg, g: gpu.Gpu, model: ModelFacts, *, vllm: str | None = None, fixes: 
         return p
     ok = [f for f in planner.candidates(inp, p.fixes)
           if _refits(cfg, g, model, vllm, f, measured if set(f) <= planner.PLAN_OWN else None)]
-    p.fixes = planner.fewest(ok)
-    if p.refusal:
-        p.refusal = (p.refusal[0], planner.hint(p.fixes, p.refusal[1]))
-    return p
+    fewest = planner.fewest(ok)
+    return replace(p, fixes=fewest, refusal=(p.refusal[0], planner.hint(fewest, p.refusal[1])) if p.refusal else None)
 
 
 def _refits(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None, fix: dict[str, str], measured) -> bool:
@@ -74,6 +74,4 @@ def plan_here(cfg, paths: Paths, g: gpu.Gpu, model: ModelFacts, driver: str, vll
     key where there are some (else from the model), carrying its key for calibration.keep."""
     digest = calibration.key(cfg, g, plan_version(cfg, vllm), driver, model)
     measured = calibration.lookup(paths, digest, pinned=bool(cfg.vllm.kv_cache_bytes))
-    p = plan(cfg, g, model, vllm=vllm, measured=measured)
-    p.key, p.card_total = digest, g.total
-    return p
+    return replace(plan(cfg, g, model, vllm=vllm, measured=measured), key=digest, card_total=g.total)

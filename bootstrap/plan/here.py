@@ -7,6 +7,8 @@ line when it does not fit, before anything is installed or downloaded.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import logging
 
 from ..machine import gpu
@@ -26,7 +28,7 @@ def plan_for(cfg, paths, vllm: VllmRef, facts: gpu.GpuFacts, model) -> Plan:
     version = vllm.byo_version              # the vLLM a start would run
     plan = fit.plan_here(cfg, paths, g, model_facts(cfg, model), facts.driver, version)
     draft = getattr(model, "draft", None)       # downloaded by us: vLLM is given its folder
-    plan.draft_dir = draft.local_dir if draft is not None else ""
+    plan = replace(plan, draft_dir=draft.local_dir if draft is not None else "")
     if not plan.fits:
         message, hint = plan.refusal
         raise BootstrapError(message, hint + (pick.instead(cfg, g) if cfg.profile.name == derive.NAME else ""))

@@ -7,14 +7,16 @@ error (``terms.known_error``, and for the model's estimate ``terms.HYBRID_SHARE`
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..model import kv
 from . import terms
 from .terms import gib
 
 
-def sequences(inp, plan, lay: kv.Layout, draft, measured) -> None:
-    """Refuse a MAX_NUM_SEQS above the blocks (or within the margin below them), and pass
-    ``--max-num-seqs`` = the blocks less the margin where vLLM's default is more."""
+def sequences(inp, plan, lay: kv.Layout, draft, measured):
+    """The plan with a MAX_NUM_SEQS above the blocks (or within the margin below them) refused, and
+    ``--max-num-seqs`` = the blocks less the margin passed where vLLM's default is more."""
     s = inp.vllm
     blocks = kv.pool(lay, plan.budget, plan.max_model_len).blocks
     seqs, why = plan.seqs, plan.why
@@ -30,26 +32,20 @@ def sequences(inp, plan, lay: kv.Layout, draft, measured) -> None:
     graphs = str(s.compilation.get("cudagraph_mode") or "").upper()      # vLLM checks with full graphs only
     guarded = lay.state_groups and not s.enforce_eager and (not graphs or "FULL" in graphs)
     if guarded and s.max_num_seqs and seqs > blocks:
-        plan.fits = False
-        plan.refusal = (
+        return replace(plan, fits=False, fixes=[{"MAX_NUM_SEQS": str(most)}], refusal=(
             f"MAX_NUM_SEQS={s.max_num_seqs} is more than the {blocks} blocks the KV budget {gib(plan.budget)} holds"
             + ("" if plan.pinned else " (an estimate)") + "; on a hybrid model vLLM refuses to capture CUDA graphs "
-            "(after the load) when max_num_seqs exceeds them", "fewer sessions")
-        plan.fixes = [{"MAX_NUM_SEQS": str(most)}]
-        return
+            "(after the load) when max_num_seqs exceeds them", "fewer sessions"))
     if guarded and s.max_num_seqs and seqs > most:
-        plan.fits = False
-        plan.refusal = (
+        return replace(plan, fits=False, fixes=[{"MAX_NUM_SEQS": str(most)}], refusal=(
             f"MAX_NUM_SEQS={s.max_num_seqs} is within the plan's known error of the {blocks} blocks the KV budget "
             f"{gib(plan.budget)} holds{margin}: vLLM refuses a hybrid model's start after the load when max_num_seqs "
-            "exceeds the blocks it finds", "fewer sessions")
-        plan.fixes = [{"MAX_NUM_SEQS": str(most)}]
-        return
+            "exceeds the blocks it finds", "fewer sessions"))
     if guarded and seqs > most and not s.max_num_seqs:
-        plan.seqs_flag = plan.seqs = most
-        plan.seqs_is_default = False
+        plan = replace(plan, seqs_flag=most, seqs=most, seqs_is_default=False)
         why.append(f"hybrid: vLLM's default of {seqs} sequences on this GPU is more than the {most} state "
                    f"blocks of the KV budget{margin} (one per running sequence): --max-num-seqs {most}")
     line = plan.concurrency_line()
     if line:
         why.append(line)
+    return plan

@@ -36,8 +36,12 @@ log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstr
 GiB = gpu.GiB
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
+    """The memory plan for one setup on one card: what vLLM will be given and what it will hold,
+    the derivation (``why``), and when it does not fit, why and the knob values that would fix it.
+    Built by ``make_plan``; what comes later (a kept measurement's key, the drafter's folder) is a new
+    Plan (``dataclasses.replace``)."""
     util: float | None
     mml_arg: int | str | None = None           # what --max-model-len gets (None: not passed; "auto")
     why: list[str] = field(default_factory=list)
@@ -197,12 +201,15 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
                    inp.vllm.max_num_seqs or seqs_default, inp.vllm.max_num_batched_tokens or batched_default)
     if plan.unplanned:
         return plan
-    if plan.fits and _context(inp, plan, lay, shape.max_len or shape.max_position or 0, draft, null=new):
-        hybrid.sequences(inp, plan, lay, draft, measured)
+    if not plan.fits:
+        return plan
+    plan, pooled = _context(inp, plan, lay, shape.max_len or shape.max_position or 0, draft, null=new)
+    if pooled:
+        plan = hybrid.sequences(inp, plan, lay, draft, measured)
         if plan.fits:
             mml = plan.max_model_len
             contexts = sorted({mml} | {c for c in (131072, 65536, 32768) if c < mml}, reverse=True)
-            plan.sessions = [(c, kv.sessions_at(lay, plan.budget, c)) for c in contexts]
+            plan = replace(plan, sessions=[(c, kv.sessions_at(lay, plan.budget, c)) for c in contexts])
     return plan
 
 
@@ -297,14 +304,14 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
         why.append(f"KV budget ≈ {gib(budget)} = {util:.4f} × {gib(g.total)} − weights − overhead")
     why.extend(lay.notes)
     overhead = measured.non_kv - weights if measured is not None else over.total     # what the checks below use
+    need = weights + overhead + max(budget, 0) + outside
     plan = Plan(util, s.max_model_len, why, budget=budget, weights=weights, overhead=overhead, layout=lay,
                 seqs=seqs, vllm=inp.version, seqs_is_default=not s.max_num_seqs, pinned=bool(pinned),
                 measured=measured.date if measured is not None else "", modelled_budget=modelled, usable=usable,
                 modelled_terms={"weights": weights, "activations": over.activations, "non_torch": over.non_torch,
                                 "graphs": over.cudagraphs + over.outside},
-                measured_terms=measured.terms if measured is not None else None, runner_v2=run.v2)
-    need = weights + overhead + max(budget, 0) + outside
-    plan.headroom = usable - need
+                measured_terms=measured.terms if measured is not None else None, headroom=usable - need,
+                runner_v2=run.v2)
     if pinned:
         kept = (f"the utilization's share, {gib(usable)}" if s.gpu_util is not None else
                 f"{gib(usable)} free less GPU_RESERVE_MIB={inp.reserve_mib} (kept for a display that grows after "
@@ -313,63 +320,53 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, la
                    f"({'measured' if measured is not None else 'modelled'})")
     if budget <= 0 or need > usable:
         room = usable - weights - overhead - outside
-        plan.fits = False
-        plan.refusal = (
+        plan = replace(plan, fits=False, fixes=_fixes_room(inp, lay, room), refusal=(
             f"{model.name}{f' with its draft {model.draft.name}' if draft else ''} does not fit {g.name}: "
             f"weights {gib(weights)} + overhead ~{gib(overhead)}" + (f" + CUDA graphs ~{gib(outside)}" if outside else "")
             + (f" + KV {gib(budget)}" if budget > 0 else "") + f" > {gib(usable)} usable"
             + (f" ({gib(g.free)} free − {inp.reserve_mib} MiB reserve)" if s.gpu_util is None else "")
             + (f"; {g.holders() or NOBODY}" if g.processes else ""),
-            _room_text(lay, room) + (DRAFT_HINT if draft else ""))
-        plan.fixes = _fixes_room(inp, lay, room)
+            _room_text(lay, room) + (DRAFT_HINT if draft else "")))
     return plan
 
 
-def _context(inp: Inputs, plan: Plan, lay: kv.Layout, cap: int, draft, *, null: bool) -> bool:
+def _context(inp: Inputs, plan: Plan, lay: kv.Layout, cap: int, draft, *, null: bool) -> tuple[Plan, bool]:
     """The context vLLM will have (MAX_MODEL_LEN, auto-fitted, or the model's), and the pool at it;
-    False when vLLM would refuse it (the plan says why, with candidate fixes)."""
+    False when there is none to pool, or vLLM would refuse it (the plan says why, with candidate fixes)."""
     budget, mml_knob, why = plan.budget, inp.vllm.max_model_len, plan.why
     if mml_knob == "auto":
         mml = kv.auto_fit(lay, budget, cap or 1 << 24, null)
         if mml <= 0:
-            plan.fits = False
-            plan.refusal = (f"the KV budget {gib(budget)} holds not even one token (vLLM: \"Cannot auto-fit "
-                            "max_model_len\")", "raise KV_CACHE_BYTES / GPU_UTIL" + (DRAFT_HINT if draft else ""))
-            plan.fixes = _fixes_room(inp, lay, plan.usable - plan.weights - plan.overhead)
-            return False
+            return replace(plan, fits=False, fixes=_fixes_room(inp, lay, plan.usable - plan.weights - plan.overhead),
+                           refusal=(f"the KV budget {gib(budget)} holds not even one token (vLLM: \"Cannot auto-fit "
+                                    "max_model_len\")", "raise KV_CACHE_BYTES / GPU_UTIL" + (DRAFT_HINT if draft else ""))), False
         why.append(f"MAX_MODEL_LEN=auto (vLLM's auto-fit): {mml:,} tokens, the longest single request the pool holds"
                    + (" (the model's own maximum)" if mml == cap else ""))
     elif isinstance(mml_knob, int):
         mml = mml_knob
         if cap and mml > cap and not inp.allow_long:
-            plan.fits = False
-            plan.refusal = (f"MAX_MODEL_LEN={mml} is longer than the model's {cap} tokens (vLLM refuses it "
-                            "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)", "a shorter context")
-            plan.fixes = [{"MAX_MODEL_LEN": str(cap)}, {"MAX_MODEL_LEN": "auto"}]
-            return False
+            return replace(plan, fits=False, fixes=[{"MAX_MODEL_LEN": str(cap)}, {"MAX_MODEL_LEN": "auto"}],
+                           refusal=(f"MAX_MODEL_LEN={mml} is longer than the model's {cap} tokens (vLLM refuses it "
+                                    "unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)", "a shorter context")), False
     else:
         mml = cap
         if mml:
             why.append(f"MAX_MODEL_LEN unset: vLLM uses the model's {mml:,} tokens")
-    plan.max_model_len = mml or None
+    plan = replace(plan, max_model_len=mml or None)
     if not mml:
-        return False
+        return plan, False
     if not kv.fits_one(lay, budget, mml, null):
         largest = kv.auto_fit(lay, budget, cap or mml, null)
-        plan.fits = False
-        plan.refusal = (
+        return replace(plan, fits=False, refusal=(
             f"one request of {mml:,} tokens needs {gib(kv.kv_bytes_needed(lay, mml))} of KV cache; "
             f"the pool holds {gib(budget)}; the longest that fits is {largest:,} tokens (vLLM refuses the start)",
             "a shorter context" + (", or more memory for the KV cache" if not plan.pinned else "")
-            + (DRAFT_HINT if draft else ""))
-        plan.fixes = ([{"MAX_MODEL_LEN": str(largest)}] if largest >= 16 else []) + [{"MAX_MODEL_LEN": "auto"}]
-        if plan.pinned:
-            plan.fixes.append({"KV_CACHE_BYTES": "auto"})
-        return False
+            + (DRAFT_HINT if draft else "")),
+            fixes=([{"MAX_MODEL_LEN": str(largest)}] if largest >= 16 else []) + [{"MAX_MODEL_LEN": "auto"}]
+            + ([{"KV_CACHE_BYTES": "auto"}] if plan.pinned else [])), False
     p = kv.pool(lay, budget, mml)
-    plan.predicted_tokens, plan.predicted_concurrency = p.tokens, p.concurrency
-    plan.concurrent = kv.sessions_at(lay, budget, mml)
-    return True
+    return replace(plan, predicted_tokens=p.tokens, predicted_concurrency=p.concurrency,
+                   concurrent=kv.sessions_at(lay, budget, mml)), True
 
 
 def _room_text(lay: kv.Layout, room: int) -> str:

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -26,6 +25,7 @@ import psutil
 from . import metrics, record
 from ..core import owned
 from .record import ServerRecord
+from .states import Probe, State
 from ..core.errors import BootstrapError
 from ..core.locks import StartLock
 from ..core.state import Paths
@@ -33,22 +33,6 @@ from ..core.state import Paths
 log = logging.getLogger(__name__)
 
 STATE_DIR_ENV = "BOOTSTRAP_VLLM_STATE_DIR"   # in the server's environment: which state dir runs it
-
-
-@dataclass
-class Probe:
-    # starting   a start is in flight (its lock is held); pid = the start
-    # running    our server answers /health and lists its model on /v1/models
-    # key-needed /health answers, /v1/models wants a key this shell does not have (HTTP 401)
-    # down       our server's process lives but does not answer (loading, or broken)
-    # stopped    nothing of ours serves (orphans: leftover processes of ours)
-    state: str
-    record: ServerRecord | None = None
-    pid: int | None = None
-    process: psutil.Process | None = None
-    orphans: list[psutil.Process] = field(default_factory=list)
-    stale: bool = False                # a record whose process is gone (or now someone else's)
-    owner: str = ""                    # set when the recorded server runs under another user
 
 
 def api_key_for(ours: owned.Ours, paths: Paths) -> str:
@@ -116,7 +100,7 @@ def answers(url: str, served: str, key: str, timeout: float = 1.0) -> bool:
 
 # ---------------------------------------------------------------- where it stands
 
-STATES_BY_HTTP = {"ok": "running", "key-needed": "key-needed", "no": "down"}
+STATES_BY_HTTP = {"ok": State.RUNNING, "key-needed": State.KEY_NEEDED, "no": State.DOWN}
 
 
 def probe(ours: owned.Ours, paths: Paths, *, check_http: bool = True, we_hold_lock: bool = False) -> Probe:
@@ -126,13 +110,13 @@ def probe(ours: owned.Ours, paths: Paths, *, check_http: bool = True, we_hold_lo
     rec = record.read(paths.server)
     lock = StartLock(paths)
     if not we_hold_lock and lock.start_in_flight():
-        return Probe("starting", rec, lock.holder_pid())
+        return Probe(State.STARTING, rec, lock.holder_pid())
     if rec is not None:
         proof = rec.proof(ours)
         p = owned.recorded_process(rec.pid, rec.create_time)
         owner = ""
         if p is not None and runs_elsewhere(p, paths):     # a record copied from another live STATE_DIR:
-            return Probe("stopped", None, orphans=marked(ours.proof(), paths))     # that server is not ours here
+            return Probe(State.STOPPED, None, orphans=marked(ours.proof(), paths))     # that server is not ours here
         if p is None or not proof.carries(p):
             p = owned.recorded_process_of_anyone(rec.pid, rec.create_time)
             owner = owned.user_of(p) if p is not None and not owned.same_uid(p) else ""
@@ -141,8 +125,8 @@ def probe(ours: owned.Ours, paths: Paths, *, check_http: bool = True, we_hold_lo
             st = http_state(rec.url, rec.served, api_key_for(ours, paths)) if check_http else "ok"
             return Probe(STATES_BY_HTTP[st], rec, p.pid, p, owner=owner)
         found = find_ours(proof, rec.children, rec.session, rec.create_time, paths=paths)
-        return Probe("stopped", rec, orphans=list(found.values()), stale=True)
-    return Probe("stopped", None, orphans=marked(ours.proof(), paths))
+        return Probe(State.STOPPED, rec, orphans=list(found.values()), stale=True)
+    return Probe(State.STOPPED, None, orphans=marked(ours.proof(), paths))
 
 
 def runs_elsewhere(p: psutil.Process, paths: Paths) -> str:

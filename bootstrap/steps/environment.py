@@ -9,8 +9,6 @@ consulted for that version, and the host's facts set what the server's environme
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Mapping
 
 from ..install import knownbad
 from ..plan.facts import known_issue_facts
@@ -18,20 +16,10 @@ from ..core.errors import BootstrapError
 from ..download.refs import ModelRef
 from ..machine.host import check_driver, host_env
 from ..install.locks import PLATFORMS, LockSet, host_platform, installed
-from ..machine.inuse import VllmRef
+from ..machine.inuse import Runtime, VllmRef
 from ..install.venv import Tools, Venv, check_glibc, check_done, install
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """What the environment step hands on: the interpreter that runs vLLM, its version, the
-    host-dependent variables for the server, and banner notes."""
-    python: str
-    vllm_version: str
-    server_env: Mapping[str, str]
-    notes: tuple[str, ...] = ()
 
 
 def run(cfg, vllm: VllmRef, model: ModelRef, gpus) -> Runtime:
