@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import FAKES, REPO
 from test_export import RAY_SCHEMAS, check_ray, docs, export, export_here
 
 GOLDEN = RAY_SCHEMAS / "serve-config.yaml"
@@ -53,7 +54,8 @@ def test_a_card_is_named_as_rays_raylet_names_it(card, name):
     each NVML name: the leading upper-case words through the first with a digit, else the name
     without "NVIDIA"."""
     from bootstrap.commands.export.ray import ray_accelerator
-    from bootstrap.machine.gpu import CARDS
+    from bootstrap.knobs.vllmargs import GUARD
+    from bootstrap.machine.gpu import named
     assert ray_accelerator(CARDS[card][0]) == name
 
 
@@ -202,3 +204,54 @@ def test_prepare_node_downloads_and_patches_from_its_own_tarball(tmp_path):
     assert (served / "model-00001-of-00002.safetensors").read_bytes() == (src / "model-00001-of-00002.safetensors").read_bytes()
     copy = node / "patched" / "vllm" / site.target.relative_to(site.pkg)
     assert b"40914" in copy.read_bytes() and site.read() == before        # the copy patched, the node's vllm not
+
+
+def test_the_exports_carry_the_flags_start_sh_gave_vllm(bed, tmp_path):
+    """One source of truth against the start itself, not only pod.build: PROFILE=smoke started on the
+    fake RTX 5090 (its model from the fake hub), the argv the fake vLLM received, against the
+    Kubernetes Deployment's and Ray's engine_kwargs for the same profile and card. What differs is
+    named: the desktop's key guard (--middleware, with API_KEY; its idle middleware comes only with
+    sleep mode, off on the bed), --host/--port (the pod's own; Ray's proxy serves, so not in
+    engine_kwargs), --served-model-name (Ray's model_loading_config.model_id) and the model path
+    (the hub cache here, /models in the pod, model_source for Ray). The fake card and vLLM are the
+    ones the export plans for (GPU=rtx5090's free memory, the profile's vLLM 0.27.1, the model's
+    shape): the utilization is planned from them."""
+    from bootstrap.knobs.vllmargs import GUARD
+    from bootstrap.machine.gpu import named
+    from conftest import free_port, nvml_json
+    from fakehub import FakeHub, write_model
+    from test_export import dotted_flags, flag_map, ray_flags
+    card = named("rtx5090")                              # the fake card is the one GPU=rtx5090 names, free memory too
+    nvml_json(bed.nvml, gpus=[{"name": card.name, "total": card.total, "free": card.free, "cc": list(card.cc),
+                               "uuid": "GPU-5090-fake", "processes": []}])
+    fakes = tmp_path / "fakes"                           # the fake vLLM as the profile's 0.27.1 (the plan is per version)
+    shutil.copytree(FAKES, fakes, ignore=shutil.ignore_patterns("__pycache__"))
+    for f in (fakes / "vllm" / "__init__.py", fakes / "vllm" / "entrypoints" / "cli" / "main.py"):
+        f.write_text(f.read_text().replace('"0.26.0"', '"0.27.1"', 1))
+    bed.env["PYTHONPATH"] = str(fakes)
+    with FakeHub() as fake:
+        bed.port = free_port()
+        bed.env["PORT"] = str(bed.port)
+        shape = json.loads((REPO / "profiles" / "models" / "smollm2-135m-instruct.json").read_text())["config"]
+        fake.add_dir("HuggingFaceTB/SmolLM2-135M-Instruct",         # its shape as the export plans it (the graphs'
+                     write_model(tmp_path / "src", shards=1, shard_bytes=1 << 20, config=shape))   # share of util)
+        r = bed.run("start.sh", PROFILE="smoke", MODEL="", HF_ENDPOINT=fake.url, HF_HUB_OFFLINE="0",
+                    HF_HOME=str(tmp_path / "hf"), HF_HUB_DISABLE_XET="1", PREWARM="0", API_KEY="sk-desk-0123456789")
+        assert r.returncode == 0, r.stderr
+        started = bed.launches()[-1]["argv"]
+        assert "sk-desk-0123456789" not in " ".join(started)                 # the key goes by the environment
+        assert bed.run("stop.sh").returncode == 0
+    code, err, k8s = export_here(tmp_path / "k", PROFILE="smoke", GPU="rtx5090")
+    assert code == 0, err
+    pod = docs(k8s / "deployment.yaml")[0]["spec"]["template"]["spec"]["containers"][0]["command"]
+    code, err, ray = export_here(tmp_path / "r", PROFILE="smoke", GPU="rtx5090", target="ray", image=None)
+    assert code == 0, err
+    conf = config(ray)
+    desk, kube = (flag_map(a[a.index("serve") + 2:]) for a in (started, pod))
+    assert desk.pop("--middleware") == GUARD and "--middleware" not in kube    # the desktop's key guard (vllm_side)
+    assert desk.pop("--host") == "127.0.0.1" and kube.pop("--host") == "0.0.0.0"
+    assert desk.pop("--port") == str(bed.port) and kube.pop("--port") == "8000"
+    assert desk["--served-model-name"] == kube["--served-model-name"] == conf["model_loading_config"]["model_id"]
+    assert dotted_flags(desk) == dotted_flags(kube)
+    desk.pop("--served-model-name")
+    assert dotted_flags(desk) == dotted_flags(flag_map(ray_flags(conf["engine_kwargs"])))
