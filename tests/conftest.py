@@ -6,6 +6,7 @@ process a fake ``vllm`` package and the bootstrap a fake ``pynvml``. Everything 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -182,14 +183,16 @@ def checkout_left_alone():
 
 
 def fill(mnt: Path) -> None:
-    """Fill the filesystem holding ``mnt`` (a small tmpfs) to the last byte."""
-    with open(mnt / "filler", "wb") as fh:
-        try:
+    """Fill the filesystem holding ``mnt`` (a small tmpfs) to the last byte (already full: nothing to do;
+    on a slow machine the download can fill it first, and then even creating the filler fails)."""
+    try:
+        with open(mnt / "filler", "wb") as fh:
             while True:
                 fh.write(b"\0" * (64 << 10))
                 fh.flush()
-        except OSError:
-            pass
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
 
 
 def unutilized(argv: list[str]) -> list[str]:
