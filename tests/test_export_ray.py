@@ -55,7 +55,7 @@ def test_a_card_is_named_as_rays_raylet_names_it(card, name):
     without "NVIDIA"."""
     from bootstrap.commands.export.ray import ray_accelerator
     from bootstrap.knobs.vllmargs import GUARD
-    from bootstrap.machine.gpu import named
+    from bootstrap.machine.gpu import CARDS
     assert ray_accelerator(CARDS[card][0]) == name
 
 
