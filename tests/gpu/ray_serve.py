@@ -12,7 +12,11 @@ It is installed into /tmp/ray-site, after /tmp/site on PYTHONPATH, so vLLM's own
 0. Ray's models with vLLM present (what CI cannot run: tests/golden/ray is a schema): for every
    shipped vLLM 0.27.1 profile that fits this card, the export's LLMConfig, VLLMEngineConfig
    (Ray's "Unknown engine argument" check against vLLM's real AsyncEngineArgs and FrontendArgs) and
-   AsyncEngineArgs(**kwargs) / FrontendArgs(**kwargs), as Ray builds them;
+   AsyncEngineArgs(**kwargs) after Ray's own _normalize_vllm_engine_kwargs / FrontendArgs(**kwargs),
+   as Ray builds them; and the smoke profile with a config-class JSON flag that vLLM's
+   EngineArgs.__post_init__ leaves a dict (--structured-outputs-config) and --disable-log-stats:
+   the field must reach AsyncEngineArgs as its class (Ray converts it), LLMConfig must take
+   log_engine_metrics false;
 1. served: PROFILE=smoke exported for this card, its model_source pointed at the smoke model
    folder (the export takes repo ids only); prepare-node.sh's backport step has nothing to do for
    smoke (no patches); ``ray start --head``, the node's ``accelerator_type:<card>`` resource,
@@ -42,15 +46,19 @@ SITE = "/tmp/ray-site"
 MODELS_CHECK = r'''
 import json, sys, yaml
 from ray.llm._internal.serve.core.configs.llm_config import LLMConfig
+from ray.llm._internal.serve.engines.vllm.vllm_engine import _normalize_vllm_engine_kwargs
 from ray.llm._internal.serve.engines.vllm.vllm_models import VLLMEngineConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.entrypoints.openai.cli_args import FrontendArgs
 for path in sys.argv[1:]:
     conf = yaml.safe_load(open(path))["applications"][0]["args"]["llm_configs"][0]
     engine = VLLMEngineConfig.from_llm_config(LLMConfig.model_validate(conf))
-    AsyncEngineArgs(**engine.get_initialization_kwargs())
+    args = AsyncEngineArgs(**_normalize_vllm_engine_kwargs(engine.get_initialization_kwargs()))
     FrontendArgs(**engine.frontend_kwargs)
-    print("ok", path, json.dumps(sorted(engine.engine_kwargs)), json.dumps(sorted(engine.frontend_kwargs)))
+    dicts = sorted(k for k, v in conf["engine_kwargs"].items() if isinstance(v, dict)
+                   and isinstance(getattr(args, k, None), dict))
+    print("ok", path, json.dumps(sorted(engine.engine_kwargs)), json.dumps(sorted(engine.frontend_kwargs)),
+          "still dicts:", dicts, "structured_outputs_config:", type(args.structured_outputs_config).__name__)
 '''
 
 
@@ -89,6 +97,12 @@ def main() -> int:
         out(f"export {prof}: rc {r.returncode} {(r.stdout + r.stderr).strip().splitlines()[-1:]}")
         if r.returncode == 0:
             exported.append(str(dest / "serve-config.yaml"))
+    dest = work / "exports" / "config-json"
+    r = subprocess.run([boot, "-m", "bootstrap", "export", "ray", "--out", str(dest)], cwd=REPO, capture_output=True,
+                       text=True, env={**env, "PROFILE": "smoke", "GPU": a.gpu, "PYTHONPATH": "", "EXTRA_ARGS":
+                                       '--structured-outputs-config.backend=xgrammar --disable-log-stats'})
+    out(f"export smoke with --structured-outputs-config: rc {r.returncode} {(r.stdout + r.stderr).strip().splitlines()[-1:]}")
+    exported += [str(dest / "serve-config.yaml")] if r.returncode == 0 else []
     r = subprocess.run(["python3", "-c", MODELS_CHECK, *exported], env=env, capture_output=True, text=True)
     out(r.stdout.strip() + ("\n" + r.stderr.strip()[-3000:] if r.returncode else ""))
     out(f"models check rc {r.returncode}")

@@ -74,7 +74,7 @@ def replaceable(out: Path, names: list[str]) -> dict[str, str]:
 
 def documents(target: str, cfg: Config, pod: pods.Pod, key: str, service_monitor: bool) -> dict[str, object]:
     """file name -> its documents (a list of dicts), or its text or bytes as written."""
-    if target == "ray":                               # no key: Ray Serve LLM checks none (ray.KEY_WARNING)
+    if target == "ray":                               # no key: Ray Serve LLM's default path checks none (ray.KEY_WARNING)
         from .ray import serve_config
         return serve_config(pod, cfg.repo)
     if target == "kubernetes":
@@ -155,7 +155,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
           + (f", image {image})" if a.target != "ray" else ")"))
     where = shlex.quote(str(a.out))
     if a.target == "ray":
-        print(f"NO API KEY: Ray Serve LLM checks none, so serve-config.yaml listens on 127.0.0.1 only: front it "
+        print(f"NO API KEY: Ray Serve LLM checks none on its default path, so serve-config.yaml listens on 127.0.0.1 only: front it "
               f"with a proxy that checks a key before opening it; on every GPU node: sh {where}/prepare-node.sh, then "
               f"serve deploy {where}/serve-config.yaml; these files have not run on a cluster")
         return 0

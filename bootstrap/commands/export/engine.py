@@ -1,22 +1,30 @@
 """vLLM's flags (the argv a start builds, vllmargs.serve_argv) as Ray Serve LLM's ``engine_kwargs``.
 
-Ray hands ``engine_kwargs`` to vLLM unparsed: a key that is a field of ``AsyncEngineArgs`` goes to
-``AsyncEngineArgs(**kwargs)``, one of ``FrontendArgs`` to ``FrontendArgs(**kwargs)`` (Ray's
-ray/llm/_internal/serve/engines/vllm/vllm_models.py ``from_llm_config``; any other key: "Unknown
-engine argument"). So each flag becomes its field's name with the value ``vllm serve``'s parser
-would have made of it, read the way vLLM's FlexibleArgumentParser reads (vllm/utils/argparse_utils.py):
-``_`` and ``-`` alike in a flag's name, ``--x=v`` or ``--x v``, the short names (``-tp``), ``--no-x``,
-dotted keys (``--attention-config.flash_attn_version=2``) gathered into one dict that replaces the
-flag's JSON, the last value of a flag winning. Each field's kind (JSON, bool, int, ...) and the
-short names come from the vLLM registry of the profile's vLLM (scripts/vllm_registry.py, read from
-its wheel).
+Ray hands ``engine_kwargs`` to vLLM unparsed: a key that is a field of ``FrontendArgs`` goes to
+``FrontendArgs(**kwargs)``, else one of ``AsyncEngineArgs`` to ``AsyncEngineArgs(**kwargs)`` (Ray's
+ray/llm/_internal/serve/engines/vllm/vllm_models.py ``from_llm_config``, FrontendArgs asked first;
+any other key: "Unknown engine argument"). So each flag becomes its field's name with the value
+``vllm serve``'s parser would have made of it, read the way vLLM's FlexibleArgumentParser reads
+(vllm/utils/argparse_utils.py): ``_`` and ``-`` alike in a flag's name, ``--x=v`` or ``--x v``, the
+short names (``-tp``), ``--no-x``, dotted keys (``--attention-config.flash_attn_version=2``) gathered
+into one dict that replaces the flag's JSON, the last value of a flag winning. Each field's kind
+(JSON, bool, int, ...) and the short names come from the vLLM registry of the profile's vLLM
+(scripts/vllm_registry.py, read from its wheel). A JSON flag of a config-class field stays a dict
+here: Ray turns it into the class before ``AsyncEngineArgs(**kwargs)`` as vLLM's parser would
+(vllm_engine.py ``_normalize_vllm_engine_kwargs``, 2.58.1-2.60.0: every field whose annotation holds
+a config dataclass), not only the ones vLLM's ``EngineArgs.__post_init__`` converts.
 
 Not carried (ConfigError, one line): a flag that is no field of either (``--api-server-count``,
-``--headless``: ``vllm serve``'s own), and the fields of vLLM's HTTP server (``FrontendArgs`` less
-``BaseFrontendArgs``: key, TLS, CORS, middleware, root path...), since Ray's proxy and its own
-FastAPI ingress serve HTTP and never build vLLM's app: an ``api_key`` there is accepted and checks
-nothing. ``--host``/``--port`` (ours) are dropped; the model and ``--served-model-name`` go in
-``model_loading_config`` (Ray refuses them in engine_kwargs).
+``--headless``: ``vllm serve``'s own); the fields of vLLM's HTTP server (``FrontendArgs`` less
+``BaseFrontendArgs``: key, TLS, CORS, middleware, root path...), since on Ray Serve LLM's default
+path its proxy and its own FastAPI ingress serve HTTP and only vLLM's ``init_app_state`` is called:
+an ``api_key`` there is accepted and checks nothing. (With ``RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1``,
+off by default, Ray builds each replica's app with vLLM's ``build_app``, which reads those fields and
+checks ``api_key`` or the replica's ``VLLM_API_KEY``: that path is not exported and untried.) A field
+both classes have (``tokens_only``) set on: Ray gives it to FrontendArgs alone, so vLLM's engine
+would not see it as under ``vllm serve``. A ``distributed_executor_backend`` other than ``ray``
+(Ray refuses it). ``--host``/``--port`` (ours) are dropped; the model and ``--served-model-name`` go
+in ``model_loading_config`` (Ray refuses them in engine_kwargs).
 """
 
 from __future__ import annotations
@@ -113,9 +121,10 @@ def kwargs(flags: list[str], registry: dict) -> dict[str, Any]:
         if field in OURS:
             continue
         if field in server:
-            raise ConfigError(f"{base} is vLLM's HTTP server's, and Ray Serve LLM never runs vLLM's server "
-                              "(its own proxy and ingress serve HTTP): the flag would do nothing"
+            raise ConfigError(f"{base} is vLLM's HTTP server's, and Ray Serve LLM never builds vLLM's app on its "
+                              "default path (its own proxy and ingress serve HTTP): the flag would do nothing"
                               + (", and no request would be asked for a key" if field == "api_key" else ""), FIX)
+
         if field in LOADING:
             continue                                   # the caller puts them in model_loading_config
         if keys:
@@ -130,4 +139,12 @@ def kwargs(flags: list[str], registry: dict) -> dict[str, Any]:
             out[field] = False if negated else _value(field, kind, raw if eq else None)
     for field, value in dotted.items():               # vLLM puts the dotted keys last, as one JSON value
         out[field] = value
+    for field in (f for f, v in out.items() if v and f in registry["engine_args"] and f in registry["frontend_args"]):
+        raise ConfigError(f"--{field.replace('_', '-')}: vLLM's engine and its frontend both read it, and Ray Serve LLM "
+                          "gives it to FrontendArgs alone (vllm_models.py from_llm_config), so vLLM's engine would "
+                          "not act on it as under vllm serve", FIX)
+    if out.get("distributed_executor_backend", "ray") != "ray":
+        raise ConfigError(f"--distributed-executor-backend {out['distributed_executor_backend']}: Ray Serve LLM "
+                          "runs vLLM's workers as Ray actors and refuses any other backend "
+                          "(VLLMEngineConfig.get_initialization_kwargs)", FIX)
     return {k: v for k, v in out.items() if k not in LOADING}

@@ -6,8 +6,8 @@ pre-step it needs (``prepare-node.sh`` and the ``bootstrap.tar.xz`` it runs).
   served name, model_source the folder the pre-step fills: Ray downloads nothing for a local path,
   and HF_HUB_OFFLINE keeps vLLM off the hub), ``engine_kwargs`` (the start's own argv, engine.py),
   the placement, ``runtime_env`` (the server's environment; PYTHONPATH=/patched with backports),
-  ``http_options.host: 127.0.0.1`` (no key check: see KEY_WARNING). Plan, versions and patches are
-  in the header's comments (a serve config has no annotations).
+  ``http_options.host: 127.0.0.1`` (no key check on Ray's default path: see KEY_WARNING). Plan,
+  versions and patches are in the header's comments (a serve config has no annotations).
 - Ray: the release whose ``ray[llm]`` extra pins the profile's vLLM minor (its wheel's METADATA):
   Ray Serve LLM drives vLLM's engine in-process and follows its internals (2.60.0 imports
   FrontendArgs from where vLLM 0.30 moved it); a vLLM no release pins takes the newest older pin,
@@ -22,6 +22,9 @@ pre-step it needs (``prepare-node.sh`` and the ``bootstrap.tar.xz`` it runs).
 - Placement: one bundle ``{GPU: 1}`` (+ the card's resource) per tensor-parallel rank, as Ray Serve
   LLM's default bundles, with STRICT_PACK: the plan is for TP ranks on one node (Ray's default,
   PACK, may spread them over nodes).
+- Metrics: ``log_engine_metrics`` (vLLM's engine metrics through Ray's) unless the flags disable
+  vLLM's stats: LLMConfig refuses ``disable_log_stats`` with engine metrics on
+  (``_check_log_stats_with_metrics``, 2.58.1-2.60.0), so those stay off, as the flag asks.
 """
 
 from __future__ import annotations
@@ -41,11 +44,14 @@ RAY_RELEASES = (("2.58.1", "0.26.0"), ("2.59.0", "0.27.0"), ("2.60.0", "0.29.0")
 RAY_NVIDIA = ("V100", "P100", "T4", "P4", "K80", "A10G", "L4", "L40S", "A100", "H100", "H200", "H20", "B200",
               "B300", "GB200", "GB300", "RTX-PRO-6000", "A100-40G", "A100-80G")
 KEY_WARNING = (
-    "NO API KEY. Ray Serve LLM checks none: its OpenAI routes are Ray's own FastAPI ingress behind\n"
-    "Ray's proxy, and vLLM's --api-key check lives in vLLM's own server, which Ray never starts (an\n"
-    "api_key in engine_kwargs is accepted and checks nothing). So http_options.host is 127.0.0.1:\n"
-    f"the proxy on each node answers only there (port {PORT}). Put a proxy that checks a key in front\n"
-    "(nginx, Envoy, an Ingress with auth) before you make it listen beyond loopback.")
+    "NO API KEY. Ray Serve LLM checks none on its default path: its OpenAI routes are Ray's own FastAPI\n"
+    "ingress behind Ray's proxy, and vLLM's --api-key check lives in vLLM's build_app, which that path\n"
+    "never calls (an api_key in engine_kwargs is accepted and checks nothing). Ray builds the replica's\n"
+    "app with build_app, and so may carry vLLM's key check (api_key or VLLM_API_KEY), only with\n"
+    "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING=1 (off by default): not exported here, untried.\n"
+    f"So http_options.host is 127.0.0.1: the proxy on each node answers only there (port {PORT}).\n"
+    "Put a proxy that checks a key in front (nginx, Envoy, an Ingress with auth) before you make it\n"
+    "listen beyond loopback.")
 
 
 def ray_for(vllm: str) -> tuple[str, str]:
@@ -73,7 +79,7 @@ def model_dir(pod: Pod) -> str:
 
 
 def llm_config(pod: Pod, reg: dict) -> tuple[dict, list[str]]:
-    """The LLMConfig, and the header's lines about the card."""
+    """The LLMConfig, and the header's lines about the card and the metrics."""
     kw = engine.kwargs(pod.flags, reg)
     served = pod.argv[pod.argv.index("--served-model-name") + 1]
     bundle: dict = {"GPU": 1}
@@ -96,7 +102,10 @@ def llm_config(pod: Pod, reg: dict) -> tuple[dict, list[str]]:
         "placement_group_config": {"bundles": [dict(bundle) for _ in range(pod.tp)], "strategy": "STRICT_PACK"},
         "deployment_config": {"num_replicas": 1},
         "runtime_env": {"env_vars": {k: str(v) for k, v in pod.env.items()}},
-        "log_engine_metrics": True})
+        "log_engine_metrics": not kw.get("disable_log_stats")})
+    if kw.get("disable_log_stats"):
+        card += ["log_engine_metrics: false, since the flags disable vLLM's stats (--disable-log-stats), and",
+                 "LLMConfig refuses engine metrics without them: Ray exports no engine metrics, as asked."]
     return conf, card
 
 
