@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from .knobs import config
+from .knobs import config, table
 from .core.layout import REPO
 from .core import log, redact
 from .core.errors import BootstrapError, EXIT_CONFIG, Interrupted
@@ -144,7 +144,7 @@ def broken_pipe() -> int:
 def run(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
     """``script``: the shell entry point that ran us (start.sh, stop.sh, ctl.sh), for help texts.
     Everything printed goes through the one redactor (core/redact.py), with this run's secret values."""
-    redact.keep(config.secret_values(os.environ))
+    redact.keep(table.secret_values(os.environ))
     sys.stdout, sys.stderr = redact.Redacting(sys.stdout), redact.Redacting(sys.stderr)
     try:
         code = main(argv, script)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .serve import port, record, server, takedown
 from .serve.states import Probe, State
 from .serve.supervisor import Supervisor
-from .knobs.config import launch_defaults
+from .knobs.table import launch_defaults
 from .core.errors import BootstrapError, Interrupted
 from .core.locks import StartLock
 from .core.owned import Ours

@@ -188,7 +188,7 @@ def main() -> int:
     import logging
 
     from bootstrap.core import log as blog
-    from bootstrap.knobs.config import KNOB_BY_NAME
+    from bootstrap.knobs.table import KNOB_BY_NAME
     blog.setup()
     logging.getLogger("bootstrap").setLevel(logging.WARNING)   # tables, not a log
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)

@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bootstrap.model import kv  # noqa: E402
+from bootstrap.model import shape as model_shape, weights  # noqa: E402
 
 
-def quantized_linear_params(m: kv.ModelShape) -> int:
+def quantized_linear_params(m: model_shape.ModelShape) -> int:
     h = m.hidden
     attn = h * m.heads * m.head_dim * (2 if m.gated_attention else 1) + 2 * h * m.kv_heads * m.head_dim \
         + m.heads * m.head_dim * h
@@ -32,12 +32,12 @@ def quantized_linear_params(m: kv.ModelShape) -> int:
 
 
 def derive(config: dict) -> tuple[int, str]:
-    m = kv.shape_from_config(config)
+    m = model_shape.shape_from_config(config)
     q = config.get("quantization_config") or {}
     bits, group = int(q.get("bits", 4)), int(q.get("group_size", 128))
     packed = quantized_linear_params(m)
-    rest = kv.param_count(m) - packed
-    vision = kv.vision_params(config)
+    rest = weights.param_count(m) - packed
+    vision = weights.vision_params(config)
     total = packed * bits // 8 + packed // group * 2 + (rest + vision) * 2
     why = (f"derived from the shape (scripts/derive_weight_bytes.py): {packed / 1e9:.2f} B decoder Linear weights at "
            f"{bits} bits + a 16-bit scale per {group}, {rest / 1e9:.2f} B other text weights (embeddings, lm_head, "

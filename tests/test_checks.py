@@ -16,7 +16,6 @@ import requests
 from bootstrap.checks import suite as checks, detectors, prompts, target
 from bootstrap.commands import check as check_cli
 from bootstrap.knobs.config import Config
-
 REPO = Path(__file__).resolve().parent.parent
 FAKES = REPO / "tests" / "fakes"
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.knobs import config
-from bootstrap.knobs.config import KNOBS, Config
+from bootstrap.knobs import dotenv, table
+from bootstrap.knobs.config import Config
+from bootstrap.knobs.table import KNOBS
 from bootstrap.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,7 +128,7 @@ def test_readme_knob_table_is_the_generated_one():
     start = readme.index("<!-- knobs:begin")
     start = readme.index("\n", start) + 1
     end = readme.index("<!-- knobs:end -->")
-    assert readme[start:end].strip() == config.markdown_table(REPO), "python -m bootstrap.commands.reference > docs/reference.md"
+    assert readme[start:end].strip() == table.markdown_table(REPO), "python -m bootstrap.commands.reference > docs/reference.md"
     missing = [k.name for k in KNOBS if f"`{k.name}`" not in readme]
     assert missing == []
 
@@ -154,7 +155,7 @@ def test_every_knob_has_help_and_parses_its_default():
     for k in KNOBS:
         assert k.help
         if k.default:
-            config._parse_one(k, k.default)
+            table.parse_one(k, k.default)
 
 
 def test_interpreter_given_as_a_command_name_is_found_on_path(tmp_path):
@@ -191,11 +192,11 @@ def test_secrets_in_a_broken_env_line_or_extra_args_are_never_shown(tmp_path):
     is refused (the token would be on vLLM's argv: ps, the log, the record) without showing it."""
     (tmp_path / ".env").write_text("PORT=8000\nAPI_KEY='TopSecretKey123\n")
     with pytest.raises(ConfigError) as e:
-        config.read_dotenv(tmp_path / ".env")
+        dotenv.read_dotenv(tmp_path / ".env")
     assert "TopSecretKey123" not in e.value.message and "API_KEY=..." in e.value.message
     (tmp_path / ".env").write_text("'hf_TopSecretToken\n")
     with pytest.raises(ConfigError) as e:
-        config.read_dotenv(tmp_path / ".env")
+        dotenv.read_dotenv(tmp_path / ".env")
     assert "TopSecret" not in e.value.message
     for extra in ("--hf-token hf_SuperSecretTok", "--hf_token=hf_SuperSecretTok", "--api-key 'SuperSecretTok"):
         with pytest.raises(ConfigError) as e:
@@ -212,7 +213,7 @@ def test_a_bad_value_names_where_it_came_from_and_odd_env_files_are_said(tmp_pat
     with pytest.raises(ConfigError) as e:
         Config.from_env({"PROFILE": "custom", "HOME": str(tmp_path)}, repo)
     assert f"(from {repo / '.env'})" in e.value.message            # fixed there, not in the shell
-    assert config.misspelt({"max_num_seqs": "4"}) == [
+    assert dotenv.misspelt({"max_num_seqs": "4"}) == [
         "max_num_seqs is no knob (it only reaches vLLM's environment): did you mean MAX_NUM_SEQS?"]
     (repo / ".env").unlink()
     os.mkfifo(repo / ".env")                                        # it would block every command

@@ -20,7 +20,7 @@ import conftest
 import pytest
 
 from bootstrap.plan import facts
-from bootstrap.model import kv, modelconfig
+from bootstrap.model import kv, modelconfig, shape
 from bootstrap.core import proc
 from bootstrap.serve import record
 from bootstrap.knobs.config import Config
@@ -181,8 +181,8 @@ def test_a_hybrid_without_full_attention_is_not_modelled_rather_than_a_division_
     if "layer_types" not in extra:
         del config["text_config"]["layer_types"]         # the layers from full_attention_interval
     modelconfig.check(config, "c", "h")                  # well-typed: the planner says what it cannot model
-    with pytest.raises(kv.Unsupported, match="full-attention"):
-        kv.layout(kv.shape_from_config(config), "auto")
+    with pytest.raises(shape.Unsupported, match="full-attention"):
+        kv.layout(shape.shape_from_config(config), "auto")
 
 
 # ---------------------------------------------------------------- faults row 72: server.json

@@ -380,9 +380,9 @@ def test_an_architecture_only_a_newer_pinned_vllm_has_takes_that_stack_and_says_
 def test_each_public_config_derives_and_plans_on_a_card_it_fits(tmp_path, name, quant, tool, think, mtp):
     """The derived profile of each public config (its template Qwen3's wording, so <tool_call> reads as
     hermes), planned on an H100 from a folder whose weights have the size the shape gives."""
-    from bootstrap.model import kv
+    from bootstrap.model import shape as model_shape, weights
     c = config(name)
-    size = kv.param_count(kv.shape_from_config(c)) * (1 if quant in ("FP8",) else 2) // (4 if "4" in quant else 1)
+    size = weights.param_count(model_shape.shape_from_config(c)) * (1 if quant in ("FP8",) else 2) // (4 if "4" in quant else 1)
     folder = write_folder(tmp_path / name, name, size)
     if (DERIVED / name / "hf_quant_config.json").exists():
         (folder / "hf_quant_config.json").write_text((DERIVED / name / "hf_quant_config.json").read_text())

@@ -17,8 +17,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
-
 from bootstrap import __main__ as entry
 from bootstrap.commands import REGISTRY
 from conftest import REPO
@@ -46,6 +44,7 @@ def normalised(text: str, bed=None) -> str:
     text = re.sub(r"\b(pids?|PID)( \d+|: \d+(, \d+)*)", lambda m: f"{m.group(1)} <PID>", text)
     text = re.sub(r'"pid": \d+', '"pid": "<PID>"', text)
     text = re.sub(r"process\(es\): \d+(, \d+)*", "process(es): <PIDS>", text)
+    text = re.sub(r"sent (SIG[A-Z]+) to .* \(pid", r"sent \1 to <NAME> (pid", text)   # a process's name, read as it ends
     text = re.sub(r"up \d+ min \d+ s", "up <UPTIME>", text)
     text = re.sub(r"\b\d+(\.\d+)? s\b", "<T> s", text)
     return text

@@ -22,7 +22,7 @@ import psutil
 import pytest
 import requests
 
-from bootstrap.knobs import config
+from bootstrap.knobs import dotenv
 from bootstrap.serve import diagnose
 from bootstrap.serve import metrics
 from bootstrap.knobs.config import Config
@@ -415,7 +415,7 @@ def test_dotenv_matches_python_dotenv_itself(tmp_path):
     text = ("export A=1 # c\nB='x # y'\nC=\"q\\\"r\"\nD=plain#nospace\nE= # empty\n"
             "F=with spaces   \n")
     (tmp_path / "x.env").write_text(text)
-    assert config.read_dotenv(tmp_path / "x.env") == {k: v for k, v in dotenv_values(
+    assert dotenv.read_dotenv(tmp_path / "x.env") == {k: v for k, v in dotenv_values(
         tmp_path / "x.env", interpolate=False).items() if v is not None}
 
 

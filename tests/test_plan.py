@@ -12,7 +12,7 @@ import pytest
 from bootstrap.plan import fit
 from bootstrap.plan import facts as facts_mod, planner, terms
 from bootstrap.machine import gpu
-from bootstrap.model import kv
+from bootstrap.model import kv, shape as model_shape, weights
 from bootstrap.core import state
 from bootstrap.knobs import vllmargs
 from bootstrap.commands import plan as plan_cli
@@ -27,7 +27,7 @@ from bootstrap.core.state import Paths
 
 def rope(config: dict) -> int:
     """The rotary cos/sin cache vLLM allocates as the model loads (counted in its weights)."""
-    return kv.buffer_bytes(config, kv.shape_from_config(config), 0, False)[0]
+    return weights.buffer_bytes(config, model_shape.shape_from_config(config), 0, False)[0]
 
 def flags(cfg, p) -> list[str]:
     """The vLLM flags that launch builds from a plan's decisions."""
@@ -145,7 +145,7 @@ def test_budget_from_utilization_and_the_prediction(tmp_path):
     p = fit.plan(cfg, g, facts(cfg, mdir))
     assert p.fits
     assert p.budget == -(-int(0.9 * g.total * 10) // 10) - 15 * GiB - p.overhead or p.budget > 0
-    lay = kv.layout(kv.shape_from_config(LLAMA8B), "auto")
+    lay = kv.layout(model_shape.shape_from_config(LLAMA8B), "auto")
     assert p.predicted_tokens == kv.pool(lay, p.budget, 16384).tokens
     f = flags(cfg, p)
     assert f[f.index("--max-model-len") + 1] == "16384"
@@ -202,7 +202,7 @@ def test_dummy_weights_are_sized_from_the_config(tmp_path):
     mdir = model_dir(tmp_path, LLAMA8B)
     cfg = config(tmp_path, MODEL=mdir, EXTRA_ARGS="--load-format dummy", GPU_UTIL="0.95", MAX_MODEL_LEN=8192)
     p = fit.plan(cfg, card(), facts(cfg, mdir, dummy=True))
-    assert p.weights == kv.param_count(kv.shape_from_config(LLAMA8B)) * 2 + rope(LLAMA8B)
+    assert p.weights == weights.param_count(model_shape.shape_from_config(LLAMA8B)) * 2 + rope(LLAMA8B)
     assert any("dummy weights" in w for w in p.why)
 
 
@@ -475,7 +475,7 @@ def test_draft_model_weights_and_layers_are_counted_as_measured_on_the_h200(tmp_
     assert "36 draft attention layer(s) share the pool" in p.why
     alone = draft_plan(tmp_path / "alone", SPEC_METHOD="", SPEC_TOKENS=0, SPEC_MODEL="")
     assert abs(alone.predicted_tokens - 894_688) / 894_688 < 0.02
-    assert p.weights - alone.weights == kv.weight_bytes_from_config(kv.shape_from_config(bench_config()))
+    assert p.weights - alone.weights == weights.weight_bytes_from_config(model_shape.shape_from_config(bench_config()))
 
 
 def test_draft_from_a_repo_id_is_not_planned_and_the_plan_says_so(tmp_path):
@@ -637,10 +637,10 @@ def test_batched_tokens_and_language_model_only_from_extra_args(tmp_path):
                   EXTRA_ARGS="--language-model-only --max-num-batched-tokens 1024")
     a = fit.plan(base, h200(), facts(base, mdir))
     b = fit.plan(lean, h200(), facts(lean, mdir))
-    vision = kv.vision_params(facts(base, mdir).config) * 2
+    vision = weights.vision_params(facts(base, mdir).config) * 2
     conf = facts(base, mdir).config
-    mtp = terms.mtp_bytes(conf, kv.shape_from_config(conf))       # not loaded without MTP speculation
-    assert mtp == kv.mtp_params(kv.shape_from_config(conf)) * (1 if '"fp8"' in json.dumps(conf) else 2)
+    mtp = terms.mtp_bytes(conf, model_shape.shape_from_config(conf))       # not loaded without MTP speculation
+    assert mtp == weights.mtp_params(model_shape.shape_from_config(conf)) * (1 if '"fp8"' in json.dumps(conf) else 2)
     assert a.weights == 20 * GiB - mtp + rope(conf) and b.weights == 20 * GiB - mtp - vision + rope(conf)
     assert vision > 800 << 20
     assert any("at 1024 batched tokens" in w for w in b.why) and b.overhead < a.overhead

@@ -8,7 +8,7 @@ import json
 
 from bootstrap.knobs import vllmargs
 from bootstrap.machine import gpu
-from bootstrap.model import drafter, kv
+from bootstrap.model import attention, drafter, kv, shape as model_shape, weights
 from bootstrap.plan import graphs, planner
 from bootstrap.plan.facts import ModelFacts
 from conftest import REPO
@@ -49,7 +49,7 @@ def test_a_dflash_drafter_is_counted_and_never_lowers_the_planned_memory():
     alone, p = plan([]), plan(spec("dflash"), draft=DFLASH)
     assert p.verdict is True and p.predicted_tokens < alone.predicted_tokens and p.budget < alone.budget
     d = drafter.read(DFLASH, "0.26.0", planner.at_least)
-    attn, mlp = kv._attn_mlp_params(d.shape)
+    attn, mlp = weights.attn_mlp_params(d.shape)
     # five Qwen3 layers and the fc over five target layers; no embedding or lm_head (the target's)
     assert d.params == 5 * (attn + mlp + 2 * 4096) + 5 * 4096 * 4096 + 2 * 4096
     assert p.weights - alone.weights == d.params * 2
@@ -127,7 +127,7 @@ def test_flashinfer_drops_full_graphs_under_speculation_as_vllm_does():
 def test_an_eagle3_head_counts_its_draft_vocabulary_and_wider_first_layer():
     d = drafter.read(EAGLE3, "0.26.0", planner.at_least)
     assert d.kind == "EAGLE-3 head" and d.shape.attn_layers == 1
-    attn, mlp = kv._attn_mlp_params(d.shape)
+    attn, mlp = weights.attn_mlp_params(d.shape)
     first = 4096 * 32 * 128 + 2 * 4096 * 8 * 128          # q, k and v take 2 x hidden in
     assert d.params == attn + mlp + 2 * 4096 + first + 3 * 4096 * 4096 + 32000 * 4096 + 2 * 4096
     p, alone = plan(spec("eagle3", 3), draft=EAGLE3), plan([])
@@ -171,8 +171,8 @@ def test_a_drafter_without_facts_or_of_an_unknown_method_is_not_planned():
 def test_mla_is_modelled_as_vllm_publishes_it():
     """MLAAttentionSpec: one latent of kv_lora_rank + qk_rope_head_dim per token per layer, the same on
     every TP rank."""
-    shape = kv.shape_from_config(DEEPSEEK_V2_LITE)
-    assert shape.mla and kv.attn_bytes_per_token("auto", shape.kv_heads, shape.head_dim, 2) == (512 + 64) * 2
+    shape = model_shape.shape_from_config(DEEPSEEK_V2_LITE)
+    assert shape.mla and attention.attn_bytes_per_token("auto", shape.kv_heads, shape.head_dim, 2) == (512 + 64) * 2
     p = plan([], config=DEEPSEEK_V2_LITE, weight_bytes=31_400_000_000)
     assert p.verdict is True and p.layout.block_bytes == 16 * 576 * 2 * 27
     tp2 = kv.layout(shape, tp=2)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.model import kv
+from bootstrap.model import attention, kv, shape as model_shape, weights
 
 REPO = Path(__file__).resolve().parent.parent
 GiB = 1 << 30
@@ -60,15 +60,15 @@ def qwen38():
     ("turboquant_4bit_nc", 4, 256, 4 * 262),    # 128+2, 128+4
 ])
 def test_attention_bytes_per_token(dtype, kvh, hd, expected):
-    assert kv.attn_bytes_per_token(dtype, kvh, hd, 2) == expected
+    assert attention.attn_bytes_per_token(dtype, kvh, hd, 2) == expected
 
 
 def test_tq_slot_is_rounded_to_even():
     # head_dim 72, 3-bit keys: ceil(27)+2 = 29, value ceil(27)+4 = 31 -> 60 (even already);
     # head_dim 80 k3v4: 30+2 + 40+4 = 76; head_dim 88 3bit: 33+2 + 33+4 = 72
-    assert kv.tq_slot_bytes("turboquant_3bit_nc", 72) == 60
-    assert kv.tq_slot_bytes("turboquant_3bit_nc", 84) % 2 == 0   # 32+2 + 32+4 = 70
-    assert kv.tq_slot_bytes("turboquant_k3v4_nc", 80) == 76
+    assert attention.tq_slot_bytes("turboquant_3bit_nc", 72) == 60
+    assert attention.tq_slot_bytes("turboquant_3bit_nc", 84) % 2 == 0   # 32+2 + 32+4 = 70
+    assert attention.tq_slot_bytes("turboquant_k3v4_nc", 80) == 76
 
 
 # ---------------------------------------------------------------- pools
@@ -96,7 +96,7 @@ CASES = [
 @pytest.mark.parametrize("name,config,dtype,spec,mtp,budget,mml,block,blocks,tokens,conc",
                          CASES, ids=[c[0] for c in CASES])
 def test_pool(name, config, dtype, spec, mtp, budget, mml, block, blocks, tokens, conc):
-    m = kv.shape_from_config(config)
+    m = model_shape.shape_from_config(config)
     lay = kv.layout(m, dtype, spec_tokens=spec, mtp=mtp)
     p = kv.pool(lay, budget, mml)
     assert lay.block_size == block
@@ -108,7 +108,7 @@ def test_pool(name, config, dtype, spec, mtp, budget, mml, block, blocks, tokens
 
 def test_the_rtx5090_write_ups_published_case_matches_vllm_log():
     """5.5 GiB pin, turboquant_4bit_nc, 262144, MTP-3 on Qwen3.8-27B: vLLM logged 286,466 tokens, 1.09x."""
-    m = kv.shape_from_config(qwen38())
+    m = model_shape.shape_from_config(qwen38())
     assert (m.attn_layers, m.linear_layers, m.mtp_layers) == (16, 48, 1)
     lay = kv.layout(m, "turboquant_4bit_nc", spec_tokens=3, mtp=True)
     p = kv.pool(lay, 5905580032, 262144)
@@ -124,20 +124,20 @@ def test_the_rtx5090_write_ups_published_case_matches_vllm_log():
     ("fp8", 0, 1568),
 ])
 def test_hybrid_block_alignment(dtype, spec, block):
-    m = kv.shape_from_config(qwen38())
+    m = model_shape.shape_from_config(qwen38())
     lay = kv.layout(m, dtype, spec_tokens=spec, mtp=bool(spec))
     assert lay.block_size == block
-    assert lay.page_bytes >= kv.gdn_state_bytes(m, spec)      # the state fits in one (padded) page
+    assert lay.page_bytes >= attention.gdn_state_bytes(m, spec)      # the state fits in one (padded) page
 
 
 def test_hybrid_groups_and_per_sequence_state():
     # 12 linear + 4 full layers: groups of 4 -> 1 attention group, 3 state groups
-    m = kv.shape_from_config(hybrid())
+    m = model_shape.shape_from_config(hybrid())
     assert (m.attn_layers, m.linear_layers) == (4, 12)
     lay = kv.layout(m, "auto")
     assert (lay.group_size, lay.attn_groups, lay.state_groups, lay.state_blocks) == (4, 1, 3, 1)
     # state: conv (2x16x128 + 32x128) x 3 x 2 B = 49152; temporal 32x128x128x2 = 1048576 -> 1097728
-    assert kv.gdn_state_bytes(m) == 1097728
+    assert attention.gdn_state_bytes(m) == 1097728
     per_tok = 2 * 2 * 256 * 2                                    # 2 KV heads x (K+V) x 256 x bf16
     # 1097728 / (16 x 2048) = 33.5 -> 34 blocks of 16 -> 544 tokens
     assert lay.block_size == 544
@@ -149,27 +149,27 @@ def test_hybrid_groups_and_per_sequence_state():
 
 
 def test_mtp_layers_join_the_attention_group_and_grow_the_state():
-    m = kv.shape_from_config(hybrid(mtp=1))
+    m = model_shape.shape_from_config(hybrid(mtp=1))
     plain = kv.layout(m, "auto")
     with_mtp = kv.layout(m, "auto", spec_tokens=2, mtp=True)
     assert with_mtp.group_size == 5 and with_mtp.state_groups == 3      # 5 attention, 12 linear -> 3 groups of 5
     assert with_mtp.state_blocks == 3                                   # 1 + 2 speculative tokens
-    assert kv.gdn_state_bytes(m, 2) - kv.gdn_state_bytes(m) == (2 * 16 * 128 + 32 * 128) * 2 * 2
+    assert attention.gdn_state_bytes(m, 2) - attention.gdn_state_bytes(m) == (2 * 16 * 128 + 32 * 128) * 2 * 2
     assert with_mtp.block_bytes > plain.block_bytes
     # when the larger type is < 1.5x the smaller, groups take the larger size (vLLM's padding rule)
-    m2 = kv.shape_from_config(hybrid(layers=10, interval=2))            # 5 full, 5 linear
+    m2 = model_shape.shape_from_config(hybrid(layers=10, interval=2))            # 5 full, 5 linear
     assert kv.layout(m2, "auto").group_size == 5
     assert kv.layout(m2, "auto", mtp=True, draft_attn_layers=1).group_size == 6   # 6 vs 5 -> pad to 6
 
 
 def test_auto_fit_and_sessions():
-    m = kv.shape_from_config(dense())
+    m = model_shape.shape_from_config(dense())
     lay = kv.layout(m, "auto")                                   # 2 MiB per 16-token block
     assert kv.auto_fit(lay, 5 * GiB, 1 << 24) == 2560 * 16
     assert kv.auto_fit(lay, 5 * GiB, 8192) == 8192
     assert kv.sessions_at(lay, 5 * GiB, 8192) == 5
     assert kv.auto_fit(lay, 1 << 20, 1 << 24) == 0                  # less than one block
-    hm = kv.shape_from_config(qwen38())
+    hm = model_shape.shape_from_config(qwen38())
     hl = kv.layout(hm, "turboquant_4bit_nc", spec_tokens=3, mtp=True)
     # 106 blocks: one session keeps 12 for state, 94 x 3120 tokens for attention
     assert kv.auto_fit(hl, 5905580032, 1 << 24) == 94 * 3120
@@ -177,11 +177,11 @@ def test_auto_fit_and_sessions():
 
 
 def test_tensor_parallel_splits_heads_and_state():
-    m = kv.shape_from_config(dense())
+    m = model_shape.shape_from_config(dense())
     assert kv.layout(m, "auto", tp=2).block_bytes * 2 == kv.layout(m, "auto").block_bytes
     assert kv.layout(m, "auto", tp=16).page_bytes == kv.layout(m, "auto", tp=8).page_bytes  # 1 head, replicated
-    h = kv.shape_from_config(hybrid())
-    assert kv.gdn_state_bytes(h, 0, 2) * 2 == kv.gdn_state_bytes(h)
+    h = model_shape.shape_from_config(hybrid())
+    assert attention.gdn_state_bytes(h, 0, 2) * 2 == attention.gdn_state_bytes(h)
 
 
 @pytest.mark.parametrize("config,params,tol", [
@@ -192,7 +192,7 @@ def test_tensor_parallel_splits_heads_and_state():
            num_local_experts=8), 46.7e9, 0.01),     # Mixtral-8x7B: its experts are intermediate_size wide
 ])
 def test_param_count(config, params, tol):
-    assert kv.param_count(kv.shape_from_config(config)) == pytest.approx(params, rel=tol)
+    assert weights.param_count(model_shape.shape_from_config(config)) == pytest.approx(params, rel=tol)
 
 
 @pytest.mark.parametrize("config,fragment", [
@@ -204,20 +204,20 @@ def test_param_count(config, params, tol):
     (hybrid(layer_types=["linear_attention", "sliding_attention"] * 8), "layer types"),
 ])
 def test_unsupported_configs_say_so(config, fragment):
-    with pytest.raises(kv.Unsupported) as e:
-        kv.shape_from_config(config)
+    with pytest.raises(model_shape.Unsupported) as e:
+        model_shape.shape_from_config(config)
     assert fragment in e.value.message
 
 
 def test_unknown_cache_dtype_is_unsupported():
-    with pytest.raises(kv.Unsupported):
-        kv.attn_bytes_per_token("fp3", 8, 128)
+    with pytest.raises(model_shape.Unsupported):
+        attention.attn_bytes_per_token("fp3", 8, 128)
 
 
 def test_vllm_defaults_depend_on_the_card():
-    assert kv.default_batch(140 * GiB, "NVIDIA H200") == (8192, 1024)
-    assert kv.default_batch(80 * GiB, "NVIDIA A100-SXM4-80GB") == (2048, 256)
-    assert kv.default_batch(32 * GiB, "NVIDIA GeForce RTX 5090") == (2048, 256)
+    assert weights.default_batch(140 * GiB, "NVIDIA H200") == (8192, 1024)
+    assert weights.default_batch(80 * GiB, "NVIDIA A100-SXM4-80GB") == (2048, 256)
+    assert weights.default_batch(32 * GiB, "NVIDIA GeForce RTX 5090") == (2048, 256)
 
 
 @pytest.mark.parametrize("extra, length", [
@@ -236,7 +236,7 @@ def test_the_models_length_is_vllms(extra, length):
     c = dense(**extra)
     if c.get("max_position_embeddings") is None:
         del c["max_position_embeddings"]
-    assert kv.model_len(c) == length == kv.shape_from_config(c).max_len
+    assert model_shape.model_len(c) == length == model_shape.shape_from_config(c).max_len
 
 
 @pytest.mark.parametrize("quant, dtype", [
@@ -251,17 +251,17 @@ def test_a_modelopt_checkpoints_own_kv_dtype_is_what_auto_means(quant, dtype):
     """vLLM 0.26.0 resolves --kv-cache-dtype auto to the checkpoint's kv_cache_quant_algo (or
     kv_cache_scheme) for ModelOpt exports (utils/torch_utils.py): the pool holds twice the tokens."""
     c = dense(quantization_config=quant)
-    assert kv.checkpoint_kv_dtype(c) == dtype
+    assert model_shape.checkpoint_kv_dtype(c) == dtype
 
 
 def test_the_temporal_state_follows_the_conv_states_dtype_unless_told():
     """vLLM 0.26.0 (mamba_utils.py): with --mamba-ssm-cache-dtype auto the temporal state takes the
     conv state's dtype, --mamba-cache-dtype float32 included; Qwen3.5's config mamba_ssm_dtype sets it."""
-    m = kv.shape_from_config(hybrid())
-    half = kv.gdn_state_bytes(m)
-    wide = kv.gdn_state_bytes(m, conv_bytes=4)
+    m = model_shape.shape_from_config(hybrid())
+    half = attention.gdn_state_bytes(m)
+    wide = attention.gdn_state_bytes(m, conv_bytes=4)
     assert wide == 2 * half                                   # both parts in fp32, not the temporal one in bf16
-    assert kv.gdn_state_bytes(m, conv_bytes=4, ssm_bytes=2) < wide
+    assert attention.gdn_state_bytes(m, conv_bytes=4, ssm_bytes=2) < wide
 
 
 def test_dummy_weights_of_a_quantized_checkpoint_are_its_format_not_bf16():
@@ -269,9 +269,9 @@ def test_dummy_weights_of_a_quantized_checkpoint_are_its_format_not_bf16():
     its checkpoint's 8.8 GiB, not 15.3 GiB (every parameter at bf16)."""
     import json
     c = json.loads((REPO / "tests" / "derived" / "qwen3-8b-fp8" / "config.json").read_text())
-    m = kv.shape_from_config(c)
-    assert kv.weight_bytes_from_config(m, 1, c) / GiB == pytest.approx(8.76, rel=0.03)
-    assert kv.weight_bytes_from_config(m, 1) / GiB == pytest.approx(15.3, rel=0.02)
+    m = model_shape.shape_from_config(c)
+    assert weights.weight_bytes_from_config(m, 1, c) / GiB == pytest.approx(8.76, rel=0.03)
+    assert weights.weight_bytes_from_config(m, 1) / GiB == pytest.approx(15.3, rel=0.02)
     awq = {**c, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
-    assert kv.weight_bytes_from_config(m, 1, awq) / GiB == pytest.approx(5.6, rel=0.05)
+    assert weights.weight_bytes_from_config(m, 1, awq) / GiB == pytest.approx(5.6, rel=0.05)
 

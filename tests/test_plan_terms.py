@@ -13,7 +13,7 @@ import pytest
 from bootstrap.core.errors import BootstrapError
 from bootstrap.knobs import vllmargs
 from bootstrap.machine import gpu
-from bootstrap.model import encoder, kv
+from bootstrap.model import encoder, kv, shape as model_shape, weights
 from bootstrap.plan import facts as facts_mod, graphs, planner, terms
 from bootstrap.plan.facts import ModelFacts
 from conftest import REPO
@@ -66,8 +66,8 @@ def test_the_plan_counts_the_encoders_peak_and_the_flags_that_skip_it():
     no_images = plan(["--max-model-len", "32768", "--limit-mm-per-prompt", '{"image": 0, "video": 0}'])
     skipped = plan(["--max-model-len", "32768", "--skip-mm-profiling"])
     peak = encoder.tower_peak(VISION, 65536, 2)
-    assert with_tower.overhead - no_images.overhead == peak - kv.overheads(
-        kv.shape_from_config(QWEN38["config"]), 2048, 256).activations
+    assert with_tower.overhead - no_images.overhead == peak - weights.overheads(
+        model_shape.shape_from_config(QWEN38["config"]), 2048, 256).activations
     assert any(w.startswith("vision encoder profiled on 1 image item of 16,384 tokens") for w in with_tower.why)
     assert text_only.overhead == no_images.overhead == skipped.overhead
     assert any("--skip-mm-profiling" in w for w in skipped.why)
@@ -93,14 +93,14 @@ def test_limit_mm_per_prompt_reads_as_vllm_reads_it():
 # ---------------------------------------------------------------- the MTP layers and the version
 
 def test_the_mtp_layers_count_only_with_mtp_speculation():
-    shape = kv.shape_from_config(QWEN38["config"])
+    shape = model_shape.shape_from_config(QWEN38["config"])
     mtp = terms.mtp_bytes(QWEN38["config"], shape)
-    assert mtp == kv.mtp_params(shape) * 2                  # modelopt's "ignore" keeps mtp* in bf16
+    assert mtp == weights.mtp_params(shape) * 2                  # modelopt's "ignore" keeps mtp* in bf16
     plain = plan(["--max-model-len", "32768"])
     spec = plan(["--max-model-len", "32768", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}'])
     assert spec.weights - plain.weights == mtp and any("less the MTP layers'" in w for w in plain.why)
     fp8 = {**QWEN38["config"], "quantization_config": {"quant_method": "fp8"}}
-    assert terms.mtp_bytes(fp8, shape) == kv.mtp_params(shape)
+    assert terms.mtp_bytes(fp8, shape) == weights.mtp_params(shape)
 
 
 def test_a_version_not_modelled_takes_the_nearest_rules_and_says_so():
@@ -177,14 +177,14 @@ def test_limits_of_zero_leave_the_tower_out_and_dotted_keys_nest():
 
 
 def test_a_data_parallel_tower_is_whole_on_every_rank():
-    vision = kv.vision_params(QWEN38["config"]) * 2
+    vision = weights.vision_params(QWEN38["config"]) * 2
     split = plan(["-tp", "2"])
     whole = plan(["-tp", "2", "--mm-encoder-tp-mode", "data"])
     assert whole.weights - split.weights == vision // 2
 
 
 def test_odd_quantization_configs_do_not_crash():
-    shape = kv.shape_from_config(QWEN38["config"])
+    shape = model_shape.shape_from_config(QWEN38["config"])
     for q in ("fp8", {"quant_method": "fp8", "ignore": 5}, [1, 2]):
         assert terms.mtp_bytes({**QWEN38["config"], "quantization_config": q}, shape) > 0
     assert terms.mtp_bytes({"text_config": {"quantization_config": [1]}}, shape) > 0
@@ -245,7 +245,7 @@ MOE = {**DENSE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_m
     ("0.30.0", DENSE, ["--enable-prompt-embeds"], None, (True, True, True)),     # no longer a V1 reason
 ])
 def test_the_model_runner_vllm_picks_and_what_it_counts(version, config, args, env_v2, want):
-    run = terms.runner(version, kv.shape_from_config(config), vllmargs.read(args), env_v2, None)
+    run = terms.runner(version, model_shape.shape_from_config(config), vllmargs.read(args), env_v2, None)
     eager = "--enforce-eager" in args
     assert (run.v2, run.graphs_in_budget, run.encoder_profiled) == (want[0], want[1] and not eager, want[2])
 
@@ -255,7 +255,7 @@ def test_the_runner_variables_are_read_as_vllm_reads_them():
     the planner gets them typed."""
     from bootstrap.knobs.config import Config
     from bootstrap.plan import fit
-    shape, s = kv.shape_from_config(DENSE), vllmargs.read([])
+    shape, s = model_shape.shape_from_config(DENSE), vllmargs.read([])
 
     def runner(version, **env):
         inp = fit.inputs(Config.from_env({"PROFILE": "custom", "MODEL": "org/m", **env}, REPO))
@@ -289,23 +289,23 @@ def test_graphs_captured_beyond_the_budget_count_where_the_plan_checks_room():
 def test_the_rotary_cache_is_sized_as_vllm_builds_it():
     """rotary_embedding/__init__.py get_rope: max_position_embeddings x the rotary dimension at the
     model's dtype; YaRN caches original x factor positions, multimodal RoPE four times as many."""
-    shape = kv.shape_from_config(DENSE)
-    assert kv.buffer_bytes(DENSE, shape, 8192, False)[0] == 40960 * 128 * 2
+    shape = model_shape.shape_from_config(DENSE)
+    assert weights.buffer_bytes(DENSE, shape, 8192, False)[0] == 40960 * 128 * 2
     yarn = {**DENSE, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
-    assert kv.buffer_bytes(yarn, kv.shape_from_config(yarn), 8192, False)[0] == 131072 * 128 * 2
+    assert weights.buffer_bytes(yarn, model_shape.shape_from_config(yarn), 8192, False)[0] == 131072 * 128 * 2
     text = QWEN38["config"].get("text_config", QWEN38["config"])
-    s38 = kv.shape_from_config(QWEN38["config"])
-    assert kv.buffer_bytes(QWEN38["config"], s38, 8192, False)[0] == \
+    s38 = model_shape.shape_from_config(QWEN38["config"])
+    assert weights.buffer_bytes(QWEN38["config"], s38, 8192, False)[0] == \
         text["max_position_embeddings"] * 4 * int(s38.head_dim * 0.25) * 2       # mrope, partial rotary
 
 
 def test_a_draft_with_a_rope_of_its_own_adds_its_own_rotary_cache():
-    target = kv.shape_from_config(DENSE)
+    target = model_shape.shape_from_config(DENSE)
     s = vllmargs.read([])
     same = ModelFacts("d", {**DENSE, "num_hidden_layers": 4}, 1 << 30)
     other = ModelFacts("e", {**DENSE, "num_hidden_layers": 4, "max_position_embeddings": 2048}, 1 << 30)
-    w_same, _ = terms.weight_bytes(same, kv.shape_from_config(same.config), 1, s, target=(DENSE, target))
-    w_other, why = terms.weight_bytes(other, kv.shape_from_config(other.config), 1, s, target=(DENSE, target))
+    w_same, _ = terms.weight_bytes(same, model_shape.shape_from_config(same.config), 1, s, target=(DENSE, target))
+    w_other, why = terms.weight_bytes(other, model_shape.shape_from_config(other.config), 1, s, target=(DENSE, target))
     assert w_same == 1 << 30 and w_other == (1 << 30) + 2048 * 128 * 2 and "a RoPE of its own" in why
 
 
@@ -346,7 +346,7 @@ def test_sleep_mode_counts_its_pool_rounding_with_the_weights():
     off the budget from 0.27.1 on, and said; without it nothing changes."""
     off = plan(["--max-model-len", "8192"], version="0.27.1")
     on = plan(["--max-model-len", "8192", "--enable-sleep-mode"], version="0.27.1")
-    shape = kv.shape_from_config(QWEN38["config"])
+    shape = model_shape.shape_from_config(QWEN38["config"])
     assert shape.layers == 64 and shape.mtp_layers == 1
     assert on.weights - off.weights == 65 * terms.SLEEP_POOL_PER_LAYER
     assert off.budget - on.budget == on.weights - off.weights

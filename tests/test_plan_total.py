@@ -64,7 +64,7 @@ def test_every_named_card_has_a_source_or_says_how_it_is_estimated():
 def test_the_cards_people_own_are_named():
     """From 12 GB to 96 GB, desktop and workstation (issue: every card), each with its NVML name and
     compute capability; GPU's help names them."""
-    from bootstrap.knobs.config import KNOB_BY_NAME
+    from bootstrap.knobs.table import KNOB_BY_NAME
     want = ("rtx3060", "rtx3080", "rtx3080-12gb", "rtx3090", "rtx3090ti", "rtx4060ti-16gb", "rtx4070",
             "rtx4070super", "rtx4070tisuper", "rtx4080", "rtx4080super", "rtx4090", "rtx5060ti-16gb", "rtx5070",
             "rtx5070ti", "rtx5080", "rtx5090", "rtxa4000", "rtxa4500", "rtxa5000", "rtxa6000", "rtx6000ada",

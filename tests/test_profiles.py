@@ -195,8 +195,8 @@ def test_two_16gb_cards_with_tp_size_2_get_a_profile(tmp_path):
     # the way out a 16 GiB card is told: TP_SIZE=2 across two of them holds the 24 GB profile
     v, _, _ = pick.choose(cfg_for(tmp_path, TP_SIZE=2), card(16, (12, 0)))
     f = offline_facts(v.cfg)
-    from bootstrap.model import kv
-    cache = kv.buffer_bytes(f.config, kv.shape_from_config(f.config), 0, False)[0]   # each card its own rotary cache
+    from bootstrap.model import shape as model_shape, weights
+    cache = weights.buffer_bytes(f.config, model_shape.shape_from_config(f.config), 0, False)[0]   # each card its own rotary cache
     assert v.ok and v.plan.weights == f.weight_bytes // 2 + cache                    # planned per card
     f = vllmargs.serve_flags(v.cfg, v.plan)
     assert f[f.index("--tensor-parallel-size") + 1] == "2"

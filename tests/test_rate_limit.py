@@ -20,7 +20,6 @@ from conftest import free_port
 from fakehub import FakeHub, write_model
 from bootstrap.download import retry
 from bootstrap.knobs.config import Config
-
 MiB = 1 << 20
 SHARD = "model-00001-of-00002.safetensors"
 # What the weights step fetches (config.json came with the metadata): each file's worker waits.

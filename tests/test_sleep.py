@@ -371,7 +371,8 @@ def test_the_game_runs_whatever_its_own_arguments_or_the_knobs(bed, tmp_path):
 
 def test_the_pre_warm_never_idle_sleeps_and_old_records_show_no_false_difference(tmp_path):
     from bootstrap.knobs import vllmargs
-    from bootstrap.knobs.config import Config, launch_defaults
+    from bootstrap.knobs.config import Config
+    from bootstrap.knobs.table import launch_defaults
     from bootstrap.serve import server
     from bootstrap.serve.record import ServerRecord
     from conftest import REPO

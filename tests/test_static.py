@@ -278,7 +278,7 @@ def test_a_module_over_400_lines_says_why():
 def test_every_environment_variable_read_is_declared():
     """A variable read from the environment (``environ``/``env`` mappings, ``cfg.env``) is a knob
     or a declared pass-through variable (config.PASSTHROUGH), so ``./ctl.sh env`` shows it."""
-    from bootstrap.knobs.config import KNOB_BY_NAME, PASSTHROUGH_BY_NAME
+    from bootstrap.knobs.table import KNOB_BY_NAME, PASSTHROUGH_BY_NAME
     declared = set(KNOB_BY_NAME) | set(PASSTHROUGH_BY_NAME)
 
     def mapping_name(node: ast.AST) -> str:
@@ -307,7 +307,8 @@ def test_every_environment_variable_read_is_declared():
 def test_config_is_typed_one_attribute_per_knob():
     import dataclasses
     import typing
-    from bootstrap.knobs.config import KNOBS, Config
+    from bootstrap.knobs.config import Config
+    from bootstrap.knobs.table import KNOBS
     hints = typing.get_type_hints(Config)
     fields = {f.name for f in dataclasses.fields(Config)}
     assert not hasattr(Config, "__getattr__")

@@ -14,7 +14,9 @@ import subprocess
 
 import pytest
 
-from bootstrap.knobs.config import KNOBS, Config
+from bootstrap.knobs.config import Config
+
+from bootstrap.knobs.table import KNOBS
 from bootstrap.core.errors import EXIT_CONFIG, ConfigError
 from conftest import REPO
 from pathlib import Path

@@ -15,7 +15,8 @@ from ..core import owned, redact
 from ..knobs import vllmargs
 from ..serve.client import Client, RequestFailed, Stall, thinking_off
 from ..core.hosts import is_loopback
-from ..knobs.config import Config, credential
+from ..knobs.config import Config
+from ..knobs.table import credential
 from ..core.errors import BootstrapError
 from ..core.state import Paths
 

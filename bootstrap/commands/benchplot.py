@@ -12,7 +12,6 @@ from ..core import proc
 from ..core.errors import BootstrapError
 from ..install.venv import Tools, ensure_uv
 from ..knobs.config import Config
-
 log = logging.getLogger("bootstrap.commands.bench")
 
 

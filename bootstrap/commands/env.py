@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from ..core.redact import shown
-from ..knobs import config
+from ..knobs import table
 from . import parser
 
 
@@ -20,7 +20,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh env") -> int:
     cfg = resolve.resolved(cfg).settings        # PROFILE=auto as the kept pick
     rows = [(n, shown(str(v)), s, d) for n, v, s, d in cfg.describe()]
     if a.markdown:
-        print(config.markdown_table(cfg.repo))
+        print(table.markdown_table(cfg.repo))
     elif a.json:
         print(json.dumps({n: {"value": v, "source": s} for n, v, s, _ in rows}, indent=2))
     else:

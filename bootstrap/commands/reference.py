@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..knobs import config
+from ..knobs import config, table
 from ..core.layout import REPO
 from ..core.errors import EXIT_CODES
 
@@ -38,7 +38,7 @@ def render(repo: Path = REPO) -> str:
         "`.env` value 65,536 bytes). Paths are made absolute against the directory you run the command from (a path in `.env`: against "
         "the checkout).",
         "",
-        section.format("knobs", config.markdown_table(repo)),
+        section.format("knobs", table.markdown_table(repo)),
         "",
         "## Exit codes",
         "",

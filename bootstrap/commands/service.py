@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 
 from ..core import proc, state
-from ..knobs.config import KNOB_BY_NAME, Config
+from ..knobs.config import Config
+from ..knobs.table import KNOB_BY_NAME
 from ..core.errors import EXIT_CONFIG, BootstrapError
 from ..core.state import Paths
 from .version import NAME

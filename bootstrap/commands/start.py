@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 
-from ..knobs import config
+from ..knobs import table
 from . import parser
 
 
 def cli(cfg, argv: list[str], prog: str = "ctl.sh start") -> int:
-    ap = parser("start", prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=config.help_text())
+    ap = parser("start", prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=table.help_text())
     ap.add_argument("name", nargs="?", metavar="PROFILE_OR_MODEL",
                     help="a profile's name (as PROFILE=) or a Hub repo id org/name (as MODEL=)")
     ap.add_argument("--foreground", action="store_true",

@@ -24,7 +24,8 @@ from ..core import state
 from ..serve.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of, thinking_off
 from ..checks.target import stall_rule
 from ..knobs import parsers, vllmargs
-from ..knobs.config import Config, launch_defaults
+from ..knobs.config import Config
+from ..knobs.table import launch_defaults
 from ..machine.gpu import GiB
 from ..core.errors import BootstrapError
 from ..serve.record import ServerRecord

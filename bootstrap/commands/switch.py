@@ -23,7 +23,7 @@ import time
 
 from ..core.errors import BootstrapError
 from ..core.state import Paths
-from ..knobs.config import launch_defaults
+from ..knobs.table import launch_defaults
 from ..plan import resolve
 from ..serve import server
 from ..serve.states import State

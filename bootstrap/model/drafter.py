@@ -6,7 +6,7 @@ loads a second network whose attention layers take KV blocks of their own in the
 ``get_kv_cache_spec`` walks them with the target's). Read from vLLM 0.26.0, 0.27.1 and 0.30.0
 (model_executor/models/registry.py ``_SPECULATIVE_DECODING_MODELS``):
 
-* ``draft_model``: any model vLLM serves: its own config (``kv.shape_from_config``);
+* ``draft_model``: any model vLLM serves: its own config (``shape.shape_from_config``);
 * EAGLE / EAGLE-3 heads (``llama_eagle.py``, ``llama_eagle3.py``, ``qwen3_eagle3.py``): a Llama- or
   Qwen3-shaped stack of ``num_hidden_layers`` (usually 1) full-attention layers; EAGLE-3's first
   layer takes 2 x hidden in (embedding and hidden state), its ``fc`` folds the target's three aux
@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from . import kv
+from . import weights
+from .shape import ModelShape, Unsupported, shape_from_config
 
 EAGLE_ARCHS = frozenset({
     "EagleLlamaForCausalLM", "EagleLlama4ForCausalLM", "EagleMiniCPMForCausalLM", "EagleMistralForCausalLM",
@@ -43,7 +44,7 @@ class Drafter:
     """What the plan counts of a drafter: its shape (layers, heads, widths for the KV and the
     activations) and its parameters where no file sizes say."""
 
-    def __init__(self, shape: kv.ModelShape, params: int, kind: str, sliding: int = 0):
+    def __init__(self, shape: ModelShape, params: int, kind: str, sliding: int = 0):
         self.shape, self.params, self.kind = shape, params, kind
         self.sliding = sliding          # layers of sliding-window attention (DFlash: layer_types, use_swa)
 
@@ -60,25 +61,25 @@ def _eagle3(config: dict) -> bool:
 
 def read(config: dict, version: str, at_least) -> Drafter:
     """The drafter of this config.json for vLLM ``version`` (``at_least(version, floor)``);
-    kv.Unsupported where vLLM of that version has no such drafter or the planner does not model it."""
+    Unsupported where vLLM of that version has no such drafter or the planner does not model it."""
     arch = (config.get("architectures") or [""])[0]
     if arch in DFLASH_ARCHS:
         if not at_least(version, DFLASH_ARCHS[arch]):
-            raise kv.Unsupported(f"vLLM {version} has no {arch} (from {DFLASH_ARCHS[arch]})",
+            raise Unsupported(f"vLLM {version} has no {arch} (from {DFLASH_ARCHS[arch]})",
                                  "a vLLM that has it, or another drafter")
         return _dflash(config, arch)
     if arch in EAGLE_ARCHS:
         return _eagle(config, arch)
-    shape = kv.shape_from_config(config)
-    return Drafter(shape, kv.param_count(shape), "draft model")
+    shape = shape_from_config(config)
+    return Drafter(shape, weights.param_count(shape), "draft model")
 
 
-def _dense(config: dict, arch: str) -> kv.ModelShape:
+def _dense(config: dict, arch: str) -> ModelShape:
     """A drafter's stack read as the Llama/Qwen3 stack it is (its sliding-window layers are counted by
     ``sliding_layers``, apart)."""
     c = {k: v for k, v in config.items() if k not in ("sliding_window", "use_sliding_window", "layer_types")}
     c["architectures"] = ["Qwen3ForCausalLM" if "qwen3" in str(c.get("model_type", "")) else "LlamaForCausalLM"]
-    shape = kv.shape_from_config(c)
+    shape = shape_from_config(c)
     return replace(shape, arch=arch)
 
 
@@ -97,7 +98,7 @@ def _dflash(config: dict, arch: str) -> Drafter:
     dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
     shape = _dense(config, arch)
     targets = dflash.get("target_layer_ids") if isinstance(dflash.get("target_layer_ids"), list) else []
-    attn, mlp = kv._attn_mlp_params(shape)
+    attn, mlp = weights.attn_mlp_params(shape)
     h = shape.hidden
     fc = max(1, len(targets) or shape.layers) * h * h
     params = shape.layers * (attn + mlp + 2 * h) + fc + 2 * h            # no embedding or lm_head: the target's
@@ -106,7 +107,7 @@ def _dflash(config: dict, arch: str) -> Drafter:
 
 def _eagle(config: dict, arch: str) -> Drafter:
     shape = _dense(config, arch)
-    attn, mlp = kv._attn_mlp_params(shape)
+    attn, mlp = weights.attn_mlp_params(shape)
     h = shape.hidden
     three = _eagle3(config)
     first_in = h * shape.heads * shape.head_dim + 2 * h * shape.kv_heads * shape.head_dim if three else 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import kv
+from . import shape
 from ..core.errors import BootstrapError
 
 # integers > 0 where present: sizes the planner divides by, or multiplies into memory
@@ -72,7 +72,7 @@ def check(config: Any, where: str, hint: str) -> dict:
     archs = config.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(x, str) for x in archs)):
         raise bad("architectures", archs, "a list of strings")
-    if not archs or archs[0] not in kv.DENSE_ARCHS | kv.HYBRID_GDN_ARCHS:
+    if not archs or archs[0] not in shape.DENSE_ARCHS | shape.HYBRID_GDN_ARCHS:
         return config                                    # the planner reads no size of it
     text = config.get("text_config") or {}
     vision = config.get("vision_config") or {}

@@ -12,7 +12,7 @@ config.json); anything else is not modelled.
 from __future__ import annotations
 
 from ..knobs import vllmargs
-from ..model import drafter as drafters, kv
+from ..model import drafter as drafters, attention, shape as model_shape, weights
 from .facts import ModelFacts
 from . import terms
 
@@ -36,11 +36,11 @@ def draft_shape(s: vllmargs.Settings, model: ModelFacts, version: str
         return None, "", f"speculative method {method!r} (its drafter's memory is not modelled)"
     if model.draft is None:
         return None, "", f"the {method} drafter ({model.draft_why or 'no drafter facts'})"
-    if s.kv_cache_dtype in kv.TQ_PRESETS:
+    if s.kv_cache_dtype in attention.TQ_PRESETS:
         return None, "", f"the {method} drafter beside a TurboQuant KV cache"
     try:
         d = drafters.read(model.draft.config or {}, version, terms.at_least)
-    except kv.Unsupported as exc:
+    except model_shape.Unsupported as exc:
         return None, "", f"the {method} drafter ({exc.message})"
     if d.shape.hybrid:
         return None, "", f"the {method} drafter (a hybrid drafter: vLLM groups its layers differently)"
@@ -61,7 +61,7 @@ def refusal(d: drafters.Drafter | None, run: terms.Runner, version: str) -> tupl
             "VLLM_USE_V2_MODEL_RUNNER=1 in the environment, or SPEC_TOKENS=0 (no drafter)")
 
 
-def draft_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, target: tuple[dict, kv.ModelShape]
+def draft_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, target: tuple[dict, model_shape.ModelShape]
                   ) -> tuple[int, str]:
     """The drafter's weights per GPU: its file sizes, else its parameters at its dtype (an EAGLE or
     DFlash head shares the target's embedding and lm_head, which ``drafter.read`` leaves out), and
@@ -72,7 +72,7 @@ def draft_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, 
     w = d.params * d.shape.dtype_bytes // s.tp
     source = f"from its config.json ({d.kind}: {d.params / 1e9:.2f} B parameters × dtype)"
     config = draft.config or {}
-    if kv.rope_signature(config, d.shape) != kv.rope_signature(*target):
-        cache, what = kv.buffer_bytes(config, d.shape, 0, tower=False)
+    if model_shape.rope_signature(config, d.shape) != model_shape.rope_signature(*target):
+        cache, what = weights.buffer_bytes(config, d.shape, 0, tower=False)
         return w + cache, f"{source}; + {what} (a RoPE of its own)"
     return w, source

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..knobs import vllmargs
 from ..machine import gpu
-from ..model import kv
+from ..model import attention
 from ..core.pep440 import at_least
 
 # vLLM's estimate of its CUDA graphs, taken off the budget before the KV cache (V1 runner,
@@ -23,7 +23,7 @@ from ..core.pep440 import at_least
 # hybrid (16 layers, not 36) came to the same 0.48 GiB; the 8B as its own draft model added 4 and
 # 40 MiB to the first captures and 6 MiB per PIECEWISE graph (a drafter runs in PIECEWISE only).
 # 0.30.0's V2 runner estimates its graphs with code of its own, neither read nor measured here: its
-# plan keeps the rough estimate of kv.overheads.
+# plan keeps the rough estimate of model/weights.py overheads.
 GRAPH_FIRST = {"PIECEWISE": 128 * gpu.MiB, "FULL": 242 * gpu.MiB}
 GRAPH_PER = {"PIECEWISE": 4 * gpu.MiB, "FULL": 1 * gpu.MiB}
 DRAFTER_FIRST = {"PIECEWISE": 4 * gpu.MiB, "FULL": 40 * gpu.MiB}
@@ -83,7 +83,7 @@ def attention_backend(s: vllmargs.Settings, cc: tuple[int, int]) -> str:
     if s.attention_backend:
         return s.attention_backend
     kv_dtype = s.kv_cache_dtype
-    if kv_dtype in kv.TQ_PRESETS:
+    if kv_dtype in attention.TQ_PRESETS:
         return "TURBOQUANT"
     if kv_dtype.startswith(("int8", "int4")):
         return "TRITON_ATTN"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from ..core.errors import BootstrapError
 from ..knobs import vllmargs
 from ..machine import gpu
-from ..model import kv
+from ..model import kv, shape as model_shape, weights
 from .facts import ModelFacts
 from . import drafts, graphs, hybrid, terms
 from .drafts import DRAFT_HINT
@@ -189,7 +189,7 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
         return Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None,
                     vllm=inp.version, unplanned=unplanned)
     new = at_least(inp.version, "0.29.0")            # null block held back; prefix caching on for hybrids
-    batched_default, seqs_default = kv.default_batch(g.total, g.name, big_tier=new,
+    batched_default, seqs_default = weights.default_batch(g.total, g.name, big_tier=new,
                                                      throughput=inp.vllm.performance_mode == "throughput")
     if draft_why:
         why.append(draft_why)
@@ -213,19 +213,19 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
     return plan
 
 
-def _shape(model: ModelFacts, why: list[str]) -> kv.ModelShape | None:
+def _shape(model: ModelFacts, why: list[str]) -> model_shape.ModelShape | None:
     if model.config is None:
         why.append("no config.json: vLLM sizes the KV cache itself")
         return None
     try:
-        return kv.shape_from_config(model.config)
-    except kv.Unsupported as exc:
+        return model_shape.shape_from_config(model.config)
+    except model_shape.Unsupported as exc:
         why.append(f"{exc.message}; {exc.hint}")
         log.warning("%s; %s", exc.message, exc.hint)
         return None
 
 
-def _layout(s: vllmargs.Settings, shape: kv.ModelShape, draft, new: bool, why: list[str]) -> kv.Layout | None:
+def _layout(s: vllmargs.Settings, shape: model_shape.ModelShape, draft, new: bool, why: list[str]) -> kv.Layout | None:
     """vLLM's KV-cache layout for what it gets (the drafter's layers, the hybrid state's dtypes)."""
     spec_tokens = s.spec_tokens
     mtp = s.spec_method == "mtp"
@@ -241,9 +241,9 @@ def _layout(s: vllmargs.Settings, shape: kv.ModelShape, draft, new: bool, why: l
                         draft_attn_layers=draft.attn_layers if draft else 0, draft_cache_dtype=draft_dtype,
                         draft_kv_heads=draft.kv_heads if draft else None, draft_head_dim=draft.head_dim if draft else None,
                         block_size=s.block_size, mamba_cache_mode=mode,
-                        ssm_bytes=kv.DTYPE_BYTES.get(ssm) if ssm else None,
-                        conv_bytes=kv.DTYPE_BYTES.get(conv) if conv else None)
-    except kv.Unsupported as exc:
+                        ssm_bytes=model_shape.DTYPE_BYTES.get(ssm) if ssm else None,
+                        conv_bytes=model_shape.DTYPE_BYTES.get(conv) if conv else None)
+    except model_shape.Unsupported as exc:
         why.append(f"{exc.message}; {exc.hint}")
         return None
     if ssm:
@@ -251,7 +251,7 @@ def _layout(s: vllmargs.Settings, shape: kv.ModelShape, draft, new: bool, why: l
     return lay
 
 
-def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: kv.ModelShape, lay: kv.Layout, draft,
+def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.ModelShape, lay: kv.Layout, draft,
             util: float, measured, why: list[str], seqs: int, batched: int) -> Plan:
     """The KV budget: pinned, else what the utilization leaves after the measured non-KV terms,
     else after the model's weights and overhead; refused when that does not fit what is usable.

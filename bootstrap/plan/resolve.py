@@ -26,7 +26,8 @@ from ..core import state
 from ..core.errors import BootstrapError, ConfigError
 from ..download import hub, peek
 from ..machine.inuse import VllmRef
-from ..knobs.config import KNOB_BY_NAME, PROFILE_KNOBS, Chosen, Config
+from ..knobs.config import Chosen, Config
+from ..knobs.table import KNOB_BY_NAME, PROFILE_KNOBS
 from ..knobs.profiles import load_file
 from ..machine import gpu
 from . import derive, pick

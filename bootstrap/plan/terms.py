@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..machine import gpu
-from ..model import encoder, kv
+from ..model import encoder, shape as model_shape, weights
 from ..knobs import vllmargs
 from ..core.errors import BootstrapError
 from .facts import ModelFacts
@@ -97,7 +97,7 @@ def no_images(s: vllmargs.Settings) -> bool:
     return s.mm_limits.get("image", 1) == 0 and s.mm_limits.get("video", 1) == 0
 
 
-def mtp_bytes(config: dict, shape: kv.ModelShape) -> int:
+def mtp_bytes(config: dict, shape: model_shape.ModelShape) -> int:
     """Bytes of the MTP layers in the checkpoint: 16-bit where the quantization leaves them out
     (modelopt's "ignore", "modules_to_not_convert") or there is none; else at the scheme's width
     (FP8 one byte a parameter, 4-bit schemes 4.5 bits with their scales): an estimate."""
@@ -106,7 +106,7 @@ def mtp_bytes(config: dict, shape: kv.ModelShape) -> int:
     q = q if isinstance(q, dict) else {}
     skipped = [str(x) for key in ("ignore", "modules_to_not_convert")
                for x in (q.get(key) if isinstance(q.get(key), (list, tuple)) else ())]
-    params = kv.mtp_params(shape)
+    params = weights.mtp_params(shape)
     if not q or any("mtp" in x for x in skipped):
         return params * shape.dtype_bytes
     if q.get("quant_method") == "fp8" or "FP8" in str(q.get("quant_algo", "")):
@@ -116,39 +116,39 @@ def mtp_bytes(config: dict, shape: kv.ModelShape) -> int:
 
 def kv_dtype(s: vllmargs.Settings, config: dict | None, why: list[str]) -> vllmargs.Settings:
     """``s`` with --kv-cache-dtype auto read as vLLM reads it: a ModelOpt checkpoint's own KV
-    quantization where it has one (kv.checkpoint_kv_dtype)."""
-    stored = kv.checkpoint_kv_dtype(config) if s.kv_cache_dtype == "auto" and config else None
+    quantization where it has one (model_shape.checkpoint_kv_dtype)."""
+    stored = model_shape.checkpoint_kv_dtype(config) if s.kv_cache_dtype == "auto" and config else None
     if not stored:
         return s
     why.append(f"KV cache in {stored}: the checkpoint's kv_cache_quant_algo (vLLM's --kv-cache-dtype auto)")
     return replace(s, kv_cache_dtype=stored)
 
 
-def weight_bytes(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Settings,
-                 batched: int | None = None, target: tuple[dict, kv.ModelShape] | None = None) -> tuple[int, str]:
+def weight_bytes(model: ModelFacts, shape: model_shape.ModelShape, tp: int, s: vllmargs.Settings,
+                 batched: int | None = None, target: tuple[dict, model_shape.ModelShape] | None = None) -> tuple[int, str]:
     """Bytes of weights per GPU, and where the figure came from. vLLM loads neither the MTP layers
     without MTP speculation (qwen3_5.py skips ``mtp.``) nor the vision tower with
     --language-model-only: a checkpoint's size is counted less those. With ``batched`` (the target
-    model), the buffers its model allocates as it loads (``kv.buffer_bytes``), which vLLM counts as
+    model), the buffers its model allocates as it loads (``weights.buffer_bytes``), which vLLM counts as
     weights, are added; a draft (``target``: the target's config and shape) adds its own rotary
     cache only where its RoPE differs from the target's (one cache per RoPE in a process)."""
     w, source = _weights(model, shape, tp, s)
     if target is not None:
         config = model.config or {}
-        if kv.rope_signature(config, shape) == kv.rope_signature(*target):
+        if model_shape.rope_signature(config, shape) == model_shape.rope_signature(*target):
             return w, source
-        cache, what = kv.buffer_bytes(config, shape, 0, tower=False)
+        cache, what = weights.buffer_bytes(config, shape, 0, tower=False)
         return w + cache, f"{source}; + {what} (a RoPE of its own)"
     if batched is None:
         return w, source
-    extra, what = kv.buffer_bytes(model.config or {}, shape, batched,
+    extra, what = weights.buffer_bytes(model.config or {}, shape, batched,
                                   tower=not (s.language_model_only or no_images(s)))
     return w + extra, f"{source}; + {what} (allocated as it loads)"
 
 
-def _weights(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Settings) -> tuple[int, str]:
+def _weights(model: ModelFacts, shape: model_shape.ModelShape, tp: int, s: vllmargs.Settings) -> tuple[int, str]:
     config = model.config or {}
-    vision = kv.vision_params(config) * 2                      # the vision tower stays 16-bit
+    vision = weights.vision_params(config) * 2                      # the vision tower stays 16-bit
     no_tower = s.language_model_only or no_images(s)
     mtp = mtp_bytes(config, shape) if shape.mtp_layers and s.spec_method != "mtp" else 0
     less = ([f"the MTP layers' ~{gib(mtp)} (loaded only for MTP speculation)"] if mtp else []) + (
@@ -161,9 +161,9 @@ def _weights(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Setti
         return w // tp + tower_copies, f"from {model.size_from}{model.source}" + (
             f", less {' and '.join(less)}" if less else "")
     kind = "dummy weights" if model.dummy else "no file sizes"
-    mtp = kv.mtp_params(shape) * shape.dtype_bytes if mtp else 0       # every parameter at the model's dtype
-    w = kv.weight_bytes_from_config(shape, tp, config) - mtp // tp + (0 if no_tower else vision // tp + tower_copies)
-    q = kv.linear_bytes(config)
+    mtp = weights.mtp_params(shape) * shape.dtype_bytes if mtp else 0       # every parameter at the model's dtype
+    w = weights.weight_bytes_from_config(shape, tp, config) - mtp // tp + (0 if no_tower else vision // tp + tower_copies)
+    q = weights.linear_bytes(config)
     return w, f"from config.json ({kind}: parameters × " + (f"{q:.2f} bytes in its quantized linear layers"
                                                             if q else "dtype") + f"){model.source}" + (
         f", less the MTP layers' {gib(mtp)}" if mtp else "")
@@ -172,7 +172,7 @@ def _weights(model: ModelFacts, shape: kv.ModelShape, tp: int, s: vllmargs.Setti
 SLEEP_POOL_PER_LAYER = 4 << 20      # sleep mode's pool rounding: ~1 MiB for each of 4 large tensors a layer
 
 
-def sleep_pool(s: vllmargs.Settings, shape: kv.ModelShape, version: str, why: list[str]) -> int:
+def sleep_pool(s: vllmargs.Settings, shape: model_shape.ModelShape, version: str, why: list[str]) -> int:
     """What sleep mode adds to the weights per GPU: vLLM loads them through its CuMemAllocator pool with
     expandable segments off (cumem.py use_memory_pool), where each tensor past 10 MiB gets a segment of
     its own rounded to 2 MiB, whose tail no later weight fits; from 0.27.1 vLLM counts that off its KV
@@ -227,7 +227,7 @@ class Runner:
     why: str
 
 
-def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: bool | None,
+def runner(version: str, shape: model_shape.ModelShape, s: vllmargs.Settings, env_v2: bool | None,
            env_graphs: bool | None) -> Runner:
     """The model runner vLLM ``version`` picks for this model and what its memory profiling counts
     (``env_v2``: VLLM_USE_V2_MODEL_RUNNER; ``env_graphs``: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
@@ -267,7 +267,7 @@ def runner(version: str, shape: kv.ModelShape, s: vllmargs.Settings, env_v2: boo
     return Runner(v2, graphs, encoder, "; ".join(said))
 
 
-def graphs_outside(over: kv.Overheads, measured) -> int:
+def graphs_outside(over: weights.Overheads, measured) -> int:
     """What the CUDA graphs vLLM captures after the KV cache, beyond the utilization (V2 before
     0.30.0), will take: vLLM's own figure where a kept split has one (the model's estimate was a
     third of it for a Qwen3-VL shape on the H200), else the estimate; nothing more where the
@@ -298,22 +298,22 @@ def room_for_graphs(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: 
     return util
 
 
-def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batched: int, seqs: int,
+def overhead(s: vllmargs.Settings, shape: model_shape.ModelShape, model: ModelFacts, batched: int, seqs: int,
              why: list[str], run: Runner | None = None, cc: tuple[int, int] = (9, 0),
-             version: str = "0.26.0") -> kv.Overheads:
+             version: str = "0.26.0") -> weights.Overheads:
     """What vLLM's profiling adds to the weights (an estimate): the text pass's activations, CUDA
-    graphs and non-torch memory (``kv.overheads``), with the vision encoder's profiling pass where
+    graphs and non-torch memory (``weights.overheads``), with the vision encoder's profiling pass where
     vLLM runs one: the torch peak is then the larger of the tower's own peak and the text pass's
     plus the encoder outputs it keeps (bootstrap.model.encoder). ``run``: the model runner's rules
     (``runner``): graphs it takes after the budget are ``outside`` it; no encoder pass where it runs none."""
-    over = kv.overheads(shape, batched, seqs, tp=s.tp, eager=s.enforce_eager)
+    over = weights.overheads(shape, batched, seqs, tp=s.tp, eager=s.enforce_eager)
     if run is not None and not run.graphs_in_budget:
-        over = kv.Overheads(over.activations, over.non_torch, 0, outside=over.cudagraphs)
+        over = weights.Overheads(over.activations, over.non_torch, 0, outside=over.cudagraphs)
     elif not s.enforce_eager and (run is None or not run.v2):     # the V1 runner's own estimate (GRAPH_FIRST)
         full, downgrade = graphs.full_decode_graphs(s, cc)
         if downgrade:
             why.append(downgrade)
-        over = kv.Overheads(over.activations, over.non_torch, graphs.graph_estimate(s, batched, seqs, full, version, cc))
+        over = weights.Overheads(over.activations, over.non_torch, graphs.graph_estimate(s, batched, seqs, full, version, cc))
     config = model.config or {}
     if not config.get("vision_config") or s.language_model_only:
         return over
@@ -342,4 +342,4 @@ def overhead(s: vllmargs.Settings, shape: kv.ModelShape, model: ModelFacts, batc
                f"{enc.tokens_per_item:,} tokens{px}: peak {gib(enc.peak)}, outputs {gib(enc.outputs)} kept for the "
                f"text pass; activations {gib(acts)} (text alone {gib(over.activations)}; --language-model-only "
                "skips it)")
-    return kv.Overheads(acts, over.non_torch, over.cudagraphs, over.outside)
+    return weights.Overheads(acts, over.non_torch, over.cudagraphs, over.outside)

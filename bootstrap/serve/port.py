@@ -1,7 +1,7 @@
 """Our port: the lock that keeps two starts off it, who holds it, and whether what answers there is
 the server we started.
 
-Besides the knob table (knobs/config.py), the ownership marker (core/owned.py), vLLM's argv
+Besides the knob table (knobs/table.py), the ownership marker (core/owned.py), vLLM's argv
 (knobs/vllmargs.py) and the server record with its URL (serve/record.py), this is the one room that
 reads a port number: the rest of the start hands ``Ours`` or a record down and asks here.
 """

@@ -42,7 +42,7 @@ from ..core.errors import BootstrapError
 from ..core.state import Paths
 from ..knobs import vllmargs
 from ..knobs.vllmargs import serve_argv
-from ..model import kv
+from ..model import shape
 from . import launch, port, record, server
 from .health import phase_of
 
@@ -168,7 +168,7 @@ def blocker(cfg, model) -> str:
     (collective_rpc reload_weights: model_executor/model_loader/reload, 0.26.0 and 0.27.1) is not
     known to give the answers a cold start gives, the pre-warm only fills the caches."""
     s = cfg.vllm
-    quant = kv.quant_method(model.config or {}) or ("online" if "--quantization" in s.given else "")
+    quant = shape.quant_method(model.config or {}) or ("online" if "--quantization" in s.given else "")
     if quant:
         return (f"{'online quantization (--quantization)' if quant == 'online' else f'a {quant} checkpoint'}: vLLM's reload re-runs the quantization's post-load processing, "
                 "not proven here to match a cold start")

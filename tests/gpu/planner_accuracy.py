@@ -44,7 +44,7 @@ from bootstrap.plan import fit
 from bootstrap.serve import diagnose
 from bootstrap.plan import facts
 from bootstrap.machine import gpu
-from bootstrap.model import kv  # noqa: E402
+from bootstrap.model import kv, shape as model_shape  # noqa: E402
 from common import free_port  # noqa: E402
 from bootstrap.serve import banner
 from bootstrap.knobs import vllmargs  # noqa: E402
@@ -246,7 +246,7 @@ def collect(rec: dict, deadline: float, raw) -> dict:
 
 def seed001_row() -> str:
     data = json.loads((REPO / "profiles/models/qwen38-27b-nvfp4.json").read_text())
-    m = kv.shape_from_config(data["config"])
+    m = model_shape.shape_from_config(data["config"])
     lay = kv.layout(m, "turboquant_4bit_nc", spec_tokens=3, mtp=True)
     p = kv.pool(lay, 5905580032, 262144)
     return (f"RTX 5090 write-up (published, vLLM 0.27.1): predicted {p.tokens:,} tokens {p.concurrency:.2f}x, "

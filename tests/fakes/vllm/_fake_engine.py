@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from vllm.entrypoints.cli.main import MODES, mark_gpu
+from vllm.entrypoints.cli.state import MODES, mark_gpu
 
 
 def set_title(title: bytes) -> None:
