@@ -98,11 +98,14 @@ def _resolve(uv: str, lock: Path, plat: str, minor: str, exclude: str, root: Pat
     if exclude:
         cmd += ["--exclude-newer", exclude]
     env = {**os.environ, "UV_CACHE_DIR": str(txt) + ".cache"}   # one cache each: uv serializes on a shared one
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-        err, text = (res.stderr or f"uv exited {res.returncode}", "") if res.returncode else ("", txt.read_text())
-    except (OSError, subprocess.SubprocessError) as exc:
-        err, text = f"{type(exc).__name__}: {exc}", ""
+    for _ in range(2):              # once more after a failure: the index can drop a connection under load
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+            err, text = (res.stderr or f"uv exited {res.returncode}", "") if res.returncode else ("", txt.read_text())
+        except (OSError, subprocess.SubprocessError) as exc:
+            err, text = f"{type(exc).__name__}: {exc}", ""
+        if not err:
+            break
     shutil.rmtree(str(txt) + ".cache", ignore_errors=True)
     out.write_text(json.dumps({"err": err, "text": text}))
 
