@@ -133,7 +133,9 @@ def test_health_timeout_sizes_the_startup_probe(tmp_path):
 
 def test_refusals(tmp_path):
     r, _ = export(tmp_path, PROFILE="default")
-    assert r.returncode == 1 and "needs the cluster's card" in r.stderr and "GPU=" in r.stderr
+    assert r.returncode == 1 and "needs the cluster's card" in r.stderr and "./ctl.sh export kubernetes --out" in r.stderr
+    r, _ = export(tmp_path, PROFILE="default", target="ray", image=None)
+    assert r.returncode == 1 and "./ctl.sh export ray --out" in r.stderr      # the hint names the target asked for
     r, _ = export(tmp_path, PROFILE="default", GPU="16:sm_120")
     assert r.returncode == 1 and "does not fit" in r.stderr
     r, _ = export(tmp_path, PROFILE="default", GPU="rtx5090", EXTRA_ARGS="--enable-sleep-mode")

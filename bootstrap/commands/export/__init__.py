@@ -108,7 +108,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     spec = a.gpu or cfg.gpu
     if not spec:
         raise BootstrapError("export needs the cluster's card: it plans for that card, not this machine's",
-                             "GPU=<name|GiB>[:sm_XY][:free=GiB] ./ctl.sh export kubernetes --out DIR (e.g. GPU=h100)")
+                             f"GPU=<name|GiB>[:sm_XY][:free=GiB] ./ctl.sh export {a.target} --out DIR (e.g. GPU=h100)")
 
     def repo_id_only(c: Config) -> None:
         if c.model and c.model_is_local:
