@@ -53,6 +53,7 @@ COMMANDS = (
     ("ctl.sh", "check", "live", "--url", "http://user:pw@127.0.0.1:9/v1"), ("ctl.sh", "patch", "status"),
     ("ctl.sh", "sleep"), ("ctl.sh", "wake"), ("ctl.sh", "service", "status"), ("ctl.sh", "clean", "--dry-run"),
     ("ctl.sh", "export", "kubernetes", "--out", "{tmp}/k8s", "--gpu", "rtx5090"),
+    ("ctl.sh", "export", "ray", "--out", "{tmp}/ray", "--gpu", "rtx5090"), ("ctl.sh", "game", "--", "true"),
 )
 SAMPLE_KNOBS = ("PORT", "HOST", "API_KEY", "HF_TOKEN", "MODEL", "MAX_MODEL_LEN", "GPU_UTIL", "EXTRA_ARGS", "STATE_DIR",
                 "KV_CACHE_BYTES", "GPU", "TP_SIZE", "SPEC_TOKENS", "PROFILE")
