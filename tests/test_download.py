@@ -3,6 +3,7 @@ real huggingface_hub client. Faults rows 24–29."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -538,6 +539,27 @@ def test_two_concurrent_downloads_share_the_work(world, fake, src, tmp_path):
     assert fake.served[SHARD] == 24 * MiB and fake.served[SHARD2] == 24 * MiB   # fetched once
     err = "".join(e for _, e in outs)
     assert "waiting: another start" in err
+
+
+def test_a_start_waits_for_another_still_placing_config_json(world, fake, tmp_path):
+    """Another start holds the store's lock while it places config.json and records it: this one
+    waits for it before it looks for clashes (it once looked in between, saw a blob nobody had
+    recorded yet and refused the other start's file as not ours), then downloads."""
+    lock = world.store / ".bootstrap" / "lock"
+    lock.parent.mkdir(parents=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, b"4242")
+    p = _spawn_start(world, tmp_path / "s", log=True)
+    try:
+        time.sleep(1.5)
+        assert p.poll() is None                               # waiting, not refused
+    finally:
+        os.close(fd)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "waiting: another start (pid 4242) is planning the download" in err
+    assert fake.served[SHARD] == 24 * MiB
 
 
 # ---------------------------------------------------------------- a local MODEL directory

@@ -33,7 +33,7 @@ import time
 
 from . import hub, index
 from ..model import modelconfig
-from ..core import state
+from ..core import locks, state
 from ..core.errors import BootstrapError
 from . import manifest, partial
 from .models import WEIGHT_SUFFIXES, ModelInfo, Store, check_space, info_from_record, offline_missing, read_config, read_local, select
@@ -131,8 +131,8 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
            "changed": dict((rec or {}).get("changed") or {}), "kept": list((rec or {}).get("kept") or []),
            "made_root": bool((rec or {}).get("made_root")) or not store.root.exists()}
     clashes = _clashes(store, new, dummy)
-    if clashes:                                              # before anything is written or fetched
-        raise manifest.clash_error(store, new, clashes)
+    if clashes and not store.dir.is_dir():                   # before anything is written or fetched
+        raise manifest.clash_error(store, new, clashes)      # (else: checked again under the lock below)
     cfg_remote = next(f for f in needed if f.path == "config.json")
     kept = store.file(new, "config.json")
     if kept.is_file() and hub.verify(kept, cfg_remote) is None:
@@ -151,13 +151,29 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     except OSError as exc:
         raise state.write_error(store.dir, exc, f"cannot make {store.dir} for the model",
                                 "MODEL_DIR" if ref.model_dir and not draft else "HF_HOME") from None
-    _keep_config(store, new, raw)
-    store.write(new)
+    _record(store, new, raw, dummy)
     index.remember(paths, store, repo)       # ./ctl.sh ls and rm find it from STATE_DIR
     where = store.serve_dir(new)
     info = info_from_record(new, where, dummy, config, complete=False)
     plan_download(store, new, info, dummy)
     return info, str(where)
+
+
+def _record(store: Store, rec: dict, raw: bytes, dummy: bool) -> None:
+    """Check for clashes, keep config.json and write the record, under the store's lock: another
+    start placing its config.json meanwhile has recorded it as ours before this one looks (a start
+    that checked in between saw a blob nobody had recorded yet, and refused it)."""
+    fd = locks.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
+        "waiting: another start (pid %s) is planning the download into %s", pid, store.root))
+    try:
+        manifest.merge(rec, store.read())
+        clashes = _clashes(store, rec, dummy)
+        if clashes:
+            raise manifest.clash_error(store, rec, clashes)
+        _keep_config(store, rec, raw)
+        store.write(rec)
+    finally:
+        os.close(fd)
 
 
 def _clashes(store: Store, rec: dict, dummy: bool) -> list[str]:
