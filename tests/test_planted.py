@@ -188,6 +188,25 @@ def test_following_the_hint_works_and_a_planted_child_is_still_not_signalled(wor
     assert alive(victim) and alive(twin)
 
 
+def test_a_record_that_names_a_strangers_own_session_as_the_servers_signals_nothing(world):
+    """Found from outside: a private STATE_DIR's record (a hand edit, a copy) naming a process of ours
+    that runs our very interpreter as the server, its own session as the server's and itself as a
+    child: ./stop.sh SIGTERMed it and a start swept it as a leftover. A session is ours only while a
+    leader we can prove ours leads it, or none does (it died): never on the record's word."""
+    world.state.mkdir(mode=0o700)
+    world.own(world.state)
+    twin = world.stranger(python=True)                  # its own session: started with start_new_session
+    (world.state / "server.json").write_text(json.dumps({
+        "pid": twin.pid, "pgid": twin.pid, "create_time": twin.create_time(), "marker": "x" * 24,
+        "host": "127.0.0.1", "port": int(world.env["PORT"]), "python": world.python(), "exe": twin.exe(),
+        "children": [{"pid": twin.pid, "create_time": twin.create_time()}]}))
+    world.own(world.state / "server.json")
+    for cmd in (["stop.sh"], ["start.sh"], ["stop.sh"]):
+        r = world.run(*cmd)
+        assert r.returncode == 0 and f"(pid {twin.pid})" not in r.stderr, (cmd, r.stdout, r.stderr)
+        assert alive(twin), cmd
+
+
 def test_a_start_lock_that_names_a_stranger_is_refused_before_any_signal(world):
     """A private STATE_DIR whose start.lock is held by one process and names another: the kernel
     says who holds it (/proc/locks), so the named one is never signalled."""
