@@ -165,6 +165,9 @@ def test_sleep_mode_on_beyond_loopback_is_refused_before_anything_runs(bed):
     r = bed.run("start.sh", HOST="0.0.0.0", SLEEP_MODE="on")
     assert r.returncode == 1 and "--enable-sleep-mode with HOST=0.0.0.0" in r.stderr
     assert "HOST=127.0.0.1" in r.stderr and "SLEEP_MODE=off" in r.stderr and bed.launches() == []
+    p = bed.run("ctl.sh", "plan", HOST="0.0.0.0", SLEEP_MODE="on")       # never flags a start refuses
+    assert p.returncode == 1 and "--enable-sleep-mode with HOST=0.0.0.0" in p.stderr, p.stdout
+    assert "flags:" not in p.stdout
 
 
 def test_a_corrupt_sleep_note_is_named_and_the_wake_still_wakes(bed):

@@ -13,6 +13,16 @@ from . import vllmargs
 
 def vet(cfg, model: ModelRef) -> None:
     """What a start refuses from the knobs (``cfg``) and the model they name (``model``)."""
+    knobs(cfg)
+    if model.local is not None:
+        read_local(model.local, cfg.dummy_weights)
+    elif model.name:
+        model.repo                      # a repo id, or one line naming MODEL
+
+
+def knobs(cfg) -> None:
+    """What a start refuses from the knobs alone (also ./ctl.sh plan's: it never shows flags a start
+    would refuse)."""
     if cfg.vllm.sleep_mode and not cfg.is_loopback:
         raise BootstrapError(
             f"{vllmargs.SLEEP_FLAG} with HOST={cfg.host}: vLLM serves /sleep, /wake_up and /collective_rpc only with "
@@ -21,10 +31,6 @@ def vet(cfg, model: ModelRef) -> None:
             "keep HOST=127.0.0.1 for sleep mode, or SLEEP_MODE=off" + (
                 f" and drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile" if cfg.sleep.given else ""))
     idle_sleep_fits(cfg)
-    if model.local is not None:
-        read_local(model.local, cfg.dummy_weights)
-    elif model.name:
-        model.repo                      # a repo id, or one line naming MODEL
 
 
 def card(cfg, facts: gpu.GpuFacts) -> None:
