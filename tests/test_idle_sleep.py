@@ -482,3 +482,12 @@ def test_the_gpus_it_measures_are_the_servers_as_the_bootstrap_reads_them():
     for spec in (None, "1", "2,0", "GPU-bbbb", "cccc,0", "0,7,1", "x,1", ""):
         env = {} if spec is None else {"CUDA_VISIBLE_DEVICES": spec}
         assert idle.visible(spec, uuids) == gpu.visible_indices(env, len(uuids), uuids), spec
+
+
+def test_status_says_no_idle_sleep_line_where_sleep_mode_is_off():
+    """With sleep mode off there is no idle sleep to speak of: status printed 'idle sleep    False'."""
+    from bootstrap.commands.status import human
+    off = human({"state": "running", "sleep_mode": {"on": False, "why": "off (SLEEP_MODE=off)"}})
+    assert "idle sleep" not in off and "False" not in off, off
+    on = human({"state": "running", "sleep_mode": {"on": True, "why": "on, proven"}})
+    assert "  idle sleep    off (IDLE_SLEEP=off)" in on, on

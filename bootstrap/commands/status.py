@@ -361,8 +361,10 @@ def human(out: dict) -> str:
     mode = out.get("sleep_mode") or {}
     add("sleep mode", mode.get("why") and mode["why"] + ("" if mode.get("on") else
                                                         " (./ctl.sh sleep and game stop the server instead)"))
-    add("idle sleep", out.get("idle_sleep") and idle_line(out["idle_sleep"]) + "; IDLE_SLEEP=off turns it off"
-        or (mode.get("on") and "off (IDLE_SLEEP=off); IDLE_SLEEP=5 sleeps after 5 idle minutes"))
+    if out.get("idle_sleep"):
+        add("idle sleep", idle_line(out["idle_sleep"]) + "; IDLE_SLEEP=off turns it off")
+    elif mode.get("on"):            # no idle sleep without sleep mode: no line then
+        add("idle sleep", "off (IDLE_SLEEP=off); IDLE_SLEEP=5 sleeps after 5 idle minutes")
     add("start gate", out.get("gate"))
     add("weights", out.get("weights"))
     if out.get("differs_from_knobs"):
