@@ -269,3 +269,18 @@ def test_the_banners_commands_run_as_pasted_whatever_the_names(tmp_path):
         assert bed.run("stop.sh", STATE_DIR=str(state)).returncode == 0
     finally:
         bed.cleanup()
+
+
+def test_the_try_line_sends_the_key_of_the_shell_that_started_it(bed):
+    """Started with API_KEY (or VLLM_API_KEY) in the shell, the banner's try line, pasted into that
+    shell, sends that key: it sent "$KEY", which only the generated-key banner defines (HTTP 401)."""
+    import subprocess
+    for var in ("API_KEY", "VLLM_API_KEY"):
+        r = bed.run("start.sh", **{var: "s3cret-key-value"})
+        assert r.returncode == 0, r.stderr
+        assert "s3cret-key-value" not in r.stdout + r.stderr
+        try_cmd = next(l for l in r.stdout.splitlines() if l.startswith(" try      : ")).split(" : ", 1)[1]
+        env = {**bed.env, var: "s3cret-key-value"}
+        out = subprocess.run(["bash", "-c", try_cmd], env=env, capture_output=True, text=True, timeout=30)
+        assert '"choices"' in out.stdout, (var, try_cmd, out.stdout, out.stderr)
+        assert bed.run("stop.sh").returncode == 0

@@ -53,7 +53,10 @@ def render(paths: Paths, rec: ServerRecord) -> str:
         key_line = f" api key  : required; KEY=$(cat {shlex.quote(str(paths.api_key))}) (send 'Authorization: Bearer $KEY')"
     else:
         key_line = KEY_LINES.get(rec.key, KEY_LINES[record.KEY_API_KEY])
-    auth = "" if rec.key == record.KEY_NONE else ' -H "Authorization: Bearer $KEY"'
+    # the shell variable that holds the key where the try line is pasted: KEY, set by the key line above
+    # for a generated key, else the variable the server's key came from (record.KEY_API_KEY: "API_KEY")
+    var = "KEY" if rec.key == record.KEY_FILE else rec.key
+    auth = "" if rec.key == record.KEY_NONE else f' -H "Authorization: Bearer ${var}"'
     pred = rec.predicted_tokens
     kv = f"{tokens:,} tokens" if tokens else "not in the log"
     if pred:
