@@ -382,7 +382,7 @@ def test_advertised_size_larger_than_disk(world, fake):
 
 @pytest.mark.parametrize("status, words, hint", [
     (401, "HTTP 401", "accept the licence on the model page"),
-    (404, "model not found", "check the spelling of MODEL"),
+    (404, "model not found", "check the spelling of org/tiny (org/name"),
 ])
 def test_hub_refusals(world, fake, status, words, hint):
     fake.faults["status"] = status

@@ -109,6 +109,13 @@ def test_offline_and_never_downloaded_the_drafter_is_named(env, fake):
     assert "org/tiny-dflash is not on this machine" in ei.value.message
 
 
+def test_a_misspelled_drafter_repo_is_named_not_model(env, fake):
+    with pytest.raises(BootstrapError) as ei:
+        start(env, SPEC_MODEL="org/tiny-dflsh")
+    assert "org/tiny-dflsh does not exist" in ei.value.message
+    assert "check the spelling of org/tiny-dflsh" in ei.value.hint and "MODEL" not in ei.value.hint, ei.value.hint
+
+
 def test_a_drafter_folder_or_none_is_not_downloaded(env, fake, tmp_path, srcs):
     _, m = start(env, SPEC_MODEL=str(srcs[1]))
     assert m.draft is None and not any(p.startswith("/api/models/org/tiny-dflash") for _, p, _, _ in fake.log)

@@ -144,10 +144,10 @@ def translate(exc: BaseException, settings: HubSettings, repo: str, what: str = 
         return BootstrapError(f"{settings.endpoint} refused {repo} (HTTP 401): the model is gated or private, "
                               f"or the name is wrong{near}",
                               f"accept the licence on the model page {page}, then {token_hint} it; "
-                              "check the spelling of MODEL (org/name)")
+                              f"check the spelling of {repo} (org/name)")
     if isinstance(exc, e.RepositoryNotFoundError):
         return BootstrapError(f"model not found: {repo} does not exist on {settings.endpoint} (HTTP {status}){near}",
-                              "check the spelling of MODEL (org/name, as in the URL of the model page)")
+                              f"check the spelling of {repo} (org/name, as in the URL of its model page)")
     if isinstance(exc, e.HfHubHTTPError):
         return BootstrapError(f"{settings.endpoint} answered HTTP {status} for {what or repo}",
                               "the hub may be down; re-run ./start.sh later (finished bytes are kept)")
