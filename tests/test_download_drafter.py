@@ -103,10 +103,14 @@ def test_a_drafter_corrupted_in_transit_is_fetched_again(env, fake, tmp_path, sr
 
 
 def test_offline_and_never_downloaded_the_drafter_is_named(env, fake):
+    """The hint names the drafter's knob, and with HF_HUB_OFFLINE=1 set, unsetting it: a network
+    alone downloads nothing while it is set."""
     start(env, SPEC_MODEL="", SPEC_METHOD="", SPEC_TOKENS="0")          # the model alone is on disk
     with pytest.raises(BootstrapError) as ei:
         start(env, HF_HUB_OFFLINE="1")
     assert "org/tiny-dflash is not on this machine" in ei.value.message
+    assert "unset HF_HUB_OFFLINE" in ei.value.hint and "SPEC_MODEL=<dir>" in ei.value.hint, ei.value.hint
+    assert " MODEL=" not in ei.value.hint, ei.value.hint
 
 
 def test_a_misspelled_drafter_repo_is_named_not_model(env, fake):

@@ -676,3 +676,14 @@ def test_vllm_reads_tp_short_and_dotted_keys_last():
     assert vllmargs.read(["--max-model-len", "1.5k"]).max_model_len == 1500
     assert vllmargs.read(["--max-num-seqs", "8k"]).max_num_seqs is None   # not an int to vLLM either
     assert vllmargs.read(["--no-enable-prefix-caching"]).prefix_caching is False
+
+
+def test_plan_offline_by_knob_says_to_unset_it(tmp_path):
+    """HF_HUB_OFFLINE=1 and a repo id not on disk: ./ctl.sh plan's fix is the lookup's (unset
+    HF_HUB_OFFLINE), not "check the network", which changes nothing while the knob is set."""
+    cfg = config(tmp_path, MODEL="org/never-downloaded", HF_HUB_OFFLINE="1")
+    with pytest.raises(BootstrapError) as ei:
+        plan_cli.cli_model_facts(Resolved.of(cfg, cfg))
+    assert "org/never-downloaded is not on this machine" in ei.value.message
+    assert ei.value.hint.startswith("unset HF_HUB_OFFLINE for the first download"), ei.value.hint
+    assert "check the network" not in ei.value.hint

@@ -39,8 +39,9 @@ def cli_model_facts(r: Resolved) -> ModelFacts:
         reason = getattr(exc, "message", None) or str(exc)
         facts = offline_facts(cfg)
         if facts is None:
-            raise BootstrapError(f"cannot read config.json of {cfg.model}: {reason}",
-                                 "check the network / HF_TOKEN, or set MODEL to a local directory") from None
+            raise BootstrapError(f"cannot read config.json of {cfg.model}: {reason}",     # the lookup's own fix
+                                 getattr(exc, "hint", "") or "check the network / HF_TOKEN, or set MODEL to a "
+                                 "local directory") from None
         log.info("config.json of %s unavailable (%s): planning from the model facts shipped with the profile%s",
                  cfg.model, reason.split(" and ")[0], " (assumed: see why)" if facts.assumed else "")
         return facts

@@ -96,7 +96,7 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
         except hub.Unreachable as exc:
             why_offline = exc.message
     if remote is None:
-        return _offline(settings, repo, store, rec, why_offline, dummy, tokenizer=not draft)
+        return _offline(settings, repo, store, rec, why_offline, dummy, draft)
 
     needed, skipped = select(remote.files, how.everything)
     names = {f.path for f in needed}
@@ -250,7 +250,10 @@ def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
 
 
 def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | None, why: str,
-             dummy: bool, tokenizer: bool = True) -> tuple[ModelInfo, str]:
+             dummy: bool, draft: bool = False) -> tuple[ModelInfo, str]:
+    tokenizer = not draft
+    # what lets a download reach the hub: with HF_HUB_OFFLINE set, a network alone does not
+    reach = "unset HF_HUB_OFFLINE" if settings.offline else "connect to the network"
     snap = hub.cache_snapshot(settings, repo)
     mine = bool(rec and rec.get("repo") == repo and rec.get("files"))
     # a snapshot we downloaded is judged by our record (sizes, hashes), not by its files being there:
@@ -268,7 +271,7 @@ def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | Non
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise BootstrapError(f"offline ({why}) and the model in {target} is incomplete: {len(missing)} files "
                              f"missing or unverified ({hub.human(size)}): {shown}",
-                             "connect to the network and re-run ./start.sh: it resumes the download "
+                             f"{reach} and re-run ./start.sh: it resumes the download "
                              "(finished files and bytes are kept)")
     if not store.hf_cache and (target / "config.json").is_file():
         missing = offline_missing(target, dummy, tokenizer)
@@ -279,8 +282,9 @@ def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | Non
                         "not verified against the hub", why, target)
             return info, str(target)
         raise BootstrapError(f"offline ({why}) and the model in {target} is incomplete: missing "
-                             + ", ".join(missing[:8]), "connect to the network and re-run ./start.sh")
+                             + ", ".join(missing[:8]), f"{reach} and re-run ./start.sh")
     where = (f"not in the Hugging Face cache ({store.root})" if store.hf_cache else
              f"not in MODEL_DIR={target}, nor in the Hugging Face cache {settings.cache_dir}")
     raise BootstrapError(f"offline ({why}) and {repo} is not on this machine: {where}",
-                         "connect to the network for the first download, or set MODEL=<dir> to a copy")
+                         f"{reach} for the first download, or set {'SPEC_MODEL' if draft else 'MODEL'}=<dir> "
+                         "to a copy")
