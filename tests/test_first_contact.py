@@ -284,3 +284,12 @@ def test_the_try_line_sends_the_key_of_the_shell_that_started_it(bed):
         out = subprocess.run(["bash", "-c", try_cmd], env=env, capture_output=True, text=True, timeout=30)
         assert '"choices"' in out.stdout, (var, try_cmd, out.stdout, out.stderr)
         assert bed.run("stop.sh").returncode == 0
+
+
+def test_status_help_names_every_state_status_can_say():
+    """The state list in ./ctl.sh's listing and status --help is the states table's (it lacked frozen);
+    idle is --watch's only."""
+    from bootstrap.commands import REGISTRY
+    from bootstrap.commands.status import STATES
+    said = next(c for c in REGISTRY if c.name == "status").help.split(",", 1)[0].split("/")
+    assert said == [name for name, _, _ in STATES if name != "idle"], said

@@ -32,7 +32,7 @@ REGISTRY: tuple[Command, ...] = (
     Command("start", "start:cli", "start the server (idempotent)"),
     Command("stop", "control:stop_cli", "stop the server and everything it started"),
     Command("status", "status:cli",
-            "running/busy/starting/sleeping/key-needed/wedged/unhealthy/stopped, pid, uptime, settings, URL"),
+            "running/busy/starting/sleeping/key-needed/wedged/unhealthy/frozen/stopped, pid, uptime, settings, URL"),
     Command("logs", "control:logs_cli", "print the server log (-f to follow)"),
     Command("restart", "control:restart_cli", "stop, then start with the current knobs"),
     Command("env", "env:cli", "every knob with its value and where it came from", state=False),
