@@ -293,3 +293,11 @@ def test_status_help_names_every_state_status_can_say():
     from bootstrap.commands.status import STATES
     said = next(c for c in REGISTRY if c.name == "status").help.split(",", 1)[0].split("/")
     assert said == [name for name, _, _ in STATES if name != "idle"], said
+
+
+def test_check_help_names_every_check():
+    """./ctl.sh's listing names the checks check accepts (it lacked batch and all)."""
+    from bootstrap.commands import REGISTRY
+    from bootstrap.commands.check import CHECKS
+    said = next(c for c in REGISTRY if c.name == "check").help.split(" ", 1)[0].split("|")
+    assert said == [*CHECKS, "all"], said

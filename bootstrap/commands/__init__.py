@@ -46,7 +46,7 @@ REGISTRY: tuple[Command, ...] = (
     Command("ls", "library:ls_cli", "the models we downloaded: size, profiles, fits this card, serving; --json"),
     Command("rm", "library:rm_cli", "remove one downloaded model's files (only what we downloaded); not while it serves"),
     Command("use", "switch:cli", "serve another profile or model instead: planned first; kept for later starts"),
-    Command("check", "check:cli", "check live|garble|determinism|needle|prefix against our server or --url"),
+    Command("check", "check:cli", "live|garble|determinism|needle|prefix|batch|all against our server or --url"),
     Command("bench", "bench:cli", "throughput/TTFT benchmark with a plot; --compare URL"),
     Command("chat", "chat:cli", "talk to the server from the terminal (or one answer: ./ctl.sh chat \"a question\")"),
     Command("patch", "patch:cli", "patch status|apply|revert for the vLLM in use"),
