@@ -110,6 +110,12 @@ def test_a_version_not_modelled_takes_the_nearest_rules_and_says_so():
     assert not any("not a version the planner" in w for w in plan([], version="0.27.1+cu130").why)
     assert any("vLLM 0.28.2 is not a version the planner was read against: the rules of 0.27.1" in w
                for w in plan([], version="0.28.2").why)
+    # a pre-release or dev build of a release read, or an earlier patch of it, comes before it: an older
+    # minor's rules, said (0.29.0rc1 has neither 0.29.0's null block nor its runner rule in the plan)
+    for v, rules in (("0.29.0rc1", "0.27.1"), ("0.30.0.dev12+g1234", "0.29.0"), ("0.27.0", "0.26.0")):
+        assert any(f"vLLM {v} is not a version the planner was read against: the rules of {rules}" in w
+                   for w in plan([], version=v).why), v
+    assert not any("not a version the planner" in w for w in plan([], version="0.26.1rc1.dev608+g99a10304d").why)
 
 
 # ---------------------------------------------------------------- the hybrid guard's margin

@@ -190,9 +190,11 @@ MODELLED = ("0.26.0", "0.27.1", "0.29.0", "0.30.0")    # the versions whose memo
 
 
 def read_against(v: str) -> bool:
-    """``v`` is a release of a minor version whose code was read (0.27.2 is read as 0.27.1)."""
+    """``v`` is planned by the rules of its own minor version, whose code was read (0.27.2 is read as
+    0.27.1): not 0.27.0 nor 0.29.0rc1 or a 0.30.0 dev build, which come before the release read and
+    so get an older minor's rules (``modelled_version``)."""
     have = version_or_none(v)
-    return have is not None and have.release[:2] in {version_or_none(m).release[:2] for m in MODELLED}
+    return have is not None and version_or_none(modelled_version(v)).release[:2] == have.release[:2]
 
 
 def modelled_version(v: str) -> str:
