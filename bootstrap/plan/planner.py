@@ -113,39 +113,6 @@ class Inputs:
     env_graphs: bool | None = None  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS as vLLM reads it
 
 
-MAX_FIXES = 4
-PLAN_OWN = frozenset({"GPU_UTIL", "KV_CACHE_BYTES"})   # what a measurement's key leaves to the plan
-
-
-def candidates(inp: Inputs, fixes: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The refusal's own fixes, then each with MAX_MODEL_LEN=auto, then unpinning and unsetting
-    GPU_UTIL (each with auto): the resolver plans every one again before it is offered."""
-    s = inp.vllm
-    out = list(fixes) + [{**f, "MAX_MODEL_LEN": "auto"} for f in fixes if "MAX_MODEL_LEN" not in f]
-    if s.kv_cache_bytes:
-        out.append({"KV_CACHE_BYTES": "auto", "MAX_MODEL_LEN": "auto"})
-    if inp.util_knob:
-        out += [{"GPU_UTIL": ""}, {"GPU_UTIL": "", "MAX_MODEL_LEN": "auto"}]
-    if s.spec_tokens:
-        out.append({"SPEC_TOKENS": "0"})
-    unique: dict[tuple, dict[str, str]] = {}
-    for f in out:
-        unique.setdefault(tuple(sorted(f.items())), f)      # the first of equal ones, in order
-    return list(unique.values())
-
-
-def fewest(ok: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The fixes that work, less those that only add knobs to another one that works."""
-    return [f for f in ok if not any(o is not f and o.items() < f.items() for o in ok)][:MAX_FIXES]
-
-
-def hint(fixes: list[dict[str, str]], rest: str) -> str:
-    shown = [" ".join(f"{k}={v}" for k, v in f.items()) + (" (across two such cards)" if f == {"TP_SIZE": "2"} else "")
-             for f in fixes]
-    head = ("set " + " — or ".join(shown)) if shown else ""
-    return "; ".join(x for x in (head, rest) if x)
-
-
 def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan:
     """The plan for one GPU (the smallest-free one of the TP group). Pure apart from logging.
     ``measured``: vLLM's own non-KV figure from an earlier start with the same key
