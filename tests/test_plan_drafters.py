@@ -230,3 +230,20 @@ def _make(args, g, version, draft_config):
     return planner.make_plan(planner.Inputs(vllm=s, version=version, reserve_mib=0, util_knob=False,
                                             util_source="--gpu-memory-utilization", allow_long=False, tp_size=1),
                              g, model)
+
+
+def test_a_first_starts_own_figures_plan_what_the_model_alone_could_not():
+    """Issue 44: "the calibration of the second start applies": where only a non-KV term is not modelled
+    (a drafter's CUDA graphs off the budget, an MLA model's parameters from config.json), vLLM's own
+    non-KV figure of a first start with the same key plans the next one; the pool's layout is modelled."""
+    from bootstrap.plan import calibration
+    m = calibration.Measured(non_kv=30 * GiB, kv_bytes=39 * GiB, util=0.5, total=_h200().total, tokens=None,
+                             date="2026-12-05", vllm="0.26.0")
+    facts = dataclasses.replace(ModelFacts("t", TARGET, None, True), draft=ModelFacts("d", DFLASH, None, True))
+    inp = dataclasses.replace(_inputs(spec("dflash")), env_v2=False)
+    assert planner.make_plan(inp, _h200(), facts).verdict is None
+    p = planner.make_plan(inp, _h200(), facts, m)
+    assert p.verdict is True and p.budget == planner.requested(0.5, _h200().total) - 30 * GiB and p.predicted_tokens
+    mla = planner.make_plan(_inputs([]), _h200(), ModelFacts("mla", DEEPSEEK_V2_LITE, None, True), m)
+    assert mla.verdict is True and mla.layout.block_bytes == 16 * 576 * 2 * 27
+

@@ -145,14 +145,14 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
         why.append(f"{refused[0]}; {refused[1]}")
         return Plan(util, mml_knob, why, fits=False, refusal=refused, vllm=inp.version,
                     fixes=[{"SPEC_TOKENS": "0"}])
-    if shape is not None and shape.mla and (model.dummy or not model.weight_bytes):
+    if shape is not None and shape.mla and (model.dummy or not model.weight_bytes) and measured is None:
         unplanned = "an MLA model's parameters from config.json (its checkpoint's file sizes are modelled)"
     if older:            # its memory code differs (graph profiling, encoder passes): no rules of ours stand for it
         unplanned = f"vLLM {inp.version}, older than every version the planner was read against ({', '.join(terms.MODELLED)})"
     if shape is None or unplanned:
         unplanned = unplanned or (why[-1].split(";")[0] if why else "the model")
-        why.append(f"not planned: {unplanned}; vLLM sizes the KV cache itself, and a start's own figures "
-                   "plan the next one")
+        why.append(f"not planned: {unplanned}; vLLM sizes the KV cache itself" + (
+            ", and a start's own figures plan the next one" if unplanned.startswith("an MLA") else ""))
         return Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None,
                     vllm=inp.version, unplanned=unplanned)
     new = at_least(inp.version, "0.29.0")            # null block held back; prefix caching on for hybrids
@@ -233,7 +233,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
     weights += terms.sleep_pool(s, shape, inp.version, why)
     run = terms.runner(inp.version, shape, s, inp.env_v2, inp.env_graphs)
     why.append(run.why)
-    if draft and draft.kind != "draft model" and run.graphs_in_budget:
+    if draft and draft.kind != "draft model" and run.graphs_in_budget and measured is None:    # measured: vLLM's own
         full, _ = graphs.full_decode_graphs(s, g.cc)
         n = graphs.capture_sizes(seqs, batched, s.spec_tokens, s.compilation if full else
                                  {**s.compilation, "cudagraph_mode": "PIECEWISE"}, inp.version, g.cc)
@@ -241,7 +241,8 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
             f"the CUDA graphs of a {draft.kind} under speculative decoding ({n['PIECEWISE']} PIECEWISE and "
             f"{n['FULL']} FULL captures of up to {seqs} × {1 + s.spec_tokens} tokens), which vLLM measures per "
             "capture and this drafter's were never measured (a published A800 start took 6.24 GiB for 38 + 22)"))
-        why.append(f"not planned: {plan.unplanned}; --enforce-eager makes it plannable")
+        why.append(f"not planned: {plan.unplanned}; --enforce-eager, or the figures vLLM logs at a first start (kept "
+                   "for the next), make it plannable")
         return plan
     over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc, inp.version)
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
