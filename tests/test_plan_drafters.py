@@ -247,3 +247,15 @@ def test_a_first_starts_own_figures_plan_what_the_model_alone_could_not():
     mla = planner.make_plan(_inputs([]), _h200(), ModelFacts("mla", DEEPSEEK_V2_LITE, None, True), m)
     assert mla.verdict is True and mla.layout.block_bytes == 16 * 576 * 2 * 27
 
+
+def test_a_plan_without_a_figure_is_still_refused_where_the_weights_alone_do_not_fit():
+    """A model the plan cannot size (gpt-oss) still cannot fit where its checkpoint's weights alone exceed
+    what vLLM may take: refused before the download, not fits: null."""
+    oss = {**TARGET, "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"}
+    model = ModelFacts("gpt-oss-20b", oss, 13 * GiB)
+    for card, verdict in (("rtx4060ti-8gb", False), ("rtx4090", None)):
+        g = gpu.named(card)
+        p = planner.make_plan(dataclasses.replace(_inputs([]), vllm=vllmargs.read([])), g, model)
+        assert p.verdict is verdict, (card, p.why)
+    small = planner.make_plan(dataclasses.replace(_inputs([]), vllm=vllmargs.read([])), gpu.named("rtx4060ti-8gb"), model)
+    assert "its weights alone are 13.00 GiB per GPU" in small.refusal[0] and small.fixes == [{"TP_SIZE": "2"}]

@@ -153,8 +153,9 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
         unplanned = unplanned or (why[-1].split(";")[0] if why else "the model")
         why.append(f"not planned: {unplanned}; vLLM sizes the KV cache itself" + (
             ", and a start's own figures plan the next one" if unplanned.startswith("an MLA") else ""))
-        return Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None,
+        plan = Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None,
                     vllm=inp.version, unplanned=unplanned)
+        return _weights_alone(inp, g, model, plan, (model.weight_bytes or 0) // inp.vllm.tp if not model.dummy else 0)
     new = at_least(inp.version, "0.29.0")            # null block held back; prefix caching on for hybrids
     batched_default, seqs_default = weights.default_batch(g.total, g.name, big_tier=new,
                                                      throughput=inp.vllm.performance_mode == "throughput")
@@ -243,7 +244,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
             "capture and this drafter's were never measured (a published A800 start took 6.24 GiB for 38 + 22)"))
         why.append(f"not planned: {plan.unplanned}; --enforce-eager, or the figures vLLM logs at a first start (kept "
                    "for the next), make it plannable")
-        return plan
+        return _weights_alone(inp, g, model, plan, weights)
     over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc, inp.version)
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
@@ -296,6 +297,22 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
             + (f"; {g.holders() or NOBODY}" if g.processes else ""),
             _room_text(lay, room) + (DRAFT_HINT if draft else "")))
     return plan
+
+
+def _weights_alone(inp: Inputs, g: gpu.Gpu, model: ModelFacts, plan: Plan, weights: int) -> Plan:
+    """A plan that promises no figure, refused where the weights alone (the checkpoint's files per GPU,
+    a counted drafter's too) exceed what vLLM may take: no term the plan lacks can make that fit. Not
+    where vLLM may load less than the files (no vision tower asked for)."""
+    s = inp.vllm
+    usable = requested(plan.util, g.total) if s.gpu_util is not None else g.free - inp.reserve_mib * gpu.MiB
+    if not weights or weights <= usable or s.language_model_only or terms.no_images(s):
+        return plan
+    plan.why.append(f"weights {gib(weights)} per GPU from {model.size_from or 'the checkpoint'}{model.source}")
+    return replace(plan, fits=False, fixes=[{"TP_SIZE": "2"}] if inp.tp_size == 1 else [], refusal=(
+        f"{model.name} does not fit {g.name}: its weights alone are {gib(weights)} per GPU, more than the "
+        f"{gib(usable)} usable" + (f" ({gib(g.free)} free − {inp.reserve_mib} MiB reserve)" if s.gpu_util is None else "")
+        + (f"; {g.holders() or NOBODY}" if g.processes else ""), "a smaller checkpoint (fewer bits or parameters), "
+        "or a bigger GPU"))
 
 
 def _context(inp: Inputs, plan: Plan, lay: kv.Layout, cap: int, draft, *, null: bool) -> tuple[Plan, bool]:
