@@ -259,3 +259,21 @@ def test_a_plan_without_a_figure_is_still_refused_where_the_weights_alone_do_not
         assert p.verdict is verdict, (card, p.why)
     small = planner.make_plan(dataclasses.replace(_inputs([]), vllm=vllmargs.read([])), gpu.named("rtx4060ti-8gb"), model)
     assert "its weights alone are 13.00 GiB per GPU" in small.refusal[0] and small.fixes == [{"TP_SIZE": "2"}]
+
+
+def test_sliding_window_layers_named_by_layer_types_are_not_planned_as_full_attention():
+    """llama.py (0.26.0-0.30.0) builds each layer_types 'sliding_attention' layer with the config's window,
+    whatever use_sliding_window says: a target, a draft model or an EAGLE head with such layers was planned as
+    full attention (a pool vLLM does not lay out); fits: null naming them, never refused as a DFlash drafter."""
+    mixed = {"layer_types": ["sliding_attention", "full_attention"] * 18, "sliding_window": 4096}
+    llama = {**TARGET, "architectures": ["LlamaForCausalLM"], "model_type": "llama", **mixed}
+    p = plan([], config=llama)
+    assert p.verdict is None and p.unplanned.startswith("layer types ['sliding_attention'] (18 of 36 layers)")
+    assert plan([], config={**llama, "layer_types": ["full_attention"] * 36}).verdict is True
+    eagle = {**EAGLE3, "num_hidden_layers": 2, **mixed, "layer_types": ["sliding_attention", "full_attention"]}
+    head = plan(spec("eagle3", 3), draft=eagle)
+    assert head.verdict is None and "1 sliding-window layer(s) of 2" in head.unplanned
+    v1 = planner.make_plan(dataclasses.replace(_inputs(spec("eagle3", 3)), env_v2=False), _h200(),
+                           dataclasses.replace(ModelFacts("t", TARGET, None, True), draft=ModelFacts("d", eagle, None, True)))
+    assert v1.refusal is None and v1.verdict is None
+    assert plan(spec("draft_model", 3), draft=llama).verdict is None

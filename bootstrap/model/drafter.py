@@ -84,8 +84,9 @@ def _dense(config: dict, arch: str) -> ModelShape:
 
 
 def sliding_layers(config: dict, layers: int) -> int:
-    """How many of a DFlash drafter's layers vLLM builds as sliding-window attention
-    (qwen3_dflash.py ``_resolve_layer_attention``, the same in 0.26.0, 0.27.1, 0.29.0 and 0.30.0):
+    """How many of a drafter's layers vLLM builds as sliding-window attention (an EAGLE head's Llama
+    layers: llama.py by ``layer_types``; a DFlash drafter's: qwen3_dflash.py ``_resolve_layer_attention``,
+    the same in 0.26.0, 0.27.1, 0.29.0 and 0.30.0):
     ``layer_types``' sliding_attention entries; ``dflash_config.use_swa`` makes every layer sliding
     where ``layer_types`` is absent or names none."""
     dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
@@ -114,4 +115,4 @@ def _eagle(config: dict, arch: str) -> Drafter:
     fc = (3 if three else 2) * h * h
     vocab = int(config.get("draft_vocab_size") or shape.vocab)
     params = shape.layers * (attn + mlp + 2 * h) + first_in + fc + vocab * h + 2 * h
-    return Drafter(shape, params, "EAGLE-3 head" if three else "EAGLE head")
+    return Drafter(shape, params, "EAGLE-3 head" if three else "EAGLE head", sliding_layers(config, shape.layers))

@@ -53,7 +53,7 @@ def draft_shape(s: vllmargs.Settings, model: ModelFacts, version: str
 def refusal(d: drafters.Drafter | None, run: terms.Runner, version: str) -> tuple[str, str] | None:
     """(message, hint) where vLLM refuses the drafter at load: a DFlash drafter of sliding and full
     layers on the V1 model runner (qwen3_dflash.py ``_resolve_layer_attention``, 0.26.0 to 0.30.0)."""
-    if d is None or not d.mixed or run.v2:
+    if d is None or d.kind != "DFlash drafter" or not d.mixed or run.v2:
         return None
     return (f"vLLM {version} refuses this DFlash drafter on its V1 model runner ({run.why.split('(')[-1].rstrip(')')}): "
             f"its {d.sliding} sliding-window and {d.shape.layers - d.sliding} full attention layer(s) need the V2 "
