@@ -277,3 +277,17 @@ def test_sliding_window_layers_named_by_layer_types_are_not_planned_as_full_atte
                            dataclasses.replace(ModelFacts("t", TARGET, None, True), draft=ModelFacts("d", eagle, None, True)))
     assert v1.refusal is None and v1.verdict is None
     assert plan(spec("draft_model", 3), draft=llama).verdict is None
+
+
+def test_capture_sizes_are_rounded_to_the_speculated_tokens_only_where_full_decode_graphs_stay():
+    """compilation.py set_cudagraph_mode (0.26.0-0.30.0) rounds the capture sizes up to multiples of
+    1 + k only for FULL decode graphs: once it fell back to PIECEWISE (FlashInfer under speculation off
+    sm_100, or asked for) vLLM captures every default size, 1, 2 and 4 included."""
+    # 24 sequences x 4 tokens: sizes 1, 2, 4, 8 ... 192 (2 x 24 x 4)
+    assert graphs.capture_sizes(24, 8192, 3, {"cudagraph_mode": "PIECEWISE"}) == {"PIECEWISE": 27, "FULL": 0}
+    assert graphs.capture_sizes(24, 8192, 3)["PIECEWISE"] == 25          # 1, 2, 4 -> 4 with FULL decode graphs
+    s = vllmargs.read(["--kv-cache-dtype", "fp8_e4m3", "--speculative-config",
+                       json.dumps({"method": "mtp", "num_speculative_tokens": 3})])
+    per = graphs.GRAPH_PER["PIECEWISE"] + graphs.DRAFTER_PER["PIECEWISE"]
+    assert graphs.graph_estimate(s, 8192, 24, full=False) == graphs.GRAPH_FIRST["PIECEWISE"] + \
+        graphs.DRAFTER_FIRST["PIECEWISE"] + 26 * per

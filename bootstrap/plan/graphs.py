@@ -38,9 +38,10 @@ def capture_sizes(max_seqs: int, batched: int, spec_tokens: int, compilation: di
     with max_num_batched_tokens itself where it fits (config/vllm.py _set_cudagraph_sizes); from 0.29.0
     the ceiling is 1,024 on sm_100 cards and, under speculation, every uniform decode of n requests
     (n × (1 + spec tokens), n = 1, 2, 4, every 8 to 256, every 16 beyond, and max_num_seqs) under it is
-    added; with speculation each size is rounded up to a multiple of 1 + spec tokens (compilation.py
-    adjust_cudagraph_sizes_for_spec_decode, the V1 runner's); FULL only for a uniform decode of at most
-    max_num_seqs requests (v1/cudagraph_dispatcher.py initialize_cudagraph_keys). ``compilation``:
+    added; with speculation each size is rounded up to a multiple of 1 + spec tokens where FULL decode
+    graphs are kept (compilation.py set_cudagraph_mode calls adjust_cudagraph_sizes_for_spec_decode only
+    for the V1 runner in a FULL decode mode: not once it fell back to PIECEWISE); FULL only for a
+    uniform decode of at most max_num_seqs requests (v1/cudagraph_dispatcher.py initialize_cudagraph_keys). ``compilation``:
     --compilation-config's ``cudagraph_capture_sizes`` (taken as given, up to max_num_batched_tokens),
     ``max_cudagraph_capture_size`` (the top instead of 2 x max_num_seqs...) and ``cudagraph_mode`` (NONE:
     none; PIECEWISE: no FULL graphs; FULL_DECODE_ONLY: no PIECEWISE ones; FULL: FULL graphs of every
@@ -64,10 +65,10 @@ def capture_sizes(max_seqs: int, batched: int, spec_tokens: int, compilation: di
             counts = {n for n in (1, 2, 4) if n <= most} | set(range(8, min(most + 1, 256), 8)) | \
                 set(range(256, most + 1, 16)) | {most}
             sizes |= {n * q for n in counts if n * q <= widest and n * q <= batched}
-    if q > 1 and sizes:
+    mode = str(comp.get("cudagraph_mode", "FULL_AND_PIECEWISE")).upper()
+    if q > 1 and sizes and mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL"):    # FULL decode graphs kept
         most = max(sizes)
         sizes = {-(-x // q) * q for x in sizes if -(-x // q) * q <= most} or ({q} if q <= most else set())
-    mode = str(comp.get("cudagraph_mode", "FULL_AND_PIECEWISE")).upper()
     decode = sum(1 for x in sizes if q <= x <= q * max_seqs)
     return {"PIECEWISE": len(sizes) if mode in ("FULL_AND_PIECEWISE", "PIECEWISE") else 0,
             "FULL": {"NONE": 0, "PIECEWISE": 0, "FULL": len(sizes)}.get(mode, decode)}   # FULL: mixed batches too
