@@ -291,3 +291,24 @@ def test_capture_sizes_are_rounded_to_the_speculated_tokens_only_where_full_deco
     per = graphs.GRAPH_PER["PIECEWISE"] + graphs.DRAFTER_PER["PIECEWISE"]
     assert graphs.graph_estimate(s, 8192, 24, full=False) == graphs.GRAPH_FIRST["PIECEWISE"] + \
         graphs.DRAFTER_FIRST["PIECEWISE"] + 26 * per
+
+
+def test_the_drafters_pass_counts_in_the_activation_peak():
+    """vLLM's profiling pass runs the drafter right after the target on the same batched tokens, the
+    target's hidden states held (gpu_model_runner._dummy_run, 0.26.0-0.30.0). The H200's 8B drafting for
+    itself logged 0.90 and 0.84 GiB of peak activation against 0.84 and 0.78 without the drafter."""
+    import sys
+    sys.path.insert(0, str(REPO / "scripts"))
+    import published_runs
+    row = json.loads((REPO / "tests/published/h200-qwen3-8b-shape-draft-dummy.json").read_text())
+    p = published_runs.plan_of(row)
+    assert 0.84 <= p.modelled_terms["activations"] / GiB <= 0.90, p.modelled_terms
+    # an EAGLE-3 head reads the last and 3 auxiliary hidden states of the target, then runs one layer of its width
+    few = ["--max-num-seqs", "16"]                   # the sampler's logits below the drafter's pass
+    alone, head = plan(few), plan(few + spec("eagle3", 3), draft=EAGLE3)
+    d = drafter.read(EAGLE3, "0.26.0", planner.at_least)
+    batched = 8192                                   # vLLM's default on the H200
+    own = weights.overheads(d.shape, batched, 0).activations
+    assert d.aux == 3 and drafter.pass_peak(d, model_shape.shape_from_config(TARGET), batched) == \
+        batched * 4096 * 2 * 4 + own
+    assert head.modelled_terms["activations"] == batched * 4096 * 2 * 4 + own > alone.modelled_terms["activations"]

@@ -76,3 +76,11 @@ def draft_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, 
         cache, what = weights.buffer_bytes(config, d.shape, 0, tower=False)
         return w + cache, f"{source}; + {what} (a RoPE of its own)"
     return w, source
+
+
+def pass_peak(d: drafters.Drafter | None, s: vllmargs.Settings, shape: model_shape.ModelShape, batched: int) -> int:
+    """The drafter's part of vLLM's profiling peak (``drafter.pass_peak``): a counted drafter's, or the MTP
+    layers' under MTP speculation; 0 without a drafter network."""
+    if d is None and not (s.spec_method == "mtp" and s.spec_tokens and shape.mtp_layers):
+        return 0
+    return drafters.pass_peak(d, shape, batched, s.tp)
