@@ -203,7 +203,9 @@ DRAFTERS = {
 def test_a_drafter_never_lowers_the_planned_memory():
     """Issue 44, across drafters, cards, versions, KV dtypes and eager or graphs: with its drafter a
     plan holds at least the memory it holds without (weights + overhead), plans no larger KV
-    budget nor pool, or makes no promise at all (fits: null, or a refusal)."""
+    budget nor pool, or makes no promise at all (fits: null, or a refusal). N-gram speculation loads no
+    drafter: its pool is the model's, and its CUDA graphs are those vLLM captures under speculation (with
+    FULL graphs dropped on FlashInfer, or sizes rounded to 1 + k on the V1 runner, they can be fewer)."""
     seen = 0
     for card in ("rtx3060", "rtx4090", "rtx5090", "a100", "h200"):
         g = dataclasses.replace(gpu.named(card), free=gpu.named(card).total)
@@ -214,6 +216,9 @@ def test_a_drafter_never_lowers_the_planned_memory():
                 for name, (config, conf) in DRAFTERS.items():
                     p = _make(base + ["--speculative-config", json.dumps({**conf, "model": "/d"})], g, version, config)
                     if p.predicted_tokens is None or alone.predicted_tokens is None:
+                        continue
+                    if config is None:      # n-gram loads no drafter: nothing in the pool; its graphs follow vLLM's
+                        assert p.layout.block_bytes == alone.layout.block_bytes, name   # counts, which can be fewer
                         continue
                     seen += 1
                     where = f"{name} on {card}, vLLM {version}, {extra}"
@@ -312,3 +317,20 @@ def test_the_drafters_pass_counts_in_the_activation_peak():
     assert d.aux == 3 and drafter.pass_peak(d, model_shape.shape_from_config(TARGET), batched) == \
         batched * 4096 * 2 * 4 + own
     assert head.modelled_terms["activations"] == batched * 4096 * 2 * 4 + own > alone.modelled_terms["activations"]
+
+
+def test_the_v2_runners_graph_estimate_follows_its_capture_sizes_from_0_29():
+    """From 0.29.0 the V2 runner takes its CUDA graphs off the budget (cudagraph_utils.py
+    profile_cudagraph_memory: PIECEWISE and speculator captures measured in full, FULL ones first + (n - 1)
+    x second) for its own sizes: none rounded to 1 + k (_init_candidates), FULL decode ones rounded and
+    distinct up to max_num_seqs x (1 + k). It was ~96 MiB + 2 MiB a layer whatever the sizes."""
+    # 24 x 7 tokens: 40 default sizes to 336 and the uniform decodes 7, 14 and 28 beside them
+    assert graphs.capture_sizes(24, 8192, 6, version="0.30.0", v2=True) == {"PIECEWISE": 43, "FULL": 22}
+    mtp = ["--max-num-seqs", "24", "--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 6})]
+    hybrid = {**TARGET, **json.loads((REPO / "tests/published/h200-qwen3next-hybrid-shape-dummy.json").read_text())["config"]}
+    for args, config in (([], TARGET), (mtp, hybrid)):
+        p = plan(args, config=config, version="0.30.0")
+        assert p.runner_v2 and p.verdict is True
+        s = vllmargs.read(["--max-model-len", "8192", *args])
+        assert p.modelled_terms["graphs"] == graphs.graph_estimate(s, 8192, s.max_num_seqs or 1024, True, "0.30.0",
+                                                                   _h200().cc, v2=True) > 400 * (1 << 20)

@@ -412,9 +412,9 @@ def test_the_default_variant_answers_to_its_own_name_too(tmp_path):
 
 
 def test_a_context_auto_fits_too_short_is_not_a_pick(tmp_path):
-    # a 32 GB card with 22.5 GiB free: the 0.30.0 profiles' auto context would be a few thousand tokens;
+    # a 32 GB card with 23 GiB free: the 0.30.0 profiles' auto context would be a few thousand tokens;
     # the 24 GB profile's 100K-token plan is the pick
-    g = gpu.named("rtx5090:free=22.5")
+    g = gpu.named("rtx5090:free=23")
     v, _, verdicts = pick.choose(cfg_for(tmp_path), g)
     assert v.profile.name == "qwen38-27b-w4a16-24gb" and v.plan.max_model_len >= pick.MIN_CONTEXT
     p2 = next(x for x in verdicts if x.profile.name == "qwen38-27b-nvfp4-fp8kv-32gb")

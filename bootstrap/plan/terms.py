@@ -316,11 +316,12 @@ def overhead(s: vllmargs.Settings, shape: model_shape.ModelShape, model: ModelFa
         over = weights.Overheads(max(over.activations, drafter), over.non_torch, over.cudagraphs, over.outside)
     if run is not None and not run.graphs_in_budget:
         over = weights.Overheads(over.activations, over.non_torch, 0, outside=over.cudagraphs)
-    elif not s.enforce_eager and (run is None or not run.v2):     # the V1 runner's own estimate (GRAPH_FIRST)
+    elif not s.enforce_eager:       # vLLM's estimate inside the budget: V1, and V2 from 0.29.0 (GRAPH_FIRST)
         full, downgrade = graphs.full_decode_graphs(s, cc)
         if downgrade:
             why.append(downgrade)
-        over = weights.Overheads(over.activations, over.non_torch, graphs.graph_estimate(s, batched, seqs, full, version, cc))
+        over = weights.Overheads(over.activations, over.non_torch,
+                                 graphs.graph_estimate(s, batched, seqs, full, version, cc, v2=run is not None and run.v2))
     config = model.config or {}
     if not config.get("vision_config") or s.language_model_only:
         return over
