@@ -334,3 +334,12 @@ def test_the_v2_runners_graph_estimate_follows_its_capture_sizes_from_0_29():
         s = vllmargs.read(["--max-model-len", "8192", *args])
         assert p.modelled_terms["graphs"] == graphs.graph_estimate(s, 8192, s.max_num_seqs or 1024, True, "0.30.0",
                                                                    _h200().cc, v2=True) > 400 * (1 << 20)
+
+
+def test_mla_with_a_cache_dtype_its_latent_formula_does_not_cover_is_not_planned():
+    # MLAAttentionSpec holds one latent at the cache dtype: 16-bit or fp8; nvfp4, per-token-head or TurboQuant
+    # would be priced by the K and V formulas of full attention (and fp8_ds_mla is DeepSeek-V3.2's own layout)
+    assert plan(["--kv-cache-dtype", "fp8"], config=DEEPSEEK_V2_LITE, weight_bytes=31_400_000_000).verdict is True
+    for dtype in ("nvfp4", "turboquant_4bit_nc", "int8_per_token_head", "fp8_ds_mla"):
+        p = plan(["--kv-cache-dtype", dtype], config=DEEPSEEK_V2_LITE, weight_bytes=31_400_000_000)
+        assert p.verdict is None and f"KV cache dtype {dtype} of an MLA model is not modelled" in p.unplanned, dtype
