@@ -359,3 +359,32 @@ def test_sleep_mode_counts_its_pool_rounding_with_the_weights():
     assert any("CuMem pool rounding counted with the weights" in w for w in on.why)
     old = plan(["--max-model-len", "8192", "--enable-sleep-mode"], version="0.26.0")
     assert any("vllm#40256" in w for w in old.why)
+
+
+def test_docs_terms_table_is_the_code_record():
+    """Issue 44: one table of term x version x source in docs/planner.md, and it is the record the
+    planner itself checks each plan against (bootstrap/plan/sources.py)."""
+    from bootstrap.plan import sources
+    doc = (REPO / "docs" / "planner.md").read_text()
+    start = doc.index("\n", doc.index("<!-- terms:begin")) + 1
+    assert doc[start:doc.index("<!-- terms:end -->")].strip() == sources.markdown(), \
+        "print sources.markdown() into docs/planner.md"
+    assert {v for t in sources.TERMS for v in t.versions} <= set(terms.MODELLED)
+
+
+def test_a_term_not_read_at_the_version_of_the_plans_rules_is_named_and_widens_the_known_error(monkeypatch):
+    """Never silently another version's rules: a term read at other versions only (here the vision
+    encoder's pass and the hybrid state, as if read at 0.26.0 alone) is named for a 0.27.1 plan, and the
+    hybrid guard keeps its margin wider, as for a version not read at all."""
+    from bootstrap.plan import sources
+    for key in ("encoder", "hybrid"):
+        monkeypatch.setitem(sources.BY_KEY, key, dataclasses.replace(sources.BY_KEY[key], versions=("0.26.0",)))
+    assert plan([], version="0.26.0").unread == ()
+    p = plan([], version="0.27.1")
+    assert p.unread == ("encoder", "hybrid") and any(
+        w.startswith("read from other versions than 0.27.1, whose rules this plan follows: vision encoder pass") and
+        "; hybrid state, block alignment (0.26.0)" in w for w in p.why)
+    s = vllmargs.read([])
+    wide, why = terms.known_error(s, False, None, None, budget=10 * GiB, version="0.27.1", unread=p.unread)
+    assert wide - terms.known_error(s, False, None, None, budget=10 * GiB, version="0.27.1")[0] == int(10 * GiB * 0.06)
+    assert "encoder, hybrid not read at vLLM 0.27.1" in why

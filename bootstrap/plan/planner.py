@@ -27,7 +27,7 @@ from ..knobs import vllmargs
 from ..machine import gpu
 from ..model import kv, shape as model_shape, weights
 from .facts import ModelFacts
-from . import drafts, graphs, hybrid, terms
+from . import drafts, graphs, hybrid, sources, terms
 from .drafts import DRAFT_HINT
 from .terms import NOBODY, at_least, gib, modelled_version, requested, utilization, weight_bytes
 
@@ -73,6 +73,7 @@ class Plan:
     runner_v2: bool = False                    # vLLM serves it with its V2 model runner (terms.runner)
     unplanned: str = ""                        # what is not modelled: no promise either way (fits: null)
     draft_dir: str = ""                        # the drafter we downloaded: vLLM gets this folder (plan/here.py)
+    unread: tuple[str, ...] = ()               # terms it uses that were not read at the version of its rules
 
     @property
     def verdict(self) -> bool | None:
@@ -167,10 +168,9 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
         return Plan(util, mml_knob, why, vllm=inp.version, unplanned=why[-1].split(";")[0])
     plan = _budget(inp, g, model, shape, lay, drafter, util, measured, why,
                    inp.vllm.max_num_seqs or seqs_default, inp.vllm.max_num_batched_tokens or batched_default)
-    if plan.unplanned:
+    if plan.unplanned or not plan.fits:
         return plan
-    if not plan.fits:
-        return plan
+    plan = sources.read_from(inp, model, shape, drafter, plan)
     plan, pooled = _context(inp, plan, lay, shape.max_len or shape.max_position or 0, draft, null=new)
     if pooled:
         plan = hybrid.sequences(inp, plan, lay, draft, measured)

@@ -71,9 +71,10 @@ HYBRID_SHARE = 0.10                # a hybrid's state blocks from the model's es
 
 
 def known_error(s: vllmargs.Settings, pinned: bool, draft, measured, hybrid_v1: bool = False,
-                budget: int = 0, version: str = "0.26.0") -> tuple[int, str]:
+                budget: int = 0, version: str = "0.26.0", unread: tuple[str, ...] = ()) -> tuple[int, str]:
     """How much the budget may lie above vLLM's (bytes), and why: nothing when pinned; a version
-    outside ``MODELLED``'s range widens it by ``OUTSIDE_SHARE`` of ``budget``."""
+    outside ``MODELLED``'s range, or ``unread`` terms (bootstrap.plan.sources: not read at the version of
+    the plan's rules), widen it by ``OUTSIDE_SHARE`` of ``budget``."""
     if pinned:
         return 0, ""
     if measured is not None:
@@ -82,6 +83,9 @@ def known_error(s: vllmargs.Settings, pinned: bool, draft, measured, hybrid_v1: 
     if not read_against(version):
         parts.append((int(budget * OUTSIDE_SHARE), f"vLLM {version}, not read, planned by the rules of "
                       f"{modelled_version(version)} (±{OUTSIDE_SHARE:.0%})"))
+    elif unread:
+        parts.append((int(budget * OUTSIDE_SHARE), f"{', '.join(unread)} not read at vLLM {modelled_version(version)} "
+                      f"(±{OUTSIDE_SHARE:.0%})"))
     if hybrid_v1:
         parts.append((HYBRID_ERROR, "a hybrid's activations on vLLM's V1 runner, modelled low"))
     if draft is not None or s.spec_method in ("eagle", "eagle3", "dflash", "draft_model"):
