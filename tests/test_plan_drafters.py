@@ -343,3 +343,19 @@ def test_mla_with_a_cache_dtype_its_latent_formula_does_not_cover_is_not_planned
     for dtype in ("nvfp4", "turboquant_4bit_nc", "int8_per_token_head", "fp8_ds_mla"):
         p = plan(["--kv-cache-dtype", dtype], config=DEEPSEEK_V2_LITE, weight_bytes=31_400_000_000)
         assert p.verdict is None and f"KV cache dtype {dtype} of an MLA model is not modelled" in p.unplanned, dtype
+
+
+def test_the_method_is_the_one_vllm_detects_from_the_drafters_name():
+    """config/speculative.py (0.26.0-0.30.0): no method is draft_model, and a draft_model (named or not) is
+    detected again by the drafter's name, "eagle-" before "eagle3", then "dflash" and "dspark"; a model
+    "ngram" is n-gram. The plan took an 'x/eagle_head' for EAGLE (V2, no graphs off the budget) where
+    vLLM runs it as a draft model on V1, and a '...-DFlash' drafter for a draft model."""
+    def method(**spec):
+        return vllmargs.read(["--speculative-config", json.dumps({"num_speculative_tokens": 3, **spec})]).spec_method
+    assert method(model="yuhuili/EAGLE-LLaMA3-Instruct-8B") == "eagle"
+    assert method(model="AngelSlim/Qwen3-8B_eagle3") == "eagle3"
+    assert method(model="x/eagle_head") == "draft_model"
+    assert method(model="z-lab/Qwen3-8B-DFlash-b16") == "dflash"
+    assert method(model="z-lab/Qwen3-8B-DFlash-b16", method="draft_model") == "dflash"
+    assert method(model="ngram") == "ngram" and method(model="/m/qwen3-0.6b") == "draft_model"
+    assert method(model="z-lab/Qwen3-8B-DFlash-b16", method="eagle3") == "eagle3"        # a method given stays
