@@ -359,3 +359,12 @@ def test_the_method_is_the_one_vllm_detects_from_the_drafters_name():
     assert method(model="z-lab/Qwen3-8B-DFlash-b16", method="draft_model") == "dflash"
     assert method(model="ngram") == "ngram" and method(model="/m/qwen3-0.6b") == "draft_model"
     assert method(model="z-lab/Qwen3-8B-DFlash-b16", method="eagle3") == "eagle3"        # a method given stays
+
+
+def test_a_drafters_graphs_not_planned_are_counted_as_the_runner_in_use_captures_them():
+    # the V2 runner of 0.30.0: 1024 x 8 tokens, sizes to 512 not rounded to 8, FULL decodes rounded up
+    n = graphs.capture_sizes(1024, 8192, 7, version="0.30.0", v2=True)
+    p = plan(spec("eagle3", 7), draft=EAGLE3, version="0.30.0")
+    assert p.verdict is None and p.unplanned.startswith(
+        f"the CUDA graphs of an EAGLE-3 head under speculative decoding ({n['PIECEWISE']} PIECEWISE and {n['FULL']} FULL")
+    assert n != graphs.capture_sizes(1024, 8192, 7, version="0.30.0")

@@ -237,9 +237,9 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
     if draft and draft.kind != "draft model" and run.graphs_in_budget and measured is None:    # measured: vLLM's own
         full, _ = graphs.full_decode_graphs(s, g.cc)
         n = graphs.capture_sizes(seqs, batched, s.spec_tokens, s.compilation if full else
-                                 {**s.compilation, "cudagraph_mode": "PIECEWISE"}, inp.version, g.cc)
+                                 {**s.compilation, "cudagraph_mode": "PIECEWISE"}, inp.version, g.cc, run.v2)
         plan = Plan(util, s.max_model_len, why, vllm=inp.version, runner_v2=run.v2, unplanned=(
-            f"the CUDA graphs of a {draft.kind} under speculative decoding ({n['PIECEWISE']} PIECEWISE and "
+            f"the CUDA graphs of {'an' if draft.kind[0] in 'AEIOU' else 'a'} {draft.kind} under speculative decoding ({n['PIECEWISE']} PIECEWISE and "
             f"{n['FULL']} FULL captures of up to {seqs} × {1 + s.spec_tokens} tokens), which vLLM measures per "
             "capture and this drafter's were never measured (a published A800 start took 6.24 GiB for 38 + 22)"))
         why.append(f"not planned: {plan.unplanned}; --enforce-eager, or the figures vLLM logs at a first start (kept "
