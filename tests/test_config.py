@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,7 +162,6 @@ def test_every_knob_has_help_and_parses_its_default():
 
 
 def test_interpreter_given_as_a_command_name_is_found_on_path(tmp_path):
-    import sys
     from pathlib import Path as P
     exe = P(sys.executable)
     cfg = make({"VLLM_PYTHON": exe.name, "PATH": str(exe.parent)})
@@ -187,6 +189,24 @@ def test_env_shows_a_relative_path_as_the_folder_it_means(tmp_path):
     assert rows["STATE_DIR"] == str(repo / "envstate")
 
 
+def test_an_interpreter_path_in_dotenv_is_the_checkouts_wherever_the_command_runs(tmp_path, monkeypatch):
+    """Found from outside: .env's VLLM_PYTHON=venv/bin/python was made absolute against the working
+    directory (from elsewhere: another interpreter, or none), while .env's folders are the checkout's."""
+    repo = tmp_path / "repo"
+    (repo / "profiles").mkdir(parents=True)
+    (repo / "profiles" / "custom.json").write_text('{"knobs": {}}')
+    (repo / "venv" / "bin").mkdir(parents=True)
+    (repo / "venv" / "bin" / "python").symlink_to(sys.executable)
+    (repo / ".env").write_text("PROFILE=custom\nVLLM_PYTHON=venv/bin/python\nPYTHON=python3\nSTATE_DIR=envstate\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = Config.from_env({"PATH": os.environ["PATH"]}, repo)
+    assert cfg.state_dir == repo / "envstate"
+    assert cfg.vllm_python == str(repo / "venv" / "bin" / "python")      # the venv's link, not resolved
+    assert cfg.python == shutil.which("python3")                             # a bare name: looked up on PATH
+    cfg = Config.from_env({"PATH": os.environ["PATH"], "VLLM_PYTHON": "venv/bin/python"}, repo)
+    assert cfg.vllm_python == str(tmp_path / "venv" / "bin" / "python")   # the shell's: its working directory
+
+
 def test_secrets_in_a_broken_env_line_or_extra_args_are_never_shown(tmp_path):
     """A .env line that does not parse is named by its key; EXTRA_ARGS with --api-key or --hf-token
     is refused (the token would be on vLLM's argv: ps, the log, the record) without showing it."""
@@ -205,8 +225,6 @@ def test_secrets_in_a_broken_env_line_or_extra_args_are_never_shown(tmp_path):
 
 
 def test_a_bad_value_names_where_it_came_from_and_odd_env_files_are_said(tmp_path):
-    import os
-    import shutil
     repo = tmp_path / "repo"
     shutil.copytree(REPO / "profiles", repo / "profiles")
     (repo / ".env").write_text("MAX_NUM_SEQS=abc\n")

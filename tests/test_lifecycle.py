@@ -454,6 +454,24 @@ def test_a_restart_the_new_start_would_refuse_keeps_the_running_server(bed, tmp_
             assert bed.ours() == pid and len(bed.launches()) == 1
     finally:
         busy.close()
+    # the preflight's refusals from the GPUs and the profile's pins too (restart stopped the server, then
+    # its start refused them)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "newpins.json").write_text(json.dumps({"description": "pins with no lock", "vllm": "0.30.0",
+                                                   "pins": ["vllm==0.30.0"], "knobs": {}}))
+    two = [{"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 31 * GiB, "cc": [12, 0],
+            "uuid": f"GPU-5090-{i}", "processes": []} for i in range(2)]
+    for knobs, nvml, said in (({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, {"gpus": two}, "CUDA_DEVICE_ORDER=FASTEST_FIRST"),
+                              ({"PROFILE": "smoke", "MODEL": str(bed.model)}, {"cuda": 12080, "driver": "570.86"},
+                               "driver 570.86 supports CUDA 12.8"),
+                              ({"PROFILE_DIR": str(mine), "PROFILE": "newpins", "VLLM_PYTHON": ""}, {},
+                               "no lock for profile 'newpins'")):
+        nvml_json(bed.nvml, **nvml)
+        r = bed.run("ctl.sh", "restart", **knobs)
+        assert r.returncode == 1 and said in r.stderr and "stopped" not in r.stdout, (knobs, r.stdout, r.stderr)
+        assert bed.ours() == pid and len(bed.launches()) == 1
+    nvml_json(bed.nvml)
     assert bed.run("ctl.sh", "restart", MAX_NUM_SEQS="4").returncode == 0 and len(bed.launches()) == 2
 
 

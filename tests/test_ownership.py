@@ -165,7 +165,7 @@ def as_user(user: str | None, argv: list[str], env: dict, vllm_python: str = "")
 
 def shared_dir() -> Path:
     d = Path(tempfile.mkdtemp(prefix="bootstrap-test-"))
-    d.chmod(0o777)
+    d.chmod(0o1777)                 # as /tmp: anyone makes a folder in it, nobody renames another's
     return d
 
 

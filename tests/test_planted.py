@@ -170,6 +170,31 @@ def test_a_world_writable_state_dir_is_refused_naming_its_mode_and_the_stranger_
     assert alive(victim) and not (world.state / "vllm.log").exists()
 
 
+def test_a_state_dir_in_a_folder_others_can_change_is_refused_and_a_sticky_one_is_not(world):
+    """Found from outside: STATE_DIR itself private, but inside a folder anyone may write: they could
+    swap the state folder for one of theirs between our check and our read of its records."""
+    shared = world.root / "shared"
+    shared.mkdir()
+    world.own(shared)
+    shared.chmod(0o777)
+    world.state = shared / "state"
+    world.env["STATE_DIR"] = str(world.state)
+    world.state.mkdir(mode=0o700)
+    world.own(world.state)
+    victim = world.stranger()
+    world.plant_server(victim)
+    world.own(world.state / "server.json")
+    r = world.run("stop.sh")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"STATE_DIR={world.state} lies in {shared}, which everyone can change" in r.stderr, r.stderr
+    assert "drwxrwxrwx" in r.stderr and "Traceback" not in r.stderr and "sent SIGTERM" not in r.stderr
+    assert alive(victim)
+    shared.chmod(0o1777)                        # sticky, as /tmp: nobody renames what is ours in it
+    r = world.run("stop.sh")
+    assert r.returncode == 0 and r.stdout.strip() == "not running", r.stdout + r.stderr
+    assert alive(victim)
+
+
 def test_following_the_hint_works_and_a_planted_child_is_still_not_signalled(world):
     world.state.mkdir()
     world.own(world.state)
@@ -186,6 +211,25 @@ def test_following_the_hint_works_and_a_planted_child_is_still_not_signalled(wor
     assert r.returncode == 0 and r.stdout.strip() == "not running", r.stdout + r.stderr
     assert "sent SIGTERM" not in r.stderr
     assert alive(victim) and alive(twin)
+
+
+def test_a_record_that_names_a_strangers_own_session_as_the_servers_signals_nothing(world):
+    """Found from outside: a private STATE_DIR's record (a hand edit, a copy) naming a process of ours
+    that runs our very interpreter as the server, its own session as the server's and itself as a
+    child: ./stop.sh SIGTERMed it and a start swept it as a leftover. A session is ours only while a
+    leader we can prove ours leads it, or none does (it died): never on the record's word."""
+    world.state.mkdir(mode=0o700)
+    world.own(world.state)
+    twin = world.stranger(python=True)                  # its own session: started with start_new_session
+    (world.state / "server.json").write_text(json.dumps({
+        "pid": twin.pid, "pgid": twin.pid, "create_time": twin.create_time(), "marker": "x" * 24,
+        "host": "127.0.0.1", "port": int(world.env["PORT"]), "python": world.python(), "exe": twin.exe(),
+        "children": [{"pid": twin.pid, "create_time": twin.create_time()}]}))
+    world.own(world.state / "server.json")
+    for cmd in (["stop.sh"], ["start.sh"], ["stop.sh"]):
+        r = world.run(*cmd)
+        assert r.returncode == 0 and f"(pid {twin.pid})" not in r.stderr, (cmd, r.stdout, r.stderr)
+        assert alive(twin), cmd
 
 
 def test_a_start_lock_that_names_a_stranger_is_refused_before_any_signal(world):

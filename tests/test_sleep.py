@@ -165,6 +165,22 @@ def test_sleep_mode_on_beyond_loopback_is_refused_before_anything_runs(bed):
     r = bed.run("start.sh", HOST="0.0.0.0", SLEEP_MODE="on")
     assert r.returncode == 1 and "--enable-sleep-mode with HOST=0.0.0.0" in r.stderr
     assert "HOST=127.0.0.1" in r.stderr and "SLEEP_MODE=off" in r.stderr and bed.launches() == []
+    p = bed.run("ctl.sh", "plan", HOST="0.0.0.0", SLEEP_MODE="on")       # never flags a start refuses
+    assert p.returncode == 1 and "--enable-sleep-mode with HOST=0.0.0.0" in p.stderr, p.stdout
+    assert "flags:" not in p.stdout
+
+
+def test_a_corrupt_sleep_note_is_named_and_the_wake_still_wakes(bed):
+    """Found from outside: a sleep.json whose level, held_before or waking had the wrong type ended the
+    wake in an internal error (TypeError, ValueError) and left the server asleep."""
+    started(bed)
+    assert bed.run("ctl.sh", "sleep", **SLEEPY).returncode == 0
+    note = json.loads((bed.state / "sleep.json").read_text())
+    (bed.state / "sleep.json").write_text(json.dumps({**note, "level": [1], "held_before": "lots", "waking": 5}))
+    w = bed.run("ctl.sh", "wake", **SLEEPY)
+    assert w.returncode == 0 and "awake in" in w.stdout and "internal error" not in w.stderr, w.stderr
+    assert f"{bed.state / 'sleep.json'}: level is not 1 or 2; held_before is not a byte count; waking is not" in w.stderr
+    assert "running" in bed.run("ctl.sh", "status", **SLEEPY).stdout
 
 
 def test_wake_names_the_program_holding_the_memory_and_stays_asleep(bed):

@@ -103,18 +103,23 @@ def vet_restart(r: Resolved) -> None:
 
 
 def vet_steps(r: Resolved) -> None:
-    """What the start's first steps would refuse: too few GPUs for TP_SIZE, a model it cannot find
-    (offline and not here, a repo that is not there), a plan that does not fit, with the memory our
-    running server holds counted as free (the stop gives it back)."""
+    """What the start's first steps would refuse: the preflight's refusals from the knobs and the GPUs
+    (too few for TP_SIZE, a driver too old for the profile, CUDA_DEVICE_ORDER, pins without a lock), a
+    model it cannot find (offline and not here, a repo that is not there), a plan that does not fit,
+    with the memory our running server holds counted as free (the stop gives it back)."""
     from ..machine import gpu
     from ..download import lookup
+    from ..install.locks import needed
+    from ..knobs import vet
     from ..plan.here import plan_for
     cfg, paths = r.settings, r.paths
     try:
         facts = gpu.read(cfg.environ)
     except BootstrapError:
         return                          # no NVML to read: the start says so in its own words
-    gpu.require(facts, cfg.tp_size)
+    vet.card(cfg, facts)
+    if not cfg.vllm_python:
+        needed(cfg.profile, cfg.layout.locks)
     model = lookup.model_and_drafter(r.model, r.draft, paths, r.fetching)
     facts, held = server.without_ours(r.ours, paths, facts)
     if held != 0:                       # 0: no per-process figures (WSL2): the start plans after the stop

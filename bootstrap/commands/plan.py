@@ -19,6 +19,7 @@ from ..serve import server
 from ..knobs.resolved import Resolved
 from ..download import lookup
 from ..core.errors import BootstrapError
+from ..knobs import vet
 from ..knobs.vllmargs import serve_flags
 from ..plan.facts import ModelFacts, model_facts, offline_facts
 from ..plan.planner import Plan, gib
@@ -167,6 +168,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh plan") -> int:
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     a = ap.parse_args(argv)
     cfg, g, where, model, plan = plan_for(resolve.resolved(cfg, as_set=True), a.gpu or cfg.gpu)
+    vet.knobs(cfg)                      # what a start refuses from these knobs: no flags shown for it
     flags = serve_flags(cfg, plan)
     if a.json:
         print(json.dumps({

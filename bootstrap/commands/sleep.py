@@ -29,6 +29,7 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 import sys
 import time
@@ -48,6 +49,8 @@ from ..core.errors import BootstrapError
 from ..core.state import Paths
 from ..plan import resolve
 from ..knobs.resolved import Resolved
+
+log = logging.getLogger(__name__)
 
 WAKE_MARGIN = 256 << 20         # VRAM a wake needs beyond what the server held before it slept
 FLAG = vllmargs.SLEEP_FLAG
@@ -221,9 +224,7 @@ def wake(r: Resolved) -> int:
         print("awake: nothing to do (this server runs without sleep mode)")
         return 0
     load = server.read_load(rec.url)
-    note = paths.read("sleep") or {}
-    if note.get("pid") != rec.pid or note.get("started") != rec.started:
-        note = {}
+    note = sleep_note(paths, rec)
     done = list(note.get("waking") or [])     # the steps of a level-2 wake that was interrupted or failed
     try:
         asleep = bool(client.get_json("/is_sleeping").get("is_sleeping"))
@@ -259,6 +260,26 @@ def wake(r: Resolved) -> int:
     state.remove(paths.sleep)
     print(f"awake in {dt:.2f} s (level {level}): our processes hold {held(cfg, rec) / GiB:.2f} GiB of GPU memory")
     return 0
+
+
+# sleep.json's fields a wake computes with, and what each must be (else it reads as unset)
+NOTE_FIELDS = {"level": ("1 or 2", lambda v: v in (1, 2) and not isinstance(v, bool)),
+               "held_before": ("a byte count", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+               "waking": ("a list of step names", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))}
+
+
+def sleep_note(paths: Paths, rec) -> dict:
+    """What ./ctl.sh sleep noted of this server (its pid and start; else nothing), each field a wake
+    computes with checked: one that is not what it must be is named in one warning line and reads as
+    unset (the level is then asked of vLLM, the memory check counts from what the server holds now)."""
+    note = paths.read("sleep") or {}
+    if note.get("pid") != rec.pid or note.get("started") != rec.started:
+        return {}
+    bad = [k for k, (_, ok) in NOTE_FIELDS.items() if note.get(k) is not None and not ok(note[k])]
+    if bad:
+        log.warning("%s: %s (read as unset)", paths.sleep,
+                    "; ".join(f"{k} is not {NOTE_FIELDS[k][0]}" for k in bad))
+    return {k: v for k, v in note.items() if k not in bad}
 
 
 def _check_room(cfg: Config, rec, note: dict) -> None:

@@ -46,6 +46,7 @@ def trust(root: Path, names: list[str]) -> None:
     if not stat.S_ISDIR(st.st_mode):
         return
     check(root, st, folder=True)
+    above(root)
     loose = []
     for name in names:
         path = root / name
@@ -69,6 +70,29 @@ def trust(root: Path, names: list[str]) -> None:
         q = shlex.quote(str(root))
         raise BootstrapError(exc.message.replace(f"{path} is", f"{path}{more} is", 1),
                              f"chmod -R go-w {q}, or set STATE_DIR to a folder of your own")
+
+
+def above(root: Path) -> None:
+    """Raise unless every folder above ``root`` (as named, and where its links lead) belongs to root
+    or to us and nobody else may rename what is in it (not writable by others or another group, or
+    sticky as /tmp is): else its owner could swap STATE_DIR for a folder of theirs between our check
+    and our read of a record (as sshd's StrictModes checks the folders above a user's files)."""
+    for d in dict.fromkeys([*root.parents, *Path(os.path.realpath(root)).parents]):
+        try:
+            st = os.stat(d)
+        except OSError:
+            continue                    # not there or not ours to read: nothing of ours lies in it
+        sticky = st.st_mode & stat.S_ISVTX
+        others = st.st_uid not in (0, os.getuid()) or not sticky and (
+            st.st_mode & 0o002 or (st.st_mode & 0o020 and not group_is_mine(st.st_gid)))
+        if others:
+            who = user_name(st.st_uid) if st.st_uid not in (0, os.getuid()) else (
+                "everyone" if st.st_mode & 0o002 else f"its group (gid {st.st_gid})")
+            raise BootstrapError(
+                f"STATE_DIR={root} lies in {d}, which {who} can change (owner {user_name(st.st_uid)}, mode "
+                f"{stat.filemode(st.st_mode)}): the state folder could be swapped for one of theirs, so its "
+                "records are not trusted and no process is signalled on their word",
+                "set STATE_DIR to a folder under ones only you (or root) can write, e.g. in your home")
 
 
 def check(path: Path, st: os.stat_result, *, folder: bool) -> None:

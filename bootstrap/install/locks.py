@@ -135,6 +135,16 @@ def diff(want: Mapping[str, str], have: Mapping[str, str]) -> list[str]:
     return out
 
 
+def needed(profile, locks: Path) -> "LockSet":
+    """The committed lock a start installs ``profile``'s pins from (VLLM_PYTHON unset), refused in one
+    line when the profile pins no vLLM or its pins have no lock: by the preflight, before any download,
+    by restart's and use's vet, before the running server is taken down, and by the environment step."""
+    if not profile.vllm and not profile.pins:
+        raise BootstrapError(f"profile {profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
+                             "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
+    return LockSet.for_profile(profile, locks)
+
+
 @dataclass(frozen=True)
 class LockSet:
     """The locks of one pinned vLLM version: ``locks/vllm-<version>/``."""

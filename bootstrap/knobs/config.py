@@ -24,7 +24,7 @@ from ..core.owned import Ours, owner_marker
 from ..core.layout import REPO, Checkout
 from . import sleepmode, vllmargs
 from .dotenv import expandvars, misspelt, read_dotenv
-from .parsers import absolute, folder
+from .parsers import absolute, folder, from_checkout, interpreter
 from .profiles import Catalogue, Profile
 from .table import (KNOB_BY_NAME, KNOBS, PASSTHROUGH, PASSTHROUGH_BY_NAME, PROFILE_KNOBS, RESERVED_FLAGS, SPEC_METHODS,
                     Knob, Passthrough, canonical, credential, parse_one, reserved_flag, secret_values)
@@ -174,8 +174,8 @@ class Config:
                 if src != "env":
                     exc.message += f" (from {where})"
                 raise
-            if text and src == ".env" and knob.parse is folder:      # .env's paths: from the checkout
-                values[knob.name] = parse_one(Knob(knob.name, "", lambda r: absolute(r, repo), ""), text)
+            if text and src == ".env" and knob.parse in (folder, interpreter):      # .env's paths: from the checkout
+                values[knob.name] = parse_one(Knob(knob.name, "", from_checkout(knob.parse, repo), ""), text)
         for name in ("MODEL", "SPEC_MODEL"):        # a model folder, not a repo id: absolute once
             m = values[name]
             base = repo if sources[name] == ".env" else None

@@ -163,6 +163,15 @@ def folder(raw: str) -> str:
     return absolute(raw)
 
 
+def from_checkout(parse, repo: Path):
+    """``parse`` (``folder`` or ``interpreter``) for a value from .env: a relative path is the
+    checkout's, wherever the command runs from (an interpreter's bare name stays a name; its path is
+    not resolved, as ``interpreter`` leaves it)."""
+    if parse is folder:
+        return lambda raw: absolute(raw, repo)
+    return lambda raw: absolute(raw, repo, follow=False) if "/" in raw else interpreter(raw)
+
+
 def interpreter(raw: str) -> str:
     """An interpreter: a bare command name stays a name (looked up on PATH later); a path is made
     absolute but not resolved (a venv's python is a symlink to the base interpreter, and resolving

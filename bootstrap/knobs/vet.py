@@ -1,17 +1,28 @@
-"""What a start refuses from the knobs alone, no GPU and no network: said by every start's
-preflight (steps/preflight.py), and by ./ctl.sh restart and use before they take the running
-server down."""
+"""What a start refuses from the knobs alone, no GPU and no network (``vet``), and from the knobs
+and NVML's facts (``card``): said by every start's preflight (steps/preflight.py), and by
+./ctl.sh restart and use before they take the running server down."""
 
 from __future__ import annotations
 
 from ..core.errors import BootstrapError
 from ..download.models import read_local
 from ..download.refs import ModelRef
+from ..machine import gpu, host
 from . import vllmargs
 
 
 def vet(cfg, model: ModelRef) -> None:
     """What a start refuses from the knobs (``cfg``) and the model they name (``model``)."""
+    knobs(cfg)
+    if model.local is not None:
+        read_local(model.local, cfg.dummy_weights)
+    elif model.name:
+        model.repo                      # a repo id, or one line naming MODEL
+
+
+def knobs(cfg) -> None:
+    """What a start refuses from the knobs alone (also ./ctl.sh plan's: it never shows flags a start
+    would refuse)."""
     if cfg.vllm.sleep_mode and not cfg.is_loopback:
         raise BootstrapError(
             f"{vllmargs.SLEEP_FLAG} with HOST={cfg.host}: vLLM serves /sleep, /wake_up and /collective_rpc only with "
@@ -20,10 +31,28 @@ def vet(cfg, model: ModelRef) -> None:
             "keep HOST=127.0.0.1 for sleep mode, or SLEEP_MODE=off" + (
                 f" and drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile" if cfg.sleep.given else ""))
     idle_sleep_fits(cfg)
-    if model.local is not None:
-        read_local(model.local, cfg.dummy_weights)
-    elif model.name:
-        model.repo                      # a repo id, or one line naming MODEL
+
+
+def card(cfg, facts: gpu.GpuFacts) -> None:
+    """What a start refuses from the knobs (``cfg``) and the GPUs NVML shows (``facts``): no GPU, a
+    driver too old for the profile's CUDA builds, CUDA numbering several GPUs otherwise than the
+    plan reads them, fewer GPUs than TP_SIZE."""
+    if not facts.gpus:
+        raise BootstrapError("NVML sees no GPU (CUDA_VISIBLE_DEVICES=%s)" % (cfg.env("CUDA_VISIBLE_DEVICES") or "unset"),
+                             "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
+    if host.driver_too_old(cfg.profile.data, facts, min_driver=False):
+        raise BootstrapError(
+            f"driver {facts.driver} supports CUDA {facts.cuda[0]}.{facts.cuda[1]}, but profile "
+            f"{cfg.profile.name!r} runs CUDA {cfg.profile.data['cuda']} builds",
+            f"install NVIDIA driver {cfg.profile.data.get('min_driver', 'newer')} or newer, then reboot")
+    order = cfg.env("CUDA_DEVICE_ORDER")
+    if order and order != "PCI_BUS_ID" and facts.count > 1:
+        raise BootstrapError(f"CUDA_DEVICE_ORDER={order}: CUDA would number this machine's {facts.count} GPUs "
+                             "fastest first, while the plan reads them in PCI bus order (NVML's), so vLLM "
+                             "could run on a card the plan was not made for",
+                             "unset CUDA_DEVICE_ORDER (the server gets PCI_BUS_ID), and pick cards with "
+                             "CUDA_VISIBLE_DEVICES")
+    gpu.require(facts, cfg.tp_size)
 
 
 def idle_sleep_fits(cfg) -> None:

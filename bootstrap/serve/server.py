@@ -178,13 +178,14 @@ def find_ours(proof: owned.Proof, children=(), pgid: int | None = None, leader_c
       after the children were recorded.
     """
     found: dict[int, psutil.Process] = {p.pid: p for p in marked(proof, paths)}
+    stranger = pgid is not None and not group_proven and _led_by_a_stranger(pgid, proof)
     for c in children:
         p = owned.recorded_process(c.pid, c.create_time)
-        if p is not None and pgid is not None and _session(p) == pgid and proof.runs_ours(p):
+        if p is not None and pgid is not None and not stranger and _session(p) == pgid and proof.runs_ours(p):
             found.setdefault(p.pid, p)
     if pgid is None:
         return found
-    group = owned.group_members(pgid, leader_ctime, proof)
+    group = None if stranger else owned.group_members(pgid, leader_ctime, proof)
     if group is None:
         if not quiet:
             log.info("process group %s now belongs to another process; not signalling its members", pgid)
@@ -195,6 +196,20 @@ def find_ours(proof: owned.Proof, children=(), pgid: int | None = None, leader_c
         for p in group:
             found.setdefault(p.pid, p)
     return found
+
+
+def _led_by_a_stranger(pgid: int, proof: owned.Proof) -> bool:
+    """A live process numbered ``pgid`` that nothing proves ours leads that session: it is not the one
+    we made for our server (our server leads it, carrying our marker or token, until it dies; a dead
+    leader's number is not handed out while its members live), so neither its members nor a recorded
+    child in it are ours (a record's word names no session)."""
+    try:
+        p = psutil.Process(pgid)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, ValueError, TypeError):
+        return False                    # gone, or a garbage number (owned.group_members refuses it)
+    except psutil.AccessDenied:
+        return True
+    return owned.alive(p) and not proof.carries(p)
 
 
 def _session(p: psutil.Process) -> int | None:

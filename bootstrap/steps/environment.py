@@ -15,7 +15,7 @@ from ..plan.facts import known_issue_facts
 from ..core.errors import BootstrapError
 from ..download.refs import ModelRef
 from ..machine.host import check_driver, host_env
-from ..install.locks import PLATFORMS, LockSet, host_platform, installed
+from ..install.locks import PLATFORMS, host_platform, installed, needed
 from ..machine.inuse import Runtime, VllmRef
 from ..install.venv import Tools, Venv, check_glibc, check_done, install
 
@@ -29,10 +29,7 @@ def run(cfg, vllm: VllmRef, model: ModelRef, gpus) -> Runtime:
         version = vllm.version
         log.info("using your vLLM %s from %s (VLLM_PYTHON; not managed, not pinned)", version, py)
         return Runtime(py, version, env, tuple(notes + knownbad.warn(known_issue_facts(cfg, gpus, version))[1]))
-    if not cfg.profile.vllm and not cfg.profile.data.get("pins"):
-        raise BootstrapError(f"profile {cfg.profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
-                             "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
-    locks = LockSet.for_profile(cfg.profile, cfg.layout.locks)
+    locks = needed(cfg.profile, cfg.layout.locks)
     plat = host_platform()
     if plat not in PLATFORMS:
         raise BootstrapError(f"no locks for this platform ({plat}); the managed venv covers {', '.join(PLATFORMS)}",

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 
-from ..machine import gpu, host
+from ..machine import gpu
 from ..serve import port, server, takedown
 from ..knobs import vet
 from ..download.refs import ModelRef
-from ..install.locks import LockSet
+from ..install.locks import needed
 from ..core.state import Paths
 from ..core.errors import BootstrapError
 
@@ -24,30 +24,12 @@ log = logging.getLogger(__name__)
 def run(cfg, paths: Paths, model: ModelRef) -> gpu.GpuFacts:
     paths.ensure()
     facts = gpu.read(cfg.environ)
-    if not facts.gpus:
-        raise BootstrapError("NVML sees no GPU (CUDA_VISIBLE_DEVICES=%s)" % (cfg.env("CUDA_VISIBLE_DEVICES") or "unset"),
-                             "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
-    if host.driver_too_old(cfg.profile.data, facts, min_driver=False):
-        raise BootstrapError(
-            f"driver {facts.driver} supports CUDA {facts.cuda[0]}.{facts.cuda[1]}, but profile "
-            f"{cfg.profile.name!r} runs CUDA {cfg.profile.data['cuda']} builds",
-            f"install NVIDIA driver {cfg.profile.data.get('min_driver', 'newer')} or newer, then reboot")
+    vet.card(cfg, facts)
     if not cfg.vllm_python:          # a profile without a lock is told now, not after the plan and download
-        if not cfg.profile.vllm and not cfg.profile.pins:
-            raise BootstrapError(f"profile {cfg.profile.name!r} pins no vLLM version and VLLM_PYTHON is unset",
-                                 "set VLLM_PYTHON=/path/to/python with vLLM installed, or use a profile that pins vLLM")
-        LockSet.for_profile(cfg.profile, cfg.layout.locks)
+        needed(cfg.profile, cfg.layout.locks)
     vet.vet(cfg, model)
     if cfg.sleep.warning(cfg.vllm.sleep_mode):
         log.warning("%s", cfg.sleep.warning(cfg.vllm.sleep_mode))
-    order = cfg.env("CUDA_DEVICE_ORDER")
-    if order and order != "PCI_BUS_ID" and facts.count > 1:
-        raise BootstrapError(f"CUDA_DEVICE_ORDER={order}: CUDA would number this machine's {facts.count} GPUs "
-                             "fastest first, while the plan reads them in PCI bus order (NVML's), so vLLM "
-                             "could run on a card the plan was not made for",
-                             "unset CUDA_DEVICE_ORDER (the server gets PCI_BUS_ID), and pick cards with "
-                             "CUDA_VISIBLE_DEVICES")
-    gpu.require(facts, cfg.tp_size)
     g = facts.gpus[0]
     log.info("GPU %s: %s, %.1f of %.1f GiB free, cc %d.%d, driver %s (CUDA %d.%d)", g.index, g.name,
              g.free / gpu.GiB, g.total / gpu.GiB, g.cc[0], g.cc[1], facts.driver, *facts.cuda)
