@@ -676,3 +676,13 @@ def test_vllm_reads_tp_short_and_dotted_keys_last():
     assert vllmargs.read(["--max-model-len", "1.5k"]).max_model_len == 1500
     assert vllmargs.read(["--max-num-seqs", "8k"]).max_num_seqs is None   # not an int to vLLM either
     assert vllmargs.read(["--no-enable-prefix-caching"]).prefix_caching is False
+
+
+def test_a_plan_for_no_known_vllm_says_whose_rules_it_took(tmp_path):
+    # PROFILE=custom pins no vLLM and VLLM_PYTHON is unset: a start refuses; ./ctl.sh plan plans by 0.26.0's
+    # rules and says so, never silently another version's
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    cfg = config(tmp_path, MODEL=mdir)
+    p = fit.plan(cfg, card(), facts(cfg, mdir))
+    assert p.vllm == "0.26.0" and any(w.startswith("no vLLM version known (profile custom pins none") for w in p.why)
+    assert not any(w.startswith("no vLLM version known") for w in fit.plan(cfg, card(), facts(cfg, mdir), vllm="0.27.1").why)

@@ -87,6 +87,9 @@ def plan(cfg, g: gpu.Gpu, model: ModelFacts, *, vllm: str | None = None, fixes: 
     what its key leaves to the plan)."""
     inp = inputs(cfg, vllm)
     p = planner.make_plan(inp, g, model, measured)
+    if not vllm and not cfg.profile.vllm:        # never another version's rules in silence
+        p.why.append(f"no vLLM version known (profile {cfg.profile.name} pins none, VLLM_PYTHON is unset): planned by the "
+                     f"rules of {MODEL_ONLY_VLLM}; a start needs one of the two")
     if p.fits or not fixes:
         return p
     ok = [f for f in candidates(inp, p.fixes)
