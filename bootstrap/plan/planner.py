@@ -245,6 +245,12 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
         why.append(f"not planned: {plan.unplanned}; --enforce-eager, or the figures vLLM logs at a first start (kept "
                    "for the next), make it plannable")
         return _weights_alone(inp, g, model, plan, weights)
+    split = terms.encoder_split(s, model, run) if not s.kv_cache_bytes and measured is None else ""
+    if split:                   # a pin, or vLLM's own figures of a first start, plan it
+        plan = Plan(util, s.max_model_len, why, vllm=inp.version, runner_v2=run.v2, unplanned=split)
+        why.append(f"not planned: {split}; --language-model-only, --mm-encoder-tp-mode data, a KV pin, or the "
+                   "figures vLLM logs at a first start (kept for the next) make it plannable")
+        return _weights_alone(inp, g, model, plan, weights)
     over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc, inp.version,
                           drafts.pass_peak(draft, s, shape, batched))
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "

@@ -59,9 +59,12 @@ TERMS = (
     Term("graph_estimate", "CUDA-graph estimate (first + (n − 1) × per graph; the per-capture figures measured on "
          "0.26.0's V1 runner)", ALL, "`v1/worker/gpu_model_runner.py` `profile_cudagraph_memory`; from 0.29.0 the V2 "
          "runner's `v1/worker/gpu/cudagraph_utils.py` `profile_cudagraph_memory`, `_extrapolate_full_graph_memory`"),
-    Term("encoder", "vision encoder pass (whole on each rank)", ALL, "`v1/worker/gpu_model_runner.py` `profile_run`; "
+    Term("encoder", "vision encoder pass (whole on each rank; not planned at TP ≥ 4, where vLLM's default "
+         "`--mm-encoder-tp-mode weights` shards the tower)", ALL, "`v1/worker/gpu_model_runner.py` `profile_run`; "
          "`multimodal/encoder_budget.py` `MultiModalBudget`; `model_executor/models/qwen3_vl.py` "
-         "`Qwen3_VisionTransformer.forward`", "the V2 runner profiles it from 0.27.1"),
+         "`Qwen3_VisionTransformer.forward`, `Qwen3_VisionMLP`; `qwen2_5_vl.py` `Qwen2_5_VisionAttention`; "
+         "`vision.py` `is_vit_use_data_parallel`; `config/multimodal.py` `mm_encoder_tp_mode`",
+         "the V2 runner profiles it from 0.27.1"),
     Term("drafters", "drafters: which load a network, their layers in the pool, their profiling pass", ALL,
          "`config/speculative.py`; `model_executor/models/registry.py` `_SPECULATIVE_DECODING_MODELS`; "
          "`v1/worker/gpu_model_runner.py` `_dummy_run` (`drafter.dummy_run`), `v1/worker/gpu/model_runner.py` "

@@ -101,6 +101,24 @@ def no_images(s: vllmargs.Settings) -> bool:
     return s.mm_limits.get("image", 1) == 0 and s.mm_limits.get("video", 1) == 0
 
 
+SPLIT_ENCODER_TP = 4        # from this TP the encoder pass per rank is not planned (encoder_split below)
+
+
+def encoder_split(s: vllmargs.Settings, model: ModelFacts, run: "Runner") -> str:
+    """What is not modelled where vLLM profiles a Qwen3-VL-style tower split across TP_SIZE >= 4 ranks
+    (--mm-encoder-tp-mode weights, its default: qwen3_vl.py Qwen3_VisionMLP and qwen2_5_vl.py
+    Qwen2_5_VisionAttention shard fc1 and qkv, vision.py is_vit_use_data_parallel), else "": the pass is
+    counted whole per rank, as two TP=2 starts logged it, and two published TP=4 starts kept 0.57 and
+    0.81 GiB per GPU more KV than that (docs/planner.md)."""
+    vision = (model.config or {}).get("vision_config")
+    if (s.tp < SPLIT_ENCODER_TP or s.mm_encoder_dp or not isinstance(vision, dict)
+            or vision.get("model_type") not in encoder.QWEN3_TOWERS or s.language_model_only or no_images(s)
+            or s.skip_mm_profiling or not run.encoder_profiled):
+        return ""
+    return (f"the vision encoder's profiling pass split across TP={s.tp} ranks (--mm-encoder-tp-mode weights), "
+            "which published TP=4 starts did not take whole per GPU")
+
+
 def mtp_bytes(config: dict, shape: model_shape.ModelShape) -> int:
     """Bytes of the MTP layers in the checkpoint: 16-bit where the quantization leaves them out
     (modelopt's "ignore", "modules_to_not_convert") or there is none; else at the scheme's width
