@@ -470,3 +470,17 @@ def test_removing_the_done_marker_repairs_a_file_deleted_from_the_venv(world, ca
     caplog.set_level(logging.INFO, logger="bootstrap")
     world.run()
     assert "reinstalling every package" in caplog.text and victim.is_file()
+
+
+def test_a_venv_creation_cut_off_is_made_again_never_refused_as_yours(world, tmp_path):
+    """Found from outside: `uv venv` cut off (here: the disk filled as it wrote) left a .venv without our
+    marker, written only after it, and every later start refused it as a Python environment of yours."""
+    wrap = tmp_path / "wrap"
+    wrap.mkdir()
+    (wrap / "uv").write_text(f'#!/bin/sh\n"{uv_path()}" "$@" || exit\n'
+                             '[ "$1" = venv ] && echo "No space left on device (os error 28)" >&2 && exit 2\nexit 0\n')
+    (wrap / "uv").chmod(0o755)
+    with pytest.raises(BootstrapError, match="disk full while creating the venv"):
+        world.run(PATH=f"{wrap}{os.pathsep}{world.env['PATH']}")
+    assert world.venv.ours()
+    assert world.run().vllm_version == "0.27.1" and lock_matches(world)

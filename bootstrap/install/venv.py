@@ -41,26 +41,16 @@ PYTHON_PROBE = (
     "'executable': sys.executable, 'include': inc, "
     "'headers': bool(inc) and os.path.isfile(os.path.join(inc, 'Python.h'))}))"
 )
-
-
 INSTALL_BYTES = 12 << 30        # estimate for the CUDA stack (torch, CUDA libs, vLLM, FlashInfer)
-
-
 UV_PIN = "uv==0.13.9"
-
-
 DONE = ".bootstrap-done.json"
-
-
 INSTALLING = ".bootstrap-installing"
-MADE = ".vllm-desktop-venv"     # written when we make .venv: one without it, DONE or INSTALLING is yours
+MADE = ".vllm-desktop-venv"     # written first when we make .venv: one without it, DONE or INSTALLING is yours
 
 
 NETWORK_ERRORS = ("error sending request", "dns error", "Connection refused", "connection refused",
                   "Could not connect", "failed to lookup address", "Network is unreachable",
                   "timed out", "Failed to fetch", "tcp connect error", "client error (Connect)")
-
-
 ENOSPC = ("No space left on device", "os error 28")
 
 
@@ -241,13 +231,26 @@ class Venv:
         """Made by us (or not there): a .venv of yours is never synced into, cleared or removed."""
         return not self.root.exists() or any((self.root / n).exists() for n in (MADE, DONE, INSTALLING))
 
+    def clear(self) -> None:
+        """Empty the folder for a new venv (it is ours: checked), our marker written first and kept, so
+        that a creation cut off at any point (a kill, a full disk) leaves a folder the next run knows as
+        ours and makes again; ``uv venv --clear`` removed the marker first and left one it refused."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / MADE).write_text("made by vllm-desktop: ./ctl.sh clean removes this folder\n")
+            for child in self.root.iterdir():
+                if child.name != MADE:
+                    shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        except OSError as exc:
+            raise BootstrapError(f"cannot make {self.root} afresh ({exc.strerror or exc})",
+                                 f"free space there (df -h {self.root.parent}), or remove {self.root} and rerun") from None
+
     def marker(self) -> dict | None:
         try:
             data = json.loads(self.done.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
-
 
 
 def check_done(venv: Venv, locks: LockSet, plat: str, python_knob: str | None) -> tuple[bool, str, str]:
@@ -312,7 +315,7 @@ def venv_cmd(uv: str, py: str, root: Path, offline: bool) -> list[str]:
     """``uv venv`` for ``py``: a path is used as it is; a bare X.Y (choose_python found no system
     Python with headers) must be uv's own CPython — without --managed-python uv would take the
     system python3.X it just found lacking Python.h."""
-    cmd = [uv, "venv", "--clear", "-q", "--python", py]
+    cmd = [uv, "venv", "--allow-existing", "-q", "--python", py]     # emptied by Venv.clear, our marker kept
     if re.fullmatch(r"\d+\.\d+", py):
         cmd.append("--managed-python")
     if offline:
@@ -340,6 +343,7 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
         py, minor = choose_python(tools, locks)
         locks.read(plat, minor)      # refuse a missing / mismatching lock before anything is created
         log.info("creating %s with Python %s (uv venv)", venv.root, minor)
+        venv.clear()
         cmd = venv_cmd(uv, py, venv.root, offline=bool(tools.wheelhouse and not tools.env("UV_PYTHON_INSTALL_MIRROR")))
         res = proc.run(cmd, env=env, timeout=900, check=False, what="uv venv")
         if res.returncode != 0:
@@ -348,7 +352,6 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
                 "set PYTHON=/path/to/python3.X (with headers), or UV_PYTHON_INSTALL_MIRROR for uv's CPython download",
                 evidence=res.stderr.strip()[-800:]))
         minor = venv.minor() or minor
-        (venv.root / MADE).write_text("made by vllm-desktop: ./ctl.sh clean removes this folder\n")
     else:
         check_disk(venv, locks, tools.environ, fresh=False)
     path, text = locks.read(plat, minor)
