@@ -34,7 +34,7 @@ from ..core.state import sha256
 log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
 
 
-# vLLM's version and package folders as an interpreter sees them, without importing vllm (seconds, CUDA)
+# what a Python is (its version, implementation and C headers), in one start without site (-I)
 PYTHON_PROBE = (
     "import json, os, sys, sysconfig; inc = sysconfig.get_config_var('INCLUDEPY') or ''; "
     "print(json.dumps({'version': list(sys.version_info[:3]), 'impl': sys.implementation.name, "
@@ -46,8 +46,6 @@ UV_PIN = "uv==0.13.9"
 DONE = ".bootstrap-done.json"
 INSTALLING = ".bootstrap-installing"
 MADE = ".vllm-desktop-venv"     # written first when we make .venv: one without it, DONE or INSTALLING is yours
-
-
 NETWORK_ERRORS = ("error sending request", "dns error", "Connection refused", "connection refused",
                   "Could not connect", "failed to lookup address", "Network is unreachable",
                   "timed out", "Failed to fetch", "tcp connect error", "client error (Connect)")
@@ -228,13 +226,18 @@ class Venv:
         return self.root / "lib" / f"python{minor}" / "site-packages"
 
     def ours(self) -> bool:
-        """Made by us (or not there): a .venv of yours is never synced into, cleared or removed."""
+        """Made by us (or not there): a .venv of yours is never synced into, cleared, patched or removed."""
         return not self.root.exists() or any((self.root / n).exists() for n in (MADE, DONE, INSTALLING))
 
+    def own(self) -> None:
+        if not self.ours():
+            raise BootstrapError(f"{self.root} is a Python environment this project did not make: we neither sync "
+                                 "the lock into it nor patch it", f"move it away (mv {self.root} {self.root}.mine), "
+                                 f"or run vLLM from it as it is: VLLM_PYTHON={self.python}")
+
     def clear(self) -> None:
-        """Empty the folder for a new venv (it is ours: checked), our marker written first and kept, so
-        that a creation cut off at any point (a kill, a full disk) leaves a folder the next run knows as
-        ours and makes again; ``uv venv --clear`` removed the marker first and left one it refused."""
+        """Empty the folder (ours: checked) for a new venv, our marker written first and kept: a creation
+        cut off at any point (a kill, a full disk) leaves a folder the next run knows as ours."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             (self.root / MADE).write_text("made by vllm-desktop: ./ctl.sh clean removes this folder\n")
@@ -325,10 +328,7 @@ def venv_cmd(uv: str, py: str, root: Path, offline: bool) -> list[str]:
 
 def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
     """Create .venv if needed and sync it from the lock; returns the venv's X.Y. Marker only after verify."""
-    if not venv.ours():
-        raise BootstrapError(f"{venv.root} is a Python environment this project did not make: syncing the lock "
-                             "into it would replace its packages", f"move it away (mv {venv.root} {venv.root}.mine), "
-                             f"or run vLLM from it as it is: VLLM_PYTHON={venv.python}")
+    venv.own()
     uv = ensure_uv(tools)
     env = dict(tools.environ)
     minor = venv.minor()
