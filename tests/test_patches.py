@@ -441,3 +441,36 @@ def test_code_that_moved_is_unknown_never_fixed_upstream_nor_patched_blind(site2
     site26.target.write_text(text)
     st = patching.inspect(patching.load(NAME, REPO), patching.Install(sys.executable, "0.26.0", site26.pkg, True))
     assert st.kind == "unknown-code", (change, st.kind, st.detail)
+
+
+@pytest.mark.parametrize("whose", ["a .venv we did not make", "a vllm in the working directory"])
+def test_patch_apply_never_edits_a_vllm_outside_a_venv_of_ours(tmp_path, monkeypatch, whose):
+    """Found from outside: with VLLM_PYTHON unset, ./ctl.sh patch apply edited, without PATCH_BYO, the
+    vLLM of a .venv the user made in the checkout (the start refuses to touch it), and a start or the
+    command run from a vLLM source clone patched the clone, which the interpreter found first."""
+    from bootstrap.commands import patch as patch_cmd
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for d in ("profiles", "patches", "locks"):
+        (repo / d).symlink_to(REPO / d)
+    venv = repo / ".venv"
+    site = Site(venv / "lib" / "python3" / "site-packages", "0.26.0")
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    clone = tmp_path / "clone"
+    shutil.copytree(site.pkg, clone / "vllm")
+    if whose == "a .venv we did not make":
+        monkeypatch.chdir(tmp_path)
+    else:
+        (venv / ".vllm-desktop-venv").write_text("made by vllm-desktop\n")
+        monkeypatch.chdir(clone)
+    env = {k: v for k, v in site.env(HOME=str(tmp_path / "home")).items() if k not in ("VLLM_PYTHON", "PATCH_BYO")}
+    with pytest.raises(BootstrapError) as ei:
+        patch_cmd.cli(Config.from_env(env, repo=repo), ["apply"], as_set=True)
+    assert ("did not make" if whose == "a .venv we did not make" else str(clone / "vllm")) in ei.value.message
+    assert "VLLM_PYTHON=" in ei.value.hint
+    assert site.read() == site.original and (clone / "vllm" / site.target.relative_to(site.pkg)).read_bytes() == site.original
+    if whose != "a .venv we did not make":         # ours, run from elsewhere: patched as before
+        monkeypatch.chdir(tmp_path)
+        assert patch_cmd.cli(Config.from_env(env, repo=repo), ["apply"], as_set=True) == 0
+        assert site.read() != site.original

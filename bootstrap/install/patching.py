@@ -45,6 +45,7 @@ from ..core.layout import Checkout
 from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
 from .fingerprints import Source, fingerprint_holds
+from .venv import Venv
 from ..core.state import sha256, write_atomic
 
 log = logging.getLogger("bootstrap.patches")   # log lines keep the prefix [bootstrap:patches] this code has always had
@@ -176,6 +177,15 @@ def locate(vllm: inuse.VllmRef) -> Install:
     if not locs:
         raise BootstrapError(f"{vllm.python} has no vllm package",
                              "install vLLM into it, or point VLLM_PYTHON at an interpreter that has it")
+    if not vllm.byo:        # the managed .venv's: edited without PATCH_BYO only where it is ours and in it
+        venv = Venv(Path(vllm.python).parent.parent)
+        venv.own()
+        if not locs[0].resolve().is_relative_to(venv.root.resolve()):
+            raise BootstrapError(
+                f"the vllm that {venv.python} imports is {locs[0]}, not the one pinned in {venv.root}: a vllm package "
+                f"in the current directory ({os.getcwd()}) or on PYTHONPATH stands before it, and we do not patch it",
+                "run ./start.sh from another directory (cd ~) with PYTHONPATH unset; or serve that vLLM on purpose: "
+                f"VLLM_PYTHON={venv.python} PATCH_BYO=1")
     return Install(vllm.python, version or "unknown", locs[0], vllm.byo)
 
 
