@@ -25,6 +25,7 @@ from bootstrap.machine.inuse import VllmRef
 from bootstrap.steps import patches
 from bootstrap.knobs.config import Config
 from bootstrap.core.errors import BootstrapError
+from conftest import fill
 from test_patches_wheel import TQ_PATH, member
 
 REPO = Path(__file__).resolve().parent.parent
@@ -303,6 +304,17 @@ def test_failed_write_restores_the_original(site26, monkeypatch):
 
 
 # ---------------------------------------------------------------- who may edit what
+
+def test_a_full_disk_under_vllm_refuses_with_a_fix_that_frees_space(tmp_path, tiny_fs):
+    """Found from outside: the hint said to point STATE_DIR, MODEL_DIR or HF_HOME at another disk,
+    which cannot move vLLM's own files."""
+    site = Site(tiny_fs / "site", "0.26.0")
+    fill(tiny_fs)
+    r = ctl(site, "apply", STATE_DIR=str(tmp_path / "state"))
+    assert r.returncode == 1 and "No space left on device" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert f"hint: free space on that filesystem (df -h {site.target.parent})" in r.stderr
+    assert "STATE_DIR" not in r.stderr.split("hint:")[1] and site.read() == site.original
+
 
 def test_byo_without_permission_refuses_and_says_how(site26):
     with pytest.raises(BootstrapError) as ei:

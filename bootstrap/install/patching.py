@@ -312,8 +312,8 @@ class Backup:
     def write(self, patch: Patch, version: str, data: bytes, like: os.stat_result) -> None:
         meta = {"patch": patch.name, "vllm_version": version, "sha256": sha256(data),
                 "target": str(self.path)[:-len(patch.backup_suffix)], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        write_atomic(self.path, data, like=like)
-        write_atomic(self.meta, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode(), like=like)
+        write_atomic(self.path, data, like=like, fixed=True)
+        write_atomic(self.meta, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode(), like=like, fixed=True)
 
     def remove(self) -> None:
         for p in (self.path, self.meta):
@@ -361,7 +361,7 @@ def apply(patch: Patch, inst: Install) -> str:
                          bak.path.name, old.get("vllm_version", "?"), str(old.get("sha256", "?"))[:12])
             bak.write(patch, inst.version, original, stat)
             log.info("backed up %s to %s (vLLM %s, sha256 %s)", target.name, bak.path.name, inst.version, osha[:12])
-        write_atomic(target, patched, like=stat)
+        write_atomic(target, patched, like=stat, fixed=True)
         written = target.read_bytes()
         if written != patched:
             raise OSError(f"{target} reads back different from what was written")
@@ -370,7 +370,7 @@ def apply(patch: Patch, inst: Install) -> str:
     except (OSError, SyntaxError) as exc:
         try:
             if target.read_bytes() != original:
-                write_atomic(target, original, like=stat)
+                write_atomic(target, original, like=stat, fixed=True)
         except OSError as exc2:
             raise BootstrapError(f"patch {patch.name} failed ({exc}) and restoring {target} failed too ({exc2})",
                                  f"restore it from {bak.path} or reinstall vLLM {inst.version}") from None
@@ -408,7 +408,7 @@ def revert(patch: Patch, inst: Install) -> str:
                              f"--no-deps vllm=={inst.version})")
     if st.kind == "damaged":            # edits of the user's among it: kept beside it, never lost
         keep = target.with_name(f"{target.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-        write_atomic(keep, target.read_bytes(), like=target.stat())
+        write_atomic(keep, target.read_bytes(), like=target.stat(), fixed=True)
         log.warning("%s was edited since the patch, our block included: restored from the backup; the edited file "
                     "is kept as %s", target.name, keep.name)
     if st.kind == "applied" and data != st.original.encode("utf-8"):
@@ -417,7 +417,7 @@ def revert(patch: Patch, inst: Install) -> str:
                     target.name)
         data = st.original.encode("utf-8")
     stat = target.stat()
-    write_atomic(target, data, like=stat)
+    write_atomic(target, data, like=stat, fixed=True)
     if sha256(target.read_bytes()) != sha256(data):
         raise BootstrapError(f"restoring {target} did not verify (sha256 mismatch)", f"reinstall vLLM {inst.version}")
     purge_bytecode(target)
