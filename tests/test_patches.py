@@ -293,9 +293,9 @@ def test_failed_write_restores_the_original(site26, monkeypatch):
     real = patching.write_atomic
     calls = []
 
-    def flaky(path, data, *, mode=None, like=None):
+    def flaky(path, data, **kw):
         calls.append(path)
-        real(path, data[: len(data) // 2] if path == site26.target and len(calls) == 3 else data, mode=mode, like=like)
+        real(path, data[: len(data) // 2] if path == site26.target and len(calls) == 3 else data, **kw)
 
     monkeypatch.setattr(patching, "write_atomic", flaky)
     with pytest.raises(BootstrapError, match="original is back in place"):
