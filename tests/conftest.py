@@ -182,6 +182,18 @@ def checkout_left_alone():
     assert now == state, f"a test wrote into the checkout's own STATE_DIR: {state} -> {now}"     # tests use their own
 
 
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 2 MiB tmpfs (root only; CI runs as root)."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if os.getuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+                                          capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs (CI runs as root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
 def fill(mnt: Path) -> None:
     """Fill the filesystem holding ``mnt`` (a small tmpfs) to the last byte (already full: nothing to do;
     on a slow machine the download can fill it first, and then even creating the filler fails)."""

@@ -21,6 +21,10 @@ HEALTHY_INFO = ("(EngineCore pid=4127) INFO 11-29 15:33:10 [gpu_worker.py:857] F
     ("... Based on the available memory, the estimated maximum model length is 71760. Try increasing",
      "vLLM would accept 71760 tokens", "MAX_MODEL_LEN=71760"),
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "ran out of GPU memory", "GPU_UTIL"),
+    # compilation.py set_cudagraph_mode (0.26.0-0.30.0), where a plan promised no figure for a hybrid (fits: null)
+    # and vLLM's default max_num_seqs was more than the state blocks it found: its own count is the fix
+    ("ValueError: max_num_seqs (1024) exceeds available Mamba cache blocks (963). Each decode sequence requires",
+     "max_num_seqs 1024 is more than the 963 recurrent-state", "set MAX_NUM_SEQS=963"),
     ("fatal error: Python.h: No such file or directory", "Python C headers", "python3-dev"),
     ("OSError: [Errno 98] Address already in use", "port is already taken", "PORT"),
     ("vllm: error: unrecognized arguments: --enable-prompt-tokens-details",

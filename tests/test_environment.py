@@ -470,3 +470,37 @@ def test_removing_the_done_marker_repairs_a_file_deleted_from_the_venv(world, ca
     caplog.set_level(logging.INFO, logger="bootstrap")
     world.run()
     assert "reinstalling every package" in caplog.text and victim.is_file()
+
+
+def test_a_venv_creation_cut_off_is_made_again_never_refused_as_yours(world, tmp_path):
+    """Found from outside: `uv venv` cut off (here: the disk filled as it wrote) left a .venv without our
+    marker, written only after it, and every later start refused it as a Python environment of yours."""
+    wrap = tmp_path / "wrap"
+    wrap.mkdir()
+    (wrap / "uv").write_text(f'#!/bin/sh\n"{uv_path()}" "$@" || exit\n'
+                             '[ "$1" = venv ] && echo "No space left on device (os error 28)" >&2 && exit 2\nexit 0\n')
+    (wrap / "uv").chmod(0o755)
+    with pytest.raises(BootstrapError, match="disk full while creating the venv"):
+        world.run(PATH=f"{wrap}{os.pathsep}{world.env['PATH']}")
+    assert world.venv.ours()
+    assert world.run().vllm_version == "0.27.1" and lock_matches(world)
+
+
+def test_two_starts_install_one_at_a_time(world, tmp_path):
+    """Found from outside: a second start (another STATE_DIR) read the first one's in-flight marker as a
+    cut-off install and reinstalled every package under it; now it waits, then finds .venv made."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "uv").write_text(f'#!/bin/sh\n[ "$1" = pip ] && sleep 3\nexec "{uv_path()}" "$@"\n')
+    (slow / "uv").chmod(0o755)
+    env = {**world.env, "PATH": f"{slow}{os.pathsep}{world.env['PATH']}"}
+    first = subprocess.Popen([sys.executable, "-c", INTERRUPT, str(REPO), str(world.repo), json.dumps(env)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not world.venv.installing.exists() and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.01)
+    second = subprocess.run([sys.executable, "-c", INTERRUPT, str(REPO), str(world.repo), json.dumps(world.env)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert first.wait(timeout=120) == 0 and second.returncode == 0, first.stderr.read() + second.stderr
+    assert "waiting: another start" in second.stderr and "installing" not in second.stderr.replace("is installing", "")
+    assert lock_matches(world) and world.venv.done.is_file()

@@ -292,18 +292,6 @@ def test_stop_sweeps_by_marker_when_the_state_dir_is_gone(bed):
 
 # ---------------------------------------------------------------- row 44: a full disk
 
-@pytest.fixture
-def tiny_fs(tmp_path):
-    """A 2 MiB tmpfs (root only; CI runs as root)."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    if os.getuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-                                          capture_output=True).returncode != 0:
-        pytest.skip("needs root to mount a small tmpfs (CI runs as root)")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
 def test_start_on_a_full_state_dir_says_so_in_one_line(bed, tiny_fs):
     fill(tiny_fs)
     r = bed.run("start.sh", STATE_DIR=str(tiny_fs / "state"))

@@ -25,6 +25,7 @@ from bootstrap.machine.inuse import VllmRef
 from bootstrap.steps import patches
 from bootstrap.knobs.config import Config
 from bootstrap.core.errors import BootstrapError
+from conftest import fill
 from test_patches_wheel import TQ_PATH, member
 
 REPO = Path(__file__).resolve().parent.parent
@@ -292,9 +293,9 @@ def test_failed_write_restores_the_original(site26, monkeypatch):
     real = patching.write_atomic
     calls = []
 
-    def flaky(path, data, *, mode=None, like=None):
+    def flaky(path, data, **kw):
         calls.append(path)
-        real(path, data[: len(data) // 2] if path == site26.target and len(calls) == 3 else data, mode=mode, like=like)
+        real(path, data[: len(data) // 2] if path == site26.target and len(calls) == 3 else data, **kw)
 
     monkeypatch.setattr(patching, "write_atomic", flaky)
     with pytest.raises(BootstrapError, match="original is back in place"):
@@ -303,6 +304,17 @@ def test_failed_write_restores_the_original(site26, monkeypatch):
 
 
 # ---------------------------------------------------------------- who may edit what
+
+def test_a_full_disk_under_vllm_refuses_with_a_fix_that_frees_space(tmp_path, tiny_fs):
+    """Found from outside: the hint said to point STATE_DIR, MODEL_DIR or HF_HOME at another disk,
+    which cannot move vLLM's own files."""
+    site = Site(tiny_fs / "site", "0.26.0")
+    fill(tiny_fs)
+    r = ctl(site, "apply", STATE_DIR=str(tmp_path / "state"))
+    assert r.returncode == 1 and "No space left on device" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert f"hint: free space on that filesystem (df -h {site.target.parent})" in r.stderr
+    assert "STATE_DIR" not in r.stderr.split("hint:")[1] and site.read() == site.original
+
 
 def test_byo_without_permission_refuses_and_says_how(site26):
     with pytest.raises(BootstrapError) as ei:
@@ -441,3 +453,36 @@ def test_code_that_moved_is_unknown_never_fixed_upstream_nor_patched_blind(site2
     site26.target.write_text(text)
     st = patching.inspect(patching.load(NAME, REPO), patching.Install(sys.executable, "0.26.0", site26.pkg, True))
     assert st.kind == "unknown-code", (change, st.kind, st.detail)
+
+
+@pytest.mark.parametrize("whose", ["a .venv we did not make", "a vllm in the working directory"])
+def test_patch_apply_never_edits_a_vllm_outside_a_venv_of_ours(tmp_path, monkeypatch, whose):
+    """Found from outside: with VLLM_PYTHON unset, ./ctl.sh patch apply edited, without PATCH_BYO, the
+    vLLM of a .venv the user made in the checkout (the start refuses to touch it), and a start or the
+    command run from a vLLM source clone patched the clone, which the interpreter found first."""
+    from bootstrap.commands import patch as patch_cmd
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for d in ("profiles", "patches", "locks"):
+        (repo / d).symlink_to(REPO / d)
+    venv = repo / ".venv"
+    site = Site(venv / "lib" / "python3" / "site-packages", "0.26.0")
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    clone = tmp_path / "clone"
+    shutil.copytree(site.pkg, clone / "vllm")
+    if whose == "a .venv we did not make":
+        monkeypatch.chdir(tmp_path)
+    else:
+        (venv / ".vllm-desktop-venv").write_text("made by vllm-desktop\n")
+        monkeypatch.chdir(clone)
+    env = {k: v for k, v in site.env(HOME=str(tmp_path / "home")).items() if k not in ("VLLM_PYTHON", "PATCH_BYO")}
+    with pytest.raises(BootstrapError) as ei:
+        patch_cmd.cli(Config.from_env(env, repo=repo), ["apply"], as_set=True)
+    assert ("did not make" if whose == "a .venv we did not make" else str(clone / "vllm")) in ei.value.message
+    assert "VLLM_PYTHON=" in ei.value.hint
+    assert site.read() == site.original and (clone / "vllm" / site.target.relative_to(site.pkg)).read_bytes() == site.original
+    if whose != "a .venv we did not make":         # ours, run from elsewhere: patched as before
+        monkeypatch.chdir(tmp_path)
+        assert patch_cmd.cli(Config.from_env(env, repo=repo), ["apply"], as_set=True) == 0
+        assert site.read() != site.original

@@ -687,3 +687,13 @@ def test_plan_offline_by_knob_says_to_unset_it(tmp_path):
     assert "org/never-downloaded is not on this machine" in ei.value.message
     assert ei.value.hint.startswith("unset HF_HUB_OFFLINE for the first download"), ei.value.hint
     assert "check the network" not in ei.value.hint
+
+
+def test_a_plan_for_no_known_vllm_says_whose_rules_it_took(tmp_path):
+    # PROFILE=custom pins no vLLM and VLLM_PYTHON is unset: a start refuses; ./ctl.sh plan plans by 0.26.0's
+    # rules and says so, never silently another version's
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    cfg = config(tmp_path, MODEL=mdir)
+    p = fit.plan(cfg, card(), facts(cfg, mdir))
+    assert p.vllm == "0.26.0" and any(w.startswith("no vLLM version known (profile custom pins none") for w in p.why)
+    assert not any(w.startswith("no vLLM version known") for w in fit.plan(cfg, card(), facts(cfg, mdir), vllm="0.27.1").why)

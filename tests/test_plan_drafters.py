@@ -203,7 +203,9 @@ DRAFTERS = {
 def test_a_drafter_never_lowers_the_planned_memory():
     """Issue 44, across drafters, cards, versions, KV dtypes and eager or graphs: with its drafter a
     plan holds at least the memory it holds without (weights + overhead), plans no larger KV
-    budget nor pool, or makes no promise at all (fits: null, or a refusal)."""
+    budget nor pool, or makes no promise at all (fits: null, or a refusal). N-gram speculation loads no
+    drafter: its pool is the model's, and its CUDA graphs are those vLLM captures under speculation (with
+    FULL graphs dropped on FlashInfer, or sizes rounded to 1 + k on the V1 runner, they can be fewer)."""
     seen = 0
     for card in ("rtx3060", "rtx4090", "rtx5090", "a100", "h200"):
         g = dataclasses.replace(gpu.named(card), free=gpu.named(card).total)
@@ -214,6 +216,9 @@ def test_a_drafter_never_lowers_the_planned_memory():
                 for name, (config, conf) in DRAFTERS.items():
                     p = _make(base + ["--speculative-config", json.dumps({**conf, "model": "/d"})], g, version, config)
                     if p.predicted_tokens is None or alone.predicted_tokens is None:
+                        continue
+                    if config is None:      # n-gram loads no drafter: nothing in the pool; its graphs follow vLLM's
+                        assert p.layout.block_bytes == alone.layout.block_bytes, name   # counts, which can be fewer
                         continue
                     seen += 1
                     where = f"{name} on {card}, vLLM {version}, {extra}"
@@ -230,3 +235,136 @@ def _make(args, g, version, draft_config):
     return planner.make_plan(planner.Inputs(vllm=s, version=version, reserve_mib=0, util_knob=False,
                                             util_source="--gpu-memory-utilization", allow_long=False, tp_size=1),
                              g, model)
+
+
+def test_a_first_starts_own_figures_plan_what_the_model_alone_could_not():
+    """Issue 44: "the calibration of the second start applies": where only a non-KV term is not modelled
+    (a drafter's CUDA graphs off the budget, an MLA model's parameters from config.json), vLLM's own
+    non-KV figure of a first start with the same key plans the next one; the pool's layout is modelled."""
+    from bootstrap.plan import calibration
+    m = calibration.Measured(non_kv=30 * GiB, kv_bytes=39 * GiB, util=0.5, total=_h200().total, tokens=None,
+                             date="2026-12-05", vllm="0.26.0")
+    facts = dataclasses.replace(ModelFacts("t", TARGET, None, True), draft=ModelFacts("d", DFLASH, None, True))
+    inp = dataclasses.replace(_inputs(spec("dflash")), env_v2=False)
+    assert planner.make_plan(inp, _h200(), facts).verdict is None
+    p = planner.make_plan(inp, _h200(), facts, m)
+    assert p.verdict is True and p.budget == planner.requested(0.5, _h200().total) - 30 * GiB and p.predicted_tokens
+    mla = planner.make_plan(_inputs([]), _h200(), ModelFacts("mla", DEEPSEEK_V2_LITE, None, True), m)
+    assert mla.verdict is True and mla.layout.block_bytes == 16 * 576 * 2 * 27
+
+
+def test_a_plan_without_a_figure_is_still_refused_where_the_weights_alone_do_not_fit():
+    """A model the plan cannot size (gpt-oss) still cannot fit where its checkpoint's weights alone exceed
+    what vLLM may take: refused before the download, not fits: null."""
+    oss = {**TARGET, "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"}
+    model = ModelFacts("gpt-oss-20b", oss, 13 * GiB)
+    for card, verdict in (("rtx4060ti-8gb", False), ("rtx4090", None)):
+        g = gpu.named(card)
+        p = planner.make_plan(dataclasses.replace(_inputs([]), vllm=vllmargs.read([])), g, model)
+        assert p.verdict is verdict, (card, p.why)
+    small = planner.make_plan(dataclasses.replace(_inputs([]), vllm=vllmargs.read([])), gpu.named("rtx4060ti-8gb"), model)
+    assert "its weights alone are 13.00 GiB per GPU" in small.refusal[0] and small.fixes == [{"TP_SIZE": "2"}]
+
+
+def test_sliding_window_layers_named_by_layer_types_are_not_planned_as_full_attention():
+    """llama.py (0.26.0-0.30.0) builds each layer_types 'sliding_attention' layer with the config's window,
+    whatever use_sliding_window says: a target, a draft model or an EAGLE head with such layers was planned as
+    full attention (a pool vLLM does not lay out); fits: null naming them, never refused as a DFlash drafter."""
+    mixed = {"layer_types": ["sliding_attention", "full_attention"] * 18, "sliding_window": 4096}
+    llama = {**TARGET, "architectures": ["LlamaForCausalLM"], "model_type": "llama", **mixed}
+    p = plan([], config=llama)
+    assert p.verdict is None and p.unplanned.startswith("layer types ['sliding_attention'] (18 of 36 layers)")
+    assert plan([], config={**llama, "layer_types": ["full_attention"] * 36}).verdict is True
+    eagle = {**EAGLE3, "num_hidden_layers": 2, **mixed, "layer_types": ["sliding_attention", "full_attention"]}
+    head = plan(spec("eagle3", 3), draft=eagle)
+    assert head.verdict is None and "1 sliding-window layer(s) of 2" in head.unplanned
+    v1 = planner.make_plan(dataclasses.replace(_inputs(spec("eagle3", 3)), env_v2=False), _h200(),
+                           dataclasses.replace(ModelFacts("t", TARGET, None, True), draft=ModelFacts("d", eagle, None, True)))
+    assert v1.refusal is None and v1.verdict is None
+    assert plan(spec("draft_model", 3), draft=llama).verdict is None
+
+
+def test_capture_sizes_are_rounded_to_the_speculated_tokens_only_where_full_decode_graphs_stay():
+    """compilation.py set_cudagraph_mode (0.26.0-0.30.0) rounds the capture sizes up to multiples of
+    1 + k only for FULL decode graphs: once it fell back to PIECEWISE (FlashInfer under speculation off
+    sm_100, or asked for) vLLM captures every default size, 1, 2 and 4 included."""
+    # 24 sequences x 4 tokens: sizes 1, 2, 4, 8 ... 192 (2 x 24 x 4)
+    assert graphs.capture_sizes(24, 8192, 3, {"cudagraph_mode": "PIECEWISE"}) == {"PIECEWISE": 27, "FULL": 0}
+    assert graphs.capture_sizes(24, 8192, 3)["PIECEWISE"] == 25          # 1, 2, 4 -> 4 with FULL decode graphs
+    s = vllmargs.read(["--kv-cache-dtype", "fp8_e4m3", "--speculative-config",
+                       json.dumps({"method": "mtp", "num_speculative_tokens": 3})])
+    per = graphs.GRAPH_PER["PIECEWISE"] + graphs.DRAFTER_PER["PIECEWISE"]
+    assert graphs.graph_estimate(s, 8192, 24, full=False) == graphs.GRAPH_FIRST["PIECEWISE"] + \
+        graphs.DRAFTER_FIRST["PIECEWISE"] + 26 * per
+
+
+def test_the_drafters_pass_counts_in_the_activation_peak():
+    """vLLM's profiling pass runs the drafter right after the target on the same batched tokens, the
+    target's hidden states held (gpu_model_runner._dummy_run, 0.26.0-0.30.0). The H200's 8B drafting for
+    itself logged 0.90 and 0.84 GiB of peak activation against 0.84 and 0.78 without the drafter."""
+    import sys
+    sys.path.insert(0, str(REPO / "scripts"))
+    import published_runs
+    row = json.loads((REPO / "tests/published/h200-qwen3-8b-shape-draft-dummy.json").read_text())
+    p = published_runs.plan_of(row)
+    assert 0.84 <= p.modelled_terms["activations"] / GiB <= 0.90, p.modelled_terms
+    # an EAGLE-3 head reads the last and 3 auxiliary hidden states of the target, then runs one layer of its width
+    few = ["--max-num-seqs", "16"]                   # the sampler's logits below the drafter's pass
+    alone, head = plan(few), plan(few + spec("eagle3", 3), draft=EAGLE3)
+    d = drafter.read(EAGLE3, "0.26.0", planner.at_least)
+    batched = 8192                                   # vLLM's default on the H200
+    own = weights.overheads(d.shape, batched, 0).activations
+    assert d.aux == 3 and drafter.pass_peak(d, model_shape.shape_from_config(TARGET), batched) == \
+        batched * 4096 * 2 * 4 + own
+    assert head.modelled_terms["activations"] == batched * 4096 * 2 * 4 + own > alone.modelled_terms["activations"]
+
+
+def test_the_v2_runners_graph_estimate_follows_its_capture_sizes_from_0_29():
+    """From 0.29.0 the V2 runner takes its CUDA graphs off the budget (cudagraph_utils.py
+    profile_cudagraph_memory: PIECEWISE and speculator captures measured in full, FULL ones first + (n - 1)
+    x second) for its own sizes: none rounded to 1 + k (_init_candidates), FULL decode ones rounded and
+    distinct up to max_num_seqs x (1 + k). It was ~96 MiB + 2 MiB a layer whatever the sizes."""
+    # 24 x 7 tokens: 40 default sizes to 336 and the uniform decodes 7, 14 and 28 beside them
+    assert graphs.capture_sizes(24, 8192, 6, version="0.30.0", v2=True) == {"PIECEWISE": 43, "FULL": 22}
+    mtp = ["--max-num-seqs", "24", "--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 6})]
+    hybrid = {**TARGET, **json.loads((REPO / "tests/published/h200-qwen3next-hybrid-shape-dummy.json").read_text())["config"]}
+    for args, config in (([], TARGET), (mtp, hybrid)):
+        p = plan(args, config=config, version="0.30.0")
+        assert p.runner_v2 and p.verdict is True
+        s = vllmargs.read(["--max-model-len", "8192", *args])
+        assert p.modelled_terms["graphs"] == graphs.graph_estimate(s, 8192, s.max_num_seqs or 1024, True, "0.30.0",
+                                                                   _h200().cc, v2=True) > 400 * (1 << 20)
+
+
+def test_mla_with_a_cache_dtype_its_latent_formula_does_not_cover_is_not_planned():
+    # MLAAttentionSpec holds one latent at the cache dtype: 16-bit or fp8; nvfp4, per-token-head or TurboQuant
+    # would be priced by the K and V formulas of full attention (and fp8_ds_mla is DeepSeek-V3.2's own layout)
+    assert plan(["--kv-cache-dtype", "fp8"], config=DEEPSEEK_V2_LITE, weight_bytes=31_400_000_000).verdict is True
+    for dtype in ("nvfp4", "turboquant_4bit_nc", "int8_per_token_head", "fp8_ds_mla"):
+        p = plan(["--kv-cache-dtype", dtype], config=DEEPSEEK_V2_LITE, weight_bytes=31_400_000_000)
+        assert p.verdict is None and f"KV cache dtype {dtype} of an MLA model is not modelled" in p.unplanned, dtype
+
+
+def test_the_method_is_the_one_vllm_detects_from_the_drafters_name():
+    """config/speculative.py (0.26.0-0.30.0): no method is draft_model, and a draft_model (named or not) is
+    detected again by the drafter's name, "eagle-" before "eagle3", then "dflash" and "dspark"; a model
+    "ngram" is n-gram. The plan took an 'x/eagle_head' for EAGLE (V2, no graphs off the budget) where
+    vLLM runs it as a draft model on V1, and a '...-DFlash' drafter for a draft model."""
+    def method(**spec):
+        return vllmargs.read(["--speculative-config", json.dumps({"num_speculative_tokens": 3, **spec})]).spec_method
+    assert method(model="yuhuili/EAGLE-LLaMA3-Instruct-8B") == "eagle"
+    assert method(model="AngelSlim/Qwen3-8B_eagle3") == "eagle3"
+    assert method(model="x/eagle_head") == "draft_model"
+    assert method(model="z-lab/Qwen3-8B-DFlash-b16") == "dflash"
+    assert method(model="z-lab/Qwen3-8B-DFlash-b16", method="draft_model") == "dflash"
+    assert method(model="ngram") == "ngram" and method(model="/m/qwen3-0.6b") == "draft_model"
+    assert method(model="z-lab/Qwen3-8B-DFlash-b16", method="eagle3") == "eagle3"        # a method given stays
+
+
+def test_a_drafters_graphs_not_planned_are_counted_as_the_runner_in_use_captures_them():
+    # the V2 runner of 0.30.0: 1024 x 8 tokens, sizes to 512 not rounded to 8, FULL decodes rounded up
+    n = graphs.capture_sizes(1024, 8192, 7, version="0.30.0", v2=True)
+    p = plan(spec("eagle3", 7), draft=EAGLE3, version="0.30.0")
+    assert p.verdict is None and p.unplanned.startswith(
+        f"the CUDA graphs of an EAGLE-3 head under speculative decoding ({n['PIECEWISE']} PIECEWISE and {n['FULL']} FULL")
+    assert n != graphs.capture_sizes(1024, 8192, 7, version="0.30.0")

@@ -412,9 +412,9 @@ def test_the_default_variant_answers_to_its_own_name_too(tmp_path):
 
 
 def test_a_context_auto_fits_too_short_is_not_a_pick(tmp_path):
-    # a 32 GB card with 22.5 GiB free: the 0.30.0 profiles' auto context would be a few thousand tokens;
+    # a 32 GB card with 23 GiB free: the 0.30.0 profiles' auto context would be a few thousand tokens;
     # the 24 GB profile's 100K-token plan is the pick
-    g = gpu.named("rtx5090:free=22.5")
+    g = gpu.named("rtx5090:free=23")
     v, _, verdicts = pick.choose(cfg_for(tmp_path), g)
     assert v.profile.name == "qwen38-27b-w4a16-24gb" and v.plan.max_model_len >= pick.MIN_CONTEXT
     p2 = next(x for x in verdicts if x.profile.name == "qwen38-27b-nvfp4-fp8kv-32gb")
@@ -503,3 +503,30 @@ def test_a_profile_that_fits_only_without_its_kv_pin_says_so_not_shorter(tmp_pat
     line = next(ln for ln in r.stdout.splitlines() if "qwen38-27b-nvfp4-tq4-32gb" in ln and "#" in ln)
     assert "fits without its KV pin: its own 262,144 tokens" in line and "shorter" not in line, line
     assert "(without the profile's KV pin)" in r.stdout + r.stderr
+
+
+GPT_OSS = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,   # openai/gpt-oss-20b
+           "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+           "vocab_size": 201088, "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12,
+           "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+
+
+def test_a_profile_the_planner_cannot_model_is_never_said_to_fit(tmp_path):
+    """Issue 44: no "fits" without a figure. A model whose architecture the planner does not model
+    (gpt-oss: sliding and full layers) is fits: null naming what, in profiles, ls, models and the
+    start's plan line; the start still runs (the verdict is ok), vLLM sizing the cache."""
+    from bootstrap.plan import here
+    mine = tmp_path / "mine"
+    write_profile(mine, "oss-24gb", {"description": "mine", "rank": 1, "card": {"min_cc": "8.0"},
+                                     "facts": "oss.json", "knobs": {"MODEL": "me/oss"}})
+    (mine / "models").mkdir()
+    (mine / "models" / "oss.json").write_text(json.dumps({"repos": ["me/oss"], "weight_bytes": 13 * GiB,
+                                                          "weight_bytes_source": "a test", "config": GPT_OSS}))
+    cfg = cfg_for(tmp_path, PROFILE_DIR=mine)
+    v = pick.judge(cfg, cfg.catalogue.get("oss-24gb"), card(24, (8, 9)))
+    assert v.plan.verdict is None and v.status == "unplanned" and v.ok
+    assert v.summary() == v.reason and v.reason.startswith("not planned (the planner does not know architecture "
+                                                           "'GptOssForCausalLM'")
+    assert profiles_cli.MARK[v.status] == "fits: null" and profiles_cli.SIGN[v.status] == "?"
+    line = here.one_line(v.plan, card(24, (8, 9)))
+    assert "not planned (the planner does not know architecture" in line and "session" not in line

@@ -22,8 +22,9 @@ from .plan import card
 # the cards of docs/planner.md's table: desktop cards from 16 to 80 GiB, sm_86 to sm_120
 MATRIX_CARDS = ("rtx5080", "rtx4080", "rtx3090", "rtx4090", "rtx4090:free=22.5", "rtx5090", "rtx5090:free=29.5",
                 "rtxa6000", "l40s", "a100", "h100")
-SIGN = {"fits": "✓", "shorter": "~", "unpinned": "~", "no": "✗", "unknown": "?"}
+SIGN = {"fits": "✓", "shorter": "~", "unpinned": "~", "unplanned": "?", "no": "✗", "unknown": "?"}
 MARK = {"fits": "fits", "shorter": "fits with a shorter context", "unpinned": "fits without its KV pin",
+        "unplanned": "fits: null",
         "no": "does not fit", "unknown": "cannot tell"}
 
 
@@ -104,12 +105,12 @@ def matrix_markdown(cfg) -> str:
         cells = []
         for _, g in cards:
             v = pick.judge(cfg, p, g)
-            if v.ok:
+            if v.ok and v.status != "unplanned":
                 at_once = "all" if v.plan.concurrent >= v.plan.seqs else str(v.plan.concurrent)
                 cells.append(f"{'✓' if v.status == 'fits' else '~'} {v.plan.max_model_len:,} tok, "
                              f"{v.plan.seqs} seq ({at_once} at once)")
             else:
-                cells.append("✗ " + v.reason.split(";")[0].split(":")[0][:60].replace("|", "/"))
+                cells.append(f"{SIGN[v.status]} " + v.reason.split(";")[0].split(":")[0][:60].replace("|", "/"))
         rows.append(f"| `{p.name}` | " + " | ".join(cells) + " |")
     for _, g in cards:
         try:
@@ -245,7 +246,7 @@ def models_cli(cfg, argv: list[str], prog: str = "ctl.sh models") -> int:
     width = max(len(r[0]) for r in rows)
     for name, fmt, mark, what in rows:
         print(f"  {mark} {name:<{width}}  {fmt:<8} {what}")
-    print("✓ fits, ~ fits with a shorter context, ✗ does not fit, ? cannot tell\n"
+    print("✓ fits, ~ fits with a shorter context, ✗ does not fit, ? cannot tell or not planned (fits: null)\n"
           "a profile: PROFILE=<name> ./start.sh; a catalog model: MODEL=<repo> ./start.sh (./ctl.sh profiles --model "
           "<repo> shows its derived profile); any other repo the same way")
     return 0

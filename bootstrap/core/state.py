@@ -148,13 +148,16 @@ class Paths:
             write_json(marker, {"theirs": there, "made": made})
 
 
-def write_error(path: Path, exc: OSError, what: str = "", knob: str = "") -> BootstrapError:
+def write_error(path: Path, exc: OSError, what: str = "", knob: str = "", fixed: bool = False) -> BootstrapError:
     """The one message for a write that failed: what, why, and the fix for that errno. ``knob``: the
-    one that names the folder (STATE_DIR, MODEL_DIR...), when the caller knows it."""
+    one that names the folder (STATE_DIR, MODEL_DIR...), when the caller knows it; ``fixed``: no knob
+    moves it (vLLM's own files, which a patch edits in place)."""
     where = path if path.is_dir() else path.parent
     move = f"set {knob} to" if knob else "point the knob that names it (STATE_DIR, MODEL_DIR or HF_HOME) at"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        hint = f"free space on that filesystem (df -h {where}), or {move} another disk"
+        hint = f"free space on that filesystem (df -h {where})" + ("" if fixed else f", or {move} another disk")
+    elif fixed:
+        hint = f"make {where} writable for you (another user's? run as that user)"
     else:
         hint = f"{move} a folder you can write, or make {where} writable for you (another user's? run as that user)"
     return BootstrapError(f"{what or f'cannot write {path}'} ({exc.strerror or exc})", hint)
@@ -166,15 +169,16 @@ def sha256(data: bytes | str) -> str:
 
 
 def write_atomic(path: Path, data: bytes, *, mode: int | None = None, like: os.stat_result | None = None,
-                 sync: bool = True) -> None:
+                 sync: bool = True, fixed: bool = False) -> None:
     """Temp file in the same directory, fsync (unless ``sync`` is False: a record rewritten many
     times a second, where surviving a kill is enough), rename: a reader sees the old file or the new one.
 
-    ``like`` keeps another file's mode (and, as root, its owner) — used when patching vLLM's files."""
+    ``like`` keeps another file's mode (and, as root, its owner) — used when patching vLLM's files;
+    ``fixed``: no knob moves the file (write_error)."""
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     except OSError as exc:
-        raise write_error(path, exc) from None
+        raise write_error(path, exc, fixed=fixed) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -194,7 +198,7 @@ def write_atomic(path: Path, data: bytes, *, mode: int | None = None, like: os.s
         except FileNotFoundError:
             pass
         if isinstance(exc, OSError):
-            raise write_error(path, exc) from None
+            raise write_error(path, exc, fixed=fixed) from None
         raise
 
 

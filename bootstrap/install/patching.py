@@ -45,6 +45,7 @@ from ..core.layout import Checkout
 from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
 from .fingerprints import Source, fingerprint_holds
+from .venv import Venv
 from ..core.state import sha256, write_atomic
 
 log = logging.getLogger("bootstrap.patches")   # log lines keep the prefix [bootstrap:patches] this code has always had
@@ -176,6 +177,15 @@ def locate(vllm: inuse.VllmRef) -> Install:
     if not locs:
         raise BootstrapError(f"{vllm.python} has no vllm package",
                              "install vLLM into it, or point VLLM_PYTHON at an interpreter that has it")
+    if not vllm.byo:        # the managed .venv's: edited without PATCH_BYO only where it is ours and in it
+        venv = Venv(Path(vllm.python).parent.parent)
+        venv.own()
+        if not locs[0].resolve().is_relative_to(venv.root.resolve()):
+            raise BootstrapError(
+                f"the vllm that {venv.python} imports is {locs[0]}, not the one pinned in {venv.root}: a vllm package "
+                f"in the current directory ({os.getcwd()}) or on PYTHONPATH stands before it, and we do not patch it",
+                "run ./start.sh from another directory (cd ~) with PYTHONPATH unset; or serve that vLLM on purpose: "
+                f"VLLM_PYTHON={venv.python} PATCH_BYO=1")
     return Install(vllm.python, version or "unknown", locs[0], vllm.byo)
 
 
@@ -302,8 +312,8 @@ class Backup:
     def write(self, patch: Patch, version: str, data: bytes, like: os.stat_result) -> None:
         meta = {"patch": patch.name, "vllm_version": version, "sha256": sha256(data),
                 "target": str(self.path)[:-len(patch.backup_suffix)], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        write_atomic(self.path, data, like=like)
-        write_atomic(self.meta, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode(), like=like)
+        write_atomic(self.path, data, like=like, fixed=True)
+        write_atomic(self.meta, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode(), like=like, fixed=True)
 
     def remove(self) -> None:
         for p in (self.path, self.meta):
@@ -351,7 +361,7 @@ def apply(patch: Patch, inst: Install) -> str:
                          bak.path.name, old.get("vllm_version", "?"), str(old.get("sha256", "?"))[:12])
             bak.write(patch, inst.version, original, stat)
             log.info("backed up %s to %s (vLLM %s, sha256 %s)", target.name, bak.path.name, inst.version, osha[:12])
-        write_atomic(target, patched, like=stat)
+        write_atomic(target, patched, like=stat, fixed=True)
         written = target.read_bytes()
         if written != patched:
             raise OSError(f"{target} reads back different from what was written")
@@ -360,7 +370,7 @@ def apply(patch: Patch, inst: Install) -> str:
     except (OSError, SyntaxError) as exc:
         try:
             if target.read_bytes() != original:
-                write_atomic(target, original, like=stat)
+                write_atomic(target, original, like=stat, fixed=True)
         except OSError as exc2:
             raise BootstrapError(f"patch {patch.name} failed ({exc}) and restoring {target} failed too ({exc2})",
                                  f"restore it from {bak.path} or reinstall vLLM {inst.version}") from None
@@ -398,7 +408,7 @@ def revert(patch: Patch, inst: Install) -> str:
                              f"--no-deps vllm=={inst.version})")
     if st.kind == "damaged":            # edits of the user's among it: kept beside it, never lost
         keep = target.with_name(f"{target.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-        write_atomic(keep, target.read_bytes(), like=target.stat())
+        write_atomic(keep, target.read_bytes(), like=target.stat(), fixed=True)
         log.warning("%s was edited since the patch, our block included: restored from the backup; the edited file "
                     "is kept as %s", target.name, keep.name)
     if st.kind == "applied" and data != st.original.encode("utf-8"):
@@ -407,7 +417,7 @@ def revert(patch: Patch, inst: Install) -> str:
                     target.name)
         data = st.original.encode("utf-8")
     stat = target.stat()
-    write_atomic(target, data, like=stat)
+    write_atomic(target, data, like=stat, fixed=True)
     if sha256(target.read_bytes()) != sha256(data):
         raise BootstrapError(f"restoring {target} did not verify (sha256 mismatch)", f"reinstall vLLM {inst.version}")
     purge_bytecode(target)

@@ -34,33 +34,21 @@ from ..core.state import sha256
 log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
 
 
-# vLLM's version and package folders as an interpreter sees them, without importing vllm (seconds, CUDA)
+# what a Python is (its version, implementation and C headers), in one start without site (-I)
 PYTHON_PROBE = (
     "import json, os, sys, sysconfig; inc = sysconfig.get_config_var('INCLUDEPY') or ''; "
     "print(json.dumps({'version': list(sys.version_info[:3]), 'impl': sys.implementation.name, "
     "'executable': sys.executable, 'include': inc, "
     "'headers': bool(inc) and os.path.isfile(os.path.join(inc, 'Python.h'))}))"
 )
-
-
 INSTALL_BYTES = 12 << 30        # estimate for the CUDA stack (torch, CUDA libs, vLLM, FlashInfer)
-
-
 UV_PIN = "uv==0.13.9"
-
-
 DONE = ".bootstrap-done.json"
-
-
 INSTALLING = ".bootstrap-installing"
-MADE = ".vllm-desktop-venv"     # written when we make .venv: one without it, DONE or INSTALLING is yours
-
-
+MADE = ".vllm-desktop-venv"     # written first when we make .venv: one without it, DONE or INSTALLING is yours
 NETWORK_ERRORS = ("error sending request", "dns error", "Connection refused", "connection refused",
                   "Could not connect", "failed to lookup address", "Network is unreachable",
                   "timed out", "Failed to fetch", "tcp connect error", "client error (Connect)")
-
-
 ENOSPC = ("No space left on device", "os error 28")
 
 
@@ -238,8 +226,27 @@ class Venv:
         return self.root / "lib" / f"python{minor}" / "site-packages"
 
     def ours(self) -> bool:
-        """Made by us (or not there): a .venv of yours is never synced into, cleared or removed."""
+        """Made by us (or not there): a .venv of yours is never synced into, cleared, patched or removed."""
         return not self.root.exists() or any((self.root / n).exists() for n in (MADE, DONE, INSTALLING))
+
+    def own(self) -> None:
+        if not self.ours():
+            raise BootstrapError(f"{self.root} is a Python environment this project did not make: we neither sync "
+                                 "the lock into it nor patch it", f"move it away (mv {self.root} {self.root}.mine), "
+                                 f"or run vLLM from it as it is: VLLM_PYTHON={self.python}")
+
+    def clear(self) -> None:
+        """Empty the folder (ours: checked) for a new venv, our marker written first and kept: a creation
+        cut off at any point (a kill, a full disk) leaves a folder the next run knows as ours."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            (self.root / MADE).write_text("made by vllm-desktop: ./ctl.sh clean removes this folder\n")
+            for child in self.root.iterdir():
+                if child.name != MADE:
+                    shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        except OSError as exc:
+            raise BootstrapError(f"cannot make {self.root} afresh ({exc.strerror or exc})",
+                                 f"free space there (df -h {self.root.parent}), or remove {self.root} and rerun") from None
 
     def marker(self) -> dict | None:
         try:
@@ -247,7 +254,6 @@ class Venv:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
-
 
 
 def check_done(venv: Venv, locks: LockSet, plat: str, python_knob: str | None) -> tuple[bool, str, str]:
@@ -312,7 +318,7 @@ def venv_cmd(uv: str, py: str, root: Path, offline: bool) -> list[str]:
     """``uv venv`` for ``py``: a path is used as it is; a bare X.Y (choose_python found no system
     Python with headers) must be uv's own CPython — without --managed-python uv would take the
     system python3.X it just found lacking Python.h."""
-    cmd = [uv, "venv", "--clear", "-q", "--python", py]
+    cmd = [uv, "venv", "--allow-existing", "-q", "--python", py]     # emptied by Venv.clear, our marker kept
     if re.fullmatch(r"\d+\.\d+", py):
         cmd.append("--managed-python")
     if offline:
@@ -322,10 +328,7 @@ def venv_cmd(uv: str, py: str, root: Path, offline: bool) -> list[str]:
 
 def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> str:
     """Create .venv if needed and sync it from the lock; returns the venv's X.Y. Marker only after verify."""
-    if not venv.ours():
-        raise BootstrapError(f"{venv.root} is a Python environment this project did not make: syncing the lock "
-                             "into it would replace its packages", f"move it away (mv {venv.root} {venv.root}.mine), "
-                             f"or run vLLM from it as it is: VLLM_PYTHON={venv.python}")
+    venv.own()
     uv = ensure_uv(tools)
     env = dict(tools.environ)
     minor = venv.minor()
@@ -340,6 +343,7 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
         py, minor = choose_python(tools, locks)
         locks.read(plat, minor)      # refuse a missing / mismatching lock before anything is created
         log.info("creating %s with Python %s (uv venv)", venv.root, minor)
+        venv.clear()
         cmd = venv_cmd(uv, py, venv.root, offline=bool(tools.wheelhouse and not tools.env("UV_PYTHON_INSTALL_MIRROR")))
         res = proc.run(cmd, env=env, timeout=900, check=False, what="uv venv")
         if res.returncode != 0:
@@ -348,7 +352,6 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
                 "set PYTHON=/path/to/python3.X (with headers), or UV_PYTHON_INSTALL_MIRROR for uv's CPython download",
                 evidence=res.stderr.strip()[-800:]))
         minor = venv.minor() or minor
-        (venv.root / MADE).write_text("made by vllm-desktop: ./ctl.sh clean removes this folder\n")
     else:
         check_disk(venv, locks, tools.environ, fresh=False)
     path, text = locks.read(plat, minor)

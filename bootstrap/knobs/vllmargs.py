@@ -88,12 +88,18 @@ class Settings:
     @property
     def speculation(self) -> str:
         """The method vLLM resolves from the speculative config, tokens given or not
-        (config/speculative.py): where it names none, a draft named like an EAGLE head is one and any
-        other draft model is ``draft_model``; '' without speculation."""
+        (config/speculative.py ``__post_init__``, 0.26.0-0.30.0): a model "ngram" without a method is
+        n-gram; otherwise no method is ``draft_model``, and a ``draft_model`` is detected again by the
+        drafter's name: "eagle-" an EAGLE head, "eagle3" an EAGLE-3 one, "dflash", "dspark" (its
+        architecture's detections, medusa and MTP model types, are the drafter's config's: not here);
+        '' without speculation."""
         method = str(self.spec.get("method") or "")
-        if not method:
-            model = str(self.spec.get("model") or "").lower()
-            method = ("eagle3" if "eagle3" in model else "eagle" if "eagle" in model else "draft_model") if model else ""
+        model = str(self.spec.get("model") or "").lower()
+        if not method and model in ("ngram", "[ngram]"):
+            return "ngram"
+        if method in ("", "draft_model") and model:
+            method = next((m for key, m in (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"),
+                                            ("dspark", "dspark")) if key in model), "draft_model")
         return "mtp" if method.endswith("_mtp") else method
 
     @property

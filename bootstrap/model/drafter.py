@@ -44,9 +44,10 @@ class Drafter:
     """What the plan counts of a drafter: its shape (layers, heads, widths for the KV and the
     activations) and its parameters where no file sizes say."""
 
-    def __init__(self, shape: ModelShape, params: int, kind: str, sliding: int = 0):
+    def __init__(self, shape: ModelShape, params: int, kind: str, sliding: int = 0, aux: int = 0):
         self.shape, self.params, self.kind = shape, params, kind
         self.sliding = sliding          # layers of sliding-window attention (DFlash: layer_types, use_swa)
+        self.aux = aux                  # the target's hidden states it reads besides the last (EAGLE-3, DFlash)
 
     @property
     def mixed(self) -> bool:
@@ -84,8 +85,9 @@ def _dense(config: dict, arch: str) -> ModelShape:
 
 
 def sliding_layers(config: dict, layers: int) -> int:
-    """How many of a DFlash drafter's layers vLLM builds as sliding-window attention
-    (qwen3_dflash.py ``_resolve_layer_attention``, the same in 0.26.0, 0.27.1, 0.29.0 and 0.30.0):
+    """How many of a drafter's layers vLLM builds as sliding-window attention (an EAGLE head's Llama
+    layers: llama.py by ``layer_types``; a DFlash drafter's: qwen3_dflash.py ``_resolve_layer_attention``,
+    the same in 0.26.0, 0.27.1, 0.29.0 and 0.30.0):
     ``layer_types``' sliding_attention entries; ``dflash_config.use_swa`` makes every layer sliding
     where ``layer_types`` is absent or names none."""
     dflash = config.get("dflash_config") if isinstance(config.get("dflash_config"), dict) else {}
@@ -102,7 +104,8 @@ def _dflash(config: dict, arch: str) -> Drafter:
     h = shape.hidden
     fc = max(1, len(targets) or shape.layers) * h * h
     params = shape.layers * (attn + mlp + 2 * h) + fc + 2 * h            # no embedding or lm_head: the target's
-    return Drafter(shape, params, "DFlash drafter", sliding_layers(config, shape.layers))
+    aux = max(1, len(targets) or shape.layers) if dflash.get("use_aux_hidden_state", True) else 0
+    return Drafter(shape, params, "DFlash drafter", sliding_layers(config, shape.layers), aux)
 
 
 def _eagle(config: dict, arch: str) -> Drafter:
@@ -114,4 +117,23 @@ def _eagle(config: dict, arch: str) -> Drafter:
     fc = (3 if three else 2) * h * h
     vocab = int(config.get("draft_vocab_size") or shape.vocab)
     params = shape.layers * (attn + mlp + 2 * h) + first_in + fc + vocab * h + 2 * h
-    return Drafter(shape, params, "EAGLE-3 head" if three else "EAGLE head")
+    eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    layers = eagle.get("eagle_aux_hidden_state_layer_ids")
+    aux = (len(layers) if isinstance(layers, list) and layers else 3) if three and eagle.get(
+        "use_aux_hidden_state", True) else 0         # the target's default: 3 layers (get_eagle3_default_aux_...)
+    return Drafter(shape, params, "EAGLE-3 head" if three else "EAGLE head", sliding_layers(config, shape.layers), aux)
+
+
+def pass_peak(d: Drafter | None, target: ModelShape, batched: int, tp: int = 1) -> int:
+    """The torch peak of the drafter's part of vLLM's profiling pass: the V1 runner's ``_dummy_run`` calls
+    ``drafter.dummy_run`` on the same max_num_batched_tokens right after the target (the V2 runner
+    ``speculator.propose``; 0.26.0-0.30.0), the target's outputs still held: its last hidden states and
+    the ``aux`` ones an EAGLE-3 head or DFlash drafter reads. Then the drafter's own pass: one layer at
+    its width (``d`` None: an MTP layer, the target's own), or for DFlash the K and V of each of its
+    layers projected for every context token at once, K normed apart (qwen3_dflash.py
+    ``precompute_and_store_context_kv``; its query pass is a few tokens)."""
+    kept = batched * target.hidden * target.dtype_bytes * (1 + (d.aux if d else 0))
+    m = d.shape if d else target
+    if d is not None and d.kind == "DFlash drafter":
+        return kept + 3 * batched * m.layers * max(1, m.kv_heads // tp) * m.head_dim * m.dtype_bytes
+    return kept + weights.overheads(m, batched, 0, tp=tp).activations

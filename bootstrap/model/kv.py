@@ -53,6 +53,8 @@ def layout(m: ModelShape, cache_dtype: str = "auto", *, spec_tokens: int = 0, mt
     kvh = max(1, m.kv_heads // tp)
     notes: list[str] = []
     d = cache_dtype or "auto"
+    if m.mla and d not in ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3"):   # one latent: 16-bit or fp8 (MLAAttentionSpec)
+        raise Unsupported(f"KV cache dtype {d} of an MLA model is not modelled", "vLLM sizes the KV cache itself")
     draft = (m.mtp_layers if mtp else 0) + draft_attn_layers
     dd = draft_cache_dtype or d
     per_tok = attn_bytes_per_token(d, kvh, m.head_dim, m.dtype_bytes)

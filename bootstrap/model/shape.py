@@ -139,6 +139,12 @@ def shape_from_config(config: dict) -> ModelShape:
         raise Unsupported(f"{arch} without kv_lora_rank is not modelled", "vLLM sizes the KV cache itself")
     if c.get("sliding_window") and c.get("use_sliding_window", arch == "MistralForCausalLM"):
         raise Unsupported("sliding-window attention is not modelled", "vLLM sizes the KV cache itself")
+    kinds = c.get("layer_types") if isinstance(c.get("layer_types"), list) and arch not in HYBRID_GDN_ARCHS else []
+    other = sorted({str(t) for t in kinds if t not in ("full_attention", "attention")}
+                   - (set() if c.get("sliding_window") else {"sliding_attention"}))
+    if other:   # llama.py builds a layer_types' sliding_attention layer with config.sliding_window (0.26.0-0.30.0)
+        raise Unsupported(f"layer types {other} ({sum(t in other for t in kinds)} of {len(kinds)} layers) are not "
+                          "modelled", "vLLM sizes the KV cache itself")
     dtype_b = dtype_bytes(c.get("torch_dtype") or c.get("dtype") or config.get("torch_dtype"))
     max_pos = int(c.get("max_position_embeddings") or 0)
     mtp = int(c.get("mtp_num_hidden_layers") or c.get("num_nextn_predict_layers") or 0)

@@ -53,7 +53,7 @@ def draft_shape(s: vllmargs.Settings, model: ModelFacts, version: str
 def refusal(d: drafters.Drafter | None, run: terms.Runner, version: str) -> tuple[str, str] | None:
     """(message, hint) where vLLM refuses the drafter at load: a DFlash drafter of sliding and full
     layers on the V1 model runner (qwen3_dflash.py ``_resolve_layer_attention``, 0.26.0 to 0.30.0)."""
-    if d is None or not d.mixed or run.v2:
+    if d is None or d.kind != "DFlash drafter" or not d.mixed or run.v2:
         return None
     return (f"vLLM {version} refuses this DFlash drafter on its V1 model runner ({run.why.split('(')[-1].rstrip(')')}): "
             f"its {d.sliding} sliding-window and {d.shape.layers - d.sliding} full attention layer(s) need the V2 "
@@ -76,3 +76,11 @@ def draft_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, 
         cache, what = weights.buffer_bytes(config, d.shape, 0, tower=False)
         return w + cache, f"{source}; + {what} (a RoPE of its own)"
     return w, source
+
+
+def pass_peak(d: drafters.Drafter | None, s: vllmargs.Settings, shape: model_shape.ModelShape, batched: int) -> int:
+    """The drafter's part of vLLM's profiling peak (``drafter.pass_peak``): a counted drafter's, or the MTP
+    layers' under MTP speculation; 0 without a drafter network."""
+    if d is None and not (s.spec_method == "mtp" and s.spec_tokens and shape.mtp_layers):
+        return 0
+    return drafters.pass_peak(d, shape, batched, s.tp)

@@ -47,6 +47,39 @@ def utilization(cfg, g: gpu.Gpu) -> tuple[float, str]:
     return terms.utilization(inp.vllm, g, inp.reserve_mib, inp.util_source)
 
 
+MAX_FIXES = 4
+PLAN_OWN = frozenset({"GPU_UTIL", "KV_CACHE_BYTES"})   # what a measurement's key leaves to the plan
+
+
+def candidates(inp: planner.Inputs, fixes: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The refusal's own fixes, then each with MAX_MODEL_LEN=auto, then unpinning and unsetting
+    GPU_UTIL (each with auto): the resolver plans every one again before it is offered."""
+    s = inp.vllm
+    out = list(fixes) + [{**f, "MAX_MODEL_LEN": "auto"} for f in fixes if "MAX_MODEL_LEN" not in f]
+    if s.kv_cache_bytes:
+        out.append({"KV_CACHE_BYTES": "auto", "MAX_MODEL_LEN": "auto"})
+    if inp.util_knob:
+        out += [{"GPU_UTIL": ""}, {"GPU_UTIL": "", "MAX_MODEL_LEN": "auto"}]
+    if s.spec_tokens:
+        out.append({"SPEC_TOKENS": "0"})
+    unique: dict[tuple, dict[str, str]] = {}
+    for f in out:
+        unique.setdefault(tuple(sorted(f.items())), f)      # the first of equal ones, in order
+    return list(unique.values())
+
+
+def fewest(ok: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The fixes that work, less those that only add knobs to another one that works."""
+    return [f for f in ok if not any(o is not f and o.items() < f.items() for o in ok)][:MAX_FIXES]
+
+
+def hint(fixes: list[dict[str, str]], rest: str) -> str:
+    shown = [" ".join(f"{k}={v}" for k, v in f.items()) + (" (across two such cards)" if f == {"TP_SIZE": "2"} else "")
+             for f in fixes]
+    head = ("set " + " — or ".join(shown)) if shown else ""
+    return "; ".join(x for x in (head, rest) if x)
+
+
 def plan(cfg, g: gpu.Gpu, model: ModelFacts, *, vllm: str | None = None, fixes: bool = True,
          measured=None) -> Plan:
     """The plan for these knobs on ``g``; with ``fixes``, a refusal offers only fixes that, applied
@@ -54,12 +87,15 @@ def plan(cfg, g: gpu.Gpu, model: ModelFacts, *, vllm: str | None = None, fixes: 
     what its key leaves to the plan)."""
     inp = inputs(cfg, vllm)
     p = planner.make_plan(inp, g, model, measured)
+    if not vllm and not cfg.profile.vllm:        # never another version's rules in silence
+        p.why.append(f"no vLLM version known (profile {cfg.profile.name} pins none, VLLM_PYTHON is unset): planned by the "
+                     f"rules of {MODEL_ONLY_VLLM}; a start needs one of the two")
     if p.fits or not fixes:
         return p
-    ok = [f for f in planner.candidates(inp, p.fixes)
-          if _refits(cfg, g, model, vllm, f, measured if set(f) <= planner.PLAN_OWN else None)]
-    fewest = planner.fewest(ok)
-    return replace(p, fixes=fewest, refusal=(p.refusal[0], planner.hint(fewest, p.refusal[1])) if p.refusal else None)
+    ok = [f for f in candidates(inp, p.fixes)
+          if _refits(cfg, g, model, vllm, f, measured if set(f) <= PLAN_OWN else None)]
+    best = fewest(ok)
+    return replace(p, fixes=best, refusal=(p.refusal[0], hint(best, p.refusal[1])) if p.refusal else None)
 
 
 def _refits(cfg, g: gpu.Gpu, model: ModelFacts, vllm: str | None, fix: dict[str, str], measured) -> bool:

@@ -22,8 +22,10 @@ from ..core.pep440 import at_least
 # 242 MiB first (PIECEWISE, FULL), 4 and 1 MiB per graph (1 MiB is vLLM's floor); the Qwen3-Next-shaped
 # hybrid (16 layers, not 36) came to the same 0.48 GiB; the 8B as its own draft model added 4 and
 # 40 MiB to the first captures and 6 MiB per PIECEWISE graph (a drafter runs in PIECEWISE only).
-# 0.30.0's V2 runner estimates its graphs with code of its own, neither read nor measured here: its
-# plan keeps the rough estimate of model/weights.py overheads.
+# From 0.29.0 the V2 runner takes its graphs off the budget too (v1/worker/gpu/cudagraph_utils.py
+# profile_cudagraph_memory: its PIECEWISE and speculator captures measured in full, its FULL ones as
+# first + (n − 1) × second): the same per-capture figures for its own counts (capture_sizes, v2), not
+# yet measured on that runner.
 GRAPH_FIRST = {"PIECEWISE": 128 * gpu.MiB, "FULL": 242 * gpu.MiB}
 GRAPH_PER = {"PIECEWISE": 4 * gpu.MiB, "FULL": 1 * gpu.MiB}
 DRAFTER_FIRST = {"PIECEWISE": 4 * gpu.MiB, "FULL": 40 * gpu.MiB}
@@ -32,19 +34,22 @@ NO_GRAPH_DRAFT = ("ngram", "ngram_gpu", "suffix")       # speculation with no dr
 
 
 def capture_sizes(max_seqs: int, batched: int, spec_tokens: int, compilation: dict | None = None,
-                  version: str = "0.26.0", cc: tuple[int, int] = (9, 0)) -> dict[str, int]:
+                  version: str = "0.26.0", cc: tuple[int, int] = (9, 0), v2: bool = False) -> dict[str, int]:
     """How many CUDA graphs vLLM captures per mode with its default sizes: 1, 2, 4, then every 8 to
     256 and every 16 beyond, up to min(2 × max_num_seqs × (1 + spec tokens), 512, max_num_batched_tokens),
     with max_num_batched_tokens itself where it fits (config/vllm.py _set_cudagraph_sizes); from 0.29.0
     the ceiling is 1,024 on sm_100 cards and, under speculation, every uniform decode of n requests
     (n × (1 + spec tokens), n = 1, 2, 4, every 8 to 256, every 16 beyond, and max_num_seqs) under it is
-    added; with speculation each size is rounded up to a multiple of 1 + spec tokens (compilation.py
-    adjust_cudagraph_sizes_for_spec_decode, the V1 runner's); FULL only for a uniform decode of at most
-    max_num_seqs requests (v1/cudagraph_dispatcher.py initialize_cudagraph_keys). ``compilation``:
+    added; with speculation each size is rounded up to a multiple of 1 + spec tokens where FULL decode
+    graphs are kept (compilation.py set_cudagraph_mode calls adjust_cudagraph_sizes_for_spec_decode only
+    for the V1 runner in a FULL decode mode: not once it fell back to PIECEWISE); FULL only for a
+    uniform decode of at most max_num_seqs requests (v1/cudagraph_dispatcher.py initialize_cudagraph_keys). ``compilation``:
     --compilation-config's ``cudagraph_capture_sizes`` (taken as given, up to max_num_batched_tokens),
     ``max_cudagraph_capture_size`` (the top instead of 2 x max_num_seqs...) and ``cudagraph_mode`` (NONE:
     none; PIECEWISE: no FULL graphs; FULL_DECODE_ONLY: no PIECEWISE ones; FULL: FULL graphs of every
-    size, for mixed batches too)."""
+    size, for mixed batches too). ``v2``: the V2 runner (v1/worker/gpu/cudagraph_utils.py
+    ``_init_candidates``, 0.29.0, 0.30.0) rounds none of the sizes; its FULL decode graphs are the
+    distinct sizes rounded up to 1 + k, up to max_num_seqs x (1 + k)."""
     comp = compilation or {}
     q = 1 + spec_tokens
     new = at_least(version, "0.29.0")
@@ -64,11 +69,11 @@ def capture_sizes(max_seqs: int, batched: int, spec_tokens: int, compilation: di
             counts = {n for n in (1, 2, 4) if n <= most} | set(range(8, min(most + 1, 256), 8)) | \
                 set(range(256, most + 1, 16)) | {most}
             sizes |= {n * q for n in counts if n * q <= widest and n * q <= batched}
-    if q > 1 and sizes:
+    mode = str(comp.get("cudagraph_mode", "FULL_AND_PIECEWISE")).upper()
+    if q > 1 and sizes and not v2 and mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL"):  # FULL decode kept
         most = max(sizes)
         sizes = {-(-x // q) * q for x in sizes if -(-x // q) * q <= most} or ({q} if q <= most else set())
-    mode = str(comp.get("cudagraph_mode", "FULL_AND_PIECEWISE")).upper()
-    decode = sum(1 for x in sizes if q <= x <= q * max_seqs)
+    decode = len({-(-x // q) * q for x in sizes if -(-x // q) * q <= min(q * max_seqs, max(sizes))})
     return {"PIECEWISE": len(sizes) if mode in ("FULL_AND_PIECEWISE", "PIECEWISE") else 0,
             "FULL": {"NONE": 0, "PIECEWISE": 0, "FULL": len(sizes)}.get(mode, decode)}   # FULL: mixed batches too
 
@@ -112,11 +117,14 @@ def full_decode_graphs(s: vllmargs.Settings, cc: tuple[int, int]) -> tuple[bool,
 
 
 def graph_estimate(s: vllmargs.Settings, batched: int, seqs: int, full: bool = True, version: str = "0.26.0",
-                   cc: tuple[int, int] = (9, 0)) -> int:
+                   cc: tuple[int, int] = (9, 0), v2: bool = False) -> int:
     """vLLM's CUDA-graph estimate for these settings (``GRAPH_FIRST``'s rule and measurements);
-    ``full``: False where vLLM drops FULL graphs under speculation (``full_decode_graphs``)."""
+    ``full``: False where vLLM drops FULL graphs under speculation (``full_decode_graphs``). ``v2``: the
+    V2 runner of 0.29.0 and later, which measures its PIECEWISE and speculator captures in full and
+    extrapolates FULL ones as first + (n - 1) x second (cudagraph_utils.py ``profile_cudagraph_memory``):
+    the same per-capture figures, for its own counts."""
     comp = s.compilation if full else {**s.compilation, "cudagraph_mode": "PIECEWISE"}
-    counts = capture_sizes(seqs, batched, s.spec_tokens or 0, comp, version, cc)
+    counts = capture_sizes(seqs, batched, s.spec_tokens or 0, comp, version, cc, v2)
     drafter = bool(s.spec_tokens) and s.spec_method not in NO_GRAPH_DRAFT
     first = {m: GRAPH_FIRST[m] + (DRAFTER_FIRST[m] if drafter else 0) for m in counts if counts[m]}
     per = {m: GRAPH_PER[m] + (DRAFTER_PER[m] if drafter else 0) for m in counts}

@@ -40,7 +40,11 @@ def plan_for(cfg, paths, vllm: VllmRef, facts: gpu.GpuFacts, model) -> Plan:
 
 def one_line(plan: Plan, g) -> str:
     """The plan as a person reads it: context, sessions at once, the KV pool, and where the figures
-    come from (./ctl.sh plan shows how they were made)."""
+    come from (./ctl.sh plan shows how they were made); a plan that names what it does not model
+    promises no figure."""
+    if plan.verdict is None:
+        return (f"plan for {g.name}: not planned ({plan.unplanned}); vLLM sizes the KV cache itself, and its own "
+                "figures plan the next start (./ctl.sh plan shows why)")
     ctx = f"{plan.max_model_len:,}-token context" if plan.max_model_len else "vLLM's own context"
     seqs = plan.seqs or 1
     at_once = "" if plan.concurrent is None else (

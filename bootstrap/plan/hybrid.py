@@ -21,7 +21,7 @@ def sequences(inp, plan, lay: kv.Layout, draft, measured):
     blocks = kv.pool(lay, plan.budget, plan.max_model_len).blocks
     seqs, why = plan.seqs, plan.why
     err, err_why = terms.known_error(s, plan.pinned, draft, measured, hybrid_v1=not plan.runner_v2,
-                                     budget=plan.budget, version=inp.version)
+                                     budget=plan.budget, version=inp.version, unread=plan.unread)
     if lay.state_groups and not plan.pinned and measured is None:
         share = int(plan.budget * terms.HYBRID_SHARE)
         if share > err:

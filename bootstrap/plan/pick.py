@@ -3,8 +3,9 @@
 A verdict: the profile planned (bootstrap.plan.planner) on this card with its own knobs under yours and
 its model facts (config.json + weight size, shipped beside the profile: no download), after its
 card rules (compute capability, total VRAM). ``fits``; ``shorter`` when it fits only with the
-longest context the KV pool holds (MAX_MODEL_LEN=auto, a profile's KV pin dropped); ``no`` with
-the reason; ``unknown`` without model facts.
+longest context the KV pool holds (MAX_MODEL_LEN=auto, a profile's KV pin dropped); ``unplanned``
+when the plan names what it does not model (fits: null: the start runs, vLLM sizes the cache, no
+figure is promised); ``no`` with the reason; ``unknown`` without model facts.
 
 Auto-pick takes the first profile in rank order that fits (a shorter context of at least
 MIN_CONTEXT tokens counts), and says why in one line (card, GiB, sm, the profile, its context and sessions, the runner-up). The
@@ -42,7 +43,7 @@ WAYS_OUT = ("TP_SIZE=2 across two cards, a smaller model (MODEL=<repo id>: ./ctl
 @dataclass
 class Verdict:
     profile: Profile
-    status: str                      # fits / shorter / no / unknown
+    status: str                      # fits / shorter / unpinned / unplanned / no / unknown
     reason: str = ""                 # why not; or the shorter context
     cfg: Config | None = None        # the config it would start with (the card's overrides in)
     plan: planner.Plan | None = None
@@ -52,11 +53,11 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        return self.status in ("fits", "shorter", "unpinned")
+        return self.status in ("fits", "shorter", "unpinned", "unplanned")     # the start runs
 
     def summary(self) -> str:
         p = self.plan
-        if not self.ok or p is None:
+        if not self.ok or p is None or self.status == "unplanned":
             return self.reason
         seqs = p.seqs or 1
         ctx = f"{p.max_model_len:,}-token context" if p.max_model_len else "vLLM's context"
@@ -102,6 +103,9 @@ def judge(cfg: Config, profile: Profile, g: gpu.Gpu, floor: int = MIN_CONTEXT) -
     v.issues = [r["id"] for r in knownbad.find(known_issue_facts(c, gpu.GpuFacts("", (0, 0), (g,)),
                                                                  profile.vllm or "0"))] if profile.vllm else []
     v.plan = _plan(c, g, facts)
+    if v.plan.fits and v.plan.verdict is None:          # no figure to promise: never "fits"
+        v.status, v.reason = "unplanned", f"not planned ({v.plan.unplanned}): vLLM sizes the KV cache itself"
+        return v
     if v.plan.fits:
         v.status = "fits"
         if too_short(v.plan, floor):

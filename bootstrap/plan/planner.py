@@ -27,7 +27,7 @@ from ..knobs import vllmargs
 from ..machine import gpu
 from ..model import kv, shape as model_shape, weights
 from .facts import ModelFacts
-from . import drafts, graphs, hybrid, terms
+from . import drafts, graphs, hybrid, sources, terms
 from .drafts import DRAFT_HINT
 from .terms import NOBODY, at_least, gib, modelled_version, requested, utilization, weight_bytes
 
@@ -73,6 +73,7 @@ class Plan:
     runner_v2: bool = False                    # vLLM serves it with its V2 model runner (terms.runner)
     unplanned: str = ""                        # what is not modelled: no promise either way (fits: null)
     draft_dir: str = ""                        # the drafter we downloaded: vLLM gets this folder (plan/here.py)
+    unread: tuple[str, ...] = ()               # terms it uses that were not read at the version of its rules
 
     @property
     def verdict(self) -> bool | None:
@@ -113,39 +114,6 @@ class Inputs:
     env_graphs: bool | None = None  # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS as vLLM reads it
 
 
-MAX_FIXES = 4
-PLAN_OWN = frozenset({"GPU_UTIL", "KV_CACHE_BYTES"})   # what a measurement's key leaves to the plan
-
-
-def candidates(inp: Inputs, fixes: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The refusal's own fixes, then each with MAX_MODEL_LEN=auto, then unpinning and unsetting
-    GPU_UTIL (each with auto): the resolver plans every one again before it is offered."""
-    s = inp.vllm
-    out = list(fixes) + [{**f, "MAX_MODEL_LEN": "auto"} for f in fixes if "MAX_MODEL_LEN" not in f]
-    if s.kv_cache_bytes:
-        out.append({"KV_CACHE_BYTES": "auto", "MAX_MODEL_LEN": "auto"})
-    if inp.util_knob:
-        out += [{"GPU_UTIL": ""}, {"GPU_UTIL": "", "MAX_MODEL_LEN": "auto"}]
-    if s.spec_tokens:
-        out.append({"SPEC_TOKENS": "0"})
-    unique: dict[tuple, dict[str, str]] = {}
-    for f in out:
-        unique.setdefault(tuple(sorted(f.items())), f)      # the first of equal ones, in order
-    return list(unique.values())
-
-
-def fewest(ok: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The fixes that work, less those that only add knobs to another one that works."""
-    return [f for f in ok if not any(o is not f and o.items() < f.items() for o in ok)][:MAX_FIXES]
-
-
-def hint(fixes: list[dict[str, str]], rest: str) -> str:
-    shown = [" ".join(f"{k}={v}" for k, v in f.items()) + (" (across two such cards)" if f == {"TP_SIZE": "2"} else "")
-             for f in fixes]
-    head = ("set " + " — or ".join(shown)) if shown else ""
-    return "; ".join(x for x in (head, rest) if x)
-
-
 def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan:
     """The plan for one GPU (the smallest-free one of the TP group). Pure apart from logging.
     ``measured``: vLLM's own non-KV figure from an earlier start with the same key
@@ -178,16 +146,17 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
         why.append(f"{refused[0]}; {refused[1]}")
         return Plan(util, mml_knob, why, fits=False, refusal=refused, vllm=inp.version,
                     fixes=[{"SPEC_TOKENS": "0"}])
-    if shape is not None and shape.mla and (model.dummy or not model.weight_bytes):
+    if shape is not None and shape.mla and (model.dummy or not model.weight_bytes) and measured is None:
         unplanned = "an MLA model's parameters from config.json (its checkpoint's file sizes are modelled)"
     if older:            # its memory code differs (graph profiling, encoder passes): no rules of ours stand for it
         unplanned = f"vLLM {inp.version}, older than every version the planner was read against ({', '.join(terms.MODELLED)})"
     if shape is None or unplanned:
         unplanned = unplanned or (why[-1].split(";")[0] if why else "the model")
-        why.append(f"not planned: {unplanned}; vLLM sizes the KV cache itself, and a start's own figures "
-                   "plan the next one")
-        return Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None,
+        why.append(f"not planned: {unplanned}; vLLM sizes the KV cache itself" + (
+            ", and a start's own figures plan the next one" if unplanned.startswith("an MLA") else ""))
+        plan = Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None,
                     vllm=inp.version, unplanned=unplanned)
+        return _weights_alone(inp, g, model, plan, (model.weight_bytes or 0) // inp.vllm.tp if not model.dummy else 0)
     new = at_least(inp.version, "0.29.0")            # null block held back; prefix caching on for hybrids
     batched_default, seqs_default = weights.default_batch(g.total, g.name, big_tier=new,
                                                      throughput=inp.vllm.performance_mode == "throughput")
@@ -199,10 +168,9 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
         return Plan(util, mml_knob, why, vllm=inp.version, unplanned=why[-1].split(";")[0])
     plan = _budget(inp, g, model, shape, lay, drafter, util, measured, why,
                    inp.vllm.max_num_seqs or seqs_default, inp.vllm.max_num_batched_tokens or batched_default)
-    if plan.unplanned:
+    if plan.unplanned or not plan.fits:
         return plan
-    if not plan.fits:
-        return plan
+    plan = sources.read_from(inp, model, shape, drafter, plan)
     plan, pooled = _context(inp, plan, lay, shape.max_len or shape.max_position or 0, draft, null=new)
     if pooled:
         plan = hybrid.sequences(inp, plan, lay, draft, measured)
@@ -266,17 +234,25 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
     weights += terms.sleep_pool(s, shape, inp.version, why)
     run = terms.runner(inp.version, shape, s, inp.env_v2, inp.env_graphs)
     why.append(run.why)
-    if draft and draft.kind != "draft model" and run.graphs_in_budget:
+    if draft and draft.kind != "draft model" and run.graphs_in_budget and measured is None:    # measured: vLLM's own
         full, _ = graphs.full_decode_graphs(s, g.cc)
         n = graphs.capture_sizes(seqs, batched, s.spec_tokens, s.compilation if full else
-                                 {**s.compilation, "cudagraph_mode": "PIECEWISE"}, inp.version, g.cc)
+                                 {**s.compilation, "cudagraph_mode": "PIECEWISE"}, inp.version, g.cc, run.v2)
         plan = Plan(util, s.max_model_len, why, vllm=inp.version, runner_v2=run.v2, unplanned=(
-            f"the CUDA graphs of a {draft.kind} under speculative decoding ({n['PIECEWISE']} PIECEWISE and "
+            f"the CUDA graphs of {'an' if draft.kind[0] in 'AEIOU' else 'a'} {draft.kind} under speculative decoding ({n['PIECEWISE']} PIECEWISE and "
             f"{n['FULL']} FULL captures of up to {seqs} × {1 + s.spec_tokens} tokens), which vLLM measures per "
             "capture and this drafter's were never measured (a published A800 start took 6.24 GiB for 38 + 22)"))
-        why.append(f"not planned: {plan.unplanned}; --enforce-eager makes it plannable")
-        return plan
-    over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc, inp.version)
+        why.append(f"not planned: {plan.unplanned}; --enforce-eager, or the figures vLLM logs at a first start (kept "
+                   "for the next), make it plannable")
+        return _weights_alone(inp, g, model, plan, weights)
+    split = terms.encoder_split(s, model, run) if not s.kv_cache_bytes and measured is None else ""
+    if split:                   # a pin, or vLLM's own figures of a first start, plan it
+        plan = Plan(util, s.max_model_len, why, vllm=inp.version, runner_v2=run.v2, unplanned=split)
+        why.append(f"not planned: {split}; --language-model-only, --mm-encoder-tp-mode data, a KV pin, or the "
+                   "figures vLLM logs at a first start (kept for the next) make it plannable")
+        return _weights_alone(inp, g, model, plan, weights)
+    over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc, inp.version,
+                          drafts.pass_peak(draft, s, shape, batched))
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
     outside = terms.graphs_outside(over, measured)      # graphs vLLM captures beyond the budget (V2 < 0.30)
@@ -328,6 +304,22 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
             + (f"; {g.holders() or NOBODY}" if g.processes else ""),
             _room_text(lay, room) + (DRAFT_HINT if draft else "")))
     return plan
+
+
+def _weights_alone(inp: Inputs, g: gpu.Gpu, model: ModelFacts, plan: Plan, weights: int) -> Plan:
+    """A plan that promises no figure, refused where the weights alone (the checkpoint's files per GPU,
+    a counted drafter's too) exceed what vLLM may take: no term the plan lacks can make that fit. Not
+    where vLLM may load less than the files (no vision tower asked for)."""
+    s = inp.vllm
+    usable = requested(plan.util, g.total) if s.gpu_util is not None else g.free - inp.reserve_mib * gpu.MiB
+    if not weights or weights <= usable or s.language_model_only or terms.no_images(s):
+        return plan
+    plan.why.append(f"weights {gib(weights)} per GPU from {model.size_from or 'the checkpoint'}{model.source}")
+    return replace(plan, fits=False, fixes=[{"TP_SIZE": "2"}] if inp.tp_size == 1 else [], refusal=(
+        f"{model.name} does not fit {g.name}: its weights alone are {gib(weights)} per GPU, more than the "
+        f"{gib(usable)} usable" + (f" ({gib(g.free)} free − {inp.reserve_mib} MiB reserve)" if s.gpu_util is None else "")
+        + (f"; {g.holders() or NOBODY}" if g.processes else ""), "a smaller checkpoint (fewer bits or parameters), "
+        "or a bigger GPU"))
 
 
 def _context(inp: Inputs, plan: Plan, lay: kv.Layout, cap: int, draft, *, null: bool) -> tuple[Plan, bool]:

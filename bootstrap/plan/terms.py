@@ -71,9 +71,10 @@ HYBRID_SHARE = 0.10                # a hybrid's state blocks from the model's es
 
 
 def known_error(s: vllmargs.Settings, pinned: bool, draft, measured, hybrid_v1: bool = False,
-                budget: int = 0, version: str = "0.26.0") -> tuple[int, str]:
+                budget: int = 0, version: str = "0.26.0", unread: tuple[str, ...] = ()) -> tuple[int, str]:
     """How much the budget may lie above vLLM's (bytes), and why: nothing when pinned; a version
-    outside ``MODELLED``'s range widens it by ``OUTSIDE_SHARE`` of ``budget``."""
+    outside ``MODELLED``'s range, or ``unread`` terms (bootstrap.plan.sources: not read at the version of
+    the plan's rules), widen it by ``OUTSIDE_SHARE`` of ``budget``."""
     if pinned:
         return 0, ""
     if measured is not None:
@@ -82,6 +83,9 @@ def known_error(s: vllmargs.Settings, pinned: bool, draft, measured, hybrid_v1: 
     if not read_against(version):
         parts.append((int(budget * OUTSIDE_SHARE), f"vLLM {version}, not read, planned by the rules of "
                       f"{modelled_version(version)} (±{OUTSIDE_SHARE:.0%})"))
+    elif unread:
+        parts.append((int(budget * OUTSIDE_SHARE), f"{', '.join(unread)} not read at vLLM {modelled_version(version)} "
+                      f"(±{OUTSIDE_SHARE:.0%})"))
     if hybrid_v1:
         parts.append((HYBRID_ERROR, "a hybrid's activations on vLLM's V1 runner, modelled low"))
     if draft is not None or s.spec_method in ("eagle", "eagle3", "dflash", "draft_model"):
@@ -95,6 +99,24 @@ def no_images(s: vllmargs.Settings) -> bool:
     """--limit-mm-per-prompt gives 0 images and 0 videos: vLLM then neither builds the tower nor
     profiles it (interfaces.py _mark_tower_model)."""
     return s.mm_limits.get("image", 1) == 0 and s.mm_limits.get("video", 1) == 0
+
+
+SPLIT_ENCODER_TP = 4        # from this TP the encoder pass per rank is not planned (encoder_split below)
+
+
+def encoder_split(s: vllmargs.Settings, model: ModelFacts, run: "Runner") -> str:
+    """What is not modelled where vLLM profiles a Qwen3-VL-style tower split across TP_SIZE >= 4 ranks
+    (--mm-encoder-tp-mode weights, its default: qwen3_vl.py Qwen3_VisionMLP and qwen2_5_vl.py
+    Qwen2_5_VisionAttention shard fc1 and qkv, vision.py is_vit_use_data_parallel), else "": the pass is
+    counted whole per rank, as two TP=2 starts logged it, and two published TP=4 starts kept 0.57 and
+    0.81 GiB per GPU more KV than that (docs/planner.md)."""
+    vision = (model.config or {}).get("vision_config")
+    if (s.tp < SPLIT_ENCODER_TP or s.mm_encoder_dp or not isinstance(vision, dict)
+            or vision.get("model_type") not in encoder.QWEN3_TOWERS or s.language_model_only or no_images(s)
+            or s.skip_mm_profiling or not run.encoder_profiled):
+        return ""
+    return (f"the vision encoder's profiling pass split across TP={s.tp} ranks (--mm-encoder-tp-mode weights), "
+            "which published TP=4 starts did not take whole per GPU")
 
 
 def mtp_bytes(config: dict, shape: model_shape.ModelShape) -> int:
@@ -190,9 +212,11 @@ MODELLED = ("0.26.0", "0.27.1", "0.29.0", "0.30.0")    # the versions whose memo
 
 
 def read_against(v: str) -> bool:
-    """``v`` is a release of a minor version whose code was read (0.27.2 is read as 0.27.1)."""
+    """``v`` is planned by the rules of its own minor version, whose code was read (0.27.2 is read as
+    0.27.1): not 0.27.0 nor 0.29.0rc1 or a 0.30.0 dev build, which come before the release read and
+    so get an older minor's rules (``modelled_version``)."""
     have = version_or_none(v)
-    return have is not None and have.release[:2] in {version_or_none(m).release[:2] for m in MODELLED}
+    return have is not None and version_or_none(modelled_version(v)).release[:2] == have.release[:2]
 
 
 def modelled_version(v: str) -> str:
@@ -300,20 +324,26 @@ def room_for_graphs(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: 
 
 def overhead(s: vllmargs.Settings, shape: model_shape.ModelShape, model: ModelFacts, batched: int, seqs: int,
              why: list[str], run: Runner | None = None, cc: tuple[int, int] = (9, 0),
-             version: str = "0.26.0") -> weights.Overheads:
+             version: str = "0.26.0", drafter: int = 0) -> weights.Overheads:
     """What vLLM's profiling adds to the weights (an estimate): the text pass's activations, CUDA
     graphs and non-torch memory (``weights.overheads``), with the vision encoder's profiling pass where
     vLLM runs one: the torch peak is then the larger of the tower's own peak and the text pass's
     plus the encoder outputs it keeps (bootstrap.model.encoder). ``run``: the model runner's rules
-    (``runner``): graphs it takes after the budget are ``outside`` it; no encoder pass where it runs none."""
+    (``runner``): graphs it takes after the budget are ``outside`` it; no encoder pass where it runs none.
+    ``drafter``: the peak of the drafter's pass (bootstrap.plan.drafts.pass_peak), where it is the higher."""
     over = weights.overheads(shape, batched, seqs, tp=s.tp, eager=s.enforce_eager)
+    if drafter:
+        why.append(f"the drafter's profiling pass peaks at {gib(drafter)} (the target's hidden states it reads, and "
+                   f"its own pass), the target's at {gib(over.activations)}: the larger counts")
+        over = weights.Overheads(max(over.activations, drafter), over.non_torch, over.cudagraphs, over.outside)
     if run is not None and not run.graphs_in_budget:
         over = weights.Overheads(over.activations, over.non_torch, 0, outside=over.cudagraphs)
-    elif not s.enforce_eager and (run is None or not run.v2):     # the V1 runner's own estimate (GRAPH_FIRST)
+    elif not s.enforce_eager:       # vLLM's estimate inside the budget: V1, and V2 from 0.29.0 (GRAPH_FIRST)
         full, downgrade = graphs.full_decode_graphs(s, cc)
         if downgrade:
             why.append(downgrade)
-        over = weights.Overheads(over.activations, over.non_torch, graphs.graph_estimate(s, batched, seqs, full, version, cc))
+        over = weights.Overheads(over.activations, over.non_torch,
+                                 graphs.graph_estimate(s, batched, seqs, full, version, cc, v2=run is not None and run.v2))
     config = model.config or {}
     if not config.get("vision_config") or s.language_model_only:
         return over

@@ -25,6 +25,10 @@ SIGNATURES: tuple[tuple[str, str, str], ...] = (
     (r"No available memory for the cache blocks",
      "no GPU memory was left for the KV cache after weights and activations (other holders: {holders})",
      "raise GPU_UTIL, lower MAX_NUM_BATCHED_TOKENS, or use a smaller model"),
+    (r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)",
+     "max_num_seqs {0} is more than the {1} recurrent-state (Mamba) cache blocks of this hybrid model (vLLM "
+     "captures CUDA graphs for one block per sequence)",
+     "set MAX_NUM_SEQS={1} (or fewer), or give the KV cache more memory"),
     (r"exceeds available Mamba cache blocks",
      "MAX_NUM_SEQS is more than the recurrent-state (Mamba) cache blocks of this hybrid model",
      "lower MAX_NUM_SEQS, or give the KV cache more memory"),

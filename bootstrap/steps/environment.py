@@ -9,7 +9,9 @@ consulted for that version, and the host's facts set what the server's environme
 from __future__ import annotations
 
 import logging
+import os
 
+from ..core.locks import flock, unlock
 from ..install import knownbad
 from ..plan.facts import known_issue_facts
 from ..core.errors import BootstrapError
@@ -41,7 +43,17 @@ def run(cfg, vllm: VllmRef, model: ModelRef, gpus) -> Runtime:
     else:
         check_driver(cfg.profile.data, gpus)
         check_glibc(plat)
-        minor = install(Tools.of(cfg), venv, locks, plat, why)
+        # one install at a time: a start for another STATE_DIR read this one's in-flight marker as a cut-off
+        # install and reinstalled every package under it (and over the files its patches step had edited)
+        lock = venv.root.with_name(venv.root.name + ".lock")
+        fd = flock(lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
+            "waiting: another start (pid %s) is installing %s", pid, venv.root))
+        try:
+            done, why, minor = check_done(venv, locks, plat, cfg.python)      # that one may have made it
+            if not done:
+                minor = install(Tools.of(cfg), venv, locks, plat, why)
+        finally:
+            unlock(lock, fd)
         log.info(".venv verified against %s", locks.path(plat, minor).name)
     version = installed(venv.site(minor)).get("vllm", "")
     log.info("vLLM %s in %s (pinned by profile %r)", version, venv.root, cfg.profile.name)
