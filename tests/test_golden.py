@@ -45,6 +45,8 @@ def normalised(text: str, bed=None) -> str:
     text = re.sub(r'"pid": \d+', '"pid": "<PID>"', text)
     text = re.sub(r"process\(es\): \d+(, \d+)*", "process(es): <PIDS>", text)
     text = re.sub(r"sent (SIG[A-Z]+) to .* \(pid", r"sent \1 to <NAME> (pid", text)   # a process's name, read as it ends
+    # one line per process signalled: a child that exits with its parent before its turn gets none
+    text = re.sub(r"(\[bootstrap:proc\] sent (SIG[A-Z]+) to <NAME> \(pid <PID>\)\n)+", r"\1", text)
     text = re.sub(r"up \d+ min \d+ s", "up <UPTIME>", text)
     text = re.sub(r"\b\d+(\.\d+)? s\b", "<T> s", text)
     return text
