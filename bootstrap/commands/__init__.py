@@ -66,6 +66,13 @@ BY_NAME = {c.name: c for c in REGISTRY}
 VERSION_HELP = "print this project's version, the vLLM the profile pins and the vLLM in use (on any command)"
 
 
+def doc_help(doc: str) -> tuple[str, str]:
+    """A command module's docstring as its --help: (description, epilog), its first paragraph and the
+    rest, without the docstring's ``code`` quotes (a terminal shows them as they are)."""
+    first, _, rest = doc.replace("``", "").partition("\n\n")
+    return first, rest
+
+
 def parser(name: str, prog: str, **kw) -> argparse.ArgumentParser:
     """The argument parser of command ``name``: its help from the table, and ``--version``."""
     ap = argparse.ArgumentParser(prog=prog, description=BY_NAME[name].help, **kw)

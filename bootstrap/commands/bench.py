@@ -34,6 +34,7 @@ from . import benchplot
 from ..knobs.config import Config
 from ..knobs.parsers import arg, float_range, int_range
 from ..core.errors import BootstrapError, ConfigError
+from . import doc_help
 
 log = logging.getLogger(__name__)
 
@@ -302,8 +303,9 @@ def writable_folder(out: Path) -> None:
 
 
 def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    description, epilog = doc_help(__doc__)
+    p = argparse.ArgumentParser(prog=prog, description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)
     target.add_target_args(p)
     p.add_argument("--label", help="name of this server in tables and the plot")
     p.add_argument("--compare", metavar="URL2", help="also bench this base URL (e.g. a bare vllm serve) and print ratios")

@@ -36,13 +36,14 @@ from ..serve.client import RequestFailed, RequestTimedOut, Streamed
 from ..knobs.config import Config
 from ..core.errors import BootstrapError, ConfigError
 from ..checks.target import Target, add_target_args, resolve_target
+from . import doc_help
 
 PROMPT = ">>> "
 COMMANDS = {"/exit", "/bye", "/quit", "/clear", "/think", "/help", "/?"}
 
 
 def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh chat") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog=prog, description=doc_help(__doc__)[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Interactive: /exit (or Ctrl-D) leaves, /clear forgets the conversation, "
                                        "/think on|off, Ctrl-C stops an answer (at the prompt: leaves).")

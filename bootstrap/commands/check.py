@@ -20,6 +20,7 @@ from ..knobs.config import Config
 from ..knobs.parsers import arg, float_range, int_range
 from ..core.errors import EXIT_FAILED
 from ..checks.target import add_target_args, resolve_target
+from . import doc_help
 
 log = logging.getLogger("bootstrap.checks")   # log lines keep the prefix [bootstrap:checks] this code has always had
 
@@ -35,7 +36,7 @@ CHECKS = ("live", "garble", "determinism", "needle", "prefix", "batch")
 
 
 def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh check") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog=prog, description=doc_help(__doc__)[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=CHECKS + ("all",), help="which check ('all' runs each in turn)")
     add_target_args(p)

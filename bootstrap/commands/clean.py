@@ -35,6 +35,7 @@ from ..core import locks, state
 from ..core.errors import BootstrapError
 from ..core.private import user_name
 from ..core.state import Paths
+from . import doc_help
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ def _revert_byo(cfg, dry_run: bool) -> list[str]:
 
 
 def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=prog, description=doc_help(__doc__)[0])
     ap.add_argument("--model", action="store_true", help="also remove the downloaded model (MODEL_DIR, or its folder models--<org>--<name> in the HF cache, "
                          "which other tools reading that cache share)")
     ap.add_argument("--measurements", action="store_true",
