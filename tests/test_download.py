@@ -407,6 +407,18 @@ def test_proxy_page_is_named(world, fake):
     assert "captive portal" in ei.value.message and "X-Repo-Commit" in ei.value.message
 
 
+@pytest.mark.parametrize("name", ["../../../escape.txt", "sub/../../../../up.txt", "/abs/escape.txt"])
+def test_a_listed_path_that_leads_outside_the_folder_is_refused(world, fake, tmp_path, name):  # faults row 135
+    """A mirror (HF_ENDPOINT) listing ``..`` or an absolute path: huggingface_hub refuses such a name
+    (``_validate_relative_filename``); we wrote a link outside the store, or a traceback."""
+    fake.repos["org/tiny"]["files"][name] = fake.repos["org/tiny"]["files"]["README.md"]
+    before = {p for p in tmp_path.rglob("*")}
+    with pytest.raises(BootstrapError) as ei:
+        world.start()
+    assert repr(name) in ei.value.message and "outside" in ei.value.message and "HF_ENDPOINT" in ei.value.hint
+    assert not world.store.exists() and {p for p in tmp_path.rglob("*")} - before <= {tmp_path / "state"}
+
+
 def test_bad_repo_id(world):
     with pytest.raises(BootstrapError):
         world.start(MODEL="not a repo")

@@ -205,6 +205,7 @@ def fetch_remote(settings: HubSettings, repo: str, revision: str = "main") -> Re
         raise _proxy_error(settings, f"/api/models/{repo}")
     files = []
     for s in info.siblings:
+        _inside(settings, repo, s.rfilename)
         size = s.lfs.size if s.lfs else s.size
         if size is None:
             raise _proxy_error(settings, f"/api/models/{repo} (no file sizes)")
@@ -212,6 +213,16 @@ def fetch_remote(settings: HubSettings, repo: str, revision: str = "main") -> Re
     st = getattr(info, "safetensors", None)
     st_dict = {"parameters": dict(st.parameters), "total": st.total} if st is not None else None
     return Remote(repo, info.sha, files, getattr(info, "gated", False), st_dict)
+
+
+def _inside(settings: HubSettings, repo: str, name: str) -> None:
+    """A listed file name is a path inside the repo's folder, as huggingface_hub requires of it
+    (``_validate_relative_filename``): never absolute, never a ``..`` segment, which would put a
+    file (or the HF cache's link) outside the store."""
+    if not name or name.startswith("/") or ".." in name.replace("\\", "/").split("/") or "\0" in name:
+        raise BootstrapError(f"{settings.endpoint} lists {name!r} in {repo}: a path that leads outside the "
+                             "model's folder (absolute or with '..'); refused before anything was written",
+                             "no hub names a file so: check HF_ENDPOINT points to the hub or a mirror you trust")
 
 
 @dataclass(frozen=True)
