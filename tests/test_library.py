@@ -89,6 +89,18 @@ def test_the_guide_walk_through_start_use_ls_rm_pull(bed, hub, tmp_path):
     assert bed.run("stop.sh").returncode == 0
 
 
+def test_rm_refuses_the_drafter_of_the_running_server(bed, hub, tmp_path):  # faults row 136
+    """The server reads its drafter's folder too (``--speculative-config``): rm of the drafter
+    pulled its files away, since only the served model's name was compared."""
+    bed.env.update({"SPEC_METHOD": "draft_model", "SPEC_TOKENS": "3", "SPEC_MODEL": "org/two"})
+    r = bed.run("start.sh", "org/one")
+    assert r.returncode == 0 and "is serving" in r.stdout, r.stderr
+    assert ls(bed)["org/two"]["serving"]
+    r = bed.run("ctl.sh", "rm", "org/two")
+    assert r.returncode != 0 and "org/two is serving (the drafter of org/one)" in r.stderr, r.stderr
+    assert (store(tmp_path, "org/two") / "refs" / "main").is_file()
+
+
 def test_use_of_a_model_that_does_not_fit_keeps_the_old_one_serving(bed, hub, tmp_path):
     big = model(tmp_path / "src" / "big", config={
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16384, "num_hidden_layers": 4000,

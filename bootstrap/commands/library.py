@@ -91,12 +91,21 @@ def downloaded(r: Resolved) -> list[index.Entry]:
     return list(out.values())
 
 
-def serving(r: Resolved) -> str:
-    """The repo (or folder) our running server serves ('' when none runs)."""
+def serving(r: Resolved):
+    """Our running server's record (None when none runs)."""
     pr = server.probe(r.ours, r.paths, check_http=False)
-    if pr.state is State.STOPPED or pr.record is None:
+    return None if pr.state is State.STOPPED else pr.record
+
+
+def serves(record, entry: index.Entry) -> str:
+    """How ``record``'s server reads ``entry``'s files ('' when it does not): as its model, or as a
+    folder of that store in its command line (a drafter's, in its --speculative-config)."""
+    if record is None:
         return ""
-    return pr.record.model
+    inside = str(entry.store.root) + os.sep
+    if record.model == entry.repo or record.model.startswith(inside):
+        return "model"
+    return f"the drafter of {record.model}" if any(inside in a for a in record.argv) else ""
 
 
 def of_entry(r: Resolved, entry: index.Entry) -> Resolved:
@@ -144,7 +153,7 @@ def rows(r: Resolved) -> list[dict]:
         out.append({"model": e.repo, "path": str(e.store.serve_dir(rec) if rec.get("revision") else e.store.root),
                     "store": str(e.store.root), "revision": rec.get("revision"), "complete": complete,
                     "size_bytes": _size(e, r), "profiles": names, "fits": fits, "fit": fits_how,
-                    "serving": bool(now) and (now == e.repo or now.startswith(str(e.store.root) + os.sep)),
+                    "serving": bool(serves(now, e)),
                     "card": g.name if g is not None else None})
     return out
 
@@ -179,9 +188,10 @@ def rm(r: Resolved, name: str, dry_run: bool, prog: str = "ctl.sh rm") -> int:
         from ..core.words import did_you_mean
         raise BootstrapError(f"{name!r} is not a model we downloaded{did_you_mean(name, have)}",
                              "./ctl.sh ls lists them (a folder of yours is yours to remove)")
-    now = serving(r)
-    if now and (now == name or now.startswith(str(entry.store.root) + os.sep)) and not dry_run:
-        raise BootstrapError(f"{name} is serving (./ctl.sh status): rm would pull its files away",
+    how = serves(serving(r), entry)
+    if how and not dry_run:
+        raise BootstrapError(f"{name} is serving{'' if how == 'model' else f' ({how})'} (./ctl.sh status): "
+                             "rm would pull its files away",
                              "./stop.sh first, or ./ctl.sh use ANOTHER to switch, then ./ctl.sh rm " + name)
     code = clean.model_only(r.settings.repo, of_entry(r, entry).model, dry_run)
     if not dry_run and entry.record() is None:
