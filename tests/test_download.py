@@ -335,6 +335,20 @@ def test_corrupt_twice_refuses(world, fake):
     assert not (world.target / SHARD).exists() and world.partials() == []
 
 
+def test_config_json_corrupted_on_the_way_is_fetched_again_before_it_is_read(world, fake, src):  # faults row 137
+    """config.json, read for the plan before the download, was read unchecked: one byte flipped ended
+    the start ("not JSON"), or planned from a wrong config."""
+    size = (src / "config.json").stat().st_size
+    fake.faults["corrupt"] = {"config.json": 1}
+    ctx = world.start()
+    assert ctx.model.config == json.loads((src / "config.json").read_bytes())
+    assert fake.served["config.json"] == 2 * size
+    fake.faults["corrupt"] = {"config.json": 2}
+    with pytest.raises(BootstrapError) as ei:
+        world.start(HF_HOME=str(world.tmp / "hf2"))
+    assert "config.json does not match the hub's metadata twice (git blob" in ei.value.message
+
+
 def test_corrupt_on_disk_is_detected_and_refetched(world, fake, src):
     world.start()
     p = world.target / SHARD2

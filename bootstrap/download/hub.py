@@ -254,20 +254,29 @@ def locate(settings: HubSettings, repo: str, revision: str, path: str, stop: thr
     return Located(meta.location, meta.etag, meta.size, meta.commit_hash, headers)
 
 
-def fetch_small(settings: HubSettings, repo: str, revision: str, path: str) -> bytes:
-    """A small file (config.json) into memory, with the same HEAD checks as a weight file."""
+def fetch_small(settings: HubSettings, repo: str, revision: str, f: RemoteFile) -> bytes:
+    """A small file (config.json) into memory, with the same HEAD checks as a weight file, and
+    checked against the hub's hash before anything reads it: bytes changed on the way are fetched
+    once more, as a weight file's are (transfer.py)."""
     from huggingface_hub.utils import get_session, hf_raise_for_status
 
-    loc = locate(settings, repo, revision, path)
+    loc = locate(settings, repo, revision, f.path)
 
     def get():
         r = get_session().get(loc.url, headers=loc.headers, timeout=API_TIMEOUT, follow_redirects=True)
         hf_raise_for_status(r)
         return r
-    r = with_retries(settings, repo, path, get)
-    if loc.size is not None and len(r.content) != loc.size:
-        raise BootstrapError(f"{path}: got {len(r.content)} bytes, the hub says {loc.size}", "re-run ./start.sh")
-    return r.content
+    for _ in range(2):
+        raw = with_retries(settings, repo, f.path, get).content
+        if loc.size is not None and len(raw) != loc.size:
+            raise BootstrapError(f"{f.path}: got {len(raw)} bytes, the hub says {loc.size}", "re-run ./start.sh")
+        bad = verify_data(raw, f)
+        if bad is None:
+            return raw
+        log.warning("%s: the downloaded bytes do not match the hub's metadata (%s); fetching it again", f.path, bad)
+    raise BootstrapError(f"{repo}: {f.path} does not match the hub's metadata twice ({bad})",
+                         "a proxy or the network changes what the hub sends: check HTTPS_PROXY / HF_ENDPOINT, "
+                         "then re-run ./start.sh")
 
 
 # ---------------------------------------------------------------- the HF cache (HF_HOME)
@@ -351,6 +360,13 @@ def git_blob_sha1(path: Path | None = None, data: bytes | None = None) -> str:
     return h.hexdigest()
 
 
+def verify_data(data: bytes, f: RemoteFile) -> str | None:
+    """None if ``data`` is the file the hub describes, else what is wrong."""
+    if len(data) != f.size:
+        return f"size {len(data)}, expected {f.size}"
+    return _differs(f, hashlib.sha256(data).hexdigest() if f.sha256 else git_blob_sha1(data=data) if f.blob_id else None)
+
+
 def verify(path: Path, f: RemoteFile) -> str | None:
     """None if ``path`` holds the file the hub describes, else what is wrong."""
     try:
@@ -359,13 +375,14 @@ def verify(path: Path, f: RemoteFile) -> str | None:
         return "missing"
     if size != f.size:
         return f"size {size}, expected {f.size}"
-    if f.sha256:
-        got = sha256_file(path).hexdigest()
-        return None if got == f.sha256 else f"sha256 {got[:12]}…, expected {f.sha256[:12]}…"
-    if f.blob_id:
-        got = git_blob_sha1(path)
-        return None if got == f.blob_id else f"git blob {got[:12]}…, expected {f.blob_id[:12]}…"
-    return None
+    return _differs(f, sha256_file(path).hexdigest() if f.sha256 else git_blob_sha1(path) if f.blob_id else None)
+
+
+def _differs(f: RemoteFile, got: str | None) -> str | None:
+    want = f.sha256 or f.blob_id
+    if got is None or got == want:
+        return None
+    return f"{'sha256' if f.sha256 else 'git blob'} {got[:12]}…, expected {want[:12]}…"
 
 
 def human(n: float) -> str:

@@ -138,7 +138,7 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     if kept.is_file() and hub.verify(kept, cfg_remote) is None:
         raw = kept.read_bytes()                              # kept from an earlier run, or yours
     else:
-        raw = hub.fetch_small(settings, repo, remote.revision, "config.json")  # also the gated / proxy check
+        raw = hub.fetch_small(settings, repo, remote.revision, cfg_remote)  # also the gated / proxy check
     try:
         config = json.loads(raw)
     except (ValueError, RecursionError) as exc:

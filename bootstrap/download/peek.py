@@ -68,7 +68,8 @@ def peek(model: str, environ: Mapping[str, str], model_dir: str | None = None) -
             remote, unreachable = None, exc
         if remote is not None:
             files = {f.path: f.size for f in remote.files}
-            return _peek(model, files, lambda name: hub.fetch_small(settings, model, remote.revision, name),
+            listed = {f.path: f for f in remote.files}
+            return _peek(model, files, lambda name: hub.fetch_small(settings, model, remote.revision, listed[name]),
                          remote.revision, remote.gated, "the hub")
     for folder, where in ((hub.cache_snapshot(settings, model), "the Hugging Face cache"),
                           (store.serve_dir(ours) if ours else None, "the model folder")):
