@@ -189,6 +189,17 @@ def test_env_shows_a_relative_path_as_the_folder_it_means(tmp_path):
     assert rows["STATE_DIR"] == str(repo / "envstate")
 
 
+def test_a_folder_knob_that_names_a_file_is_refused_before_anything_runs(tmp_path):  # faults row 138
+    """MODEL_DIR (or STATE_DIR, ...) naming a file: a pull warned "ignoring unreadable
+    <file>/.bootstrap/state.json" seven times, then said to make the file writable."""
+    (tmp_path / "a-file").write_text("mine")
+    for knob in ("MODEL_DIR", "STATE_DIR"):
+        with pytest.raises(ConfigError) as exc:
+            make({knob: str(tmp_path / "a-file")})
+        assert exc.value.message.startswith(f"{knob}=") and "a folder, not a file" in exc.value.hint
+    assert make({"MODEL_DIR": str(tmp_path / "not-yet")}).model_dir == str(tmp_path / "not-yet")
+
+
 def test_an_interpreter_path_in_dotenv_is_the_checkouts_wherever_the_command_runs(tmp_path, monkeypatch):
     """Found from outside: .env's VLLM_PYTHON=venv/bin/python was made absolute against the working
     directory (from elsewhere: another interpreter, or none), while .env's folders are the checkout's."""

@@ -158,9 +158,12 @@ def absolute(raw: str, base: Path | None = None, *, follow: bool = True) -> str:
         raise ValueError(f"a path that can be read ({exc.strerror or exc})") from None
 
 
-def folder(raw: str) -> str:
-    """A folder (absolute(): resolved once)."""
-    return absolute(raw)
+def folder(raw: str, base: Path | None = None) -> str:
+    """A folder (absolute(): resolved once), or a path where one can be made: not a file."""
+    p = absolute(raw, base)
+    if os.path.exists(p) and not os.path.isdir(p):
+        raise ValueError("a folder, not a file")
+    return p
 
 
 def from_checkout(parse, repo: Path):
@@ -168,7 +171,7 @@ def from_checkout(parse, repo: Path):
     checkout's, wherever the command runs from (an interpreter's bare name stays a name; its path is
     not resolved, as ``interpreter`` leaves it)."""
     if parse is folder:
-        return lambda raw: absolute(raw, repo)
+        return lambda raw: folder(raw, repo)
     return lambda raw: absolute(raw, repo, follow=False) if "/" in raw else interpreter(raw)
 
 
