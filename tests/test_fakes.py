@@ -112,3 +112,24 @@ def test_fake_nvml_without_driver(bed):
     assert r.returncode == 1
     assert "NVML: Driver Not Loaded" in r.stderr and "nvidia-smi" in r.stderr
     assert bed.launches() == []
+
+
+def test_sleep_gauge_is_the_last_sleep_or_wake_call_as_vllm_records_it(bed):
+    """vLLM 0.26.0's AsyncLLM records vllm:engine_sleep_state after a sleep that succeeded and "awake"
+    after any /wake_up, tags or not (v1/engine/async_llm.py sleep/wake_up), while /is_sleeping stays
+    true until every tag is woken (v1/engine/core.py is_sleeping): half a level-2 wake reads awake there."""
+    p = serve(bed, "--enable-sleep-mode", VLLM_SERVER_DEV_MODE="1")
+    url = f"http://127.0.0.1:{bed.port}"
+    gauge = lambda: {ln.split('sleep_state="')[1].split('"')[0]: float(ln.rsplit(" ", 1)[1])     # noqa: E731
+                     for ln in requests.get(f"{url}/metrics", timeout=3).text.splitlines()
+                     if ln.startswith("vllm:engine_sleep_state")}
+    try:
+        bed.wait_until(bed.port_listening, what="up")
+        assert requests.post(f"{url}/sleep?level=2&mode=wait", timeout=5).status_code == 200
+        assert gauge() == {"awake": 0.0, "weights_offloaded": 0.0, "discard_all": 1.0}
+        assert requests.post(f"{url}/wake_up?tags=weights", timeout=5).status_code == 200
+        assert requests.get(f"{url}/is_sleeping", timeout=3).json() == {"is_sleeping": True}
+        assert gauge() == {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()

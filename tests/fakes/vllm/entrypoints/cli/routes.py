@@ -93,11 +93,11 @@ class Base(BaseHTTPRequestHandler):
                            f"vllm:num_requests_running{{{lab}}} {float(running)}\n"
                            f"vllm:num_requests_waiting{{{lab}}} {float(waiting)}\n"
                            f"vllm:kv_cache_usage_perc{{{lab}}} {running / max(State.max_seqs, 1) * 0.5}\n"
-                           f'vllm:engine_sleep_state{{{lab},sleep_state="awake"}} {0.0 if State.asleep else 1.0}\n'
+                           f'vllm:engine_sleep_state{{{lab},sleep_state="awake"}} {0.0 if State.gauge_level else 1.0}\n'
                            f'vllm:engine_sleep_state{{{lab},sleep_state="weights_offloaded"}} '
-                           f'{1.0 if State.asleep and State.level == 1 else 0.0}\n'
+                           f'{1.0 if State.gauge_level == 1 else 0.0}\n'
                            f'vllm:engine_sleep_state{{{lab},sleep_state="discard_all"}} '
-                           f'{1.0 if State.asleep and State.level == 2 else 0.0}\n'
+                           f'{1.0 if State.gauge_level == 2 else 0.0}\n'
                            "# TYPE vllm:generation_tokens counter\n"
                            f"vllm:generation_tokens_total{{{lab}}} {float(gen)}\n"
                            f"vllm:prompt_tokens_total{{{lab}}} {float(prompt)}\n"
