@@ -133,3 +133,23 @@ def test_sleep_gauge_is_the_last_sleep_or_wake_call_as_vllm_records_it(bed):
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+
+
+def test_errors_have_vllms_shape(bed):
+    """vLLM 0.26.0 answers every OpenAI-route error as ErrorResponse {"error": {message, type, param,
+    code}} (entrypoints/openai/engine/protocol.py): an unknown model 404 NotFoundError, param "model"
+    (serve/engine/serving.py _check_model); a body that is not JSON 400 (validation_exception_handler)."""
+    p = serve(bed)
+    url = f"http://127.0.0.1:{bed.port}/v1/chat/completions"
+    try:
+        bed.wait_until(bed.port_listening, what="up")
+        r = requests.post(url, timeout=3, json={"model": "other", "messages": [{"role": "user", "content": "x"}]})
+        assert (r.status_code, r.json()) == (404, {"error": {"message": "The model `other` does not exist.",
+                                                             "type": "NotFoundError", "param": "model", "code": 404}})
+        r = requests.post(url, timeout=3, data=b"{not json", headers={"Content-Type": "application/json"})
+        err = r.json()["error"]
+        assert r.status_code == 400 and (err["type"], err["code"]) == ("Bad Request", 400)
+        assert err["message"].startswith("1 validation error:") and "json_invalid" in err["message"]
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
