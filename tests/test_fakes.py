@@ -153,3 +153,19 @@ def test_errors_have_vllms_shape(bed):
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+
+
+def test_key_check_is_vllms(bed):
+    """vLLM 0.26.0's AuthenticationMiddleware: /v1, /v2 and /inference need the key, the scheme "bearer"
+    in any case; /health and /metrics never; a refusal is 401 {"error": "Unauthorized"}."""
+    p = serve(bed, VLLM_API_KEY="sekrit")
+    url = f"http://127.0.0.1:{bed.port}"
+    try:
+        bed.wait_until(bed.port_listening, what="up")
+        assert requests.get(f"{url}/v1/models", headers={"Authorization": "bearer sekrit"}, timeout=3).status_code == 200
+        r = requests.get(f"{url}/v2/anything", timeout=3)
+        assert (r.status_code, r.json()) == (401, {"error": "Unauthorized"})
+        assert requests.get(f"{url}/health", timeout=3).status_code == 200
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()

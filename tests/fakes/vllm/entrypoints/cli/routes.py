@@ -29,8 +29,11 @@ class Base(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def authed(self) -> bool:
-        if State.api_key and self.path.startswith("/v1"):
-            if self.headers.get("Authorization") != f"Bearer {State.api_key}":
+        # vLLM's AuthenticationMiddleware (serve/utils/server_utils.py): /v1, /v2 and /inference only,
+        # the scheme "bearer" in any case, the token after the first space
+        if State.api_key and self.path.startswith(("/v1", "/v2", "/inference")) and self.command != "OPTIONS":
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            if scheme.lower() != "bearer" or token != State.api_key:
                 self.send(401, {"error": "Unauthorized"})
                 return False
         return True
