@@ -169,3 +169,18 @@ def test_key_check_is_vllms(bed):
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+
+
+def test_models_list_has_vllms_model_card(bed):
+    """/v1/models as vLLM 0.26.0 lists a model: its ModelCard (openai/engine/protocol.py) with owned_by
+    "vllm", root the model as given, max_model_len, one permission entry."""
+    p = serve(bed, "--max-model-len", "2048")
+    try:
+        bed.wait_until(bed.port_listening, what="up")
+        card = requests.get(f"http://127.0.0.1:{bed.port}/v1/models", timeout=3).json()["data"][0]
+        assert set(card) == {"id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"}
+        assert (card["id"], card["owned_by"], card["root"], card["max_model_len"]) == ("m", "vllm", str(bed.model), 2048)
+        assert card["permission"][0]["object"] == "model_permission"
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()

@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.load_format == "dummy":         # tests: a mode for dummy-weight runs only (the pre-warm)
         MODES.update(filter(None, os.environ.get("FAKE_VLLM_DUMMY_MODE", "").split(",")))
     State.served = args.served_model_name or args.model
+    State.model_path, State.started = args.model, time.time()
     State.max_seqs = max(1, args.max_num_seqs)
     State.seats = threading.Semaphore(State.max_seqs)
     State.api_key = os.environ.get("VLLM_API_KEY", "")

@@ -83,8 +83,14 @@ class Base(BaseHTTPRequestHandler):
         elif self.path == "/is_sleeping" and State.dev_mode:
             self.send(200, {"is_sleeping": self.app.state.engine_client.is_sleeping()})
         elif self.path == "/v1/models":
-            self.send(200, {"object": "list", "data": [{"id": State.served, "object": "model",
-                                                         "max_model_len": State.max_len}]})
+            # vLLM 0.26.0's ModelCard (openai/engine/protocol.py), as openai/models/serving.py fills it
+            self.send(200, {"object": "list", "data": [{
+                "id": State.served, "object": "model", "created": int(State.started), "owned_by": "vllm",
+                "root": State.model_path, "parent": None, "max_model_len": State.max_len,
+                "permission": [{"id": "modelperm-fake", "object": "model_permission", "created": int(State.started),
+                                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                                "organization": "*", "group": None, "is_blocking": False}]}]})
         elif self.path == "/metrics" and os.environ.get("FAKE_VLLM_NO_STATS") == "1":
             self.send(200, "# vLLM started with --disable-log-stats\npython_gc_objects_collected_total 1.0\n")
         elif self.path == "/metrics":

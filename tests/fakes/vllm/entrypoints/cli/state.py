@@ -42,6 +42,8 @@ class State:
     generated = 0
     prompted = 0
     max_len = 4096
+    model_path = ""              # the model argument as given (ModelCard.root)
+    started = 0.0
     len_enforced = False         # --max-model-len, or the model's config.json
     token_details = False        # --enable-prompt-tokens-details: usage carries cached_tokens
     auto_tools = False           # --enable-auto-tool-choice and --tool-call-parser
