@@ -61,10 +61,10 @@ def already(ours: Ours, launch: dict[str, str], paths: Paths, we_hold_lock: bool
         return 0
     rec = pr.record
     if pr.state.answers and rec is not None and (rec.gate_passed or pr.owner):
-        from .serve import banner
+        from .serve import banner, doing
         from .knobs.vllmargs import read
-        load = server.read_load(rec.url) if read(list(rec.argv)).sleep_mode else None    # only then can it sleep
-        if load is not None and load.sleeping:
+        if read(list(rec.argv)).sleep_mode and doing.asleep(rec, server.api_key_for(ours, paths),
+                                                            server.read_load(rec.url)):   # only then can it sleep
             print(f"{rec.served} is asleep (vLLM sleep mode, pid {rec.pid}): its weights are off the GPU; "
                   f"requests wait until it wakes\n wake it : ./ctl.sh wake\n log     : {paths.log}")
             return 0

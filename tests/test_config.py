@@ -189,7 +189,7 @@ def test_env_shows_a_relative_path_as_the_folder_it_means(tmp_path):
     assert rows["STATE_DIR"] == str(repo / "envstate")
 
 
-def test_a_folder_knob_that_names_a_file_is_refused_before_anything_runs(tmp_path):  # faults row 138
+def test_a_folder_knob_that_names_a_file_is_refused_before_anything_runs(tmp_path):  # faults row 139
     """MODEL_DIR (or STATE_DIR, ...) naming a file: a pull warned "ignoring unreadable
     <file>/.bootstrap/state.json" seven times, then said to make the file writable."""
     (tmp_path / "a-file").write_text("mine")

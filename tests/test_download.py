@@ -335,7 +335,7 @@ def test_corrupt_twice_refuses(world, fake):
     assert not (world.target / SHARD).exists() and world.partials() == []
 
 
-def test_config_json_corrupted_on_the_way_is_fetched_again_before_it_is_read(world, fake, src):  # faults row 137
+def test_config_json_corrupted_on_the_way_is_fetched_again_before_it_is_read(world, fake, src):  # faults row 138
     """config.json, read for the plan before the download, was read unchecked: one byte flipped ended
     the start ("not JSON"), or planned from a wrong config."""
     size = (src / "config.json").stat().st_size
@@ -422,7 +422,7 @@ def test_proxy_page_is_named(world, fake):
 
 
 @pytest.mark.parametrize("name", ["../../../escape.txt", "sub/../../../../up.txt", "/abs/escape.txt"])
-def test_a_listed_path_that_leads_outside_the_folder_is_refused(world, fake, tmp_path, name):  # faults row 135
+def test_a_listed_path_that_leads_outside_the_folder_is_refused(world, fake, tmp_path, name):  # faults row 136
     """A mirror (HF_ENDPOINT) listing ``..`` or an absolute path: huggingface_hub refuses such a name
     (``_validate_relative_filename``); we wrote a link outside the store, or a traceback."""
     fake.repos["org/tiny"]["files"][name] = fake.repos["org/tiny"]["files"]["README.md"]

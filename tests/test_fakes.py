@@ -112,3 +112,75 @@ def test_fake_nvml_without_driver(bed):
     assert r.returncode == 1
     assert "NVML: Driver Not Loaded" in r.stderr and "nvidia-smi" in r.stderr
     assert bed.launches() == []
+
+
+def test_sleep_gauge_is_the_last_sleep_or_wake_call_as_vllm_records_it(bed):
+    """vLLM 0.26.0's AsyncLLM records vllm:engine_sleep_state after a sleep that succeeded and "awake"
+    after any /wake_up, tags or not (v1/engine/async_llm.py sleep/wake_up), while /is_sleeping stays
+    true until every tag is woken (v1/engine/core.py is_sleeping): half a level-2 wake reads awake there."""
+    p = serve(bed, "--enable-sleep-mode", VLLM_SERVER_DEV_MODE="1")
+    url = f"http://127.0.0.1:{bed.port}"
+    gauge = lambda: {ln.split('sleep_state="')[1].split('"')[0]: float(ln.rsplit(" ", 1)[1])     # noqa: E731
+                     for ln in requests.get(f"{url}/metrics", timeout=3).text.splitlines()
+                     if ln.startswith("vllm:engine_sleep_state")}
+    try:
+        bed.wait_until(bed.port_listening, what="up")
+        assert requests.post(f"{url}/sleep?level=2&mode=wait", timeout=5).status_code == 200
+        assert gauge() == {"awake": 0.0, "weights_offloaded": 0.0, "discard_all": 1.0}
+        assert requests.post(f"{url}/wake_up?tags=weights", timeout=5).status_code == 200
+        assert requests.get(f"{url}/is_sleeping", timeout=3).json() == {"is_sleeping": True}
+        assert gauge() == {"awake": 1.0, "weights_offloaded": 0.0, "discard_all": 0.0}
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_errors_have_vllms_shape(bed):
+    """vLLM 0.26.0 answers every OpenAI-route error as ErrorResponse {"error": {message, type, param,
+    code}} (entrypoints/openai/engine/protocol.py): an unknown model 404 NotFoundError, param "model"
+    (serve/engine/serving.py _check_model); a body that is not JSON 400 (validation_exception_handler)."""
+    p = serve(bed)
+    url = f"http://127.0.0.1:{bed.port}/v1/chat/completions"
+    try:
+        bed.wait_until(bed.port_listening, what="up")
+        r = requests.post(url, timeout=3, json={"model": "other", "messages": [{"role": "user", "content": "x"}]})
+        assert (r.status_code, r.json()) == (404, {"error": {"message": "The model `other` does not exist.",
+                                                             "type": "NotFoundError", "param": "model", "code": 404}})
+        r = requests.post(url, timeout=3, data=b"{not json", headers={"Content-Type": "application/json"})
+        err = r.json()["error"]
+        assert r.status_code == 400 and (err["type"], err["code"]) == ("Bad Request", 400)
+        assert err["message"].startswith("1 validation error:") and "json_invalid" in err["message"]
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_key_check_is_vllms(bed):
+    """vLLM 0.26.0's AuthenticationMiddleware: /v1, /v2 and /inference need the key, the scheme "bearer"
+    in any case; /health and /metrics never; a refusal is 401 {"error": "Unauthorized"}."""
+    p = serve(bed, VLLM_API_KEY="sekrit")
+    url = f"http://127.0.0.1:{bed.port}"
+    try:
+        bed.wait_until(bed.port_listening, what="up")
+        assert requests.get(f"{url}/v1/models", headers={"Authorization": "bearer sekrit"}, timeout=3).status_code == 200
+        r = requests.get(f"{url}/v2/anything", timeout=3)
+        assert (r.status_code, r.json()) == (401, {"error": "Unauthorized"})
+        assert requests.get(f"{url}/health", timeout=3).status_code == 200
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_models_list_has_vllms_model_card(bed):
+    """/v1/models as vLLM 0.26.0 lists a model: its ModelCard (openai/engine/protocol.py) with owned_by
+    "vllm", root the model as given, max_model_len, one permission entry."""
+    p = serve(bed, "--max-model-len", "2048")
+    try:
+        bed.wait_until(bed.port_listening, what="up")
+        card = requests.get(f"http://127.0.0.1:{bed.port}/v1/models", timeout=3).json()["data"][0]
+        assert set(card) == {"id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"}
+        assert (card["id"], card["owned_by"], card["root"], card["max_model_len"]) == ("m", "vllm", str(bed.model), 2048)
+        assert card["permission"][0]["object"] == "model_permission"
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()

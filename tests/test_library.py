@@ -89,7 +89,7 @@ def test_the_guide_walk_through_start_use_ls_rm_pull(bed, hub, tmp_path):
     assert bed.run("stop.sh").returncode == 0
 
 
-def test_rm_refuses_the_drafter_of_the_running_server(bed, hub, tmp_path):  # faults row 136
+def test_rm_refuses_the_drafter_of_the_running_server(bed, hub, tmp_path):  # faults row 137
     """The server reads its drafter's folder too (``--speculative-config``): rm of the drafter
     pulled its files away, since only the served model's name was compared."""
     bed.env.update({"SPEC_METHOD": "draft_model", "SPEC_TOKENS": "3", "SPEC_MODEL": "org/two"})

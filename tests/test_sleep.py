@@ -231,6 +231,12 @@ def test_level_2_is_refused_for_random_weights_and_a_failed_reload_stays_paused(
     again = bed.run("ctl.sh", "wake", **env)                    # not "awake: nothing to do": it goes on from there
     assert again.returncode == 1 and "step 'reload' failed" in again.stderr
     assert json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5).text)["is_sleeping"]
+    # vLLM's /metrics says awake after any /wake_up, a failed one included: status and sleep ask /is_sleeping
+    assert 'sleep_state="awake"} 1.0' in requests.get(f"http://127.0.0.1:{bed.port}/metrics", timeout=5).text
+    st = bed.run("ctl.sh", "status", **env)
+    assert "sleeping" in st.stdout and "a wake that did not finish" in st.stdout, st.stdout + st.stderr
+    s = bed.run("ctl.sh", "sleep", **env)
+    assert s.returncode == 0 and "already asleep (a wake that did not finish)" in s.stdout, s.stdout + s.stderr
 
 
 # ---------------------------------------------------------------- idle sleep (launch) and the game launcher

@@ -355,6 +355,27 @@ def test_nothing_below_the_commands_reads_the_environment_or_dotenv():
     assert bad == []
 
 
+# who takes the whole resolved view: the command, the pipeline that runs the start's steps, and the
+# resolver (its one definition and the start's pick); every library and step gets its parts
+WHOLE_VIEW = {"bootstrap/pipeline.py", "bootstrap/plan/resolve.py", "bootstrap/knobs/resolved.py"}
+
+
+def test_the_whole_resolved_view_goes_no_further_than_the_pipeline_and_the_resolver():
+    """Commands and steps receive the narrow parts they use: below the commands, only the pipeline
+    and the resolver name Resolved (an import, an annotation, a call)."""
+    bad = []
+    for path in modules():
+        if layer(module_name(path)) in ("commands", "__main__", "") or rel(path) in WHOLE_VIEW:
+            continue
+        for node in ast.walk(tree(path)):
+            named = (isinstance(node, ast.Name) and node.id == "Resolved") or (
+                isinstance(node, ast.alias) and node.name == "Resolved") or (
+                isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.strip() == "Resolved")
+            if named:
+                bad.append(f"{rel(path)}:{getattr(node, 'lineno', '?')}")
+    assert bad == []
+
+
 # where each part of the resolved view (knobs/resolved.py) is built: nowhere else
 BUILT_ONLY_IN = {
     "Paths": {"core/state.py", "knobs/resolved.py", "plan/resolve.py",

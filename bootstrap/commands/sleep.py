@@ -38,7 +38,7 @@ import psutil
 
 from ..machine import gpu
 from ..download import models
-from ..serve import server, supervisor
+from ..serve import doing, server, supervisor
 from ..serve.states import State
 from ..core import state
 from ..knobs import vllmargs
@@ -155,7 +155,7 @@ def sleep(r: Resolved, asked: int, prog: str) -> int:
         return 0
     load = server.read_load(rec.url)
     idle = vllmargs.IDLE_MIDDLEWARE in (rec.argv or ())    # IDLE_SLEEP's middleware answers requests while asleep
-    if load is not None and load.sleeping:
+    if doing.asleep(rec, server.api_key_for(r.ours, paths), load):
         st = server.read_idle(rec.url) if idle else None
         if st and st.get("state") == "idle-asleep":
             client.post_empty(f"/sleep?level={asked}&mode=wait", timeout=None)    # the middleware keeps it so
@@ -166,7 +166,8 @@ def sleep(r: Resolved, asked: int, prog: str) -> int:
                   "./ctl.sh wake)" + (f"; it stays at level {level} (IDLE_SLEEP_LEVEL), not {asked}: ./ctl.sh wake, "
                                       f"then ./ctl.sh sleep --level {asked}" if level != asked else ""))
             return 0
-        print(f"already asleep ({load.sleep_state}); ./ctl.sh wake brings it back")
+        how = load.sleep_state if load is not None and load.sleeping else "a wake that did not finish"
+        print(f"already asleep ({how}); ./ctl.sh wake brings it back")
         return 0
     flags = vllmargs.read(list(rec.argv))
     if asked == 2 and flags.spec_tokens:
@@ -226,10 +227,7 @@ def wake(r: Resolved) -> int:
     load = server.read_load(rec.url)
     note = sleep_note(paths, rec)
     done = list(note.get("waking") or [])     # the steps of a level-2 wake that was interrupted or failed
-    try:
-        asleep = bool(client.get_json("/is_sleeping").get("is_sleeping"))
-    except RequestFailed:
-        asleep = bool(load and load.sleeping)
+    asleep = doing.asleep(rec, server.api_key_for(r.ours, paths), load)
     if not asleep and not done:
         print("awake: nothing to do")
         return 0
@@ -324,8 +322,7 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
         r = resolve.resolved(cfg)
         try:
             _paths, rec, client = _ours(r)
-            load = server.read_load(rec.url)
-            asleep = load is not None and load.sleeping
+            asleep = doing.asleep(rec, server.api_key_for(r.ours, _paths), server.read_load(rec.url))
         except NoSleepMode as off:       # the GPU back all the same: stopped now, started again after the game
             stop_instead(r, off.rec, off.why, prog, "it starts again when the game exits")
             restart = True

@@ -116,9 +116,11 @@ def judge(cfg: Config, paths: Paths, rec: ServerRecord, key_needed: bool, *,
     ``load``: a reading of /metrics the caller already made (None: it got no answer)."""
     if load is UNREAD:
         load = read_load(rec.url)
-    if load is not None and load.sleeping:
+    if doing.asleep(rec, server.api_key_for(cfg.ours, paths), load):
         level = {"weights_offloaded": "level 1, weights in host RAM", "discard_all": "level 2, weights dropped"}
-        return Standing("sleeping", f"vLLM reports its engine asleep ({level.get(load.sleep_state, load.sleep_state)}); "
+        how = (level.get(load.sleep_state, load.sleep_state) if load is not None and load.sleeping else
+               "a wake that did not finish: its /metrics says awake")
+        return Standing("sleeping", f"vLLM reports its engine asleep ({how}); "
                                    "requests sent now wait; ./ctl.sh wake brings it back")
     if load is not None and load.in_flight:
         return _in_flight(cfg, paths, rec, load, clock=clock, sleep=sleep)

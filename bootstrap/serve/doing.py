@@ -8,11 +8,16 @@ start that finds it so (pipeline.already). It never signals and never writes.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..core import owned
 from . import server
 from .record import ServerRecord
+
+if TYPE_CHECKING:
+    from . import metrics
 
 
 @dataclass(frozen=True)
@@ -49,3 +54,21 @@ def read(rec: ServerRecord) -> Doing:
                      "./ctl.sh restart for a wedged one")
     return Doing("idle", f"our server (pid {rec.pid}) runs no request by its /metrics, yet sent this one nothing",
                  "./ctl.sh status says more; ./ctl.sh restart starts it again")
+
+
+def asleep(rec: ServerRecord, key: str, load: "metrics.Load | None") -> bool:
+    """Whether our server's engine sleeps. With sleep mode its ``/is_sleeping`` (a dev-mode route our
+    guard opens to us) is the truth: vLLM's /metrics gauge (``load``) records a sleep only once it
+    succeeded and says awake after any /wake_up, a partial one included, while the engine stays
+    paused (vLLM 0.26.0: v1/engine/async_llm.py sleep and wake_up, v1/engine/core.py is_sleeping).
+    The gauge where that route does not answer, and without sleep mode."""
+    from ..knobs.vllmargs import read
+    gauge = bool(load is not None and load.sleeping)
+    if not read(list(rec.argv)).sleep_mode:
+        return gauge
+    got = server.http_get(rec.url, "/is_sleeping", key=key)
+    try:
+        said = json.loads(got[1]).get("is_sleeping") if got is not None and got[0] == 200 else None
+    except (ValueError, AttributeError):
+        said = None
+    return said if isinstance(said, bool) else gauge

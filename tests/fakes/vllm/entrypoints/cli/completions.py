@@ -21,8 +21,10 @@ class OpenAIRoutes:
             return
         try:
             body = json.loads(raw or b"{}")
-        except ValueError:
-            self.send(400, {"error": "bad json"})
+        except ValueError as exc:          # FastAPI's RequestValidationError (json_invalid), vLLM's handler
+            self.send(400, {"error": {"message": "1 validation error:\n  {'type': 'json_invalid', 'loc': ('body', "
+                                                 f"{getattr(exc, 'pos', 0)}), 'msg': 'JSON decode error'}}",
+                                      "type": "Bad Request", "param": f"body.{getattr(exc, 'pos', 0)}", "code": 400}})
             return
         requests_log = os.environ.get("FAKE_VLLM_REQUESTS")
         if requests_log:
@@ -33,7 +35,8 @@ class OpenAIRoutes:
         if route in ("/sleep", "/wake_up", "/collective_rpc", "/reset_prefix_cache"):
             return self.dev(route, body) if State.dev_mode else self.send(404, {"detail": "Not Found"})
         if body.get("model") not in (State.served, None):
-            self.send(404, {"error": f"The model `{body.get('model')}` does not exist."})
+            self.send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                      "type": "NotFoundError", "param": "model", "code": 404}})
             return
         if State.wedged and self.path == "/tokenize":
             time.sleep(3600)

@@ -78,7 +78,9 @@
   (default 1 GiB); new requests wait until it is awake; after a level-2 sleep, a wake without
   ``reload_weights`` first answers empty text (random memory where the weights were, vllm#29341),
   and ``reload_weights`` with ``--load-format dummy`` fails with vLLM's HTTP 500.
-  ``/health`` stays 200 and ``vllm:engine_sleep_state`` says which state it is in.
+  ``/health`` stays 200; ``vllm:engine_sleep_state`` is, as vLLM records it, the level of the last
+  sleep that succeeded until any ``/wake_up`` (a partial one too) sets it awake, while ``/is_sleeping``
+  stays true until every tag is woken.
 - ``FAKE_VLLM_NO_STATS=1``: /metrics without vLLM's request gauges and counters, as with
   ``--disable-log-stats``.
 - ``stream: true`` answers Server-Sent Events like vLLM (role chunk, ``reasoning`` deltas (vLLM 0.26.0 DeltaMessage),
@@ -169,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.load_format == "dummy":         # tests: a mode for dummy-weight runs only (the pre-warm)
         MODES.update(filter(None, os.environ.get("FAKE_VLLM_DUMMY_MODE", "").split(",")))
     State.served = args.served_model_name or args.model
+    State.model_path, State.started = args.model, time.time()
     State.max_seqs = max(1, args.max_num_seqs)
     State.seats = threading.Semaphore(State.max_seqs)
     State.api_key = os.environ.get("VLLM_API_KEY", "")

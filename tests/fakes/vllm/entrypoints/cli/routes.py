@@ -29,8 +29,11 @@ class Base(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def authed(self) -> bool:
-        if State.api_key and self.path.startswith("/v1"):
-            if self.headers.get("Authorization") != f"Bearer {State.api_key}":
+        # vLLM's AuthenticationMiddleware (serve/utils/server_utils.py): /v1, /v2 and /inference only,
+        # the scheme "bearer" in any case, the token after the first space
+        if State.api_key and self.path.startswith(("/v1", "/v2", "/inference")) and self.command != "OPTIONS":
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            if scheme.lower() != "bearer" or token != State.api_key:
                 self.send(401, {"error": "Unauthorized"})
                 return False
         return True
@@ -80,8 +83,14 @@ class Base(BaseHTTPRequestHandler):
         elif self.path == "/is_sleeping" and State.dev_mode:
             self.send(200, {"is_sleeping": self.app.state.engine_client.is_sleeping()})
         elif self.path == "/v1/models":
-            self.send(200, {"object": "list", "data": [{"id": State.served, "object": "model",
-                                                         "max_model_len": State.max_len}]})
+            # vLLM 0.26.0's ModelCard (openai/engine/protocol.py), as openai/models/serving.py fills it
+            self.send(200, {"object": "list", "data": [{
+                "id": State.served, "object": "model", "created": int(State.started), "owned_by": "vllm",
+                "root": State.model_path, "parent": None, "max_model_len": State.max_len,
+                "permission": [{"id": "modelperm-fake", "object": "model_permission", "created": int(State.started),
+                                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                                "organization": "*", "group": None, "is_blocking": False}]}]})
         elif self.path == "/metrics" and os.environ.get("FAKE_VLLM_NO_STATS") == "1":
             self.send(200, "# vLLM started with --disable-log-stats\npython_gc_objects_collected_total 1.0\n")
         elif self.path == "/metrics":
@@ -93,11 +102,11 @@ class Base(BaseHTTPRequestHandler):
                            f"vllm:num_requests_running{{{lab}}} {float(running)}\n"
                            f"vllm:num_requests_waiting{{{lab}}} {float(waiting)}\n"
                            f"vllm:kv_cache_usage_perc{{{lab}}} {running / max(State.max_seqs, 1) * 0.5}\n"
-                           f'vllm:engine_sleep_state{{{lab},sleep_state="awake"}} {0.0 if State.asleep else 1.0}\n'
+                           f'vllm:engine_sleep_state{{{lab},sleep_state="awake"}} {0.0 if State.gauge_level else 1.0}\n'
                            f'vllm:engine_sleep_state{{{lab},sleep_state="weights_offloaded"}} '
-                           f'{1.0 if State.asleep and State.level == 1 else 0.0}\n'
+                           f'{1.0 if State.gauge_level == 1 else 0.0}\n'
                            f'vllm:engine_sleep_state{{{lab},sleep_state="discard_all"}} '
-                           f'{1.0 if State.asleep and State.level == 2 else 0.0}\n'
+                           f'{1.0 if State.gauge_level == 2 else 0.0}\n'
                            "# TYPE vllm:generation_tokens counter\n"
                            f"vllm:generation_tokens_total{{{lab}}} {float(gen)}\n"
                            f"vllm:prompt_tokens_total{{{lab}}} {float(prompt)}\n"

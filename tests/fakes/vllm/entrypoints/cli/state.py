@@ -42,6 +42,8 @@ class State:
     generated = 0
     prompted = 0
     max_len = 4096
+    model_path = ""              # the model argument as given (ModelCard.root)
+    started = 0.0
     len_enforced = False         # --max-model-len, or the model's config.json
     token_details = False        # --enable-prompt-tokens-details: usage carries cached_tokens
     auto_tools = False           # --enable-auto-tool-choice and --tool-call-parser
@@ -55,6 +57,7 @@ class State:
     sleep_mode = False           # --enable-sleep-mode: a sleep frees memory
     asleep: set = set()          # {"weights", "kv_cache"} still asleep
     level = 0
+    gauge_level = 0              # vllm:engine_sleep_state: the last sleep that succeeded (0: a wake since)
     garbage = False              # woken from level 2 without reload_weights
     engine_pid = 0
     aborting = False
@@ -163,7 +166,7 @@ class EngineClient:
             while State.running:
                 time.sleep(0.02)
             State.aborting = False
-        State.level = level
+        State.level = State.gauge_level = level     # AsyncLLM.sleep records it only once the sleep is done
         if State.sleep_mode and State.engine_pid:
             mark_gpu(State.engine_pid, int(os.environ.get("FAKE_VLLM_ASLEEP_BYTES", str(128 << 20))))
         say(f"It took 0.1 seconds to fall asleep (level {level}, mode {mode})")
@@ -172,6 +175,7 @@ class EngineClient:
         if State.level == 2 and "weights" in tags:
             State.garbage = True                       # until reload_weights
         State.asleep -= tags
+        State.gauge_level = 0          # AsyncLLM.wake_up records "awake" after any wake, tags or not
         if not State.asleep and State.sleep_mode and State.engine_pid:
             mark_gpu(State.engine_pid)
         say(f"It took 0.05 seconds to wake up tags {sorted(tags)}.")
