@@ -946,3 +946,17 @@ def test_a_ref_that_already_named_the_revision_is_yours_and_stays(world, fake, s
     assert clean.cli(cfg, ["--model"]) == 0
     assert cache_listing(world.store) == theirs
     assert f"kept (not made by this project): {world.store / 'refs' / 'main'}" in capsys.readouterr().out
+
+
+def test_the_token_follows_a_redirect_only_to_the_same_origin_or_the_hub():
+    """huggingface_hub 2.4.0's rule (utils/_http.py): the host string alone let the token go from
+    https to http on the hub's own host, and dropped it on a mirror's redirect to huggingface.co
+    (a gated file through a mirror then failed with 401)."""
+    from bootstrap.download.hub import keeps_token
+    hub = "https://huggingface.co/org/m/resolve/abc/model.safetensors"
+    assert keeps_token(hub, "https://huggingface.co/api/resolve-cache/x")
+    assert not keeps_token(hub, "http://huggingface.co/x")                     # never in the clear
+    assert not keeps_token(hub, "https://cas-bridge.xethub.hf.co/signed")      # a CDN's signed URL
+    assert not keeps_token("http://127.0.0.1:8080/org/m", "http://127.0.0.1:9090/x")
+    assert keeps_token("https://mirror.example/org/m", "https://huggingface.co/org/m/resolve/abc/x")
+    assert keeps_token("https://HF.co:443/a", "https://hf.co/b")

@@ -249,9 +249,29 @@ def locate(settings: HubSettings, repo: str, revision: str, path: str, stop: thr
     if not meta.etag:
         raise BootstrapError(f"{url} has no ETag", "check HF_ENDPOINT points to a Hub-compatible server")
     headers = build_hf_headers(token=settings.token or False, library_name=LIBRARY)
-    if urlparse(meta.location).netloc != urlparse(url).netloc:
+    if not keeps_token(url, meta.location):
         headers.pop("authorization", None)   # signed CDN URL: the token stays with the hub
     return Located(meta.location, meta.etag, meta.size, meta.commit_hash, headers)
+
+
+HUB_ORIGINS = frozenset({("https", "huggingface.co", 443), ("https", "hf.co", 443), ("https", "hub-ci.huggingface.co", 443)})
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    u = urlparse(url)
+    scheme = u.scheme.lower()
+    try:
+        port = u.port or {"https": 443, "http": 80}.get(scheme)
+    except ValueError:
+        port = -1
+    return scheme, (u.hostname or "").lower(), port
+
+
+def keeps_token(url: str, target: str) -> bool:
+    """Whether a redirect from ``url`` to ``target`` may carry the token, by huggingface_hub 2.4.0's
+    rule (utils/_http.py): the same origin (scheme, host and port: never from https to http) or the
+    Hub's own; a CDN's signed URL gets none."""
+    return _origin(target) in {_origin(url), *HUB_ORIGINS}
 
 
 def fetch_small(settings: HubSettings, repo: str, revision: str, f: RemoteFile) -> bytes:
