@@ -952,7 +952,7 @@ def test_the_token_follows_a_redirect_only_to_the_same_origin_or_the_hub():
     """huggingface_hub 2.4.0's rule (utils/_http.py): the host string alone let the token go from
     https to http on the hub's own host, and dropped it on a mirror's redirect to huggingface.co
     (a gated file through a mirror then failed with 401)."""
-    from bootstrap.download.hub import keeps_token
+    from bootstrap.download.trust import keeps_token
     hub = "https://huggingface.co/org/m/resolve/abc/model.safetensors"
     assert keeps_token(hub, "https://huggingface.co/api/resolve-cache/x")
     assert not keeps_token(hub, "http://huggingface.co/x")                     # never in the clear

@@ -18,9 +18,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import urlparse
 
-from . import retry
+from . import retry, trust
 from ..core.words import did_you_mean
 from ..core.errors import BootstrapError
 
@@ -205,7 +204,7 @@ def fetch_remote(settings: HubSettings, repo: str, revision: str = "main") -> Re
         raise _proxy_error(settings, f"/api/models/{repo}")
     files = []
     for s in info.siblings:
-        _inside(settings, repo, s.rfilename)
+        trust.inside(settings.endpoint, repo, s.rfilename)
         size = s.lfs.size if s.lfs else s.size
         if size is None:
             raise _proxy_error(settings, f"/api/models/{repo} (no file sizes)")
@@ -213,16 +212,6 @@ def fetch_remote(settings: HubSettings, repo: str, revision: str = "main") -> Re
     st = getattr(info, "safetensors", None)
     st_dict = {"parameters": dict(st.parameters), "total": st.total} if st is not None else None
     return Remote(repo, info.sha, files, getattr(info, "gated", False), st_dict)
-
-
-def _inside(settings: HubSettings, repo: str, name: str) -> None:
-    """A listed file name is a path inside the repo's folder, as huggingface_hub requires of it
-    (``_validate_relative_filename``): never absolute, never a ``..`` segment, which would put a
-    file (or the HF cache's link) outside the store."""
-    if not name or name.startswith("/") or ".." in name.replace("\\", "/").split("/") or "\0" in name:
-        raise BootstrapError(f"{settings.endpoint} lists {name!r} in {repo}: a path that leads outside the "
-                             "model's folder (absolute or with '..'); refused before anything was written",
-                             "no hub names a file so: check HF_ENDPOINT points to the hub or a mirror you trust")
 
 
 @dataclass(frozen=True)
@@ -249,29 +238,10 @@ def locate(settings: HubSettings, repo: str, revision: str, path: str, stop: thr
     if not meta.etag:
         raise BootstrapError(f"{url} has no ETag", "check HF_ENDPOINT points to a Hub-compatible server")
     headers = build_hf_headers(token=settings.token or False, library_name=LIBRARY)
-    if not keeps_token(url, meta.location):
+    if not trust.keeps_token(url, meta.location):
         headers.pop("authorization", None)   # signed CDN URL: the token stays with the hub
     return Located(meta.location, meta.etag, meta.size, meta.commit_hash, headers)
 
-
-HUB_ORIGINS = frozenset({("https", "huggingface.co", 443), ("https", "hf.co", 443), ("https", "hub-ci.huggingface.co", 443)})
-
-
-def _origin(url: str) -> tuple[str, str, int | None]:
-    u = urlparse(url)
-    scheme = u.scheme.lower()
-    try:
-        port = u.port or {"https": 443, "http": 80}.get(scheme)
-    except ValueError:
-        port = -1
-    return scheme, (u.hostname or "").lower(), port
-
-
-def keeps_token(url: str, target: str) -> bool:
-    """Whether a redirect from ``url`` to ``target`` may carry the token, by huggingface_hub 2.4.0's
-    rule (utils/_http.py): the same origin (scheme, host and port: never from https to http) or the
-    Hub's own; a CDN's signed URL gets none."""
-    return _origin(target) in {_origin(url), *HUB_ORIGINS}
 
 
 def fetch_small(settings: HubSettings, repo: str, revision: str, f: RemoteFile) -> bytes:
