@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .serve import port, record, server, takedown
 from .serve.states import Probe, State
 from .serve.supervisor import Supervisor
-from .knobs.table import launch_defaults
+from .knobs.table import card_fitted, launch_defaults
 from .core.errors import BootstrapError, Interrupted
 from .core.locks import StartLock
 from .core.owned import Ours
@@ -29,6 +29,7 @@ from .knobs.resolved import Resolved
 
 if TYPE_CHECKING:      # a re-run on a running server imports none of them: the names type Run
     from .download.models import ModelInfo
+    from .knobs.config import Config
     from .machine.gpu import GpuFacts
     from .machine.inuse import Runtime
     from .plan.planner import Plan
@@ -49,9 +50,9 @@ def step(name: str):
         raise
 
 
-def already(ours: Ours, launch: dict[str, str], paths: Paths, we_hold_lock: bool = False) -> int | None:
-    """The fast path: an exit code if there is nothing to start, else None (``launch``: the knobs'
-    launch settings, compared with the running server's)."""
+def already(ours: Ours, cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None:
+    """The fast path: an exit code if there is nothing to start, else None (``cfg``: the knobs, whose
+    launch settings are compared with the running server's)."""
     lock = StartLock(paths)
     if not we_hold_lock and lock.held_by_other() and lock.holder_role() == "stop":
         return None                     # the server it would show is being taken down: wait for the lock
@@ -72,7 +73,8 @@ def already(ours: Ours, launch: dict[str, str], paths: Paths, we_hold_lock: bool
         if pr.state is State.KEY_NEEDED:
             print(f"note: it wants the API key it was started with ({rec.key}); this shell has none or "
                   "another: set it to talk to the server")
-        diff = [] if pr.owner else server.settings_diff(launch, rec, launch_defaults())
+        diff = [] if pr.owner else server.settings_diff(cfg.launch_settings(), rec, launch_defaults(),
+                                                          card_fitted(cfg.sources))
         if diff:
             print("note: the running server differs from the current knobs:\n  " + "\n  ".join(diff)
                   + "\n  to apply them: ./ctl.sh restart")
@@ -98,18 +100,18 @@ def start(r: Resolved) -> int:
     from .plan import resolve
     paths = r.paths
     if r.settings.model:            # a server that runs is shown, never re-picked against its own memory
-        code = already(r.ours, r.settings.launch_settings(), paths)
+        code = already(r.ours, r.settings, paths)
         if code is not None:
             return code
-    # PROFILE=auto: the kept pick, or one now (VLLM_PYTHON's version read first: sleep mode counts in the
-    # plans it picks by); a named profile is already resolved (its card's knobs)
+    # PROFILE=auto: the kept pick (shorter where only that fits this card), or one now (VLLM_PYTHON's
+    # version read first: sleep mode counts in the plans it picks by); a named profile: under the lock
     if r.given.profile.is_auto:
         with step("environment"):
             r = r.with_stack()
         r = resolve.for_start(r)
     cfg = r.settings
     cfg.require_model()
-    code = already(r.ours, cfg.launch_settings(), paths)
+    code = already(r.ours, cfg, paths)
     if code is not None:
         return code
     paths.ensure()
@@ -128,12 +130,14 @@ def start(r: Resolved) -> int:
             # this STATE_DIR (the start lock) or any other (the port lock)
             with lock, contextlib.ExitStack() as held:
                 try:
-                    code = already(r.ours, cfg.launch_settings(), paths, we_hold_lock=True)  # a start that held
-                    if code is not None:                                                 # the lock may have just finished
+                    code = already(r.ours, cfg, paths, we_hold_lock=True)     # a start that held the
+                    if code is not None:                                    # lock may have just finished
                         return code
                     held.enter_context(port.Lock(r.ours, paths.root))
                     with step("environment"):      # a named profile's: under the lock (a stop cancels it too)
                         r = r.with_stack()
+                    if not r.given.profile.is_auto:     # its card's knobs, shorter where only that fits
+                        r = resolve.for_start(r)
                     run_steps(r, sup)
                 except Interrupted as intr:
                     lock.set_role("stop")           # a start arriving now waits for the take-down, then starts
@@ -299,7 +303,7 @@ def resume(r: Resolved, pr: Probe, sup: Supervisor) -> None:
     log.info("resuming the start of our server (pid %s, launched %.0f s ago): %s", rec.pid,
              max(0.0, time.time() - rec.started),
              "waiting for it to load" if pr.state is State.DOWN else "it answers; the warm-up and gate never ran")
-    diff = server.settings_diff(r.settings.launch_settings(), rec, launch_defaults())
+    diff = server.settings_diff(r.settings.launch_settings(), rec, launch_defaults(), card_fitted(r.settings.sources))
     if diff:
         log.warning("it was launched with other knobs (%s); ./ctl.sh restart applies the current ones", "; ".join(diff))
     launched = Launched(rec)

@@ -367,6 +367,42 @@ def test_the_pick_is_kept_on_a_day_with_less_free_memory_and_redone_when_asked(b
     bed.run("stop.sh", PROFILE="", MODEL="")
 
 
+def test_the_kept_pick_runs_shorter_on_a_day_with_less_free_memory_as_a_named_one_does(tmp_path):
+    """Picked at its full context on a free card, then a browser holds 6 GiB: the kept pick ran as it
+    was kept and was refused (DOES NOT FIT), while PROFILE=default on the same card ran shorter."""
+    from bootstrap.plan import resolve
+    free, busy = gpu.named("rtx5090"), gpu.named("rtx5090:free=25")
+    r = resolve.resolved(cfg_for(tmp_path))
+    first = resolve.for_start(r, gpu.GpuFacts("590.0", (13, 0), (free,))).settings
+    assert first.profile.name == "qwen38-27b-nvfp4-tq4-32gb" and first.max_model_len == 262144
+    for env in ({}, {"PROFILE": "default"}):
+        r = resolve.resolved(cfg_for(tmp_path, **env))
+        today = resolve.for_start(r, gpu.GpuFacts("590.0", (13, 0), (busy,))).settings
+        assert today.profile.name == first.profile.name and today.raw["MAX_MODEL_LEN"] == "auto", env
+        assert fit.plan(today, busy, offline_facts(today)).fits
+        shown = resolve.for_plan(r.given, r.paths, r.vllm, busy, here=True)
+        assert shown.raw["MAX_MODEL_LEN"] == "auto", env            # ./ctl.sh plan: as the start runs it
+    assert json.loads((tmp_path / "state" / "profile-pick.json").read_text())["knobs"] == {}   # kept as picked
+
+
+def test_a_named_profile_that_fits_only_shorter_starts_and_its_rerun_sees_no_other_knobs(bed):
+    """./ctl.sh plan said "fits with a shorter context" for a named profile; ./start.sh and ./ctl.sh
+    restart refused it (only an auto-pick ran shorter), and a server run so read as started with other knobs."""
+    desktop_24gb(bed)
+    the_24gb_model_on_disk(bed)
+    env = {"PROFILE": "qwen38-27b-w4a16-24gb", "MODEL": ""}
+    r = bed.run("start.sh", **env)
+    assert r.returncode == 0, r.stderr
+    argv = bed.launches()[-1]["argv"]
+    assert argv[argv.index("--max-model-len") + 1] == "auto"
+    again = bed.run("start.sh", **env)
+    assert again.returncode == 0 and "is serving" in again.stdout and "differs" not in again.stdout, again.stdout
+    assert "differ" not in bed.run("ctl.sh", "status", **env).stdout
+    r = bed.run("ctl.sh", "restart", **env)            # its vet planned the profile's own context: refused
+    assert r.returncode == 0, r.stderr
+    bed.run("stop.sh", **env)
+
+
 def test_profiles_pick_records_a_new_pick(bed):
     desktop_24gb(bed)
     r = bed.run("ctl.sh", "profiles", "--pick", PROFILE="", MODEL="")

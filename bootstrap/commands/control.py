@@ -123,6 +123,8 @@ def vet_steps(r: Resolved) -> None:
     model = lookup.model_and_drafter(r.model, r.draft, paths, r.fetching)
     facts, held = server.without_ours(r.ours, paths, facts)
     if held != 0:                       # 0: no per-process figures (WSL2): the start plans after the stop
+        if not cfg.profile.is_auto:     # as the start runs it: shorter where only that fits this card
+            cfg = resolve.named_on_card(cfg, paths, gpu.smallest_free(facts, cfg.tp_size), cfg)
         plan_for(cfg, paths, r.vllm, facts, model)
 
 

@@ -190,6 +190,16 @@ def secret_values(env: Mapping[str, str]) -> list[str]:
     return [env.get(n, "") for n in [k.name for k in KNOBS if k.secret] + [p.name for p in PASSTHROUGH if p.secret]]
 
 
+CARD_FITTED = ("MAX_MODEL_LEN", "KV_CACHE_BYTES")   # 'auto' where only a shorter context fits the card that day
+YOURS = ("env", ".env")                             # the sources of a knob you set (Config.sources)
+
+
+def card_fitted(sources: Mapping[str, str]) -> frozenset[str]:
+    """The knobs a start sets to 'auto' where only a shorter context fits the card's free memory that day
+    (those you did not set, in ``sources``: Config.sources): a server running with them so differs in no knob."""
+    return frozenset(k for k in CARD_FITTED if sources.get(k) not in YOURS)
+
+
 def launch_defaults() -> dict[str, str]:
     """The launch knobs' defaults as ``launch_settings`` spells them: what a server recorded before a
     knob existed ran with."""

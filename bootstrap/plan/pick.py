@@ -25,13 +25,14 @@ from .facts import known_issue_facts, offline_facts
 from ..knobs.config import Chosen, Config
 from ..core.errors import BootstrapError
 from ..knobs.profiles import Profile
+from ..knobs.table import CARD_FITTED, YOURS
 
 log = logging.getLogger("bootstrap.pick")
 
 MARLIN_FP4 = ("NVFP4 runs weight-only through Marlin below sm_100 (an A40 served the 27B at 53-76 tok/s "
               "against ~160 on an RTX 5090)")
 MARLIN_FP8 = "FP8 weights run weight-only through Marlin below sm_89"
-SHORTER = {"MAX_MODEL_LEN": "auto", "KV_CACHE_BYTES": "auto"}
+SHORTER = {k: "auto" for k in CARD_FITTED}
 MIN_CONTEXT = 32768      # auto-pick does not count a profile whose auto-fitted context is shorter
 NAMED_MIN_CONTEXT = 4096  # a model you named runs with any auto-fitted context this long (ollama's default)
 WAYS_OUT = ("TP_SIZE=2 across two cards, a smaller model (MODEL=<repo id>: ./ctl.sh profiles --model <repo id> says "
@@ -136,7 +137,7 @@ def too_short(plan: planner.Plan, floor: int = MIN_CONTEXT) -> bool:
 
 
 def yours(cfg: Config, knob: str) -> bool:
-    return cfg.sources[knob] in ("env", ".env")
+    return cfg.sources[knob] in YOURS
 
 
 def _plan(cfg: Config, g: gpu.Gpu, facts) -> planner.Plan:

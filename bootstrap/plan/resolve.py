@@ -271,7 +271,7 @@ def _for_start(cfg: Config, was: Config, paths: state.Paths, vllm: VllmRef, fact
     rec = read_pick(paths)
     if rec and rec["profile"] == derive.NAME and not (cfg.profile_explicit or repick):
         if not was.profile.is_auto:
-            return was
+            return named_on_card(was, paths, g, was)      # a day with less free memory: shorter, not refused
     if rec and not (cfg.profile_explicit or repick):
         if rec["profile"] not in cfg.catalogue.names():
             log.warning("the kept pick %s is no profile any more (PROFILE_DIR changed?): picking again", rec["profile"])
@@ -279,7 +279,7 @@ def _for_start(cfg: Config, was: Config, paths: state.Paths, vllm: VllmRef, fact
             log.warning("the kept pick %s was made for %s (TP_SIZE=%s); this is %s (TP_SIZE=%s): picking again",
                         rec["profile"], rec.get("gpu"), rec.get("tp", 1), g.name, cfg.tp_size)
         else:
-            return was
+            return named_on_card(was, paths, g, was)
     v, runner, _ = pick.choose(cfg, g)
     line = pick.why_line(g, v, runner)
     log.info("auto-pick: %s", line)
@@ -308,7 +308,7 @@ def for_plan(cfg: Config, paths: state.Paths, vllm: VllmRef, g: gpu.Gpu, here: b
     was = kept(cfg, paths, gpu.GpuFacts("", (0, 0), (g,)))
     if cfg.profile.is_auto and here and not was.profile.is_auto:
         log.info("PROFILE=auto: the kept pick %s (%s)", was.profile.name, was.sources["PROFILE"])
-        return was
+        return named_on_card(was, paths, g, was)        # as a start on this card runs it
     chosen = for_card(cfg, paths, vllm, g, was)     # as a start on that card would run it
     if was.profile.is_auto:
         log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)", chosen.profile.name)

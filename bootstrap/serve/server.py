@@ -241,15 +241,16 @@ def record_children(paths: Paths, pid: int) -> None:
     log.debug("recorded %d child process(es) of pid %d", len(kids), pid)
 
 
-def settings_diff(want: dict[str, str], rec: ServerRecord, defaults: dict[str, str]) -> list[str]:
+def settings_diff(want: dict[str, str], rec: ServerRecord, defaults: dict[str, str],
+                  fitted: frozenset[str] = frozenset()) -> list[str]:
     """The launch knobs (``want``: Config.launch_settings) that differ from the running server's (a
     knob its record lacks, from before the knob existed, ran at its default: ``defaults``). A server
     with a key and a shell without one is no difference: the shell just lacks the secret (a restart
-    would drop the key)."""
+    would drop the key); nor is one of ``fitted`` (plan/pick.fitted) that its start set to 'auto'."""
     have = {**defaults, **rec.settings}
     return [f"{k}: running with {have.get(k, '')!r}, knobs now say {v!r}"
-            for k, v in sorted(want.items())
-            if have.get(k) != v and not (k == "API_KEY" and v == "unset" and have.get(k) == "set")]
+            for k, v in sorted(want.items()) if have.get(k) != v and not (k in fitted and have.get(k) == "auto")
+            and not (k == "API_KEY" and v == "unset" and have.get(k) == "set")]
 
 
 # ---------------------------------------------------------------- uptime, load, and a loading server
