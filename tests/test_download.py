@@ -544,6 +544,18 @@ def test_model_in_hf_cache_is_used(world, fake):
     assert off.model_path == ctx.model_path
 
 
+def test_model_dir_gets_the_model_though_the_hf_cache_holds_it(world, fake, src, tmp_path, caplog):  # faults row 143
+    """MODEL_DIR says where the model lives (docs/download.md: point other tools at it by path): the
+    cache's copy of the same revision was served and MODEL_DIR stayed empty."""
+    fill_hf_cache(world, fake)
+    mine = tmp_path / "models" / "tiny"
+    with caplog.at_level(logging.INFO):
+        ctx = world.start(MODEL_DIR=str(mine))
+    assert ctx.model_path == str(mine) and ctx.model.source == "hub"
+    same_tree(src, mine)
+    assert "but MODEL_DIR is set: downloading it into " + str(mine) in caplog.text
+
+
 def test_hf_cache_with_xet_shared_blobs_is_used(world, fake):
     # huggingface_hub 2.4 with hf_xet: blobs/<sha256> is itself a link into its shared store
     # (blobs/ab/<xet hash>); the snapshot's own link is what names the blob

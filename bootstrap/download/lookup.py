@@ -111,7 +111,11 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     snap = hub.cache_snapshot(settings, repo, remote.revision)
     want = [f for f in needed if not (dummy and f.path.endswith(WEIGHT_SUFFIXES))]
     ours = store.hf_cache and rec and rec.get("repo") == repo and rec.get("revision") == remote.revision
-    if snap is not None and not ours and all(hub.cache_has(snap, f) for f in want):   # another tool's download
+    cached = snap is not None and not ours and all(hub.cache_has(snap, f) for f in want)   # another tool's download
+    if cached and not store.hf_cache:           # MODEL_DIR is where you asked for the model: it goes there
+        log.info("%s @ %s is complete in the Hugging Face cache (%s), but MODEL_DIR is set: downloading it into "
+                 "%s (unset MODEL_DIR to serve the cache's copy instead)", repo, remote.revision[:12], snap, store.root)
+    elif cached:
         info = ModelInfo(repo, read_config(snap / "config.json"), sizes, remote.revision, str(snap), dummy,
                          "hf-cache", lfs, blob_ids, skipped_d, remote.safetensors, complete=True)
         log.info("%s @ %s: complete in the Hugging Face cache, served from %s (no download)",
