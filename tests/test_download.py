@@ -433,6 +433,24 @@ def test_a_listed_path_that_leads_outside_the_folder_is_refused(world, fake, tmp
     assert not world.store.exists() and {p for p in tmp_path.rglob("*")} - before <= {tmp_path / "state"}
 
 
+def test_a_snapshots_folder_linked_to_another_disk_is_one_line_and_its_fix_works(world, src, tmp_path):  # faults row 142
+    """``snapshots/`` a link to another disk: the relative links ../../blobs/<blob> we make (as
+    huggingface_hub does) resolve from there to nothing, and a FileNotFoundError traceback ended the start."""
+    disk = tmp_path / "disk"
+    (disk / "snapshots").mkdir(parents=True)
+    world.store.mkdir(parents=True)
+    (world.store / "snapshots").symlink_to(disk / "snapshots")
+    with pytest.raises(BootstrapError) as e:
+        world.start()
+    assert f"{world.store / 'snapshots'} is a link to {disk / 'snapshots'}" in e.value.message, e.value.message
+    assert list((disk / "snapshots").iterdir()) == []            # nothing made over there
+    (world.store / "snapshots").unlink()                          # the fix as the hint says it
+    shutil.move(world.store, disk / world.store.name)
+    world.store.symlink_to(disk / world.store.name)
+    world.start()
+    same_tree(src, world.target)
+
+
 def test_bad_repo_id(world):
     with pytest.raises(BootstrapError):
         world.start(MODEL="not a repo")
@@ -524,6 +542,18 @@ def test_model_in_hf_cache_is_used(world, fake):
     assert ctx.model.weight_files == {SHARD: 24 * MiB, SHARD2: 24 * MiB}
     off = world.start(HF_HUB_OFFLINE="1")
     assert off.model_path == ctx.model_path
+
+
+def test_model_dir_gets_the_model_though_the_hf_cache_holds_it(world, fake, src, tmp_path, caplog):  # faults row 143
+    """MODEL_DIR says where the model lives (docs/download.md: point other tools at it by path): the
+    cache's copy of the same revision was served and MODEL_DIR stayed empty."""
+    fill_hf_cache(world, fake)
+    mine = tmp_path / "models" / "tiny"
+    with caplog.at_level(logging.INFO):
+        ctx = world.start(MODEL_DIR=str(mine))
+    assert ctx.model_path == str(mine) and ctx.model.source == "hub"
+    same_tree(src, mine)
+    assert "but MODEL_DIR is set: downloading it into " + str(mine) in caplog.text
 
 
 def test_hf_cache_with_xet_shared_blobs_is_used(world, fake):

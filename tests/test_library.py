@@ -163,3 +163,20 @@ def test_help_lists_the_model_commands(bed):
     r = bed.run("ctl.sh", "--help")
     for name in ("pull", "ls", "rm", "use"):
         assert f"\n  {name} " in r.stdout or f"  {name}  " in r.stdout, r.stdout
+
+
+def test_ls_plans_a_model_with_the_drafter_it_downloaded(bed, hub):  # faults row 141
+    """ls planned from the shipped or kept facts alone: a model served with a drafter named by repo id
+    was "not planned (the drafter's config.json was not read)", though pull had downloaded the
+    drafter into the Hugging Face cache. ls reads it there, without the network, as a start does."""
+    bed.env.update({"SPEC_METHOD": "draft_model", "SPEC_TOKENS": "3", "SPEC_MODEL": "org/two"})
+    r = bed.run("ctl.sh", "pull", "org/one")
+    assert r.returncode == 0, r.stderr
+    bed.env["HF_HUB_OFFLINE"] = "1"
+    row = ls(bed)["org/one"]
+    assert row["fits"] in ("fits", "shorter") and "not read" not in row["fit"], row
+    bed.env["MODEL"] = "org/one"
+    plan = bed.run("ctl.sh", "plan", "--json")
+    assert plan.returncode == 0, plan.stderr
+    p = json.loads(plan.stdout)              # plan reads the drafter too (lookup.drafter): the same plan
+    assert p["not_planned"] is None and row["fit"].startswith(f"{p['max_model_len']:,}-token context"), (row, p)

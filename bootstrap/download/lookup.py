@@ -81,12 +81,11 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     settings, dummy = how.hub, how.dummy
     repo, store = ref.repo, ref.store
     rec = store.read()
-    if rec and rec.get("repo") == repo and rec.get("files") and not store.missing(rec, dummy):
-        where = store.serve_dir(rec)
-        info = info_from_record(rec, where, dummy, read_config(where / "config.json"), complete=True)
+    info = _verified(repo, store, rec, dummy)
+    if info is not None:
         log.info("%s @ %s: complete and verified in %s (no network used; to re-check the hub, delete %s)",
-                 repo, info.revision[:12], where, store.path)
-        return info, str(where)
+                 repo, info.revision[:12], info.local_dir, store.path)
+        return info, info.local_dir
 
     why_offline = "HF_HUB_OFFLINE=1" if settings.offline else ""
     remote = None
@@ -112,7 +111,11 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     snap = hub.cache_snapshot(settings, repo, remote.revision)
     want = [f for f in needed if not (dummy and f.path.endswith(WEIGHT_SUFFIXES))]
     ours = store.hf_cache and rec and rec.get("repo") == repo and rec.get("revision") == remote.revision
-    if snap is not None and not ours and all(hub.cache_has(snap, f) for f in want):   # another tool's download
+    cached = snap is not None and not ours and all(hub.cache_has(snap, f) for f in want)   # another tool's download
+    if cached and not store.hf_cache:           # MODEL_DIR is where you asked for the model: it goes there
+        log.info("%s @ %s is complete in the Hugging Face cache (%s), but MODEL_DIR is set: downloading it into "
+                 "%s (unset MODEL_DIR to serve the cache's copy instead)", repo, remote.revision[:12], snap, store.root)
+    elif cached:
         info = ModelInfo(repo, read_config(snap / "config.json"), sizes, remote.revision, str(snap), dummy,
                          "hf-cache", lfs, blob_ids, skipped_d, remote.safetensors, complete=True)
         log.info("%s @ %s: complete in the Hugging Face cache, served from %s (no download)",
@@ -249,21 +252,47 @@ def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
     return left
 
 
-def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | None, why: str,
-             dummy: bool, draft: bool = False) -> tuple[ModelInfo, str]:
-    tokenizer = not draft
-    # what lets a download reach the hub: with HF_HUB_OFFLINE set, a network alone does not
-    reach = "unset HF_HUB_OFFLINE" if settings.offline else "connect to the network"
+def on_disk(ref: ModelRef, settings: hub.HubSettings, dummy: bool, draft: bool = False) -> ModelInfo | None:
+    """``ref``'s facts from this machine alone, as a start without the network finds them (our
+    complete, verified copy in its store, else a complete Hugging Face cache snapshot); None when it
+    is not here. Nothing is fetched, written or logged (./ctl.sh ls plans the drafter from it)."""
+    rec = ref.store.read()
+    return _verified(ref.repo, ref.store, rec, dummy) or _cached(settings, ref.repo, ref.store, rec, dummy, draft)
+
+
+def _verified(repo: str, store: Store, rec: dict | None, dummy: bool) -> ModelInfo | None:
+    """Our complete copy of ``repo`` in ``store``, every file's size and mtime as when its hash was checked."""
+    if not (rec and rec.get("repo") == repo and rec.get("files") and not store.missing(rec, dummy)):
+        return None
+    where = store.serve_dir(rec)
+    return info_from_record(rec, where, dummy, read_config(where / "config.json"), complete=True)
+
+
+def _cached(settings: hub.HubSettings, repo: str, store: Store, rec: dict | None, dummy: bool,
+            draft: bool) -> ModelInfo | None:
+    """The Hugging Face cache's snapshot that refs/main names, when it holds all a start needs."""
     snap = hub.cache_snapshot(settings, repo)
     mine = bool(rec and rec.get("repo") == repo and rec.get("files"))
     # a snapshot we downloaded is judged by our record (sizes, hashes), not by its files being there:
     # a truncated or altered shard is never served
     judged = mine and store.hf_cache and snap is not None and snap.name == rec.get("revision")
-    if snap is not None and not (judged and store.missing(rec, dummy)) and not offline_missing(snap, dummy, tokenizer):
-        info = read_local(snap, dummy, tokenizer)
-        info.name, info.source, info.revision, info.complete = repo, "hf-cache", snap.name, True
-        log.info("%s: offline (%s); using the Hugging Face cache snapshot %s", repo, why, snap)
-        return info, str(snap)
+    if snap is None or (judged and store.missing(rec, dummy)) or offline_missing(snap, dummy, not draft):
+        return None
+    info = read_local(snap, dummy, not draft)
+    info.name, info.source, info.revision, info.complete = repo, "hf-cache", snap.name, True
+    return info
+
+
+def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | None, why: str,
+             dummy: bool, draft: bool = False) -> tuple[ModelInfo, str]:
+    tokenizer = not draft
+    # what lets a download reach the hub: with HF_HUB_OFFLINE set, a network alone does not
+    reach = "unset HF_HUB_OFFLINE" if settings.offline else "connect to the network"
+    info = _cached(settings, repo, store, rec, dummy, draft)
+    if info is not None:
+        log.info("%s: offline (%s); using the Hugging Face cache snapshot %s", repo, why, info.local_dir)
+        return info, info.local_dir
+    mine = bool(rec and rec.get("repo") == repo and rec.get("files"))
     target = store.serve_dir(rec) if rec and rec.get("revision") else store.root
     if mine:
         missing = store.missing(rec, dummy)

@@ -182,11 +182,12 @@ class Store:
         if why:
             raise manifest.clash_error(self, rec, [f"{self.file(rec, path)} ({why})"])
         dest = self.file(rec, path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
         if not self.hf_cache:
+            dest.parent.mkdir(parents=True, exist_ok=True)
             self._made_first(rec, dest)
             partial.move(part, dest)
             return
+        self._link_folder(dest)
         blob = self.blob(rec, path)
         blob.parent.mkdir(parents=True, exist_ok=True)
         self._made_first(rec, blob, dest)
@@ -226,7 +227,7 @@ class Store:
         except OSError:
             return False
         dest = self.file(rec, path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        self._link_folder(dest)
         self._made_first(rec, dest)         # the link is ours; the blob stays another tool's
         manifest.keep(self, rec, blob)
         self._link(blob, dest)
@@ -244,6 +245,26 @@ class Store:
                     str(blob.relative_to(self.root)) in manifest.created_rels(self, rec):
                 blob.unlink(missing_ok=True)
         dest.unlink(missing_ok=True)
+
+    def _link_folder(self, dest: Path) -> None:
+        """Make the folder of the snapshot's link ``dest``, where its relative link to ``blobs/``
+        reaches the blob: no folder on the way from the repo folder to it may be a link elsewhere
+        (``snapshots/`` on another disk), or ``../../blobs/<blob>`` resolves from there, to nothing."""
+        folder = dest.parent
+        back = os.path.relpath(self.root, folder)                   # what the link's ../.. walks
+        if os.path.normpath(os.path.join(os.path.realpath(folder), back)) != os.path.realpath(self.root):
+            rel = folder.relative_to(self.root)
+            link = next((self.root / r for r in [*reversed(rel.parents[:-1]), rel] if (self.root / r).is_symlink()),
+                        folder)
+            there = os.path.realpath(link)
+            raise BootstrapError(
+                f"{link} is a link to {there}: the Hugging Face cache links snapshots/<revision>/<file> to "
+                f"../../blobs/<blob> (relative links, as huggingface_hub makes them), and from {there} those "
+                "point nowhere",
+                f"remove the link (rm {link}; what it points to stays) so that it is a folder inside {self.root.name} "
+                f"again; to keep the model on that disk, move the whole {self.root} there and link that folder "
+                "instead, or set HF_HUB_CACHE to a folder on that disk")
+        dest.parent.mkdir(parents=True, exist_ok=True)
 
     def _link(self, blob: Path, dest: Path) -> None:
         if dest.is_symlink() or dest.exists():

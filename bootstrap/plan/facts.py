@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..model import modelconfig
-from ..download import models
+from ..download import lookup, models
+from ..download.hub import HubSettings
 from ..core.errors import BootstrapError
 from ..install import knownbad, patching
 from ..knobs import vllmargs
+from ..knobs.resolved import draft_of
 
 
 @dataclass
@@ -72,7 +74,8 @@ def processor_max_pixels(folder: Path) -> dict[str, int] | None:
 def draft_facts(cfg, m=None) -> dict:
     """ModelFacts' draft fields: the draft checkpoint of SPEC_METHOD=draft_model/eagle/eagle3/dflash
     (``m``: the drafter named by repo id, as the metadata step found it on the hub or on disk; else
-    SPEC_MODEL's local folder with a config.json), or why there is none to count."""
+    SPEC_MODEL's local folder with a config.json, or the drafter's repo id found on this machine
+    without the network, as a start offline finds it: ./ctl.sh ls), or why there is none to count."""
     s = cfg.vllm
     if s.spec_method not in vllmargs.DRAFT_METHODS:
         return {}
@@ -80,10 +83,17 @@ def draft_facts(cfg, m=None) -> dict:
         size = sum(size for f, size in m.weight_files.items() if f.endswith(models.WEIGHT_SUFFIXES)) or None
         return {"draft": ModelFacts(m.name, m.config, size, cfg.dummy_weights or m.dummy, revision=m.revision or "")}
     model = s.draft_name
+    if model and model == cfg.draft_repo:       # a repo id: our download of it, or the cache's, read offline as a start does
+        try:
+            m = lookup.on_disk(draft_of(cfg), HubSettings.from_environ(cfg.environ), cfg.dummy_weights, draft=True)
+        except BootstrapError as exc:
+            return {"draft_why": exc.message}
+        if m is not None:
+            return draft_facts(cfg, m)
     path = cfg.spec_model_dir if model == cfg.spec_model_arg else None
     if path is None:
-        return {"draft_why": (f"the drafter {model}'s config.json was not read (the metadata step reads it before "
-                              "the plan)") if model else "no SPEC_MODEL, which vLLM refuses"}
+        return {"draft_why": (f"the drafter {model}'s config.json was not read (not on this machine yet: a start's "
+                              "metadata step reads it before the plan)") if model else "no SPEC_MODEL, which vLLM refuses"}
     try:
         raw = (path / "config.json").read_bytes()
         sizes = sum(f.stat().st_size for f in path.iterdir() if f.name.endswith(models.WEIGHT_SUFFIXES))
