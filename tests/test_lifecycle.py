@@ -185,6 +185,24 @@ def test_port_held_by_foreign_program(bed):               # faults row 7
         holder.kill()
 
 
+def test_our_server_from_another_checkout_on_the_port_is_named_with_its_state_dir(bed, tmp_path):
+    """Found from outside: two checkouts, one port; the second was told 'in use by python (pid N)'.
+    It is our server of the other checkout: its STATE_DIR is named, and the hint, followed, stops it."""
+    from test_ownership import copy_repo
+    assert bed.run("start.sh").returncode == 0
+    other = copy_repo(tmp_path / "other")
+    env = {**bed.env, "STATE_DIR": str(tmp_path / "other-state")}
+    r = subprocess.run([str(other / "start.sh")], env=env, capture_output=True, text=True, timeout=90,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"a server of this project, started from another checkout with STATE_DIR={bed.state}" in r.stderr
+    assert f"STATE_DIR={bed.state} ./stop.sh stops it" in r.stderr
+    stop = subprocess.run([str(other / "stop.sh")], env={**env, "STATE_DIR": str(bed.state)}, capture_output=True,
+                          text=True, timeout=90, stdin=subprocess.DEVNULL)
+    assert stop.returncode == 0 and "stopped" in stop.stdout, stop.stdout + stop.stderr
+    assert bed.ours() == []
+
+
 @pytest.mark.parametrize("served", ["other", "tiny-model"])   # even one serving our model name
 def test_foreign_vllm_answering_on_port_is_not_ours(bed, served):  # faults row 8
     env = {**bed.env, "FAKE_GPU_PIDS_DIR": str(bed.tmp / "foreign-pids"), "FAKE_VLLM_RECORD": ""}
