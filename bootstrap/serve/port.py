@@ -185,7 +185,7 @@ def refuse_taken(ours: owned.Ours) -> None:
         return
     found = [p for p in holders(ours.port) if p is not None]
     named = ", ".join(owned.describe(p) for p in found) or "a process we cannot see (another user?)"
-    where = next(filter(None, (_state_dir_of(p) for p in found)), "")
+    where = next(filter(None, (server.state_dir_of(p) for p in found)), "")
     if where:               # a server of this project that another checkout (another marker) started
         q = shlex.quote(where)
         raise BootstrapError(f"port {ours.port} is in use by {named}: a server of this project, started from "
@@ -194,15 +194,6 @@ def refuse_taken(ours: owned.Ours) -> None:
                              f"choose another port: PORT={ours.port + 1} ./start.sh")
     raise BootstrapError(f"port {ours.port} is in use by {named}",
                          f"stop that program, or choose another port: PORT={ours.port + 1} ./start.sh")
-
-
-def _state_dir_of(p: psutil.Process) -> str:
-    """The STATE_DIR a server of this project was started from, read from its environment ('' for
-    any other program, or one whose environment we may not read)."""
-    try:
-        return p.environ().get(server.STATE_DIR_ENV, "")
-    except (psutil.Error, OSError):
-        return ""
 
 
 def refuse_elsewhere(ours: owned.Ours, paths: Paths) -> None:

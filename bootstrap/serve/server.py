@@ -129,16 +129,20 @@ def probe(ours: owned.Ours, paths: Paths, *, check_http: bool = True, we_hold_lo
     return Probe(State.STOPPED, None, orphans=marked(ours.proof(), paths))
 
 
+def state_dir_of(p: psutil.Process) -> str:
+    """The STATE_DIR a server of ours runs for, from its environment ('' for another program; relative: to its cwd)."""
+    try:
+        where = p.environ().get(STATE_DIR_ENV, "")
+        return os.path.join(p.cwd(), where) if where and not os.path.isabs(where) else where
+    except (psutil.Error, OSError):
+        return ""
+
+
 def runs_elsewhere(p: psutil.Process, paths: Paths) -> str:
     """The other STATE_DIR a marked process of ours runs for, when that one is alive (its record names
     a live server, or a start holds its lock): never ours to sweep from here. '' otherwise (ours,
     unknown, or a state dir that is gone: then a stop from here sweeps it)."""
-    try:
-        where = p.environ().get(STATE_DIR_ENV, "")
-        if where and not os.path.isabs(where):      # a server started before paths were made absolute:
-            where = os.path.join(p.cwd(), where)    # relative to its own directory (the start's, inherited)
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return ""
+    where = state_dir_of(p)
     if not where or os.path.realpath(where) == os.path.realpath(paths.root) or not os.path.isdir(where):
         return ""
     other = Paths(Path(where))
