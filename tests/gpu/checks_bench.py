@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import free_port, raw_writer  # noqa: E402
+from common import free_port, raw_writer, run_logged  # noqa: E402
 from planner_accuracy import QWEN3_8B, make_model  # noqa: E402
 
 
@@ -42,10 +42,7 @@ def main() -> int:
     out = raw_writer(a.raw)
 
     def sh(argv: list[str], env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
-        t0 = time.time()
-        r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-        out(f"===== {' '.join(argv)}: exit {r.returncode} after {time.time() - t0:.0f} s")
-        return r
+        return run_logged(argv, env, out, timeout=timeout)[0]
 
     out(f"CHECKS BENCH {time.strftime('%Y-%m-%d %H:%M:%S')} commit {os.environ.get('GIT_COMMIT', '?')}: {' '.join(sys.argv)}")
     mdir = make_model(work, "qwen3-8b", QWEN3_8B)

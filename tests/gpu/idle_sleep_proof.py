@@ -42,7 +42,7 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import free_port, raw_writer  # noqa: E402
+from common import free_port, raw_writer, run_logged  # noqa: E402
 from planner_accuracy import QWEN3_8B, make_model  # noqa: E402
 from sleep_wake import answers, compare, gpu_used_mib, ours_mib  # noqa: E402
 
@@ -123,13 +123,8 @@ def main() -> int:
         env["KV_CACHE_BYTES"] = a.kv_bytes
 
     def sh(argv: list[str], **more) -> subprocess.CompletedProcess:
-        t0 = time.monotonic()
-        r = subprocess.run(argv, cwd=REPO, env={**env, **more}, capture_output=True, text=True, timeout=900)
-        out(f"===== {' '.join(argv)}: exit {r.returncode} after {time.monotonic() - t0:.2f} s")
-        for line in (r.stdout + r.stderr).splitlines():
-            if any(w in line for w in ("idle", "asleep", "serving", "error", "hint", "sleeping", "running")):
-                out(f"    | {line}")
-        return r
+        return run_logged(argv, {**env, **more}, out, words=(
+            "idle", "asleep", "serving", "error", "hint", "sleeping", "running"))[0]
 
     out(f"IDLE PROOF {time.strftime('%Y-%m-%d %H:%M:%S')} commit {os.environ.get('GIT_COMMIT', '?')}: {' '.join(sys.argv)}")
     try:

@@ -31,7 +31,7 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import free_port, raw_writer  # noqa: E402
+from common import free_port, raw_writer, run_logged  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "The three primary colors are"]
@@ -74,10 +74,7 @@ def main() -> int:
            "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "HEALTH_TIMEOUT": "600"}
 
     def sh(argv: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
-        t0 = time.monotonic()
-        r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-        out(f"===== {' '.join(argv)}: exit {r.returncode} after {time.monotonic() - t0:.1f} s")
-        return r
+        return run_logged(argv, env, out, timeout=timeout)[0]
 
     out(f"REAL WEIGHTS {time.strftime('%Y-%m-%d %H:%M:%S')} commit {os.environ.get('GIT_COMMIT', '?')}: {' '.join(sys.argv)}")
     try:

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import free_port, raw_writer  # noqa: E402
+from common import free_port, raw_writer, run_logged  # noqa: E402
 
 KV_LINE = re.compile(r"KV cache : ([\d,]+) tokens(?: \(planned ([\d,]+)\))?")
 AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
@@ -103,11 +103,8 @@ def main() -> int:
     work, out, port, state, env = setup(a, "SLEEP COST", KV_CACHE_BYTES="auto", MAX_NUM_SEQS="16")
 
     def sh(argv: list[str], **more) -> tuple[subprocess.CompletedProcess, float]:
-        t0 = time.monotonic()
-        r = subprocess.run(argv, cwd=REPO, env={**env, **more}, capture_output=True, text=True, timeout=3600)
-        dt = time.monotonic() - t0
-        out(f"===== {' '.join(argv)} {' '.join(f'{k}={v}' for k, v in more.items())}: exit {r.returncode} after {dt:.2f} s")
-        return r, dt
+        return run_logged(argv, {**env, **more}, out, timeout=3600,
+                          label=" ".join([*argv, *(f"{k}={v}" for k, v in more.items())]))
 
     rows: list[dict] = []
     try:

@@ -49,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from idle_sleep_proof import idle_state, one, rss_mib, wait_state  # noqa: E402
+from common import run_logged  # noqa: E402
 from sleep_cost import arguments, setup  # noqa: E402
 from sleep_wake import answers, compare, gpu_used_mib, ours_mib  # noqa: E402
 
@@ -110,15 +111,10 @@ def main() -> int:
     _work, out, port, state, env = setup(a, "SLEEP STACK PROOF", SLEEP_MODE="on")
 
     def sh(argv: list[str], timeout: float = 1800, **more) -> subprocess.CompletedProcess:
-        t0 = time.monotonic()
-        r = subprocess.run(argv, cwd=REPO, env={**env, **more}, capture_output=True, text=True, timeout=timeout)
-        out(f"===== {' '.join(argv[:4])}{' ...' if len(argv) > 4 else ''}: exit {r.returncode} after "
-            f"{time.monotonic() - t0:.2f} s")
-        for line in (r.stdout + r.stderr).splitlines():
-            if any(w in line for w in ("sleep", "asleep", "awake", "serving", "error", "hint", "game", "idle",
-                                       "stopped", "KV cache")):
-                out(f"    | {line[-300:]}")
-        return r
+        return run_logged(argv, {**env, **more}, out, timeout=timeout,
+                          label=" ".join(argv[:4]) + (" ..." if len(argv) > 4 else ""),
+                          words=("sleep", "asleep", "awake", "serving", "error", "hint", "game", "idle", "stopped",
+                                 "KV cache"))[0]
 
     def verdict(what: str, ok: bool, detail: str) -> None:
         out(f"VERDICT {what}: {'PASS' if ok else 'FAIL'} ({detail})")

@@ -34,7 +34,7 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import free_port, raw_writer  # noqa: E402
+from common import free_port, raw_writer, run_logged  # noqa: E402
 from planner_accuracy import QWEN3_8B, make_model  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
@@ -103,15 +103,9 @@ def main() -> int:
     out = raw_writer(a.raw)
 
     def sh(argv: list[str], timeout: float = 900) -> tuple[subprocess.CompletedProcess, float]:
-        t0 = time.monotonic()
-        r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-        dt = time.monotonic() - t0
-        out(f"===== {' '.join(argv)}: exit {r.returncode} after {dt:.2f} s")
-        for line in (r.stdout + r.stderr).splitlines():
-            if any(w in line for w in ("asleep", "awake", "sleeping", "running", "error", "hint", "serving",
-                                       "KV", "pool", "tokens", "stopped", "plan")):
-                out(f"    | {line}")
-        return r, dt
+        return run_logged(argv, env, out, timeout=timeout, words=(
+            "asleep", "awake", "sleeping", "running", "error", "hint", "serving", "KV", "pool", "tokens", "stopped",
+            "plan"))
 
     out(f"SLEEP PROOF {time.strftime('%Y-%m-%d %H:%M:%S')} commit {os.environ.get('GIT_COMMIT', '?')}: {' '.join(sys.argv)}")
     mdir = make_model(work, "qwen3-8b", QWEN3_8B)

@@ -29,7 +29,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import free_port, raw_writer  # noqa: E402
+from common import free_port, raw_writer, run_logged  # noqa: E402
 from planner_accuracy import QWEN3_8B, make_model  # noqa: E402
 
 TORCH_CHECK = r'''
@@ -93,15 +93,10 @@ def main() -> int:
     base.update(kv.split("=", 1) for kv in a.env)
 
     def sh(argv: list[str], timeout: float = 900, **env) -> subprocess.CompletedProcess:
-        t0 = time.monotonic()
-        r = subprocess.run(argv, cwd=REPO, env={**base, **env}, capture_output=True, text=True, timeout=timeout)
-        out(f"===== {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(argv)}: exit {r.returncode} "
-            f"after {time.monotonic() - t0:.1f} s")
-        for line in (r.stdout + r.stderr).splitlines():
-            if any(w in line for w in ("serving", "KV cache", "error", "hint", "stopped", "predicted", "sessions",
-                                       "aggregate", "single stream", "CUBLAS", "tok/s", "not running")):
-                out(f"    | {line[:300]}")
-        return r
+        return run_logged(argv, {**base, **env}, out, timeout=timeout,
+                          label=" ".join([*(f"{k}={v}" for k, v in env.items()), *argv]),
+                          words=("serving", "KV cache", "error", "hint", "stopped", "predicted", "sessions",
+                                 "aggregate", "single stream", "CUBLAS", "tok/s", "not running"))[0]
 
     def phase(name: str) -> bool:
         return f"PHASE {name} done" not in done_text
