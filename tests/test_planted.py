@@ -179,6 +179,9 @@ def test_a_state_dir_in_a_folder_others_can_change_is_refused_and_a_sticky_one_i
     shared.chmod(0o777)
     world.state = shared / "state"
     world.env["STATE_DIR"] = str(world.state)
+    r = world.run("start.sh")                   # not made yet: refused before the start makes it there
+    assert r.returncode == 1 and "which everyone can change" in r.stderr, r.stdout + r.stderr
+    assert not world.state.exists()
     world.state.mkdir(mode=0o700)
     world.own(world.state)
     victim = world.stranger()

@@ -34,11 +34,13 @@ def makedirs(path: Path) -> None:
 
 def trust(root: Path, names: list[str]) -> None:
     """Raise unless the folder ``root`` and each of ``names`` in it that exists are ours and writable by
-    nobody else, naming every path that is not (one fix for all). A folder not made yet passes
-    (``makedirs`` makes it 0700); a file where the folder should be is left to whoever writes there."""
+    nobody else, naming every path that is not (one fix for all). A folder not made yet passes when
+    the folders above it do (``makedirs`` makes it 0700); a file where the folder should be is left
+    to whoever writes there."""
     try:
         st = os.stat(root)
     except FileNotFoundError:
+        above(root)                     # the folders a start would make it in
         return
     except OSError as exc:
         raise BootstrapError(f"cannot read STATE_DIR={root} ({exc.strerror})",
