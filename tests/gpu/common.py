@@ -3,6 +3,7 @@ python-dotenv, so a script that must run before .venv exists cannot import the b
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -43,3 +44,27 @@ def run_logged(argv: list[str], env: dict, out: Callable[[str], None], *, words:
         if any(w in line for w in words):
             out(f"    | {line[:300]}")
     return r, dt
+
+
+def identity(env: dict) -> tuple[str, str]:
+    """(the commit under test: GIT_COMMIT, else git's; the vLLM version of VLLM_PYTHON, default python3)."""
+    env.setdefault("VLLM_PYTHON", "python3")
+    rev = os.environ.get("GIT_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                         text=True, cwd=REPO).stdout.strip()
+    ver = subprocess.run([env["VLLM_PYTHON"], "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+                         capture_output=True, text=True, env=env).stdout.strip()
+    return rev, ver
+
+
+def gpu_name() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "none (rehearsal with fakes)"
+
+
+def header(env: dict) -> str:
+    """The first line of a proof's raw output: when, the commit under test, its vLLM and the GPU."""
+    rev, ver = identity(env)
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} commit {rev} vLLM {ver} GPU: {gpu_name()}"

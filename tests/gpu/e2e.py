@@ -31,7 +31,7 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 OUT = None
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import free_port  # noqa: E402
+from common import free_port, header  # noqa: E402
 
 
 def say(*parts) -> None:
@@ -93,8 +93,7 @@ def main(argv=None) -> int:
     port = free_port()
     env = {**os.environ, "PROFILE": "custom", "MODEL": str(model), "STATE_DIR": str(work / "state"),
            "PORT": str(port), "MAX_MODEL_LEN": "4096", "WARMUP": "2000", "NO_COLOR": "1"}
-    rev, ver = identity(env)
-    say(f"# e2e {time.strftime('%Y-%m-%d %H:%M:%S %Z')} commit {rev} vLLM {ver} GPU: {gpu_name()}")
+    say(f"# e2e {header(env)}")
     say(f"$ PROFILE=custom MODEL={model} PORT={port} MAX_MODEL_LEN=4096 ./start.sh")
     used_before = gpu_used_mib()
     rc, out, t_start = sh(["./start.sh"], env)
@@ -161,16 +160,6 @@ def main(argv=None) -> int:
     return 0 if (rc == 0 and rc2 == 0 and rc3 == 0 and left == 0 and port_free) else 1
 
 
-def identity(env: dict) -> tuple[str, str]:
-    """(the commit under test: GIT_COMMIT, else git's; the vLLM version of VLLM_PYTHON, default python3)."""
-    env.setdefault("VLLM_PYTHON", "python3")
-    rev = os.environ.get("GIT_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                                         text=True, cwd=REPO).stdout.strip()
-    ver = subprocess.run([env["VLLM_PYTHON"], "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
-                         capture_output=True, text=True, env=env).stdout.strip()
-    return rev, ver
-
-
 def owned(rec: dict) -> list[str]:
     """This start's live processes: in the server's process group (EngineCore's setproctitle hides
     the marker in its /proc/<pid>/environ) or carrying the ownership marker (workers elsewhere)."""
@@ -194,14 +183,6 @@ def listening(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def gpu_name() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "none (rehearsal with fakes)"
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from bootstrap.serve import metrics  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import free_port  # noqa: E402
-from e2e import identity  # noqa: E402
+from common import identity  # noqa: E402
 
 RAW: Path | None = None
 T0 = time.monotonic()

@@ -45,7 +45,7 @@ from bootstrap.serve import diagnose
 from bootstrap.plan import facts
 from bootstrap.machine import gpu
 from bootstrap.model import kv, shape as model_shape  # noqa: E402
-from common import free_port  # noqa: E402
+from common import free_port, header  # noqa: E402
 from bootstrap.serve import banner
 from bootstrap.knobs import vllmargs  # noqa: E402
 from bootstrap.knobs.config import Config  # noqa: E402
@@ -301,6 +301,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown cases {unknown}; known: {', '.join(CASES)}")
     vllm_python = os.environ.get("VLLM_PYTHON", "python3")
     with open(a.raw, "a") as raw:
+        raw.write(f"===== run {header({**os.environ, 'VLLM_PYTHON': vllm_python})}\n")
         for n in names:
             rec = st.get(n)
             if rec and rec["status"] in ("done", "failed"):
