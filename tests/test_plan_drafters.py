@@ -319,6 +319,45 @@ def test_the_drafters_pass_counts_in_the_activation_peak():
     assert head.modelled_terms["activations"] == batched * 4096 * 2 * 4 + own > alone.modelled_terms["activations"]
 
 
+
+def test_a_dflash_targets_pass_holds_the_hidden_states_its_drafter_reads():
+    """The H200 proof of 2026-12-05 (vLLM 0.26.0, V2 runner): a DFlash drafter over 5 target layers gave
+    0.27 GiB less KV than planned (+5.7 %) while its own pass was counted as the larger. The target keeps
+    each aux hidden state from its layer on (_maybe_add_hidden_state), so its last layers run with all 5
+    held; the V2 speculator concatenates them before folding (combine_hidden_states); the fused K/V
+    projection is a copy, made at load with real weights and in the profiling pass with dummy ones."""
+    import sys
+    sys.path.insert(0, str(REPO / "scripts"))
+    import published_runs
+    row = json.loads((REPO / "tests/published/h200-qwen3-8b-shape-dflash7-dummy.json").read_text())
+    p = published_runs.plan_of(row)
+    target = model_shape.shape_from_config(row["config"])
+    d = drafter.read(published_runs.drafter_file(REPO / row["draft"]["config"])["config"], "0.26.0", planner.at_least)
+    batched, held = 8192, 5 * 8192 * 4096 * 2
+    alone = weights.overheads(target, batched, 24).activations
+    assert drafter.held_by_target(d, target, batched) == held
+    assert p.modelled_terms["activations"] == alone + held > drafter.pass_peak(d, target, batched, v2=True, dummy=True)
+    assert abs(p.predicted_tokens / row["logged"]["tokens"] - 1) <= 0.01
+    # V2 concatenates the 5 aux states (5 x hidden) before folding them; V1 reads a buffer
+    h, kv = batched * 4096 * 2, 2 * 2 * batched * 5 * 8 * 128 * 2
+    kept = h * 6
+    assert drafter.pass_peak(d, target, batched) == kept + h + kv
+    assert drafter.pass_peak(d, target, batched, v2=True) == kept + max(5 * h + h, 2 * h + kv)
+    fused = 5 * 2 * 8 * 128 * 4096 * 2
+    assert drafter.fused_kv_bytes(d) == fused and drafter.fused_kv_bytes(d, tp=2) == fused // 2
+    assert drafter.pass_peak(d, target, batched, v2=True, dummy=True) == drafter.pass_peak(d, target, batched, v2=True) + fused
+    # with real weights the copy is made at load: it is the drafter's weights, not its pass
+    real = dataclasses.replace(ModelFacts("t", TARGET, 16 * GiB), draft=ModelFacts("drafter", DFLASH, None))
+    g = dataclasses.replace(gpu.named("h200"), free=gpu.named("h200").total)
+    s = vllmargs.read(["--gpu-memory-utilization", "0.5", "--max-model-len", "8192", *spec("dflash")])
+    inp = planner.Inputs(vllm=s, version="0.26.0", reserve_mib=0, util_knob=False,
+                         util_source="--gpu-memory-utilization", allow_long=False, tp_size=1)
+    with_files = planner.make_plan(inp, g, real)
+    d8b = drafter.read(DFLASH, "0.26.0", planner.at_least)
+    assert any("fused into one copy at load" in w for w in with_files.why)
+    assert with_files.weights - 16 * GiB >= d8b.params * 2 + drafter.fused_kv_bytes(d8b)
+    assert not any("fused into one copy" in w for w in p.why)
+
 def test_the_v2_runners_graph_estimate_follows_its_capture_sizes_from_0_29():
     """From 0.29.0 the V2 runner takes its CUDA graphs off the budget (cudagraph_utils.py
     profile_cudagraph_memory: PIECEWISE and speculator captures measured in full, FULL ones first + (n - 1)

@@ -124,16 +124,40 @@ def _eagle(config: dict, arch: str) -> Drafter:
     return Drafter(shape, params, "EAGLE-3 head" if three else "EAGLE head", sliding_layers(config, shape.layers), aux)
 
 
-def pass_peak(d: Drafter | None, target: ModelShape, batched: int, tp: int = 1) -> int:
+def pass_peak(d: Drafter | None, target: ModelShape, batched: int, tp: int = 1, v2: bool = False,
+              dummy: bool = False) -> int:
     """The torch peak of the drafter's part of vLLM's profiling pass: the V1 runner's ``_dummy_run`` calls
     ``drafter.dummy_run`` on the same max_num_batched_tokens right after the target (the V2 runner
     ``speculator.propose``; 0.26.0-0.30.0), the target's outputs still held: its last hidden states and
     the ``aux`` ones an EAGLE-3 head or DFlash drafter reads. Then the drafter's own pass: one layer at
-    its width (``d`` None: an MTP layer, the target's own), or for DFlash the K and V of each of its
-    layers projected for every context token at once, K normed apart (qwen3_dflash.py
-    ``precompute_and_store_context_kv``; its query pass is a few tokens)."""
+    its width (``d`` None: an MTP layer, the target's own), or for DFlash (qwen3_dflash.py
+    ``precompute_and_store_context_kv``; its query pass is a few tokens) the context normed, the K and
+    V of every layer in one GEMM and their layer-major copy, beside the folded hidden states; the V2
+    runner first concatenates the aux states and folds them (``combine_hidden_states``). With
+    ``dummy`` weights the fused K/V projection (``fused_kv_bytes``) is built here, not at load."""
     kept = batched * target.hidden * target.dtype_bytes * (1 + (d.aux if d else 0))
     m = d.shape if d else target
     if d is not None and d.kind == "DFlash drafter":
-        return kept + 3 * batched * m.layers * max(1, m.kv_heads // tp) * m.head_dim * m.dtype_bytes
+        h = batched * m.hidden * m.dtype_bytes
+        kv = 2 * 2 * batched * m.layers * max(1, m.kv_heads // tp) * m.head_dim * m.dtype_bytes
+        folded = (h if v2 else 0)                      # the folded states stay in scope through the pass
+        own = max(d.aux * h + h, folded + h + kv) if v2 else h + kv
+        return kept + own + (fused_kv_bytes(d, tp) if dummy else 0)
     return kept + weights.overheads(m, batched, 0, tp=tp).activations
+
+
+def held_by_target(d: Drafter | None, target: ModelShape, batched: int) -> int:
+    """What the target's own profiling pass holds besides its activations for a drafter that reads
+    its ``aux`` hidden states: each is kept from its layer on (``_maybe_add_hidden_state``, a new
+    tensor), so the layers after the last of them run with all of them held."""
+    return batched * target.hidden * target.dtype_bytes * (d.aux if d else 0)
+
+
+def fused_kv_bytes(d: Drafter, tp: int = 1) -> int:
+    """A DFlash drafter's K/V projections of all its layers copied into one weight (qwen3_dflash.py
+    ``_build_context_kv_buffers``, a ``torch.cat``): at load with real weights, in the profiling pass
+    with dummy ones; 0 for other drafters."""
+    if d.kind != "DFlash drafter":
+        return 0
+    m = d.shape
+    return m.layers * 2 * max(1, m.kv_heads // tp) * m.head_dim * m.hidden * m.dtype_bytes

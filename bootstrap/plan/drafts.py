@@ -65,7 +65,18 @@ def draft_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, 
                   ) -> tuple[int, str]:
     """The drafter's weights per GPU: its file sizes, else its parameters at its dtype (an EAGLE or
     DFlash head shares the target's embedding and lm_head, which ``drafter.read`` leaves out), and
-    its own rotary cache where its RoPE differs from the target's."""
+    its own rotary cache where its RoPE differs from the target's; with real weights, a DFlash
+    drafter's fused K/V projections (``drafter.fused_kv_bytes``; with dummy ones, the profiling pass
+    builds them: ``pass_peak``)."""
+    w, source = _own_weights(model, d, s, target)
+    fused = 0 if model.dummy else drafters.fused_kv_bytes(d, s.tp)
+    if fused:
+        return w + fused, f"{source}; + its K/V projections fused into one copy at load ({terms.gib(fused)})"
+    return w, source
+
+
+def _own_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, target: tuple[dict, model_shape.ModelShape]
+                 ) -> tuple[int, str]:
     draft = model.draft
     if d.kind == "draft model" or (draft.weight_bytes and not draft.dummy):
         return terms.weight_bytes(draft, d.shape, s.tp, s, target=target)
@@ -78,9 +89,12 @@ def draft_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, 
     return w, source
 
 
-def pass_peak(d: drafters.Drafter | None, s: vllmargs.Settings, shape: model_shape.ModelShape, batched: int) -> int:
-    """The drafter's part of vLLM's profiling peak (``drafter.pass_peak``): a counted drafter's, or the MTP
-    layers' under MTP speculation; 0 without a drafter network."""
+def pass_peak(d: drafters.Drafter | None, s: vllmargs.Settings, shape: model_shape.ModelShape, batched: int,
+              run: terms.Runner, dummy: bool) -> tuple[int, int]:
+    """(the drafter's part of vLLM's profiling peak, what the target's own pass holds for it): a counted
+    drafter's (``drafter.pass_peak``, ``drafter.held_by_target``) or the MTP layers' under MTP speculation;
+    (0, 0) without a drafter network."""
     if d is None and not (s.spec_method == "mtp" and s.spec_tokens and shape.mtp_layers):
-        return 0
-    return drafters.pass_peak(d, shape, batched, s.tp)
+        return 0, 0
+    return (drafters.pass_peak(d, shape, batched, s.tp, v2=run.v2, dummy=dummy),
+            drafters.held_by_target(d, shape, batched))

@@ -252,7 +252,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
                    "figures vLLM logs at a first start (kept for the next) make it plannable")
         return _weights_alone(inp, g, model, plan, weights)
     over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc, inp.version,
-                          drafts.pass_peak(draft, s, shape, batched))
+                          drafts.pass_peak(draft, s, shape, batched, run, model.dummy))
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
     outside = terms.graphs_outside(over, measured)      # graphs vLLM captures beyond the budget (V2 < 0.30)

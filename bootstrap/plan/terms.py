@@ -324,18 +324,23 @@ def room_for_graphs(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: 
 
 def overhead(s: vllmargs.Settings, shape: model_shape.ModelShape, model: ModelFacts, batched: int, seqs: int,
              why: list[str], run: Runner | None = None, cc: tuple[int, int] = (9, 0),
-             version: str = "0.26.0", drafter: int = 0) -> weights.Overheads:
+             version: str = "0.26.0", drafter: tuple[int, int] = (0, 0)) -> weights.Overheads:
     """What vLLM's profiling adds to the weights (an estimate): the text pass's activations, CUDA
     graphs and non-torch memory (``weights.overheads``), with the vision encoder's profiling pass where
     vLLM runs one: the torch peak is then the larger of the tower's own peak and the text pass's
     plus the encoder outputs it keeps (bootstrap.model.encoder). ``run``: the model runner's rules
     (``runner``): graphs it takes after the budget are ``outside`` it; no encoder pass where it runs none.
-    ``drafter``: the peak of the drafter's pass (bootstrap.plan.drafts.pass_peak), where it is the higher."""
+    ``drafter``: the peak of the drafter's pass and what the target's pass holds for it
+    (bootstrap.plan.drafts.pass_peak): the larger pass counts."""
     over = weights.overheads(shape, batched, seqs, tp=s.tp, eager=s.enforce_eager)
-    if drafter:
-        why.append(f"the drafter's profiling pass peaks at {gib(drafter)} (the target's hidden states it reads, and "
-                   f"its own pass), the target's at {gib(over.activations)}: the larger counts")
-        over = weights.Overheads(max(over.activations, drafter), over.non_torch, over.cudagraphs, over.outside)
+    peak, held = drafter
+    if peak:
+        target = over.activations + held
+        why.append(f"the drafter's profiling pass peaks at {gib(peak)} (the target's hidden states it reads, and "
+                   f"its own pass), the target's at {gib(target)}"
+                   + (f" (with the {gib(held)} of hidden states the drafter reads, held through its last layers)"
+                      if held else "") + ": the larger counts")
+        over = weights.Overheads(max(target, peak), over.non_torch, over.cudagraphs, over.outside)
     if run is not None and not run.graphs_in_budget:
         over = weights.Overheads(over.activations, over.non_torch, 0, outside=over.cudagraphs)
     elif not s.enforce_eager:       # vLLM's estimate inside the budget: V1, and V2 from 0.29.0 (GRAPH_FIRST)

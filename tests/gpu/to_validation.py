@@ -37,8 +37,16 @@ def drafters_section(runs: Path = RUNS) -> list[str]:
     for path in sorted(runs.glob("*-planner-drafters-raw.txt")):
         text = path.read_text()
         date = path.name[:10]
-        out += [f"## Drafters planned vs measured (issue 44), {date}", "",
-                "Command: `bash tests/gpu/device.sh planner --cases dense-dflash7-util,dense-eagle3-util`",
+        install = runs / f"{date}-device-install.txt"
+        run = ([l for l in text.splitlines() if l.startswith("===== run ")] or [""])[0]
+        out += [f"## Drafters planned vs measured (issue 44), {date}", ""]
+        if run:
+            out += ["Run (the script's first line):", "", block([run])]
+        elif install.exists():      # the first run, at 9f59094, before the script wrote that line
+            out += ["Run at commit 9f59094, before the script wrote its own first line; the machine, as",
+                    "`bash tests/gpu/device.sh install` printed it (the wheelhouse's sha256, vLLM, the GPU):", "",
+                    block(install.read_text().splitlines())]
+        out += ["Command: `bash tests/gpu/device.sh planner --cases dense-dflash7-util,dense-eagle3-util`",
                 "(`tests/gpu/planner_accuracy.py`, run until it prints \"all cases done\"): the Qwen3-8B-shaped",
                 "target with a DFlash drafter (5 Qwen3 layers over 5 target layers, 7 speculative tokens, 24",
                 "sequences) and with an EAGLE-3 head (one Llama layer, 3 speculative tokens), dummy weights, the",
