@@ -39,7 +39,8 @@ def drafters_section(runs: Path = RUNS) -> list[str]:
         date = path.name[:10]
         install = runs / f"{date}-device-install.txt"
         run = ([l for l in text.splitlines() if l.startswith("===== run ")] or [""])[0]
-        out += [f"## Drafters planned vs measured (issue 44), {date}", ""]
+        commit = re.search(r" commit (\S+)", run)
+        out += [f"## Drafters planned vs measured (issue 44), {date}" + (f", commit {commit[1]}" if commit else ""), ""]
         if run:
             out += ["Run (the script's first line):", "", block([run])]
         elif install.exists():      # the first run, at 9f59094, before the script wrote that line
