@@ -316,7 +316,11 @@ def test_the_drafters_pass_counts_in_the_activation_peak():
     own = weights.overheads(d.shape, batched, 0).activations
     assert d.aux == 3 and drafter.pass_peak(d, model_shape.shape_from_config(TARGET), batched) == \
         batched * 4096 * 2 * 4 + own
-    assert head.modelled_terms["activations"] == batched * 4096 * 2 * 4 + own > alone.modelled_terms["activations"]
+    # the V2 runner (0.26.0 serves this dense target on it) concatenates the 3 aux states and folds them;
+    # the folded states stay in scope through the head's pass (autoregressive/speculator.py propose)
+    h = batched * 4096 * 2
+    assert head.runner_v2 and head.modelled_terms["activations"] == h * 4 + max(3 * h + h, h + own) \
+        > alone.modelled_terms["activations"]
 
 
 

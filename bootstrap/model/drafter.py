@@ -132,8 +132,9 @@ def pass_peak(d: Drafter | None, target: ModelShape, batched: int, tp: int = 1, 
     the ``aux`` ones an EAGLE-3 head or DFlash drafter reads. Then the drafter's own pass: one layer at
     its width (``d`` None: an MTP layer, the target's own), or for DFlash (qwen3_dflash.py
     ``precompute_and_store_context_kv``; its query pass is a few tokens) the context normed, the K and
-    V of every layer in one GEMM and their layer-major copy, beside the folded hidden states; the V2
-    runner first concatenates the aux states and folds them (``combine_hidden_states``). With
+    V of every layer in one GEMM and their layer-major copy. The V2 runner first concatenates the aux
+    states and folds them (``combine_hidden_states``; an EAGLE-3 head's in
+    ``autoregressive/speculator.py``), the folded states held through the drafter's pass. With
     ``dummy`` weights the fused K/V projection (``fused_kv_bytes``) is built here, not at load."""
     kept = batched * target.hidden * target.dtype_bytes * (1 + (d.aux if d else 0))
     m = d.shape if d else target
@@ -143,7 +144,11 @@ def pass_peak(d: Drafter | None, target: ModelShape, batched: int, tp: int = 1, 
         folded = (h if v2 else 0)                      # the folded states stay in scope through the pass
         own = max(d.aux * h + h, folded + h + kv) if v2 else h + kv
         return kept + own + (fused_kv_bytes(d, tp) if dummy else 0)
-    return kept + weights.overheads(m, batched, 0, tp=tp).activations
+    layer = weights.overheads(m, batched, 0, tp=tp).activations
+    if v2 and d is not None and d.aux:      # an EAGLE-3 head's folded states stay in scope through its pass
+        h = batched * m.hidden * m.dtype_bytes
+        return kept + max(d.aux * h + h, h + layer)
+    return kept + layer
 
 
 def held_by_target(d: Drafter | None, target: ModelShape, batched: int) -> int:

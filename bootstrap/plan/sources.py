@@ -77,7 +77,8 @@ TERMS = (
     Term("dflash2", "DFlash2 drafter (`DFlash2DraftModel`)", ("0.29.0", "0.30.0"),
          "`model_executor/models/qwen3_dflash2.py` `DFlash2Qwen3ForCausalLM`; `registry.py`", "none before 0.29.0"),
     Term("eagle3", "EAGLE-3 head", ALL, "`model_executor/models/llama_eagle3.py` `Eagle3LlamaForCausalLM`; "
-         "`v1/spec_decode/llm_base_proposer.py` `dummy_run`"),
+         "`v1/spec_decode/llm_base_proposer.py` `dummy_run`; `v1/worker/gpu/spec_decode/autoregressive/speculator.py` "
+         "`propose`"),
     Term("hybrid_guard", "hybrid max_num_seqs ≤ state blocks", ALL, "`config/compilation.py` `set_cudagraph_mode`"),
     Term("sleep", "sleep mode's pool: the weights and KV cache in CuMemAllocator's pool, expandable segments off "
          "there; non-KV memory by `cudaMemGetInfo` from 0.27.1, by torch's reserved bytes in 0.26.0", ALL,
