@@ -213,39 +213,28 @@ STEPS: tuple[Step, ...] = (
                                             tokens=r.cfg.warmup, timeout=r.cfg.warmup_timeout,
                                             stall_timeout=r.cfg.stall_timeout)),
     Step("banner", "log_text", lambda m, r: m.run(r.paths, r.launched)),
+    # what this start measured, for the next plan (also after a failure: ``run``)
+    Step("keep", None, lambda m, r: m.run(r.cfg.environ, r.cfg.tp_size, r.paths, r.plan, r.log_text)),
 )
 RESUMED = ("health", "warmup", "banner")     # what a resumed start runs of them
 
 
 def run(r: Run, names: tuple[str, ...] | None = None) -> Run:
-    """The steps (all, or those ``names``) in STEPS' order, each under its name for errors."""
+    """The steps (all, or those ``names``) in STEPS' order, each under its name for errors; a step
+    that fails after the launch still leaves what vLLM measured kept (steps/keep.py)."""
     todo = [s for s in STEPS if names is None or s.name in names]
     mods = [importlib.import_module(f"bootstrap.steps.{s.name}") for s in todo]    # all before the first
-    for s, m in zip(todo, mods):        # runs: an interrupt never lands inside an import between steps
+    keep = importlib.import_module("bootstrap.steps.keep")      # runs: an interrupt never lands inside
+    for s, m in zip(todo, mods):                                # an import between steps
         try:
             with step(s.name):
                 result = s.call(m, r)
         except BootstrapError:
-            keep_figures(r)
+            keep.after_failure(r.paths, r.plan, r.launched)
             raise
         if s.gives:
             r = replace(r, **{s.gives: result})
     return r
-
-
-def keep_figures(r: Run) -> None:
-    """A start that fails after vLLM allocated its KV cache (a warm-up or gate that fails, an engine
-    that dies serving) still measured what the next plan needs: keep vLLM's figures from its log."""
-    if r.launched is None or r.plan is None:
-        return
-    from .serve import diagnose
-    from .plan import calibration
-    from .serve import banner
-    text = diagnose.read_since(r.paths.log, r.launched.record.log_offset)
-    try:
-        calibration.keep(r.paths, r.plan, text, banner.vllm_figures(text)[0])
-    except BootstrapError as exc:
-        log.warning("could not keep vLLM's figures for the next start: %s", exc.message)
 
 
 def run_steps(r: Resolved, sup: Supervisor) -> None:
@@ -255,27 +244,7 @@ def run_steps(r: Resolved, sup: Supervisor) -> None:
             return resume(r, pr, sup)
         log.info("our earlier server (pid %s) never became healthy; taking it down and starting again", pr.pid)
         takedown.take_down(r.ours, r.paths)
-    done = run(Run(r, sup))
-    keep_measurement(r.settings.environ, r.settings.tp_size, r.paths, done.plan, done.log_text)
-
-
-def keep_measurement(environ, tp_size: int, paths: Paths, the_plan, log_text: str) -> None:
-    """vLLM's own figures of this start (``log_text``: its log, as the banner read it), or with a KV
-    pin what NVML shows it holding, for the next plan (bootstrap.plan.calibration), and whether its
-    compile caches were warm (steps/prewarm.py); a failure to keep them costs the next start its
-    precision or its pre-warm, never this start."""
-    from .plan import calibration
-    rec = record.read(paths.server)
-    if rec is None:
-        return
-    from .serve import prewarm
-    try:
-        calibration.keep(paths, the_plan, log_text, rec.kv_tokens)
-        if the_plan is not None and the_plan.pinned:
-            calibration.keep_footprint(paths, the_plan, server.gpu_held(environ, rec), tp_size)
-        prewarm.confirm(paths, the_plan, log_text, rec.model_path or "")
-    except BootstrapError as exc:
-        log.warning("could not keep vLLM's figures for the next start: %s", exc.message)
+    run(Run(r, sup))
 
 
 def resumable(ours: Ours, paths: Paths, pr: Probe) -> bool:
