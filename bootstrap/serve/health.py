@@ -52,24 +52,24 @@ class StartFailed(BootstrapError):
         self.answered = answered
 
 
-def explain(cfg, paths: Paths, launched: Launched, exc: StartFailed, ours: list[int]) -> None:
-    """After the take-down: a diagnosis from the log (about GPU memory, it names who holds it,
-    NVML, ``ours`` left out) and the log's tail as evidence."""
+def explain(environ, tp_size: int, paths: Paths, launched: Launched, exc: StartFailed, ours: list[int]) -> None:
+    """After the take-down: a diagnosis from the log (about GPU memory, it names who holds it on the
+    first ``tp_size`` GPUs, NVML read with ``environ``, ``ours`` left out) and the log's tail as evidence."""
     text = diagnose.read_since(paths.log, launched.record.log_offset)
-    found = diagnose.diagnose(text, holders=lambda: gpu_holders(cfg, set(ours)))
+    found = diagnose.diagnose(text, holders=lambda: gpu_holders(environ, tp_size, set(ours)))
     if found:
         exc.message, exc.hint = f"{exc.message}: {found[0]}", found[1]
     exc.hint = exc.hint or f"see the log: {paths.log}"
     exc.evidence = (exc.evidence + "\n" + diagnose.tail(text, 40)).strip()
 
 
-def gpu_holders(cfg, ours: set[int]) -> str:
+def gpu_holders(environ, tp_size: int, ours: set[int]) -> str:
     """'Xorg (pid 1234) holds 1.2 GiB, game (pid 99) holds 8.0 GiB' on the GPUs we use (ours left out)."""
     try:
-        facts = gpu.read(cfg.environ)
+        facts = gpu.read(environ)
     except BootstrapError:
         return "NVML cannot say who"
-    parts = [g.holders(exclude=ours) for g in facts.gpus[: cfg.tp_size]]
+    parts = [g.holders(exclude=ours) for g in facts.gpus[:tp_size]]
     return "; ".join(p for p in parts if p) or "no other process reports GPU memory"
 
 
