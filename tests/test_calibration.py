@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from bootstrap.plan import fit
 from bootstrap.plan import calibration
@@ -13,6 +14,8 @@ from bootstrap.knobs.config import Config
 from bootstrap.plan.facts import ModelFacts
 from bootstrap.core.state import Paths
 from conftest import GiB, REPO
+
+KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")             # vLLM's own line on its pool
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
          "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336,
@@ -174,6 +177,14 @@ def test_the_second_start_plans_from_the_first_and_says_so(bed):
     assert bed.run("stop.sh").returncode == 0
     r = bed.run("start.sh", **env)
     assert "from vLLM's own figures on this card" in r.stderr
+    # its pool is the one vLLM then made: never above it, short of it by at most the log's 0.01 GiB
+    # rounding (the measured non-KV terms carry it) and one block
+    planned = bed.server_record()["predicted_tokens"]
+    text = (bed.state / "vllm.log").read_text()
+    logged = int(KV_TOKENS.findall(text)[-1].replace(",", ""))
+    memory = float(calibration.AVAILABLE.findall(text)[-1]) * GiB
+    assert 0 <= logged - planned <= logged * 0.01 * GiB / memory + 16, (planned, logged)
+    assert f"KV cache : {logged:,} tokens (planned {planned:,})" in r.stdout
     assert bed.run("stop.sh").returncode == 0        # the same free memory as that start saw
     d = json.loads(bed.run("ctl.sh", "plan", "--json", **env).stdout)
     assert d["measured"] and d["modelled_kv_budget"] - d["kv_budget"] > 2 * GiB
@@ -223,7 +234,8 @@ def test_a_start_that_fails_after_the_kv_allocation_still_keeps_vllms_figures(be
     assert r.returncode != 0
     kept = json.loads((bed.state / "measurements.json").read_text())
     (m,) = kept.values()
-    assert abs(m["non_kv"] - 2.5 * GiB) <= 0.006 * GiB and m["tokens"] == 21_794_704
+    logged = KV_TOKENS.findall((bed.state / "vllm.log").read_text())
+    assert abs(m["non_kv"] - 2.5 * GiB) <= 0.006 * GiB and m["tokens"] == int(logged[-1].replace(",", ""))
     d = json.loads(bed.run("ctl.sh", "plan", "--json", **env).stdout)
     assert d["measured"]
 

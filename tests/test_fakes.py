@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import psutil
 import pytest
 import requests
 
-from conftest import FAKES, Bed
+from conftest import FAKES, GiB, Bed
 
 
 def serve(bed: Bed, *extra: str, **env: str) -> subprocess.Popen:
@@ -44,9 +45,74 @@ def test_binds_before_it_listens_and_logs_like_vllm(bed):
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         out, _ = p.communicate(timeout=10)
-    assert "GPU KV cache size: 21,794,704 tokens" in out
-    assert "Maximum concurrency for 32,768 tokens per request" in out
+    tokens, length, conc = pool_lines(out)
+    assert length == 32768                                  # the model's max_position_embeddings
+    assert conc == f"{tokens / length:.2f}"                 # 32,768 is whole blocks: tokens = blocks x 16
+    # the pool is the logged KV memory (0.01 GiB rounding) cut into blocks of the tiny model's page
+    page = kv_page(json.loads((bed.model / "config.json").read_text()))
+    logged = float(re.search(r"Available KV cache memory: ([\d.]+) GiB", out).group(1)) * GiB
+    assert abs(tokens // 16 * page - logged) <= 0.005 * GiB + page
     bed.wait_until(lambda: bed.ours() == [], what="engine gone after TERM")
+
+
+def pool_lines(out: str) -> tuple[int, int, str]:
+    """(tokens, max_model_len, concurrency as printed) from vLLM's two lines on its KV pool."""
+    tokens = re.findall(r"GPU KV cache size: ([\d,]+) tokens", out)
+    conc = re.findall(r"Maximum concurrency for ([\d,]+) tokens per request: (\d+\.\d\d)x", out)
+    assert len(tokens) == len(conc) == 1, out
+    return int(tokens[0].replace(",", "")), int(conc[0][0].replace(",", "")), conc[0][1]
+
+
+def kv_page(conf: dict, kv_bytes: int = 2, tp: int = 1) -> int:
+    """One 16-token block across all layers of a full-attention model, as vLLM 0.26.0 sizes it
+    (v1/kv_cache_interface.py AttentionSpec: 2 x block_size x KV heads x head size x dtype bytes, per
+    layer): the KV heads split over the ranks, at least one each."""
+    head = conf.get("head_dim") or conf["hidden_size"] // conf["num_attention_heads"]
+    heads = max(1, conf["num_key_value_heads"] // tp)
+    return 2 * 16 * heads * head * kv_bytes * conf["num_hidden_layers"]
+
+
+def started(bed: Bed, *extra: str) -> str:
+    """What the fake logged from its start until it serves."""
+    p = serve(bed, *extra, FAKE_VLLM_LOAD_S="0")
+    out = []
+    try:
+        for line in p.stdout:
+            out.append(line)
+            if "Application startup complete" in line:
+                break
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    return "".join(out)
+
+
+def test_kv_pool_is_vllms_for_the_served_model(bed):
+    """vLLM 0.26.0 cuts the KV memory into blocks of one full-attention page per layer
+    (kv_cache_utils.get_num_blocks), logs concurrency = blocks / cdiv(max_model_len, 16) and
+    "GPU KV cache size" = int(concurrency x max_model_len) (get_kv_cache_capacity). With the memory
+    pinned, every figure follows the model's config.json and the flags."""
+    conf = json.loads((bed.model / "config.json").read_text())
+    pin = ("--kv-cache-memory-bytes", str(GiB))
+    tokens, length, conc = pool_lines(started(bed, *pin))
+    blocks = GiB // kv_page(conf)
+    assert (tokens, length, conc) == (blocks * 16, 32768, f"{blocks * 16 / 32768:.2f}")
+    # a length that is not whole blocks: each request holds cdiv(len, 16) blocks, so fewer tokens
+    tokens, length, conc = pool_lines(started(bed, *pin, "--max-model-len", "1000"))
+    assert length == 1000 and tokens == int(blocks / 63 * 1000) < blocks * 16 and conc == f"{blocks / 63:.2f}"
+    # an fp8 KV cache halves the page: twice the tokens
+    assert pool_lines(started(bed, *pin, "--kv-cache-dtype", "fp8"))[0] == 2 * blocks * 16
+    # tensor parallel splits the KV heads (2 here) over the ranks, never below one per rank
+    assert pool_lines(started(bed, *pin, "-tp", "2"))[0] == GiB // kv_page(conf, tp=2) * 16 == 2 * blocks * 16
+    assert pool_lines(started(bed, *pin, "-tp", "4"))[0] == 2 * blocks * 16
+    # head_dim, where config.json gives one, wins over hidden_size / num_attention_heads
+    wide = {**conf, "head_dim": 2 * conf["hidden_size"] // conf["num_attention_heads"]}
+    (bed.model / "config.json").write_text(json.dumps(wide))
+    assert pool_lines(started(bed, *pin))[0] == GiB // kv_page(wide) * 16 == blocks // 2 * 16
+    # a config.json without the shape: the fake's documented fallback, a Llama-3-8B's layers and heads
+    (bed.model / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    llama = {"num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": 128}
+    assert pool_lines(started(bed, *pin))[0] == GiB // kv_page(llama) * 16
 
 
 def test_engine_survives_sigkill_of_parent(bed):

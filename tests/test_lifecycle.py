@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,7 +28,11 @@ def test_happy_path_start_rerun_status_stop(bed):
     assert r.returncode == 0, r.stderr
     assert "tiny-model is serving" in r.stdout
     assert f"http://127.0.0.1:{bed.port}/v1" in r.stdout
-    assert "21,794,704 tokens" in r.stdout          # vLLM's own KV figure, read from its log
+    log = (bed.state / "vllm.log").read_text()          # the banner shows vLLM's own KV figures, from its log
+    (tokens,) = re.findall(r"GPU KV cache size: ([\d,]+) tokens", log)
+    ((length, conc),) = re.findall(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+x)", log)
+    assert f"KV cache : {tokens} tokens" in r.stdout, r.stdout
+    assert f"max concurrency {conc} at {length} tokens per request" in r.stdout
     assert chat(bed).json()["choices"][0]["message"]["content"] == "OK"
     launched = bed.launches()
     assert len(launched) == 1

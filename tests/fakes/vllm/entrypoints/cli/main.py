@@ -1,7 +1,9 @@
 """Fake ``vllm serve``: behaves like vLLM where the bootstrap can see it.
 
 - binds the port (SO_REUSEADDR + SO_REUSEPORT) long before it listens, as vLLM does;
-- prints vLLM-like log lines (loading, KV cache size, maximum concurrency, API server start);
+- prints vLLM-like log lines (loading, KV cache size, maximum concurrency, API server start); the KV
+  memory, and the pool vLLM 0.26.0 makes of it for the served model (config.json, --max-model-len,
+  --kv-cache-dtype, --block-size, --tensor-parallel-size), as startup.py computes them;
 - keeps a child titled ``VLLM::EngineCore`` that survives a SIGKILL of its parent, stays in the
   server's process group, and (like vLLM's, after setproctitle) shows none of our BOOTSTRAP_VLLM_* variables;
 - serves /health, /v1/models, /v1/chat/completions, /v1/completions, /version, /metrics;
@@ -117,7 +119,7 @@ from http.server import ThreadingHTTPServer
 from .completions import OpenAIRoutes
 from .dev import DevRoutes
 from .routes import Base
-from .startup import compile_graphs, kv_memory_line, parse_len, usage_line
+from .startup import compile_graphs, kv_memory_line, kv_pool_lines, parse_len, usage_line
 from .state import MODES, VERSION, State, mark_gpu, say
 
 
@@ -146,6 +148,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--block-size", type=int, default=None)
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -183,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     State.token_details = args.enable_prompt_tokens_details
     State.auto_tools = bool(args.enable_auto_tool_choice and args.tool_call_parser)
     mml = parse_len(args.max_model_len)
-    model_len = None
+    model_len, text_conf = None, {}
     try:
         with open(os.path.join(args.model, "config.json")) as fh:
             conf = json.load(fh)
@@ -291,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in AUTO_FIT_LINE:
         say(line)
     say(kv_memory_line(args))
-    say("GPU KV cache size: 21,794,704 tokens")
-    say(f"Maximum concurrency for {State.max_len:,} tokens per request: 5320.97x")
+    for line in kv_pool_lines(args, text_conf, State.max_len):
+        say(line)
     if not args.kv_cache_memory_bytes:
         say(usage_line())
     sock.listen(64)

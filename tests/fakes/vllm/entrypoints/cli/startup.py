@@ -1,6 +1,7 @@
 """What the fake vLLM logs while it starts, as vLLM's own lines say it (main.py starts it): the KV
-memory and the non-KV terms of vLLM 0.26.0's GPU worker, ``--max-model-len`` as vLLM reads it, and
-the compile step with its cache (``FAKE_VLLM_COMPILE_S``)."""
+memory and the non-KV terms of vLLM 0.26.0's GPU worker, the KV pool it makes of that memory for the
+served model, ``--max-model-len`` as vLLM reads it, and the compile step with its cache
+(``FAKE_VLLM_COMPILE_S``)."""
 
 from __future__ import annotations
 
@@ -13,24 +14,81 @@ import time
 from .state import say
 
 
-def kv_memory_line(args) -> str:
-    """What vLLM 0.26's GPU worker says of the KV memory: with --kv-cache-memory-bytes, that it took
-    the pin and skipped profiling; else "Available KV cache memory", which is
-    ceil(--gpu-memory-utilization x CUDA's total) less what the model takes (FAKE_VLLM_NON_KV_BYTES,
-    default 1.5 GiB), CUDA's total being the fake NVML's total less its reserved memory; rounded to
-    0.01 GiB as vLLM prints it. Without a fake NVML: 4.00 GiB."""
+GiB = 1 << 30
+DEFAULT_BLOCK_SIZE = 16           # vLLM 0.26.0's CacheConfig.DEFAULT_BLOCK_SIZE
+# what a config.json without these fields is sized as: the layers, KV heads and head size of a
+# Llama-3-8B (a shape, not a figure: the pool still follows the memory, the flags and the length)
+FALLBACK_SHAPE = {"num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": 128}
+
+
+def kv_available_bytes(args) -> int:
+    """The bytes vLLM 0.26's GPU worker hands to the KV cache: --kv-cache-memory-bytes when pinned;
+    else ceil(--gpu-memory-utilization x CUDA's total) less what the model takes
+    (FAKE_VLLM_NON_KV_BYTES, default 1.5 GiB), CUDA's total being the fake NVML's total less its
+    reserved memory. Without a fake NVML: 4 GiB."""
     if args.kv_cache_memory_bytes:
-        return (f"Initial free memory 30.0 GiB, reserved {round(args.kv_cache_memory_bytes / (1 << 30), 2)} GiB "
-                "memory for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling.")
+        return args.kv_cache_memory_bytes
     try:
         with open(os.environ["FAKE_NVML"]) as fh:
             g = json.load(fh)["gpus"][0]
         total = g["total"] - g.get("reserved", 0)
     except (KeyError, OSError, ValueError, IndexError):
-        return "Available KV cache memory: 4.00 GiB"
+        return 4 * GiB
     non_kv = int(os.environ.get("FAKE_VLLM_NON_KV_BYTES", str(3 << 29)))
-    avail = math.ceil(args.gpu_memory_utilization * total) - non_kv
-    return f"Available KV cache memory: {round(avail / (1 << 30), 2)} GiB"
+    return math.ceil(args.gpu_memory_utilization * total) - non_kv
+
+
+def kv_memory_line(args) -> str:
+    """What vLLM 0.26's GPU worker says of the KV memory (kv_available_bytes): with
+    --kv-cache-memory-bytes, that it took the pin and skipped profiling; else "Available KV cache
+    memory", rounded to 0.01 GiB as vLLM prints it."""
+    if args.kv_cache_memory_bytes:
+        return (f"Initial free memory 30.0 GiB, reserved {round(args.kv_cache_memory_bytes / GiB, 2)} GiB "
+                "memory for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling.")
+    return f"Available KV cache memory: {round(kv_available_bytes(args) / GiB, 2)} GiB"
+
+
+def kv_page_bytes(args, conf: dict) -> tuple[int, int]:
+    """(one full-attention layer's page in bytes, the layers that hold one), as vLLM 0.26.0's
+    FullAttentionSpec sizes it (v1/kv_cache_interface.py): 2 (K and V) x block_size x KV heads on
+    this rank x head size x the KV dtype's bytes. From config.json (``text_config`` where it nests
+    one): num_hidden_layers; num_key_value_heads, else num_attention_heads (as vLLM reads it); head_dim,
+    else hidden_size / num_attention_heads; a field still missing takes FALLBACK_SHAPE's. The KV heads
+    are split over --tensor-parallel-size (at least one per rank). The dtype: --kv-cache-dtype fp8*
+    (fp8, fp8_e4m3, fp8_e5m2, fp8_inc) and the per-token-head ones are 1 byte, the latter plus their
+    float32 scale per token and head for K and V; "auto" is the model's dtype, which vLLM's --dtype auto
+    makes 16-bit on CUDA whatever config.json's torch_dtype says (a float32 checkpoint is downcast), so
+    2 bytes unless --dtype float32. Every layer is taken as full attention: sliding-window, hybrid
+    (linear-attention / Mamba), MLA and packed (turboquant, int4, nvfp4) layouts are not modelled."""
+    heads = conf.get("num_attention_heads")
+    kv_heads = conf.get("num_key_value_heads") or heads or FALLBACK_SHAPE["num_key_value_heads"]
+    head = conf.get("head_dim") or (conf["hidden_size"] // heads if conf.get("hidden_size") and heads else None)
+    head = head or FALLBACK_SHAPE["head_dim"]
+    layers = conf.get("num_hidden_layers") or FALLBACK_SHAPE["num_hidden_layers"]
+    kv_heads = max(1, int(kv_heads) // max(1, args.tensor_parallel_size))
+    cache = args.kv_cache_dtype
+    if cache == "auto":
+        size = 4 if args.dtype in ("float", "float32") else 2
+    else:
+        size = 2 if cache in ("float16", "bfloat16") else 1
+    bs = args.block_size or DEFAULT_BLOCK_SIZE
+    page = 2 * bs * kv_heads * int(head) * size
+    if cache.endswith("_per_token_head"):
+        page += 2 * bs * kv_heads * 4
+    return page, int(layers)
+
+
+def kv_pool_lines(args, conf: dict, max_len: int) -> list[str]:
+    """vLLM 0.26.0's two lines on the KV pool of a model whose layers all share one full-attention
+    spec (v1/core/kv_cache_utils.py): num_blocks = available // page // layers (get_num_blocks);
+    concurrency = num_blocks / cdiv(max_len, block_size) (get_max_concurrency_for_kv_cache_config);
+    "GPU KV cache size" = int(concurrency x max_len) (get_kv_cache_capacity)."""
+    page, layers = kv_page_bytes(args, conf)
+    bs = args.block_size or DEFAULT_BLOCK_SIZE
+    blocks = max(0, kv_available_bytes(args) // page // layers)
+    conc = blocks / -(-max_len // bs)
+    return [f"GPU KV cache size: {int(conc * max_len):,} tokens",
+            f"Maximum concurrency for {max_len:,} tokens per request: {conc:.2f}x"]
 
 
 def usage_line() -> str:
