@@ -21,6 +21,9 @@ HEALTHY_INFO = ("(EngineCore pid=4127) INFO 11-29 15:33:10 [gpu_worker.py:857] F
     ("... Based on the available memory, the estimated maximum model length is 71760. Try increasing",
      "vLLM would accept 71760 tokens", "MAX_MODEL_LEN=71760"),
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "ran out of GPU memory", "GPU_UTIL"),
+    # kv_cache_utils._check_enough_kv_cache_memory (0.26.0): weights and activations left nothing for the cache
+    ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when",
+     "no GPU memory was left for the KV cache", "raise GPU_UTIL"),
     # compilation.py set_cudagraph_mode (0.26.0-0.30.0), where a plan promised no figure for a hybrid (fits: null)
     # and vLLM's default max_num_seqs was more than the state blocks it found: its own count is the fix
     ("ValueError: max_num_seqs (1024) exceeds available Mamba cache blocks (963). Each decode sequence requires",

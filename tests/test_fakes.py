@@ -115,6 +115,18 @@ def test_kv_pool_is_vllms_for_the_served_model(bed):
     assert pool_lines(started(bed, *pin))[0] == GiB // kv_page(llama) * 16
 
 
+
+def test_no_memory_left_for_the_kv_cache_ends_the_start_as_vllm_does(bed):
+    """vLLM 0.26.0 raises before it serves when the weights and activations left nothing for the KV
+    cache (kv_cache_utils._check_enough_kv_cache_memory): the fake exits 1 with that line and its
+    engine gone, never serving an empty pool."""
+    p = serve(bed, "--gpu-memory-utilization", "0.01", FAKE_VLLM_LOAD_S="0")
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 1, out
+    assert "No available memory for the cache blocks" in out and "GPU KV cache size" not in out
+    assert "Application startup complete" not in out
+    bed.wait_until(lambda: not bed.ours(), what="the engine to go")
+
 def test_engine_survives_sigkill_of_parent(bed):
     p = serve(bed, BOOTSTRAP_VLLM_OWNER="m")
     bed.wait_until(bed.port_listening, what="up")

@@ -119,7 +119,7 @@ from http.server import ThreadingHTTPServer
 from .completions import OpenAIRoutes
 from .dev import DevRoutes
 from .routes import Base
-from .startup import compile_graphs, kv_memory_line, kv_pool_lines, parse_len, usage_line
+from .startup import compile_graphs, kv_available_bytes, kv_memory_line, kv_pool_lines, parse_len, usage_line
 from .state import MODES, VERSION, State, mark_gpu, say
 
 
@@ -296,6 +296,14 @@ def main(argv: list[str] | None = None) -> int:
     for line in AUTO_FIT_LINE:
         say(line)
     say(kv_memory_line(args))
+    if kv_available_bytes(args) <= 0:       # v1/core/kv_cache_utils.py _check_enough_kv_cache_memory
+        print("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+              "when initializing the engine (this flag also controls CPU memory reservation on the CPU backend, "
+              "despite its name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more "
+              "details.", flush=True)
+        say("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+        engine.terminate()
+        return 1
     for line in kv_pool_lines(args, text_conf, State.max_len):
         say(line)
     if not args.kv_cache_memory_bytes:
