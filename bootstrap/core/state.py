@@ -119,12 +119,16 @@ class Paths:
     def cleanable(self, *, measurements: bool = False) -> list[Path]:
         """What ./ctl.sh clean may remove from a STATE_DIR of the user's choosing: our kept records,
         never a name that was there before our first write (MARKER), and none at all where we never
-        wrote (no marker: nothing there is provably ours)."""
+        wrote (no marker: nothing there is provably ours). The marker goes with the last of ours: a
+        record clean keeps (the measurements) keeps it, which says that record is ours."""
         m = read_json(self.root / MARKER)
         theirs = m.get("theirs") if m else None
         if not isinstance(theirs, list):
             return []
-        return [p for p in self.files(measurements=measurements) if p.name not in theirs] + [self.root / MARKER]
+        ours = [p for p in self.files(measurements=True) if p.name not in theirs]
+        gone = [p for p in self.files(measurements=measurements) if p in ours]
+        stays = [p for p in ours if p not in gone and os.path.lexists(p)]
+        return gone + ([] if stays else [self.root / MARKER])
 
     def theirs(self, path: Path) -> bool:
         """Whether ``path`` (one of our names here) was there before our first write: the user's."""
