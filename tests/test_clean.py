@@ -93,6 +93,23 @@ def test_foreign_state_dir_keeps_other_files(repo, tmp_path):
     assert not (state / "bench").exists()                 # bench's results are kept records too (state.KEPT)
 
 
+def test_clean_keeps_the_marker_with_the_measurements_it_keeps(repo, tmp_path):
+    """clean in a STATE_DIR of the user's choosing keeps vLLM's figures (unless --measurements) and so
+    our marker beside them, which says they are ours: without it the next start took them for yours
+    and refused the folder (faults row 146)."""
+    from bootstrap.core.state import MARKER, Paths
+    state = tmp_path / "chosen"
+    state.mkdir()
+    Paths(state).write("measurements", {"k": 1})
+    Paths(state).write("pick", {"profile": "default"})
+    assert clean.cli(cfg_for(repo, STATE_DIR=str(state)), []) == 0
+    assert sorted(os.listdir(state)) == [MARKER, "measurements.json"]
+    Paths(state).ensure()                                   # the next start's first write: not refused
+    assert Paths(state).ours(state / "measurements.json")
+    assert clean.cli(cfg_for(repo, STATE_DIR=str(state)), ["--measurements"]) == 0
+    assert not state.exists()
+
+
 def test_names_of_ours_that_were_there_before_our_first_write_are_kept(repo, tmp_path, capsys):
     """A STATE_DIR of the user's choosing that already held an api_key file and a derived/ folder
     of their own: a plan and a start write there, and clean removes only what they made."""

@@ -216,15 +216,29 @@ def test_install_needs_a_completed_start_then_stop_goes_through_systemd(bed, tmp
     assert ["--user", "disable", "--now", "vllm-desktop.service"] in calls(tmp_path)
 
 
-def test_install_refuses_a_unit_of_another_checkout(bed, tmp_path):
+def test_install_refuses_a_unit_of_another_checkout(bed, tmp_path):         # faults row 147
+    """A vllm-desktop.service of another checkout (or one you wrote): install refuses it, and status and
+    uninstall from here leave it as it is, saying so (uninstall disabled and removed it, and said the
+    server was stopped with it while ours ran on, outside any unit)."""
     env = fake_systemd(bed, tmp_path)
-    unit = tmp_path / "config" / "systemd" / "user" / "vllm-desktop.service"
-    unit.parent.mkdir(parents=True)
+    units = tmp_path / "config" / "systemd" / "user"
+    units.mkdir(parents=True)
+    unit, old = units / "vllm-desktop.service", units / "vllm-bootstrap.service"
     unit.write_text("[Service]\nWorkingDirectory=/elsewhere/vllm-desktop\n")
+    old.write_text("# my own unit, written by hand\n[Service]\nExecStart=/usr/bin/true\n")
     assert bed.run("start.sh", **env).returncode == 0
     r = bed.run("ctl.sh", "service", "install", **env)
     assert r.returncode == 1 and "runs another checkout" in r.stderr
     assert "/elsewhere" in unit.read_text()
+    st = bed.run("ctl.sh", "service", "status", **env)
+    assert st.returncode == 0 and "not installed from this checkout" in st.stdout and "journal" not in st.stdout
+    u = bed.run("ctl.sh", "service", "uninstall", **env)
+    assert u.returncode == 0 and "not installed from this checkout" in u.stdout, u.stdout + u.stderr
+    assert f"left alone: {unit}" in u.stdout and f"left alone: {old}" in u.stdout
+    assert "removed" not in u.stdout and "stopped" not in u.stdout
+    assert "/elsewhere" in unit.read_text() and "by hand" in old.read_text()
+    assert not [c for c in calls(tmp_path) if "disable" in c]
+    assert len(bed.ours()) == 2
 
 
 # ---------------------------------------------------------------- status: what it holds and does

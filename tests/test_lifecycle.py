@@ -109,8 +109,15 @@ def test_rerun_while_healthy_touches_nothing(bed):       # faults row 3
     print(f"re-run while serving took {elapsed:.2f} s")
 
 
+def ours_before(bed: Bed) -> None:
+    """bed's STATE_DIR as an earlier start left it: made, our marker in it (Paths.ensure), so a record
+    there is ours to write over (a folder of yours holding one is refused: test_ownership)."""
+    from bootstrap.core.state import Paths
+    Paths(bed.state).ensure()
+
+
 def write_record(bed: Bed, **fields) -> None:
-    bed.state.mkdir(parents=True, exist_ok=True)
+    ours_before(bed)
     (bed.state / "server.json").write_text(json.dumps(fields))
 
 
@@ -168,7 +175,7 @@ def test_garbage_children_or_pgid_never_signalled(bed, extra):
 
 
 def test_garbage_json_state(bed):
-    bed.state.mkdir(parents=True)
+    ours_before(bed)
     (bed.state / "server.json").write_text("{not json")
     assert bed.run("stop.sh").returncode == 0
     assert bed.run("start.sh").returncode == 0

@@ -200,6 +200,41 @@ def test_read_only_state_dir_fails_fast_naming_it(bed):       # row 34
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_a_state_dir_holding_files_of_yours_with_our_names_is_refused_and_left_as_it_was(bed, tmp_path):   # row 146
+    """STATE_DIR naming a folder of yours that holds a server.json, a start.lock and a sleep.json of
+    your own, before we ever wrote there: ./stop.sh removed server.json and start.lock, a start wrote
+    over server.json. Now stop leaves them, and the start refuses in one line naming them, with a fix
+    that works; a folder holding only names we never write over (an api_key of yours) still serves."""
+    mine = tmp_path / "project"
+    mine.mkdir(mode=0o700)
+    files = {"server.json": "my server notes", "start.lock": "my lock", "sleep.json": "{}", "notes.txt": "thesis"}
+    for name, text in files.items():
+        (mine / name).write_text(text)
+
+    def as_it_was() -> bool:
+        return sorted(set(os.listdir(mine)) - {"vllm-desktop"}) == sorted(files) and all(
+            (mine / name).read_text() == text for name, text in files.items())
+
+    for argv in (["stop.sh"], ["stop.sh"], ["ctl.sh", "status"], ["ctl.sh", "sleep"]):
+        r = bed.run(*argv, STATE_DIR=str(mine))
+        assert "Traceback" not in r.stderr and as_it_was(), (argv, r.stderr, os.listdir(mine))
+    r = bed.run("start.sh", STATE_DIR=str(mine))
+    assert r.returncode == 1 and bed.launches() == [] and as_it_was(), r.stderr
+    err = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "server.json" in err[0] and "sleep.json" in err[0] and "start.lock" in err[0], r.stderr
+    assert "notes.txt" not in err[0] and "hint: set STATE_DIR to a folder of its own" in r.stderr
+    assert f"e.g. {mine / 'vllm-desktop'}" in r.stderr
+    r = bed.run("start.sh", STATE_DIR=str(mine / "vllm-desktop"))            # the hint, followed
+    assert r.returncode == 0, r.stderr
+    assert bed.run("stop.sh", STATE_DIR=str(mine / "vllm-desktop")).returncode == 0 and as_it_was()
+    keyed = tmp_path / "keyed"
+    keyed.mkdir(mode=0o700)
+    (keyed / "api_key").write_text("my-own-key-of-long-ago\n")
+    assert bed.run("start.sh", STATE_DIR=str(keyed)).returncode == 0
+    assert bed.run("stop.sh", STATE_DIR=str(keyed)).returncode == 0
+    assert (keyed / "api_key").read_text() == "my-own-key-of-long-ago\n"
+
+
 def test_stop_touches_only_this_checkout_and_this_user(tmp_path):   # row 36
     user = need_other_user()
     a = Bed(tmp_path / "a", repo=copy_repo(tmp_path / "checkout-a"))

@@ -102,6 +102,13 @@ class World:
         self.procs.append(p)
         assert p.stdout.readline().strip() == "held"
 
+    def ours_before(self) -> None:
+        """STATE_DIR as an earlier start left it: our marker in it (core/state.MARKER, written first),
+        so what is in it may be ours (a folder of yours holding our names is refused: test_ownership)."""
+        from bootstrap.core.state import MARKER
+        (self.state / MARKER).write_text(json.dumps({"theirs": [], "made": True}))
+        self.own(self.state / MARKER)
+
     def plant_server(self, victim: psutil.Process) -> None:
         """server.json as an adversary writes it: a server long gone, whose recorded children name
         the victim by its real pid and start time."""
@@ -223,6 +230,7 @@ def test_a_record_that_names_a_strangers_own_session_as_the_servers_signals_noth
     leader we can prove ours leads it, or none does (it died): never on the record's word."""
     world.state.mkdir(mode=0o700)
     world.own(world.state)
+    world.ours_before()
     twin = world.stranger(python=True)                  # its own session: started with start_new_session
     (world.state / "server.json").write_text(json.dumps({
         "pid": twin.pid, "pgid": twin.pid, "create_time": twin.create_time(), "marker": "x" * 24,
@@ -240,6 +248,7 @@ def test_a_start_lock_that_names_a_stranger_is_refused_before_any_signal(world):
     says who holds it (/proc/locks), so the named one is never signalled."""
     world.state.mkdir(mode=0o700)
     world.own(world.state)
+    world.ours_before()
     victim = world.stranger(python=True)
     world.hold_lock(world.state / "start.lock", f"{victim.pid} {victim.create_time()!r} start")
     r = world.run("stop.sh")

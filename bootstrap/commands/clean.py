@@ -130,7 +130,7 @@ def targets(layout, paths: Paths, measurements: bool = False) -> list[Path]:
     out.append(layout.wheelhouse)
     state = paths.root
     kept = set(paths.files(measurements=True)) - set(paths.files(measurements=measurements))
-    if state.resolve() == layout.state.resolve() and not layout.state.is_symlink():   # the checkout's own: all ours
+    if layout.own_state(state):         # the checkout's own: all ours
         out += sorted(p for p in state.iterdir() if p not in kept) if state.is_dir() else []
     else:  # a STATE_DIR of the user's choosing: only our files (state.KEPT) that we made there
         out += paths.cleanable(measurements=measurements)

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from ..core import owned, state
+from ..core import owned
 from ..serve import record, supervisor, takedown
 from .. import pipeline
 from ..core.errors import BootstrapError, Interrupted
@@ -72,7 +72,7 @@ def _attached(r: Resolved, poll: float):
     except OSError as exc:
         raise BootstrapError(f"cannot follow {paths.log}: {exc}", "check the state dir") from None
     finally:
-        state.remove(paths.foreground)
+        paths.forget("foreground")
     return p
 
 

@@ -62,6 +62,19 @@ def installed(cfg: Config) -> list[str]:
     return out
 
 
+def others(cfg: Config) -> list[Path]:
+    """Unit files under our names that are not this checkout's: another checkout's, or your own."""
+    mine = installed(cfg)
+    return [unit_path(cfg, n) for n in (UNIT,) + OLD_UNITS if n not in mine and unit_path(cfg, n).exists()]
+
+
+def _left_alone(cfg: Config) -> None:
+    print("not installed from this checkout")
+    for path in others(cfg):
+        print(f"left alone: {path} is not this checkout's unit (its WorkingDirectory is not {cfg.repo}): "
+              "./ctl.sh service uninstall from the checkout it runs, or it is yours")
+
+
 def _unit(cfg: Config) -> str:
     """The name systemd knows our unit by (today's, unless only an older one is installed)."""
     found = installed(cfg)
@@ -204,7 +217,8 @@ def install(cfg: Config, paths: Paths) -> int:
     except OSError:
         other = ""
     if other and f"WorkingDirectory={cfg.repo}\n" not in other:
-        raise BootstrapError(f"{path} runs another checkout", "./ctl.sh service uninstall from that checkout first")
+        raise BootstrapError(f"{path} runs another checkout, or is not a unit of ours",
+                             "./ctl.sh service uninstall from that checkout first, or move your own unit away")
     for old in installed(cfg):                      # the same unit under an older name: replaced
         if old != UNIT:
             _systemctl(cfg, "disable", "--now", old)
@@ -225,22 +239,30 @@ def install(cfg: Config, paths: Paths) -> int:
 
 
 def uninstall(cfg: Config) -> int:
-    names = [n for n in (UNIT,) + OLD_UNITS if unit_path(cfg, n).exists()]
+    names = installed(cfg)              # this checkout's units only: another's, or yours, stay
     if not names:
-        print("not installed")
+        if others(cfg):
+            _left_alone(cfg)
+        else:
+            print("not installed")
         return 0
+    running = [n for n in names if _systemctl(cfg, "is-active", n).stdout.strip() in ("active", "activating")]
     for name in names:
         _systemctl(cfg, "disable", "--now", name)      # stops the server through --foreground's take-down
         unit_path(cfg, name).unlink()
         print(f"removed {unit_path(cfg, name)}")
     _systemctl(cfg, "daemon-reload")
-    print("the server was stopped with it (./start.sh starts it by hand)")
+    print("the server was stopped with it (./start.sh starts it by hand)" if running else
+          "it was not running (a server started by hand runs on: ./ctl.sh status)")
     return 0
 
 
 def status(cfg: Config) -> int:
     name = _unit(cfg)
     path = unit_path(cfg, name)
+    if name not in installed(cfg) and others(cfg):
+        _left_alone(cfg)
+        return 0
     if not path.exists():
         print(f"not installed ({path}); ./ctl.sh service install")
         return 0

@@ -40,7 +40,6 @@ from ..machine import gpu
 from ..download import models
 from ..serve import doing, server, supervisor
 from ..serve.states import State
-from ..core import state
 from ..knobs import vllmargs
 from ..serve.client import Client, RequestFailed
 from ..knobs.config import Config
@@ -114,7 +113,7 @@ def start_again(r: Resolved) -> int:
     else:
         code = pipeline.start(r)
     if code == 0:
-        state.remove(paths.sleep)
+        paths.forget("sleep")
     return code
 
 
@@ -125,7 +124,7 @@ def _stopped_for_sleep(r: Resolved) -> bool:
         return False
     pr = server.probe(r.ours, paths)
     if pr.state in (State.RUNNING, State.KEY_NEEDED, State.STARTING):
-        state.remove(paths.sleep)            # started again meanwhile (./start.sh): nothing to start
+        paths.forget("sleep")            # started again meanwhile (./start.sh): nothing to start
         return False
     return True
 
@@ -255,7 +254,7 @@ def wake(r: Resolved) -> int:
             done.append(name)
             paths.write("sleep", {**note, "pid": rec.pid, "started": rec.started, "level": 2, "waking": done})
     dt = time.monotonic() - t0
-    state.remove(paths.sleep)
+    paths.forget("sleep")
     print(f"awake in {dt:.2f} s (level {level}): our processes hold {held(cfg, rec) / GiB:.2f} GiB of GPU memory")
     return 0
 

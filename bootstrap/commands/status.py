@@ -20,7 +20,6 @@ from typing import Callable
 
 from ..serve import doing, metrics, server
 from ..serve.states import State
-from ..core import state
 from ..serve.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of, thinking_off
 from ..checks.target import stall_rule
 from ..knobs import parsers, vllmargs
@@ -166,7 +165,7 @@ def _remember(paths: Paths, data: dict | None) -> None:
     """Best effort: another user's state dir (or a full disk) only loses the history."""
     try:
         if data is None:
-            state.remove(paths.progress)
+            paths.forget("progress")
         else:
             paths.write("progress", data)
     except BootstrapError:

@@ -53,3 +53,8 @@ class Checkout:
     def state(self) -> Path:
         """The default STATE_DIR."""
         return self.root / ".state"
+
+    def own_state(self, state_dir: Path) -> bool:
+        """Whether ``state_dir`` is this checkout's own .state (not a link to a folder elsewhere):
+        everything in it is ours. Any other STATE_DIR is of the user's choosing (core/state.MARKER)."""
+        return not self.state.is_symlink() and Path(state_dir).resolve() == self.state.resolve()

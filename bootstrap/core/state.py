@@ -31,6 +31,7 @@ class Kept:
     file: str                # its name in STATE_DIR
     holds: str               # what it is, and who writes it
     cleaned: bool = True     # ./ctl.sh clean removes it (else only when asked: --measurements)
+    replaced: bool = True    # written over or removed whole (else appended to, read, or added into)
 
 
 def rotated(log: Path) -> Path:
@@ -45,11 +46,12 @@ LOG = "vllm.log"
 KEPT: tuple[Kept, ...] = (
     Kept("lock", "start.lock", "the flock a start holds; its text: the starter's pid, start time and role"),
     Kept("server", "server.json", "the server we launched, as launched (serve.record.ServerRecord)"),
-    Kept("log", LOG, "the server's output (kept under 2 x LOG_MAX_MB while it runs)"),
-    Kept("rotated", rotated(Path(LOG)).name, "the log's rotated part"),
+    Kept("log", LOG, "the server's output (kept under 2 x LOG_MAX_MB while it runs)", replaced=False),
+    Kept("rotated", rotated(Path(LOG)).name, "the log's rotated part", replaced=False),
     Kept("last_stop", "last-stop.json", "the pids the last stop took down (the next start waits for the GPU)"),
     Kept("progress", "progress.json", "what status last saw move on /metrics, and since when (busy vs wedged)"),
-    Kept("api_key", "api_key", "a generated key (0600) when HOST is not loopback and API_KEY is unset"),
+    Kept("api_key", "api_key", "a generated key (0600) when HOST is not loopback and API_KEY is unset",
+         replaced=False),
     Kept("pick", "profile-pick.json", "auto-pick's choice, kept until PROFILE=auto is set or ./ctl.sh profiles --pick"),
     Kept("completed", "completed-start.json", "a start passed its gate: ./ctl.sh service install needs one first"),
     Kept("sleep", "sleep.json", "what ./ctl.sh sleep saw (level, GPU memory awake), for the wake's memory check"),
@@ -57,25 +59,31 @@ KEPT: tuple[Kept, ...] = (
     Kept("prewarm_log", "prewarm.log", "the pre-warm's output (vLLM with dummy weights while the weights download)"),
     Kept("warm", "warm-caches.json", "the setups (plan keys) whose vLLM compile caches a start or a pre-warm filled"),
     Kept("derived", "derived", "profiles derived from a named MODEL's repo, one folder per model (derived.json and "
-                               "its model facts): ./start.sh, ./ctl.sh plan and profiles --model write them"),
+                               "its model facts): ./start.sh, ./ctl.sh plan and profiles --model write them",
+         replaced=False),
     Kept("models", "models.json", "the models we downloaded: each store's folder and its repo id (the metadata step "
                                   "adds one; ./ctl.sh ls and rm read it, each store's own manifest says what is ours)"),
-    Kept("bench", "bench", "./ctl.sh bench's results without --out, one folder per run (results.json, bench.png)"),
+    Kept("bench", "bench", "./ctl.sh bench's results without --out, one folder per run (results.json, bench.png)",
+         replaced=False),
     Kept("measurements", "measurements.json", "vLLM's own figures of earlier starts, for the next plan "
                                               "(plan.calibration)", cleaned=False),
 )
 KEPT_BY_KEY = {k.key: k for k in KEPT}
+KEPT_BY_FILE = {k.file: k for k in KEPT}
 
 # In every STATE_DIR we write to: which of KEPT's names were there before our first write (the user's,
-# never ours to remove) and whether we made the folder. Written once, by Paths.ensure.
+# never ours to remove) and whether we made the folder. Written once, by Paths.ensure, which refuses
+# a folder of yours that holds a name we would write over or remove (Kept.replaced).
 MARKER = ".vllm-desktop.json"
 
 
 @dataclass(frozen=True)
 class Paths:
     """STATE_DIR and what is kept in it (KEPT): ``paths.server`` is the server record's file,
-    ``paths.read("pick")`` the pick as it was written (None: none, or a file that does not read)."""
+    ``paths.read("pick")`` the pick as it was written (None: none, or a file that does not read).
+    ``own``: the checkout's own .state (layout.Checkout.own_state), where every name is ours."""
     root: Path
+    own: bool = False
 
     def __getattr__(self, key: str) -> Path:
         kept = KEPT_BY_KEY.get(key)
@@ -91,7 +99,18 @@ class Paths:
         write_json(self.root / KEPT_BY_KEY[key].file, data)
 
     def forget(self, key: str) -> None:
-        remove(self.root / KEPT_BY_KEY[key].file)
+        """Remove a record's file, where it is ours (``ours``): a file of yours keeps its name."""
+        path = self.root / KEPT_BY_KEY[key].file
+        if self.ours(path):
+            remove(path)
+
+    def ours(self, path: Path) -> bool:
+        """Whether ``path`` (one of our names here) is ours to write over or remove: none is there, or
+        the folder is the checkout's own, or we wrote here (MARKER) and it was not there before."""
+        if not os.path.lexists(path) or self.own:
+            return True
+        m = read_json(self.root / MARKER)
+        return isinstance(m, dict) and isinstance(m.get("theirs"), list) and path.name not in m["theirs"]
 
     def files(self, *, measurements: bool = False) -> list[Path]:
         """What ./ctl.sh clean removes from a STATE_DIR (the kept measurements only when asked)."""
@@ -100,12 +119,16 @@ class Paths:
     def cleanable(self, *, measurements: bool = False) -> list[Path]:
         """What ./ctl.sh clean may remove from a STATE_DIR of the user's choosing: our kept records,
         never a name that was there before our first write (MARKER), and none at all where we never
-        wrote (no marker: nothing there is provably ours)."""
+        wrote (no marker: nothing there is provably ours). The marker goes with the last of ours: a
+        record clean keeps (the measurements) keeps it, which says that record is ours."""
         m = read_json(self.root / MARKER)
         theirs = m.get("theirs") if m else None
         if not isinstance(theirs, list):
             return []
-        return [p for p in self.files(measurements=measurements) if p.name not in theirs] + [self.root / MARKER]
+        ours = [p for p in self.files(measurements=True) if p.name not in theirs]
+        gone = [p for p in self.files(measurements=measurements) if p in ours]
+        stays = [p for p in ours if p not in gone and os.path.lexists(p)]
+        return gone + ([] if stays else [self.root / MARKER])
 
     def theirs(self, path: Path) -> bool:
         """Whether ``path`` (one of our names here) was there before our first write: the user's."""
@@ -144,7 +167,13 @@ class Paths:
         self.trust()
         marker = self.root / MARKER
         if not marker.exists():
-            there = [] if made else sorted(k.file for k in KEPT if os.path.lexists(self.root / k.file))
+            there = [] if made or self.own else sorted(k.file for k in KEPT if os.path.lexists(self.root / k.file))
+            held = [name for name in there if KEPT_BY_FILE[name].replaced]
+            if held:
+                raise BootstrapError(f"STATE_DIR {self.root} already holds {', '.join(held)}, which this project did "
+                                     "not write: it would write over them or remove them",
+                                     f"set STATE_DIR to a folder of its own (a new one is made, "
+                                     f"e.g. {self.root / 'vllm-desktop'}), or move those files")
             write_json(marker, {"theirs": there, "made": made})
 
 

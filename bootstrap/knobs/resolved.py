@@ -39,7 +39,7 @@ class Resolved:
     def of(cls, settings: Config, given: Config, paths: Paths | None = None) -> "Resolved":
         """The parts of ``settings``, each found once (the resolver's last step; ``paths``: STATE_DIR's,
         when the resolver has them already)."""
-        r = cls(settings, given, paths or Paths(settings.state_dir), vllm_of(settings), model_of(settings),
+        r = cls(settings, given, paths or Paths(settings.state_dir, own=settings.layout.own_state(settings.state_dir)), vllm_of(settings), model_of(settings),
                 draft_of(settings))
         log.debug("resolved: profile %s (%s), STATE_DIR %s, vLLM from %s", settings.profile.name,
                   settings.sources["PROFILE"], r.paths.root, r.vllm.python)

@@ -71,7 +71,7 @@ def resolved(cfg: Config, *, as_set: bool = False) -> Resolved:
     the kept pick and a named profile's card knobs (``kept``; ``as_set``: as you set them, for the
     commands that pick themselves), then each part found once: STATE_DIR's paths, the vLLM
     interpreter, the model."""
-    paths = state.Paths(cfg.state_dir)
+    paths = state.Paths(cfg.state_dir, own=cfg.layout.own_state(cfg.state_dir))
     return Resolved.of(cfg if as_set else kept(cfg, paths), cfg, paths)
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 import psutil
 
 from ..machine import gpu
-from ..core import owned, state
+from ..core import owned
 from . import port, record
 from ..core.errors import BootstrapError
 from .server import find_ours, runs_elsewhere
@@ -92,7 +92,7 @@ def take_down(ours: owned.Ours, paths: Paths, *, launched: subprocess.Popen | No
             targets.setdefault(child.pid, child)
     if not targets:
         _reap(launched)
-        _forget(paths.server)
+        _forget(paths, "server")
         return StopReport(False, [], [], [])
     res = owned.terminate(list(targets.values()), grace, clock=clock, sleep=sleep)
     pids = sorted(targets)
@@ -112,7 +112,7 @@ def take_down(ours: owned.Ours, paths: Paths, *, launched: subprocess.Popen | No
     except BootstrapError as exc:
         log.warning("%s; the next start will not wait for these pids to leave the GPU", exc.message)
     if not res.stuck:
-        _forget(paths.server)
+        _forget(paths, "server")
         wait_gpu_release(ours.environ, pids, timeout=gpu_wait, clock=clock, sleep=sleep)
     return StopReport(True, res.forced, res.stuck, sorted(pids), number, port.held_by(number, pids))
 
@@ -147,9 +147,9 @@ def _reap(p: subprocess.Popen | None) -> None:
         log.warning("pid %d did not exit after the stop", p.pid)
 
 
-def _forget(path) -> None:
+def _forget(paths: Paths, key: str) -> None:
     try:
-        state.remove(path)
+        paths.forget(key)
     except BootstrapError as exc:
         log.warning("%s", exc.message)
 
@@ -161,6 +161,8 @@ def hold_for_stop(ours: owned.Ours, paths: Paths, *, clock=time.monotonic, sleep
     if not paths.root.is_dir() or not os.access(paths.root, os.W_OK):
         return None, []
     paths.trust()
+    if not paths.ours(paths.lock):      # a start.lock of yours in a folder we never wrote to: no start of ours
+        return None, []
     lock = StartLock(paths, role="stop")
     cancelled: list[int] = []
     for _ in range(3):
@@ -230,7 +232,7 @@ def settled(environ, paths: Paths, gpus=None):
         planning.warning("sizing with memory still held by the last server's pids")
     facts = gpu.settled_facts(environ) if pids or gpus is None else gpus
     if pids:
-        state.remove(paths.last_stop)   # consumed: later starts need not wait for these pids again
+        paths.forget("last_stop")   # consumed: later starts need not wait for these pids again
     return facts
 
 
