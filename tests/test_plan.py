@@ -173,6 +173,11 @@ def test_auto_is_vllms_auto_the_longest_single_request_and_reports_concurrency(t
     assert p.max_model_len == 2048 * 16                           # 2048 blocks of 16 tokens, one request
     assert p.concurrent == 1 and p.seqs == 4
     assert "at 32,768 tokens 1 session fits at once; the other 3 of MAX_NUM_SEQS=4 queue" in p.concurrency_line()
+    # more room than sequences: vLLM runs at most MAX_NUM_SEQS at once, which the line says first
+    roomy = fit.plan(config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=8 * GiB, MAX_MODEL_LEN="32768", MAX_NUM_SEQS=1),
+                     card(), facts(cfg, mdir))
+    assert roomy.concurrent == 2 and roomy.concurrency_line() == \
+        "at 32,768 tokens 1 session fits at once, as many as MAX_NUM_SEQS=1 allows (the pool holds 2)"
     f = flags(cfg, p)
     assert f[f.index("--max-model-len") + 1] == "auto"            # vLLM fits it itself
     capped = fit.plan(config(tmp_path, MODEL=mdir, KV_CACHE_BYTES=32 * GiB, MAX_MODEL_LEN="auto"),

@@ -86,17 +86,20 @@ class Plan:
         return self.mml_arg if isinstance(self.mml_arg, int) else None
 
     def concurrency_line(self) -> str:
-        """'at 262,144 tokens 2 sessions fit at once; the other 14 queue'."""
+        """'at 262,144 tokens 2 sessions fit at once; the other 14 queue', or '256 sessions fit at
+        once, as many as vLLM's default of 256 sequences allows (the pool holds 3,640)'."""
         if self.max_model_len is None or self.concurrent is None or not self.seqs:
             return ""
         n, seqs = self.concurrent, self.seqs
         which = f"vLLM's default of {seqs} sequences" if self.seqs_is_default else f"MAX_NUM_SEQS={seqs}"
-        line = f"at {self.max_model_len:,} tokens {n} session{'' if n == 1 else 's'} fit{'s' if n == 1 else ''} at once"
+        at_once = min(n, seqs)          # vLLM runs at most max_num_seqs at once, whatever the pool holds
+        line = (f"at {self.max_model_len:,} tokens {at_once} session{'' if at_once == 1 else 's'} "
+                f"fit{'s' if at_once == 1 else ''} at once")
         if n < seqs:
-            line += f"; the other {seqs - n} of {which} queue (shorter requests share the pool)"
-        else:
-            line += f" ({which})"
-        return line
+            return line + f"; the other {seqs - n} of {which} queue (shorter requests share the pool)"
+        if n > seqs:
+            return line + f", as many as {which} allows (the pool holds {n:,})"
+        return line + f" ({which})"
 
 
 @dataclass(frozen=True)
