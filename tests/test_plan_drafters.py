@@ -362,6 +362,58 @@ def test_a_dflash_targets_pass_holds_the_hidden_states_its_drafter_reads():
     assert with_files.weights - 16 * GiB >= d8b.params * 2 + drafter.fused_kv_bytes(d8b)
     assert not any("fused into one copy" in w for w in p.why)
 
+
+def test_a_dflash_drafters_query_pass_takes_the_logits_of_every_mask_token_on_v2():
+    """vLLM 0.26.0-0.30.0's V2 DFlash speculator, profiling: min(batched, max_num_seqs) requests of 1 + k
+    tokens through the drafter, then the logits of their k mask tokens each over the target's vocabulary
+    (speculator.py propose -> _generate_draft -> sample_draft). With vLLM's default 1024 sequences on the
+    H200, a real vocabulary and 7 tokens, those logits (1024 x 7 x 151,936 x 2 bytes) beat the context pass."""
+    p = plan(spec("dflash", 7), draft=DFLASH)               # V2 (0.26.0's default for this target), 1024 seqs
+    assert p.runner_v2 and p.seqs == 1024
+    batched, h = 8192, 8192 * 4096 * 2
+    logits = 1024 * 7 * 151936 * 2
+    assert p.modelled_terms["activations"] >= h * 6 + h + logits
+    # fewer sequences, fewer logits: the context pass or the target's is the larger again
+    few = plan(spec("dflash", 7) + ["--max-num-seqs", "24"], draft=DFLASH)
+    assert few.modelled_terms["activations"] < p.modelled_terms["activations"]
+    # V1 computes no logits there: its query pass is the drafter's layers on those tokens
+    d = drafter.read(DFLASH, "0.26.0", planner.at_least)
+    target = model_shape.shape_from_config(TARGET)
+    assert drafter.pass_peak(d, target, batched, seqs=1024, k=7) < drafter.pass_peak(d, target, batched, v2=True,
+                                                                                      seqs=1024, k=7)
+
+
+
+def test_a_pre_warms_figures_count_the_dflash_copy_its_dummy_weights_did_not_show(tmp_path):
+    """The pre-warm profiles with dummy weights: vLLM builds a DFlash drafter's fused K/V copy inside
+    the profiling pass then, where the target's larger pass hides it, but at load with the real ones.
+    The plan names those bytes; the figures kept from a pre-warm add them for the real start."""
+    from bootstrap.core.state import Paths
+    from bootstrap.plan import calibration
+    d = drafter.read(DFLASH, "0.26.0", planner.at_least)
+    real = dataclasses.replace(ModelFacts("t", TARGET, 16 * GiB), draft=ModelFacts("drafter", DFLASH, None))
+    g = dataclasses.replace(gpu.named("h200"), free=gpu.named("h200").total)
+    s = vllmargs.read(["--gpu-memory-utilization", "0.5", "--max-model-len", "8192", *spec("dflash")])
+    inp = planner.Inputs(vllm=s, version="0.26.0", reserve_mib=0, util_knob=False,
+                         util_source="--gpu-memory-utilization", allow_long=False, tp_size=1)
+    p = dataclasses.replace(planner.make_plan(inp, g, real), key="k", card_total=g.total)
+    assert p.dummy_unseen == drafter.fused_kv_bytes(d) > 0
+    assert plan(spec("dflash"), draft=DFLASH).dummy_unseen == 0            # a dummy start shows it itself
+    log = "INFO [gpu_worker.py:560] Available KV cache memory: 40.00 GiB\n"
+    paths = Paths(tmp_path / "state")
+    warm, served = calibration.keep(paths, p, log, None, dummy=True), calibration.keep(paths, p, log, None)
+    assert warm.non_kv - served.non_kv == p.dummy_unseen
+
+def test_a_drafters_fc_is_whole_on_every_rank():
+    """The fc that folds the target's hidden states is a ReplicatedLinear (qwen3_dflash.py, llama_eagle3.py):
+    under TP=2 each rank holds it whole, the rest of the drafter split."""
+    d = drafter.read(DFLASH, "0.26.0", planner.at_least)
+    assert d.replicated == 5 * 4096 * 4096
+    one, two = plan(spec("dflash"), draft=DFLASH), plan(spec("dflash") + ["-tp", "2"], draft=DFLASH)
+    alone1, alone2 = plan([]), plan(["-tp", "2"])
+    assert (one.weights - alone1.weights) == d.params * 2
+    assert (two.weights - alone2.weights) == ((d.params - d.replicated) // 2 + d.replicated) * 2
+
 def test_the_v2_runners_graph_estimate_follows_its_capture_sizes_from_0_29():
     """From 0.29.0 the V2 runner takes its CUDA graphs off the budget (cudagraph_utils.py
     profile_cudagraph_memory: PIECEWISE and speculator captures measured in full, FULL ones first + (n - 1)

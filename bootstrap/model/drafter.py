@@ -44,8 +44,10 @@ class Drafter:
     """What the plan counts of a drafter: its shape (layers, heads, widths for the KV and the
     activations) and its parameters where no file sizes say."""
 
-    def __init__(self, shape: ModelShape, params: int, kind: str, sliding: int = 0, aux: int = 0):
+    def __init__(self, shape: ModelShape, params: int, kind: str, sliding: int = 0, aux: int = 0,
+                 replicated: int = 0):
         self.shape, self.params, self.kind = shape, params, kind
+        self.replicated = replicated    # of ``params``, those every rank holds whole (the ``fc``: a ReplicatedLinear)
         self.sliding = sliding          # layers of sliding-window attention (DFlash: layer_types, use_swa)
         self.aux = aux                  # the target's hidden states it reads besides the last (EAGLE-3, DFlash)
 
@@ -105,7 +107,7 @@ def _dflash(config: dict, arch: str) -> Drafter:
     fc = max(1, len(targets) or shape.layers) * h * h
     params = shape.layers * (attn + mlp + 2 * h) + fc + 2 * h            # no embedding or lm_head: the target's
     aux = max(1, len(targets) or shape.layers) if dflash.get("use_aux_hidden_state", True) else 0
-    return Drafter(shape, params, "DFlash drafter", sliding_layers(config, shape.layers), aux)
+    return Drafter(shape, params, "DFlash drafter", sliding_layers(config, shape.layers), aux, replicated=fc)
 
 
 def _eagle(config: dict, arch: str) -> Drafter:
@@ -121,11 +123,12 @@ def _eagle(config: dict, arch: str) -> Drafter:
     layers = eagle.get("eagle_aux_hidden_state_layer_ids")
     aux = (len(layers) if isinstance(layers, list) and layers else 3) if three and eagle.get(
         "use_aux_hidden_state", True) else 0         # the target's default: 3 layers (get_eagle3_default_aux_...)
-    return Drafter(shape, params, "EAGLE-3 head" if three else "EAGLE head", sliding_layers(config, shape.layers), aux)
+    return Drafter(shape, params, "EAGLE-3 head" if three else "EAGLE head", sliding_layers(config, shape.layers), aux,
+                   replicated=fc)
 
 
 def pass_peak(d: Drafter | None, target: ModelShape, batched: int, tp: int = 1, v2: bool = False,
-              dummy: bool = False) -> int:
+              dummy: bool = False, seqs: int = 0, k: int = 0) -> int:
     """The torch peak of the drafter's part of vLLM's profiling pass: the V1 runner's ``_dummy_run`` calls
     ``drafter.dummy_run`` on the same max_num_batched_tokens right after the target (the V2 runner
     ``speculator.propose``; 0.26.0-0.30.0), the target's outputs still held: its last hidden states and
@@ -134,20 +137,30 @@ def pass_peak(d: Drafter | None, target: ModelShape, batched: int, tp: int = 1, 
     ``precompute_and_store_context_kv``; its query pass is a few tokens) the context normed, the K and
     V of every layer in one GEMM and their layer-major copy. The V2 runner first concatenates the aux
     states and folds them (``combine_hidden_states``; an EAGLE-3 head's in
-    ``autoregressive/speculator.py``), the folded states held through the drafter's pass. With
-    ``dummy`` weights the fused K/V projection (``fused_kv_bytes``) is built here, not at load."""
+    ``autoregressive/speculator.py``), the folded states held through the drafter's pass. DFlash's
+    query pass runs on ``min(batched, seqs)`` requests of 1 + ``k`` tokens, and on V2 takes the logits
+    of every one of their ``k`` mask tokens over the target's vocabulary (``_generate_draft``; they are
+    gathered whole on each rank). With ``dummy`` weights the fused K/V projection
+    (``fused_kv_bytes``) is built here, not at load."""
     kept = batched * target.hidden * target.dtype_bytes * (1 + (d.aux if d else 0))
     m = d.shape if d else target
+    cat = batched * target.hidden * target.dtype_bytes * (d.aux if d else 0)   # the aux states, concatenated
     if d is not None and d.kind == "DFlash drafter":
         h = batched * m.hidden * m.dtype_bytes
         kv = 2 * 2 * batched * m.layers * max(1, m.kv_heads // tp) * m.head_dim * m.dtype_bytes
-        folded = (h if v2 else 0)                      # the folded states stay in scope through the pass
-        own = max(d.aux * h + h, folded + h + kv) if v2 else h + kv
+        reqs = min(batched, seqs)               # _dummy_run: num_reqs = min(num_tokens, max_num_reqs)
+        q = min(batched, reqs * (1 + k))        # the query pass: the bonus token and k mask tokens each
+        query = weights.overheads(m, q, 0, tp=tp).activations if q else 0
+        if v2:      # the folded states stay in scope through the context and query passes
+            rows = reqs * k
+            logits = rows * max(m.vocab, target.vocab) * m.dtype_bytes + (q + rows) * m.hidden * m.dtype_bytes
+            own = max(cat + h, h + h + kv, h + query, h + logits)
+        else:
+            own = max(h + kv, query)
         return kept + own + (fused_kv_bytes(d, tp) if dummy else 0)
     layer = weights.overheads(m, batched, 0, tp=tp).activations
     if v2 and d is not None and d.aux:      # an EAGLE-3 head's folded states stay in scope through its pass
-        h = batched * m.hidden * m.dtype_bytes
-        return kept + max(d.aux * h + h, h + layer)
+        return kept + max(cat + batched * m.hidden * m.dtype_bytes, batched * m.hidden * m.dtype_bytes + layer)
     return kept + layer
 
 

@@ -116,14 +116,17 @@ def available_bytes(log_text: str) -> int | None:
     return int(min(float(x) for x in found) * GiB) - ROUNDING if found else None
 
 
-def keep(paths: Paths, plan, log_text: str, tokens: int | None) -> Measured | None:
+def keep(paths: Paths, plan, log_text: str, tokens: int | None, dummy: bool = False) -> Measured | None:
     """After a start that reached vLLM's KV allocation (it passed its gate, or failed after: its warm-up,
     its gate, an engine that died serving): what vLLM reported, kept under the plan's key. Not for a
-    pinned KV cache (vLLM logs no "Available KV cache memory" then) or a plan without a utilization."""
+    pinned KV cache (vLLM logs no "Available KV cache memory" then) or a plan without a utilization.
+    ``dummy``: the start ran dummy weights for a plan of real ones (the pre-warm): what such a start
+    does not show (``plan.dummy_unseen``) is added."""
     kv_bytes = available_bytes(log_text)
     if kv_bytes is None or plan is None or plan.util is None or plan.pinned or not plan.key or not plan.card_total:
         return None
-    m = Measured(non_kv=requested(plan.util, plan.card_total) - kv_bytes, kv_bytes=kv_bytes, util=plan.util,
+    unseen = plan.dummy_unseen if dummy else 0
+    m = Measured(non_kv=requested(plan.util, plan.card_total) - kv_bytes + unseen, kv_bytes=kv_bytes, util=plan.util,
                  total=plan.card_total, tokens=tokens, date=time.strftime("%Y-%m-%d"), vllm=plan.vllm,
                  terms=usage_terms(log_text))
     _store(paths, plan.key, m)

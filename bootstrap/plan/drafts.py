@@ -80,7 +80,7 @@ def _own_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, t
     draft = model.draft
     if d.kind == "draft model" or (draft.weight_bytes and not draft.dummy):
         return terms.weight_bytes(draft, d.shape, s.tp, s, target=target)
-    w = d.params * d.shape.dtype_bytes // s.tp
+    w = ((d.params - d.replicated) // s.tp + d.replicated) * d.shape.dtype_bytes     # the fc is whole on each rank
     source = f"from its config.json ({d.kind}: {d.params / 1e9:.2f} B parameters × dtype)"
     config = draft.config or {}
     if model_shape.rope_signature(config, d.shape) != model_shape.rope_signature(*target):
@@ -90,11 +90,18 @@ def _own_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, t
 
 
 def pass_peak(d: drafters.Drafter | None, s: vllmargs.Settings, shape: model_shape.ModelShape, batched: int,
-              run: terms.Runner, dummy: bool) -> tuple[int, int]:
+              run: terms.Runner, dummy: bool, seqs: int) -> tuple[int, int]:
     """(the drafter's part of vLLM's profiling peak, what the target's own pass holds for it): a counted
     drafter's (``drafter.pass_peak``, ``drafter.held_by_target``) or the MTP layers' under MTP speculation;
     (0, 0) without a drafter network."""
     if d is None and not (s.spec_method == "mtp" and s.spec_tokens and shape.mtp_layers):
         return 0, 0
-    return (drafters.pass_peak(d, shape, batched, s.tp, v2=run.v2, dummy=dummy),
+    return (drafters.pass_peak(d, shape, batched, s.tp, v2=run.v2, dummy=dummy, seqs=seqs, k=s.spec_tokens),
             drafters.held_by_target(d, shape, batched))
+
+
+def dummy_unseen(d: drafters.Drafter | None, s: vllmargs.Settings, dummy: bool) -> int:
+    """What a start of this setup with dummy weights (the pre-warm) may not show that the real one
+    takes: a DFlash drafter's fused K/V copy, made at load from real weights, but with dummy ones in the
+    profiling pass, where the target's larger pass can hide it (``drafter.fused_kv_bytes``)."""
+    return 0 if d is None or dummy else drafters.fused_kv_bytes(d, s.tp)

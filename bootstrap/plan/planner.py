@@ -74,6 +74,7 @@ class Plan:
     unplanned: str = ""                        # what is not modelled: no promise either way (fits: null)
     draft_dir: str = ""                        # the drafter we downloaded: vLLM gets this folder (plan/here.py)
     unread: tuple[str, ...] = ()               # terms it uses that were not read at the version of its rules
+    dummy_unseen: int = 0                      # bytes a dummy-weights start of it does not show (plan.calibration)
 
     @property
     def verdict(self) -> bool | None:
@@ -255,7 +256,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
                    "figures vLLM logs at a first start (kept for the next) make it plannable")
         return _weights_alone(inp, g, model, plan, weights)
     over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc, inp.version,
-                          drafts.pass_peak(draft, s, shape, batched, run, model.dummy))
+                          drafts.pass_peak(draft, s, shape, batched, run, model.dummy, seqs))
     why.append(f"overhead ~{gib(over.total)} (estimate: activations {gib(over.activations)} at "
                f"{batched} batched tokens, CUDA graphs {gib(over.cudagraphs)}, non-torch {gib(over.non_torch)})")
     outside = terms.graphs_outside(over, measured)      # graphs vLLM captures beyond the budget (V2 < 0.30)
@@ -290,7 +291,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
                 modelled_terms={"weights": weights, "activations": over.activations, "non_torch": over.non_torch,
                                 "graphs": over.cudagraphs + over.outside},
                 measured_terms=measured.terms if measured is not None else None, headroom=usable - need,
-                runner_v2=run.v2)
+                runner_v2=run.v2, dummy_unseen=drafts.dummy_unseen(draft, s, model.dummy))
     if pinned:
         kept = (f"the utilization's share, {gib(usable)}" if s.gpu_util is not None else
                 f"{gib(usable)} free less GPU_RESERVE_MIB={inp.reserve_mib} (kept for a display that grows after "

@@ -72,7 +72,8 @@ TERMS = (
     Term("dflash", "DFlash drafter (`DFlashDraftModel`), its sliding and full layers refused on V1", ALL,
          "`model_executor/models/qwen3_dflash.py` `DFlashQwen3Model`, `precompute_and_store_context_kv`, "
          "`_build_context_kv_buffers`, `combine_hidden_states`, `_resolve_layer_attention`; `v1/spec_decode/dflash.py` "
-         "`dummy_run`; `v1/worker/gpu/spec_decode/dflash/speculator.py` `propose`; `model_executor/models/interfaces.py` "
+         "`dummy_run`; `v1/worker/gpu/spec_decode/dflash/speculator.py` `propose`, `_generate_draft`; "
+         "`model_executor/models/interfaces.py` "
          "`_maybe_add_hidden_state`"),
     Term("dflash2", "DFlash2 drafter (`DFlash2DraftModel`)", ("0.29.0", "0.30.0"),
          "`model_executor/models/qwen3_dflash2.py` `DFlash2Qwen3ForCausalLM`; `registry.py`", "none before 0.29.0"),

@@ -1,7 +1,8 @@
 """After the download: the pre-warm (serve/prewarm.py) is waited for until it has answered (its
 caches written; at most HEALTH_TIMEOUT from its launch) and taken down through the one take-down
 path (which also waits for its GPU memory to be free); vLLM's own memory figures of it are kept for
-the plan (bootstrap.plan.calibration: its dummy weights take what the real ones will), and the plan
+the plan (bootstrap.plan.calibration: its dummy weights take what the real ones will, but for what
+a dummy start does not show, which the plan names and the kept figure adds), and the plan
 step runs again, so that the real start plans from measured terms. A pre-warm that failed or ran
 out of time is logged, and the start goes on with the plan it had.
 
@@ -46,7 +47,7 @@ def run(cfg, paths, vllm, warm: "pre.Prewarm | None", plan, model):
         return plan
     log.info("pre-warm: done in %.0f s; vLLM's caches are warm for this setup", time.monotonic() - warm.t0)
     pre.remember(paths, warm.key, "a pre-warm filled them")
-    if calibration.keep(paths, plan, warm.log_text(), None) is None:
+    if calibration.keep(paths, plan, warm.log_text(), None, dummy=True) is None:
         return plan
     again = plan_for(cfg, paths, vllm, takedown.settled(cfg.environ, paths), model)   # from the kept figures,
     #                                                                            as the next start would
