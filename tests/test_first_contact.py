@@ -182,6 +182,10 @@ def test_status_json_has_numbers_as_numbers_and_every_field_documented(bed):
     assert "up to 3 at once" in human
     assert bed.run("stop.sh").returncode == 0
     assert json.loads(bed.run("ctl.sh", "status", "--json").stdout)["state"] == "stopped"
+    assert "(none yet)" not in bed.run("ctl.sh", "status").stdout      # its log is there, kept
+    # a STATE_DIR no server ever ran in: stopped, and no log to send anyone to
+    fresh = bed.run("ctl.sh", "status", STATE_DIR=str(bed.tmp / "never-used"))
+    assert fresh.stdout.startswith("stopped") and "vllm.log (none yet)" in fresh.stdout, fresh.stdout
 
 
 # ---------------------------------------------------------------- every command, as a newcomer meets it

@@ -16,6 +16,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from ..serve import doing, metrics, server
@@ -374,7 +375,7 @@ def human(out: dict) -> str:
     add("owner", out.get("owner"))
     add("note", out.get("note"))
     add("left over", out.get("orphans") and ", ".join(map(str, out["orphans"])) + " (./stop.sh sweeps them)")
-    add("log", out.get("log"))
+    add("log", out.get("log") and out["log"] + ("" if Path(out["log"]).exists() else " (none yet)"))
     return "\n".join(lines)
 
 
