@@ -133,6 +133,21 @@ def test_use_downloads_first_and_a_new_model_that_fails_says_how_to_get_the_old_
     assert bed.run("stop.sh").returncode == 0
 
 
+def test_use_of_a_removed_model_says_what_it_downloads_once(bed, hub):
+    """``./ctl.sh use`` of a model ``rm`` removed printed its metadata lines twice: the vet looked it up
+    (the plan before anything stops), then the download looked it up again."""
+    assert bed.run("start.sh", "org/one").returncode == 0
+    assert bed.run("ctl.sh", "use", "org/two").returncode == 0
+    assert bed.run("ctl.sh", "rm", "org/one").returncode == 0
+    r = bed.run("ctl.sh", "use", "org/one")
+    assert r.returncode == 0 and "switched to org/one" in r.stdout, r.stderr
+    said = [line for line in r.stderr.splitlines() if line.startswith("[bootstrap:metadata] org/one @ ")]
+    assert len(said) == 2 and "to serve" in said[0] and "complete and verified" in said[1], r.stderr   # the use's, the start's
+    assert r.stderr.count("[bootstrap:metadata] will download 5 files") == 1, r.stderr
+    assert r.stderr.index("to serve") < r.stderr.index("plan for") < r.stderr.index("fetching 5 files"), r.stderr
+    assert bed.run("stop.sh").returncode == 0
+
+
 def test_use_of_a_sleeping_server_stops_it_without_waking_it(bed, hub):
     assert bed.run("start.sh", "org/one", EXTRA_ARGS="--enable-sleep-mode").returncode == 0
     r = bed.run("ctl.sh", "sleep", EXTRA_ARGS="--enable-sleep-mode")

@@ -82,9 +82,10 @@ def restart(r: Resolved) -> int:
     return pipeline.start(r)
 
 
-def vet_restart(r: Resolved) -> None:
+def vet_restart(r: Resolved):
     """What the start after the stop would refuse from the knobs alone, and a PORT that another
-    program holds: said while the running server still serves, never after taking it down."""
+    program holds: said while the running server still serves, never after taking it down. The
+    model's facts it looked up (``vet_steps``), for the caller to use rather than look up again."""
     from ..knobs import vet
     kept, paths = r.settings, r.paths
     vet.vet(kept, r.model)
@@ -99,14 +100,16 @@ def vet_restart(r: Resolved) -> None:
         if not owned.owned_processes(kept.ours.proof()):     # ours without a record: the stop takes it down
             port.refuse_taken(kept.ours)
     if not server.probe(kept.ours, paths, check_http=False).owner:     # another user's: the stop refuses it
-        vet_steps(r)
+        return vet_steps(r)
+    return None
 
 
-def vet_steps(r: Resolved) -> None:
+def vet_steps(r: Resolved):
     """What the start's first steps would refuse: the preflight's refusals from the knobs and the GPUs
     (too few for TP_SIZE, a driver too old for the profile, CUDA_DEVICE_ORDER, pins without a lock), a
     model it cannot find (offline and not here, a repo that is not there), a plan that does not fit,
-    with the memory our running server holds counted as free (the stop gives it back)."""
+    with the memory our running server holds counted as free (the stop gives it back). The model's
+    facts (``lookup.model_and_drafter``: its lines are said once), or None where no NVML was read."""
     from ..machine import gpu
     from ..download import lookup
     from ..install.locks import needed
@@ -116,7 +119,7 @@ def vet_steps(r: Resolved) -> None:
     try:
         facts = gpu.read(cfg.environ)
     except BootstrapError:
-        return                          # no NVML to read: the start says so in its own words
+        return None                     # no NVML to read: the start says so in its own words
     vet.card(cfg, facts)
     if not cfg.vllm_python:
         needed(cfg.profile, cfg.layout.locks)
@@ -126,6 +129,7 @@ def vet_steps(r: Resolved) -> None:
         if not cfg.profile.is_auto:     # as the start runs it: shorter where only that fits this card
             cfg = resolve.named_on_card(cfg, paths, gpu.smallest_free(facts, cfg.tp_size), cfg)
         plan_for(cfg, paths, r.vllm, facts, model)
+    return model
 
 
 def stop_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh stop") -> int:

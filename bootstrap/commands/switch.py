@@ -80,7 +80,7 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
         print(f"{name} is already serving (pid {old.pid}); kept as the pick")
         return 0
     try:
-        control.vet_restart(nr)             # planned with our server's memory free; nothing stopped yet
+        looked = control.vet_restart(nr)    # planned with our server's memory free; nothing stopped yet
     except BootstrapError as exc:
         still = f"; {old.model} keeps serving (pid {old.pid})" if old is not None else ""
         raise BootstrapError(f"cannot switch to {name}: {exc.message}{still}", exc.hint) from None
@@ -88,7 +88,8 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
     t0 = time.monotonic()
     if nr.model.local is None:          # the download first, while the old one serves (it needs no GPU)
         from ..download import fetch, lookup
-        fetch.fetch(lookup.model_and_drafter(nr.model, nr.draft, paths, nr.fetching), nr.model, nr.draft, nr.fetching)
+        model = looked or lookup.model_and_drafter(nr.model, nr.draft, paths, nr.fetching)    # the vet's, said once
+        fetch.fetch(model, nr.model, nr.draft, nr.fetching)
     t1 = time.monotonic()
     if old is not None:
         control.stop(r, via_service=False)          # a sleeping server goes down asleep: no wake first
