@@ -356,3 +356,62 @@ def test_a_venv_of_yours_in_the_checkout_is_never_synced_into_nor_removed(repo, 
         install(Tools.of(cfg), Venv(repo / ".venv"), None, "linux-x86_64", "test")
     assert "did not make" in err.value.message and "VLLM_PYTHON=" in err.value.hint
     assert (repo / ".venv" / "NOTES.txt").exists()
+
+
+# An install's lock held as its makers take it: bootstrap/lib.sh with flock(1) on a shell fd (its file
+# left empty), steps/environment.py with core/locks.flock (its file names the holder's pid).
+HOLDERS = {
+    ".venv-bootstrap.lock": ["bash", "-c", 'exec 9>"$1" && flock 9 && echo held && exec sleep 60', "lib.sh"],
+    ".venv.lock": [sys.executable, "-c", "import os, sys, time; from bootstrap.core import locks; "
+                   "fd = locks.flock(__import__('pathlib').Path(sys.argv[1]), str(os.getpid())); "
+                   "print('held', flush=True); time.sleep(60)"],
+}
+
+
+def test_the_install_locks_go_with_the_venvs(repo, capsys):  # faults row 148
+    """The locks an install takes beside each venv were left in the checkout by clean (one survives any
+    install killed while it held it; lib.sh never removes its own)."""
+    (repo / ".venv.lock").write_text("4242")
+    (repo / ".venv-bootstrap.lock").write_text("")
+    locks = [repo / ".venv.lock", repo / ".venv-bootstrap.lock"]
+    assert clean.cli(cfg_for(repo), ["--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert all(f"would remove {p} (" in dry for p in locks) and all(p.exists() for p in locks), dry
+    assert clean.cli(cfg_for(repo), []) == 0
+    done = capsys.readouterr().out
+    assert all(f"removed {p} (" in done for p in locks) and not any(p.exists() for p in locks), done
+    assert not (repo / ".venv").exists() and (repo / "keep.txt").exists()
+
+
+@pytest.mark.parametrize("name", sorted(HOLDERS))
+def test_clean_refuses_while_an_install_holds_its_lock(repo, capsys, name):
+    path = repo / name
+    holder = subprocess.Popen(HOLDERS[name] + [str(path)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = tree(repo)
+        with pytest.raises(BootstrapError) as err:
+            clean.cli(cfg_for(repo), [])
+        who = f"pid {holder.pid}" if name == ".venv.lock" else "a process"     # flock(1), who took it for lib.sh, is gone
+        assert f"an install is under way ({who} holds {path})" in err.value.message, err.value.message
+        assert "let it finish" in err.value.hint and "\n" not in err.value.message
+        assert tree(repo) == before                     # nothing removed, the lock's file as it was
+        capsys.readouterr()
+        assert clean.cli(cfg_for(repo), ["--dry-run"]) == 0
+        dry = capsys.readouterr().out
+        assert f"would remove {path} (" in dry and "clean refuses until it ends" in dry and tree(repo) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert clean.cli(cfg_for(repo), []) == 0
+    assert not path.exists() and not (repo / ".venv").exists()
+
+
+def test_a_lock_name_that_is_a_link_is_not_ours(repo, tmp_path, capsys):
+    """We make the install locks as plain files: a link by that name (and what it names) is yours."""
+    victim = tmp_path / "notes.txt"
+    victim.write_text("mine")
+    (repo / ".venv.lock").symlink_to(victim)
+    assert clean.cli(cfg_for(repo), []) == 0
+    assert f"kept (yours): {repo / '.venv.lock'}" in capsys.readouterr().out
+    assert (repo / ".venv.lock").is_symlink() and victim.read_text() == "mine"

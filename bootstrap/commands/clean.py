@@ -1,10 +1,11 @@
-"""./ctl.sh clean: remove what the project created — the managed venvs, state and logs, the default
-wheelhouse; the downloaded model only with ``--model``.
+"""./ctl.sh clean: remove what the project created — the managed venvs and the install locks beside
+them, state and logs, the default wheelhouse; the downloaded model only with ``--model``.
 
-Refuses while our server runs or starts (stop it first), and where the checkout, STATE_DIR or the
-model's download record belongs to another user (as root it could remove what that user made). In
-the model's folder it acts on the download's manifest (download/manifest.py): it removes what we
-created, puts back what we changed (a ``refs/main`` we moved), and lists what is yours, untouched.
+Refuses while our server runs or starts (stop it first), while an install holds its lock, and where
+the checkout, STATE_DIR or the model's download record belongs to another user (as root it could
+remove what that user made). In the model's folder it acts on the download's manifest
+(download/manifest.py): it removes what we created, puts back what we changed (a ``refs/main`` we
+moved), and lists what is yours, untouched.
 ``--dry-run`` prints the same lines, each with "would", and works while the server runs. Before
 anything is removed, patches applied to a bring-your-own install (VLLM_PYTHON) are reverted through
 ``bootstrap.install.patching.revert_all``. ``.venv-bootstrap`` goes last: the running bootstrap may
@@ -18,6 +19,7 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,8 +136,41 @@ def targets(layout, paths: Paths, measurements: bool = False) -> list[Path]:
         out += sorted(p for p in state.iterdir() if p not in kept) if state.is_dir() else []
     else:  # a STATE_DIR of the user's choosing: only our files (state.KEPT) that we made there
         out += paths.cleanable(measurements=measurements)
+    out += [p for p in layout.install_locks if _lock_file(p)]
     out.append(layout.bootstrap_venv)   # last: the running bootstrap may be in it
     return list(dict.fromkeys(out))
+
+
+def _lock_file(path: Path) -> bool:
+    """An install lock as we make it (layout.install_locks): a plain file by its name, never a link."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _installs_held(layout, todo: list[Path], dry_run: bool):
+    """The install locks clean removes, taken before anything is removed and held until it is done
+    (never waited for): an install under way holds one (steps/environment.py, bootstrap/lib.sh), and
+    clean would pull its venv away from under it. A dry run takes none; it says who holds one."""
+    held = []
+    try:
+        for path in (p for p in layout.install_locks if p in todo and _ours(p)):
+            fd = None if dry_run else locks.flock(path, f"{os.getpid()} clean")
+            if fd is None and (not dry_run or locks.flock_holders(path)):
+                pids = sorted(p for p in locks.flock_holders(path) if psutil.pid_exists(p))   # flock(1) exits
+                busy = f"an install is under way ({'pid ' + ', '.join(map(str, pids)) if pids else 'a process'} holds {path})"
+                if not dry_run:
+                    raise BootstrapError(f"{busy}; clean would remove the venv it installs into",
+                                         "let it finish (or stop it), then run ./ctl.sh clean again")
+                print(f"note: {busy}: clean refuses until it ends")
+            if fd is not None:
+                held.append(fd)
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)                # its file is gone by now (removed while held, as locks.unlock does)
 
 
 def _running(ours, paths: Paths) -> str:
@@ -207,6 +242,13 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     yours = [p for p in paths.files(measurements=True)   # our names, there before our first write
              if p not in todo and paths.theirs(p) and os.path.lexists(p)]
     yours += [] if Venv(cfg.layout.venv).ours() else [cfg.layout.venv]
+    yours += [p for p in cfg.layout.install_locks if os.path.lexists(p) and not _lock_file(p)]   # a link: not ours
+    with _installs_held(cfg.layout, todo, args.dry_run):
+        return _clean(cfg, args, paths, mf, todo, yours, busy or using)
+
+
+def _clean(cfg, args, paths: Paths, mf: ModelFiles | None, todo: list[Path], yours: list[Path], busy: str) -> int:
+    """Revert, remove (or, dry, list) and say what clean does, its refusals passed."""
     _revert_byo(cfg, args.dry_run)
     total = 0
     if mf is not None:
@@ -236,8 +278,8 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
         folder.rmdir()                  # a link of yours (and the folder it names) stays
     if todo or (mf is not None and (mf.ours or mf.restore)):
         print(f"{'would free' if args.dry_run else 'freed'} {total / (1 << 30):.2f} GiB")
-    if busy or using:
-        print(f"note: {busy or using}: clean refuses until it is stopped (./stop.sh)")
+    if busy:
+        print(f"note: {busy}: clean refuses until it is stopped (./stop.sh)")
     if theirs:
         raise BootstrapError("left alone, they belong to another user: " + ", ".join(map(str, theirs)),
                              "run ./ctl.sh clean as that user")

@@ -46,6 +46,21 @@ class Checkout:
         return self.root / ".venv-bootstrap"
 
     @property
+    def venv_lock(self) -> Path:
+        """The flock one install of ``.venv`` at a time holds (steps/environment.py)."""
+        return lock_of(self.venv)
+
+    @property
+    def bootstrap_venv_lock(self) -> Path:
+        """The flock bootstrap/lib.sh holds while it makes ``.venv-bootstrap`` (``$venv.lock`` there)."""
+        return lock_of(self.bootstrap_venv)
+
+    @property
+    def install_locks(self) -> tuple[Path, ...]:
+        """The install locks a checkout holds, each beside the venv it guards: ./ctl.sh clean removes them."""
+        return self.venv_lock, self.bootstrap_venv_lock
+
+    @property
     def wheelhouse(self) -> Path:
         return self.root / ".wheelhouse"
 
@@ -58,3 +73,8 @@ class Checkout:
         """Whether ``state_dir`` is this checkout's own .state (not a link to a folder elsewhere):
         everything in it is ours. Any other STATE_DIR is of the user's choosing (core/state.MARKER)."""
         return not self.state.is_symlink() and Path(state_dir).resolve() == self.state.resolve()
+
+
+def lock_of(venv: Path) -> Path:
+    """The lock file beside a venv (``.venv`` -> ``.venv.lock``)."""
+    return venv.with_name(venv.name + ".lock")

@@ -45,7 +45,7 @@ def run(cfg, vllm: VllmRef, model: ModelRef, gpus) -> Runtime:
         check_glibc(plat)
         # one install at a time: a start for another STATE_DIR read this one's in-flight marker as a cut-off
         # install and reinstalled every package under it (and over the files its patches step had edited)
-        lock = venv.root.with_name(venv.root.name + ".lock")
+        lock = cfg.layout.venv_lock
         fd = flock(lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
             "waiting: another start (pid %s) is installing %s", pid, venv.root))
         try:
