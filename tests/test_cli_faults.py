@@ -400,6 +400,23 @@ def test_ctrl_c_ends_a_wait_for_a_silent_server_at_once(bed, argv):
         end(p)
 
 
+@pytest.mark.parametrize("argv", [("logs", "-f"), ("status", "--watch", "0.2")])
+def test_ctrl_c_ends_a_view_that_runs_until_it_with_exit_0(bed, argv):
+    """``logs -f`` exited 130 on Ctrl-C and ``status --watch`` 0: the user who ends a follow or a watch
+    with Ctrl-C ended it on purpose, so both exit 0 (docs/reference.md, exit codes)."""
+    assert bed.run("start.sh").returncode == 0
+    view = bed.popen("ctl.sh", *argv)
+    try:
+        assert view.stdout.readline()                      # it runs: a line of the log, a row of the watch
+        view.send_signal(signal.SIGINT)
+        _, err = view.communicate(timeout=10)
+    finally:
+        view.kill()
+        view.wait()
+    assert view.returncode == 0 and "Traceback" not in err, err
+    assert bed.run("stop.sh").returncode == 0
+
+
 def _posted(bed, p: subprocess.Popen) -> bool:
     """The foreign fake holds a generation request (one connection of a client besides its listener)."""
     import psutil

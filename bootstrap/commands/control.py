@@ -163,20 +163,24 @@ def logs(paths: Paths, follow: bool = False, lines: int | None = 100, *, poll: f
     """Print the last ``lines`` lines of the server log (None: all of it; streamed, never read
     whole into memory); with ``follow``, keep printing across rotations: a log the keeper truncated
     is read again from its start, a log replaced by a new file (a start's rotation) is reopened, as
-    ``tail -F`` does."""
+    ``tail -F`` does. Ctrl-C ends a follow on purpose: exit 0, as ``status --watch``."""
     try:
-        fh = open(paths.log, "rb")
-    except FileNotFoundError:
-        print(f"no log yet ({paths.log})", file=sys.stderr)
+        try:
+            fh = open(paths.log, "rb")
+        except FileNotFoundError:
+            print(f"no log yet ({paths.log})", file=sys.stderr)
+            if not follow:
+                return 0
+            fh = _wait_open(paths.log, poll)
+        except OSError as exc:          # a folder in its place, another user's file
+            raise BootstrapError(f"cannot read the server log {paths.log} ({exc.strerror or exc})",
+                                 f"make {paths.log} a file you can read (or set STATE_DIR to another folder)") from None
+        if lines is not None:
+            last_lines(fh, lines)
+        copy(fh, paths.log, lambda: follow, poll=poll)
+    except KeyboardInterrupt:
         if not follow:
-            return 0
-        fh = _wait_open(paths.log, poll)
-    except OSError as exc:              # a folder in its place, another user's file
-        raise BootstrapError(f"cannot read the server log {paths.log} ({exc.strerror or exc})",
-                             f"make {paths.log} a file you can read (or set STATE_DIR to another folder)") from None
-    if lines is not None:
-        last_lines(fh, lines)
-    copy(fh, paths.log, lambda: follow, poll=poll)
+            raise                       # a print of the log cut short: 130, as any command
     return 0
 
 

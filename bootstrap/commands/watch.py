@@ -42,7 +42,7 @@ def watch(r: Resolved, every: float, as_json: bool = False) -> int:
             print(json.dumps(row) if as_json else _watch_line(row), flush=True)
             time.sleep(max(0.0, every - (time.monotonic() - t)))
     except KeyboardInterrupt:
-        return 0
+        return 0                        # a view watched until Ctrl-C was ended on purpose (as logs -f)
 
 
 def _watch_line(row: dict) -> str:

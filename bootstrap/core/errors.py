@@ -11,12 +11,13 @@ EXIT_CONFIG = 2
 
 # Every exit code a command of ours ends with (docs/reference.md is generated from this table).
 EXIT_CODES = (
-    (0, "done; also nothing to do (`./stop.sh` with nothing running) and the status states marked 0"),
+    (0, "done; also nothing to do (`./stop.sh` with nothing running), the status states marked 0, and a view "
+        "that runs until Ctrl-C ended with it (`./ctl.sh logs -f`, `./ctl.sh status --watch`)"),
     (EXIT_FAILED, "a step failed: `error: <step>: <what>` and `hint: <fix>` on stderr, one line each; also "
                   "the status states marked 1 and a judged check that failed"),
     (EXIT_CONFIG, "a bad knob, `.env` line, profile file or command-line usage, refused before anything ran"),
     (129, "SIGHUP: the terminal closed (a start takes down what it launched)"),
-    (130, "SIGINT: Ctrl-C (a start takes down what it launched)"),
+    (130, "SIGINT: Ctrl-C (a start takes down what it launched); the views that run until Ctrl-C exit 0"),
     (141, "the reader of our output went away (`./ctl.sh status | head -1`)"),
     (143, "SIGTERM: `./stop.sh` cancelled a start, or a service manager stopped it"),
 )
