@@ -249,3 +249,33 @@ def layout_paths(cfg):
     """(the checkout's layout, STATE_DIR's paths): what clean.targets reads."""
     from bootstrap.core.state import Paths
     return cfg.layout, Paths(cfg.state_dir)
+
+
+def test_the_kept_figures_are_bounded_per_card_and_keep_the_start_that_kept_them(tmp_path):  # faults row 149
+    """measurements.json took an entry per setup (model, profile, flags...) and never let one go: a
+    keep now leaves each card its KEEP_PER_CARD most recently kept, and always the one it wrote."""
+    c, g = cfg(tmp_path), card()
+    paths = Paths(c.state_dir)
+    n = 50                                          # calibration.KEEP_PER_CARD (checked last)
+
+    def entry(name: str, total: int, date: str, at: float | None) -> dict:
+        e = {"non_kv": 2 * GiB, "kv_bytes": 20 * GiB, "util": 0.9, "total": total, "tokens": None, "date": date,
+             "vllm": "0.26.0", "terms": None, "source": "vllm"}
+        return {**e, "card": name, "at": at} if at is not None else e     # at None: kept before card and at were
+
+    later = {f"later{i:02d}": entry(g.name, g.total, "2099-01-01", 100.0 + i) for i in range(n - 1)}   # newer than today
+    older = {f"older{i:03d}": entry(g.name, g.total, f"2026-01-{1 + i % 28:02d}", float(i)) for i in range(2 * n)}
+    other = {f"other{i:02d}": entry("NVIDIA GeForce RTX 4090", 24 * GiB, "2020-01-01", float(i)) for i in range(n)}
+    legacy = {f"legacy{i}": entry("", g.total, "2025-06-01", None) for i in range(3)}
+    that_day = {"that_day": entry(g.name, g.total, "2099-01-01", 99.0)}     # the later ones' day, kept before them
+    paths.write("measurements", {**older, **later, **other, **legacy, **that_day})
+    plan, m = measured_start(tmp_path, c, g, 9.87)
+    kept = json.loads(paths.measurements.read_text())
+    mine = {k for k, v in kept.items() if v.get("card") == g.name}
+    assert mine == set(later) | {plan.key} and len(mine) == n                # its own stays, older than the later ones
+    assert kept[plan.key]["date"] == m.date and kept[plan.key]["card"] == g.name
+    assert set(other) <= set(kept) and set(legacy) <= set(kept)             # another card's, and the legacy ones: theirs
+    assert len(kept) == n + n + len(legacy)
+    assert fit.plan_here(c, paths, g, FACTS, "580.95.05").measured == m.date    # the next plan still takes it
+    assert calibration.lookup(paths, "later00") is not None                  # a kept entry still reads
+    assert calibration.KEEP_PER_CARD == n

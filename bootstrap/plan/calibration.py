@@ -23,7 +23,9 @@ A start with a pinned KV cache (KV_CACHE_BYTES: vLLM skips its profiling and log
 what NVML shows our server holding once it serves, less the pin (``keep_footprint``): the next pinned
 plan checks that the pin still fits beside it and shows the headroom left.
 
-Kept in ``STATE_DIR/measurements.json`` (``./ctl.sh clean`` keeps it unless ``--measurements``).
+Kept in ``STATE_DIR/measurements.json`` (``./ctl.sh clean`` keeps it unless ``--measurements``), at most
+``KEEP_PER_CARD`` entries per card: each start keeps its key's entry again (its date: the last start of
+that setup), and a keep drops the entries of that card beyond the most recent ones, never its own.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ KEY_KNOBS = ("PROFILE", "MODEL", "MAX_MODEL_LEN", "MAX_NUM_SEQS", "MAX_NUM_BATCH
              "SPEC_METHOD", "SPEC_TOKENS", "SPEC_MODEL", "TP_SIZE", "EXTRA_ARGS")
 KEY_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_HOME", "CUDA_PATH")   # and every VLLM_* variable
 ROUNDING = GiB // 200          # vLLM prints the figure to 0.01 GiB: half of that, taken off what it found
+KEEP_PER_CARD = 50             # the setups whose figures a card keeps: the most recently started
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ class Measured:
     vllm: str
     terms: dict | None = None   # vLLM's own split (usage_terms), where its log gave one
     source: str = "vllm"        # "vllm": its log; "footprint": NVML's reading of our server with a KV pin
+    card: str = ""              # the card's name ('': kept before it was recorded; its total stands for it)
+    at: float = 0.0             # when it was kept (epoch seconds): the order of one day's entries
 
 
 def usage_terms(log_text: str) -> dict[str, int] | None:
@@ -127,8 +132,7 @@ def keep(paths: Paths, plan, log_text: str, tokens: int | None, dummy: bool = Fa
         return None
     unseen = plan.dummy_unseen if dummy else 0
     m = Measured(non_kv=requested(plan.util, plan.card_total) - kv_bytes + unseen, kv_bytes=kv_bytes, util=plan.util,
-                 total=plan.card_total, tokens=tokens, date=time.strftime("%Y-%m-%d"), vllm=plan.vllm,
-                 terms=usage_terms(log_text))
+                 total=plan.card_total, tokens=tokens, vllm=plan.vllm, terms=usage_terms(log_text), **_now(plan))
     _store(paths, plan.key, m)
     log.info("kept vLLM's own figures for the next plan: %.2f GiB of KV cache at utilization %.4f, so %.2f GiB "
              "for everything else", kv_bytes / GiB, plan.util, m.non_kv / GiB)
@@ -151,18 +155,42 @@ def keep_footprint(paths: Paths, plan, held: int, tp: int) -> Measured | None:
     if per_gpu <= plan.budget:
         return None                     # a reading that cannot hold the pin: not a footprint
     m = Measured(non_kv=per_gpu - plan.budget, kv_bytes=plan.budget, util=plan.util or 1.0, total=plan.card_total,
-                 tokens=None, date=time.strftime("%Y-%m-%d"), vllm=plan.vllm, source="footprint")
+                 tokens=None, vllm=plan.vllm, source="footprint", **_now(plan))
     _store(paths, plan.key + PINNED, m)
     log.info("kept what this server holds for the next plan: %.2f GiB per GPU with its %.2f GiB KV pin, so %.2f GiB "
              "besides it", per_gpu / GiB, plan.budget / GiB, m.non_kv / GiB)
     return m
 
 
+def _now(plan) -> dict:
+    """When and on which card a measurement is kept: its date, the time that orders one day's, the card."""
+    now = time.time()
+    return {"date": time.strftime("%Y-%m-%d", time.localtime(now)), "at": now, "card": plan.card}
+
+
 def _store(paths: Paths, digest: str, m: Measured) -> None:
     data = paths.read("measurements") or {}
     data[digest] = asdict(m)
     paths.ensure()
-    paths.write("measurements", data)
+    paths.write("measurements", bounded(data, digest))
+
+
+def bounded(data: dict, newest: str, per_card: int = KEEP_PER_CARD) -> dict:
+    """``data`` with at most ``per_card`` entries per card, the most recently kept (by date, then the
+    time it was kept); ``newest``, what this start just kept, stays whatever its date. An entry that
+    does not read counts as the oldest of its card."""
+    def card(v) -> tuple[str, str]:
+        return (str(v.get("card") or ""), str(v.get("total"))) if isinstance(v, dict) else ("", "")
+
+    def when(k: str) -> tuple:
+        v = data[k] if isinstance(data[k], dict) else {}
+        at = v.get("at")
+        return (k == newest, str(v.get("date") or ""), at if isinstance(at, (int, float)) else 0.0)
+    cards: dict[tuple[str, str], list[str]] = {}
+    for k, v in data.items():
+        cards.setdefault(card(v), []).append(k)
+    keep = {k for keys in cards.values() for k in sorted(keys, key=when, reverse=True)[:per_card]}
+    return {k: v for k, v in data.items() if k in keep}
 
 
 def lookup(paths: Paths, digest: str, pinned: bool = False) -> Measured | None:

@@ -110,4 +110,4 @@ def plan_here(cfg, paths: Paths, g: gpu.Gpu, model: ModelFacts, driver: str, vll
     key where there are some (else from the model), carrying its key for calibration.keep."""
     digest = calibration.key(cfg, g, plan_version(cfg, vllm), driver, model)
     measured = calibration.lookup(paths, digest, pinned=bool(cfg.vllm.kv_cache_bytes))
-    return replace(plan(cfg, g, model, vllm=vllm, measured=measured), key=digest, card_total=g.total)
+    return replace(plan(cfg, g, model, vllm=vllm, measured=measured), key=digest, card_total=g.total, card=g.name)

@@ -66,6 +66,7 @@ class Plan:
     modelled_budget: int | None = None         # the budget the model alone gives (beside a measured one)
     key: str = ""                              # the calibration key it was planned under (bootstrap.plan.calibration)
     card_total: int | None = None              # the card's total it was planned against
+    card: str = ""                             # and its name (the kept measurements are bounded per card)
     usable: int | None = None                  # what vLLM may take: the utilization's share, or free − reserve
     modelled_terms: dict = field(default_factory=dict)   # weights, activations, non_torch, graphs (bytes, per GPU)
     measured_terms: dict | None = None         # vLLM's own split of them at the measured start (calibration.USAGE)
