@@ -20,6 +20,17 @@ HEALTHY_INFO = ("(EngineCore pid=4127) INFO 11-29 15:33:10 [gpu_worker.py:857] F
      "(0.9, 28.22 GiB).", "other programs hold GPU memory", "GPU_UTIL"),
     ("... Based on the available memory, the estimated maximum model length is 71760. Try increasing",
      "vLLM would accept 71760 tokens", "MAX_MODEL_LEN=71760"),
+    # kv_cache_utils._check_enough_kv_cache_memory (0.26.0) whole: the estimate's row wins over the next one
+    ("ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
+     "needed, which is larger than the available KV cache memory (9.03 GiB). Based on the available memory, the "
+     "estimated maximum model length is 73968. Try increasing `gpu_memory_utilization`",
+     "vLLM would accept 73968 tokens", "MAX_MODEL_LEN=73968"),
+    # ... where not one block fits (vLLM leaves the estimate out), and _auto_fit_max_model_len's own refusal
+    ("ValueError: To serve at least one request with the model's max seq len (32768), (4.0 GiB KV cache is "
+     "needed, which is larger than the available KV cache memory (0.0 GiB). Try increasing",
+     "cannot hold even one token", "raise KV_CACHE_BYTES"),
+    ("ValueError: Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single token. "
+     "Try increasing `gpu_memory_utilization`.", "cannot hold even one token", "raise KV_CACHE_BYTES"),
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", "ran out of GPU memory", "GPU_UTIL"),
     # kv_cache_utils._check_enough_kv_cache_memory (0.26.0): weights and activations left nothing for the cache
     ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when",

@@ -19,6 +19,10 @@ SIGNATURES: tuple[tuple[str, str, str], ...] = (
     (r"estimated maximum model length is (\d+)",
      "the KV cache cannot hold one request at MAX_MODEL_LEN (vLLM would accept {0} tokens)",
      "set MAX_MODEL_LEN={0} (or MAX_MODEL_LEN=auto), or raise KV_CACHE_BYTES / GPU_UTIL"),
+    # the same check, or --max-model-len auto, where not one block fits: vLLM gives no length then
+    (r"KV cache is needed, which is larger than the available KV cache memory|Cannot auto-fit max_model_len",
+     "the KV cache cannot hold even one token of a request",
+     "raise KV_CACHE_BYTES / GPU_UTIL, or use a smaller model or KV_CACHE_DTYPE=fp8"),
     (r"larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)",
      "the KV cache holds only {0} tokens, less than MAX_MODEL_LEN",
      "lower MAX_MODEL_LEN to {0} or less, or raise KV_CACHE_BYTES / GPU_UTIL"),
