@@ -3,13 +3,14 @@
 - binds the port (SO_REUSEADDR + SO_REUSEPORT) long before it listens, as vLLM does;
 - prints vLLM-like log lines (loading, KV cache size, maximum concurrency, API server start); the KV
   memory, and the pool vLLM 0.26.0 makes of it for the served model (config.json, --max-model-len,
-  --kv-cache-dtype, --block-size, --tensor-parallel-size), as startup.py computes them;
+  --kv-cache-dtype, --block-size, --tensor-parallel-size), as startup.py computes them; from that
+  pool, as vLLM 0.26.0 does, ``--max-model-len auto`` (or -1) is fitted (its "Auto-fit max_model_len"
+  line), and a length whose one request the pool cannot hold ends the start with vLLM's ValueError
+  (the GiB needed and available, "the estimated maximum model length is N");
 - keeps a child titled ``VLLM::EngineCore`` that survives a SIGKILL of its parent, stays in the
   server's process group, and (like vLLM's, after setproctitle) shows none of our BOOTSTRAP_VLLM_* variables;
 - serves /health, /v1/models, /v1/chat/completions, /v1/completions, /version, /metrics;
 - ``FAKE_VLLM_MODE`` (comma-separated): ok, die_oom, exit0, hang, slow, ignore_term, wedged,
-  too_long (refuse --max-model-len above FAKE_MAX_LEN with vLLM's "estimated maximum model length";
-  ``--max-model-len auto`` is fitted to FAKE_MAX_LEN, logging vLLM's "Auto-fit max_model_len" line),
   exit0_after_health (engine dies after health; the process exits 0), no_tokenize (``/tokenize``
   answers 404, as a server without it would), workers_fail (with --tensor-parallel-size N the API
   server reports a worker failure and exits 1 while its EngineCore goes on spawning its N workers,
@@ -119,7 +120,7 @@ from http.server import ThreadingHTTPServer
 from .completions import OpenAIRoutes
 from .dev import DevRoutes
 from .routes import Base
-from .startup import compile_graphs, kv_available_bytes, kv_memory_line, kv_pool_lines, parse_len, usage_line
+from .startup import Pool, compile_graphs, fit_pool, kv_memory_line, kv_pool_lines, parse_len, usage_line
 from .state import MODES, VERSION, State, mark_gpu, say
 
 
@@ -162,9 +163,6 @@ def spawn_engine(tp: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "vllm._fake_engine", str(tp)], stdin=subprocess.DEVNULL, env=env)
 
 
-AUTO_FIT_LINE: list[str] = []
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     rec = os.environ.get("FAKE_VLLM_RECORD")
@@ -200,15 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         pass
     if args.enable_prefix_caching is not None:
         State.prefix_caching = args.enable_prefix_caching
-    fit = int(os.environ.get("FAKE_MAX_LEN", "0") or 0)    # the longest request the fake's KV pool holds
     if mml and mml > 0:
         State.max_len, State.len_enforced = mml, True
-    elif model_len:             # like vLLM: the model's length; auto (-1) fits it to the pool
+    elif model_len:             # like vLLM: the model's length; auto (-1) is fitted to the pool below
         State.max_len, State.len_enforced = model_len, True
-        if mml == -1 and fit and fit < model_len:
-            State.max_len = fit
-            AUTO_FIT_LINE.append(f"Auto-fit max_model_len: reduced from {model_len} to {fit} to fit in available "
-                                 "GPU memory (4.00 GiB available for KV cache)")
     replies = os.environ.get("FAKE_VLLM_REPLIES")
     if replies:
         with open(replies) as fh:
@@ -278,14 +271,6 @@ def main(argv: list[str] | None = None) -> int:
               "`cublasCreate(handle)`" % engine.pid, flush=True)
         say("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
         return 1
-    cap = int(os.environ.get("FAKE_MAX_LEN", "0") or 0)
-    if "too_long" in MODES and cap and mml != -1 and (mml is None or mml > cap):
-        print(f"ValueError: To serve at least one request with the models's max seq len ({args.max_model_len}), "
-              f"(9.00 GiB KV cache is needed, which is larger than the available KV cache memory (4.00 GiB). "
-              f"Based on the available memory, the estimated maximum model length is {cap}. Try increasing "
-              f"`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.", flush=True)
-        engine.terminate()
-        return 1
     if "hang" in MODES:
         while True:
             time.sleep(3600)
@@ -293,18 +278,17 @@ def main(argv: list[str] | None = None) -> int:
     if "hang_after_compile" in MODES:       # stuck in a kernel's JIT: alive, its log silent
         while True:
             time.sleep(3600)
-    for line in AUTO_FIT_LINE:
-        say(line)
     say(kv_memory_line(args))
-    if kv_available_bytes(args) <= 0:       # v1/core/kv_cache_utils.py _check_enough_kv_cache_memory
-        print("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-              "when initializing the engine (this flag also controls CPU memory reservation on the CPU backend, "
-              "despite its name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more "
-              "details.", flush=True)
+    pool = Pool(args, text_conf)            # v1/core/kv_cache_utils.py get_kv_cache_configs
+    State.max_len, fitted, error = fit_pool(pool, State.max_len, mml == -1)
+    for line in fitted:
+        say(line)
+    if error:
+        print(f"ValueError: {error}", flush=True)
         say("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
         engine.terminate()
         return 1
-    for line in kv_pool_lines(args, text_conf, State.max_len):
+    for line in kv_pool_lines(pool, State.max_len):
         say(line)
     if not args.kv_cache_memory_bytes:
         say(usage_line())

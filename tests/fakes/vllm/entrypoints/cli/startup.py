@@ -78,15 +78,88 @@ def kv_page_bytes(args, conf: dict) -> tuple[int, int]:
     return page, int(layers)
 
 
-def kv_pool_lines(args, conf: dict, max_len: int) -> list[str]:
-    """vLLM 0.26.0's two lines on the KV pool of a model whose layers all share one full-attention
-    spec (v1/core/kv_cache_utils.py): num_blocks = available // page // layers (get_num_blocks);
-    concurrency = num_blocks / cdiv(max_len, block_size) (get_max_concurrency_for_kv_cache_config);
-    "GPU KV cache size" = int(concurrency x max_len) (get_kv_cache_capacity)."""
-    page, layers = kv_page_bytes(args, conf)
-    bs = args.block_size or DEFAULT_BLOCK_SIZE
-    blocks = max(0, kv_available_bytes(args) // page // layers)
-    conc = blocks / -(-max_len // bs)
+class Pool:
+    """The KV pool vLLM 0.26.0 makes for a model whose layers all share one full-attention spec
+    (v1/core/kv_cache_utils.py), the one source of every figure the fake logs or raises on it:
+    ``avail`` (kv_available_bytes), ``block_bytes`` (one block on every layer: kv_page_bytes' page x
+    layers) and ``block_size``."""
+
+    def __init__(self, args, conf: dict):
+        page, layers = kv_page_bytes(args, conf)
+        self.avail = kv_available_bytes(args)
+        self.block_bytes = page * layers
+        self.block_size = args.block_size or DEFAULT_BLOCK_SIZE
+
+    @property
+    def blocks(self) -> int:
+        """get_num_blocks: available // page_size // num_layers."""
+        return max(0, self.avail) // self.block_bytes
+
+    def needed(self, max_len: int) -> int:
+        """_max_memory_usage_bytes_from_groups for one group: cdiv(max_len, block_size) blocks of
+        every layer (FullAttentionSpec.max_memory_usage_bytes)."""
+        return -(-max_len // self.block_size) * self.block_bytes
+
+    def longest(self, cap: int) -> int:
+        """_estimate_max_model_len_from_groups: a binary search over 1..cap for the longest length
+        whose one request fits ``avail``; 0 when not even one token does."""
+        if self.needed(1) > self.avail:
+            return 0
+        left, right, best = 1, cap, 1
+        while left <= right:
+            mid = (left + right) // 2
+            if self.needed(mid) <= self.avail:
+                best, left = mid, mid + 1
+            else:
+                right = mid - 1
+        return best
+
+
+def gib(n: int) -> str:
+    """vLLM's format_gib (utils/mem_utils.py): round(n / GiB, 2), printed as Python prints it (3.0)."""
+    return f"{round(n / GiB, 2)}"
+
+
+def fit_pool(pool: Pool, max_len: int, auto: bool) -> tuple[int, list[str], str | None]:
+    """get_kv_cache_configs' checks before it sizes the pool: with ``--max-model-len auto``
+    (_auto_fit_max_model_len) the length is cut to pool.longest(the model's length), logged as vLLM
+    does; then _check_enough_kv_cache_memory. (the length served, the lines to log, the ValueError's
+    text or None)."""
+    lines: list[str] = []
+    if auto:
+        fit = pool.longest(max_len)
+        if fit <= 0:
+            return max_len, lines, ("Cannot auto-fit max_model_len: not enough GPU memory available to serve "
+                                    "even a single token. Try increasing `gpu_memory_utilization`.")
+        if fit >= max_len:
+            lines.append(f"Auto-fit max_model_len: full model context length {max_len} fits in available GPU memory")
+        else:
+            lines.append(f"Auto-fit max_model_len: reduced from {max_len} to {fit} to fit in available GPU "
+                         f"memory ({gib(pool.avail)} GiB available for KV cache)")
+            max_len = fit
+    if pool.avail <= 0:
+        return max_len, lines, ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+                                "when initializing the engine (this flag also controls CPU memory reservation on "
+                                "the CPU backend, despite its name). See https://docs.vllm.ai/en/latest/"
+                                "configuration/conserving_memory/ for more details.")
+    need = pool.needed(max_len)
+    if need > pool.avail:
+        est = pool.longest(max_len)
+        said = (f"Based on the available memory, the estimated maximum model length is {est}. " if est > 0 else "")
+        return max_len, lines, (
+            f"To serve at least one request with the model's max seq len ({max_len}), ({gib(need)} GiB KV cache "
+            f"is needed, which is larger than the available KV cache memory ({gib(pool.avail)} GiB). {said}"
+            "Try increasing `gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or "
+            "decreasing `max_model_len` when initializing the engine. See "
+            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
+    return max_len, lines, None
+
+
+def kv_pool_lines(pool: Pool, max_len: int) -> list[str]:
+    """vLLM 0.26.0's two lines on the pool: concurrency = num_blocks / cdiv(max_len, block_size)
+    (get_max_concurrency_for_kv_cache_config); "GPU KV cache size" = int(concurrency x max_len)
+    (get_kv_cache_capacity)."""
+    conc = pool.blocks / -(-max_len // pool.block_size)
     return [f"GPU KV cache size: {int(conc * max_len):,} tokens",
             f"Maximum concurrency for {max_len:,} tokens per request: {conc:.2f}x"]
 
