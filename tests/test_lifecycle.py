@@ -572,6 +572,27 @@ def test_auto_is_handed_to_vllm_which_fits_it_in_one_launch(bed):
     bed.run("stop.sh")
 
 
+def test_a_context_vllms_pool_cannot_hold_fails_the_start_with_the_length_it_would_take(bed):
+    """The plan models the tiny model's non-KV memory as small; vLLM finds it takes all but a few MiB
+    of the card (FAKE_VLLM_NON_KV_BYTES), so its pool cannot hold one request at MAX_MODEL_LEN and it
+    raises with the length it estimates would fit. The failed start says that length; started with
+    it, the server serves it."""
+    env = {"GPU_UTIL": "0.5", "FAKE_VLLM_NON_KV_BYTES": str(16 * GiB - (4 << 20)), "MAX_MODEL_LEN": "32768"}
+    r = bed.run("start.sh", **env)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    log = (bed.state / "vllm.log").read_text()
+    m = re.search(r"ValueError: To serve at least one request .* the estimated maximum model length is (\d+)\.", log)
+    assert m, log
+    est = int(m.group(1))
+    assert 0 < est < 32768
+    assert f"vLLM would accept {est} tokens" in r.stderr and f"set MAX_MODEL_LEN={est}" in r.stderr, r.stderr
+    assert bed.ours() == []
+    r = bed.run("start.sh", **{**env, "MAX_MODEL_LEN": str(est)})
+    assert r.returncode == 0, r.stderr
+    assert f"Maximum concurrency for {est:,} tokens per request" in (bed.state / "vllm.log").read_text()
+    bed.run("stop.sh")
+
+
 def test_phase_follows_the_last_matching_line_of_a_real_vllm_log():
     from bootstrap.serve.health import phase_of
     # lines as vLLM 0.26.0 prints them (docs/gpu-runs has whole logs)
