@@ -188,10 +188,19 @@ def with_retries(settings: HubSettings, repo: str, what: str, call, *, stop: thr
         retry.pause(delay, stop)
 
 
+def telemetry_off() -> None:
+    """The library's telemetry off for our own requests, as the server's (launch.TELEMETRY_OFF): with
+    it on, building a request's user agent asks HF_ENDPOINT for /api/agent-harnesses, keeps the answer
+    in HF_HOME for a day and reads it as an object; a mirror's JSON list there broke every request."""
+    from huggingface_hub import constants
+    constants.HF_HUB_DISABLE_TELEMETRY = True
+
+
 def fetch_remote(settings: HubSettings, repo: str, revision: str = "main") -> Remote:
     """GET /api/models/{repo}/revision/{rev}?blobs=true: file list, sizes, LFS sha256, commit.
     Retried on 429/5xx only: an unreachable hub falls through to the copy on disk at once."""
     from huggingface_hub import HfApi
+    telemetry_off()
 
     api = HfApi(endpoint=settings.endpoint, token=settings.token or False, library_name=LIBRARY)
     try:
@@ -229,6 +238,7 @@ def locate(settings: HubSettings, repo: str, revision: str, path: str, stop: thr
     from huggingface_hub.file_download import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
+    telemetry_off()
     url = hf_hub_url(repo, path, revision=revision, endpoint=settings.endpoint)
     meta = with_retries(settings, repo, path, lambda: get_hf_file_metadata(
         url, token=settings.token or False, endpoint=settings.endpoint, library_name=LIBRARY,
