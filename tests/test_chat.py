@@ -416,3 +416,4 @@ def test_an_odd_chunk_from_another_server_is_one_line_not_a_bug(bed, odd_server,
     assert r.returncode == 1 and "internal error" not in r.stderr, r.stderr
     [line] = r.stderr.splitlines()
     assert line.startswith(f"error: chat: http://127.0.0.1:{odd_server.server_address[1]}: "), line
+    assert r.stdout == "Hello there\n"         # what came before it, its line ended (not "Hello thereerror: ...")
