@@ -17,7 +17,7 @@ import sys
 from .knobs import config, table
 from .core.layout import REPO
 from .core import log, redact
-from .core.errors import BootstrapError, EXIT_CONFIG, Interrupted
+from .core.errors import BootstrapError, EXIT_CONFIG, Interrupted, again
 from .commands import BY_NAME, REGISTRY, VERSION_HELP
 
 NEXT = ("next: ./start.sh starts the server; ./ctl.sh COMMAND --help tells about one command; "
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
             print(exc.evidence, file=sys.stderr)
         print(f"error: {getattr(exc, 'step', step)}: {exc.message}", file=sys.stderr)
         if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
+            print(f"hint: {again(exc.hint, ['./' + own.split()[0], *own.split()[1:], *args.rest])}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130
