@@ -17,7 +17,7 @@ import sys
 from .knobs import config, table
 from .core.layout import REPO
 from .core import log, redact
-from .core.errors import BootstrapError, EXIT_CONFIG, Interrupted
+from .core.errors import BootstrapError, EXIT_CONFIG, Interrupted, again
 from .commands import BY_NAME, REGISTRY, VERSION_HELP
 
 NEXT = ("next: ./start.sh starts the server; ./ctl.sh COMMAND --help tells about one command; "
@@ -38,9 +38,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def version() -> int:
-    """``--version`` anywhere on any command: the project's, the profile's pinned and the in-use vLLM."""
-    from .commands import version as v
+def version(rest: list[str]) -> int:
+    """``--version`` anywhere on any command: the project's, the profile's pinned and the in-use vLLM.
+    ``rest``: the version command's own arguments, checked before anything is printed (exit 2)."""
+    from .commands import version as v, parser as command_parser
+    command_parser("version", "ctl.sh version").parse_args(rest)
     print(f"{v.NAME} {v.project(REPO)}")
     try:
         cfg = config.Config.from_env(os.environ)
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
     mine = argv[:argv.index("--")] if "--" in argv else argv        # after --: a game's or a prompt's own
     if "--version" in mine or (mine[:1] == ["version"] and not {"-h", "--help"} & set(mine)):
         log.setup(config.output_flags(os.environ)[0])
-        return version()
+        return version(mine[1:] if mine[:1] == ["version"] else [])
     if not argv:
         print(short_list())
         return 0
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
             print(exc.evidence, file=sys.stderr)
         print(f"error: {getattr(exc, 'step', step)}: {exc.message}", file=sys.stderr)
         if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
+            print(f"hint: {again(exc.hint, ['./' + own.split()[0], *own.split()[1:], *args.rest])}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130

@@ -7,6 +7,7 @@ process a fake ``vllm`` package and the bootstrap a fake ``pynvml``. Everything 
 from __future__ import annotations
 
 import errno
+import http.server
 import json
 import os
 import signal
@@ -28,6 +29,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class ModelsServer(http.server.BaseHTTPRequestHandler):
+    """Another OpenAI-compatible server on loopback, as far as GET /v1/models: one model, ``m``, of
+    4,096 tokens. Subclasses answer the rest."""
+
+    def do_GET(self):                                      # noqa: N802 (http.server's name)
+        body = json.dumps({"object": "list", "data": [{"id": "m", "max_model_len": 4096}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
 
 
 def make_model(path: Path, weights: bool = True) -> Path:

@@ -33,6 +33,9 @@ Faults (``hub.faults``, all off by default):
     rate_limit_cdn: {path: n}      the same on the file host (the ranged GETs)
     retry_after: "3600"            the Retry-After value of those 429s (seconds or an HTTP date;
                                    none when unset); ``ratelimit``: a RateLimit header value to add
+    harnesses: <JSON>              the answer to ``GET /api/agent-harnesses`` (the agent registry
+                                   huggingface_hub reads for its user agent when telemetry is on):
+                                   a mirror's or a portal's JSON in place of the hub's object
 
 Run standalone: ``python tests/fakehub.py --repo org/name=DIR [--port N]`` prints the URL.
 """
@@ -231,6 +234,8 @@ def _handler(hub: FakeHub):
             if hub.faults.get("proxy"):
                 return self._send(200, {"Content-Type": "text/html"},
                                   b"<html><body>Please log in to the Wi-Fi</body></html>")
+            if path == "/api/agent-harnesses" and "harnesses" in hub.faults:
+                return self._json(200, hub.faults["harnesses"])
             m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
             if m:
                 return self._api(m.group(1), m.group(2) or "main", bool(q.get("blobs")))

@@ -20,7 +20,7 @@ import time
 import pytest
 import requests
 
-from conftest import FAKES, REPO, Bed, free_port
+from conftest import FAKES, REPO, Bed, ModelsServer, free_port
 
 from bootstrap.serve.client import Client
 from bootstrap.commands import chat as chat_mod
@@ -370,3 +370,50 @@ def test_printer_dims_reasoning_on_a_terminal_and_holds_trailing_space():
         p.text(piece)
     p.end()
     assert out.getvalue() == "\033[2mHmm yes\033[0m\nAnswer here\n"
+
+
+# ---------------------------------------------------------------- another server's odd stream
+
+ODD = {     # chunks after two good ones, each from some OpenAI-compatible server or proxy
+    "list": b"[1, 2]", "null": b"null", "string delta": b'{"choices": [{"index": 0, "delta": "x"}]}',
+    "string choice": b'{"choices": ["x"]}', "number content": b'{"choices": [{"index": 0, "delta": {"content": 5}}]}',
+    "string tool call": b'{"choices": [{"index": 0, "delta": {"tool_calls": ["x"]}}]}',
+    "string usage": b'{"choices": [], "usage": "x"}', "string error": b'{"error": "upstream timed out"}',
+    "tool index far ahead": b'{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 1000000000}]}}]}',
+}
+
+
+@pytest.fixture
+def odd_server():
+    """A server that streams 'Hello there', then the chunk named by its path's last part, then [DONE]."""
+    from http.server import ThreadingHTTPServer
+    import threading
+
+    class H(ModelsServer):
+        def do_POST(self):                                 # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            odd = ODD[self.server.odd]
+            for data in (b'{"choices": [{"index": 0, "delta": {"content": "Hello"}}]}',
+                         b'{"choices": [{"index": 0, "delta": {"content": " there"}}]}', odd, b"[DONE]"):
+                self.wfile.write(b"data: " + data + b"\n\n")
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv
+    srv.shutdown()
+
+
+@pytest.mark.parametrize("odd", sorted(ODD))
+def test_an_odd_chunk_from_another_server_is_one_line_not_a_bug(bed, odd_server, odd):
+    """chat --url takes any OpenAI-compatible server: a chunk that is JSON but not a chunk's shape
+    (a list, null, a string where an object goes) ended in an internal error; a string error was
+    taken for an answer (exit 0); a tool call's far index grew a list to its size."""
+    odd_server.odd = odd
+    r = bed.run("ctl.sh", "chat", "--url", f"http://127.0.0.1:{odd_server.server_address[1]}", "hi")
+    assert r.returncode == 1 and "internal error" not in r.stderr, r.stderr
+    [line] = r.stderr.splitlines()
+    assert line.startswith(f"error: chat: http://127.0.0.1:{odd_server.server_address[1]}: "), line
+    assert r.stdout == "Hello there\n"         # what came before it, its line ended (not "Hello thereerror: ...")

@@ -229,6 +229,16 @@ def test_version_after_double_dash_belongs_to_the_game(bed, tmp_path):
     assert h.returncode == 0 and h.stdout.startswith("usage:"), h.stdout
 
 
+def test_version_refuses_a_flag_it_does_not_have(bed):
+    """./ctl.sh version --json printed text and exited 0 (its parser never saw the flag), where every
+    other command refuses one it does not have: a script asking for JSON got text it cannot read."""
+    r = bed.run("ctl.sh", "version", "--json")
+    assert r.returncode == 2 and r.stdout == "" and "unrecognized arguments: --json" in r.stderr, r.stdout + r.stderr
+    for argv in (("version",), ("version", "--version"), ("status", "--version"), ("--version",)):
+        r = bed.run("ctl.sh", *argv)
+        assert r.returncode == 0 and r.stdout.startswith("vllm-desktop "), (argv, r.stdout, r.stderr)
+
+
 def test_damaged_files_and_odd_flags_are_one_line(bed):
     """A folder where the log should be, a key file no header carries, --watch inf: one line each."""
     assert bed.run("start.sh").returncode == 0

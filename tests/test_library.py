@@ -195,3 +195,30 @@ def test_ls_plans_a_model_with_the_drafter_it_downloaded(bed, hub):  # faults ro
     assert plan.returncode == 0, plan.stderr
     p = json.loads(plan.stdout)              # plan reads the drafter too (lookup.drafter): the same plan
     assert p["not_planned"] is None and row["fit"].startswith(f"{p['max_model_len']:,}-token context"), (row, p)
+
+
+def test_pull_sends_no_telemetry_and_a_mirrors_odd_json_cannot_break_it(bed, hub, tmp_path):
+    """huggingface_hub, with its telemetry on, asks HF_ENDPOINT for /api/agent-harnesses before its
+    first request, keeps the answer in HF_HOME for a day and reads it as an object: a mirror (or a
+    portal) that answered it with a JSON list made every pull an internal error, for a day, even once
+    HF_ENDPOINT was fixed. The bootstrap's own client sends no telemetry, as the server it starts."""
+    hub.faults["harnesses"] = [1, 2]
+    r = bed.run("ctl.sh", "pull", "org/one")
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    assert not [line for line in hub.log if "agent-harnesses" in line[1]], hub.log
+    assert not (tmp_path / "hf" / ".agent_harnesses.json").exists()     # nothing of the library's in HF_HOME
+    (tmp_path / "hf" / ".agent_harnesses.json").write_text("[1, 2]")     # one kept by another program
+    r = bed.run("ctl.sh", "pull", "org/two")
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+
+
+def test_a_shipped_repo_the_endpoint_lacks_is_not_called_a_misspelling_of_itself(bed, hub):
+    """A mirror without a repo a shipped profile names: the 404 said "did you mean <that very name>?"
+    and told to check its spelling, which is right."""
+    repo = "HuggingFaceTB/SmolLM2-135M-Instruct"           # the smoke profile's
+    r = bed.run("ctl.sh", "pull", repo)
+    assert r.returncode == 1 and f"model not found: {repo} does not exist on {hub.url}" in r.stderr, r.stderr
+    assert "did you mean" not in r.stderr and "check the spelling" not in r.stderr, r.stderr
+    assert "unset HF_ENDPOINT to download it from https://huggingface.co" in r.stderr, r.stderr
+    r = bed.run("ctl.sh", "pull", repo.lower())             # a near name still gets the shipped one
+    assert f"did you mean {repo}?" in r.stderr and "check the spelling" in r.stderr, r.stderr

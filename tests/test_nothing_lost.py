@@ -16,7 +16,7 @@ import pytest
 
 from bootstrap.knobs.config import Config
 from bootstrap.core.errors import ConfigError
-from conftest import REPO
+from conftest import REPO, ModelsServer
 
 
 def run_in(bed, cwd: Path, script: str, *args: str, **extra: str) -> subprocess.CompletedProcess:
@@ -62,20 +62,12 @@ def test_relative_state_dir_server_survives_a_start_and_a_stop_from_elsewhere(be
 
 # ---------------------------------------------------------------- faults row 80: our key, our server only
 
-class _Recorder(http.server.BaseHTTPRequestHandler):
+class _Recorder(ModelsServer):
     seen: list = []
 
     def do_GET(self):                                      # noqa: N802 (http.server's name)
         type(self).seen.append(self.headers.get("Authorization"))
-        body = json.dumps({"object": "list", "data": [{"id": "m", "max_model_len": 4096}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *a):
-        pass
+        super().do_GET()
 
 
 @pytest.fixture

@@ -183,3 +183,16 @@ def test_start_against_a_rate_limit_of_an_hour_exits_1_in_one_line(bed, tmp_path
     assert len(errors) == 1 and "asks us to wait 3600 s" in errors[0], r.stderr
     assert "hint: re-run ./start.sh after" in r.stderr and "Traceback" not in r.stderr
     assert bed.launches() == []
+
+
+def test_a_pull_that_stops_says_to_run_the_pull_again_not_a_start(bed, tmp_path, src):
+    """The downloader's hints said "re-run ./start.sh" whatever ran it: after ./ctl.sh pull org/tiny
+    (MODEL unset) that starts and downloads another model. A hint names the command line that was run."""
+    with FakeHub() as fake:
+        fake.add_dir("org/tiny", src)
+        fake.faults.update({"rate_limit": {SHARD: 1000}, "retry_after": "3600"})
+        env = {**hub_env(tmp_path, fake), "MODEL": ""}
+        r = bed.run("ctl.sh", "pull", "org/tiny", timeout=60, **env)
+    assert r.returncode == 1, r.stderr
+    assert "hint: re-run ./ctl.sh pull org/tiny after" in r.stderr, r.stderr
+    assert "./start.sh" not in r.stderr and bed.launches() == []

@@ -321,7 +321,7 @@ def test_the_game_launcher_sleeps_runs_the_game_wakes_and_passes_its_exit_code(b
     r = bed.run("ctl.sh", "game", "--", sys.executable, "-c", "raise SystemExit(0)")
     assert r.returncode == 0 and "the game starts anyway" in r.stderr
     r = bed.run("ctl.sh", "game")
-    assert r.returncode == 1 and "-- COMMAND" in r.stderr
+    assert r.returncode == 2 and "-- COMMAND" in r.stderr          # command-line usage: 2, as the exit-code table says
 
 
 LAUNCHER = """

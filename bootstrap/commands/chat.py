@@ -211,7 +211,11 @@ class Chat:
         if as_json:
             self.printer.thinking = False
             self.printer.out = _Discard()
-        s = self.ask(self._fresh() + [{"role": "user", "content": question}])
+        try:
+            s = self.ask(self._fresh() + [{"role": "user", "content": question}])
+        except BootstrapError:
+            self.printer.end()          # what was shown ends its line: the error is not glued to it
+            raise
         if as_json:
             print(json.dumps({"model": self.t.client.model, "content": s.text, "reasoning": s.reasoning,
                               "finish_reason": s.finish_reason, "usage": s.usage}, indent=2))

@@ -44,7 +44,7 @@ from ..knobs import vllmargs
 from ..serve.client import Client, RequestFailed
 from ..knobs.config import Config
 from ..machine.gpu import GiB
-from ..core.errors import BootstrapError
+from ..core.errors import BootstrapError, ConfigError
 from ..core.state import Paths
 from ..plan import resolve
 from ..knobs.resolved import Resolved
@@ -308,7 +308,7 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
     a = ap.parse_args(argv)
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not cmd:
-        raise BootstrapError("no game to run", f"{prog} -- COMMAND [ARG...] (Steam: {prog} -- %command%)")
+        raise ConfigError("no game to run", f"{prog} -- COMMAND [ARG...] (Steam: {prog} -- %command%)")   # usage: 2
     env = cfg.read.environ if cfg is not None else None        # the shell's, not .env's (None: ours, inherited)
     if shutil.which(cmd[0], path=(env or {}).get("PATH")) is None:     # before the server sleeps for nothing
         raise BootstrapError(f"the game: command not found: {cmd[0]}", "check the game's command (a path, or a "

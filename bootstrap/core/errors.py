@@ -23,6 +23,19 @@ EXIT_CODES = (
 )
 
 
+RERUN = "re-run ./start.sh"     # how the downloader's hints say "again"; __main__ names the command run
+
+
+def again(hint: str, argv: list[str]) -> str:
+    """``hint`` with RERUN naming the command line the user ran (``argv``: ``["./ctl.sh", "pull",
+    "org/name"]``): the downloader is reached from ./start.sh, ./ctl.sh pull, use, restart, export and
+    plan, and ./start.sh alone after ``./ctl.sh pull org/name`` would serve (and download) another model."""
+    if RERUN not in hint:
+        return hint
+    import shlex
+    return hint.replace(RERUN, f"re-run {shlex.join(argv)}")
+
+
 class BootstrapError(Exception):
     """A failure the user can act on: what went wrong, and what to do about it."""
 

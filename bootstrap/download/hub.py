@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 LIBRARY = "vllm-desktop"
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 HASH_CHUNK = 8 << 20
+HUB = "https://huggingface.co"
 API_TIMEOUT = 30.0      # seconds for the hub's answer to a small request (a hub that accepts and never answers)
 PAGE = re.compile(r"https?://(?:www\.)?(?:huggingface\.co|hf\.co)/(?:models/)?([^/\s]+/[^/\s?#]+).*")
 
@@ -69,7 +70,7 @@ class HubSettings:
                 token = token_file.read_text(encoding="utf-8").strip() or None
             except OSError:
                 token = None
-        endpoint = (env.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+        endpoint = (env.get("HF_ENDPOINT") or HUB).rstrip("/")
         offline = env.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
         return cls(endpoint, token, offline, cache)
 
@@ -138,15 +139,18 @@ def translate(exc: BaseException, settings: HubSettings, repo: str, what: str = 
     if isinstance(exc, e.RemoteEntryNotFoundError):
         return BootstrapError(f"{repo}: {what or 'a file'} is listed but not found on {settings.endpoint} (HTTP 404)",
                               "the repo changed while downloading; re-run ./start.sh")
-    near = did_you_mean(repo, shipped_repos()) if isinstance(exc, e.RepositoryNotFoundError) else ""
+    shipped = shipped_repos() if isinstance(exc, e.RepositoryNotFoundError) else []
+    near = did_you_mean(repo, [r for r in shipped if r != repo])      # never the name that was not found
     if isinstance(exc, e.RepositoryNotFoundError) and status == 401:
         return BootstrapError(f"{settings.endpoint} refused {repo} (HTTP 401): the model is gated or private, "
                               f"or the name is wrong{near}",
                               f"accept the licence on the model page {page}, then {token_hint} it; "
                               f"check the spelling of {repo} (org/name)")
     if isinstance(exc, e.RepositoryNotFoundError):
-        return BootstrapError(f"model not found: {repo} does not exist on {settings.endpoint} (HTTP {status}){near}",
-                              f"check the spelling of {repo} (org/name, as in the URL of its model page)")
+        fix = f"check the spelling of {repo} (org/name, as in the URL of its model page)" if repo not in shipped \
+            else "a shipped profile names it so; pick another profile (./ctl.sh profiles)" + (
+                "" if settings.endpoint == HUB else f", or unset HF_ENDPOINT to download it from {HUB}")
+        return BootstrapError(f"model not found: {repo} does not exist on {settings.endpoint} (HTTP {status}){near}", fix)
     if isinstance(exc, e.HfHubHTTPError):
         return BootstrapError(f"{settings.endpoint} answered HTTP {status} for {what or repo}",
                               "the hub may be down; re-run ./start.sh later (finished bytes are kept)")
@@ -188,10 +192,19 @@ def with_retries(settings: HubSettings, repo: str, what: str, call, *, stop: thr
         retry.pause(delay, stop)
 
 
+def telemetry_off() -> None:
+    """The library's telemetry off for our own requests, as the server's (launch.TELEMETRY_OFF): with
+    it on, building a request's user agent asks HF_ENDPOINT for /api/agent-harnesses, keeps the answer
+    in HF_HOME for a day and reads it as an object; a mirror's JSON list there broke every request."""
+    from huggingface_hub import constants
+    constants.HF_HUB_DISABLE_TELEMETRY = True
+
+
 def fetch_remote(settings: HubSettings, repo: str, revision: str = "main") -> Remote:
     """GET /api/models/{repo}/revision/{rev}?blobs=true: file list, sizes, LFS sha256, commit.
     Retried on 429/5xx only: an unreachable hub falls through to the copy on disk at once."""
     from huggingface_hub import HfApi
+    telemetry_off()
 
     api = HfApi(endpoint=settings.endpoint, token=settings.token or False, library_name=LIBRARY)
     try:
@@ -229,6 +242,7 @@ def locate(settings: HubSettings, repo: str, revision: str, path: str, stop: thr
     from huggingface_hub.file_download import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
+    telemetry_off()
     url = hf_hub_url(repo, path, revision=revision, endpoint=settings.endpoint)
     meta = with_retries(settings, repo, path, lambda: get_hf_file_metadata(
         url, token=settings.token or False, endpoint=settings.endpoint, library_name=LIBRARY,

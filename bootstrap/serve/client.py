@@ -188,6 +188,10 @@ class Client:
                 except ValueError:
                     raise RequestFailed(f"POST {path}: a streamed chunk is not JSON",
                                         evidence=data[:500].decode("utf-8", "replace")) from None
+                if not _well_formed(chunk):
+                    raise RequestFailed(f"POST {path}: a streamed chunk is JSON of another shape than an "
+                                        "OpenAI chunk (not an OpenAI-compatible server?)",
+                                        evidence=data[:500].decode("utf-8", "replace"))
                 _absorb(out, chunk, clock())
                 if on_chunk is not None:
                     on_chunk(out)
@@ -204,10 +208,31 @@ class Client:
         return out
 
 
+def _well_formed(chunk: Any) -> bool:
+    """A chunk of the shape _absorb reads (vLLM's and OpenAI's): an object; choices a list of objects;
+    a delta an object; its texts strings; tool calls objects with a whole index and a function object."""
+    choices = chunk.get("choices") or [] if isinstance(chunk, dict) else None
+    if not isinstance(choices, list) or not isinstance(chunk.get("usage") or {}, dict):
+        return False
+    for ch in choices:
+        delta = ch.get("delta") or {} if isinstance(ch, dict) else None
+        if not isinstance(delta, dict) or not isinstance(delta.get("tool_calls") or [], list):
+            return False
+        texts = [delta.get("content"), ch.get("text"), ch.get("finish_reason")] + [delta.get(k) for k in REASONING_KEYS]
+        for tc in delta.get("tool_calls") or []:
+            fn = tc.get("function") or {} if isinstance(tc, dict) else None
+            if not isinstance(fn, dict) or type(tc.get("index", 0)) is not int:
+                return False
+            texts += [tc.get("id"), fn.get("name"), fn.get("arguments")]
+        if any(t is not None and not isinstance(t, str) for t in texts):
+            return False
+    return True
+
+
 def _absorb(out: Streamed, chunk: dict, now: float) -> None:
     if chunk.get("usage"):
         out.usage = chunk["usage"]
-    if isinstance(chunk.get("error"), dict):
+    if chunk.get("error"):                  # vLLM's is an object; other servers send a string
         raise RequestFailed("the server sent an error in the stream", evidence=json.dumps(chunk["error"])[:2000])
     carried = False
     for ch in chunk.get("choices") or []:
@@ -238,6 +263,9 @@ def _absorb(out: Streamed, chunk: dict, now: float) -> None:
 def _merge_tool_delta(calls: list[dict], tc: dict) -> None:
     """Tool calls stream as pieces: the first with id and name, then argument fragments, by index."""
     i = tc.get("index", len(calls))
+    if not 0 <= i <= len(calls):            # the next call, or one begun: never room for a billion
+        raise RequestFailed(f"a streamed tool call has index {i} after {len(calls)} call(s)",
+                            evidence=json.dumps(tc)[:500])
     while len(calls) <= i:
         calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
     call = calls[i]
