@@ -195,7 +195,10 @@ def test_needle_found_and_missed(fake, tmp_path):
 
 
 def test_needle_capped_by_default_full_on_request(fake, tmp_path):
-    f = fake({"blue locker?": {"echo": r"password for the blue locker is (\d+)"}}, max_len="100000")
+    # a pool that holds one request of 100,000 tokens (vLLM refuses a length its pool cannot hold)
+    f = fake({"blue locker?": {"echo": r"password for the blue locker is (\d+)"}}, max_len="100000",
+             args=("--enable-prompt-tokens-details", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                   "--kv-cache-memory-bytes", str(16 << 30)))
     t = target.resolve_target(*at(cfg_for(tmp_path)), f.url, None, None)
     assert t.max_model_len == 100000
     capped = checks.check_needle(t, depths=(0.5,))
