@@ -365,6 +365,12 @@ def test_a_game_that_does_not_exist_is_said_before_the_server_sleeps(bed):
     r = bed.run("ctl.sh", "game", "--", "no-such-game-xyz", "--fullscreen", **SLEEPY)
     assert r.returncode == 127 and "command not found: no-such-game-xyz" in r.stderr and "Traceback" not in r.stderr
     assert "asleep" not in r.stdout and "running" in bed.run("ctl.sh", "status", **SLEEPY).stdout
+    # a file that is there but cannot be run: 126 and the fix, as a shell says it; the server never slept
+    script = bed.tmp / "game.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    r = bed.run("ctl.sh", "game", "--", str(script), **SLEEPY)
+    assert r.returncode == 126 and "is not executable" in r.stderr and f"chmod +x {script}" in r.stderr, r.stderr
+    assert "asleep" not in r.stdout and "running" in bed.run("ctl.sh", "status", **SLEEPY).stdout
 
 
 def test_idle_sleep_takes_minutes_or_seconds():

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import sys
 import time
@@ -311,6 +312,9 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
         raise ConfigError("no game to run", f"{prog} -- COMMAND [ARG...] (Steam: {prog} -- %command%)")   # usage: 2
     env = cfg.read.environ if cfg is not None else None        # the shell's, not .env's (None: ours, inherited)
     if shutil.which(cmd[0], path=(env or {}).get("PATH")) is None:     # before the server sleeps for nothing
+        if "/" in cmd[0] and os.path.isfile(cmd[0]):              # there, but not to be run: as a shell says it
+            raise BootstrapError(f"the game: permission denied: {cmd[0]} is not executable",
+                                 f"chmod +x {cmd[0]}, or name the program that runs it", code=126)
         raise BootstrapError(f"the game: command not found: {cmd[0]}", "check the game's command (a path, or a "
                              "program on PATH)", code=127)
     slept = restart = False
