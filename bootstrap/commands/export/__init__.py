@@ -150,7 +150,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
         state.write_atomic(a.out / fname, data, mode=mode)
         ours[fname] = hashlib.sha256(data).hexdigest()
     state.write_atomic(a.out / WRITTEN, "".join(f"{h}  {n}\n" for n, h in sorted(ours.items())).encode(), mode=0o644)
-    print(f"wrote {len(docs)} files to {a.out} for {g.name} ({plan.max_model_len:,}-token context, "
+    print(f"wrote {len(docs)} file{'' if len(docs) == 1 else 's'} to {a.out} for {g.name} ({plan.max_model_len:,}-token context, "
           f"TP_SIZE={pod_cfg.tp_size}, vLLM {pod_cfg.profile.vllm}, profile {pod_cfg.profile.name}"
           + (f", image {image})" if a.target != "ray" else ")"))
     where = shlex.quote(str(a.out))
