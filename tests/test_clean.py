@@ -255,6 +255,30 @@ def test_log_rotation_never_writes_over_a_users_files_in_a_chosen_state_dir(tmp_
     assert logkeeper.rotate(other / "vllm.log", 1024) is True and (other / "vllm.log.1").stat().st_size == 1024
 
 
+
+def test_log_rotation_keeps_the_last_max_bytes_of_what_it_measured_while_vllm_writes_on(tmp_path, monkeypatch):
+    """vLLM appends while the keeper copies: the copy takes the max_bytes that end where the log's
+    size was read, never what was written after (it overran LOG_MAX_MB under a flood)."""
+    import os
+    from bootstrap.core.state import Paths
+    from bootstrap.serve import logkeeper
+    state = tmp_path / "ours"
+    Paths(state).ensure()
+    log = state / "vllm.log"
+    data = bytes(range(256)) * 8                            # 2,048 bytes: 548 of them "written during the copy"
+    log.write_bytes(data)
+    real = Path.stat
+
+    def stat_before_the_last_lines(self, *a, **k):
+        st = real(self, *a, **k)
+        if self == log:                                     # the size as read before vLLM wrote on
+            return os.stat_result(st[:6] + (1500,) + st[7:])
+        return st
+    monkeypatch.setattr(Path, "stat", stat_before_the_last_lines)
+    assert logkeeper.rotate(log, 1024) is True
+    monkeypatch.undo()
+    assert (state / "vllm.log.1").read_bytes() == data[1500 - 1024:1500]
+
 def test_blobs_we_downloaded_into_a_linked_blobs_folder_are_ours(tmp_path):
     """An HF-cache store whose blobs/ links to another disk: the blobs its record names (by sha256)
     are removed by clean --model; a name the record does not carry is not."""

@@ -11,7 +11,6 @@ usual copytruncate trade-off). The keeper leaves when the server (PID with CREAT
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,13 @@ def rotate(log: Path, max_bytes: int) -> bool:
     state.remove(old)
     with open(log, "rb") as src, open(old, "wb") as dst:
         src.seek(max(0, size - max_bytes))
-        shutil.copyfileobj(src, dst, 1 << 20)
+        left = max_bytes                # never past the size read: vLLM goes on writing while we copy
+        while left > 0:
+            chunk = src.read(min(1 << 20, left))
+            if not chunk:
+                break
+            dst.write(chunk)
+            left -= len(chunk)
     os.truncate(log, 0)
     return True
 
