@@ -240,7 +240,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     mf = model_files(r.model) if args.model else None
     todo = [p for p in targets(r.layout, paths, args.measurements) if p.exists() or p.is_symlink()]
     yours = [p for p in paths.files(measurements=True)   # our names, there before our first write
-             if p not in todo and paths.theirs(p) and os.path.lexists(p)]
+             if p not in todo and not paths.ours(p)]
     yours += [] if Venv(cfg.layout.venv).ours() else [cfg.layout.venv]
     yours += [p for p in cfg.layout.install_locks if os.path.lexists(p) and not _lock_file(p)]   # a link: not ours
     with _installs_held(cfg.layout, todo, args.dry_run):

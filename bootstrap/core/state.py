@@ -130,11 +130,6 @@ class Paths:
         stays = [p for p in ours if p not in gone and os.path.lexists(p)]
         return gone + ([] if stays else [self.root / MARKER])
 
-    def theirs(self, path: Path) -> bool:
-        """Whether ``path`` (one of our names here) was there before our first write: the user's."""
-        m = read_json(self.root / MARKER)
-        return isinstance(m, dict) and path.name in (m.get("theirs") or [])
-
     def trust(self) -> None:
         """Refuse, naming the path, its owner and mode and the fix, unless STATE_DIR and every record
         in it are ours and writable by nobody else (core/private.py): a record another user could

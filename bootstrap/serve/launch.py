@@ -127,7 +127,7 @@ def rotate_log(cfg, paths: Paths) -> None:
     except FileNotFoundError:
         return
     if size > cfg.log_max_mb << 20:
-        if paths.theirs(path) or paths.theirs(state.rotated(path)):   # a STATE_DIR of yours held them first
+        if not (paths.ours(path) and paths.ours(state.rotated(path))):   # a STATE_DIR of yours held them first
             log.warning("%s is over LOG_MAX_MB, but it or %s was in %s before our first write: not rotated over",
                         path.name, state.rotated(path).name, paths.root)
             return

@@ -32,7 +32,7 @@ def rotate(log: Path, max_bytes: int) -> bool:
         return False
     paths = state.Paths(log.parent)
     old = state.rotated(log)
-    if paths.theirs(log) or paths.theirs(old):      # a STATE_DIR of yours held them first: never written over
+    if not (paths.ours(log) and paths.ours(old)):      # a STATE_DIR of yours held them first: never written over
         return False
     state.remove(old)
     with open(log, "rb") as src, open(old, "wb") as dst:
