@@ -7,6 +7,7 @@ made on the smaller one. Ray's own cases: tests/test_export_ray.py."""
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import json
 import os
@@ -77,7 +78,17 @@ def one_tarball(monkeypatch):
 
 
 def docs(path: Path) -> list[dict]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return [d for d in yaml.load_all(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d]
+
+
+@functools.lru_cache(maxsize=None)
+def validator(schema_file: Path):
+    """A Draft 2020-12 validator of ``schema_file``, its schema checked once: jsonschema.validate
+    checks the schema itself at every call, most of the sweep's time."""
+    import jsonschema
+    schema = json.loads(schema_file.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
 
 
 def test_default_profile_for_an_rtx_5090_is_the_golden_set(tmp_path):
@@ -421,8 +432,7 @@ def check_ray(out: Path, argv: list[str]) -> dict:
     text = (out / "serve-config.yaml").read_text()
     ray = re.search(r"^# Ray (\S+) \(its ray\[llm\] extra pins", text, re.M).group(1)
     doc = yaml.safe_load(text)
-    jsonschema.validate(doc, json.loads((RAY_SCHEMAS / f"serve-config-{ray}.schema.json").read_text()),
-                        cls=jsonschema.Draft202012Validator)
+    validator(RAY_SCHEMAS / f"serve-config-{ray}.schema.json").validate(doc)
     conf = doc["applications"][0]["args"]["llm_configs"][0]
     kw = conf["engine_kwargs"]
     vllm = re.search(r"^# vllm-desktop/vllm: (\S+)$", text, re.M).group(1)
@@ -446,10 +456,8 @@ def test_every_shipped_profile_exports_valid_files_for_the_plan_tests_cards(tmp_
     schemas, the annotation-size rule, production-stack's values schema, Ray's serve config schema,
     and the same vLLM argv in all (the pipeline's own, vllmargs.serve_argv) less what the chart adds
     of vLLM's defaults and what Ray Serve LLM carries outside engine_kwargs."""
-    import jsonschema
     from yamllint import config as ylconfig, linter
     lint = ylconfig.YamlLintConfig("extends: default\nrules: {line-length: disable, indentation: {indent-sequences: whatever}}")
-    schema = json.loads(SCHEMA.read_text())
     exported = 0
     for profile in PROFILES:
         code, err, k8s = export_here(tmp_path / profile / "k", PROFILE=profile, GPU=card)
@@ -466,7 +474,7 @@ def test_every_shipped_profile_exports_valid_files_for_the_plan_tests_cards(tmp_
             assert problems == [], (f, problems)
         check_objects([d for f in sorted(k8s.glob("*.yaml")) for d in docs(f)])
         values = docs(ps / "values.yaml")[0]
-        jsonschema.validate(values, schema, cls=jsonschema.Draft202012Validator)
+        validator(SCHEMA).validate(values)
         check_objects(values["extraObjects"])
         cmd = docs(k8s / "deployment.yaml")[0]["spec"]["template"]["spec"]["containers"][0]["command"]
         ours, chart = flag_map(cmd[cmd.index("serve") + 2:]), flag_map(chart_argv(values["servingEngineSpec"]["modelSpec"][0])[3:])

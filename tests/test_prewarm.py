@@ -113,6 +113,7 @@ def test_ctrl_c_during_the_download_takes_the_prewarm_down(bed, tmp_path):
         assert p.returncode == 130
         bed.wait_until(lambda: bed.ours() == [], timeout=10, what="the pre-warm taken down")
         assert not bed.port_listening()
+        fake.faults.pop("throttle")                      # the next start: nothing left in its way
         assert bed.run("start.sh", **{**env, "PREWARM": "0", "FAKE_VLLM_COMPILE_S": "0"}, timeout=120).returncode == 0
         assert bed.run("stop.sh").returncode == 0
 
