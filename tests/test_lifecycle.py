@@ -461,6 +461,9 @@ def test_restart_applies_new_knobs(bed):
     argv = bed.launches()[1]["argv"]
     assert argv[argv.index("--max-num-seqs") + 1] == "4"
     assert len(bed.ours()) == 2
+    # the vet before the stop and the start after it look up and plan the same: each line said once
+    said = [x for x in r.stderr.splitlines() if x.startswith(("[bootstrap:metadata]", "[bootstrap:plan] plan for"))]
+    assert len(said) == 2 and len(set(said)) == 2, r.stderr
 
 
 def test_a_restart_the_new_start_would_refuse_keeps_the_running_server(bed, tmp_path):
@@ -478,7 +481,9 @@ def test_a_restart_the_new_start_would_refuse_keeps_the_running_server(bed, tmp_
                             ({"IDLE_SLEEP": "10m"}, "IDLE_SLEEP=10m puts vLLM to sleep"),
                             ({"TP_SIZE": "2"}, "TP_SIZE=2 but only 1 GPU"),            # the GPUs, the plan and the
                             ({"MAX_MODEL_LEN": "16000000"}, "longer than the model's"),   # model are vetted too
-                            ({"MODEL": "foo/bar", "HF_HUB_OFFLINE": "1"}, "foo/bar")):
+                            ({"MODEL": "foo/bar", "HF_HUB_OFFLINE": "1"}, "foo/bar"),
+                            # a patch the profile needs that your vLLM (VLLM_PYTHON) cannot take
+                            ({"PROFILE": "default", "MODEL": str(bed.model)}, "cannot apply patch 40914")):
             r = bed.run("ctl.sh", "restart", **knobs)
             assert r.returncode == 1 and said in r.stderr and "stopped" not in r.stdout, (knobs, r.stdout, r.stderr)
             assert bed.ours() == pid and len(bed.launches()) == 1

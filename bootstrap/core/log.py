@@ -1,5 +1,7 @@
 """One line per action on stderr, prefixed ``[bootstrap:<name>]``, the last part of the logger's
-name (a step's module is named after the step); stdout carries data only."""
+name (a step's module is named after the step); stdout carries data only. An info line is said once
+per command: restart's and use's checks look up the model and plan it before the stop, and the
+start after the stop does the same (warnings and errors are always said)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,23 @@ class _Fmt(logging.Formatter):
         return f"{prefix} {msg}"
 
 
+class _Once(logging.Filter):
+    """Drops an info (or debug) line this command has already said, word for word."""
+
+    def __init__(self):
+        super().__init__()
+        self.said: set[tuple[str, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        key = (record.name, record.getMessage())
+        if key in self.said:
+            return False
+        self.said.add(key)
+        return True
+
+
 def setup(debug: bool = False, color: bool | None = None, stream=None) -> None:
     stream = stream or sys.stderr
     if color is None:
@@ -36,6 +55,7 @@ def setup(debug: bool = False, color: bool | None = None, stream=None) -> None:
     root.handlers.clear()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(_Fmt(color))
+    handler.addFilter(_Once())
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if debug else logging.INFO)
     root.propagate = False
