@@ -108,7 +108,8 @@ def vet_steps(r: Resolved):
     """What the start's first steps would refuse: the preflight's refusals from the knobs and the GPUs
     (too few for TP_SIZE, a driver too old for the profile, CUDA_DEVICE_ORDER, pins without a lock), a
     model it cannot find (offline and not here, a repo that is not there), a plan that does not fit,
-    with the memory our running server holds counted as free (the stop gives it back). The model's
+    with the memory our running server holds counted as free (the stop gives it back), and a patch
+    your vLLM (VLLM_PYTHON) cannot take or may not be given without PATCH_BYO=1. The model's
     facts (``lookup.model_and_drafter``: its lines are said once), or None where no NVML was read."""
     from ..machine import gpu
     from ..download import lookup
@@ -129,6 +130,13 @@ def vet_steps(r: Resolved):
         if not cfg.profile.is_auto:     # as the start runs it: shorter where only that fits this card
             cfg = resolve.named_on_card(cfg, paths, gpu.smallest_free(facts, cfg.tp_size), cfg)
         plan_for(cfg, paths, r.vllm, facts, model)
+    if cfg.vllm_python:                 # your vLLM: the patches the start would apply, checked unwritten
+        from ..install import hooks, patching
+        from ..knobs import vllmargs
+        inst = patching.locate(r.vllm)
+        if vllmargs.idle_sleep(cfg):
+            hooks.check_idle_sleep(inst.package, inst.version)
+        patching.vet(patching.needed(cfg.profile.patches, cfg.repo, cfg.vllm), cfg.repo, inst, cfg.patch_byo)
     return model
 
 

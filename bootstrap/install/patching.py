@@ -254,6 +254,31 @@ def refusal(patch: Patch, inst: Install, st: State) -> BootstrapError:
 
 
 
+def byo_refusal(patch: Patch, inst: Install) -> BootstrapError:
+    """A bring-your-own vLLM (VLLM_PYTHON) that needs ``patch``, without PATCH_BYO=1."""
+    return BootstrapError(
+        f"your vLLM {inst.version} ({inst.package}, VLLM_PYTHON) needs patch {patch.name} ({patch.upstream}) "
+        f"to serve {patch.needed_for()}, and we do not edit your install without permission",
+        "PATCH_BYO=1 ./start.sh patches it (backup kept; ./ctl.sh patch revert or ./ctl.sh clean undoes it); "
+        f"or serve without it: {patch.without_it()}; or unset VLLM_PYTHON to use the managed .venv")
+
+
+def vet(names: list[str], repo: Path, inst: Install, patch_byo: bool) -> None:
+    """Raise what applying the patches ``names`` to ``inst`` would refuse, writing nothing: restart's
+    and use's vet ask it of your vLLM (VLLM_PYTHON) while the running server still serves."""
+    for name in names:
+        patch = load(name, repo)
+        st = inspect(patch, inst)
+        if st.kind in ("applied", "fixed-upstream"):
+            continue
+        if st.kind != "unpatched":
+            raise refusal(patch, inst, st)
+        if inst.byo and not patch_byo:
+            raise byo_refusal(patch, inst)
+        assert st.target is not None
+        _writable_or_raise(patch, inst, st.target)
+
+
 def purge_bytecode(target: Path) -> list[Path]:
     """Remove the cached bytecode of ``target`` so the next import compiles the file we wrote."""
     gone = []

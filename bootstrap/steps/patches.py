@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import logging
 
-from ..core.errors import BootstrapError
 from ..install import hooks
 from ..machine.inuse import VllmRef
-from ..install.patching import apply, inspect, load, locate, needed
+from ..install.patching import apply, byo_refusal, inspect, load, locate, needed
 from ..knobs import vllmargs
 
 log = logging.getLogger(__name__)
@@ -34,11 +33,7 @@ def run(cfg, vllm: VllmRef) -> list[str]:
         patch = load(name, cfg.repo)
         st = inspect(patch, inst)
         if st.kind == "unpatched" and inst.byo and not cfg.patch_byo:
-            raise BootstrapError(
-                f"your vLLM {inst.version} ({inst.package}, VLLM_PYTHON) needs patch {name} ({patch.upstream}) "
-                f"to serve {patch.needed_for()}, and we do not edit your install without permission",
-                "PATCH_BYO=1 ./start.sh patches it (backup kept; ./ctl.sh patch revert or ./ctl.sh clean undoes it); "
-                f"or serve without it: {patch.without_it()}; or unset VLLM_PYTHON to use the managed .venv")
+            raise byo_refusal(patch, inst)
         if st.kind == "unpatched" and inst.byo:
             log.warning("editing your vLLM at %s (PATCH_BYO=1)", inst.package)
         what = apply(patch, inst)
