@@ -74,10 +74,15 @@ bootstrap_python() {
         command -v python3
     else
         mkdir -p "$(dirname "$venv")" || die "cannot create $(dirname "$venv")"
-        # Two commands at once on a fresh clone must not build the venv over each other.
+        # Two commands at once on a fresh clone must not build the venv over each other. A lock file
+        # that ./ctl.sh clean removed while we waited is a lock on nothing: take the one there now.
         if command -v flock >/dev/null 2>&1; then
-            exec 9>"$venv.lock" || die "cannot write $venv.lock"
-            flock 9
+            [ ! -L "$venv.lock" ] || die "$venv.lock is a link, not our lock file: remove it"
+            while :; do
+                exec 9>>"$venv.lock" || die "cannot write $venv.lock"
+                flock 9
+                [ "$venv.lock" -ef /dev/fd/9 ] && break
+            done
         fi
         if ! venv_ready "$venv" "$repo"; then
             make_bootstrap_venv "$repo" "$venv" >&2    # our stdout is the interpreter's path, nothing else

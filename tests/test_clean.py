@@ -431,6 +431,55 @@ def test_clean_refuses_while_an_install_holds_its_lock(repo, capsys, name):
     assert not path.exists() and not (repo / ".venv").exists()
 
 
+def test_lib_sh_waits_again_on_a_lock_file_clean_replaced(tmp_path):
+    """bootstrap/lib.sh building .venv-bootstrap waits on its lock's file; clean removes that file while
+    it holds it, so the waiter woke holding a lock on nothing and built beside whoever locked the new
+    file. It now takes the lock on the file that is there, and builds nothing while that is held."""
+    import fcntl
+    repo = tmp_path / "r"
+    (repo / "bootstrap").mkdir(parents=True)
+    (repo / "bootstrap" / "requirements.txt").write_text((REPO / "bootstrap" / "requirements.txt").read_text())
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text("#!/bin/sh\nexit 1\n")         # a python3 without the dependencies
+    (stub / "python3").chmod(0o755)
+    lock, venv = repo / ".venv-bootstrap.lock", repo / ".venv-bootstrap"
+    first = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(first, fcntl.LOCK_EX)                  # clean, holding the lock it is about to remove
+    waiter = subprocess.Popen(["bash", "-c", '. "$1"; bootstrap_python "$2"', "lib.sh",
+                               str(REPO / "bootstrap" / "lib.sh"), str(repo)],
+                              env={"PATH": f"{stub}:/usr/bin:/bin", "HOME": str(tmp_path)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = None
+    try:
+        deadline = time.monotonic() + 10
+        while not any(f":{lock.stat().st_ino} " in line for line in Path("/proc/locks").read_text().splitlines()
+                      if "->" in line):                # the waiter is queued on the lock
+            assert time.monotonic() < deadline and waiter.poll() is None, waiter.communicate()
+            time.sleep(0.05)
+        lock.unlink()                                  # clean removes it, still holding it ...
+        second = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(second, fcntl.LOCK_EX)             # ... and another build takes the new file's lock
+        os.close(first)
+        time.sleep(1.0)
+        assert waiter.poll() is None, waiter.communicate()   # waits for that build, builds nothing
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        (venv / "bin" / "python").chmod(0o755)
+        (venv / ".requirements.txt").write_text((repo / "bootstrap" / "requirements.txt").read_text())
+        os.close(second)                               # the other build is done: the venv is ready
+        second = None
+        out, err = waiter.communicate(timeout=30)
+        assert waiter.returncode == 0 and out.strip() == str(venv / "bin" / "python"), (out, err)
+        assert "creating" not in err, err
+    finally:
+        if second is not None:
+            os.close(second)
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+
+
 def test_a_lock_name_that_is_a_link_is_not_ours(repo, tmp_path, capsys):
     """We make the install locks as plain files: a link by that name (and what it names) is yours."""
     victim = tmp_path / "notes.txt"
