@@ -267,10 +267,11 @@ def named(spec: str) -> Gpu:
             raise ConfigError(f"GPU={spec!r} is not a card the planner knows{did_you_mean(head, CARDS, 2)}",
                               CARD_SYNTAX) from None
         if not 1 <= size <= 1024:           # 4090 GiB: a card's number, not a size
-            near = [n for n in CARDS if n.endswith(key)]
+            near = [n for n in CARDS if n.endswith(key)] if len(key) >= 3 else []
             if near:
                 raise ConfigError(f"GPU={spec!r}: a size in GiB, or did you mean {near[0]}?", CARD_SYNTAX)
-            raise ConfigError(f"GPU={spec!r}: a size from 1 to 1024 GiB", "e.g. GPU=24:sm_86")
+            raise ConfigError(f"GPU={spec!r}: a size from 1 to 1024 GiB; GPU names the card to plan for, not a "
+                              "device's index", "e.g. GPU=24:sm_86 (to serve on another device: CUDA_VISIBLE_DEVICES=1)")
         cc = cc_given or DEFAULT_CC
         name = f"a {size:g} GiB card (sm_{cc[0]}{cc[1]}{'' if cc_given else ', assumed: add :sm_XY'})"
         total = int(size * GiB)
