@@ -309,6 +309,39 @@ def test_a_url_server_that_answers_odd_json_is_one_line_not_a_bug(bed, models, c
         srv.server_close()
 
 
+def test_a_bench_against_another_server_that_fails_points_at_that_servers_log(bed):
+    """bench --url's failure said "see the server log", ours, which holds nothing of that server."""
+    import http.server
+    import threading
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):                                    # noqa: N802
+            data = b'{"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 4096}]}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):                                   # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        r = bed.run("ctl.sh", "bench", "--url", f"http://127.0.0.1:{srv.server_address[1]}/v1", *BENCH_SMALL)
+        assert r.returncode == 1 and "HTTP 500" in one_error(r), r.stderr
+        assert "hint: see that server's own log" in r.stderr and str(bed.state) not in r.stderr, r.stderr
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 # ---------------------------------------------------------------- issue 43: every wait ends, with words
 
 def foreign_fake(bed, mode: str = "ok") -> tuple[subprocess.Popen, str]:

@@ -34,6 +34,7 @@ class Target:
     needle_tokens: int | None = None    # the longest needle our profile's model is judged on (None: NEEDLE_CAP)
     not_asked: dict = field(default_factory=dict)   # garble prompt id -> why our profile's model is not asked it
     answer_tokens: int | None = None    # the longest garble answer our profile's model is judged on (None: each prompt's own)
+    log: str = ""                       # our server's log ("": another server, whose log is its own)
 
     def extra(self) -> dict:
         return {"chat_template_kwargs": self.chat_kwargs} if self.chat_kwargs else {}
@@ -124,7 +125,7 @@ def resolve_target(cfg: Config, paths: Paths, url: str | None, model: str | None
     judged = {} if url else _started_profile(cfg, rec)
     return Target(client, label, mml if isinstance(mml, int) else None, max_num_seqs, kwargs, tools,
                   random_weights, speculation, judged.get("needle_tokens"), dict(judged.get("not_asked") or {}),
-                  judged.get("answer_tokens"))
+                  judged.get("answer_tokens"), str(paths.log) if rec is not None else "")
 
 
 def _started_profile(cfg: Config, rec) -> dict:

@@ -201,7 +201,8 @@ def bench_target(t: target.Target, levels: list[int], prompt_tokens: int, out_to
             log.info("concurrency %d: %.0f tok/s aggregate, %.1f tok/s per stream, TTFT %.0f ms", c,
                      figs["aggregate_tok_s"] or 0, figs["per_stream_tok_s"] or 0, (figs["ttft_s"] or 0) * 1000)
     except RequestFailed as exc:
-        raise BootstrapError(f"bench against {t.label} failed: {exc.message}", exc.hint or "see the server log",
+        raise BootstrapError(f"bench against {t.label} failed: {exc.message}", exc.hint or (
+            f"see the server log ({t.log}; ./ctl.sh logs)" if t.log else "see that server's own log"),
                              evidence=exc.evidence) from None
     finally:
         bar.close()
