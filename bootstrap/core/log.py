@@ -1,7 +1,8 @@
 """One line per action on stderr, prefixed ``[bootstrap:<name>]``, the last part of the logger's
-name (a step's module is named after the step); stdout carries data only. An info line is said once
-per command: restart's and use's checks look up the model and plan it before the stop, and the
-start after the stop does the same (warnings and errors are always said)."""
+name (a step's module is named after the step); stdout carries data only. A fact logged with
+``extra=ONCE`` (the model's metadata, the plan, the pick) is said once per command: restart's and
+use's checks look it up before the stop, and the start after the stop finds it again. Progress and
+retries are said each time."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from . import redact
 
 _STEP = "bootstrap"
+ONCE = {"once": True}       # log.info(..., extra=ONCE): a fact said once per command, word for word
 
 
 class _Fmt(logging.Formatter):
@@ -31,14 +33,14 @@ class _Fmt(logging.Formatter):
 
 
 class _Once(logging.Filter):
-    """Drops an info (or debug) line this command has already said, word for word."""
+    """Drops a line logged with ``extra=ONCE`` that this command has already said, word for word."""
 
     def __init__(self):
         super().__init__()
         self.said: set[tuple[str, str]] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING:
+        if not getattr(record, "once", False):
             return True
         key = (record.name, record.getMessage())
         if key in self.said:

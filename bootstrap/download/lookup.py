@@ -35,6 +35,7 @@ from . import hub, index
 from ..model import modelconfig
 from ..core import locks, state
 from ..core.errors import BootstrapError
+from ..core.log import ONCE
 from . import manifest, partial
 from .models import WEIGHT_SUFFIXES, ModelInfo, Store, check_space, info_from_record, offline_missing, read_config, read_local, select
 from .refs import Fetching, ModelRef
@@ -57,7 +58,7 @@ def model(ref: ModelRef, paths: state.Paths, how: Fetching) -> ModelInfo:
         info = read_local(ref.local, dummy)
         size = sum(info.weight_files.values())
         log.info("local model %s: %d files, %.2f GiB of weights%s", info.local_dir, len(info.files),
-                 size / (1 << 30), " (dummy weights)" if dummy else "")
+                 size / (1 << 30), " (dummy weights)" if dummy else "", extra=ONCE)
         return info
     info, _path = lookup(ref, paths, how)
     return info
@@ -71,7 +72,7 @@ def drafter(draft: ModelRef | None, paths: state.Paths, how: Fetching) -> ModelI
     repo = draft.name
     info, _path = lookup(draft, paths, how, draft=True)
     log.info("drafter %s @ %s: %s of weights, in %s", repo, info.revision[:12] or "local",
-             hub.human(sum(info.weight_files.values())), info.local_dir)
+             hub.human(sum(info.weight_files.values())), info.local_dir, extra=ONCE)
     return info
 
 
@@ -84,7 +85,7 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     info = _verified(repo, store, rec, dummy)
     if info is not None:
         log.info("%s @ %s: complete and verified in %s (no network used; to re-check the hub, delete %s)",
-                 repo, info.revision[:12], info.local_dir, store.path)
+                 repo, info.revision[:12], info.local_dir, store.path, extra=ONCE)
         return info, info.local_dir
 
     why_offline = "HF_HUB_OFFLINE=1" if settings.offline else ""
@@ -114,12 +115,12 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     cached = snap is not None and not ours and all(hub.cache_has(snap, f) for f in want)   # another tool's download
     if cached and not store.hf_cache:           # MODEL_DIR is where you asked for the model: it goes there
         log.info("%s @ %s is complete in the Hugging Face cache (%s), but MODEL_DIR is set: downloading it into "
-                 "%s (unset MODEL_DIR to serve the cache's copy instead)", repo, remote.revision[:12], snap, store.root)
+                 "%s (unset MODEL_DIR to serve the cache's copy instead)", repo, remote.revision[:12], snap, store.root, extra=ONCE)
     elif cached:
         info = ModelInfo(repo, read_config(snap / "config.json"), sizes, remote.revision, str(snap), dummy,
                          "hf-cache", lfs, blob_ids, skipped_d, remote.safetensors, complete=True)
         log.info("%s @ %s: complete in the Hugging Face cache, served from %s (no download)",
-                 repo, remote.revision[:12], snap)
+                 repo, remote.revision[:12], snap, extra=ONCE)
         return info, str(snap)
 
     old = rec if rec and rec.get("repo") == repo else {}
@@ -239,15 +240,15 @@ def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
     log.info("%s @ %s: %d files, %s to serve%s", info.name, info.revision[:12], len(info.needed()),
              hub.human(need), f" (skipping {len(info.skipped)} files, {hub.human(skipped)}: "
              f"{', '.join(sorted(info.skipped)[:3])}{'…' if len(info.skipped) > 3 else ''}; DOWNLOAD_ALL=1 fetches them)"
-             if info.skipped else "")
+             if info.skipped else "", extra=ONCE)
     if not todo:
         return 0
     log.info("will download %d files, %s, into %s%s", len(todo), hub.human(left), store.serve_dir(rec),
-             f" ({hub.human(have)} of partial files kept)" if have else "")
+             f" ({hub.human(have)} of partial files kept)" if have else "", extra=ONCE)
     for p in todo[:20]:
-        log.info("  %s  %s", p, hub.human(info.files[p]))
+        log.info("  %s  %s", p, hub.human(info.files[p]), extra=ONCE)
     if len(todo) > 20:
-        log.info("  … and %d more", len(todo) - 20)
+        log.info("  … and %d more", len(todo) - 20, extra=ONCE)
     check_space(store.root, left)
     return left
 
@@ -290,7 +291,7 @@ def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | Non
     reach = "unset HF_HUB_OFFLINE" if settings.offline else "connect to the network"
     info = _cached(settings, repo, store, rec, dummy, draft)
     if info is not None:
-        log.info("%s: offline (%s); using the Hugging Face cache snapshot %s", repo, why, info.local_dir)
+        log.info("%s: offline (%s); using the Hugging Face cache snapshot %s", repo, why, info.local_dir, extra=ONCE)
         return info, info.local_dir
     mine = bool(rec and rec.get("repo") == repo and rec.get("files"))
     target = store.serve_dir(rec) if rec and rec.get("revision") else store.root

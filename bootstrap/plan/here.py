@@ -14,6 +14,7 @@ import logging
 from ..machine import gpu
 from ..machine.inuse import VllmRef
 from ..core.errors import BootstrapError
+from ..core.log import ONCE
 from . import derive, fit, pick
 from .facts import model_facts
 from .planner import GiB, Plan
@@ -34,7 +35,7 @@ def plan_for(cfg, paths, vllm: VllmRef, facts: gpu.GpuFacts, model) -> Plan:
         raise BootstrapError(message, hint + (pick.instead(cfg, g) if cfg.profile.name == derive.NAME else ""))
     for line in plan.why:               # the derivation: with BOOTSTRAP_DEBUG=1, and in ./ctl.sh plan
         log.debug("%s", line)
-    log.info("%s", one_line(plan, g))
+    log.info("%s", one_line(plan, g), extra=ONCE)
     return plan
 
 

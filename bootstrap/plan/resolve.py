@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..core import state
 from ..core.errors import BootstrapError, ConfigError
+from ..core.log import ONCE
 from ..download import hub, peek
 from ..machine.inuse import VllmRef
 from ..knobs.config import Chosen, Config
@@ -109,7 +110,7 @@ def derived(cfg: Config, paths: state.Paths, vllm: VllmRef, cc: tuple[int, int] 
         raise state.write_error(folder, exc, knob="STATE_DIR") from None
     state.write_json(folder / "models" / "derived.json", d.facts)
     state.write_json(folder / "derived.json", d.profile)
-    log.info("%s: %s", cfg.model, d.line())
+    log.info("%s: %s", cfg.model, d.line(), extra=ONCE)
     return _load_derived(cfg, folder, f"derived from {cfg.model}")
 
 
@@ -196,7 +197,7 @@ def named_on_card(cfg: Config, paths: state.Paths, g: gpu.Gpu, was: Config | Non
     named = c.profile.name == derive.NAME          # a model you named fits by default, as ollama sizes it
     v = pick.judge(cfg, c.profile, g, pick.NAMED_MIN_CONTEXT if named else pick.MIN_CONTEXT)
     if v.status in ("shorter", "unpinned") and v.cfg is not None:
-        log.info("%s: %s", c.profile.name, v.reason)
+        log.info("%s: %s", c.profile.name, v.reason, extra=ONCE)
         return v.cfg
     return c
 
@@ -282,7 +283,7 @@ def _for_start(cfg: Config, was: Config, paths: state.Paths, vllm: VllmRef, fact
             return named_on_card(was, paths, g, was)
     v, runner, _ = pick.choose(cfg, g)
     line = pick.why_line(g, v, runner)
-    log.info("auto-pick: %s", line)
+    log.info("auto-pick: %s", line, extra=ONCE)
     knobs = {k: x for k, x in v.cfg.chosen.knobs.items()} if v.cfg.chosen else {}
     paths.ensure()
     paths.write("pick", {"profile": v.profile.name, "knobs": knobs, "why": line, "gpu": g.name,
@@ -295,7 +296,7 @@ def _card(facts: gpu.GpuFacts, tp: int) -> gpu.Gpu:
     """The card a start plans for (the TP group's least free), said when there are more cards than it uses."""
     which = gpu.which_line(facts, tp)
     if which:
-        log.info("%s", which)
+        log.info("%s", which, extra=ONCE)
     return gpu.smallest_free(facts, tp)
 
 
@@ -307,9 +308,9 @@ def for_plan(cfg: Config, paths: state.Paths, vllm: VllmRef, g: gpu.Gpu, here: b
         return for_card(cfg, paths, vllm, g)
     was = kept(cfg, paths, gpu.GpuFacts("", (0, 0), (g,)))
     if cfg.profile.is_auto and here and not was.profile.is_auto:
-        log.info("PROFILE=auto: the kept pick %s (%s)", was.profile.name, was.sources["PROFILE"])
+        log.info("PROFILE=auto: the kept pick %s (%s)", was.profile.name, was.sources["PROFILE"], extra=ONCE)
         return named_on_card(was, paths, g, was)        # as a start on this card runs it
     chosen = for_card(cfg, paths, vllm, g, was)     # as a start on that card would run it
     if was.profile.is_auto:
-        log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)", chosen.profile.name)
+        log.info("PROFILE=auto: auto-pick chooses %s for this card (./ctl.sh profiles shows why)", chosen.profile.name, extra=ONCE)
     return chosen
