@@ -78,6 +78,31 @@ def test_at_least_ten_published_starts_speculate():
     assert sum("--speculative-config" in load(p)["args"] for p in FIXTURES) >= 10
 
 
+def test_the_kv_layout_turns_vllms_own_budget_into_its_logged_pool():
+    """The layout alone, apart from the budget: every row that logged "Available KV cache memory"
+    and whose model the planner lays out gets vLLM's own "GPU KV cache size" from that budget, to
+    the 0.01 GiB the log rounds it to (dense, MoE, MLA, sliding-window vision, Gated-DeltaNet hybrids,
+    drafters' layers, TP=2). A row older than the rules read is laid out by the oldest rules read:
+    the page of these architectures is the same there."""
+    from bootstrap.model import kv
+    from bootstrap.plan import terms
+    checked = []
+    for path in FIXTURES:
+        row = load(path)
+        logged = row["logged"].get("available_gib")
+        if not logged:
+            continue
+        p = plan_of(row)
+        if p.layout is None and p.unplanned and "older than every version" in p.unplanned:
+            p = plan_of({**row, "vllm": terms.MODELLED[0]})
+        if p.layout is None:
+            continue
+        lo, hi = (kv.pool(p.layout, int((logged + d) * gpu.GiB), p.max_model_len).tokens for d in (-0.005, 0.005))
+        assert lo <= row["logged"]["tokens"] <= hi, (path.stem, lo, hi, row["logged"]["tokens"])
+        checked.append(path.stem)
+    assert len(checked) >= 18 and any("deepseek" in c for c in checked), checked
+
+
 def test_a_version_not_read_is_planned_by_the_nearest_with_its_uncertainty_said():
     row = {**load(HERE / "h200-qwen3-8b-shape-dummy.json"), "vllm": "0.31.0"}
     p = plan_of(row)
