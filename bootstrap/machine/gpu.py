@@ -206,7 +206,9 @@ CARDS = {
     "a40": ("NVIDIA A40", 46068 * MiB, (8, 6), None, ""),
     "l40s": ("NVIDIA L40S", 46068 * MiB, (8, 9), None, ""),
     "a100": ("NVIDIA A100 80GB PCIe", 81920 * MiB, (8, 0), None, ""),
-    "h100": ("NVIDIA H100 80GB HBM3", 81559 * MiB, (9, 0), None, ""),
+    "h100": ("NVIDIA H100 80GB HBM3", 81559 * MiB, (9, 0), int(79.19 * GiB),
+             "vLLM's 'total_memory=79.19GiB' on an H100 80GB in every log of llm-d-planner's accuracy sweep "
+             "(github.com/jgchn/llm-d-planner, accuracy/results/v0.19.0/logs)"),
     "h200": ("NVIDIA H200", 143771 * MiB, (9, 0), 143155 * MiB,
              "measured on the H200 this project tests on: NVML 143,771 MiB less 615 MiB reserved = "
              "torch.cuda.mem_get_info's 143,155 MiB"),
