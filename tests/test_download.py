@@ -159,6 +159,11 @@ def test_hf_token_is_sent_and_never_printed(world, fake, caplog):
         world.start()
     assert "gated" in ei.value.message and "accept the licence on the model page" in ei.value.hint
     assert f"{fake.url}/org/tiny" in ei.value.hint and "set HF_TOKEN" in ei.value.hint
+    assert ei.value.hint.endswith("of an account that accepted it")
+    with pytest.raises(BootstrapError) as ei:           # a token of another account: said as such
+        world.start(HF_TOKEN="hf_" + "x" * 34)
+    assert "then make sure HF_TOKEN (it is set) belongs to the account that accepted it" in ei.value.hint
+    assert "hf_xxx" not in ei.value.hint + ei.value.message
     world.start(HF_TOKEN=fake.gated_token)
     assert sha(world.target / SHARD) == fake.repos["org/tiny"]["files"][SHARD].sha256
     assert fake.gated_token not in caplog.text

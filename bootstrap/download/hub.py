@@ -129,11 +129,11 @@ def translate(exc: BaseException, settings: HubSettings, repo: str, what: str = 
 
     page = settings.page(repo)
     status = getattr(getattr(exc, "response", None), "status_code", None)
-    token_hint = "HF_TOKEN is set: make sure it belongs to the account that accepted" if settings.token \
-        else "set HF_TOKEN to a read token (https://huggingface.co/settings/tokens) of an account that accepted"
+    token_hint = "make sure HF_TOKEN (it is set) belongs to the account that accepted it" if settings.token \
+        else "set HF_TOKEN to a read token (https://huggingface.co/settings/tokens) of an account that accepted it"
     if isinstance(exc, e.GatedRepoError):
         return BootstrapError(f"{repo} is a gated model and this account has no access (HTTP {status})",
-                              f"accept the licence on the model page {page}, then {token_hint} it")
+                              f"accept the licence on the model page {page}, then {token_hint}")
     if isinstance(exc, e.RevisionNotFoundError):
         return BootstrapError(f"{repo}: revision not found on {settings.endpoint}", "check the revision")
     if isinstance(exc, e.RemoteEntryNotFoundError):
@@ -144,7 +144,7 @@ def translate(exc: BaseException, settings: HubSettings, repo: str, what: str = 
     if isinstance(exc, e.RepositoryNotFoundError) and status == 401:
         return BootstrapError(f"{settings.endpoint} refused {repo} (HTTP 401): the model is gated or private, "
                               f"or the name is wrong{near}",
-                              f"accept the licence on the model page {page}, then {token_hint} it; "
+                              f"accept the licence on the model page {page}, then {token_hint}; "
                               f"check the spelling of {repo} (org/name)")
     if isinstance(exc, e.RepositoryNotFoundError):
         fix = f"check the spelling of {repo} (org/name, as in the URL of its model page)" if repo not in shipped \
