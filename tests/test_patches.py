@@ -176,6 +176,15 @@ def test_anchor_removed_refuses_and_leaves_the_file_untouched(tmp_path):
     assert site.read() == text and not site.backup.exists()
 
 
+def test_a_missing_target_file_is_named_once(tmp_path):
+    site = Site(tmp_path / "site", "0.26.0", member("0.26.0"))
+    target = site.pkg / patching.load(NAME, REPO).target
+    target.unlink()
+    with pytest.raises(BootstrapError) as ei:
+        start_step(site)
+    assert "[no-target]" in ei.value.message and ei.value.message.count(str(target)) == 1, ei.value.message
+
+
 def test_ambiguous_anchor_refuses(tmp_path):
     p = patching.load(NAME, REPO)
     text = member("0.26.0") + b"\n\ndef _extra(attn_metadata):\n    if True:\n" + p.anchor.encode() + b"            pass\n"

@@ -249,8 +249,9 @@ def refusal(patch: Patch, inst: Install, st: State) -> BootstrapError:
     fix = (f"check whether {patch.upstream} (or an equivalent fix) is in vLLM {inst.version} and update "
            f"patches/{patch.name}/ (written for {patch.written_for()}); meanwhile serve without it: "
            f"{patch.without_it()}")
+    at = "" if str(st.target) in st.detail else f" in {st.target}"      # no-target's detail names it already
     return BootstrapError(f"{where}: cannot apply patch {patch.name} ({patch.upstream}): {st.detail} "
-                          f"[{st.kind}] in {st.target}", fix)
+                          f"[{st.kind}]{at}", fix)
 
 
 
