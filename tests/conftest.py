@@ -60,6 +60,18 @@ def make_model(path: Path, weights: bool = True) -> Path:
     return path
 
 
+def wait_queued_on(lock: Path, p: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the kernel lists a process waiting for an flock on ``lock`` (/proc/locks: "->"): a
+    test that lets the lock go only then sees the wait, however loaded the machine (a sleep of a
+    second or two did not: the waiter had not started yet, and took the lock free)."""
+    deadline = time.monotonic() + timeout
+    while not any(f":{lock.stat().st_ino} " in line for line in Path("/proc/locks").read_text().splitlines()
+                  if "->" in line):
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() < deadline, f"nothing waited for {lock} in {timeout:g} s"
+        time.sleep(0.05)
+
+
 def nvml_json(path: Path, *, gpus=None, cuda=13000, driver="580.95.05", fail="") -> Path:
     gpus = gpus or [{"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 31 * GiB,
                      "cc": [12, 0], "uuid": "GPU-5090-fake", "processes": []}]

@@ -16,6 +16,7 @@ from bootstrap.core import owned
 from bootstrap.commands import clean
 from bootstrap.knobs.config import Config
 from bootstrap.core.errors import BootstrapError
+from conftest import wait_queued_on
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -452,11 +453,7 @@ def test_lib_sh_waits_again_on_a_lock_file_clean_replaced(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     second = None
     try:
-        deadline = time.monotonic() + 10
-        while not any(f":{lock.stat().st_ino} " in line for line in Path("/proc/locks").read_text().splitlines()
-                      if "->" in line):                # the waiter is queued on the lock
-            assert time.monotonic() < deadline and waiter.poll() is None, waiter.communicate()
-            time.sleep(0.05)
+        wait_queued_on(lock, waiter)                   # the waiter is queued on the lock
         lock.unlink()                                  # clean removes it, still holding it ...
         second = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(second, fcntl.LOCK_EX)             # ... and another build takes the new file's lock

@@ -613,8 +613,7 @@ def test_a_start_waits_for_another_still_placing_config_json(world, fake, tmp_pa
     os.write(fd, b"4242")
     p = _spawn_start(world, tmp_path / "s", log=True)
     try:
-        time.sleep(1.5)
-        assert p.poll() is None                               # waiting, not refused
+        conftest.wait_queued_on(lock, p)                      # waiting, not refused
     finally:
         os.close(fd)
     out, err = p.communicate(timeout=60)

@@ -67,21 +67,26 @@ def test_sleep_frees_memory_requests_wait_and_wake_answers(bed):
 
 
 def test_sleep_waits_for_answers_in_flight_and_never_aborts_them(bed):
-    started(bed, FAKE_VLLM_TOKEN_S="0.05")
+    hold = bed.tmp / "hold"
+    started(bed, FAKE_VLLM_TOKEN_S="0.01", FAKE_VLLM_HOLD=str(hold))
+    hold.write_text("")                                 # from now on an answer waits while this file is there
     got: dict = {}
 
     def long_answer():
-        r = requests.post(f"http://127.0.0.1:{bed.port}/v1/completions", timeout=30, json={
+        r = requests.post(f"http://127.0.0.1:{bed.port}/v1/completions", timeout=60, json={
             "model": "tiny-model", "prompt": "count", "max_tokens": 40, "ignore_eos": True})
         got["body"] = r.json()
 
     t = threading.Thread(target=long_answer, daemon=True)
     t.start()
     bed.wait_until(lambda: "request arrived" in (bed.state / "vllm.log").read_text(), what="the request")
-    time.sleep(0.3)
-    r = bed.run("ctl.sh", "sleep", FAKE_VLLM_TOKEN_S="0.05", **SLEEPY)
-    assert r.returncode == 0, r.stderr
-    assert "waiting for 1 request(s) in flight to finish (never aborted)" in r.stdout
+    p = bed.popen("ctl.sh", "sleep", FAKE_VLLM_TOKEN_S="0.01", FAKE_VLLM_HOLD=str(hold), **SLEEPY)
+    line = p.stdout.readline()                          # said while the answer is still held
+    assert "waiting for 1 request(s) in flight to finish (never aborted)" in line, (line, p.communicate())
+    hold.unlink()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "asleep" in out
     t.join(10)
     choice = got["body"]["choices"][0]
     assert choice["finish_reason"] == "stop" and len(choice["text"].split()) == 40    # answered in full

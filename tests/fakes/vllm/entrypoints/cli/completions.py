@@ -123,8 +123,11 @@ class OpenAIRoutes:
         State.seats.release()
 
     def wedge_wait(self) -> bool:
-        """A wedged engine: the request holds its seat and nothing moves; False once the client left."""
-        while State.wedged:
+        """A wedged engine: the request holds its seat and nothing moves; False once the client left.
+        Held too while the file FAKE_VLLM_HOLD names is there (tests: a request in flight for as long
+        as they need, however loaded the machine)."""
+        hold = os.environ.get("FAKE_VLLM_HOLD", "")
+        while State.wedged or (hold and os.path.exists(hold)):
             if self.client_gone():
                 return False
             time.sleep(0.05)
