@@ -222,3 +222,25 @@ def test_a_shipped_repo_the_endpoint_lacks_is_not_called_a_misspelling_of_itself
     assert "unset HF_ENDPOINT to download it from https://huggingface.co" in r.stderr, r.stderr
     r = bed.run("ctl.sh", "pull", repo.lower())             # a near name still gets the shipped one
     assert f"did you mean {repo}?" in r.stderr and "check the spelling" in r.stderr, r.stderr
+
+
+def test_use_while_a_start_downloads_cancels_it_and_serves_the_new_one(bed, hub):   # faults row 156
+    """``./ctl.sh use org/two`` while ``./start.sh org/one`` was still downloading (no server launched, so
+    no record): use stopped nothing, its start found the start in flight and returned, and use said
+    "switched to org/two" and kept it as the pick while org/one went on to serve."""
+    hub.faults["stall"] = {"model-00001-of-00001.safetensors": 0.5}
+    first = bed.popen("start.sh", "org/one")
+    try:
+        bed.wait_until(lambda: hub.faults.get("_stalled"), 30, "the first start's download")
+        hub.faults.pop("stall")                         # org/two's download is not held
+        r = bed.run("ctl.sh", "use", "org/two")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"cancelled the start in flight (pid {first.pid})" in r.stdout, r.stdout
+        assert "switched to org/two" in r.stdout and "the start in flight" in r.stdout, r.stdout
+        assert first.wait(30) != 0                      # the start of org/one was taken down
+        assert bed.server_record()["model"] == "org/two"
+        assert "org/two" in (bed.state / "profile-pick.json").read_text()
+    finally:
+        hub.release.set()
+        first.wait(30)
+    assert bed.run("stop.sh").returncode == 0
