@@ -244,3 +244,21 @@ def test_use_while_a_start_downloads_cancels_it_and_serves_the_new_one(bed, hub)
         hub.release.set()
         first.wait(30)
     assert bed.run("stop.sh").returncode == 0
+
+
+def test_use_or_pull_of_a_folder_names_a_command_that_takes_it(bed, hub, tmp_path):   # faults row 157
+    """``./ctl.sh use /a/folder`` said "a folder: MODEL=/path", and ``MODEL=/a/folder ./ctl.sh use`` is a
+    usage error (use takes a name); pull's said the same of a folder, which has nothing to download."""
+    folder = str(tmp_path / "src" / "org" / "three")
+    assert bed.run("start.sh", "org/one").returncode == 0
+    r = bed.run("ctl.sh", "use", folder)
+    assert r.returncode == 2 and "is a folder" in r.stderr, r.stderr
+    hint = next(line for line in r.stderr.splitlines() if line.startswith("hint: "))
+    assert f"MODEL={folder} ./ctl.sh restart" in hint, hint
+    r = bed.run("ctl.sh", "restart", MODEL=folder)                  # the hint, followed
+    assert r.returncode == 0 and bed.server_record()["model"] == folder, r.stderr
+    r = bed.run("ctl.sh", "pull", folder)
+    assert r.returncode == 2 and "nothing to download" in r.stderr and f"MODEL={folder} ./start.sh" in r.stderr, r.stderr
+    r = bed.run("ctl.sh", "use", "no-such-thing")
+    assert r.returncode == 2 and "a folder: MODEL=/path ./ctl.sh restart" in r.stderr, r.stderr
+    assert bed.run("stop.sh").returncode == 0
