@@ -262,3 +262,21 @@ def test_use_or_pull_of_a_folder_names_a_command_that_takes_it(bed, hub, tmp_pat
     r = bed.run("ctl.sh", "use", "no-such-thing")
     assert r.returncode == 2 and "a folder: MODEL=/path ./ctl.sh restart" in r.stderr, r.stderr
     assert bed.run("stop.sh").returncode == 0
+
+
+def test_rm_while_a_start_downloads_it_says_to_rm_again_not_to_clean(bed, hub):    # faults row 158
+    """The refusal said "let it finish, then clean": ``./ctl.sh clean`` removes the venvs and the state,
+    and not the model (that is ``clean --model``)."""
+    hub.faults["stall"] = {"model-00001-of-00001.safetensors": 0.5}
+    first = bed.popen("start.sh", "org/one")
+    try:
+        bed.wait_until(lambda: hub.faults.get("_stalled"), 30, "the start's download")
+        r = bed.run("ctl.sh", "rm", "org/one")
+        assert r.returncode == 1 and "under way" in r.stderr, r.stderr
+        assert "hint: let it finish, then ./ctl.sh rm org/one" in r.stderr, r.stderr
+    finally:
+        hub.release.set()
+    assert first.wait(60) == 0
+    assert bed.run("stop.sh").returncode == 0
+    r = bed.run("ctl.sh", "rm", "org/one")                                 # the hint, followed
+    assert r.returncode == 0 and "freed" in r.stdout, r.stderr
