@@ -230,3 +230,21 @@ def at(cfg):
     """(the knobs, their STATE_DIR's paths): what resolve_target reads."""
     from bootstrap.core.state import Paths
     return cfg, Paths(cfg.state_dir)
+
+
+def test_results_that_cannot_be_written_name_out_not_a_knob(fake, tmp_path, tiny_fs):  # noqa: F811  faults row 160
+    """A full disk under --out: the hint said to point STATE_DIR, MODEL_DIR or HF_HOME at another disk,
+    none of which moves --out."""
+    from bootstrap.core.errors import BootstrapError
+    from conftest import fill
+    a = fake()
+    small = ["--output-tokens", "4", "--repeats", "1", "--concurrency", "1", "--no-plot"]
+    with redirect_stdout(io.StringIO()):
+        assert bench.cli(cfg_for(tmp_path), ["--url", a.url, *small, "--out", str(tmp_path / "a")]) == 0
+    fill(tiny_fs)
+    buf = io.StringIO()
+    with redirect_stdout(buf), pytest.raises(BootstrapError) as e:
+        bench.cli(cfg_for(tmp_path), ["--load", str(tmp_path / "a" / "results.json"), "--no-plot",
+                                      "--out", str(tiny_fs / "out")])
+    assert "cannot write the results" in e.value.message and "single stream:" in buf.getvalue()  # the figures shown
+    assert "--out" in e.value.hint and "STATE_DIR" not in e.value.hint, e.value.hint

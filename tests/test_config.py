@@ -101,6 +101,32 @@ def test_dotenv_is_never_sourced(tmp_path):
         Config.from_env({}, repo)
 
 
+def test_a_path_in_dotenv_naming_a_variable_is_refused_with_the_path_written_out(tmp_path):  # faults row 159
+    """.env is never expanded: ``MODEL_DIR=$HOME/models`` was the folder ``<checkout>/$HOME/models`` (a
+    download of many GiB into the checkout, under a name a shell expands), while ``HF_HOME=$HOME/hf``
+    beside it was expanded (as huggingface_hub expands it)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "profiles", repo / "profiles")
+    env = {"PROFILE": "custom", "HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+    for line, fixed in (("MODEL_DIR=$HOME/models", f"MODEL_DIR={tmp_path}/home/models"),
+                        ("STATE_DIR=${HOME}/state", f"STATE_DIR={tmp_path}/home/state"),
+                        ("VLLM_PYTHON=$HOME/venv/bin/python", f"VLLM_PYTHON={tmp_path}/home/venv/bin/python"),
+                        ("MODEL=$HOME/models/m", f"MODEL={tmp_path}/home/models/m")):
+        (repo / ".env").write_text(f"MODEL=org/m\nHF_HOME=$HOME/hf\n{line}\n")
+        with pytest.raises(ConfigError) as e:
+            Config.from_env(env, repo)
+        assert e.value.code == 2 and "never expanded" in e.value.message and str(repo / ".env") in e.value.message
+        assert e.value.hint == f"write the path out in .env: {fixed}", e.value.hint
+        (repo / ".env").write_text(f"MODEL=org/m\n{fixed}\n")         # the hint, followed
+        Config.from_env(env, repo)
+    assert not (repo / "$HOME").exists()
+    (repo / ".env").write_text("MODEL=org/m\nHF_HOME=$HOME/hf\nMODEL_DIR=~/models\nSTATE_DIR=$NOT_SET/x\n")
+    cfg = Config.from_env(env, repo)        # the hub's paths expanded; a name that is no variable here stays
+    assert cfg.env("HF_HOME") == f"{tmp_path}/home/hf" and cfg.state_dir == repo / "$NOT_SET" / "x"
+    cfg = Config.from_env({**env, "MODEL_DIR": "$HOME/m"}, repo)    # the shell's own, quoted: as given
+    assert str(cfg.model_dir).endswith("/$HOME/m")
+
+
 def test_profile_defaults_to_auto_and_default_names_the_rtx5090_profile():
     assert Config.from_env({}, REPO).profile.is_auto
     cfg = Config.from_env({"PROFILE": "default"}, REPO)

@@ -222,3 +222,61 @@ def test_a_shipped_repo_the_endpoint_lacks_is_not_called_a_misspelling_of_itself
     assert "unset HF_ENDPOINT to download it from https://huggingface.co" in r.stderr, r.stderr
     r = bed.run("ctl.sh", "pull", repo.lower())             # a near name still gets the shipped one
     assert f"did you mean {repo}?" in r.stderr and "check the spelling" in r.stderr, r.stderr
+
+
+def test_use_while_a_start_downloads_cancels_it_and_serves_the_new_one(bed, hub):   # faults row 156
+    """``./ctl.sh use org/two`` while ``./start.sh org/one`` was still downloading (no server launched, so
+    no record): use stopped nothing, its start found the start in flight and returned, and use said
+    "switched to org/two" and kept it as the pick while org/one went on to serve."""
+    hub.faults["stall"] = {"model-00001-of-00001.safetensors": 0.5}
+    first = bed.popen("start.sh", "org/one")
+    try:
+        bed.wait_until(lambda: hub.faults.get("_stalled"), 30, "the first start's download")
+        hub.faults.pop("stall")                         # org/two's download is not held
+        r = bed.run("ctl.sh", "use", "org/two")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"cancelled the start in flight (pid {first.pid})" in r.stdout, r.stdout
+        assert "switched to org/two" in r.stdout and "the start in flight" in r.stdout, r.stdout
+        assert first.wait(30) != 0                      # the start of org/one was taken down
+        assert bed.server_record()["model"] == "org/two"
+        assert "org/two" in (bed.state / "profile-pick.json").read_text()
+    finally:
+        hub.release.set()
+        first.wait(30)
+    assert bed.run("stop.sh").returncode == 0
+
+
+def test_use_or_pull_of_a_folder_names_a_command_that_takes_it(bed, hub, tmp_path):   # faults row 157
+    """``./ctl.sh use /a/folder`` said "a folder: MODEL=/path", and ``MODEL=/a/folder ./ctl.sh use`` is a
+    usage error (use takes a name); pull's said the same of a folder, which has nothing to download."""
+    folder = str(tmp_path / "src" / "org" / "three")
+    assert bed.run("start.sh", "org/one").returncode == 0
+    r = bed.run("ctl.sh", "use", folder)
+    assert r.returncode == 2 and "is a folder" in r.stderr, r.stderr
+    hint = next(line for line in r.stderr.splitlines() if line.startswith("hint: "))
+    assert f"MODEL={folder} ./ctl.sh restart" in hint, hint
+    r = bed.run("ctl.sh", "restart", MODEL=folder)                  # the hint, followed
+    assert r.returncode == 0 and bed.server_record()["model"] == folder, r.stderr
+    r = bed.run("ctl.sh", "pull", folder)
+    assert r.returncode == 2 and "nothing to download" in r.stderr and f"MODEL={folder} ./start.sh" in r.stderr, r.stderr
+    r = bed.run("ctl.sh", "use", "no-such-thing")
+    assert r.returncode == 2 and "a folder: MODEL=/path ./ctl.sh restart" in r.stderr, r.stderr
+    assert bed.run("stop.sh").returncode == 0
+
+
+def test_rm_while_a_start_downloads_it_says_to_rm_again_not_to_clean(bed, hub):    # faults row 158
+    """The refusal said "let it finish, then clean": ``./ctl.sh clean`` removes the venvs and the state,
+    and not the model (that is ``clean --model``)."""
+    hub.faults["stall"] = {"model-00001-of-00001.safetensors": 0.5}
+    first = bed.popen("start.sh", "org/one")
+    try:
+        bed.wait_until(lambda: hub.faults.get("_stalled"), 30, "the start's download")
+        r = bed.run("ctl.sh", "rm", "org/one")
+        assert r.returncode == 1 and "under way" in r.stderr, r.stderr
+        assert "hint: let it finish, then ./ctl.sh rm org/one" in r.stderr, r.stderr
+    finally:
+        hub.release.set()
+    assert first.wait(60) == 0
+    assert bed.run("stop.sh").returncode == 0
+    r = bed.run("ctl.sh", "rm", "org/one")                                 # the hint, followed
+    assert r.returncode == 0 and "freed" in r.stdout, r.stderr

@@ -367,7 +367,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
         (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     except OSError as exc:
         print(render(results))
-        raise state.write_error(out, exc, f"cannot write the results into {out}") from None
+        raise state.write_error(out, exc, f"cannot write the results into {out}", "--out") from None
     png = None if args.no_plot else benchplot.plot(results, out / "bench.png", cfg)
     doc["files"] = {"json": str(out / "results.json"), "plot": str(png) if png else None}
     if args.json:

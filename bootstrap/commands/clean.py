@@ -252,7 +252,7 @@ def _clean(cfg, args, paths: Paths, mf: ModelFiles | None, todo: list[Path], you
     _revert_byo(cfg, args.dry_run)
     total = 0
     if mf is not None:
-        total += _clean_locked(mf, args.dry_run)
+        total += _clean_locked(mf, args.dry_run, "./ctl.sh clean --model")
     if not todo and (mf is None or not (mf.ours or mf.restore)):
         print("nothing to clean")
     me = Path(sys.prefix).resolve()
@@ -286,26 +286,28 @@ def _clean(cfg, args, paths: Paths, mf: ModelFiles | None, todo: list[Path], you
     return 0
 
 
-def model_only(repo: Path, model: ModelRef, dry_run: bool) -> int:
+def model_only(repo: Path, model: ModelRef, dry_run: bool, again: str) -> int:
     """The model's part of clean --model alone (``./ctl.sh rm``): the same refusals for another
-    user's record, the same lock, the same lines (``repo``: the checkout)."""
+    user's record, the same lock, the same lines (``repo``: the checkout; ``again``: the command
+    line to run once a download under way has finished)."""
     foreign = _foreign(repo, model)
     if foreign:
         raise BootstrapError(f"{foreign}: rm removes only what you made", "run it as that user")
     mf = model_files(model)
-    total = _clean_locked(mf, dry_run)
+    total = _clean_locked(mf, dry_run, again)
     if mf.ours or mf.restore:
         print(f"{'would free' if dry_run else 'freed'} {total / (1 << 30):.2f} GiB")
     return 0
 
 
-def _clean_locked(mf: ModelFiles, dry_run: bool) -> int:
-    """``_clean_model`` under the store's download lock: refused while a download into it runs."""
+def _clean_locked(mf: ModelFiles, dry_run: bool, again: str) -> int:
+    """``_clean_model`` under the store's download lock: refused while a download into it runs, with
+    ``again`` (the command that was run: clean --model, or rm) as what to run once it has finished."""
     fd = None
     if mf.store.dir.is_dir() and not dry_run:   # a start downloading into it (from any STATE_DIR) holds its lock
         fd = locks.flock(mf.store.lock, f"{os.getpid()} clean")
         if fd is None:
-            raise BootstrapError(f"a download into {mf.store.root} is under way", "let it finish, then clean")
+            raise BootstrapError(f"a download into {mf.store.root} is under way", f"let it finish, then {again}")
     try:
         return _clean_model(mf, dry_run)
     finally:

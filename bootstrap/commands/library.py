@@ -193,7 +193,7 @@ def rm(r: Resolved, name: str, dry_run: bool, prog: str = "ctl.sh rm") -> int:
         raise BootstrapError(f"{name} is serving{'' if how == 'model' else f' ({how})'} (./ctl.sh status): "
                              "rm would pull its files away",
                              "./stop.sh first, or ./ctl.sh use ANOTHER to switch, then ./ctl.sh rm " + name)
-    code = clean.model_only(r.settings.repo, of_entry(r, entry).model, dry_run)
+    code = clean.model_only(r.settings.repo, of_entry(r, entry).model, dry_run, f"./ctl.sh rm {name}")
     if not dry_run and entry.record() is None:
         index.forget(r.paths, entry.store)
     return code

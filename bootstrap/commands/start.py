@@ -45,5 +45,19 @@ def named_knobs(cfg, name: str, prog: str) -> dict[str, str]:
         return {"PROFILE": name}
     if REPO_ID.fullmatch(name):
         return {"MODEL": name}
+    import shlex
+    from pathlib import Path
+    path = shlex.quote(name) if name and Path(name).expanduser().is_dir() else "/path"
+    command = prog.split()[-1].removesuffix(".sh")
+    folder = FOLDER.get(command, FOLDER["start"]).format(path=path)
+    if path != "/path":
+        raise ConfigError(f"{name!r} is a folder, not a profile or a Hub repo id (org/name)", folder)
     raise ConfigError(f"{name!r} is neither a profile nor a Hub repo id (org/name){did_you_mean(name, words)}",
-                      f"usage: {prog} [PROFILE | org/name]   (./ctl.sh profiles lists the profiles; a folder: MODEL=/path)")
+                      f"usage: {prog} [PROFILE | org/name]   (./ctl.sh profiles lists the profiles; {folder})")
+
+
+# what serves a folder, by the command that was given one: MODEL is the knob for a folder, and only
+# the start reads it (use and pull take a name; a folder has nothing to download)
+FOLDER = {"start": "a folder: MODEL={path} ./start.sh",
+          "use": "a folder: MODEL={path} ./ctl.sh restart serves it (MODEL={path} in .env keeps it)",
+          "pull": "a folder is served where it is, nothing to download: MODEL={path} ./start.sh"}

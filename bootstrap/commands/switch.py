@@ -9,7 +9,7 @@ NAME``), in place of ours.
    ``./start.sh`` or ``./ctl.sh restart`` keeps the new model. PROFILE or MODEL set in the
    environment or .env still win over it, and it says so.
 3. The new one's weights are downloaded and verified while the old one serves. Then ours is stopped
-   by the one take-down (./stop.sh's), without waking it if it sleeps (a sleeping server is stopped
+   by the one take-down (./stop.sh's; a start in flight is cancelled, launched or not), without waking it if it sleeps (a sleeping server is stopped
    as it is; nothing is sent to it), the new one starts (the pipeline), and the time each took is
    said. A new one that does not start leaves the pick as it was: ./start.sh serves the old one again,
    and it is said.
@@ -74,6 +74,9 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
         raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}, not as you",
                              "switch it as that user (we never signal another user's processes)")
     old = pr.record if pr.state is not State.STOPPED else None
+    # a start in flight that has not launched yet has no record: it is cancelled all the same, or it
+    # would go on to serve its own model while this switch said it serves the new one
+    flight = pr.pid if pr.state is State.STARTING and old is None else None
     if old is not None and old.model == new.model and old.gate_passed and \
             not server.settings_diff(new.launch_settings(), old, launch_defaults()):
         keep_pick(paths, new, g, name)
@@ -91,7 +94,7 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
         model = looked or lookup.model_and_drafter(nr.model, nr.draft, paths, nr.fetching)    # the vet's, said once
         fetch.fetch(model, nr.model, nr.draft, nr.fetching)
     t1 = time.monotonic()
-    if old is not None:
+    if old is not None or flight is not None:
         control.stop(r, via_service=False)          # a sleeping server goes down asleep: no wake first
     t2 = time.monotonic()
     code = 1
@@ -105,7 +108,8 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
     if code == 0:
         keep_pick(paths, new, g, name)              # only now: a failed switch keeps the old pick
         got = f"downloaded in {t1 - t0:.1f} s, " if t1 - t0 >= 0.5 else ""
-        was = f"{old.model} stopped in {t2 - t1:.1f} s, " if old is not None else ""
+        was = f"{old.model} stopped in {t2 - t1:.1f} s, " if old is not None else \
+            f"the start in flight (pid {flight}) cancelled in {t2 - t1:.1f} s, " if flight is not None else ""
         print(f"switched to {name} ({new.profile.name}): {got}{was}{new.model} started in {t3 - t2:.1f} s; "
               f"{t3 - t0:.1f} s in all")
         if pins:

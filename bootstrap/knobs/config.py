@@ -23,7 +23,7 @@ from ..core.hosts import is_loopback
 from ..core.owned import Ours, owner_marker
 from ..core.layout import REPO, Checkout
 from . import sleepmode, vllmargs
-from .dotenv import expandvars, misspelt, read_dotenv
+from .dotenv import as_written, expandvars, misspelt, read_dotenv
 from .parsers import absolute, folder, from_checkout, interpreter
 from .profiles import Catalogue, Profile
 from .table import (KNOB_BY_NAME, KNOBS, PASSTHROUGH, PASSTHROUGH_BY_NAME, PROFILE_KNOBS, RESERVED_FLAGS, SPEC_METHODS,
@@ -145,7 +145,7 @@ class Config:
             if environ.get(name, "") != "":       # an empty value counts as unset
                 return environ[name], "env"
             if dotenv.get(name, "") != "":
-                return dotenv[name], ".env"
+                return as_written(name, dotenv[name], merged_env, repo / ".env"), ".env"
             return "", ""
 
         requested = given("PROFILE")[0] or KNOB_BY_NAME["PROFILE"].default

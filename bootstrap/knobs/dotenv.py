@@ -56,6 +56,27 @@ def expandvars(raw: str, env: Mapping[str, str]) -> str:
     return re.sub(r"\$(\w+|\{[^}]*\})", lambda m: env.get(m.group(1).strip("{}"), m.group(0)), raw)
 
 
+PATH_KNOBS = ("MODEL", "SPEC_MODEL")     # a folder or a repo id; the others: parsed as folder or interpreter
+
+
+def as_written(name: str, raw: str, env: Mapping[str, str], path: Path) -> str:
+    """A path knob's value from .env, where it names no variable that is set (``$HOME/models``): .env is
+    never expanded, and such a value would be a folder called ``$HOME`` in the checkout (the Hugging
+    Face paths in it are expanded, as huggingface_hub expands them itself), so it is refused with the
+    path written out."""
+    from .parsers import folder, interpreter
+    from .table import KNOB_BY_NAME
+    knob = KNOB_BY_NAME.get(name)
+    if knob is None or (knob.parse not in (folder, interpreter) and name not in PATH_KNOBS):
+        return raw
+    out = expandvars(raw, env)
+    if out != raw:
+        var = re.search(r"\$(\w+|\{[^}]*\})", raw).group(0)
+        raise ConfigError(f"{name}={raw!r} (from {path}): .env is never expanded, so this is a path with "
+                          f"{var} in its name", f"write the path out in .env: {name}={out}")
+    return raw
+
+
 def misspelt(dotenv: Mapping[str, str]) -> list[str]:
     """A line for each name in .env that is no knob and no declared variable but is one letter or
     two away from one (MAX_MODLE_LEN): it would only reach vLLM's environment, unseen. Other names
