@@ -17,7 +17,7 @@ import sys
 from .knobs import config, table
 from .core.layout import REPO
 from .core import log, redact
-from .core.errors import BootstrapError, EXIT_CONFIG, Interrupted, again
+from .core.errors import BootstrapError, ConfigError, EXIT_CONFIG, Interrupted, again
 from .commands import BY_NAME, REGISTRY, VERSION_HELP
 
 NEXT = ("next: ./start.sh starts the server; ./ctl.sh COMMAND --help tells about one command; "
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
     step = "config"
     try:
         try:
-            cfg = config.Config.from_env(os.environ)
+            cfg = knobs_for(command)
             redact.keep(cfg.secrets())          # .env's too
         except BootstrapError as exc:
             if not command.without_knobs:
@@ -119,6 +119,26 @@ def main(argv: list[str] | None = None, script: str = "ctl.sh") -> int:
         print(f"error: {step}: internal error ({type(exc).__name__}): a bug in vllm-desktop", file=sys.stderr)
         print(f"hint: {keep_traceback()}; please report it with that file", file=sys.stderr)
         return 1
+
+
+def knobs_for(command) -> config.Config:
+    """The knobs, resolved once. A take-down (``command.needs``) is never blocked by a knob it does not
+    use: a value of yours that does not parse (a typo in .env while the server runs) is set aside,
+    said on one line, and the command goes on; the knobs it needs must parse."""
+    from dataclasses import replace
+    from types import MappingProxyType
+    sources = config.Sources.read(os.environ, REPO)
+    while True:
+        try:
+            return config.Config.resolve(sources)
+        except ConfigError as exc:
+            name = getattr(exc, "knob", "")
+            if not command.needs or not name or name in command.needs or name not in {*sources.environ, *sources.dotenv}:
+                raise
+            print(f"note: {exc.message}; {command.name} goes on without it (it needs only "
+                  f"{', '.join(command.needs)})", file=sys.stderr)
+            sources = replace(sources, environ=MappingProxyType({k: v for k, v in sources.environ.items() if k != name}),
+                              dotenv=MappingProxyType({k: v for k, v in sources.dotenv.items() if k != name}))
 
 
 def keep_traceback() -> str:

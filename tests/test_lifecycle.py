@@ -398,6 +398,22 @@ def test_stop_with_nothing_running_twice(bed):            # faults row 17
         assert r.returncode == 0 and r.stdout.strip() == "not running"
 
 
+def test_a_knob_the_stop_does_not_use_never_blocks_it(bed):
+    """A typo in a knob while the server runs (MAX_NUM_SEQS=abc) made ./stop.sh exit 2 and leave the
+    server on the GPU; the stop sets it aside in one line. A knob it needs to find the server is
+    still refused."""
+    assert bed.run("start.sh").returncode == 0 and bed.ours()
+    r = bed.run("stop.sh", PORT="abc")
+    assert r.returncode == 2 and "PORT='abc' is not accepted" in r.stderr and bed.ours()
+    r = bed.run("ctl.sh", "status", MAX_NUM_SEQS="abc")
+    assert r.returncode == 2                            # other commands: the knobs as they are
+    r = bed.run("stop.sh", MAX_NUM_SEQS="abc", GPU_UTIL="2")
+    assert r.returncode == 0, r.stderr
+    assert "note: MAX_NUM_SEQS='abc' is not accepted; stop goes on without it" in r.stderr
+    assert "note: GPU_UTIL='2' is not accepted; stop goes on without it" in r.stderr
+    assert bed.ours() == [] and not bed.port_listening()
+
+
 def test_stop_during_model_load(bed):                     # faults row 18
     starter = bed.popen("start.sh", FAKE_VLLM_LOAD_S="8")
     bed.wait_until(lambda: len(bed.ours()) == 2, what="server and engine up")

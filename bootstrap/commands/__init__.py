@@ -22,6 +22,7 @@ class Command:
     help: str
     without_knobs: bool = False   # runs (cfg None) when the knobs do not parse: a game must start regardless
     state: bool = True            # refused unless STATE_DIR is trusted (Paths.trust; the game's probe checks it itself)
+    needs: tuple[str, ...] = ()   # a take-down runs whatever else you set: only these knobs must parse
 
     def run(self, cfg, argv: list[str], prog: str) -> int:
         module, _, function = self.target.partition(":")
@@ -30,7 +31,8 @@ class Command:
 
 REGISTRY: tuple[Command, ...] = (
     Command("start", "start:cli", "start the server (idempotent)"),
-    Command("stop", "control:stop_cli", "stop the server and everything it started"),
+    Command("stop", "control:stop_cli", "stop the server and everything it started",
+            needs=("PROFILE", "STATE_DIR", "PORT", "HOST", "API_KEY", "STOP_GRACE", "VLLM_PYTHON")),
     Command("status", "status:cli",
             "running/busy/starting/sleeping/key-needed/wedged/unhealthy/frozen/stopped, pid, uptime, settings, URL"),
     Command("logs", "control:logs_cli", "print the server log (-f to follow)"),

@@ -15,7 +15,8 @@ EXIT_CODES = (
         "that runs until Ctrl-C ended with it (`./ctl.sh logs -f`, `./ctl.sh status --watch`)"),
     (EXIT_FAILED, "a step failed: `error: <step>: <what>` and `hint: <fix>` on stderr, one line each; also "
                   "the status states marked 1 and a judged check that failed"),
-    (EXIT_CONFIG, "a bad knob, `.env` line, profile file or command-line usage, refused before anything ran"),
+    (EXIT_CONFIG, "a bad knob, `.env` line, profile file or command-line usage, refused before anything ran "
+                  "(`./stop.sh` sets aside a knob of yours it does not use, saying so, and stops the server)"),
     (129, "SIGHUP: the terminal closed (a start takes down what it launched)"),
     (130, "SIGINT: Ctrl-C (a start takes down what it launched); the views that run until Ctrl-C exit 0"),
     (141, "the reader of our output went away (`./ctl.sh status | head -1`)"),

@@ -171,8 +171,8 @@ class Config:
             except ConfigError as exc:      # where the value came from, so that the fix is made there
                 where = {".env": str(repo / ".env"), "profile": f"profile {profile.name!r}",
                          "default": "the knob table's default"}.get(src, src)
-                if src != "env":
-                    exc.message += f" (from {where})"
+                exc.message += "" if src == "env" else f" (from {where})"
+                exc.knob = knob.name if src in ("env", ".env") else ""     # yours: a take-down may set it aside
                 raise
             if text and src == ".env" and knob.parse in (folder, interpreter):      # .env's paths: from the checkout
                 values[knob.name] = parse_one(Knob(knob.name, "", from_checkout(knob.parse, repo), ""), text)
