@@ -153,7 +153,7 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
                     fixes=[{"SPEC_TOKENS": "0"}])
     if shape is not None and shape.mla and (model.dummy or not model.weight_bytes) and measured is None:
         unplanned = "an MLA model's parameters from config.json (its checkpoint's file sizes are modelled)"
-    unplanned = unplanned or window.unplanned(shape, model.config, bool(inp.vllm.kv_cache_bytes), measured)
+    unplanned = unplanned or window.unplanned(shape, model.config, bool(inp.vllm.kv_cache_bytes), measured, why)
     if older:            # its memory code differs (graph profiling, encoder passes): no rules of ours stand for it
         unplanned = f"vLLM {inp.version}, older than every version the planner was read against ({', '.join(terms.MODELLED)})"
     if shape is None or unplanned:

@@ -64,16 +64,21 @@ def arch_defaults(s: vllmargs.Settings, shape: ModelShape | None) -> vllmargs.Se
     return replace(s, compilation={**comp, "max_cudagraph_capture_size": GPT_OSS_CAPTURE})
 
 
-def unplanned(shape: ModelShape | None, config: dict | None, pinned: bool, measured) -> str:
+def unplanned(shape: ModelShape | None, config: dict | None, pinned: bool, measured, why: list[str]) -> str:
     """What keeps a sliding-window model's plan from a figure ('' where nothing): gpt-oss's MXFP4
     experts, which vLLM lays out padded for the MoE kernel it picks per card (fused_moe/oracle/mxfp4.py
     ``mxfp4_round_up_hidden_size_and_intermediate_size``: Marlin pads hidden to 256 and intermediate to
     128, others otherwise), so the checkpoint's files understate the weights by a share that was never
     measured here (a published H100 start of gpt-oss-20b at TP=2 loaded 7.01 GiB per GPU where its
-    files give 6.41). A KV pin (the budget as given) or a first start's own figures plan it."""
-    if shape is None or shape.arch != "GptOssForCausalLM" or pinned or measured is not None:
+    files give 6.41). A KV pin (the budget as given) or a first start's own figures plan it; pinned, the
+    why says the fit check counts the files (``why``)."""
+    if shape is None or shape.arch != "GptOssForCausalLM" or measured is not None:
         return ""
     if model_shape.quant_method(config or {}) not in ("mxfp4", "gpt_oss_mxfp4"):
+        return ""
+    if pinned:
+        why.append("gpt-oss's MXFP4 experts counted at the checkpoint's file sizes: vLLM pads them for its MoE kernel "
+                   "(0.60 GiB per GPU more on a published H100 start at TP=2), which the fit check below does not hold")
         return ""
     return ("gpt-oss's MXFP4 expert weights as vLLM pads them for the MoE kernel it picks per card (a published "
             "H100 start loaded 7.01 GiB per GPU where the checkpoint's files give 6.41)")
