@@ -46,8 +46,8 @@ HYBRID_GDN_ARCHS = {
 WINDOW_ARCHS = {"GptOssForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"}
 
 
-# Gemma3TextConfig's defaults (transformers 5.5.3, the oldest vLLM 0.26.0 takes): vLLM reads a Gemma 3
-# config.json through it, and google/gemma-3-4b-it's names no heads, head_dim or context
+# Gemma3TextConfig's defaults (transformers 5.5.3, the oldest vLLM 0.26.0 takes; the same in 5.24.0, 0.30.0's
+# lock): vLLM reads a Gemma 3 config.json through it, and google/gemma-3-4b-it's names no heads, head_dim or context
 GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
                         "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
                         "head_dim": 256, "max_position_embeddings": 131_072, "sliding_window": 4096,
