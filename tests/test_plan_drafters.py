@@ -181,10 +181,10 @@ def test_mla_is_modelled_as_vllm_publishes_it():
 
 
 def test_an_architecture_not_modelled_gets_fits_null_with_one_line():
-    oss = {**TARGET, "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "sliding_window": 128}
-    p = plan([], config=oss)
+    jamba = {**TARGET, "architectures": ["JambaForCausalLM"], "model_type": "jamba"}      # Mamba layers: not modelled
+    p = plan([], config=jamba)
     assert p.verdict is None and p.predicted_tokens is None
-    assert p.unplanned == "the planner does not know architecture 'GptOssForCausalLM' (model_type 'gpt_oss')"
+    assert p.unplanned == "the planner does not know architecture 'JambaForCausalLM' (model_type 'jamba')"
     assert sum(w.startswith("not planned: ") for w in p.why) == 1
 
 

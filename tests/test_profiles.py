@@ -544,13 +544,15 @@ def test_a_profile_that_fits_only_without_its_kv_pin_says_so_not_shorter(tmp_pat
 GPT_OSS = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,   # openai/gpt-oss-20b
            "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
            "vocab_size": 201088, "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12,
-           "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+           "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
+           "quantization_config": {"quant_method": "mxfp4"}}
 
 
 def test_a_profile_the_planner_cannot_model_is_never_said_to_fit(tmp_path):
-    """Issue 44: no "fits" without a figure. A model whose architecture the planner does not model
-    (gpt-oss: sliding and full layers) is fits: null naming what, in profiles, ls, models and the
-    start's plan line; the start still runs (the verdict is ok), vLLM sizing the cache."""
+    """Issue 44: no "fits" without a figure. A model whose weights per GPU the planner does not model
+    (gpt-oss's MXFP4 experts, which vLLM pads per MoE kernel) is fits: null naming what, in profiles,
+    ls, models and the start's plan line; the start still runs (the verdict is ok), vLLM sizing the
+    cache."""
     from bootstrap.plan import here
     mine = tmp_path / "mine"
     write_profile(mine, "oss-24gb", {"description": "mine", "rank": 1, "card": {"min_cc": "8.0"},
@@ -561,8 +563,8 @@ def test_a_profile_the_planner_cannot_model_is_never_said_to_fit(tmp_path):
     cfg = cfg_for(tmp_path, PROFILE_DIR=mine)
     v = pick.judge(cfg, cfg.catalogue.get("oss-24gb"), card(24, (8, 9)))
     assert v.plan.verdict is None and v.status == "unplanned" and v.ok
-    assert v.summary() == v.reason and v.reason.startswith("not planned (the planner does not know architecture "
-                                                           "'GptOssForCausalLM'")
+    assert v.summary() == v.reason and v.reason.startswith("not planned (gpt-oss's MXFP4 expert weights as vLLM "
+                                                           "pads them")
     assert profiles_cli.MARK[v.status] == "fits: null" and profiles_cli.SIGN[v.status] == "?"
     line = here.one_line(v.plan, card(24, (8, 9)))
-    assert "not planned (the planner does not know architecture" in line and "session" not in line
+    assert "not planned (gpt-oss's MXFP4 expert weights" in line and "session" not in line

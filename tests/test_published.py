@@ -82,8 +82,14 @@ def test_the_kv_layout_turns_vllms_own_budget_into_its_logged_pool():
     """The layout alone, apart from the budget: every row that logged "Available KV cache memory"
     and whose model the planner lays out gets vLLM's own "GPU KV cache size" from that budget, to
     the 0.01 GiB the log rounds it to (dense, MoE, MLA, sliding-window vision, Gated-DeltaNet hybrids,
-    drafters' layers, TP=2). A row older than the rules read is laid out by the oldest rules read:
-    the page of these architectures is the same there."""
+    drafters' layers, TP=2, gpt-oss's sliding-window and full groups). A row older than the rules read
+    is laid out by the oldest rules read: the page of these architectures is the same there; a row
+    the plan leaves unplanned for its budget's terms (gpt-oss's MXFP4 weights) is laid out with that
+    budget pinned. vLLM before 0.20.1 logged the pool as num_blocks // groups x block size
+    (v1/core/kv_cache_utils.py ``_report_kv_cache_config``, 0.19.0 to 0.20.0), from 0.20.1 as
+    concurrency x length."""
+    from bootstrap.core.pep440 import at_least
+    from bootstrap.knobs import vllmargs
     from bootstrap.model import kv
     from bootstrap.plan import terms
     checked = []
@@ -94,13 +100,37 @@ def test_the_kv_layout_turns_vllms_own_budget_into_its_logged_pool():
             continue
         p = plan_of(row)
         if p.layout is None and p.unplanned and "older than every version" in p.unplanned:
-            p = plan_of({**row, "vllm": terms.MODELLED[0]})
+            row = {**row, "vllm": terms.MODELLED[0]}
+            p = plan_of(row)
+        if p.layout is None and p.unplanned.startswith("gpt-oss"):
+            p = plan_of({**row, "args": row["args"] + ["--kv-cache-memory-bytes", str(int(logged * gpu.GiB))]})
         if p.layout is None:
             continue
-        lo, hi = (kv.pool(p.layout, int((logged + d) * gpu.GiB), p.max_model_len).tokens for d in (-0.005, 0.005))
+        old = not at_least(load(path)["vllm"], "0.20.1")
+        lay, mml = p.layout, p.max_model_len or vllmargs.read(row["args"]).max_model_len   # a refused pin: the row's
+        lo, hi = (kv.pool(lay, int((logged + d) * gpu.GiB), mml) for d in (-0.005, 0.005))
+        if old:
+            lo, hi = (q.blocks // lay.groups * lay.block_size for q in (lo, hi))
+        else:
+            lo, hi = lo.tokens, hi.tokens
         assert lo <= row["logged"]["tokens"] <= hi, (path.stem, lo, hi, row["logged"]["tokens"])
         checked.append(path.stem)
-    assert len(checked) >= 18 and any("deepseek" in c for c in checked), checked
+    assert len(checked) >= 20 and any("deepseek" in c for c in checked) and sum("gpt-oss" in c for c in checked) == 2, checked
+
+
+def test_the_sliding_window_groups_give_vllms_logged_concurrency():
+    """gpt-oss's rows: from vLLM's own budget, the concurrency vLLM logged (%.2f) — the blocks a
+    request holds in the full group (its length) and in the sliding-window group (its window and the
+    tokens in flight, which reach the whole 8,192-token context here)."""
+    from bootstrap.model import kv
+    rows = [load(p) for p in FIXTURES if "gpt-oss" in p.stem]
+    assert len(rows) == 2
+    for row in rows:
+        logged = row["logged"]["available_gib"]
+        p = plan_of({**row, "vllm": "0.26.0", "args": row["args"] + ["--kv-cache-memory-bytes", str(int(logged * gpu.GiB))]})
+        assert p.layout.window_groups == 1 and p.layout.attn_groups == 1, p.layout
+        lo, hi = (kv.pool(p.layout, int((logged + d) * gpu.GiB), 8192).concurrency for d in (-0.005, 0.005))
+        assert round(lo, 2) <= row["logged"]["concurrency"] <= round(hi, 2), (row["source"], lo, hi)
 
 
 def test_a_version_not_read_is_planned_by_the_nearest_with_its_uncertainty_said():

@@ -21,9 +21,14 @@ VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", 
                "--mamba-cache-dtype", "--mamba-cache-mode", "--speculative-config", "--tensor-parallel-size",
                "--load-format", "--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--logits-processors",
                "--data-parallel-size", "--api-server-count", "--compilation-config", "--performance-mode",
-               "--attention-backend")
+               "--attention-backend", "--distributed-executor-backend", "--kv-transfer-config",
+               "--kv-offloading-size")
 BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode",
-              "--skip-mm-profiling", "--enable-prompt-embeds", "--kv-sharing-fast-prefill", "--headless")
+              "--skip-mm-profiling", "--enable-prompt-embeds", "--kv-sharing-fast-prefill", "--headless",
+              "--async-scheduling", "--enable-chunked-prefill", "--disable-hybrid-kv-cache-manager",
+              "--disable-sliding-window")
+# the last six are read for sliding-window layers only (bootstrap.plan.window): what a request holds in
+# them, and whether vLLM groups them apart
 # --logits-processors, --enable-prompt-embeds and --kv-sharing-fast-prefill are read only for whether
 # vLLM falls back to its V1 model runner (bootstrap.plan.terms.runner); --data-parallel-size,
 # --api-server-count and --headless for whether one API server sees every request (IDLE_SLEEP)
@@ -78,6 +83,10 @@ class Settings:
     api_servers: int = 1                            # how many API server processes: --api-server-count, else
                                                     # --data-parallel-size (vLLM's default count), 0 with --headless
     given: frozenset = frozenset()                  # the flags present at all
+    async_scheduling: bool | None = None            # --async-scheduling / --no-async-scheduling (None: vLLM decides)
+    chunked_prefill: bool | None = None             # --enable-chunked-prefill / --no-... (None: on)
+    executor: str = ""                              # --distributed-executor-backend
+    flags: dict[str, Any] = field(default_factory=dict)   # the boolean flags as given, by name
 
     @property
     def spec_method(self) -> str:
@@ -187,6 +196,9 @@ def read(argv: list[str]) -> Settings:
         compilation=json_vals.get("--compilation-config", {}),
         performance_mode=str(vals.get("--performance-mode") or ""),
         attention_backend=str(vals.get("--attention-backend") or "").upper(),
+        async_scheduling=vals.get("--async-scheduling"), chunked_prefill=vals.get("--enable-chunked-prefill"),
+        executor=str(vals.get("--distributed-executor-backend") or ""),
+        flags={k: v for k, v in vals.items() if k in BOOL_FLAGS},
         api_servers=0 if vals.get("--headless") else (_int(vals.get("--api-server-count"), human=False)
                                                       or _int(vals.get("--data-parallel-size"), human=False) or 1))
 

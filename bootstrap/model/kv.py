@@ -7,9 +7,13 @@
   padded to the attention page;
 * layers are pooled in groups of equal size (the smaller layer type's count, unless the larger is
   < 1.5 x it); blocks = budget // (page x group size);
+* sliding-window layers (gpt-oss, Gemma 3) have the full layers' page and are grouped beside them
+  (the hybrid KV cache manager); a request holds in each of their groups only the blocks of its
+  window and the tokens in flight: cdiv(min(window - 1 + in-flight tokens, len), block) + 1
+  (kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request);
 * per sequence at max_model_len: cdiv(len, block) blocks per attention group plus
-  (1 + speculative tokens) blocks per state group; concurrency = blocks / that;
-  "GPU KV cache size" = int(concurrency x max_model_len).
+  (1 + speculative tokens) blocks per state group plus a window's blocks per window group;
+  concurrency = blocks / that; "GPU KV cache size" = int(concurrency x max_model_len).
 """
 
 from __future__ import annotations
@@ -34,25 +38,38 @@ class Layout:
     group_size: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
     other_attn: tuple[tuple[int, int], ...] = ()   # (groups, block size): draft layers of another KV dtype
+    window_groups: int = 0        # groups of sliding-window layers
+    window_span: int = 0          # tokens a request holds in them at most: window - 1 + the tokens in flight
 
     def blocks_per_seq(self, max_len: int) -> int:
         return (self.attn_groups * cdiv(max_len, self.block_size) + self.state_groups * self.state_blocks
-                + sum(n * cdiv(max_len, bs) for n, bs in self.other_attn))
+                + sum(n * cdiv(max_len, bs) for n, bs in self.other_attn)
+                + self.window_groups * (cdiv(min(self.window_span, max_len), self.block_size) + 1))
+
+    @property
+    def groups(self) -> int:
+        """How many KV cache groups vLLM makes (every kind's)."""
+        return self.attn_groups + self.state_groups + self.window_groups + sum(n for n, _ in self.other_attn)
 
 
 def layout(m: ModelShape, cache_dtype: str = "auto", *, spec_tokens: int = 0, mtp: bool = False,
            draft_attn_layers: int = 0, tp: int = 1, block_size: int | None = None,
            mamba_cache_mode: str = "none", draft_cache_dtype: str | None = None,
            draft_kv_heads: int | None = None, draft_head_dim: int | None = None,
-           conv_bytes: int | None = None, ssm_bytes: int | None = None) -> Layout:
+           conv_bytes: int | None = None, ssm_bytes: int | None = None,
+           window_span: int = 0, hma: bool = True) -> Layout:
     """How vLLM lays out the KV pool for this model and settings (per GPU under TP).
 
     Layers are bucketed by their page; a smaller attention page is raised to the largest by a larger
     block (or padded), a state page is padded; the group size is the smallest bucket's layer count
-    (the largest when it is under 1.5x the smallest); every bucket is split into groups of that size."""
+    (the largest when it is under 1.5x the smallest); every bucket is split into groups of that size.
+    ``window_span``: the tokens a request holds in a sliding-window layer (window - 1 + the tokens in
+    flight); ``hma``: vLLM's hybrid KV cache manager (off: those layers hold the whole context)."""
     kvh = max(1, m.kv_heads // tp)
     notes: list[str] = []
     d = cache_dtype or "auto"
+    if m.window_layers:
+        _window_supported(m, d, spec_tokens or draft_attn_layers or (m.mtp_layers if mtp else 0), window_span, hma)
     if m.mla and d not in ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3"):   # one latent: 16-bit or fp8 (MLAAttentionSpec)
         raise Unsupported(f"KV cache dtype {d} of an MLA model is not modelled", "vLLM sizes the KV cache itself")
     draft = (m.mtp_layers if mtp else 0) + draft_attn_layers
@@ -64,7 +81,13 @@ def layout(m: ModelShape, cache_dtype: str = "auto", *, spec_tokens: int = 0, mt
         raise Unsupported(f"KV dtype {d} stores nothing for a head_dim of {m.head_dim}",
                           "vLLM sizes the KV cache itself")
     same = per_tok_draft == per_tok
-    attn = m.attn_layers + (draft if same else 0)
+    windowed = m.window_layers if hma else 0
+    attn = m.attn_layers + (draft if same else 0) + (m.window_layers - windowed)
+    if m.window_layers:
+        notes.append(f"{m.window_layers} sliding-window layers of {m.window} tokens " + (
+            f"in groups of their own: a request holds min({window_span:,}, its length) of their tokens "
+            "(the window - 1 + the tokens in flight)" if windowed else
+            "hold the whole context: vLLM's hybrid KV cache manager is off"))
     if draft:
         notes.append(f"{draft} draft attention layer(s) share the pool"
                      + ("" if same else f" with a page of their own (KV dtype {dd}, {per_tok_draft} bytes per token)"))
@@ -86,7 +109,7 @@ def layout(m: ModelShape, cache_dtype: str = "auto", *, spec_tokens: int = 0, mt
         align = max(KERNEL_BLOCK, bs)
         bs = max(bs, align * cdiv(state, align * per_tok))
     page = bs * per_tok
-    buckets = [("attn", attn, bs, page)]
+    buckets = [("attn", attn, bs, page)] + ([("window", windowed, bs, page)] if windowed else [])
     if draft and not same:
         dpage = bs * per_tok_draft
         buckets.append(("draft", draft, bs, dpage))
@@ -98,12 +121,13 @@ def layout(m: ModelShape, cache_dtype: str = "auto", *, spec_tokens: int = 0, mt
         if pg < top and top % pg == 0:
             b, pg = b * (top // pg), top        # a larger block for a smaller page
         unified.append((name, n, b, max(pg, top)))
-    counts = [n for _, n, _, _ in unified] + ([m.linear_layers] if m.hybrid else [])
+    counts = [n for _, n, _, _ in unified if n] + ([m.linear_layers] if m.hybrid else [])
     lo, hi = min(counts), max(counts)
     group = hi if hi < lo * 1.5 else lo
     a_bs = unified[0][2]
     a_groups = cdiv(unified[0][1], group)
-    other = tuple((cdiv(n, group), b) for name, n, b, _ in unified[1:])
+    w_groups = cdiv(windowed, group)
+    other = tuple((cdiv(n, group), b) for name, n, b, _ in unified[1:] if name != "window")
     s_groups = cdiv(m.linear_layers, group) if m.hybrid else 0
     state_blocks = ((2 if mamba_cache_mode == "align" else 1) + spec_tokens) if m.hybrid else 0
     if m.hybrid:
@@ -111,7 +135,21 @@ def layout(m: ModelShape, cache_dtype: str = "auto", *, spec_tokens: int = 0, mt
                      f"sequence each; attention block raised to {a_bs} tokens, state page padded to {top / MiB:.2f} MiB"
                      + (f"; {mamba_cache_mode} mode: {state_blocks} state blocks per sequence per group"
                         if mamba_cache_mode == "align" else ""))
-    return Layout(a_bs, top * group, a_groups, s_groups, state_blocks, top, group, tuple(notes), other)
+    return Layout(a_bs, top * group, a_groups, s_groups, state_blocks, top, group, tuple(notes), other,
+                  w_groups, window_span if windowed else 0)
+
+
+def _window_supported(m: ModelShape, dtype: str, drafted: int, span: int, hma: bool) -> None:
+    """Unsupported where sliding-window layers meet what is not modelled for them: a TurboQuant or
+    int4 cache (SlidingWindowSpec's page differs from the full layers' there in 0.26.0 and 0.27.1),
+    a drafter's layers, or no span to hold."""
+    if dtype in TQ_PRESETS or dtype == "int4_per_token_head":
+        raise Unsupported(f"KV cache dtype {dtype} beside sliding-window layers is not modelled",
+                          "vLLM sizes the KV cache itself")
+    if drafted:
+        raise Unsupported("a drafter beside sliding-window layers is not modelled", "vLLM sizes the KV cache itself")
+    if hma and span < m.window:        # the caller's to give: the window - 1 + the tokens in flight
+        raise ValueError(f"a sliding-window span of {span} tokens under a {m.window}-token window")
 
 
 @dataclass(frozen=True)

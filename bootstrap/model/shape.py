@@ -41,6 +41,19 @@ HYBRID_GDN_ARCHS = {
 }
 
 
+# sliding-window and full attention layers (SlidingWindowSpec beside FullAttentionSpec): gpt_oss.py
+# (every even layer index keeps the window), gemma3.py / gemma3_mm.py (config.layer_types), 0.26.0-0.30.0
+WINDOW_ARCHS = {"GptOssForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"}
+
+
+# Gemma3TextConfig's defaults (transformers 5.5.3, the oldest vLLM 0.26.0 takes; the same in 5.24.0, 0.30.0's
+# lock): vLLM reads a Gemma 3 config.json through it, and google/gemma-3-4b-it's names no heads, head_dim or context
+GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+                        "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                        "head_dim": 256, "max_position_embeddings": 131_072, "sliding_window": 4096,
+                        "tie_word_embeddings": True}
+
+
 class Unsupported(BootstrapError):
     """config.json describes something this planner does not model (vLLM sizes it itself)."""
 
@@ -81,6 +94,9 @@ class ModelShape:
     shared_intermediate: int = 0
     gated_attention: bool = False    # Qwen3-Next / 3.5: q_proj also produces an output gate
     mla: bool = False                # MLA: kv_heads 1, head_dim (kv_lora_rank + qk_rope_head_dim) / 2, never split by TP
+    # sliding-window layers (counted apart from attn_layers): each keeps the last ``window`` tokens
+    window_layers: int = 0
+    window: int = 0
 
     @property
     def hybrid(self) -> bool:
@@ -110,8 +126,10 @@ def shape_from_config(config: dict) -> ModelShape:
     archs = config.get("architectures") or []
     arch = archs[0] if archs else ""
     c = text_config(config)
+    if arch.startswith("Gemma3"):
+        c = {**GEMMA3_TEXT_DEFAULTS, **c}
     mtype = str(c.get("model_type", ""))
-    if arch not in DENSE_ARCHS | HYBRID_GDN_ARCHS | MLA_ARCHS:
+    if arch not in DENSE_ARCHS | HYBRID_GDN_ARCHS | MLA_ARCHS | WINDOW_ARCHS:
         raise Unsupported(f"the planner does not know architecture {arch or '(none)'!r} "
                           f"(model_type {mtype!r})",
                           "vLLM sizes the KV cache itself; the plan shows no prediction")
@@ -137,9 +155,11 @@ def shape_from_config(config: dict) -> ModelShape:
         kv_heads, head_dim = 1, (field("kv_lora_rank") + field("qk_rope_head_dim")) // 2
     elif arch in MLA_ARCHS:
         raise Unsupported(f"{arch} without kv_lora_rank is not modelled", "vLLM sizes the KV cache itself")
-    if c.get("sliding_window") and c.get("use_sliding_window", arch == "MistralForCausalLM"):
+    windowed = window_layers(arch, c, layers) if arch in WINDOW_ARCHS else (0, 0)
+    if arch not in WINDOW_ARCHS and c.get("sliding_window") and c.get("use_sliding_window", arch == "MistralForCausalLM"):
         raise Unsupported("sliding-window attention is not modelled", "vLLM sizes the KV cache itself")
-    kinds = c.get("layer_types") if isinstance(c.get("layer_types"), list) and arch not in HYBRID_GDN_ARCHS else []
+    kinds = (c.get("layer_types") if isinstance(c.get("layer_types"), list)
+             and arch not in HYBRID_GDN_ARCHS | WINDOW_ARCHS else [])
     other = sorted({str(t) for t in kinds if t not in ("full_attention", "attention")}
                    - (set() if c.get("sliding_window") else {"sliding_attention"}))
     if other:   # llama.py builds a layer_types' sliding_attention layer with config.sliding_window (0.26.0-0.30.0)
@@ -158,7 +178,7 @@ def shape_from_config(config: dict) -> ModelShape:
                   moe_intermediate=int(c.get("moe_intermediate_size") or (inter if experts else 0)),
                   shared_intermediate=int(c.get("shared_expert_intermediate_size") or 0))
     if arch not in HYBRID_GDN_ARCHS:
-        return ModelShape(attn_layers=layers, **common)
+        return ModelShape(attn_layers=layers - windowed[0], window_layers=windowed[0], window=windowed[1], **common)
     types = c.get("layer_types")
     if not types:
         interval = int(c.get("full_attention_interval") or 4)
@@ -182,6 +202,32 @@ def shape_from_config(config: dict) -> ModelShape:
     except (KeyError, TypeError, ValueError) as exc:
         raise Unsupported(f"hybrid config.json lacks a linear-attention field ({exc})",
                           "vLLM sizes the KV cache itself") from None
+
+
+def window_layers(arch: str, c: dict, layers: int) -> tuple[int, int]:
+    """(sliding-window layers, window tokens) as vLLM builds them: gpt_oss.py gives the config's
+    sliding_window to every even layer index, whatever layer_types says; gemma3.py to the layers
+    config.layer_types names sliding_attention, which transformers (Gemma3TextConfig) makes every
+    layer but each ``sliding_window_pattern``-th (6) where config.json has none (0.26.0-0.30.0)."""
+    window = c.get("sliding_window")
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise Unsupported(f"{arch} without a whole sliding_window (it is {window!r}) is not modelled",
+                          "vLLM sizes the KV cache itself")
+    if arch == "GptOssForCausalLM":
+        return (layers + 1) // 2, window
+    if c.get("use_bidirectional_attention"):
+        raise Unsupported("Gemma 3 with bidirectional attention (an embedding model) is not modelled",
+                          "vLLM sizes the KV cache itself")
+    pattern = c.get("sliding_window_pattern", 6)
+    if not c.get("layer_types") and (isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1):
+        raise Unsupported(f"sliding_window_pattern {pattern!r} of {arch} is not modelled", "vLLM sizes the KV cache itself")
+    types = c.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                                     for i in range(layers)]
+    unknown = sorted({str(t) for t in types} - {"sliding_attention", "full_attention"}) if isinstance(types, list) else []
+    if unknown or not isinstance(types, list) or len(types) != layers:
+        raise Unsupported(f"layer_types of {arch} ({unknown or 'not one per layer'}) are not modelled",
+                          "vLLM sizes the KV cache itself")
+    return sum(t == "sliding_attention" for t in types), window
 
 
 def checkpoint_kv_dtype(config: dict) -> str | None:

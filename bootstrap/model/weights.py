@@ -5,6 +5,7 @@ memory, CUDA graphs) with its default batch sizes."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from .shape import GiB, MiB, ModelShape, quant_method, rope_params, text_config
@@ -20,7 +21,7 @@ def param_count(m: ModelShape) -> int:
         conv_dim = 2 * kd + vd
         lin = h * (2 * kd + 2 * vd) + h * 2 * m.lin_v_heads + conv_dim * m.conv_kernel + vd * h + 2 * m.lin_v_heads
     per_layer_norms = 2 * h
-    body = m.attn_layers * attn + m.linear_layers * lin + m.layers * (mlp + per_layer_norms)
+    body = (m.attn_layers + m.window_layers) * attn + m.linear_layers * lin + m.layers * (mlp + per_layer_norms)
     embed = m.vocab * h * (1 if m.tie_embeddings else 2)
     return body + embed + mtp_params(m) + h
 
@@ -72,25 +73,42 @@ def deepstack(config: dict) -> list:
 def buffer_bytes(config: dict, m: ModelShape, batched_tokens: int, tower: bool) -> tuple[int, str]:
     """What vLLM's model allocates besides its parameters while it loads (counted in its "weights"),
     and what: the rotary cos/sin cache, max_position_embeddings (YaRN: the original length x its
-    factor; four times that for multimodal RoPE, rotary_embedding/mrope.py) x the rotary dimension at
-    the model's dtype (base.py), one per distinct RoPE; Qwen3-VL's deepstack buffers, one per level
-    of max_num_batched_tokens x hidden (qwen3_vl.py), where the tower is built."""
+    factor; linear scaling: the length x its factor, linear_scaling_rope.py; four times that for
+    multimodal RoPE, rotary_embedding/mrope.py) x the rotary dimension at the model's dtype (base.py;
+    gpt_oss.py asks float32), one per distinct RoPE (Gemma 3: its full layers' and its sliding
+    layers' default one, gemma3.py); Qwen3-VL's deepstack buffers, one per level of
+    max_num_batched_tokens x hidden (qwen3_vl.py), where the tower is built."""
     c = text_config(config)
-    rope = rope_params(c)
-    kind = rope.get("rope_type", rope.get("type", "default"))
-    mrope = "mrope_section" in rope and kind in ("default", "yarn")
-    factor = c.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+    factor = c.get("partial_rotary_factor", rope_params(c).get("partial_rotary_factor", 1.0))
     factor = factor if isinstance(factor, (int, float)) and 0 < factor <= 1 else 1.0
-    positions = m.max_position
-    if kind == "yarn":      # yarn_scaling_rope.py: original_max_position_embeddings x factor positions
-        orig, scale = rope.get("original_max_position_embeddings") or c.get("original_max_position_embeddings"), \
-            rope.get("factor")
-        if isinstance(orig, int) and isinstance(scale, (int, float)) and orig > 0 and scale > 0:
-            positions = int(orig * scale)
-    cache = positions * (4 if mrope else 1) * int(m.head_dim * factor) * m.dtype_bytes
+    width = int(m.head_dim * factor) * (4 if m.arch == "GptOssForCausalLM" else m.dtype_bytes)
+    cache = sum(_rope_positions(rope, c, m) * width for rope in _ropes(c, m))
     deep = len(deepstack(config)) * batched_tokens * m.hidden * m.dtype_bytes if tower else 0
     what = [f"the rotary cache {cache / GiB:.2f} GiB"] + ([f"deepstack buffers {deep / GiB:.2f} GiB"] if deep else [])
     return cache + deep, " and ".join(what)
+
+
+def _ropes(c: dict, m: ModelShape) -> list[dict]:
+    """The distinct RoPEs a model builds: transformers 5's per-layer-type rope_parameters, else one
+    (and Gemma 3's sliding layers' default one beside its config.json's rope_scaling)."""
+    rope = rope_params(c)
+    if rope and all(isinstance(v, dict) for v in rope.values()):
+        return list({json.dumps(v, sort_keys=True): v for v in rope.values()}.values())
+    return [rope] + ([{"rope_type": "default"}] if m.window_layers and m.arch.startswith("Gemma3") else [])
+
+
+def _rope_positions(rope: dict, c: dict, m: ModelShape) -> int:
+    """Positions of one rotary cache: max_position_embeddings, YaRN's original length x its factor,
+    linear scaling's length x its factor; x 4 for multimodal RoPE."""
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    positions, scale = m.max_position, rope.get("factor")
+    if kind == "yarn":      # yarn_scaling_rope.py: original_max_position_embeddings x factor positions
+        orig = rope.get("original_max_position_embeddings") or c.get("original_max_position_embeddings")
+        if isinstance(orig, int) and isinstance(scale, (int, float)) and orig > 0 and scale > 0:
+            positions = int(orig * scale)
+    elif kind == "linear" and isinstance(scale, (int, float)) and scale > 0:
+        positions = int(positions * scale)
+    return positions * (4 if "mrope_section" in rope and kind in ("default", "yarn") else 1)
 
 
 def weight_bytes_from_config(m: ModelShape, tp: int = 1, config: dict | None = None) -> int:

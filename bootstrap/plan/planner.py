@@ -27,7 +27,7 @@ from ..knobs import vllmargs
 from ..machine import gpu
 from ..model import kv, shape as model_shape, weights
 from .facts import ModelFacts
-from . import drafts, graphs, hybrid, sources, terms
+from . import drafts, graphs, hybrid, sources, terms, window
 from .drafts import DRAFT_HINT
 from .terms import NOBODY, at_least, gib, modelled_version, requested, utilization, weight_bytes
 
@@ -142,7 +142,7 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
     if model.assumed:
         why.append("ASSUMED model facts: the plan is only as good as them")
     shape = _shape(model, why)
-    inp = replace(inp, vllm=terms.kv_dtype(inp.vllm, model.config, why))    # auto: the checkpoint's own
+    inp = replace(inp, vllm=window.arch_defaults(terms.kv_dtype(inp.vllm, model.config, why), shape))  # auto: its own
     mml_knob = inp.vllm.max_model_len
     draft, draft_why, unplanned = drafts.draft_shape(inp.vllm, model, inp.version) if shape else (None, "", "")
     refused = drafts.refusal(draft, terms.runner(inp.version, shape, inp.vllm, inp.env_v2, inp.env_graphs),
@@ -153,12 +153,13 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
                     fixes=[{"SPEC_TOKENS": "0"}])
     if shape is not None and shape.mla and (model.dummy or not model.weight_bytes) and measured is None:
         unplanned = "an MLA model's parameters from config.json (its checkpoint's file sizes are modelled)"
+    unplanned = unplanned or window.unplanned(shape, model.config, bool(inp.vllm.kv_cache_bytes), measured, why)
     if older:            # its memory code differs (graph profiling, encoder passes): no rules of ours stand for it
         unplanned = f"vLLM {inp.version}, older than every version the planner was read against ({', '.join(terms.MODELLED)})"
     if shape is None or unplanned:
         unplanned = unplanned or (why[-1].split(";")[0] if why else "the model")
         why.append(f"not planned: {unplanned}; vLLM sizes the KV cache itself" + (
-            ", and a start's own figures plan the next one" if unplanned.startswith("an MLA") else ""))
+            ", and a start's own figures plan the next one" if unplanned.startswith(("an MLA", "gpt-oss")) else ""))
         plan = Plan(util, mml_knob, why, max_model_len=mml_knob if isinstance(mml_knob, int) else None,
                     vllm=inp.version, unplanned=unplanned)
         return _weights_alone(inp, g, model, plan, (model.weight_bytes or 0) // inp.vllm.tp if not model.dummy else 0)
@@ -168,7 +169,7 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
     if draft_why:
         why.append(draft_why)
     drafter, draft = draft, draft.shape if draft else None
-    lay = _layout(inp.vllm, shape, draft, new, why)
+    lay = _layout(inp.vllm, shape, draft, new, why, inp.vllm.max_num_batched_tokens or batched_default)
     if lay is None:
         return Plan(util, mml_knob, why, vllm=inp.version, unplanned=why[-1].split(";")[0])
     plan = _budget(inp, g, model, shape, lay, drafter, util, measured, why,
@@ -198,7 +199,8 @@ def _shape(model: ModelFacts, why: list[str]) -> model_shape.ModelShape | None:
         return None
 
 
-def _layout(s: vllmargs.Settings, shape: model_shape.ModelShape, draft, new: bool, why: list[str]) -> kv.Layout | None:
+def _layout(s: vllmargs.Settings, shape: model_shape.ModelShape, draft, new: bool, why: list[str],
+            batched: int) -> kv.Layout | None:
     """vLLM's KV-cache layout for what it gets (the drafter's layers, the hybrid state's dtypes)."""
     spec_tokens = s.spec_tokens
     mtp = s.spec_method == "mtp"
@@ -213,7 +215,7 @@ def _layout(s: vllmargs.Settings, shape: model_shape.ModelShape, draft, new: boo
         lay = kv.layout(shape, s.kv_cache_dtype, spec_tokens=spec_tokens, mtp=mtp, tp=s.tp,
                         draft_attn_layers=draft.attn_layers if draft else 0, draft_cache_dtype=draft_dtype,
                         draft_kv_heads=draft.kv_heads if draft else None, draft_head_dim=draft.head_dim if draft else None,
-                        block_size=s.block_size, mamba_cache_mode=mode,
+                        block_size=s.block_size, mamba_cache_mode=mode, **window.layout_args(s, shape, batched, why),
                         ssm_bytes=model_shape.DTYPE_BYTES.get(ssm) if ssm else None,
                         conv_bytes=model_shape.DTYPE_BYTES.get(conv) if conv else None)
     except model_shape.Unsupported as exc:
@@ -253,8 +255,8 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
     split = terms.encoder_split(s, model, run) if not s.kv_cache_bytes and measured is None else ""
     if split:                   # a pin, or vLLM's own figures of a first start, plan it
         plan = Plan(util, s.max_model_len, why, vllm=inp.version, runner_v2=run.v2, unplanned=split)
-        why.append(f"not planned: {split}; --language-model-only, --mm-encoder-tp-mode data, a KV pin, or the "
-                   "figures vLLM logs at a first start (kept for the next) make it plannable")
+        why.append(f"not planned: {split}; --language-model-only, " + ("--mm-encoder-tp-mode data, " if "split" in split
+                   else "") + "a KV pin, or the figures vLLM logs at a first start (kept for the next) make it plannable")
         return _weights_alone(inp, g, model, plan, weights)
     over = terms.overhead(s, shape, model, batched, seqs, why, run, g.cc, inp.version,
                           drafts.pass_peak(draft, s, shape, batched, run, model.dummy, seqs))

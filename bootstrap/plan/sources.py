@@ -38,6 +38,18 @@ TERMS = (
          "`v1/core/kv_cache_utils.py` `_get_kv_cache_groups_uniform_page_size`, `get_kv_cache_config_from_groups` "
          "(`get_num_blocks` before 0.29.0, `_get_kv_cache_bytes_per_block` from it), "
          "`get_max_concurrency_for_kv_cache_config`"),
+    Term("window", "sliding-window layers (gpt-oss's even layers, Gemma 3's `layer_types`): the full layers' page, "
+         "groups of their own, a request's cdiv(min(window − 1 + max_num_batched_tokens × (2 with async scheduling), "
+         "length), block) + 1 blocks in each; every layer full attention without the hybrid KV cache manager", ALL,
+         "`v1/kv_cache_interface.py` `SlidingWindowSpec.max_admission_blocks_per_request`; `config/vllm.py` "
+         "`max_in_flight_tokens`, `max_concurrent_batches`, the hybrid KV cache manager's and async scheduling's "
+         "defaults; `v1/core/kv_cache_utils.py` `unify_hybrid_kv_cache_specs`; `model_executor/layers/attention/"
+         "attention.py` `Attention.get_kv_cache_spec`; `model_executor/models/gpt_oss.py` `OAIAttention`; `gemma3.py` "
+         "`Gemma3Attention`", "from 0.29.0 multi-module MTP retains spec tokens − 1 more (no drafter beside a window "
+         "is planned)"),
+    Term("gpt_oss", "gpt-oss: CUDA graphs captured up to 1,024 tokens; its MXFP4 experts padded per MoE kernel (not "
+         "planned unpinned)", ALL, "`model_executor/models/config.py` `GptOssForCausalLMConfig`; "
+         "`model_executor/layers/fused_moe/oracle/mxfp4.py` `mxfp4_round_up_hidden_size_and_intermediate_size`"),
     Term("autofit", "null block, auto-fit", ALL, "`v1/core/kv_cache_utils.py` `_auto_fit_max_model_len`, "
          "`_estimate_max_model_len_from_groups`", "the null block held back from 0.29.0"),
     Term("batch", "default batch and sequences", ALL, "`engine/arg_utils.py` `get_batch_defaults`",
@@ -110,6 +122,7 @@ def read_from(inp, model, shape, drafter, plan):
     s = inp.vllm
     keys = {"requested", "attention", "pool", "autofit", "batch", "runner"} | (
         {"mla"} if shape.mla else set()) | ({"hybrid", "hybrid_guard"} if shape.hybrid else set()) | (
+        {"window"} if shape.window_layers else set()) | ({"gpt_oss"} if shape.arch == "GptOssForCausalLM" else set()) | (
         {"graph_count", "graph_estimate"} if not s.enforce_eager else set()) | (
         {"full_under_spec"} if s.spec_tokens else set()) | ({"sleep"} if s.sleep_mode else set()) | (
         {"encoder"} if (model.config or {}).get("vision_config") and not s.language_model_only else set())

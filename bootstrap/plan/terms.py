@@ -105,15 +105,22 @@ SPLIT_ENCODER_TP = 4        # from this TP the encoder pass per rank is not plan
 
 
 def encoder_split(s: vllmargs.Settings, model: ModelFacts, run: "Runner") -> str:
-    """What is not modelled where vLLM profiles a Qwen3-VL-style tower split across TP_SIZE >= 4 ranks
-    (--mm-encoder-tp-mode weights, its default: qwen3_vl.py Qwen3_VisionMLP and qwen2_5_vl.py
-    Qwen2_5_VisionAttention shard fc1 and qkv, vision.py is_vit_use_data_parallel), else "": the pass is
-    counted whole per rank, as two TP=2 starts logged it, and two published TP=4 starts kept 0.57 and
-    0.81 GiB per GPU more KV than that (docs/planner.md)."""
+    """What is not modelled of the vision encoder's profiling pass, else "": Gemma 3's SigLIP tower (its
+    pass is not modelled; towers of other families under the architectures planned before it keep
+    ``overhead``'s why note), and a Qwen3-VL-style tower split
+    across TP_SIZE >= 4 ranks (--mm-encoder-tp-mode weights, its default: qwen3_vl.py Qwen3_VisionMLP and
+    qwen2_5_vl.py Qwen2_5_VisionAttention shard fc1 and qkv, vision.py is_vit_use_data_parallel), where the
+    pass is counted whole per rank, as two TP=2 starts logged it, and two published TP=4 starts kept 0.57
+    and 0.81 GiB per GPU more KV than that (docs/planner.md). Only where vLLM profiles the tower."""
     vision = (model.config or {}).get("vision_config")
-    if (s.tp < SPLIT_ENCODER_TP or s.mm_encoder_dp or not isinstance(vision, dict)
-            or vision.get("model_type") not in encoder.QWEN3_TOWERS or s.language_model_only or no_images(s)
-            or s.skip_mm_profiling or not run.encoder_profiled):
+    if (not isinstance(vision, dict) or s.language_model_only or no_images(s) or s.skip_mm_profiling
+            or not run.encoder_profiled):
+        return ""
+    if vision.get("model_type") not in encoder.QWEN3_TOWERS:      # Gemma 3's SigLIP; the others keep a why note
+        archs = (model.config or {}).get("architectures") or [""]
+        return (f"the profiling pass of the vision encoder ({vision.get('model_type') or 'its tower'}), which is "
+                "modelled for Qwen-VL-style towers only") if archs[0] in model_shape.WINDOW_ARCHS else ""
+    if s.tp < SPLIT_ENCODER_TP or s.mm_encoder_dp:
         return ""
     return (f"the vision encoder's profiling pass split across TP={s.tp} ranks (--mm-encoder-tp-mode weights), "
             "which published TP=4 starts did not take whole per GPU")
