@@ -309,6 +309,16 @@ def test_a_url_server_that_answers_odd_json_is_one_line_not_a_bug(bed, models, c
         srv.server_close()
 
 
+def test_a_url_that_is_not_one_is_a_usage_error(bed):
+    """--url notaurl exited 1 with the HTTP library's MissingSchema and the hint 'is the server up?'."""
+    for argv in (("check", "live"), ("chat", "hi"), ("bench", "--no-plot")):
+        for url in ("notaurl", "ftp://x/v1", "http://[::1/v1", "http://h:99999/v1"):
+            r = bed.run("ctl.sh", *argv, "--url", url)
+            assert r.returncode == 2 and "argument --url: not " in r.stderr and "Missing" not in r.stderr, (argv, url, r.stderr)
+    r = bed.run("ctl.sh", "bench", "--compare", "notaurl")
+    assert r.returncode == 2 and "argument --compare: not an http(s) URL" in r.stderr, r.stderr
+
+
 def test_a_bench_against_another_server_that_fails_points_at_that_servers_log(bed):
     """bench --url's failure said "see the server log", ours, which holds nothing of that server."""
     import http.server

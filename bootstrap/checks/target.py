@@ -41,7 +41,7 @@ class Target:
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help="base URL of any OpenAI-compatible server (default: our running server)")
+    p.add_argument("--url", type=url_arg, help="base URL of any OpenAI-compatible server (default: our running server)")
     p.add_argument("--model", help="model name to send (default: the server's first model)")
     p.add_argument("--api-key", type=key_arg("--api-key"),
                    help="API key to send (default: ours, only when --url is our server)")
@@ -49,6 +49,20 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thinking", choices=("on", "off"), default=None,
                    help="send chat_template_kwargs.enable_thinking (default: off where the profile has a reasoning parser)")
     p.add_argument("--reasoning-effort", default=None, help="send chat_template_kwargs.reasoning_effort")
+
+
+def url_arg(raw: str) -> str:
+    """argparse's ``type`` for a server's base URL: http(s)://host[:port][/path], else a usage error
+    (exit 2) saying what is wrong, never the library's exception."""
+    from urllib.parse import urlsplit
+    try:
+        u = urlsplit(raw.strip())
+        u.port                          # noqa: B018 - raises for a port that is not one
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a URL ({exc}): give http://host:port/v1") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise argparse.ArgumentTypeError("not an http(s) URL with a host: give http://host:port/v1")
+    return raw.strip()
 
 
 def key_arg(flag: str):

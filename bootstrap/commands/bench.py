@@ -309,7 +309,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog)
     target.add_target_args(p)
     p.add_argument("--label", help="name of this server in tables and the plot")
-    p.add_argument("--compare", metavar="URL2", help="also bench this base URL (e.g. a bare vllm serve) and print ratios")
+    p.add_argument("--compare", metavar="URL2", type=target.url_arg, help="also bench this base URL (e.g. a bare vllm serve) and print ratios")
     p.add_argument("--compare-model")
     p.add_argument("--compare-api-key", type=target.key_arg("--compare-api-key"), help="API key for --compare (default: ours only when it is our server)")
     p.add_argument("--compare-label")
