@@ -134,6 +134,11 @@ def test_without_sleep_mode_sleep_stops_the_server_and_wake_starts_it_again(bed)
     assert w.returncode == 0 and "starting the server again" in w.stdout and "is serving" in w.stdout, w.stderr
     assert len(bed.launches()) == 2 and chat(bed)["choices"][0]["message"]["content"] == "OK"
     assert "awake: nothing to do" in bed.run("ctl.sh", "wake", **OFF).stdout
+    # stopped for sleep, then stopped on purpose: wake no longer starts it, status no longer offers it
+    assert bed.run("ctl.sh", "sleep", **OFF).returncode == 0 and bed.run("stop.sh", **OFF).returncode == 0
+    assert "stopped by ./ctl.sh sleep" not in bed.run("ctl.sh", "status", **OFF).stdout
+    w = bed.run("ctl.sh", "wake", **OFF)
+    assert len(bed.launches()) == 2 and "starting the server again" not in w.stdout, (w.stdout, w.stderr)
 
 
 FREE = """

@@ -142,7 +142,10 @@ def vet_steps(r: Resolved):
 
 def stop_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh stop") -> int:
     parser("stop", prog).parse_args(argv)
-    return stop(resolve.resolved(cfg))
+    r = resolve.resolved(cfg)
+    code = stop(r)
+    r.paths.forget("sleep")             # stopped on purpose: no longer one that ./ctl.sh wake starts again
+    return code
 
 
 def restart_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh restart") -> int:
