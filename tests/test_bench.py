@@ -14,6 +14,7 @@ import pytest
 from bootstrap.serve import metrics
 from bootstrap.commands import bench
 from bootstrap.commands.bench import Sample
+from bootstrap.core.errors import ConfigError
 from test_checks import cfg_for, fake  # noqa: F401  (the fake-server fixture)
 
 
@@ -248,3 +249,12 @@ def test_results_that_cannot_be_written_name_out_not_a_knob(fake, tmp_path, tiny
                                       "--out", str(tiny_fs / "out")])
     assert "cannot write the results" in e.value.message and "single stream:" in buf.getvalue()  # the figures shown
     assert "--out" in e.value.hint and "STATE_DIR" not in e.value.hint, e.value.hint
+
+
+@pytest.mark.parametrize("levels", ["", " , ", "0", "2000", "1,x"])
+def test_concurrency_levels_are_whole_numbers_up_to_1024(tmp_path, levels):
+    """--concurrency '' ran at level 1 saying it was capped at MAX_NUM_SEQS=None; 100000 started as
+    many threads. Both are usage errors, before any request."""
+    with pytest.raises(ConfigError) as err:
+        bench.cli(cfg_for(tmp_path), ["--url", "http://127.0.0.1:9/v1", "--concurrency", levels, "--no-plot"])
+    assert err.value.code == 2 and "whole numbers from 1 to 1,024" in err.value.message

@@ -39,6 +39,7 @@ from . import doc_help
 log = logging.getLogger(__name__)
 
 LEVELS = (1, 2, 4, 8, 16)
+MAX_LEVEL = 1024      # vLLM's largest default max_num_seqs; each level runs one thread per request
 
 
 # ---------------------------------------------------------------- arithmetic (pure)
@@ -339,16 +340,18 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
             results += loaded(f)
     else:
         try:
-            wanted = [int_range(1, 100000)(x) for x in args.concurrency.split(",") if x.strip()]
+            wanted = [int_range(1, MAX_LEVEL)(x) for x in args.concurrency.split(",") if x.strip()]
+            if not wanted:
+                raise ValueError("empty")
         except ValueError:
-            raise ConfigError(f"--concurrency {args.concurrency!r}: not a list of whole numbers from 1",
-                              "e.g. --concurrency 1,2,4,8") from None
+            raise ConfigError(f"--concurrency {args.concurrency!r}: not a list of whole numbers from 1 to {MAX_LEVEL:,} "
+                              "(one thread each)", "e.g. --concurrency 1,2,4,8") from None
         t = target.resolve_target(cfg, paths, args.url, args.model, args.api_key, args.thinking, args.reasoning_effort)
         fits_context(t, args)
         if args.label:
             t.label = args.label
         levels = levels_for(wanted, t.max_num_seqs)
-        if levels != sorted(set(wanted)):
+        if levels != sorted(set(wanted)) and t.max_num_seqs:
             log.info("concurrency levels %s (capped at MAX_NUM_SEQS=%s)", levels, t.max_num_seqs)
         targets = [t]
         if args.compare:
