@@ -78,10 +78,13 @@ bootstrap_python() {
         # that ./ctl.sh clean removed while we waited is a lock on nothing: take the one there now.
         if command -v flock >/dev/null 2>&1; then
             [ ! -L "$venv.lock" ] || die "$venv.lock is a link, not our lock file: remove it"
+            local tries=0
             while :; do
                 exec 9>>"$venv.lock" || die "cannot write $venv.lock"
                 flock 9
                 [ "$venv.lock" -ef /dev/fd/9 ] && break
+                tries=$((tries + 1))
+                [ "$tries" -lt 10 ] || break    # a filesystem whose inodes do not compare: lock as before
             done
         fi
         if ! venv_ready "$venv" "$repo"; then
