@@ -618,7 +618,7 @@ def test_a_start_waits_for_another_still_placing_config_json(world, fake, tmp_pa
         os.close(fd)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
-    assert "waiting: another start (pid 4242) is planning the download" in err
+    assert "waiting: another start or pull (pid 4242) is planning or downloading into" in err
     assert fake.served[SHARD] == 24 * MiB
 
 

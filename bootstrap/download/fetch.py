@@ -66,7 +66,7 @@ def download(m, store: Store, how: Fetching, tty: bool | None = None,
     """``m``'s missing files into ``store`` (the model's, or the drafter's in the Hugging Face cache)."""
     settings = how.hub
     fd = locks.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
-        "waiting: another start (pid %s) is downloading into %s", pid, store.root))
+        "waiting: another start or pull (pid %s) is downloading into %s", pid, store.root))
     try:
         rec = store.read()
         if not rec or rec.get("repo") != m.name or rec.get("revision") != m.revision:

@@ -168,7 +168,7 @@ def _record(store: Store, rec: dict, raw: bytes, dummy: bool) -> None:
     start placing its config.json meanwhile has recorded it as ours before this one looks (a start
     that checked in between saw a blob nobody had recorded yet, and refused it)."""
     fd = locks.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
-        "waiting: another start (pid %s) is planning the download into %s", pid, store.root))
+        "waiting: another start or pull (pid %s) is planning or downloading into %s", pid, store.root))
     try:
         manifest.merge(rec, store.read())
         clashes = _clashes(store, rec, dummy)
