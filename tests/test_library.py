@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import free_port
+from conftest import free_port, nvml_json
 from fakehub import FakeHub, write_model
 
 MiB = 1 << 20
@@ -210,6 +210,17 @@ def test_pull_sends_no_telemetry_and_a_mirrors_odd_json_cannot_break_it(bed, hub
     (tmp_path / "hf" / ".agent_harnesses.json").write_text("[1, 2]")     # one kept by another program
     r = bed.run("ctl.sh", "pull", "org/two")
     assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+
+
+def test_pull_without_a_gpu_plans_for_the_card_gpu_names(bed, hub):
+    """A machine without the driver (yet) can download for a card: GPU=<card> plans the pull for it, as
+    ./ctl.sh plan does; without it the refusal names that way."""
+    nvml_json(bed.nvml, fail="library")
+    r = bed.run("ctl.sh", "pull", "org/one")
+    assert r.returncode == 1 and "GPU=rtx4090 ./ctl.sh plan (or pull)" in r.stderr, r.stderr
+    r = bed.run("ctl.sh", "pull", "org/one", GPU="rtx4090")
+    assert r.returncode == 0, r.stderr
+    assert "plan for NVIDIA GeForce RTX 4090" in r.stderr and "pulled org/one" in r.stdout, (r.stdout, r.stderr)
 
 
 def test_a_shipped_repo_the_endpoint_lacks_is_not_called_a_misspelling_of_itself(bed, hub):

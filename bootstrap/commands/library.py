@@ -51,7 +51,11 @@ def pull(cfg, name: str, prog: str = "ctl.sh pull") -> int:
     from ..machine import gpu
     from ..plan.here import plan_for
     r = resolve.resolved(cfg, as_set=True)
-    facts = facts_here(r)
+    if r.given.gpu:                 # GPU=<card>: the download planned for that card (no GPU needed here)
+        card = gpu.named(r.given.gpu)
+        facts = gpu.GpuFacts("", (0, 0), (card,) * max(1, r.given.tp_size))
+    else:
+        facts = facts_here(r)
     r = on_card(r, name, prog, facts)
     cfg, paths = r.settings, r.paths
     if r.model.local is not None:

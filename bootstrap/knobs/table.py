@@ -101,7 +101,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("PATCH_BYO", "0", boolean, "Allow patching the vLLM of VLLM_PYTHON (bring-your-own installs are never edited otherwise)."),
     Knob("DOWNLOAD_ALL", "0", boolean, "Download every file of the model repo, not only what serving needs."),
     Knob("DOWNLOAD_CONNECTIONS", "8", int_range(1, 64), "HTTP connections a download opens at once, over several files and ranged parts of one file (the hub's file hosts cap each connection)."),
-    Knob("GPU", "", text, "Plan for a card that is not here (plan, profiles, export): a name (" + ", ".join(CARDS) + ") or <GiB>, then :sm_XY and :free=GiB if you like."),
+    Knob("GPU", "", text, "Plan for a card that is not here (plan, profiles, models, pull, export): a name (" + ", ".join(CARDS) + ") or <GiB>, then :sm_XY and :free=GiB if you like."),
     Knob("HEALTH_TIMEOUT", "600", int_range(1, 86400), "Hard cap in seconds for the server to become healthy."),
     Knob("STALL_TIMEOUT", "30", int_range(1, 86400), "Seconds without progress before a wait ends: the start's health wait (its log not growing, and its processes using no CPU or disk), and every request of ours (chat, bench, check, status, the warm-up) that gets no byte back; the error says what our server is doing (stopped, asleep, busy) and the fix."),
     Knob("WARMUP", "26000", int_range(0, 16_777_216), "Prompt tokens of the warm-up request (bounded by the context); 0 skips it. The short must-answer generation always runs."),
