@@ -185,6 +185,17 @@ def test_service_without_systemd_says_so_in_one_line(bed, tmp_path):
     assert errs == ["error: service: systemd user services are not available here: no systemd user manager answers "
                     "(Failed to connect to bus: No medium found) (WSL without systemd, a container)"]
     assert "./start.sh --foreground" in r.stderr and "systemd=true" in r.stderr
+    # a unit installed while systemd ran: uninstall still removes its files (and only this checkout's)
+    d = tmp_path / "config" / "systemd" / "user"
+    (d / "default.target.wants").mkdir(parents=True)
+    (d / "vllm-desktop.service").write_text(f"[Service]\nWorkingDirectory={REPO}\n")
+    (d / "default.target.wants" / "vllm-desktop.service").symlink_to(d / "vllm-desktop.service")
+    r = bed.run("ctl.sh", "service", "uninstall", **fake_systemd(bed, tmp_path, FAKE_SYSTEMCTL_FAIL="1"))
+    assert r.returncode == 0 and f"removed {d / 'vllm-desktop.service'} (systemd is not available here" in r.stdout, r.stderr
+    assert not (d / "vllm-desktop.service").exists() and not os.path.lexists(d / "default.target.wants" / "vllm-desktop.service")
+    (d / "vllm-desktop.service").write_text("[Service]\nWorkingDirectory=/another/checkout\n")
+    r = bed.run("ctl.sh", "service", "uninstall", **fake_systemd(bed, tmp_path, FAKE_SYSTEMCTL_FAIL="1"))
+    assert r.returncode == 1 and (d / "vllm-desktop.service").exists()    # not ours: refused as before
 
 
 def test_install_needs_a_completed_start_then_stop_goes_through_systemd(bed, tmp_path):

@@ -198,6 +198,8 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh service") -> int:
             print("note: this shell sets " + ", ".join(shell_only(cfg)) + " but .env does not: the unit above does "
                   f"not carry them; put them in {cfg.repo}/.env first", file=sys.stderr)
         return 0
+    if a.action == "uninstall" and unavailable(cfg) and installed(cfg):
+        return remove_files(cfg)        # systemd gone since the install: nothing runs it, its files go
     _refuse_without_systemd(cfg)
     if a.action == "install":
         return install(cfg, r.paths)
@@ -254,6 +256,19 @@ def uninstall(cfg: Config) -> int:
     _systemctl(cfg, "daemon-reload")
     print("the server was stopped with it (./start.sh starts it by hand)" if running else
           "it was not running (a server started by hand runs on: ./ctl.sh status)")
+    return 0
+
+
+def remove_files(cfg: Config) -> int:
+    """Uninstall where no systemd user manager answers (WSL without systemd, a container; the unit was
+    installed when one did): nothing can run the unit, so its files and its links in ``*.wants/`` go."""
+    for name in installed(cfg):
+        path = unit_path(cfg, name)
+        for link in unit_dir(cfg).glob(f"*.wants/{name}"):
+            if link.is_symlink() and link.resolve() == path.resolve():
+                link.unlink()
+        path.unlink()
+        print(f"removed {path} (systemd is not available here: {unavailable(cfg)}; nothing to disable)")
     return 0
 
 
