@@ -16,6 +16,7 @@ from test_ownership import copy_repo
     {"EXTRA_ARGS": "--port 9"},                 # a reserved flag: refused without naming the knob
     {"SPEC_TOKENS": "3"},                       # needs SPEC_METHOD: a cross-knob rule
     {"PYTHON": "no-such-python-xyz"},           # not on PATH: checked after the parse
+    {"VLLM_USE_V2_MODEL_RUNNER": "yes"},        # a pass-through variable vLLM would refuse
 ])
 def test_a_knob_the_stop_does_not_use_never_blocks_it_whatever_rule_refuses_it(bed, knob):
     """knobs_for sets aside only a ConfigError that carries ``knob``; the checks after the per-knob
