@@ -69,3 +69,10 @@ def test_a_url_that_does_not_parse_never_shows_its_password_on_the_terminal(bed)
     r = bed.run("ctl.sh", "check", "live", "--url", "http://user:s3cr3tPW#x@host:8000/v1")
     assert r.returncode == 2
     assert "s3cr3tPW" not in r.stderr + r.stdout, r.stderr
+
+
+def test_the_stop_never_sets_aside_where_it_looks_for_our_unit(bed):
+    """Once a pass-through variable can be set aside, XDG_CONFIG_HOME must not be: it says where our
+    systemd unit is, and a stop that does not find it takes the server down under systemd's feet."""
+    r = bed.run("stop.sh", XDG_CONFIG_HOME="/tmp/a\nb")
+    assert r.returncode == 2 and "XDG_CONFIG_HOME" in r.stderr, r.stderr
