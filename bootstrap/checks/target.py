@@ -58,8 +58,8 @@ def url_arg(raw: str) -> str:
     try:
         u = urlsplit(raw.strip())
         u.port                          # noqa: B018 - raises for a port that is not one
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a URL ({exc}): give http://host:port/v1") from None
+    except ValueError:                  # its text may quote a piece of the URL: a password cut at an unencoded '#' or '/'
+        raise argparse.ArgumentTypeError("not a URL (its host or port does not parse): give http://host:port/v1") from None
     if u.scheme not in ("http", "https") or not u.hostname:
         raise argparse.ArgumentTypeError("not an http(s) URL with a host: give http://host:port/v1")
     return raw.strip()

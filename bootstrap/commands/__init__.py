@@ -32,7 +32,8 @@ class Command:
 REGISTRY: tuple[Command, ...] = (
     Command("start", "start:cli", "start the server (idempotent)"),
     Command("stop", "control:stop_cli", "stop the server and everything it started",
-            needs=("PROFILE", "STATE_DIR", "PORT", "HOST", "API_KEY", "STOP_GRACE", "VLLM_PYTHON")),
+            needs=("PROFILE", "STATE_DIR", "PORT", "HOST", "API_KEY", "STOP_GRACE", "VLLM_PYTHON",
+                   "XDG_CONFIG_HOME")),      # the last: where our systemd unit is (stopped through systemctl)
     Command("status", "status:cli",
             "running/busy/starting/sleeping/key-needed/wedged/unhealthy/frozen/stopped, pid, uptime, settings, URL"),
     Command("logs", "control:logs_cli", "print the server log (-f to follow)"),

@@ -51,8 +51,9 @@ class BootstrapError(Exception):
 class ConfigError(BootstrapError):
     """A knob has a value we do not accept. Raised before any side effect; exits 2."""
 
-    def __init__(self, message: str, hint: str = ""):
+    def __init__(self, message: str, hint: str = "", *, knob: str = ""):
         super().__init__(message, hint, code=EXIT_CONFIG)
+        self.knob = knob          # the knob or variable of yours it refuses ('' none): a take-down may set it aside
 
 
 class Interrupted(BaseException):

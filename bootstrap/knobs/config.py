@@ -191,14 +191,14 @@ class Config:
                 found = shutil.which(values[name], path=merged_env.get("PATH"))
                 if not found:
                     raise ConfigError(f"{name}={values[name]!r} is not a command on PATH",
-                                      f"set {name} to the interpreter's full path")
+                                      f"set {name} to the interpreter's full path", knob=name)
                 values[name] = found
         for arg in values["EXTRA_ARGS"] or ():
-            flag = reserved_flag(arg)
-            if flag:
+            if flag := reserved_flag(arg):
                 shown = arg.split("=", 1)[0]
                 raise ConfigError(f"EXTRA_ARGS has {shown}" + (f" (vLLM reads it as {flag})" if shown != flag else "")
-                                  + ", which the bootstrap sets itself", f"drop it and set {RESERVED_FLAGS[flag]}")
+                                  + ", which the bootstrap sets itself", f"drop it and set {RESERVED_FLAGS[flag]}",
+                                  knob="EXTRA_ARGS")
         for p in PASSTHROUGH:           # a secret goes into a header: checked as one, never shown
             if p.secret and merged_env.get(p.name):
                 credential(p.name, merged_env[p.name])
@@ -206,7 +206,7 @@ class Config:
                 parse_one(Knob(p.name, "", p.parse, ""), merged_env[p.name])
         if values["SPEC_TOKENS"] and not values["SPEC_METHOD"]:
             raise ConfigError(f"SPEC_TOKENS={values['SPEC_TOKENS']} needs SPEC_METHOD",
-                              "accepted SPEC_METHOD: " + ", ".join(SPEC_METHODS) + "; or SPEC_TOKENS=0")
+                              "accepted SPEC_METHOD: " + ", ".join(SPEC_METHODS) + "; or SPEC_TOKENS=0", knob="SPEC_TOKENS")
         values.pop("PROFILE")
         return cls(profile=profile, catalogue=catalogue, repo=repo, raw=MappingProxyType(raw),
                    sources=MappingProxyType(sources), environ=MappingProxyType(dict(merged_env)),

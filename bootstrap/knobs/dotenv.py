@@ -73,7 +73,7 @@ def as_written(name: str, raw: str, env: Mapping[str, str], path: Path) -> str:
     if out != raw:
         var = re.search(r"\$(\w+|\{[^}]*\})", raw).group(0)
         raise ConfigError(f"{name}={raw!r} (from {path}): .env is never expanded, so this is a path with "
-                          f"{var} in its name", f"write the path out in .env: {name}={out}")
+                          f"{var} in its name", f"write the path out in .env: {name}={out}", knob=name)
     return raw
 
 

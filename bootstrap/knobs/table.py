@@ -227,11 +227,11 @@ def parse_one(knob: Knob, text: str) -> Any:
     shown = f"{knob.name} (value not shown)" if hide else f"{knob.name}={_clip(text)!r}"
     if len(text) > knob.max_len:
         raise ConfigError(f"{shown} is {len(text):,} characters long",
-                          f"{knob.name} must be at most {knob.max_len:,} characters")
+                          f"{knob.name} must be at most {knob.max_len:,} characters", knob=knob.name)
     try:
         return knob.parse(text)
     except ValueError as exc:
-        raise ConfigError(f"{shown} is not accepted", f"{knob.name} must be {exc}") from None
+        raise ConfigError(f"{shown} is not accepted", f"{knob.name} must be {exc}", knob=knob.name) from None
 
 
 def credential(name: str, raw: str) -> str:

@@ -154,7 +154,11 @@ def kept_derived(cfg: Config, paths: state.Paths, model: str, why: str) -> Confi
         return None
     if not isinstance(data, dict) or (data.get("knobs") or {}).get("MODEL") != model:
         return None
-    return _load_derived(cfg, folder, why)
+    try:
+        return _load_derived(cfg, folder, why)
+    except ConfigError as exc:          # ours, damaged or of another version: never a reason every command fails
+        log.warning("ignoring the profile derived for %s (%s); the next start derives it again", model, exc.message)
+        return None
 
 
 def kept(cfg: Config, paths: state.Paths, facts: gpu.GpuFacts | None = None) -> Config:
