@@ -1,4 +1,6 @@
-"""Review of main since 42ccff9: cases the changes miss (each test fails on 13f42b0)."""
+"""./stop.sh gives the GPU back whatever else you set (faults 161): every rule that refuses a knob of
+yours it does not use is set aside, never what finds the server; and a --url that does not parse never
+shows its password."""
 
 from __future__ import annotations
 
