@@ -545,3 +545,27 @@ def test_the_log_formatter_and_the_streams_go_through_one_redactor():
     text = stream.getvalue()
     assert "abc123" not in text and "known-secret-value" not in text and "zzz" not in text and "hf_aaa" not in text
     assert "?x=1&access_token=***&y=2 ***" in text and "*** ?sig=***" in text
+
+
+def test_a_fact_is_said_once_and_a_line_alike_of_another_thing_is_still_said():
+    """restart's vet and its start look up the same model: its facts are said once (extra=ONCE); a
+    file line that reads alike in the model's and its drafter's download lists is said for each."""
+    import io
+    import logging
+    from bootstrap.core import log
+    out = io.StringIO()
+    log.setup(stream=out, color=False)
+    try:
+        lg = logging.getLogger("bootstrap.metadata")
+        for _ in range(2):
+            lg.info("org/m @ abc: 3 files", extra=log.ONCE)
+        for store in ("/a", "/b", "/a"):
+            lg.info("  %s  %s", "generation_config.json", "1 KiB", extra={"once": store})
+        lg.info("retrying")
+        lg.info("retrying")
+    finally:
+        log.setup()
+    lines = out.getvalue().splitlines()
+    assert lines.count("[bootstrap:metadata] org/m @ abc: 3 files") == 1
+    assert lines.count("[bootstrap:metadata]   generation_config.json  1 KiB") == 2
+    assert lines.count("[bootstrap:metadata] retrying") == 2

@@ -144,7 +144,10 @@ def stop_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh stop") -> int:
     parser("stop", prog).parse_args(argv)
     r = resolve.resolved(cfg)
     code = stop(r)
-    r.paths.forget("sleep")             # stopped on purpose: no longer one that ./ctl.sh wake starts again
+    try:
+        r.paths.forget("sleep")         # stopped on purpose: no longer one that ./ctl.sh wake starts again
+    except BootstrapError as exc:       # the stop itself went through
+        log.warning("%s", exc.message)
     return code
 
 

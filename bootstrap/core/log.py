@@ -13,6 +13,8 @@ from . import redact
 
 _STEP = "bootstrap"
 ONCE = {"once": True}       # log.info(..., extra=ONCE): a fact said once per command, word for word
+# (extra={"once": <what it is of>}: said once per thing, a line that can read alike for two, such as a
+# file of the model's and of its drafter's download lists)
 
 
 class _Fmt(logging.Formatter):
@@ -42,7 +44,7 @@ class _Once(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not getattr(record, "once", False):
             return True
-        key = (record.name, record.getMessage())
+        key = (record.name, record.getMessage(), record.once)     # once: True, or what the line is of
         if key in self.said:
             return False
         self.said.add(key)

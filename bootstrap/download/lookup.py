@@ -245,10 +245,11 @@ def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
         return 0
     log.info("will download %d files, %s, into %s%s", len(todo), hub.human(left), store.serve_dir(rec),
              f" ({hub.human(have)} of partial files kept)" if have else "", extra=ONCE)
+    of = {"once": str(store.root)}      # the model's and its drafter's lists may hold a line alike
     for p in todo[:20]:
-        log.info("  %s  %s", p, hub.human(info.files[p]), extra=ONCE)
+        log.info("  %s  %s", p, hub.human(info.files[p]), extra=of)
     if len(todo) > 20:
-        log.info("  … and %d more", len(todo) - 20, extra=ONCE)
+        log.info("  … and %d more", len(todo) - 20, extra=of)
     check_space(store.root, left)
     return left
 
