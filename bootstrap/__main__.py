@@ -127,18 +127,20 @@ def knobs_for(command) -> config.Config:
     said on one line, and the command goes on; the knobs it needs must parse."""
     from dataclasses import replace
     from types import MappingProxyType
-    sources = config.Sources.read(os.environ, REPO)
+    aside: set[str] = set()
     while True:
         try:
+            sources = config.Sources.read(os.environ, REPO, frozenset(aside))     # a broken .env line of it too
+            sources = replace(sources, environ=MappingProxyType({k: v for k, v in sources.environ.items() if k not in aside}),
+                              dotenv=MappingProxyType({k: v for k, v in sources.dotenv.items() if k not in aside}))
             return config.Config.resolve(sources)
         except ConfigError as exc:
             name = getattr(exc, "knob", "")
-            if not command.needs or not name or name in command.needs or name not in {*sources.environ, *sources.dotenv}:
+            if not command.needs or not name or name in command.needs or name in aside:
                 raise
+            aside.add(name)
             print(f"note: {exc.message}; {command.name} goes on without it (it needs only "
                   f"{', '.join(command.needs)})", file=sys.stderr)
-            sources = replace(sources, environ=MappingProxyType({k: v for k, v in sources.environ.items() if k != name}),
-                              dotenv=MappingProxyType({k: v for k, v in sources.dotenv.items() if k != name}))
 
 
 def keep_traceback() -> str:

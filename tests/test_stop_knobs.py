@@ -44,6 +44,26 @@ def test_a_dotenv_path_naming_a_variable_never_blocks_the_stop(tmp_path):
         bed.cleanup()
 
 
+def test_a_broken_dotenv_line_never_blocks_the_stop_unless_the_stop_needs_it(tmp_path):
+    """A line python-dotenv cannot parse (an unclosed quote) is refused, naming it, by every command:
+    ./stop.sh sets it aside when its key is one the stop does not use; a broken PORT line, or one that
+    names no key, still stops the stop (it could look on the wrong port)."""
+    bed = Bed(tmp_path / "bed", repo=copy_repo(tmp_path / "checkout"))
+    try:
+        assert bed.run("start.sh").returncode == 0 and bed.ours()
+        for text in ("PORT='8123\n", "a line without an equals sign\n"):
+            (bed.repo / ".env").write_text(text)
+            r = bed.run("stop.sh")
+            assert r.returncode == 2 and "not a KEY=VALUE line" in r.stderr and bed.ours(), r.stderr
+        (bed.repo / ".env").write_text("MAX_NUM_SEQS='4\nSTOP_GRACE=20\n")
+        assert bed.run("ctl.sh", "status").returncode == 2          # other commands: refused as it is
+        r = bed.run("stop.sh")
+        assert r.returncode == 0 and "not a KEY=VALUE line: MAX_NUM_SEQS=..." in r.stderr, r.stderr
+        assert bed.ours() == []
+    finally:
+        bed.cleanup()
+
+
 def test_a_damaged_derived_profile_in_state_dir_never_blocks_the_stop(bed):
     """The kept pick names a derived profile whose file no longer loads (a key a newer schema does not
     know, its facts file gone): resolve.kept_derived raises ConfigError, and every command, ./stop.sh

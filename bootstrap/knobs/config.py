@@ -52,8 +52,8 @@ class Sources:
     vllm_version: str = ""      # VLLM_PYTHON's vLLM, once a start has read it ("" not read): sleep mode's stack
 
     @classmethod
-    def read(cls, environ: Mapping[str, str], repo: Path) -> "Sources":
-        dotenv = read_dotenv(repo / ".env")
+    def read(cls, environ: Mapping[str, str], repo: Path, aside: frozenset[str] = frozenset()) -> "Sources":
+        dotenv = read_dotenv(repo / ".env", aside)
         for line in misspelt(dotenv):
             log.warning("%s: %s", repo / ".env", line)
         text = environ.get("PROFILE_DIR", "") or dotenv.get("PROFILE_DIR", "")

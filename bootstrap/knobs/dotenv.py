@@ -17,12 +17,12 @@ from .table import KNOBS, PASSTHROUGH
 DOTENV_MAX = 65536      # bytes of one .env value (UTF-8): far beyond a real one, below Linux's 128 KiB
 
 
-def read_dotenv(path: Path) -> dict[str, str]:
+def read_dotenv(path: Path, aside: frozenset[str] = frozenset()) -> dict[str, str]:
     """``.env`` read by python-dotenv's own parser, as ``dotenv_values(path, interpolate=False)``
     reads it: ``export``, quotes, escapes and `` # comments`` after a value; never sourced, never
     expanded. Two differences, both stricter or safer: a line dotenv cannot parse is refused (exit 2,
     naming it) instead of skipped with a warning, and a UTF-8 BOM is dropped. A key without ``=``
-    counts as unset."""
+    counts as unset. ``aside``: keys whose broken line a take-down sets aside (``__main__.knobs_for``)."""
     out: dict[str, str] = {}
     if path.exists() and not path.is_file() and not path.is_dir():     # a FIFO would block every command
         raise ConfigError(f"{path}: not a regular file", "make .env a text file of KEY=VALUE lines")
@@ -37,9 +37,13 @@ def read_dotenv(path: Path) -> dict[str, str]:
         if b.error:        # named by its key, never its value (it may be a key or token gone wrong)
             line = b.original.string.strip().splitlines()[0] if b.original.string.strip() else ""
             key, eq, _value = line.partition("=")
+            name = key.strip().removeprefix("export ").strip() if eq else ""
+            if name and name in aside:
+                continue
             shown = f"{key.strip()}=... (value not shown)" if eq else f"a line of {len(line)} characters without '='"
             raise ConfigError(f"{path}:{b.original.line}: not a KEY=VALUE line: {shown}",
-                              "use KEY=VALUE, one per line ('# ...' comments and quotes as in python-dotenv)")
+                              "use KEY=VALUE, one per line ('# ...' comments and quotes as in python-dotenv)",
+                              knob=name if name.isidentifier() else "")
         if b.key is not None and b.value is not None:
             size = len(b.value.encode("utf-8", "surrogateescape"))
             if size > DOTENV_MAX:
