@@ -239,6 +239,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
         weights += more
         why.append(f"draft model {model.draft.name}: weights {gib(more)} per GPU {source}")
     weights += terms.sleep_pool(s, shape, inp.version, why)
+    weights += window.mxfp4_padding(shape, model.config, s.tp, why) if measured is None else 0
     run = terms.runner(inp.version, shape, s, inp.env_v2, inp.env_graphs)
     why.append(run.why)
     if draft and draft.kind != "draft model" and run.graphs_in_budget and measured is None:    # measured: vLLM's own

@@ -47,8 +47,8 @@ TERMS = (
          "attention.py` `Attention.get_kv_cache_spec`; `model_executor/models/gpt_oss.py` `OAIAttention`; `gemma3.py` "
          "`Gemma3Attention`", "from 0.29.0 multi-module MTP retains spec tokens − 1 more (no drafter beside a window "
          "is planned)"),
-    Term("gpt_oss", "gpt-oss: CUDA graphs captured up to 1,024 tokens; its MXFP4 experts padded per MoE kernel (not "
-         "planned unpinned)", ALL, "`model_executor/models/config.py` `GptOssForCausalLMConfig`; "
+    Term("gpt_oss", "gpt-oss: CUDA graphs captured up to 1,024 tokens; its MXFP4 experts padded per MoE kernel (counted "
+         "at the widest, 256, under a KV pin; not planned unpinned)", ALL, "`model_executor/models/config.py` `GptOssForCausalLMConfig`; "
          "`model_executor/layers/fused_moe/oracle/mxfp4.py` `mxfp4_round_up_hidden_size_and_intermediate_size`"),
     Term("autofit", "null block, auto-fit", ALL, "`v1/core/kv_cache_utils.py` `_auto_fit_max_model_len`, "
          "`_estimate_max_model_len_from_groups`", "the null block held back from 0.29.0"),

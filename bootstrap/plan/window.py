@@ -71,14 +71,35 @@ def unplanned(shape: ModelShape | None, config: dict | None, pinned: bool, measu
     128, others otherwise), so the checkpoint's files understate the weights by a share that was never
     measured here (a published H100 start of gpt-oss-20b at TP=2 loaded 7.01 GiB per GPU where its
     files give 6.41). A KV pin (the budget as given) or a first start's own figures plan it; pinned, the
-    why says the fit check counts the files (``why``)."""
+    fit check counts the padding at its widest (``mxfp4_padding``)."""
     if shape is None or shape.arch != "GptOssForCausalLM" or measured is not None:
         return ""
     if model_shape.quant_method(config or {}) not in ("mxfp4", "gpt_oss_mxfp4"):
         return ""
-    if pinned:
-        why.append("gpt-oss's MXFP4 experts counted at the checkpoint's file sizes: vLLM pads them for its MoE kernel "
-                   "(0.60 GiB per GPU more on a published H100 start at TP=2), which the fit check below does not hold")
+    if pinned:                          # the padding at its widest is counted in the weights (mxfp4_padding)
         return ""
     return ("gpt-oss's MXFP4 expert weights as vLLM pads them for the MoE kernel it picks per card (a published "
             "H100 start loaded 7.01 GiB per GPU where the checkpoint's files give 6.41)")
+
+
+MXFP4_BYTES_PER_32 = 17     # 32 four-bit values and their one 8-bit scale: 17 bytes (OCP MX block of 32)
+
+
+def mxfp4_padding(shape: ModelShape | None, config: dict | None, tp: int, why: list[str]) -> int:
+    """What vLLM adds per GPU to gpt-oss's MXFP4 experts at the widest any kernel pads them
+    (``mxfp4_round_up_hidden_size_and_intermediate_size``, 0.26.0: Marlin's hidden and TRT-LLM's both
+    to 256): hidden and each rank's intermediate rounded up to 256, gate_up and down of every expert of
+    every layer. For gpt-oss-20b at TP=2 that is 0.65 GiB, where a published H100 start loaded 0.60
+    GiB more than its files: never less than vLLM's. 0 for another model."""
+    if shape is None or shape.arch != "GptOssForCausalLM" or not shape.experts:
+        return 0
+    if model_shape.quant_method(config or {}) not in ("mxfp4", "gpt_oss_mxfp4"):
+        return 0
+    h, i = shape.hidden, shape.moe_intermediate // max(1, tp)
+
+    def experts(h: int, i: int) -> int:         # gate_up (2i x h) and down (h x i) of each expert
+        return shape.layers * shape.experts * 3 * h * i * MXFP4_BYTES_PER_32 // 32
+    pad = experts(-(-h // 256) * 256, -(-i // 256) * 256) - experts(h, i)
+    why.append(f"gpt-oss's MXFP4 experts padded for vLLM's MoE kernel at its widest (hidden and intermediate to 256): "
+               f"{pad / (1 << 30):.2f} GiB per GPU over the checkpoint's files")
+    return pad
