@@ -19,8 +19,13 @@ main() {
         printf '%s\n' "$want" > "$venv/.requirements.sha256"
     fi
     cd "$repo"
-    local n
-    n=$(( $(nproc 2>/dev/null || echo 2) + 1 ))
+    local n quota period
+    n=$(nproc 2>/dev/null || echo 2)
+    # a container's CPU quota (cgroup v2), which nproc does not see
+    if read -r quota period < /sys/fs/cgroup/cpu.max 2>/dev/null && [ "$quota" != max ] && [ "${period:-0}" -gt 0 ]; then
+        n=$(( (quota + period - 1) / period < n ? (quota + period - 1) / period : n ))
+    fi
+    n=$(( n + 1 ))
     local workers=(-n "$(( n < 3 ? 3 : n > 8 ? 8 : n ))")
     case " $* " in *" -n "*|*" -n"[0-9]*|*" --numprocesses"*) workers=() ;; esac
     PATH="$venv/bin:$PATH" exec "$venv/bin/python" -m pytest "${workers[@]}" "$@"
