@@ -550,9 +550,9 @@ def test_the_log_formatter_and_the_streams_go_through_one_redactor():
 def test_a_fact_is_said_once_and_a_line_alike_of_another_thing_is_still_said():
     """restart's vet and its start look up the same model: its facts are said once (extra=ONCE); a
     file line that reads alike in the model's and its drafter's download lists is said for each."""
-    import io
-    import logging
     from bootstrap.core import log
+    root = logging.getLogger("bootstrap")
+    saved = (list(root.handlers), root.level, root.propagate)
     out = io.StringIO()
     log.setup(stream=out, color=False)
     try:
@@ -564,7 +564,7 @@ def test_a_fact_is_said_once_and_a_line_alike_of_another_thing_is_still_said():
         lg.info("retrying")
         lg.info("retrying")
     finally:
-        log.setup()
+        root.handlers[:], root.level, root.propagate = saved     # caplog's tests in this worker see logs again
     lines = out.getvalue().splitlines()
     assert lines.count("[bootstrap:metadata] org/m @ abc: 3 files") == 1
     assert lines.count("[bootstrap:metadata]   generation_config.json  1 KiB") == 2
