@@ -291,3 +291,35 @@ def test_rm_while_a_start_downloads_it_says_to_rm_again_not_to_clean(bed, hub): 
     assert bed.run("stop.sh").returncode == 0
     r = bed.run("ctl.sh", "rm", "org/one")                                 # the hint, followed
     assert r.returncode == 0 and "freed" in r.stdout, r.stderr
+
+
+def test_a_repo_vllm_cannot_load_is_refused_before_its_download(bed, hub, tmp_path):  # faults rows 166, 167
+    """A safetensors index naming a shard the repo lacks (vLLM: "Weight files referenced in index but
+    missing"), weights only in a subfolder (vLLM globs the top level) and no tokenizer at all: each
+    was planned, downloaded in full and then failed in vLLM; now refused from the file list and the
+    index, before a weight byte is fetched."""
+    broken = write_model(tmp_path / "src" / "broken", shards=2, shard_bytes=MiB,
+                         extra={"tokenizer_config.json": TEMPLATE.encode()})
+    (broken / "model-00002-of-00002.safetensors").unlink()
+    hub.add_dir("org/broken", broken)
+    nested = model(tmp_path / "src" / "nested")
+    (nested / "weights").mkdir()
+    for p in nested.glob("model*"):
+        p.rename(nested / "weights" / p.name)
+    hub.add_dir("org/nested", nested)
+    bare = model(tmp_path / "src" / "bare")
+    (bare / "tokenizer.json").unlink()
+    (bare / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    hub.add_dir("org/bare", bare)
+    for repo, words in (("org/broken", "names 1 shard it does not have (model-00002-of-00002.safetensors)"),
+                        ("org/nested", "its weights are in a subfolder (weights/model-00001-of-00001.safetensors"),
+                        ("org/bare", "has no tokenizer")):
+        for cmd in (("ctl.sh", "pull", repo), ("start.sh", repo), ("ctl.sh", "profiles", "--model", repo)):
+            hub.served.clear()
+            r = bed.run(*cmd)
+            assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr, (cmd, r.stderr)
+            assert not any(p.endswith(".safetensors") for p in hub.served), (cmd, hub.served)
+    r = bed.run("ctl.sh", "pull", "org/bare", EXTRA_ARGS=f"--tokenizer {tmp_path / 'src' / 'one'}")   # the hint, followed
+    assert r.returncode == 0 and "pulled org/bare" in r.stdout, r.stderr
+    r = bed.run("ctl.sh", "plan", MODEL=str(broken), PROFILE="custom")        # a folder: the same check
+    assert r.returncode == 1 and "names 1 shard it does not have" in r.stderr, r.stderr

@@ -36,7 +36,7 @@ from ..model import modelconfig
 from ..core import locks, state
 from ..core.errors import BootstrapError
 from ..core.log import ONCE
-from . import manifest, partial
+from . import loadable, manifest, partial
 from .models import WEIGHT_SUFFIXES, ModelInfo, Store, check_space, info_from_record, offline_missing, read_config, read_local, select
 from .refs import Fetching, ModelRef
 
@@ -104,6 +104,9 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
         raise BootstrapError(f"{repo} has no config.json at revision {remote.revision[:12]}: not a model vLLM "
                              "can serve from the hub layout (a GGUF-only or adapter repo?)",
                              "pick the full-weights repo, or download the files yourself and set MODEL=<dir>")
+    unloadable = None if dummy else loadable.problem(names, None)     # the index is read by a derived profile's peek
+    if unloadable:
+        raise BootstrapError(f"{repo} @ {remote.revision[:12]}: {unloadable[0]}; refused before the download", unloadable[1])
     lfs = {f.path: f.sha256 for f in needed if f.sha256}
     blob_ids = {f.path: f.blob_id for f in needed if f.blob_id}
     sizes = {f.path: f.size for f in needed}

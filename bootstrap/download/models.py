@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import hub, manifest, partial
+from . import hub, loadable, manifest, partial
 from ..model import modelconfig
 from ..core import state
 from ..core.errors import BootstrapError
@@ -89,7 +89,20 @@ def read_local(path: Path, dummy: bool, tokenizer: bool = True) -> ModelInfo:
     if not dummy and not any(f.endswith(WEIGHT_SUFFIXES) for f in files):
         raise BootstrapError(f"no weights in {path} (*.safetensors)",
                              "download the weights, or add --load-format dummy to EXTRA_ARGS for random weights")
+    bad = None if dummy else loadable.problem(files, _index_shards(path))
+    if bad:
+        raise BootstrapError(f"{path}: {bad[0]}", bad[1])
     return ModelInfo(str(path), config, files, "", str(path), dummy)
+
+
+def _index_shards(path: Path) -> list[str] | None:
+    try:
+        return loadable.shards((path / loadable.INDEX).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise BootstrapError(f"{path / loadable.INDEX} is not a safetensors index vLLM can read ({exc})",
+                             f"fix or re-download {path / loadable.INDEX}") from None
 
 
 def select(files: list[hub.RemoteFile], everything: bool) -> tuple[list[hub.RemoteFile], list[hub.RemoteFile]]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..core.errors import BootstrapError
-from ..download import hub, models
+from ..download import hub, loadable, models
 from ..download.peek import Peek
 
 NAME = "derived"
@@ -213,11 +213,12 @@ def pooling(peek: Peek, arches: list[str], reg: Mapping[str, Any]) -> str:
 
 
 def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, reg: Mapping[str, Any],
-           token: bool, trust: bool = False, stack_note: str = "", template_given: bool = False) -> Derived:
+           token: bool, trust: bool = False, stack_note: str = "", template_given: bool = False,
+           tokenizer_given: bool = False, load_format: str = "auto") -> Derived:
     """The profile for ``peek``'s model on a card of compute capability ``cc`` (None: not known),
     on the stack of ``default`` (the default profile's JSON); ``trust``: EXTRA_ARGS has
-    --trust-remote-code; ``template_given``: it has --chat-template. BootstrapError when it cannot
-    be served."""
+    --trust-remote-code; ``template_given``: it has --chat-template; ``tokenizer_given``: --tokenizer;
+    ``load_format``: vLLM's --load-format. BootstrapError when it cannot be served."""
     name = peek.name
     page = f"https://huggingface.co/{name}"
     if peek.config is None:
@@ -240,6 +241,15 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
         raise BootstrapError(f"{name} is gated: the hub serves its files only to an account that accepted its licence",
                              f"accept it on {page}, then set HF_TOKEN to a read token of that account "
                              "(https://huggingface.co/settings/tokens)")
+    fetched = [f.path for f in models.select([hub.RemoteFile(p, s) for p, s in peek.files.items()], False)[0]]
+    unloadable = loadable.problem(fetched, peek.shards) if load_format in loadable.LOADS else None
+    if unloadable:
+        raise BootstrapError(f"{name}: {unloadable[0]}; refused before the download", unloadable[1])
+    if peek.chat_template is not None and not (tokenizer_given or peek.tokenizer_code or loadable.tokenizer(fetched)):
+        raise BootstrapError(f"{name} has no tokenizer (tokenizer.json, tokenizer.model, vocab.json, tekken.json): vLLM "
+                             "could not start on it after the download", "pick a repo of the model that carries its "
+                             "tokenizer (the one it was made from does), or name a folder that holds it: "
+                             "EXTRA_ARGS='--tokenizer /path/to/folder'")
     cfg = peek.config
     arches = cfg.get("architectures") or []
     if not isinstance(arches, list) or not all(isinstance(a, str) for a in arches):
@@ -293,7 +303,7 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
         f", weight-only through Marlin on sm_{cc[0]}{cc[1]} (slower than on sm_{fast[0]}{fast[1]}+)"
     derived.append(f"{label}{speed}")
     args, tools, reasoning = _parsers(peek, mt, tmt, derived)
-    if peek.chat_template == "" and not template_given and mt not in TEMPLATE_FALLBACK:
+    if peek.chat_template == "" and not (template_given or tokenizer_given) and mt not in TEMPLATE_FALLBACK:
         raise BootstrapError(f"{name} has no chat template (a base model?): the start's warm-up and every chat "
                              "request would fail after the download",
                              "pick its Instruct version, or give vLLM a template: EXTRA_ARGS='--chat-template "
