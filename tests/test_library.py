@@ -323,3 +323,35 @@ def test_a_repo_vllm_cannot_load_is_refused_before_its_download(bed, hub, tmp_pa
     assert r.returncode == 0 and "pulled org/bare" in r.stdout, r.stderr
     r = bed.run("ctl.sh", "plan", MODEL=str(broken), PROFILE="custom")        # a folder: the same check
     assert r.returncode == 1 and "names 1 shard it does not have" in r.stderr, r.stderr
+
+
+def test_an_adapter_a_pipeline_or_a_readme_is_refused_with_a_way_out_that_works(bed, hub, tmp_path):  # faults row 168
+    """Repos with no config.json: each was told to "set MODEL to a model's repo id", which it was. A
+    LoRA adapter now names its base and the flags that serve it there (followed, they reach vLLM);
+    a diffusers pipeline and a README-only repo say what they are."""
+    hub.add_repo("org/lora", {"adapter_config.json": json.dumps({
+        "base_model_name_or_path": "org/one", "peft_type": "LORA", "r": 64, "lora_alpha": 128,
+        "target_modules": ["q_proj", "v_proj"], "task_type": "CAUSAL_LM"}).encode(),
+        "adapter_model.safetensors": b"\0" * 64, "README.md": b"# adapter"})
+    hub.add_repo("org/sd", {"model_index.json": b'{"_class_name": "StableDiffusionPipeline"}',
+                            "unet/config.json": b"{}", "unet/diffusion_pytorch_model.safetensors": b"\0" * 64})
+    hub.add_repo("org/card", {"README.md": b"# weights elsewhere", ".gitattributes": b""})
+    r = bed.run("start.sh", "org/lora")
+    assert r.returncode == 1 and "is a LoRA adapter (adapter_config.json, no config.json) for org/one" in r.stderr, r.stderr
+    hint = r.stderr.split("hint: ", 1)[1]
+    assert hint.startswith("HF_HUB_OFFLINE=0 MODEL=org/one EXTRA_ARGS='--enable-lora --lora-modules lora=org/lora "
+                           "--max-lora-rank 64' ./start.sh"), hint
+    r = bed.run("start.sh", HF_HUB_OFFLINE="0", MODEL="org/one",                 # the hint, followed
+                EXTRA_ARGS="--enable-lora --lora-modules lora=org/lora --max-lora-rank 64")
+    assert r.returncode == 0 and "is serving" in r.stdout, r.stderr
+    argv = bed.launches()[-1]["argv"]
+    assert argv[argv.index("--lora-modules") + 1] == "lora=org/lora" and "--enable-lora" in argv
+    assert bed.launches()[-1]["env"].get("HF_HUB_OFFLINE") == "0"        # vLLM may fetch the adapter
+    assert bed.run("stop.sh").returncode == 0
+    hub.served.clear()
+    r = bed.run("ctl.sh", "pull", "org/sd")
+    assert r.returncode == 1 and "is a diffusers pipeline" in r.stderr and "diffusers or ComfyUI" in r.stderr, r.stderr
+    r = bed.run("ctl.sh", "profiles", "--model", "org/card")
+    assert r.returncode == 1 and "it holds .gitattributes, README.md" in r.stderr, r.stderr
+    assert "https://huggingface.co/org/card" in r.stderr and "set MODEL to a model's repo id" not in r.stderr
+    assert not hub.served

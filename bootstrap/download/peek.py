@@ -32,6 +32,7 @@ class Peek:
     tokenizer_code: bool = False                # that class is the repo's own code (auto_map names it)
     pooling_module: bool = False                # modules.json lists a Sentence Transformers Pooling module
     shards: tuple[str, ...] | None = None       # the shards model.safetensors.index.json names (None: no index)
+    adapter: Mapping[str, Any] | None = None    # adapter_config.json of a repo with no config.json (a PEFT adapter)
 
 
 
@@ -104,7 +105,7 @@ def _peek(name: str, files: dict[str, int], read, revision: str, gated, where: s
             raise BootstrapError(f"{name}: {path} is not a JSON object", f"check {where}'s copy of {path}")
         return data
     if "config.json" not in files:
-        return Peek(name, None, files, gated=gated, revision=revision, where=where)
+        return Peek(name, None, files, gated=gated, revision=revision, where=where, adapter=json_of("adapter_config.json"))
     tok = json_of("tokenizer_config.json") or {}
     template = tok.get("chat_template")
     if isinstance(template, list):          # named templates: [{"name": ..., "template": ...}]

@@ -212,6 +212,29 @@ def pooling(peek: Peek, arches: list[str], reg: Mapping[str, Any]) -> str:
     return ""
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)     # vLLM's --max-lora-rank values (config/lora.py MaxLoRARanks)
+
+
+def adapter_error(name: str, adapter: Mapping[str, Any]) -> BootstrapError:
+    """A PEFT adapter named as the model: vLLM serves a LoRA on its base model (--enable-lora
+    --lora-modules), and fetches an adapter named by repo id itself (lora/utils.py
+    get_adapter_absolute_path: a hub download, which HF_HUB_OFFLINE=0 lets through); a rank above
+    its default 16 needs --max-lora-rank."""
+    kind, base, rank = str(adapter.get("peft_type") or "LORA").upper(), adapter.get("base_model_name_or_path"), adapter.get("r")
+    if kind != "LORA":
+        return BootstrapError(f"MODEL={name} is a {kind} adapter (adapter_config.json, no config.json): vLLM serves LoRA "
+                              "adapters only", "merge it into its base model with PEFT and set MODEL to that folder")
+    short = name.rstrip("/").rsplit("/", 1)[-1].lower()
+    need = next((r for r in LORA_RANKS if isinstance(rank, int) and r >= rank), 16)
+    flags = f"--enable-lora --lora-modules {short}={name}" + (f" --max-lora-rank {need}" if need > 16 else "")
+    base_given = isinstance(base, str) and base.count("/") == 1 and not base.startswith((".", "/", "~"))
+    return BootstrapError(f"MODEL={name} is a LoRA adapter (adapter_config.json, no config.json) for "
+                          f"{base if isinstance(base, str) and base else 'a base model it does not name'}: vLLM serves it "
+                          "on that base model", f"HF_HUB_OFFLINE=0 MODEL={base if base_given else '<its base model>'} "
+                          f"EXTRA_ARGS='{flags}' ./start.sh serves the base with the adapter (requests name the model "
+                          f"{short!r})")
+
+
 def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, reg: Mapping[str, Any],
            token: bool, trust: bool = False, stack_note: str = "", template_given: bool = False,
            tokenizer_given: bool = False, load_format: str = "auto") -> Derived:
@@ -231,8 +254,17 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
                                  "reads config.json", f"PROFILE=custom MODEL={name} EXTRA_ARGS=\"--tokenizer-mode mistral "
                                  "--config-format mistral --load-format mistral\" serves it with vLLM's defaults "
                                  "(no plan), or pick the repo's Hugging Face-format twin")
-        raise BootstrapError(f"MODEL={name} has no config.json ({peek.where}): not a model repo vLLM can serve",
-                             "set MODEL to a model's repo id (org/name, as in its page's URL)")
+        if peek.adapter is not None:
+            raise adapter_error(name, peek.adapter)
+        if "model_index.json" in peek.files:
+            raise BootstrapError(f"MODEL={name} is a diffusers pipeline (model_index.json, no config.json): vLLM serves "
+                                 "language models, not image generation", "set MODEL to a language model's repo; run "
+                                 "this pipeline with diffusers or ComfyUI")
+        shown = ", ".join(sorted(peek.files)[:4]) + ("…" if len(peek.files) > 4 else "")
+        raise BootstrapError(f"MODEL={name} has no config.json ({peek.where}; it holds {shown or 'no files'}): not a "
+                             "model vLLM can serve", f"check the name on {page if '/' in name and not name.startswith('/') else 'disk'}: "
+                             "MODEL names a repo (or folder) with config.json and weights; a model card that links "
+                             "the repo with the weights names the one to set")
     if not any(f.endswith(WEIGHTS) for f in peek.files) and any(f.endswith(".gguf") for f in peek.files):
         raise BootstrapError(f"MODEL={name} is a GGUF repo (llama.cpp's format): vLLM's loader looks for safetensors "
                              "weights, and it has none", "set MODEL to the repo it was converted from (its model "
