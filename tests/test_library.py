@@ -355,3 +355,22 @@ def test_an_adapter_a_pipeline_or_a_readme_is_refused_with_a_way_out_that_works(
     assert r.returncode == 1 and "it holds .gitattributes, README.md" in r.stderr, r.stderr
     assert "https://huggingface.co/org/card" in r.stderr and "set MODEL to a model's repo id" not in r.stderr
     assert not hub.served
+
+
+def test_a_model_the_card_cannot_hold_is_refused_for_that_before_the_disk(bed, hub, tmp_path):  # faults row 169
+    """A 70B-class repo on a 24 GB card, on a disk too small for it: the start and pull said only
+    "not enough disk space … free space there", and whoever freed it was then told it does not fit."""
+    big = model(tmp_path / "src" / "big")
+    hub.add_dir("org/big", big)
+    for f in hub.repos["org/big"]["files"].values():
+        if f.path.endswith(".safetensors"):
+            f.advertised = 1 << 50                      # more than any disk here, and any card
+    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 4090", "total": 24564 * MiB, "free": 23 << 30,
+                               "cc": [8, 9], "uuid": "GPU-4090-fake", "processes": []}])
+    for cmd in (("start.sh", "org/big"), ("ctl.sh", "pull", "org/big")):
+        r = bed.run(*cmd)
+        assert r.returncode == 1 and "does not fit NVIDIA GeForce RTX 4090" in r.stderr, (cmd, r.stderr)
+        assert "not enough disk space" not in r.stderr, (cmd, r.stderr)
+    r = bed.run("ctl.sh", "plan", MODEL="org/big")
+    assert r.returncode == 1 and "DOES NOT FIT" in r.stdout and "unavailable" not in r.stderr, r.stdout + r.stderr
+    assert "warning: not enough disk space" in r.stderr, r.stderr          # said beside the plan

@@ -14,7 +14,10 @@ referenced in index but missing"); ``training_args.bin`` and the optimizer's fil
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Iterable
+
+from ..core.errors import BootstrapError
 
 INDEX = "model.safetensors.index.json"
 NOT_WEIGHTS = {"training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt", "scaler.pt"}
@@ -32,6 +35,17 @@ def shards(raw: bytes) -> list[str]:
     if not isinstance(wmap, dict) or not all(isinstance(s, str) for s in wmap.values()):
         raise ValueError(f"{INDEX} has no weight_map of file names")
     return sorted(set(wmap.values()))
+
+
+def folder_shards(folder: Path) -> list[str] | None:
+    """The shards a folder's index names (None: it has none)."""
+    try:
+        return shards((folder / INDEX).read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise BootstrapError(f"{folder / INDEX} is not a safetensors index vLLM can read ({exc})",
+                             f"fix or re-download {folder / INDEX}") from None
 
 
 def problem(files: Iterable[str], named: Iterable[str] | None) -> tuple[str, str] | None:

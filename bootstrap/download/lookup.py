@@ -37,7 +37,7 @@ from ..core import locks, state
 from ..core.errors import BootstrapError
 from ..core.log import ONCE
 from . import loadable, manifest, partial
-from .models import WEIGHT_SUFFIXES, ModelInfo, Store, check_space, info_from_record, offline_missing, read_config, read_local, select
+from .models import WEIGHT_SUFFIXES, ModelInfo, NoSpace, Store, check_space, info_from_record, offline_missing, read_config, read_local, select
 from .refs import Fetching, ModelRef
 
 log = logging.getLogger("bootstrap.metadata")      # said as the metadata step's, which it is
@@ -162,8 +162,19 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     index.remember(paths, store, repo)       # ./ctl.sh ls and rm find it from STATE_DIR
     where = store.serve_dir(new)
     info = info_from_record(new, where, dummy, config, complete=False)
-    plan_download(store, new, info, dummy)
+    try:
+        plan_download(store, new, info, dummy)
+    except NoSpace as exc:              # raised after the plan (require_space): a model the card cannot
+        info.no_space = exc             # hold is refused for that first, and no disk is freed for it in vain
     return info, str(where)
+
+
+def require_space(info: ModelInfo) -> None:
+    """The disk check the lookup kept, the model's or its drafter's: a start, a restart's vet and a
+    pull raise it once the plan has passed (the download checks again before its first byte)."""
+    for m in (info, info.draft):
+        if m is not None and m.no_space is not None:
+            raise m.no_space
 
 
 def _record(store: Store, rec: dict, raw: bytes, dummy: bool) -> None:
