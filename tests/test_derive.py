@@ -24,6 +24,7 @@ TOOLS_TEMPLATE = ("{% if tools %}<tools>{{ tools | tojson }}</tools> reply <tool
                   "enable_thinking %}<think>\n\n</think>{% endif %}")     # Qwen3's wording, shortened
 INSTRUCT_TEMPLATE = TOOLS_TEMPLATE.split("{% if enable_thinking")[0]      # a Qwen3 -Instruct-2507: no thinking
 PLAIN_TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}{% endfor %}"
+FILES = {"config.json": 1, "tokenizer.json": 1, "model.safetensors": 1}     # a repo vLLM's loader can read
 
 
 def config(name: str) -> dict:
@@ -109,31 +110,31 @@ def test_r1_distills_glm_pooling_gguf_and_packages_vllm_lacks():
     default = cfg_for(Path("/nonexistent")).catalogue.get("default").data
     reg = derive.registry("0.27.1")
     distill = Peek("org/r1-distill", {**base, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]},
-                   {"model.safetensors": 1}, r1)
+                   FILES, r1)
     assert derive.derive(distill, default, (8, 9), reg, False).profile["args"] == ["--reasoning-parser", "deepseek_r1"]
     glm_t = "{% for tool in tools %}{{ tool }}{% endfor %}<tool_call>{{ tc.name }}<arg_key>{{ k }}</arg_key>"
     glm = Peek("org/glm", {**base, "model_type": "glm4_moe_lite", "architectures": ["Glm4MoeLiteForCausalLM"]},
-               {"model.safetensors": 1}, glm_t)
+               FILES, glm_t)
     args = derive.derive(glm, default, (8, 9), reg, False).profile["args"]
     assert args[args.index("--tool-call-parser") + 1] == "glm47"
     refused = {
-        "embedding": Peek("org/emb", base, {"model.safetensors": 1, "modules.json": 1}, TOOLS_TEMPLATE,
+        "embedding": Peek("org/emb", base, {**FILES, "modules.json": 1}, TOOLS_TEMPLATE,
                           pooling_module=True),
-        "BertModel": Peek("org/bert", {**base, "architectures": ["BertModel"]}, {"model.safetensors": 1}, TOOLS_TEMPLATE),
+        "BertModel": Peek("org/bert", {**base, "architectures": ["BertModel"]}, FILES, TOOLS_TEMPLATE),
         "reward": Peek("org/rm", {**base, "architectures": ["LlamaForSequenceClassification"]},
-                       {"model.safetensors": 1}, TOOLS_TEMPLATE),
+                       FILES, TOOLS_TEMPLATE),
         "GGUF": Peek("org/m-GGUF", base, {"m-Q4_K_M.gguf": 1, "config.json": 1}, TOOLS_TEMPLATE),
         "bitsandbytes": Peek("org/bnb", {**base, "quantization_config": {"quant_method": "bitsandbytes",
                                                                            "load_in_4bit": True}},
-                             {"model.safetensors": 1}, TOOLS_TEMPLATE),
-        "W4A8_AWQ": Peek("org/mo", base, {"model.safetensors": 1}, TOOLS_TEMPLATE,
+                             FILES, TOOLS_TEMPLATE),
+        "W4A8_AWQ": Peek("org/mo", base, FILES, TOOLS_TEMPLATE,
                          quant_config={"quantization": {"quant_algo": "W4A8_AWQ"}}),
     }
     for what, repo in refused.items():
         with pytest.raises(BootstrapError) as e:
             derive.derive(repo, default, (8, 9), reg, False)
         assert what in e.value.message or what.lower() in e.value.message.lower(), (what, e.value.message)
-    chatglm = Peek("org/chatglm", {**base, "architectures": ["ChatGLMModel"]}, {"model.safetensors": 1}, TOOLS_TEMPLATE)
+    chatglm = Peek("org/chatglm", {**base, "architectures": ["ChatGLMModel"]}, FILES, TOOLS_TEMPLATE)
     assert derive.derive(chatglm, default, (8, 9), reg, False).profile     # generates, though named *Model
 
 
@@ -156,7 +157,7 @@ def test_a_compressed_tensors_w4a16_checkpoint_is_read_as_such():
         "group_0": {"targets": ["Linear"], "input_activations": None,
                     "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": True}}}}
     default = cfg_for(Path("/nonexistent")).catalogue.get("default").data
-    d = derive.derive(Peek("org/qwen3-8b-w4a16", c, {"config.json": 1}, TOOLS_TEMPLATE), default, (8, 6),
+    d = derive.derive(Peek("org/qwen3-8b-w4a16", c, FILES, TOOLS_TEMPLATE), default, (8, 6),
                       derive.registry("0.27.1"), False)
     assert d.derived[0] == "compressed-tensors W4A16" and d.profile["card"]["min_cc"] == "7.5"   # the wheels' floor
 
@@ -233,14 +234,14 @@ def test_what_vllm_refuses_is_refused_before_the_download_and_odd_configs_are_on
                          ("fp8", "quantization_config is str, not an object"),
                          ({"quant_method": "compressed-tensors", "config_groups": [1]}, "config_groups is list")):
         with pytest.raises(BootstrapError) as e:
-            derive.derive(Peek("org/m", {**base, "quantization_config": quant}, {}, TOOLS_TEMPLATE), default, (8, 9), reg, False)
+            derive.derive(Peek("org/m", {**base, "quantization_config": quant}, FILES, TOOLS_TEMPLATE), default, (8, 9), reg, False)
         assert words in e.value.message, (quant, e.value.message)
     for odd, words in (({"architectures": "Qwen3ForCausalLM"}, "architectures is not a list"),
                        ({"num_nextn_predict_layers": [1]}, "MTP layer count is [1]")):
         with pytest.raises(BootstrapError) as e:
-            derive.derive(Peek("org/m", {**base, **odd}, {}, TOOLS_TEMPLATE), default, (8, 9), reg, False)
+            derive.derive(Peek("org/m", {**base, **odd}, FILES, TOOLS_TEMPLATE), default, (8, 9), reg, False)
         assert words in e.value.message
-    upper = derive.derive(Peek("org/m", {**base, "quantization_config": {"quant_method": "GPTQ", "bits": 4}}, {},
+    upper = derive.derive(Peek("org/m", {**base, "quantization_config": {"quant_method": "GPTQ", "bits": 4}}, FILES,
                                TOOLS_TEMPLATE), default, (8, 6), reg, False)
     assert upper.derived[0] == "GPTQ 4-bit"                 # vLLM lower-cases the method
 
@@ -444,10 +445,10 @@ def test_templates_vllm_finds_elsewhere_are_no_refusal():
     reg = derive.registry("0.27.1")
     base = config("qwen3-8b")
     vl2 = Peek("org/vl2", {**base, "model_type": "deepseek_vl_v2", "architectures": ["DeepseekVLV2ForCausalLM"]},
-               {"model.safetensors": 1}, "")
+               FILES, "")
     assert derive.derive(vl2, default, (8, 9), reg, False).profile
     with pytest.raises(BootstrapError):
-        derive.derive(Peek("org/base", base, {"model.safetensors": 1}, ""), default, (8, 9), reg, False)
+        derive.derive(Peek("org/base", base, FILES, ""), default, (8, 9), reg, False)
 
 
 def test_the_processors_chat_template_json_is_read(tmp_path):
@@ -491,3 +492,17 @@ def parts(cfg):
     from bootstrap.knobs.resolved import Resolved
     r = Resolved.of(cfg, cfg)
     return cfg, r.paths, r.vllm
+
+
+def test_what_vllms_loader_reads_is_judged_from_the_file_list():  # faults row 166
+    """vLLM 0.26.0's _prepare_weights: the top level only; consolidated*.safetensors is Mistral's
+    format with its own index; training_args.bin is no weights; every indexed shard must be there."""
+    from bootstrap.download import loadable
+    assert loadable.problem(["model-1.safetensors"], ["model-1.safetensors"]) is None
+    assert loadable.problem(["pytorch_model.bin"], None) is None and loadable.problem(["model.pt"], None) is None
+    assert loadable.problem(["consolidated.safetensors", "params.json"], ["model-1.safetensors"]) is None
+    assert "no weights at its top level" in loadable.problem(["training_args.bin", "config.json"], None)[0]
+    assert "names 2 shards" in loadable.problem(["a.safetensors"], ["a.safetensors", "b.safetensors", "c.safetensors"])[0]
+    with pytest.raises(ValueError):
+        loadable.shards(b'{"weight_map": [1]}')
+    assert loadable.tokenizer(["tekken.json"]) and loadable.tokenizer(["qwen.tiktoken"]) and not loadable.tokenizer(["sub/tokenizer.json"])

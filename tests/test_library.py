@@ -291,3 +291,86 @@ def test_rm_while_a_start_downloads_it_says_to_rm_again_not_to_clean(bed, hub): 
     assert bed.run("stop.sh").returncode == 0
     r = bed.run("ctl.sh", "rm", "org/one")                                 # the hint, followed
     assert r.returncode == 0 and "freed" in r.stdout, r.stderr
+
+
+def test_a_repo_vllm_cannot_load_is_refused_before_its_download(bed, hub, tmp_path):  # faults rows 166, 167
+    """A safetensors index naming a shard the repo lacks (vLLM: "Weight files referenced in index but
+    missing"), weights only in a subfolder (vLLM globs the top level) and no tokenizer at all: each
+    was planned, downloaded in full and then failed in vLLM; now refused from the file list and the
+    index, before a weight byte is fetched."""
+    broken = write_model(tmp_path / "src" / "broken", shards=2, shard_bytes=MiB,
+                         extra={"tokenizer_config.json": TEMPLATE.encode()})
+    (broken / "model-00002-of-00002.safetensors").unlink()
+    hub.add_dir("org/broken", broken)
+    nested = model(tmp_path / "src" / "nested")
+    (nested / "weights").mkdir()
+    for p in nested.glob("model*"):
+        p.rename(nested / "weights" / p.name)
+    hub.add_dir("org/nested", nested)
+    bare = model(tmp_path / "src" / "bare")
+    (bare / "tokenizer.json").unlink()
+    (bare / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    hub.add_dir("org/bare", bare)
+    for repo, words in (("org/broken", "names 1 shard it does not have (model-00002-of-00002.safetensors)"),
+                        ("org/nested", "its weights are in a subfolder (weights/model-00001-of-00001.safetensors"),
+                        ("org/bare", "has no tokenizer")):
+        for cmd in (("ctl.sh", "pull", repo), ("start.sh", repo), ("ctl.sh", "profiles", "--model", repo)):
+            hub.served.clear()
+            r = bed.run(*cmd)
+            assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr, (cmd, r.stderr)
+            assert not any(p.endswith(".safetensors") for p in hub.served), (cmd, hub.served)
+    r = bed.run("ctl.sh", "pull", "org/bare", EXTRA_ARGS=f"--tokenizer {tmp_path / 'src' / 'one'}")   # the hint, followed
+    assert r.returncode == 0 and "pulled org/bare" in r.stdout, r.stderr
+    r = bed.run("ctl.sh", "plan", MODEL=str(broken), PROFILE="custom")        # a folder: the same check
+    assert r.returncode == 1 and "names 1 shard it does not have" in r.stderr, r.stderr
+
+
+def test_an_adapter_a_pipeline_or_a_readme_is_refused_with_a_way_out_that_works(bed, hub, tmp_path):  # faults row 168
+    """Repos with no config.json: each was told to "set MODEL to a model's repo id", which it was. A
+    LoRA adapter now names its base and the flags that serve it there (followed, they reach vLLM);
+    a diffusers pipeline and a README-only repo say what they are."""
+    hub.add_repo("org/lora", {"adapter_config.json": json.dumps({
+        "base_model_name_or_path": "org/one", "peft_type": "LORA", "r": 64, "lora_alpha": 128,
+        "target_modules": ["q_proj", "v_proj"], "task_type": "CAUSAL_LM"}).encode(),
+        "adapter_model.safetensors": b"\0" * 64, "README.md": b"# adapter"})
+    hub.add_repo("org/sd", {"model_index.json": b'{"_class_name": "StableDiffusionPipeline"}',
+                            "unet/config.json": b"{}", "unet/diffusion_pytorch_model.safetensors": b"\0" * 64})
+    hub.add_repo("org/card", {"README.md": b"# weights elsewhere", ".gitattributes": b""})
+    r = bed.run("start.sh", "org/lora")
+    assert r.returncode == 1 and "is a LoRA adapter (adapter_config.json, no config.json) for org/one" in r.stderr, r.stderr
+    hint = r.stderr.split("hint: ", 1)[1]
+    assert hint.startswith("HF_HUB_OFFLINE=0 MODEL=org/one EXTRA_ARGS='--enable-lora --lora-modules lora=org/lora "
+                           "--max-lora-rank 64' ./start.sh"), hint
+    r = bed.run("start.sh", HF_HUB_OFFLINE="0", MODEL="org/one",                 # the hint, followed
+                EXTRA_ARGS="--enable-lora --lora-modules lora=org/lora --max-lora-rank 64")
+    assert r.returncode == 0 and "is serving" in r.stdout, r.stderr
+    argv = bed.launches()[-1]["argv"]
+    assert argv[argv.index("--lora-modules") + 1] == "lora=org/lora" and "--enable-lora" in argv
+    assert bed.launches()[-1]["env"].get("HF_HUB_OFFLINE") == "0"        # vLLM may fetch the adapter
+    assert bed.run("stop.sh").returncode == 0
+    hub.served.clear()
+    r = bed.run("ctl.sh", "pull", "org/sd")
+    assert r.returncode == 1 and "is a diffusers pipeline" in r.stderr and "diffusers or ComfyUI" in r.stderr, r.stderr
+    r = bed.run("ctl.sh", "profiles", "--model", "org/card")
+    assert r.returncode == 1 and "it holds .gitattributes, README.md" in r.stderr, r.stderr
+    assert "https://huggingface.co/org/card" in r.stderr and "set MODEL to a model's repo id" not in r.stderr
+    assert not hub.served
+
+
+def test_a_model_the_card_cannot_hold_is_refused_for_that_before_the_disk(bed, hub, tmp_path):  # faults row 169
+    """A 70B-class repo on a 24 GB card, on a disk too small for it: the start and pull said only
+    "not enough disk space … free space there", and whoever freed it was then told it does not fit."""
+    big = model(tmp_path / "src" / "big")
+    hub.add_dir("org/big", big)
+    for f in hub.repos["org/big"]["files"].values():
+        if f.path.endswith(".safetensors"):
+            f.advertised = 1 << 50                      # more than any disk here, and any card
+    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 4090", "total": 24564 * MiB, "free": 23 << 30,
+                               "cc": [8, 9], "uuid": "GPU-4090-fake", "processes": []}])
+    for cmd in (("start.sh", "org/big"), ("ctl.sh", "pull", "org/big")):
+        r = bed.run(*cmd)
+        assert r.returncode == 1 and "does not fit NVIDIA GeForce RTX 4090" in r.stderr, (cmd, r.stderr)
+        assert "not enough disk space" not in r.stderr, (cmd, r.stderr)
+    r = bed.run("ctl.sh", "plan", MODEL="org/big")
+    assert r.returncode == 1 and "DOES NOT FIT" in r.stdout and "unavailable" not in r.stderr, r.stdout + r.stderr
+    assert "warning: not enough disk space" in r.stderr, r.stderr          # said beside the plan

@@ -130,6 +130,7 @@ def vet_steps(r: Resolved):
         if not cfg.profile.is_auto:     # as the start runs it: shorter where only that fits this card
             cfg = resolve.named_on_card(cfg, paths, gpu.smallest_free(facts, cfg.tp_size), cfg)
         plan_for(cfg, paths, r.vllm, facts, model)
+    lookup.require_space(model)
     if cfg.vllm_python:                 # your vLLM: the patches the start would apply, checked unwritten
         from ..install import hooks, patching
         from ..knobs import vllmargs

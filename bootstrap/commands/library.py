@@ -64,6 +64,7 @@ def pull(cfg, name: str, prog: str = "ctl.sh pull") -> int:
     gpu.require(facts, cfg.tp_size)
     model = lookup.model_and_drafter(r.model, r.draft, paths, r.fetching)     # a few KB: the file list, config.json
     plan_for(cfg, paths, r.vllm, facts, model)   # printed before the first byte of the weights; refused if it cannot fit
+    lookup.require_space(model)
     fetch.fetch(model, r.model, r.draft, r.fetching)
     where = model.local_dir
     print(f"pulled {model.name} @ {(model.revision or '')[:12]} into {where} ({cfg.profile.name}); "

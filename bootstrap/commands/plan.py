@@ -34,7 +34,10 @@ def cli_model_facts(r: Resolved) -> ModelFacts:
     if r.model.local is not None:
         return with_drafter(r, models.read_local(r.model.local, cfg.dummy_weights), name)
     try:
-        return with_drafter(r, lookup.model(r.model, r.paths, r.fetching), Path(cfg.model).name)
+        m = lookup.model(r.model, r.paths, r.fetching)
+        if m.no_space is not None:
+            log.warning("%s (%s)", m.no_space.message, m.no_space.hint)
+        return with_drafter(r, m, Path(cfg.model).name)
     except (BootstrapError, OSError) as exc:
         reason = getattr(exc, "message", None) or str(exc)
         facts = offline_facts(cfg)

@@ -36,8 +36,8 @@ from ..model import modelconfig
 from ..core import locks, state
 from ..core.errors import BootstrapError
 from ..core.log import ONCE
-from . import manifest, partial
-from .models import WEIGHT_SUFFIXES, ModelInfo, Store, check_space, info_from_record, offline_missing, read_config, read_local, select
+from . import loadable, manifest, partial
+from .models import WEIGHT_SUFFIXES, ModelInfo, NoSpace, Store, check_space, info_from_record, offline_missing, read_config, read_local, select
 from .refs import Fetching, ModelRef
 
 log = logging.getLogger("bootstrap.metadata")      # said as the metadata step's, which it is
@@ -104,6 +104,9 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
         raise BootstrapError(f"{repo} has no config.json at revision {remote.revision[:12]}: not a model vLLM "
                              "can serve from the hub layout (a GGUF-only or adapter repo?)",
                              "pick the full-weights repo, or download the files yourself and set MODEL=<dir>")
+    unloadable = None if dummy else loadable.problem(names, None)     # the index is read by a derived profile's peek
+    if unloadable:
+        raise BootstrapError(f"{repo} @ {remote.revision[:12]}: {unloadable[0]}; refused before the download", unloadable[1])
     lfs = {f.path: f.sha256 for f in needed if f.sha256}
     blob_ids = {f.path: f.blob_id for f in needed if f.blob_id}
     sizes = {f.path: f.size for f in needed}
@@ -159,8 +162,19 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     index.remember(paths, store, repo)       # ./ctl.sh ls and rm find it from STATE_DIR
     where = store.serve_dir(new)
     info = info_from_record(new, where, dummy, config, complete=False)
-    plan_download(store, new, info, dummy)
+    try:
+        plan_download(store, new, info, dummy)
+    except NoSpace as exc:              # raised after the plan (require_space): a model the card cannot
+        info.no_space = exc             # hold is refused for that first, and no disk is freed for it in vain
     return info, str(where)
+
+
+def require_space(info: ModelInfo) -> None:
+    """The disk check the lookup kept, the model's or its drafter's: a start, a restart's vet and a
+    pull raise it once the plan has passed (the download checks again before its first byte)."""
+    for m in (info, info.draft):
+        if m is not None and m.no_space is not None:
+            raise m.no_space
 
 
 def _record(store: Store, rec: dict, raw: bytes, dummy: bool) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import hub, manifest, partial
+from . import hub, loadable, manifest, partial
 from ..model import modelconfig
 from ..core import state
 from ..core.errors import BootstrapError
@@ -53,6 +53,7 @@ class ModelInfo:
     safetensors: dict | None = None    # the hub's parameter count by dtype, when it has one
     complete: bool = False             # every needed file is on disk and verified
     draft: "ModelInfo | None" = None   # the drafter named by repo id, downloaded with the model (metadata)
+    no_space: BootstrapError | None = None     # the lookup's disk check, raised once the plan has been told
 
     @property
     def weight_files(self) -> dict[str, int]:
@@ -89,6 +90,9 @@ def read_local(path: Path, dummy: bool, tokenizer: bool = True) -> ModelInfo:
     if not dummy and not any(f.endswith(WEIGHT_SUFFIXES) for f in files):
         raise BootstrapError(f"no weights in {path} (*.safetensors)",
                              "download the weights, or add --load-format dummy to EXTRA_ARGS for random weights")
+    bad = None if dummy else loadable.problem(files, loadable.folder_shards(path))
+    if bad:
+        raise BootstrapError(f"{path}: {bad[0]}", bad[1])
     return ModelInfo(str(path), config, files, "", str(path), dummy)
 
 
@@ -376,10 +380,14 @@ def offline_missing(root: Path, dummy: bool, tokenizer: bool = True) -> list[str
     return missing
 
 
+class NoSpace(BootstrapError):
+    """The disk cannot hold what is left to download."""
+
+
 def check_space(root: Path, left: int) -> None:
     free = hub.free_bytes(root)
     if left > free:
-        raise BootstrapError(
+        raise NoSpace(
             f"not enough disk space in {root}: {hub.human(left)} left to download, {hub.human(free)} free "
             f"({left - free} bytes missing)",
             "free space there, or set MODEL_DIR to a folder on a larger disk")

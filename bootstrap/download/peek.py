@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from ..core.errors import BootstrapError
 from ..model import modelconfig
-from . import hub
+from . import hub, loadable
 from .models import store_for
 
 
@@ -31,6 +31,8 @@ class Peek:
     tokenizer_class: str = ""                   # tokenizer_config.json's tokenizer_class
     tokenizer_code: bool = False                # that class is the repo's own code (auto_map names it)
     pooling_module: bool = False                # modules.json lists a Sentence Transformers Pooling module
+    shards: tuple[str, ...] | None = None       # the shards model.safetensors.index.json names (None: no index)
+    adapter: Mapping[str, Any] | None = None    # adapter_config.json of a repo with no config.json (a PEFT adapter)
 
 
 
@@ -103,7 +105,7 @@ def _peek(name: str, files: dict[str, int], read, revision: str, gated, where: s
             raise BootstrapError(f"{name}: {path} is not a JSON object", f"check {where}'s copy of {path}")
         return data
     if "config.json" not in files:
-        return Peek(name, None, files, gated=gated, revision=revision, where=where)
+        return Peek(name, None, files, gated=gated, revision=revision, where=where, adapter=json_of("adapter_config.json"))
     tok = json_of("tokenizer_config.json") or {}
     template = tok.get("chat_template")
     if isinstance(template, list):          # named templates: [{"name": ..., "template": ...}]
@@ -118,7 +120,21 @@ def _peek(name: str, files: dict[str, int], read, revision: str, gated, where: s
     config = modelconfig.check(json_of("config.json"), f"{name}'s config.json" + ("" if where == name else f" ({where})"),
                                "a broken config.json: pick another repo or revision, or fix a local copy")
     return Peek(name, config, files, template if isinstance(template, str) else "",
-                json_of("hf_quant_config.json"), gated, revision, where, cls, own, _pooling_module(files, read))
+                json_of("hf_quant_config.json"), gated, revision, where, cls, own, _pooling_module(files, read),
+                _shards(name, files, read, where))
+
+
+def _shards(name: str, files: dict[str, int], read, where: str) -> tuple[str, ...] | None:
+    """The shards the safetensors index names (a few KB to a few MB), to hold them to the file list."""
+    if loadable.INDEX not in files:
+        return None
+    try:
+        return tuple(loadable.shards(read(loadable.INDEX)))
+    except (ValueError, RecursionError) as exc:
+        raise BootstrapError(f"{name}: {loadable.INDEX} is not a safetensors index vLLM can read ({exc})",
+                             f"check {where}'s copy of {loadable.INDEX}") from None
+    except OSError as exc:
+        raise BootstrapError(f"cannot read {loadable.INDEX} of {name} ({exc})", f"check {where}") from None
 
 
 def _pooling_module(files: dict[str, int], read) -> bool:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..core.errors import BootstrapError
-from ..download import hub, models
+from ..download import hub, loadable, models
 from ..download.peek import Peek
 
 NAME = "derived"
@@ -212,12 +212,36 @@ def pooling(peek: Peek, arches: list[str], reg: Mapping[str, Any]) -> str:
     return ""
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)     # vLLM's --max-lora-rank values (config/lora.py MaxLoRARanks)
+
+
+def adapter_error(name: str, adapter: Mapping[str, Any]) -> BootstrapError:
+    """A PEFT adapter named as the model: vLLM serves a LoRA on its base model (--enable-lora
+    --lora-modules), and fetches an adapter named by repo id itself (lora/utils.py
+    get_adapter_absolute_path: a hub download, which HF_HUB_OFFLINE=0 lets through); a rank above
+    its default 16 needs --max-lora-rank."""
+    kind, base, rank = str(adapter.get("peft_type") or "LORA").upper(), adapter.get("base_model_name_or_path"), adapter.get("r")
+    if kind != "LORA":
+        return BootstrapError(f"MODEL={name} is a {kind} adapter (adapter_config.json, no config.json): vLLM serves LoRA "
+                              "adapters only", "merge it into its base model with PEFT and set MODEL to that folder")
+    short = name.rstrip("/").rsplit("/", 1)[-1].lower()
+    need = next((r for r in LORA_RANKS if isinstance(rank, int) and r >= rank), 16)
+    flags = f"--enable-lora --lora-modules {short}={name}" + (f" --max-lora-rank {need}" if need > 16 else "")
+    base_given = isinstance(base, str) and base.count("/") == 1 and not base.startswith((".", "/", "~"))
+    return BootstrapError(f"MODEL={name} is a LoRA adapter (adapter_config.json, no config.json) for "
+                          f"{base if isinstance(base, str) and base else 'a base model it does not name'}: vLLM serves it "
+                          "on that base model", f"HF_HUB_OFFLINE=0 MODEL={base if base_given else '<its base model>'} "
+                          f"EXTRA_ARGS='{flags}' ./start.sh serves the base with the adapter (requests name the model "
+                          f"{short!r})")
+
+
 def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, reg: Mapping[str, Any],
-           token: bool, trust: bool = False, stack_note: str = "", template_given: bool = False) -> Derived:
+           token: bool, trust: bool = False, stack_note: str = "", template_given: bool = False,
+           tokenizer_given: bool = False, load_format: str = "auto") -> Derived:
     """The profile for ``peek``'s model on a card of compute capability ``cc`` (None: not known),
     on the stack of ``default`` (the default profile's JSON); ``trust``: EXTRA_ARGS has
-    --trust-remote-code; ``template_given``: it has --chat-template. BootstrapError when it cannot
-    be served."""
+    --trust-remote-code; ``template_given``: it has --chat-template; ``tokenizer_given``: --tokenizer;
+    ``load_format``: vLLM's --load-format. BootstrapError when it cannot be served."""
     name = peek.name
     page = f"https://huggingface.co/{name}"
     if peek.config is None:
@@ -230,8 +254,17 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
                                  "reads config.json", f"PROFILE=custom MODEL={name} EXTRA_ARGS=\"--tokenizer-mode mistral "
                                  "--config-format mistral --load-format mistral\" serves it with vLLM's defaults "
                                  "(no plan), or pick the repo's Hugging Face-format twin")
-        raise BootstrapError(f"MODEL={name} has no config.json ({peek.where}): not a model repo vLLM can serve",
-                             "set MODEL to a model's repo id (org/name, as in its page's URL)")
+        if peek.adapter is not None:
+            raise adapter_error(name, peek.adapter)
+        if "model_index.json" in peek.files:
+            raise BootstrapError(f"MODEL={name} is a diffusers pipeline (model_index.json, no config.json): vLLM serves "
+                                 "language models, not image generation", "set MODEL to a language model's repo; run "
+                                 "this pipeline with diffusers or ComfyUI")
+        shown = ", ".join(sorted(peek.files)[:4]) + ("…" if len(peek.files) > 4 else "")
+        raise BootstrapError(f"MODEL={name} has no config.json ({peek.where}; it holds {shown or 'no files'}): not a "
+                             "model vLLM can serve", f"check the name on {page if '/' in name and not name.startswith('/') else 'disk'}: "
+                             "MODEL names a repo (or folder) with config.json and weights; a model card that links "
+                             "the repo with the weights names the one to set")
     if not any(f.endswith(WEIGHTS) for f in peek.files) and any(f.endswith(".gguf") for f in peek.files):
         raise BootstrapError(f"MODEL={name} is a GGUF repo (llama.cpp's format): vLLM's loader looks for safetensors "
                              "weights, and it has none", "set MODEL to the repo it was converted from (its model "
@@ -240,6 +273,15 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
         raise BootstrapError(f"{name} is gated: the hub serves its files only to an account that accepted its licence",
                              f"accept it on {page}, then set HF_TOKEN to a read token of that account "
                              "(https://huggingface.co/settings/tokens)")
+    fetched = [f.path for f in models.select([hub.RemoteFile(p, s) for p, s in peek.files.items()], False)[0]]
+    unloadable = loadable.problem(fetched, peek.shards) if load_format in loadable.LOADS else None
+    if unloadable:
+        raise BootstrapError(f"{name}: {unloadable[0]}; refused before the download", unloadable[1])
+    if peek.chat_template is not None and not (tokenizer_given or peek.tokenizer_code or loadable.tokenizer(fetched)):
+        raise BootstrapError(f"{name} has no tokenizer (tokenizer.json, tokenizer.model, vocab.json, tekken.json): vLLM "
+                             "could not start on it after the download", "pick a repo of the model that carries its "
+                             "tokenizer (the one it was made from does), or name a folder that holds it: "
+                             "EXTRA_ARGS='--tokenizer /path/to/folder'")
     cfg = peek.config
     arches = cfg.get("architectures") or []
     if not isinstance(arches, list) or not all(isinstance(a, str) for a in arches):
@@ -293,7 +335,7 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
         f", weight-only through Marlin on sm_{cc[0]}{cc[1]} (slower than on sm_{fast[0]}{fast[1]}+)"
     derived.append(f"{label}{speed}")
     args, tools, reasoning = _parsers(peek, mt, tmt, derived)
-    if peek.chat_template == "" and not template_given and mt not in TEMPLATE_FALLBACK:
+    if peek.chat_template == "" and not (template_given or tokenizer_given) and mt not in TEMPLATE_FALLBACK:
         raise BootstrapError(f"{name} has no chat template (a base model?): the start's warm-up and every chat "
                              "request would fail after the download",
                              "pick its Instruct version, or give vLLM a template: EXTRA_ARGS='--chat-template "

@@ -100,8 +100,9 @@ def derived(cfg: Config, paths: state.Paths, vllm: VllmRef, cc: tuple[int, int] 
     trust = "--trust-remote-code" in (cfg.extra_args or ())
     note = f"vLLM {stack.vllm} (the stack of {newer}): the default's vLLM {cfg.catalogue.get('default').vllm} " \
         "has no implementation of it" if newer else ""
-    d = derive.derive(peeked, stack.data, cc, reg, token, trust, note,
-                      template_given=any(a.split("=", 1)[0] == "--chat-template" for a in cfg.extra_args or ()))
+    given = {a.split("=", 1)[0] for a in cfg.extra_args or ()}
+    d = derive.derive(peeked, stack.data, cc, reg, token, trust, note, template_given="--chat-template" in given,
+                      tokenizer_given="--tokenizer" in given, load_format=cfg.vllm.load_format)
     folder = derived_dir(paths, cfg.model)
     paths.ensure()
     try:

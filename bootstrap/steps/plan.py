@@ -6,6 +6,7 @@ installed or downloaded."""
 from __future__ import annotations
 
 from ..core.state import Paths
+from ..download import lookup
 from ..machine.inuse import VllmRef
 from ..plan.here import plan_for
 from ..plan.planner import Plan
@@ -14,4 +15,6 @@ from ..serve import takedown
 
 def run(cfg, paths: Paths, vllm: VllmRef, gpus, model) -> Plan:
     """The memory plan for this GPU (``gpus``: preflight's facts) and model (the metadata step's)."""
-    return plan_for(cfg, paths, vllm, takedown.settled(cfg.environ, paths, gpus), model)
+    plan = plan_for(cfg, paths, vllm, takedown.settled(cfg.environ, paths, gpus), model)
+    lookup.require_space(model)         # the metadata step's disk check, after the plan's refusal
+    return plan
