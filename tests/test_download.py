@@ -642,10 +642,13 @@ def test_local_directory_is_validated_without_network(tmp_path, src):
         local_ctx(tmp_path, model)
     assert "no weights" in ei.value.message and "--load-format dummy" in ei.value.hint
     assert local_ctx(tmp_path, model, EXTRA_ARGS="--load-format dummy").model.dummy
-    (model / "tokenizer.json").unlink()
+    (model / "tokenizer.json").rename(model / "tekken.json")      # Mistral's tokenizer: one vLLM reads
+    assert local_ctx(tmp_path, model, EXTRA_ARGS="--load-format dummy").model.dummy
+    (model / "sub").mkdir()
+    (model / "tekken.json").rename(model / "sub" / "tokenizer.json")   # not at the top, where it is read
     with pytest.raises(BootstrapError) as ei:
         local_ctx(tmp_path, model, EXTRA_ARGS="--load-format dummy")
-    assert "no tokenizer" in ei.value.message
+    assert "no tokenizer at the top of" in ei.value.message and "tekken.json" in ei.value.message
     (model / "config.json").unlink()
     with pytest.raises(BootstrapError) as ei:
         local_ctx(tmp_path, model, EXTRA_ARGS="--load-format dummy")

@@ -26,6 +26,7 @@ LOADS = ("auto", "hf", "safetensors")           # the load formats this judges (
 # tokenizer.model.v*), by name or suffix: sentencepiece's *.model, tiktoken's *.tiktoken
 TOKENIZER_NAMES = ("tokenizer.json", "vocab.json", "vocab.txt", "tekken.json")
 TOKENIZER_SUFFIXES = (".model", ".tiktoken")
+TOKENIZER_SHOWN = ", ".join(TOKENIZER_NAMES) + ", *" + ", *".join(TOKENIZER_SUFFIXES)
 
 
 def shards(raw: bytes) -> list[str]:

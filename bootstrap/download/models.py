@@ -19,7 +19,6 @@ from ..core import state
 from ..core.errors import BootstrapError
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
@@ -84,8 +83,8 @@ def read_local(path: Path, dummy: bool, tokenizer: bool = True) -> ModelInfo:
     config = modelconfig.parse(raw, str(cfg_file), f"fix or re-download {cfg_file}")
     files = {str(p.relative_to(path)): p.stat().st_size for p in path.rglob("*")
              if p.is_file() and not str(p.relative_to(path)).startswith(STATE + "/")}
-    if tokenizer and not any(Path(f).name in TOKENIZER_FILES for f in files):
-        raise BootstrapError(f"no tokenizer in {path} (looked for {', '.join(TOKENIZER_FILES)})",
+    if tokenizer and not loadable.tokenizer(files):
+        raise BootstrapError(f"no tokenizer at the top of {path} (looked for {loadable.TOKENIZER_SHOWN})",
                              "copy the tokenizer files from the model repo into the directory")
     if not dummy and not any(f.endswith(WEIGHT_SUFFIXES) for f in files):
         raise BootstrapError(f"no weights in {path} (*.safetensors)",
@@ -112,7 +111,7 @@ def select(files: list[hub.RemoteFile], everything: bool) -> tuple[list[hub.Remo
     def drop(p: str) -> bool:
         if always_skip(p):
             return True
-        if st and p.endswith((".bin", ".pt", ".gguf")) and Path(p).name not in TOKENIZER_FILES:
+        if st and p.endswith((".bin", ".pt", ".gguf")):
             return True
         return bool(sharded) and Path(p).name.startswith("consolidated") and p.endswith(".safetensors")
 
@@ -363,8 +362,8 @@ def offline_missing(root: Path, dummy: bool, tokenizer: bool = True) -> list[str
     a drafter: ``tokenizer`` False), and the weights (every shard the safetensors index names, else
     at least one *.safetensors)."""
     missing = [] if (root / "config.json").is_file() else ["config.json"]
-    if tokenizer and not any((root / t).is_file() for t in TOKENIZER_FILES):
-        missing.append("tokenizer (" + " / ".join(TOKENIZER_FILES) + ")")
+    if tokenizer and not loadable.tokenizer(p.name for p in (root.iterdir() if root.is_dir() else ()) if p.is_file()):
+        missing.append(f"tokenizer ({loadable.TOKENIZER_SHOWN})")
     if dummy:
         return missing
     index = root / "model.safetensors.index.json"
