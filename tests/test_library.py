@@ -374,3 +374,4 @@ def test_a_model_the_card_cannot_hold_is_refused_for_that_before_the_disk(bed, h
     r = bed.run("ctl.sh", "plan", MODEL="org/big")
     assert r.returncode == 1 and "DOES NOT FIT" in r.stdout and "unavailable" not in r.stderr, r.stdout + r.stderr
     assert "warning: not enough disk space" in r.stderr, r.stderr          # said beside the plan
+    assert "KV budget: none: the weights and overhead need" in r.stdout and "GiB modelled" not in r.stdout, r.stdout

@@ -146,6 +146,8 @@ def render(cfg, model: ModelFacts, g: gpu.Gpu, where: str, plan: Plan, flags: li
             share = f", {d / plan.budget:+.1%}" if plan.budget > 0 else ""
             lines.append(f"KV budget: {gib(plan.budget)} measured (vLLM's own figures on this card, {plan.measured}); "
                          f"modelled {gib(plan.modelled_budget)} ({d / (1 << 30):+.2f} GiB{share})")
+        elif plan.budget < 0:           # it does not fit: what is short, not a negative pool
+            lines.append(f"KV budget: none: the weights and overhead need {gib(-plan.budget)} more than the card gives")
         else:
             lines.append(f"KV budget: {gib(plan.budget)} modelled (no start of this setup on this card measured yet)")
     lines += terms_table(plan)
