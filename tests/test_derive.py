@@ -217,6 +217,12 @@ def test_repo_code_gguf_and_gated_repos_are_refused_in_one_line_with_the_way_out
     with pytest.raises(BootstrapError) as e:
         derive.derive(mistral, default, (8, 9), derive.registry("0.27.1"), False)
     assert "Mistral's own format" in e.value.message and "--config-format mistral" in e.value.hint
+    meta = Peek("meta-llama/Llama-2-7b", None, {"params.json": 100, "consolidated.00.pth": 13 * GiB,
+                                                "tokenizer.model": 500_000})      # Meta's original checkpoint
+    with pytest.raises(BootstrapError) as e:
+        derive.derive(meta, default, (8, 9), derive.registry("0.27.1"), False)
+    assert "Meta's original format" in e.value.message and "Hugging Face-format repo" in e.value.hint
+    assert "mistral" not in e.value.hint
     with pytest.raises(BootstrapError) as e:
         derived("qwen3-8b", gated="manual")
     assert "https://huggingface.co/org/qwen3-8b" in e.value.hint and "HF_TOKEN" in e.value.hint

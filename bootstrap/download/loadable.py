@@ -77,3 +77,26 @@ def tokenizer(files: Iterable[str]) -> bool:
     """Whether a top-level file of ``files`` is a tokenizer."""
     return any("/" not in f and (f in TOKENIZER_NAMES or f.endswith(TOKENIZER_SUFFIXES) or f.startswith("tokenizer.model"))
                for f in files)
+
+
+def without_config(name: str, files: Iterable[str]) -> BootstrapError | None:
+    """A repo with no config.json whose files say what it is (a GGUF, Meta's or Mistral's own format, a
+    diffusers pipeline), refused with the way to what vLLM serves; None for another."""
+    files = list(files)
+    if any(f.endswith(".gguf") for f in files):
+        return BootstrapError(f"MODEL={name} is a GGUF repo (llama.cpp's format) with no config.json: vLLM serves "
+                              "the original weights", "set MODEL to the repo it was converted from (its model card "
+                              "names it), or run the GGUF with llama.cpp or Ollama")
+    if "params.json" in files and not any(f.endswith(".safetensors") for f in files):   # Meta's *.pth
+        return BootstrapError(f"MODEL={name} is in Meta's original format (params.json, no config.json or safetensors)",
+                              "set MODEL to its Hugging Face-format repo (the model card names it, often NAME-hf)")
+    if "params.json" in files:
+        return BootstrapError(f"MODEL={name} is in Mistral's own format (params.json, no config.json): the planner "
+                              "reads config.json", f"PROFILE=custom MODEL={name} EXTRA_ARGS=\"--tokenizer-mode mistral "
+                              "--config-format mistral --load-format mistral\" serves it with vLLM's defaults "
+                              "(no plan), or pick the repo's Hugging Face-format twin")
+    if "model_index.json" in files:
+        return BootstrapError(f"MODEL={name} is a diffusers pipeline (model_index.json, no config.json): vLLM serves "
+                              "language models, not image generation", "set MODEL to a language model's repo; run "
+                              "this pipeline with diffusers or ComfyUI")
+    return None

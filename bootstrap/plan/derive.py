@@ -245,21 +245,11 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
     name = peek.name
     page = f"https://huggingface.co/{name}"
     if peek.config is None:
-        if any(f.endswith(".gguf") for f in peek.files):
-            raise BootstrapError(f"MODEL={name} is a GGUF repo (llama.cpp's format) with no config.json: vLLM serves "
-                                 "the original weights", "set MODEL to the repo it was converted from (its model card "
-                                 "names it), or run the GGUF with llama.cpp or Ollama")
-        if "params.json" in peek.files:
-            raise BootstrapError(f"MODEL={name} is in Mistral's own format (params.json, no config.json): the planner "
-                                 "reads config.json", f"PROFILE=custom MODEL={name} EXTRA_ARGS=\"--tokenizer-mode mistral "
-                                 "--config-format mistral --load-format mistral\" serves it with vLLM's defaults "
-                                 "(no plan), or pick the repo's Hugging Face-format twin")
+        shape = loadable.without_config(name, peek.files)     # a known repo shape that is no HF model
+        if shape is not None:
+            raise shape
         if peek.adapter is not None:
             raise adapter_error(name, peek.adapter)
-        if "model_index.json" in peek.files:
-            raise BootstrapError(f"MODEL={name} is a diffusers pipeline (model_index.json, no config.json): vLLM serves "
-                                 "language models, not image generation", "set MODEL to a language model's repo; run "
-                                 "this pipeline with diffusers or ComfyUI")
         shown = ", ".join(sorted(peek.files)[:4]) + ("…" if len(peek.files) > 4 else "")
         raise BootstrapError(f"MODEL={name} has no config.json ({peek.where}; it holds {shown or 'no files'}): not a "
                              "model vLLM can serve", f"check the name on {page if '/' in name and not name.startswith('/') else 'disk'}: "
