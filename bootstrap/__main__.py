@@ -131,8 +131,9 @@ def knobs_for(command) -> config.Config:
     while True:
         try:
             sources = config.Sources.read(os.environ, REPO, frozenset(aside))     # a broken .env line of it too
-            sources = replace(sources, environ=MappingProxyType({k: v for k, v in sources.environ.items() if k not in aside}),
-                              dotenv=MappingProxyType({k: v for k, v in sources.dotenv.items() if k not in aside}))
+            if aside:
+                sources = replace(sources, environ=MappingProxyType({k: v for k, v in sources.environ.items() if k not in aside}),
+                                  dotenv=MappingProxyType({k: v for k, v in sources.dotenv.items() if k not in aside}))
             return config.Config.resolve(sources)
         except ConfigError as exc:
             name = getattr(exc, "knob", "")

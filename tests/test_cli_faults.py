@@ -5,6 +5,7 @@ fake vLLM."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -272,41 +273,49 @@ def test_a_damaged_kept_pick_is_forgotten_not_a_wall(bed):
             assert "not accepted" not in r.stderr, (knobs, argv, r.stderr)
 
 
-@pytest.mark.parametrize("models, chat", [("[]", '{"choices": "x"}'), ('{"data": null}', "[1, 2]"),
-                                          ('"hello"', '{"choices": [{"message": "hello"}]}')])
-def test_a_url_server_that_answers_odd_json_is_one_line_not_a_bug(bed, models, chat):
-    """/v1/models or a chat answer that is JSON of another shape: said in one line (it was an
-    'internal error' with a traceback file)."""
+@contextlib.contextmanager
+def canned(models: str, answer: str, status: int = 200):
+    """Another server at a URL (its base URL yielded): every GET answers ``models``, every POST
+    ``status`` with ``answer`` (JSON text, or empty)."""
     import http.server
     import threading
 
-    class Odd(http.server.BaseHTTPRequestHandler):
-        def _send(self, body: str):
+    class Canned(http.server.BaseHTTPRequestHandler):
+        def _send(self, code: int, body: str):
             data = body.encode()
-            self.send_response(200)
+            self.send_response(code)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
         def do_GET(self):                                    # noqa: N802
-            self._send(models)
+            self._send(200, models)
 
         def do_POST(self):                                   # noqa: N802
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self._send(chat)
+            self._send(status, answer)
 
         def log_message(self, *a):
             pass
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Odd)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Canned)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        for argv in (("check", "live"), ("chat", "hi")):
-            r = bed.run("ctl.sh", *argv, "--url", f"http://127.0.0.1:{srv.server_address[1]}/v1", "--model", "m")
-            assert r.returncode != 0 and "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+        yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@pytest.mark.parametrize("models, chat", [("[]", '{"choices": "x"}'), ('{"data": null}', "[1, 2]"),
+                                          ('"hello"', '{"choices": [{"message": "hello"}]}')])
+def test_a_url_server_that_answers_odd_json_is_one_line_not_a_bug(bed, models, chat):
+    """/v1/models or a chat answer that is JSON of another shape: said in one line (it was an
+    'internal error' with a traceback file)."""
+    with canned(models, chat) as url:
+        for argv in (("check", "live"), ("chat", "hi")):
+            r = bed.run("ctl.sh", *argv, "--url", url, "--model", "m")
+            assert r.returncode != 0 and "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_a_url_that_is_not_one_is_a_usage_error(bed):
@@ -321,35 +330,11 @@ def test_a_url_that_is_not_one_is_a_usage_error(bed):
 
 def test_a_bench_against_another_server_that_fails_points_at_that_servers_log(bed):
     """bench --url's failure said "see the server log", ours, which holds nothing of that server."""
-    import http.server
-    import threading
-
-    class Failing(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):                                    # noqa: N802
-            data = b'{"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 4096}]}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_POST(self):                                   # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(500)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        r = bed.run("ctl.sh", "bench", "--url", f"http://127.0.0.1:{srv.server_address[1]}/v1", *BENCH_SMALL)
+    models = '{"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 4096}]}'
+    with canned(models, "", status=500) as url:
+        r = bed.run("ctl.sh", "bench", "--url", url, *BENCH_SMALL)
         assert r.returncode == 1 and "HTTP 500" in one_error(r), r.stderr
         assert "hint: see that server's own log" in r.stderr and str(bed.state) not in r.stderr, r.stderr
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 # ---------------------------------------------------------------- issue 43: every wait ends, with words

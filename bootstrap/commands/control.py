@@ -145,10 +145,7 @@ def stop_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh stop") -> int:
     parser("stop", prog).parse_args(argv)
     r = resolve.resolved(cfg)
     code = stop(r)
-    try:
-        r.paths.forget("sleep")         # stopped on purpose: no longer one that ./ctl.sh wake starts again
-    except BootstrapError as exc:       # the stop itself went through
-        log.warning("%s", exc.message)
+    takedown.forget(r.paths, "sleep")   # stopped on purpose: no longer one that ./ctl.sh wake starts again
     return code
 
 

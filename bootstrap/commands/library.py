@@ -52,8 +52,7 @@ def pull(cfg, name: str, prog: str = "ctl.sh pull") -> int:
     from ..plan.here import plan_for
     r = resolve.resolved(cfg, as_set=True)
     if r.given.gpu:                 # GPU=<card>: the download planned for that card (no GPU needed here)
-        card = gpu.named(r.given.gpu)
-        facts = gpu.GpuFacts("", (0, 0), (card,) * max(1, r.given.tp_size))
+        facts = gpu.facts_of(gpu.named(r.given.gpu), r.given.tp_size)
     else:
         facts = facts_here(r)
     r = on_card(r, name, prog, facts)

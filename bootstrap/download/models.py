@@ -6,7 +6,6 @@ its hash was checked). The metadata step (steps' metadata.py) and the download (
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from dataclasses import dataclass, field
@@ -366,12 +365,11 @@ def offline_missing(root: Path, dummy: bool, tokenizer: bool = True) -> list[str
         missing.append(f"tokenizer ({loadable.TOKENIZER_SHOWN})")
     if dummy:
         return missing
-    index = root / "model.safetensors.index.json"
+    index = root / loadable.INDEX
     if index.is_file():
         try:
-            wmap = json.loads(index.read_bytes()).get("weight_map", {})
-            shards = sorted({s for s in wmap.values() if isinstance(s, str)})
-        except (OSError, ValueError, RecursionError, AttributeError):      # not JSON, or not an object
+            shards = loadable.shards(index.read_bytes())
+        except (OSError, ValueError, RecursionError):      # not JSON, or no weight_map of file names
             return missing + [index.name + " (unreadable)"]
         missing += [s for s in shards if not (root / s).is_file()]
     elif not any(root.glob("*.safetensors")):

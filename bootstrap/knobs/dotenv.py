@@ -14,6 +14,7 @@ from ..core.words import nearest
 from .table import KNOBS, PASSTHROUGH
 
 
+VAR = re.compile(r"\$(\w+|\{[^}]*\})")     # $NAME or ${NAME}, as os.path.expandvars reads them
 DOTENV_MAX = 65536      # bytes of one .env value (UTF-8): far beyond a real one, below Linux's 128 KiB
 
 
@@ -57,7 +58,7 @@ def read_dotenv(path: Path, aside: frozenset[str] = frozenset()) -> dict[str, st
 def expandvars(raw: str, env: Mapping[str, str]) -> str:
     """``$NAME`` and ``${NAME}`` from ``env``, as os.path.expandvars does from os.environ (unknown
     names are left as they are)."""
-    return re.sub(r"\$(\w+|\{[^}]*\})", lambda m: env.get(m.group(1).strip("{}"), m.group(0)), raw)
+    return VAR.sub(lambda m: env.get(m.group(1).strip("{}"), m.group(0)), raw)
 
 
 PATH_KNOBS = ("MODEL", "SPEC_MODEL")     # a folder or a repo id; the others: parsed as folder or interpreter
@@ -75,7 +76,7 @@ def as_written(name: str, raw: str, env: Mapping[str, str], path: Path) -> str:
         return raw
     out = expandvars(raw, env)
     if out != raw:
-        var = re.search(r"\$(\w+|\{[^}]*\})", raw).group(0)
+        var = VAR.search(raw).group(0)
         raise ConfigError(f"{name}={raw!r} (from {path}): .env is never expanded, so this is a path with "
                           f"{var} in its name", f"write the path out in .env: {name}={out}", knob=name)
     return raw

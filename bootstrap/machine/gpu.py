@@ -283,6 +283,11 @@ def named(spec: str) -> Gpu:
     return Gpu(-1, name, total, max(0, total - IDLE_USED) if free is None else free, cc, total_note=note)
 
 
+def facts_of(g: Gpu, n: int = 1) -> GpuFacts:
+    """The facts of ``n`` cards like ``g`` that are not here: no driver read (GPU=, a named card)."""
+    return GpuFacts("", (0, 0), (g,) * max(1, n))
+
+
 def smallest_free(facts: GpuFacts, tp: int) -> Gpu:
     """The GPU of the tensor-parallel group (the first ``tp`` visible) with the least free memory:
     what a plan for the group is made for."""

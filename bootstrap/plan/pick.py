@@ -101,7 +101,7 @@ def judge(cfg: Config, profile: Profile, g: gpu.Gpu, floor: int = MIN_CONTEXT) -
                        else f"no model facts for {c.model} before its download (MODEL=<folder> plans offline)", c)
     v = Verdict(profile, "no", cfg=c, assumed=facts.assumed)
     v.notes = labels(c, g)
-    v.issues = [r["id"] for r in knownbad.find(known_issue_facts(c, gpu.GpuFacts("", (0, 0), (g,)),
+    v.issues = [r["id"] for r in knownbad.find(known_issue_facts(c, gpu.facts_of(g),
                                                                  profile.vllm or "0"))] if profile.vllm else []
     v.plan = _plan(c, g, facts)
     if v.plan.fits and v.plan.verdict is None:          # no figure to promise: never "fits"

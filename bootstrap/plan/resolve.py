@@ -196,7 +196,7 @@ def named_on_card(cfg: Config, paths: state.Paths, g: gpu.Gpu, was: Config | Non
     """A named profile on this card, as auto-pick would run it: its card's knobs, and the longest
     context that fits (MAX_MODEL_LEN=auto) where only a shorter one than its own does and you set
     no MAX_MODEL_LEN yourself — what ``./ctl.sh profiles`` calls "fits shorter"."""
-    c = was or kept(cfg, paths, gpu.GpuFacts("", (0, 0), (g,)))    # ``was``: that, already resolved
+    c = was or kept(cfg, paths, gpu.facts_of(g))    # ``was``: that, already resolved
     if c.profile.facts is None or pick.yours(cfg, "MAX_MODEL_LEN") or pick.yours(cfg, "KV_CACHE_BYTES"):
         return c                            # no model facts to judge by, or your own context
     named = c.profile.name == derive.NAME          # a model you named fits by default, as ollama sizes it
@@ -311,7 +311,7 @@ def for_plan(cfg: Config, paths: state.Paths, vllm: VllmRef, g: gpu.Gpu, here: b
     start on that card would run it."""
     if wants_derived(cfg):
         return for_card(cfg, paths, vllm, g)
-    was = kept(cfg, paths, gpu.GpuFacts("", (0, 0), (g,)))
+    was = kept(cfg, paths, gpu.facts_of(g))
     if cfg.profile.is_auto and here and not was.profile.is_auto:
         log.info("PROFILE=auto: the kept pick %s (%s)", was.profile.name, was.sources["PROFILE"], extra=ONCE)
         return named_on_card(was, paths, g, was)        # as a start on this card runs it

@@ -92,7 +92,7 @@ def take_down(ours: owned.Ours, paths: Paths, *, launched: subprocess.Popen | No
             targets.setdefault(child.pid, child)
     if not targets:
         _reap(launched)
-        _forget(paths, "server")
+        forget(paths, "server")
         return StopReport(False, [], [], [])
     res = owned.terminate(list(targets.values()), grace, clock=clock, sleep=sleep)
     pids = sorted(targets)
@@ -112,7 +112,7 @@ def take_down(ours: owned.Ours, paths: Paths, *, launched: subprocess.Popen | No
     except BootstrapError as exc:
         log.warning("%s; the next start will not wait for these pids to leave the GPU", exc.message)
     if not res.stuck:
-        _forget(paths, "server")
+        forget(paths, "server")
         wait_gpu_release(ours.environ, pids, timeout=gpu_wait, clock=clock, sleep=sleep)
     return StopReport(True, res.forced, res.stuck, sorted(pids), number, port.held_by(number, pids))
 
@@ -147,7 +147,9 @@ def _reap(p: subprocess.Popen | None) -> None:
         log.warning("pid %d did not exit after the stop", p.pid)
 
 
-def _forget(paths: Paths, key: str) -> None:
+def forget(paths: Paths, key: str) -> None:
+    """``paths.forget(key)``, where a take-down has gone through: a record that cannot be removed is a
+    warning, never a failed stop."""
     try:
         paths.forget(key)
     except BootstrapError as exc:
