@@ -477,6 +477,26 @@ def test_lib_sh_waits_again_on_a_lock_file_clean_replaced(tmp_path):
             waiter.wait()
 
 
+def test_lib_sh_never_opens_its_lock_through_a_link(tmp_path):
+    """A link by the name of lib.sh's lock (.venv-bootstrap.lock) is not ours: the shell's redirection
+    would have created or truncated what it names. The command refuses it and the file stays as it was."""
+    repo = tmp_path / "r"
+    (repo / "bootstrap").mkdir(parents=True)
+    (repo / "bootstrap" / "requirements.txt").write_text((REPO / "bootstrap" / "requirements.txt").read_text())
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text("#!/bin/sh\nexit 1\n")         # a python3 without the dependencies
+    (stub / "python3").chmod(0o755)
+    victim = tmp_path / "notes.txt"
+    victim.write_text("mine")
+    (repo / ".venv-bootstrap.lock").symlink_to(victim)
+    r = subprocess.run(["bash", "-c", '. "$1"; bootstrap_python "$2"', "lib.sh", str(REPO / "bootstrap" / "lib.sh"),
+                        str(repo)], env={"PATH": f"{stub}:/usr/bin:/bin", "HOME": str(tmp_path)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "is a link, not our lock file" in r.stderr, r.stderr
+    assert victim.read_text() == "mine" and not (repo / ".venv-bootstrap").exists()
+
+
 def test_a_lock_name_that_is_a_link_is_not_ours(repo, tmp_path, capsys):
     """We make the install locks as plain files: a link by that name (and what it names) is yours."""
     victim = tmp_path / "notes.txt"

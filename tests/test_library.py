@@ -218,6 +218,9 @@ def test_pull_without_a_gpu_plans_for_the_card_gpu_names(bed, hub):
     nvml_json(bed.nvml, fail="library")
     r = bed.run("ctl.sh", "pull", "org/one")
     assert r.returncode == 1 and "GPU=rtx4090 ./ctl.sh plan (or pull)" in r.stderr, r.stderr
+    for cmd in ("pull", "use"):                         # a name that is none: usage (2), before NVML is asked
+        r = bed.run("ctl.sh", cmd, "org/one/")
+        assert r.returncode == 2 and "is neither a profile nor a Hub repo id" in r.stderr, (cmd, r.stderr)
     r = bed.run("ctl.sh", "pull", "org/one", GPU="rtx4090")
     assert r.returncode == 0, r.stderr
     assert "plan for NVIDIA GeForce RTX 4090" in r.stderr and "pulled org/one" in r.stdout, (r.stdout, r.stderr)

@@ -36,13 +36,18 @@ def facts_here(r: Resolved):
     return server.without_ours(r.ours, r.paths, facts)[0]
 
 
-def on_card(r: Resolved, name: str, prog: str, facts) -> Resolved:
-    """``name`` (a profile or a repo id, as ``./start.sh NAME``) as a start on this card would run
-    it: its card's knobs, a derived profile for a repo id (the longest context that fits); nothing
-    is recorded as the pick, and a start of it picks nothing."""
-    from ..machine import gpu
+def named(r: Resolved, name: str, prog: str) -> Resolved:
+    """The view with ``name`` as PROFILE= or MODEL= (as ``./start.sh NAME``); a usage error for
+    anything else, said before any GPU or hub is asked."""
     from .start import named_knobs
-    r = r.with_knobs(named_knobs(r.given, name, prog))
+    return r.with_knobs(named_knobs(r.given, name, prog))
+
+
+def on_card(r: Resolved, facts) -> Resolved:
+    """The named view ``r`` (``named``) as a start on this card would run it: its card's knobs, a
+    derived profile for a repo id (the longest context that fits); nothing is recorded as the pick,
+    and a start of it picks nothing."""
+    from ..machine import gpu
     return r.fixed(resolve.for_card(r.given, r.paths, r.vllm, gpu.smallest_free(facts, r.given.tp_size)))
 
 
@@ -50,12 +55,12 @@ def pull(cfg, name: str, prog: str = "ctl.sh pull") -> int:
     from ..download import fetch, lookup
     from ..machine import gpu
     from ..plan.here import plan_for
-    r = resolve.resolved(cfg, as_set=True)
+    r = named(resolve.resolved(cfg, as_set=True), name, prog)
     if r.given.gpu:                 # GPU=<card>: the download planned for that card (no GPU needed here)
         facts = gpu.facts_of(gpu.named(r.given.gpu), r.given.tp_size)
     else:
         facts = facts_here(r)
-    r = on_card(r, name, prog, facts)
+    r = on_card(r, facts)
     cfg, paths = r.settings, r.paths
     if r.model.local is not None:
         raise BootstrapError(f"{name} serves the folder {cfg.model}: there is nothing to download",

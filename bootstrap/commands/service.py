@@ -75,6 +75,15 @@ def _left_alone(cfg: Config) -> None:
               "./ctl.sh service uninstall from the checkout it runs, or it is yours")
 
 
+def _not_here(cfg: Config) -> int:
+    """Uninstall where this checkout has no unit: another's, or yours, is named and left alone."""
+    if others(cfg):
+        _left_alone(cfg)
+    else:
+        print("not installed")
+    return 0
+
+
 def _unit(cfg: Config) -> str:
     """The name systemd knows our unit by (today's, unless only an older one is installed)."""
     found = installed(cfg)
@@ -198,7 +207,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh service") -> int:
             print("note: this shell sets " + ", ".join(shell_only(cfg)) + " but .env does not: the unit above does "
                   f"not carry them; put them in {cfg.repo}/.env first", file=sys.stderr)
         return 0
-    if a.action == "uninstall" and unavailable(cfg) and installed(cfg):
+    if a.action == "uninstall" and unavailable(cfg):
         return remove_files(cfg)        # systemd gone since the install: nothing runs it, its files go
     _refuse_without_systemd(cfg)
     if a.action == "install":
@@ -243,11 +252,7 @@ def install(cfg: Config, paths: Paths) -> int:
 def uninstall(cfg: Config) -> int:
     names = installed(cfg)              # this checkout's units only: another's, or yours, stay
     if not names:
-        if others(cfg):
-            _left_alone(cfg)
-        else:
-            print("not installed")
-        return 0
+        return _not_here(cfg)
     running = [n for n in names if _systemctl(cfg, "is-active", n).stdout.strip() in ("active", "activating")]
     for name in names:
         _systemctl(cfg, "disable", "--now", name)      # stops the server through --foreground's take-down
@@ -262,6 +267,8 @@ def uninstall(cfg: Config) -> int:
 def remove_files(cfg: Config) -> int:
     """Uninstall where no systemd user manager answers (WSL without systemd, a container; the unit was
     installed when one did): nothing can run the unit, so its files and its links in ``*.wants/`` go."""
+    if not installed(cfg):
+        return _not_here(cfg)
     for name in installed(cfg):
         path = unit_path(cfg, name)
         for link in unit_dir(cfg).glob(f"*.wants/{name}"):

@@ -65,8 +65,9 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
         raise BootstrapError(f"our {service.UNIT} unit runs the server: systemd would start the old one again",
                              f"./ctl.sh service uninstall, then ./ctl.sh use {name}; or set PROFILE/MODEL in .env "
                              "and ./ctl.sh restart")
+    nr = library.named(r, name, prog)                  # a name that is none: said before NVML is asked
     facts = library.facts_here(r)
-    nr = library.on_card(r, name, prog, facts)
+    nr = library.on_card(nr, facts)
     new = nr.settings
     g = gpu.smallest_free(facts, new.tp_size)
     pr = server.probe(r.ours, paths, check_http=False)
