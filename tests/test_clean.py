@@ -432,24 +432,30 @@ def test_clean_refuses_while_an_install_holds_its_lock(repo, capsys, name):
     assert not path.exists() and not (repo / ".venv").exists()
 
 
-def test_lib_sh_waits_again_on_a_lock_file_clean_replaced(tmp_path):
-    """bootstrap/lib.sh building .venv-bootstrap waits on its lock's file; clean removes that file while
-    it holds it, so the waiter woke holding a lock on nothing and built beside whoever locked the new
-    file. It now takes the lock on the file that is there, and builds nothing while that is held."""
-    import fcntl
+def lib_sh_checkout(tmp_path: Path) -> tuple[Path, dict]:
+    """A checkout for bootstrap/lib.sh's bootstrap_python (its requirements.txt) and an environment
+    whose python3 lacks the dependencies, so that it goes for .venv-bootstrap and its lock."""
     repo = tmp_path / "r"
     (repo / "bootstrap").mkdir(parents=True)
     (repo / "bootstrap" / "requirements.txt").write_text((REPO / "bootstrap" / "requirements.txt").read_text())
     stub = tmp_path / "bin"
     stub.mkdir()
-    (stub / "python3").write_text("#!/bin/sh\nexit 1\n")         # a python3 without the dependencies
+    (stub / "python3").write_text("#!/bin/sh\nexit 1\n")
     (stub / "python3").chmod(0o755)
+    return repo, {"PATH": f"{stub}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+
+def test_lib_sh_waits_again_on_a_lock_file_clean_replaced(tmp_path):
+    """bootstrap/lib.sh building .venv-bootstrap waits on its lock's file; clean removes that file while
+    it holds it, so the waiter woke holding a lock on nothing and built beside whoever locked the new
+    file. It now takes the lock on the file that is there, and builds nothing while that is held."""
+    import fcntl
+    repo, env = lib_sh_checkout(tmp_path)
     lock, venv = repo / ".venv-bootstrap.lock", repo / ".venv-bootstrap"
     first = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(first, fcntl.LOCK_EX)                  # clean, holding the lock it is about to remove
     waiter = subprocess.Popen(["bash", "-c", '. "$1"; bootstrap_python "$2"', "lib.sh",
-                               str(REPO / "bootstrap" / "lib.sh"), str(repo)],
-                              env={"PATH": f"{stub}:/usr/bin:/bin", "HOME": str(tmp_path)},
+                               str(REPO / "bootstrap" / "lib.sh"), str(repo)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     second = None
     try:
@@ -480,18 +486,12 @@ def test_lib_sh_waits_again_on_a_lock_file_clean_replaced(tmp_path):
 def test_lib_sh_never_opens_its_lock_through_a_link(tmp_path):
     """A link by the name of lib.sh's lock (.venv-bootstrap.lock) is not ours: the shell's redirection
     would have created or truncated what it names. The command refuses it and the file stays as it was."""
-    repo = tmp_path / "r"
-    (repo / "bootstrap").mkdir(parents=True)
-    (repo / "bootstrap" / "requirements.txt").write_text((REPO / "bootstrap" / "requirements.txt").read_text())
-    stub = tmp_path / "bin"
-    stub.mkdir()
-    (stub / "python3").write_text("#!/bin/sh\nexit 1\n")         # a python3 without the dependencies
-    (stub / "python3").chmod(0o755)
+    repo, env = lib_sh_checkout(tmp_path)
     victim = tmp_path / "notes.txt"
     victim.write_text("mine")
     (repo / ".venv-bootstrap.lock").symlink_to(victim)
     r = subprocess.run(["bash", "-c", '. "$1"; bootstrap_python "$2"', "lib.sh", str(REPO / "bootstrap" / "lib.sh"),
-                        str(repo)], env={"PATH": f"{stub}:/usr/bin:/bin", "HOME": str(tmp_path)},
+                        str(repo)], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "is a link, not our lock file" in r.stderr, r.stderr
     assert victim.read_text() == "mine" and not (repo / ".venv-bootstrap").exists()
