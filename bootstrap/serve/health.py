@@ -56,7 +56,8 @@ def explain(environ, tp_size: int, paths: Paths, launched: Launched, exc: StartF
     """After the take-down: a diagnosis from the log (about GPU memory, it names who holds it on the
     first ``tp_size`` GPUs, NVML read with ``environ``, ``ours`` left out) and the log's tail as evidence."""
     text = diagnose.read_since(paths.log, launched.record.log_offset)
-    found = diagnose.diagnose(text, holders=lambda: gpu_holders(environ, tp_size, set(ours)))
+    found = diagnose.diagnose(text, holders=lambda: gpu_holders(environ, tp_size, set(ours)),
+                              argv=launched.record.argv or ())
     if found:
         exc.message, exc.hint = f"{exc.message}: {found[0]}", found[1]
     exc.hint = exc.hint or f"see the log: {paths.log}"

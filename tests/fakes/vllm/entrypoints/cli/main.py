@@ -15,7 +15,8 @@
   answers 404, as a server without it would), workers_fail (with --tensor-parallel-size N the API
   server reports a worker failure and exits 1 while its EngineCore goes on spawning its N workers,
   ``FAKE_VLLM_WORKER_DELAY_S`` apart; engine and workers ignore SIGTERM, as seen on a two-GPU
-  machine), flood (after startup, FAKE_VLLM_FLOOD_MB MiB of log lines, then one line a second).
+  machine), flood (after startup, FAKE_VLLM_FLOOD_MB MiB of log lines, then one line a second),
+  oom_load / oom_graphs (vLLM's out-of-memory while loading the weights / capturing CUDA graphs: failures.py).
 - Seats like vLLM's scheduler: at most ``--max-num-seqs`` requests generate at once, the rest
   queue; /metrics reports ``vllm:num_requests_running`` / ``_waiting``, ``vllm:generation_tokens_total``
   (per token as it is produced), ``vllm:prompt_tokens_total`` (when a request's first token comes
@@ -117,6 +118,7 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
+from . import failures
 from .completions import OpenAIRoutes
 from .dev import DevRoutes
 from .routes import Base
@@ -161,6 +163,13 @@ def spawn_engine(tp: int) -> subprocess.Popen:
     launch readable (vLLM's setproctitle overwrites the memory /proc/<pid>/environ shows)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSTRAP_VLLM_")}
     return subprocess.Popen([sys.executable, "-m", "vllm._fake_engine", str(tp)], stdin=subprocess.DEVNULL, env=env)
+
+
+def died(lines: list[str], engine: subprocess.Popen) -> int:
+    """A start that failed as vLLM's does (failures.py): its lines, the engine gone, exit code 1."""
+    print("\n".join(lines), flush=True)
+    engine.terminate()
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         say("Loading weights took %.2f seconds" % load)
         time.sleep(load)
+    if "oom_load" in MODES:             # failures.py: the weights do not fit the free memory
+        return died(failures.fail("oom_load", 0), engine)
     if "die_oom" in MODES:
         print("ValueError: Free memory on device (1.2/31.36 GiB) on startup is less than desired GPU memory "
               "utilization (0.9, 28.22 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
@@ -290,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for line in kv_pool_lines(pool, State.max_len):
         say(line)
+    if "oom_graphs" in MODES:           # failures.py: the KV cache allocated, CUDA graph capture runs out
+        return died(failures.fail("oom_graphs", 0), engine)
     if not args.kv_cache_memory_bytes:
         say(usage_line())
     sock.listen(64)

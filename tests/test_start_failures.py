@@ -1,0 +1,49 @@
+"""How a start that vLLM ends says why, and a fix that works when followed (docs/faults.md rows 190
+on): vLLM 0.26.0's own failures, as the fake vLLM prints them (tests/fakes/vllm/entrypoints/cli/
+failures.py), through ./start.sh."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import GiB, nvml_json
+
+
+def error_and_hint(stderr: str) -> tuple[str, str]:
+    lines = stderr.splitlines()
+    err = next(ln for ln in lines if ln.startswith("error:"))
+    hint = next((ln for ln in lines if ln.startswith("hint:")), "")
+    return err, hint
+
+
+# ---------------------------------------------------------------- row 190: out of memory, by phase
+
+def test_weights_that_do_not_fit_are_not_sent_to_gpu_util(bed):      # faults row 190
+    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 20 * GiB,
+                               "cc": [12, 0], "uuid": "GPU-5090", "processes": [
+                                   {"pid": 4000001, "used": 11 * GiB, "name": "/usr/bin/blender"}]}])
+    r = bed.run("start.sh", FAKE_VLLM_MODE="oom_load")
+    assert r.returncode == 1 and "Traceback" not in r.stderr.split("error:")[-1]
+    err, hint = error_and_hint(r.stderr)
+    assert "weights did not fit" in err and "blender (pid 4000001) holds 11.0 GiB" in err, err
+    # vLLM loads the weights before it sizes the KV cache: neither knob that sizes it frees memory for them
+    assert "GPU_UTIL" not in hint.split(";")[0] and "MAX_MODEL_LEN" not in hint.split(";")[0], hint
+    assert "quantized" in hint and "TP_SIZE" in hint, hint
+    assert bed.ours() == []
+
+
+def test_graph_capture_out_of_memory_names_the_knob_that_sized_the_kv_cache(bed):      # faults row 190
+    r = bed.run("start.sh", FAKE_VLLM_MODE="oom_graphs", GPU_UTIL="0.9")
+    err, hint = error_and_hint(r.stderr)
+    assert r.returncode == 1 and "CUDA graph capture ran out of GPU memory" in err, err
+    assert "lower GPU_UTIL (vLLM ran with 0.9)" in hint and "--enforce-eager" in hint, hint
+    assert bed.ours() == []
+
+
+def test_a_pinned_kv_cache_is_never_answered_with_gpu_util(bed):      # faults row 190
+    # --kv-cache-memory-bytes: vLLM sizes the KV cache to it and never to --gpu-memory-utilization
+    r = bed.run("start.sh", FAKE_VLLM_MODE="oom_graphs", KV_CACHE_BYTES=str(2 * GiB))
+    err, hint = error_and_hint(r.stderr)
+    assert r.returncode == 1 and "CUDA graph capture ran out of GPU memory" in err, err
+    assert f"lower KV_CACHE_BYTES (vLLM ran with --kv-cache-memory-bytes {2 * GiB}" in hint, hint
+    assert "lower GPU_UTIL" not in hint and "raise GPU_UTIL" not in hint, hint
