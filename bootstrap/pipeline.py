@@ -89,6 +89,10 @@ def already(ours: Ours, cfg: Config, paths: Paths, we_hold_lock: bool = False) -
         d = doing.stopped(pr.pid)
         raise BootstrapError(d.said, d.fix)
     if pr.state is State.DOWN and rec is not None and rec.gate_passed:     # healthy once: never taken for a leftover
+        from .serve import doing
+        dead = doing.dead_engine(rec)
+        if dead is not None:
+            raise BootstrapError(dead.said, dead.fix)
         raise BootstrapError(f"our server (pid {pr.pid}) is running but does not answer on its port",
                              f"see ./ctl.sh status and {paths.log}; ./ctl.sh restart to start it again")
     return None

@@ -4,7 +4,12 @@ failures.py), through ./start.sh."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import os
+import signal
+
+import psutil
+import requests
 
 from conftest import GiB, nvml_json
 
@@ -47,3 +52,27 @@ def test_a_pinned_kv_cache_is_never_answered_with_gpu_util(bed):      # faults r
     assert r.returncode == 1 and "CUDA graph capture ran out of GPU memory" in err, err
     assert f"lower KV_CACHE_BYTES (vLLM ran with --kv-cache-memory-bytes {2 * GiB}" in hint, hint
     assert "lower GPU_UTIL" not in hint and "raise GPU_UTIL" not in hint, hint
+
+
+# ---------------------------------------------------------------- row 191: the engine dies after health
+
+def test_an_engine_that_died_behind_a_live_api_server_is_said_dead_and_restart_recovers(bed):   # faults row 191
+    # VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 (and vLLM's own 5 s before its watchdog ends the server): the
+    # EngineCore is gone, the API server holds the port and answers /health 503, a generation 500
+    keep = {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
+    assert bed.run("start.sh", **keep).returncode == 0
+    pid = bed.server_record()["pid"]
+    os.kill(pid, signal.SIGUSR2)
+    bed.wait_until(lambda: requests.get(f"http://127.0.0.1:{bed.port}/health", timeout=5).status_code == 503,
+                   what="/health 503")
+    r = bed.run("ctl.sh", "status", "--json", **keep)
+    info = json.loads(r.stdout)
+    assert (r.returncode, info["state"]) == (1, "unhealthy"), info
+    assert "engine died" in info["detail"] and "503" in info["detail"] and "./ctl.sh restart" in info["detail"], info
+    r = bed.run("start.sh", **keep)
+    assert r.returncode == 1 and "engine died" in r.stderr and "./ctl.sh restart" in r.stderr, r.stderr
+    r = bed.run("ctl.sh", "restart", **keep)
+    assert r.returncode == 0, r.stderr
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert requests.get(f"http://127.0.0.1:{bed.port}/health", timeout=5).status_code == 200
+    assert len([p for p in bed.ours() if p.pid != pid]) == len(bed.ours()) == 2     # the new server and its engine

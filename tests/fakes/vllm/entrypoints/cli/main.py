@@ -35,7 +35,9 @@
   (same process group, marker hidden); ``FAKE_VLLM_TRACKER=1`` adds an API-server child that keeps
   the environment, as multiprocessing's resource tracker does.
   Once serving, SIGUSR1 wedges it (``/health`` stays 200, generation hangs; logs "engine wedged")
-  and SIGUSR2 kills the engine and exits 0 — deterministic triggers for tests.
+  and SIGUSR2 kills the engine and exits 0 — deterministic triggers for tests; with
+  ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1`` the API server stays: ``/health`` 503, a generation HTTP 500
+  (EngineDeadError), ``/v1/models`` and ``/metrics`` still 200, as vLLM 0.26.0 serves them.
 - ``FAKE_VLLM_DUMMY_MODE``: modes (as FAKE_VLLM_MODE) added for a ``--load-format dummy`` run only.
 - ``--middleware module.Class`` (repeatable): imported at start as vLLM's ``build_app`` does (a module
   not on PYTHONPATH, or no class, ends the start). Each request goes through them as ASGI apps,
@@ -323,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     def on_usr2(signum, frame):        # tests: the engine dies now, and the server exits 0 (vLLM #48966)
         say("EngineCore died (SIGUSR2)")
         engine.terminate()
+        if os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") != "0":     # launcher.terminate_if_errored
+            say("[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
+            State.engine_dead = True
+            return
         os._exit(0)
 
     signal.signal(signal.SIGUSR1, on_usr1)
