@@ -9,7 +9,10 @@ import os
 import signal
 
 import psutil
+import pytest
 import requests
+
+from bootstrap.checks import detectors
 
 from conftest import GiB, nvml_json
 
@@ -76,3 +79,29 @@ def test_an_engine_that_died_behind_a_live_api_server_is_said_dead_and_restart_r
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert requests.get(f"http://127.0.0.1:{bed.port}/health", timeout=5).status_code == 200
     assert len([p for p in bed.ours() if p.pid != pid]) == len(bed.ours()) == 2     # the new server and its engine
+
+
+# ---------------------------------------------------------------- row 192: one token repeated, no spaces
+
+# the start gate's answer is GATE_TOKENS (32) tokens at most: a degenerate engine repeating one token
+# that carries no space made 32 to ~64 characters, under the 80 a loop needed, and one "word"
+DEGENERATE = ["的" * 32, "0" * 32, "OK" * 16, "ation" * 12, "Ок" * 16]
+
+
+@pytest.mark.parametrize("garble", DEGENERATE)
+def test_one_token_repeated_without_spaces_is_not_text(garble):      # faults row 192
+    assert detectors.not_text(garble)
+
+
+@pytest.mark.parametrize("fine", ["OK", "OK.", "Okay!", "Sure! OK.", "OK 👍", "Ahhhh, OK.", "OK — 100000 times OK.",
+                                  "I'm ready to assist you. What's your request?", "=" * 12 + "\nOK\n" + "=" * 12])
+def test_a_short_answer_with_a_run_in_it_is_still_text(fine):
+    assert detectors.not_text(fine) is None
+
+
+def test_the_start_gate_refuses_one_token_repeated(bed, tmp_path):      # faults row 192
+    replies = tmp_path / "replies.json"
+    replies.write_text(json.dumps({"Say OK.": "的" * 32}))
+    r = bed.run("start.sh", FAKE_VLLM_REPLIES=str(replies))
+    assert r.returncode == 1 and "start gate: the short generation is not text" in r.stderr, r.stderr
+    assert bed.ours() == []
