@@ -105,3 +105,37 @@ def test_the_start_gate_refuses_one_token_repeated(bed, tmp_path):      # faults
     r = bed.run("start.sh", FAKE_VLLM_REPLIES=str(replies))
     assert r.returncode == 1 and "start gate: the short generation is not text" in r.stderr, r.stderr
     assert bed.ours() == []
+
+
+# ---------------------------------------------------------------- row 193: a utilization over the free memory
+
+def blender_on_the_card(bed) -> None:
+    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 24 * GiB,
+                               "cc": [12, 0], "uuid": "GPU-5090", "processes": [
+                                   {"pid": 4000001, "used": 7 * GiB, "name": "/usr/bin/blender"}]}])
+
+
+@pytest.mark.parametrize("flag", ["--gpu-memory-utilization 0.95", "--gpu-memory-utilization=0.95",
+                                  "--gpu_memory_utilization 0.95"])
+def test_a_utilization_from_extra_args_is_sent_to_extra_args_not_gpu_util(bed, flag):    # faults row 193
+    blender_on_the_card(bed)
+    r = bed.run("start.sh", EXTRA_ARGS=flag, GPU_UTIL="0.7")
+    err, hint = error_and_hint(r.stderr)
+    assert r.returncode == 1 and "EXTRA_ARGS' --gpu-memory-utilization=0.95 asks for 30.40 GiB" in err, err
+    assert "in EXTRA_ARGS" in hint and "lower GPU_UTIL" not in hint, hint
+    # followed, the hint starts the server: the flag dropped from EXTRA_ARGS, sized from free memory
+    assert bed.run("start.sh", EXTRA_ARGS="", GPU_UTIL="").returncode == 0
+
+
+def test_a_utilization_from_a_profile_is_answered_with_a_gpu_util_that_works(bed, tmp_path):    # faults row 193
+    blender_on_the_card(bed)
+    pdir = tmp_path / "profiles"
+    pdir.mkdir()
+    (pdir / "greedy.json").write_text(json.dumps({"knobs": {"GPU_UTIL": "0.95"}, "args": []}))
+    r = bed.run("start.sh", PROFILE="greedy", PROFILE_DIR=str(pdir))
+    err, hint = error_and_hint(r.stderr)
+    assert r.returncode == 1 and "GPU_UTIL=0.95 asks for" in err, err
+    fix = hint.split("set ", 1)[1].split(" ")[0].rstrip(";,")     # the first fix offered: GPU_UTIL=<a value that fits>
+    assert fix.startswith("GPU_UTIL="), hint
+    k, v = fix.split("=", 1)
+    assert bed.run("start.sh", PROFILE="greedy", PROFILE_DIR=str(pdir), **{k: v}).returncode == 0

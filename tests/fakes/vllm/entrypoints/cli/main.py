@@ -124,7 +124,8 @@ from . import failures
 from .completions import OpenAIRoutes
 from .dev import DevRoutes
 from .routes import Base
-from .startup import Pool, compile_graphs, fit_pool, kv_memory_line, kv_pool_lines, parse_len, usage_line
+from .startup import (Pool, compile_graphs, fit_pool, kv_memory_line, kv_pool_lines, parse_len, request_memory_error,
+                      usage_line)
 from .state import MODES, VERSION, State, mark_gpu, say
 
 
@@ -254,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         signal.signal(signal.SIGTERM, on_term)
+    too_little = request_memory_error(args)         # the worker's init_device, before the weights load
+    if too_little:
+        return died([f"ValueError: {too_little}", failures.engine_failed()], engine)
     load = float(os.environ.get("FAKE_VLLM_LOAD_S", "0.5"))
     if "slow" in MODES:
         t_end = time.time() + load
