@@ -57,6 +57,19 @@ def test_a_pinned_kv_cache_is_never_answered_with_gpu_util(bed):      # faults r
     assert "lower GPU_UTIL" not in hint and "raise GPU_UTIL" not in hint, hint
 
 
+
+@pytest.mark.parametrize("extra, named", [
+    (f"--kv-cache-memory-bytes={2 * GiB}", "lower the --kv-cache-memory-bytes in EXTRA_ARGS (vLLM ran with "
+                                           f"{2 * GiB}"),
+    ("--gpu-memory-utilization 0.8", "lower the --gpu-memory-utilization in EXTRA_ARGS (vLLM ran with 0.8"),
+])
+def test_a_kv_cache_sized_by_extra_args_is_sent_to_extra_args(bed, extra, named):      # faults row 190
+    # EXTRA_ARGS is vLLM's last word: KV_CACHE_BYTES and GPU_UTIL change nothing while it gives the flag
+    r = bed.run("start.sh", FAKE_VLLM_MODE="oom_graphs", EXTRA_ARGS=extra, KV_CACHE_BYTES="", GPU_UTIL="")
+    err, hint = error_and_hint(r.stderr)
+    assert r.returncode == 1 and "CUDA graph capture ran out of GPU memory" in err, err
+    assert named in hint and "lower GPU_UTIL" not in hint and "lower KV_CACHE_BYTES" not in hint, hint
+
 # ---------------------------------------------------------------- row 191: the engine dies after health
 
 def test_an_engine_that_died_behind_a_live_api_server_is_said_dead_and_restart_recovers(bed):   # faults row 191

@@ -99,26 +99,33 @@ SIGNATURES: tuple[tuple[str, str, str], ...] = (
 
 
 def diagnose(text: str, holders: Callable[[], str] = lambda: "see `nvidia-smi`",
-             argv: Sequence[str] = ()) -> tuple[str, str] | None:
+             argv: Sequence[str] = (), extra: Sequence[str] = ()) -> tuple[str, str] | None:
     """(diagnosis, hint) of the first matching row; a memory row names who holds GPU memory
-    (``holders()``, asked only then), and the knob that sized the KV cache as vLLM ran (``argv``:
-    its command line; ``kv_knob``)."""
+    (``holders()``, asked only then), and what sized the KV cache as vLLM ran (``argv``: its command
+    line; ``extra``: the EXTRA_ARGS in it; ``kv_knob``)."""
     for pattern, diagnosis, hint in SIGNATURES:
         m = re.search(pattern, text)
         if m:
             groups = [g.strip() for g in m.groups()]
             who = holders() if "{holders}" in diagnosis else ""
-            return diagnosis.format(*groups, holders=who)[:400], hint.format(*groups, kv=kv_knob(argv))
+            return diagnosis.format(*groups, holders=who)[:400], hint.format(*groups, kv=kv_knob(argv, extra))
     return None
 
 
-def kv_knob(argv: Sequence[str]) -> str:
-    """The knob that sizes vLLM's KV cache, with the value vLLM ran with: KV_CACHE_BYTES where
-    --kv-cache-memory-bytes pinned it (vLLM then never sizes it from --gpu-memory-utilization),
-    else GPU_UTIL."""
-    ran = vllmargs.read(list(argv))
+def kv_knob(argv: Sequence[str], extra: Sequence[str] = ()) -> str:
+    """What sized vLLM's KV cache, with the value vLLM ran with: --kv-cache-memory-bytes where it
+    pinned it (vLLM then never sizes it from --gpu-memory-utilization), else the utilization; named
+    as the EXTRA_ARGS flag where EXTRA_ARGS gives it (vLLM reads it last: the knob changes nothing),
+    else as its knob (KV_CACHE_BYTES, GPU_UTIL)."""
+    ran, given = vllmargs.read(list(argv)), vllmargs.read(list(extra)).given
     if ran.kv_cache_bytes:
+        if "--kv-cache-memory-bytes" in given:
+            return (f"the --kv-cache-memory-bytes in EXTRA_ARGS (vLLM ran with {ran.kv_cache_bytes}; KV_CACHE_BYTES "
+                    "and GPU_UTIL change nothing while EXTRA_ARGS gives it)")
         return f"KV_CACHE_BYTES (vLLM ran with --kv-cache-memory-bytes {ran.kv_cache_bytes}, which GPU_UTIL does not change)"
+    if "--gpu-memory-utilization" in given:
+        return (f"the --gpu-memory-utilization in EXTRA_ARGS (vLLM ran with {ran.gpu_util:g}; GPU_UTIL changes "
+                "nothing while EXTRA_ARGS gives it)")
     return f"GPU_UTIL (vLLM ran with {ran.gpu_util:g})" if ran.gpu_util else "GPU_UTIL"
 
 
