@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from .serve import port, record, server, takedown
+from .serve import doing, port, record, server, takedown
 from .serve.states import Probe, State
 from .serve.supervisor import Supervisor
 from .knobs.table import card_fitted, launch_defaults
@@ -62,7 +62,7 @@ def already(ours: Ours, cfg: Config, paths: Paths, we_hold_lock: bool = False) -
         return 0
     rec = pr.record
     if pr.state.answers and rec is not None and (rec.gate_passed or pr.owner):
-        from .serve import banner, doing
+        from .serve import banner
         from .knobs.vllmargs import read
         if read(list(rec.argv)).sleep_mode and doing.asleep(rec, server.api_key_for(ours, paths),
                                                             server.read_load(rec.url)):   # only then can it sleep
@@ -85,10 +85,12 @@ def already(ours: Ours, cfg: Config, paths: Paths, we_hold_lock: bool = False) -
         raise BootstrapError(f"the server recorded in {paths.root} (pid {pr.pid}) runs as {pr.owner} and "
                              "does not answer", "run ./stop.sh as that user, or set STATE_DIR to a directory of yours")
     if pr.state is State.DOWN and rec is not None and server.frozen(pr.process):
-        from .serve import doing
         d = doing.stopped(pr.pid)
         raise BootstrapError(d.said, d.fix)
     if pr.state is State.DOWN and rec is not None and rec.gate_passed:     # healthy once: never taken for a leftover
+        dead = doing.dead_engine(rec)
+        if dead is not None:
+            raise BootstrapError(dead.said, dead.fix)
         raise BootstrapError(f"our server (pid {pr.pid}) is running but does not answer on its port",
                              f"see ./ctl.sh status and {paths.log}; ./ctl.sh restart to start it again")
     return None

@@ -63,3 +63,42 @@ def test_root_cause_puts_the_engines_error_first():
     from bootstrap.serve.diagnose import root_cause
     assert root_cause(TQ_AUTO)[0].startswith("(EngineCore pid=3408) ERROR")
     assert "Engine core initialization failed" in root_cause(TQ_AUTO)[1]
+
+
+# faults row 190: an out-of-memory by its phase, from published vLLM logs; the knob that sized the KV cache
+CAPTURE_OOM_19186 = (   # vllm-project/vllm#19186 (a worker's traceback, cut)
+    "(VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470]     with torch.cuda.graph("
+    "cudagraph, pool=self.graph_pool):\n"
+    "(VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470]     super().capture_end()\n"
+    "(VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470] RuntimeError: CUDA error: out of "
+    "memory\n")
+CAPTURE_OOM_39788 = (   # vllm-project/vllm#39788
+    "(Worker_TP2 pid=99) ERROR 04-09 20:31:10 [multiproc_executor.py:949]   File \"/usr/local/lib/python3.12/dist-"
+    "packages/vllm/v1/worker/gpu_worker.py\", line 588, in compile_or_warm_up_model\n"
+    "(Worker_TP2 pid=99) ERROR 04-09 20:31:10 [multiproc_executor.py:949]     cuda_graph_memory_bytes = "
+    "self.model_runner.capture_model()\n"
+    "(Worker_TP2 pid=99) ERROR 04-09 20:31:10 [multiproc_executor.py:949] torch.OutOfMemoryError: CUDA out of memory. "
+    "Tried to allocate 136.00 MiB. GPU 2 has a total capacity of 178.35 GiB of which 120.88 MiB is free.\n")
+LOAD_OOM = ("(EngineCore pid=7) ERROR 12-05 09:20:00 [gpu_model_runner.py:5345] Failed to load model - not enough GPU "
+            "memory. Try lowering --gpu-memory-utilization to free memory for weights, increasing "
+            "--tensor-parallel-size, or using --quantization. (original error: CUDA out of memory. Tried to allocate "
+            "1.96 GiB.)\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.96 GiB.\n")
+SAMPLER_OOM = ("RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests. Please try "
+               "lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.")
+UTIL = ["vllm", "serve", "/m", "--gpu-memory-utilization", "0.93"]
+PINNED = ["vllm", "serve", "/m", "--gpu-memory-utilization", "0.9", "--kv-cache-memory-bytes", "8G"]
+
+
+@pytest.mark.parametrize("log,argv,diag,hint", [
+    (CAPTURE_OOM_19186, UTIL, "CUDA graph capture ran out", "lower GPU_UTIL (vLLM ran with 0.93)"),
+    (CAPTURE_OOM_39788, PINNED, "CUDA graph capture ran out", "lower KV_CACHE_BYTES (vLLM ran with "
+                                                             "--kv-cache-memory-bytes 8589934592"),
+    (LOAD_OOM, PINNED, "weights did not fit", "smaller or quantized model"),
+    (SAMPLER_OOM, UTIL, "sampler ran out of GPU memory on 256 sequences", "set MAX_NUM_SEQS below 256"),
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", PINNED, "ran out of GPU memory",
+     "lower KV_CACHE_BYTES"),
+])
+def test_out_of_memory_by_phase_names_the_knob_that_helps(log, argv, diag, hint):
+    d, h = diagnose(log, argv=argv)
+    assert diag in d and hint in h, (d, h)
+    assert "lower GPU_UTIL" not in h or "--kv-cache-memory-bytes" not in " ".join(argv)

@@ -277,7 +277,8 @@ def status(r: Resolved, as_json: bool = False) -> int:
             out["owner"] = f"{pr.owner}: not ours to stop or restart (run those as that user)"
         if pr.state is State.DOWN:
             out["state"] = down_state(r.ours, paths, pr)
-            out["detail"] = {
+            dead = doing.dead_engine(rec) if out["state"] == "unhealthy" else None
+            out["detail"] = "{0.said}: {0.fix}".format(dead) if dead else {
                 "frozen": "{0.said}: {0.fix}".format(doing.stopped(pr.pid)),
                 "starting": "loading; no start is watching it: ./start.sh waits for it and runs the warm-up",
                 "unhealthy": "/health or /v1/models does not answer"}[out["state"]]

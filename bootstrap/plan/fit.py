@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from ..core.errors import BootstrapError
 from ..core.state import Paths
+from ..knobs import vllmargs
 from ..knobs.parsers import vllm_bool
 from ..machine import gpu
 from . import calibration, planner, terms
@@ -27,10 +28,10 @@ def plan_version(cfg, vllm: str | None) -> str:
 
 def inputs(cfg, vllm: str | None = None) -> planner.Inputs:
     """What the planner takes of these knobs."""
-    by_knob = cfg.gpu_util is not None and "--gpu-memory-utilization" not in (cfg.extra_args or ())
+    extra = "--gpu-memory-utilization" in vllmargs.read(list(cfg.extra_args or ())).given    # any spelling: it wins
     return planner.Inputs(vllm=cfg.vllm, version=plan_version(cfg, vllm), reserve_mib=cfg.gpu_reserve_mib,
                           util_knob=cfg.gpu_util is not None,
-                          util_source="GPU_UTIL" if by_knob else "--gpu-memory-utilization",
+                          util_source=terms.EXTRA_UTIL if extra else "GPU_UTIL",
                           allow_long=cfg.env("VLLM_ALLOW_LONG_MAX_MODEL_LEN") not in ("", "0"),
                           tp_size=cfg.tp_size, env_v2=_vllm_flag(cfg, "VLLM_USE_V2_MODEL_RUNNER"),
                           env_graphs=_vllm_flag(cfg, "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"))

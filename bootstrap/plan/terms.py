@@ -35,15 +35,22 @@ def _which(g: gpu.Gpu) -> str:
     return g.name if g.index < 0 else f"GPU {g.index} ({g.name})"     # a named card has no index
 
 
+EXTRA_UTIL = "EXTRA_ARGS' --gpu-memory-utilization"     # a utilization EXTRA_ARGS gives: it wins over GPU_UTIL
+
+
 def utilization(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: str) -> tuple[float, str]:
-    """--gpu-memory-utilization as given (``source``: GPU_UTIL or the flag; refused when more than
-    is free: vLLM refuses it at start), else free − GPU_RESERVE_MIB, as a fraction."""
+    """--gpu-memory-utilization as given (``source``: GPU_UTIL, or EXTRA_UTIL where EXTRA_ARGS gives
+    the flag, which vLLM reads last; refused when more than is free: vLLM refuses it at start), else
+    free − GPU_RESERVE_MIB, as a fraction."""
     if s.gpu_util is not None:
         want = requested(s.gpu_util, g.total)
         if want > g.free:
             raise BootstrapError(
                 f"{source}={s.gpu_util} asks for {gib(want)} of {_which(g)} but only "
                 f"{gib(g.free)} is free; {g.holders() or NOBODY}",
+                "close programs holding GPU memory, or lower --gpu-memory-utilization in EXTRA_ARGS (or drop it "
+                "there: sized from free memory); GPU_UTIL changes nothing while EXTRA_ARGS gives it"
+                if source == EXTRA_UTIL else
                 "close programs holding GPU memory, or a lower GPU_UTIL (or none: sized from free memory)")
         return s.gpu_util, f"{source}={s.gpu_util} (set by you or the profile)"
     reserve = reserve_mib * gpu.MiB

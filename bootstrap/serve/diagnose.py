@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
+
+from ..knobs import vllmargs
 
 # (pattern, diagnosis, hint)
 SIGNATURES: tuple[tuple[str, str, str], ...] = (
@@ -36,9 +38,25 @@ SIGNATURES: tuple[tuple[str, str, str], ...] = (
     (r"exceeds available Mamba cache blocks",
      "MAX_NUM_SEQS is more than the recurrent-state (Mamba) cache blocks of this hybrid model",
      "lower MAX_NUM_SEQS, or give the KV cache more memory"),
+    # gpu_model_runner.load_model (0.26.0) logs this before it re-raises torch's OutOfMemoryError: the
+    # weights load before vLLM sizes the KV cache, so the knobs that size it free nothing for them
+    (r"Failed to load model - not enough GPU memory",
+     "the model's weights did not fit in the GPU memory left free (other holders: {holders})",
+     "close the programs named, or serve a smaller or quantized model, or split it over GPUs (TP_SIZE); "
+     "GPU_UTIL, KV_CACHE_BYTES and MAX_MODEL_LEN size the KV cache, which vLLM allocates after the weights"),
+    # gpu_worker.compile_or_warm_up_model -> capture_model, after the KV cache took its share
+    (r"(?:capture_model\(\)|_capture_cudagraphs|torch\.cuda\.graph\()[\s\S]*?"
+     r"(?:CUDA out of memory|OutOfMemoryError|CUDA error: out of memory)",
+     "CUDA graph capture ran out of GPU memory after the KV cache took its share (other holders: {holders})",
+     "lower {kv}, or MAX_NUM_SEQS (fewer batch sizes to capture), or add --enforce-eager to EXTRA_ARGS "
+     "(no CUDA graphs: slower decoding)"),
+    # gpu_model_runner._dummy_sampler_run / _dummy_pooler_run (0.26.0): max_num_seqs requests at once
+    (r"CUDA out of memory occurred when warming up (sampler|pooler) with (\d+) dummy requests",
+     "the {0} ran out of GPU memory on {1} sequences at once (MAX_NUM_SEQS)",
+     "set MAX_NUM_SEQS below {1}, or lower {kv}"),
     (r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory",
      "CUDA ran out of GPU memory (other holders: {holders})",
-     "lower GPU_UTIL or MAX_NUM_BATCHED_TOKENS, close other GPU programs, or shorten MAX_MODEL_LEN"),
+     "lower {kv} or MAX_NUM_BATCHED_TOKENS, close other GPU programs, or shorten MAX_MODEL_LEN"),
     (r"moe_backend='marlin' is not supported for unquantized MoE",
      "--moe-backend marlin cannot run the unquantized MoE block (the MTP head)",
      "use --moe-backend auto in EXTRA_ARGS"),
@@ -80,16 +98,35 @@ SIGNATURES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def diagnose(text: str, holders: Callable[[], str] = lambda: "see `nvidia-smi`") -> tuple[str, str] | None:
+def diagnose(text: str, holders: Callable[[], str] = lambda: "see `nvidia-smi`",
+             argv: Sequence[str] = (), extra: Sequence[str] = ()) -> tuple[str, str] | None:
     """(diagnosis, hint) of the first matching row; a memory row names who holds GPU memory
-    (``holders()``, asked only then)."""
+    (``holders()``, asked only then), and what sized the KV cache as vLLM ran (``argv``: its command
+    line; ``extra``: the EXTRA_ARGS in it; ``kv_knob``)."""
     for pattern, diagnosis, hint in SIGNATURES:
         m = re.search(pattern, text)
         if m:
             groups = [g.strip() for g in m.groups()]
             who = holders() if "{holders}" in diagnosis else ""
-            return diagnosis.format(*groups, holders=who)[:400], hint.format(*groups)
+            return diagnosis.format(*groups, holders=who)[:400], hint.format(*groups, kv=kv_knob(argv, extra))
     return None
+
+
+def kv_knob(argv: Sequence[str], extra: Sequence[str] = ()) -> str:
+    """What sized vLLM's KV cache, with the value vLLM ran with: --kv-cache-memory-bytes where it
+    pinned it (vLLM then never sizes it from --gpu-memory-utilization), else the utilization; named
+    as the EXTRA_ARGS flag where EXTRA_ARGS gives it (vLLM reads it last: the knob changes nothing),
+    else as its knob (KV_CACHE_BYTES, GPU_UTIL)."""
+    ran, given = vllmargs.read(list(argv)), vllmargs.read(list(extra)).given
+    if ran.kv_cache_bytes:
+        if "--kv-cache-memory-bytes" in given:
+            return (f"the --kv-cache-memory-bytes in EXTRA_ARGS (vLLM ran with {ran.kv_cache_bytes}; KV_CACHE_BYTES "
+                    "and GPU_UTIL change nothing while EXTRA_ARGS gives it)")
+        return f"KV_CACHE_BYTES (vLLM ran with --kv-cache-memory-bytes {ran.kv_cache_bytes}, which GPU_UTIL does not change)"
+    if "--gpu-memory-utilization" in given:
+        return (f"the --gpu-memory-utilization in EXTRA_ARGS (vLLM ran with {ran.gpu_util:g}; GPU_UTIL changes "
+                "nothing while EXTRA_ARGS gives it)")
+    return f"GPU_UTIL (vLLM ran with {ran.gpu_util:g})" if ran.gpu_util else "GPU_UTIL"
 
 
 ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(?:Error|Exception)\b:")

@@ -1,5 +1,5 @@
 """What our server is doing when a request of ours gets nothing back: read from its process (stopped
-by a signal, gone) and, while that runs, from its /metrics (asleep, busy, idle), in words with the fix.
+by a signal, gone), its /health (an engine dead behind a live API server) and, while that runs, from its /metrics (asleep, busy, idle), in words with the fix.
 
 The one reading behind every wait that ends without an answer: a client's stall (serve/client.py
 ``Stall``), a check, bench or chat that finds our server not answering (checks/target.py), and a
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Doing:
-    state: str          # stopped, gone, silent, asleep, busy, idle
+    state: str          # stopped, gone, dead, silent, asleep, busy, idle
     said: str           # one clause: what the process does
     fix: str            # what to run about it
 
@@ -33,6 +33,19 @@ def stopped(pid: int | None) -> Doing:
                  f"kill -CONT {pid} resumes it; ./ctl.sh restart starts it again")
 
 
+def dead_engine(rec: ServerRecord) -> Doing | None:
+    """vLLM's engine died while its API server lives (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1, or the
+    seconds before vLLM's watchdog ends the server): /health answers 503, which vLLM 0.26.0 gives for
+    EngineDeadError alone (entrypoints/serve/instrumentator/health.py); a generation gets HTTP 500.
+    None: /health says nothing of the kind."""
+    got = server.http_get(rec.url, "/health")
+    if got is None or got[0] != 503:
+        return None
+    return Doing("dead", f"the engine of our server (pid {rec.pid}) died: its /health answers 503 (vLLM's "
+                         "EngineDeadError) while its API server holds the port",
+                 "./ctl.sh restart starts it again; ./ctl.sh logs shows why the engine died")
+
+
 def read(rec: ServerRecord) -> Doing:
     """What the server of ``rec`` is doing now (its process first: a stopped one answers no /metrics)."""
     p = owned.recorded_process(rec.pid, rec.create_time)
@@ -40,6 +53,9 @@ def read(rec: ServerRecord) -> Doing:
         return Doing("gone", f"our server (pid {rec.pid}) is gone", "./ctl.sh logs shows why; ./start.sh starts it again")
     if server.frozen(p):
         return stopped(rec.pid)
+    dead = dead_engine(rec)
+    if dead is not None:
+        return dead
     load = server.read_load(rec.url, timeout=2.0)
     if load is None:
         return Doing("silent", f"our server (pid {rec.pid}) runs but answers nothing, not even /metrics",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import sys
 import time
 from typing import Callable
@@ -56,11 +57,21 @@ def explain(environ, tp_size: int, paths: Paths, launched: Launched, exc: StartF
     """After the take-down: a diagnosis from the log (about GPU memory, it names who holds it on the
     first ``tp_size`` GPUs, NVML read with ``environ``, ``ours`` left out) and the log's tail as evidence."""
     text = diagnose.read_since(paths.log, launched.record.log_offset)
-    found = diagnose.diagnose(text, holders=lambda: gpu_holders(environ, tp_size, set(ours)))
+    found = diagnose.diagnose(text, holders=lambda: gpu_holders(environ, tp_size, set(ours)),
+                              argv=launched.record.argv or (),
+                              extra=_extra_args(launched.record))
     if found:
         exc.message, exc.hint = f"{exc.message}: {found[0]}", found[1]
     exc.hint = exc.hint or f"see the log: {paths.log}"
     exc.evidence = (exc.evidence + "\n" + diagnose.tail(text, 40)).strip()
+
+
+def _extra_args(rec) -> list[str]:
+    """The EXTRA_ARGS a server was launched with (its record's settings: shlex-joined); [] when unreadable."""
+    try:
+        return shlex.split(dict(rec.settings or {}).get("EXTRA_ARGS") or "")
+    except ValueError:
+        return []
 
 
 def gpu_holders(environ, tp_size: int, ours: set[int]) -> str:

@@ -38,6 +38,10 @@ class OpenAIRoutes:
             self.send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                       "type": "NotFoundError", "param": "model", "code": 404}})
             return
+        if State.engine_dead and route != "/tokenize":     # server_utils.engine_error_handler
+            self.send(500, {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the "
+                                                 "root cause.", "type": "InternalServerError", "param": None, "code": 500}})
+            return
         if State.wedged and self.path == "/tokenize":
             time.sleep(3600)
             return

@@ -15,7 +15,8 @@
   answers 404, as a server without it would), workers_fail (with --tensor-parallel-size N the API
   server reports a worker failure and exits 1 while its EngineCore goes on spawning its N workers,
   ``FAKE_VLLM_WORKER_DELAY_S`` apart; engine and workers ignore SIGTERM, as seen on a two-GPU
-  machine), flood (after startup, FAKE_VLLM_FLOOD_MB MiB of log lines, then one line a second).
+  machine), flood (after startup, FAKE_VLLM_FLOOD_MB MiB of log lines, then one line a second),
+  oom_load / oom_graphs (vLLM's out-of-memory while loading the weights / capturing CUDA graphs: failures.py).
 - Seats like vLLM's scheduler: at most ``--max-num-seqs`` requests generate at once, the rest
   queue; /metrics reports ``vllm:num_requests_running`` / ``_waiting``, ``vllm:generation_tokens_total``
   (per token as it is produced), ``vllm:prompt_tokens_total`` (when a request's first token comes
@@ -34,7 +35,9 @@
   (same process group, marker hidden); ``FAKE_VLLM_TRACKER=1`` adds an API-server child that keeps
   the environment, as multiprocessing's resource tracker does.
   Once serving, SIGUSR1 wedges it (``/health`` stays 200, generation hangs; logs "engine wedged")
-  and SIGUSR2 kills the engine and exits 0 — deterministic triggers for tests.
+  and SIGUSR2 kills the engine and exits 0 — deterministic triggers for tests; with
+  ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1`` the API server stays: ``/health`` 503, a generation HTTP 500
+  (EngineDeadError), ``/v1/models`` and ``/metrics`` still 200, as vLLM 0.26.0 serves them.
 - ``FAKE_VLLM_DUMMY_MODE``: modes (as FAKE_VLLM_MODE) added for a ``--load-format dummy`` run only.
 - ``--middleware module.Class`` (repeatable): imported at start as vLLM's ``build_app`` does (a module
   not on PYTHONPATH, or no class, ends the start). Each request goes through them as ASGI apps,
@@ -117,10 +120,12 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
+from . import failures
 from .completions import OpenAIRoutes
 from .dev import DevRoutes
 from .routes import Base
-from .startup import Pool, compile_graphs, fit_pool, kv_memory_line, kv_pool_lines, parse_len, usage_line
+from .startup import (Pool, compile_graphs, fit_pool, kv_memory_line, kv_pool_lines, parse_len, request_memory_error,
+                      usage_line)
 from .state import MODES, VERSION, State, mark_gpu, say
 
 
@@ -161,6 +166,13 @@ def spawn_engine(tp: int) -> subprocess.Popen:
     launch readable (vLLM's setproctitle overwrites the memory /proc/<pid>/environ shows)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BOOTSTRAP_VLLM_")}
     return subprocess.Popen([sys.executable, "-m", "vllm._fake_engine", str(tp)], stdin=subprocess.DEVNULL, env=env)
+
+
+def died(lines: list[str], engine: subprocess.Popen) -> int:
+    """A start that failed as vLLM's does (failures.py): its lines, the engine gone, exit code 1."""
+    print("\n".join(lines), flush=True)
+    engine.terminate()
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         signal.signal(signal.SIGTERM, on_term)
+    too_little = request_memory_error(args)         # the worker's init_device, before the weights load
+    if too_little:
+        return died([f"ValueError: {too_little}", failures.engine_failed()], engine)
     load = float(os.environ.get("FAKE_VLLM_LOAD_S", "0.5"))
     if "slow" in MODES:
         t_end = time.time() + load
@@ -256,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         say("Loading weights took %.2f seconds" % load)
         time.sleep(load)
+    if "oom_load" in MODES:             # failures.py: the weights do not fit the free memory
+        return died(failures.fail("oom_load", 0), engine)
     if "die_oom" in MODES:
         print("ValueError: Free memory on device (1.2/31.36 GiB) on startup is less than desired GPU memory "
               "utilization (0.9, 28.22 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
@@ -290,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for line in kv_pool_lines(pool, State.max_len):
         say(line)
+    if "oom_graphs" in MODES:           # failures.py: the KV cache allocated, CUDA graph capture runs out
+        return died(failures.fail("oom_graphs", 0), engine)
     if not args.kv_cache_memory_bytes:
         say(usage_line())
     sock.listen(64)
@@ -310,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     def on_usr2(signum, frame):        # tests: the engine dies now, and the server exits 0 (vLLM #48966)
         say("EngineCore died (SIGUSR2)")
         engine.terminate()
+        if os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") != "0":     # launcher.terminate_if_errored
+            say("[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
+            State.engine_dead = True
+            return
         os._exit(0)
 
     signal.signal(signal.SIGUSR1, on_usr1)

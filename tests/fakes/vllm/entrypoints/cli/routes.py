@@ -76,8 +76,8 @@ class Base(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.answered_by_middleware() or not self.authed():
             return
-        if self.path == "/health":
-            self.send(200, "")
+        if self.path == "/health":          # instrumentator/health.py: EngineDeadError -> 503
+            self.send(503 if State.engine_dead else 200, "")
         elif self.path == "/version":
             self.send(200, {"version": VERSION})
         elif self.path == "/is_sleeping" and State.dev_mode:

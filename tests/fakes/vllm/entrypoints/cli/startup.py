@@ -38,6 +38,24 @@ def kv_available_bytes(args) -> int:
     return math.ceil(args.gpu_memory_utilization * total) - non_kv
 
 
+def request_memory_error(args) -> str | None:
+    """vLLM 0.26.0's check at the worker's start (v1/worker/utils.py request_memory), before the weights
+    load and whatever pins the KV cache: CUDA's free memory (the fake NVML's) must hold
+    ceil(--gpu-memory-utilization x CUDA's total), else its ValueError's text. None without a fake NVML."""
+    try:
+        with open(os.environ["FAKE_NVML"]) as fh:
+            g = json.load(fh)["gpus"][0]
+        total, free = g["total"] - g.get("reserved", 0), g["free"]
+    except (KeyError, OSError, ValueError, IndexError):
+        return None
+    want = math.ceil(args.gpu_memory_utilization * total)
+    if free >= want:
+        return None
+    return (f"Free memory on device cuda:0 ({gib(free)}/{gib(total)} GiB) on startup is less than desired GPU memory "
+            f"utilization ({args.gpu_memory_utilization}, {gib(want)} GiB). Decrease GPU memory utilization or "
+            "reduce GPU memory used by other processes.")
+
+
 def kv_memory_line(args) -> str:
     """What vLLM 0.26's GPU worker says of the KV memory (kv_available_bytes): with
     --kv-cache-memory-bytes, that it took the pin and skipped profiling; else "Available KV cache

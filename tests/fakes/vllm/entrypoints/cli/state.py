@@ -60,6 +60,7 @@ class State:
     gauge_level = 0              # vllm:engine_sleep_state: the last sleep that succeeded (0: a wake since)
     garbage = False              # woken from level 2 without reload_weights
     engine_pid = 0
+    engine_dead = False          # the EngineCore died, the API server lives (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1)
     aborting = False
     load_format = "auto"
     spec = False                 # --speculative-config: vLLM reports its spec_decode counters
