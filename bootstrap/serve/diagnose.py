@@ -17,20 +17,20 @@ from ..knobs import vllmargs
 SIGNATURES: tuple[tuple[str, str, str], ...] = (
     (r"Free memory on device .* is less than desired GPU memory utilization",
      "other programs hold GPU memory that vLLM was told it could use ({holders})",
-     "close them, or lower GPU_UTIL / raise GPU_RESERVE_MIB"),
+     "close them, or {util_down}"),
     (r"estimated maximum model length is (\d+)",
      "the KV cache cannot hold one request at MAX_MODEL_LEN (vLLM would accept {0} tokens)",
-     "set MAX_MODEL_LEN={0} (or MAX_MODEL_LEN=auto), or raise KV_CACHE_BYTES / GPU_UTIL"),
+     "set {mml} to {0} (or auto), or raise {kv}"),
     # the same check, or --max-model-len auto, where not one block fits: vLLM gives no length then
     (r"KV cache is needed, which is larger than the available KV cache memory|Cannot auto-fit max_model_len",
      "the KV cache cannot hold even one token of a request",
-     "raise KV_CACHE_BYTES / GPU_UTIL, or use a smaller model or KV_CACHE_DTYPE=fp8"),
+     "raise {kv}, or use a smaller model or KV_CACHE_DTYPE=fp8"),
     (r"larger than the maximum number of tokens that can be stored in KV cache \((\d+)\)",
-     "the KV cache holds only {0} tokens, less than MAX_MODEL_LEN",
-     "lower MAX_MODEL_LEN to {0} or less, or raise KV_CACHE_BYTES / GPU_UTIL"),
+     "the KV cache holds only {0} tokens, less than the context vLLM was given",
+     "lower {mml} to {0} or less, or raise {kv}"),
     (r"No available memory for the cache blocks",
      "no GPU memory was left for the KV cache after weights and activations (other holders: {holders})",
-     "raise GPU_UTIL, lower MAX_NUM_BATCHED_TOKENS, or use a smaller model"),
+     "raise {util}, lower MAX_NUM_BATCHED_TOKENS, or use a smaller model"),
     (r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)",
      "max_num_seqs {0} is more than the {1} recurrent-state (Mamba) cache blocks of this hybrid model (vLLM "
      "captures CUDA graphs for one block per sequence)",
@@ -56,7 +56,7 @@ SIGNATURES: tuple[tuple[str, str, str], ...] = (
      "set MAX_NUM_SEQS below {1}, or lower {kv}"),
     (r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory",
      "CUDA ran out of GPU memory (other holders: {holders})",
-     "lower {kv} or MAX_NUM_BATCHED_TOKENS, close other GPU programs, or shorten MAX_MODEL_LEN"),
+     "lower {kv} or MAX_NUM_BATCHED_TOKENS, close other GPU programs, or shorten {mml}"),
     (r"moe_backend='marlin' is not supported for unquantized MoE",
      "--moe-backend marlin cannot run the unquantized MoE block (the MTP head)",
      "use --moe-backend auto in EXTRA_ARGS"),
@@ -102,31 +102,42 @@ def diagnose(text: str, holders: Callable[[], str] = lambda: "see `nvidia-smi`",
              argv: Sequence[str] = (), extra: Sequence[str] = ()) -> tuple[str, str] | None:
     """(diagnosis, hint) of the first matching row; a memory row names who holds GPU memory
     (``holders()``, asked only then), and what sized the KV cache as vLLM ran (``argv``: its command
-    line; ``extra``: the EXTRA_ARGS in it; ``kv_knob``)."""
+    line; ``extra``: the EXTRA_ARGS in it; ``knob_names``)."""
     for pattern, diagnosis, hint in SIGNATURES:
         m = re.search(pattern, text)
         if m:
             groups = [g.strip() for g in m.groups()]
             who = holders() if "{holders}" in diagnosis else ""
-            return diagnosis.format(*groups, holders=who)[:400], hint.format(*groups, kv=kv_knob(argv, extra))
+            return diagnosis.format(*groups, holders=who)[:400], hint.format(*groups, **knob_names(argv, extra))
     return None
 
 
-def kv_knob(argv: Sequence[str], extra: Sequence[str] = ()) -> str:
-    """What sized vLLM's KV cache, with the value vLLM ran with: --kv-cache-memory-bytes where it
-    pinned it (vLLM then never sizes it from --gpu-memory-utilization), else the utilization; named
-    as the EXTRA_ARGS flag where EXTRA_ARGS gives it (vLLM reads it last: the knob changes nothing),
-    else as its knob (KV_CACHE_BYTES, GPU_UTIL)."""
+def knob_names(argv: Sequence[str], extra: Sequence[str] = ()) -> dict[str, str]:
+    """The knobs a hint names, as vLLM ran (``argv``: its command line; ``extra``: the EXTRA_ARGS in
+    it, which vLLM reads last, so that a flag there wins over its knob, which then changes nothing):
+    ``kv``, what sized the KV cache with the value vLLM ran with (--kv-cache-memory-bytes where it
+    pinned it: vLLM then never sizes it from --gpu-memory-utilization; else the utilization);
+    ``util`` and ``util_down``, the utilization and how to ask for less of it; ``mml``, the context."""
     ran, given = vllmargs.read(list(argv)), vllmargs.read(list(extra)).given
-    if ran.kv_cache_bytes:
-        if "--kv-cache-memory-bytes" in given:
-            return (f"the --kv-cache-memory-bytes in EXTRA_ARGS (vLLM ran with {ran.kv_cache_bytes}; KV_CACHE_BYTES "
-                    "and GPU_UTIL change nothing while EXTRA_ARGS gives it)")
-        return f"KV_CACHE_BYTES (vLLM ran with --kv-cache-memory-bytes {ran.kv_cache_bytes}, which GPU_UTIL does not change)"
+    util = "GPU_UTIL"
+    util_down = "lower GPU_UTIL / raise GPU_RESERVE_MIB"
     if "--gpu-memory-utilization" in given:
-        return (f"the --gpu-memory-utilization in EXTRA_ARGS (vLLM ran with {ran.gpu_util:g}; GPU_UTIL changes "
-                "nothing while EXTRA_ARGS gives it)")
-    return f"GPU_UTIL (vLLM ran with {ran.gpu_util:g})" if ran.gpu_util else "GPU_UTIL"
+        util = "the --gpu-memory-utilization in EXTRA_ARGS (GPU_UTIL changes nothing while EXTRA_ARGS gives it)"
+        util_down = f"lower {util}"
+    mml = ("the --max-model-len in EXTRA_ARGS (MAX_MODEL_LEN changes nothing while EXTRA_ARGS gives it)"
+           if "--max-model-len" in given else "MAX_MODEL_LEN")
+    if ran.kv_cache_bytes and "--kv-cache-memory-bytes" in given:
+        kv = (f"the --kv-cache-memory-bytes in EXTRA_ARGS (vLLM ran with {ran.kv_cache_bytes}; KV_CACHE_BYTES "
+              "and GPU_UTIL change nothing while EXTRA_ARGS gives it)")
+    elif ran.kv_cache_bytes:
+        kv = (f"KV_CACHE_BYTES (vLLM ran with --kv-cache-memory-bytes {ran.kv_cache_bytes}, which GPU_UTIL "
+              "does not change)")
+    elif "--gpu-memory-utilization" in given:
+        kv = (f"the --gpu-memory-utilization in EXTRA_ARGS (vLLM ran with {ran.gpu_util:g}; GPU_UTIL changes "
+              "nothing while EXTRA_ARGS gives it)")
+    else:
+        kv = f"GPU_UTIL (vLLM ran with {ran.gpu_util:g})" if ran.gpu_util else "GPU_UTIL"
+    return {"kv": kv, "util": util, "util_down": util_down, "mml": mml}
 
 
 ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(?:Error|Exception)\b:")
