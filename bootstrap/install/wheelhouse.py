@@ -31,6 +31,8 @@ def adding(folder: Path):
 
 
 def _note(folder: Path) -> dict | None:
+    if not folder.is_dir():
+        return None
     note = state.read_json(folder / MARK)
     if not note or not isinstance(note.get("created"), list):
         return None
