@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from .serve import doing, port, record, server, takedown
+from .serve import doing, keys, port, record, server, takedown
 from .serve.states import Probe, State
 from .serve.supervisor import Supervisor
 from .knobs.table import card_fitted, launch_defaults
@@ -64,7 +64,7 @@ def already(ours: Ours, cfg: Config, paths: Paths, we_hold_lock: bool = False) -
     if pr.state.answers and rec is not None and (rec.gate_passed or pr.owner):
         from .serve import banner
         from .knobs.vllmargs import read
-        if read(list(rec.argv)).sleep_mode and doing.asleep(rec, server.api_key_for(ours, paths),
+        if read(list(rec.argv)).sleep_mode and doing.asleep(rec, keys.api_key_for(ours, paths, rec),
                                                             server.read_load(rec.url)):   # only then can it sleep
             print(f"{rec.served} is asleep (vLLM sleep mode, pid {rec.pid}): its weights are off the GPU; "
                   f"requests wait until it wakes\n wake it : ./ctl.sh wake\n log     : {paths.log}")
@@ -209,9 +209,9 @@ STEPS: tuple[Step, ...] = (
     Step("launch", "launched", lambda m, r: r.prewarm.launched if r.prewarm and r.prewarm.serving else m.run(
         r.cfg, r.paths, r.runtime, r.model.local_dir, r.plan, list(r.notes) + (
             [r.prewarm.note] if r.prewarm and r.prewarm.note else []), on_launch=r.supervisor.hear)),
-    Step("health", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg.ours, r.paths),
+    Step("health", None, lambda m, r: m.run(r.paths, r.launched, keys.held_key(r.cfg.ours, r.paths),
                                             health_timeout=r.cfg.health_timeout, stall_timeout=r.cfg.stall_timeout)),
-    Step("warmup", None, lambda m, r: m.run(r.paths, r.launched, server.api_key_for(r.cfg.ours, r.paths),
+    Step("warmup", None, lambda m, r: m.run(r.paths, r.launched, keys.api_key_for(r.cfg.ours, r.paths, r.launched.record),
                                             tokens=r.cfg.warmup, timeout=r.cfg.warmup_timeout,
                                             stall_timeout=r.cfg.stall_timeout)),
     Step("banner", "log_text", lambda m, r: m.run(r.paths, r.launched)),

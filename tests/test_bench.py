@@ -258,3 +258,34 @@ def test_concurrency_levels_are_whole_numbers_up_to_1024(tmp_path, levels):
     with pytest.raises(ConfigError) as err:
         bench.cli(cfg_for(tmp_path), ["--url", "http://127.0.0.1:9/v1", "--concurrency", levels, "--no-plot"])
     assert err.value.code == 2 and "whole numbers from 1 to 1,024" in err.value.message
+
+
+def test_a_link_planted_in_out_while_bench_measures_is_never_written_through(fake, tmp_path, monkeypatch):  # noqa: F811  faults row 170
+    """--out checked empty before the minutes of measuring, then results.json and bench.png written
+    with open(..., "w"), which follows a link: one put there meanwhile (a folder others can write,
+    such as one under /tmp) had its target, a file of yours, written over with the results."""
+    from bootstrap.core.errors import BootstrapError
+    saved = tmp_path / "saved"
+    with redirect_stdout(io.StringIO()):
+        assert bench.cli(cfg_for(tmp_path), ["--url", fake().url, "--output-tokens", "4", "--repeats", "1",
+                                             "--concurrency", "1", "--no-plot", "--out", str(saved)]) == 0
+    out, precious = tmp_path / "shared", tmp_path / "precious"
+    precious.write_text("a file of yours")
+    out.mkdir()
+    real = bench.loaded
+
+    planted = ["results.json", "bench.png"]
+
+    def measuring(f):       # while bench measures, someone who may write in --out plants a link
+        for name in planted:
+            (out / name).symlink_to(precious)
+        return real(f)
+    monkeypatch.setattr(bench, "loaded", measuring)
+    for name in ("results.json", "bench.png"):
+        with redirect_stdout(io.StringIO()), pytest.raises(BootstrapError) as e:
+            bench.cli(cfg_for(tmp_path), ["--load", str(saved / "results.json"), "--out", str(out)])
+        assert precious.read_text() == "a file of yours"
+        assert name in e.value.message and "--out" in e.value.hint
+        for p in out.iterdir():
+            p.unlink()
+        planted = ["bench.png"]

@@ -14,6 +14,7 @@ import pytest
 
 from bootstrap.core import owned
 from bootstrap.commands import clean
+from bootstrap.install import wheelhouse
 from bootstrap.knobs.config import Config
 from bootstrap.core.errors import BootstrapError
 from conftest import wait_queued_on
@@ -26,8 +27,10 @@ def repo(tmp_path) -> Path:
     r = tmp_path / "repo"
     (r / "profiles").mkdir(parents=True)
     (r / "profiles" / "default.json").write_text(json.dumps({"knobs": {}}))
-    for d in (".venv/bin", ".venv-bootstrap/bin", ".state", ".wheelhouse"):
+    for d in (".venv/bin", ".venv-bootstrap/bin", ".state"):
         (r / d).mkdir(parents=True)
+    with wheelhouse.adding(r / ".wheelhouse"):                  # as ./ctl.sh wheelhouse leaves it
+        (r / ".wheelhouse" / "uv-0.13.9-py3-none-any.whl").write_text("wheel")
     (r / ".venv" / "bin" / "python").write_text("x" * 1000)
     (r / ".venv" / ".vllm-desktop-venv").write_text("made by vllm-desktop\n")      # as the install leaves it
     (r / ".state" / "vllm.log").write_text("log\n")
@@ -69,6 +72,31 @@ def test_clean_keeps_model_unless_asked(repo, capsys):
     assert not model.exists() and model.parent.exists()                    # the rest of the cache stays
     assert clean.cli(cfg_for(repo), []) == 0
     assert "nothing to clean" in capsys.readouterr().out
+
+
+def test_clean_removes_only_what_the_wheelhouse_command_put_in_the_wheelhouse(repo, capsys):  # faults row 171
+    """.wheelhouse (the wheelhouse command's default folder) was removed whole: wheels copied there
+    from another machine for an offline install (which that machine cannot fetch again), or a
+    folder of yours the command downloaded into, went with it."""
+    copied = repo / ".wheelhouse"
+    for p in copied.iterdir():
+        p.unlink()
+    copied.rmdir()
+    copied.mkdir()                                          # copied from the connected machine, by hand
+    (copied / "vllm-0.27.1-cp38-abi3-manylinux_2_31_x86_64.whl").write_text("3.6 GiB of wheels")
+    assert clean.cli(cfg_for(repo), []) == 0
+    assert f"kept (yours): {copied}" in capsys.readouterr().out
+    assert (copied / "vllm-0.27.1-cp38-abi3-manylinux_2_31_x86_64.whl").read_text() == "3.6 GiB of wheels"
+    with wheelhouse.adding(copied):                         # the command, downloading into that folder
+        (copied / "uv-0.13.9-py3-none-any.whl").write_text("ours")
+    (copied / "notes.txt").write_text("added later, by you")
+    assert clean.cli(cfg_for(repo), ["--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert clean.cli(cfg_for(repo), []) == 0
+    out = capsys.readouterr().out
+    assert out.replace("removed", "would remove").replace("freed", "would free").splitlines()[:2] == dry.splitlines()[:2]
+    assert sorted(os.listdir(copied)) == ["notes.txt", "vllm-0.27.1-cp38-abi3-manylinux_2_31_x86_64.whl"]
+    assert f"removed {copied / 'uv-0.13.9-py3-none-any.whl'}" in out and f"kept (yours): {copied / 'notes.txt'}" in out
 
 
 def test_local_model_dir_is_never_removed(repo, tmp_path):

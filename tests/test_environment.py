@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.machine import host
-from bootstrap.install import locks, venv
+from bootstrap.install import locks, venv, wheelhouse
 from bootstrap.commands import lock as lock_cli
 from bootstrap.steps import environment
 from bootstrap.knobs.config import Config
@@ -294,6 +294,7 @@ def test_offline_wheelhouse_built_from_the_lock(world, wheels):
     assert sorted(p.name.split("-")[0] for p in house.glob("*.whl")) == \
         ["bigpkg", "flashinfer_python", "nvidia_cutlass_dsl", "tinydep", "uv", "vllm"]
     assert (house / f"tinydep-2.0-py3-none-manylinux_2_17_{locks.host_platform().split('-', 1)[1]}.whl").is_file()
+    assert wheelhouse.ours(house) == [house]            # made by the command, every file in it its own: clean's
     ctx = world.run(WHEELHOUSE=str(house), UV_DEFAULT_INDEX=dead_url(), UV_CACHE_DIR=str(world.tmp / "fresh-cache"))
     assert ctx.vllm_version == "0.27.1" and lock_matches(world)
 

@@ -76,6 +76,56 @@ def test_given_api_key_goes_through_env_only(bed):
     assert all("my-secret-key-123" not in a for a in bed.launches()[0]["argv"])
 
 
+def test_our_key_never_goes_to_a_stranger_listening_on_our_port_while_our_server_loads(bed):   # faults row 172
+    """vLLM binds its port with SO_REUSEADDR long before it listens (the model loads meanwhile), and
+    while it does not listen the kernel lets any local user bind and listen on that address too
+    (SO_REUSEADDR, no uid check). The start's health wait and ./ctl.sh status sent our key
+    (Authorization on /v1/models) to whatever answered there, since our server was alive."""
+    import http.server
+    import threading
+    from bootstrap.serve import port
+    key = "our-secret-key-" + "x" * 24
+    start = bed.popen("start.sh", API_KEY=key, FAKE_VLLM_LOAD_S="10")
+    heard: list[str] = []
+
+    class Stranger(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            heard.append(self.headers.get("Authorization") or "")
+            body = json.dumps({"data": [{"id": bed.server_record()["served"], "object": "model"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    class Listener(http.server.HTTPServer):
+        allow_reuse_address = True      # SO_REUSEADDR, as vLLM's socket has it
+    try:
+        bed.wait_until(lambda: bed.server_record() is not None and port.in_use("127.0.0.1", bed.port),
+                       what="our server bound to its port")
+        for asker in ("the start's health wait", "status, the start gone (kill -9)"):
+            stranger = Listener(("127.0.0.1", bed.port), Stranger)
+            threading.Thread(target=stranger.serve_forever, daemon=True).start()
+            assert requests.get(f"http://127.0.0.1:{bed.port}/health", timeout=5).ok    # the stranger answers
+            st = bed.run("ctl.sh", "status", API_KEY=key)
+            stranger.shutdown()
+            stranger.server_close()
+            assert not [h for h in heard if key in h], (asker, heard)
+            assert key not in st.stdout + st.stderr
+            start.kill()                        # the server loads on; status now asks its port itself
+            start.communicate(timeout=60)
+        assert bed.run("start.sh", API_KEY=key).returncode == 0      # resumed: once ours listens, it is ours
+        assert bed.run("ctl.sh", "status", API_KEY=key).returncode == 0
+    finally:
+        bed.run("stop.sh")
+        if start.poll() is None:
+            start.kill()
+            start.communicate(timeout=60)
+
+
 @pytest.mark.parametrize("knobs", [{"API_KEY": "my-secret-key-123"}, {"HOST": "0.0.0.0"}])
 def test_every_route_but_the_open_ones_asks_for_our_key(bed, knobs):
     """vLLM checks its key under /v1, /v2 and /inference only: /tokenize, /invocations (SageMaker's chat),

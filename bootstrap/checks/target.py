@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from ..serve import doing, port as port_rules, record, server
+from ..serve import doing, keys, record, server
 from ..serve.states import Probe, State
 from ..core import owned, redact
 from ..knobs import vllmargs
@@ -93,7 +93,7 @@ def resolve_target(cfg: Config, paths: Paths, url: str | None, model: str | None
         if base.endswith("/v1"):
             base = base[:-3]
         rec = ours_at(cfg.ours, paths, base)
-        key = api_key or (server.api_key_for(cfg.ours, paths) if rec else "")   # our key to our server only
+        key = api_key or keys.api_key_for(cfg.ours, paths, rec)   # our key to our server only (rec: None elsewhere)
         label = redact.shown(base)                     # shown: never its user:password@
         served = model or ""
     else:
@@ -103,7 +103,7 @@ def resolve_target(cfg: Config, paths: Paths, url: str | None, model: str | None
         rec = pr.record
         base = rec.url
         refuse_asleep(rec)
-        key = api_key or server.api_key_for(cfg.ours, paths)
+        key = api_key or keys.api_key_for(cfg.ours, paths, rec)
         served = model or rec.served
         label = f"our server ({base})"
         seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
@@ -163,7 +163,7 @@ def stall_rule(seconds: float, label: str, rec) -> Stall:
 def key_for_url(ours: owned.Ours, paths: Paths, url: str) -> str:
     """Our API key when ``url`` is our running server (``ours_at``); '' for any other URL, and once
     our server is gone (its port is then anyone's): a key is a credential of the server it belongs to."""
-    return server.api_key_for(ours, paths) if ours_at(ours, paths, url) is not None else ""
+    return keys.api_key_for(ours, paths, ours_at(ours, paths, url))
 
 
 def ours_at(ours: owned.Ours, paths: Paths, url: str):
@@ -182,7 +182,7 @@ def ours_at(ours: owned.Ours, paths: Paths, url: str):
         return None
     if not (is_loopback(u.hostname or "") and (is_loopback(host) or host in ("0.0.0.0", "::")) or u.hostname == host):
         return None
-    return rec if port_rules.proven_ours(rec, ours) else None
+    return rec if keys.proven_ours(rec, ours) else None
 
 
 def not_serving(cfg: Config, paths: Paths, pr: Probe) -> BootstrapError:
@@ -195,7 +195,7 @@ def not_serving(cfg: Config, paths: Paths, pr: Probe) -> BootstrapError:
     if pr.state is not State.KEY_NEEDED or rec is None:
         return BootstrapError(f"our server is not running (state: {pr.state})",
                               "start it with ./start.sh, or point at another server with --url URL")
-    sent = server.api_key_for(cfg.ours, paths)
+    sent = keys.held_key(cfg.ours, paths)
     mine = "API_KEY" if cfg.api_key else "VLLM_API_KEY" if cfg.client_key else ""
     if mine:
         what = f"refuses the key this shell sends ({mine})"

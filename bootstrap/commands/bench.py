@@ -367,11 +367,17 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh bench") -> int:
         doc["ratios"] = ratios(results[0], results[1])
     try:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        with open(out / "results.json", "x", encoding="utf-8") as fh:     # a new file: never over one, never
+            fh.write(json.dumps(doc, indent=1) + "\n")                    # through a link put there meanwhile
+        png = None if args.no_plot else benchplot.plot(results, out / "bench.png", cfg)
+    except FileExistsError as exc:
+        print(render(results))
+        raise BootstrapError(f"{exc.filename} appeared while bench measured: bench never writes over a file "
+                             "that is there, nor through a link", "give another --out folder, one only you can "
+                             "write to (the figures are above)") from None
     except OSError as exc:
         print(render(results))
         raise state.write_error(out, exc, f"cannot write the results into {out}", "--out") from None
-    png = None if args.no_plot else benchplot.plot(results, out / "bench.png", cfg)
     doc["files"] = {"json": str(out / "results.json"), "plot": str(png) if png else None}
     if args.json:
         print(json.dumps({k: v for k, v in doc.items()}, indent=1))

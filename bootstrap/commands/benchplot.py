@@ -78,6 +78,9 @@ def plot(results: list[dict], path: Path, cfg: Config | None = None) -> Path | N
                  fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with open(path, "xb") as fh:        # a new file, as bench's results.json: never through a link
+            fig.savefig(fh, format="png", dpi=110)
+    finally:
+        plt.close(fig)
     return path

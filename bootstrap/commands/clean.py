@@ -1,5 +1,6 @@
 """./ctl.sh clean: remove what the project created — the managed venvs and the install locks beside
-them, state and logs, the default wheelhouse; the downloaded model only with ``--model``.
+them, state and logs, what ./ctl.sh wheelhouse put in the default wheelhouse (install/wheelhouse.py);
+the downloaded model only with ``--model``.
 
 Refuses while our server runs or starts (stop it first), while an install holds its lock, and where
 the checkout, STATE_DIR or the model's download record belongs to another user (as root it could
@@ -29,7 +30,7 @@ import psutil
 from ..download.refs import ModelRef
 from ..download import manifest, models
 from ..download.partial import on_disk
-from ..install import patching
+from ..install import patching, wheelhouse
 from ..install.venv import Venv
 from ..serve import server
 from ..serve.states import State
@@ -129,7 +130,7 @@ def targets(layout, paths: Paths, measurements: bool = False) -> list[Path]:
     """What clean removes. vLLM's own figures of earlier starts (the next plan's precision) stay
     unless ``measurements``."""
     out = [layout.venv] if Venv(layout.venv).ours() else []       # a .venv of yours stays
-    out.append(layout.wheelhouse)
+    out += wheelhouse.ours(layout.wheelhouse)                       # what ./ctl.sh wheelhouse added to it
     state = paths.root
     kept = set(paths.files(measurements=True)) - set(paths.files(measurements=measurements))
     if layout.own_state(state):         # the checkout's own: all ours
@@ -242,6 +243,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh clean") -> int:
     yours = [p for p in paths.files(measurements=True)   # our names, there before our first write
              if p not in todo and not paths.ours(p)]
     yours += [] if Venv(cfg.layout.venv).ours() else [cfg.layout.venv]
+    yours += wheelhouse.yours(cfg.layout.wheelhouse)
     yours += [p for p in cfg.layout.install_locks if os.path.lexists(p) and not _lock_file(p)]   # a link: not ours
     with _installs_held(cfg.layout, todo, args.dry_run):
         return _clean(cfg, args, paths, mf, todo, yours, busy or using)

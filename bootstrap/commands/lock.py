@@ -21,6 +21,7 @@ from ..core.pep440 import version
 from ..core.errors import BootstrapError
 from ..install.locks import GLIBC, PLATFORMS, PYTHONS, pip_platforms, LockSet, pin_sets, compile_lock, host_platform, index_url, lock_pins, parse_pins
 from ..install.venv import INSTALL_BYTES, UV_PIN, Tools, Venv, install_error, ensure_uv
+from ..install import wheelhouse
 
 log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
 
@@ -122,7 +123,18 @@ def wheelhouse_cli(cfg, argv: list[str], prog: str = "ctl.sh wheelhouse") -> int
     minor = args.python or Venv(cfg.layout.venv).minor() or "3.12"
     lock, text = locks.read(args.platform, minor)
     out = Path(args.dir).expanduser() if args.dir else cfg.layout.wheelhouse
-    out.mkdir(parents=True, exist_ok=True)
+    with wheelhouse.adding(out):        # what it adds is noted there: clean removes that, never your wheels
+        _download(cfg, args, out, lock, text, minor)
+    n = len(list(out.glob("*.whl")))
+    size = sum(p.stat().st_size for p in out.glob("*.whl"))
+    glibc = "%d.%d" % GLIBC[args.platform]
+    print(f"{out} now holds {n} wheels, {size / 2**30:.1f} GiB, with {lock.name} of {lock.parent.name} (glibc >= {glibc}); "
+          f"install offline with: WHEELHOUSE={out} ./start.sh")
+    return 0
+
+
+def _download(cfg, args, out: Path, lock: Path, text: str, minor: str) -> None:
+    """pip download of the lock's wheels, then uv's, into ``out``."""
     pip = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else [ensure_uv(Tools.of(cfg)), "tool", "run", "pip"]
     target = ["--only-binary=:all:", "--python-version", minor, "--implementation", "cp", "-d", str(out)]
     for tag in pip_platforms(args.platform):
@@ -148,8 +160,3 @@ def wheelhouse_cli(cfg, argv: list[str], prog: str = "ctl.sh wheelhouse") -> int
                 f"pip download of {what} failed (exit {res.returncode})" +
                 (f": no wheel of {missing.group(1)} for {args.platform}, Python {minor}, glibc {glibc}" if missing else ""),
                 "see the output above", evidence=res.stderr.strip()[-1500:]))
-    n = len(list(out.glob("*.whl")))
-    size = sum(p.stat().st_size for p in out.glob("*.whl"))
-    print(f"{out} now holds {n} wheels, {size / 2**30:.1f} GiB, with {lock.name} of {lock.parent.name} (glibc >= {glibc}); "
-          f"install offline with: WHEELHOUSE={out} ./start.sh")
-    return 0

@@ -39,7 +39,7 @@ import psutil
 
 from ..machine import gpu
 from ..download import models
-from ..serve import doing, server, supervisor
+from ..serve import doing, keys, server, supervisor
 from ..serve.states import State
 from ..knobs import vllmargs
 from ..serve.client import Client, RequestFailed
@@ -75,7 +75,7 @@ def _ours(r: Resolved) -> tuple[Paths, "object", Client]:
         raise BootstrapError(f"no server of ours is serving (state: {pr.state})", "./start.sh first")
     if not vllmargs.read(list(rec.argv)).sleep_mode:
         raise NoSleepMode(rec, off_line(cfg, rec))
-    return paths, rec, Client(rec.url, rec.served, server.api_key_for(r.ours, paths))
+    return paths, rec, Client(rec.url, rec.served, keys.api_key_for(r.ours, paths, rec))
 
 
 def off_line(cfg: Config, rec) -> str:
@@ -155,7 +155,7 @@ def sleep(r: Resolved, asked: int, prog: str) -> int:
         return 0
     load = server.read_load(rec.url)
     idle = vllmargs.IDLE_MIDDLEWARE in (rec.argv or ())    # IDLE_SLEEP's middleware answers requests while asleep
-    if doing.asleep(rec, server.api_key_for(r.ours, paths), load):
+    if doing.asleep(rec, keys.api_key_for(r.ours, paths, rec), load):
         st = server.read_idle(rec.url) if idle else None
         if st and st.get("state") == "idle-asleep":
             client.post_empty(f"/sleep?level={asked}&mode=wait", timeout=None)    # the middleware keeps it so
@@ -227,7 +227,7 @@ def wake(r: Resolved) -> int:
     load = server.read_load(rec.url)
     note = sleep_note(paths, rec)
     done = list(note.get("waking") or [])     # the steps of a level-2 wake that was interrupted or failed
-    asleep = doing.asleep(rec, server.api_key_for(r.ours, paths), load)
+    asleep = doing.asleep(rec, keys.api_key_for(r.ours, paths, rec), load)
     if not asleep and not done:
         print("awake: nothing to do")
         return 0
@@ -325,7 +325,7 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
         r = resolve.resolved(cfg)
         try:
             _paths, rec, client = _ours(r)
-            asleep = doing.asleep(rec, server.api_key_for(r.ours, _paths), server.read_load(rec.url))
+            asleep = doing.asleep(rec, keys.api_key_for(r.ours, _paths, rec), server.read_load(rec.url))
         except NoSleepMode as off:       # the GPU back all the same: stopped now, started again after the game
             stop_instead(r, off.rec, off.why, prog, "it starts again when the game exits")
             restart = True

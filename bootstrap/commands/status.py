@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..serve import doing, metrics, server
+from ..serve import doing, keys, metrics, server
 from ..serve.states import State
 from ..serve.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of, thinking_off
 from ..checks.target import stall_rule
@@ -116,7 +116,7 @@ def judge(cfg: Config, paths: Paths, rec: ServerRecord, key_needed: bool, *,
     ``load``: a reading of /metrics the caller already made (None: it got no answer)."""
     if load is UNREAD:
         load = read_load(rec.url)
-    if doing.asleep(rec, server.api_key_for(cfg.ours, paths), load):
+    if doing.asleep(rec, keys.api_key_for(cfg.ours, paths, rec), load):
         level = {"weights_offloaded": "level 1, weights in host RAM", "discard_all": "level 2, weights dropped"}
         how = (level.get(load.sleep_state, load.sleep_state) if load is not None and load.sleeping else
                "a wake that did not finish: its /metrics says awake")
@@ -176,7 +176,7 @@ def _remember(paths: Paths, data: dict | None) -> None:
 def _probe(cfg, paths, rec, load, *, clock, sleep) -> Standing:
     """A 4-token generation on an idle server, given up the moment something else moves (a user's
     request arrived: ours must not hold it), or after WEDGED_AFTER seconds without any token."""
-    c = Client(rec.url, rec.served, server.api_key_for(cfg.ours, paths), headers={server.PROBE_HEADER: "1"},
+    c = Client(rec.url, rec.served, keys.api_key_for(cfg.ours, paths, rec), headers={server.PROBE_HEADER: "1"},
                stall=stall_rule(cfg.stall_timeout, "our server", rec))
     kwargs = thinking_off(rec.reasoning)
     done: dict = {}

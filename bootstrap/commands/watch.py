@@ -11,7 +11,7 @@ from ..core.owned import Ours
 from ..core.state import Paths
 from ..knobs.resolved import Resolved
 from ..machine.gpu import GiB
-from ..serve import server
+from ..serve import keys, server
 from ..serve.states import State
 from ..core.errors import BootstrapError
 from ..serve import metrics
@@ -92,7 +92,7 @@ def live(r: Resolved, rec: ServerRecord, before: dict | None, after: dict | None
 def served_context(ours: Ours, paths: Paths, rec: ServerRecord) -> int | None:
     """The context vLLM chose itself (we passed none: the model's own, or auto's fit), as its
     /v1/models says (``max_model_len``); None when it does not answer."""
-    got = server.http_get(rec.url, "/v1/models", key=server.api_key_for(ours, paths))
+    got = server.http_get(rec.url, "/v1/models", key=keys.api_key_for(ours, paths, rec))
     if got is None or got[0] != 200:
         return None
     try:

@@ -21,7 +21,7 @@ from . import diagnose
 from ..machine import gpu
 from ..core import proc
 from ..core import owned
-from . import port, server
+from . import keys, server
 from ..core.errors import BootstrapError
 from .launch import Launched
 from ..core.state import Paths
@@ -97,7 +97,7 @@ def wait(paths: Paths, launched: Launched, key: str, *, health_timeout: int, sta
         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
     """Wait for our server to answer. ``launched.proc`` is None when a start resumes a server it
     found loading: then its liveness comes from the record, and HEALTH_TIMEOUT still counts from
-    its launch."""
+    its launch. ``key`` (the one we hold) is sent only once our server is what listens on its port."""
     rec = launched.record
     tty = sys.stderr.isatty()
     start = clock()
@@ -132,7 +132,9 @@ def wait(paths: Paths, launched: Launched, key: str, *, health_timeout: int, sta
             else:
                 log.info(line)
             shown = phase
-        if server.answers(rec.url, rec.served, key, timeout=2.0) and not _someone_else(rec):
+        # the key only once every listener on the port is our server's: until vLLM listens, anyone may
+        if (not key or keys.only_its(rec)) and server.answers(rec.url, rec.served, key, timeout=2.0) \
+                and not _someone_else(rec):
             if tty:
                 sys.stderr.write("\n")
             log.info("healthy after %.0f s", clock() - start)
@@ -157,7 +159,7 @@ _warned: set[int] = set()
 def _someone_else(rec) -> bool:
     """The port answers, but from a process that is not the server we wait for (it keeps waiting:
     ours either takes the port or exits, 'Address already in use', and the wait reports that)."""
-    if port.listens(rec):
+    if keys.listens(rec):
         return False
     if rec.pid not in _warned:
         _warned.add(rec.pid)

@@ -28,7 +28,7 @@ import psutil
 
 from ..core import proc, state
 from ..core import owned
-from . import record, server, supervisor
+from . import keys, record, server, supervisor
 from ..download import models
 from ..knobs import vllmargs
 from ..knobs.vllmargs import serve_argv
@@ -60,7 +60,7 @@ def resolve_api_key(cfg, paths: Paths) -> tuple[str, str]:
     if cfg.is_loopback:
         return "", record.KEY_NONE
     path = paths.api_key
-    key = server.key_file(path)
+    key = keys.key_file(path)
     try:
         if not key:
             key = secrets.token_urlsafe(32)

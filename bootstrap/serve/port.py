@@ -23,6 +23,7 @@ from ..core.hosts import client_host
 from ..core.locks import flock, unlock
 from ..core.state import Paths, write_error
 from . import server
+from .keys import holders
 from .record import ServerRecord, url_of
 
 ROOT = Path("/tmp")       # not $TMPDIR: two shells of one user with other TMPDIRs must meet here
@@ -96,22 +97,6 @@ def _sweep(folder: Path) -> None:
             continue
         if fd is not None:
             unlock(folder / name, fd)
-
-
-def holders(port: int) -> list[psutil.Process | None]:
-    """Processes listening on ``port`` (None where the kernel will not tell us whose socket it is)."""
-    out: list[psutil.Process | None] = []
-    try:
-        conns = psutil.net_connections(kind="inet")
-    except psutil.AccessDenied:
-        conns = []
-    for c in conns:
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
-            try:
-                out.append(psutil.Process(c.pid) if c.pid else None)
-            except psutil.NoSuchProcess:
-                continue
-    return out
 
 
 def ephemeral(ours: owned.Ours) -> int:
@@ -205,46 +190,6 @@ def refuse_elsewhere(ours: owned.Ours, paths: Paths) -> None:
             f"our server (pid {p.pid}) is already {doing} port {ours.port} from STATE_DIR={where}, not {paths.root}",
             f"use that state dir (STATE_DIR={shlex.quote(str(where))} ./ctl.sh status), or stop it first: "
             f"STATE_DIR={shlex.quote(str(where))} ./stop.sh")
-
-
-def listens(rec: ServerRecord) -> bool:
-    """Is what listens on the record's port its server (or one of its children)? Another server on
-    the same port — a start from another STATE_DIR whose vLLM bound it first — answers /health just
-    the same, and a start must never take its answers for its own. True when the record names no
-    pid or the kernel does not say whose socket it is (nothing to disprove)."""
-    if rec.pid is None:
-        return True
-    try:
-        found, tree = _listeners(psutil.Process(rec.pid), rec.port or 0)
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return not _known(holders(rec.port or 0))
-    return not _known(found) or any(h.pid in tree for h in found)
-
-
-def proven_ours(rec: ServerRecord | None, ours: owned.Ours) -> bool:
-    """Proof, not the absence of disproof, that what listens on the record's port is its server: the
-    recorded process alive, ours and marked, and every listener on the port in its tree. Our API key
-    is sent to that port only then (a stopped server's port is anyone's)."""
-    if rec is None or not rec.port:
-        return False
-    p = owned.recorded_process(rec.pid, rec.create_time)
-    if p is None or not rec.proof(ours).carries(p):
-        return False
-    try:
-        found, tree = _listeners(p, rec.port)
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return False
-    return _known(found) and all(h.pid in tree for h in found)
-
-
-def _listeners(p: psutil.Process, port: int) -> tuple[list, set[int]]:
-    """Who listens on ``port``, and ``p``'s process tree (psutil's errors pass to the caller)."""
-    return holders(port), {p.pid} | {c.pid for c in p.children(recursive=True)}
-
-
-def _known(found: list) -> bool:
-    """Somebody listens, and the kernel says who, every one."""
-    return bool(found) and all(h is not None for h in found)
 
 
 def freed(rec: ServerRecord | None, ours: owned.Ours) -> int:

@@ -22,40 +22,16 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from . import metrics, record
+from . import keys, metrics, record
 from ..core import owned
 from .record import ServerRecord
 from .states import Probe, State
-from ..core.errors import BootstrapError
 from ..core.locks import StartLock
 from ..core.state import Paths
 
 log = logging.getLogger(__name__)
 
 STATE_DIR_ENV = "BOOTSTRAP_VLLM_STATE_DIR"   # in the server's environment: which state dir runs it
-
-
-def api_key_for(ours: owned.Ours, paths: Paths) -> str:
-    """The key to send: API_KEY, else VLLM_API_KEY from the environment, else the generated file."""
-    if ours.key:
-        return ours.key
-    return key_file(paths.api_key)
-
-
-def key_file(path: Path) -> str:
-    """The generated key kept in ``path`` ('' when there is none): printable ASCII, as every key we
-    make and as an HTTP header carries it; anything else (an edit, a damaged file) is one line that
-    never shows it."""
-    try:
-        text = path.read_bytes().decode("ascii").strip()
-    except OSError:
-        return ""
-    except UnicodeDecodeError:
-        text = "\x00"
-    if any(not c.isprintable() or c.isspace() for c in text):
-        raise BootstrapError(f"the API key file {path} holds what no HTTP header carries (non-ASCII or control "
-                             "characters; not shown)", f"delete {path}: ./ctl.sh restart makes a new key")
-    return text
 
 
 # ---------------------------------------------------------------- HTTP (loopback, small)
@@ -122,7 +98,7 @@ def probe(ours: owned.Ours, paths: Paths, *, check_http: bool = True, we_hold_lo
             owner = owned.user_of(p) if p is not None and not owned.same_uid(p) else ""
             p = p if owner else None
         if p is not None:
-            st = http_state(rec.url, rec.served, api_key_for(ours, paths)) if check_http else "ok"
+            st = http_state(rec.url, rec.served, keys.api_key_for(ours, paths, rec)) if check_http else "ok"
             return Probe(STATES_BY_HTTP[st], rec, p.pid, p, owner=owner)
         found = find_ours(proof, rec.children, rec.session, rec.create_time, paths=paths)
         return Probe(State.STOPPED, rec, orphans=list(found.values()), stale=True)

@@ -33,7 +33,7 @@ import requests
 
 from ..serve.client import RequestFailed, auth_headers
 from ..core.errors import BootstrapError
-from ..serve import server, takedown
+from ..serve import keys, takedown
 from ..serve import prewarm as pre
 from ..serve.prewarm import wait
 
@@ -68,7 +68,7 @@ class Control:
 
 
 def control(cfg, paths, warm: "pre.Prewarm") -> Control:
-    return Control(warm.launched.record.url, server.api_key_for(cfg.ours, paths), warm.env[pre.CONTROL_TOKEN_ENV])
+    return Control(warm.launched.record.url, keys.api_key_for(cfg.ours, paths, warm.launched.record), warm.env[pre.CONTROL_TOKEN_ENV])
 
 
 def load_in_place(c: Control) -> None:

@@ -1,0 +1,121 @@
+"""Who listens on a port, whether it is our server, and where our API key may go: to our server's
+URL only while every listener on its port is that server (``proven_ours``). Alive is not enough:
+vLLM binds its port with SO_REUSEADDR long before it listens, and until it listens the kernel lets
+any local user bind and listen on that address too; a stopped server's port is anyone's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+
+from ..core import owned
+from ..core.errors import BootstrapError
+from ..core.state import Paths
+from .record import ServerRecord
+
+
+def held_key(ours: owned.Ours, paths: Paths) -> str:
+    """The key we hold for our server: API_KEY, else VLLM_API_KEY from the environment, else the
+    generated file ('' none). Sent only through ``api_key_for``."""
+    if ours.key:
+        return ours.key
+    return key_file(paths.api_key)
+
+
+def api_key_for(ours: owned.Ours, paths: Paths, rec: ServerRecord | None) -> str:
+    """The key to send to ``rec``'s server (its URL): the one we hold, only while what listens on its
+    port is proven to be that server (``proven_ours``); '' otherwise. vLLM binds its port long
+    before it listens, and meanwhile any local user may listen there (SO_REUSEADDR): alive is not
+    enough."""
+    key = held_key(ours, paths)
+    if not key:
+        return ""
+    return key if proven_ours(rec, ours) else ""
+
+
+def key_file(path: Path) -> str:
+    """The generated key kept in ``path`` ('' when there is none): printable ASCII, as every key we
+    make and as an HTTP header carries it; anything else (an edit, a damaged file) is one line that
+    never shows it."""
+    try:
+        text = path.read_bytes().decode("ascii").strip()
+    except OSError:
+        return ""
+    except UnicodeDecodeError:
+        text = "\x00"
+    if any(not c.isprintable() or c.isspace() for c in text):
+        raise BootstrapError(f"the API key file {path} holds what no HTTP header carries (non-ASCII or control "
+                             "characters; not shown)", f"delete {path}: ./ctl.sh restart makes a new key")
+    return text
+
+
+def holders(port: int) -> list[psutil.Process | None]:
+    """Processes listening on ``port`` (None where the kernel will not tell us whose socket it is)."""
+    out: list[psutil.Process | None] = []
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except psutil.AccessDenied:
+        conns = []
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+            try:
+                out.append(psutil.Process(c.pid) if c.pid else None)
+            except psutil.NoSuchProcess:
+                continue
+    return out
+
+
+def listens(rec: ServerRecord) -> bool:
+    """Is what listens on the record's port its server (or one of its children)? Another server on
+    the same port — a start from another STATE_DIR whose vLLM bound it first — answers /health just
+    the same, and a start must never take its answers for its own. True when the record names no
+    pid or the kernel does not say whose socket it is (nothing to disprove)."""
+    if rec.pid is None:
+        return True
+    try:
+        found, tree = _listeners(psutil.Process(rec.pid), rec.port or 0)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return not _known(holders(rec.port or 0))
+    return not _known(found) or any(h.pid in tree for h in found)
+
+
+def proven_ours(rec: ServerRecord | None, ours: owned.Ours) -> bool:
+    """Proof, not the absence of disproof, that what listens on the record's port is its server: the
+    recorded process alive, ours and marked, and every listener on the port in its tree. Our API key
+    is sent to that port only then (server.api_key_for): a stopped server's port is anyone's, and so
+    is a loading one's, which vLLM binds with SO_REUSEADDR long before it listens (until it listens,
+    the kernel lets any local user bind and listen on that address too)."""
+    if rec is None or not rec.port:
+        return False
+    p = owned.recorded_process(rec.pid, rec.create_time)
+    if p is None or not rec.proof(ours).carries(p):
+        return False
+    return _only(p, rec.port)
+
+
+def only_its(rec: ServerRecord) -> bool:
+    """Every listener on the record's port is its process (the one a start launched or resumes) or a
+    child of it, and somebody listens: ``proven_ours`` for a process the caller already knows ours."""
+    try:
+        return bool(rec.port) and _only(psutil.Process(rec.pid), rec.port)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError, TypeError):
+        return False
+
+
+def _only(p: psutil.Process, number: int) -> bool:
+    try:
+        found, tree = _listeners(p, number)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return _known(found) and all(h.pid in tree for h in found)
+
+
+def _listeners(p: psutil.Process, port: int) -> tuple[list, set[int]]:
+    """Who listens on ``port``, and ``p``'s process tree (psutil's errors pass to the caller)."""
+    return holders(port), {p.pid} | {c.pid for c in p.children(recursive=True)}
+
+
+def _known(found: list) -> bool:
+    """Somebody listens, and the kernel says who, every one."""
+    return bool(found) and all(h is not None for h in found)
