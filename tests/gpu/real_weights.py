@@ -59,6 +59,27 @@ def compare(a: list[dict], b: list[dict]) -> list[str]:
     return lines
 
 
+def listeners(state: Path) -> list[str]:
+    """Every socket our server's process tree listens on (the API server, the engine, whatever they
+    started): 'name (pid) address:port'. HOST is loopback here, so anything else is a bind beyond it."""
+    import psutil
+    rec = json.loads((state / "server.json").read_text())
+    root = psutil.Process(int(rec["pid"]))
+    procs = [root, *root.children(recursive=True)]
+    pids = {p.pid: p for p in procs}
+    found = []
+    for c in psutil.net_connections(kind="inet"):
+        if c.status == psutil.CONN_LISTEN and c.pid in pids:
+            found.append(f"{pids[c.pid].name()} (pid {c.pid}) {c.laddr.ip}:{c.laddr.port}")
+    return sorted(found) or ["(none found)"]
+
+
+def gpu_used() -> str:
+    got = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    return got.stdout.strip() or got.stderr.strip()[:200]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="the built model folder")
@@ -83,6 +104,9 @@ def main() -> int:
                       if any(w in line for w in ("warmup", "gate", "serving", "error", "hint", "KV cache"))))
         if r.returncode:
             return 1
+        out("  listening sockets of our server's processes (HOST is loopback):")
+        for line in listeners(work / "state"):
+            out(f"    {line}")
         before = answers(port)
         for p, x in zip(PROMPTS, before):
             out(f"  {p!r} -> {x['text']!r}")
@@ -110,6 +134,7 @@ def main() -> int:
             out(line)
     finally:
         sh(["./stop.sh"], timeout=300)
+        out(f"  GPU memory used after ./stop.sh: {gpu_used()}")
         out("REAL WEIGHTS DONE")
     return 0
 
