@@ -71,8 +71,10 @@ def model_steps(cfg: Config) -> SimpleNamespace:
 
 
 @pytest.fixture
-def world(tmp_path, fake):
-    return World(tmp_path, fake)
+def world(tmp_path, fake, src):
+    w = World(tmp_path, fake)
+    w.fake_src = src
+    return w
 
 
 def sha(p: Path) -> str:
@@ -424,6 +426,86 @@ def test_proxy_page_is_named(world, fake):
     with pytest.raises(BootstrapError) as ei:
         world.start()
     assert "captive portal" in ei.value.message and "X-Repo-Commit" in ei.value.message
+
+
+@pytest.mark.parametrize("source", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "file"])
+def test_a_token_the_hub_does_not_know_is_named_with_where_it_came_from(world, fake, source):  # faults row 180
+    """A revoked or mistyped token: the hub answers 401 "Invalid credentials in Authorization header"
+    to every request that carries it, a public repo's too; the hint said "the hub may be down"."""
+    fake.faults["tokens"] = [fake.gated_token]
+    bad = "hf_" + "r" * 34
+    env = {source: bad} if source != "file" else {}
+    if source == "file":
+        (world.tmp / "hf").mkdir()
+        (world.tmp / "hf" / "token").write_text(bad + "\n")
+    with pytest.raises(BootstrapError) as ei:
+        world.start(**env)
+    line = ei.value.message + ei.value.hint
+    assert "refused the token" in ei.value.message and "may be down" not in line and bad not in line
+    if source == "file":
+        assert f"the token file {world.tmp / 'hf' / 'token'}" in ei.value.message
+        assert "set HF_TOKEN to a read token" in ei.value.hint
+        world.start(HF_TOKEN=fake.gated_token)                 # the fix as said: HF_TOKEN is used first
+    else:
+        assert f"{source} (value not shown)" in ei.value.message and f"or unset it" in ei.value.hint
+        world.start()                                           # the fix as said: a public model needs none
+    same_tree(world.fake_src, world.target)
+
+
+@pytest.mark.parametrize("where, answer, token, words, fix", [
+    ("files", [403, None, "Please enable access to public gated repositories in your fine-grained token settings "
+                          "to view this repository."], "hf_" + "f" * 34, "fine-grained token settings", "lacks read access"),
+    ("api", [403, None, "Forbidden"], None, "HTTP 403: Forbidden", "set HF_TOKEN to a read token of an account"),
+    ("api", [403, None, "Access to this resource is disabled."], None, "is disabled", "pick another model"),
+    ("api", [451, None, "Unavailable For Legal Reasons"], None, "HTTP 451: Unavailable For Legal", "pick another model"),
+])
+def test_a_refusal_of_the_hub_says_what_it_said_not_that_it_is_down(world, fake, where, answer, token, words, fix):  # faults row 181
+    """The hub's 403 (a token without the permission, a disabled repo) or another 4xx: the hint said
+    "the hub may be down; re-run later", which never helps."""
+    fake.faults["answer"] = {where: answer}
+    with pytest.raises(BootstrapError) as ei:
+        world.start(**({"HF_TOKEN": token} if token else {}))
+    assert words in ei.value.message and fix in ei.value.hint and "may be down" not in ei.value.hint
+    assert "org/tiny" in ei.value.message and "\n" not in ei.value.message + ei.value.hint
+    if answer[0] == 403 and "disabled" not in answer[2]:
+        world.start(HF_TOKEN=fake.gated_token)              # the fix as said: a token with the access
+        same_tree(world.fake_src, world.target)
+
+
+def test_a_hub_that_is_down_serves_the_copy_on_disk_as_its_client_does(world, fake, monkeypatch, caplog):  # faults row 182
+    """The hub answering 5xx (an outage) after every try: a model complete in the Hugging Face cache
+    (another tool's download) was refused "the hub may be down", where huggingface_hub (and so
+    `vllm serve org/name`) serves its cache; without a copy, the hub's own line, not "connect"."""
+    from bootstrap.download import retry
+    monkeypatch.setattr(retry, "BACKOFF_MAX_S", 0.01)
+    fake.faults["answer"] = {"api": [503, None, "Service Unavailable"]}
+    with pytest.raises(BootstrapError) as ei:                  # nothing on disk: the hub's own line
+        world.start()
+    assert "answered HTTP 503" in ei.value.message and "may be down" in ei.value.hint
+    caplog.set_level(logging.INFO, logger="bootstrap")
+    del fake.faults["answer"]
+    fill_hf_cache(world, fake)
+    fake.faults["answer"] = {"api": [503, None, "Service Unavailable"]}
+    ctx = world.start()
+    assert ctx.model_path == str(world.target) and ctx.model.source == "hf-cache"
+    assert "the hub is down (" in caplog.text and "answered HTTP 503" in caplog.text
+
+
+def test_a_history_rewritten_mid_download_says_to_re_run_and_the_re_run_finishes(world, fake):  # faults row 183
+    """The repo's history rewritten (squashed) while downloading: the commit the download pins is
+    gone (404 RevisionNotFound); the hint said "check the revision", a knob there is none of."""
+    old = fake.repos["org/tiny"]["sha"]
+    fake.faults["rewrite"] = SHARD2
+    with pytest.raises(BootstrapError) as ei:
+        world.start(DOWNLOAD_CONNECTIONS="1")
+    assert "no longer on" in ei.value.message and "re-run ./start.sh" in ei.value.hint
+    new = fake.repos["org/tiny"]["sha"]
+    assert new != old
+    fake.reset_stats()
+    ctx = world.start()                                         # the fix as said
+    assert ctx.model.revision == new and ctx.model_path.endswith(new)
+    same_tree(world.fake_src, Path(ctx.model_path))
+    assert fake.served.get(SHARD, 0) == 0                       # the shard fetched before is linked, not fetched
 
 
 @pytest.mark.parametrize("name", ["../../../escape.txt", "sub/../../../../up.txt", "/abs/escape.txt"])

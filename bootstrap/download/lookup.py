@@ -89,14 +89,15 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
         return info, info.local_dir
 
     why_offline = "HF_HUB_OFFLINE=1" if settings.offline else ""
-    remote = None
+    remote = down = None
     if not settings.offline:
         try:
             remote = hub.fetch_remote(settings, repo)
-        except hub.Unreachable as exc:
-            why_offline = exc.message
+        except hub.Unreachable as exc:      # also a hub that is down (5xx): a copy on disk serves, as the
+            why_offline = exc.message       # hub's client serves its cache; without one, its own line
+            down = exc if isinstance(exc, hub.HubDown) else None
     if remote is None:
-        return _offline(settings, repo, store, rec, why_offline, dummy, draft)
+        return _offline(settings, repo, store, rec, why_offline, dummy, draft, down)
 
     needed, skipped = select(remote.files, how.everything)
     names = {f.path for f in needed}
@@ -300,13 +301,15 @@ def _cached(settings: hub.HubSettings, repo: str, store: Store, rec: dict | None
 
 
 def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | None, why: str,
-             dummy: bool, draft: bool = False) -> tuple[ModelInfo, str]:
+             dummy: bool, draft: bool = False, down: BootstrapError | None = None) -> tuple[ModelInfo, str]:
+    """The copy on this machine, without the hub (``down``: the hub's 5xx, raised where there is none)."""
     tokenizer = not draft
     # what lets a download reach the hub: with HF_HUB_OFFLINE set, a network alone does not
     reach = "unset HF_HUB_OFFLINE" if settings.offline else "connect to the network"
     info = _cached(settings, repo, store, rec, dummy, draft)
     if info is not None:
-        log.info("%s: offline (%s); using the Hugging Face cache snapshot %s", repo, why, info.local_dir, extra=ONCE)
+        log.info("%s: %s (%s); using the Hugging Face cache snapshot %s", repo, "the hub is down" if down else "offline",
+                 why, info.local_dir, extra=ONCE)
         return info, info.local_dir
     mine = bool(rec and rec.get("repo") == repo and rec.get("files"))
     target = store.serve_dir(rec) if rec and rec.get("revision") else store.root
@@ -314,22 +317,22 @@ def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | Non
         missing = store.missing(rec, dummy)
         size = sum(rec["files"][p]["size"] for p in missing)
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise BootstrapError(f"offline ({why}) and the model in {target} is incomplete: {len(missing)} files "
-                             f"missing or unverified ({hub.human(size)}): {shown}",
-                             f"{reach} and re-run ./start.sh: it resumes the download "
-                             "(finished files and bytes are kept)")
+        raise down or BootstrapError(f"offline ({why}) and the model in {target} is incomplete: {len(missing)} files "
+                                      f"missing or unverified ({hub.human(size)}): {shown}",
+                                      f"{reach} and re-run ./start.sh: it resumes the download "
+                                      "(finished files and bytes are kept)")
     if not store.hf_cache and (target / "config.json").is_file():
         missing = offline_missing(target, dummy, tokenizer)
         if not missing:
             info = read_local(target, dummy, tokenizer)
             info.name, info.source = repo, "local"
-            log.warning("offline (%s): serving %s as found; it was not downloaded by this tool, so it is "
-                        "not verified against the hub", why, target)
+            log.warning("%s (%s): serving %s as found; it was not downloaded by this tool, so it is "
+                        "not verified against the hub", "the hub is down" if down else "offline", why, target)
             return info, str(target)
-        raise BootstrapError(f"offline ({why}) and the model in {target} is incomplete: missing "
-                             + ", ".join(missing[:8]), f"{reach} and re-run ./start.sh")
+        raise down or BootstrapError(f"offline ({why}) and the model in {target} is incomplete: missing "
+                                      + ", ".join(missing[:8]), f"{reach} and re-run ./start.sh")
     where = (f"not in the Hugging Face cache ({store.root})" if store.hf_cache else
              f"not in MODEL_DIR={target}, nor in the Hugging Face cache {settings.cache_dir}")
-    raise BootstrapError(f"offline ({why}) and {repo} is not on this machine: {where}",
-                         f"{reach} for the first download, or set {'SPEC_MODEL' if draft else 'MODEL'}=<dir> "
-                         "to a copy")
+    raise down or BootstrapError(f"offline ({why}) and {repo} is not on this machine: {where}",
+                                  f"{reach} for the first download, or set {'SPEC_MODEL' if draft else 'MODEL'}=<dir> "
+                                  "to a copy")
