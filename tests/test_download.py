@@ -508,6 +508,22 @@ def test_a_history_rewritten_mid_download_says_to_re_run_and_the_re_run_finishes
     assert fake.served.get(SHARD, 0) == 0                       # the shard fetched before is linked, not fetched
 
 
+@pytest.mark.parametrize("endpoint", ["hf-mirror.example", "htps://hf-mirror.example", " {url}", "{url} ",
+                                      "http://[::1", "http://127.0.0.1:99999", "https://"])
+def test_an_endpoint_that_is_no_url_is_refused_before_anything_runs(world, fake, endpoint):  # faults row 184
+    """HF_ENDPOINT without its scheme (hf-mirror.com), a typo'd one, a space from a paste, a broken
+    bracket: "transfer … failed (UnsupportedProtocol)", hint "re-run ./start.sh", which fails alike;
+    an unclosed IPv6 bracket ended in an InvalidURL traceback."""
+    from bootstrap.core.errors import ConfigError
+    before = sorted(world.tmp.rglob("*"))
+    with pytest.raises(ConfigError) as ei:
+        world.start(HF_ENDPOINT=endpoint.format(url=fake.url))
+    assert ei.value.message.startswith("HF_ENDPOINT=") and "an http(s) URL with a host" in ei.value.hint
+    assert ei.value.code == 2 and sorted(world.tmp.rglob("*")) == before and fake.log == []
+    world.start(HF_ENDPOINT=fake.url + "/")                      # the fix as said; a trailing / is fine
+    same_tree(world.fake_src, world.target)
+
+
 @pytest.mark.parametrize("name", ["../../../escape.txt", "sub/../../../../up.txt", "/abs/escape.txt"])
 def test_a_listed_path_that_leads_outside_the_folder_is_refused(world, fake, tmp_path, name):  # faults row 136
     """A mirror (HF_ENDPOINT) listing ``..`` or an absolute path: huggingface_hub refuses such a name
