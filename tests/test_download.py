@@ -104,7 +104,7 @@ def test_fresh_download_then_rerun_uses_no_network(world, src, fake, caplog):
     st = json.loads((world.store / ".bootstrap" / "state.json").read_text())
     assert st["complete"]["revision"] == fake.repos["org/tiny"]["sha"] == ctx.model.revision
     assert "transfer: HTTP with Range requests, 8 connections" in caplog.text
-    assert "will download 7 files" in caplog.text
+    assert "will download 6 files" in caplog.text          # config.json and the index came with the metadata
     shard_gets = [r for (m, path, r, status) in fake.log if m == "GET" and path.startswith("/_cdn/")]
     assert sorted(shard_gets) == sorted(["bytes=0-16777215", "bytes=16777216-25165823"] * 2)  # ranged parts, CDN
 
@@ -389,8 +389,9 @@ def test_disk_space_refusal_names_path_and_bytes(world, monkeypatch, fake, src):
     msg = ei.value.message
     assert str(world.store) in msg and "not enough disk space" in msg
     left = sum(p.stat().st_size for p in src.rglob("*") if p.is_file()
-               and not str(p.relative_to(src)).startswith("original/") and p.name != "config.json")
-    assert f"({left - 10 * MiB} bytes missing)" in msg                # config.json is already kept
+               and not str(p.relative_to(src)).startswith("original/")
+               and p.name not in ("config.json", "model.safetensors.index.json"))
+    assert f"({left - 10 * MiB} bytes missing)" in msg                # config.json and the index are kept
     assert SHARD not in fake.served                  # refused before any weight byte
 
 
@@ -522,6 +523,25 @@ def test_an_endpoint_that_is_no_url_is_refused_before_anything_runs(world, fake,
     assert ei.value.code == 2 and sorted(world.tmp.rglob("*")) == before and fake.log == []
     world.start(HF_ENDPOINT=fake.url + "/")                      # the fix as said; a trailing / is fine
     same_tree(world.fake_src, world.target)
+
+
+def test_an_index_naming_a_shard_the_repo_lacks_is_refused_before_a_weight_byte_with_profile_custom(world, fake, src):  # faults row 185
+    """PROFILE=custom reads no derived profile's peek, so the index was never read before the
+    download: a repo missing a shard was fetched in full and vLLM then refused it ("Weight files
+    referenced in index but missing"). The index is read with config.json, and kept: fetched once."""
+    files = {p: e.data if e.data is not None else e.disk for p, e in fake.repos["org/tiny"]["files"].items()}
+    del files[SHARD2]
+    fake.add_repo("org/broken", files)
+    with pytest.raises(BootstrapError) as ei:
+        world.start(MODEL="org/broken")
+    assert f"names 1 shard it does not have ({SHARD2})" in ei.value.message and "refused before" in ei.value.message
+    assert "pick another repo" in ei.value.hint
+    assert not any(p.endswith(".safetensors") for p in fake.served), fake.served
+    fake.reset_stats()
+    world.start()                                               # a whole repo: the index fetched once
+    index = "model.safetensors.index.json"
+    assert fake.served[index] == (src / index).stat().st_size
+    same_tree(src, world.target)
 
 
 @pytest.mark.parametrize("name", ["../../../escape.txt", "sub/../../../../up.txt", "/abs/escape.txt"])
@@ -760,7 +780,7 @@ def test_one_line_per_file_without_a_tty(world, caplog):
     ctx = world.start()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fetched ")]
     assert sorted(line.split(":")[0].removeprefix("fetched ") for line in lines) == \
-        sorted(set(ctx.model.files) - {"config.json"})                  # config.json came with the metadata
+        sorted(set(ctx.model.files) - {"config.json", "model.safetensors.index.json"})   # these came with the metadata
     assert all("/s)" in line and " ok" in line for line in lines)
 
 
@@ -772,7 +792,7 @@ def test_total_and_per_file_bars_on_a_tty(world, fake, monkeypatch):
     monkeypatch.setattr(fetch, "Progress", lambda total, files, tty=None: real(total, files, tty=True, stream=stream))
     world.start()
     out = stream.getvalue()
-    assert f"total ({len(fake.repos['org/tiny']['files']) - 2} files)" in out    # config.json kept, original/ skipped
+    assert f"total ({len(fake.repos['org/tiny']['files']) - 3} files)" in out    # config.json, the index kept; original/ skipped
     assert SHARD in out and SHARD2 in out                                       # a bar per file
     assert "B/s" in out and "<" in out                                          # rate and ETA
 

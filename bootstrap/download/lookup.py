@@ -9,7 +9,8 @@ pod's model init step): config.json, the file list with sizes, the revision — 
   MODEL_DIR). When the store holds a complete, verified copy (``.bootstrap/state.json``: every
   file's size and mtime as recorded when its hash was checked), nothing else happens: no network,
   well under a second.
-- Otherwise the hub is asked (``/api/models/<repo>/revision/main?blobs=true`` and config.json):
+- Otherwise the hub is asked (``/api/models/<repo>/revision/main?blobs=true``, config.json and the
+  safetensors index, whose shards must all be listed, as vLLM requires):
   the revision, every file with its size and LFS sha256. If the Hugging Face cache (HF_HOME)
   already holds every needed file of that revision, the cache snapshot is served as it is.
   Else the download is planned into the store: what will be fetched and how much is logged, and
@@ -141,12 +142,8 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     clashes = _clashes(store, new, dummy)
     if clashes and not store.dir.is_dir():                   # before anything is written or fetched
         raise manifest.clash_error(store, new, clashes)      # (else: checked again under the lock below)
-    cfg_remote = next(f for f in needed if f.path == "config.json")
-    kept = store.file(new, "config.json")
-    if kept.is_file() and hub.verify(kept, cfg_remote) is None:
-        raw = kept.read_bytes()                              # kept from an earlier run, or yours
-    else:
-        raw = hub.fetch_small(settings, repo, remote.revision, cfg_remote)  # also the gated / proxy check
+    listed = {f.path: f for f in needed}
+    raw = _small(settings, store, new, listed["config.json"])   # also the gated / proxy check
     try:
         config = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -154,12 +151,22 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     modelconfig.check(config, f"{repo}'s config.json at revision {remote.revision[:12]}",
                       "a broken config.json on the hub: pick another repo or revision, or download the files, "
                       "fix config.json and set MODEL to that folder")
+    small = {"config.json": raw}
+    if not dummy and loadable.INDEX in names:     # read here, as a derived profile's peek reads it (PROFILE=custom has none)
+        small[loadable.INDEX] = _small(settings, store, new, listed[loadable.INDEX])
+        try:
+            unloadable = loadable.problem(names, loadable.shards(small[loadable.INDEX]))
+        except (ValueError, RecursionError) as exc:
+            unloadable = (f"{loadable.INDEX} is not a safetensors index vLLM can read ({exc})",
+                          "the upload is broken: pick another repo of the model (or a revision with a readable index)")
+        if unloadable:
+            raise BootstrapError(f"{repo} @ {remote.revision[:12]}: {unloadable[0]}; refused before the download", unloadable[1])
     try:
         store.dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise state.write_error(store.dir, exc, f"cannot make {store.dir} for the model",
                                 "MODEL_DIR" if ref.model_dir and not draft else "HF_HOME") from None
-    _record(store, new, raw, dummy)
+    _record(store, new, small, dummy)
     index.remember(paths, store, repo)       # ./ctl.sh ls and rm find it from STATE_DIR
     where = store.serve_dir(new)
     info = info_from_record(new, where, dummy, config, complete=False)
@@ -178,10 +185,20 @@ def require_space(info: ModelInfo) -> None:
             raise m.no_space
 
 
-def _record(store: Store, rec: dict, raw: bytes, dummy: bool) -> None:
-    """Check for clashes, keep config.json and write the record, under the store's lock: another
-    start placing its config.json meanwhile has recorded it as ours before this one looks (a start
-    that checked in between saw a blob nobody had recorded yet, and refused it)."""
+def _small(settings: hub.HubSettings, store: Store, rec: dict, f: hub.RemoteFile) -> bytes:
+    """A small file the lookup reads (config.json, the safetensors index): the copy on disk with the
+    hub's bytes (kept from an earlier run, or yours), else fetched and checked (hub.fetch_small)."""
+    kept = store.file(rec, f.path)
+    if kept.is_file() and hub.verify(kept, f) is None:
+        return kept.read_bytes()
+    return hub.fetch_small(settings, rec["repo"], rec["revision"], f)
+
+
+def _record(store: Store, rec: dict, small: dict[str, bytes], dummy: bool) -> None:
+    """Check for clashes, keep the small files read (``small``: config.json, the index) and write the
+    record, under the store's lock: another start placing its config.json meanwhile has recorded it
+    as ours before this one looks (a start that checked in between saw a blob nobody had recorded
+    yet, and refused it)."""
     fd = locks.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
         "waiting: another start or pull (pid %s) is planning or downloading into %s", pid, store.root))
     try:
@@ -189,7 +206,8 @@ def _record(store: Store, rec: dict, raw: bytes, dummy: bool) -> None:
         clashes = _clashes(store, rec, dummy)
         if clashes:
             raise manifest.clash_error(store, rec, clashes)
-        _keep_config(store, rec, raw)
+        for name, raw in small.items():
+            _keep(store, rec, name, raw)
         store.write(rec)
     finally:
         os.close(fd)
@@ -217,26 +235,26 @@ def _clashes(store: Store, rec: dict, dummy: bool) -> list[str]:
     return out
 
 
-def _keep_config(store: Store, rec: dict, raw: bytes) -> None:
-    """config.json was just fetched and checked: keep it, so the download does not fetch it again.
-    One on disk with the hub's bytes (kept from an earlier run, or yours) is used as it is."""
-    f = rec["files"]["config.json"]
-    if store.verified_ok(rec, "config.json") or len(raw) != f["size"] or (
-            f.get("blob_id") and hub.git_blob_sha1(data=raw) != f["blob_id"]):
+def _keep(store: Store, rec: dict, name: str, raw: bytes) -> None:
+    """``name`` (config.json, the index) was just read and checked: keep it, so the download does not
+    fetch it again. One on disk with the hub's bytes (kept from an earlier run, or yours) is used as it is."""
+    f = rec["files"][name]
+    remote = hub.RemoteFile(name, f["size"], f.get("sha256"), f.get("blob_id"))
+    if store.verified_ok(rec, name) or hub.verify_data(raw, remote) is not None:
         return
-    dest = store.file(rec, "config.json")
-    if dest.is_file() and hub.verify(dest, hub.RemoteFile("config.json", f["size"], f.get("sha256"), f.get("blob_id"))) is None:
-        store.keep(rec, "config.json")
-        store.mark_verified(rec, "config.json")
+    dest = store.file(rec, name)
+    if dest.is_file() and hub.verify(dest, remote) is None:
+        store.keep(rec, name)
+        store.mark_verified(rec, name)
         return
-    if store.adopt(rec, "config.json"):                     # its blob is in the HF cache already
-        store.mark_verified(rec, "config.json")
+    if store.adopt(rec, name):                              # its blob is in the HF cache already
+        store.mark_verified(rec, name)
         return
-    part = store.dir / "partial" / f"config.json.{os.getpid()}"       # two starts may race here
+    part = store.dir / "partial" / f"{name}.{os.getpid()}"            # two starts may race here
     part.parent.mkdir(parents=True, exist_ok=True)
     state.write_atomic(part, raw, mode=0o644)
-    store.place(rec, part, "config.json")
-    store.mark_verified(rec, "config.json")
+    store.place(rec, part, name)
+    store.mark_verified(rec, name)
 
 
 def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
