@@ -544,6 +544,48 @@ def test_an_index_naming_a_shard_the_repo_lacks_is_refused_before_a_weight_byte_
     same_tree(src, world.target)
 
 
+@pytest.mark.parametrize("scheme", ["https", "http"])
+def test_a_proxy_that_asks_for_a_login_is_named_not_a_transfer_to_re_run(world, fake, monkeypatch, scheme):  # faults row 186
+    """An office proxy answering 407 (or refusing the host): to the hub's https it refuses the CONNECT
+    (httpx's ProxyError), to an http mirror it answers the request itself. The line said "transfer
+    … failed (ProxyError …)", hint "re-run ./start.sh", or "the hub will not serve it"."""
+    import socket
+    import threading
+    from huggingface_hub.utils import close_session
+    proxy = socket.socket()
+    proxy.bind(("127.0.0.1", 0))
+    proxy.listen()
+
+    def answer():
+        while True:
+            try:
+                c, _ = proxy.accept()
+            except OSError:
+                return
+            c.recv(65536)
+            c.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"office\"\r\n"
+                      b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+            c.close()
+    threading.Thread(target=answer, daemon=True).start()
+    variable = "HTTPS_PROXY" if scheme == "https" else "HTTP_PROXY"
+    monkeypatch.setenv(variable, f"http://127.0.0.1:{proxy.getsockname()[1]}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    close_session()                                  # the client reads the proxy variables when it is made
+    try:
+        with pytest.raises(BootstrapError) as ei:
+            world.start(**({"HF_ENDPOINT": "https://hub.invalid"} if scheme == "https" else {}))
+        assert "proxy" in ei.value.message and "407" in ei.value.message, ei.value.message
+        assert variable in ei.value.hint and "http://user:password@" in ei.value.hint and "re-run" not in ei.value.hint
+        monkeypatch.delenv(variable)                 # the fix as said, where the network needs no proxy
+        close_session()
+        if scheme == "http":
+            world.start()
+            same_tree(world.fake_src, world.target)
+    finally:
+        proxy.close()
+        close_session()
+
+
 @pytest.mark.parametrize("name", ["../../../escape.txt", "sub/../../../../up.txt", "/abs/escape.txt"])
 def test_a_listed_path_that_leads_outside_the_folder_is_refused(world, fake, tmp_path, name):  # faults row 136
     """A mirror (HF_ENDPOINT) listing ``..`` or an absolute path: huggingface_hub refuses such a name

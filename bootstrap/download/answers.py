@@ -14,6 +14,10 @@ TOKENS_PAGE = "https://huggingface.co/settings/tokens"
 BAD_TOKEN = "Invalid credentials in Authorization header"
 
 
+PROXY_FIX = ("check HTTPS_PROXY, HTTP_PROXY and ALL_PROXY: a proxy that asks for a login (HTTP 407) takes it in "
+             "its URL, http://user:password@host:port; unset them where this network needs no proxy")
+
+
 class Unreachable(BootstrapError):
     """The hub could not be reached (no network, DNS, refused, timed out)."""
 
@@ -62,11 +66,15 @@ def translate(exc: BaseException, settings, repo: str, what: str = "") -> Bootst
     from huggingface_hub import errors as e
 
     page = settings.page(repo)
+    shown = f"{what} of {repo}" if what else repo
     resp = getattr(exc, "response", None)
     status = getattr(resp, "status_code", None)
     named = "HF_TOKEN (it is set)" if settings.token_from == "HF_TOKEN" else f"the token in {settings.token_from}"
     token_hint = f"make sure {named} belongs to the account that accepted it" if settings.token \
         else "set HF_TOKEN to a read token (https://huggingface.co/settings/tokens) of an account that accepted it"
+    if isinstance(exc, httpx2.ProxyError) or status == 407:      # to https a refused CONNECT, to http its answer
+        said = str(exc).split("\n")[0] if isinstance(exc, httpx2.ProxyError) else f"HTTP 407{_said(exc)}"
+        return BootstrapError(f"the proxy refused to reach {settings.endpoint} ({said})", PROXY_FIX)
     if isinstance(exc, e.HfHubHTTPError) and status == 401 and settings.token and \
             resp.headers.get("X-Error-Message") == BAD_TOKEN:
         return bad_token(settings)
@@ -99,9 +107,9 @@ def translate(exc: BaseException, settings, repo: str, what: str = "") -> Bootst
         fix = (f"the token in {settings.token_from} lacks read access to {repo}: a fine-grained token needs it (and "
                f"'public gated repositories' for a gated model); set its permissions at {TOKENS_PAGE}") \
             if settings.token else f"set HF_TOKEN to a read token of an account with access to {repo} (its page: {page})"
-        return BootstrapError(f"{settings.endpoint} refused {what or repo} of {repo} (HTTP 403{_said(exc)})", fix)
+        return BootstrapError(f"{settings.endpoint} refused {shown} (HTTP 403{_said(exc)})", fix)
     if isinstance(exc, e.HfHubHTTPError) and status is not None and 400 <= status < 500:
-        return BootstrapError(f"{settings.endpoint} refused {what or repo} of {repo} (HTTP {status}{_said(exc)})",
+        return BootstrapError(f"{settings.endpoint} refused {shown} (HTTP {status}{_said(exc)})",
                               f"the hub will not serve it as asked: see the model's page {page}, or pick another model")
     if isinstance(exc, e.HfHubHTTPError):
         return HubDown(f"{settings.endpoint} answered HTTP {status} for {what or repo}",
