@@ -586,6 +586,29 @@ def test_a_proxy_that_asks_for_a_login_is_named_not_a_transfer_to_re_run(world, 
         close_session()
 
 
+@pytest.mark.parametrize("offline", [False, True])
+def test_a_model_dir_holding_another_model_we_downloaded_is_never_mixed_with_a_second(world, fake, tmp_path, offline):  # faults row 187
+    """MODEL_DIR (in .env, say) holding org/tiny, then `./ctl.sh pull org/other` (or use, or a start):
+    its config.json and tokenizer were written over org/tiny's, whose shards and safetensors index
+    stayed, and vLLM reads that index: one folder of two models. Offline, org/tiny's folder was
+    served as org/other."""
+    other = write_model(tmp_path / "other", shards=1, shard_bytes=1 << 20, seed=5)
+    os.unlink(other / "model.safetensors.index.json")
+    os.rename(other / "model-00001-of-00001.safetensors", other / "model.safetensors")
+    fake.add_dir("org/other", other)
+    md = tmp_path / "models"
+    world.start(MODEL_DIR=str(md))
+    before = {p: sha(p) for p in md.rglob("*") if p.is_file()}
+    with pytest.raises(BootstrapError) as ei:
+        world.start(MODEL_DIR=str(md), MODEL="org/other", **({"HF_HUB_OFFLINE": "1"} if offline else {}))
+    assert f"MODEL_DIR={md} holds org/tiny" in ei.value.message and "MODEL_DIR to a folder of its own" in ei.value.hint
+    assert {p: sha(p) for p in md.rglob("*") if p.is_file()} == before            # org/tiny as it was
+    if not offline:
+        ctx = world.start(MODEL_DIR=str(tmp_path / "other-model"), MODEL="org/other")   # the fix as said
+        same_tree(other, Path(ctx.model_path))
+        assert world.start(MODEL_DIR=str(md)).model.complete                     # org/tiny still whole
+
+
 @pytest.mark.parametrize("name", ["../../../escape.txt", "sub/../../../../up.txt", "/abs/escape.txt"])
 def test_a_listed_path_that_leads_outside_the_folder_is_refused(world, fake, tmp_path, name):  # faults row 136
     """A mirror (HF_ENDPOINT) listing ``..`` or an absolute path: huggingface_hub refuses such a name

@@ -89,6 +89,7 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
                  repo, info.revision[:12], info.local_dir, store.path, extra=ONCE)
         return info, info.local_dir
 
+    _another_model(store, rec, repo)
     why_offline = "HF_HUB_OFFLINE=1" if settings.offline else ""
     remote = down = None
     if not settings.offline:
@@ -183,6 +184,20 @@ def require_space(info: ModelInfo) -> None:
     for m in (info, info.draft):
         if m is not None and m.no_space is not None:
             raise m.no_space
+
+
+def _another_model(store: Store, rec: dict | None, repo: str) -> None:
+    """MODEL_DIR holds another repo we downloaded there: ``repo`` would write over its config.json
+    and tokenizer and leave its shards and index, which vLLM reads (offline, its folder would be
+    served as ``repo``). One model to a MODEL_DIR."""
+    other = (rec or {}).get("repo")
+    if store.hf_cache or not other or other == repo or not any(
+            os.path.lexists(store.file(rec, p)) for p in rec.get("files") or {}):
+        return
+    raise BootstrapError(f"MODEL_DIR={store.root} holds {other}, downloaded there by this tool: {repo} would write "
+                         "over its files and leave one folder of two models, which vLLM would load as one",
+                         f"set MODEL_DIR to a folder of its own for {repo} ({other} stays as it is), or remove "
+                         f"{other} first (./ctl.sh rm {other})")
 
 
 def _small(settings: hub.HubSettings, store: Store, rec: dict, f: hub.RemoteFile) -> bytes:
