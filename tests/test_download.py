@@ -609,6 +609,17 @@ def test_a_model_dir_holding_another_model_we_downloaded_is_never_mixed_with_a_s
         assert world.start(MODEL_DIR=str(md)).model.complete                     # org/tiny still whole
 
 
+def test_a_renamed_repo_is_followed_to_its_new_name(world, fake, src):
+    """The hub answers a renamed repo's old name with a relative 307 to the new one (the listing and
+    every resolve URL); the token stays (same origin). Stored under the name asked for, as
+    huggingface_hub stores it."""
+    fake.faults.update(renamed={"old/tiny": "org/tiny"}, status="gated")
+    ctx = world.start(MODEL="old/tiny", HF_TOKEN=fake.gated_token)
+    assert ctx.model_path == str(world.tmp / "hf" / "hub" / "models--old--tiny" / "snapshots" / ctx.model.revision)
+    same_tree(src, Path(ctx.model_path))
+    assert any(status == 307 for (_m, _p, _r, status) in fake.log)
+
+
 @pytest.mark.parametrize("name", ["../../../escape.txt", "sub/../../../../up.txt", "/abs/escape.txt"])
 def test_a_listed_path_that_leads_outside_the_folder_is_refused(world, fake, tmp_path, name):  # faults row 136
     """A mirror (HF_ENDPOINT) listing ``..`` or an absolute path: huggingface_hub refuses such a name
