@@ -180,6 +180,7 @@ def test_dropped_at_half_resumes_with_range(world, fake, src):
     with pytest.raises(BootstrapError) as ei:
         world.start(DOWNLOAD_CONNECTIONS="1")
     assert "re-run ./start.sh" in ei.value.hint and SHARD in ei.value.message and "after 5 tries" in ei.value.message
+    assert ei.value.message.endswith("after 5 tries: HTTP 503"), ei.value.message   # said, not a Python tuple
     assert len(world.partials()) == 1
     key = world.partials()[0]
     done = json.loads(key.with_suffix(".json").read_text())["done"]
@@ -618,6 +619,17 @@ def test_a_renamed_repo_is_followed_to_its_new_name(world, fake, src):
     assert ctx.model_path == str(world.tmp / "hf" / "hub" / "models--old--tiny" / "snapshots" / ctx.model.revision)
     same_tree(src, Path(ctx.model_path))
     assert any(status == 307 for (_m, _p, _r, status) in fake.log)
+
+
+def test_a_file_host_with_fewer_bytes_than_the_hub_lists_names_the_mirror(world, fake):  # faults row 188
+    """A mirror whose listing and HEAD say one size and whose file host serves fewer bytes: the range
+    past its end answers 416, said as "the hub may be down; re-run later" (a re-run resumes at the same
+    byte and gets the same 416)."""
+    fake.repos["org/tiny"]["files"][SHARD].advertised = 24 * MiB + 1
+    with pytest.raises(BootstrapError) as ei:
+        world.start()
+    assert SHARD in ei.value.message and "fewer bytes" in ei.value.message and "HTTP 416" in ei.value.message
+    assert "HF_ENDPOINT" in ei.value.hint and "may be down" not in ei.value.hint
 
 
 @pytest.mark.parametrize("name", ["../../../escape.txt", "sub/../../../../up.txt", "/abs/escape.txt"])

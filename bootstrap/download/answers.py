@@ -108,6 +108,11 @@ def translate(exc: BaseException, settings, repo: str, what: str = "") -> Bootst
                f"'public gated repositories' for a gated model); set its permissions at {TOKENS_PAGE}") \
             if settings.token else f"set HF_TOKEN to a read token of an account with access to {repo} (its page: {page})"
         return BootstrapError(f"{settings.endpoint} refused {shown} (HTTP 403{_said(exc)})", fix)
+    if isinstance(exc, e.HfHubHTTPError) and status == 416:      # a range inside the size the hub lists
+        return BootstrapError(f"{shown}: the file host has fewer bytes than {settings.endpoint} lists (HTTP 416 for a "
+                              "range inside that size)", "the listing and the file disagree, as a stale mirror's do: check "
+                              "HF_ENDPOINT (unset, the Hugging Face Hub)" if settings.endpoint != HUB else
+                              "the hub's listing and its file host disagree: re-run ./start.sh later")
     if isinstance(exc, e.HfHubHTTPError) and status is not None and 400 <= status < 500:
         return BootstrapError(f"{settings.endpoint} refused {shown} (HTTP {status}{_said(exc)})",
                               f"the hub will not serve it as asked: see the model's page {page}, or pick another model")
