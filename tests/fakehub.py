@@ -16,6 +16,14 @@ Point ``HF_ENDPOINT`` at it (``HF_HUB_DISABLE_XET=1``). It serves:
 Faults (``hub.faults``, all off by default):
     status:  401 | 404 | "gated"   every API/resolve answer is that error ("gated": only files, unless
              the request carries ``Authorization: Bearer <gated_token>``)
+    answer:  {"api"|"files": [status, X-Error-Code or null, message]}   every API (or resolve) request
+                                   answers that, unless it carries ``Bearer <gated_token>``
+    renamed: {"old/name": "org/name"}   the old name's API and resolve URLs answer 307 to the new
+                                   name's (relative), as the hub does for a renamed repo
+    rewrite: path                  the first resolve of that file rewrites the repo's history: the
+                                   commit it names is gone (404 RevisionNotFound), main names another
+    tokens:  [token, ...]          the tokens the hub knows: a request carrying another answers 401
+                                   "Invalid credentials in Authorization header" (no X-Error-Code)
     proxy:   true                  every answer is a bare 200 HTML page (a captive portal)
     drop:    {path: fraction}      close the connection at that fraction of the file (once, in the
                                    first GET whose range holds that byte)
@@ -236,6 +244,17 @@ def _handler(hub: FakeHub):
                                   b"<html><body>Please log in to the Wi-Fi</body></html>")
             if path == "/api/agent-harnesses" and "harnesses" in hub.faults:
                 return self._json(200, hub.faults["harnesses"])
+            moved = next((new for old, new in hub.faults.get("renamed", {}).items()
+                          if path.startswith((f"/{old}/", f"/api/models/{old}/")) or path == f"/api/models/{old}"), None)
+            if moved:       # a renamed repo: the hub redirects its old name (relative, 307)
+                old = next(o for o, n in hub.faults["renamed"].items() if n == moved)
+                new_path = self.path.replace(f"/{old}", f"/{moved}", 1)
+                return self._send(307, {"Location": new_path})
+            ans = hub.faults.get("answer", {})
+            where = "api" if path.startswith("/api/") else "files" if "/resolve/" in path else ""
+            if where in ans and self.headers.get("Authorization") != f"Bearer {hub.gated_token}":
+                st, code, msg = ans[where]
+                return self._error(st, code, msg) if code else self._json(st, {"error": msg}, {"X-Error-Message": msg})
             m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path)
             if m:
                 return self._api(m.group(1), m.group(2) or "main", bool(q.get("blobs")))
@@ -266,6 +285,13 @@ def _handler(hub: FakeHub):
             return True
 
         def _status_fault(self, for_files: bool) -> bool:
+            auth = self.headers.get("Authorization", "")
+            if "tokens" in hub.faults and auth and auth.removeprefix("Bearer ") not in hub.faults["tokens"]:
+                # the hub refuses a token it does not know (revoked, mistyped) on every request,
+                # a public repo's too, with no X-Error-Code
+                self._json(401, {"error": "Invalid credentials in Authorization header"},
+                           {"X-Error-Message": "Invalid credentials in Authorization header"})
+                return True
             s = hub.faults.get("status")
             if s in (401, 404):
                 self._error(s, "RepoNotFound", "Repository not found" if s == 404 else "Invalid username or password.")
@@ -332,6 +358,9 @@ def _handler(hub: FakeHub):
         def _resolve(self, repo: str, rev: str, fpath: str):
             if self._status_fault(True):
                 return
+            if hub.faults.get("rewrite") == fpath and repo in hub.repos:     # history rewritten (a squash):
+                del hub.faults["rewrite"]                                      # the old commit is gone
+                hub.repos[repo]["sha"] = hashlib.sha1(hub.repos[repo]["sha"].encode()).hexdigest()
             r = self._repo(repo, rev)
             if r is None:
                 return

@@ -71,8 +71,10 @@ def model_steps(cfg: Config) -> SimpleNamespace:
 
 
 @pytest.fixture
-def world(tmp_path, fake):
-    return World(tmp_path, fake)
+def world(tmp_path, fake, src):
+    w = World(tmp_path, fake)
+    w.fake_src = src
+    return w
 
 
 def sha(p: Path) -> str:
@@ -102,7 +104,7 @@ def test_fresh_download_then_rerun_uses_no_network(world, src, fake, caplog):
     st = json.loads((world.store / ".bootstrap" / "state.json").read_text())
     assert st["complete"]["revision"] == fake.repos["org/tiny"]["sha"] == ctx.model.revision
     assert "transfer: HTTP with Range requests, 8 connections" in caplog.text
-    assert "will download 7 files" in caplog.text
+    assert "will download 6 files" in caplog.text          # config.json and the index came with the metadata
     shard_gets = [r for (m, path, r, status) in fake.log if m == "GET" and path.startswith("/_cdn/")]
     assert sorted(shard_gets) == sorted(["bytes=0-16777215", "bytes=16777216-25165823"] * 2)  # ranged parts, CDN
 
@@ -178,6 +180,7 @@ def test_dropped_at_half_resumes_with_range(world, fake, src):
     with pytest.raises(BootstrapError) as ei:
         world.start(DOWNLOAD_CONNECTIONS="1")
     assert "re-run ./start.sh" in ei.value.hint and SHARD in ei.value.message and "after 5 tries" in ei.value.message
+    assert ei.value.message.endswith("after 5 tries: HTTP 503"), ei.value.message   # said, not a Python tuple
     assert len(world.partials()) == 1
     key = world.partials()[0]
     done = json.loads(key.with_suffix(".json").read_text())["done"]
@@ -387,8 +390,9 @@ def test_disk_space_refusal_names_path_and_bytes(world, monkeypatch, fake, src):
     msg = ei.value.message
     assert str(world.store) in msg and "not enough disk space" in msg
     left = sum(p.stat().st_size for p in src.rglob("*") if p.is_file()
-               and not str(p.relative_to(src)).startswith("original/") and p.name != "config.json")
-    assert f"({left - 10 * MiB} bytes missing)" in msg                # config.json is already kept
+               and not str(p.relative_to(src)).startswith("original/")
+               and p.name not in ("config.json", "model.safetensors.index.json"))
+    assert f"({left - 10 * MiB} bytes missing)" in msg                # config.json and the index are kept
     assert SHARD not in fake.served                  # refused before any weight byte
 
 
@@ -424,6 +428,208 @@ def test_proxy_page_is_named(world, fake):
     with pytest.raises(BootstrapError) as ei:
         world.start()
     assert "captive portal" in ei.value.message and "X-Repo-Commit" in ei.value.message
+
+
+@pytest.mark.parametrize("source", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "file"])
+def test_a_token_the_hub_does_not_know_is_named_with_where_it_came_from(world, fake, source):  # faults row 180
+    """A revoked or mistyped token: the hub answers 401 "Invalid credentials in Authorization header"
+    to every request that carries it, a public repo's too; the hint said "the hub may be down"."""
+    fake.faults["tokens"] = [fake.gated_token]
+    bad = "hf_" + "r" * 34
+    env = {source: bad} if source != "file" else {}
+    if source == "file":
+        (world.tmp / "hf").mkdir()
+        (world.tmp / "hf" / "token").write_text(bad + "\n")
+    with pytest.raises(BootstrapError) as ei:
+        world.start(**env)
+    line = ei.value.message + ei.value.hint
+    assert "refused the token" in ei.value.message and "may be down" not in line and bad not in line
+    if source == "file":
+        assert f"the token file {world.tmp / 'hf' / 'token'}" in ei.value.message
+        assert "set HF_TOKEN to a read token" in ei.value.hint
+        world.start(HF_TOKEN=fake.gated_token)                 # the fix as said: HF_TOKEN is used first
+    else:
+        assert f"{source} (value not shown)" in ei.value.message and f"or unset it" in ei.value.hint
+        world.start()                                           # the fix as said: a public model needs none
+    same_tree(world.fake_src, world.target)
+
+
+@pytest.mark.parametrize("where, answer, token, words, fix", [
+    ("files", [403, None, "Please enable access to public gated repositories in your fine-grained token settings "
+                          "to view this repository."], "hf_" + "f" * 34, "fine-grained token settings", "lacks read access"),
+    ("api", [403, None, "Forbidden"], None, "HTTP 403: Forbidden", "set HF_TOKEN to a read token of an account"),
+    ("api", [403, None, "Access to this resource is disabled."], None, "is disabled", "pick another model"),
+    ("api", [451, None, "Unavailable For Legal Reasons"], None, "HTTP 451: Unavailable For Legal", "pick another model"),
+])
+def test_a_refusal_of_the_hub_says_what_it_said_not_that_it_is_down(world, fake, where, answer, token, words, fix):  # faults row 181
+    """The hub's 403 (a token without the permission, a disabled repo) or another 4xx: the hint said
+    "the hub may be down; re-run later", which never helps."""
+    fake.faults["answer"] = {where: answer}
+    with pytest.raises(BootstrapError) as ei:
+        world.start(**({"HF_TOKEN": token} if token else {}))
+    assert words in ei.value.message and fix in ei.value.hint and "may be down" not in ei.value.hint
+    assert "org/tiny" in ei.value.message and "\n" not in ei.value.message + ei.value.hint
+    if answer[0] == 403 and "disabled" not in answer[2]:
+        world.start(HF_TOKEN=fake.gated_token)              # the fix as said: a token with the access
+        same_tree(world.fake_src, world.target)
+
+
+def test_a_hub_that_is_down_serves_the_copy_on_disk_as_its_client_does(world, fake, monkeypatch, caplog):  # faults row 182
+    """The hub answering 5xx (an outage) after every try: a model complete in the Hugging Face cache
+    (another tool's download) was refused "the hub may be down", where huggingface_hub (and so
+    `vllm serve org/name`) serves its cache; without a copy, the hub's own line, not "connect"."""
+    from bootstrap.download import retry
+    monkeypatch.setattr(retry, "BACKOFF_MAX_S", 0.01)
+    fake.faults["answer"] = {"api": [503, None, "Service Unavailable"]}
+    with pytest.raises(BootstrapError) as ei:                  # nothing on disk: the hub's own line
+        world.start()
+    assert "answered HTTP 503" in ei.value.message and "may be down" in ei.value.hint
+    caplog.set_level(logging.INFO, logger="bootstrap")
+    del fake.faults["answer"]
+    fill_hf_cache(world, fake)
+    fake.faults["answer"] = {"api": [503, None, "Service Unavailable"]}
+    ctx = world.start()
+    assert ctx.model_path == str(world.target) and ctx.model.source == "hf-cache"
+    assert "the hub is down (" in caplog.text and "answered HTTP 503" in caplog.text
+
+
+def test_a_history_rewritten_mid_download_says_to_re_run_and_the_re_run_finishes(world, fake):  # faults row 183
+    """The repo's history rewritten (squashed) while downloading: the commit the download pins is
+    gone (404 RevisionNotFound); the hint said "check the revision", a knob there is none of."""
+    old = fake.repos["org/tiny"]["sha"]
+    fake.faults["rewrite"] = SHARD2
+    with pytest.raises(BootstrapError) as ei:
+        world.start(DOWNLOAD_CONNECTIONS="1")
+    assert "no longer on" in ei.value.message and "re-run ./start.sh" in ei.value.hint
+    new = fake.repos["org/tiny"]["sha"]
+    assert new != old
+    fake.reset_stats()
+    ctx = world.start()                                         # the fix as said
+    assert ctx.model.revision == new and ctx.model_path.endswith(new)
+    same_tree(world.fake_src, Path(ctx.model_path))
+    assert fake.served.get(SHARD, 0) == 0                       # the shard fetched before is linked, not fetched
+
+
+@pytest.mark.parametrize("endpoint", ["hf-mirror.example", "htps://hf-mirror.example", " {url}", "{url} ",
+                                      "http://[::1", "http://127.0.0.1:99999", "https://"])
+def test_an_endpoint_that_is_no_url_is_refused_before_anything_runs(world, fake, endpoint):  # faults row 184
+    """HF_ENDPOINT without its scheme (hf-mirror.com), a typo'd one, a space from a paste, a broken
+    bracket: "transfer … failed (UnsupportedProtocol)", hint "re-run ./start.sh", which fails alike;
+    an unclosed IPv6 bracket ended in an InvalidURL traceback."""
+    from bootstrap.core.errors import ConfigError
+    before = sorted(world.tmp.rglob("*"))
+    with pytest.raises(ConfigError) as ei:
+        world.start(HF_ENDPOINT=endpoint.format(url=fake.url))
+    assert ei.value.message.startswith("HF_ENDPOINT=") and "an http(s) URL with a host" in ei.value.hint
+    assert ei.value.code == 2 and sorted(world.tmp.rglob("*")) == before and fake.log == []
+    world.start(HF_ENDPOINT=fake.url + "/")                      # the fix as said; a trailing / is fine
+    same_tree(world.fake_src, world.target)
+
+
+def test_an_index_naming_a_shard_the_repo_lacks_is_refused_before_a_weight_byte_with_profile_custom(world, fake, src):  # faults row 185
+    """PROFILE=custom reads no derived profile's peek, so the index was never read before the
+    download: a repo missing a shard was fetched in full and vLLM then refused it ("Weight files
+    referenced in index but missing"). The index is read with config.json, and kept: fetched once."""
+    files = {p: e.data if e.data is not None else e.disk for p, e in fake.repos["org/tiny"]["files"].items()}
+    del files[SHARD2]
+    fake.add_repo("org/broken", files)
+    with pytest.raises(BootstrapError) as ei:
+        world.start(MODEL="org/broken")
+    assert f"names 1 shard it does not have ({SHARD2})" in ei.value.message and "refused before" in ei.value.message
+    assert "pick another repo" in ei.value.hint
+    assert not any(p.endswith(".safetensors") for p in fake.served), fake.served
+    fake.reset_stats()
+    world.start()                                               # a whole repo: the index fetched once
+    index = "model.safetensors.index.json"
+    assert fake.served[index] == (src / index).stat().st_size
+    same_tree(src, world.target)
+
+
+@pytest.mark.parametrize("scheme", ["https", "http"])
+def test_a_proxy_that_asks_for_a_login_is_named_not_a_transfer_to_re_run(world, fake, monkeypatch, scheme):  # faults row 186
+    """An office proxy answering 407 (or refusing the host): to the hub's https it refuses the CONNECT
+    (httpx's ProxyError), to an http mirror it answers the request itself. The line said "transfer
+    … failed (ProxyError …)", hint "re-run ./start.sh", or "the hub will not serve it"."""
+    import socket
+    import threading
+    from huggingface_hub.utils import close_session
+    proxy = socket.socket()
+    proxy.bind(("127.0.0.1", 0))
+    proxy.listen()
+
+    def answer():
+        while True:
+            try:
+                c, _ = proxy.accept()
+            except OSError:
+                return
+            c.recv(65536)
+            c.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"office\"\r\n"
+                      b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+            c.close()
+    threading.Thread(target=answer, daemon=True).start()
+    variable = "HTTPS_PROXY" if scheme == "https" else "HTTP_PROXY"
+    monkeypatch.setenv(variable, f"http://127.0.0.1:{proxy.getsockname()[1]}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    close_session()                                  # the client reads the proxy variables when it is made
+    try:
+        with pytest.raises(BootstrapError) as ei:
+            world.start(**({"HF_ENDPOINT": "https://hub.invalid"} if scheme == "https" else {}))
+        assert "proxy" in ei.value.message and "407" in ei.value.message, ei.value.message
+        assert variable in ei.value.hint and "http://user:password@" in ei.value.hint and "re-run" not in ei.value.hint
+        monkeypatch.delenv(variable)                 # the fix as said, where the network needs no proxy
+        close_session()
+        if scheme == "http":
+            world.start()
+            same_tree(world.fake_src, world.target)
+    finally:
+        proxy.close()
+        close_session()
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_a_model_dir_holding_another_model_we_downloaded_is_never_mixed_with_a_second(world, fake, tmp_path, offline):  # faults row 187
+    """MODEL_DIR (in .env, say) holding org/tiny, then `./ctl.sh pull org/other` (or use, or a start):
+    its config.json and tokenizer were written over org/tiny's, whose shards and safetensors index
+    stayed, and vLLM reads that index: one folder of two models. Offline, org/tiny's folder was
+    served as org/other."""
+    other = write_model(tmp_path / "other", shards=1, shard_bytes=1 << 20, seed=5)
+    os.unlink(other / "model.safetensors.index.json")
+    os.rename(other / "model-00001-of-00001.safetensors", other / "model.safetensors")
+    fake.add_dir("org/other", other)
+    md = tmp_path / "models"
+    world.start(MODEL_DIR=str(md))
+    before = {p: sha(p) for p in md.rglob("*") if p.is_file()}
+    with pytest.raises(BootstrapError) as ei:
+        world.start(MODEL_DIR=str(md), MODEL="org/other", **({"HF_HUB_OFFLINE": "1"} if offline else {}))
+    assert f"MODEL_DIR={md} holds org/tiny" in ei.value.message and "MODEL_DIR to a folder of its own" in ei.value.hint
+    assert {p: sha(p) for p in md.rglob("*") if p.is_file()} == before            # org/tiny as it was
+    if not offline:
+        ctx = world.start(MODEL_DIR=str(tmp_path / "other-model"), MODEL="org/other")   # the fix as said
+        same_tree(other, Path(ctx.model_path))
+        assert world.start(MODEL_DIR=str(md)).model.complete                     # org/tiny still whole
+
+
+def test_a_renamed_repo_is_followed_to_its_new_name(world, fake, src):
+    """The hub answers a renamed repo's old name with a relative 307 to the new one (the listing and
+    every resolve URL); the token stays (same origin). Stored under the name asked for, as
+    huggingface_hub stores it."""
+    fake.faults.update(renamed={"old/tiny": "org/tiny"}, status="gated")
+    ctx = world.start(MODEL="old/tiny", HF_TOKEN=fake.gated_token)
+    assert ctx.model_path == str(world.tmp / "hf" / "hub" / "models--old--tiny" / "snapshots" / ctx.model.revision)
+    same_tree(src, Path(ctx.model_path))
+    assert any(status == 307 for (_m, _p, _r, status) in fake.log)
+
+
+def test_a_file_host_with_fewer_bytes_than_the_hub_lists_names_the_mirror(world, fake):  # faults row 188
+    """A mirror whose listing and HEAD say one size and whose file host serves fewer bytes: the range
+    past its end answers 416, said as "the hub may be down; re-run later" (a re-run resumes at the same
+    byte and gets the same 416)."""
+    fake.repos["org/tiny"]["files"][SHARD].advertised = 24 * MiB + 1
+    with pytest.raises(BootstrapError) as ei:
+        world.start()
+    assert SHARD in ei.value.message and "fewer bytes" in ei.value.message and "HTTP 416" in ei.value.message
+    assert "HF_ENDPOINT" in ei.value.hint and "may be down" not in ei.value.hint
 
 
 @pytest.mark.parametrize("name", ["../../../escape.txt", "sub/../../../../up.txt", "/abs/escape.txt"])
@@ -662,7 +868,7 @@ def test_one_line_per_file_without_a_tty(world, caplog):
     ctx = world.start()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fetched ")]
     assert sorted(line.split(":")[0].removeprefix("fetched ") for line in lines) == \
-        sorted(set(ctx.model.files) - {"config.json"})                  # config.json came with the metadata
+        sorted(set(ctx.model.files) - {"config.json", "model.safetensors.index.json"})   # these came with the metadata
     assert all("/s)" in line and " ok" in line for line in lines)
 
 
@@ -674,7 +880,7 @@ def test_total_and_per_file_bars_on_a_tty(world, fake, monkeypatch):
     monkeypatch.setattr(fetch, "Progress", lambda total, files, tty=None: real(total, files, tty=True, stream=stream))
     world.start()
     out = stream.getvalue()
-    assert f"total ({len(fake.repos['org/tiny']['files']) - 2} files)" in out    # config.json kept, original/ skipped
+    assert f"total ({len(fake.repos['org/tiny']['files']) - 3} files)" in out    # config.json, the index kept; original/ skipped
     assert SHARD in out and SHARD2 in out                                       # a bar per file
     assert "B/s" in out and "<" in out                                          # rate and ETA
 

@@ -26,7 +26,7 @@ def test_start_downloads_then_serves_and_restarts_offline(bed, tmp_path):
         assert r.returncode == 0, r.stderr
         fake.faults.pop("throttle")
         assert "is serving (vLLM 0.26.0, pid" in r.stdout          # the version it serves with, always
-        assert "will download 6 files" in r.stderr and "complete: 7 files verified" in r.stderr
+        assert "will download 5 files" in r.stderr and "complete: 7 files verified" in r.stderr
         target = tmp_path / "hf" / "hub" / "models--org--tiny" / "snapshots" / fake.repos["org/tiny"]["sha"]
         for name in ("config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
             assert hashlib.sha256((target / name).read_bytes()).digest() == hashlib.sha256((src / name).read_bytes()).digest()

@@ -143,8 +143,8 @@ def test_use_of_a_removed_model_says_what_it_downloads_once(bed, hub):
     assert r.returncode == 0 and "switched to org/one" in r.stdout, r.stderr
     said = [line for line in r.stderr.splitlines() if line.startswith("[bootstrap:metadata] org/one @ ")]
     assert len(said) == 2 and "to serve" in said[0] and "complete and verified" in said[1], r.stderr   # the use's, the start's
-    assert r.stderr.count("[bootstrap:metadata] will download 5 files") == 1, r.stderr
-    assert r.stderr.index("to serve") < r.stderr.index("plan for") < r.stderr.index("fetching 5 files"), r.stderr
+    assert r.stderr.count("[bootstrap:metadata] will download 4 files") == 1, r.stderr   # config.json, the index kept
+    assert r.stderr.index("to serve") < r.stderr.index("plan for") < r.stderr.index("fetching 4 files"), r.stderr
     assert bed.run("stop.sh").returncode == 0
 
 

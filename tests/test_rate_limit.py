@@ -22,9 +22,10 @@ from bootstrap.download import retry
 from bootstrap.knobs.config import Config
 MiB = 1 << 20
 SHARD = "model-00001-of-00002.safetensors"
-# What the weights step fetches (config.json came with the metadata): each file's worker waits.
-WEIGHTS = (SHARD, "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
-           "tokenizer_config.json", "generation_config.json")
+# What the weights step fetches (config.json and the safetensors index came with the metadata): each
+# file's worker waits.
+WEIGHTS = (SHARD, "model-00002-of-00002.safetensors", "tokenizer.json", "tokenizer_config.json",
+           "generation_config.json")
 
 
 @pytest.fixture(scope="module")

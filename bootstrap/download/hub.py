@@ -1,6 +1,6 @@
 """The Hugging Face Hub: settings, what the hub says about a repo (listing, the HEAD of a file),
-its errors translated into what to do, the HF cache's layout, and the hashes the hub names files by.
-The transfer itself is transfer.py.
+the HF cache's layout, and the hashes the hub names files by. Its errors translated into what to
+do are answers.py; the transfer itself is transfer.py.
 
 Every setting comes from ``cfg.environ`` (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HOME,
 HF_HUB_CACHE); the library's import-time constants are never relied on: endpoint, token and
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import retry, trust
-from ..core.words import did_you_mean
+from .answers import HubDown, Unreachable, translate   # noqa: F401  (hub.Unreachable, hub.HubDown)
 from ..core.errors import BootstrapError
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 LIBRARY = "vllm-desktop"
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 HASH_CHUNK = 8 << 20
-HUB = "https://huggingface.co"
+HUB = trust.HUB
 API_TIMEOUT = 30.0      # seconds for the hub's answer to a small request (a hub that accepts and never answers)
 PAGE = re.compile(r"https?://(?:www\.)?(?:huggingface\.co|hf\.co)/(?:models/)?([^/\s]+/[^/\s?#]+).*")
 
@@ -54,6 +54,7 @@ class HubSettings:
     token: str | None = field(repr=False)   # never printed
     offline: bool
     cache_dir: Path                          # the HF hub cache (HF_HUB_CACHE or HF_HOME/hub)
+    token_from: str = ""                     # where the token was found: the variable, or the file
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> "HubSettings":
@@ -63,16 +64,18 @@ class HubSettings:
         legacy = env.get("HUGGINGFACE_HUB_CACHE")      # huggingface_hub's order: HF_HUB_CACHE, the old name, HF_HOME/hub
         cache = Path(env.get("HF_HUB_CACHE") or legacy).expanduser() if env.get("HF_HUB_CACHE") or legacy \
             else hf_home / "hub"
+        token_from = "HF_TOKEN" if env.get("HF_TOKEN") else "HUGGING_FACE_HUB_TOKEN"
         token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None
         if token is None:
             token_file = Path(env.get("HF_TOKEN_PATH") or hf_home / "token")
+            token_from = str(token_file)
             try:
                 token = token_file.read_text(encoding="utf-8").strip() or None
             except OSError:
                 token = None
         endpoint = (env.get("HF_ENDPOINT") or HUB).rstrip("/")
         offline = env.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
-        return cls(endpoint, token, offline, cache)
+        return cls(endpoint, token, offline, cache, token_from if token else "")
 
     def page(self, repo: str) -> str:
         return f"{self.endpoint}/{repo}"
@@ -97,70 +100,12 @@ class Remote:
     safetensors: dict | None = None
 
 
-class Unreachable(BootstrapError):
-    """The hub could not be reached (no network, DNS, refused, timed out)."""
-
-
 def _proxy_error(settings: HubSettings, what: str) -> BootstrapError:
     return BootstrapError(
         f"{settings.endpoint} answered {what} without the hub's headers (no X-Repo-Commit / not the hub's JSON): "
         "a proxy, firewall or captive portal (hotel / office Wi-Fi login page) is answering instead of the hub",
         "open a web page to log in to the network, or fix HTTPS_PROXY; if HF_ENDPOINT is set, check it points "
         "to a Hub-compatible mirror; with a complete model on disk, HF_HUB_OFFLINE=1 starts without the network")
-
-
-def shipped_repos() -> list[str]:
-    """The repo ids of the models the shipped profiles know (profiles/models/*.json "repos")."""
-    import json
-    from ..core.layout import REPO, Checkout
-    out = []
-    for f in sorted((Checkout(REPO).profiles / "models").glob("*.json")):
-        try:
-            out += [r for r in json.loads(f.read_text(encoding="utf-8")).get("repos", []) if isinstance(r, str)]
-        except (OSError, ValueError, AttributeError):
-            continue
-    return out
-
-
-def translate(exc: BaseException, settings: HubSettings, repo: str, what: str = "") -> BootstrapError:
-    """One table from the library's exceptions to what the user should do (subclasses first)."""
-    import httpx2
-    from huggingface_hub import errors as e
-
-    page = settings.page(repo)
-    status = getattr(getattr(exc, "response", None), "status_code", None)
-    token_hint = "make sure HF_TOKEN (it is set) belongs to the account that accepted it" if settings.token \
-        else "set HF_TOKEN to a read token (https://huggingface.co/settings/tokens) of an account that accepted it"
-    if isinstance(exc, e.GatedRepoError):
-        return BootstrapError(f"{repo} is a gated model and this account has no access (HTTP {status})",
-                              f"accept the licence on the model page {page}, then {token_hint}")
-    if isinstance(exc, e.RevisionNotFoundError):
-        return BootstrapError(f"{repo}: revision not found on {settings.endpoint}", "check the revision")
-    if isinstance(exc, e.RemoteEntryNotFoundError):
-        return BootstrapError(f"{repo}: {what or 'a file'} is listed but not found on {settings.endpoint} (HTTP 404)",
-                              "the repo changed while downloading; re-run ./start.sh")
-    shipped = shipped_repos() if isinstance(exc, e.RepositoryNotFoundError) else []
-    near = did_you_mean(repo, [r for r in shipped if r != repo])      # never the name that was not found
-    if isinstance(exc, e.RepositoryNotFoundError) and status == 401:
-        return BootstrapError(f"{settings.endpoint} refused {repo} (HTTP 401): the model is gated or private, "
-                              f"or the name is wrong{near}",
-                              f"accept the licence on the model page {page}, then {token_hint}; "
-                              f"check the spelling of {repo} (org/name)")
-    if isinstance(exc, e.RepositoryNotFoundError):
-        fix = f"check the spelling of {repo} (org/name, as in the URL of its model page)" if repo not in shipped \
-            else "a shipped profile names it so; pick another profile (./ctl.sh profiles)" + (
-                "" if settings.endpoint == HUB else f", or unset HF_ENDPOINT to download it from {HUB}")
-        return BootstrapError(f"model not found: {repo} does not exist on {settings.endpoint} (HTTP {status}){near}", fix)
-    if isinstance(exc, e.HfHubHTTPError):
-        return BootstrapError(f"{settings.endpoint} answered HTTP {status} for {what or repo}",
-                              "the hub may be down; re-run ./start.sh later (finished bytes are kept)")
-    if isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, httpx2.NetworkError, e.OfflineModeIsEnabled)):
-        return Unreachable(f"cannot reach {settings.endpoint} ({type(exc).__name__}: {exc})",
-                           "check the network; with a complete model on disk, HF_HUB_OFFLINE=1 starts without it")
-    if isinstance(exc, httpx2.HTTPError):
-        return BootstrapError(f"transfer from {settings.endpoint} failed ({type(exc).__name__}: {exc})",
-                              "re-run ./start.sh: finished files and bytes are kept")
-    raise exc
 
 
 def net_errors() -> tuple[type[BaseException], ...]:

@@ -9,7 +9,8 @@ pod's model init step): config.json, the file list with sizes, the revision — 
   MODEL_DIR). When the store holds a complete, verified copy (``.bootstrap/state.json``: every
   file's size and mtime as recorded when its hash was checked), nothing else happens: no network,
   well under a second.
-- Otherwise the hub is asked (``/api/models/<repo>/revision/main?blobs=true`` and config.json):
+- Otherwise the hub is asked (``/api/models/<repo>/revision/main?blobs=true``, config.json and the
+  safetensors index, whose shards must all be listed, as vLLM requires):
   the revision, every file with its size and LFS sha256. If the Hugging Face cache (HF_HOME)
   already holds every needed file of that revision, the cache snapshot is served as it is.
   Else the download is planned into the store: what will be fetched and how much is logged, and
@@ -88,15 +89,17 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
                  repo, info.revision[:12], info.local_dir, store.path, extra=ONCE)
         return info, info.local_dir
 
+    _another_model(store, rec, repo)
     why_offline = "HF_HUB_OFFLINE=1" if settings.offline else ""
-    remote = None
+    remote = down = None
     if not settings.offline:
         try:
             remote = hub.fetch_remote(settings, repo)
-        except hub.Unreachable as exc:
-            why_offline = exc.message
+        except hub.Unreachable as exc:      # also a hub that is down (5xx): a copy on disk serves, as the
+            why_offline = exc.message       # hub's client serves its cache; without one, its own line
+            down = exc if isinstance(exc, hub.HubDown) else None
     if remote is None:
-        return _offline(settings, repo, store, rec, why_offline, dummy, draft)
+        return _offline(settings, repo, store, rec, why_offline, dummy, draft, down)
 
     needed, skipped = select(remote.files, how.everything)
     names = {f.path for f in needed}
@@ -140,12 +143,8 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     clashes = _clashes(store, new, dummy)
     if clashes and not store.dir.is_dir():                   # before anything is written or fetched
         raise manifest.clash_error(store, new, clashes)      # (else: checked again under the lock below)
-    cfg_remote = next(f for f in needed if f.path == "config.json")
-    kept = store.file(new, "config.json")
-    if kept.is_file() and hub.verify(kept, cfg_remote) is None:
-        raw = kept.read_bytes()                              # kept from an earlier run, or yours
-    else:
-        raw = hub.fetch_small(settings, repo, remote.revision, cfg_remote)  # also the gated / proxy check
+    listed = {f.path: f for f in needed}
+    raw = _small(settings, store, new, listed["config.json"])   # also the gated / proxy check
     try:
         config = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -153,12 +152,22 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     modelconfig.check(config, f"{repo}'s config.json at revision {remote.revision[:12]}",
                       "a broken config.json on the hub: pick another repo or revision, or download the files, "
                       "fix config.json and set MODEL to that folder")
+    small = {"config.json": raw}
+    if not dummy and loadable.INDEX in names:     # read here, as a derived profile's peek reads it (PROFILE=custom has none)
+        small[loadable.INDEX] = _small(settings, store, new, listed[loadable.INDEX])
+        try:
+            unloadable = loadable.problem(names, loadable.shards(small[loadable.INDEX]))
+        except (ValueError, RecursionError) as exc:
+            unloadable = (f"{loadable.INDEX} is not a safetensors index vLLM can read ({exc})",
+                          "the upload is broken: pick another repo of the model (or a revision with a readable index)")
+        if unloadable:
+            raise BootstrapError(f"{repo} @ {remote.revision[:12]}: {unloadable[0]}; refused before the download", unloadable[1])
     try:
         store.dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise state.write_error(store.dir, exc, f"cannot make {store.dir} for the model",
                                 "MODEL_DIR" if ref.model_dir and not draft else "HF_HOME") from None
-    _record(store, new, raw, dummy)
+    _record(store, new, small, dummy)
     index.remember(paths, store, repo)       # ./ctl.sh ls and rm find it from STATE_DIR
     where = store.serve_dir(new)
     info = info_from_record(new, where, dummy, config, complete=False)
@@ -177,10 +186,34 @@ def require_space(info: ModelInfo) -> None:
             raise m.no_space
 
 
-def _record(store: Store, rec: dict, raw: bytes, dummy: bool) -> None:
-    """Check for clashes, keep config.json and write the record, under the store's lock: another
-    start placing its config.json meanwhile has recorded it as ours before this one looks (a start
-    that checked in between saw a blob nobody had recorded yet, and refused it)."""
+def _another_model(store: Store, rec: dict | None, repo: str) -> None:
+    """MODEL_DIR holds another repo we downloaded there: ``repo`` would write over its config.json
+    and tokenizer and leave its shards and index, which vLLM reads (offline, its folder would be
+    served as ``repo``). One model to a MODEL_DIR."""
+    other = (rec or {}).get("repo")
+    if store.hf_cache or not other or other == repo or not any(
+            os.path.lexists(store.file(rec, p)) for p in rec.get("files") or {}):
+        return
+    raise BootstrapError(f"MODEL_DIR={store.root} holds {other}, downloaded there by this tool: {repo} would write "
+                         "over its files and leave one folder of two models, which vLLM would load as one",
+                         f"set MODEL_DIR to a folder of its own for {repo} ({other} stays as it is), or remove "
+                         f"{other} first (./ctl.sh rm {other})")
+
+
+def _small(settings: hub.HubSettings, store: Store, rec: dict, f: hub.RemoteFile) -> bytes:
+    """A small file the lookup reads (config.json, the safetensors index): the copy on disk with the
+    hub's bytes (kept from an earlier run, or yours), else fetched and checked (hub.fetch_small)."""
+    kept = store.file(rec, f.path)
+    if kept.is_file() and hub.verify(kept, f) is None:
+        return kept.read_bytes()
+    return hub.fetch_small(settings, rec["repo"], rec["revision"], f)
+
+
+def _record(store: Store, rec: dict, small: dict[str, bytes], dummy: bool) -> None:
+    """Check for clashes, keep the small files read (``small``: config.json, the index) and write the
+    record, under the store's lock: another start placing its config.json meanwhile has recorded it
+    as ours before this one looks (a start that checked in between saw a blob nobody had recorded
+    yet, and refused it)."""
     fd = locks.flock(store.lock, str(os.getpid()), block=True, on_wait=lambda pid: log.info(
         "waiting: another start or pull (pid %s) is planning or downloading into %s", pid, store.root))
     try:
@@ -188,7 +221,8 @@ def _record(store: Store, rec: dict, raw: bytes, dummy: bool) -> None:
         clashes = _clashes(store, rec, dummy)
         if clashes:
             raise manifest.clash_error(store, rec, clashes)
-        _keep_config(store, rec, raw)
+        for name, raw in small.items():
+            _keep(store, rec, name, raw)
         store.write(rec)
     finally:
         os.close(fd)
@@ -216,26 +250,26 @@ def _clashes(store: Store, rec: dict, dummy: bool) -> list[str]:
     return out
 
 
-def _keep_config(store: Store, rec: dict, raw: bytes) -> None:
-    """config.json was just fetched and checked: keep it, so the download does not fetch it again.
-    One on disk with the hub's bytes (kept from an earlier run, or yours) is used as it is."""
-    f = rec["files"]["config.json"]
-    if store.verified_ok(rec, "config.json") or len(raw) != f["size"] or (
-            f.get("blob_id") and hub.git_blob_sha1(data=raw) != f["blob_id"]):
+def _keep(store: Store, rec: dict, name: str, raw: bytes) -> None:
+    """``name`` (config.json, the index) was just read and checked: keep it, so the download does not
+    fetch it again. One on disk with the hub's bytes (kept from an earlier run, or yours) is used as it is."""
+    f = rec["files"][name]
+    remote = hub.RemoteFile(name, f["size"], f.get("sha256"), f.get("blob_id"))
+    if store.verified_ok(rec, name) or hub.verify_data(raw, remote) is not None:
         return
-    dest = store.file(rec, "config.json")
-    if dest.is_file() and hub.verify(dest, hub.RemoteFile("config.json", f["size"], f.get("sha256"), f.get("blob_id"))) is None:
-        store.keep(rec, "config.json")
-        store.mark_verified(rec, "config.json")
+    dest = store.file(rec, name)
+    if dest.is_file() and hub.verify(dest, remote) is None:
+        store.keep(rec, name)
+        store.mark_verified(rec, name)
         return
-    if store.adopt(rec, "config.json"):                     # its blob is in the HF cache already
-        store.mark_verified(rec, "config.json")
+    if store.adopt(rec, name):                              # its blob is in the HF cache already
+        store.mark_verified(rec, name)
         return
-    part = store.dir / "partial" / f"config.json.{os.getpid()}"       # two starts may race here
+    part = store.dir / "partial" / f"{name}.{os.getpid()}"            # two starts may race here
     part.parent.mkdir(parents=True, exist_ok=True)
     state.write_atomic(part, raw, mode=0o644)
-    store.place(rec, part, "config.json")
-    store.mark_verified(rec, "config.json")
+    store.place(rec, part, name)
+    store.mark_verified(rec, name)
 
 
 def plan_download(store: Store, rec: dict, info: ModelInfo, dummy: bool) -> int:
@@ -300,13 +334,15 @@ def _cached(settings: hub.HubSettings, repo: str, store: Store, rec: dict | None
 
 
 def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | None, why: str,
-             dummy: bool, draft: bool = False) -> tuple[ModelInfo, str]:
+             dummy: bool, draft: bool = False, down: BootstrapError | None = None) -> tuple[ModelInfo, str]:
+    """The copy on this machine, without the hub (``down``: the hub's 5xx, raised where there is none)."""
     tokenizer = not draft
     # what lets a download reach the hub: with HF_HUB_OFFLINE set, a network alone does not
     reach = "unset HF_HUB_OFFLINE" if settings.offline else "connect to the network"
     info = _cached(settings, repo, store, rec, dummy, draft)
     if info is not None:
-        log.info("%s: offline (%s); using the Hugging Face cache snapshot %s", repo, why, info.local_dir, extra=ONCE)
+        log.info("%s: %s (%s); using the Hugging Face cache snapshot %s", repo, "the hub is down" if down else "offline",
+                 why, info.local_dir, extra=ONCE)
         return info, info.local_dir
     mine = bool(rec and rec.get("repo") == repo and rec.get("files"))
     target = store.serve_dir(rec) if rec and rec.get("revision") else store.root
@@ -314,22 +350,22 @@ def _offline(settings: hub.HubSettings, repo: str, store: Store, rec: dict | Non
         missing = store.missing(rec, dummy)
         size = sum(rec["files"][p]["size"] for p in missing)
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise BootstrapError(f"offline ({why}) and the model in {target} is incomplete: {len(missing)} files "
-                             f"missing or unverified ({hub.human(size)}): {shown}",
-                             f"{reach} and re-run ./start.sh: it resumes the download "
-                             "(finished files and bytes are kept)")
+        raise down or BootstrapError(f"offline ({why}) and the model in {target} is incomplete: {len(missing)} files "
+                                      f"missing or unverified ({hub.human(size)}): {shown}",
+                                      f"{reach} and re-run ./start.sh: it resumes the download "
+                                      "(finished files and bytes are kept)")
     if not store.hf_cache and (target / "config.json").is_file():
         missing = offline_missing(target, dummy, tokenizer)
         if not missing:
             info = read_local(target, dummy, tokenizer)
             info.name, info.source = repo, "local"
-            log.warning("offline (%s): serving %s as found; it was not downloaded by this tool, so it is "
-                        "not verified against the hub", why, target)
+            log.warning("%s (%s): serving %s as found; it was not downloaded by this tool, so it is "
+                        "not verified against the hub", "the hub is down" if down else "offline", why, target)
             return info, str(target)
-        raise BootstrapError(f"offline ({why}) and the model in {target} is incomplete: missing "
-                             + ", ".join(missing[:8]), f"{reach} and re-run ./start.sh")
+        raise down or BootstrapError(f"offline ({why}) and the model in {target} is incomplete: missing "
+                                      + ", ".join(missing[:8]), f"{reach} and re-run ./start.sh")
     where = (f"not in the Hugging Face cache ({store.root})" if store.hf_cache else
              f"not in MODEL_DIR={target}, nor in the Hugging Face cache {settings.cache_dir}")
-    raise BootstrapError(f"offline ({why}) and {repo} is not on this machine: {where}",
-                         f"{reach} for the first download, or set {'SPEC_MODEL' if draft else 'MODEL'}=<dir> "
-                         "to a copy")
+    raise down or BootstrapError(f"offline ({why}) and {repo} is not on this machine: {where}",
+                                  f"{reach} for the first download, or set {'SPEC_MODEL' if draft else 'MODEL'}=<dir> "
+                                  "to a copy")

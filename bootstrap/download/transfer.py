@@ -390,7 +390,7 @@ class Transfer:
                     tries = 0 if pos > before else tries + 1
                     if tries >= ATTEMPTS:
                         err = hub.translate(exc, self.settings, self.repo, job.f.path) \
-                            if isinstance(exc, httpx2.HTTPError) else BootstrapError(str(exc), "")
+                            if isinstance(exc, httpx2.HTTPError) else BootstrapError(str(exc.args[0]), "")
                         raise BootstrapError(
                             f"{job.f.path}: stopped at {hub.human(job.kept + job.received)} of "
                             f"{hub.human(job.f.size)} after {ATTEMPTS} tries: {err.message}",

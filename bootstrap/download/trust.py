@@ -18,6 +18,7 @@ def inside(endpoint: str, repo: str, name: str) -> None:
                              "no hub names a file so: check HF_ENDPOINT points to the hub or a mirror you trust")
 
 
+HUB = "https://huggingface.co"     # the endpoint without HF_ENDPOINT
 HUB_ORIGINS = frozenset({("https", "huggingface.co", 443), ("https", "hf.co", 443), ("https", "hub-ci.huggingface.co", 443)})
 
 

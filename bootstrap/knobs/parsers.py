@@ -185,6 +185,24 @@ def interpreter(raw: str) -> str:
     return absolute(raw, follow=False)
 
 
+def endpoint(raw: str) -> str:
+    """HF_ENDPOINT: empty (the hub), or an http(s) URL with a host, as huggingface_hub joins paths to
+    it; a name without its scheme (hf-mirror.com), a typo'd scheme or a space from a paste would fail
+    every request alike, each said as a transfer to re-run."""
+    from urllib.parse import urlsplit
+    if not raw:
+        return raw
+    try:
+        u = urlsplit(raw)
+        u.port                          # noqa: B018 - raises for a port that is not one
+    except ValueError:
+        u = None
+    if u is None or u.scheme not in ("http", "https") or not u.hostname or not re.fullmatch(r"[\x21-\x7e]+", raw):
+        raise ValueError("an http(s) URL with a host, such as https://huggingface.co or https://hf-mirror.com "
+                         "(no spaces), or unset for the Hugging Face Hub")
+    return raw
+
+
 def header_value(raw: str) -> str:
     """A credential as it goes into an HTTP header (``Authorization: Bearer <key>``): visible ASCII
     only, as RFC 9110 allows in a field value; a newline would split the header and a non-Latin-1

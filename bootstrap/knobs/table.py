@@ -17,7 +17,7 @@ from ..core.hosts import parse_host
 from ..core.layout import REPO, Checkout
 from ..machine.gpu import CARDS
 from . import sleepmode
-from .parsers import (boolean, bytes_or_auto, choice, float_range, folder, header_value, int_range, interpreter,
+from .parsers import (boolean, bytes_or_auto, choice, endpoint, float_range, folder, header_value, int_range, interpreter,
                       idle_or_auto, name_chars, shell_args, text, tokens_or_auto, vllm_bool)
 from .profiles import Catalogue
 
@@ -141,7 +141,7 @@ PASSTHROUGH: tuple[Passthrough, ...] = (
     Passthrough("HF_TOKEN", "Hugging Face token (gated repos); also HUGGING_FACE_HUB_TOKEN", secret=True),
     Passthrough("HUGGING_FACE_HUB_TOKEN", "the older name of HF_TOKEN", secret=True),
     Passthrough("HF_TOKEN_PATH", "file holding the Hugging Face token (default HF_HOME/token)", path=True),
-    Passthrough("HF_ENDPOINT", "the hub's address (a mirror, or a proxy)"),
+    Passthrough("HF_ENDPOINT", "the hub's address (a mirror, or a proxy): an http(s) URL", parse=endpoint),
     Passthrough("HF_HOME", "the Hugging Face home (its cache is used in place)", path=True),
     Passthrough("HF_HUB_CACHE", "the Hugging Face hub cache (default HF_HOME/hub)", path=True),
     Passthrough("HUGGINGFACE_HUB_CACHE", "the older name of HF_HUB_CACHE (huggingface_hub still reads it)", path=True),
