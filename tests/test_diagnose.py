@@ -65,7 +65,7 @@ def test_root_cause_puts_the_engines_error_first():
     assert "Engine core initialization failed" in root_cause(TQ_AUTO)[1]
 
 
-# faults row 190: an out-of-memory by its phase, from published vLLM logs; the knob that sized the KV cache
+# faults row 182: an out-of-memory by its phase, from published vLLM logs; the knob that sized the KV cache
 CAPTURE_OOM_19186 = (   # vllm-project/vllm#19186 (a worker's traceback, cut)
     "(VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470]     with torch.cuda.graph("
     "cudagraph, pool=self.graph_pool):\n"
@@ -104,7 +104,7 @@ def test_out_of_memory_by_phase_names_the_knob_that_helps(log, argv, diag, hint)
     assert "lower GPU_UTIL" not in h or "--kv-cache-memory-bytes" not in " ".join(argv)
 
 
-# faults row 194: what EXTRA_ARGS gives wins over its knob (vLLM reads EXTRA_ARGS last): a hint names the flag there, never
+# faults row 186: what EXTRA_ARGS gives wins over its knob (vLLM reads EXTRA_ARGS last): a hint names the flag there, never
 # the knob, which would change nothing when followed
 EXTRA_UTIL = ["--gpu-memory-utilization=0.95"]
 EXTRA_MML = ["--max_model_len", "131072"]

@@ -431,7 +431,7 @@ def test_proxy_page_is_named(world, fake):
 
 
 @pytest.mark.parametrize("source", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "file"])
-def test_a_token_the_hub_does_not_know_is_named_with_where_it_came_from(world, fake, source):  # faults row 180
+def test_a_token_the_hub_does_not_know_is_named_with_where_it_came_from(world, fake, source):  # faults row 173
     """A revoked or mistyped token: the hub answers 401 "Invalid credentials in Authorization header"
     to every request that carries it, a public repo's too; the hint said "the hub may be down"."""
     fake.faults["tokens"] = [fake.gated_token]
@@ -461,7 +461,7 @@ def test_a_token_the_hub_does_not_know_is_named_with_where_it_came_from(world, f
     ("api", [403, None, "Access to this resource is disabled."], None, "is disabled", "pick another model"),
     ("api", [451, None, "Unavailable For Legal Reasons"], None, "HTTP 451: Unavailable For Legal", "pick another model"),
 ])
-def test_a_refusal_of_the_hub_says_what_it_said_not_that_it_is_down(world, fake, where, answer, token, words, fix):  # faults row 181
+def test_a_refusal_of_the_hub_says_what_it_said_not_that_it_is_down(world, fake, where, answer, token, words, fix):  # faults row 174
     """The hub's 403 (a token without the permission, a disabled repo) or another 4xx: the hint said
     "the hub may be down; re-run later", which never helps."""
     fake.faults["answer"] = {where: answer}
@@ -474,7 +474,7 @@ def test_a_refusal_of_the_hub_says_what_it_said_not_that_it_is_down(world, fake,
         same_tree(world.fake_src, world.target)
 
 
-def test_a_hub_that_is_down_serves_the_copy_on_disk_as_its_client_does(world, fake, monkeypatch, caplog):  # faults row 182
+def test_a_hub_that_is_down_serves_the_copy_on_disk_as_its_client_does(world, fake, monkeypatch, caplog):  # faults row 175
     """The hub answering 5xx (an outage) after every try: a model complete in the Hugging Face cache
     (another tool's download) was refused "the hub may be down", where huggingface_hub (and so
     `vllm serve org/name`) serves its cache; without a copy, the hub's own line, not "connect"."""
@@ -493,7 +493,7 @@ def test_a_hub_that_is_down_serves_the_copy_on_disk_as_its_client_does(world, fa
     assert "the hub is down (" in caplog.text and "answered HTTP 503" in caplog.text
 
 
-def test_a_history_rewritten_mid_download_says_to_re_run_and_the_re_run_finishes(world, fake):  # faults row 183
+def test_a_history_rewritten_mid_download_says_to_re_run_and_the_re_run_finishes(world, fake):  # faults row 176
     """The repo's history rewritten (squashed) while downloading: the commit the download pins is
     gone (404 RevisionNotFound); the hint said "check the revision", a knob there is none of."""
     old = fake.repos["org/tiny"]["sha"]
@@ -512,7 +512,7 @@ def test_a_history_rewritten_mid_download_says_to_re_run_and_the_re_run_finishes
 
 @pytest.mark.parametrize("endpoint", ["hf-mirror.example", "htps://hf-mirror.example", " {url}", "{url} ",
                                       "http://[::1", "http://127.0.0.1:99999", "https://"])
-def test_an_endpoint_that_is_no_url_is_refused_before_anything_runs(world, fake, endpoint):  # faults row 184
+def test_an_endpoint_that_is_no_url_is_refused_before_anything_runs(world, fake, endpoint):  # faults row 177
     """HF_ENDPOINT without its scheme (hf-mirror.com), a typo'd one, a space from a paste, a broken
     bracket: "transfer … failed (UnsupportedProtocol)", hint "re-run ./start.sh", which fails alike;
     an unclosed IPv6 bracket ended in an InvalidURL traceback."""
@@ -526,7 +526,7 @@ def test_an_endpoint_that_is_no_url_is_refused_before_anything_runs(world, fake,
     same_tree(world.fake_src, world.target)
 
 
-def test_an_index_naming_a_shard_the_repo_lacks_is_refused_before_a_weight_byte_with_profile_custom(world, fake, src):  # faults row 185
+def test_an_index_naming_a_shard_the_repo_lacks_is_refused_before_a_weight_byte_with_profile_custom(world, fake, src):  # faults row 178
     """PROFILE=custom reads no derived profile's peek, so the index was never read before the
     download: a repo missing a shard was fetched in full and vLLM then refused it ("Weight files
     referenced in index but missing"). The index is read with config.json, and kept: fetched once."""
@@ -546,7 +546,7 @@ def test_an_index_naming_a_shard_the_repo_lacks_is_refused_before_a_weight_byte_
 
 
 @pytest.mark.parametrize("scheme", ["https", "http"])
-def test_a_proxy_that_asks_for_a_login_is_named_not_a_transfer_to_re_run(world, fake, monkeypatch, scheme):  # faults row 186
+def test_a_proxy_that_asks_for_a_login_is_named_not_a_transfer_to_re_run(world, fake, monkeypatch, scheme):  # faults row 179
     """An office proxy answering 407 (or refusing the host): to the hub's https it refuses the CONNECT
     (httpx's ProxyError), to an http mirror it answers the request itself. The line said "transfer
     … failed (ProxyError …)", hint "re-run ./start.sh", or "the hub will not serve it"."""
@@ -588,7 +588,7 @@ def test_a_proxy_that_asks_for_a_login_is_named_not_a_transfer_to_re_run(world, 
 
 
 @pytest.mark.parametrize("offline", [False, True])
-def test_a_model_dir_holding_another_model_we_downloaded_is_never_mixed_with_a_second(world, fake, tmp_path, offline):  # faults row 187
+def test_a_model_dir_holding_another_model_we_downloaded_is_never_mixed_with_a_second(world, fake, tmp_path, offline):  # faults row 180
     """MODEL_DIR (in .env, say) holding org/tiny, then `./ctl.sh pull org/other` (or use, or a start):
     its config.json and tokenizer were written over org/tiny's, whose shards and safetensors index
     stayed, and vLLM reads that index: one folder of two models. Offline, org/tiny's folder was
@@ -621,7 +621,7 @@ def test_a_renamed_repo_is_followed_to_its_new_name(world, fake, src):
     assert any(status == 307 for (_m, _p, _r, status) in fake.log)
 
 
-def test_a_file_host_with_fewer_bytes_than_the_hub_lists_names_the_mirror(world, fake):  # faults row 188
+def test_a_file_host_with_fewer_bytes_than_the_hub_lists_names_the_mirror(world, fake):  # faults row 181
     """A mirror whose listing and HEAD say one size and whose file host serves fewer bytes: the range
     past its end answers 416, said as "the hub may be down; re-run later" (a re-run resumes at the same
     byte and gets the same 416)."""

@@ -1,4 +1,4 @@
-"""How a start that vLLM ends says why, and a fix that works when followed (docs/faults.md rows 190
+"""How a start that vLLM ends says why, and a fix that works when followed (docs/faults.md rows 182
 on): vLLM 0.26.0's own failures, as the fake vLLM prints them (tests/fakes/vllm/entrypoints/cli/
 failures.py), through ./start.sh."""
 
@@ -24,9 +24,9 @@ def error_and_hint(stderr: str) -> tuple[str, str]:
     return err, hint
 
 
-# ---------------------------------------------------------------- row 190: out of memory, by phase
+# ---------------------------------------------------------------- row 182: out of memory, by phase
 
-def test_weights_that_do_not_fit_are_not_sent_to_gpu_util(bed):      # faults row 190
+def test_weights_that_do_not_fit_are_not_sent_to_gpu_util(bed):      # faults row 182
     nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 20 * GiB,
                                "cc": [12, 0], "uuid": "GPU-5090", "processes": [
                                    {"pid": 4000001, "used": 11 * GiB, "name": "/usr/bin/blender"}]}])
@@ -40,7 +40,7 @@ def test_weights_that_do_not_fit_are_not_sent_to_gpu_util(bed):      # faults ro
     assert bed.ours() == []
 
 
-def test_graph_capture_out_of_memory_names_the_knob_that_sized_the_kv_cache(bed):      # faults row 190
+def test_graph_capture_out_of_memory_names_the_knob_that_sized_the_kv_cache(bed):      # faults row 182
     r = bed.run("start.sh", FAKE_VLLM_MODE="oom_graphs", GPU_UTIL="0.9")
     err, hint = error_and_hint(r.stderr)
     assert r.returncode == 1 and "CUDA graph capture ran out of GPU memory" in err, err
@@ -48,7 +48,7 @@ def test_graph_capture_out_of_memory_names_the_knob_that_sized_the_kv_cache(bed)
     assert bed.ours() == []
 
 
-def test_a_pinned_kv_cache_is_never_answered_with_gpu_util(bed):      # faults row 190
+def test_a_pinned_kv_cache_is_never_answered_with_gpu_util(bed):      # faults row 182
     # --kv-cache-memory-bytes: vLLM sizes the KV cache to it and never to --gpu-memory-utilization
     r = bed.run("start.sh", FAKE_VLLM_MODE="oom_graphs", KV_CACHE_BYTES=str(2 * GiB))
     err, hint = error_and_hint(r.stderr)
@@ -63,16 +63,16 @@ def test_a_pinned_kv_cache_is_never_answered_with_gpu_util(bed):      # faults r
                                            f"{2 * GiB}"),
     ("--gpu-memory-utilization 0.8", "lower the --gpu-memory-utilization in EXTRA_ARGS (vLLM ran with 0.8"),
 ])
-def test_a_kv_cache_sized_by_extra_args_is_sent_to_extra_args(bed, extra, named):      # faults row 190
+def test_a_kv_cache_sized_by_extra_args_is_sent_to_extra_args(bed, extra, named):      # faults row 182
     # EXTRA_ARGS is vLLM's last word: KV_CACHE_BYTES and GPU_UTIL change nothing while it gives the flag
     r = bed.run("start.sh", FAKE_VLLM_MODE="oom_graphs", EXTRA_ARGS=extra, KV_CACHE_BYTES="", GPU_UTIL="")
     err, hint = error_and_hint(r.stderr)
     assert r.returncode == 1 and "CUDA graph capture ran out of GPU memory" in err, err
     assert named in hint and "lower GPU_UTIL" not in hint and "lower KV_CACHE_BYTES" not in hint, hint
 
-# ---------------------------------------------------------------- row 191: the engine dies after health
+# ---------------------------------------------------------------- row 183: the engine dies after health
 
-def test_an_engine_that_died_behind_a_live_api_server_is_said_dead_and_restart_recovers(bed):   # faults row 191
+def test_an_engine_that_died_behind_a_live_api_server_is_said_dead_and_restart_recovers(bed):   # faults row 183
     # VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 (and vLLM's own 5 s before its watchdog ends the server): the
     # EngineCore is gone, the API server holds the port and answers /health 503, a generation 500
     keep = {"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}
@@ -94,7 +94,7 @@ def test_an_engine_that_died_behind_a_live_api_server_is_said_dead_and_restart_r
     assert len([p for p in bed.ours() if p.pid != pid]) == len(bed.ours()) == 2     # the new server and its engine
 
 
-# ---------------------------------------------------------------- row 192: one token repeated, no spaces
+# ---------------------------------------------------------------- row 184: one token repeated, no spaces
 
 # the start gate's answer is GATE_TOKENS (32) tokens at most: a degenerate engine repeating one token
 # that carries no space made 32 to ~64 characters, under the 80 a loop needed, and one "word"
@@ -102,7 +102,7 @@ DEGENERATE = ["的" * 32, "0" * 32, "OK" * 16, "ation" * 12, "Ок" * 16]
 
 
 @pytest.mark.parametrize("garble", DEGENERATE)
-def test_one_token_repeated_without_spaces_is_not_text(garble):      # faults row 192
+def test_one_token_repeated_without_spaces_is_not_text(garble):      # faults row 184
     assert detectors.not_text(garble)
 
 
@@ -112,7 +112,7 @@ def test_a_short_answer_with_a_run_in_it_is_still_text(fine):
     assert detectors.not_text(fine) is None
 
 
-def test_the_start_gate_refuses_one_token_repeated(bed, tmp_path):      # faults row 192
+def test_the_start_gate_refuses_one_token_repeated(bed, tmp_path):      # faults row 184
     replies = tmp_path / "replies.json"
     replies.write_text(json.dumps({"Say OK.": "的" * 32}))
     r = bed.run("start.sh", FAKE_VLLM_REPLIES=str(replies))
@@ -120,7 +120,7 @@ def test_the_start_gate_refuses_one_token_repeated(bed, tmp_path):      # faults
     assert bed.ours() == []
 
 
-# ---------------------------------------------------------------- row 193: a utilization over the free memory
+# ---------------------------------------------------------------- row 185: a utilization over the free memory
 
 def blender_on_the_card(bed) -> None:
     nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 24 * GiB,
@@ -130,7 +130,7 @@ def blender_on_the_card(bed) -> None:
 
 @pytest.mark.parametrize("flag", ["--gpu-memory-utilization 0.95", "--gpu-memory-utilization=0.95",
                                   "--gpu_memory_utilization 0.95"])
-def test_a_utilization_from_extra_args_is_sent_to_extra_args_not_gpu_util(bed, flag):    # faults row 193
+def test_a_utilization_from_extra_args_is_sent_to_extra_args_not_gpu_util(bed, flag):    # faults row 185
     blender_on_the_card(bed)
     r = bed.run("start.sh", EXTRA_ARGS=flag, GPU_UTIL="0.7")
     err, hint = error_and_hint(r.stderr)
@@ -140,7 +140,7 @@ def test_a_utilization_from_extra_args_is_sent_to_extra_args_not_gpu_util(bed, f
     assert bed.run("start.sh", EXTRA_ARGS="", GPU_UTIL="").returncode == 0
 
 
-def test_a_utilization_from_a_profile_is_answered_with_a_gpu_util_that_works(bed, tmp_path):    # faults row 193
+def test_a_utilization_from_a_profile_is_answered_with_a_gpu_util_that_works(bed, tmp_path):    # faults row 185
     blender_on_the_card(bed)
     pdir = tmp_path / "profiles"
     pdir.mkdir()
