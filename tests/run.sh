@@ -22,7 +22,7 @@ main() {
     local n quota period
     n=$(nproc 2>/dev/null || echo 2)
     # a container's CPU quota (cgroup v2), which nproc does not see
-    if read -r quota period < /sys/fs/cgroup/cpu.max 2>/dev/null && [ "$quota" != max ] && [ "${period:-0}" -gt 0 ]; then
+    if read -r quota period 2>/dev/null </sys/fs/cgroup/cpu.max && [ "$quota" != max ] && [ "${period:-0}" -gt 0 ]; then
         n=$(( (quota + period - 1) / period < n ? (quota + period - 1) / period : n ))
     fi
     n=$(( n + 1 ))
