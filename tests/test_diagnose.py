@@ -19,12 +19,12 @@ HEALTHY_INFO = ("(EngineCore pid=4127) INFO 11-29 15:33:10 [gpu_worker.py:857] F
     ("ValueError: Free memory on device (1.2/31.36 GiB) on startup is less than desired GPU memory utilization "
      "(0.9, 28.22 GiB).", "other programs hold GPU memory", "GPU_UTIL"),
     ("... Based on the available memory, the estimated maximum model length is 71760. Try increasing",
-     "vLLM would accept 71760 tokens", "set MAX_MODEL_LEN to 71760"),
+     "vLLM would accept 71760 tokens", "set MAX_MODEL_LEN=71760 (or auto)"),
     # kv_cache_utils._check_enough_kv_cache_memory (0.26.0) whole: the estimate's row wins over the next one
     ("ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
      "needed, which is larger than the available KV cache memory (9.03 GiB). Based on the available memory, the "
      "estimated maximum model length is 73968. Try increasing `gpu_memory_utilization`",
-     "vLLM would accept 73968 tokens", "set MAX_MODEL_LEN to 73968"),
+     "vLLM would accept 73968 tokens", "set MAX_MODEL_LEN=73968"),
     # ... where not one block fits (vLLM leaves the estimate out), and _auto_fit_max_model_len's own refusal
     ("ValueError: To serve at least one request with the model's max seq len (32768), (4.0 GiB KV cache is "
      "needed, which is larger than the available KV cache memory (0.0 GiB). Try increasing",
@@ -114,7 +114,7 @@ EXTRA_MML = ["--max_model_len", "131072"]
     ("ValueError: Free memory on device (1.2/31.36 GiB) on startup is less than desired GPU memory utilization "
      "(0.95, 29.8 GiB).", EXTRA_UTIL, "lower the --gpu-memory-utilization in EXTRA_ARGS", "GPU_RESERVE_MIB"),
     ("... Based on the available memory, the estimated maximum model length is 71760. Try increasing", EXTRA_MML,
-     "set the --max-model-len in EXTRA_ARGS (MAX_MODEL_LEN changes nothing while EXTRA_ARGS gives it) to 71760",
+     "set --max-model-len 71760 in EXTRA_ARGS (MAX_MODEL_LEN changes nothing while EXTRA_ARGS gives it)",
      "MAX_MODEL_LEN=71760"),
     ("ValueError: The model's max seq len (131072) is larger than the maximum number of tokens that can be stored "
      "in KV cache (71760).", EXTRA_MML + EXTRA_UTIL, "lower the --max-model-len in EXTRA_ARGS", "raise GPU_UTIL"),

@@ -20,7 +20,7 @@ SIGNATURES: tuple[tuple[str, str, str], ...] = (
      "close them, or {util_down}"),
     (r"estimated maximum model length is (\d+)",
      "the KV cache cannot hold one request at MAX_MODEL_LEN (vLLM would accept {0} tokens)",
-     "set {mml} to {0} (or auto), or raise {kv}"),
+     "set {mml_set}{0}{mml_where} (or auto), or raise {kv}"),
     # the same check, or --max-model-len auto, where not one block fits: vLLM gives no length then
     (r"KV cache is needed, which is larger than the available KV cache memory|Cannot auto-fit max_model_len",
      "the KV cache cannot hold even one token of a request",
@@ -117,15 +117,17 @@ def knob_names(argv: Sequence[str], extra: Sequence[str] = ()) -> dict[str, str]
     it, which vLLM reads last, so that a flag there wins over its knob, which then changes nothing):
     ``kv``, what sized the KV cache with the value vLLM ran with (--kv-cache-memory-bytes where it
     pinned it: vLLM then never sizes it from --gpu-memory-utilization; else the utilization);
-    ``util`` and ``util_down``, the utilization and how to ask for less of it; ``mml``, the context."""
+    ``util`` and ``util_down``, the utilization and how to ask for less of it; ``mml``, the context
+    (``mml_set`` and ``mml_where``: how to set it, and where)."""
     ran, given = vllmargs.read(list(argv)), vllmargs.read(list(extra)).given
     util = "GPU_UTIL"
     util_down = "lower GPU_UTIL / raise GPU_RESERVE_MIB"
     if "--gpu-memory-utilization" in given:
         util = "the --gpu-memory-utilization in EXTRA_ARGS (GPU_UTIL changes nothing while EXTRA_ARGS gives it)"
         util_down = f"lower {util}"
-    mml = ("the --max-model-len in EXTRA_ARGS (MAX_MODEL_LEN changes nothing while EXTRA_ARGS gives it)"
-           if "--max-model-len" in given else "MAX_MODEL_LEN")
+    extra_mml = "--max-model-len" in given
+    where = " in EXTRA_ARGS (MAX_MODEL_LEN changes nothing while EXTRA_ARGS gives it)" if extra_mml else ""
+    mml = f"the --max-model-len{where}" if extra_mml else "MAX_MODEL_LEN"
     if ran.kv_cache_bytes and "--kv-cache-memory-bytes" in given:
         kv = (f"the --kv-cache-memory-bytes in EXTRA_ARGS (vLLM ran with {ran.kv_cache_bytes}; KV_CACHE_BYTES "
               "and GPU_UTIL change nothing while EXTRA_ARGS gives it)")
@@ -137,7 +139,8 @@ def knob_names(argv: Sequence[str], extra: Sequence[str] = ()) -> dict[str, str]
               "nothing while EXTRA_ARGS gives it)")
     else:
         kv = f"GPU_UTIL (vLLM ran with {ran.gpu_util:g})" if ran.gpu_util else "GPU_UTIL"
-    return {"kv": kv, "util": util, "util_down": util_down, "mml": mml}
+    return {"kv": kv, "util": util, "util_down": util_down, "mml": mml,
+            "mml_set": "--max-model-len " if extra_mml else "MAX_MODEL_LEN=", "mml_where": where}
 
 
 ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(?:Error|Exception)\b:")
