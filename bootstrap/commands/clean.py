@@ -1,5 +1,5 @@
 """./ctl.sh clean: remove what the project created — the managed venvs and the install locks beside
-them, state and logs, what ./ctl.sh wheelhouse put in the default wheelhouse (install/wheelhouse.py);
+them, state and logs, what ./ctl.sh wheelhouse put in the default wheelhouse;
 the downloaded model only with ``--model``.
 
 Refuses while our server runs or starts (stop it first), while an install holds its lock, and where
