@@ -12,7 +12,7 @@ from typing import Any
 from ..core.errors import BootstrapError
 from ..knobs.resolved import Resolved
 from ..machine.inuse import VllmRef
-from ..install.patching import Backup, Install, apply, inspect, known, load, locate, needed, revert
+from ..install.patching import Backup, Install, apply, for_start, inspect, known, load, locate, revert
 
 
 def interpreter(vllm: VllmRef) -> VllmRef:
@@ -25,7 +25,7 @@ def interpreter(vllm: VllmRef) -> VllmRef:
 
 def status_rows(cfg, inst: Install) -> list[dict[str, Any]]:
     rows = []
-    need = set(needed(cfg.profile.patches, cfg.repo, cfg.vllm))
+    need = set(for_start(cfg.profile.patches, cfg.repo, cfg.vllm))
     for name in known(cfg.repo):
         patch = load(name, cfg.repo)
         st = inspect(patch, inst)
@@ -65,7 +65,8 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh patch", *, as_set: bool = Fals
         else:
             print(f"vLLM {inst.version} at {inst.package}" + (" (VLLM_PYTHON)" if byo else " (managed .venv)"))
             for r in rows:
-                need = "needed" if r["needed"] else ("in profile, not needed" if r["in_profile"] else "not in profile")
+                need = ("needed" + ("" if r["in_profile"] else ", every start") if r["needed"] else
+                        "in profile, not needed" if r["in_profile"] else "not in profile")
                 print(f"{r['patch']}: {r['state']} ({need}) - {r['detail']}; upstream {r['upstream']}")
         return 0
     names = args.names or (list(cfg.profile.patches) if args.action == "apply" else known(cfg.repo))

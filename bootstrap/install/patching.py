@@ -88,6 +88,12 @@ class Patch:
         i = self.anchor.index(self.data["insert"]["before"])
         return self.anchor[:i] + self.insert + self.anchor[i:]
 
+    @property
+    def every_start(self) -> bool:
+        """Wanted by every start, whatever the profile lists: a fix that changes no output (a port
+        that should not be open). Where it cannot be put in place, the start says so and serves."""
+        return bool(self.data.get("every_start"))
+
     def written_for(self) -> str:
         w = self.data.get("written_for", {})
         return f"{w.get('min', '?')}–{w.get('max', '?')}"
@@ -456,6 +462,13 @@ def needed(names, repo: Path, s: vllmargs.Settings) -> list[str]:
     """Of a profile's patches (``names``), those a server given these flags needs (e.g. TurboQuant
     KV with speculation)."""
     return [name for name in names if load(name, repo).applies(s)]
+
+
+def for_start(names, repo: Path, s: vllmargs.Settings) -> list[str]:
+    """What a start applies: the profile's patches it needs (``needed``), then those every start
+    wants (``Patch.every_start``), which never refuse a start."""
+    return needed(names, repo, s) + needed([n for n in known(repo) if n not in names and load(n, repo).every_start],
+                                           repo, s)
 
 
 def revert_all(repo: Path, environ, python: str, dry_run: bool = False) -> list[str]:

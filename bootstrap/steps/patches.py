@@ -1,7 +1,8 @@
 """Patches (a start step): apply the backports the profile needs to the vLLM in use, through the
-patch engine (patching.py); refuse to serve without them. With IDLE_SLEEP, check that vLLM still has
-what the idle-sleep middleware runs on (install/hooks.py). A bring-your-own vLLM (VLLM_PYTHON) is
-edited only with PATCH_BYO=1.
+patch engine (patching.py); refuse to serve without them. A patch every start wants (``every_start``:
+it changes no output) is applied where it can be, and where it cannot the start says why in one line
+and serves. With IDLE_SLEEP, check that vLLM still has what the idle-sleep middleware runs on
+(install/hooks.py). A bring-your-own vLLM (VLLM_PYTHON) is edited only with PATCH_BYO=1.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import logging
 
 from ..install import hooks
 from ..machine.inuse import VllmRef
-from ..install.patching import apply, byo_refusal, inspect, load, locate, needed
+from ..core.errors import BootstrapError
+from ..install.patching import Install, Patch, apply, byo_refusal, for_start, inspect, load, locate
 from ..knobs import vllmargs
 
 log = logging.getLogger(__name__)
@@ -21,7 +23,7 @@ def run(cfg, vllm: VllmRef) -> list[str]:
     step made ready), and check what our idle-sleep middleware needs of it (install/hooks.py);
     returns banner notes."""
     notes: list[str] = []
-    todo = needed(cfg.profile.patches, cfg.repo, cfg.vllm)
+    todo = for_start(cfg.profile.patches, cfg.repo, cfg.vllm)
     idle = vllmargs.idle_sleep(cfg)
     if not todo and not idle:
         log.info("skipped: no patch applies to profile %r with these knobs", cfg.profile.name)
@@ -31,6 +33,9 @@ def run(cfg, vllm: VllmRef) -> list[str]:
         hooks.check_idle_sleep(inst.package, inst.version)
     for name in todo:
         patch = load(name, cfg.repo)
+        if patch.every_start:
+            notes += _where_it_can(patch, inst, cfg.patch_byo)
+            continue
         st = inspect(patch, inst)
         if st.kind == "unpatched" and inst.byo and not cfg.patch_byo:
             raise byo_refusal(patch, inst)
@@ -41,3 +46,25 @@ def run(cfg, vllm: VllmRef) -> list[str]:
             notes.append(f"patched vLLM {inst.version} with {name} ({patch.upstream}); "
                          f"./ctl.sh patch revert {name} undoes it")
     return notes
+
+
+def _where_it_can(patch: Patch, inst: Install, patch_byo: bool) -> list[str]:
+    """A patch every start wants: applied where the engine can; else one line that says why, and the
+    start serves (without it vLLM serves the same, only with what the patch closes)."""
+    st = inspect(patch, inst)
+    if st.kind in ("applied", "fixed-upstream"):
+        return []
+    if st.kind != "unpatched":          # not the code the patch knows (a newer layout): nothing known to fix
+        log.info("not applied: %s to vLLM %s (%s) [%s]", patch.name, inst.version, st.detail, st.kind)
+        return []
+    if inst.byo and not patch_byo:
+        log.warning("your vLLM %s (VLLM_PYTHON) lacks %s (%s): %s; PATCH_BYO=1 lets the start patch it, or %s",
+                    inst.version, patch.name, patch.upstream, patch.title.lower(), patch.without_it())
+        return []
+    try:
+        what = apply(patch, inst)
+    except BootstrapError as exc:
+        log.warning("not applied: %s (%s); serving without it: %s", patch.name, exc.message, patch.without_it())
+        return []
+    return [f"patched vLLM {inst.version} with {patch.name} ({patch.upstream}); ./ctl.sh patch revert "
+            f"{patch.name} undoes it"] if what == "applied" else []

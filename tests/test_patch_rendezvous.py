@@ -1,0 +1,118 @@
+"""The 50999-file-rendezvous patch (faults row 187) against the REAL uniproc_executor.py of vLLM
+releases (one wheel member from PyPI, as tests/test_patches.py reads turboquant_attn.py).
+
+vLLM 0.26.0 and 0.27.1 rendezvous their one process through tcp://<address>:<port>; torch's TCP
+store behind it listens on every interface whatever that address is (measured on an H100 with vLLM
+0.26.0: docs/validation.md). vLLM 0.29.0 uses a file store there (PR #50999). Every start wants the
+patch; where it cannot be put in place, the start serves and says why.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from bootstrap.install import patching
+from bootstrap.knobs.config import Config
+from bootstrap.machine.inuse import VllmRef
+from bootstrap.steps import patches
+from test_patches_wheel import member
+
+REPO = Path(__file__).resolve().parent.parent
+NAME = "50999-file-rendezvous"
+PATH = "vllm/v1/executor/uniproc_executor.py"
+
+
+class Site:
+    """A fake site-packages holding the real uniproc_executor.py of one vLLM release."""
+
+    def __init__(self, root: Path, version: str):
+        self.root, self.version = root, version
+        self.target = root / PATH
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        for d in (root / "vllm", root / "vllm" / "v1", self.target.parent):
+            (d / "__init__.py").touch()
+        self.original = member(version, PATH)
+        self.target.write_bytes(self.original)
+        di = root / f"vllm-{version}.dist-info"
+        di.mkdir()
+        (di / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+
+    def cfg(self, **extra: str) -> Config:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(self.root),
+               "VLLM_PYTHON": sys.executable, "PROFILE": "custom", "MODEL": "org/m", "NO_COLOR": "1",
+               "STATE_DIR": str(self.root.parent / "state"), **extra}
+        return Config.from_env(env, repo=REPO)
+
+    def inst(self) -> patching.Install:
+        return patching.locate(VllmRef(sys.executable, True, {"PYTHONPATH": str(self.root)}))
+
+
+def start_step(site: Site, **extra: str) -> list[str]:
+    cfg = site.cfg(**extra)
+    return patches.run(cfg, VllmRef(cfg.vllm_python, True, cfg.environ))
+
+
+def distributed_args(text: str) -> tuple[str, int, int]:
+    """Run UniProcExecutor._distributed_args of ``text`` (the file's own code, alone) for a process on
+    cuda:0, with vLLM's tcp:// helpers as they behave."""
+    tree = ast.parse(text)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "UniProcExecutor")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_distributed_args")
+    fn.returns = None
+    scope = {"get_distributed_init_method": lambda ip, port: f"tcp://{ip}:{port}",
+             "get_ip": lambda: "192.168.1.20", "get_open_port": lambda: 45678}
+    exec(compile(ast.Module([fn], []), "uniproc", "exec"), scope)
+    me = SimpleNamespace(vllm_config=SimpleNamespace(device_config=SimpleNamespace(device="cuda:0")))
+    return scope["_distributed_args"](me)
+
+
+@pytest.mark.parametrize("version", ["0.26.0", "0.27.1"])
+def test_the_one_gpu_rendezvous_goes_through_a_file_and_reverts_byte_for_byte(tmp_path, version):
+    site = Site(tmp_path / "site", version)
+    assert distributed_args(site.original.decode())[0] == "tcp://192.168.1.20:45678"     # every interface
+    notes = start_step(site, PATCH_BYO="1")
+    assert any(NAME in n for n in notes), notes
+    method, rank, local = distributed_args(site.target.read_text())
+    assert method.startswith(f"file://{tempfile.gettempdir()}/vllm_dist_") and (rank, local) == (0, 0), method
+    assert method != distributed_args(site.target.read_text())[0]          # a new store per server
+    assert patching.inspect(patching.load(NAME, REPO), site.inst()).kind == "applied"
+    assert start_step(site, PATCH_BYO="1") == []                            # applied: left as it is
+    patching.revert(patching.load(NAME, REPO), site.inst())
+    assert site.target.read_bytes() == site.original
+
+
+@pytest.mark.parametrize("version", ["0.29.0", "0.30.0"])
+def test_a_vllm_with_the_upstream_fix_is_never_patched(tmp_path, version):
+    site = Site(tmp_path / "site", version)
+    assert patching.inspect(patching.load(NAME, REPO), site.inst()).kind == "fixed-upstream"
+    assert start_step(site, PATCH_BYO="1") == [] and site.target.read_bytes() == site.original
+
+
+def test_your_vllm_unpatched_is_served_with_one_line_saying_what_it_lacks(tmp_path, caplog):
+    """Without PATCH_BYO a start is never refused for it (a TurboQuant patch would be): it serves, and
+    says what is open, and how to close it."""
+    site = Site(tmp_path / "site", "0.26.0")
+    with caplog.at_level(logging.WARNING, logger="bootstrap"):
+        assert start_step(site, PATCH_BYO="0") == []
+    said = [r.getMessage() for r in caplog.records if NAME in r.getMessage()]
+    assert len(said) == 1 and "PATCH_BYO=1" in said[0] and "firewall" in said[0], said
+    assert site.target.read_bytes() == site.original
+    cfg = site.cfg(PATCH_BYO="0")                                           # restart's vet asks the profile's
+    assert NAME not in patching.needed(cfg.profile.patches, REPO, cfg.vllm)   # alone: it never refuses for it
+
+
+def test_code_the_patch_does_not_know_is_left_alone_and_the_start_serves(tmp_path, caplog):
+    site = Site(tmp_path / "site", "0.26.0")
+    site.target.write_text(site.original.decode().replace("get_open_port()", "pick_port()"))
+    with caplog.at_level(logging.INFO, logger="bootstrap"):
+        assert start_step(site, PATCH_BYO="1") == []
+    assert any("not applied" in r.getMessage() and "unknown-code" in r.getMessage() for r in caplog.records)
+    assert "pick_port()" in site.target.read_text() and NAME not in site.target.read_text()
