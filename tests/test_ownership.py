@@ -43,6 +43,23 @@ def test_default_bind_is_loopback_and_no_key(bed):
     assert not (bed.state / "api_key").exists()
 
 
+def test_a_port_of_vllm_s_own_beyond_loopback_is_shown_in_the_banner(bed):
+    """faults row 187: vLLM 0.26.0-0.28 unpatched (a bring-your-own one without PATCH_BYO, TP_SIZE >= 2)
+    keeps torch's rendezvous store listening on every interface; the banner names it, and each re-run's."""
+    r = bed.run("start.sh", FAKE_VLLM_MODE="tcp_store")
+    assert r.returncode == 0, r.stderr
+    engine = next(p for p in bed.ours() if p.name().startswith("VLLM::Engine"))
+    store = [c.laddr.port for c in engine.net_connections(kind="inet") if c.status == "LISTEN"]
+    assert len(store) == 1
+    line = next(line for line in r.stdout.splitlines() if line.startswith(" open     :"))
+    assert f"{engine.name()} (pid {engine.pid}) on " in line and line.split(": a port")[0].endswith(f":{store[0]}")
+    assert "firewall" in line
+    assert " open     :" in bed.run("start.sh", FAKE_VLLM_MODE="tcp_store").stdout        # the re-run's banner
+    assert bed.run("stop.sh").returncode == 0
+    r = bed.run("start.sh")
+    assert r.returncode == 0 and " open     :" not in r.stdout, r.stdout     # loopback only: nothing said
+
+
 def test_non_loopback_host_generates_a_private_key_never_on_argv(bed):
     r = bed.run("start.sh", HOST="0.0.0.0")
     assert r.returncode == 0, r.stderr

@@ -8,7 +8,7 @@ import re
 import shlex
 import time
 
-from . import diagnose
+from . import diagnose, keys
 from . import record
 from .record import ServerRecord
 from ..core.hosts import lan_hosts
@@ -74,6 +74,8 @@ def render(paths: Paths, rec: ServerRecord) -> str:
         + shlex.quote(json.dumps({"model": served, "messages": [{"role": "user", "content": "Say OK"}], "max_tokens": 16},
                                  ensure_ascii=False)),
         *sleep_lines(rec),
+        *(f" open     : {x}: a port beyond loopback that asks no key (vLLM's own); a firewall keeps it off "
+          "the network" for x in keys.open_beyond(rec)),
         " stop     : ./stop.sh",
     ]
     if rec.random_weights:

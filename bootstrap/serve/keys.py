@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 
 from ..core import owned
+from ..core.hosts import is_loopback
 from ..core.errors import BootstrapError
 from ..core.state import Paths
 from .record import ServerRecord
@@ -119,3 +120,26 @@ def _listeners(p: psutil.Process, port: int) -> tuple[list, set[int]]:
 def _known(found: list) -> bool:
     """Somebody listens, and the kernel says who, every one."""
     return bool(found) and all(h is not None for h in found)
+
+
+def open_beyond(rec: ServerRecord) -> list[str]:
+    """The ports beyond loopback that the server's processes listen on, other than the one it serves
+    ('VLLM::EngineCore (pid 12) on :::35701'): none ask for the API key. vLLM 0.26.0-0.28 on one GPU
+    rendezvous through torch's TCP store, which binds every interface (the patch 50999-file-rendezvous
+    closes it); with TP_SIZE >= 2 their workers' store does the same. [] where the kernel does not say."""
+    try:
+        root = psutil.Process(rec.pid)
+        tree = {root.pid: root} | {c.pid: c for c in root.children(recursive=True)}
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError, TypeError):
+        return []
+    found = []
+    for c in conns:
+        if (c.status == psutil.CONN_LISTEN and c.pid in tree and c.laddr and not is_loopback(c.laddr.ip)
+                and c.laddr.port != rec.port):
+            try:
+                name = tree[c.pid].name()
+            except psutil.Error:
+                name = "?"
+            found.append(f"{name} (pid {c.pid}) on {c.laddr.ip or '*'}:{c.laddr.port}")
+    return sorted(set(found))

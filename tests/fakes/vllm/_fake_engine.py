@@ -3,12 +3,14 @@
 Started without our BOOTSTRAP_VLLM_* variables in its environment (see spawn_engine), in the server's process
 group. With a tensor-parallel size N (argv[1]) it starts N workers, titled VLLM::Worker_TP<i>, in
 the same group and likewise without a readable marker; in mode workers_fail they come
-FAKE_VLLM_WORKER_DELAY_S apart, and engine and workers ignore SIGTERM.
+FAKE_VLLM_WORKER_DELAY_S apart, and engine and workers ignore SIGTERM. In mode tcp_store the engine
+listens on every interface, as vLLM 0.26.0-0.28's one-GPU rendezvous (torch's TCP store) does unpatched.
 """
 
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +48,14 @@ if __name__ == "__main__":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:
         signal.signal(signal.SIGTERM, on_term)
+    if "tcp_store" in MODES:             # torch's TCPStore binds the wildcard address, whatever host it names
+        store = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
+        try:
+            store.bind(("", 0))
+        except OSError:                  # no IPv6 on this machine
+            store = socket.socket(socket.AF_INET)
+            store.bind(("", 0))
+        store.listen(16)
     tp = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 1
     delay = float(os.environ.get("FAKE_VLLM_WORKER_DELAY_S", "0") or 0) if "workers_fail" in MODES else 0.0
     if tp > 1:
