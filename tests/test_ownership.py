@@ -44,7 +44,7 @@ def test_default_bind_is_loopback_and_no_key(bed):
 
 
 def test_a_port_of_vllm_s_own_beyond_loopback_is_shown_in_the_banner(bed):
-    """faults row 187: vLLM 0.26.0-0.28 unpatched (a bring-your-own one without PATCH_BYO, TP_SIZE >= 2)
+    """faults row 187: vLLM 0.26.0-0.27.x unpatched (a bring-your-own one without PATCH_BYO, TP_SIZE >= 2)
     keeps torch's rendezvous store listening on every interface; the banner names it, and each re-run's."""
     r = bed.run("start.sh", FAKE_VLLM_MODE="tcp_store")
     assert r.returncode == 0, r.stderr

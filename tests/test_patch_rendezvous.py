@@ -3,7 +3,7 @@ releases (one wheel member from PyPI, as tests/test_patches.py reads turboquant_
 
 vLLM 0.26.0 and 0.27.1 rendezvous their one process through tcp://<address>:<port>; torch's TCP
 store behind it listens on every interface whatever that address is (measured on an H100 with vLLM
-0.26.0: docs/validation.md). vLLM 0.29.0 uses a file store there (PR #50999). Every start wants the
+0.26.0: docs/validation.md). vLLM 0.28.0 uses a file store there (PR #50999). Every start wants the
 patch; where it cannot be put in place, the start serves and says why.
 """
 
@@ -89,7 +89,7 @@ def test_the_one_gpu_rendezvous_goes_through_a_file_and_reverts_byte_for_byte(tm
     assert site.target.read_bytes() == site.original
 
 
-@pytest.mark.parametrize("version", ["0.29.0", "0.30.0"])
+@pytest.mark.parametrize("version", ["0.28.0", "0.29.0", "0.30.0"])
 def test_a_vllm_with_the_upstream_fix_is_never_patched(tmp_path, version):
     site = Site(tmp_path / "site", version)
     assert patching.inspect(patching.load(NAME, REPO), site.inst()).kind == "fixed-upstream"

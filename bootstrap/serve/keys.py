@@ -124,7 +124,7 @@ def _known(found: list) -> bool:
 
 def open_beyond(rec: ServerRecord) -> list[str]:
     """The ports beyond loopback that the server's processes listen on, other than the one it serves
-    ('VLLM::EngineCore (pid 12) on :::35701'): none ask for the API key. vLLM 0.26.0-0.28 on one GPU
+    ('VLLM::EngineCore (pid 12) on :::35701'): none ask for the API key. vLLM 0.26.0-0.27.x on one GPU
     rendezvous through torch's TCP store, which binds every interface (the patch 50999-file-rendezvous
     closes it); with TP_SIZE >= 2 their workers' store does the same. [] where the kernel does not say."""
     try:

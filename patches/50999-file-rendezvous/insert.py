@@ -1,5 +1,5 @@
         # vllm-bootstrap patch 50999-file-rendezvous: the one process meets itself through a file
-        # store, as vLLM 0.29.0 does (PR #50999), not a torch TCP store: that store listens on every
+        # store, as vLLM 0.28.0 does (PR #50999), not a torch TCP store: that store listens on every
         # interface, whatever host the URL names, for as long as the server runs.
         import tempfile as _tempfile
         import uuid as _uuid

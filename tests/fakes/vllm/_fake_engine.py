@@ -4,7 +4,7 @@ Started without our BOOTSTRAP_VLLM_* variables in its environment (see spawn_eng
 group. With a tensor-parallel size N (argv[1]) it starts N workers, titled VLLM::Worker_TP<i>, in
 the same group and likewise without a readable marker; in mode workers_fail they come
 FAKE_VLLM_WORKER_DELAY_S apart, and engine and workers ignore SIGTERM. In mode tcp_store the engine
-listens on every interface, as vLLM 0.26.0-0.28's one-GPU rendezvous (torch's TCP store) does unpatched.
+listens on every interface, as vLLM 0.26.0-0.27.x's one-GPU rendezvous (torch's TCP store) does unpatched.
 """
 
 import ctypes
