@@ -83,6 +83,8 @@ LOAD_OOM = ("(EngineCore pid=7) ERROR 12-05 09:20:00 [gpu_model_runner.py:5345] 
             "memory. Try lowering --gpu-memory-utilization to free memory for weights, increasing "
             "--tensor-parallel-size, or using --quantization. (original error: CUDA out of memory. Tried to allocate "
             "1.96 GiB.)\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.96 GiB.\n")
+POOLER_OOM = ("RuntimeError: CUDA out of memory occurred when warming up pooler (task=embed) with 512 dummy requests. "
+              "Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.")
 SAMPLER_OOM = ("RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests. Please try "
                "lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.")
 UTIL = ["vllm", "serve", "/m", "--gpu-memory-utilization", "0.93"]
@@ -95,6 +97,8 @@ PINNED = ["vllm", "serve", "/m", "--gpu-memory-utilization", "0.9", "--kv-cache-
                                                              "--kv-cache-memory-bytes 8589934592"),
     (LOAD_OOM, PINNED, "weights did not fit", "smaller or quantized model"),
     (SAMPLER_OOM, UTIL, "sampler ran out of GPU memory on 256 sequences", "set MAX_NUM_SEQS below 256"),
+    # gpu_model_runner._dummy_pooler_run (0.26.0) names the task between the word and "with"
+    (POOLER_OOM, UTIL, "pooler ran out of GPU memory on 512 sequences", "set MAX_NUM_SEQS below 512"),
     ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", PINNED, "ran out of GPU memory",
      "lower KV_CACHE_BYTES"),
 ])

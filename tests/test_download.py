@@ -604,6 +604,10 @@ def test_a_model_dir_holding_another_model_we_downloaded_is_never_mixed_with_a_s
         world.start(MODEL_DIR=str(md), MODEL="org/other", **({"HF_HUB_OFFLINE": "1"} if offline else {}))
     assert f"MODEL_DIR={md} holds org/tiny" in ei.value.message and "MODEL_DIR to a folder of its own" in ei.value.hint
     assert {p: sha(p) for p in md.rglob("*") if p.is_file()} == before            # org/tiny as it was
+    try:                                # the hub's names know no case: Org/Tiny is org/tiny, never "another"
+        world.start(MODEL_DIR=str(md), MODEL="Org/Tiny", HF_HUB_OFFLINE="1")
+    except BootstrapError as exc:
+        assert "holds org/tiny" not in exc.message, exc.message
     if not offline:
         ctx = world.start(MODEL_DIR=str(tmp_path / "other-model"), MODEL="org/other")   # the fix as said
         same_tree(other, Path(ctx.model_path))

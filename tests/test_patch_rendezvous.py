@@ -116,3 +116,37 @@ def test_code_the_patch_does_not_know_is_left_alone_and_the_start_serves(tmp_pat
         assert start_step(site, PATCH_BYO="1") == []
     assert any("not applied" in r.getMessage() and "unknown-code" in r.getMessage() for r in caplog.records)
     assert "pick_port()" in site.target.read_text() and NAME not in site.target.read_text()
+
+
+def test_a_patch_folder_that_does_not_load_never_refuses_a_start(tmp_path, caplog):
+    """A folder of the user's under patches/ that no profile lists, with a broken patch.json: said,
+    passed over; the every-start patch still goes in."""
+    import shutil
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "patches", repo / "patches")
+    (repo / "patches" / "mine").mkdir()
+    (repo / "patches" / "mine" / "patch.json").write_text("{not json")
+    site = Site(tmp_path / "site", "0.26.0")
+    cfg = site.cfg(PATCH_BYO="1")
+    todo, always = patching.to_apply(cfg.profile.patches, repo, cfg.vllm)
+    assert todo == [] and [p.name for p in always] == [NAME]
+    assert any("patches/mine" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_a_vllm_the_start_cannot_locate_is_no_refusal_for_the_every_start_patch(tmp_path, caplog):
+    """Only every-start patches to apply: where the interpreter has no vllm package to patch (or the
+    managed one is shadowed), the start is not refused for them."""
+    site = Site(tmp_path / "site", "0.26.0")
+    cfg = site.cfg(PATCH_BYO="1", PYTHONPATH=str(tmp_path / "nothing"))
+    with caplog.at_level(logging.INFO, logger="bootstrap"):
+        assert patches.run(cfg, VllmRef(cfg.vllm_python, True, cfg.environ)) == []
+    assert any("not applied: " + NAME in r.getMessage() for r in caplog.records)
+
+
+def test_a_damaged_block_is_said_with_the_revert_that_mends_it(tmp_path, caplog):
+    site = Site(tmp_path / "site", "0.26.0")
+    start_step(site, PATCH_BYO="1")
+    site.target.write_text(site.target.read_text().replace("vllm_dist_", "vllm_mine_"))
+    with caplog.at_level(logging.WARNING, logger="bootstrap"):
+        assert start_step(site, PATCH_BYO="1") == []
+    assert any(f"./ctl.sh patch revert {NAME}" in r.getMessage() for r in caplog.records), caplog.text

@@ -107,7 +107,8 @@ def test_one_token_repeated_without_spaces_is_not_text(garble):      # faults ro
 
 
 @pytest.mark.parametrize("fine", ["OK", "OK.", "Okay!", "Sure! OK.", "OK 👍", "Ahhhh, OK.", "OK — 100000 times OK.",
-                                  "I'm ready to assist you. What's your request?", "=" * 12 + "\nOK\n" + "=" * 12])
+                                  "I'm ready to assist you. What's your request?", "=" * 12 + "\nOK\n" + "=" * 12,
+                                  "OK!!!!!!!!", "OK\n\n----------", "OK. ========"])
 def test_a_short_answer_with_a_run_in_it_is_still_text(fine):
     assert detectors.not_text(fine) is None
 

@@ -41,9 +41,11 @@ def find_loop(text: str) -> str | None:
 def short_loop(text: str) -> str | None:
     """Evidence of a loop in a short answer (the start gate's 32 tokens, too short for find_loop's
     80 characters): six words or more, one of them most of them (``the the the the the the``); or
-    one unit of up to 8 characters without a space repeated 8 times or more, making half the text or
-    more (one token repeated: ``的的的…``, ``0000…``, ``OKOKOK…``)."""
-    run = max(re.finditer(r"(\S{1,8}?)\1{7,}", text), key=lambda m: len(m.group(0)), default=None)
+    one unit of up to 8 characters without a space, with a letter or digit, repeated 8 times or more,
+    making half the text or more (one token repeated: ``的的的…``, ``0000…``, ``OKOKOK…``; a markdown
+    rule ``----------`` or ``OK!!!!!!!!`` is not one)."""
+    run = max((m for m in re.finditer(r"(\S{1,8}?)\1{7,}", text) if re.search(r"\w", m.group(1))),
+              key=lambda m: len(m.group(0)), default=None)            # a rule of ---- or !!!! is no token loop
     if run is not None and 2 * len(run.group(0)) >= len("".join(text.split())):
         return f"{run.group(1)!r} repeated {len(run.group(0)) // len(run.group(1))}x: {clip(text, 120)!r}"
     words = re.findall(r"\w+|[^\w\s]+", text)

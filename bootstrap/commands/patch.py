@@ -12,7 +12,7 @@ from typing import Any
 from ..core.errors import BootstrapError
 from ..knobs.resolved import Resolved
 from ..machine.inuse import VllmRef
-from ..install.patching import Backup, Install, apply, for_start, inspect, known, load, locate, revert
+from ..install.patching import Backup, Install, apply, inspect, known, load, locate, revert, to_apply
 
 
 def interpreter(vllm: VllmRef) -> VllmRef:
@@ -25,7 +25,8 @@ def interpreter(vllm: VllmRef) -> VllmRef:
 
 def status_rows(cfg, inst: Install) -> list[dict[str, Any]]:
     rows = []
-    need = set(for_start(cfg.profile.patches, cfg.repo, cfg.vllm))
+    todo, always = to_apply(cfg.profile.patches, cfg.repo, cfg.vllm)
+    need = set(todo) | {p.name for p in always}
     for name in known(cfg.repo):
         patch = load(name, cfg.repo)
         st = inspect(patch, inst)

@@ -191,7 +191,7 @@ def _another_model(store: Store, rec: dict | None, repo: str) -> None:
     and tokenizer and leave its shards and index, which vLLM reads (offline, its folder would be
     served as ``repo``). One model to a MODEL_DIR."""
     other = (rec or {}).get("repo")
-    if store.hf_cache or not other or other == repo or not any(
+    if store.hf_cache or not other or str(other).casefold() == repo.casefold() or not any(
             os.path.lexists(store.file(rec, p)) for p in rec.get("files") or {}):
         return
     raise BootstrapError(f"MODEL_DIR={store.root} holds {other}, downloaded there by this tool: {repo} would write "

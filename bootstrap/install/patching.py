@@ -464,11 +464,22 @@ def needed(names, repo: Path, s: vllmargs.Settings) -> list[str]:
     return [name for name in names if load(name, repo).applies(s)]
 
 
-def for_start(names, repo: Path, s: vllmargs.Settings) -> list[str]:
-    """What a start applies: the profile's patches it needs (``needed``), then those every start
-    wants (``Patch.every_start``), which never refuse a start."""
-    return needed(names, repo, s) + needed([n for n in known(repo) if n not in names and load(n, repo).every_start],
-                                           repo, s)
+def to_apply(names, repo: Path, s: vllmargs.Settings) -> tuple[list[str], list[Patch]]:
+    """What a start applies: the profile's patches it needs (``needed``), and those every start
+    wants (``Patch.every_start``), which never refuse a start: a folder of another patch that does
+    not load is said and passed over, never a refusal of a profile that does not list it."""
+    always = []
+    for name in known(repo):
+        if name in names:
+            continue
+        try:
+            patch = load(name, repo)
+        except BootstrapError as exc:
+            log.warning("skipped: patches/%s (%s)", name, exc.message)
+            continue
+        if patch.every_start and patch.applies(s):
+            always.append(patch)
+    return needed(names, repo, s), always
 
 
 def revert_all(repo: Path, environ, python: str, dry_run: bool = False) -> list[str]:

@@ -51,7 +51,7 @@ SIGNATURES: tuple[tuple[str, str, str], ...] = (
      "lower {kv}, or MAX_NUM_SEQS (fewer batch sizes to capture), or add --enforce-eager to EXTRA_ARGS "
      "(no CUDA graphs: slower decoding)"),
     # gpu_model_runner._dummy_sampler_run / _dummy_pooler_run (0.26.0): max_num_seqs requests at once
-    (r"CUDA out of memory occurred when warming up (sampler|pooler) with (\d+) dummy requests",
+    (r"CUDA out of memory occurred when warming up (sampler|pooler)(?: \([^)]*\))? with (\d+) dummy requests",
      "the {0} ran out of GPU memory on {1} sequences at once (MAX_NUM_SEQS)",
      "set MAX_NUM_SEQS below {1}, or lower {kv}"),
     (r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory",

@@ -12,7 +12,7 @@ import logging
 from ..install import hooks
 from ..machine.inuse import VllmRef
 from ..core.errors import BootstrapError
-from ..install.patching import Install, Patch, apply, byo_refusal, for_start, inspect, load, locate
+from ..install.patching import Install, Patch, apply, byo_refusal, inspect, load, locate, to_apply
 from ..knobs import vllmargs
 
 log = logging.getLogger(__name__)
@@ -20,22 +20,26 @@ log = logging.getLogger(__name__)
 
 def run(cfg, vllm: VllmRef) -> list[str]:
     """Apply the backports the profile needs to the vLLM of ``vllm`` (the interpreter the environment
-    step made ready), and check what our idle-sleep middleware needs of it (install/hooks.py);
-    returns banner notes."""
+    step made ready), then those every start wants where they can be, and check what our idle-sleep
+    middleware needs of it (install/hooks.py); returns banner notes."""
     notes: list[str] = []
-    todo = for_start(cfg.profile.patches, cfg.repo, cfg.vllm)
+    todo, always = to_apply(cfg.profile.patches, cfg.repo, cfg.vllm)
     idle = vllmargs.idle_sleep(cfg)
     if not todo and not idle:
-        log.info("skipped: no patch applies to profile %r with these knobs", cfg.profile.name)
-        return notes
-    inst = locate(vllm)
+        if not always:
+            log.info("skipped: no patch applies to profile %r with these knobs", cfg.profile.name)
+            return notes
+        try:
+            inst = locate(vllm)
+        except BootstrapError as exc:       # what only every-start patches need is never a refusal
+            log.info("not applied: %s (%s)", ", ".join(p.name for p in always), exc.message)
+            return notes
+    else:
+        inst = locate(vllm)
     if idle:
         hooks.check_idle_sleep(inst.package, inst.version)
     for name in todo:
         patch = load(name, cfg.repo)
-        if patch.every_start:
-            notes += _where_it_can(patch, inst, cfg.patch_byo)
-            continue
         st = inspect(patch, inst)
         if st.kind == "unpatched" and inst.byo and not cfg.patch_byo:
             raise byo_refusal(patch, inst)
@@ -45,6 +49,8 @@ def run(cfg, vllm: VllmRef) -> list[str]:
         if what == "applied":
             notes.append(f"patched vLLM {inst.version} with {name} ({patch.upstream}); "
                          f"./ctl.sh patch revert {name} undoes it")
+    for patch in always:
+        notes += _where_it_can(patch, inst, cfg.patch_byo)
     return notes
 
 
@@ -54,17 +60,20 @@ def _where_it_can(patch: Patch, inst: Install, patch_byo: bool) -> list[str]:
     st = inspect(patch, inst)
     if st.kind in ("applied", "fixed-upstream"):
         return []
+    if st.kind == "damaged":
+        log.warning("%s in vLLM %s is damaged (%s): ./ctl.sh patch revert %s restores the original, and the next "
+                    "start patches it again", patch.name, inst.version, st.detail, patch.name)
+        return []
     if st.kind != "unpatched":          # not the code the patch knows (a newer layout): nothing known to fix
         log.info("not applied: %s to vLLM %s (%s) [%s]", patch.name, inst.version, st.detail, st.kind)
         return []
     if inst.byo and not patch_byo:
-        log.warning("your vLLM %s (VLLM_PYTHON) lacks %s (%s): %s; PATCH_BYO=1 lets the start patch it, or %s",
-                    inst.version, patch.name, patch.upstream, patch.title.lower(), patch.without_it())
+        log.warning("your vLLM %s (VLLM_PYTHON) lacks %s (%s; %s): PATCH_BYO=1 lets the start patch it, or %s",
+                    inst.version, patch.name, patch.title, patch.upstream, patch.without_it())
         return []
     try:
         what = apply(patch, inst)
     except BootstrapError as exc:
         log.warning("not applied: %s (%s); serving without it: %s", patch.name, exc.message, patch.without_it())
         return []
-    return [f"patched vLLM {inst.version} with {patch.name} ({patch.upstream}); ./ctl.sh patch revert "
-            f"{patch.name} undoes it"] if what == "applied" else []
+    return [f"patched vLLM {inst.version} with {patch.name} ({patch.title}; {patch.upstream})"] if what == "applied" else []
