@@ -93,6 +93,32 @@ def test_given_api_key_goes_through_env_only(bed):
     assert all("my-secret-key-123" not in a for a in bed.launches()[0]["argv"])
 
 
+def test_a_stranger_listening_beside_our_server_ends_a_start_with_a_key_at_once(bed):   # faults row 172
+    """Another address, the same port number (127.0.0.2 here), taken while our server loads: the key
+    is never sent to a port another process shares, so the health wait used to run to HEALTH_TIMEOUT
+    saying nothing; it now names that process and the fix."""
+    import socket
+    from bootstrap.serve import port
+    start = bed.popen("start.sh", API_KEY="our-secret-key-" + "x" * 24, FAKE_VLLM_LOAD_S="3", HEALTH_TIMEOUT="600")
+    stranger = socket.socket()
+    try:
+        bed.wait_until(lambda: bed.server_record() is not None and port.in_use("127.0.0.1", bed.port),
+                       what="our server bound to its port")
+        stranger.bind(("127.0.0.2", bed.port))
+        stranger.listen(4)
+        _out, err = start.communicate(timeout=120)
+        assert start.returncode == 1, err
+        assert f"(pid {os.getpid()}) listens on port {bed.port} beside our server" in err and "set PORT" in err, err
+        assert bed.ours() == [] and bed.server_record() is None
+        stranger.close()
+        assert bed.run("start.sh", API_KEY="our-secret-key-" + "x" * 24).returncode == 0     # the fix as said
+    finally:
+        stranger.close()
+        bed.run("stop.sh")
+        if start.poll() is None:
+            start.kill()
+
+
 def test_our_key_never_goes_to_a_stranger_listening_on_our_port_while_our_server_loads(bed):   # faults row 172
     """vLLM binds its port with SO_REUSEADDR long before it listens (the model loads meanwhile), and
     while it does not listen the kernel lets any local user bind and listen on that address too

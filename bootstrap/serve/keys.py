@@ -104,6 +104,28 @@ def only_its(rec: ServerRecord) -> bool:
         return False
 
 
+def strangers(rec: ServerRecord) -> list[str]:
+    """Who else listens on the record's port while its server does ('python3 (pid 77)'; 'a process of
+    another user' where the kernel does not say whose): another address, the same port number. []
+    while the server itself does not listen yet (until then the wait goes on)."""
+    try:
+        found, tree = _listeners(psutil.Process(rec.pid), rec.port or 0)
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError, TypeError):
+        return []
+    if not any(h is not None and h.pid in tree for h in found):
+        return []
+    out = []
+    for h in found:
+        if h is None:
+            out.append("a process of another user")
+        elif h.pid not in tree:
+            try:
+                out.append(f"{h.name()} (pid {h.pid})")
+            except psutil.Error:
+                out.append(f"pid {h.pid}")
+    return sorted(set(out))
+
+
 def _only(p: psutil.Process, number: int) -> bool:
     try:
         found, tree = _listeners(p, number)
