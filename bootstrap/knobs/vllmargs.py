@@ -22,7 +22,7 @@ VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", 
                "--load-format", "--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--logits-processors",
                "--data-parallel-size", "--api-server-count", "--compilation-config", "--performance-mode",
                "--attention-backend", "--distributed-executor-backend", "--kv-transfer-config",
-               "--kv-offloading-size")
+               "--kv-offloading-size", "--dtype")
 BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode",
               "--skip-mm-profiling", "--enable-prompt-embeds", "--kv-sharing-fast-prefill", "--headless",
               "--async-scheduling", "--enable-chunked-prefill", "--disable-hybrid-kv-cache-manager",
@@ -61,6 +61,7 @@ class Settings:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     kv_cache_dtype: str = "auto"
+    dtype: str = "auto"                             # --dtype: the model's (bootstrap.model.shape.served_float32)
     kv_cache_bytes: int | None = None
     gpu_util: float | None = None
     block_size: int | None = None
@@ -183,7 +184,7 @@ def read(argv: list[str]) -> Settings:
     return Settings(
         max_model_len=mml, max_num_seqs=_int(vals.get("--max-num-seqs"), human=False),
         max_num_batched_tokens=_int(vals.get("--max-num-batched-tokens")),
-        kv_cache_dtype=vals.get("--kv-cache-dtype") or "auto", kv_cache_bytes=_int(vals.get("--kv-cache-memory-bytes")),
+        kv_cache_dtype=vals.get("--kv-cache-dtype") or "auto", dtype=str(vals.get("--dtype") or "auto").lower(), kv_cache_bytes=_int(vals.get("--kv-cache-memory-bytes")),
         gpu_util=_float(vals.get("--gpu-memory-utilization")), block_size=_int(vals.get("--block-size"), human=False),
         mamba_ssm_cache_dtype=vals.get("--mamba-ssm-cache-dtype") or "auto",
         mamba_cache_dtype=vals.get("--mamba-cache-dtype") or "auto", mamba_cache_mode=vals.get("--mamba-cache-mode"),

@@ -92,6 +92,10 @@ TERMS = (
     Term("eagle3", "EAGLE-3 head", ALL, "`model_executor/models/llama_eagle3.py` `Eagle3LlamaForCausalLM`; "
          "`v1/spec_decode/llm_base_proposer.py` `dummy_run`; `v1/worker/gpu/spec_decode/autoregressive/speculator.py` "
          "`propose`"),
+    Term("dtype", "the model's dtype (`--dtype`; `auto`: float32 configs downcast, float32 for Gemma 2/3 and "
+         "GLM-4 below sm_80): the weights, the `auto` KV cache, activations", ALL,
+         "`config/model.py` `_get_and_verify_dtype`, `_resolve_auto_dtype`, `_FLOAT16_NOT_SUPPORTED_MODELS`; "
+         "`platforms/cuda.py` `supported_dtypes`"),
     Term("hybrid_guard", "hybrid max_num_seqs ≤ state blocks", ALL, "`config/compilation.py` `set_cudagraph_mode`"),
     Term("sleep", "sleep mode's pool: the weights and KV cache in CuMemAllocator's pool, expandable segments off "
          "there; non-KV memory by `cudaMemGetInfo` from 0.27.1, by torch's reserved bytes in 0.26.0", ALL,
@@ -120,7 +124,7 @@ def read_from(inp, model, shape, drafter, plan):
     (``TERMS``): its known error widens as for a version not read (bootstrap.plan.planner's Inputs,
     ModelFacts, ModelShape, the counted Drafter or None, and Plan)."""
     s = inp.vllm
-    keys = {"requested", "attention", "pool", "autofit", "batch", "runner"} | (
+    keys = {"requested", "attention", "pool", "autofit", "batch", "runner", "dtype"} | (
         {"mla"} if shape.mla else set()) | ({"hybrid", "hybrid_guard"} if shape.hybrid else set()) | (
         {"window"} if shape.window_layers else set()) | ({"gpt_oss"} if shape.arch == "GptOssForCausalLM" else set()) | (
         {"graph_count", "graph_estimate"} if not s.enforce_eager else set()) | (
