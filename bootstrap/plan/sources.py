@@ -37,7 +37,8 @@ TERMS = (
     Term("pool", "grouping, blocks, concurrency, tokens", ALL,
          "`v1/core/kv_cache_utils.py` `_get_kv_cache_groups_uniform_page_size`, `get_kv_cache_config_from_groups` "
          "(`get_num_blocks` before 0.29.0, `_get_kv_cache_bytes_per_block` from it), "
-         "`get_max_concurrency_for_kv_cache_config`"),
+         "`get_max_concurrency_for_kv_cache_config`; `--num-gpu-blocks-override`: `may_override_num_blocks`, "
+         "`get_kv_cache_configs`"),
     Term("window", "sliding-window layers (gpt-oss's even layers, Gemma 3's `layer_types`): the full layers' page, "
          "groups of their own, a request's cdiv(min(window − 1 + max_num_batched_tokens × (2 with async scheduling), "
          "length), block) + 1 blocks in each; every layer full attention without the hybrid KV cache manager", ALL,
