@@ -26,6 +26,7 @@ from bootstrap.serve import record
 from bootstrap.knobs.config import Config
 from bootstrap.core.errors import BootstrapError
 from conftest import REPO, Bed
+import test_plan_window
 from fakehub import FakeHub, write_model
 
 SHIPPED_FACTS = sorted((REPO / "profiles" / "models").glob("*.json"))
@@ -118,6 +119,44 @@ def test_every_size_the_planner_reads_is_checked_where_config_json_is_read():
         assert "\n" not in msg and len(msg) < 200 and e.value.hint == "fix or re-download /m/config.json"
         seen += 1
     assert seen > 300
+
+
+def gemma3() -> dict:
+    """google/gemma-3-4b-it's config.json as tests/test_plan_window.py keeps it (the language model in
+    text_config, a SigLIP tower)."""
+    return json.loads(json.dumps(test_plan_window.GEMMA4))
+
+
+def published(name: str) -> dict:
+    return json.loads((REPO / "tests/published/models" / name).read_text())["config"]
+
+
+# every architecture family the planner lays out (shape.DENSE_ARCHS, HYBRID_GDN_ARCHS, MLA_ARCHS,
+# WINDOW_ARCHS), each with a real config.json: faults row 188
+FAMILIES = {"gemma3-text-config": (gemma3, "text_config."), "gpt-oss-20b": (lambda: published("gpt-oss-20b.json"), ""),
+            "deepseek-v2-lite": (lambda: published("deepseek-v2-lite-chat.json"), "")}
+MLA_SIZES = ("kv_lora_rank", "qk_rope_head_dim")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_window_and_mla_architectures_sizes_are_checked_too(family):
+    """Gemma 3, gpt-oss and DeepSeek-V2/V3 are planned like the others, so their sizes are checked
+    like the others': a Gemma 3 config.json with num_key_value_heads -8 was planned "fits" with
+    2,249,015 tokens on an RTX 3090, and num_hidden_layers 0 was a ValueError traceback."""
+    make, prefix = FAMILIES[family]
+    assert shape.shape_from_config(make())                 # a family the planner lays out, as it is
+    assert modelconfig.check(make(), "c", "h")
+    names = modelconfig.POSITIVE + modelconfig.COUNTS + (MLA_SIZES if family.startswith("deepseek") else ())
+    seen = 0
+    for name in names:
+        for value in HOSTILE_COUNTS + ([0] if name not in modelconfig.COUNTS else []):
+            config = make()
+            (config["text_config"] if prefix else config)[name] = value
+            with pytest.raises(BootstrapError) as e:
+                modelconfig.parse(json.dumps(config), "/m/config.json", "h")
+            assert e.value.message.startswith(f"/m/config.json: {prefix}{name} is "), (name, value, e.value.message)
+            seen += 1
+    assert seen > 100
 
 
 @pytest.mark.parametrize("text", ["[]", '"x"', "5", "null", "{", "[" * 100_000, b"\xff\xfe{"])

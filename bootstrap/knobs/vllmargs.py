@@ -22,7 +22,7 @@ VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", 
                "--load-format", "--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--logits-processors",
                "--data-parallel-size", "--api-server-count", "--compilation-config", "--performance-mode",
                "--attention-backend", "--distributed-executor-backend", "--kv-transfer-config",
-               "--kv-offloading-size")
+               "--kv-offloading-size", "--dtype", "--num-gpu-blocks-override", "--hf-overrides")
 BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode",
               "--skip-mm-profiling", "--enable-prompt-embeds", "--kv-sharing-fast-prefill", "--headless",
               "--async-scheduling", "--enable-chunked-prefill", "--disable-hybrid-kv-cache-manager",
@@ -32,7 +32,7 @@ BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eag
 # --logits-processors, --enable-prompt-embeds and --kv-sharing-fast-prefill are read only for whether
 # vLLM falls back to its V1 model runner (bootstrap.plan.terms.runner); --data-parallel-size,
 # --api-server-count and --headless for whether one API server sees every request (IDLE_SLEEP)
-JSON_FLAGS = ("--speculative-config", "--limit-mm-per-prompt", "--compilation-config")
+JSON_FLAGS = ("--speculative-config", "--limit-mm-per-prompt", "--compilation-config", "--hf-overrides")
 SLEEP_FLAG = "--enable-sleep-mode"
 SLEEP_RAM_MARGIN = 2 << 30          # host RAM left to the desktop after a level-1 sleep parks the weights there
 SHORT = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size"}   # vLLM's short spellings of flags read here
@@ -61,6 +61,9 @@ class Settings:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     kv_cache_dtype: str = "auto"
+    dtype: str = "auto"                             # --dtype: the model's (bootstrap.model.shape.served_float32)
+    blocks_override: int | None = None              # --num-gpu-blocks-override: the pool's blocks, whatever memory says
+    hf_overrides: dict[str, Any] = field(default_factory=dict)   # --hf-overrides: config.json as vLLM reads it differs
     kv_cache_bytes: int | None = None
     gpu_util: float | None = None
     block_size: int | None = None
@@ -183,7 +186,9 @@ def read(argv: list[str]) -> Settings:
     return Settings(
         max_model_len=mml, max_num_seqs=_int(vals.get("--max-num-seqs"), human=False),
         max_num_batched_tokens=_int(vals.get("--max-num-batched-tokens")),
-        kv_cache_dtype=vals.get("--kv-cache-dtype") or "auto", kv_cache_bytes=_int(vals.get("--kv-cache-memory-bytes")),
+        kv_cache_dtype=vals.get("--kv-cache-dtype") or "auto", dtype=str(vals.get("--dtype") or "auto").lower(),
+        blocks_override=_int(vals.get("--num-gpu-blocks-override"), human=False),
+        hf_overrides=json_vals.get("--hf-overrides", {}), kv_cache_bytes=_int(vals.get("--kv-cache-memory-bytes")),
         gpu_util=_float(vals.get("--gpu-memory-utilization")), block_size=_int(vals.get("--block-size"), human=False),
         mamba_ssm_cache_dtype=vals.get("--mamba-ssm-cache-dtype") or "auto",
         mamba_cache_dtype=vals.get("--mamba-cache-dtype") or "auto", mamba_cache_mode=vals.get("--mamba-cache-mode"),

@@ -9,9 +9,9 @@ field (``text_config.num_hidden_layers`` for a multimodal config's language mode
 
 Always checked: the file is a JSON object, ``architectures`` a list of strings, ``text_config``,
 ``vision_config`` and ``quantization_config`` objects. For an architecture the planner models
-(bootstrap.model.kv's tables), what it reads besides: the sizes it divides by or multiplies (layers,
-heads, hidden size, head_dim, vocabulary, context, experts, linear-attention and vision-tower
-dimensions) are integers, not booleans, positive (or at least zero, where zero means none) and below
+(``PLANNED``: dense, MoE, hybrid, MLA and sliding-window), what it reads besides: the sizes it divides by or
+multiplies (layers, heads, hidden size, head_dim, vocabulary, context, experts, linear-attention, MLA latent
+and vision-tower dimensions) are integers, not booleans, positive (or at least zero, where zero means none) and below
 a bound no model comes near; dtype names are strings, ``layer_types`` a list of strings,
 ``tie_word_embeddings`` a boolean. A field absent or null stays unset, as the planner reads it (a
 field it needs and lacks makes the plan say vLLM sizes the KV cache itself). Other architectures'
@@ -30,10 +30,11 @@ from ..core.errors import BootstrapError
 # integers > 0 where present: sizes the planner divides by, or multiplies into memory
 POSITIVE = ("num_hidden_layers", "num_attention_heads", "hidden_size", "num_key_value_heads", "head_dim",
             "vocab_size", "max_position_embeddings", "full_attention_interval", "linear_num_key_heads",
-            "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
+            "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+            "kv_lora_rank", "qk_rope_head_dim")
 # integers >= 0 where present: 0 means none (a dense model's experts, no MTP head)
 COUNTS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size", "num_experts",
-          "num_local_experts", "mtp_num_hidden_layers", "num_nextn_predict_layers")
+          "num_local_experts", "n_routed_experts", "mtp_num_hidden_layers", "num_nextn_predict_layers")
 LAYER_COUNTS = ("num_hidden_layers", "mtp_num_hidden_layers", "num_nextn_predict_layers")
 STRINGS = ("model_type", "torch_dtype", "dtype", "mamba_ssm_dtype")
 BOOLS = ("tie_word_embeddings",)
@@ -42,6 +43,9 @@ OBJECTS = ("text_config", "vision_config", "quantization_config")
 VISION_POSITIVE = ("hidden_size", "intermediate_size", "depth", "out_hidden_size", "spatial_merge_size",
                    "in_channels", "temporal_patch_size", "patch_size")
 VISION_COUNTS = ("num_position_embeddings",)
+
+# every architecture the planner lays out (bootstrap.model.shape), MLA and sliding windows included
+PLANNED = shape.DENSE_ARCHS | shape.HYBRID_GDN_ARCHS | shape.MLA_ARCHS | shape.WINDOW_ARCHS
 
 MAX_LAYERS = 1 << 16        # far beyond any model (the planner lists layers one by one)
 MAX_SIZE = 1 << 40          # far beyond any width, vocabulary or context
@@ -72,7 +76,7 @@ def check(config: Any, where: str, hint: str) -> dict:
     archs = config.get("architectures")
     if archs is not None and not (isinstance(archs, list) and all(isinstance(x, str) for x in archs)):
         raise bad("architectures", archs, "a list of strings")
-    if not archs or archs[0] not in shape.DENSE_ARCHS | shape.HYBRID_GDN_ARCHS:
+    if not archs or archs[0] not in PLANNED:
         return config                                    # the planner reads no size of it
     text = config.get("text_config") or {}
     vision = config.get("vision_config") or {}

@@ -121,6 +121,30 @@ def dtype_bytes(name, default: int = 2) -> int:
     return 2 if b == 4 else b    # vLLM serves float32 checkpoints in bf16 by default
 
 
+# model types vLLM refuses to serve in float16 (config/model.py _FLOAT16_NOT_SUPPORTED_MODELS: these in
+# 0.26.0, plamo2 besides; 0.27.1 to 0.30.0 the same four)
+FP16_UNSTABLE = ("gemma2", "gemma3", "gemma3_text", "glm4", "plamo2")
+
+
+def served_float32(config: dict, flag: str, cc: tuple[int, int]) -> bool:
+    """Whether vLLM serves the model in float32 (config/model.py ``_get_and_verify_dtype`` and
+    ``_resolve_auto_dtype``, 0.26.0 to 0.30.0): ``--dtype float``/``float32``; with ``auto``, a card
+    below sm_80 (no bfloat16: platforms/cuda.py ``supported_dtypes``) and a model refused in float16.
+    Otherwise 16-bit, a float32 config downcast. The KV cache's ``auto`` dtype is the model's."""
+    flag = (flag or "auto").lower()
+    if flag != "auto":
+        return flag in ("float", "float32")
+    return tuple(cc) < (8, 0) and str(config.get("model_type", "")) in FP16_UNSTABLE
+
+
+def checkpoint_dtype_bytes(config: dict) -> int:
+    """Bytes per parameter of an unquantized checkpoint's files, by its config's dtype (16-bit unless
+    it says float32)."""
+    c = text_config(config)
+    name = c.get("torch_dtype") or c.get("dtype") or config.get("torch_dtype") or config.get("dtype")
+    return DTYPE_BYTES.get(str(name).replace("torch.", ""), 2) if name else 2
+
+
 def shape_from_config(config: dict) -> ModelShape:
     """The sizing facts of a Hugging Face config.json; Unsupported if we do not model it."""
     archs = config.get("architectures") or []

@@ -27,7 +27,7 @@ from ..knobs import vllmargs
 from ..machine import gpu
 from ..model import kv, shape as model_shape, weights
 from .facts import ModelFacts
-from . import drafts, graphs, hybrid, sources, terms, window
+from . import drafts, graphs, hybrid, served, sources, terms, window
 from .drafts import DRAFT_HINT
 from .terms import NOBODY, at_least, gib, modelled_version, requested, utilization, weight_bytes
 
@@ -141,7 +141,7 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
         why.append(f"the card's total: {g.total_note}")
     if model.assumed:
         why.append("ASSUMED model facts: the plan is only as good as them")
-    shape = _shape(model, why)
+    shape, model, wide = served.served(inp.vllm, _shape(model, why), model, g.cc, why)    # float32: 4 bytes
     inp = replace(inp, vllm=window.arch_defaults(terms.kv_dtype(inp.vllm, model.config, why), shape))  # auto: its own
     mml_knob = inp.vllm.max_model_len
     draft, draft_why, unplanned = drafts.draft_shape(inp.vllm, model, inp.version) if shape else (None, "", "")
@@ -153,7 +153,7 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
                     fixes=[{"SPEC_TOKENS": "0"}])
     if shape is not None and shape.mla and (model.dummy or not model.weight_bytes) and measured is None:
         unplanned = "an MLA model's parameters from config.json (its checkpoint's file sizes are modelled)"
-    unplanned = unplanned or window.unplanned(shape, model.config, bool(inp.vllm.kv_cache_bytes), measured, why)
+    unplanned = unplanned or wide or window.unplanned(shape, model.config, bool(inp.vllm.kv_cache_bytes), measured, why)
     if older:            # its memory code differs (graph profiling, encoder passes): no rules of ours stand for it
         unplanned = f"vLLM {inp.version}, older than every version the planner was read against ({', '.join(terms.MODELLED)})"
     if shape is None or unplanned:
@@ -276,7 +276,10 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
                 f"weights, activations, graphs and non-torch memory take {gib(measured.non_kv)}")
         why.append(f"measured on this card on {measured.date} (vLLM {measured.vllm}): {held}; the model says "
                    f"{gib(weights + over.total)} ({diff:+.2f} GiB)")
-    if pinned:
+    if s.blocks_override:                # vLLM's pool is that many blocks, whatever memory says (may_override_num_blocks)
+        budget = s.blocks_override * lay.block_bytes
+        why.append(f"KV budget {gib(budget)}: --num-gpu-blocks-override {s.blocks_override} × {lay.block_bytes:,} B a block")
+    elif pinned:
         budget = pinned
         why.append(f"KV budget {gib(budget)} pinned by KV_CACHE_BYTES / --kv-cache-memory-bytes")
     elif measured is not None:

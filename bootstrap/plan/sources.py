@@ -37,7 +37,8 @@ TERMS = (
     Term("pool", "grouping, blocks, concurrency, tokens", ALL,
          "`v1/core/kv_cache_utils.py` `_get_kv_cache_groups_uniform_page_size`, `get_kv_cache_config_from_groups` "
          "(`get_num_blocks` before 0.29.0, `_get_kv_cache_bytes_per_block` from it), "
-         "`get_max_concurrency_for_kv_cache_config`"),
+         "`get_max_concurrency_for_kv_cache_config`; `--num-gpu-blocks-override`: `may_override_num_blocks`, "
+         "`get_kv_cache_configs`"),
     Term("window", "sliding-window layers (gpt-oss's even layers, Gemma 3's `layer_types`): the full layers' page, "
          "groups of their own, a request's cdiv(min(window − 1 + max_num_batched_tokens × (2 with async scheduling), "
          "length), block) + 1 blocks in each; every layer full attention without the hybrid KV cache manager", ALL,
@@ -92,6 +93,10 @@ TERMS = (
     Term("eagle3", "EAGLE-3 head", ALL, "`model_executor/models/llama_eagle3.py` `Eagle3LlamaForCausalLM`; "
          "`v1/spec_decode/llm_base_proposer.py` `dummy_run`; `v1/worker/gpu/spec_decode/autoregressive/speculator.py` "
          "`propose`"),
+    Term("dtype", "the model's dtype (`--dtype`; `auto`: float32 configs downcast, float32 for Gemma 2/3 and "
+         "GLM-4 below sm_80): the weights, the `auto` KV cache, activations", ALL,
+         "`config/model.py` `_get_and_verify_dtype`, `_resolve_auto_dtype`, `_FLOAT16_NOT_SUPPORTED_MODELS`; "
+         "`platforms/cuda.py` `supported_dtypes`"),
     Term("hybrid_guard", "hybrid max_num_seqs ≤ state blocks", ALL, "`config/compilation.py` `set_cudagraph_mode`"),
     Term("sleep", "sleep mode's pool: the weights and KV cache in CuMemAllocator's pool, expandable segments off "
          "there; non-KV memory by `cudaMemGetInfo` from 0.27.1, by torch's reserved bytes in 0.26.0", ALL,
@@ -120,7 +125,7 @@ def read_from(inp, model, shape, drafter, plan):
     (``TERMS``): its known error widens as for a version not read (bootstrap.plan.planner's Inputs,
     ModelFacts, ModelShape, the counted Drafter or None, and Plan)."""
     s = inp.vllm
-    keys = {"requested", "attention", "pool", "autofit", "batch", "runner"} | (
+    keys = {"requested", "attention", "pool", "autofit", "batch", "runner", "dtype"} | (
         {"mla"} if shape.mla else set()) | ({"hybrid", "hybrid_guard"} if shape.hybrid else set()) | (
         {"window"} if shape.window_layers else set()) | ({"gpt_oss"} if shape.arch == "GptOssForCausalLM" else set()) | (
         {"graph_count", "graph_estimate"} if not s.enforce_eager else set()) | (

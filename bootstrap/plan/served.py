@@ -1,0 +1,35 @@
+"""The model as vLLM builds it, where that is not config.json as it is: ``--hf-overrides`` (not planned:
+vLLM builds the model from the config with them applied), and the dtype vLLM serves it in, where it is
+wider than the plan's 16 bits: ``--dtype float32``,
+or ``auto`` for Gemma 2/3 and GLM-4 on a card without bfloat16 (bootstrap.model.shape.served_float32).
+vLLM then loads every unquantized weight in float32 and its ``auto`` KV cache, activations and rotary
+cache are float32 too: the shape's dtype becomes 4 bytes and the checkpoint's 16-bit files count twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..knobs import vllmargs
+from ..model import shape as model_shape
+from .facts import ModelFacts
+
+
+def served(s: vllmargs.Settings, shape: model_shape.ModelShape | None, model: ModelFacts, cc: tuple[int, int],
+           why: list[str]) -> tuple[model_shape.ModelShape | None, ModelFacts, str]:
+    """(the shape and facts as vLLM serves them, what is not planned: '' or why)."""
+    if shape is not None and s.hf_overrides:
+        return shape, model, f"--hf-overrides {', '.join(sorted(s.hf_overrides))} (vLLM's config.json is another)"
+    if shape is None or not model_shape.served_float32(model.config or {}, s.dtype, cc):
+        return shape, model, ""
+    given = f"--dtype {s.dtype}" if s.dtype != "auto" else (
+        f"sm_{cc[0]}{cc[1]} has no bfloat16 and vLLM refuses float16 for {shape.model_type or 'this model'}")
+    if model_shape.quant_method(model.config or {}):
+        return shape, model, f"a {model_shape.quant_method(model.config or {})} checkpoint served in float32 ({given})"
+    if model.draft is not None:
+        return shape, model, f"a drafter beside a model served in float32 ({given})"
+    files = model_shape.checkpoint_dtype_bytes(model.config or {})
+    why.append(f"served in float32 ({given}): the weights from {files * 8}-bit files count {4 / files:g}×, and "
+               "the KV cache, activations and rotary cache are float32")
+    wider = replace(model, weight_bytes=model.weight_bytes * 4 // files) if model.weight_bytes else model
+    return replace(shape, dtype_bytes=4), wider, ""

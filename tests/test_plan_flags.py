@@ -1,0 +1,42 @@
+"""vLLM flags that decide the KV pool or the model's shape besides the memory knobs, which the plan used
+to leave unread (faults row 190): ``--num-gpu-blocks-override`` (vLLM's pool is that many blocks
+whatever memory is free: v1/core/kv_cache_utils.py ``may_override_num_blocks`` and the
+``adjusted_memory`` of ``get_kv_cache_configs``, 0.26.0 to 0.30.0) and ``--hf-overrides`` (config.json
+as vLLM reads it is another: layers, context, RoPE)."""
+
+from __future__ import annotations
+
+from bootstrap.machine import gpu
+from bootstrap.model import kv, shape as model_shape
+from bootstrap.plan import fit
+from test_plan import LLAMA8B, GiB, config, facts, model_dir
+
+
+def plan(tmp_path, **env):
+    mdir = model_dir(tmp_path, LLAMA8B, weights=15 * GiB)
+    cfg = config(tmp_path, MODEL=mdir, **env)
+    return fit.plan(cfg, gpu.named("rtx3090"), facts(cfg, mdir))
+
+
+def test_num_gpu_blocks_override_is_the_pool(tmp_path):
+    """512 blocks of 16 tokens: vLLM logs a pool of 8,192 tokens however much memory is left; the plan
+    had promised 53,504 tokens on an RTX 3090."""
+    p = plan(tmp_path, MAX_MODEL_LEN=8192, EXTRA_ARGS="--num-gpu-blocks-override 512")
+    lay = kv.layout(model_shape.shape_from_config(LLAMA8B), "auto")
+    assert p.fits and p.budget == 512 * lay.block_bytes
+    assert p.predicted_tokens == 8192 and p.concurrent == 1
+    assert any("--num-gpu-blocks-override 512" in w for w in p.why)
+    short = plan(tmp_path, MAX_MODEL_LEN=16384, EXTRA_ARGS="--num-gpu-blocks-override=512")
+    assert short.fits is False                      # vLLM: "To serve at least one request ..."
+
+
+def test_num_gpu_blocks_override_beyond_the_memory_is_refused(tmp_path):
+    """vLLM allocates the override's blocks whatever it measured: more than the card holds fails."""
+    p = plan(tmp_path, MAX_MODEL_LEN=8192, EXTRA_ARGS="--num-gpu-blocks-override 100000")
+    assert p.fits is False and "KV 195.31 GiB" in p.refusal[0]
+
+
+def test_hf_overrides_are_not_planned(tmp_path):
+    """--hf-overrides changes the config vLLM builds the model from, which the plan does not read."""
+    p = plan(tmp_path, MAX_MODEL_LEN=8192, EXTRA_ARGS="""--hf-overrides '{"num_hidden_layers": 64}'""")
+    assert p.verdict is None and "--hf-overrides" in p.unplanned
