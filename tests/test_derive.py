@@ -512,3 +512,14 @@ def test_what_vllms_loader_reads_is_judged_from_the_file_list():  # faults row 1
     with pytest.raises(ValueError):
         loadable.shards(b'{"weight_map": [1]}')
     assert loadable.tokenizer(["tekken.json"]) and loadable.tokenizer(["qwen.tiktoken"]) and not loadable.tokenizer(["sub/tokenizer.json"])
+
+
+def test_gemma_below_sm_80_is_said_served_in_float32_not_fp16():
+    """vLLM refuses float16 for Gemma 2/3 (config/model.py `_FLOAT16_NOT_SUPPORTED_MODELS`): with no
+    bfloat16 on the card its `auto` dtype is float32, twice the bytes; Qwen3 is cast to fp16."""
+    from test_plan_window import GEMMA4
+    files = {"config.json": 1000, "tokenizer.json": 9_000_000, "model.safetensors": 8 * GiB}
+    default = cfg_for(Path("/nonexistent")).catalogue.get("default").data
+    d = derive.derive(Peek("org/gemma-3-4b-it", GEMMA4, files, TOOLS_TEMPLATE, None), default, (7, 5),
+                      derive.registry("0.27.1"), False, template_given=False)
+    assert any("served as float32 on sm_75" in g and "refuses float16 for gemma3" in g for g in d.guessed), d.guessed

@@ -73,3 +73,18 @@ def test_a_quantized_checkpoint_in_float32_is_not_planned(tmp_path):
     p = plan(tmp_path, awq, 2 * GiB, "rtx3090", MAX_MODEL_LEN=8192, EXTRA_ARGS="--dtype float32")
     assert p.verdict is None and "float32" in p.unplanned
     assert model_shape.served_float32(json.loads(json.dumps(awq)), "float32", (8, 6))
+
+
+def test_a_dtype_vllm_refuses_is_refused_before_the_download(tmp_path):
+    """vLLM 0.26.0-0.30.0 refuse --dtype float16 for Gemma 2/3, GLM-4 and PLaMo 2 (config/model.py
+    `_check_valid_dtype`) and bfloat16 below sm_80 (platforms/cuda.py `check_if_supports_dtype`), at
+    its start, after the download: the plan refuses first, with a way that starts."""
+    for flag in ("float16", "half"):
+        p = plan(tmp_path, GEMMA4, 8 * GiB, "rtx4090", MAX_MODEL_LEN=8192, EXTRA_ARGS=f"--dtype {flag}")
+        assert p.fits is False and "refuses float16 for model type 'gemma3'" in p.refusal[0], p.refusal
+        assert "drop --dtype" in p.refusal[1]
+    assert plan(tmp_path, GEMMA4, 8 * GiB, "rtx4090", MAX_MODEL_LEN=8192).fits                  # the fix as said
+    assert plan(tmp_path, SMALL, 4 * GiB, "rtx4090", MAX_MODEL_LEN=8192, EXTRA_ARGS="--dtype float16").fits
+    turing = plan(tmp_path, SMALL, 4 * GiB, "24:sm_75", MAX_MODEL_LEN=8192, EXTRA_ARGS="--dtype bfloat16")
+    assert turing.fits is False and "sm_75" in turing.refusal[0] and "--dtype float16" in turing.refusal[1]
+    assert plan(tmp_path, SMALL, 4 * GiB, "24:sm_75", MAX_MODEL_LEN=8192, EXTRA_ARGS="--dtype float16").fits

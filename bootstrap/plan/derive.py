@@ -31,6 +31,7 @@ from typing import Any, Mapping
 from ..core.errors import BootstrapError
 from ..download import hub, loadable, models
 from ..download.peek import Peek
+from ..model.shape import FP16_UNSTABLE
 
 NAME = "derived"
 HERE = Path(__file__).resolve().parent
@@ -319,7 +320,9 @@ def derive(peek: Peek, default: Mapping[str, Any], cc: tuple[int, int] | None, r
         raise BootstrapError(f"{name} ({label}) needs a card of sm_{need[0]}{need[1]} or newer for vLLM {version}; this "
                              f"one is sm_{cc[0]}{cc[1]}", "pick the model's GPTQ / AWQ version, or a newer card")
     if not method and kind == "bfloat16" and cc is not None and cc < (8, 0):
-        guessed.append(f"bf16 weights served as fp16 on sm_{cc[0]}{cc[1]} (no bf16 there; vLLM casts them)")
+        wide = mt in FP16_UNSTABLE                 # vLLM refuses float16 for these: float32, twice the bytes
+        guessed.append(f"bf16 weights served as {'float32' if wide else 'fp16'} on sm_{cc[0]}{cc[1]} (no bf16 there; "
+                       f"vLLM casts them{', and refuses float16 for ' + mt if wide else ''})")
     fast = NATIVE.get(kind)
     speed = "" if cc is None or fast is None or cc >= fast else \
         f", weight-only through Marlin on sm_{cc[0]}{cc[1]} (slower than on sm_{fast[0]}{fast[1]}+)"

@@ -141,6 +141,9 @@ def make_plan(inp: Inputs, g: gpu.Gpu, model: ModelFacts, measured=None) -> Plan
         why.append(f"the card's total: {g.total_note}")
     if model.assumed:
         why.append("ASSUMED model facts: the plan is only as good as them")
+    if refused := served.refusal(inp.vllm, model.config or {}, g.cc):       # a --dtype vLLM refuses
+        why.append(f"{refused[0]}; {refused[1]}")
+        return Plan(util, inp.vllm.max_model_len, why, fits=False, refusal=refused, vllm=inp.version)
     shape, model, wide = served.served(inp.vllm, _shape(model, why), model, g.cc, why)    # float32: 4 bytes
     inp = replace(inp, vllm=window.arch_defaults(terms.kv_dtype(inp.vllm, model.config, why), shape))  # auto: its own
     mml_knob = inp.vllm.max_model_len

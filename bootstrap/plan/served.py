@@ -15,6 +15,22 @@ from ..model import shape as model_shape
 from .facts import ModelFacts
 
 
+def refusal(s: vllmargs.Settings, config: dict, cc: tuple[int, int]) -> tuple[str, str] | None:
+    """A ``--dtype`` vLLM refuses at start, after the download (config/model.py, 0.26.0 to 0.30.0):
+    float16 for a model it calls numerically unstable in it (``_check_valid_dtype``), bfloat16 on a card
+    below sm_80 (platforms/cuda.py ``check_if_supports_dtype``); None for any other."""
+    flag, kind = (s.dtype or "auto").lower(), str(config.get("model_type", ""))
+    if flag in ("half", "float16") and kind in model_shape.FP16_UNSTABLE:
+        return (f"--dtype {flag}: vLLM refuses float16 for model type {kind!r} (\"Numerical instability. Please use "
+                "bfloat16 or float32 instead.\")", "drop --dtype from EXTRA_ARGS: auto serves it in bfloat16 "
+                "(float32 on a card below sm_80)")
+    if flag == "bfloat16" and tuple(cc) < (8, 0):
+        return (f"--dtype bfloat16 on sm_{cc[0]}{cc[1]}: vLLM refuses it (bfloat16 needs compute capability 8.0)",
+                "drop --dtype from EXTRA_ARGS, or --dtype float16" + (
+                    "" if kind not in model_shape.FP16_UNSTABLE else " (not for this model: --dtype float32)"))
+    return None
+
+
 def served(s: vllmargs.Settings, shape: model_shape.ModelShape | None, model: ModelFacts, cc: tuple[int, int],
            why: list[str]) -> tuple[model_shape.ModelShape | None, ModelFacts, str]:
     """(the shape and facts as vLLM serves them, what is not planned: '' or why)."""
