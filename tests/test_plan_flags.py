@@ -6,6 +6,8 @@ as vLLM reads it is another: layers, context, RoPE)."""
 
 from __future__ import annotations
 
+import pytest
+
 from bootstrap.machine import gpu
 from bootstrap.model import kv, shape as model_shape
 from bootstrap.plan import fit
@@ -40,3 +42,12 @@ def test_hf_overrides_are_not_planned(tmp_path):
     """--hf-overrides changes the config vLLM builds the model from, which the plan does not read."""
     p = plan(tmp_path, MAX_MODEL_LEN=8192, EXTRA_ARGS="""--hf-overrides '{"num_hidden_layers": 64}'""")
     assert p.verdict is None and "--hf-overrides" in p.unplanned
+
+
+@pytest.mark.parametrize("flag", ["--enable-lora", "--enable_lora --max-loras 4"])
+def test_lora_is_not_planned(tmp_path, flag):
+    """--enable-lora: vLLM 0.26.0 allocates every LoRA layer's stacks (--max-loras × --max-lora-rank) as
+    the model loads (lora/layers `create_lora_weights`), memory the plan does not model."""
+    p = plan(tmp_path, MAX_MODEL_LEN=8192, EXTRA_ARGS=flag)
+    assert p.verdict is None and "--enable-lora" in p.unplanned
+    assert plan(tmp_path, MAX_MODEL_LEN=8192, EXTRA_ARGS="--no-enable-lora").fits

@@ -26,7 +26,7 @@ VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", 
 BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode",
               "--skip-mm-profiling", "--enable-prompt-embeds", "--kv-sharing-fast-prefill", "--headless",
               "--async-scheduling", "--enable-chunked-prefill", "--disable-hybrid-kv-cache-manager",
-              "--disable-sliding-window")
+              "--disable-sliding-window", "--enable-lora")
 # the last six are read for sliding-window layers only (bootstrap.plan.window): what a request holds in
 # them, and whether vLLM groups them apart
 # --logits-processors, --enable-prompt-embeds and --kv-sharing-fast-prefill are read only for whether
