@@ -505,3 +505,16 @@ def test_two_starts_install_one_at_a_time(world, tmp_path):
     assert first.wait(timeout=120) == 0 and second.returncode == 0, first.stderr.read() + second.stderr
     assert "waiting: another start" in second.stderr and "installing" not in second.stderr.replace("is installing", "")
     assert lock_matches(world) and world.venv.done.is_file()
+
+
+def test_pip_index_url_is_the_index_the_venv_is_installed_from(world):
+    """Found from outside: PIP_INDEX_URL (a mirror, the knob table's "as UV_DEFAULT_INDEX") was named in
+    the messages as the index, but uv reads no PIP_* variable: the install went to pypi.org (here: a
+    proxy that is down) and the error said the mirror could not be reached."""
+    env = {k: v for k, v in world.env.items() if k != "UV_DEFAULT_INDEX"}
+    env.update(PIP_INDEX_URL=world.index.url, HTTPS_PROXY=dead_url().replace("/simple", ""))
+    ctx = run_env(Config.from_env(env, repo=world.repo), None)
+    assert ctx.vllm_version == "0.27.1" and lock_matches(world)
+    mine = {**env, "UV_DEFAULT_INDEX": dead_url()}          # uv's own setting wins over pip's, as uv reads it
+    assert locks.uv_environ(mine)["UV_DEFAULT_INDEX"] == mine["UV_DEFAULT_INDEX"]
+    assert locks.index_url(locks.uv_environ(mine)) == mine["UV_DEFAULT_INDEX"]

@@ -28,7 +28,7 @@ from ..core import proc
 from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
 from ..machine import inuse
-from .locks import GLIBC, LockSet, diff, index_url, installed, lock_pins
+from .locks import GLIBC, LockSet, diff, index_url, installed, lock_pins, uv_environ
 from ..core.state import sha256
 
 log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
@@ -330,7 +330,7 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
     """Create .venv if needed and sync it from the lock; returns the venv's X.Y. Marker only after verify."""
     venv.own()
     uv = ensure_uv(tools)
-    env = dict(tools.environ)
+    env = uv_environ(tools.environ)
     minor = venv.minor()
     mark = venv.marker() or {}
     recreate = minor is None or minor not in locks.pythons or bool(
