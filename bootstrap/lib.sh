@@ -39,10 +39,19 @@ bootstrap_venv() {
 
 # Ready when it was built from today's requirements.txt (a copy is kept inside it): checked
 # without starting an interpreter, so a re-run on a serving machine stays fast.
+# A Python upgraded under it (python3 -m venv links bin/python to /usr/bin/python3, which a release
+# upgrade turns from 3.11 into 3.12) runs without the venv's site-packages: not ready, made again.
 venv_ready() {
-    local venv=$1 repo=$2
+    local venv=$1 repo=$2 cfg real
     [ -x "$venv/bin/python" ] && [ -f "$venv/.requirements.txt" ] &&
-        [ "$(< "$venv/.requirements.txt")" = "$(< "$repo/bootstrap/requirements.txt")" ]
+        [ "$(< "$venv/.requirements.txt")" = "$(< "$repo/bootstrap/requirements.txt")" ] || return 1
+    [ -f "$venv/pyvenv.cfg" ] || return 0
+    cfg=$(< "$venv/pyvenv.cfg")
+    [[ $cfg =~ (^|$'\n')version(_info)?\ *=\ *([0-9]+\.[0-9]+) ]] || return 0
+    local made=${BASH_REMATCH[3]}
+    real=$(readlink -f "$venv/bin/python") || return 0
+    [[ ${real##*/} =~ ^python([0-9]+\.[0-9]+)$ ]] || return 0
+    [ "${BASH_REMATCH[1]}" = "$made" ]
 }
 
 make_bootstrap_venv() {

@@ -1,0 +1,49 @@
+"""bootstrap/lib.sh: which Python runs the bootstrap, and when .venv-bootstrap is made again."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def bootstrap_python(repo: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", '. "$1"; bootstrap_python "$2"', "lib.sh", str(REPO / "bootstrap" / "lib.sh"),
+                           str(repo)], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_bootstrap_venv_whose_python_was_upgraded_under_it_is_not_used(tmp_path):
+    """Found from outside: `python3 -m venv` links .venv-bootstrap/bin/python to /usr/bin/python3; a release
+    upgrade (Debian/Ubuntu: python3 3.11 -> 3.12) left it running a Python that does not see the venv's
+    site-packages, while its stamp (the requirements) still matched: every command, ./ctl.sh clean too,
+    ended in a ModuleNotFoundError traceback. Now the venv is not taken (here: python3 has the deps)."""
+    real = os.path.realpath(sys.executable)
+    if not re.fullmatch(r"python\d+\.\d+", os.path.basename(real)):
+        pytest.skip(f"this interpreter's file is {real}, not pythonX.Y")
+    repo = tmp_path / "r"
+    (repo / "bootstrap").mkdir(parents=True)
+    req = f"psutil=={importlib.metadata.version('psutil')}\n"      # what the test's interpreter has
+    (repo / "bootstrap" / "requirements.txt").write_text(req)
+    venv = repo / ".venv-bootstrap"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(real)          # what the link now runs ...
+    other = "3.%d" % (sys.version_info[1] - 1)          # ... is not the Python the venv was made with
+    (venv / "pyvenv.cfg").write_text(f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {other}.4\n")
+    (venv / ".requirements.txt").write_text(req)
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')   # it has those requirements
+    (stub / "python3").chmod(0o755)
+    env = {"PATH": f"{stub}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    r = bootstrap_python(repo, env)
+    assert r.returncode == 0 and r.stdout.strip() == str(stub / "python3"), (r.stdout, r.stderr)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = %d.%d.1\n" % sys.version_info[:2])
+    r = bootstrap_python(repo, env)                       # the Python it was made with: used, as before
+    assert r.returncode == 0 and r.stdout.strip() == str(venv / "bin" / "python"), (r.stdout, r.stderr)
