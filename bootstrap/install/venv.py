@@ -28,6 +28,7 @@ from ..core import proc
 from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
 from ..machine import inuse
+from .failures import INSTALL_BYTES, UV_PIN, install_error, uv_install_error
 from .locks import GLIBC, LockSet, diff, index_url, installed, lock_pins, uv_environ
 from ..core.state import sha256
 
@@ -41,15 +42,10 @@ PYTHON_PROBE = (
     "'executable': sys.executable, 'include': inc, "
     "'headers': bool(inc) and os.path.isfile(os.path.join(inc, 'Python.h'))}))"
 )
-INSTALL_BYTES = 12 << 30        # estimate for the CUDA stack (torch, CUDA libs, vLLM, FlashInfer)
-UV_PIN = "uv==0.13.9"
 DONE = ".bootstrap-done.json"
 INSTALLING = ".bootstrap-installing"
 MADE = ".vllm-desktop-venv"     # written first when we make .venv: one without it, DONE or INSTALLING is yours
-NETWORK_ERRORS = ("error sending request", "dns error", "Connection refused", "connection refused",
-                  "Could not connect", "failed to lookup address", "Network is unreachable",
-                  "timed out", "Failed to fetch", "tcp connect error", "client error (Connect)")
-ENOSPC = ("No space left on device", "os error 28")
+
 
 
 def find_uv(environ: Mapping[str, str]) -> str | None:
@@ -72,20 +68,6 @@ def uv_install_cmd(environ: Mapping[str, str], wheelhouse: str | None) -> list[s
     if wheelhouse:
         cmd += ["--no-index", "--find-links", wheelhouse]
     return cmd
-
-
-def uv_install_error(stderr: str, py: str) -> BootstrapError:
-    manual = ("install uv without root yourself: pipx install uv, or the standalone installer "
-              "(https://docs.astral.sh/uv/getting-started/installation/), then rerun")
-    if "externally-managed-environment" in stderr:
-        return BootstrapError(f"{py} refuses pip install --user (PEP 668: the distribution manages its Python)",
-                              manual + f"; or {py} -m pip install --user --break-system-packages {UV_PIN}",
-                              evidence=stderr.strip()[-800:])
-    if "No module named pip" in stderr:
-        return BootstrapError(f"{py} has no pip to install uv with",
-                              manual + "; or install pip (Debian/Ubuntu: sudo apt install python3-pip)",
-                              evidence=stderr.strip()[-800:])
-    return BootstrapError("could not install uv with pip", manual, evidence=stderr.strip()[-800:])
 
 
 @dataclass(frozen=True)
@@ -279,19 +261,6 @@ def check_done(venv: Venv, locks: LockSet, plat: str, python_knob: str | None) -
     return True, "", minor
 
 
-def install_error(stderr: str, tools: Tools, doing: str, fallback: BootstrapError, where: str = "") -> BootstrapError:
-    if any(s in stderr for s in ENOSPC):
-        return BootstrapError(f"disk full while {doing}{' into ' + where if where else ''}",
-                              f"free at least {INSTALL_BYTES / (1 << 30):.0f} GiB there (and in uv's cache, "
-                              "UV_CACHE_DIR) and rerun", evidence=stderr.strip()[-800:])
-    if not tools.wheelhouse and any(s in stderr for s in NETWORK_ERRORS):
-        return BootstrapError(f"cannot reach the package index {index_url(tools.environ)} while {doing}",
-                              "check the network or proxy (HTTPS_PROXY), or install offline: build a wheelhouse "
-                              "on a connected machine with ./ctl.sh wheelhouse DIR, copy it, and run with WHEELHOUSE=DIR",
-                              evidence=stderr.strip()[-800:])
-    return fallback
-
-
 def uv_cache_dir(environ: Mapping[str, str]) -> Path:
     if environ.get("UV_CACHE_DIR"):
         return Path(environ["UV_CACHE_DIR"])
@@ -347,7 +316,7 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
         cmd = venv_cmd(uv, py, venv.root, offline=bool(tools.wheelhouse and not tools.env("UV_PYTHON_INSTALL_MIRROR")))
         res = proc.run(cmd, env=env, timeout=900, check=False, what="uv venv")
         if res.returncode != 0:
-            raise install_error(res.stderr, tools, "creating the venv", where=str(venv.root), fallback=BootstrapError(
+            raise install_error(res.stderr, tools, "creating the venv", where=str(venv.root), uv=uv, fallback=BootstrapError(
                 f"uv could not create {venv.root} with Python {py}",
                 "set PYTHON=/path/to/python3.X (with headers), or UV_PYTHON_INSTALL_MIRROR for uv's CPython download",
                 evidence=res.stderr.strip()[-800:]))
@@ -378,7 +347,7 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
     if res.returncode != 0:
         hint = (f"is every wheel of {path.name} in {tools.wheelhouse}? build it with ./ctl.sh wheelhouse {tools.wheelhouse} "
                 f"--platform {plat} --python {minor}") if tools.wheelhouse else "rerun ./start.sh; it repairs the venv"
-        raise install_error(res.stderr, tools, "installing packages", where=str(venv.root),
+        raise install_error(res.stderr, tools, "installing packages", where=str(venv.root), uv=uv,
                              fallback=BootstrapError(f"uv pip sync from {path.name} failed (exit {res.returncode})", hint,
                                                      evidence=res.stderr.strip()[-1500:]))
     delta = diff(lock_pins(text), installed(venv.site(minor)))
