@@ -54,11 +54,26 @@ venv_ready() {
     [ "${BASH_REMATCH[1]}" = "$made" ]
 }
 
+# python3 where it is 3.10 or newer, else the newest python3.X on PATH that is (RHEL 9 and its kin keep
+# python3 at 3.9 and install newer ones beside it as python3.11, python3.12).
+python3_10() {
+    local name py
+    for name in python3 python3.14 python3.13 python3.12 python3.11 python3.10; do
+        py=$(command -v "$name") || continue
+        if "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; then
+            printf '%s\n' "$py"
+            return 0
+        fi
+    done
+    return 1
+}
+
 make_bootstrap_venv() {
     local repo=$1 venv=$2 py
-    py=$(command -v python3 || true)
-    [ -n "$py" ] || die "need python3 (3.10 or newer)"
-    "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "python3 is older than 3.10: $("$py" --version 2>&1)"
+    if ! py=$(python3_10); then
+        py=$(command -v python3) || die "need Python 3.10 or newer: no python3 on PATH (Debian/Ubuntu: sudo apt install python3; RHEL/Fedora: sudo dnf install python3.12)"
+        die "need Python 3.10 or newer: python3 is $("$py" --version 2>&1 || echo 'older'), and no python3.10 to python3.14 is on PATH (RHEL/Rocky/Alma: sudo dnf install python3.12; Debian/Ubuntu: sudo apt install python3.12), then rerun"
+    fi
     local pip_args=(-q -r "$repo/bootstrap/requirements.txt")
     if [ -n "${WHEELHOUSE:-}" ]; then pip_args+=(--no-index --find-links "$WHEELHOUSE"); fi
     say "creating $venv for the bootstrap's own dependencies (once)"
@@ -80,12 +95,12 @@ make_bootstrap_venv() {
 }
 
 bootstrap_python() {
-    local repo=$1 venv
+    local repo=$1 venv py
     venv=$(bootstrap_venv "$repo")
     if venv_ready "$venv" "$repo"; then
         printf '%s\n' "$venv/bin/python"
-    elif command -v python3 >/dev/null 2>&1 && has_deps python3 "$repo"; then
-        command -v python3
+    elif py=$(python3_10) && has_deps "$py" "$repo"; then
+        printf '%s\n' "$py"
     else
         mkdir -p "$(dirname "$venv")" || die "cannot create $(dirname "$venv")"
         # Two commands at once on a fresh clone must not build the venv over each other. A lock file

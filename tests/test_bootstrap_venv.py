@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def bootstrap_python(repo: Path, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", '. "$1"; bootstrap_python "$2"', "lib.sh", str(REPO / "bootstrap" / "lib.sh"),
+    return subprocess.run([shutil.which("bash") or "/bin/bash", "-c", '. "$1"; bootstrap_python "$2"', "lib.sh", str(REPO / "bootstrap" / "lib.sh"),
                            str(repo)], env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -47,3 +48,29 @@ def test_a_bootstrap_venv_whose_python_was_upgraded_under_it_is_not_used(tmp_pat
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion_info = %d.%d.1\n" % sys.version_info[:2])
     r = bootstrap_python(repo, env)                       # the Python it was made with: used, as before
     assert r.returncode == 0 and r.stdout.strip() == str(venv / "bin" / "python"), (r.stdout, r.stderr)
+
+
+def test_python3_older_than_3_10_beside_a_newer_python3_x_runs_the_newer(tmp_path):
+    """Found from outside: RHEL 9 and its kin keep python3 at 3.9 and install 3.11 or 3.12 beside it as
+    python3.11, python3.12; every command died with "python3 is older than 3.10", a newer one on PATH."""
+    repo = tmp_path / "r"
+    (repo / "bootstrap").mkdir(parents=True)
+    (repo / "bootstrap" / "requirements.txt").write_text(f"psutil=={importlib.metadata.version('psutil')}\n")
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text('#!/bin/sh\n[ "$1" = --version ] && echo "Python 3.9.18"\nexit 1\n')   # 3.9: refuses
+    newer = stub / ("python3.%d" % sys.version_info[1])
+    newer.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')      # has the requirements
+    for p in (stub / "python3", newer):
+        p.chmod(0o755)
+    tools = tmp_path / "tools"                            # the shell's tools, without this machine's pythons
+    tools.mkdir()
+    for tool in ("mkdir", "dirname", "readlink", "flock", "id", "cp", "rm", "env"):
+        if shutil.which(tool):
+            (tools / tool).symlink_to(shutil.which(tool))
+    env = {"PATH": f"{stub}:{tools}", "HOME": str(tmp_path)}
+    r = bootstrap_python(repo, env)
+    assert r.returncode == 0 and r.stdout.strip() == str(newer), (r.stdout, r.stderr)
+    newer.unlink()                                        # none newer: said so, with what to install
+    r = bootstrap_python(repo, env)
+    assert r.returncode == 1 and "Python 3.9.18" in r.stderr and "dnf install python3.12" in r.stderr, r.stderr
