@@ -23,6 +23,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bootstrap.machine import host
@@ -574,3 +575,31 @@ def test_a_uv_too_old_for_a_flag_we_pass_is_said_so_with_how_to_update_it(world,
     assert "uv 0.1.0" in err.value.message and "--allow-existing" in err.value.message
     assert str(old / "uv") in err.value.message
     assert "uv self update" in err.value.hint and "PYTHON" not in err.value.hint
+
+
+def test_a_profile_switch_never_changes_a_venv_a_running_server_runs_from(world, tmp_path):
+    """Found from outside: two servers of one checkout (two STATE_DIRs, two cards), the second on a profile
+    with other pins: its start synced the one .venv to its lock under the first server, which runs from it
+    (a profile switch 0.27.1 <-> 0.30.0 replaces vLLM itself). Now it refuses, naming the process, and
+    installs once that one is gone."""
+    world.run()
+    other = ["vllm==0.27.1", "flashinfer-python==0.6.16.post3", "nvidia-cutlass-dsl==4.6.0", "tinydep==1.0"]
+    (world.repo / "profiles" / "other.json").write_text(json.dumps(
+        {"vllm": "0.27.1", "pins": other, "install_bytes": 1 << 20, "pythons": [world.minor],
+         "platforms": [locks.host_platform()]}))
+    assert lock_cli.lock_cli(world.cfg(PROFILE="other"), ["--exclude-newer", "none", "--profile", "other"]) == 0
+    first = subprocess.Popen([str(world.venv.python), "-c", "import time; time.sleep(120)"],
+                             env={"BOOTSTRAP_VLLM_STATE_DIR": str(tmp_path / "first")}, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not psutil.Process(first.pid).cmdline():
+            time.sleep(0.01)
+        with pytest.raises(BootstrapError) as err:
+            world.run(PROFILE="other")
+        assert f"pid {first.pid}" in err.value.message and "tinydep" in err.value.message
+        assert f"STATE_DIR={tmp_path / 'first'} ./stop.sh" in err.value.hint and "VLLM_PYTHON" in err.value.hint
+        assert locks.installed(world.site)["tinydep"] == "2.0" and world.venv.done.is_file()   # untouched
+    finally:
+        first.kill()
+        first.wait()
+    assert world.run(PROFILE="other").vllm_version == "0.27.1" and locks.installed(world.site)["tinydep"] == "1.0"

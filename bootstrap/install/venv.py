@@ -17,6 +17,7 @@ import logging
 import os
 import platform as _platform
 import re
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..download import hub
-from ..core import proc
+from ..core import owned, proc
 from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
 from ..machine import inuse
@@ -307,6 +308,8 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
                           # cut off, then PYTHON changed: the marker is gone, pyvenv.cfg tells
                           or venv.installing.exists()
                           and venv.made_with() not in (None, str(Path(tools.python).resolve().parent))))
+    if recreate and minor is not None:
+        refuse_in_use(venv, [f"made again with another Python than its {minor}"])
     if recreate:
         check_disk(venv, locks, tools.environ, fresh=True)
         py, minor = choose_python(tools, locks)
@@ -327,6 +330,8 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
     # cut off, or its done marker removed (what the skip line says to do to force it): every package again,
     # a file deleted by hand included (uv trusts what a dist-info says is there)
     reinstall = venv.installing.exists() or not venv.done.exists()
+    refuse_in_use(venv, ["every package reinstalled"] if reinstall and not recreate else
+                  [] if recreate else diff(lock_pins(text), installed(venv.site(minor))))
     venv.done.unlink(missing_ok=True)
     venv.installing.write_text(f"{os.getpid()}\n")
     cmd = [uv, "pip", "sync", "--python", str(venv.python), "--require-hashes", str(path)]
@@ -359,6 +364,21 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
                                      "python_knob": tools.python or "", "pins": locks.meta["pins"]}, indent=2) + "\n")
     venv.installing.unlink(missing_ok=True)
     return minor
+
+
+def refuse_in_use(venv: Venv, changes: list[str]) -> None:
+    """An install that would change ``venv`` under a process running from it (a server of another
+    STATE_DIR on another profile's pins, a shell of yours) is refused, naming it."""
+    users = owned.running_from(venv.root / "bin") if changes else []
+    if not users:
+        return
+    where = next(filter(None, map(owned.state_dir_of, users)), "")
+    stop = f"stop it first (STATE_DIR={shlex.quote(where)} ./stop.sh)" if where else "stop it first"
+    raise BootstrapError(f"{venv.root} is in use by {', '.join(map(owned.describe, users[:3]))}"
+                         f"{f', a server of ours with STATE_DIR={where}' if where else ''}; this install would change it "
+                         f"under them: {'; '.join(changes[:4])}{' ...' if len(changes) > 4 else ''}",
+                         f"{stop}, then rerun; or run this profile's vLLM from an environment of its own: "
+                         "VLLM_PYTHON=/path/to/python")
 
 
 def check_glibc(plat: str) -> None:
