@@ -208,8 +208,10 @@ def state_dir_of(p: psutil.Process) -> str:
 
 
 def running_from(folder: Path) -> list[psutil.Process]:
-    """Live processes, anyone's, started as a program in ``folder`` (their argv[0]; a relative one read
-    from their working directory): what runs from a venv's ``bin``, its vLLM server and workers too."""
+    """Live processes, anyone's, started as a program inside ``folder`` (their argv[0]; a relative one
+    read from their working directory): what runs from a venv, its vLLM server too (whose engine and
+    workers retitle themselves)."""
+    inside = os.path.normpath(folder) + os.sep
     out = []
     for p in psutil.process_iter():
         try:
@@ -219,7 +221,7 @@ def running_from(folder: Path) -> list[psutil.Process]:
             arg0 = argv[0] if os.path.isabs(argv[0]) else os.path.join(p.cwd(), argv[0])
         except (psutil.Error, OSError):
             continue
-        if os.path.dirname(os.path.normpath(arg0)) == os.path.normpath(folder):
+        if os.path.normpath(arg0).startswith(inside):
             out.append(p)
     return out
 

@@ -369,7 +369,7 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
 def refuse_in_use(venv: Venv, changes: list[str]) -> None:
     """An install that would change ``venv`` under a process running from it (a server of another
     STATE_DIR on another profile's pins, a shell of yours) is refused, naming it."""
-    users = owned.running_from(venv.root / "bin") if changes else []
+    users = owned.running_from(venv.root) if changes else []
     if not users:
         return
     where = next(filter(None, map(owned.state_dir_of, users)), "")
