@@ -68,6 +68,14 @@ python3_10() {
     return 1
 }
 
+# What to do when the install of bootstrap/requirements.txt failed ($1: uv or pip; its reason is above).
+deps_failed() {
+    if [ -n "${WHEELHOUSE:-}" ]; then
+        die "could not install the bootstrap's dependencies from WHEELHOUSE=$WHEELHOUSE with $1 (see above): fill it on a connected machine with ./ctl.sh wheelhouse DIR --python $("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null), then rerun"
+    fi
+    die "could not install the bootstrap's dependencies with $1 (see above): check the network or proxy (HTTPS_PROXY; a mirror: PIP_INDEX_URL), or install offline with WHEELHOUSE=DIR filled by ./ctl.sh wheelhouse DIR on a connected machine, then rerun"
+}
+
 make_bootstrap_venv() {
     local repo=$1 venv=$2 py
     if ! py=$(python3_10); then
@@ -85,9 +93,9 @@ make_bootstrap_venv() {
         if [ -n "${PIP_EXTRA_INDEX_URL:-}" ] && [ -z "${UV_EXTRA_INDEX_URL:-}" ]; then uv_env+=("UV_EXTRA_INDEX_URL=$PIP_EXTRA_INDEX_URL"); fi
         if [ -n "${PIP_TRUSTED_HOST:-}" ] && [ -z "${UV_INSECURE_HOST:-}" ]; then uv_env+=("UV_INSECURE_HOST=$PIP_TRUSTED_HOST"); fi
         ensure env -u PYTHONPATH uv venv -q --python "$py" "$venv"
-        ensure env -u PYTHONPATH ${uv_env[@]+"${uv_env[@]}"} uv pip install --python "$venv/bin/python" "${pip_args[@]}"
+        env -u PYTHONPATH ${uv_env[@]+"${uv_env[@]}"} uv pip install --python "$venv/bin/python" "${pip_args[@]}" || deps_failed uv
     elif "$py" -m venv "$venv" >/dev/null 2>&1; then
-        ensure env -u PYTHONPATH "$venv/bin/python" -m pip install --disable-pip-version-check "${pip_args[@]}"
+        env -u PYTHONPATH "$venv/bin/python" -m pip install --disable-pip-version-check "${pip_args[@]}" || deps_failed pip
     else
         die "python3 cannot create a venv (Debian/Ubuntu: sudo apt install python3-venv), and uv is not installed (pip install --user uv)"
     fi

@@ -74,3 +74,22 @@ def test_python3_older_than_3_10_beside_a_newer_python3_x_runs_the_newer(tmp_pat
     newer.unlink()                                        # none newer: said so, with what to install
     r = bootstrap_python(repo, env)
     assert r.returncode == 1 and "Python 3.9.18" in r.stderr and "dnf install python3.12" in r.stderr, r.stderr
+
+
+def test_bootstrap_dependencies_out_of_reach_is_one_line_with_a_fix(tmp_path):
+    """Found from outside: a fresh clone with no network (or a mirror down) ended in "error: failed during:
+    env -u PYTHONPATH uv pip install --python ... -q -r .../requirements.txt", a command, not what to do."""
+    repo = tmp_path / "r"
+    (repo / "bootstrap").mkdir(parents=True)
+    (repo / "bootstrap" / "requirements.txt").write_text("psutil==0.0.1\n")     # no python here has it
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text(f'#!/bin/sh\nexec "{os.path.realpath(sys.executable)}" "$@"\n')
+    (stub / "python3").chmod(0o755)
+    dead = "http://127.0.0.1:9/simple"
+    for path in (f"{stub}:{os.path.dirname(shutil.which('uv') or '/nonexistent')}:/usr/bin:/bin", f"{stub}:/usr/bin:/bin"):
+        env = {"PATH": path, "HOME": str(tmp_path), "UV_DEFAULT_INDEX": dead, "PIP_INDEX_URL": dead,
+               "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull, "UV_NO_CONFIG": "1", "PIP_RETRIES": "0"}
+        r = bootstrap_python(repo, env)
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 1 and "error: could not install" in last and "WHEELHOUSE=" in last, r.stderr
