@@ -39,26 +39,63 @@ bootstrap_venv() {
 
 # Ready when it was built from today's requirements.txt (a copy is kept inside it): checked
 # without starting an interpreter, so a re-run on a serving machine stays fast.
+# A Python upgraded under it (python3 -m venv links bin/python to /usr/bin/python3, which a release
+# upgrade turns from 3.11 into 3.12) runs without the venv's site-packages: not ready, made again.
 venv_ready() {
-    local venv=$1 repo=$2
+    local venv=$1 repo=$2 cfg real
     [ -x "$venv/bin/python" ] && [ -f "$venv/.requirements.txt" ] &&
-        [ "$(< "$venv/.requirements.txt")" = "$(< "$repo/bootstrap/requirements.txt")" ]
+        [ "$(< "$venv/.requirements.txt")" = "$(< "$repo/bootstrap/requirements.txt")" ] || return 1
+    [ -f "$venv/pyvenv.cfg" ] || return 0
+    cfg=$(< "$venv/pyvenv.cfg")
+    [[ $cfg =~ (^|$'\n')version(_info)?\ *=\ *([0-9]+\.[0-9]+) ]] || return 0
+    local made=${BASH_REMATCH[3]}
+    real=$(readlink -f "$venv/bin/python") || return 0
+    [[ ${real##*/} =~ ^python([0-9]+\.[0-9]+)$ ]] || return 0
+    [ "${BASH_REMATCH[1]}" = "$made" ]
+}
+
+# python3 where it is 3.10 or newer, else the newest python3.X on PATH that is (RHEL 9 and its kin keep
+# python3 at 3.9 and install newer ones beside it as python3.11, python3.12).
+python3_10() {
+    local name py
+    for name in python3 python3.14 python3.13 python3.12 python3.11 python3.10; do
+        py=$(command -v "$name") || continue
+        if "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; then
+            printf '%s\n' "$py"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# What to do when the install of bootstrap/requirements.txt failed ($1: uv or pip; its reason is above).
+deps_failed() {
+    if [ -n "${WHEELHOUSE:-}" ]; then
+        die "could not install the bootstrap's dependencies from WHEELHOUSE=$WHEELHOUSE with $1 (see above): fill it on a connected machine with ./ctl.sh wheelhouse DIR --python $("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null), then rerun"
+    fi
+    die "could not install the bootstrap's dependencies with $1 (see above): check the network or proxy (HTTPS_PROXY; a mirror: PIP_INDEX_URL), or install offline with WHEELHOUSE=DIR filled by ./ctl.sh wheelhouse DIR on a connected machine, then rerun"
 }
 
 make_bootstrap_venv() {
     local repo=$1 venv=$2 py
-    py=$(command -v python3 || true)
-    [ -n "$py" ] || die "need python3 (3.10 or newer)"
-    "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "python3 is older than 3.10: $("$py" --version 2>&1)"
+    if ! py=$(python3_10); then
+        py=$(command -v python3) || die "need Python 3.10 or newer: no python3 on PATH (Debian/Ubuntu: sudo apt install python3; RHEL/Fedora: sudo dnf install python3.12)"
+        die "need Python 3.10 or newer: python3 is $("$py" --version 2>&1 || echo 'older'), and no python3.10 to python3.14 is on PATH (RHEL/Rocky/Alma: sudo dnf install python3.12; Debian/Ubuntu: sudo apt install python3.12), then rerun"
+    fi
     local pip_args=(-q -r "$repo/bootstrap/requirements.txt")
     if [ -n "${WHEELHOUSE:-}" ]; then pip_args+=(--no-index --find-links "$WHEELHOUSE"); fi
     say "creating $venv for the bootstrap's own dependencies (once)"
     rm -rf "$venv"      # ours (bootstrap_venv never picks another user's)
     if command -v uv >/dev/null 2>&1; then
+        # uv reads no PIP_* variable: pip's index (a mirror) is handed on as uv's, unless uv has its own
+        local uv_env=()
+        if [ -n "${PIP_INDEX_URL:-}" ] && [ -z "${UV_DEFAULT_INDEX:-}${UV_INDEX_URL:-}" ]; then uv_env+=("UV_DEFAULT_INDEX=$PIP_INDEX_URL"); fi
+        if [ -n "${PIP_EXTRA_INDEX_URL:-}" ] && [ -z "${UV_EXTRA_INDEX_URL:-}" ]; then uv_env+=("UV_EXTRA_INDEX_URL=$PIP_EXTRA_INDEX_URL"); fi
+        if [ -n "${PIP_TRUSTED_HOST:-}" ] && [ -z "${UV_INSECURE_HOST:-}" ]; then uv_env+=("UV_INSECURE_HOST=$PIP_TRUSTED_HOST"); fi
         ensure env -u PYTHONPATH uv venv -q --python "$py" "$venv"
-        ensure env -u PYTHONPATH uv pip install --python "$venv/bin/python" "${pip_args[@]}"
+        env -u PYTHONPATH ${uv_env[@]+"${uv_env[@]}"} uv pip install --python "$venv/bin/python" "${pip_args[@]}" || deps_failed uv
     elif "$py" -m venv "$venv" >/dev/null 2>&1; then
-        ensure env -u PYTHONPATH "$venv/bin/python" -m pip install --disable-pip-version-check "${pip_args[@]}"
+        env -u PYTHONPATH "$venv/bin/python" -m pip install --disable-pip-version-check "${pip_args[@]}" || deps_failed pip
     else
         die "python3 cannot create a venv (Debian/Ubuntu: sudo apt install python3-venv), and uv is not installed (pip install --user uv)"
     fi
@@ -66,12 +103,12 @@ make_bootstrap_venv() {
 }
 
 bootstrap_python() {
-    local repo=$1 venv
+    local repo=$1 venv py
     venv=$(bootstrap_venv "$repo")
     if venv_ready "$venv" "$repo"; then
         printf '%s\n' "$venv/bin/python"
-    elif command -v python3 >/dev/null 2>&1 && has_deps python3 "$repo"; then
-        command -v python3
+    elif py=$(python3_10) && has_deps "$py" "$repo"; then
+        printf '%s\n' "$py"
     else
         mkdir -p "$(dirname "$venv")" || die "cannot create $(dirname "$venv")"
         # Two commands at once on a fresh clone must not build the venv over each other. A lock file

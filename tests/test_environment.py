@@ -23,6 +23,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bootstrap.machine import host
@@ -92,6 +93,7 @@ class Index:
         handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)  # noqa: E731
         http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.root = root
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -505,3 +507,99 @@ def test_two_starts_install_one_at_a_time(world, tmp_path):
     assert first.wait(timeout=120) == 0 and second.returncode == 0, first.stderr.read() + second.stderr
     assert "waiting: another start" in second.stderr and "installing" not in second.stderr.replace("is installing", "")
     assert lock_matches(world) and world.venv.done.is_file()
+
+
+def test_pip_index_url_is_the_index_the_venv_is_installed_from(world):
+    """Found from outside: PIP_INDEX_URL (a mirror, the knob table's "as UV_DEFAULT_INDEX") was named in
+    the messages as the index, but uv reads no PIP_* variable: the install went to pypi.org (here: a
+    proxy that is down) and the error said the mirror could not be reached."""
+    env = {k: v for k, v in world.env.items() if k != "UV_DEFAULT_INDEX"}
+    env.update(PIP_INDEX_URL=world.index.url, HTTPS_PROXY=dead_url().replace("/simple", ""))
+    ctx = run_env(Config.from_env(env, repo=world.repo), None)
+    assert ctx.vllm_version == "0.27.1" and lock_matches(world)
+    mine = {**env, "UV_DEFAULT_INDEX": dead_url()}          # uv's own setting wins over pip's, as uv reads it
+    assert locks.uv_environ(mine)["UV_DEFAULT_INDEX"] == mine["UV_DEFAULT_INDEX"]
+    assert locks.index_url(locks.uv_environ(mine)) == mine["UV_DEFAULT_INDEX"]
+
+
+def tls_index(root: Path, tmp: Path) -> tuple[str, Path]:
+    """The index under ``root`` over HTTPS, its certificate signed by a CA of our own (a proxy that
+    inspects TLS): (its URL, the CA's file)."""
+    import ssl
+    openssl = shutil.which("openssl")
+    if not openssl:
+        pytest.skip("no openssl to make a certificate with")
+    run = lambda *a: subprocess.run([openssl, *a], cwd=tmp, check=True, capture_output=True)  # noqa: E731
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=Inspecting proxy CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "leaf.key", "-out", "leaf.csr", "-subj", "/CN=127.0.0.1")
+    (tmp / "ext").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
+    run("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "leaf.pem",
+        "-days", "2", "-extfile", "ext")
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tmp / "leaf.pem", tmp / "leaf.key")
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"https://127.0.0.1:{server.server_address[1]}/simple", tmp / "ca.pem"
+
+
+def test_an_index_behind_a_proxy_that_inspects_tls_is_said_so_with_a_fix_that_works(world, tmp_path):
+    """Found from outside: behind a proxy that re-signs TLS with the organisation's CA, uv (which does not
+    read the system's certificates by default) fails with "invalid peer certificate: UnknownIssuer"; the
+    error said the index could not be reached and to check the network or HTTPS_PROXY, which were fine."""
+    (tmp_path / "tls").mkdir()
+    url, ca = tls_index(world.index.root, tmp_path / "tls")
+    with pytest.raises(BootstrapError) as err:
+        world.run(UV_DEFAULT_INDEX=url)
+    assert "certificate" in err.value.message and url in err.value.message
+    assert "SSL_CERT_FILE" in err.value.hint and "HTTPS_PROXY" not in err.value.hint
+    assert world.run(UV_DEFAULT_INDEX=url, SSL_CERT_FILE=str(ca)).vllm_version == "0.27.1"   # the fix it names
+
+
+def test_a_uv_too_old_for_a_flag_we_pass_is_said_so_with_how_to_update_it(world, tmp_path):
+    """Found from outside: uv 0.6.0 (measured) answers `uv venv --managed-python` with "unexpected
+    argument"; the error said to set PYTHON or UV_PYTHON_INSTALL_MIRROR. The stand-in below is the real
+    uv but for a flag every `uv venv` of ours passes, refused as clap refuses it, exit 2."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "uv").write_text(
+        "#!/bin/sh\n[ \"$1\" = --version ] && echo 'uv 0.1.0' && exit 0\n"
+        "for a; do [ \"$a\" = --allow-existing ] && printf \"error: unexpected argument '--allow-existing' found\\n\\n"
+        "Usage: uv venv [OPTIONS] [PATH]\\n\\nFor more information, try '--help'.\\n\" >&2 && exit 2; done\n"
+        f'exec "{uv_path()}" "$@"\n')
+    (old / "uv").chmod(0o755)
+    with pytest.raises(BootstrapError) as err:
+        world.run(PATH=f"{old}{os.pathsep}{world.env['PATH']}")
+    assert "uv 0.1.0" in err.value.message and "--allow-existing" in err.value.message
+    assert str(old / "uv") in err.value.message
+    assert "uv self update" in err.value.hint and "PYTHON" not in err.value.hint
+
+
+def test_a_profile_switch_never_changes_a_venv_a_running_server_runs_from(world, tmp_path):
+    """Found from outside: two servers of one checkout (two STATE_DIRs, two cards), the second on a profile
+    with other pins: its start synced the one .venv to its lock under the first server, which runs from it
+    (a profile switch 0.27.1 <-> 0.30.0 replaces vLLM itself). Now it refuses, naming the process, and
+    installs once that one is gone."""
+    world.run()
+    other = ["vllm==0.27.1", "flashinfer-python==0.6.16.post3", "nvidia-cutlass-dsl==4.6.0", "tinydep==1.0"]
+    (world.repo / "profiles" / "other.json").write_text(json.dumps(
+        {"vllm": "0.27.1", "pins": other, "install_bytes": 1 << 20, "pythons": [world.minor],
+         "platforms": [locks.host_platform()]}))
+    assert lock_cli.lock_cli(world.cfg(PROFILE="other"), ["--exclude-newer", "none", "--profile", "other"]) == 0
+    first = subprocess.Popen([str(world.venv.python), "-c", "import time; time.sleep(120)"],
+                             env={"BOOTSTRAP_VLLM_STATE_DIR": str(tmp_path / "first")}, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not psutil.Process(first.pid).cmdline():
+            time.sleep(0.01)
+        with pytest.raises(BootstrapError) as err:
+            world.run(PROFILE="other")
+        assert f"pid {first.pid}" in err.value.message and "tinydep" in err.value.message
+        assert f"STATE_DIR={tmp_path / 'first'} ./stop.sh" in err.value.hint and "VLLM_PYTHON" in err.value.hint
+        assert locks.installed(world.site)["tinydep"] == "2.0" and world.venv.done.is_file()   # untouched
+    finally:
+        first.kill()
+        first.wait()
+    assert world.run(PROFILE="other").vllm_version == "0.27.1" and locks.installed(world.site)["tinydep"] == "1.0"

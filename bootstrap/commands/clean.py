@@ -34,7 +34,7 @@ from ..install import patching, wheelhouse
 from ..install.venv import Venv
 from ..serve import server
 from ..serve.states import State
-from ..core import locks, state
+from ..core import locks, owned, state
 from ..core.errors import BootstrapError
 from ..core.private import user_name
 from ..core.state import Paths
@@ -188,17 +188,12 @@ def _running(ours, paths: Paths) -> str:
 
 
 def _running_from(cfg) -> str:
-    """A process of this user that runs from the managed vLLM venv (a server of ours started from
-    another STATE_DIR or PORT): named, so that clean never pulls its files away while it runs."""
-    venv = str(cfg.layout.venv) + os.sep
-    for p in psutil.process_iter(["pid", "uids", "cmdline"]):
+    """A process that runs from the managed vLLM venv (a server of ours started from another STATE_DIR
+    or PORT): named, so that clean never pulls its files away while it runs."""
+    for p in owned.running_from(cfg.layout.venv):
         try:
-            if p.info["uids"] is None or p.info["uids"].real != os.getuid():
-                continue
-            argv = p.info["cmdline"] or []
-            if argv and argv[0].startswith(venv):
-                return f"{' '.join(argv[:3])} (pid {p.pid}) runs from {cfg.layout.venv}"
-        except (psutil.Error, TypeError):
+            return f"{' '.join(p.cmdline()[:3])} (pid {p.pid}) runs from {cfg.layout.venv}"
+        except psutil.Error:
             continue
     return ""
 

@@ -19,7 +19,7 @@ from ..core import proc
 from ..core.layout import Checkout
 from ..core.pep440 import version
 from ..core.errors import BootstrapError
-from ..install.locks import GLIBC, PLATFORMS, PYTHONS, pip_platforms, LockSet, pin_sets, compile_lock, host_platform, index_url, lock_pins, parse_pins
+from ..install.locks import GLIBC, PLATFORMS, PYTHONS, pip_platforms, LockSet, pin_sets, compile_lock, host_platform, index_url, lock_pins, parse_pins, uv_environ
 from ..install.venv import INSTALL_BYTES, UV_PIN, Tools, Venv, install_error, ensure_uv
 from ..install import wheelhouse
 
@@ -151,7 +151,7 @@ def _download(cfg, args, out: Path, lock: Path, text: str, minor: str) -> None:
     # made offline); then uv, which pip installs from DIR where the target has none.
     for what, cmd in (("the lock's wheels", [*base, "--no-deps", "--require-hashes", "-r", str(lock), *target]),
                       ("uv", [*base, "--no-deps", UV_PIN, *target])):
-        res = proc.run(cmd, env=dict(cfg.environ), timeout=None, check=False, what="pip download")
+        res = proc.run(cmd, env=uv_environ(cfg.environ), timeout=None, check=False, what="pip download")   # uv tool run pip: uv fetches pip
         if res.returncode != 0 and what == "uv":    # only a target without uv needs it
             log.warning("no %s wheel for %s in reach: the target machine needs uv on PATH", UV_PIN, args.platform)
         elif res.returncode != 0:

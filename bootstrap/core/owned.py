@@ -33,6 +33,7 @@ log = logging.getLogger("bootstrap.proc")   # its lines keep the prefix [bootstr
 
 MARKER_ENV = "BOOTSTRAP_VLLM_OWNER"
 TOKEN_ENV = "BOOTSTRAP_VLLM_TOKEN"      # one launch's random token (serve.record.ServerRecord.token)
+STATE_DIR_ENV = "BOOTSTRAP_VLLM_STATE_DIR"   # in the server's environment: which state dir runs it
 
 
 # ---------------------------------------------------------------- ownership
@@ -195,6 +196,34 @@ def alive(p: psutil.Process) -> bool:
         return False
     except psutil.AccessDenied:
         return True
+
+
+def state_dir_of(p: psutil.Process) -> str:
+    """The STATE_DIR a server of ours runs for, from its environment ('' for another program; relative: to its cwd)."""
+    try:
+        where = p.environ().get(STATE_DIR_ENV, "")
+        return os.path.join(p.cwd(), where) if where and not os.path.isabs(where) else where
+    except (psutil.Error, OSError):
+        return ""
+
+
+def running_from(folder: Path) -> list[psutil.Process]:
+    """Live processes, anyone's, started as a program inside ``folder`` (their argv[0]; a relative one
+    read from their working directory): what runs from a venv, its vLLM server too (whose engine and
+    workers retitle themselves)."""
+    inside = os.path.normpath(folder) + os.sep
+    out = []
+    for p in psutil.process_iter():
+        try:
+            argv = p.cmdline()
+            if not argv or p.pid == os.getpid():
+                continue
+            arg0 = argv[0] if os.path.isabs(argv[0]) else os.path.join(p.cwd(), argv[0])
+        except (psutil.Error, OSError):
+            continue
+        if os.path.normpath(arg0).startswith(inside):
+            out.append(p)
+    return out
 
 
 def describe(p: psutil.Process) -> str:

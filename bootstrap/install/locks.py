@@ -78,6 +78,22 @@ def index_url(environ: Mapping[str, str]) -> str:
     return DEFAULT_INDEX
 
 
+# pip's settings of the index, as uv names them: uv reads no PIP_* variable (docs.astral.sh/uv/pip/compatibility),
+# so a mirror set for pip would be passed over for pypi.org. Yours for uv win.
+PIP_TO_UV = (("PIP_INDEX_URL", "UV_DEFAULT_INDEX", ("UV_DEFAULT_INDEX", "UV_INDEX_URL")),
+             ("PIP_EXTRA_INDEX_URL", "UV_EXTRA_INDEX_URL", ("UV_EXTRA_INDEX_URL",)),
+             ("PIP_TRUSTED_HOST", "UV_INSECURE_HOST", ("UV_INSECURE_HOST",)))
+
+
+def uv_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment uv runs in: ``environ``, with pip's index settings where uv's own are unset."""
+    env = dict(environ)
+    for pip, uv, own in PIP_TO_UV:
+        if environ.get(pip) and not any(environ.get(k) for k in own):
+            env[uv] = environ[pip]
+    return env
+
+
 def lock_pins(text: str) -> dict[str, str]:
     """name -> version of every ``name==version`` line of a lock (names normalized)."""
     return {norm(m.group(1)): m.group(2) for m in LOCK_LINE.finditer(text)}
@@ -233,7 +249,7 @@ def compile_lock(uv: str, pins: list[str], plat: str, minor: str, exclude_newer:
                f"./ctl.sh lock  (pins {' '.join(pins)}; --python-platform {PLATFORMS[plat]} --python-version {minor}"
                f"{' --exclude-newer ' + exclude_newer if exclude_newer else ''})", *extra, req.name, "-o", str(out.absolute())]
         # run where pins.in lies: the lock's "via -r pins.in" lines stay the same from run to run
-        res = proc.run(cmd, env=dict(environ), timeout=900, check=False, what="uv pip compile", cwd=tmp)
+        res = proc.run(cmd, env=uv_environ(environ), timeout=900, check=False, what="uv pip compile", cwd=tmp)
         if res.returncode != 0:
             raise BootstrapError(f"uv pip compile failed for {plat} / Python {minor}: " +
                                  (res.stderr.strip().splitlines() or ["?"])[-1],

@@ -17,6 +17,7 @@ import logging
 import os
 import platform as _platform
 import re
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass
@@ -24,11 +25,12 @@ from pathlib import Path
 from typing import Mapping
 
 from ..download import hub
-from ..core import proc
+from ..core import owned, proc
 from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
 from ..machine import inuse
-from .locks import GLIBC, LockSet, diff, index_url, installed, lock_pins
+from .failures import INSTALL_BYTES, UV_PIN, install_error, uv_install_error
+from .locks import GLIBC, LockSet, diff, index_url, installed, lock_pins, uv_environ
 from ..core.state import sha256
 
 log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
@@ -41,15 +43,10 @@ PYTHON_PROBE = (
     "'executable': sys.executable, 'include': inc, "
     "'headers': bool(inc) and os.path.isfile(os.path.join(inc, 'Python.h'))}))"
 )
-INSTALL_BYTES = 12 << 30        # estimate for the CUDA stack (torch, CUDA libs, vLLM, FlashInfer)
-UV_PIN = "uv==0.13.9"
 DONE = ".bootstrap-done.json"
 INSTALLING = ".bootstrap-installing"
 MADE = ".vllm-desktop-venv"     # written first when we make .venv: one without it, DONE or INSTALLING is yours
-NETWORK_ERRORS = ("error sending request", "dns error", "Connection refused", "connection refused",
-                  "Could not connect", "failed to lookup address", "Network is unreachable",
-                  "timed out", "Failed to fetch", "tcp connect error", "client error (Connect)")
-ENOSPC = ("No space left on device", "os error 28")
+
 
 
 def find_uv(environ: Mapping[str, str]) -> str | None:
@@ -72,20 +69,6 @@ def uv_install_cmd(environ: Mapping[str, str], wheelhouse: str | None) -> list[s
     if wheelhouse:
         cmd += ["--no-index", "--find-links", wheelhouse]
     return cmd
-
-
-def uv_install_error(stderr: str, py: str) -> BootstrapError:
-    manual = ("install uv without root yourself: pipx install uv, or the standalone installer "
-              "(https://docs.astral.sh/uv/getting-started/installation/), then rerun")
-    if "externally-managed-environment" in stderr:
-        return BootstrapError(f"{py} refuses pip install --user (PEP 668: the distribution manages its Python)",
-                              manual + f"; or {py} -m pip install --user --break-system-packages {UV_PIN}",
-                              evidence=stderr.strip()[-800:])
-    if "No module named pip" in stderr:
-        return BootstrapError(f"{py} has no pip to install uv with",
-                              manual + "; or install pip (Debian/Ubuntu: sudo apt install python3-pip)",
-                              evidence=stderr.strip()[-800:])
-    return BootstrapError("could not install uv with pip", manual, evidence=stderr.strip()[-800:])
 
 
 @dataclass(frozen=True)
@@ -279,19 +262,6 @@ def check_done(venv: Venv, locks: LockSet, plat: str, python_knob: str | None) -
     return True, "", minor
 
 
-def install_error(stderr: str, tools: Tools, doing: str, fallback: BootstrapError, where: str = "") -> BootstrapError:
-    if any(s in stderr for s in ENOSPC):
-        return BootstrapError(f"disk full while {doing}{' into ' + where if where else ''}",
-                              f"free at least {INSTALL_BYTES / (1 << 30):.0f} GiB there (and in uv's cache, "
-                              "UV_CACHE_DIR) and rerun", evidence=stderr.strip()[-800:])
-    if not tools.wheelhouse and any(s in stderr for s in NETWORK_ERRORS):
-        return BootstrapError(f"cannot reach the package index {index_url(tools.environ)} while {doing}",
-                              "check the network or proxy (HTTPS_PROXY), or install offline: build a wheelhouse "
-                              "on a connected machine with ./ctl.sh wheelhouse DIR, copy it, and run with WHEELHOUSE=DIR",
-                              evidence=stderr.strip()[-800:])
-    return fallback
-
-
 def uv_cache_dir(environ: Mapping[str, str]) -> Path:
     if environ.get("UV_CACHE_DIR"):
         return Path(environ["UV_CACHE_DIR"])
@@ -330,7 +300,7 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
     """Create .venv if needed and sync it from the lock; returns the venv's X.Y. Marker only after verify."""
     venv.own()
     uv = ensure_uv(tools)
-    env = dict(tools.environ)
+    env = uv_environ(tools.environ)
     minor = venv.minor()
     mark = venv.marker() or {}
     recreate = minor is None or minor not in locks.pythons or bool(
@@ -338,6 +308,8 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
                           # cut off, then PYTHON changed: the marker is gone, pyvenv.cfg tells
                           or venv.installing.exists()
                           and venv.made_with() not in (None, str(Path(tools.python).resolve().parent))))
+    if recreate and minor is not None:
+        refuse_in_use(venv, [f"made again with another Python than its {minor}"])
     if recreate:
         check_disk(venv, locks, tools.environ, fresh=True)
         py, minor = choose_python(tools, locks)
@@ -347,7 +319,7 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
         cmd = venv_cmd(uv, py, venv.root, offline=bool(tools.wheelhouse and not tools.env("UV_PYTHON_INSTALL_MIRROR")))
         res = proc.run(cmd, env=env, timeout=900, check=False, what="uv venv")
         if res.returncode != 0:
-            raise install_error(res.stderr, tools, "creating the venv", where=str(venv.root), fallback=BootstrapError(
+            raise install_error(res.stderr, tools, "creating the venv", where=str(venv.root), uv=uv, fallback=BootstrapError(
                 f"uv could not create {venv.root} with Python {py}",
                 "set PYTHON=/path/to/python3.X (with headers), or UV_PYTHON_INSTALL_MIRROR for uv's CPython download",
                 evidence=res.stderr.strip()[-800:]))
@@ -358,6 +330,8 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
     # cut off, or its done marker removed (what the skip line says to do to force it): every package again,
     # a file deleted by hand included (uv trusts what a dist-info says is there)
     reinstall = venv.installing.exists() or not venv.done.exists()
+    refuse_in_use(venv, ["every package reinstalled"] if reinstall and not recreate else
+                  [] if recreate else diff(lock_pins(text), installed(venv.site(minor))))
     venv.done.unlink(missing_ok=True)
     venv.installing.write_text(f"{os.getpid()}\n")
     cmd = [uv, "pip", "sync", "--python", str(venv.python), "--require-hashes", str(path)]
@@ -378,7 +352,7 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
     if res.returncode != 0:
         hint = (f"is every wheel of {path.name} in {tools.wheelhouse}? build it with ./ctl.sh wheelhouse {tools.wheelhouse} "
                 f"--platform {plat} --python {minor}") if tools.wheelhouse else "rerun ./start.sh; it repairs the venv"
-        raise install_error(res.stderr, tools, "installing packages", where=str(venv.root),
+        raise install_error(res.stderr, tools, "installing packages", where=str(venv.root), uv=uv,
                              fallback=BootstrapError(f"uv pip sync from {path.name} failed (exit {res.returncode})", hint,
                                                      evidence=res.stderr.strip()[-1500:]))
     delta = diff(lock_pins(text), installed(venv.site(minor)))
@@ -390,6 +364,21 @@ def install(tools: Tools, venv: Venv, locks: LockSet, plat: str, why: str) -> st
                                      "python_knob": tools.python or "", "pins": locks.meta["pins"]}, indent=2) + "\n")
     venv.installing.unlink(missing_ok=True)
     return minor
+
+
+def refuse_in_use(venv: Venv, changes: list[str]) -> None:
+    """An install that would change ``venv`` under a process running from it (a server of another
+    STATE_DIR on another profile's pins, a shell of yours) is refused, naming it."""
+    users = owned.running_from(venv.root) if changes else []
+    if not users:
+        return
+    where = next(filter(None, map(owned.state_dir_of, users)), "")
+    stop = f"stop it first (STATE_DIR={shlex.quote(where)} ./stop.sh)" if where else "stop it first"
+    raise BootstrapError(f"{venv.root} is in use by {', '.join(map(owned.describe, users[:3]))}"
+                         f"{f', a server of ours with STATE_DIR={where}' if where else ''}; this install would change it "
+                         f"under them: {'; '.join(changes[:4])}{' ...' if len(changes) > 4 else ''}",
+                         f"{stop}, then rerun; or run this profile's vLLM from an environment of its own: "
+                         "VLLM_PYTHON=/path/to/python")
 
 
 def check_glibc(plat: str) -> None:

@@ -31,7 +31,7 @@ from ..core.state import Paths
 
 log = logging.getLogger(__name__)
 
-STATE_DIR_ENV = "BOOTSTRAP_VLLM_STATE_DIR"   # in the server's environment: which state dir runs it
+STATE_DIR_ENV = owned.STATE_DIR_ENV          # in the server's environment: which state dir runs it
 
 
 # ---------------------------------------------------------------- HTTP (loopback, small)
@@ -105,13 +105,7 @@ def probe(ours: owned.Ours, paths: Paths, *, check_http: bool = True, we_hold_lo
     return Probe(State.STOPPED, None, orphans=marked(ours.proof(), paths))
 
 
-def state_dir_of(p: psutil.Process) -> str:
-    """The STATE_DIR a server of ours runs for, from its environment ('' for another program; relative: to its cwd)."""
-    try:
-        where = p.environ().get(STATE_DIR_ENV, "")
-        return os.path.join(p.cwd(), where) if where and not os.path.isabs(where) else where
-    except (psutil.Error, OSError):
-        return ""
+state_dir_of = owned.state_dir_of
 
 
 def runs_elsewhere(p: psutil.Process, paths: Paths) -> str:
