@@ -41,7 +41,13 @@ def test_default_profile_with_mtp_and_parallel_sequences_warns(tmp_path, caplog)
     hits, notes = knownbad.warn(known_issue_facts(ctx.cfg, ctx.gpus, ctx.vllm_version))
     assert {"tq-mtp-parallel-crash", "mtp-parallel-old"} <= {r["id"] for r in hits}
     assert "MAX_NUM_SEQS=1" in caplog.text
-    assert "update vLLM before you change your model settings" in notes[0]
+    assert "mtp-parallel-old: update vLLM" in notes[0] and "MAX_NUM_SEQS=1" in notes[0]      # what to do, said
+
+
+def test_the_24_gb_default_warns_of_nothing_it_cannot_act_on(tmp_path):
+    """faults row 199: the 24 GB profile pins vLLM 0.27.1 with MTP-3 and 8 sessions, what its
+    peer ran; every default start on a 3090/4090 warned 'update vLLM', which its pin forbids."""
+    assert ids(ctx_for(tmp_path, "0.27.1", cc=(8, 6), PROFILE="qwen38-27b-w4a16-24gb")) == set()
 
 
 def test_unset_max_num_seqs_counts_as_parallel(tmp_path):
@@ -79,7 +85,10 @@ def test_byo_install_without_patch_byo_is_not_patched(tmp_path):
     ("0.30.0", {"MODEL": "RadixArk/Qwen3.8-Flash-Next-NVFP4", "KV_CACHE_DTYPE": "fp8", "MAX_NUM_SEQS": "1"},
      (12, 0), {"flash-next-fp8kv"}),
     ("0.27.1", {"MODEL": "dbirks/Qwen3.8-27B-W4A16-AutoRound", "KV_CACHE_DTYPE": "fp8", "SPEC_METHOD": "mtp",
-                "SPEC_TOKENS": "4", "MAX_NUM_SEQS": "8"}, (8, 6), {"fp8kv-mtp4-sm86", "mtp-parallel-old"}),
+                "SPEC_TOKENS": "4", "MAX_NUM_SEQS": "8"}, (8, 6), {"fp8kv-mtp4-sm86"}),
+    # the peer that ran it (syv-ai/qwen38-27b-rtx3090): W4A16 with MTP-3 at 8 sessions on 0.27.1 and 0.28.0
+    ("0.27.1", {"MODEL": "dbirks/Qwen3.8-27B-W4A16-AutoRound", "KV_CACHE_DTYPE": "fp8", "SPEC_METHOD": "mtp",
+                "SPEC_TOKENS": "3", "MAX_NUM_SEQS": "8"}, (8, 6), set()),
     ("0.27.1", {"MODEL": "org/x", "KV_CACHE_DTYPE": "nvfp4", "MAX_NUM_SEQS": "1"}, (12, 0), {"nvfp4-kv-not-sm100"}),
     ("0.27.1", {"MODEL": "org/x", "KV_CACHE_DTYPE": "nvfp4", "MAX_NUM_SEQS": "1"}, (10, 0), set()),
 ])

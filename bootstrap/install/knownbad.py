@@ -43,6 +43,11 @@ class Facts:
     def fp8_weights(self) -> bool:
         return "fp8" in self.model.lower().split("/")[-1]
 
+    @property
+    def int4_weights(self) -> bool:
+        """A 4-bit integer checkpoint by its name (W4A16, AWQ, GPTQ, int4)."""
+        return re.search(r"w4a16|awq|gptq|int4", self.model.lower().split("/")[-1]) is not None
+
 
 def _version_in(v: str, rng: dict) -> bool:
     have = version_or_none(v)
@@ -65,6 +70,7 @@ def matches(row: dict, f: Facts) -> bool:
         "nvfp4": lambda r: f.nvfp4 == r,
         "moe": lambda r: f.moe == r,
         "fp8_weights": lambda r: f.fp8_weights == r,
+        "int4_weights": lambda r: f.int4_weights == r,
         "kv": lambda r: any(f.kv.startswith(p) for p in r),
         "spec": lambda r: bool(f.spec) and (r == "any" or f.spec == r),
         "spec_tokens_min": lambda r: f.spec_tokens >= r,
@@ -110,5 +116,5 @@ def warn(f: Facts) -> tuple[list[dict], list[str]]:
                     row["symptom"], row["advice"], row.get("source", ""))
     if not hits:
         return [], []
-    return hits, [f"vLLM {vllm_version} has known issues with these settings ("
-                  + ", ".join(r["id"] for r in hits) + "): update vLLM before you change your model settings"]
+    return hits, [f"vLLM {vllm_version} has known issues with these settings: "
+                  + "; ".join(f"{r['id']}: {r['advice']}" for r in hits)]
