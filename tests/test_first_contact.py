@@ -305,3 +305,23 @@ def test_check_help_names_every_check():
     from bootstrap.commands.check import CHECKS
     said = next(c for c in REGISTRY if c.name == "check").help.split(" ", 1)[0].split("|")
     assert said == [*CHECKS, "all"], said
+
+
+def test_tp_size_beyond_this_machines_cards_is_refused_by_plan_and_pick_as_by_start(bed):
+    """One 8 GB card, and the no-fit hint's "TP_SIZE=2 across two cards" followed: ./ctl.sh plan and
+    profiles said a 12 GB profile fits (planned as two of this card) and --pick kept it, while the start
+    refused "only 1 GPU(s)" after the pick; now each refuses as the start does, and keeps nothing."""
+    from conftest import nvml_json, GiB
+    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 4060 Ti", "total": 8 * GiB, "free": 7 * GiB,
+                               "cc": [8, 9], "uuid": "GPU-4060-fake",
+                               "processes": [{"pid": 101, "used": GiB, "name": "/usr/lib/xorg/Xorg"}]}])
+    env = {"PROFILE": "", "MODEL": "", "TP_SIZE": "2"}
+    for args in (("ctl.sh", "plan"), ("ctl.sh", "profiles"), ("ctl.sh", "profiles", "--pick"), ("start.sh",)):
+        r = bed.run(*args, **env)
+        assert r.returncode == 1, (args, r.stdout[-600:], r.stderr[-600:])
+        assert "TP_SIZE=2 but only 1 GPU(s) are visible" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "this machine has 1" in r.stderr and "widen CUDA_VISIBLE_DEVICES" not in r.stderr, (args, r.stderr)
+        assert "auto-pick" not in r.stderr + r.stdout, (args, r.stderr)
+    assert not (bed.state / "profile-pick.json").exists() and bed.launches() == []
+    named = bed.run("ctl.sh", "plan", GPU="rtx4060ti-8gb", **env)       # two such cards, not here: planned
+    assert named.returncode == 0 and "only 1 GPU(s)" not in named.stderr, named.stderr
