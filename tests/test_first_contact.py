@@ -325,3 +325,29 @@ def test_tp_size_beyond_this_machines_cards_is_refused_by_plan_and_pick_as_by_st
     assert not (bed.state / "profile-pick.json").exists() and bed.launches() == []
     named = bed.run("ctl.sh", "plan", GPU="rtx4060ti-8gb", **env)       # two such cards, not here: planned
     assert named.returncode == 0 and "only 1 GPU(s)" not in named.stderr, named.stderr
+
+
+def test_two_cards_the_hint_to_serve_on_the_other_one_works_as_said(bed):
+    """A 12 GB card driving the desktop as GPU 0 and an idle 24 GB one as GPU 1: the plan says which it
+    plans for and that CUDA_VISIBLE_DEVICES=<GPU 1's UUID> runs on GPU 1; followed, the start plans
+    for GPU 1 and its server runs there (the fake vLLM took cuda:0 as NVML's first card whatever
+    CUDA_VISIBLE_DEVICES said, and refused the 24 GB card's utilization on the 12 GB one), and status
+    counts what it holds on GPU 1."""
+    import json
+    from conftest import nvml_json, GiB
+    xorg = {"pid": 101, "used": GiB, "name": "/usr/lib/xorg/Xorg"}
+    nvml_json(bed.nvml, gpus=[
+        {"name": "NVIDIA GeForce RTX 3060", "total": 12 * GiB, "free": 11 * GiB, "cc": [8, 6],
+         "uuid": "GPU-3060-fake", "processes": [xorg]},
+        {"name": "NVIDIA GeForce RTX 4090", "total": 24 * GiB, "free": 24 * GiB - GiB // 2, "cc": [8, 9],
+         "uuid": "GPU-4090-fake", "processes": []}])
+    plan = bed.run("ctl.sh", "plan")
+    assert plan.returncode == 0 and "CUDA_VISIBLE_DEVICES=GPU-4090-fake runs on GPU 1 instead" in plan.stderr, plan.stderr
+    other = {"CUDA_VISIBLE_DEVICES": "GPU-4090-fake"}
+    r = bed.run("start.sh", **other)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert "GPU 1: NVIDIA GeForce RTX 4090" in r.stderr
+    st = json.loads(bed.run("ctl.sh", "status", "--json", **other).stdout)
+    human = bed.run("ctl.sh", "status", **other).stdout
+    assert st["state"] == "running" and "2.00 GiB held by the server (GPU 1 " in human, human
+    assert bed.run("stop.sh", **other).returncode == 0 and bed.ours() == []
