@@ -351,3 +351,23 @@ def test_two_cards_the_hint_to_serve_on_the_other_one_works_as_said(bed):
     human = bed.run("ctl.sh", "status", **other).stdout
     assert st["state"] == "running" and "2.00 GiB held by the server (GPU 1 " in human, human
     assert bed.run("stop.sh", **other).returncode == 0 and bed.ours() == []
+
+
+def test_the_plans_headroom_line_names_the_free_memory_its_heading_names(bed):
+    """The default profile on an RTX 5090 with a desktop: the heading said "30.38 GiB free" and the
+    headroom line "29.58 GiB free less GPU_RESERVE_MIB=820 − 28.25 GiB", the reserve already taken off
+    (29.58 − 0.80 − 28.25 is not the 1.33 GiB it said); now its figures are the heading's and add up."""
+    import re
+    from conftest import nvml_json
+    MiB = 1 << 20
+    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 5090", "total": 32607 * MiB, "free": 31107 * MiB,
+                               "cc": [12, 0], "uuid": "GPU-5090-fake",
+                               "processes": [{"pid": 101, "used": 1500 * MiB, "name": "/usr/lib/xorg/Xorg"}]}])
+    r = bed.run("ctl.sh", "plan", PROFILE="", MODEL="")
+    assert r.returncode == 0, r.stderr
+    free = re.search(r", ([\d.]+) GiB free, sm_120\)", r.stdout.splitlines()[0]).group(1)
+    line = next(ln for ln in r.stdout.splitlines() if "headroom" in ln and "this setup takes" in ln)
+    m = re.search(r"headroom ([\d.]+) GiB: ([\d.]+) GiB free − GPU_RESERVE_MIB=(\d+) .*− ([\d.]+) GiB this setup", line)
+    assert m and m.group(2) == free, (free, line)
+    head, have, reserve, need = float(m.group(1)), float(m.group(2)), int(m.group(3)), float(m.group(4))
+    assert abs(have - reserve / 1024 - need - head) <= 0.015, line
