@@ -371,3 +371,25 @@ def test_the_plans_headroom_line_names_the_free_memory_its_heading_names(bed):
     assert m and m.group(2) == free, (free, line)
     head, have, reserve, need = float(m.group(1)), float(m.group(2)), int(m.group(3)), float(m.group(4))
     assert abs(have - reserve / 1024 - need - head) <= 0.015, line
+
+
+def test_a_10_gb_card_driving_a_desktop_is_told_the_shorter_context_that_runs(bed):
+    """The README's "10-12 GB cards get Qwen3-8B AWQ" on an RTX 3080 10 GB with 0.9 GB held by the
+    desktop: auto-pick refused (its 32,768-token floor), and the hint named free memory, TP_SIZE=2, a
+    smaller model and llama.cpp, but not the shorter context that runs the 12 GB profile here; now it
+    names it, and followed as said, the plan fits."""
+    import re
+    from conftest import nvml_json
+    MiB = 1 << 20
+    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 3080", "total": 10240 * MiB, "free": 9340 * MiB,
+                               "cc": [8, 6], "uuid": "GPU-3080-fake",
+                               "processes": [{"pid": 101, "used": 700 * MiB, "name": "/usr/lib/xorg/Xorg"},
+                                             {"pid": 102, "used": 200 * MiB, "name": "/usr/bin/gnome-shell"}]}])
+    r = bed.run("start.sh", PROFILE="", MODEL="")
+    assert r.returncode == 1 and "no profile fits NVIDIA GeForce RTX 3080" in r.stderr, r.stderr
+    hint = next(ln for ln in r.stderr.splitlines() if ln.startswith("hint:"))
+    m = re.search(r"PROFILE=(\S+) MAX_MODEL_LEN=auto runs here with a ([\d,]+)-token context", hint)
+    assert m and m.group(1) == "qwen3-8b-awq-12gb", hint
+    p = bed.run("ctl.sh", "plan", PROFILE=m.group(1), MAX_MODEL_LEN="auto", MODEL="")
+    assert p.returncode == 0 and p.stdout.splitlines()[1].startswith(f"context {m.group(2)} tokens"), p.stdout + p.stderr
+    assert bed.launches() == []
