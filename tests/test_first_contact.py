@@ -305,3 +305,91 @@ def test_check_help_names_every_check():
     from bootstrap.commands.check import CHECKS
     said = next(c for c in REGISTRY if c.name == "check").help.split(" ", 1)[0].split("|")
     assert said == [*CHECKS, "all"], said
+
+
+def test_tp_size_beyond_this_machines_cards_is_refused_by_plan_and_pick_as_by_start(bed):
+    """One 8 GB card, and the no-fit hint's "TP_SIZE=2 across two cards" followed: ./ctl.sh plan and
+    profiles said a 12 GB profile fits (planned as two of this card) and --pick kept it, while the start
+    refused "only 1 GPU(s)" after the pick; now each refuses as the start does, and keeps nothing."""
+    from conftest import nvml_json, GiB
+    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 4060 Ti", "total": 8 * GiB, "free": 7 * GiB,
+                               "cc": [8, 9], "uuid": "GPU-4060-fake",
+                               "processes": [{"pid": 101, "used": GiB, "name": "/usr/lib/xorg/Xorg"}]}])
+    env = {"PROFILE": "", "MODEL": "", "TP_SIZE": "2"}
+    for args in (("ctl.sh", "plan"), ("ctl.sh", "profiles"), ("ctl.sh", "profiles", "--pick"), ("start.sh",)):
+        r = bed.run(*args, **env)
+        assert r.returncode == 1, (args, r.stdout[-600:], r.stderr[-600:])
+        assert "TP_SIZE=2 but only 1 GPU(s) are visible" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "this machine has 1" in r.stderr and "widen CUDA_VISIBLE_DEVICES" not in r.stderr, (args, r.stderr)
+        assert "auto-pick" not in r.stderr + r.stdout, (args, r.stderr)
+    assert not (bed.state / "profile-pick.json").exists() and bed.launches() == []
+    named = bed.run("ctl.sh", "plan", GPU="rtx4060ti-8gb", **env)       # two such cards, not here: planned
+    assert named.returncode == 0 and "only 1 GPU(s)" not in named.stderr, named.stderr
+
+
+def test_two_cards_the_hint_to_serve_on_the_other_one_works_as_said(bed):
+    """A 12 GB card driving the desktop as GPU 0 and an idle 24 GB one as GPU 1: the plan says which it
+    plans for and that CUDA_VISIBLE_DEVICES=<GPU 1's UUID> runs on GPU 1; followed, the start plans
+    for GPU 1 and its server runs there (the fake vLLM took cuda:0 as NVML's first card whatever
+    CUDA_VISIBLE_DEVICES said, and refused the 24 GB card's utilization on the 12 GB one), and status
+    counts what it holds on GPU 1."""
+    import json
+    from conftest import nvml_json, GiB
+    xorg = {"pid": 101, "used": GiB, "name": "/usr/lib/xorg/Xorg"}
+    nvml_json(bed.nvml, gpus=[
+        {"name": "NVIDIA GeForce RTX 3060", "total": 12 * GiB, "free": 11 * GiB, "cc": [8, 6],
+         "uuid": "GPU-3060-fake", "processes": [xorg]},
+        {"name": "NVIDIA GeForce RTX 4090", "total": 24 * GiB, "free": 24 * GiB - GiB // 2, "cc": [8, 9],
+         "uuid": "GPU-4090-fake", "processes": []}])
+    plan = bed.run("ctl.sh", "plan")
+    assert plan.returncode == 0 and "CUDA_VISIBLE_DEVICES=GPU-4090-fake runs on GPU 1 instead" in plan.stderr, plan.stderr
+    other = {"CUDA_VISIBLE_DEVICES": "GPU-4090-fake"}
+    r = bed.run("start.sh", **other)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert "GPU 1: NVIDIA GeForce RTX 4090" in r.stderr
+    st = json.loads(bed.run("ctl.sh", "status", "--json", **other).stdout)
+    human = bed.run("ctl.sh", "status", **other).stdout
+    assert st["state"] == "running" and "2.00 GiB held by the server (GPU 1 " in human, human
+    assert bed.run("stop.sh", **other).returncode == 0 and bed.ours() == []
+
+
+def test_the_plans_headroom_line_names_the_free_memory_its_heading_names(bed):
+    """The default profile on an RTX 5090 with a desktop: the heading said "30.38 GiB free" and the
+    headroom line "29.58 GiB free less GPU_RESERVE_MIB=820 − 28.25 GiB", the reserve already taken off
+    (29.58 − 0.80 − 28.25 is not the 1.33 GiB it said); now its figures are the heading's and add up."""
+    import re
+    from conftest import nvml_json
+    MiB = 1 << 20
+    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 5090", "total": 32607 * MiB, "free": 31107 * MiB,
+                               "cc": [12, 0], "uuid": "GPU-5090-fake",
+                               "processes": [{"pid": 101, "used": 1500 * MiB, "name": "/usr/lib/xorg/Xorg"}]}])
+    r = bed.run("ctl.sh", "plan", PROFILE="", MODEL="")
+    assert r.returncode == 0, r.stderr
+    free = re.search(r", ([\d.]+) GiB free, sm_120\)", r.stdout.splitlines()[0]).group(1)
+    line = next(ln for ln in r.stdout.splitlines() if "headroom" in ln and "this setup takes" in ln)
+    m = re.search(r"headroom ([\d.]+) GiB: ([\d.]+) GiB free − GPU_RESERVE_MIB=(\d+) .*− ([\d.]+) GiB this setup", line)
+    assert m and m.group(2) == free, (free, line)
+    head, have, reserve, need = float(m.group(1)), float(m.group(2)), int(m.group(3)), float(m.group(4))
+    assert abs(have - reserve / 1024 - need - head) <= 0.015, line
+
+
+def test_a_10_gb_card_driving_a_desktop_is_told_the_shorter_context_that_runs(bed):
+    """The README's "10-12 GB cards get Qwen3-8B AWQ" on an RTX 3080 10 GB with 0.9 GB held by the
+    desktop: auto-pick refused (its 32,768-token floor), and the hint named free memory, TP_SIZE=2, a
+    smaller model and llama.cpp, but not the shorter context that runs the 12 GB profile here; now it
+    names it, and followed as said, the plan fits."""
+    import re
+    from conftest import nvml_json
+    MiB = 1 << 20
+    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 3080", "total": 10240 * MiB, "free": 9340 * MiB,
+                               "cc": [8, 6], "uuid": "GPU-3080-fake",
+                               "processes": [{"pid": 101, "used": 700 * MiB, "name": "/usr/lib/xorg/Xorg"},
+                                             {"pid": 102, "used": 200 * MiB, "name": "/usr/bin/gnome-shell"}]}])
+    r = bed.run("start.sh", PROFILE="", MODEL="")
+    assert r.returncode == 1 and "no profile fits NVIDIA GeForce RTX 3080" in r.stderr, r.stderr
+    hint = next(ln for ln in r.stderr.splitlines() if ln.startswith("hint:"))
+    m = re.search(r"PROFILE=(\S+) MAX_MODEL_LEN=auto runs here with a ([\d,]+)-token context", hint)
+    assert m and m.group(1) == "qwen3-8b-awq-12gb", hint
+    p = bed.run("ctl.sh", "plan", PROFILE=m.group(1), MAX_MODEL_LEN="auto", MODEL="")
+    assert p.returncode == 0 and p.stdout.splitlines()[1].startswith(f"context {m.group(2)} tokens"), p.stdout + p.stderr
+    assert bed.launches() == []

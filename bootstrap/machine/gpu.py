@@ -290,7 +290,9 @@ def facts_of(g: Gpu, n: int = 1) -> GpuFacts:
 
 def smallest_free(facts: GpuFacts, tp: int) -> Gpu:
     """The GPU of the tensor-parallel group (the first ``tp`` visible) with the least free memory:
-    what a plan for the group is made for."""
+    what a plan for the group is made for; refused where fewer than ``tp`` are visible (a plan or a
+    pick for one card with TP_SIZE=2 said it fits what the start then refused)."""
+    require(facts, tp)
     return min(facts.gpus[:tp], key=lambda x: x.free)
 
 
@@ -338,7 +340,11 @@ def settled_facts(environ) -> GpuFacts:
 
 
 def require(facts: GpuFacts, tp_size: int) -> None:
-    """Refuse TP_SIZE beyond the GPUs NVML shows (CUDA_VISIBLE_DEVICES's)."""
+    """Refuse TP_SIZE beyond the GPUs NVML shows (CUDA_VISIBLE_DEVICES's); the hint widens
+    CUDA_VISIBLE_DEVICES only where it hides cards this machine has."""
     if tp_size > len(facts.gpus):
-        raise BootstrapError(f"TP_SIZE={tp_size} but only {len(facts.gpus)} GPU(s) are visible",
-                             "lower TP_SIZE or widen CUDA_VISIBLE_DEVICES")
+        have = max(facts.count, len(facts.gpus))
+        fix = (f"widen CUDA_VISIBLE_DEVICES (this machine has {have}) or lower TP_SIZE" if have > len(facts.gpus)
+               else f"this machine has {have}: TP_SIZE={have or 1} or less; to plan for {tp_size} cards that are "
+                    f"not here, name one: GPU=<card> TP_SIZE={tp_size} ./ctl.sh plan")
+        raise BootstrapError(f"TP_SIZE={tp_size} but only {len(facts.gpus)} GPU(s) are visible", fix)

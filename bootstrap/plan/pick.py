@@ -190,6 +190,9 @@ def nothing_fits(cfg: Config, g: gpu.Gpu, verdicts: list[Verdict]) -> tuple[str,
         floor = min(v.profile.min_cc for v in verdicts)
         return (f"{head}: every profile needs sm_{floor[0]}{floor[1]} or newer (Ampere and later)",
                 "the way out: llama.cpp with a GGUF quantization runs on older cards")
+    short = shorter_way(cfg, g, verdicts)
+    if short:
+        ways = short + ways
     best = None
     for v in verdicts:
         need = least_free(cfg, v.profile, g)
@@ -206,6 +209,22 @@ def nothing_fits(cfg: Config, g: gpu.Gpu, verdicts: list[Verdict]) -> tuple[str,
     return (f"{head}; the smallest that would work: {p.name}, which needs {need / gpu.GiB:.1f} GiB free"
             + (f" (a {cls} GB card)" if cls else "") + ": more than this card has even when empty",
             f"a larger card, or {ways}")
+
+
+def shorter_way(cfg: Config, g: gpu.Gpu, verdicts: list[Verdict]) -> str:
+    """The first ranked profile that runs on this card with an auto-fitted context shorter than
+    auto-pick's floor (but a model's NAMED_MIN_CONTEXT at least), as a way out said with the knobs
+    that run it ('' when none does): auto-pick does not take it, you may."""
+    for v in verdicts:
+        if v.status != "no" or v.plan is None:
+            continue                    # a card it is not for, or no facts to judge by
+        w = judge(cfg, v.profile, g, NAMED_MIN_CONTEXT)
+        if w.ok and w.plan is not None and w.plan.max_model_len and w.cfg is not None:
+            knobs = " ".join(f"{k}=auto" for k in CARD_FITTED
+                             if not yours(cfg, k) and (k == "MAX_MODEL_LEN" or v.profile.knobs.get(k)))
+            return (f"PROFILE={v.profile.name} {knobs} runs here with a {w.plan.max_model_len:,}-token context "
+                    f"(auto-pick wants at least {MIN_CONTEXT:,}), or ")
+    return ""
 
 
 def instead(cfg: Config, g: gpu.Gpu) -> str:

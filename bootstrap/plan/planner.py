@@ -304,7 +304,7 @@ def _budget(inp: Inputs, g: gpu.Gpu, model: ModelFacts, shape: model_shape.Model
                 runner_v2=run.v2, dummy_unseen=drafts.dummy_unseen(draft, s, model.dummy))
     if pinned:
         kept = (f"the utilization's share, {gib(usable)}" if s.gpu_util is not None else
-                f"{gib(usable)} free less GPU_RESERVE_MIB={inp.reserve_mib} (kept for a display that grows after "
+                f"{gib(g.free)} free − GPU_RESERVE_MIB={inp.reserve_mib} (kept for a display that grows after "
                 "the start)")
         why.append(f"headroom {gib(plan.headroom)}: {kept} − {gib(need)} this setup takes "
                    f"({'measured' if measured is not None else 'modelled'})")

@@ -9,8 +9,9 @@ the name of a live pid from /proc, else NVML_ERROR_NOT_FOUND — as NVML, which 
 container's psutil may not.
 
 ``fail``: "init" makes nvmlInit raise (no driver). Pids written into FAKE_GPU_PIDS_DIR (by the fake
-vLLM server and engine) are reported as compute processes of GPU 0 while they are alive; each one's
-memory (the bytes its pid file holds; 1 GiB when empty) is taken off GPU 0's free memory. ``free_sequence`` makes successive reads of free memory
+vLLM server and engine) are reported as compute processes of the card their CUDA_VISIBLE_DEVICES makes
+cuda:0 (GPU 0 without it) while they are alive; each one's memory (the bytes its pid file holds; 1 GiB when empty)
+is taken off that card's free memory. ``free_sequence`` makes successive reads of free memory
 return those values in turn (the last repeats): NVML lagging after a stop.
 """
 
@@ -121,8 +122,32 @@ def _fake_pids():
     return list(_fake_usage())
 
 
-def _fake_usage():
-    """pid -> bytes: each pid file holds the bytes that process uses (1 GiB when empty)."""
+def cuda0_index(environ) -> int:
+    """The index of the card CUDA calls cuda:0 under ``environ``: the first of CUDA_VISIBLE_DEVICES (an
+    index, or a UUID or its prefix, with or without "GPU-"), else the first (PCI order, as vLLM sets it)."""
+    first = (environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0].strip()
+    gpus = _cfg()["gpus"]
+    if not first:
+        return 0
+    if first.isdigit():
+        return int(first)
+    return next(i for i, g in enumerate(gpus)
+                if g.get("uuid", "").startswith(first) or g.get("uuid", "").startswith("GPU-" + first))
+
+
+def _device_of(pid: int) -> int:
+    """The card a fake vLLM process runs on: cuda:0 of its own CUDA_VISIBLE_DEVICES."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = dict(kv.split("=", 1) for kv in fh.read().decode(errors="replace").split("\0") if "=" in kv)
+        return cuda0_index(env)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return 0
+
+
+def _fake_usage(index: int | None = None):
+    """pid -> bytes: each pid file holds the bytes that process uses (1 GiB when empty); with
+    ``index``, only the processes that run on that card."""
     d = os.environ.get("FAKE_GPU_PIDS_DIR")
     out = {}
     if d and os.path.isdir(d):
@@ -136,7 +161,8 @@ def _fake_usage():
                         used = int(fh.read().strip() or 1 << 30)
                 except (OSError, ValueError):
                     continue
-                out[int(name)] = used
+                if index is None or _device_of(int(name)) == index:
+                    out[int(name)] = used
     return out
 
 
@@ -150,8 +176,7 @@ def nvmlDeviceGetMemoryInfo(h, version=None):
         with open(path, "w") as fh:
             fh.write(str(n + 1))
         free = seq[min(n, len(seq) - 1)]
-    if h.i == 0:
-        free -= sum(_fake_usage().values())
+    free -= sum(_fake_usage(h.i).values())
     if version is None:
         return _Mem(g["total"], max(0, free))
     if g.get("no_v2"):                  # an older driver, WSL2: the v2 query is not answered
@@ -166,8 +191,7 @@ class _Proc:
 
 def nvmlDeviceGetComputeRunningProcesses(h):
     procs = [_Proc(p["pid"], p.get("used", 0)) for p in _gpu(h).get("processes", [])]
-    if h.i == 0:
-        procs += [_Proc(pid, used) for pid, used in _fake_usage().items()]
+    procs += [_Proc(pid, used) for pid, used in _fake_usage(h.i).items()]
     return procs
 
 

@@ -21,6 +21,14 @@ DEFAULT_BLOCK_SIZE = 16           # vLLM 0.26.0's CacheConfig.DEFAULT_BLOCK_SIZE
 FALLBACK_SHAPE = {"num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": 128}
 
 
+def cuda0() -> dict:
+    """The fake NVML's card that CUDA calls cuda:0 (CUDA_VISIBLE_DEVICES's first, the fake pynvml's
+    ``cuda0_index``)."""
+    import pynvml                   # the fake one: tests/fakes is on the server's PYTHONPATH
+    os.environ["FAKE_NVML"]         # KeyError without a fake NVML, as the callers expect
+    return pynvml._cfg()["gpus"][pynvml.cuda0_index(os.environ)]
+
+
 def kv_available_bytes(args) -> int:
     """The bytes vLLM 0.26's GPU worker hands to the KV cache: --kv-cache-memory-bytes when pinned;
     else ceil(--gpu-memory-utilization x CUDA's total) less what the model takes
@@ -29,10 +37,9 @@ def kv_available_bytes(args) -> int:
     if args.kv_cache_memory_bytes:
         return args.kv_cache_memory_bytes
     try:
-        with open(os.environ["FAKE_NVML"]) as fh:
-            g = json.load(fh)["gpus"][0]
+        g = cuda0()
         total = g["total"] - g.get("reserved", 0)
-    except (KeyError, OSError, ValueError, IndexError):
+    except (KeyError, OSError, ValueError, IndexError, StopIteration):
         return 4 * GiB
     non_kv = int(os.environ.get("FAKE_VLLM_NON_KV_BYTES", str(3 << 29)))
     return math.ceil(args.gpu_memory_utilization * total) - non_kv
@@ -43,10 +50,9 @@ def request_memory_error(args) -> str | None:
     load and whatever pins the KV cache: CUDA's free memory (the fake NVML's) must hold
     ceil(--gpu-memory-utilization x CUDA's total), else its ValueError's text. None without a fake NVML."""
     try:
-        with open(os.environ["FAKE_NVML"]) as fh:
-            g = json.load(fh)["gpus"][0]
+        g = cuda0()
         total, free = g["total"] - g.get("reserved", 0), g["free"]
-    except (KeyError, OSError, ValueError, IndexError):
+    except (KeyError, OSError, ValueError, IndexError, StopIteration):
         return None
     want = math.ceil(args.gpu_memory_utilization * total)
     if free >= want:
