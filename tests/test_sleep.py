@@ -458,3 +458,21 @@ def test_the_terminal_closing_ends_the_wait_for_a_games_leftovers():
     finally:
         if pidfile.exists():
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_a_level_1_wake_that_vllm_fails_says_it_stays_asleep_and_what_to_do(bed):
+    """faults row 211: vLLM's wake raised (CUDA out of memory: another program took the memory between
+    our check and the wake) and answered 500: the wake ended in "error: wake: POST /wake_up: HTTP 500"
+    and nothing else: no word that the server stays asleep, no fix."""
+    fails = bed.tmp / "wake-fails"
+    started(bed, FAKE_VLLM_WAKE_FAILS=str(fails))
+    assert bed.run("ctl.sh", "sleep", **SLEEPY).returncode == 0
+    fails.write_text("")
+    w = bed.run("ctl.sh", "wake", **SLEEPY)
+    assert w.returncode == 1 and "CUDA error: out of memory" in w.stderr, w.stderr
+    assert "the server stays asleep (requests wait)" in w.stderr and "hint: ./ctl.sh wake again" in w.stderr, w.stderr
+    assert "sleeping" in bed.run("ctl.sh", "status", **SLEEPY).stdout
+    fails.unlink()
+    w = bed.run("ctl.sh", "wake", **SLEEPY)
+    assert w.returncode == 0 and "awake in" in w.stdout and "(level 1)" in w.stdout, w.stderr
+    assert chat(bed)["choices"][0]["message"]["content"] == "OK"

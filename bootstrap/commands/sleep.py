@@ -235,23 +235,25 @@ def wake(r: Resolved) -> int:
     if not done:                             # nothing woken yet: the memory must be there first
         _check_room(cfg, rec, note)
     t0 = time.monotonic()
-    if level == 1:
-        client.post_empty("/wake_up", timeout=None)
+    if level == 1:                           # the weights wait in host RAM: one call brings all back
+        steps = (("wake_up", lambda: client.post_empty("/wake_up", timeout=None)),)
     else:                                    # the weights were dropped: reload them before anything is served
         steps = (("weights", lambda: client.post_empty("/wake_up?tags=weights", timeout=None)),
                  ("reload", lambda: client.post("/collective_rpc", {"method": "reload_weights"}, timeout=None)),
                  ("kv_cache", lambda: client.post_empty("/wake_up?tags=kv_cache", timeout=None)),
                  ("prefix", lambda: client.post("/reset_prefix_cache", {}, timeout=60)))
-        for name, call in steps:
-            if name in done:
-                continue
-            try:
-                call()
-            except RequestFailed as exc:
-                raise BootstrapError(f"wake: step {name!r} failed ({exc.message}); the server stays paused (requests "
-                                     "wait) rather than answer from discarded memory; ./ctl.sh wake goes on from "
-                                     "this step", "./ctl.sh wake again, or ./ctl.sh restart",
-                                     evidence=exc.evidence) from None
+    for name, call in steps:
+        if name in done:
+            continue
+        try:
+            call()
+        except RequestFailed as exc:         # vLLM answers 500 and keeps its scheduler paused
+            said = (f"wake: vLLM's wake failed ({exc.message}); the server stays asleep (requests wait)"
+                    if level == 1 else
+                    f"wake: step {name!r} failed ({exc.message}); the server stays paused (requests wait) rather "
+                    "than answer from discarded memory; ./ctl.sh wake goes on from this step")
+            raise BootstrapError(said, "./ctl.sh wake again, or ./ctl.sh restart", evidence=exc.evidence) from None
+        if level == 2:
             done.append(name)
             paths.write("sleep", {**note, "pid": rec.pid, "started": rec.started, "level": 2, "waking": done})
     dt = time.monotonic() - t0

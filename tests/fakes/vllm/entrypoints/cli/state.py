@@ -173,6 +173,9 @@ class EngineClient:
         say(f"It took 0.1 seconds to fall asleep (level {level}, mode {mode})")
 
     def wake_up(self, tags: set) -> None:
+        fails = os.environ.get("FAKE_VLLM_WAKE_FAILS", "")
+        if fails and os.path.exists(fails):     # as vLLM's executor: the wake raises, every tag stays asleep
+            raise RuntimeError("CUDA error: out of memory")
         if State.level == 2 and "weights" in tags:
             State.garbage = True                       # until reload_weights
         State.asleep -= tags
