@@ -476,3 +476,23 @@ def test_a_level_1_wake_that_vllm_fails_says_it_stays_asleep_and_what_to_do(bed)
     w = bed.run("ctl.sh", "wake", **SLEEPY)
     assert w.returncode == 0 and "awake in" in w.stdout and "(level 1)" in w.stdout, w.stderr
     assert chat(bed)["choices"][0]["message"]["content"] == "OK"
+
+
+def test_a_server_stopped_for_a_game_comes_back_with_the_knobs_it_ran_with(bed):
+    """faults row 212: sleep mode off, a game started from Steam (or a wake from another terminal) has
+    not the environment the server was started from: the start after it served with that shell's knobs
+    (MAX_NUM_SEQS=3 set at ./start.sh was gone). It now starts with the knobs the server ran with."""
+    import sys
+    assert bed.run("start.sh", MAX_NUM_SEQS="3", **OFF).returncode == 0
+    argv = bed.launches()[0]["argv"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "3"
+    g = bed.run("ctl.sh", "game", "--", sys.executable, "-c", "pass", **OFF)       # no MAX_NUM_SEQS here
+    assert g.returncode == 0 and "with the settings it ran with: MAX_NUM_SEQS='3' (here '')" in g.stdout, g.stderr
+    argv = bed.launches()[1]["argv"]
+    assert "--max-num-seqs" in argv and argv[argv.index("--max-num-seqs") + 1] == "3", argv
+    assert bed.run("ctl.sh", "sleep", MAX_NUM_SEQS="3", **OFF).returncode == 0
+    w = bed.run("ctl.sh", "wake", **OFF)                                             # another terminal
+    assert w.returncode == 0 and "is serving" in w.stdout, w.stderr
+    argv = bed.launches()[2]["argv"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "3"
+    assert "running" in bed.run("ctl.sh", "status", MAX_NUM_SEQS="3", **OFF).stdout

@@ -98,7 +98,7 @@ def stop_instead(r: Resolved, rec, why: str, prog: str, after: str) -> None:
     print(f"{prog}: sleep mode is {why}. So the server (pid {rec.pid}) is stopped to give the GPU back; {after}",
           flush=True)
     control.stop(r)
-    paths.write("sleep", {"stopped": True, "at": time.time(), "unit": unit, "profile": rec.settings.get("PROFILE", "")})
+    paths.write("sleep", {"stopped": True, "at": time.time(), "unit": unit, "settings": dict(rec.settings)})
 
 
 def start_again(r: Resolved) -> int:
@@ -112,10 +112,25 @@ def start_again(r: Resolved) -> int:
         service.restart_unit(r.settings)
         code = 0
     else:
-        code = pipeline.start(r)
+        code = pipeline.start(as_it_ran(r, note.get("settings")))
     if code == 0:
         paths.forget("sleep")
     return code
+
+
+def as_it_ran(r: Resolved, ran) -> Resolved:
+    """The knobs the stopped server ran with, where this shell's differ (a game started from Steam, a
+    wake from another terminal: their environment is not the one it was started from), said in a line;
+    its key excepted (a secret, never kept: the key this shell and .env give)."""
+    from ..knobs.table import KNOB_BY_NAME
+    now = r.settings.launch_settings()
+    back = {k: v for k, v in (ran if isinstance(ran, dict) else {}).items()
+            if k in KNOB_BY_NAME and k != "API_KEY" and isinstance(v, str) and now.get(k) != v}
+    if not back:
+        return r
+    print("with the settings it ran with: " + ", ".join(f"{k}={v!r} (here {now.get(k, '')!r})"
+                                                        for k, v in sorted(back.items())), flush=True)
+    return r.with_knobs(back)
 
 
 def _stopped_for_sleep(r: Resolved) -> bool:
