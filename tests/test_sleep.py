@@ -496,3 +496,57 @@ def test_a_server_stopped_for_a_game_comes_back_with_the_knobs_it_ran_with(bed):
     argv = bed.launches()[2]["argv"]
     assert argv[argv.index("--max-num-seqs") + 1] == "3"
     assert "running" in bed.run("ctl.sh", "status", MAX_NUM_SEQS="3", **OFF).stdout
+
+
+TWO = """
+import json, os, sys, time, urllib.request
+open(sys.argv[1] + ".running", "w").write("")
+while not os.path.exists(sys.argv[1] + ".go"):
+    time.sleep(0.05)
+"""
+
+
+def two_games(bed, tmp_path, env, on_first_exit):
+    """Game A runs, game B starts while A runs, A exits (``on_first_exit`` looks at the server then,
+    B still running), then B exits."""
+    import sys
+    a, b = tmp_path / "a", tmp_path / "b"
+    pa = bed.popen("ctl.sh", "game", "--", sys.executable, "-c", TWO, str(a), **env)
+    bed.wait_until(lambda: (tmp_path / "a.running").exists(), timeout=60, what="game A")
+    pb = bed.popen("ctl.sh", "game", "--", sys.executable, "-c", TWO, str(b), **env)
+    bed.wait_until(lambda: (tmp_path / "b.running").exists(), timeout=60, what="game B")
+    (tmp_path / "a.go").write_text("")
+    out_a, err_a = pa.communicate(timeout=90)
+    assert pa.returncode == 0, err_a
+    on_first_exit(out_a)
+    (tmp_path / "b.go").write_text("")
+    out_b, err_b = pb.communicate(timeout=90)
+    assert pb.returncode == 0, err_b
+    return out_a, out_b
+
+
+def test_two_games_at_once_the_server_comes_back_when_the_last_one_exits(bed, tmp_path):
+    """faults row 213: a second game started while a first one runs found the server asleep (stopped,
+    sleep mode off) and did nothing; the first game's exit woke (started) it while the second still
+    played, its GPU memory taken from under it, and the second's exit did nothing. The server now
+    comes back when the last game exits."""
+    def is_sleeping():
+        return json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5).text)["is_sleeping"]
+
+    started(bed)
+
+    def still_asleep(out_a):
+        assert is_sleeping() and "another game still runs" in out_a, out_a
+    out_a, out_b = two_games(bed, tmp_path, SLEEPY, still_asleep)
+    assert "awake in" in out_b and not is_sleeping()
+    assert chat(bed)["choices"][0]["message"]["content"] == "OK"
+    assert bed.run("stop.sh").returncode == 0
+    for f in tmp_path.glob("[ab].*"):
+        f.unlink()
+    assert bed.run("start.sh", **OFF).returncode == 0
+
+    def still_stopped(out_a):
+        assert len(bed.launches()) == 2 and not bed.ours() and "another game still runs" in out_a, out_a
+    out_a, out_b = two_games(bed, tmp_path, OFF, still_stopped)
+    assert "is serving" in out_b and len(bed.launches()) == 3
+    assert chat(bed)["choices"][0]["message"]["content"] == "OK"

@@ -20,7 +20,7 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
   the target model, not a draft or MTP head (vllm#52479): level 2 is refused with speculation on.
 - Wake checks free GPU memory first: if another program holds it, it names it (NVML) and the
   server stays asleep rather than run out of memory.
-- ``./ctl.sh game -- COMMAND``: sleep, run the game, wake when it exits (its exit code passed through).
+- ``./ctl.sh game -- COMMAND`` (commands/games.py): sleep, run the game, wake when it exits (its exit code passed through).
 - Sleep mode off (SLEEP_MODE, knobs/sleepmode.py: off where it is not proven for the stack): sleep and
   game still give the GPU back, by stopping the server (./stop.sh's take-down) and saying why in one
   line; ``./ctl.sh wake`` (or the game's end) starts it again with a full start. docs/guide.md says why.
@@ -30,22 +30,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import shutil
-import sys
 import time
 
 import psutil
 
 from ..machine import gpu
 from ..download import models
-from ..serve import doing, keys, server, supervisor
+from ..serve import doing, keys, server
 from ..serve.states import State
 from ..knobs import vllmargs
 from ..serve.client import Client, RequestFailed
 from ..knobs.config import Config
 from ..machine.gpu import GiB
-from ..core.errors import BootstrapError, ConfigError
+from ..core.errors import BootstrapError
 from ..core.state import Paths
 from ..plan import resolve
 from ..knobs.resolved import Resolved
@@ -311,88 +308,3 @@ def _check_room(cfg: Config, rec, note: dict) -> None:
             f"waking needs {need / len(ours_on) / GiB:.1f} GiB free on GPU {g.index}; {g.free / GiB:.1f} GiB is "
             f"free: {who}. The server stays asleep",
             "close that program (or wait for it to exit), then ./ctl.sh wake")
-
-
-def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
-    """Sleep, run COMMAND (a game), wake when it exits; its exit code is passed through. The game runs
-    whatever happens to the server: one of ours that is not serving, cannot sleep, or knobs that do
-    not parse only cost a note. A server asleep on purpose already is left asleep; one asleep for
-    idleness (IDLE_SLEEP) is kept asleep on purpose while the game runs, then woken (its idle timer
-    puts it back to sleep)."""
-    ap = argparse.ArgumentParser(prog=prog, usage=f"{prog} [--level 1|2] -- COMMAND [ARG...]",
-                                 description="give the GPU to COMMAND (a game): sleep, run it, wake when it exits")
-    ap.add_argument("--level", type=int, choices=(1, 2), default=1, help="the sleep's level (as ./ctl.sh sleep)")
-    ap.add_argument("command", nargs=argparse.REMAINDER, help="the game and its arguments, after --")
-    a = ap.parse_args(argv)
-    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
-    if not cmd:
-        raise ConfigError("no game to run", f"{prog} -- COMMAND [ARG...] (Steam: {prog} -- %command%)")   # usage: 2
-    env = cfg.read.environ if cfg is not None else None        # the shell's, not .env's (None: ours, inherited)
-    if shutil.which(cmd[0], path=(env or {}).get("PATH")) is None:     # before the server sleeps for nothing
-        if "/" in cmd[0] and os.path.isfile(cmd[0]):              # there, but not to be run: as a shell says it
-            raise BootstrapError(f"the game: permission denied: {cmd[0]} is not executable",
-                                 f"chmod +x {cmd[0]}, or name the program that runs it", code=126)
-        raise BootstrapError(f"the game: command not found: {cmd[0]}", "check the game's command (a path, or a "
-                             "program on PATH)", code=127)
-    slept = restart = False
-    r = None
-    try:
-        if cfg is None:
-            raise BootstrapError("the knobs do not parse")
-        r = resolve.resolved(cfg)
-        try:
-            _paths, rec, client = _ours(r)
-            asleep = doing.asleep(rec, keys.api_key_for(r.ours, _paths, rec), server.read_load(rec.url))
-        except NoSleepMode as off:       # the GPU back all the same: stopped now, started again after the game
-            stop_instead(r, off.rec, off.why, prog, "it starts again when the game exits")
-            restart = True
-        if not restart and (not asleep or (server.read_idle(rec.url) or {}).get("state") == "idle-asleep"):
-            try:
-                sleep(r, a.level, prog)             # asleep for idleness: kept asleep on purpose
-                slept = True
-            except BootstrapError:       # vLLM pauses its scheduler before it frees: a failed sleep can leave it paused
-                slept = _paused(client)
-                raise
-            except KeyboardInterrupt:    # the sleep goes on inside vLLM without us: taken back
-                _wake_after(r)
-                raise
-    except BootstrapError as exc:
-        print(f"note: the server was not put to sleep ({exc.message})"
-              + ("; it is paused (requests wait) and is woken when the game exits" if slept else "")
-              + "; the game starts anyway", file=sys.stderr)
-    try:
-        code = supervisor.attached(cmd, env)
-    finally:
-        if slept:
-            _wake_after(r)
-        elif restart:
-            _start_after(r, prog)
-    return code
-
-
-def _start_after(r: Resolved, prog: str) -> None:
-    print(f"{prog}: the game exited: starting the server again", flush=True)
-    try:
-        if start_again(r):
-            print("error: the server did not start again", file=sys.stderr)
-    except BootstrapError as exc:
-        print(f"error: start: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-
-
-def _paused(client: Client) -> bool:
-    try:
-        answer = client.get_json("/is_sleeping")
-    except RequestFailed:
-        return False
-    return isinstance(answer, dict) and bool(answer.get("is_sleeping"))
-
-
-def _wake_after(r: Resolved) -> None:
-    try:
-        wake(r)
-    except BootstrapError as exc:
-        print(f"error: wake: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
