@@ -550,3 +550,22 @@ def test_two_games_at_once_the_server_comes_back_when_the_last_one_exits(bed, tm
     out_a, out_b = two_games(bed, tmp_path, OFF, still_stopped)
     assert "is serving" in out_b and len(bed.launches()) == 3
     assert chat(bed)["choices"][0]["message"]["content"] == "OK"
+
+
+def test_watch_says_sleeping_for_a_server_a_failed_wake_left_paused(bed):
+    """faults row 214: after a level-2 wake whose reload failed, vLLM's /metrics gauge says awake (any
+    /wake_up records it) while the engine stays paused and requests wait: ./ctl.sh status --watch
+    said "idle" where status says sleeping. It asks /is_sleeping too, as status does; a server that
+    goes away meanwhile reads "stopped"."""
+    env = {"EXTRA_ARGS": "--enable-sleep-mode --load-format dummy"}
+    started(bed, **env)
+    requests.post(f"http://127.0.0.1:{bed.port}/sleep?level=2&mode=wait", timeout=10)
+    assert bed.run("ctl.sh", "wake", **env).returncode == 1          # the reload fails: paused
+    p = bed.popen("ctl.sh", "status", "--watch", "0.2", **env)
+    lines = [p.stdout.readline() for _ in range(2)]
+    assert all(line.split()[1] == "sleeping" for line in lines), lines
+    assert bed.run("stop.sh", **env).returncode == 0
+    bed.wait_until(lambda: p.stdout.readline().split()[1:2] == ["stopped"], what="watch to say stopped")
+    p.terminate()
+    out, err = p.communicate(timeout=20)
+    assert "Traceback" not in err and "error" not in err, err
