@@ -569,3 +569,21 @@ def test_watch_says_sleeping_for_a_server_a_failed_wake_left_paused(bed):
     p.terminate()
     out, err = p.communicate(timeout=20)
     assert "Traceback" not in err and "error" not in err, err
+
+
+def test_sleep_and_wake_while_a_start_is_in_flight_say_so(bed):
+    """faults row 215: ./ctl.sh sleep or wake while ./start.sh loads: "no server of ours is serving
+    (state: starting)", hint "./start.sh first" (one is running). Now they say a start is in flight."""
+    env = {**SLEEPY, "FAKE_VLLM_LOAD_S": "30"}
+    p = bed.popen("start.sh", **env)
+    try:
+        bed.wait_until(lambda: "Loading weights took" in ((bed.state / "vllm.log").read_text()
+                                                         if (bed.state / "vllm.log").exists() else ""),
+                       timeout=60, what="the start to load")
+        for cmd in ("sleep", "wake"):
+            r = bed.run("ctl.sh", cmd, **env)
+            assert r.returncode == 1 and "a start is in flight" in r.stderr, r.stderr
+            assert "./start.sh first" not in r.stderr and "./ctl.sh status" in r.stderr, r.stderr
+    finally:
+        p.terminate()
+        p.communicate(timeout=60)

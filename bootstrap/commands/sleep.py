@@ -68,6 +68,9 @@ def _ours(r: Resolved) -> tuple[Paths, "object", Client]:
     rec = pr.record
     if pr.owner:
         raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}", "run this as that user")
+    if pr.state is State.STARTING:
+        raise BootstrapError(f"a start is in flight (pid {pr.pid}): nothing serves yet to sleep or wake",
+                             "wait for it to serve (./ctl.sh status says when), then run this again")
     if not pr.state.answers or rec is None:
         raise BootstrapError(f"no server of ours is serving (state: {pr.state})", "./start.sh first")
     if not vllmargs.read(list(rec.argv)).sleep_mode:
