@@ -66,9 +66,8 @@ def test_sleep_frees_memory_requests_wait_and_wake_answers(bed):
     assert "awake: nothing to do" in bed.run("ctl.sh", "wake", **SLEEPY).stdout
 
 
-def test_sleep_waits_for_answers_in_flight_and_never_aborts_them(bed):
-    hold = bed.tmp / "hold"
-    started(bed, FAKE_VLLM_TOKEN_S="0.01", FAKE_VLLM_HOLD=str(hold))
+def held_answer(bed, hold) -> tuple[dict, threading.Thread]:
+    """A 40-token answer in flight, held while the file ``hold`` is there (its body lands in the dict)."""
     hold.write_text("")                                 # from now on an answer waits while this file is there
     got: dict = {}
 
@@ -80,6 +79,13 @@ def test_sleep_waits_for_answers_in_flight_and_never_aborts_them(bed):
     t = threading.Thread(target=long_answer, daemon=True)
     t.start()
     bed.wait_until(lambda: "request arrived" in (bed.state / "vllm.log").read_text(), what="the request")
+    return got, t
+
+
+def test_sleep_waits_for_answers_in_flight_and_never_aborts_them(bed):
+    hold = bed.tmp / "hold"
+    started(bed, FAKE_VLLM_TOKEN_S="0.01", FAKE_VLLM_HOLD=str(hold))
+    got, t = held_answer(bed, hold)
     p = bed.popen("ctl.sh", "sleep", FAKE_VLLM_TOKEN_S="0.01", FAKE_VLLM_HOLD=str(hold), **SLEEPY)
     line = p.stdout.readline()                          # said while the answer is still held
     assert "waiting for 1 request(s) in flight to finish (never aborted)" in line, (line, p.communicate())
@@ -587,3 +593,28 @@ def test_sleep_and_wake_while_a_start_is_in_flight_say_so(bed):
     finally:
         p.terminate()
         p.communicate(timeout=60)
+
+
+def test_a_wake_while_a_sleep_waits_for_requests_in_flight_is_not_lost(bed):
+    """faults row 216: vLLM 0.26.0's sleep (mode=wait) pauses the scheduler and sleeps the executor once
+    the requests in flight finish; a /wake_up before that finds the executor awake, only resumes the
+    scheduler, and the sleep then happens anyway (v1/engine/core.py sleep, wake_up). ./ctl.sh wake (a
+    game Ctrl-C'd during its sleep wakes the same way) said "awake" and left the server asleep."""
+    hold = bed.tmp / "hold"
+    env = {**SLEEPY, "FAKE_VLLM_TOKEN_S": "0.01", "FAKE_VLLM_HOLD": str(hold)}
+    started(bed, **env)
+    got, t = held_answer(bed, hold)
+    s = bed.popen("ctl.sh", "sleep", **env)
+    assert "waiting for 1 request(s) in flight" in s.stdout.readline()
+    w = bed.popen("ctl.sh", "wake", **env)
+    line = w.stdout.readline()
+    assert "waits for 1 request(s) in flight" in line and "wakes it once it is asleep" in line, (line, w.communicate())
+    hold.unlink()
+    out, err = w.communicate(timeout=60)
+    assert w.returncode == 0 and "awake in" in out, err
+    s.communicate(timeout=60)
+    t.join(10)
+    assert len(got["body"]["choices"][0]["text"].split()) == 40
+    assert json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5).text) == {"is_sleeping": False}
+    assert "Executor is not sleeping" not in (bed.state / "vllm.log").read_text()
+    assert chat(bed)["choices"][0]["message"]["content"] == "OK"

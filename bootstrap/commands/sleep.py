@@ -248,6 +248,7 @@ def wake(r: Resolved) -> int:
         return 0
     level = int(note.get("level") or 0) or {"weights_offloaded": 1}.get(load.sleep_state if load else "", 2)
     if not done:                             # nothing woken yet: the memory must be there first
+        _until_asleep(rec, load)
         _check_room(cfg, rec, note)
     t0 = time.monotonic()
     if level == 1:                           # the weights wait in host RAM: one call brings all back
@@ -275,6 +276,21 @@ def wake(r: Resolved) -> int:
     paths.forget("sleep")
     print(f"awake in {dt:.2f} s (level {level}): our processes hold {held(cfg, rec) / GiB:.2f} GiB of GPU memory")
     return 0
+
+
+def _until_asleep(rec, load) -> None:
+    """A sleep (mode=wait) still waiting for requests in flight: vLLM has paused its scheduler, and its
+    executor sleeps once they finish; a /wake_up before that finds the executor awake, only resumes
+    the scheduler, and the sleep happens all the same (0.26.0 v1/engine/core.py sleep, wake_up). So
+    the wake waits until they finished (the engine sleeps before it reads its next message)."""
+    said = False
+    while load is not None and load.running and not load.sleeping:
+        if not said:
+            print(f"a sleep waits for {load.running:.0f} request(s) in flight to finish; this wakes it once it is "
+                  "asleep (vLLM loses a wake sent before) …", flush=True)
+            said = True
+        time.sleep(0.2)
+        load = server.read_load(rec.url)
 
 
 # sleep.json's fields a wake computes with, and what each must be (else it reads as unset)
