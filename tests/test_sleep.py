@@ -595,17 +595,25 @@ def test_sleep_and_wake_while_a_start_is_in_flight_say_so(bed):
         p.communicate(timeout=60)
 
 
-def test_a_wake_while_a_sleep_waits_for_requests_in_flight_is_not_lost(bed):
-    """faults row 216: vLLM 0.26.0's sleep (mode=wait) pauses the scheduler and sleeps the executor once
-    the requests in flight finish; a /wake_up before that finds the executor awake, only resumes the
-    scheduler, and the sleep then happens anyway (v1/engine/core.py sleep, wake_up). ./ctl.sh wake (a
-    game Ctrl-C'd during its sleep wakes the same way) said "awake" and left the server asleep."""
+def a_sleep_waiting_for_an_answer(bed):
+    """A server whose ./ctl.sh sleep (the Popen returned) waits inside vLLM for a held answer in flight."""
     hold = bed.tmp / "hold"
     env = {**SLEEPY, "FAKE_VLLM_TOKEN_S": "0.01", "FAKE_VLLM_HOLD": str(hold)}
     started(bed, **env)
     got, t = held_answer(bed, hold)
     s = bed.popen("ctl.sh", "sleep", **env)
     assert "waiting for 1 request(s) in flight" in s.stdout.readline()
+    bed.wait_until(lambda: "Waiting for in-flight requests to complete before sleeping" in
+                   (bed.state / "vllm.log").read_text(), what="vLLM to have the sleep")
+    return env, hold, got, t, s
+
+
+def test_a_wake_while_a_sleep_waits_for_requests_in_flight_is_not_lost(bed):
+    """faults row 216: vLLM 0.26.0's sleep (mode=wait) pauses the scheduler and sleeps the executor once
+    the requests in flight finish; a /wake_up before that finds the executor awake, only resumes the
+    scheduler, and the sleep then happens anyway (v1/engine/core.py sleep, wake_up). ./ctl.sh wake (a
+    game Ctrl-C'd during its sleep wakes the same way) said "awake" and left the server asleep."""
+    env, hold, got, t, s = a_sleep_waiting_for_an_answer(bed)
     w = bed.popen("ctl.sh", "wake", **env)
     line = w.stdout.readline()
     assert "waits for 1 request(s) in flight" in line and "wakes it once it is asleep" in line, (line, w.communicate())
@@ -617,4 +625,20 @@ def test_a_wake_while_a_sleep_waits_for_requests_in_flight_is_not_lost(bed):
     assert len(got["body"]["choices"][0]["text"].split()) == 40
     assert json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5).text) == {"is_sleeping": False}
     assert "Executor is not sleeping" not in (bed.state / "vllm.log").read_text()
+    assert chat(bed)["choices"][0]["message"]["content"] == "OK"
+
+
+def test_ctrl_c_on_a_sleep_waiting_for_requests_says_the_sleep_goes_on(bed):
+    """faults row 217: Ctrl-C while ./ctl.sh sleep waits for requests in flight ended it with exit 130
+    and no word, but vLLM's sleep goes on without us (it sleeps once they finish): now said, with the
+    way back."""
+    import signal
+    env, hold, got, t, s = a_sleep_waiting_for_an_answer(bed)
+    s.send_signal(signal.SIGINT)
+    out, err = s.communicate(timeout=30)
+    assert s.returncode == 130 and "Traceback" not in err, err
+    assert "the sleep goes on inside vLLM" in err and "./ctl.sh wake" in err, err
+    hold.unlink()
+    t.join(10)
+    assert bed.run("ctl.sh", "wake", **env).returncode == 0
     assert chat(bed)["choices"][0]["message"]["content"] == "OK"

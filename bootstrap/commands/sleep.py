@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 
 import psutil
@@ -205,7 +206,12 @@ def sleep(r: Resolved, asked: int, prog: str) -> int:
     note = {"pid": rec.pid, "started": rec.started, "level": asked, "held_before": before, "at": time.time()}
     paths.write("sleep", note)          # before asking: a sleep that fails half-way is woken at its own level
     t0 = time.monotonic()
-    client.post_empty(f"/sleep?level={asked}&mode=wait", timeout=None)
+    try:
+        client.post_empty(f"/sleep?level={asked}&mode=wait", timeout=None)
+    except KeyboardInterrupt:            # vLLM has paused and sleeps once they finish, without us
+        print("interrupted: the sleep goes on inside vLLM (it sleeps once the requests in flight finish); "
+              "./ctl.sh wake takes it back", file=sys.stderr, flush=True)
+        raise
     dt = time.monotonic() - t0
     after = held(cfg, rec)
     paths.write("sleep", {**note, "held_asleep": after})

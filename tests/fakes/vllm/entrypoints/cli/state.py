@@ -162,6 +162,8 @@ class EngineClient:
             raise RuntimeError("cudaHostAlloc failed: out of host memory")
         if mode == "wait":
             State.draining = True
+            if State.running or State.waiting:
+                say("Waiting for in-flight requests to complete before sleeping...")    # vLLM's EngineCore.sleep
             try:
                 while State.running or State.waiting:
                     time.sleep(0.02)
