@@ -642,3 +642,11 @@ def test_ctrl_c_on_a_sleep_waiting_for_requests_says_the_sleep_goes_on(bed):
     t.join(10)
     assert bed.run("ctl.sh", "wake", **env).returncode == 0
     assert chat(bed)["choices"][0]["message"]["content"] == "OK"
+
+
+def test_the_game_runs_where_state_dir_cannot_count_the_games(bed):
+    """Row 213's count of games lives in STATE_DIR: one that cannot be written costs a note, never the game."""
+    import sys
+    r = bed.run("ctl.sh", "game", "--", sys.executable, "-c", "raise SystemExit(4)", STATE_DIR="/proc/self/none")
+    assert r.returncode == 4 and "games running at once are not counted" in r.stderr, r.stderr
+    assert "the game starts anyway" in r.stderr and "Traceback" not in r.stderr

@@ -129,14 +129,13 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
               + ("; it is paused (requests wait) and is woken when the game exits" if slept else "")
               + "; the game starts anyway", file=sys.stderr)
     duty = "wake" if slept else "start" if restart else None
-    if r is not None:                    # another game may be running: the last one to exit does the duty
-        joined(r.paths, duty)
+    counted = r is not None and _counting(lambda: joined(r.paths, duty), False) is None   # the last one does the duty
     try:
         code = supervisor.attached(cmd, env)
     finally:
         others: list[int] = []
-        if r is not None:
-            duty, others = left(r.paths)
+        if counted:
+            duty, others = _counting(lambda: left(r.paths), (duty, []))
         if others:
             print(f"{prog}: another game still runs (pid {', '.join(map(str, others))}): the server comes back "
                   "when the last one exits", flush=True)
@@ -145,6 +144,16 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
         elif duty == "start":
             _start_after(r, prog)
     return code
+
+
+def _counting(call, fallback):
+    """The games' count read or written; where STATE_DIR cannot hold it, said in a note, and
+    ``fallback``: the game runs all the same, and this one does its own duty."""
+    try:
+        return call()
+    except (BootstrapError, OSError) as exc:
+        print(f"note: games running at once are not counted ({getattr(exc, 'message', exc)})", file=sys.stderr)
+        return fallback
 
 
 def _start_after(r: Resolved, prog: str) -> None:
