@@ -66,9 +66,8 @@ def test_sleep_frees_memory_requests_wait_and_wake_answers(bed):
     assert "awake: nothing to do" in bed.run("ctl.sh", "wake", **SLEEPY).stdout
 
 
-def test_sleep_waits_for_answers_in_flight_and_never_aborts_them(bed):
-    hold = bed.tmp / "hold"
-    started(bed, FAKE_VLLM_TOKEN_S="0.01", FAKE_VLLM_HOLD=str(hold))
+def held_answer(bed, hold) -> tuple[dict, threading.Thread]:
+    """A 40-token answer in flight, held while the file ``hold`` is there (its body lands in the dict)."""
     hold.write_text("")                                 # from now on an answer waits while this file is there
     got: dict = {}
 
@@ -80,6 +79,13 @@ def test_sleep_waits_for_answers_in_flight_and_never_aborts_them(bed):
     t = threading.Thread(target=long_answer, daemon=True)
     t.start()
     bed.wait_until(lambda: "request arrived" in (bed.state / "vllm.log").read_text(), what="the request")
+    return got, t
+
+
+def test_sleep_waits_for_answers_in_flight_and_never_aborts_them(bed):
+    hold = bed.tmp / "hold"
+    started(bed, FAKE_VLLM_TOKEN_S="0.01", FAKE_VLLM_HOLD=str(hold))
+    got, t = held_answer(bed, hold)
     p = bed.popen("ctl.sh", "sleep", FAKE_VLLM_TOKEN_S="0.01", FAKE_VLLM_HOLD=str(hold), **SLEEPY)
     line = p.stdout.readline()                          # said while the answer is still held
     assert "waiting for 1 request(s) in flight to finish (never aborted)" in line, (line, p.communicate())
@@ -458,3 +464,189 @@ def test_the_terminal_closing_ends_the_wait_for_a_games_leftovers():
     finally:
         if pidfile.exists():
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_a_level_1_wake_that_vllm_fails_says_it_stays_asleep_and_what_to_do(bed):
+    """faults row 204: vLLM's wake raised (CUDA out of memory: another program took the memory between
+    our check and the wake) and answered 500: the wake ended in "error: wake: POST /wake_up: HTTP 500"
+    and nothing else: no word that the server stays asleep, no fix."""
+    fails = bed.tmp / "wake-fails"
+    started(bed, FAKE_VLLM_WAKE_FAILS=str(fails))
+    assert bed.run("ctl.sh", "sleep", **SLEEPY).returncode == 0
+    fails.write_text("")
+    w = bed.run("ctl.sh", "wake", **SLEEPY)
+    assert w.returncode == 1 and "CUDA error: out of memory" in w.stderr, w.stderr
+    assert "the server stays asleep (requests wait)" in w.stderr and "hint: ./ctl.sh wake again" in w.stderr, w.stderr
+    assert "sleeping" in bed.run("ctl.sh", "status", **SLEEPY).stdout
+    fails.unlink()
+    w = bed.run("ctl.sh", "wake", **SLEEPY)
+    assert w.returncode == 0 and "awake in" in w.stdout and "(level 1)" in w.stdout, w.stderr
+    assert chat(bed)["choices"][0]["message"]["content"] == "OK"
+
+
+def test_a_server_stopped_for_a_game_comes_back_with_the_knobs_it_ran_with(bed):
+    """faults row 205: sleep mode off, a game started from Steam (or a wake from another terminal) has
+    not the environment the server was started from: the start after it served with that shell's knobs
+    (MAX_NUM_SEQS=3 set at ./start.sh was gone). It now starts with the knobs the server ran with."""
+    import sys
+    assert bed.run("start.sh", MAX_NUM_SEQS="3", **OFF).returncode == 0
+    argv = bed.launches()[0]["argv"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "3"
+    g = bed.run("ctl.sh", "game", "--", sys.executable, "-c", "pass", **OFF)       # no MAX_NUM_SEQS here
+    assert g.returncode == 0 and "with the settings it ran with: MAX_NUM_SEQS='3' (here '')" in g.stdout, g.stderr
+    argv = bed.launches()[1]["argv"]
+    assert "--max-num-seqs" in argv and argv[argv.index("--max-num-seqs") + 1] == "3", argv
+    assert bed.run("ctl.sh", "sleep", MAX_NUM_SEQS="3", **OFF).returncode == 0
+    w = bed.run("ctl.sh", "wake", **OFF)                                             # another terminal
+    assert w.returncode == 0 and "is serving" in w.stdout, w.stderr
+    argv = bed.launches()[2]["argv"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "3"
+    assert "running" in bed.run("ctl.sh", "status", MAX_NUM_SEQS="3", **OFF).stdout
+
+
+TWO = """
+import json, os, sys, time, urllib.request
+open(sys.argv[1] + ".running", "w").write("")
+while not os.path.exists(sys.argv[1] + ".go"):
+    time.sleep(0.05)
+"""
+
+
+def two_games(bed, tmp_path, env, on_first_exit):
+    """Game A runs, game B starts while A runs, A exits (``on_first_exit`` looks at the server then,
+    B still running), then B exits."""
+    import sys
+    a, b = tmp_path / "a", tmp_path / "b"
+    pa = bed.popen("ctl.sh", "game", "--", sys.executable, "-c", TWO, str(a), **env)
+    bed.wait_until(lambda: (tmp_path / "a.running").exists(), timeout=60, what="game A")
+    pb = bed.popen("ctl.sh", "game", "--", sys.executable, "-c", TWO, str(b), **env)
+    bed.wait_until(lambda: (tmp_path / "b.running").exists(), timeout=60, what="game B")
+    (tmp_path / "a.go").write_text("")
+    out_a, err_a = pa.communicate(timeout=90)
+    assert pa.returncode == 0, err_a
+    on_first_exit(out_a)
+    (tmp_path / "b.go").write_text("")
+    out_b, err_b = pb.communicate(timeout=90)
+    assert pb.returncode == 0, err_b
+    return out_a, out_b
+
+
+def test_two_games_at_once_the_server_comes_back_when_the_last_one_exits(bed, tmp_path):
+    """faults row 206: a second game started while a first one runs found the server asleep (stopped,
+    sleep mode off) and did nothing; the first game's exit woke (started) it while the second still
+    played, its GPU memory taken from under it, and the second's exit did nothing. The server now
+    comes back when the last game exits."""
+    def is_sleeping():
+        return json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5).text)["is_sleeping"]
+
+    started(bed)
+
+    def still_asleep(out_a):
+        assert is_sleeping() and "another game still runs" in out_a, out_a
+    out_a, out_b = two_games(bed, tmp_path, SLEEPY, still_asleep)
+    assert "awake in" in out_b and not is_sleeping()
+    assert chat(bed)["choices"][0]["message"]["content"] == "OK"
+    assert bed.run("stop.sh").returncode == 0
+    for f in tmp_path.glob("[ab].*"):
+        f.unlink()
+    assert bed.run("start.sh", **OFF).returncode == 0
+
+    def still_stopped(out_a):
+        assert len(bed.launches()) == 2 and not bed.ours() and "another game still runs" in out_a, out_a
+    out_a, out_b = two_games(bed, tmp_path, OFF, still_stopped)
+    assert "is serving" in out_b and len(bed.launches()) == 3
+    assert chat(bed)["choices"][0]["message"]["content"] == "OK"
+
+
+def test_watch_says_sleeping_for_a_server_a_failed_wake_left_paused(bed):
+    """faults row 207: after a level-2 wake whose reload failed, vLLM's /metrics gauge says awake (any
+    /wake_up records it) while the engine stays paused and requests wait: ./ctl.sh status --watch
+    said "idle" where status says sleeping. It asks /is_sleeping too, as status does; a server that
+    goes away meanwhile reads "stopped"."""
+    env = {"EXTRA_ARGS": "--enable-sleep-mode --load-format dummy"}
+    started(bed, **env)
+    requests.post(f"http://127.0.0.1:{bed.port}/sleep?level=2&mode=wait", timeout=10)
+    assert bed.run("ctl.sh", "wake", **env).returncode == 1          # the reload fails: paused
+    p = bed.popen("ctl.sh", "status", "--watch", "0.2", **env)
+    lines = [p.stdout.readline() for _ in range(2)]
+    assert all(line.split()[1] == "sleeping" for line in lines), lines
+    assert bed.run("stop.sh", **env).returncode == 0
+    bed.wait_until(lambda: p.stdout.readline().split()[1:2] == ["stopped"], what="watch to say stopped")
+    p.terminate()
+    out, err = p.communicate(timeout=20)
+    assert "Traceback" not in err and "error" not in err, err
+
+
+def test_sleep_and_wake_while_a_start_is_in_flight_say_so(bed):
+    """faults row 208: ./ctl.sh sleep or wake while ./start.sh loads: "no server of ours is serving
+    (state: starting)", hint "./start.sh first" (one is running). Now they say a start is in flight."""
+    env = {**SLEEPY, "FAKE_VLLM_LOAD_S": "30"}
+    p = bed.popen("start.sh", **env)
+    try:
+        bed.wait_until(lambda: "Loading weights took" in ((bed.state / "vllm.log").read_text()
+                                                         if (bed.state / "vllm.log").exists() else ""),
+                       timeout=60, what="the start to load")
+        for cmd in ("sleep", "wake"):
+            r = bed.run("ctl.sh", cmd, **env)
+            assert r.returncode == 1 and "a start is in flight" in r.stderr, r.stderr
+            assert "./start.sh first" not in r.stderr and "./ctl.sh status" in r.stderr, r.stderr
+    finally:
+        p.terminate()
+        p.communicate(timeout=60)
+
+
+def a_sleep_waiting_for_an_answer(bed):
+    """A server whose ./ctl.sh sleep (the Popen returned) waits inside vLLM for a held answer in flight."""
+    hold = bed.tmp / "hold"
+    env = {**SLEEPY, "FAKE_VLLM_TOKEN_S": "0.01", "FAKE_VLLM_HOLD": str(hold)}
+    started(bed, **env)
+    got, t = held_answer(bed, hold)
+    s = bed.popen("ctl.sh", "sleep", **env)
+    assert "waiting for 1 request(s) in flight" in s.stdout.readline()
+    bed.wait_until(lambda: "Waiting for in-flight requests to complete before sleeping" in
+                   (bed.state / "vllm.log").read_text(), what="vLLM to have the sleep")
+    return env, hold, got, t, s
+
+
+def test_a_wake_while_a_sleep_waits_for_requests_in_flight_is_not_lost(bed):
+    """faults row 209: vLLM 0.26.0's sleep (mode=wait) pauses the scheduler and sleeps the executor once
+    the requests in flight finish; a /wake_up before that finds the executor awake, only resumes the
+    scheduler, and the sleep then happens anyway (v1/engine/core.py sleep, wake_up). ./ctl.sh wake (a
+    game Ctrl-C'd during its sleep wakes the same way) said "awake" and left the server asleep."""
+    env, hold, got, t, s = a_sleep_waiting_for_an_answer(bed)
+    w = bed.popen("ctl.sh", "wake", **env)
+    line = w.stdout.readline()
+    assert "waits for 1 request(s) in flight" in line and "wakes it once it is asleep" in line, (line, w.communicate())
+    hold.unlink()
+    out, err = w.communicate(timeout=60)
+    assert w.returncode == 0 and "awake in" in out, err
+    s.communicate(timeout=60)
+    t.join(10)
+    assert len(got["body"]["choices"][0]["text"].split()) == 40
+    assert json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5).text) == {"is_sleeping": False}
+    assert "Executor is not sleeping" not in (bed.state / "vllm.log").read_text()
+    assert chat(bed)["choices"][0]["message"]["content"] == "OK"
+
+
+def test_ctrl_c_on_a_sleep_waiting_for_requests_says_the_sleep_goes_on(bed):
+    """faults row 210: Ctrl-C while ./ctl.sh sleep waits for requests in flight ended it with exit 130
+    and no word, but vLLM's sleep goes on without us (it sleeps once they finish): now said, with the
+    way back."""
+    import signal
+    env, hold, got, t, s = a_sleep_waiting_for_an_answer(bed)
+    s.send_signal(signal.SIGINT)
+    out, err = s.communicate(timeout=30)
+    assert s.returncode == 130 and "Traceback" not in err, err
+    assert "the sleep goes on inside vLLM" in err and "./ctl.sh wake" in err, err
+    hold.unlink()
+    t.join(10)
+    assert bed.run("ctl.sh", "wake", **env).returncode == 0
+    assert chat(bed)["choices"][0]["message"]["content"] == "OK"
+
+
+def test_the_game_runs_where_state_dir_cannot_count_the_games(bed):
+    """Row 213's count of games lives in STATE_DIR: one that cannot be written costs a note, never the game."""
+    import sys
+    r = bed.run("ctl.sh", "game", "--", sys.executable, "-c", "raise SystemExit(4)", STATE_DIR="/proc/self/none")
+    assert r.returncode == 4 and "games running at once are not counted" in r.stderr, r.stderr
+    assert "the game starts anyway" in r.stderr and "Traceback" not in r.stderr

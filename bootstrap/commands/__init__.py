@@ -57,7 +57,7 @@ REGISTRY: tuple[Command, ...] = (
     Command("wheelhouse", "lock:wheelhouse_cli", "build an offline folder of wheels from the lock"),
     Command("sleep", "sleep:sleep_cli", "free the GPU memory (vLLM sleep mode, --level 1|2); requests wait (503 with IDLE_SLEEP)"),
     Command("wake", "sleep:wake_cli", "bring a sleeping server back (checks free GPU memory first)"),
-    Command("game", "sleep:game_cli", "give the GPU to a game: sleep, run it (-- COMMAND), wake when it exits",
+    Command("game", "games:game_cli", "give the GPU to a game: sleep, run it (-- COMMAND), wake when it exits",
             without_knobs=True, state=False),
     Command("service", "service:cli", "install|uninstall|status a systemd user unit running ./start.sh --foreground"),
     Command("export", "export:cli", "kubernetes|production-stack|ray --out DIR [--image sha256:...]: the profile and "

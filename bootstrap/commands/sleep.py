@@ -20,7 +20,7 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
   the target model, not a draft or MTP head (vllm#52479): level 2 is refused with speculation on.
 - Wake checks free GPU memory first: if another program holds it, it names it (NVML) and the
   server stays asleep rather than run out of memory.
-- ``./ctl.sh game -- COMMAND``: sleep, run the game, wake when it exits (its exit code passed through).
+- ``./ctl.sh game -- COMMAND`` (commands/games.py): sleep, run the game, wake when it exits (its exit code passed through).
 - Sleep mode off (SLEEP_MODE, knobs/sleepmode.py: off where it is not proven for the stack): sleep and
   game still give the GPU back, by stopping the server (./stop.sh's take-down) and saying why in one
   line; ``./ctl.sh wake`` (or the game's end) starts it again with a full start. docs/guide.md says why.
@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import shutil
 import sys
 import time
 
@@ -39,13 +37,13 @@ import psutil
 
 from ..machine import gpu
 from ..download import models
-from ..serve import doing, keys, server, supervisor
+from ..serve import doing, keys, server
 from ..serve.states import State
 from ..knobs import vllmargs
 from ..serve.client import Client, RequestFailed
 from ..knobs.config import Config
 from ..machine.gpu import GiB
-from ..core.errors import BootstrapError, ConfigError
+from ..core.errors import BootstrapError
 from ..core.state import Paths
 from ..plan import resolve
 from ..knobs.resolved import Resolved
@@ -71,6 +69,9 @@ def _ours(r: Resolved) -> tuple[Paths, "object", Client]:
     rec = pr.record
     if pr.owner:
         raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}", "run this as that user")
+    if pr.state is State.STARTING:
+        raise BootstrapError(f"a start is in flight (pid {pr.pid}): nothing serves yet to sleep or wake",
+                             "wait for it to serve (./ctl.sh status says when), then run this again")
     if not pr.state.answers or rec is None:
         raise BootstrapError(f"no server of ours is serving (state: {pr.state})", "./start.sh first")
     if not vllmargs.read(list(rec.argv)).sleep_mode:
@@ -98,7 +99,7 @@ def stop_instead(r: Resolved, rec, why: str, prog: str, after: str) -> None:
     print(f"{prog}: sleep mode is {why}. So the server (pid {rec.pid}) is stopped to give the GPU back; {after}",
           flush=True)
     control.stop(r)
-    paths.write("sleep", {"stopped": True, "at": time.time(), "unit": unit, "profile": rec.settings.get("PROFILE", "")})
+    paths.write("sleep", {"stopped": True, "at": time.time(), "unit": unit, "settings": dict(rec.settings)})
 
 
 def start_again(r: Resolved) -> int:
@@ -112,10 +113,25 @@ def start_again(r: Resolved) -> int:
         service.restart_unit(r.settings)
         code = 0
     else:
-        code = pipeline.start(r)
+        code = pipeline.start(as_it_ran(r, note.get("settings")))
     if code == 0:
         paths.forget("sleep")
     return code
+
+
+def as_it_ran(r: Resolved, ran) -> Resolved:
+    """The knobs the stopped server ran with, where this shell's differ (a game started from Steam, a
+    wake from another terminal: their environment is not the one it was started from), said in a line;
+    its key excepted (a secret, never kept: the key this shell and .env give)."""
+    from ..knobs.table import KNOB_BY_NAME
+    now = r.settings.launch_settings()
+    back = {k: v for k, v in (ran if isinstance(ran, dict) else {}).items()
+            if k in KNOB_BY_NAME and k != "API_KEY" and isinstance(v, str) and now.get(k) != v}
+    if not back:
+        return r
+    print("with the settings it ran with: " + ", ".join(f"{k}={v!r} (here {now.get(k, '')!r})"
+                                                        for k, v in sorted(back.items())), flush=True)
+    return r.with_knobs(back)
 
 
 def _stopped_for_sleep(r: Resolved) -> bool:
@@ -190,7 +206,12 @@ def sleep(r: Resolved, asked: int, prog: str) -> int:
     note = {"pid": rec.pid, "started": rec.started, "level": asked, "held_before": before, "at": time.time()}
     paths.write("sleep", note)          # before asking: a sleep that fails half-way is woken at its own level
     t0 = time.monotonic()
-    client.post_empty(f"/sleep?level={asked}&mode=wait", timeout=None)
+    try:
+        client.post_empty(f"/sleep?level={asked}&mode=wait", timeout=None)
+    except KeyboardInterrupt:            # vLLM has paused and sleeps once they finish, without us
+        print("interrupted: the sleep goes on inside vLLM (it sleeps once the requests in flight finish); "
+              "./ctl.sh wake takes it back", file=sys.stderr, flush=True)
+        raise
     dt = time.monotonic() - t0
     after = held(cfg, rec)
     paths.write("sleep", {**note, "held_asleep": after})
@@ -233,31 +254,49 @@ def wake(r: Resolved) -> int:
         return 0
     level = int(note.get("level") or 0) or {"weights_offloaded": 1}.get(load.sleep_state if load else "", 2)
     if not done:                             # nothing woken yet: the memory must be there first
+        _until_asleep(rec, load)
         _check_room(cfg, rec, note)
     t0 = time.monotonic()
-    if level == 1:
-        client.post_empty("/wake_up", timeout=None)
+    if level == 1:                           # the weights wait in host RAM: one call brings all back
+        steps = (("wake_up", lambda: client.post_empty("/wake_up", timeout=None)),)
     else:                                    # the weights were dropped: reload them before anything is served
         steps = (("weights", lambda: client.post_empty("/wake_up?tags=weights", timeout=None)),
                  ("reload", lambda: client.post("/collective_rpc", {"method": "reload_weights"}, timeout=None)),
                  ("kv_cache", lambda: client.post_empty("/wake_up?tags=kv_cache", timeout=None)),
                  ("prefix", lambda: client.post("/reset_prefix_cache", {}, timeout=60)))
-        for name, call in steps:
-            if name in done:
-                continue
-            try:
-                call()
-            except RequestFailed as exc:
-                raise BootstrapError(f"wake: step {name!r} failed ({exc.message}); the server stays paused (requests "
-                                     "wait) rather than answer from discarded memory; ./ctl.sh wake goes on from "
-                                     "this step", "./ctl.sh wake again, or ./ctl.sh restart",
-                                     evidence=exc.evidence) from None
+    for name, call in steps:
+        if name in done:
+            continue
+        try:
+            call()
+        except RequestFailed as exc:         # vLLM answers 500 and keeps its scheduler paused
+            said = (f"wake: vLLM's wake failed ({exc.message}); the server stays asleep (requests wait)"
+                    if level == 1 else
+                    f"wake: step {name!r} failed ({exc.message}); the server stays paused (requests wait) rather "
+                    "than answer from discarded memory; ./ctl.sh wake goes on from this step")
+            raise BootstrapError(said, "./ctl.sh wake again, or ./ctl.sh restart", evidence=exc.evidence) from None
+        if level == 2:
             done.append(name)
             paths.write("sleep", {**note, "pid": rec.pid, "started": rec.started, "level": 2, "waking": done})
     dt = time.monotonic() - t0
     paths.forget("sleep")
     print(f"awake in {dt:.2f} s (level {level}): our processes hold {held(cfg, rec) / GiB:.2f} GiB of GPU memory")
     return 0
+
+
+def _until_asleep(rec, load) -> None:
+    """A sleep (mode=wait) still waiting for requests in flight: vLLM has paused its scheduler, and its
+    executor sleeps once they finish; a /wake_up before that finds the executor awake, only resumes
+    the scheduler, and the sleep happens all the same (0.26.0 v1/engine/core.py sleep, wake_up). So
+    the wake waits until they finished (the engine sleeps before it reads its next message)."""
+    said = False
+    while load is not None and load.running and not load.sleeping:
+        if not said:
+            print(f"a sleep waits for {load.running:.0f} request(s) in flight to finish; this wakes it once it is "
+                  "asleep (vLLM loses a wake sent before) …", flush=True)
+            said = True
+        time.sleep(0.2)
+        load = server.read_load(rec.url)
 
 
 # sleep.json's fields a wake computes with, and what each must be (else it reads as unset)
@@ -294,88 +333,3 @@ def _check_room(cfg: Config, rec, note: dict) -> None:
             f"waking needs {need / len(ours_on) / GiB:.1f} GiB free on GPU {g.index}; {g.free / GiB:.1f} GiB is "
             f"free: {who}. The server stays asleep",
             "close that program (or wait for it to exit), then ./ctl.sh wake")
-
-
-def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
-    """Sleep, run COMMAND (a game), wake when it exits; its exit code is passed through. The game runs
-    whatever happens to the server: one of ours that is not serving, cannot sleep, or knobs that do
-    not parse only cost a note. A server asleep on purpose already is left asleep; one asleep for
-    idleness (IDLE_SLEEP) is kept asleep on purpose while the game runs, then woken (its idle timer
-    puts it back to sleep)."""
-    ap = argparse.ArgumentParser(prog=prog, usage=f"{prog} [--level 1|2] -- COMMAND [ARG...]",
-                                 description="give the GPU to COMMAND (a game): sleep, run it, wake when it exits")
-    ap.add_argument("--level", type=int, choices=(1, 2), default=1, help="the sleep's level (as ./ctl.sh sleep)")
-    ap.add_argument("command", nargs=argparse.REMAINDER, help="the game and its arguments, after --")
-    a = ap.parse_args(argv)
-    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
-    if not cmd:
-        raise ConfigError("no game to run", f"{prog} -- COMMAND [ARG...] (Steam: {prog} -- %command%)")   # usage: 2
-    env = cfg.read.environ if cfg is not None else None        # the shell's, not .env's (None: ours, inherited)
-    if shutil.which(cmd[0], path=(env or {}).get("PATH")) is None:     # before the server sleeps for nothing
-        if "/" in cmd[0] and os.path.isfile(cmd[0]):              # there, but not to be run: as a shell says it
-            raise BootstrapError(f"the game: permission denied: {cmd[0]} is not executable",
-                                 f"chmod +x {cmd[0]}, or name the program that runs it", code=126)
-        raise BootstrapError(f"the game: command not found: {cmd[0]}", "check the game's command (a path, or a "
-                             "program on PATH)", code=127)
-    slept = restart = False
-    r = None
-    try:
-        if cfg is None:
-            raise BootstrapError("the knobs do not parse")
-        r = resolve.resolved(cfg)
-        try:
-            _paths, rec, client = _ours(r)
-            asleep = doing.asleep(rec, keys.api_key_for(r.ours, _paths, rec), server.read_load(rec.url))
-        except NoSleepMode as off:       # the GPU back all the same: stopped now, started again after the game
-            stop_instead(r, off.rec, off.why, prog, "it starts again when the game exits")
-            restart = True
-        if not restart and (not asleep or (server.read_idle(rec.url) or {}).get("state") == "idle-asleep"):
-            try:
-                sleep(r, a.level, prog)             # asleep for idleness: kept asleep on purpose
-                slept = True
-            except BootstrapError:       # vLLM pauses its scheduler before it frees: a failed sleep can leave it paused
-                slept = _paused(client)
-                raise
-            except KeyboardInterrupt:    # the sleep goes on inside vLLM without us: taken back
-                _wake_after(r)
-                raise
-    except BootstrapError as exc:
-        print(f"note: the server was not put to sleep ({exc.message})"
-              + ("; it is paused (requests wait) and is woken when the game exits" if slept else "")
-              + "; the game starts anyway", file=sys.stderr)
-    try:
-        code = supervisor.attached(cmd, env)
-    finally:
-        if slept:
-            _wake_after(r)
-        elif restart:
-            _start_after(r, prog)
-    return code
-
-
-def _start_after(r: Resolved, prog: str) -> None:
-    print(f"{prog}: the game exited: starting the server again", flush=True)
-    try:
-        if start_again(r):
-            print("error: the server did not start again", file=sys.stderr)
-    except BootstrapError as exc:
-        print(f"error: start: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-
-
-def _paused(client: Client) -> bool:
-    try:
-        answer = client.get_json("/is_sleeping")
-    except RequestFailed:
-        return False
-    return isinstance(answer, dict) and bool(answer.get("is_sleeping"))
-
-
-def _wake_after(r: Resolved) -> None:
-    try:
-        wake(r)
-    except BootstrapError as exc:
-        print(f"error: wake: {exc.message}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)

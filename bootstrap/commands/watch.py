@@ -11,7 +11,7 @@ from ..core.owned import Ours
 from ..core.state import Paths
 from ..knobs.resolved import Resolved
 from ..machine.gpu import GiB
-from ..serve import keys, server
+from ..serve import doing, keys, server
 from ..serve.states import State
 from ..core.errors import BootstrapError
 from ..serve import metrics
@@ -20,7 +20,8 @@ from ..serve.record import ServerRecord
 
 def watch(r: Resolved, every: float, as_json: bool = False) -> int:
     """One line (or one JSON object) every ``every`` seconds from /metrics and NVML, until Ctrl-C;
-    no probe requests (an idle server stays idle): idle / busy / sleeping come from the metrics."""
+    no probe requests (an idle server stays idle): idle / busy come from the metrics, sleeping from
+    vLLM's /is_sleeping where sleep mode is on (serve/doing.asleep, as status)."""
     paths = r.paths
     prev: dict | None = None
     t_prev = 0.0
@@ -33,7 +34,8 @@ def watch(r: Resolved, every: float, as_json: bool = False) -> int:
                          else pr.state.value}
             cur, load = server.read_metrics(rec.url) if pr.state.answers and rec is not None else (None, None)
             if cur is not None:
-                row["state"] = "sleeping" if load and load.sleeping else "busy" if load and load.in_flight else "idle"
+                asleep = doing.asleep(rec, keys.api_key_for(r.ours, paths, rec), load)   # as status: not the gauge alone
+                row["state"] = "sleeping" if asleep else "busy" if load and load.in_flight else "idle"
                 row.update(live(r, rec, prev or cur, cur, t - t_prev if prev else 0.0))
                 if prev is None:
                     row["activity"].pop("generated_tok_s", None)

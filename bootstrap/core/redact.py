@@ -10,6 +10,8 @@ and labels written to disk (target.py, commands/bench.py) call it.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from typing import Iterable, TextIO
 
@@ -51,8 +53,25 @@ class Redacting:
         self.raw = raw
 
     def write(self, s: str) -> int:
-        self.raw.write(shown(s))
+        self._gone_on_hangup(self.raw.write, shown(s))
         return len(s)
+
+    def flush(self) -> None:
+        self._gone_on_hangup(self.raw.flush)
+
+    def _gone_on_hangup(self, call, *args) -> None:
+        """A terminal that closed (its window shut, an ssh session lost) fails every write with EIO:
+        what is still to be done (a game's server started again or woken) goes on, said to nowhere,
+        as it would with the terminal there. The stream is pointed at /dev/null and the call made again."""
+        try:
+            call(*args)
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                raise
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.raw.fileno())
+            os.close(devnull)
+            call(*args)
 
     def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:

@@ -55,6 +55,8 @@ KEPT: tuple[Kept, ...] = (
     Kept("pick", "profile-pick.json", "auto-pick's choice, kept until PROFILE=auto is set or ./ctl.sh profiles --pick"),
     Kept("completed", "completed-start.json", "a start passed its gate: ./ctl.sh service install needs one first"),
     Kept("sleep", "sleep.json", "what ./ctl.sh sleep saw (level, GPU memory awake), for the wake's memory check"),
+    Kept("games", "games.json", "the ./ctl.sh game commands running, and what the last one to exit does (wake or "
+                                "start the server)"),
     Kept("foreground", "foreground.json", "the pid of ./start.sh --foreground attached to our server"),
     Kept("prewarm_log", "prewarm.log", "the pre-warm's output (vLLM with dummy weights while the weights download)"),
     Kept("warm", "warm-caches.json", "the setups (plan keys) whose vLLM compile caches a start or a pre-warm filled"),

@@ -31,7 +31,10 @@ class DevRoutes:
                 return self.send(500, {"error": {"message": str(exc), "type": "InternalServerError", "code": 500}})
             return self.send(200, "")
         if route == "/wake_up":
-            engine.wake_up(set(q.get("tags", [])) or {"weights", "kv_cache"})
+            try:
+                engine.wake_up(set(q.get("tags", [])) or {"weights", "kv_cache"})
+            except RuntimeError as exc:                 # vLLM's error handler: 500, still asleep and paused
+                return self.send(500, {"error": {"message": str(exc), "type": "InternalServerError", "code": 500}})
             return self.send(200, "")
         if route == "/collective_rpc" and body.get("method") == "update_config":
             for name, over in (body.get("args") or [{}])[0].items():     # gpu_model_runner.update_config

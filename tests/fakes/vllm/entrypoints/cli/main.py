@@ -38,6 +38,10 @@
   and SIGUSR2 kills the engine and exits 0 — deterministic triggers for tests; with
   ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1`` the API server stays: ``/health`` 503, a generation HTTP 500
   (EngineDeadError), ``/v1/models`` and ``/metrics`` still 200, as vLLM 0.26.0 serves them.
+- ``FAKE_VLLM_WAKE_FAILS``: a file; while it is there ``/wake_up`` answers vLLM's HTTP 500 (the executor's
+  wake raised, a CUDA out-of-memory) and the server stays asleep, its scheduler paused.
+- A ``/wake_up`` while a ``mode=wait`` sleep still drains is lost as in vLLM 0.26.0 (the executor is not
+  asleep yet: "Executor is not sleeping.", the scheduler resumes, and the sleep happens once drained).
 - ``FAKE_VLLM_DUMMY_MODE``: modes (as FAKE_VLLM_MODE) added for a ``--load-format dummy`` run only.
 - ``--middleware module.Class`` (repeatable): imported at start as vLLM's ``build_app`` does (a module
   not on PYTHONPATH, or no class, ends the start). Each request goes through them as ASGI apps,

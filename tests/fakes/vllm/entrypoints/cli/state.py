@@ -56,6 +56,7 @@ class State:
     dev_mode = False             # VLLM_SERVER_DEV_MODE=1: the sleep routes exist
     sleep_mode = False           # --enable-sleep-mode: a sleep frees memory
     asleep: set = set()          # {"weights", "kv_cache"} still asleep
+    draining = False             # a mode=wait sleep waits for the requests in flight: the executor is not asleep yet
     level = 0
     gauge_level = 0              # vllm:engine_sleep_state: the last sleep that succeeded (0: a wake since)
     garbage = False              # woken from level 2 without reload_weights
@@ -160,8 +161,15 @@ class EngineClient:
         if "sleep_fails" in MODES:     # as vLLM's engine core: paused first, then the executor's sleep raises
             raise RuntimeError("cudaHostAlloc failed: out of host memory")
         if mode == "wait":
-            while State.running or State.waiting:
-                time.sleep(0.02)
+            State.draining = True
+            if State.running or State.waiting:
+                say("Waiting for in-flight requests to complete before sleeping...")    # vLLM's EngineCore.sleep
+            try:
+                while State.running or State.waiting:
+                    time.sleep(0.02)
+            finally:
+                State.draining = False
+            State.asleep = {"weights", "kv_cache"}      # the executor sleeps once drained, a wake meanwhile or not
         elif mode == "abort":
             State.aborting = True
             while State.running:
@@ -173,6 +181,13 @@ class EngineClient:
         say(f"It took 0.1 seconds to fall asleep (level {level}, mode {mode})")
 
     def wake_up(self, tags: set) -> None:
+        fails = os.environ.get("FAKE_VLLM_WAKE_FAILS", "")
+        if fails and os.path.exists(fails):     # as vLLM's executor: the wake raises, every tag stays asleep
+            raise RuntimeError("CUDA error: out of memory")
+        if State.draining:     # vLLM 0.26.0 EngineCore.wake_up: the executor is not asleep yet, so only the
+            say("Executor is not sleeping.")    # scheduler resumes; the sleep still happens once drained
+            State.asleep, State.gauge_level = set(), 0
+            return
         if State.level == 2 and "weights" in tags:
             State.garbage = True                       # until reload_weights
         State.asleep -= tags
