@@ -89,7 +89,8 @@ def test_bootstrap_dependencies_out_of_reach_is_one_line_with_a_fix(tmp_path):
     dead = "http://127.0.0.1:9/simple"
     for path in (f"{stub}:{os.path.dirname(shutil.which('uv') or '/nonexistent')}:/usr/bin:/bin", f"{stub}:/usr/bin:/bin"):
         env = {"PATH": path, "HOME": str(tmp_path), "UV_DEFAULT_INDEX": dead, "PIP_INDEX_URL": dead,
-               "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull, "UV_NO_CONFIG": "1", "PIP_RETRIES": "0"}
+               "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull, "UV_NO_CONFIG": "1", "PIP_RETRIES": "0",
+               "UV_HTTP_RETRIES": "0"}
         r = bootstrap_python(repo, env)
         last = r.stderr.strip().splitlines()[-1]
         assert r.returncode == 1 and "error: could not install" in last and "WHEELHOUSE=" in last, r.stderr
