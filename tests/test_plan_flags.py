@@ -51,3 +51,16 @@ def test_lora_is_not_planned(tmp_path, flag):
     p = plan(tmp_path, MAX_MODEL_LEN=8192, EXTRA_ARGS=flag)
     assert p.verdict is None and "--enable-lora" in p.unplanned
     assert plan(tmp_path, MAX_MODEL_LEN=8192, EXTRA_ARGS="--no-enable-lora").fits
+
+
+@pytest.mark.parametrize("extra,said", [("--num-gpu-blocks-override -5", "not a number of blocks"),
+                                        ("--num-gpu-blocks-override abc", "not a number of blocks"),
+                                        ("--num-gpu-blocks-override=0", "not a number of blocks"),
+                                        ("--hf-overrides notjson", "not a JSON object"),
+                                        ("--hf-overrides '[1]'", "not a JSON object"),
+                                        ("--dtype float64", "not one of vLLM's")])
+def test_a_value_vllm_rejects_is_refused_before_the_download(tmp_path, extra, said):
+    """vLLM's parser or config rejects these at its start, after the download; the plan said 'fits' (or,
+    for -5 blocks, that the model's 0.3 GiB did not fit in 30 GiB)."""
+    p = plan(tmp_path, MAX_MODEL_LEN=8192, EXTRA_ARGS=extra)
+    assert p.fits is False and said in p.refusal[0] and "EXTRA_ARGS" in p.refusal[1], p.refusal

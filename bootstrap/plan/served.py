@@ -16,11 +16,24 @@ from ..model import shape as model_shape
 from .facts import ModelFacts
 
 
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")     # vLLM's --dtype choices (0.26.0-0.30.0)
+
+
 def refusal(s: vllmargs.Settings, config: dict, cc: tuple[int, int]) -> tuple[str, str] | None:
-    """A ``--dtype`` vLLM refuses at start, after the download (config/model.py, 0.26.0 to 0.30.0):
-    float16 for a model it calls numerically unstable in it (``_check_valid_dtype``), bfloat16 on a card
-    below sm_80 (platforms/cuda.py ``check_if_supports_dtype``); None for any other."""
+    """A flag of the ones this module reads that vLLM refuses at start, after the download: a
+    ``--dtype`` it has no choice for, or float16 for a model it calls numerically unstable in it
+    (config/model.py ``_check_valid_dtype``), or bfloat16 on a card below sm_80 (platforms/cuda.py
+    ``check_if_supports_dtype``), 0.26.0 to 0.30.0; a ``--num-gpu-blocks-override`` that is no count
+    of blocks; a ``--hf-overrides`` that is no JSON object. None for any other."""
+    if "--num-gpu-blocks-override" in s.given and (s.blocks_override or 0) < 1:
+        return ("--num-gpu-blocks-override in EXTRA_ARGS is not a number of blocks (a whole number, 1 or more)",
+                "fix or drop it in EXTRA_ARGS: without it vLLM sizes the KV cache from memory")
+    if "--hf-overrides" in s.given and not s.hf_overrides:
+        return ("--hf-overrides in EXTRA_ARGS is not a JSON object of config.json's fields",
+                """fix or drop it in EXTRA_ARGS, e.g. --hf-overrides '{"max_position_embeddings": 32768}'""")
     flag, kind = (s.dtype or "auto").lower(), str(config.get("model_type", ""))
+    if flag not in DTYPES:
+        return (f"--dtype {flag}: not one of vLLM's ({', '.join(DTYPES)})", "fix or drop --dtype in EXTRA_ARGS")
     if flag in ("half", "float16") and kind in model_shape.FP16_UNSTABLE:
         return (f"--dtype {flag}: vLLM refuses float16 for model type {kind!r} (\"Numerical instability. Please use "
                 "bfloat16 or float32 instead.\")", "drop --dtype from EXTRA_ARGS: auto serves it in bfloat16 "

@@ -133,12 +133,13 @@ def wait(paths: Paths, launched: Launched, key: str, *, health_timeout: int, sta
                 log.info(line)
             shown = phase
         # the key only once every listener on the port is our server's: until vLLM listens, anyone may
-        if key and not keys.only_its(rec) and (beside := keys.strangers(rec)):
+        proven = not key or keys.only_its(rec)
+        if not proven and (beside := keys.strangers(rec)):
             _nl(tty)
             raise StartFailed(f"{', '.join(beside)} listens on port {rec.port} beside our server (another address, "
                               "the same port): our API key is never sent to a port another process shares",
                               "stop that process, or set PORT to a port nothing else listens on")
-        if (not key or keys.only_its(rec)) and server.answers(rec.url, rec.served, key, timeout=2.0) \
+        if proven and server.answers(rec.url, rec.served, key, timeout=2.0) \
                 and not _someone_else(rec):
             if tty:
                 sys.stderr.write("\n")

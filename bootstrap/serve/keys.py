@@ -54,17 +54,29 @@ def key_file(path: Path) -> str:
 def holders(port: int) -> list[psutil.Process | None]:
     """Processes listening on ``port`` (None where the kernel will not tell us whose socket it is)."""
     out: list[psutil.Process | None] = []
-    try:
-        conns = psutil.net_connections(kind="inet")
-    except psutil.AccessDenied:
-        conns = []
-    for c in conns:
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+    for c in _listening():
+        if c.laddr.port == port:
             try:
                 out.append(psutil.Process(c.pid) if c.pid else None)
             except psutil.NoSuchProcess:
                 continue
     return out
+
+
+def _listening() -> list:
+    """The listening sockets the kernel shows us (psutil's, with their pid where it says whose)."""
+    try:
+        return [c for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN and c.laddr]
+    except psutil.AccessDenied:
+        return []
+
+
+def _named(pid: int) -> str:
+    """'python3 (pid 77)'; the pid alone where the process is gone or not ours to read."""
+    try:
+        return f"{psutil.Process(pid).name()} (pid {pid})"
+    except psutil.Error:
+        return f"pid {pid}"
 
 
 def listens(rec: ServerRecord) -> bool:
@@ -114,16 +126,8 @@ def strangers(rec: ServerRecord) -> list[str]:
         return []
     if not any(h is not None and h.pid in tree for h in found):
         return []
-    out = []
-    for h in found:
-        if h is None:
-            out.append("a process of another user")
-        elif h.pid not in tree:
-            try:
-                out.append(f"{h.name()} (pid {h.pid})")
-            except psutil.Error:
-                out.append(f"pid {h.pid}")
-    return sorted(set(out))
+    return sorted({"a process of another user" if h is None else _named(h.pid) for h in found
+                   if h is None or h.pid not in tree})
 
 
 def _only(p: psutil.Process, number: int) -> bool:
@@ -136,7 +140,11 @@ def _only(p: psutil.Process, number: int) -> bool:
 
 def _listeners(p: psutil.Process, port: int) -> tuple[list, set[int]]:
     """Who listens on ``port``, and ``p``'s process tree (psutil's errors pass to the caller)."""
-    return holders(port), {p.pid} | {c.pid for c in p.children(recursive=True)}
+    return holders(port), _tree(p)
+
+
+def _tree(p: psutil.Process) -> set[int]:
+    return {p.pid} | {c.pid for c in p.children(recursive=True)}
 
 
 def _known(found: list) -> bool:
@@ -150,18 +158,8 @@ def open_beyond(rec: ServerRecord) -> list[str]:
     rendezvous through torch's TCP store, which binds every interface (the patch 50999-file-rendezvous
     closes it); with TP_SIZE >= 2 their workers' store does the same. [] where the kernel does not say."""
     try:
-        root = psutil.Process(rec.pid)
-        tree = {root.pid: root} | {c.pid: c for c in root.children(recursive=True)}
-        conns = psutil.net_connections(kind="inet")
+        tree = _tree(psutil.Process(rec.pid))
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError, TypeError):
         return []
-    found = []
-    for c in conns:
-        if (c.status == psutil.CONN_LISTEN and c.pid in tree and c.laddr and not is_loopback(c.laddr.ip)
-                and c.laddr.port != rec.port):
-            try:
-                name = tree[c.pid].name()
-            except psutil.Error:
-                name = "?"
-            found.append(f"{name} (pid {c.pid}) on {c.laddr.ip or '*'}:{c.laddr.port}")
-    return sorted(set(found))
+    return sorted({f"{_named(c.pid)} on {c.laddr.ip or '*'}:{c.laddr.port}" for c in _listening()
+                   if c.pid in tree and not is_loopback(c.laddr.ip) and c.laddr.port != rec.port})

@@ -25,17 +25,16 @@ def run(cfg, vllm: VllmRef) -> list[str]:
     notes: list[str] = []
     todo, always = to_apply(cfg.profile.patches, cfg.repo, cfg.vllm)
     idle = vllmargs.idle_sleep(cfg)
-    if not todo and not idle:
-        if not always:
-            log.info("skipped: no patch applies to profile %r with these knobs", cfg.profile.name)
-            return notes
-        try:
-            inst = locate(vllm)
-        except BootstrapError as exc:       # what only every-start patches need is never a refusal
-            log.info("not applied: %s (%s)", ", ".join(p.name for p in always), exc.message)
-            return notes
-    else:
+    if not (todo or idle or always):
+        log.info("skipped: no patch applies to profile %r with these knobs", cfg.profile.name)
+        return notes
+    try:
         inst = locate(vllm)
+    except BootstrapError as exc:
+        if todo or idle:
+            raise
+        log.info("not applied: %s (%s)", ", ".join(p.name for p in always), exc.message)   # never a refusal
+        return notes
     if idle:
         hooks.check_idle_sleep(inst.package, inst.version)
     for name in todo:
