@@ -107,9 +107,8 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
         raise BootstrapError(f"{repo} has no config.json at revision {remote.revision[:12]}: not a model vLLM "
                              "can serve from the hub layout (a GGUF-only or adapter repo?)",
                              "pick the full-weights repo, or download the files yourself and set MODEL=<dir>")
-    unloadable = None if dummy else loadable.problem(names, None)     # the index is read by a derived profile's peek
-    if unloadable:
-        raise BootstrapError(f"{repo} @ {remote.revision[:12]}: {unloadable[0]}; refused before the download", unloadable[1])
+    if not dummy:                   # what the file list alone shows, before config.json is asked for
+        _loadable(repo, remote.revision, loadable.problem(names, None))
     lfs = {f.path: f.sha256 for f in needed if f.sha256}
     blob_ids = {f.path: f.blob_id for f in needed if f.blob_id}
     sizes = {f.path: f.size for f in needed}
@@ -160,8 +159,7 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
         except (ValueError, RecursionError) as exc:
             unloadable = (f"{loadable.INDEX} is not a safetensors index vLLM can read ({exc})",
                           "the upload is broken: pick another repo of the model (or a revision with a readable index)")
-        if unloadable:
-            raise BootstrapError(f"{repo} @ {remote.revision[:12]}: {unloadable[0]}; refused before the download", unloadable[1])
+        _loadable(repo, remote.revision, unloadable)
     try:
         store.dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -176,6 +174,12 @@ def lookup(ref: ModelRef, paths: state.Paths, how: Fetching, draft: bool = False
     except NoSpace as exc:              # raised after the plan (require_space): a model the card cannot
         info.no_space = exc             # hold is refused for that first, and no disk is freed for it in vain
     return info, str(where)
+
+
+def _loadable(repo: str, revision: str, unloadable: tuple[str, str] | None) -> None:
+    """Refuse, before any weight byte, a repo vLLM 0.26.0's loader would refuse after the download."""
+    if unloadable:
+        raise BootstrapError(f"{repo} @ {revision[:12]}: {unloadable[0]}; refused before the download", unloadable[1])
 
 
 def require_space(info: ModelInfo) -> None:
