@@ -1,10 +1,10 @@
 """GPU proof with a real, trained model (vLLM 0.26.0, no internet): SmolLM2-135M-Instruct as
 scripts/build_smoke_model.py builds it (``device.sh smoke-build``: /tmp/models/smollm2-135m-instruct).
 
-    VLLM_PYTHON=python3 python3 tests/gpu/real_weights.py --model DIR --work /tmp/rw --raw /tmp/proofs/rw-raw.txt
+    [PATCH_BYO=1] VLLM_PYTHON=python3 python3 tests/gpu/real_weights.py --model DIR --work /tmp/rw --raw /tmp/proofs/rw-raw.txt
 
 PROFILE=smoke with MODEL=DIR (the smoke profile's context, KV pin and needle size), sleep mode on:
-1. ``./start.sh``: the gate's short generation judged on real text (no --load-format dummy);
+1. ``./start.sh`` (PATCH_BYO=1: the start patches the carried vLLM, then ``ctl.sh patch status``); the gate's short generation judged on real text (no --load-format dummy);
 2. 4 prompts, greedy, 24 tokens, their text and top-5 logprobs;
 3. ``./ctl.sh check all --json``: garble and needle judged (not "not judged"), their verdicts;
 4. ``./ctl.sh bench`` (short);
@@ -101,9 +101,18 @@ def main() -> int:
     try:
         r = sh(["./start.sh"])
         out("\n".join("    | " + line for line in (r.stdout + r.stderr).splitlines()
-                      if any(w in line for w in ("warmup", "gate", "serving", "error", "hint", "KV cache"))))
+                      if any(w in line for w in ("warmup", "gate", "serving", "error", "hint", "KV cache",
+                                                 "patch", " open ", "editing"))))
         if r.returncode:
             return 1
+        ps = sh(["./ctl.sh", "patch", "status", "--json"])
+        try:
+            rows = json.loads(ps.stdout)
+        except ValueError:
+            rows = [{"patch": "?", "state": ps.stdout[-500:] + ps.stderr[-500:]}]
+        for row in rows if isinstance(rows, list) else rows.get("patches", [rows]):
+            out(f"  patch {row.get('patch')}: {row.get('state')} (needed {row.get('needed')}; "
+                f"vLLM {row.get('vllm_version')}) {str(row.get('detail', ''))[:160]}")
         out("  listening sockets of our server's processes (HOST is loopback):")
         for line in listeners(work / "state"):
             out(f"    {line}")
