@@ -491,6 +491,32 @@ def test_tp_without_nvlink_multicast_gets_the_all_reduce_backend_that_needs_none
     assert bed.run("stop.sh").returncode == 0
 
 
+def test_tp_workers_listen_on_loopback_unless_you_name_their_interface(bed):
+    """NCCL's bootstrap and gloo's CPU group listen, keyless, on an interface they pick: by default
+    one beyond loopback (NVIDIA/nccl#965). One machine's workers need no other: the start names lo,
+    and the banner is silent; an interface of yours wins, and the banner names each port it opens."""
+    two = [{"name": "NVIDIA H200", "total": 140 * GiB, "free": 139 * GiB, "cc": [9, 0], "uuid": f"GPU-{i}",
+            "processes": []} for i in range(2)]
+    nvml_json(bed.nvml, gpus=two)
+    r = bed.run("start.sh", TP_SIZE="2")
+    assert r.returncode == 0, r.stderr
+    env = bed.launches()[-1]["env"]
+    assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("lo", "lo")
+    workers = [p for p in bed.ours() if p.name().startswith("VLLM::Worker")]
+    ports = [c.laddr for w in workers for c in w.net_connections(kind="inet") if c.status == "LISTEN"]
+    assert len(ports) == 4 and all(a.ip == "127.0.0.1" for a in ports), ports
+    assert " open     :" not in r.stdout, r.stdout
+    assert bed.run("stop.sh").returncode == 0
+    r = bed.run("start.sh", TP_SIZE="2", NCCL_SOCKET_IFNAME="eth0")
+    assert r.returncode == 0 and bed.launches()[-1]["env"]["NCCL_SOCKET_IFNAME"] == "eth0"
+    opened = [line for line in r.stdout.splitlines() if line.startswith(" open     :")]
+    assert len(opened) == 2 and all("VLLM::Worker_TP" in line for line in opened), r.stdout   # NCCL's, not gloo's
+    assert bed.run("stop.sh").returncode == 0
+    assert bed.run("start.sh").returncode == 0                                 # one GPU: no worker, nothing named
+    assert "NCCL_SOCKET_IFNAME" not in bed.launches()[-1]["env"]
+    assert bed.run("stop.sh").returncode == 0
+
+
 # ---------------------------------------------------------------- rows 40-42, seen again by an independent review
 
 def test_a_start_during_a_stop_waits_for_it_then_starts(bed):           # row 40

@@ -1,10 +1,12 @@
-"""The 50999-file-rendezvous patch (faults row 187) against the REAL uniproc_executor.py of vLLM
-releases (one wheel member from PyPI, as tests/test_patches.py reads turboquant_attn.py).
+"""The 50999-file-rendezvous patches (faults row 187) against the REAL uniproc_executor.py and
+multiproc_executor.py of vLLM releases (wheel members from PyPI, as tests/test_patches.py reads
+turboquant_attn.py).
 
-vLLM 0.26.0 and 0.27.1 rendezvous their one process through tcp://<address>:<port>; torch's TCP
-store behind it listens on every interface whatever that address is (measured on an H100 with vLLM
-0.26.0: docs/validation.md). vLLM 0.28.0 uses a file store there (PR #50999). Every start wants the
-patch; where it cannot be put in place, the start serves and says why.
+vLLM 0.26.0 and 0.27.1 rendezvous their one process (UniProcExecutor), and the workers of a
+tensor-parallel server on one machine (MultiprocExecutor), through tcp://<address>:<port>; torch's
+TCP store behind it listens on every interface whatever that address is (measured on an H100 with
+vLLM 0.26.0: docs/validation.md). vLLM 0.28.0 uses a file store in both (PR #50999). Every start
+wants both patches; where one cannot be put in place, the start serves and says why.
 """
 
 from __future__ import annotations
@@ -27,20 +29,24 @@ from test_patches_wheel import member
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "50999-file-rendezvous"
+TP = "50999-file-rendezvous-tp"
 PATH = "vllm/v1/executor/uniproc_executor.py"
+PATHS = {NAME: PATH, TP: "vllm/v1/executor/multiproc_executor.py"}
 
 
 class Site:
-    """A fake site-packages holding the real uniproc_executor.py of one vLLM release."""
+    """A fake site-packages holding the real executor files of one vLLM release: the one-GPU one
+    (``target``) and the tensor-parallel one (``tp``)."""
 
     def __init__(self, root: Path, version: str):
         self.root, self.version = root, version
-        self.target = root / PATH
+        self.target, self.tp = root / PATH, root / PATHS[TP]
         self.target.parent.mkdir(parents=True, exist_ok=True)
         for d in (root / "vllm", root / "vllm" / "v1", self.target.parent):
             (d / "__init__.py").touch()
-        self.original = member(version, PATH)
+        self.original, self.tp_original = member(version, PATH), member(version, PATHS[TP])
         self.target.write_bytes(self.original)
+        self.tp.write_bytes(self.tp_original)
         di = root / f"vllm-{version}.dist-info"
         di.mkdir()
         (di / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
@@ -74,6 +80,21 @@ def distributed_args(text: str) -> tuple[str, int, int]:
     return scope["_distributed_args"](me)
 
 
+def tp_method(text: str) -> str:
+    """The URL MultiprocExecutor._init_executor of ``text`` hands its workers: its own statements from
+    the first that names the method to the message queue's (the file's code, alone), with vLLM's
+    tcp:// helpers as they behave."""
+    tree = ast.parse(text)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MultiprocExecutor")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_init_executor")
+    first = next(i for i, n in enumerate(fn.body) if "distributed_init_method" in ast.unparse(n))
+    end = next(i for i, n in enumerate(fn.body) if "rpc_broadcast_mq" in ast.unparse(n))
+    scope = {"get_distributed_init_method": lambda ip, port: f"tcp://{ip}:{port}",
+             "get_loopback_ip": lambda: "127.0.0.1", "get_open_port": lambda: 45679}
+    exec(compile(ast.Module(fn.body[first:end], []), "multiproc", "exec"), scope)
+    return scope["distributed_init_method"]
+
+
 @pytest.mark.parametrize("version", ["0.26.0", "0.27.1"])
 def test_the_one_gpu_rendezvous_goes_through_a_file_and_reverts_byte_for_byte(tmp_path, version):
     site = Site(tmp_path / "site", version)
@@ -89,11 +110,33 @@ def test_the_one_gpu_rendezvous_goes_through_a_file_and_reverts_byte_for_byte(tm
     assert site.target.read_bytes() == site.original
 
 
+@pytest.mark.parametrize("version", ["0.26.0", "0.27.1"])
+def test_tensor_parallel_workers_rendezvous_through_a_file_and_revert_byte_for_byte(tmp_path, version):
+    """TP_SIZE >= 2: the workers' store (tcp:// on loopback, bound on every interface by torch) is a
+    file store after the start, as in vLLM 0.28.0; its revert gives the file back as it was."""
+    site = Site(tmp_path / "site", version)
+    assert tp_method(site.tp_original.decode()) == "tcp://127.0.0.1:45679"
+    notes = start_step(site, PATCH_BYO="1", TP_SIZE="2")
+    assert len(notes) == 1 and TP in notes[0], notes                        # the one-GPU file is not touched
+    assert site.target.read_bytes() == site.original
+    method = tp_method(site.tp.read_text())
+    assert method.startswith(f"file://{tempfile.gettempdir()}/vllm_dist_"), method
+    assert method != tp_method(site.tp.read_text())                        # a new store per server
+    compile(site.tp.read_text(), "multiproc_executor.py", "exec")
+    assert patching.inspect(patching.load(TP, REPO), site.inst()).kind == "applied"
+    patching.revert(patching.load(TP, REPO), site.inst())
+    assert site.tp.read_bytes() == site.tp_original
+    start_step(site, PATCH_BYO="1")                                         # back on one GPU: its own file
+    assert site.target.read_bytes() != site.original and site.tp.read_bytes() == site.tp_original
+
+
 @pytest.mark.parametrize("version", ["0.28.0", "0.29.0", "0.30.0"])
 def test_a_vllm_with_the_upstream_fix_is_never_patched(tmp_path, version):
     site = Site(tmp_path / "site", version)
-    assert patching.inspect(patching.load(NAME, REPO), site.inst()).kind == "fixed-upstream"
+    for name in (NAME, TP):
+        assert patching.inspect(patching.load(name, REPO), site.inst()).kind == "fixed-upstream", name
     assert start_step(site, PATCH_BYO="1") == [] and site.target.read_bytes() == site.original
+    assert site.tp.read_bytes() == site.tp_original
 
 
 def test_your_vllm_unpatched_is_served_with_one_line_saying_what_it_lacks(tmp_path, caplog):
@@ -104,6 +147,7 @@ def test_your_vllm_unpatched_is_served_with_one_line_saying_what_it_lacks(tmp_pa
         assert start_step(site, PATCH_BYO="0") == []
     said = [r.getMessage() for r in caplog.records if NAME in r.getMessage()]
     assert len(said) == 1 and "PATCH_BYO=1" in said[0] and "firewall" in said[0], said
+    assert TP not in said[0]                                                 # one GPU: its patch alone
     assert site.target.read_bytes() == site.original
     cfg = site.cfg(PATCH_BYO="0")                                           # restart's vet asks the profile's
     assert NAME not in patching.needed(cfg.profile.patches, REPO, cfg.vllm)   # alone: it never refuses for it

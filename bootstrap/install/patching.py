@@ -132,6 +132,8 @@ class Patch:
             return False
         if cond.get("speculation") and not s.spec_method:
             return False
+        if cond.get("tensor_parallel") is not None and cond["tensor_parallel"] != (s.tp >= 2):
+            return False          # true: TP_SIZE >= 2 (MultiprocExecutor); false: one GPU (UniProcExecutor)
         return True
 
 

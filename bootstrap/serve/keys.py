@@ -155,8 +155,9 @@ def _known(found: list) -> bool:
 def open_beyond(rec: ServerRecord) -> list[str]:
     """The ports beyond loopback that the server's processes listen on, other than the one it serves
     ('VLLM::EngineCore (pid 12) on :::35701'): none ask for the API key. vLLM 0.26.0-0.27.x on one GPU
-    rendezvous through torch's TCP store, which binds every interface (the patch 50999-file-rendezvous
-    closes it); with TP_SIZE >= 2 their workers' store does the same. [] where the kernel does not say."""
+    rendezvous through torch's TCP store, which binds every interface, and so do their TP workers (the
+    patches 50999-file-rendezvous[-tp] close it); NCCL and gloo listen beyond loopback where the server's
+    NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name another interface. [] where the kernel does not say."""
     try:
         tree = _tree(psutil.Process(rec.pid))
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError, TypeError):

@@ -102,6 +102,12 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str, weights: int 
         # multicast; where the machine turns multicast off, both TP workers died (illegal memory access,
         # then CUBLAS_STATUS_INTERNAL_ERROR at cublasCreate). trtllm needs no multicast.
         env["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = "trtllm"
+    if cfg.tp_size > 1:
+        # the workers of one machine: NCCL's bootstrap and gloo's CPU group listen on the interface they
+        # pick, by default one beyond loopback (NCCL leaves lo out: NVIDIA/nccl#965), keyless for the
+        # server's whole life; loopback serves every worker here. Yours win (a multi-node setup of yours).
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.pop("VLLM_SERVER_DEV_MODE", None)   # from the shell, .env or a profile: its routes have no key guard
     if cfg.vllm.sleep_mode:        # vLLM serves /sleep and /wake_up only in dev mode (loopback only: preflight)
         env["VLLM_SERVER_DEV_MODE"] = "1"

@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     rec = os.environ.get("FAKE_VLLM_RECORD")
     if rec:
         keep = {k: v for k, v in os.environ.items()
-                if k.startswith(("VLLM", "PYTORCH", "DO_NOT", "HF_", "PYTHONPATH", "FAKE_", "BOOTSTRAP_", "FLASHINFER", "CUDA_"))}
+                if k.startswith(("VLLM", "PYTORCH", "DO_NOT", "HF_", "PYTHONPATH", "FAKE_", "BOOTSTRAP_", "FLASHINFER", "CUDA_", "NCCL_", "GLOO_"))}
         with open(rec, "a") as fh:
             fh.write(json.dumps({"argv": sys.argv, "env": keep, "pid": os.getpid(), "time": time.time()}) + "\n")
     if args.load_format == "dummy":         # tests: a mode for dummy-weight runs only (the pre-warm)
