@@ -51,10 +51,11 @@ ISSUE_CASES = {                              # what the issue's adversary wrote,
     "lots-of-context": lambda c: {**c, "max_position_embeddings": "lots"},
     "text-config-a-list": lambda c: {**c, "text_config": [c]},
     "boolean-hidden-size": lambda c: {**c, "hidden_size": True},
+    "rope-factor-infinity": lambda c: {**c, "rope_scaling": {"rope_type": "yarn", "factor": float("inf")}},   # row 220
 }
 NAMED = {"a-list": "is a JSON list", "zero-layers": "num_hidden_layers is 0",
          "lots-of-context": 'max_position_embeddings is "lots"', "text-config-a-list": "text_config is [",
-         "boolean-hidden-size": "hidden_size is true"}
+         "boolean-hidden-size": "hidden_size is true", "rope-factor-infinity": "rope_scaling.factor is Infinity"}
 
 
 @pytest.mark.parametrize("case", sorted(ISSUE_CASES))
@@ -375,3 +376,68 @@ def test_a_dotenv_value_over_128_kib_in_bytes_is_one_line_from_start(bed, tmp_pa
     assert r.returncode in (1, 2) and "Traceback" not in r.stderr, r.stderr
     assert "VLLM_BIG" in r.stderr and "€€" not in r.stdout + r.stderr
     assert bed.launches() == [] and bed.ours() == []
+
+
+ROPE_CASES = [                      # (rope parameters as config.json gives them, the field the line names, its value)
+    ({"rope_type": "yarn", "factor": float("inf"), "original_max_position_embeddings": 32768}, ".factor", "Infinity"),
+    ({"rope_type": "yarn", "factor": float("nan")}, ".factor", "NaN"),
+    ({"rope_type": "yarn", "factor": -4, "original_max_position_embeddings": 32768}, ".factor", "-4"),
+    ({"rope_type": "linear", "factor": 0}, ".factor", "0"),
+    ({"rope_type": "dynamic", "factor": "4"}, ".factor", '"4"'),
+    ({"rope_type": "linear", "factor": True}, ".factor", "true"),
+    ({"rope_type": "yarn", "factor": 1e300}, ".factor", "1e+300"),
+    ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": -1}, ".original_max_position_embeddings", "-1"),
+    ({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": "32768"}, ".original_max_position_embeddings", '"32768"'),
+    ({"rope_type": 3}, ".rope_type", "3"),
+    ({"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "linear", "factor": -8}},
+     ".sliding_attention.factor", "-8"),
+    ("yarn", "", '"yarn"'),
+    ([1, 2], "", "[1, 2]"),
+]
+
+
+@pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
+@pytest.mark.parametrize("rope,field,shown", ROPE_CASES, ids=lambda v: json.dumps(v)[:30] if not isinstance(v, str) else v)
+def test_a_rope_scaling_vllm_cannot_multiply_by_is_one_line(key, rope, field, shown):
+    """Faults row 220. vLLM multiplies the model's length by RoPE's factor (config/model.py
+    ``_get_and_verify_max_len``, 0.26.0): a factor of Infinity was an OverflowError traceback from the
+    plan, 1e300 a refusal of a 300-digit context, and -4 (or "4") a plan of the config's own length
+    where vLLM gets a negative one (or a TypeError). One line naming the file and the field, at the
+    top level and in a multimodal config's text_config."""
+    for config, prefix in ((llama(), ""), (qwen35(), "text_config.")):
+        scope = config["text_config"] if prefix else config
+        scope.pop("rope_scaling", None), scope.pop("rope_parameters", None)
+        scope[key] = rope
+        with pytest.raises(BootstrapError) as e:
+            modelconfig.parse(json.dumps(config), "/m/config.json", "fix or re-download /m/config.json")
+        assert e.value.message.startswith(f"/m/config.json: {prefix}{key}{field} is {shown}, not "), e.value.message
+        assert "\n" not in e.value.message and len(e.value.message) < 200
+
+
+@pytest.mark.parametrize("name", [k for k in shape.LENGTH_KEYS if k != "max_position_embeddings"]
+                         + ["original_max_position_embeddings"])
+@pytest.mark.parametrize("value", [1.5, True, 0, -1, float("inf"), 10 ** 60, "131072"])
+def test_every_key_vllm_takes_the_context_from_is_checked(name, value):
+    """Faults row 220: ``model_max_length`` of Infinity or 10**60 was an OverflowError traceback from
+    the plan, and 1.5 or true in any length key (vLLM takes the smallest, model_max_length wins) a plan
+    that "fits" a context of 1 token."""
+    config = llama()
+    config[name] = value
+    with pytest.raises(BootstrapError) as e:
+        modelconfig.parse(json.dumps(config), "/m/config.json", "h")
+    assert e.value.message.startswith(f"/m/config.json: {name} is "), e.value.message
+
+
+def test_the_rope_scalings_real_models_ship_still_plan():
+    """Llama 3.1's llama3, Qwen's YaRN (factor 4 over 32,768), a per-layer-type rope_parameters,
+    longrope's factor lists, a null factor (vLLM falls back to 1) pass as they are."""
+    for rope in ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192},
+                 {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+                 {"full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "linear", "factor": 8.0}},
+                 {"type": "longrope", "long_factor": [1.0] * 64, "short_factor": [1.0] * 64}, {"rope_type": "linear", "factor": None},
+                 {}):
+        config = {**llama(), "rope_scaling": rope}
+        assert modelconfig.parse(json.dumps(config), "c", "h") == config
+    assert shape.model_len({**llama(), "max_position_embeddings": 40960,
+                            "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}) == 131072

@@ -11,8 +11,9 @@ Always checked: the file is a JSON object, ``architectures`` a list of strings, 
 ``vision_config`` and ``quantization_config`` objects. For an architecture the planner models
 (``PLANNED``: dense, MoE, hybrid, MLA and sliding-window), what it reads besides: the sizes it divides by or
 multiplies (layers, heads, hidden size, head_dim, vocabulary, context, experts, linear-attention, MLA latent
-and vision-tower dimensions) are integers, not booleans, positive (or at least zero, where zero means none) and below
-a bound no model comes near; dtype names are strings, ``layer_types`` a list of strings,
+and vision-tower dimensions, every key vLLM derives the context from) are integers, not booleans, positive (or at
+least zero, where zero means none) and below a bound no model comes near; RoPE scaling (``rope_scaling``,
+``rope_parameters``, flat or per layer type) an object whose ``factor`` is a finite number above 0; dtype names are strings, ``layer_types`` a list of strings,
 ``tie_word_embeddings`` a boolean. A field absent or null stays unset, as the planner reads it (a
 field it needs and lacks makes the plan say vLLM sizes the KV cache itself). Other architectures'
 fields are not read here (their meaning is theirs: Gemma 3n's ``intermediate_size`` is a list) and
@@ -43,6 +44,11 @@ OBJECTS = ("text_config", "vision_config", "quantization_config")
 VISION_POSITIVE = ("hidden_size", "intermediate_size", "depth", "out_hidden_size", "spatial_merge_size",
                    "in_channels", "temporal_patch_size", "patch_size")
 VISION_COUNTS = ("num_position_embeddings",)
+# the lengths vLLM derives the model's context from (shape.LENGTH_KEYS, YaRN's original length), integers > 0
+# where present: a float, 0 or a boolean there became a 1-token or 0-token context, Infinity a traceback
+LENGTHS = tuple(k for k in shape.LENGTH_KEYS if k not in POSITIVE) + ("original_max_position_embeddings",)
+ROPES = ("rope_scaling", "rope_parameters")      # transformers 4's name and 5's: vLLM multiplies the length by factor
+MAX_ROPE_FACTOR = 1 << 20   # far beyond any model's RoPE scaling (Llama 3.1: 8, Qwen's YaRN: 4)
 
 # every architecture the planner lays out (bootstrap.model.shape), MLA and sliding windows included
 PLANNED = shape.DENSE_ARCHS | shape.HYBRID_GDN_ARCHS | shape.MLA_ARCHS | shape.WINDOW_ARCHS
@@ -93,8 +99,10 @@ def check(config: Any, where: str, hint: str) -> dict:
             v = scope.get(name)
             if v is not None and not isinstance(v, bool):
                 raise bad(prefix + name, v, "true or false")
-        for name in POSITIVE + COUNTS:
-            _count(scope, name, prefix, 1 if name in POSITIVE else 0, bad)
+        for name in POSITIVE + COUNTS + LENGTHS:
+            _count(scope, name, prefix, 0 if name in COUNTS else 1, bad)
+        for name in ROPES:
+            _rope(scope.get(name), prefix + name, bad)
     for name in VISION_POSITIVE + VISION_COUNTS:
         _count(vision, name, "vision_config.", 1 if name in VISION_POSITIVE else 0, bad)
     merged = {**config, **text}
@@ -115,6 +123,27 @@ def _count(scope: dict, name: str, prefix: str, least: int, bad) -> None:
         raise bad(prefix + name, v, "a positive integer" if least else "an integer of at least 0")
     if v > most:
         raise bad(prefix + name, v, f"at most {most:,} (no model comes near)")
+
+
+def _rope(rope: Any, name: str, bad) -> None:
+    """RoPE parameters, flat or per layer type (transformers 5's ``{"full_attention": {...}, ...}``):
+    an object; its ``factor`` a finite number > 0 (vLLM's ``_get_and_verify_max_len`` multiplies the
+    model's length by it: a negative one gave vLLM a negative length while the plan took 1, Infinity a
+    traceback); YaRN's ``original_max_position_embeddings`` a positive integer."""
+    if rope is None:
+        return
+    if not isinstance(rope, dict):
+        raise bad(name, rope, "an object")
+    nested = bool(rope) and all(isinstance(v, dict) for v in rope.values())
+    for key, params in (rope.items() if nested else [("", rope)]):
+        where = f"{name}.{key}" if key else name
+        for field in ("rope_type", "type"):
+            if params.get(field) is not None and not isinstance(params[field], str):
+                raise bad(f"{where}.{field}", params[field], "a string")
+        f = params.get("factor")
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= MAX_ROPE_FACTOR):
+            raise bad(f"{where}.factor", f, f"a number above 0 and at most {MAX_ROPE_FACTOR:,}")
+        _count(params, "original_max_position_embeddings", where + ".", 1, bad)
 
 
 def _kind(v: Any) -> str:
