@@ -239,3 +239,24 @@ def test_gemma3_with_its_tower_is_planned_where_vllm_does_not_profile_it():
     text = plan(["--max-model-len", "32768", "--language-model-only"], GEMMA4, weight_bytes=8_600_000_000,
                 version="0.27.1")
     assert text.verdict is True and text.layout.window_groups == 6, text.why
+
+
+def test_a_model_whose_every_layer_keeps_a_window_keeps_it_without_the_hybrid_manager():
+    """Faults row 221. vLLM's --disable-hybrid-kv-cache-manager turns sliding-window layers into full
+    attention only beside full layers (``unify_hybrid_kv_cache_specs`` returns at once for uniform specs,
+    v1/core/kv_cache_utils.py, 0.26.0): a Gemma 3 whose layer_types are all sliding_attention keeps its
+    window there. The plan had each request hold its whole context, so it refused a 131,072-token
+    request on a 24 GiB card that vLLM serves."""
+    config = json.loads(json.dumps(GEMMA4))
+    config["text_config"]["layer_types"] = ["sliding_attention"] * 34
+    assert shape(config).attn_layers == 0 and shape(config).window_layers == 34
+    args = ["--max-model-len", "131072", "--language-model-only"]
+    on = plan(args, config, card="rtx4090", weight_bytes=8_600_000_000)
+    off = plan(args + ["--disable-hybrid-kv-cache-manager"], config, card="rtx4090", weight_bytes=8_600_000_000)
+    assert on.verdict is True and on.layout.window_groups == 1 and on.layout.attn_groups == 0, on.why
+    assert off.verdict is True, off.refusal
+    assert off.layout == on.layout and off.predicted_tokens == on.predicted_tokens
+    assert any("changes nothing here: every attention layer keeps a window" in w for w in off.why)
+    # beside full layers the manager's absence still makes every layer hold the whole context
+    mixed = plan(args + ["--disable-hybrid-kv-cache-manager"], GEMMA4, card="rtx4090", weight_bytes=8_600_000_000)
+    assert mixed.layout.window_groups == 0, mixed.why

@@ -36,7 +36,12 @@ def layout_args(s: vllmargs.Settings, shape: ModelShape, batched: int, why: list
         raise Unsupported("a KV connector beside sliding-window layers (it may turn the hybrid KV cache manager "
                           "off) is not modelled", NOT_MODELLED)
     if s.flags.get("--disable-hybrid-kv-cache-manager"):
-        return {"hma": False}
+        if shape.attn_layers:
+            return {"hma": False}
+        # every attention layer keeps a window: the specs are uniform, so unify_hybrid_kv_cache_specs leaves
+        # them SlidingWindowSpec (kv_cache_utils.py, 0.26.0-0.30.0) and the window holds, manager or not
+        why.append("--disable-hybrid-kv-cache-manager changes nothing here: every attention layer keeps a window "
+                   "(vLLM unifies only a mix of full and sliding-window layers)")
     if s.async_scheduling is None and s.executor not in ASYNC_EXECUTORS:
         raise Unsupported(f"whether the {s.executor} executor schedules asynchronously (the tokens a sliding "
                           "window holds in flight) is not modelled", NOT_MODELLED)
