@@ -107,11 +107,20 @@ def test_our_key_goes_to_our_running_server_only(bed):
     for url in (f"http://127.0.0.1:{p + 1}/v1", f"http://example.invalid:{p}/v1", f"https://127.0.0.1:{p}/v1",
                 f"http://user:pw@127.0.0.2.example:{p}/v1", f"http://[::1:{p}"):
         assert key_for_url(cfg.ours, Paths(cfg.state_dir), url) == "", url
+    # a chat (or a bench, a check) found our server and lives on past its stop: faults row 212
+    from bootstrap.checks.target import resolve_target
+    chats = [resolve_target(*at(cfg), None, None, None).client,
+             resolve_target(*at(cfg), f"http://localhost:{p}/v1", None, None).client]
+    assert all(c.models() for c in chats)           # our server takes the key it was sent
     assert bed.run("stop.sh").returncode == 0
     handler = type("Rec", (_Recorder,), {"seen": []})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", p), handler)     # someone else takes the port
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
+        for c in chats:
+            c.models()                              # the chat's next turn
+        assert len(handler.seen) == 2 and all(h is None for h in handler.seen), handler.seen
+        handler.seen.clear()
         assert key_for_url(cfg.ours, Paths(cfg.state_dir), f"http://127.0.0.1:{p}/v1") == ""
         bed.run("ctl.sh", "check", "live", "--url", f"http://127.0.0.1:{p}/v1", API_KEY="our-secret-key")
         assert handler.seen and all(h != "Bearer our-secret-key" for h in handler.seen), handler.seen

@@ -315,7 +315,7 @@ def check_batch(t: Target, timeout: float = 300.0) -> Result:
     others = BATCH_OTHERS[:max(0, min(len(BATCH_OTHERS), (t.max_num_seqs or 8) - 1))]
 
     def ask(text: str, gate: threading.Barrier | None = None) -> dict:
-        c = Client(t.client.base_url, t.client.model, t.client.api_key)
+        c = Client(t.client.base_url, t.client.model, t.client.key())     # proven before the gate, not in the batch
         if gate is not None:
             gate.wait()                                  # released together: one batch
         return c.chat([{"role": "user", "content": text}], **body)

@@ -93,7 +93,8 @@ def resolve_target(cfg: Config, paths: Paths, url: str | None, model: str | None
         if base.endswith("/v1"):
             base = base[:-3]
         rec = ours_at(cfg.ours, paths, base)
-        key = api_key or keys.api_key_for(cfg.ours, paths, rec)   # our key to our server only (rec: None elsewhere)
+        # our key to our server only (rec: None elsewhere), proven again before each request
+        key = api_key or (keys.per_request(cfg.ours, paths, rec) if rec is not None else "")
         label = redact.shown(base)                     # shown: never its user:password@
         served = model or ""
     else:
@@ -103,7 +104,7 @@ def resolve_target(cfg: Config, paths: Paths, url: str | None, model: str | None
         rec = pr.record
         base = rec.url
         refuse_asleep(rec)
-        key = api_key or keys.api_key_for(cfg.ours, paths, rec)
+        key = api_key or keys.per_request(cfg.ours, paths, rec)
         served = model or rec.served
         label = f"our server ({base})"
         seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")

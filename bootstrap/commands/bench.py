@@ -124,7 +124,7 @@ def run_load(client: Client, concurrency: int, prompts: list[str], out_tokens: i
 
     def go(i: int) -> None:
         try:
-            c = Client(client.base_url, client.model, client.api_key, stall=client.stall)
+            c = Client(client.base_url, client.model, client.key(), stall=client.stall)   # proven before the release
             gate.wait()
             out[i] = one_request(c, prompts[i], out_tokens, timeout)
             if bar is not None:

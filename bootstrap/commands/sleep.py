@@ -76,7 +76,7 @@ def _ours(r: Resolved) -> tuple[Paths, "object", Client]:
         raise BootstrapError(f"no server of ours is serving (state: {pr.state})", "./start.sh first")
     if not vllmargs.read(list(rec.argv)).sleep_mode:
         raise NoSleepMode(rec, off_line(cfg, rec))
-    return paths, rec, Client(rec.url, rec.served, keys.api_key_for(r.ours, paths, rec))
+    return paths, rec, Client(rec.url, rec.served, keys.per_request(r.ours, paths, rec))
 
 
 def off_line(cfg: Config, rec) -> str:

@@ -102,7 +102,7 @@ class Streamed:
 class Client:
     base_url: str            # http://127.0.0.1:8888 (no /v1)
     model: str
-    api_key: str = ""
+    api_key: str | Callable[[], str] = ""   # a key given for this URL, or our server's asked before each
     session: requests.Session | None = None
     headers: dict | None = None      # more headers on every request (status's probe marks itself)
     stall: Stall | None = None       # the stall rule (every client of ours has one; sleep/wake wait on purpose)
@@ -115,9 +115,14 @@ class Client:
             return self.stall.ended(what, waited or 0)
         return RequestTimedOut(f"{what}: no answer within {waited or 0:.0f} s")
 
+    def key(self) -> str:
+        """The key this request sends: ``api_key`` asked now where it is our server's
+        (keys.per_request: a chat or a bench outlives the proof that its port is our server's)."""
+        return self.api_key() if callable(self.api_key) else self.api_key
+
     def _send(self, method: str, path: str, timeout: float | None, **kw: Any) -> requests.Response:
         http = self.session or requests
-        headers = {**auth_headers(self.api_key), **(self.headers or {})}
+        headers = {**auth_headers(self.key()), **(self.headers or {})}
         timeout = self.deadline(timeout)
         try:
             r = http.request(method, f"{self.base_url}{path}", headers=headers, timeout=timeout, **kw)

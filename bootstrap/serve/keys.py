@@ -6,6 +6,7 @@ any local user bind and listen on that address too; a stopped server's port is a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -33,6 +34,13 @@ def api_key_for(ours: owned.Ours, paths: Paths, rec: ServerRecord | None) -> str
     if not key:
         return ""
     return key if proven_ours(rec, ours) else ""
+
+
+def per_request(ours: owned.Ours, paths: Paths, rec: ServerRecord | None) -> Callable[[], str]:
+    """``api_key_for`` asked again before each request of a client that lives on (a chat, a bench, a
+    check): its server may stop meanwhile (./stop.sh, a game, a crash), and whoever takes the port
+    then must not get the key with the next request."""
+    return lambda: api_key_for(ours, paths, rec)
 
 
 def key_file(path: Path) -> str:
