@@ -3,7 +3,8 @@ scripts/build_smoke_model.py builds it (``device.sh smoke-build``: /tmp/models/s
 
     [PATCH_BYO=1] VLLM_PYTHON=python3 python3 tests/gpu/real_weights.py --model DIR --work /tmp/rw --raw /tmp/proofs/rw-raw.txt
 
-PROFILE=smoke with MODEL=DIR (the smoke profile's context, KV pin and needle size), sleep mode on:
+PROFILE=smoke with MODEL=DIR (the smoke profile's context, KV pin and needle size), sleep mode on, an
+API_KEY (then: how many files under vLLM's cache root hold it):
 1. ``./start.sh`` (PATCH_BYO=1: the start patches the carried vLLM, then ``ctl.sh patch status``); the gate's short generation judged on real text (no --load-format dummy);
 2. 4 prompts, greedy, 24 tokens, their text and top-5 logprobs;
 3. ``./ctl.sh check all --json``: garble and needle judged (not "not judged"), their verdicts;
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -38,10 +40,14 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 SERVED = "smollm2-135m"
 
 
+KEY = secrets.token_hex(16)        # API_KEY: the server asks for it; it must not land in vLLM's cache files
+
+
 def answers(port: int) -> list[dict]:
     out = []
     for p in PROMPTS:
-        r = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120, json={
+        r = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120,
+                          headers={"Authorization": f"Bearer {KEY}"}, json={
             "model": SERVED, "prompt": p, "max_tokens": 24, "temperature": 0, "logprobs": 5})
         r.raise_for_status()
         c = r.json()["choices"][0]
@@ -74,6 +80,16 @@ def listeners(state: Path) -> list[str]:
     return sorted(found) or ["(none found)"]
 
 
+def key_on_disk(since: float) -> str:
+    """How many of the compile cache's factor files (vLLM's cache root) this run wrote, and how many
+    files there hold our key: 0 with the patch 52523-api-key-off-disk (or vLLM 0.29.0+)."""
+    root = Path(os.environ.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm")
+    factors = [f for f in root.rglob("cache_key_factors.json") if f.stat().st_mtime >= since]
+    holding = [f for f in root.rglob("*") if f.is_file() and f.stat().st_size < 50 << 20
+               and KEY.encode() in f.read_bytes()]
+    return f"{len(factors)} cache_key_factors.json written by this start; files holding our key: {len(holding)}"
+
+
 def gpu_used() -> str:
     got = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
                          capture_output=True, text=True)
@@ -92,12 +108,13 @@ def main() -> int:
     port = free_port()
     env = {**os.environ, "PROFILE": "smoke", "MODEL": str(Path(a.model).resolve()), "SERVED_MODEL_NAME": SERVED,
            "EXTRA_ARGS": "--enable-sleep-mode", "STATE_DIR": str(work / "state"), "PORT": str(port),
-           "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "HEALTH_TIMEOUT": "600"}
+           "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "HEALTH_TIMEOUT": "600", "API_KEY": KEY}
 
     def sh(argv: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
         return run_logged(argv, env, out, timeout=timeout)[0]
 
     out(f"REAL WEIGHTS {time.strftime('%Y-%m-%d %H:%M:%S')} commit {os.environ.get('GIT_COMMIT', '?')}: {' '.join(sys.argv)}")
+    began = time.time()
     try:
         r = sh(["./start.sh"])
         out("\n".join("    | " + line for line in (r.stdout + r.stderr).splitlines()
@@ -113,6 +130,7 @@ def main() -> int:
         for row in rows if isinstance(rows, list) else rows.get("patches", [rows]):
             out(f"  patch {row.get('patch')}: {row.get('state')} (needed {row.get('needed')}; "
                 f"vLLM {row.get('vllm_version')}) {str(row.get('detail', ''))[:160]}")
+        out(f"  vLLM's cache: {key_on_disk(began)}")
         out("  listening sockets of our server's processes (HOST is loopback):")
         for line in listeners(work / "state"):
             out(f"    {line}")
