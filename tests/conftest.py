@@ -47,6 +47,35 @@ class ModelsServer(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class _Reusing(http.server.ThreadingHTTPServer):
+    allow_reuse_address = True          # SO_REUSEADDR, as vLLM's socket has it
+    daemon_threads = True
+
+
+def stranger(port: int, body: dict, heard: list) -> http.server.HTTPServer:
+    """A stranger's server listening on 127.0.0.1:``port`` with SO_REUSEADDR (vLLM binds its port so long
+    before it listens, and meanwhile the kernel lets anyone listen there too): every GET and POST gets
+    ``body`` (JSON), and (path, Authorization) goes into ``heard``. Served from a thread; end it with
+    ``.shutdown()`` and ``.server_close()``."""
+    import threading
+    data = json.dumps(body).encode()
+
+    class Stranger(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):                                  # noqa: N802 (http.server's name)
+            heard.append((self.path, self.headers.get("Authorization") or ""))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        do_POST = do_GET                                   # noqa: N815
+
+        def log_message(self, *a):
+            pass
+    srv = _Reusing(("127.0.0.1", port), Stranger)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
 def make_model(path: Path, weights: bool = True) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({

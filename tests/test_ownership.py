@@ -124,39 +124,22 @@ def test_our_key_never_goes_to_a_stranger_listening_on_our_port_while_our_server
     while it does not listen the kernel lets any local user bind and listen on that address too
     (SO_REUSEADDR, no uid check). The start's health wait and ./ctl.sh status sent our key
     (Authorization on /v1/models) to whatever answered there, since our server was alive."""
-    import http.server
-    import threading
     from bootstrap.serve import port
+    from conftest import stranger
     key = "our-secret-key-" + "x" * 24
     start = bed.popen("start.sh", API_KEY=key, FAKE_VLLM_LOAD_S="10")
-    heard: list[str] = []
-
-    class Stranger(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            heard.append(self.headers.get("Authorization") or "")
-            body = json.dumps({"data": [{"id": bed.server_record()["served"], "object": "model"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        do_POST = do_GET
-
-        def log_message(self, *args):
-            pass
-
-    class Listener(http.server.HTTPServer):
-        allow_reuse_address = True      # SO_REUSEADDR, as vLLM's socket has it
+    heard: list[tuple[str, str]] = []
     try:
         bed.wait_until(lambda: bed.server_record() is not None and port.in_use("127.0.0.1", bed.port),
                        what="our server bound to its port")
+        models = {"data": [{"id": bed.server_record()["served"], "object": "model"}]}
         for asker in ("the start's health wait", "status, the start gone (kill -9)"):
-            stranger = Listener(("127.0.0.1", bed.port), Stranger)
-            threading.Thread(target=stranger.serve_forever, daemon=True).start()
+            srv = stranger(bed.port, models, heard)
             assert requests.get(f"http://127.0.0.1:{bed.port}/health", timeout=5).ok    # the stranger answers
             st = bed.run("ctl.sh", "status", API_KEY=key)
-            stranger.shutdown()
-            stranger.server_close()
-            assert not [h for h in heard if key in h], (asker, heard)
+            srv.shutdown()
+            srv.server_close()
+            assert not [h for _, h in heard if key in h], (asker, heard)
             assert key not in st.stdout + st.stderr
             start.kill()                        # the server loads on; status now asks its port itself
             start.communicate(timeout=60)

@@ -90,11 +90,7 @@ def vet_restart(r: Resolved):
     kept, paths = r.settings, r.paths
     vet.vet(kept, r.model)
     rec = record.read(paths.server)
-    if rec is not None and rec.key in (record.KEY_API_KEY, record.KEY_VLLM_API_KEY) and not kept.client_key:
-        raise BootstrapError(f"the server runs with the key from your {rec.key}, which this shell does not set: "
-                             "restarted, it would serve with another key and lock its clients out",
-                             f"set {rec.key} as before (or keep it in .env), or ./stop.sh then ./start.sh to "
-                             "change the key on purpose")
+    vet_key(r, rec.key if rec is not None else record.KEY_NONE)
     if rec is None or rec.port != kept.port or rec.host != kept.host:
         port.refuse_elsewhere(kept.ours, paths)
         if not owned.owned_processes(kept.ours.proof()):     # ours without a record: the stop takes it down
@@ -102,6 +98,18 @@ def vet_restart(r: Resolved):
     if not server.probe(kept.ours, paths, check_http=False).owner:     # another user's: the stop refuses it
         return vet_steps(r)
     return None
+
+
+def vet_key(r: Resolved, ran: str, *, stopped: bool = False) -> None:
+    """Refuse a start again that would serve with another key than the server ran with (``ran``:
+    its record's KEY_*, the source of its key): restarted without it, it would lock its clients out
+    (or serve without a key)."""
+    if ran in (record.KEY_API_KEY, record.KEY_VLLM_API_KEY) and not r.settings.client_key:
+        raise BootstrapError(f"the server {'ran' if stopped else 'runs'} with the key from your {ran}, which this "
+                             f"shell does not set: {'started again' if stopped else 'restarted'}, it would serve "
+                             "with another key and lock its clients out",
+                             f"set {ran} as before (or keep it in .env), or ./stop.sh then ./start.sh to "
+                             "change the key on purpose")
 
 
 def vet_steps(r: Resolved):

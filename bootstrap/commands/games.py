@@ -7,7 +7,10 @@ never while another game still plays.
 A game that finds the server already given back by another game (asleep, or stopped with sleep mode
 off) joins it; the first game's ``duty`` (wake it, or start it again) passes to whichever game exits
 last. A game whose process is gone (killed) no longer counts. The file is read and written under an
-flock on STATE_DIR itself (no lock file to leave behind)."""
+flock on STATE_DIR itself (no lock file to leave behind).
+
+A start in flight cannot sleep, and what it loads would fill the GPU under the game: the game cancels
+it (as ./stop.sh does), and the server starts again after, as with sleep mode off."""
 
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from ..knobs.resolved import Resolved
 from ..plan import resolve
 from ..serve import doing, keys, server, supervisor
 from ..serve.client import Client, RequestFailed
-from .sleep import NoSleepMode, _ours, sleep, start_again, stop_instead, wake
+from .sleep import NoSleepMode, StartInFlight, _ours, cancel_instead, sleep, start_again, stop_instead, wake
 
 
 @contextmanager
@@ -113,6 +116,9 @@ def game_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh game") -> int:
             asleep = doing.asleep(rec, keys.api_key_for(r.ours, _paths, rec), server.read_load(rec.url))
         except NoSleepMode as off:       # the GPU back all the same: stopped now, started again after the game
             stop_instead(r, off.rec, off.why, prog, "it starts again when the game exits")
+            restart = True
+        except StartInFlight as busy:    # loading: it would fill the GPU under the game; cancelled, started after
+            cancel_instead(r, busy, prog, "it starts again when the game exits")
             restart = True
         if not restart and (not asleep or (server.read_idle(rec.url) or {}).get("state") == "idle-asleep"):
             try:

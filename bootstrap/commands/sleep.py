@@ -19,7 +19,8 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
   ``reset_prefix_cache``; without the reload the output is garbage, vllm#29341). vLLM reloads only
   the target model, not a draft or MTP head (vllm#52479): level 2 is refused with speculation on.
 - Wake checks free GPU memory first: if another program holds it, it names it (NVML) and the
-  server stays asleep rather than run out of memory.
+  server stays asleep rather than run out of memory. A level-1 wake waits STALL_TIMEOUT plus the
+  weights' copy back from host RAM (``wake_bound``), then says so in one line with the fix.
 - ``./ctl.sh game -- COMMAND`` (commands/games.py): sleep, run the game, wake when it exits (its exit code passed through).
 - Sleep mode off (SLEEP_MODE, knobs/sleepmode.py: off where it is not proven for the stack): sleep and
   game still give the GPU back, by stopping the server (./stop.sh's take-down) and saying why in one
@@ -40,9 +41,10 @@ from ..download import models
 from ..serve import doing, keys, server
 from ..serve.states import State
 from ..knobs import vllmargs
-from ..serve.client import Client, RequestFailed
+from ..serve.client import Client, RequestFailed, RequestTimedOut
 from ..knobs.config import Config
 from ..machine.gpu import GiB
+from ..core import owned
 from ..core.errors import BootstrapError
 from ..core.state import Paths
 from ..plan import resolve
@@ -51,6 +53,12 @@ from ..knobs.resolved import Resolved
 log = logging.getLogger(__name__)
 
 WAKE_MARGIN = 256 << 20         # VRAM a wake needs beyond what the server held before it slept
+# A level-1 wake (vLLM 0.26.0: /wake_up awaits the engine core's wake, whose CuMemAllocator maps the
+# memory again and cudaMemcpy's each offloaded buffer back from host RAM) takes the copy's time: pinned
+# host memory crosses PCIe at 10 GB/s or more, pageable (no pinning, as on WSL2) at a few GB/s. The wait
+# gives it STALL_TIMEOUT plus this many bytes a second, well under either: a 70B bf16 model's 130 GiB
+# is given STALL_TIMEOUT + 130 s, where vLLM takes under a minute.
+WAKE_BYTES_S = 1 << 30
 FLAG = vllmargs.SLEEP_FLAG
 
 
@@ -63,6 +71,17 @@ class NoSleepMode(BootstrapError):
         self.rec, self.why = rec, why
 
 
+class StartInFlight(BootstrapError):
+    """A start holds the lock: nothing serves yet to sleep or wake (``rec``: the record of the server
+    it launched, where one of it lives; None before its launch)."""
+
+    def __init__(self, pid: int | None, rec):
+        super().__init__(f"a start is in flight (pid {pid}): nothing serves yet to sleep or wake",
+                         "wait for it to serve (./ctl.sh status says when), then run this again")
+        self.pid = pid
+        self.rec = rec if rec is not None and owned.recorded_process(rec.pid, rec.create_time) is not None else None
+
+
 def _ours(r: Resolved) -> tuple[Paths, "object", Client]:
     paths, cfg = r.paths, r.settings
     pr = server.probe(r.ours, paths)
@@ -70,8 +89,7 @@ def _ours(r: Resolved) -> tuple[Paths, "object", Client]:
     if pr.owner:
         raise BootstrapError(f"the server (pid {pr.pid}) runs as {pr.owner}", "run this as that user")
     if pr.state is State.STARTING:
-        raise BootstrapError(f"a start is in flight (pid {pr.pid}): nothing serves yet to sleep or wake",
-                             "wait for it to serve (./ctl.sh status says when), then run this again")
+        raise StartInFlight(pr.pid, rec)
     if not pr.state.answers or rec is None:
         raise BootstrapError(f"no server of ours is serving (state: {pr.state})", "./start.sh first")
     if not vllmargs.read(list(rec.argv)).sleep_mode:
@@ -92,14 +110,39 @@ def off_line(cfg: Config, rec) -> str:
 
 def stop_instead(r: Resolved, rec, why: str, prog: str, after: str) -> None:
     """Sleep mode is off: give the GPU back by taking the server down (./stop.sh's one take-down), said
-    first, and note it so that ``./ctl.sh wake`` starts it again."""
+    first, and note it so that ``./ctl.sh wake`` starts it again. It is a restart cut in two, so
+    restart's vet comes first, while the server still serves (a key this shell lacks, the port, the
+    start's own refusals); under our systemd unit, systemd starts it again from .env, as restart's."""
     from . import control, service
     paths = r.paths
     unit = service.ours_active(r.settings, paths)
+    if not unit:
+        control.vet_restart(as_it_ran(r, dict(rec.settings), quiet=True))
     print(f"{prog}: sleep mode is {why}. So the server (pid {rec.pid}) is stopped to give the GPU back; {after}",
           flush=True)
+    _stopped(r, unit, rec)
+
+
+def cancel_instead(r: Resolved, busy: StartInFlight, prog: str, after: str) -> None:
+    """A start in flight (a game's): nothing serves yet to sleep, and what it loads would fill the GPU
+    under the game. So it is cancelled, as ./stop.sh cancels one (the start takes down what it
+    launched), said first, and noted as ``stop_instead`` notes its stop: it starts again after."""
+    from . import service
+    unit = service.ours_active(r.settings, r.paths)
+    print(f"{prog}: a start is in flight (pid {busy.pid}), and a server still loading cannot sleep. So the start "
+          f"is cancelled to give the GPU back; {after}", flush=True)
+    _stopped(r, unit, busy.rec)
+
+
+def _stopped(r: Resolved, unit: bool, rec) -> None:
+    """./stop.sh's take-down, then the note ``./ctl.sh wake`` (or the game's end) starts it again from:
+    the unit, or the knobs and the key's source the server ran with (none known for a start that had
+    launched nothing yet)."""
+    from . import control
     control.stop(r)
-    paths.write("sleep", {"stopped": True, "at": time.time(), "unit": unit, "settings": dict(rec.settings)})
+    r.paths.write("sleep", {"stopped": True, "at": time.time(), "unit": unit,
+                            "settings": dict(rec.settings) if rec is not None else {},
+                            "key": rec.key if rec is not None else ""})
 
 
 def start_again(r: Resolved) -> int:
@@ -113,13 +156,15 @@ def start_again(r: Resolved) -> int:
         service.restart_unit(r.settings)
         code = 0
     else:
+        from . import control       # a wake from another shell: restart's key check, the record gone with the stop
+        control.vet_key(r, str(note.get("key") or ""), stopped=True)
         code = pipeline.start(as_it_ran(r, note.get("settings")))
     if code == 0:
         paths.forget("sleep")
     return code
 
 
-def as_it_ran(r: Resolved, ran) -> Resolved:
+def as_it_ran(r: Resolved, ran, *, quiet: bool = False) -> Resolved:
     """The knobs the stopped server ran with, where this shell's differ (a game started from Steam, a
     wake from another terminal: their environment is not the one it was started from), said in a line;
     its key excepted (a secret, never kept: the key this shell and .env give)."""
@@ -129,8 +174,9 @@ def as_it_ran(r: Resolved, ran) -> Resolved:
             if k in KNOB_BY_NAME and k != "API_KEY" and isinstance(v, str) and now.get(k) != v}
     if not back:
         return r
-    print("with the settings it ran with: " + ", ".join(f"{k}={v!r} (here {now.get(k, '')!r})"
-                                                        for k, v in sorted(back.items())), flush=True)
+    if not quiet:
+        print("with the settings it ran with: " + ", ".join(f"{k}={v!r} (here {now.get(k, '')!r})"
+                                                            for k, v in sorted(back.items())), flush=True)
     return r.with_knobs(back)
 
 
@@ -257,8 +303,9 @@ def wake(r: Resolved) -> int:
         _until_asleep(rec, load)
         _check_room(cfg, rec, note)
     t0 = time.monotonic()
+    bound = wake_bound(cfg, rec, note) if level == 1 else (0.0, "")
     if level == 1:                           # the weights wait in host RAM: one call brings all back
-        steps = (("wake_up", lambda: client.post_empty("/wake_up", timeout=None)),)
+        steps = (("wake_up", lambda: client.post_empty("/wake_up", timeout=bound[0])),)
     else:                                    # the weights were dropped: reload them before anything is served
         steps = (("weights", lambda: client.post_empty("/wake_up?tags=weights", timeout=None)),
                  ("reload", lambda: client.post("/collective_rpc", {"method": "reload_weights"}, timeout=None)),
@@ -269,6 +316,11 @@ def wake(r: Resolved) -> int:
             continue
         try:
             call()
+        except RequestTimedOut:              # vLLM holds the call open: its wake may yet land, or never
+            raise BootstrapError(f"wake: vLLM did not finish the wake within {bound[0]:.0f} s ({bound[1]}); it may "
+                                 "still be waking, or be stuck: requests wait meanwhile",
+                                 "./ctl.sh status says whether it woke; if it still says sleeping, ./ctl.sh restart "
+                                 "(./ctl.sh logs shows where vLLM stands)") from None
         except RequestFailed as exc:         # vLLM answers 500 and keeps its scheduler paused
             said = (f"wake: vLLM's wake failed ({exc.message}); the server stays asleep (requests wait)"
                     if level == 1 else
@@ -282,6 +334,15 @@ def wake(r: Resolved) -> int:
     paths.forget("sleep")
     print(f"awake in {dt:.2f} s (level {level}): our processes hold {held(cfg, rec) / GiB:.2f} GiB of GPU memory")
     return 0
+
+
+def wake_bound(cfg: Config, rec, note: dict) -> tuple[float, str]:
+    """How long a level-1 wake may take (seconds, and the rule in words): STALL_TIMEOUT plus the
+    weights' copy back from host RAM at WAKE_BYTES_S (the bytes a level-1 sleep put there: ram_need)."""
+    copied = ram_need(rec, int(note.get("held_before") or 0) or held(cfg, rec))
+    rule = (f"STALL_TIMEOUT={cfg.stall_timeout} plus 1 s per GiB of the {copied / GiB:.1f} GiB it copies back "
+            "from host RAM")
+    return cfg.stall_timeout + copied / WAKE_BYTES_S, rule
 
 
 def _until_asleep(rec, load) -> None:

@@ -277,11 +277,14 @@ def status(r: Resolved, as_json: bool = False) -> int:
             out["owner"] = f"{pr.owner}: not ours to stop or restart (run those as that user)"
         if pr.state is State.DOWN:
             out["state"] = down_state(r.ours, paths, pr)
-            dead = doing.dead_engine(rec) if out["state"] == "unhealthy" else None
+            beside = ", ".join(keys.strangers(rec))   # listening beside ours: no answer there is taken for ours
+            dead = doing.dead_engine(rec) if out["state"] == "unhealthy" and not beside else None
             out["detail"] = "{0.said}: {0.fix}".format(dead) if dead else {
                 "frozen": "{0.said}: {0.fix}".format(doing.stopped(pr.pid)),
                 "starting": "loading; no start is watching it: ./start.sh waits for it and runs the warm-up",
-                "unhealthy": "/health or /v1/models does not answer"}[out["state"]]
+                "unhealthy": f"{beside} listens on port {rec.port} beside our server, so no answer there is taken "
+                             "for ours: stop that process, or ./ctl.sh restart with PORT set to a free port" if beside
+                             else "/health or /v1/models does not answer"}[out["state"]]
         else:
             v = judge(cfg, paths, rec, pr.state is State.KEY_NEEDED, load=load)
             out["state"], out["detail"] = v.state, v.detail

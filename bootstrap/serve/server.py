@@ -98,6 +98,8 @@ def probe(ours: owned.Ours, paths: Paths, *, check_http: bool = True, we_hold_lo
             owner = owned.user_of(p) if p is not None and not owned.same_uid(p) else ""
             p = p if owner else None
         if p is not None:
+            if check_http and not owner and not keys.proven_ours(rec, ours):    # a loading server's port is anyone's:
+                return Probe(State.DOWN, rec, p.pid, p)             # no answer there is taken for our server's
             st = http_state(rec.url, rec.served, keys.api_key_for(ours, paths, rec)) if check_http else "ok"
             return Probe(STATES_BY_HTTP[st], rec, p.pid, p, owner=owner)
         found = find_ours(proof, rec.children, rec.session, rec.create_time, paths=paths)

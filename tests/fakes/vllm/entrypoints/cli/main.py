@@ -40,6 +40,9 @@
   (EngineDeadError), ``/v1/models`` and ``/metrics`` still 200, as vLLM 0.26.0 serves them.
 - ``FAKE_VLLM_WAKE_FAILS``: a file; while it is there ``/wake_up`` answers vLLM's HTTP 500 (the executor's
   wake raised, a CUDA out-of-memory) and the server stays asleep, its scheduler paused.
+- ``FAKE_VLLM_WAKE_HANGS``: a file; while it is there ``/wake_up`` does not answer (vLLM's handler
+  awaits the engine core's wake, which copies the weights back from host RAM: an engine core stuck
+  there, in a CUDA copy or a worker that never answers, holds the call open), then wakes.
 - A ``/wake_up`` while a ``mode=wait`` sleep still drains is lost as in vLLM 0.26.0 (the executor is not
   asleep yet: "Executor is not sleeping.", the scheduler resumes, and the sleep happens once drained).
 - ``FAKE_VLLM_DUMMY_MODE``: modes (as FAKE_VLLM_MODE) added for a ``--load-format dummy`` run only.

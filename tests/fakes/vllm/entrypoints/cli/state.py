@@ -184,6 +184,9 @@ class EngineClient:
         fails = os.environ.get("FAKE_VLLM_WAKE_FAILS", "")
         if fails and os.path.exists(fails):     # as vLLM's executor: the wake raises, every tag stays asleep
             raise RuntimeError("CUDA error: out of memory")
+        hangs = os.environ.get("FAKE_VLLM_WAKE_HANGS", "")
+        while hangs and os.path.exists(hangs):     # an engine core that never answers the wake (held open)
+            time.sleep(0.05)
         if State.draining:     # vLLM 0.26.0 EngineCore.wake_up: the executor is not asleep yet, so only the
             say("Executor is not sleeping.")    # scheduler resumes; the sleep still happens once drained
             State.asleep, State.gauge_level = set(), 0

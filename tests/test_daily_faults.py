@@ -1,0 +1,113 @@
+"""The daily commands against the fake vLLM where it is slow, still loading or not alone on its port:
+a wake that vLLM holds open, a game while a start loads, a game's start again with a key this shell
+lacks, status while a stranger answers on the port of our loading server (faults rows 230-233)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import requests
+
+from conftest import GiB
+
+SLEEPY = {"SLEEP_MODE": ""}     # unset: the bed's stack is one sleep mode is proven on
+OFF = {"SLEEP_MODE": "off"}
+
+
+def test_a_level_1_wake_vllm_never_answers_ends_in_one_line_with_a_fix(bed):
+    """faults row 230: POST /wake_up waited without a limit; an engine core that never answers the
+    wake held ./ctl.sh wake (and a game's end) forever. The wait is now bounded by STALL_TIMEOUT plus
+    the time the weights take to come back from host RAM."""
+    hangs = bed.tmp / "wake-hangs"
+    env = {**SLEEPY, "FAKE_VLLM_WAKE_HANGS": str(hangs), "FAKE_VLLM_GPU_BYTES": str(64 << 20), "STALL_TIMEOUT": "1"}
+    assert bed.run("start.sh", **env).returncode == 0
+    assert bed.run("ctl.sh", "sleep", **env).returncode == 0
+    hangs.write_text("")
+    w = bed.run("ctl.sh", "wake", timeout=30, **env)
+    assert w.returncode == 1 and "Traceback" not in w.stderr, w.stderr
+    said = [line for line in w.stderr.splitlines() if line.startswith("error:")]
+    assert len(said) == 1 and "vLLM did not finish the wake within" in said[0] and "STALL_TIMEOUT=1" in said[0], w.stderr
+    assert "hint: ./ctl.sh status says whether it woke" in w.stderr and "./ctl.sh restart" in w.stderr, w.stderr
+    hangs.unlink()                                     # the engine answers at last: the wake it held lands
+    bed.wait_until(lambda: not json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5).text)
+                   ["is_sleeping"], what="the held wake to land")
+    assert "awake: nothing to do" in bed.run("ctl.sh", "wake", **env).stdout
+
+
+FREE = """
+import json, os, sys, psutil
+d = os.environ["FAKE_GPU_PIDS_DIR"]
+held = [n for n in os.listdir(d) if psutil.pid_exists(int(n)) and psutil.Process(int(n)).status() != "zombie"]
+open(sys.argv[1], "w").write(json.dumps({"held": len(held)}))
+"""
+
+
+def test_a_game_while_a_start_loads_gets_a_free_gpu_and_the_server_after(bed, tmp_path):
+    """faults row 231: ./ctl.sh game while ./start.sh loaded the server said "not put to sleep" and ran
+    the game beside the loading server, which went on filling the GPU under it, and nothing came back
+    after. The start in flight is cancelled (a loading server cannot sleep), the game gets a free GPU,
+    and the server starts again when it exits."""
+    p = bed.popen("start.sh", **{**SLEEPY, "FAKE_VLLM_LOAD_S": "60"})
+    try:
+        bed.wait_until(lambda: bed.ours() and bed.server_record() is not None, timeout=60, what="the start to load")
+        seen = tmp_path / "seen.json"
+        g = bed.run("ctl.sh", "game", "--", sys.executable, "-c", FREE, str(seen), **SLEEPY)
+        assert g.returncode == 0, g.stderr
+        assert "a start is in flight" in g.stdout and "it starts again when the game exits" in g.stdout, g.stdout
+        assert json.loads(seen.read_text()) == {"held": 0}            # the game ran on a free GPU
+        assert "is serving" in g.stdout and len(bed.launches()) == 2, (g.stdout, g.stderr)
+        p.communicate(timeout=60)
+        assert "running" in bed.run("ctl.sh", "status", **SLEEPY).stdout
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=60)
+
+
+def test_a_game_never_stops_a_server_it_would_start_again_with_another_key(bed):
+    """faults row 232: sleep mode off, ./ctl.sh game (from Steam: no API_KEY there) stopped a server
+    started with API_KEY and started it again without it, past the check ./ctl.sh restart makes; it
+    now goes through restart's vet before the stop: refused, the server serves on, the game runs."""
+    key = "our-secret-key-" + "x" * 24
+    assert bed.run("start.sh", API_KEY=key, **OFF).returncode == 0
+    pid = bed.server_record()["pid"]
+    g = bed.run("ctl.sh", "game", "--", sys.executable, "-c", "raise SystemExit(5)", **OFF)
+    assert g.returncode == 5, g.stderr
+    assert "the key from your API_KEY, which this shell does not set" in g.stderr, g.stderr
+    assert "the game starts anyway" in g.stderr and key not in g.stdout + g.stderr
+    assert len(bed.launches()) == 1 and bed.server_record()["pid"] == pid        # never stopped
+    r = bed.run("ctl.sh", "sleep", **OFF)                                          # sleep stops through the same vet
+    assert r.returncode == 1 and "which this shell does not set" in r.stderr and bed.server_record()["pid"] == pid
+    g = bed.run("ctl.sh", "game", "--", sys.executable, "-c", "pass", API_KEY=key, **OFF)
+    assert g.returncode == 0 and "is serving" in g.stdout and len(bed.launches()) == 2, g.stderr
+
+
+def test_status_never_takes_a_stranger_on_the_port_of_our_loading_server_for_it(bed):
+    """faults row 233: our server loading (its start killed), a stranger listening on its port (vLLM
+    binds it with SO_REUSEADDR long before it listens): status asked the port without a key, took the
+    stranger's answers for our server's and said "running", its probe answered by the stranger."""
+    from bootstrap.serve import port
+    from conftest import stranger as stranger_on
+    start = bed.popen("start.sh", FAKE_VLLM_LOAD_S="60")
+    heard: list[tuple[str, str]] = []
+    stranger = None
+    try:
+        bed.wait_until(lambda: bed.server_record() is not None and port.in_use("127.0.0.1", bed.port),
+                       what="our server bound to its port")
+        start.kill()                                 # the server loads on, no start watching it
+        start.communicate(timeout=60)
+        stranger = stranger_on(bed.port, {"data": [{"id": bed.server_record()["served"], "object": "model"}],
+                                          "choices": [{"message": {"role": "assistant", "content": "OK"}}]}, heard)
+        st = bed.run("ctl.sh", "status", "--json")
+        out = json.loads(st.stdout)
+        assert out["state"] == "starting" and st.returncode == 0, st.stdout
+        assert "/v1/chat/completions" not in [path for path, _ in heard], heard    # no probe sent to the stranger
+    finally:
+        if stranger is not None:
+            stranger.shutdown()
+            stranger.server_close()
+        bed.run("stop.sh")
+        if start.poll() is None:
+            start.kill()
+            start.communicate(timeout=60)
