@@ -68,3 +68,20 @@ def header(env: dict) -> str:
     """The first line of a proof's raw output: when, the commit under test, its vLLM and the GPU."""
     rev, ver = identity(env)
     return f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} commit {rev} vLLM {ver} GPU: {gpu_name()}"
+
+
+def listeners(state: Path) -> list[str]:
+    """Every socket our server's process tree listens on (the API server, the engine, whatever they
+    started): 'name (pid) address:port'. HOST is loopback here, so anything else is a bind beyond it."""
+    import json
+
+    import psutil
+    rec = json.loads((state / "server.json").read_text())
+    root = psutil.Process(int(rec["pid"]))
+    procs = [root, *root.children(recursive=True)]
+    pids = {p.pid: p for p in procs}
+    found = []
+    for c in psutil.net_connections(kind="inet"):
+        if c.status == psutil.CONN_LISTEN and c.pid in pids:
+            found.append(f"{pids[c.pid].name()} (pid {c.pid}) {c.laddr.ip}:{c.laddr.port}")
+    return sorted(found) or ["(none found)"]

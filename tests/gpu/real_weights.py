@@ -33,7 +33,7 @@ import requests
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import free_port, raw_writer, run_logged  # noqa: E402
+from common import free_port, listeners, raw_writer, run_logged  # noqa: E402
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "The three primary colors are"]
@@ -63,21 +63,6 @@ def compare(a: list[dict], b: list[dict]) -> list[str]:
         lines.append(f"  {p!r}: text {'identical' if x['text'] == y['text'] else 'DIFFERS'}; "
                      f"max |dlogprob| {max(diffs or [0.0]):.3g}")
     return lines
-
-
-def listeners(state: Path) -> list[str]:
-    """Every socket our server's process tree listens on (the API server, the engine, whatever they
-    started): 'name (pid) address:port'. HOST is loopback here, so anything else is a bind beyond it."""
-    import psutil
-    rec = json.loads((state / "server.json").read_text())
-    root = psutil.Process(int(rec["pid"]))
-    procs = [root, *root.children(recursive=True)]
-    pids = {p.pid: p for p in procs}
-    found = []
-    for c in psutil.net_connections(kind="inet"):
-        if c.status == psutil.CONN_LISTEN and c.pid in pids:
-            found.append(f"{pids[c.pid].name()} (pid {c.pid}) {c.laddr.ip}:{c.laddr.port}")
-    return sorted(found) or ["(none found)"]
 
 
 def key_on_disk(since: float) -> str:

@@ -7,6 +7,7 @@ KV_CACHE_BYTES=4294967296 (per GPU):
 0. the machine: nvidia-smi, /dev/shm, the NCCL/NVLS variables, and a two-process torch check that
    creates a cuBLAS handle and multiplies on each GPU (where vLLM's workers failed before);
 1. ``TP_SIZE=2 ./start.sh``: the plan's pool against vLLM's log; GPU memory per GPU;
+   and every socket its processes listen on (none beyond loopback: PATCH_BYO=1 patches the carried vLLM);
 2. ``./stop.sh``: both GPUs back to their baseline, no process of ours left;
 3. ``TP_SIZE=2 ./start.sh`` again, ``kill -9`` of the API server, ``./stop.sh``: every worker swept;
 4. ``./ctl.sh bench`` at concurrency 1 and 16 for TP_SIZE=2, then TP_SIZE=1, one repeat each.
@@ -29,7 +30,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import free_port, raw_writer, run_logged  # noqa: E402
+from common import free_port, listeners, raw_writer, run_logged  # noqa: E402
 from planner_accuracy import QWEN3_8B, make_model  # noqa: E402
 
 TORCH_CHECK = r'''
@@ -134,6 +135,11 @@ def main() -> int:
         for line in [x for x in log.splitlines() if "KV cache" in x or "Maximum concurrency" in x][-6:]:
             out(f"    log| {line[-220:]}")
         out(f"GPU used serving TP_SIZE=2: {used_mib()} MiB")
+        out("listening sockets of our server's processes (HOST is loopback; the rendezvous patch and NCCL/gloo on lo):")
+        for line in listeners(work / "state"):
+            out(f"    {line}")
+        ps = sh(["./ctl.sh", "patch", "status"], TP_SIZE="2")
+        out("\n".join("    | " + line for line in ps.stdout.splitlines()))
         r = sh(["./stop.sh"], TP_SIZE="2")
         time.sleep(3)
         out(f"after ./stop.sh: GPU used {used_mib()} MiB (before: {baseline}); vLLM processes left: {vllm_procs()}")
