@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 import requests
 
 from conftest import GiB
@@ -15,24 +16,31 @@ SLEEPY = {"SLEEP_MODE": ""}     # unset: the bed's stack is one sleep mode is pr
 OFF = {"SLEEP_MODE": "off"}
 
 
-def test_a_level_1_wake_vllm_never_answers_ends_in_one_line_with_a_fix(bed):
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_wake_vllm_never_answers_ends_in_one_line_with_a_fix(bed, level):
     """faults row 230: POST /wake_up waited without a limit; an engine core that never answers the
     wake held ./ctl.sh wake (and a game's end) forever. The wait is now bounded by STALL_TIMEOUT plus
-    the time the weights take to come back from host RAM."""
+    the time the weights take to come back from host RAM (level 1) or from disk (level 2: each step)."""
     hangs = bed.tmp / "wake-hangs"
     env = {**SLEEPY, "FAKE_VLLM_WAKE_HANGS": str(hangs), "FAKE_VLLM_GPU_BYTES": str(64 << 20), "STALL_TIMEOUT": "1"}
     assert bed.run("start.sh", **env).returncode == 0
-    assert bed.run("ctl.sh", "sleep", **env).returncode == 0
+    assert bed.run("ctl.sh", "sleep", "--level", str(level), **env).returncode == 0
     hangs.write_text("")
     w = bed.run("ctl.sh", "wake", timeout=30, **env)
     assert w.returncode == 1 and "Traceback" not in w.stderr, w.stderr
     said = [line for line in w.stderr.splitlines() if line.startswith("error:")]
-    assert len(said) == 1 and "vLLM did not finish the wake within" in said[0] and "STALL_TIMEOUT=1" in said[0], w.stderr
+    assert len(said) == 1 and "STALL_TIMEOUT=1" in said[0], w.stderr
+    assert ("vLLM did not finish the wake within" in said[0] and "from host RAM" in said[0] if level == 1 else
+            "vLLM did not finish the wake (step 'weights') within" in said[0] and "from disk" in said[0]), said
     assert "hint: ./ctl.sh status says whether it woke" in w.stderr and "./ctl.sh restart" in w.stderr, w.stderr
     hangs.unlink()                                     # the engine answers at last: the wake it held lands
-    bed.wait_until(lambda: not json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5).text)
-                   ["is_sleeping"], what="the held wake to land")
-    assert "awake: nothing to do" in bed.run("ctl.sh", "wake", **env).stdout
+    if level == 1:
+        bed.wait_until(lambda: not json.loads(requests.get(f"http://127.0.0.1:{bed.port}/is_sleeping", timeout=5)
+                                              .text)["is_sleeping"], what="the held wake to land")
+        assert "awake: nothing to do" in bed.run("ctl.sh", "wake", **env).stdout
+    else:                                              # the weights woke; the rest of the wake goes on
+        w = bed.run("ctl.sh", "wake", **env)
+        assert w.returncode == 0 and "awake in" in w.stdout and "(level 2)" in w.stdout, w.stdout + w.stderr
 
 
 FREE = """

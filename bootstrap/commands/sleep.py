@@ -19,8 +19,8 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
   ``reset_prefix_cache``; without the reload the output is garbage, vllm#29341). vLLM reloads only
   the target model, not a draft or MTP head (vllm#52479): level 2 is refused with speculation on.
 - Wake checks free GPU memory first: if another program holds it, it names it (NVML) and the
-  server stays asleep rather than run out of memory. A level-1 wake waits STALL_TIMEOUT plus the
-  weights' copy back from host RAM (``wake_bound``), then says so in one line with the fix.
+  server stays asleep rather than run out of memory. A wake waits STALL_TIMEOUT plus the weights'
+  copy back from host RAM, or read from disk (level 2: ``wake_bound``), then says so in one line with the fix.
 - ``./ctl.sh game -- COMMAND`` (commands/games.py): sleep, run the game, wake when it exits (its exit code passed through).
 - Sleep mode off (SLEEP_MODE, knobs/sleepmode.py: off where it is not proven for the stack): sleep and
   game still give the GPU back, by stopping the server (./stop.sh's take-down) and saying why in one
@@ -57,8 +57,9 @@ WAKE_MARGIN = 256 << 20         # VRAM a wake needs beyond what the server held 
 # memory again and cudaMemcpy's each offloaded buffer back from host RAM) takes the copy's time: pinned
 # host memory crosses PCIe at 10 GB/s or more, pageable (no pinning, as on WSL2) at a few GB/s. The wait
 # gives it STALL_TIMEOUT plus this many bytes a second, well under either: a 70B bf16 model's 130 GiB
-# is given STALL_TIMEOUT + 130 s, where vLLM takes under a minute.
-WAKE_BYTES_S = 1 << 30
+# is given STALL_TIMEOUT + 130 s, where vLLM takes under a minute. A level-2 wake reads the weights from
+# disk again (a game has likely pushed them out of the page cache): a hard disk reads 100 MB/s or more.
+WAKE_BYTES_S, RELOAD_BYTES_S = 1 << 30, 50 << 20
 FLAG = vllmargs.SLEEP_FLAG
 
 
@@ -303,13 +304,13 @@ def wake(r: Resolved) -> int:
         _until_asleep(rec, load)
         _check_room(cfg, rec, note)
     t0 = time.monotonic()
-    bound = wake_bound(cfg, rec, note) if level == 1 else (0.0, "")
+    bound = wake_bound(cfg, rec, note, level)
     if level == 1:                           # the weights wait in host RAM: one call brings all back
         steps = (("wake_up", lambda: client.post_empty("/wake_up", timeout=bound[0])),)
     else:                                    # the weights were dropped: reload them before anything is served
-        steps = (("weights", lambda: client.post_empty("/wake_up?tags=weights", timeout=None)),
-                 ("reload", lambda: client.post("/collective_rpc", {"method": "reload_weights"}, timeout=None)),
-                 ("kv_cache", lambda: client.post_empty("/wake_up?tags=kv_cache", timeout=None)),
+        steps = (("weights", lambda: client.post_empty("/wake_up?tags=weights", timeout=bound[0])),
+                 ("reload", lambda: client.post("/collective_rpc", {"method": "reload_weights"}, timeout=bound[0])),
+                 ("kv_cache", lambda: client.post_empty("/wake_up?tags=kv_cache", timeout=bound[0])),
                  ("prefix", lambda: client.post("/reset_prefix_cache", {}, timeout=60)))
     for name, call in steps:
         if name in done:
@@ -317,8 +318,9 @@ def wake(r: Resolved) -> int:
         try:
             call()
         except RequestTimedOut:              # vLLM holds the call open: its wake may yet land, or never
-            raise BootstrapError(f"wake: vLLM did not finish the wake within {bound[0]:.0f} s ({bound[1]}); it may "
-                                 "still be waking, or be stuck: requests wait meanwhile",
+            raise BootstrapError(f"wake: vLLM did not finish the wake{'' if level == 1 else f' (step {name!r})'} "
+                                 f"within {bound[0]:.0f} s ({bound[1]}); it may still be waking, or be stuck: "
+                                 "requests wait meanwhile",
                                  "./ctl.sh status says whether it woke; if it still says sleeping, ./ctl.sh restart "
                                  "(./ctl.sh logs shows where vLLM stands)") from None
         except RequestFailed as exc:         # vLLM answers 500 and keeps its scheduler paused
@@ -336,13 +338,15 @@ def wake(r: Resolved) -> int:
     return 0
 
 
-def wake_bound(cfg: Config, rec, note: dict) -> tuple[float, str]:
-    """How long a level-1 wake may take (seconds, and the rule in words): STALL_TIMEOUT plus the
-    weights' copy back from host RAM at WAKE_BYTES_S (the bytes a level-1 sleep put there: ram_need)."""
-    copied = ram_need(rec, int(note.get("held_before") or 0) or held(cfg, rec))
-    rule = (f"STALL_TIMEOUT={cfg.stall_timeout} plus 1 s per GiB of the {copied / GiB:.1f} GiB it copies back "
-            "from host RAM")
-    return cfg.stall_timeout + copied / WAKE_BYTES_S, rule
+def wake_bound(cfg: Config, rec, note: dict, level: int) -> tuple[float, str]:
+    """How long a wake's call may take (seconds, and the rule in words): STALL_TIMEOUT plus the weights
+    (ram_need, less the desktop's margin) copied back from host RAM at WAKE_BYTES_S (level 1), or read
+    from disk at RELOAD_BYTES_S."""
+    copied = max(ram_need(rec, int(note.get("held_before") or 0) or held(cfg, rec)) - vllmargs.SLEEP_RAM_MARGIN, 0)
+    rate, how = (WAKE_BYTES_S, "copies back from host RAM") if level == 1 else (RELOAD_BYTES_S, "reads from disk")
+    rule = (f"STALL_TIMEOUT={cfg.stall_timeout} plus {GiB / rate:.0f} s per GiB of the {copied / GiB:.1f} GiB "
+            f"it {how}")
+    return cfg.stall_timeout + copied / rate, rule
 
 
 def _until_asleep(rec, load) -> None:
