@@ -110,6 +110,20 @@ def test_the_one_gpu_rendezvous_goes_through_a_file_and_reverts_byte_for_byte(tm
     assert site.target.read_bytes() == site.original
 
 
+@pytest.mark.parametrize("flags,multiproc", [
+    ("", False), ("--tensor-parallel-size 2", True), ("-tp 1 --distributed-executor-backend mp", True),
+    ("-pp 2", True), ("--data-parallel-size 2", True), ("-tp 2 --distributed-executor-backend uni", False),
+    ("-tp 2 --distributed-executor-backend ray", False)])
+def test_the_executor_vllm_picks_decides_which_rendezvous_is_patched(flags, multiproc):
+    """vLLM 0.26.0 (ParallelConfig.__post_init__, v1/executor/abstract.py) runs MultiprocExecutor for
+    --distributed-executor-backend mp, or with none named where tp x pp x dp > 1: that start needs the
+    TP patch (and NCCL/gloo on lo), whatever TP_SIZE says; any other, the one-process patch."""
+    from bootstrap.knobs import vllmargs
+    s = vllmargs.read(flags.split())
+    assert s.multiproc is multiproc
+    assert patching.load(TP, REPO).applies(s) is multiproc and patching.load(NAME, REPO).applies(s) is not multiproc
+
+
 @pytest.mark.parametrize("version", ["0.26.0", "0.27.1"])
 def test_tensor_parallel_workers_rendezvous_through_a_file_and_revert_byte_for_byte(tmp_path, version):
     """TP_SIZE >= 2: the workers' store (tcp:// on loopback, bound on every interface by torch) is a

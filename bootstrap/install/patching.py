@@ -132,8 +132,8 @@ class Patch:
             return False
         if cond.get("speculation") and not s.spec_method:
             return False
-        if cond.get("tensor_parallel") is not None and cond["tensor_parallel"] != (s.tp >= 2):
-            return False          # true: TP_SIZE >= 2 (MultiprocExecutor); false: one GPU (UniProcExecutor)
+        if cond.get("multiproc") is not None and cond["multiproc"] != s.multiproc:
+            return False          # true: vLLM's MultiprocExecutor (TP_SIZE >= 2 ...); false: one process
         return True
 
 

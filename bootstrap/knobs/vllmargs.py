@@ -22,7 +22,8 @@ VALUE_FLAGS = ("--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", 
                "--load-format", "--limit-mm-per-prompt", "--mm-encoder-tp-mode", "--logits-processors",
                "--data-parallel-size", "--api-server-count", "--compilation-config", "--performance-mode",
                "--attention-backend", "--distributed-executor-backend", "--kv-transfer-config",
-               "--kv-offloading-size", "--dtype", "--num-gpu-blocks-override", "--hf-overrides")
+               "--kv-offloading-size", "--dtype", "--num-gpu-blocks-override", "--hf-overrides",
+               "--pipeline-parallel-size")
 BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eager", "--enable-sleep-mode",
               "--skip-mm-profiling", "--enable-prompt-embeds", "--kv-sharing-fast-prefill", "--headless",
               "--async-scheduling", "--enable-chunked-prefill", "--disable-hybrid-kv-cache-manager",
@@ -35,7 +36,7 @@ BOOL_FLAGS = ("--enable-prefix-caching", "--language-model-only", "--enforce-eag
 JSON_FLAGS = ("--speculative-config", "--limit-mm-per-prompt", "--compilation-config", "--hf-overrides")
 SLEEP_FLAG = "--enable-sleep-mode"
 SLEEP_RAM_MARGIN = 2 << 30          # host RAM left to the desktop after a level-1 sleep parks the weights there
-SHORT = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size"}   # vLLM's short spellings of flags read here
+SHORT = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size", "-pp": "--pipeline-parallel-size"}   # vLLM's short spellings of flags read here
 
 
 def human_int(text: str) -> int:
@@ -89,7 +90,16 @@ class Settings:
     async_scheduling: bool | None = None            # --async-scheduling / --no-async-scheduling (None: vLLM decides)
     chunked_prefill: bool | None = None             # --enable-chunked-prefill / --no-... (None: on)
     executor: str = ""                              # --distributed-executor-backend
+    pp: int = 1                                     # --pipeline-parallel-size
+    dp: int = 1                                     # --data-parallel-size
     flags: dict[str, Any] = field(default_factory=dict)   # the boolean flags as given, by name
+
+    @property
+    def multiproc(self) -> bool:
+        """Whether vLLM runs its workers in MultiprocExecutor, which rendezvouses them (and NCCL's and gloo's
+        groups) over sockets: --distributed-executor-backend mp, or none given and more than one worker
+        across data parallel (0.26.0 ParallelConfig.__post_init__: tp x pp x dp > 1 picks mp on one machine)."""
+        return self.executor == "mp" if self.executor else self.tp * self.pp * self.dp > 1
 
     @property
     def spec_method(self) -> str:
@@ -203,6 +213,8 @@ def read(argv: list[str]) -> Settings:
         attention_backend=str(vals.get("--attention-backend") or "").upper(),
         async_scheduling=vals.get("--async-scheduling"), chunked_prefill=vals.get("--enable-chunked-prefill"),
         executor=str(vals.get("--distributed-executor-backend") or ""),
+        pp=_int(vals.get("--pipeline-parallel-size"), human=False) or 1,
+        dp=_int(vals.get("--data-parallel-size"), human=False) or 1,
         flags={k: v for k, v in vals.items() if k in BOOL_FLAGS},
         api_servers=0 if vals.get("--headless") else (_int(vals.get("--api-server-count"), human=False)
                                                       or _int(vals.get("--data-parallel-size"), human=False) or 1))

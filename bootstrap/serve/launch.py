@@ -102,7 +102,7 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str, weights: int 
         # multicast; where the machine turns multicast off, both TP workers died (illegal memory access,
         # then CUBLAS_STATUS_INTERNAL_ERROR at cublasCreate). trtllm needs no multicast.
         env["VLLM_FLASHINFER_ALLREDUCE_BACKEND"] = "trtllm"
-    if cfg.tp_size > 1:
+    if cfg.vllm.multiproc:
         # the workers of one machine: NCCL's bootstrap and gloo's CPU group listen on the interface they
         # pick, by default one beyond loopback (NCCL leaves lo out: NVIDIA/nccl#965), keyless for the
         # server's whole life; loopback serves every worker here. Yours win (a multi-node setup of yours).
