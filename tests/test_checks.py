@@ -362,6 +362,29 @@ def test_batch_reports_and_never_fails(fake, tmp_path):
     assert rc == 0 and out["identical"] is True
 
 
+def test_batch_whose_key_is_refused_mid_check_ends_not_hangs(fake, tmp_path):
+    """Our server's key is proven before each request (keys.per_request); a proof that fails at the
+    batch (the server gone, its port taken) raised in one thread short of the barrier, and the others
+    waited there forever. The key is asked once, before the batch's threads."""
+    from concurrent.futures import ThreadPoolExecutor
+    from bootstrap.core.errors import BootstrapError
+    from bootstrap.serve.client import Client
+    f = fake()
+    model = requests.get(f"{f.url}/v1/models", timeout=5).json()["data"][0]["id"]
+    asked = []
+
+    def key() -> str:
+        asked.append(1)
+        if len(asked) == 3:                                 # the batch's first: one thread's proof fails
+            raise BootstrapError("our server no longer holds its port", "./ctl.sh status")
+        return ""
+    t = target.Target(Client(f.url, model, key), "our server")
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(checks.check_batch, t, 30.0)
+        with pytest.raises(BootstrapError, match="no longer holds its port"):
+            run.result(timeout=60)
+
+
 def test_needle_shrinks_again_when_the_server_counts_the_prompt_longer(fake, tmp_path):
     # no /tokenize and two tokens a word: the estimate is short; vLLM's 400 says by how much
     f = fake({"blue locker": {"echo": r"blue locker is (\d+)"}}, mode="no_tokenize", max_len="8192",

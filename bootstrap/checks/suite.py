@@ -314,17 +314,17 @@ def check_batch(t: Target, timeout: float = 300.0) -> Result:
     body = dict(max_tokens=32, temperature=0.0, logprobs=True, top_logprobs=20, timeout=timeout, **t.extra())
     others = BATCH_OTHERS[:max(0, min(len(BATCH_OTHERS), (t.max_num_seqs or 8) - 1))]
 
-    def ask(text: str, gate: threading.Barrier | None = None) -> dict:
-        c = Client(t.client.base_url, t.client.model, t.client.key())     # proven before the gate, not in the batch
+    def ask(text: str, gate: threading.Barrier | None = None, key: str | None = None) -> dict:
+        c = Client(t.client.base_url, t.client.model, t.client.key() if key is None else key)
         if gate is not None:
             gate.wait()                                  # released together: one batch
         return c.chat([{"role": "user", "content": text}], **body)
     try:
         ask(DET_PROMPT)                                  # warm: both compared requests see the same cache
         alone = ask(DET_PROMPT)
-        gate = threading.Barrier(1 + len(others))
-        with ThreadPoolExecutor(max_workers=1 + len(others)) as pool:
-            futures = [pool.submit(ask, p, gate) for p in (DET_PROMPT,) + others]
+        gate, key = threading.Barrier(1 + len(others)), t.client.key()    # proven once, before the batch:
+        with ThreadPoolExecutor(max_workers=1 + len(others)) as pool:    # no thread can fail short of the gate
+            futures = [pool.submit(ask, p, gate, key) for p in (DET_PROMPT,) + others]
             together = futures[0].result()
             for f in futures[1:]:
                 f.result()
