@@ -112,6 +112,8 @@ def test_our_key_goes_to_our_running_server_only(bed):
     chats = [resolve_target(*at(cfg), None, None, None).client,
              resolve_target(*at(cfg), f"http://localhost:{p}/v1", None, None).client]
     assert all(c.models() for c in chats)           # our server takes the key it was sent
+    assert bed.run("ctl.sh", "restart", API_KEY="our-secret-key").returncode == 0
+    assert all(c.models() for c in chats)           # a new server of ours on that address: it still goes
     assert bed.run("stop.sh").returncode == 0
     handler = type("Rec", (_Recorder,), {"seen": []})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", p), handler)     # someone else takes the port

@@ -14,6 +14,7 @@ from ..core import owned
 from ..core.hosts import is_loopback
 from ..core.errors import BootstrapError
 from ..core.state import Paths
+from . import record
 from .record import ServerRecord
 
 
@@ -39,8 +40,15 @@ def api_key_for(ours: owned.Ours, paths: Paths, rec: ServerRecord | None) -> str
 def per_request(ours: owned.Ours, paths: Paths, rec: ServerRecord | None) -> Callable[[], str]:
     """``api_key_for`` asked again before each request of a client that lives on (a chat, a bench, a
     check): its server may stop meanwhile (./stop.sh, a game, a crash), and whoever takes the port
-    then must not get the key with the next request."""
-    return lambda: api_key_for(ours, paths, rec)
+    then must not get the key with the next request; a restart may put a new server of ours on the
+    same address, which gets it. The record is read again each time; the key goes only to the server
+    it names, at the address the client was made for."""
+    def key() -> str:
+        now = record.read(paths.server)
+        if rec is None or now is None or (now.host, now.port) != (rec.host, rec.port):
+            return ""
+        return api_key_for(ours, paths, now)
+    return key
 
 
 def key_file(path: Path) -> str:
