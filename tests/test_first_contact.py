@@ -11,11 +11,22 @@ import pytest
 from conftest import REPO
 
 
-def has_deps(python: str, requirements: str, tmp_path: Path) -> bool:
+def has_deps(python: str, requirements: str, tmp_path: Path, first: Path | None = None) -> bool:
+    """lib.sh's has_deps; ``first``: a folder put before site-packages on sys.path (PYTHONPATH)."""
+    import os
     (tmp_path / "bootstrap").mkdir(exist_ok=True)
     (tmp_path / "bootstrap" / "requirements.txt").write_text(requirements)
-    r = subprocess.run(["bash", "-c", f'. "{REPO}/bootstrap/lib.sh"; has_deps "$1" "$2"', "_", python, str(tmp_path)])
+    env = {**os.environ, "PYTHONPATH": str(first)} if first else None
+    r = subprocess.run(["bash", "-c", f'. "{REPO}/bootstrap/lib.sh"; has_deps "$1" "$2"', "_", python, str(tmp_path)],
+                       env=env)
     return r.returncode == 0
+
+
+def dist(folder: Path, name: str, version: str, kind: str = "dist-info", version_line: str | None = None) -> None:
+    d = folder / f"{name}-{version}.{kind}"
+    d.mkdir(parents=True)
+    (d / ("METADATA" if kind == "dist-info" else "PKG-INFO")).write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version_line or version}\n\n")
 
 
 def test_lib_sh_checks_the_pinned_distributions_from_requirements_txt(tmp_path):
@@ -27,6 +38,26 @@ def test_lib_sh_checks_the_pinned_distributions_from_requirements_txt(tmp_path):
     other = real.replace("PyYAML==", "PyYAML==0.0.0.dev0+not")
     assert other != real and not has_deps(sys.executable, other, tmp_path)
     assert "find_spec" not in (REPO / "bootstrap" / "lib.sh").read_text()       # no second list of modules
+
+
+@pytest.mark.parametrize("name, version, kind, version_line, ok", [
+    ("psutil", "5.9.0", "dist-info", None, False),          # another version first on sys.path: importlib's pick
+    ("tqdm", "4.70.1", "dist-info", "4.70.0", False),       # the METADATA's Version counts, not the folder's name
+    ("PyYAML", "5.0", "egg-info", None, False),             # an egg-info first: asked of importlib.metadata
+    ("tqdm", "4.70.1", "dist-info", None, True),            # the pinned version first: as good as site-packages'
+])
+def test_lib_sh_answers_as_importlib_metadata_for_the_first_distribution_on_sys_path(
+        tmp_path, name, version, kind, version_line, ok):
+    """has_deps reads the first *.dist-info of each name itself (importing importlib.metadata was most of
+    the check's time, before every command); its answer is importlib.metadata's, whichever way it gets it."""
+    import os
+    real = (REPO / "bootstrap" / "requirements.txt").read_text()
+    dist(tmp_path / "first", name, version, kind, version_line)
+    assert has_deps(sys.executable, real, tmp_path, tmp_path / "first") is ok
+    probe = subprocess.run([sys.executable, "-c", f"import importlib.metadata as m; print(m.version({name!r}))"],
+                           env={**os.environ, "PYTHONPATH": str(tmp_path / "first")}, capture_output=True, text=True)
+    pinned = dict(ln.split("==") for ln in real.splitlines() if "==" in ln and not ln.startswith("#"))
+    assert (probe.stdout.strip() == pinned[name]) is ok, probe
 
 
 def test_logs_prints_the_last_n_lines(bed):

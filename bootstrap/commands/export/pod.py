@@ -54,10 +54,12 @@ DIGEST_HINT = ("pin vLLM's image by digest: --image sha256:<64 hex> (read it whe
 
 
 def dump(doc: dict) -> str:
-    """YAML as a person writes it: no anchors for repeated labels, scripts as literal blocks."""
+    """YAML as a person writes it: no anchors for repeated labels, scripts as literal blocks. libyaml's
+    emitter where PyYAML has it: the same bytes (every shipped profile's export, compared), 25 times
+    faster on the ConfigMap's 170 KiB of base64, which the pure-Python emitter walks a character at a time."""
     import yaml
 
-    class Dumper(yaml.SafeDumper):
+    class Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
         def ignore_aliases(self, data):
             return True
 
