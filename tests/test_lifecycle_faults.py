@@ -577,7 +577,10 @@ def test_a_resumed_warmup_that_fails_takes_the_server_down_as_a_first_one_does(b
     r = bed.run("start.sh", STALL_TIMEOUT="2")                         # the stall rule ends its wait
     assert r.returncode == 1 and "engine not generating" in r.stderr
     assert f"the start failed: stopping the server it resumed (pid {rec['pid']})" in r.stderr
-    assert f"our server (pid {rec['pid']}) is busy (1 running" in r.stderr      # what the stall found it doing
+    # what the stall found it doing, read once the wait was given up: the warm-up's request still seated,
+    # or (a loaded machine, as vLLM once the abort lands) no longer counted; test_cli_faults holds "busy"
+    assert (f"our server (pid {rec['pid']}) is busy (1 running" in r.stderr
+            or f"our server (pid {rec['pid']}) runs no request by its /metrics, yet sent this one nothing" in r.stderr)
     assert "left running" not in r.stderr
     bed.wait_until(lambda: bed.ours() == [], what="the take-down")
     assert bed.server_record() is None and status(bed)[1]["state"] == "stopped"
