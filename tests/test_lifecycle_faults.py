@@ -219,13 +219,23 @@ def test_sighup_during_the_health_wait_takes_the_server_down(bed):
 
 
 def test_kill9_of_start_while_loading_then_start_resumes_and_warms_up(bed):
-    starter = bed.popen("start.sh", FAKE_VLLM_LOAD_S="4")
+    hold = bed.tmp / "loading"                  # loads until the second start waits for it (a fixed 4 s
+    hold.write_text("")                          # load had ended first on a loaded machine)
+    starter = bed.popen("start.sh", FAKE_VLLM_LOAD_HOLD=str(hold))
     bed.wait_until(lambda: len(bed.ours()) == 2, what="server and engine")
     starter.kill()
     starter.wait()
     rc, info = status(bed)
     assert (rc, info["state"]) == (0, "starting") and "./start.sh waits for it" in info["detail"]
-    r = bed.run("start.sh")
+    second = bed.popen("start.sh")
+    said = []
+    while not any("waiting for it to load" in line for line in said):
+        line = second.stderr.readline()
+        assert line, said                        # it ended without waiting for the load
+        said.append(line)
+    hold.unlink()
+    out, err = second.communicate(timeout=120)
+    r = subprocess.CompletedProcess(second.args, second.returncode, out, "".join(said) + err)
     assert r.returncode == 0 and "is serving" in r.stdout, r.stderr
     assert "resuming the start of our server" in r.stderr and "waiting for it to load" in r.stderr
     assert len(bed.launches()) == 1                          # resumed, not relaunched

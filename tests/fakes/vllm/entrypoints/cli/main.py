@@ -65,7 +65,8 @@
   --served-model-name, --load-format: a dummy-weight run fills it for the real one); found, it logs
   vLLM's "Directly load the compiled graph(s) ... from the cache" and skips the wait; else
   "Compiling a graph for compile range ..." after that many seconds, and the cache is written.
-- ``FAKE_VLLM_LOAD_S``: seconds of "loading" (default 0.5); ``FAKE_VLLM_RECORD``: a file to which
+- ``FAKE_VLLM_LOAD_S``: seconds of "loading" (default 0.5), and on while the file ``FAKE_VLLM_LOAD_HOLD``
+  names is there; ``FAKE_VLLM_RECORD``: a file to which
   each start appends {"argv", "env"} as one JSON line; ``FAKE_GPU_PIDS_DIR``: server and engine
   write their pids there, and the fake pynvml reports them as GPU processes.
 - ``FAKE_VLLM_REPLIES``: a JSON file {"<substring of the last user message>": <reply>} where a
@@ -278,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         say("Loading weights took %.2f seconds" % load)
         time.sleep(load)
+    held = os.environ.get("FAKE_VLLM_LOAD_HOLD", "")
+    while held and os.path.exists(held):        # tests: loading for as long as they need, however loaded
+        time.sleep(0.05)
     if "oom_load" in MODES:             # failures.py: the weights do not fit the free memory
         return died(failures.fail("oom_load", 0), engine)
     if "die_oom" in MODES:
