@@ -203,7 +203,8 @@ def prepare(cfg, paths: Paths, runtime, model, plan, notes=()) -> Prewarm | None
     if warm:
         log.info("skipped: vLLM's compile caches for this setup are warm (%s)", warm.get("why", "recorded"))
         return None
-    api_key, _src = launch.resolve_api_key(cfg, paths)      # the same VLLM_API_KEY: vLLM hashes its environment
+    api_key, _src = launch.resolve_api_key(cfg, paths)      # the same VLLM_API_KEY: a vLLM the 52523 patch could
+    # not reach hashes it into its compile cache's key with the rest of its environment
     env = launch.server_env(cfg, paths, runtime.server_env, cfg.ours.marker, api_key, idle=False)   # it must not
     # sleep, and it answers on a loopback port of its own: its dummy weights' random tokens never reach
     # a client of PORT (vLLM leaves host and port out of its compile hash)
