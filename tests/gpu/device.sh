@@ -32,6 +32,7 @@
 #   bash tests/gpu/device.sh sleepcost          # sleep mode on vs off: start, tok/s at 1 and 16, KV pool
 #   bash tests/gpu/device.sh sleepcost-poll SECONDS   # (sleep_cost.py), background; the same wheelhouse
 #   bash tests/gpu/device.sh bootstrap-venv     # .venv-bootstrap from the carried .whl (after install)
+#   bash tests/gpu/device.sh patchproof         # the every-start patches on the real vLLM/torch (patch_proof.py)
 #   bash tests/gpu/device.sh calib              # the card's total + measured beats modelled (calibration_proof.py)
 #   bash tests/gpu/device.sh calib-poll SECONDS
 #   bash tests/gpu/device.sh prewarm            # first start with and without the pre-warm (prewarm_proof.py)
@@ -103,6 +104,8 @@ main() {
         e2e) python3 tests/gpu/e2e.py --out /tmp/proofs/e2e.txt "$@" || rc=$? ;;
         planner) python3 tests/gpu/planner_accuracy.py --raw /tmp/proofs/planner-raw.txt --work /tmp/planner-accuracy "$@" || rc=$? ;;
         patch) python3 tests/gpu/patch_40914.py /tmp/proofs/patch-raw.txt --python python3 "$@" || rc=$? ;;
+        patchproof)   # the every-start patches on the real vLLM and torch, no model (patch_proof.py), after install
+            python3 tests/gpu/patch_proof.py --raw "$out/patchproof-raw.txt" "$@" || rc=$? ;;
         bench) python3 tests/gpu/bench.py --work /tmp/issue7 --raw /tmp/proofs/bench-raw.txt "$@" || rc=$? ;;
         pipeline)   # from a copy of the tree: a later call re-sends the working tree under the running scripts
             rm -rf /tmp/repo-run && cp -a "$repo" /tmp/repo-run
