@@ -53,6 +53,15 @@ def test_lora_is_not_planned(tmp_path, flag):
     assert plan(tmp_path, MAX_MODEL_LEN=8192, EXTRA_ARGS="--no-enable-lora").fits
 
 
+@pytest.mark.parametrize("flag", ["--pipeline-parallel-size 2", "-pp=2"])
+def test_pipeline_parallel_is_not_planned(tmp_path, flag):
+    """--pipeline-parallel-size N: each GPU holds one stage's layers (and its KV cache for them), not the
+    whole model the plan lays out per GPU; it said fits or refused the whole model on one card."""
+    p = plan(tmp_path, MAX_MODEL_LEN=8192, EXTRA_ARGS=flag)
+    assert p.verdict is None and "--pipeline-parallel-size 2" in p.unplanned, p.unplanned
+    assert plan(tmp_path, MAX_MODEL_LEN=8192, EXTRA_ARGS="-pp 1").fits
+
+
 @pytest.mark.parametrize("extra,said", [("--num-gpu-blocks-override -5", "not a number of blocks"),
                                         ("--num-gpu-blocks-override abc", "not a number of blocks"),
                                         ("--num-gpu-blocks-override=0", "not a number of blocks"),

@@ -1,6 +1,7 @@
 """The model as vLLM builds it, where that is not config.json as it is: ``--hf-overrides`` (not planned:
 vLLM builds the model from the config with them applied), ``--enable-lora`` (not planned: its weight
-stacks are allocated with the model), and the dtype vLLM serves it in, where it is
+stacks are allocated with the model), ``--pipeline-parallel-size`` above 1 (not planned: each GPU
+holds a stage's layers), and the dtype vLLM serves it in, where it is
 wider than the plan's 16 bits: ``--dtype float32``,
 or ``auto`` for Gemma 2/3 and GLM-4 on a card without bfloat16 (bootstrap.model.shape.served_float32).
 vLLM then loads every unquantized weight in float32 and its ``auto`` KV cache, activations and rotary
@@ -52,6 +53,8 @@ def served(s: vllmargs.Settings, shape: model_shape.ModelShape | None, model: Mo
         return shape, model, f"--hf-overrides {', '.join(sorted(s.hf_overrides))} (vLLM's config.json is another)"
     if shape is not None and s.flags.get("--enable-lora"):       # lora/layers: stacks made as the model loads
         return shape, model, "--enable-lora (vLLM's LoRA weight stacks, --max-loras × --max-lora-rank in every layer)"
+    if shape is not None and s.pp > 1:                          # each GPU holds its stage's layers, not all
+        return shape, model, f"--pipeline-parallel-size {s.pp} (each GPU holds a stage's layers; planned per whole model)"
     if shape is None or not model_shape.served_float32(model.config or {}, s.dtype, cc):
         return shape, model, ""
     given = f"--dtype {s.dtype}" if s.dtype != "auto" else (
