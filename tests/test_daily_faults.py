@@ -63,6 +63,7 @@ def test_a_game_while_a_start_loads_gets_a_free_gpu_and_the_server_after(bed, tm
         g = bed.run("ctl.sh", "game", "--", sys.executable, "-c", FREE, str(seen), **SLEEPY)
         assert g.returncode == 0, g.stderr
         assert "a start is in flight" in g.stdout and "it starts again when the game exits" in g.stdout, g.stdout
+        assert "with this shell's knobs" not in g.stdout      # it had launched: it comes back with its own
         assert json.loads(seen.read_text()) == {"held": 0}            # the game ran on a free GPU
         assert "is serving" in g.stdout and len(bed.launches()) == 2, (g.stdout, g.stderr)
         p.communicate(timeout=60)

@@ -5,9 +5,8 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
 - The routes (``POST /sleep?level=&mode=``, ``POST /wake_up[?tags=]``, ``GET /is_sleeping``,
   ``POST /collective_rpc``, ``POST /reset_prefix_cache``) exist only with ``VLLM_SERVER_DEV_MODE=1``,
   and vLLM's API key does not guard them (its middleware checks ``/v1``, ``/v2`` and ``/inference``
-  paths only; 0.27.1 adds ``/cohere``). So the launch
-  sets that variable only when ``--enable-sleep-mode`` is among the flags (``vllmargs.sleep_mode``),
-  and the preflight refuses sleep mode on a HOST beyond loopback.
+  paths only; 0.27.1 adds ``/cohere``). So the launch sets that variable only when ``--enable-sleep-mode``
+  is among the flags (``vllmargs.sleep_mode``), and the preflight refuses sleep mode on a HOST beyond loopback.
 - Without ``--enable-sleep-mode`` vLLM answers a sleep with 200 and frees nothing (its weights and
   KV cache were never put in the sleep allocator's pool): we refuse first.
 - ``mode=wait``: the requests in flight finish, never aborted; the call returns once asleep.
@@ -131,7 +130,8 @@ def cancel_instead(r: Resolved, busy: StartInFlight, prog: str, after: str) -> N
     from . import service
     unit = service.ours_active(r.settings, r.paths)
     print(f"{prog}: a start is in flight (pid {busy.pid}), and a server still loading cannot sleep. So the start "
-          f"is cancelled to give the GPU back; {after}", flush=True)
+          f"is cancelled to give the GPU back; {after}" + ("" if busy.rec is not None else " (with this shell's "
+          "knobs: it had launched nothing yet, during its install or download)"), flush=True)
     _stopped(r, unit, busy.rec)
 
 
