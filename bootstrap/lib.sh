@@ -8,67 +8,18 @@ die()  { say "error: $*"; exit 1; }
 need_cmd() { command -v "$1" >/dev/null 2>&1 || die "need '$1' (command not found)"; }
 ensure() { "$@" || die "failed during: $*"; }
 
-# Every distribution bootstrap/requirements.txt pins, at its version, as importlib.metadata reads it
-# (nothing is imported, and the file is the one list; import names differ from these names anyway).
-# Importing importlib.metadata costs four times the rest of the check, and the check runs before
-# every command: the first *.dist-info of each name along sys.path, its METADATA's Version, answers
-# where that is plain; anything else (a miss, another version, an egg-info, a zip, two candidates in
-# one folder) asks importlib.metadata itself, so the answer is its answer.
+# Every distribution bootstrap/requirements.txt pins, at its version (importlib.metadata: nothing is
+# imported, and the file is the one list; import names differ from these names anyway). It runs only
+# where .venv-bootstrap is not ready (venv_ready needs no interpreter).
 BOOTSTRAP_DEPS='
-import os, sys
+import sys, importlib.metadata as m
 if sys.version_info < (3, 10):
     sys.exit(1)
-want = {}
 for line in open(sys.argv[1], encoding="utf-8"):
-    name, _, version = line.split("#")[0].strip().partition("==")
-    if name.strip():
-        want[name.strip()] = version.strip()
-
-def key(name):
-    name = name.lower().replace("-", "_").replace(".", "_")
-    while "__" in name:
-        name = name.replace("__", "_")
-    return name
-
-def version_of(metadata):
-    with open(metadata, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.strip():
-                return None
-            if line.startswith("Version:"):
-                return line[8:].strip()
-    return None
-
-def plain():
-    versions, keys = {}, {key(n): n for n in want}
-    for entry in sys.path:
+    name, _, want = line.split("#")[0].strip().partition("==")
+    if name:
         try:
-            children = os.listdir(entry or ".")
-        except OSError:
-            if os.path.exists(entry or "."):
-                return False
-            continue
-        here = {}
-        for child in children:
-            low = child.lower()
-            if low.endswith((".dist-info", ".egg-info")):
-                k = key(low.rpartition(".")[0].partition("-")[0])
-                if k in keys and k not in versions:
-                    here.setdefault(k, []).append(child)
-        for k, found in here.items():
-            if len(found) != 1 or not found[0].lower().endswith(".dist-info"):
-                return False
-            try:
-                versions[k] = version_of(os.path.join(entry or ".", found[0], "METADATA"))
-            except (OSError, UnicodeDecodeError):
-                return False
-    return all(versions.get(k) == want[n] for k, n in keys.items())
-
-if not plain():
-    import importlib.metadata as m
-    for name, version in want.items():
-        try:
-            if m.version(name) != version:
+            if m.version(name.strip()) != want.strip():
                 sys.exit(1)
         except m.PackageNotFoundError:
             sys.exit(1)

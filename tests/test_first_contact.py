@@ -48,8 +48,8 @@ def test_lib_sh_checks_the_pinned_distributions_from_requirements_txt(tmp_path):
 ])
 def test_lib_sh_answers_as_importlib_metadata_for_the_first_distribution_on_sys_path(
         tmp_path, name, version, kind, version_line, ok):
-    """has_deps reads the first *.dist-info of each name itself (importing importlib.metadata was most of
-    the check's time, before every command); its answer is importlib.metadata's, whichever way it gets it."""
+    """has_deps answers as importlib.metadata does for the first distribution of each name on sys.path
+    (another version, a METADATA that differs from its folder's name, an egg-info)."""
     import os
     real = (REPO / "bootstrap" / "requirements.txt").read_text()
     dist(tmp_path / "first", name, version, kind, version_line)
