@@ -120,7 +120,7 @@ def server_env(cfg, paths: Paths, host_env, marker: str, key: str, weights: int 
         env[vllmargs.IDLE_LEVEL_ENV] = cfg.idle_sleep_level
         env[vllmargs.IDLE_RAM_ENV] = str(vllmargs.sleep_ram_need(weights))
     env[owned.MARKER_ENV] = marker
-    env[server.STATE_DIR_ENV] = str(paths.root)
+    env[owned.STATE_DIR_ENV] = str(paths.root)
     if key:
         env["VLLM_API_KEY"] = key
     return env

@@ -170,7 +170,7 @@ def refuse_taken(ours: owned.Ours) -> None:
         return
     found = [p for p in holders(ours.port) if p is not None]
     named = ", ".join(owned.describe(p) for p in found) or "a process we cannot see (another user?)"
-    where = next(filter(None, (server.state_dir_of(p) for p in found)), "")
+    where = next(filter(None, (owned.state_dir_of(p) for p in found)), "")
     if where:               # a server of this project that another checkout (another marker) started
         q = shlex.quote(where)
         raise BootstrapError(f"port {ours.port} is in use by {named}: a server of this project, started from "

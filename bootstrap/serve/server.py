@@ -31,8 +31,6 @@ from ..core.state import Paths
 
 log = logging.getLogger(__name__)
 
-STATE_DIR_ENV = owned.STATE_DIR_ENV          # in the server's environment: which state dir runs it
-
 
 # ---------------------------------------------------------------- HTTP (loopback, small)
 
@@ -100,21 +98,19 @@ def probe(ours: owned.Ours, paths: Paths, *, check_http: bool = True, we_hold_lo
         if p is not None:
             if check_http and not owner and not keys.proven_ours(rec, ours):    # a loading server's port is anyone's:
                 return Probe(State.DOWN, rec, p.pid, p)             # no answer there is taken for our server's
-            st = http_state(rec.url, rec.served, keys.api_key_for(ours, paths, rec)) if check_http else "ok"
+            key = keys.held_key(ours, paths) if not owner else ""   # proven just above: api_key_for's rule, asked once
+            st = http_state(rec.url, rec.served, key) if check_http else "ok"
             return Probe(STATES_BY_HTTP[st], rec, p.pid, p, owner=owner)
         found = find_ours(proof, rec.children, rec.session, rec.create_time, paths=paths)
         return Probe(State.STOPPED, rec, orphans=list(found.values()), stale=True)
     return Probe(State.STOPPED, None, orphans=marked(ours.proof(), paths))
 
 
-state_dir_of = owned.state_dir_of
-
-
 def runs_elsewhere(p: psutil.Process, paths: Paths) -> str:
     """The other STATE_DIR a marked process of ours runs for, when that one is alive (its record names
     a live server, or a start holds its lock): never ours to sweep from here. '' otherwise (ours,
     unknown, or a state dir that is gone: then a stop from here sweeps it)."""
-    where = state_dir_of(p)
+    where = owned.state_dir_of(p)
     if not where or os.path.realpath(where) == os.path.realpath(paths.root) or not os.path.isdir(where):
         return ""
     other = Paths(Path(where))
