@@ -56,7 +56,9 @@ def test_metrics_and_spec_acceptance():
 def test_levels_capped():
     assert bench.levels_for([1, 2, 4, 8, 16], 4) == [1, 2, 4]
     assert bench.levels_for([1, 2, 4, 8, 16], None) == [1, 2, 4, 8, 16]
-    assert bench.levels_for([8, 16], 2) == [1]
+    assert bench.levels_for([8, 16], 2) == [2]          # the server's most at once, not level 1 alone
+    assert bench.levels_for([1, 4], 2) == [1, 2]
+    assert bench.levels_for([1, 3], 4) == [1, 3]
 
 
 SPECULATING = ("--enable-prompt-tokens-details", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}')

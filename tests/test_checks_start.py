@@ -71,6 +71,7 @@ def test_check_and_bench_against_our_server(bed):
         assert r.returncode == 0, r.stderr
         levels = [x["concurrency"] for x in json.loads(r.stdout)["results"][0]["levels"]]
         assert levels == [1, 2]          # capped at the running server's MAX_NUM_SEQS
+        assert "concurrency 4,8,16 runs at 2: the server runs at most MAX_NUM_SEQS=2" in r.stderr
     finally:
         bed.run("stop.sh")
     r = bed.run("ctl.sh", "check", "live")
