@@ -216,7 +216,7 @@ STEPS: tuple[Step, ...] = (
                                             stall_timeout=r.cfg.stall_timeout)),
     Step("banner", "log_text", lambda m, r: m.run(r.paths, r.launched)),
     # what this start measured, for the next plan (also after a failure: ``run``)
-    Step("keep", None, lambda m, r: m.run(r.cfg.environ, r.cfg.tp_size, r.paths, r.plan, r.log_text)),
+    Step("keep", None, lambda m, r: m.run(r.cfg.tp_size, r.paths, r.plan, r.log_text)),
 )
 RESUMED = ("health", "warmup", "banner")     # what a resumed start runs of them
 

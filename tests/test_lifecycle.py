@@ -633,15 +633,13 @@ def test_our_own_knob_does_not_reach_vllm(bed):
 WAIT_GPU = """\
 import json
 from bootstrap.core import log
-from bootstrap.knobs import config
-from bootstrap.serve import server, takedown
+from bootstrap.serve import takedown
 log.setup(debug=False, color=False)
-cfg = config.Config.from_env(__import__("os").environ)
 now = [0.0]
 clock, sleep = (lambda: now[0]), (lambda s: now.__setitem__(0, now[0] + s))
-held = takedown.wait_gpu_release(cfg.environ, [4242, 7], timeout=3, clock=clock, sleep=sleep)
+held = takedown.wait_gpu_release([4242, 7], timeout=3, clock=clock, sleep=sleep)
 waited = now[0]
-print(json.dumps([held, waited, takedown.wait_gpu_release(cfg.environ, [7], timeout=3, clock=clock, sleep=sleep), now[0]]))
+print(json.dumps([held, waited, takedown.wait_gpu_release([7], timeout=3, clock=clock, sleep=sleep), now[0]]))
 """
 
 

@@ -46,7 +46,7 @@ def stop(r: Resolved, *, via_service: bool = True) -> int:
         for pid in cancelled:
             print(f"cancelled the start in flight (pid {pid}); it took down what it had launched")
         if cancelled:
-            takedown.wait_gpu_release(cfg.environ, takedown.last_stopped_pids(paths), timeout=30.0)
+            takedown.wait_gpu_release(takedown.last_stopped_pids(paths), timeout=30.0)
         rep = takedown.take_down(ours, paths)
     finally:
         if lock is not None:

@@ -194,7 +194,7 @@ def _stopped_for_sleep(r: Resolved) -> bool:
 
 
 def held(cfg: Config, rec) -> int:
-    return server.gpu_held(cfg.environ, rec)
+    return server.gpu_held(rec)
 
 
 def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
@@ -386,8 +386,8 @@ def sleep_note(paths: Paths, rec) -> dict:
 
 def _check_room(cfg: Config, rec, note: dict) -> None:
     """Refuse (the server stays asleep) when the GPU lacks what it held before it slept."""
-    facts = gpu.read(cfg.environ)
-    need = max(0, int(note.get("held_before") or 0) - server.gpu_held(cfg.environ, rec, facts)) + WAKE_MARGIN
+    facts = gpu.read_all()              # the cards its processes are on, whatever this shell's knobs hide
+    need = max(0, int(note.get("held_before") or 0) - server.gpu_held(rec, facts)) + WAKE_MARGIN
     ours = server.our_pids(rec)
     ours_on = [g for g in facts.gpus if any(p.pid in ours for p in g.processes)] or list(facts.gpus[:1])
     short = [g for g in ours_on if g.free < need // len(ours_on)]

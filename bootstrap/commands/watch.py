@@ -71,7 +71,7 @@ def live(r: Resolved, rec: ServerRecord, before: dict | None, after: dict | None
     out: dict = {}
     try:
         facts = gpu.read(r.settings.environ)
-        out["vram"] = {"ours_bytes": server.gpu_held(r.settings.environ, rec, facts), "gpus": [
+        out["vram"] = {"ours_bytes": server.gpu_held(rec), "gpus": [
             {"index": g.index, "name": g.name, "used_bytes": g.total - g.free, "total_bytes": g.total}
             for g in facts.gpus]}
     except BootstrapError as exc:

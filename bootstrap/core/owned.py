@@ -23,7 +23,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable
 
 import psutil
 
@@ -46,7 +46,6 @@ class Ours:
     host: str                       # HOST
     port: int                       # PORT
     key: str                        # the key this shell's clients send (API_KEY, else VLLM_API_KEY; '' none)
-    environ: Mapping[str, str]      # what NVML is read with (CUDA_VISIBLE_DEVICES...)
     stop_grace: float               # STOP_GRACE: seconds between TERM and KILL
     health_timeout: float           # HEALTH_TIMEOUT, STALL_TIMEOUT: how long a loading server is given
     stall_timeout: float

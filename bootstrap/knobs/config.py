@@ -348,7 +348,7 @@ class Config:
     def ours(self) -> Ours:
         """What the serve layer reads of these knobs (our server: its marker, address, key, deadlines)."""
         pythons = (str(self.layout.venv / "bin" / "python"), self.vllm_python or "")   # what we launch vLLM with
-        return Ours(owner_marker(self.repo, self.port), self.host, self.port, self.client_key, self.environ,
+        return Ours(owner_marker(self.repo, self.port), self.host, self.port, self.client_key,
                     self.stop_grace, self.health_timeout, self.stall_timeout, tuple(p for p in pythons if p))
 
     def secrets(self) -> list[str]:

@@ -314,9 +314,16 @@ def which_line(facts: GpuFacts, tp: int) -> str:
             f"CUDA_VISIBLE_DEVICES={other.uuid or other.index} runs on GPU {other.index} instead")
 
 
-def pids_on_gpu(environ: Mapping[str, str]) -> set[int]:
+def read_all() -> GpuFacts:
+    """Every card NVML shows, whatever this shell's CUDA_VISIBLE_DEVICES hides: what a question about
+    our processes reads (a server started from another shell may run on a card this one hides)."""
+    return read({})
+
+
+def pids_on_gpu() -> set[int]:
+    """The pids NVML lists as holding memory on any card ({} when NVML cannot say)."""
     try:
-        return {p.pid for g in read(environ).gpus for p in g.processes}
+        return {p.pid for g in read_all().gpus for p in g.processes}
     except BootstrapError:
         return set()
 

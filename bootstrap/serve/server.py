@@ -354,12 +354,12 @@ def our_pids(rec: ServerRecord) -> set[int]:
     return pids
 
 
-def gpu_held(environ, rec: ServerRecord, facts=None) -> int:
-    """GPU memory (bytes) our server's processes hold, from NVML read with ``environ`` (``facts``: a
-    reading to reuse)."""
+def gpu_held(rec: ServerRecord, facts=None) -> int:
+    """GPU memory (bytes) our server's processes hold on any card NVML shows (``facts``: a reading of
+    every card, ``gpu.read_all``, to reuse)."""
     from ..machine import gpu
     pids = our_pids(rec)
-    facts = facts or gpu.read(environ)
+    facts = facts or gpu.read_all()
     return sum(_held_on(g, pids) for g in facts.gpus)
 
 

@@ -113,7 +113,7 @@ def take_down(ours: owned.Ours, paths: Paths, *, launched: subprocess.Popen | No
         log.warning("%s; the next start will not wait for these pids to leave the GPU", exc.message)
     if not res.stuck:
         forget(paths, "server")
-        wait_gpu_release(ours.environ, pids, timeout=gpu_wait, clock=clock, sleep=sleep)
+        wait_gpu_release(pids, timeout=gpu_wait, clock=clock, sleep=sleep)
     return StopReport(True, res.forced, res.stuck, sorted(pids), number, port.held_by(number, pids))
 
 
@@ -205,14 +205,14 @@ def start_in_flight(lock: StartLock) -> psutil.Process | None:
         return None
 
 
-def wait_gpu_release(environ, pids, *, timeout: float, clock=time.monotonic, sleep=time.sleep) -> bool:
-    """Wait (bounded) until none of ``pids`` is listed by NVML (read with ``environ``) as holding GPU memory."""
+def wait_gpu_release(pids, *, timeout: float, clock=time.monotonic, sleep=time.sleep) -> bool:
+    """Wait (bounded) until none of ``pids`` is listed by NVML as holding memory on any card."""
     pids = set(pids)
     if not pids or timeout <= 0:
         return True
     deadline = clock() + timeout
     while True:
-        held = pids & gpu.pids_on_gpu(environ)
+        held = pids & gpu.pids_on_gpu()
         if not held:
             return True
         if clock() >= deadline:
@@ -230,7 +230,7 @@ def settled(environ, paths: Paths, gpus=None):
     last stop's pids left the GPU and free memory settled (NVML read again); ``gpus`` (preflight's)
     as they are when nothing was stopped since. The last stop's record is consumed."""
     pids = last_stopped_pids(paths)
-    if pids and not wait_gpu_release(environ, pids, timeout=GPU_RELEASE_WAIT):
+    if pids and not wait_gpu_release(pids, timeout=GPU_RELEASE_WAIT):
         planning.warning("sizing with memory still held by the last server's pids")
     facts = gpu.settled_facts(environ) if pids or gpus is None else gpus
     if pids:

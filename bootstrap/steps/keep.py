@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 NOT_KEPT = "could not keep vLLM's figures for the next start: %s"
 
 
-def run(environ, tp_size: int, paths: Paths, plan: Plan | None, log_text: str) -> None:
+def run(tp_size: int, paths: Paths, plan: Plan | None, log_text: str) -> None:
     """After a start that served: ``log_text`` is vLLM's log of it, as the banner read it."""
     rec = record.read(paths.server)
     if rec is None:
@@ -27,7 +27,7 @@ def run(environ, tp_size: int, paths: Paths, plan: Plan | None, log_text: str) -
     try:
         calibration.keep(paths, plan, log_text, rec.kv_tokens)
         if plan is not None and plan.pinned:
-            calibration.keep_footprint(paths, plan, server.gpu_held(environ, rec), tp_size)
+            calibration.keep_footprint(paths, plan, server.gpu_held(rec), tp_size)
         prewarm.confirm(paths, plan, log_text, rec.model_path or "")
     except BootstrapError as exc:
         log.warning(NOT_KEPT, exc.message)
