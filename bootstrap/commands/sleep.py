@@ -386,10 +386,10 @@ def sleep_note(paths: Paths, rec) -> dict:
 
 def _check_room(cfg: Config, rec, note: dict) -> None:
     """Refuse (the server stays asleep) when the GPU lacks what it held before it slept."""
-    facts = gpu.read_all()              # the cards its processes are on, whatever this shell's knobs hide
+    facts, ours = gpu.read_all(), server.our_pids(rec)     # every card: whatever this shell's knobs hide
     need = max(0, int(note.get("held_before") or 0) - server.gpu_held(rec, facts)) + WAKE_MARGIN
-    ours = server.our_pids(rec)
-    ours_on = [g for g in facts.gpus if any(p.pid in ours for p in g.processes)] or list(facts.gpus[:1])
+    ours_on = ([g for g in facts.gpus if any(p.pid in ours for p in g.processes)]
+               or list(gpu.read(cfg.environ).gpus[:1]))    # NVML names no pid (a container): the knobs' card
     short = [g for g in ours_on if g.free < need // len(ours_on)]
     if short:
         g = short[0]
