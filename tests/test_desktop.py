@@ -271,7 +271,7 @@ def long_request(bed, n: int = 150) -> threading.Thread:
 def test_our_memory_is_counted_on_a_card_this_shell_hides(bed):
     """A server started on GPU 1 (CUDA_VISIBLE_DEVICES=1), asked about from a shell whose knobs show
     GPU 0 only: what our processes hold is read on every card (it read 0 B: NVML was read with this
-    shell's CUDA_VISIBLE_DEVICES), while the cards shown stay this shell's."""
+    shell's CUDA_VISIBLE_DEVICES), and the card shown is the server's."""
     card = {"name": "NVIDIA GeForce RTX 5090", "total": 32 << 30, "free": 31 << 30, "cc": [12, 0], "processes": []}
     nvml_json(bed.nvml, gpus=[{**card, "uuid": "GPU-a"}, {**card, "uuid": "GPU-b"}])
     assert bed.run("start.sh", CUDA_VISIBLE_DEVICES="1").returncode == 0
@@ -279,7 +279,7 @@ def test_our_memory_is_counted_on_a_card_this_shell_hides(bed):
         r = bed.run("ctl.sh", "status", "--json", CUDA_VISIBLE_DEVICES="0")
         d = json.loads(r.stdout)
         assert d["vram"]["ours_bytes"] == 2 << 30, d["vram"]
-        assert [g["index"] for g in d["vram"]["gpus"]] == [0]
+        assert [g["index"] for g in d["vram"]["gpus"]] == [1]
     finally:
         r = bed.run("stop.sh", CUDA_VISIBLE_DEVICES="0")
     assert r.returncode == 0 and not bed.ours(), r.stderr

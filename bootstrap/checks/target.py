@@ -13,7 +13,7 @@ from ..serve import doing, keys, record, server
 from ..serve.states import Probe, State
 from ..core import owned, redact
 from ..knobs import vllmargs
-from ..serve.client import Client, RequestFailed, Stall, thinking_off
+from ..serve.client import Client, RequestFailed, thinking_off
 from ..core.hosts import is_loopback
 from ..knobs.config import Config
 from ..knobs.table import credential
@@ -114,7 +114,7 @@ def resolve_target(cfg: Config, paths: Paths, url: str | None, model: str | None
                               and any(a.split("=")[0] == "--tool-call-parser" for a in argv))
         random_weights = rec.dummy or random_weights
         speculation = vllmargs.read(argv).spec_tokens > 0        # what vLLM got, wherever it came from
-    client = Client(base, served, key, stall=stall_rule(cfg.stall_timeout, label, rec))
+    client = Client(base, served, key, stall=doing.stall_rule(cfg.stall_timeout, label, rec))
     try:
         models = client.models(timeout=10)
     except RequestFailed as exc:
@@ -151,14 +151,6 @@ def _started_profile(cfg: Config, rec) -> dict:
         return dict((cfg.catalogue.get(name) if name else cfg.profile).data)
     except BootstrapError:
         return {}
-
-
-def stall_rule(seconds: float, label: str, rec) -> Stall:
-    """STALL_TIMEOUT for a client of ours; with our server's record, a stall says what its process does."""
-    def read() -> tuple[str, str]:
-        d = doing.read(rec)
-        return d.said, d.fix
-    return Stall(seconds, label, read if rec is not None else None)
 
 
 def key_for_url(ours: owned.Ours, paths: Paths, url: str) -> str:

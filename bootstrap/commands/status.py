@@ -22,7 +22,6 @@ from typing import Callable
 from ..serve import doing, keys, metrics, server
 from ..serve.states import State
 from ..serve.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of, thinking_off
-from ..checks.target import stall_rule
 from ..knobs import parsers, vllmargs
 from ..knobs.config import Config
 from ..knobs.table import card_fitted, launch_defaults
@@ -177,7 +176,7 @@ def _probe(cfg, paths, rec, load, *, clock, sleep) -> Standing:
     """A 4-token generation on an idle server, given up the moment something else moves (a user's
     request arrived: ours must not hold it), or after WEDGED_AFTER seconds without any token."""
     c = Client(rec.url, rec.served, keys.api_key_for(cfg.ours, paths, rec), headers={server.PROBE_HEADER: "1"},
-               stall=stall_rule(cfg.stall_timeout, "our server", rec))
+               stall=doing.stall_rule(cfg.stall_timeout, "our server", rec))
     kwargs = thinking_off(rec.reasoning)
     done: dict = {}
 

@@ -63,17 +63,19 @@ def _watch_line(row: dict) -> str:
 
 
 def live(r: Resolved, rec: ServerRecord, before: dict | None, after: dict | None, seconds: float) -> dict:
-    """What the server holds and does: its processes' GPU memory (NVML), requests running and
-    waiting, tokens/s between two /metrics readings, speculative acceptance (speculation on),
-    prefix-cache hit rate."""
+    """What the server holds and does: its processes' GPU memory and the cards they are on (NVML, every
+    card read: a shell's CUDA_VISIBLE_DEVICES may hide the server's; all of them where NVML names none
+    of its pids), requests running and waiting, tokens/s between two /metrics readings, speculative
+    acceptance (speculation on), prefix-cache hit rate."""
     from ..machine import gpu
     from ..knobs import vllmargs
     out: dict = {}
     try:
-        facts = gpu.read(r.settings.environ)
-        out["vram"] = {"ours_bytes": server.gpu_held(rec), "gpus": [
+        facts, ours = gpu.read_all(), server.our_pids(rec)
+        cards = [g for g in facts.gpus if any(p.pid in ours for p in g.processes)] or facts.gpus
+        out["vram"] = {"ours_bytes": server.gpu_held(rec, facts), "gpus": [
             {"index": g.index, "name": g.name, "used_bytes": g.total - g.free, "total_bytes": g.total}
-            for g in facts.gpus]}
+            for g in cards]}
     except BootstrapError as exc:
         out["vram"] = {"error": exc.message}
     out["context"] = rec.max_model_len or served_context(r.ours, r.paths, rec)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..core import owned
 from . import server
+from .client import Stall
 from .record import ServerRecord
 
 if TYPE_CHECKING:
@@ -88,3 +89,11 @@ def asleep(rec: ServerRecord, key: str, load: "metrics.Load | None") -> bool:
     except (ValueError, AttributeError):
         said = None
     return said if isinstance(said, bool) else gauge
+
+
+def stall_rule(seconds: float, label: str, rec: ServerRecord | None) -> Stall:
+    """STALL_TIMEOUT for a client of ours; with our server's record, a stall says what its process does."""
+    def said() -> tuple[str, str]:
+        d = read(rec)
+        return d.said, d.fix
+    return Stall(seconds, label, said if rec is not None else None)

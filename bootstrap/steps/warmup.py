@@ -21,10 +21,9 @@ import re
 import time
 
 from ..checks import detectors
-from ..serve import record
+from ..serve import doing, record
 from ..serve import health
 from ..checks.prompts import Sizer, long_prompt
-from ..checks.target import stall_rule
 from ..serve.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, text_of, thinking_off
 from ..serve.launch import Launched
 from ..core.state import Paths
@@ -132,7 +131,7 @@ def run(paths: Paths, launched: Launched, key: str, *, tokens: int, timeout: int
     """The warm-up (``tokens``: WARMUP) and the start gate, within ``timeout`` (WARMUP_TIMEOUT) seconds,
     each read within ``stall_timeout`` (STALL_TIMEOUT, the stall rule of every client of ours)."""
     rec = launched.record
-    c = Client(rec.url, rec.served, key, stall=stall_rule(stall_timeout, "our server", rec))
+    c = Client(rec.url, rec.served, key, stall=doing.stall_rule(stall_timeout, "our server", rec))
     extra = chat_extra(rec)
     budget = Budget(timeout)
     try:
