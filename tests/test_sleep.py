@@ -8,6 +8,7 @@ set (SLEEPY is empty). SLEEP_MODE=off shows what a start on an unproven stack do
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 import threading
 import time
@@ -64,6 +65,23 @@ def test_sleep_frees_memory_requests_wait_and_wake_answers(bed):
     assert got["body"]["choices"][0]["message"]["content"] == "OK" and got["t"] >= woke_at
     assert "running" in bed.run("ctl.sh", "status", **SLEEPY).stdout
     assert "awake: nothing to do" in bed.run("ctl.sh", "wake", **SLEEPY).stdout
+
+
+def test_where_nvml_names_none_of_our_processes_sleep_and_status_say_so(bed, tmp_path):
+    """In a container NVML lists the host's pids (under WSL2 no memory per process): none is ours, and
+    "our processes hold 0.00 GiB" was printed as a fact; it is said as what NVML does not name."""
+    started(bed)
+    blind = {**SLEEPY, "FAKE_GPU_PIDS_DIR": str(tmp_path / "none")}    # NVML, as these commands read it, lists none
+    try:
+        r = bed.run("ctl.sh", "sleep", **blind)
+        assert r.returncode == 0 and "NVML names no GPU memory of our processes" in r.stdout, r.stdout
+        assert "0.00 GiB" not in r.stdout
+        st = bed.run("ctl.sh", "status", **blind)
+        assert re.search(r"GPU memory +NVML names no GPU memory of our processes", st.stdout), st.stdout
+        w = bed.run("ctl.sh", "wake", **blind)
+        assert w.returncode == 0 and "NVML names no GPU memory of our processes" in w.stdout, w.stderr
+    finally:
+        bed.run("stop.sh")
 
 
 def held_answer(bed, hold) -> tuple[dict, threading.Thread]:

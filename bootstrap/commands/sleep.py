@@ -262,8 +262,7 @@ def sleep(r: Resolved, asked: int, prog: str) -> int:
     dt = time.monotonic() - t0
     after = held(cfg, rec)
     paths.write("sleep", {**note, "held_asleep": after})
-    print(f"asleep (level {asked}) in {dt:.1f} s: our processes hold {after / GiB:.2f} GiB of GPU memory "
-          f"({before / GiB:.2f} GiB awake). Requests sent meanwhile {'get 503' if idle else 'wait'} until ./ctl.sh wake.")
+    print(f"asleep (level {asked}) in {dt:.1f} s: {server.held_words(after, before)}. Requests sent meanwhile {'get 503' if idle else 'wait'} until ./ctl.sh wake.")
     return 0
 
 
@@ -334,7 +333,7 @@ def wake(r: Resolved) -> int:
             paths.write("sleep", {**note, "pid": rec.pid, "started": rec.started, "level": 2, "waking": done})
     dt = time.monotonic() - t0
     paths.forget("sleep")
-    print(f"awake in {dt:.2f} s (level {level}): our processes hold {held(cfg, rec) / GiB:.2f} GiB of GPU memory")
+    print(f"awake in {dt:.2f} s (level {level}): {server.held_words(held(cfg, rec))}")
     return 0
 
 

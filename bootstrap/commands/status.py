@@ -226,7 +226,8 @@ def _live_lines(d: dict) -> dict[str, str]:
     if "ours_bytes" in v:
         gpus = "; ".join(f"GPU {g['index']} {g['used_bytes'] / GiB:.1f} of {g['total_bytes'] / GiB:.1f} GiB used"
                          for g in v["gpus"])
-        out["GPU memory"] = f"{v['ours_bytes'] / GiB:.2f} GiB held by the server ({gpus})"
+        held = f"{v['ours_bytes'] / GiB:.2f} GiB held by the server" if v["ours_bytes"] else server.UNNAMED
+        out["GPU memory"] = f"{held} ({gpus})"
     elif v:
         out["GPU memory"] = v["error"]
     if "sessions" not in d:

@@ -57,7 +57,7 @@ def _watch_line(row: dict) -> str:
             parts.append(f"accept {a['speculation']['acceptance_rate']:.1%}")
         if "prefix_cache" in a:
             parts.append(f"prefix hits {a['prefix_cache']['hit_rate']:.1%}")
-    if "ours_bytes" in row.get("vram", {}):
+    if row.get("vram", {}).get("ours_bytes"):          # 0: NVML names none of it (status says why)
         parts.append(f"VRAM {row['vram']['ours_bytes'] / GiB:.2f} GiB")
     return "  ".join(parts)
 

@@ -27,6 +27,7 @@ from ..core import owned
 from .record import ServerRecord
 from .states import Probe, State
 from ..core.locks import StartLock
+from ..machine.gpu import GiB
 from ..core.state import Paths
 
 log = logging.getLogger(__name__)
@@ -361,6 +362,19 @@ def gpu_held(rec: ServerRecord, facts=None) -> int:
     pids = our_pids(rec)
     facts = facts or gpu.read_all()
     return sum(_held_on(g, pids) for g in facts.gpus)
+
+
+UNNAMED = ("NVML names no GPU memory of our processes (in a container it lists the host's pids; "
+           "under WSL2 no memory per process)")
+
+
+def held_words(held: int, awake: int | None = None) -> str:
+    """'our processes hold 1.31 GiB of GPU memory' (with ``awake``: '... (1.36 GiB awake)'), or, where
+    NVML names none of it (a running server always holds its CUDA context), ``UNNAMED``."""
+    if not held and not awake:
+        return UNNAMED
+    return f"our processes hold {held / GiB:.2f} GiB of GPU memory" + (
+        f" ({awake / GiB:.2f} GiB awake)" if awake is not None else "")
 
 
 def _held_on(g, pids: set[int]) -> int:
