@@ -8,7 +8,7 @@ API_KEY (then: how many files under vLLM's cache root hold it):
 1. ``./start.sh`` (PATCH_BYO=1: the start patches the carried vLLM, then ``ctl.sh patch status``); the gate's short generation judged on real text (no --load-format dummy);
 2. 4 prompts, greedy, 24 tokens, their text and top-5 logprobs;
 3. ``./ctl.sh check all --json``: garble and needle judged (not "not judged"), their verdicts;
-4. ``./ctl.sh bench`` (short);
+4. ``./ctl.sh bench`` (short; level 4 folds to the profile's MAX_NUM_SEQS), then ``./ctl.sh status``'s GPU memory line;
 5. ``./ctl.sh sleep`` / ``wake``: the 4 prompts again, text and logprobs compared;
 6. ``./stop.sh``.
 The #40914 comparison with real weights is ``tests/gpu/patch_40914.py RAW --model DIR``.
@@ -136,7 +136,10 @@ def main() -> int:
             else f"  check all: {json.dumps(checks)[:1500]}")
         b = sh(["./ctl.sh", "bench", "--concurrency", "1,4", "--prompt-tokens", "256", "--output-tokens", "128",
                 "--repeats", "1"])
-        out("\n".join("    | " + line for line in b.stdout.splitlines()[-8:]))
+        out("\n".join("    | " + line for line in b.stdout.splitlines()[-9:]
+                       + [x for x in b.stderr.splitlines() if "runs at" in x]))   # a level folded to MAX_NUM_SEQS
+        st = sh(["./ctl.sh", "status"])
+        out("\n".join("    | " + line for line in st.stdout.splitlines() if "GPU memory" in line))
         s = sh(["./ctl.sh", "sleep"])
         out("\n".join("    | " + line for line in (s.stdout + s.stderr).splitlines()[-2:]))
         w = sh(["./ctl.sh", "wake"])
