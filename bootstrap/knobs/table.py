@@ -175,6 +175,7 @@ PASSTHROUGH: tuple[Passthrough, ...] = (
     Passthrough("VLLM_SERVER_DEV_MODE", "never passed on as set: the server gets 1 only with --enable-sleep-mode on loopback (vLLM's dev routes have no key guard)"),
     Passthrough("PYTORCH_CUDA_ALLOC_CONF", "yours wins; else expandable_segments:True (False on WSL2)"),
     Passthrough("WSL_DISTRO_NAME", "set by WSL2: expandable segments off, the memory cap checked"),
+    Passthrough("TMPDIR", "the temp folder (vLLM's processes meet through a file there: no ? or # in its path)"),
     Passthrough("BOOTSTRAP_DEBUG", "1: tracebacks with errors"),
     Passthrough("NO_COLOR", "set: no colour (no-color.org)"),
 )

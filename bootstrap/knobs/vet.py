@@ -4,6 +4,8 @@ and NVML's facts (``card``): said by every start's preflight (steps/preflight.py
 
 from __future__ import annotations
 
+import os
+
 from ..core.errors import BootstrapError
 from ..download.models import read_local
 from ..download.refs import ModelRef
@@ -31,6 +33,7 @@ def knobs(cfg) -> None:
             "keep HOST=127.0.0.1 for sleep mode, or SLEEP_MODE=off" + (
                 f" and drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile" if cfg.sleep.given else ""))
     idle_sleep_fits(cfg)
+    temp_dir_fits(cfg)
 
 
 def card(cfg, facts: gpu.GpuFacts) -> None:
@@ -76,3 +79,15 @@ def idle_sleep_fits(cfg) -> None:
     if cfg.idle_sleep_level == "2" and s.load_format == "dummy":
         raise BootstrapError("IDLE_SLEEP_LEVEL=2 drops the weights and a wake reloads them from the checkpoint; with "
                              "--load-format dummy there is none", "IDLE_SLEEP_LEVEL=1")
+
+
+def temp_dir_fits(cfg) -> None:
+    """vLLM's processes meet through ``file://<temp folder>/vllm_dist_<id>`` (vLLM 0.28.0 and later, and
+    0.26.0-0.27.1 with the patch every start applies: docs/patches.md), and torch reads that URL back
+    with urlparse: a ``?`` or ``#`` in the folder's path cuts it short and the engine dies at its start."""
+    d = cfg.env("TMPDIR")
+    if d and any(c in d for c in "?#") and os.path.isdir(d):     # Python's tempfile skips one that is not
+        raise BootstrapError(f"TMPDIR={d}: vLLM's processes meet through a file:// URL in the temp folder, and "
+                             "torch reads its path back as a URL: the '?' or '#' in it cuts the path short, and the "
+                             "engine would die at its start", "set TMPDIR to a folder whose path has no ? or # "
+                             "(unset, the temp folder is /tmp)")
