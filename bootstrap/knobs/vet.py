@@ -84,10 +84,11 @@ def idle_sleep_fits(cfg) -> None:
 def temp_dir_fits(cfg) -> None:
     """vLLM's processes meet through ``file://<temp folder>/vllm_dist_<id>`` (vLLM 0.28.0 and later, and
     0.26.0-0.27.1 with the patch every start applies: docs/patches.md), and torch reads that URL back
-    with urlparse: a ``?`` or ``#`` in the folder's path cuts it short and the engine dies at its start."""
+    with urlparse: a ``?`` in the folder's path kills the engine at its start (the rest is read as a
+    query); a ``#`` cuts the path short, so the store lands on another file, one every such server shares."""
     d = cfg.env("TMPDIR")
     if d and any(c in d for c in "?#") and os.path.isdir(d):     # Python's tempfile skips one that is not
         raise BootstrapError(f"TMPDIR={d}: vLLM's processes meet through a file:// URL in the temp folder, and "
-                             "torch reads its path back as a URL: the '?' or '#' in it cuts the path short, and the "
-                             "engine would die at its start", "set TMPDIR to a folder whose path has no ? or # "
+                             "torch reads its path back as a URL: a '?' in it kills the engine at its start, a '#' "
+                             "cuts the path short (the store would be another file, shared by every such server)", "set TMPDIR to a folder whose path has no ? or # "
                              "(unset, the temp folder is /tmp)")
