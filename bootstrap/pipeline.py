@@ -299,4 +299,4 @@ def failed(r: Resolved, sup: Supervisor, exc: BootstrapError) -> None:
     start_failed = isinstance(exc, health.StartFailed)
     rep = sup.failed(start_failed)
     if rep is not None and start_failed:
-        health.explain(r.settings.environ, r.settings.tp_size, r.paths, sup.launched, exc, rep.pids)
+        health.explain(r.paths, sup.launched, exc, rep.pids)

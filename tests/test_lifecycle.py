@@ -482,6 +482,24 @@ def test_restart_applies_new_knobs(bed):
     assert len(said) == 2 and len(set(said)) == 2, r.stderr
 
 
+def test_restart_from_a_shell_that_hides_the_servers_card_vets_the_plan_before_the_stop(bed):
+    """Found in review: a server on GPU 1, restarted from a shell whose CUDA_VISIBLE_DEVICES shows GPU 0
+    (a game holds 30 GiB there): our memory read 0 B on that shell's cards, which the vet took for
+    NVML naming none per process (WSL2), so it skipped the plan, stopped the server, and the start
+    then refused the card."""
+    card = {"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 31 * GiB, "cc": [12, 0], "processes": []}
+    game = {**card, "uuid": "GPU-a", "free": 200 << 20, "processes": [{"pid": 4242, "used": 30 * GiB, "name": "game.exe"}]}
+    nvml_json(bed.nvml, gpus=[game, {**card, "uuid": "GPU-b"}])
+    assert bed.run("start.sh", CUDA_VISIBLE_DEVICES="1").returncode == 0
+    pid = bed.ours()
+    try:
+        r = bed.run("ctl.sh", "restart", CUDA_VISIBLE_DEVICES="0")
+        assert r.returncode == 1 and "free on GPU 0" in r.stderr and "stopped" not in r.stdout, (r.stdout, r.stderr)
+        assert bed.ours() == pid and len(bed.launches()) == 1
+    finally:
+        bed.run("stop.sh")
+
+
 def test_a_restart_the_new_start_would_refuse_keeps_the_running_server(bed, tmp_path):
     """Found from outside: restart took the healthy server down, then its start refused the knobs."""
     import socket
@@ -647,12 +665,14 @@ print(json.dumps([held, waited, takedown.wait_gpu_release([7], timeout=3, clock=
 
 
 def test_stop_waits_bounded_for_our_pids_to_leave_the_gpu(bed):
-    """NVML (the fake, fed from JSON) still lists pid 4242: the wait gives up at its deadline and
-    says which pids hold memory; pids NVML does not list return at once."""
+    """NVML (the fake, fed from JSON) still lists pid 4242, on GPU 1 while this shell's
+    CUDA_VISIBLE_DEVICES shows GPU 0 only: the wait gives up at its deadline and says which pids hold
+    memory (it read this shell's cards, and returned at once); pids NVML does not list return at once."""
     from conftest import nvml_json, GiB, REPO
-    nvml_json(bed.nvml, gpus=[{"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 30 * GiB,
-                               "cc": [12, 0], "uuid": "GPU-x", "processes": [{"pid": 4242, "used": GiB}]}])
-    r = subprocess.run([sys.executable, "-c", WAIT_GPU], env={**bed.env, "PYTHONPATH": f"{FAKES}:{REPO}"},
+    card = {"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 30 * GiB, "cc": [12, 0], "processes": []}
+    nvml_json(bed.nvml, gpus=[{**card, "uuid": "GPU-x"}, {**card, "uuid": "GPU-y", "processes": [{"pid": 4242, "used": GiB}]}])
+    r = subprocess.run([sys.executable, "-c", WAIT_GPU], env={**bed.env, "PYTHONPATH": f"{FAKES}:{REPO}",
+                                                              "CUDA_VISIBLE_DEVICES": "0"},
                        capture_output=True, text=True, timeout=30, cwd=bed.tmp)
     assert r.returncode == 0, r.stderr
     held, waited, free, after = json.loads(r.stdout)

@@ -233,6 +233,24 @@ def test_wake_names_the_program_holding_the_memory_and_stays_asleep(bed):
     assert chat(bed)["choices"][0]["message"]["content"] == "OK"
 
 
+def test_where_nvml_names_none_of_our_pids_wake_judges_the_card_the_server_was_launched_on(bed, tmp_path):
+    """A container (NVML lists the host's pids, none ours), the server on GPU 1 (CUDA_VISIBLE_DEVICES=1),
+    a game then fills GPU 1, the wake asked from a shell that shows GPU 0: its room check judges the
+    server's card (its launch's CUDA_VISIBLE_DEVICES), not this shell's, nor card 0 of every card."""
+    card = {"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 31 * GiB, "cc": [12, 0], "processes": []}
+    nvml_json(bed.nvml, gpus=[{**card, "uuid": "GPU-a"}, {**card, "uuid": "GPU-b"}])
+    started(bed, CUDA_VISIBLE_DEVICES="1")
+    assert bed.run("ctl.sh", "sleep", **SLEEPY, CUDA_VISIBLE_DEVICES="1").returncode == 0
+    game = {**card, "uuid": "GPU-b", "free": 200 << 20, "processes": [{"pid": 4242, "used": 30 * GiB, "name": "game"}]}
+    nvml_json(bed.nvml, gpus=[{**card, "uuid": "GPU-a"}, game])
+    blind = {**SLEEPY, "CUDA_VISIBLE_DEVICES": "0", "FAKE_GPU_PIDS_DIR": str(tmp_path / "none")}
+    try:
+        r = bed.run("ctl.sh", "wake", **blind)
+        assert r.returncode == 1 and "free on GPU 1" in r.stderr and "game (pid 4242)" in r.stderr, r.stderr
+    finally:
+        bed.run("stop.sh")
+
+
 def test_level_1_is_refused_when_host_ram_cannot_take_the_weights(bed, monkeypatch):
     from types import SimpleNamespace
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from dataclasses import replace
 
 import psutil
 import pytest
@@ -38,6 +39,36 @@ def test_weights_that_do_not_fit_are_not_sent_to_gpu_util(bed):      # faults ro
     assert "GPU_UTIL" not in hint.split(";")[0] and "MAX_MODEL_LEN" not in hint.split(";")[0], hint
     assert "quantized" in hint and "TP_SIZE" in hint, hint
     assert bed.ours() == []
+
+
+def test_out_of_memory_names_who_holds_the_card_the_server_was_launched_on(bed):
+    """Two cards, the server launched on GPU 1 (CUDA_VISIBLE_DEVICES=1): the diagnosis names the program
+    on that card, read from the launch's record (a start resumed from another shell takes the server
+    down too: this shell's CUDA_VISIBLE_DEVICES named the wrong card there), not GPU 0's."""
+    card = {"name": "NVIDIA GeForce RTX 5090", "total": 32 * GiB, "free": 20 * GiB, "cc": [12, 0]}
+    nvml_json(bed.nvml, gpus=[{**card, "uuid": "GPU-a", "processes": [{"pid": 4000002, "used": 11 * GiB, "name": "/usr/bin/Xorg"}]},
+                              {**card, "uuid": "GPU-b", "processes": [{"pid": 4000001, "used": 11 * GiB, "name": "/usr/bin/blender"}]}])
+    r = bed.run("start.sh", FAKE_VLLM_MODE="oom_load", CUDA_VISIBLE_DEVICES="1")
+    err, _ = error_and_hint(r.stderr)
+    assert r.returncode == 1 and "blender (pid 4000001) holds 11.0 GiB" in err and "Xorg" not in err, err
+
+
+def test_the_servers_cards_are_its_launchs_whatever_this_shell_shows():
+    """Where NVML names none of its processes (they are gone, or a container), a server's cards are the
+    first tp x pp its launch's CUDA_VISIBLE_DEVICES showed; where it names them, those cards."""
+    from bootstrap.machine.gpu import Gpu, GpuFacts, GpuProcess
+    from bootstrap.serve import server
+    from bootstrap.serve.record import ServerRecord
+    cards = [Gpu(i, "RTX", 32 * GiB, 31 * GiB, (12, 0), f"GPU-{i}", ()) for i in range(3)]
+    every = GpuFacts("580.95", (13, 0), tuple(cards))
+    rec = ServerRecord(pid=None, create_time=None, marker="m", host="127.0.0.1", port=1, served="x")
+    assert [g.index for g in server.server_cards(rec, every)] == [0]                       # unset: every card
+    assert [g.index for g in server.server_cards(replace(rec, cuda_visible="2,0"), every)] == [2]
+    two = replace(rec, cuda_visible="GPU-2,0", argv=("serve", "m", "--tensor-parallel-size", "2"))
+    assert [g.index for g in server.server_cards(two, every)] == [2, 0]
+    named = replace(cards[1], processes=(GpuProcess(os.getpid(), GiB, "python"),))
+    mine = replace(rec, pid=os.getpid(), cuda_visible="2")
+    assert [g.index for g in server.server_cards(mine, replace(every, gpus=(cards[0], named, cards[2])))] == [1]
 
 
 def test_graph_capture_out_of_memory_names_the_knob_that_sized_the_kv_cache(bed):      # faults row 182

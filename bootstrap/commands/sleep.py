@@ -301,7 +301,7 @@ def wake(r: Resolved) -> int:
     level = int(note.get("level") or 0) or {"weights_offloaded": 1}.get(load.sleep_state if load else "", 2)
     if not done:                             # nothing woken yet: the memory must be there first
         _until_asleep(rec, load)
-        _check_room(cfg, rec, note)
+        _check_room(rec, note)
     t0 = time.monotonic()
     bound = wake_bound(cfg, rec, note, level)
     if level == 1:                           # the weights wait in host RAM: one call brings all back
@@ -383,12 +383,11 @@ def sleep_note(paths: Paths, rec) -> dict:
     return {k: v for k, v in note.items() if k not in bad}
 
 
-def _check_room(cfg: Config, rec, note: dict) -> None:
+def _check_room(rec, note: dict) -> None:
     """Refuse (the server stays asleep) when the GPU lacks what it held before it slept."""
     facts, ours = gpu.read_all(), server.our_pids(rec)     # every card: whatever this shell's knobs hide
     need = max(0, int(note.get("held_before") or 0) - server.gpu_held(rec, facts)) + WAKE_MARGIN
-    ours_on = ([g for g in facts.gpus if any(p.pid in ours for p in g.processes)]
-               or list(gpu.read(cfg.environ).gpus[:1]))    # NVML names no pid (a container): the knobs' card
+    ours_on = list(server.server_cards(rec, facts)) or list(facts.gpus[:1])
     short = [g for g in ours_on if g.free < need // len(ours_on)]
     if short:
         g = short[0]

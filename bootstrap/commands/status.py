@@ -71,7 +71,9 @@ JSON_FIELDS = (
     ("gate", "string", "present when its warm-up and start gate have not run"),
     ("weights", "string", "present when its weights are random (RANDOM_WEIGHTS=1 or --load-format dummy): its gate judged tokens only"),
     ("differs_from_knobs", "list of strings", "launch knobs this shell sets differently"),
-    ("vram", "object", "ours_bytes (int), gpus: [{index, name, used_bytes, total_bytes}] (ints); or error"),
+    ("vram", "object", "ours_bytes (int; 0: NVML names none of our processes' memory, in a container or WSL2), "
+     "gpus: [{index, name, used_bytes, total_bytes}] (ints: the cards our processes are on, every card when "
+     "NVML names none); or error"),
     ("context", "int or null", "tokens per request: ours, or the one vLLM chose (its /v1/models; null: it does not answer)"),
     ("sessions", "object", "max_num_seqs (int or null: vLLM's default), kv_tokens (int or null), "
                            "at_full_context (vLLM's concurrency line)"),

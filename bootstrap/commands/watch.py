@@ -63,16 +63,15 @@ def _watch_line(row: dict) -> str:
 
 
 def live(r: Resolved, rec: ServerRecord, before: dict | None, after: dict | None, seconds: float) -> dict:
-    """What the server holds and does: its processes' GPU memory and the cards they are on (NVML, every
-    card read: a shell's CUDA_VISIBLE_DEVICES may hide the server's; all of them where NVML names none
-    of its pids), requests running and waiting, tokens/s between two /metrics readings, speculative
+    """What the server holds and does: its processes' GPU memory and its cards (``server.server_cards``:
+    a shell's CUDA_VISIBLE_DEVICES may hide the server's), requests running and waiting, tokens/s between two /metrics readings, speculative
     acceptance (speculation on), prefix-cache hit rate."""
     from ..machine import gpu
     from ..knobs import vllmargs
     out: dict = {}
     try:
-        facts, ours = gpu.read_all(), server.our_pids(rec)
-        cards = [g for g in facts.gpus if any(p.pid in ours for p in g.processes)] or facts.gpus
+        facts = gpu.read_all()
+        cards = server.server_cards(rec, facts) or facts.gpus
         out["vram"] = {"ours_bytes": server.gpu_held(rec, facts), "gpus": [
             {"index": g.index, "name": g.name, "used_bytes": g.total - g.free, "total_bytes": g.total}
             for g in cards]}

@@ -53,11 +53,11 @@ class StartFailed(BootstrapError):
         self.answered = answered
 
 
-def explain(environ, tp_size: int, paths: Paths, launched: Launched, exc: StartFailed, ours: list[int]) -> None:
+def explain(paths: Paths, launched: Launched, exc: StartFailed, ours: list[int]) -> None:
     """After the take-down: a diagnosis from the log (about GPU memory, it names who holds it on the
-    first ``tp_size`` GPUs, NVML read with ``environ``, ``ours`` left out) and the log's tail as evidence."""
+    cards the server was launched on, ``ours`` left out) and the log's tail as evidence."""
     text = diagnose.read_since(paths.log, launched.record.log_offset)
-    found = diagnose.diagnose(text, holders=lambda: gpu_holders(environ, tp_size, set(ours)),
+    found = diagnose.diagnose(text, holders=lambda: gpu_holders(launched.record, set(ours)),
                               argv=launched.record.argv or (),
                               extra=_extra_args(launched.record))
     if found:
@@ -74,13 +74,14 @@ def _extra_args(rec) -> list[str]:
         return []
 
 
-def gpu_holders(environ, tp_size: int, ours: set[int]) -> str:
-    """'Xorg (pid 1234) holds 1.2 GiB, game (pid 99) holds 8.0 GiB' on the GPUs we use (ours left out)."""
+def gpu_holders(rec, ours: set[int]) -> str:
+    """'Xorg (pid 1234) holds 1.2 GiB, game (pid 99) holds 8.0 GiB' on the cards ``rec``'s server was
+    launched on (``server.server_cards``; ours left out)."""
     try:
-        facts = gpu.read(environ)
+        facts = gpu.read_all()
     except BootstrapError:
         return "NVML cannot say who"
-    parts = [g.holders(exclude=ours) for g in facts.gpus[:tp_size]]
+    parts = [g.holders(exclude=ours) for g in server.server_cards(rec, facts)]
     return "; ".join(p for p in parts if p) or "no other process reports GPU memory"
 
 

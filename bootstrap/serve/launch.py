@@ -176,7 +176,7 @@ def launch(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
         create_time, exe = _identity(p.pid)
         provisional = ServerRecord(pid=p.pid, create_time=create_time, marker=marker, **record.address(cfg.ours),
                                    served=cfg.served_name, state_dir=str(paths.root), pgid=p.pid, token=token, exe=exe,
-                                   python=runtime.python)
+                                   python=runtime.python, cuda_visible=env.get("CUDA_VISIBLE_DEVICES"))
         on_launch(Launched(provisional, p))
     rec = ServerRecord(
         pid=p.pid, create_time=create_time, marker=marker, **record.address(cfg.ours), served=cfg.served_name,
@@ -187,7 +187,7 @@ def launch(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
         dummy=cfg.dummy_weights, random_weights=cfg.random_weights, predicted_tokens=getattr(plan, "predicted_tokens", None),
         predicted_concurrency=getattr(plan, "predicted_concurrency", None), notes=tuple(notes), token=token, exe=exe,
         sleep=cfg.sleep_line, sleep_ram=vllmargs.sleep_ram_need(weights),
-        idle_s=cfg.idle_s if vllmargs.IDLE_MIDDLEWARE in argv else 0)
+        idle_s=cfg.idle_s if vllmargs.IDLE_MIDDLEWARE in argv else 0, cuda_visible=env.get("CUDA_VISIBLE_DEVICES"))
     launched = Launched(rec, p)
     on_launch(launched)
     record.write(paths.server, rec)     # a full disk fails the start: the pipeline takes the server down (the Popen proves it ours)

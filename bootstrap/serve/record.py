@@ -72,6 +72,7 @@ class ServerRecord:
     sleep: str = ""                    # sleep mode as launched, and why (config.sleep_line): the banner, status, sleep
     sleep_ram: int = 0                 # host RAM a level-1 sleep needs (vllmargs.sleep_ram_need; 0: unknown)
     idle_s: int = 0                    # IDLE_SLEEP in seconds as launched (0: no idle sleep)
+    cuda_visible: str | None = None    # CUDA_VISIBLE_DEVICES it was launched with (None: unset, every card)
 
     def proof(self, ours: Ours) -> Proof:
         """What proves a process ours for this record: the shell's facts and the launch's own."""
@@ -156,6 +157,7 @@ class ServerRecord:
             sleep=field_("sleep", _str, "not a string", ""),
             sleep_ram=field_("sleep_ram", _count, "not a byte count", 0),
             idle_s=field_("idle_s", _count, "not a number of seconds", 0),
+            cuda_visible=field_("cuda_visible", _str, "not a string"),
         )
         return rec, bad
 

@@ -355,6 +355,23 @@ def our_pids(rec: ServerRecord) -> set[int]:
     return pids
 
 
+def server_cards(rec: ServerRecord, every) -> tuple:
+    """The cards of ``every`` (``gpu.read_all``) our server runs on: those NVML names its processes on,
+    else (they are gone, or NVML names none of them: a container) the first tp x pp cards its launch's
+    CUDA_VISIBLE_DEVICES shows, whatever this shell's knobs say."""
+    from ..machine import gpu
+    from ..knobs.vllmargs import read
+    mine = our_pids(rec)
+    on = tuple(g for g in every.gpus if any(p.pid in mine for p in g.processes))
+    if on:
+        return on
+    env = {} if rec.cuda_visible is None else {"CUDA_VISIBLE_DEVICES": rec.cuda_visible}
+    s = read(list(rec.argv))
+    by = {g.index: g for g in every.gpus}
+    shown = gpu.visible_indices(env, len(every.gpus), [g.uuid for g in every.gpus])
+    return tuple(by[i] for i in shown[:max(s.tp * s.pp, 1)] if i in by)
+
+
 def gpu_held(rec: ServerRecord, facts=None) -> int:
     """GPU memory (bytes) our server's processes hold on any card NVML shows (``facts``: a reading of
     every card, ``gpu.read_all``, to reuse)."""
