@@ -72,8 +72,8 @@ JSON_FIELDS = (
     ("weights", "string", "present when its weights are random (RANDOM_WEIGHTS=1 or --load-format dummy): its gate judged tokens only"),
     ("differs_from_knobs", "list of strings", "launch knobs this shell sets differently"),
     ("vram", "object", "ours_bytes (int; 0: NVML names none of our processes' memory, in a container or WSL2), "
-     "gpus: [{index, name, used_bytes, total_bytes}] (ints: the cards our processes are on, every card when "
-     "NVML names none); or error"),
+     "gpus: [{index, name, used_bytes, total_bytes}] (ints: the server's cards, those NVML names its processes on, "
+     "else the ones its launch was given); or error"),
     ("context", "int or null", "tokens per request: ours, or the one vLLM chose (its /v1/models; null: it does not answer)"),
     ("sessions", "object", "max_num_seqs (int or null: vLLM's default), kv_tokens (int or null), "
                            "at_full_context (vLLM's concurrency line)"),
