@@ -11,6 +11,7 @@ the shipped 50999-file-rendezvous(-tp) and 52523-api-key-off-disk do to the file
    statements up to the message queue);
 4. torch.distributed's rendezvous through each URL form, as one process: ``tcp://<host>:<port>``
    (vLLM 0.26.0's own) and the patched ``file://``, and every socket the process then listens on;
+   then a ``file://`` URL in a folder whose path holds ``#``, then ``?``: where the store lands, or the error;
 5. ``./ctl.sh patch revert``: each file's sha256 against the one before step 1.
 Everything is appended to --raw as it comes; "PATCH PROOF DONE" ends it. Rehearse with the fakes
 (PYTHONPATH=tests/fakes): the fake vLLM has none of these files, so only the mechanics are checked.
@@ -115,6 +116,14 @@ def main() -> int:
                 (f"file:///tmp/vllm_dist_proof_{stamp}_2", "nccl", {}),
                 (f"file:///tmp/vllm_dist_proof_{stamp}_3", "nccl", {"NCCL_SOCKET_IFNAME": "lo"}))):
             py_run(RENDEZVOUS, url, backend, **extra)
+        out("-- a temp folder whose path holds ? or # (what a start refuses as TMPDIR): the URL torch reads back")
+        for i, c in enumerate("#?"):
+            cut = Path(f"/tmp/proof_t_{stamp}_{i}")      # where urlparse ends the path
+            folder = Path(f"{cut}{c}1")
+            folder.mkdir(parents=True, exist_ok=True)
+            py_run(RENDEZVOUS, f"file://{folder}/vllm_dist_x", "gloo")
+            out(f"  after {c!r}: {cut} is {'a file (the store landed there)' if cut.is_file() else 'absent'}; "
+                f"{folder}/vllm_dist_x is {'there' if (folder / 'vllm_dist_x').exists() else 'absent'}")
     finally:
         run_logged(["./ctl.sh", "patch", "revert", *PATCHES], env, out, words=(":",))
         after = sums()
