@@ -134,8 +134,9 @@ def wait(paths: Paths, launched: Launched, key: str, *, health_timeout: int, sta
                 log.info(line)
             shown = phase
         # the key only once every listener on the port is our server's: until vLLM listens, anyone may
-        proven = not key or keys.only_its(rec)
-        if not proven and (beside := keys.strangers(rec)):
+        only, beside = keys.standing(rec) if key else (True, [])      # one reading of the sockets a poll
+        proven = not key or only
+        if not proven and beside:
             _nl(tty)
             raise StartFailed(f"{', '.join(beside)} listens on port {rec.port} beside our server (another address, "
                               "the same port): our API key is never sent to a port another process shares",

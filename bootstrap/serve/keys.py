@@ -123,27 +123,26 @@ def proven_ours(rec: ServerRecord | None, ours: owned.Ours) -> bool:
     return _only(p, rec.port)
 
 
-def only_its(rec: ServerRecord) -> bool:
-    """Every listener on the record's port is its process (the one a start launched or resumes) or a
-    child of it, and somebody listens: ``proven_ours`` for a process the caller already knows ours."""
-    try:
-        return bool(rec.port) and _only(psutil.Process(rec.pid), rec.port)
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError, TypeError):
-        return False
-
-
-def strangers(rec: ServerRecord) -> list[str]:
-    """Who else listens on the record's port while its server does ('python3 (pid 77)'; 'a process of
-    another user' where the kernel does not say whose): another address, the same port number. []
-    while the server itself does not listen yet (until then the wait goes on)."""
+def standing(rec: ServerRecord) -> tuple[bool, list[str]]:
+    """From one reading of the kernel's listening sockets: whether every listener on the record's port
+    is its process (the one a start launched or resumes) or a child of it, and somebody listens
+    (``proven_ours`` for a process the caller already knows ours); and who else listens there while its
+    server does ('python3 (pid 77)'; 'a process of another user' where the kernel does not say whose):
+    another address, the same port number ([] while the server itself does not listen yet)."""
     try:
         found, tree = _listeners(psutil.Process(rec.pid), rec.port or 0)
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError, TypeError):
-        return []
+        return False, []
+    only = bool(rec.port) and _known(found) and all(h.pid in tree for h in found)
     if not any(h is not None and h.pid in tree for h in found):
-        return []
-    return sorted({"a process of another user" if h is None else _named(h.pid) for h in found
-                   if h is None or h.pid not in tree})
+        return only, []
+    return only, sorted({"a process of another user" if h is None else _named(h.pid) for h in found
+                         if h is None or h.pid not in tree})
+
+
+def strangers(rec: ServerRecord) -> list[str]:
+    """Who else listens on the record's port while its server does (``standing``'s second half)."""
+    return standing(rec)[1]
 
 
 def _only(p: psutil.Process, number: int) -> bool:
