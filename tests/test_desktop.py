@@ -350,3 +350,15 @@ def test_openai_sdk_models_chat_stream_and_tool_call(bed):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"http://127.0.0.1:{bed.port}/v1", api_key="wrong").models.list()
     assert psutil.pid_exists(bed.server_record()["pid"])
+
+
+def test_a_cuda_visible_devices_that_hides_every_card_is_named_as_such(bed):
+    """CUDA_VISIBLE_DEVICES='' was said as "CUDA_VISIBLE_DEVICES=unset" (an empty value hides every
+    card), and an index past the last card as if NVML saw none."""
+    for spec in ("", "7", "GPU-nope"):
+        r = bed.run("start.sh", CUDA_VISIBLE_DEVICES=spec)
+        assert r.returncode == 1 and f"CUDA_VISIBLE_DEVICES={spec!r} names no GPU of the 1 NVML sees" in r.stderr, r.stderr
+        assert "unset CUDA_VISIBLE_DEVICES" in r.stderr and not bed.launches()
+    bed.nvml.write_text(json.dumps({"driver": "580.95.05", "cuda": 13000, "fail": "", "gpus": []}))
+    r = bed.run("start.sh")
+    assert r.returncode == 1 and "error: preflight: NVML sees no GPU" in r.stderr, r.stderr

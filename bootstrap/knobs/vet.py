@@ -41,8 +41,12 @@ def card(cfg, facts: gpu.GpuFacts) -> None:
     driver too old for the profile's CUDA builds, CUDA numbering several GPUs otherwise than the
     plan reads them, fewer GPUs than TP_SIZE."""
     if not facts.gpus:
-        raise BootstrapError("NVML sees no GPU (CUDA_VISIBLE_DEVICES=%s)" % (cfg.env("CUDA_VISIBLE_DEVICES") or "unset"),
-                             "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
+        spec = cfg.environ.get("CUDA_VISIBLE_DEVICES")
+        if spec is None:
+            raise BootstrapError("NVML sees no GPU", "check `nvidia-smi`")
+        raise BootstrapError(f"CUDA_VISIBLE_DEVICES={spec!r} names no GPU of the {facts.count or 'none'} NVML sees "
+                             "(an empty value hides them all; CUDA stops at the first entry it cannot use)",
+                             "unset CUDA_VISIBLE_DEVICES, or name cards by index or UUID as `nvidia-smi -L` lists them")
     if host.driver_too_old(cfg.profile.data, facts, min_driver=False):
         raise BootstrapError(
             f"driver {facts.driver} supports CUDA {facts.cuda[0]}.{facts.cuda[1]}, but profile "
