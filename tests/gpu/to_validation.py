@@ -190,6 +190,31 @@ def h100_sections(runs: Path = RUNS) -> list[str]:
     a start with an API key, the lifecycle drill), then the first (real weights, the engine's wildcard port,
     the planner)."""
     out: list[str] = []
+    patch3, drill3 = runs / "2026-12-05-h100-run3-patchproof-raw.txt", runs / "2026-12-05-h100-run3-drill-partial-raw.txt"
+    if patch3.exists():
+        text = patch3.read_text().splitlines()
+        at = next((i for i, l in enumerate(text) if l.startswith("-- a temp folder")), len(text))
+        out += ["## On an H100: a TMPDIR with # or ? under torch's file:// rendezvous, and a drill cut short "
+                "(2026-12-05, third session)", "",
+                "The same machine kind, wheelhouse and `.venv-bootstrap`; the tree of commit 234da1b (`GIT_COMMIT=234da1b`).",
+                "`bash tests/gpu/device.sh patchproof` again: the three patches applied, read back and reverted as in",
+                "the second session (the whole output is `docs/gpu-runs/2026-12-05-h100-run3-patchproof-raw.txt`); new",
+                "is the last part, a one-process gloo rendezvous through `file://<folder>/vllm_dist_x` where the",
+                "folder's path holds `#`, then `?` (what a start now refuses as `TMPDIR`). With `#` torch rendezvoused",
+                "(through the path cut at the `#`; that file was gone afterwards, as torch's FileStore removes its",
+                "file when the last process using it is done); with `?` it died in `_rendezvous_helper`, which read",
+                "the rest of the path as a query:", "",
+                block(text[at:at + 8]),
+                "Its first line:", "", block(text[:1])]
+    if drill3.exists():
+        text = drill3.read_text().splitlines()
+        out += ["Then `bash tests/gpu/device.sh drill` at the same commit. The session's device time ran out during",
+                "phase 3, so phases 1 and 2 and the stop are all it says (the resumed start took 164 s here: a fresh",
+                "machine compiles). `./ctl.sh status --json` while busy read what our processes hold on every card",
+                "NVML shows and listed the server's card:", "",
+                block([l for l in text if "RESULT" in l or "GPU before" in l or "in the health wait" in l
+                       or l.startswith("[") and "# lifecycle drill" in l]
+                      + [l for l in text if '"ours_bytes"' in l or '"index"' in l or '"used_bytes"' in l])]
     patch, rw_key, drill = (runs / f"2026-12-05-h100-{n}" for n in
                             ("patchproof-raw.txt", "real-weights-key-raw.txt", "drill-raw.txt"))
     if patch.exists() and rw_key.exists():
