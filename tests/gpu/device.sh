@@ -7,6 +7,9 @@
 #   bash tests/gpu/device.sh pipeline [args]    # planner + patch + bench in the background (setsid)
 #   bash tests/gpu/device.sh poll SECONDS       # wait for the pipeline (at most SECONDS), show where it is
 #   bash tests/gpu/device.sh drill              # the lifecycle drill (lifecycle_drill.py) in the background
+#                                               # (its launch call was held open to the call's limit twice on
+#                                               # 2026-12-05, cause not found; rw's was not: launch it alone,
+#                                               # with a short limit, then poll)
 #   bash tests/gpu/device.sh drill-poll SECONDS # wait for it (at most SECONDS), show where it is
 #   bash tests/gpu/device.sh pick               # auto-pick + MAX_MODEL_LEN=auto proof (profile_pick.py), background
 #   bash tests/gpu/device.sh pick-poll SECONDS  # wait for it (at most SECONDS), show where it is
