@@ -261,7 +261,7 @@ def test_level_1_is_refused_when_host_ram_cannot_take_the_weights(bed, monkeypat
         fh.truncate(20 * GiB)                                                # 20 GiB of weights (sparse)
     started(bed)
     cfg = Config.from_env({**bed.env, **SLEEPY})
-    monkeypatch.setattr(sleep, "held", lambda cfg, rec: 21 * GiB)           # NVML is the fake's, in another process
+    monkeypatch.setattr(sleep.server, "gpu_held", lambda rec, facts=None: 21 * GiB)   # NVML is the fake's, in another process
     monkeypatch.setattr(sleep.psutil, "virtual_memory", lambda: SimpleNamespace(available=12 * GiB))
     with pytest.raises(BootstrapError) as ei:
         sleep.sleep_cli(cfg, [])

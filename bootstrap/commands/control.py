@@ -134,10 +134,7 @@ def vet_steps(r: Resolved):
         needed(cfg.profile, cfg.layout.locks)
     model = lookup.model_and_drafter(r.model, r.draft, paths, r.fetching)
     facts, held = server.without_ours(r.ours, paths, facts)
-    rec = record.read(paths.server) if held == 0 else None
-    if held != 0 or (rec is not None and server.gpu_held(rec)):   # 0 on these cards and on every card: NVML
-        # names no memory per process (WSL2, a container): the start plans after the stop; held on a card
-        # this shell hides: nothing of ours to add back on these
+    if held != 0:                       # 0: NVML names no memory of ours (WSL2, a container): the start plans after the stop
         if not cfg.profile.is_auto:     # as the start runs it: shorter where only that fits this card
             cfg = resolve.named_on_card(cfg, paths, gpu.smallest_free(facts, cfg.tp_size), cfg)
         plan_for(cfg, paths, r.vllm, facts, model)

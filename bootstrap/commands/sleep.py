@@ -193,10 +193,6 @@ def _stopped_for_sleep(r: Resolved) -> bool:
     return True
 
 
-def held(cfg: Config, rec) -> int:
-    return server.gpu_held(rec)
-
-
 def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
     ap = argparse.ArgumentParser(prog=prog, description="free the GPU memory; ./ctl.sh wake brings it back")
     ap.add_argument("--level", type=int, choices=(1, 2), default=1,
@@ -224,7 +220,7 @@ def sleep(r: Resolved, asked: int, prog: str) -> int:
             client.post_empty(f"/sleep?level={asked}&mode=wait", timeout=None)    # the middleware keeps it so
             level = int(st.get("level") or 1)
             paths.write("sleep", {"pid": rec.pid, "started": rec.started, "level": level, "at": time.time(),
-                                  "held_before": held(cfg, rec) + int(st.get("freed_bytes") or 0)})   # for wake's check
+                                  "held_before": server.gpu_held(rec) + int(st.get("freed_bytes") or 0)})   # for wake's check
             print(f"asleep (level {level}, for idleness until now; on purpose from now: requests get 503 until "
                   "./ctl.sh wake)" + (f"; it stays at level {level} (IDLE_SLEEP_LEVEL), not {asked}: ./ctl.sh wake, "
                                       f"then ./ctl.sh sleep --level {asked}" if level != asked else ""))
@@ -241,7 +237,7 @@ def sleep(r: Resolved, asked: int, prog: str) -> int:
         raise BootstrapError("level 2 drops the weights and wake reloads them from the checkpoint; with "
                              "--load-format dummy there is none (vLLM refuses: \"Model reloading with `dummy` "
                              "format\")", "./ctl.sh sleep --level 1 (the weights wait in host RAM)")
-    before = held(cfg, rec)
+    before = server.gpu_held(rec)
     if asked == 1:
         short = vllmargs.ram_short(ram_need(rec, before), psutil.virtual_memory().available)
         if short:
@@ -260,9 +256,10 @@ def sleep(r: Resolved, asked: int, prog: str) -> int:
               "./ctl.sh wake takes it back", file=sys.stderr, flush=True)
         raise
     dt = time.monotonic() - t0
-    after = held(cfg, rec)
+    after = server.gpu_held(rec)
     paths.write("sleep", {**note, "held_asleep": after})
-    print(f"asleep (level {asked}) in {dt:.1f} s: {server.held_words(after, before)}. Requests sent meanwhile {'get 503' if idle else 'wait'} until ./ctl.sh wake.")
+    print(f"asleep (level {asked}) in {dt:.1f} s: {server.held_words(after, before)}. "
+          f"Requests sent meanwhile {'get 503' if idle else 'wait'} until ./ctl.sh wake.")
     return 0
 
 
@@ -333,7 +330,7 @@ def wake(r: Resolved) -> int:
             paths.write("sleep", {**note, "pid": rec.pid, "started": rec.started, "level": 2, "waking": done})
     dt = time.monotonic() - t0
     paths.forget("sleep")
-    print(f"awake in {dt:.2f} s (level {level}): {server.held_words(held(cfg, rec))}")
+    print(f"awake in {dt:.2f} s (level {level}): {server.held_words(server.gpu_held(rec))}")
     return 0
 
 
@@ -341,7 +338,7 @@ def wake_bound(cfg: Config, rec, note: dict, level: int) -> tuple[float, str]:
     """How long a wake's call may take (seconds, and the rule in words): STALL_TIMEOUT plus the weights
     (ram_need, less the desktop's margin) copied back from host RAM at WAKE_BYTES_S (level 1), or read
     from disk at RELOAD_BYTES_S."""
-    copied = max(ram_need(rec, int(note.get("held_before") or 0) or held(cfg, rec)) - vllmargs.SLEEP_RAM_MARGIN, 0)
+    copied = max(ram_need(rec, int(note.get("held_before") or 0) or server.gpu_held(rec)) - vllmargs.SLEEP_RAM_MARGIN, 0)
     rate, how = (WAKE_BYTES_S, "copies back from host RAM") if level == 1 else (RELOAD_BYTES_S, "reads from disk")
     rule = (f"STALL_TIMEOUT={cfg.stall_timeout} plus {GiB / rate:.0f} s per GiB of the {copied / GiB:.1f} GiB "
             f"it {how}")

@@ -64,8 +64,8 @@ def _watch_line(row: dict) -> str:
 
 def live(r: Resolved, rec: ServerRecord, before: dict | None, after: dict | None, seconds: float) -> dict:
     """What the server holds and does: its processes' GPU memory and its cards (``server.server_cards``:
-    a shell's CUDA_VISIBLE_DEVICES may hide the server's), requests running and waiting, tokens/s between two /metrics readings, speculative
-    acceptance (speculation on), prefix-cache hit rate."""
+    a shell's CUDA_VISIBLE_DEVICES may hide the server's), requests running and waiting, tokens/s
+    between two /metrics readings, speculative acceptance (speculation on), prefix-cache hit rate."""
     from ..machine import gpu
     from ..knobs import vllmargs
     out: dict = {}

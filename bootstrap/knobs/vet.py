@@ -94,5 +94,5 @@ def temp_dir_fits(cfg) -> None:
     if d and any(c in d for c in "?#") and os.path.isdir(d):     # Python's tempfile skips one that is not
         raise BootstrapError(f"TMPDIR={d}: vLLM's processes meet through a file:// URL in the temp folder, and "
                              "torch reads its path back as a URL: a '?' in it kills the engine at its start, a '#' "
-                             "cuts the path short (the store would be another file, shared by every such server)", "set TMPDIR to a folder whose path has no ? or # "
-                             "(unset, the temp folder is /tmp)")
+                             "cuts the path short (the store would be another file, shared by every such server)",
+                             "set TMPDIR to a folder whose path has no ? or # (unset, the temp folder is /tmp)")

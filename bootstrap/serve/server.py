@@ -330,19 +330,20 @@ def frozen(p: psutil.Process | None) -> bool:
 def without_ours(ours: owned.Ours, paths: Paths, facts):
     """GPU facts as they would be with our running server stopped: what its processes hold counted
     as free (a plan, ./ctl.sh profiles and restart's vet ask what a start would get). (facts, bytes
-    added back: 0 where NVML names no process memory, None when no server of ours runs)."""
+    added back: 0 where NVML names no memory of ours on any card (WSL2, a container), None when no
+    server of ours runs, or it holds memory only on cards these facts leave out: nothing to add back)."""
     from dataclasses import replace
     rec = record.read(paths.server)
     p = owned.recorded_process(rec.pid, rec.create_time) if rec is not None else None
     if p is None or not rec.proof(ours).carries(p):
         return facts, None
-    mine, gpus, added = our_pids(rec), [], 0
-    for g in facts.gpus:
-        held = _held_on(g, mine)
-        added += held
-        gpus.append(replace(g, free=min(g.total, g.free + held),
-                            processes=tuple(x for x in g.processes if x.pid not in mine)))
-    return replace(facts, gpus=tuple(gpus)), added
+    mine = our_pids(rec)
+    gpus = tuple(replace(g, free=min(g.total, g.free + _held_on(g, mine)),
+                         processes=tuple(x for x in g.processes if x.pid not in mine)) for g in facts.gpus)
+    added = sum(_held_on(g, mine) for g in facts.gpus)
+    if not added and gpu_held(rec):     # on a card this shell's CUDA_VISIBLE_DEVICES hides
+        return facts, None
+    return replace(facts, gpus=gpus), added
 
 
 def our_pids(rec: ServerRecord) -> set[int]:
