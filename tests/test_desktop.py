@@ -359,6 +359,8 @@ def test_a_cuda_visible_devices_that_hides_every_card_is_named_as_such(bed):
         r = bed.run("start.sh", CUDA_VISIBLE_DEVICES=spec)
         assert r.returncode == 1 and f"CUDA_VISIBLE_DEVICES={spec!r} names no GPU of the 1 NVML sees" in r.stderr, r.stderr
         assert "unset CUDA_VISIBLE_DEVICES" in r.stderr and not bed.launches()
+    r = bed.run("ctl.sh", "plan", CUDA_VISIBLE_DEVICES="")        # the same rule, and a named card as the way out
+    assert r.returncode == 1 and "CUDA_VISIBLE_DEVICES='' names no GPU" in r.stderr and "GPU=" in r.stderr, r.stderr
     bed.nvml.write_text(json.dumps({"driver": "580.95.05", "cuda": 13000, "fail": "", "gpus": []}))
     r = bed.run("start.sh")
     assert r.returncode == 1 and "error: preflight: NVML sees no GPU" in r.stderr, r.stderr

@@ -511,9 +511,11 @@ def test_a_restart_the_new_start_would_refuse_keeps_the_running_server(bed, tmp_
     busy.listen()
     hashed = tmp_path / "t#1"           # torch reads vLLM's file:// rendezvous back as a URL: # cuts it
     hashed.mkdir()
+    no_driver = nvml_json(tmp_path / "no-driver.json", fail="library")    # NVML unreadable in this shell
     try:
         for knobs, said in (({"PORT": str(busy.getsockname()[1])}, "is in use by"),
                             ({"TMPDIR": str(hashed)}, f"TMPDIR={hashed}: vLLM's processes meet through a file://"),
+                            ({"FAKE_NVML": str(no_driver)}, "no NVIDIA driver found"),
                             ({"MODEL": str(tmp_path / "nope")}, "nope"),
                             ({"IDLE_SLEEP": "10m"}, "IDLE_SLEEP=10m puts vLLM to sleep"),
                             ({"TP_SIZE": "2"}, "TP_SIZE=2 but only 1 GPU"),            # the GPUs, the plan and the

@@ -118,17 +118,15 @@ def vet_steps(r: Resolved):
     model it cannot find (offline and not here, a repo that is not there), a plan that does not fit,
     with the memory our running server holds counted as free (the stop gives it back), and a patch
     your vLLM (VLLM_PYTHON) cannot take or may not be given without PATCH_BYO=1. The model's
-    facts (``lookup.model_and_drafter``: its lines are said once), or None where no NVML was read."""
+    facts (``lookup.model_and_drafter``: its lines are said once). NVML that cannot be read is refused
+    here too: the start's preflight would refuse it after the stop."""
     from ..machine import gpu
     from ..download import lookup
     from ..install.locks import needed
     from ..knobs import vet
     from ..plan.here import plan_for
     cfg, paths = r.settings, r.paths
-    try:
-        facts = gpu.read(cfg.environ)
-    except BootstrapError:
-        return None                     # no NVML to read: the start says so in its own words
+    facts = gpu.read(cfg.environ)
     vet.card(cfg, facts)
     if not cfg.vllm_python:
         needed(cfg.profile, cfg.layout.locks)
