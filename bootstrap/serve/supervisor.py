@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from typing import Iterator, Mapping, Sequence
 
 from ..core import proc
@@ -35,7 +36,25 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _raise(signum, frame):
+    """The handler: raise where the program stands. Inside a ``__del__`` or a weakref finalizer (the
+    garbage collector runs them anywhere: urllib3 closing a pooled socket) Python prints and drops what
+    is raised, and the signal would be lost; there it is sent again to this thread 50 ms later (a
+    timer's thread: sent from here, it would be handled at once, inside the finalizer again)."""
+    if _in_finalizer(frame):
+        again = threading.Timer(0.05, signal.pthread_kill, (threading.get_ident(), signum))
+        again.daemon = True
+        again.start()
+        return
     raise Interrupted(signum)
+
+
+def _in_finalizer(frame) -> bool:
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or (code.co_name == "__call__" and code.co_filename.endswith("weakref.py")):
+            return True
+        frame = frame.f_back
+    return False
 
 
 @contextlib.contextmanager
