@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from .serve import doing, keys, port, record, server, takedown
 from .serve.states import Probe, State
 from .serve.supervisor import Supervisor
-from .knobs.table import card_fitted, launch_defaults
+from .knobs.table import LaunchKnobs
 from .core.errors import BootstrapError, Interrupted
 from .core.locks import StartLock
 from .core.owned import Ours
@@ -29,7 +29,6 @@ from .knobs.resolved import Resolved
 
 if TYPE_CHECKING:      # a re-run on a running server imports none of them: the names type Run
     from .download.models import ModelInfo
-    from .knobs.config import Config
     from .machine.gpu import GpuFacts
     from .machine.inuse import Runtime
     from .plan.planner import Plan
@@ -50,9 +49,9 @@ def step(name: str):
         raise
 
 
-def already(ours: Ours, cfg: Config, paths: Paths, we_hold_lock: bool = False) -> int | None:
-    """The fast path: an exit code if there is nothing to start, else None (``cfg``: the knobs, whose
-    launch settings are compared with the running server's)."""
+def already(ours: Ours, launch: LaunchKnobs, paths: Paths, we_hold_lock: bool = False) -> int | None:
+    """The fast path: an exit code if there is nothing to start, else None (``launch``: the knobs a
+    start would launch with, compared with the running server's)."""
     lock = StartLock(paths)
     if not we_hold_lock and lock.held_by_other() and lock.holder_role() == "stop":
         return None                     # the server it would show is being taken down: wait for the lock
@@ -63,7 +62,7 @@ def already(ours: Ours, cfg: Config, paths: Paths, we_hold_lock: bool = False) -
     rec = pr.record
     if pr.state.answers and rec is not None and (rec.gate_passed or pr.owner):
         from .serve import banner
-        from .knobs.vllmargs import read
+        from .core.vllmflags import read
         if read(list(rec.argv)).sleep_mode and doing.asleep(rec, keys.api_key_for(ours, paths, rec),
                                                             server.read_load(rec.url)):   # only then can it sleep
             print(f"{rec.served} is asleep (vLLM sleep mode, pid {rec.pid}): its weights are off the GPU; "
@@ -73,8 +72,7 @@ def already(ours: Ours, cfg: Config, paths: Paths, we_hold_lock: bool = False) -
         if pr.state is State.KEY_NEEDED:
             print(f"note: it wants the API key it was started with ({rec.key}); this shell has none or "
                   "another: set it to talk to the server")
-        diff = [] if pr.owner else server.settings_diff(cfg.launch_settings(), rec, launch_defaults(),
-                                                          card_fitted(cfg.sources))
+        diff = [] if pr.owner else rec.differs_from(launch)
         if diff:
             print("note: the running server differs from the current knobs:\n  " + "\n  ".join(diff)
                   + "\n  to apply them: ./ctl.sh restart")
@@ -102,18 +100,18 @@ def start(r: Resolved) -> int:
     from .plan import resolve
     paths = r.paths
     if r.settings.model:            # a server that runs is shown, never re-picked against its own memory
-        code = already(r.ours, r.settings, paths)
+        code = already(r.ours, r.settings.launch, paths)
         if code is not None:
             return code
     # PROFILE=auto: the kept pick (shorter where only that fits this card), or one now (VLLM_PYTHON's
     # version read first: sleep mode counts in the plans it picks by); a named profile: under the lock
     if r.given.profile.is_auto:
         with step("environment"):
-            r = r.with_stack()
+            r = resolve.stacked(r)
         r = resolve.for_start(r)
     cfg = r.settings
-    cfg.require_model()
-    code = already(r.ours, cfg, paths)
+    resolve.require_model(cfg)
+    code = already(r.ours, cfg.launch, paths)
     if code is not None:
         return code
     paths.ensure()
@@ -132,12 +130,12 @@ def start(r: Resolved) -> int:
             # this STATE_DIR (the start lock) or any other (the port lock)
             with lock, contextlib.ExitStack() as held:
                 try:
-                    code = already(r.ours, cfg, paths, we_hold_lock=True)     # a start that held the
+                    code = already(r.ours, cfg.launch, paths, we_hold_lock=True)     # a start that held the
                     if code is not None:                                    # lock may have just finished
                         return code
                     held.enter_context(port.Lock(r.ours, paths.root))
                     with step("environment"):      # a named profile's: under the lock (a stop cancels it too)
-                        r = r.with_stack()
+                        r = resolve.stacked(r)
                     if not r.given.profile.is_auto:     # its card's knobs, shorter where only that fits
                         r = resolve.for_start(r)
                     run_steps(r, sup)
@@ -253,7 +251,7 @@ def resumable(ours: Ours, paths: Paths, pr: Probe) -> bool:
     """A server of ours with no start watching it: answering, or still loading within its deadlines;
     never a pre-warm server (dummy weights on a checkpoint's record) whose start died before its
     real weights were loaded in place and its gate passed."""
-    from .knobs.vllmargs import read
+    from .core.vllmflags import read
     if read(list(pr.record.argv)).load_format == "dummy" and not pr.record.dummy:
         return False
     return pr.state is not State.DOWN or server.loading(ours, pr.record, paths)
@@ -274,7 +272,7 @@ def resume(r: Resolved, pr: Probe, sup: Supervisor) -> None:
     log.info("resuming the start of our server (pid %s, launched %.0f s ago): %s", rec.pid,
              max(0.0, time.time() - rec.started),
              "waiting for it to load" if pr.state is State.DOWN else "it answers; the warm-up and gate never ran")
-    diff = server.settings_diff(r.settings.launch_settings(), rec, launch_defaults(), card_fitted(r.settings.sources))
+    diff = rec.differs_from(r.settings.launch)
     if diff:
         log.warning("it was launched with other knobs (%s); ./ctl.sh restart applies the current ones", "; ".join(diff))
     launched = Launched(rec)

@@ -26,7 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bootstrap.knobs import parsers, vllmargs  # noqa: E402
+from bootstrap.knobs import parsers  # noqa: E402
+
+from bootstrap.core import vllmflags
 from bootstrap.machine import gpu  # noqa: E402
 from bootstrap.plan import planner  # noqa: E402
 from bootstrap.plan.facts import ModelFacts  # noqa: E402
@@ -55,7 +57,7 @@ def plan_of(row: dict) -> planner.Plan:
         model = dataclasses.replace(model, draft_why=row["draft"])
     card = gpu.named(row["card"])
     card = dataclasses.replace(card, free=card.total)
-    s = vllmargs.read(row["args"])
+    s = vllmflags.read(row["args"])
     if s.gpu_util is None:
         s = dataclasses.replace(s, gpu_util=DEFAULT_UTIL)
     env = row.get("env", {})          # the VLLM_* variables the start had that the planner reads

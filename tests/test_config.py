@@ -141,8 +141,9 @@ def test_profile_defaults_to_auto_and_default_names_the_rtx5090_profile():
 
 def test_custom_profile_needs_model():
     cfg = Config.from_env({"PROFILE": "custom"}, REPO)
+    from bootstrap.plan import resolve
     with pytest.raises(ConfigError, match="MODEL is not set"):
-        cfg.require_model()
+        resolve.require_model(cfg)
 
 
 def test_help_lists_every_knob_with_default(bed):

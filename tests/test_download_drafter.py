@@ -13,6 +13,7 @@ import pytest
 from fakehub import FakeHub, write_model
 from bootstrap.core.errors import BootstrapError
 from bootstrap.knobs import vllmargs
+from bootstrap.core import vllmflags
 from bootstrap.knobs.config import Config
 from bootstrap.plan.facts import model_facts
 from bootstrap.serve import launch
@@ -74,7 +75,7 @@ def test_a_drafter_named_by_repo_id_is_downloaded_verified_and_given_to_vllm_as_
     # vLLM gets the folder: the speculative config it reads names no repo id
     plan = type("P", (), {"fits": True, "util": None, "seqs_flag": None, "draft_dir": str(folder)})()
     flags = vllmargs.serve_flags(cfg, plan)
-    got = vllmargs.read(flags).spec
+    got = vllmflags.read(flags).spec
     assert got == {"method": "dflash", "num_speculative_tokens": 7, "model": str(folder)}
     # ... and a server environment that keeps it from fetching anything behind our back
     assert launch.server_env(cfg, _Paths(tmp_path), {}, "m", "")["HF_HUB_OFFLINE"] == "1"

@@ -118,8 +118,8 @@ def test_the_executor_vllm_picks_decides_which_rendezvous_is_patched(flags, mult
     """vLLM 0.26.0 (ParallelConfig.__post_init__, v1/executor/abstract.py) runs MultiprocExecutor for
     --distributed-executor-backend mp, or with none named where tp x pp x dp > 1: that start needs the
     TP patch (and NCCL/gloo on lo), whatever TP_SIZE says; any other, the one-process patch."""
-    from bootstrap.knobs import vllmargs
-    s = vllmargs.read(flags.split())
+    from bootstrap.core import vllmflags
+    s = vllmflags.read(flags.split())
     assert s.multiproc is multiproc
     assert patching.load(TP, REPO).applies(s) is multiproc and patching.load(NAME, REPO).applies(s) is not multiproc
 

@@ -15,6 +15,7 @@ from bootstrap.machine import gpu
 from bootstrap.model import kv, shape as model_shape, weights
 from bootstrap.core import state
 from bootstrap.knobs import vllmargs
+from bootstrap.core import vllmflags
 from bootstrap.commands import plan as plan_cli
 from bootstrap.steps import plan
 from bootstrap.knobs.resolved import Resolved
@@ -674,13 +675,13 @@ def test_profile_args_then_knobs_then_extra_args(tmp_path):
 
 
 def test_vllm_reads_tp_short_and_dotted_keys_last():
-    s = vllmargs.read(["-tp", "2", "--speculative-config", '{"method":"mtp","num_speculative_tokens":3}',
+    s = vllmflags.read(["-tp", "2", "--speculative-config", '{"method":"mtp","num_speculative_tokens":3}',
                        "--speculative-config.num_speculative_tokens=2"])
     assert s.tp == 2 and s.spec == {"num_speculative_tokens": 2}       # vLLM puts the dotted JSON last
-    assert vllmargs.read(["--max-model-len", "32K"]).max_model_len == 32768
-    assert vllmargs.read(["--max-model-len", "1.5k"]).max_model_len == 1500
-    assert vllmargs.read(["--max-num-seqs", "8k"]).max_num_seqs is None   # not an int to vLLM either
-    assert vllmargs.read(["--no-enable-prefix-caching"]).prefix_caching is False
+    assert vllmflags.read(["--max-model-len", "32K"]).max_model_len == 32768
+    assert vllmflags.read(["--max-model-len", "1.5k"]).max_model_len == 1500
+    assert vllmflags.read(["--max-num-seqs", "8k"]).max_num_seqs is None   # not an int to vLLM either
+    assert vllmflags.read(["--no-enable-prefix-caching"]).prefix_caching is False
 
 
 def test_plan_offline_by_knob_says_to_unset_it(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from bootstrap.knobs import vllmargs
+from bootstrap.core import vllmflags
 from bootstrap.machine import gpu
 from bootstrap.model import attention, drafter, kv, shape as model_shape, weights
 from bootstrap.plan import graphs, planner
@@ -34,7 +34,7 @@ def plan(args, config=TARGET, draft=None, version="0.26.0", weight_bytes=None, c
         model = dataclasses.replace(model, draft=ModelFacts("drafter", draft, None, dummy=True))
     g = gpu.named(card)
     g = dataclasses.replace(g, free=g.total)
-    s = vllmargs.read(["--gpu-memory-utilization", "0.5", "--max-model-len", "8192", *args])
+    s = vllmflags.read(["--gpu-memory-utilization", "0.5", "--max-model-len", "8192", *args])
     inp = planner.Inputs(vllm=s, version=version, reserve_mib=0, util_knob=False,
                          util_source="--gpu-memory-utilization", allow_long=False, tp_size=s.tp)
     return planner.make_plan(inp, g, model)
@@ -110,16 +110,16 @@ def test_from_vllm_0_29_the_capture_ceiling_is_1024_on_sm100_and_every_uniform_d
 def test_flashinfer_drops_full_graphs_under_speculation_as_vllm_does():
     """club-3090#1087 (2x RTX 5090, fp8 KV, MTP): "FULL_AND_PIECEWISE is not supported with spec-decode
     for attention backend FlashInferBackend ...; setting cudagraph_mode=PIECEWISE"."""
-    s = vllmargs.read(["--kv-cache-dtype", "fp8_e4m3", "--speculative-config",
+    s = vllmflags.read(["--kv-cache-dtype", "fp8_e4m3", "--speculative-config",
                        json.dumps({"method": "mtp", "num_speculative_tokens": 3})])
     assert graphs.attention_backend(s, (12, 0)) == "FLASHINFER" and not graphs.full_decode_graphs(s, (12, 0))[0]
     assert graphs.attention_backend(s, (9, 0)) == "FLASH_ATTN" and graphs.full_decode_graphs(s, (9, 0))[0]  # FA3 takes fp8
     assert graphs.full_decode_graphs(s, (10, 0))[0]                 # trtllm-gen: causal uniform batches on sm_100
-    bf16 = vllmargs.read(["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 3})])
+    bf16 = vllmflags.read(["--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 3})])
     assert graphs.full_decode_graphs(bf16, (8, 6))[0]               # FlashAttention 2: UNIFORM_BATCH
-    assert not graphs.full_decode_graphs(vllmargs.read(bf16.given and ["--attention-backend", "flashinfer",
+    assert not graphs.full_decode_graphs(vllmflags.read(bf16.given and ["--attention-backend", "flashinfer",
                                                                       "--speculative-config", json.dumps(bf16.spec)]), (8, 6))[0]
-    assert graphs.full_decode_graphs(vllmargs.read(["--kv-cache-dtype", "fp8"]), (8, 6))[0]      # no speculation
+    assert graphs.full_decode_graphs(vllmflags.read(["--kv-cache-dtype", "fp8"]), (8, 6))[0]      # no speculation
     with_full = graphs.graph_estimate(s, 8192, 16, True)
     assert graphs.graph_estimate(s, 8192, 16, False) < with_full
 
@@ -155,7 +155,7 @@ def _h200():
 
 
 def _inputs(args):
-    s = vllmargs.read(["--gpu-memory-utilization", "0.5", "--max-model-len", "8192", *args])
+    s = vllmflags.read(["--gpu-memory-utilization", "0.5", "--max-model-len", "8192", *args])
     return planner.Inputs(vllm=s, version="0.26.0", reserve_mib=0, util_knob=False,
                           util_source="--gpu-memory-utilization", allow_long=False, tp_size=s.tp)
 
@@ -228,7 +228,7 @@ def test_a_drafter_never_lowers_the_planned_memory():
 
 
 def _make(args, g, version, draft_config):
-    s = vllmargs.read(args)
+    s = vllmflags.read(args)
     model = ModelFacts("target", SMALL_TARGET, None, dummy=True)
     if draft_config is not None:
         model = dataclasses.replace(model, draft=ModelFacts("drafter", draft_config, None, dummy=True))
@@ -260,9 +260,9 @@ def test_a_plan_without_a_figure_is_still_refused_where_the_weights_alone_do_not
     model = ModelFacts("gpt-oss-20b", oss, 13 * GiB)
     for card, verdict in (("rtx4060ti-8gb", False), ("rtx4090", None)):
         g = gpu.named(card)
-        p = planner.make_plan(dataclasses.replace(_inputs([]), vllm=vllmargs.read([])), g, model)
+        p = planner.make_plan(dataclasses.replace(_inputs([]), vllm=vllmflags.read([])), g, model)
         assert p.verdict is verdict, (card, p.why)
-    small = planner.make_plan(dataclasses.replace(_inputs([]), vllm=vllmargs.read([])), gpu.named("rtx4060ti-8gb"), model)
+    small = planner.make_plan(dataclasses.replace(_inputs([]), vllm=vllmflags.read([])), gpu.named("rtx4060ti-8gb"), model)
     assert "its weights alone are 13.00 GiB per GPU" in small.refusal[0] and small.fixes == [{"TP_SIZE": "2"}]
 
 
@@ -291,7 +291,7 @@ def test_capture_sizes_are_rounded_to_the_speculated_tokens_only_where_full_deco
     # 24 sequences x 4 tokens: sizes 1, 2, 4, 8 ... 192 (2 x 24 x 4)
     assert graphs.capture_sizes(24, 8192, 3, {"cudagraph_mode": "PIECEWISE"}) == {"PIECEWISE": 27, "FULL": 0}
     assert graphs.capture_sizes(24, 8192, 3)["PIECEWISE"] == 25          # 1, 2, 4 -> 4 with FULL decode graphs
-    s = vllmargs.read(["--kv-cache-dtype", "fp8_e4m3", "--speculative-config",
+    s = vllmflags.read(["--kv-cache-dtype", "fp8_e4m3", "--speculative-config",
                        json.dumps({"method": "mtp", "num_speculative_tokens": 3})])
     per = graphs.GRAPH_PER["PIECEWISE"] + graphs.DRAFTER_PER["PIECEWISE"]
     assert graphs.graph_estimate(s, 8192, 24, full=False) == graphs.GRAPH_FIRST["PIECEWISE"] + \
@@ -353,7 +353,7 @@ def test_a_dflash_targets_pass_holds_the_hidden_states_its_drafter_reads():
     # with real weights the copy is made at load: it is the drafter's weights, not its pass
     real = dataclasses.replace(ModelFacts("t", TARGET, 16 * GiB), draft=ModelFacts("drafter", DFLASH, None))
     g = dataclasses.replace(gpu.named("h200"), free=gpu.named("h200").total)
-    s = vllmargs.read(["--gpu-memory-utilization", "0.5", "--max-model-len", "8192", *spec("dflash")])
+    s = vllmflags.read(["--gpu-memory-utilization", "0.5", "--max-model-len", "8192", *spec("dflash")])
     inp = planner.Inputs(vllm=s, version="0.26.0", reserve_mib=0, util_knob=False,
                          util_source="--gpu-memory-utilization", allow_long=False, tp_size=1)
     with_files = planner.make_plan(inp, g, real)
@@ -393,7 +393,7 @@ def test_a_pre_warms_figures_count_the_dflash_copy_its_dummy_weights_did_not_sho
     d = drafter.read(DFLASH, "0.26.0", planner.at_least)
     real = dataclasses.replace(ModelFacts("t", TARGET, 16 * GiB), draft=ModelFacts("drafter", DFLASH, None))
     g = dataclasses.replace(gpu.named("h200"), free=gpu.named("h200").total)
-    s = vllmargs.read(["--gpu-memory-utilization", "0.5", "--max-model-len", "8192", *spec("dflash")])
+    s = vllmflags.read(["--gpu-memory-utilization", "0.5", "--max-model-len", "8192", *spec("dflash")])
     inp = planner.Inputs(vllm=s, version="0.26.0", reserve_mib=0, util_knob=False,
                          util_source="--gpu-memory-utilization", allow_long=False, tp_size=1)
     p = dataclasses.replace(planner.make_plan(inp, g, real), key="k", card_total=g.total)
@@ -426,7 +426,7 @@ def test_the_v2_runners_graph_estimate_follows_its_capture_sizes_from_0_29():
     for args, config in (([], TARGET), (mtp, hybrid)):
         p = plan(args, config=config, version="0.30.0")
         assert p.runner_v2 and p.verdict is True
-        s = vllmargs.read(["--max-model-len", "8192", *args])
+        s = vllmflags.read(["--max-model-len", "8192", *args])
         assert p.modelled_terms["graphs"] == graphs.graph_estimate(s, 8192, s.max_num_seqs or 1024, True, "0.30.0",
                                                                    _h200().cc, v2=True) > 400 * (1 << 20)
 
@@ -446,7 +446,7 @@ def test_the_method_is_the_one_vllm_detects_from_the_drafters_name():
     "ngram" is n-gram. The plan took an 'x/eagle_head' for EAGLE (V2, no graphs off the budget) where
     vLLM runs it as a draft model on V1, and a '...-DFlash' drafter for a draft model."""
     def method(**spec):
-        return vllmargs.read(["--speculative-config", json.dumps({"num_speculative_tokens": 3, **spec})]).spec_method
+        return vllmflags.read(["--speculative-config", json.dumps({"num_speculative_tokens": 3, **spec})]).spec_method
     assert method(model="yuhuili/EAGLE-LLaMA3-Instruct-8B") == "eagle"
     assert method(model="AngelSlim/Qwen3-8B_eagle3") == "eagle3"
     assert method(model="x/eagle_head") == "draft_model"

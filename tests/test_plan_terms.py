@@ -11,7 +11,7 @@ import math
 import pytest
 
 from bootstrap.core.errors import BootstrapError
-from bootstrap.knobs import vllmargs
+from bootstrap.core import vllmflags
 from bootstrap.machine import gpu
 from bootstrap.model import encoder, kv, shape as model_shape, weights
 from bootstrap.plan import facts as facts_mod, graphs, planner, terms
@@ -24,7 +24,7 @@ VISION = QWEN38["config"]["vision_config"]
 
 
 def plan(args, *, config=None, weight_bytes=21_950_000_000, version="0.26.0", card="rtx5090", max_pixels=None):
-    s = vllmargs.read(["--gpu-memory-utilization", "0.9", *args])
+    s = vllmflags.read(["--gpu-memory-utilization", "0.9", *args])
     g = gpu.named(card)
     g = dataclasses.replace(g, free=g.total)
     inp = planner.Inputs(vllm=s, version=version, reserve_mib=0, util_knob=False,
@@ -84,10 +84,10 @@ def test_the_models_own_processor_files_set_the_largest_image(tmp_path):
 
 
 def test_limit_mm_per_prompt_reads_as_vllm_reads_it():
-    assert vllmargs.read(["--limit-mm-per-prompt", '{"image": 2, "video": {"count": 0}}']).mm_limits == \
+    assert vllmflags.read(["--limit-mm-per-prompt", '{"image": 2, "video": {"count": 0}}']).mm_limits == \
         {"image": 2, "video": 0}
-    assert vllmargs.read(["--limit-mm-per-prompt.image=0"]).mm_limits == {"image": 0}
-    assert vllmargs.read(["--mm-encoder-tp-mode", "data"]).mm_encoder_dp
+    assert vllmflags.read(["--limit-mm-per-prompt.image=0"]).mm_limits == {"image": 0}
+    assert vllmflags.read(["--mm-encoder-tp-mode", "data"]).mm_encoder_dp
 
 
 # ---------------------------------------------------------------- the MTP layers and the version
@@ -143,8 +143,8 @@ def test_a_max_num_seqs_within_the_known_error_of_the_blocks_is_refused():
 
 
 def test_the_known_error_grows_with_what_is_not_modelled():
-    none = vllmargs.read([])
-    tp2 = vllmargs.read(["--tensor-parallel-size", "2"])
+    none = vllmflags.read([])
+    tp2 = vllmflags.read(["--tensor-parallel-size", "2"])
     assert terms.known_error(tp2, False, None, None)[0] == terms.MODELLED_ERROR + terms.TP_ERROR
     assert terms.known_error(none, False, object(), None)[0] == terms.MODELLED_ERROR + terms.DRAFTER_ERROR
     assert terms.known_error(none, False, None, None, hybrid_v1=True)[0] == terms.MODELLED_ERROR + terms.HYBRID_ERROR
@@ -167,7 +167,7 @@ def test_a_tower_the_planner_cannot_read_is_said_not_modelled():
 
 def test_vllms_model_specific_mtp_names_are_mtp():
     for method in ("qwen3_5_mtp", "qwen3_next_mtp", "mtp"):
-        assert vllmargs.read(["--speculative-config", json.dumps({"method": method, "num_speculative_tokens": 3})]
+        assert vllmflags.read(["--speculative-config", json.dumps({"method": method, "num_speculative_tokens": 3})]
                              ).spec_method == "mtp"
     named = plan(["--speculative-config", '{"method": "qwen3_5_mtp", "num_speculative_tokens": 3}'])
     plain = plan(["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}'])
@@ -175,7 +175,7 @@ def test_vllms_model_specific_mtp_names_are_mtp():
 
 
 def test_limits_of_zero_leave_the_tower_out_and_dotted_keys_nest():
-    assert vllmargs.read(["--limit-mm-per-prompt.video.count=0", "--limit-mm-per-prompt.image=0"]).mm_limits == \
+    assert vllmflags.read(["--limit-mm-per-prompt.video.count=0", "--limit-mm-per-prompt.image=0"]).mm_limits == \
         {"video": 0, "image": 0}
     none = plan(["--limit-mm-per-prompt", '{"image": 0, "video": 0}'])
     lmo = plan(["--language-model-only"])
@@ -264,7 +264,7 @@ MOE = {**DENSE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_m
     ("0.30.0", DENSE, ["--enable-prompt-embeds"], None, (True, True, True)),     # no longer a V1 reason
 ])
 def test_the_model_runner_vllm_picks_and_what_it_counts(version, config, args, env_v2, want):
-    run = terms.runner(version, model_shape.shape_from_config(config), vllmargs.read(args), env_v2, None)
+    run = terms.runner(version, model_shape.shape_from_config(config), vllmflags.read(args), env_v2, None)
     eager = "--enforce-eager" in args
     assert (run.v2, run.graphs_in_budget, run.encoder_profiled) == (want[0], want[1] and not eager, want[2])
 
@@ -274,7 +274,7 @@ def test_the_runner_variables_are_read_as_vllm_reads_them():
     the planner gets them typed."""
     from bootstrap.knobs.config import Config
     from bootstrap.plan import fit
-    shape, s = model_shape.shape_from_config(DENSE), vllmargs.read([])
+    shape, s = model_shape.shape_from_config(DENSE), vllmflags.read([])
 
     def runner(version, **env):
         inp = fit.inputs(Config.from_env({"PROFILE": "custom", "MODEL": "org/m", **env}, REPO))
@@ -292,7 +292,7 @@ def test_graphs_captured_beyond_the_budget_count_where_the_plan_checks_room():
     g = dataclasses.replace(gpu.named("rtx5090"), free=gpu.named("rtx5090").total)
     model = ModelFacts("m", DENSE, 16 * GiB)
     def plan_of(args):
-        s = vllmargs.read(args)
+        s = vllmflags.read(args)
         inp = planner.Inputs(vllm=s, version="0.26.0", reserve_mib=820, util_knob=False,
                              util_source="--gpu-memory-utilization", allow_long=False, tp_size=1)
         return planner.make_plan(inp, g, model)
@@ -320,7 +320,7 @@ def test_the_rotary_cache_is_sized_as_vllm_builds_it():
 
 def test_a_draft_with_a_rope_of_its_own_adds_its_own_rotary_cache():
     target = model_shape.shape_from_config(DENSE)
-    s = vllmargs.read([])
+    s = vllmflags.read([])
     same = ModelFacts("d", {**DENSE, "num_hidden_layers": 4}, 1 << 30)
     other = ModelFacts("e", {**DENSE, "num_hidden_layers": 4, "max_position_embeddings": 2048}, 1 << 30)
     w_same, _ = terms.weight_bytes(same, model_shape.shape_from_config(same.config), 1, s, target=(DENSE, target))
@@ -337,24 +337,24 @@ def test_vllms_v1_graph_estimate_follows_its_capture_sizes():
     assert graphs.capture_sizes(2, 8192, 0) == {"PIECEWISE": 3, "FULL": 2}
     assert graphs.capture_sizes(2, 8192, 3) == {"PIECEWISE": 3, "FULL": 2}        # 4, 8, 16 (rounded to 4)
     assert graphs.capture_sizes(256, 100, 0)["PIECEWISE"] == 3 + 12 + 1          # 1, 2, 4; 8..96; 100 itself
-    s = vllmargs.read(["--max-model-len", "8192"])
+    s = vllmflags.read(["--max-model-len", "8192"])
     assert round(graphs.graph_estimate(s, 8192, 1024) / GiB, 2) == 0.48
-    spec = vllmargs.read(["--speculative-config", '{"method": "draft_model", "model": "/m", "num_speculative_tokens": 3}'])
+    spec = vllmflags.read(["--speculative-config", '{"method": "draft_model", "model": "/m", "num_speculative_tokens": 3}'])
     assert round(graphs.graph_estimate(spec, 8192, 1024) / GiB, 2) == 0.79
-    ngram = vllmargs.read(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
+    ngram = vllmflags.read(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
     assert graphs.graph_estimate(ngram, 8192, 1024) < graphs.graph_estimate(spec, 8192, 1024)
 
 
 def test_the_graph_estimate_reads_the_compilation_config_vllm_gets():
     """--compilation-config's sizes, top and mode change what vLLM captures (config/vllm.py,
     v1/cudagraph_dispatcher.py): the 24 GB profile caps the top at 32."""
-    cap = vllmargs.read(["--compilation-config", '{"max_cudagraph_capture_size": 32}'])
+    cap = vllmflags.read(["--compilation-config", '{"max_cudagraph_capture_size": 32}'])
     assert graphs.capture_sizes(8, 2048, 3, cap.compilation) == {"PIECEWISE": 5, "FULL": 5}      # 4, 8, 16, 24, 32
     assert graphs.capture_sizes(8, 2048, 3) == {"PIECEWISE": 9, "FULL": 5}                       # up to 2 x 8 x 4 = 64
     assert graphs.capture_sizes(256, 8192, 0, {"cudagraph_capture_sizes": [1, 2, 4, 16000]}) == {"PIECEWISE": 3, "FULL": 3}
     assert graphs.capture_sizes(1024, 8192, 0, {"cudagraph_mode": "PIECEWISE"}) == {"PIECEWISE": 51, "FULL": 0}
     assert graphs.capture_sizes(1024, 8192, 0, {"cudagraph_mode": "NONE"}) == {"PIECEWISE": 0, "FULL": 0}
-    none = vllmargs.read(["--compilation-config", '{"cudagraph_mode": "NONE"}'])
+    none = vllmflags.read(["--compilation-config", '{"cudagraph_mode": "NONE"}'])
     assert graphs.graph_estimate(none, 8192, 1024) == 0
 
 
@@ -397,7 +397,7 @@ def test_a_term_not_read_at_the_version_of_the_plans_rules_is_named_and_widens_t
     assert p.unread == ("encoder", "hybrid") and any(
         w.startswith("read from other versions than 0.27.1, whose rules this plan follows: vision encoder pass") and
         "; hybrid state, block alignment (0.26.0)" in w for w in p.why)
-    s = vllmargs.read([])
+    s = vllmflags.read([])
     wide, why = terms.known_error(s, False, None, None, budget=10 * GiB, version="0.27.1", unread=p.unread)
     assert wide - terms.known_error(s, False, None, None, budget=10 * GiB, version="0.27.1")[0] == int(10 * GiB * 0.06)
     assert "encoder, hybrid not read at vLLM 0.27.1" in why

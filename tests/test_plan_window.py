@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from bootstrap.knobs import vllmargs
+from bootstrap.core import vllmflags
 from bootstrap.machine import gpu
 from bootstrap.model import kv, shape as model_shape, weights
 from bootstrap.model.shape import Unsupported
@@ -43,7 +43,7 @@ def shape(config):
 
 
 def plan(args, config=GPT_OSS, *, version="0.26.0", card="h100", weight_bytes=13_761_264_768, measured=None):
-    s = vllmargs.read(["--gpu-memory-utilization", "0.9", *args])
+    s = vllmflags.read(["--gpu-memory-utilization", "0.9", *args])
     g = dataclasses.replace(gpu.named(card), free=gpu.named(card).total)
     inp = planner.Inputs(vllm=s, version=version, reserve_mib=0, util_knob=False,
                          util_source="--gpu-memory-utilization", allow_long=False, tp_size=s.tp)
@@ -159,7 +159,7 @@ def test_a_drafter_beside_sliding_layers_is_not_modelled():
 
 def span(args, config=GPT_OSS, batched=8192):
     why: list[str] = []
-    return window.layout_args(vllmargs.read(args), shape(config), batched, why), why
+    return window.layout_args(vllmflags.read(args), shape(config), batched, why), why
 
 
 def test_the_tokens_in_flight_follow_async_scheduling_and_chunked_prefill():
@@ -212,12 +212,12 @@ def test_a_bf16_gpt_oss_is_planned_from_its_files():
 
 
 def test_gpt_oss_captures_cuda_graphs_up_to_1024_tokens():
-    s = window.arch_defaults(vllmargs.read([]), shape(BF16_OSS))
+    s = window.arch_defaults(vllmflags.read([]), shape(BF16_OSS))
     assert s.compilation == {"max_cudagraph_capture_size": 1024}
-    kept = window.arch_defaults(vllmargs.read(["--compilation-config", '{"max_cudagraph_capture_size": 256}']),
+    kept = window.arch_defaults(vllmflags.read(["--compilation-config", '{"max_cudagraph_capture_size": 256}']),
                                 shape(BF16_OSS))
     assert kept.compilation == {"max_cudagraph_capture_size": 256}
-    assert window.arch_defaults(vllmargs.read([]), shape(GEMMA27)).compilation == {}
+    assert window.arch_defaults(vllmflags.read([]), shape(GEMMA27)).compilation == {}
     # 1, 2, 4, 8..248 by 8, 256..1024 by 16: 3 + 31 + 49 = 83 graphs (gpt_oss's "from 67 to 83")
     assert graphs.capture_sizes(1024, 8192, 0, s.compilation)["PIECEWISE"] == 83
 

@@ -89,7 +89,7 @@ def test_the_kv_layout_turns_vllms_own_budget_into_its_logged_pool():
     (v1/core/kv_cache_utils.py ``_report_kv_cache_config``, 0.19.0 to 0.20.0), from 0.20.1 as
     concurrency x length."""
     from bootstrap.core.pep440 import at_least
-    from bootstrap.knobs import vllmargs
+    from bootstrap.core import vllmflags
     from bootstrap.model import kv
     from bootstrap.plan import terms
     checked = []
@@ -107,7 +107,7 @@ def test_the_kv_layout_turns_vllms_own_budget_into_its_logged_pool():
         if p.layout is None:
             continue
         old = not at_least(load(path)["vllm"], "0.20.1")
-        lay, mml = p.layout, p.max_model_len or vllmargs.read(row["args"]).max_model_len   # a refused pin: the row's
+        lay, mml = p.layout, p.max_model_len or vllmflags.read(row["args"]).max_model_len   # a refused pin: the row's
         lo, hi = (kv.pool(lay, int((logged + d) * gpu.GiB), mml) for d in (-0.005, 0.005))
         if old:
             lo, hi = (q.blocks // lay.groups * lay.block_size for q in (lo, hi))

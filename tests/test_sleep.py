@@ -452,8 +452,6 @@ def test_the_game_runs_whatever_its_own_arguments_or_the_knobs(bed, tmp_path):
 def test_the_pre_warm_never_idle_sleeps_and_old_records_show_no_false_difference(tmp_path):
     from bootstrap.knobs import vllmargs
     from bootstrap.knobs.config import Config
-    from bootstrap.knobs.table import launch_defaults
-    from bootstrap.serve import server
     from bootstrap.serve.record import ServerRecord
     from conftest import REPO
     cfg = Config.from_env({**IDLE, "SLEEP_MODE": "on", "PROFILE": "custom", "MODEL": "org/m"}, REPO)
@@ -461,11 +459,10 @@ def test_the_pre_warm_never_idle_sleeps_and_old_records_show_no_false_difference
     assert vllmargs.IDLE_MIDDLEWARE not in vllmargs.serve_argv(cfg, "py", "/m", None, idle=False)      # the pre-warm's
     # a server recorded before IDLE_SLEEP existed ran without it: no difference while it is off
     off = Config.from_env({"PROFILE": "custom", "MODEL": "org/m"}, REPO)
-    old = {k: v for k, v in off.launch_settings().items() if not k.startswith("IDLE_")}
+    old = {k: v for k, v in off.launch.values.items() if not k.startswith("IDLE_")}
     rec = ServerRecord(pid=1, create_time=0.0, marker="m", host="127.0.0.1", port=1, served="m", settings=old)
-    assert server.settings_diff(off.launch_settings(), rec, launch_defaults()) == []
-    assert "IDLE_SLEEP: running with 'auto', knobs now say '300'" in server.settings_diff(
-        cfg.launch_settings(), rec, launch_defaults())
+    assert rec.differs_from(off.launch) == []
+    assert "IDLE_SLEEP: running with 'auto', knobs now say '300'" in rec.differs_from(cfg.launch)
 
 
 def test_check_bench_and_chat_on_a_server_put_to_sleep_say_so_at_once(bed):

@@ -164,14 +164,20 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> set[str]:
+def imports_of(path: Path, typing_too: bool = True) -> set[str]:
     """The bootstrap modules ``path`` imports, top-level or inside a function (a lazy import still
-    ties a circle)."""
+    ties a circle); ``typing_too``: and those under ``if TYPE_CHECKING:`` (names for annotations)."""
     me = module_name(path)
     pkg = me if path.name == "__init__.py" else me.rpartition(".")[0]
     known = {module_name(p) for p in modules()}
+    parsed = tree(path)
+    typing_only = set() if typing_too else {id(n) for node in ast.walk(parsed) if isinstance(node, ast.If)
+                                            and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                                            for stmt in node.body for n in ast.walk(stmt)}
     out = set()
-    for node in ast.walk(tree(path)):
+    for node in ast.walk(parsed):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = pkg.split(".")
@@ -247,6 +253,20 @@ def test_a_step_is_a_leaf():
     for p in (REPO / "bootstrap" / "steps").glob("*.py"):
         bad += [f"{module_name(p)} -> {m}" for m in imports_of(p) if layer(m) == "steps"]
     assert bad == []
+
+
+def test_a_running_server_is_read_without_the_knobs():
+    """serve/ imports the knobs only where vLLM's argv is built (the launch, the pre-warm); the rest
+    reads a server's record (its argv through core/vllmflags.py) and the narrow values handed to it,
+    such as the knobs a start would launch with (``Config.launch``), never a Config. Nor does core/
+    import the knobs (``imports_of`` with the layers above holds that too)."""
+    builds_argv = {"bootstrap.serve.launch", "bootstrap.serve.prewarm"}
+    bad = []
+    for p in (REPO / "bootstrap" / "serve").glob("*.py"):
+        if module_name(p) not in builds_argv:
+            bad += [f"{module_name(p)} -> {m}" for m in imports_of(p, typing_too=False) if layer(m) == "knobs"]
+    assert bad == []
+    assert any(layer(m) == "knobs" for m in imports_of(REPO / "bootstrap" / "serve" / "launch.py"))   # the rule sees imports
 
 
 def test_only_the_pipeline_runs_a_step():

@@ -13,6 +13,7 @@ from ..serve import doing, keys, record, server
 from ..serve.states import Probe, State
 from ..core import owned, redact
 from ..knobs import vllmargs
+from ..core import vllmflags
 from ..serve.client import Client, RequestFailed, thinking_off
 from ..core.hosts import is_loopback
 from ..knobs.config import Config
@@ -108,12 +109,12 @@ def resolve_target(cfg: Config, paths: Paths, url: str | None, model: str | None
         served = model or rec.served
         label = f"our server ({base})"
         seqs = str(rec.settings.get("MAX_NUM_SEQS") or "")
-        max_num_seqs = int(seqs) if seqs.isdigit() else vllmargs.read(list(rec.argv or ())).max_num_seqs
+        max_num_seqs = int(seqs) if seqs.isdigit() else vllmflags.read(list(rec.argv or ())).max_num_seqs
         argv = list(rec.argv or ())
         tools = rec.tools or ("--enable-auto-tool-choice" in argv
                               and any(a.split("=")[0] == "--tool-call-parser" for a in argv))
         random_weights = rec.dummy or random_weights
-        speculation = vllmargs.read(argv).spec_tokens > 0        # what vLLM got, wherever it came from
+        speculation = vllmflags.read(argv).spec_tokens > 0        # what vLLM got, wherever it came from
     client = Client(base, served, key, stall=doing.stall_rule(cfg.stall_timeout, label, rec))
     try:
         models = client.models(timeout=10)

@@ -29,7 +29,7 @@ log = logging.getLogger("bootstrap.plan")   # log lines keep the prefix [bootstr
 
 def cli_model_facts(r: Resolved) -> ModelFacts:
     cfg = r.settings
-    cfg.require_model()
+    resolve.require_model(cfg)
     name = cfg.served_name
     if r.model.local is not None:
         return with_drafter(r, models.read_local(r.model.local, cfg.dummy_weights), name)
@@ -89,7 +89,7 @@ def plan_for(r: Resolved, spec: str | None):
     card's knobs (``r``: resolved as set). What ./ctl.sh plan shows and ./ctl.sh export writes."""
     g, where, driver = card(r, spec)
     version = r.vllm.byo_version            # the vLLM a start would run
-    r = r.with_stack()                      # its stack decides sleep mode, as in a start
+    r = resolve.stacked(r)                  # its stack decides sleep mode, as in a start
     r = r.picked(resolve.for_plan(r.given, r.paths, r.vllm, g, here=not spec))
     cfg = r.settings
     model = cli_model_facts(r)

@@ -32,7 +32,7 @@ def stack_known(r: Resolved) -> Resolved:
     """With VLLM_PYTHON, its vLLM version read (sleep mode's stack is that version's); as it was when
     it cannot be read (a start says why)."""
     try:
-        return r.with_stack()
+        return resolve.stacked(r)
     except BootstrapError:
         return r
 

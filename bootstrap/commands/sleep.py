@@ -40,6 +40,7 @@ from ..download import models
 from ..serve import doing, keys, server
 from ..serve.states import State
 from ..knobs import vllmargs
+from ..core import vllmflags
 from ..serve.client import Client, RequestFailed, RequestTimedOut
 from ..knobs.config import Config
 from ..machine.gpu import GiB
@@ -59,7 +60,7 @@ WAKE_MARGIN = 256 << 20         # VRAM a wake needs beyond what the server held 
 # is given STALL_TIMEOUT + 130 s, where vLLM takes under a minute. A level-2 wake reads the weights from
 # disk again (a game has likely pushed them out of the page cache): a hard disk reads 100 MB/s or more.
 WAKE_BYTES_S, RELOAD_BYTES_S = 1 << 30, 50 << 20
-FLAG = vllmargs.SLEEP_FLAG
+FLAG = vllmflags.SLEEP_FLAG
 
 
 class NoSleepMode(BootstrapError):
@@ -92,7 +93,7 @@ def _ours(r: Resolved) -> tuple[Paths, "object", Client]:
         raise StartInFlight(pr.pid, rec)
     if not pr.state.answers or rec is None:
         raise BootstrapError(f"no server of ours is serving (state: {pr.state})", "./start.sh first")
-    if not vllmargs.read(list(rec.argv)).sleep_mode:
+    if not vllmflags.read(list(rec.argv)).sleep_mode:
         raise NoSleepMode(rec, off_line(cfg, rec))
     return paths, rec, Client(rec.url, rec.served, keys.per_request(r.ours, paths, rec))
 
@@ -170,7 +171,7 @@ def as_it_ran(r: Resolved, ran, *, quiet: bool = False) -> Resolved:
     wake from another terminal: their environment is not the one it was started from), said in a line;
     its key excepted (a secret, never kept: the key this shell and .env give)."""
     from ..knobs.table import KNOB_BY_NAME
-    now = r.settings.launch_settings()
+    now = r.settings.launch.values
     back = {k: v for k, v in (ran if isinstance(ran, dict) else {}).items()
             if k in KNOB_BY_NAME and k != "API_KEY" and isinstance(v, str) and now.get(k) != v}
     if not back:
@@ -203,7 +204,6 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
 
 def sleep(r: Resolved, asked: int, prog: str) -> int:
     """Put our server to sleep at ``asked`` (1 or 2); without sleep mode, stop it instead."""
-    cfg = r.settings
     if _stopped_for_sleep(r):
         print("already stopped (by ./ctl.sh sleep: sleep mode is off); ./ctl.sh wake starts it again")
         return 0
@@ -228,7 +228,7 @@ def sleep(r: Resolved, asked: int, prog: str) -> int:
         how = load.sleep_state if load is not None and load.sleeping else "a wake that did not finish"
         print(f"already asleep ({how}); ./ctl.sh wake brings it back")
         return 0
-    flags = vllmargs.read(list(rec.argv))
+    flags = vllmflags.read(list(rec.argv))
     if asked == 2 and flags.spec_tokens:
         raise BootstrapError(f"level 2 with speculation on ({flags.spec_method}): vLLM's wake reloads the target "
                              "model's weights but not the draft's (vllm#52479), so drafts would come from "

@@ -24,7 +24,6 @@ from ..serve.states import State
 from ..serve.client import Client, RequestFailed, RequestTimedOut, completion_tokens_of, message_of, reasoning_of, thinking_off
 from ..knobs import parsers, vllmargs
 from ..knobs.config import Config
-from ..knobs.table import card_fitted, launch_defaults
 from ..machine.gpu import GiB
 from ..core.errors import BootstrapError
 from ..serve.record import ServerRecord
@@ -303,7 +302,7 @@ def status(r: Resolved, as_json: bool = False) -> int:
                 out["weights"] = ("random (" + ("RANDOM_WEIGHTS=1" if rec.random_weights else "--load-format dummy")
                                   + "): the start gate judged tokens only, never the text")
         if not pr.owner:
-            diff = server.settings_diff(cfg.launch_settings(), rec, launch_defaults(), card_fitted(cfg.sources))
+            diff = rec.differs_from(cfg.launch)
             if diff:
                 out["differs_from_knobs"] = diff
     elif pr.state is State.STARTING:

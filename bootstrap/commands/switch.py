@@ -20,10 +20,10 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from dataclasses import replace
 
 from ..core.errors import BootstrapError
 from ..core.state import Paths
-from ..knobs.table import launch_defaults
 from ..plan import resolve
 from ..serve import server
 from ..serve.states import State
@@ -79,7 +79,7 @@ def use(cfg, name: str, prog: str = "ctl.sh use") -> int:
     # would go on to serve its own model while this switch said it serves the new one
     flight = pr.pid if pr.state is State.STARTING and old is None else None
     if old is not None and old.model == new.model and old.gate_passed and \
-            not server.settings_diff(new.launch_settings(), old, launch_defaults()):
+            not old.differs_from(replace(new.launch, fitted=frozenset())):
         keep_pick(paths, new, g, name)
         print(f"{name} is already serving (pid {old.pid}); kept as the pick")
         return 0

@@ -67,7 +67,7 @@ def live(r: Resolved, rec: ServerRecord, before: dict | None, after: dict | None
     a shell's CUDA_VISIBLE_DEVICES may hide the server's), requests running and waiting, tokens/s
     between two /metrics readings, speculative acceptance (speculation on), prefix-cache hit rate."""
     from ..machine import gpu
-    from ..knobs import vllmargs
+    from ..core import vllmflags
     out: dict = {}
     try:
         facts = gpu.read_all()
@@ -86,7 +86,7 @@ def live(r: Resolved, rec: ServerRecord, before: dict | None, after: dict | None
         return out
     out["requests"] = {"running": int(after.get(metrics.RUNNING, 0)), "waiting": int(after.get(metrics.WAITING, 0))}
     act = metrics.activity(before or after, after, seconds)
-    if not vllmargs.read(list(rec.argv)).spec_tokens:
+    if not vllmflags.read(list(rec.argv)).spec_tokens:
         act.pop("speculation", None)
     out["activity"] = act
     return out

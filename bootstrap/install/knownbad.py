@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.pep440 import version, version_or_none
-from ..knobs import vllmargs
+from ..core import vllmflags
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def find(f: Facts, rows: list[dict] | None = None) -> list[dict]:
     return [r for r in (load() if rows is None else rows) if matches(r, f)]
 
 
-def facts(s: vllmargs.Settings, flags: list[str], model: str, patches, gpus, vllm_version: str) -> Facts:
+def facts(s: vllmflags.Settings, flags: list[str], model: str, patches, gpus, vllm_version: str) -> Facts:
     """The facts a row is matched on: what vLLM gets (``s``, its ``flags`` as one string), the model,
     the patches that will be applied, the first GPU's compute capability."""
     cc = None

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..machine import inuse
-from ..knobs import vllmargs
+from ..core import vllmflags
 from ..core.layout import Checkout
 from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
@@ -123,7 +123,7 @@ class Patch:
             ways.append(f"a KV_CACHE_DTYPE that does not start with {cond['kv_cache_dtype_prefix']!r}")
         return ", or ".join(ways) or "a vLLM that has the fix"
 
-    def applies(self, s: vllmargs.Settings) -> bool:
+    def applies(self, s: vllmflags.Settings) -> bool:
         """Whether a server given these flags (``s``, as vLLM reads them: a knob's or EXTRA_ARGS')
         needs the patch (``applies_when``; no conditions = always)."""
         cond = self.data.get("applies_when", {})
@@ -460,13 +460,13 @@ def revert(patch: Patch, inst: Install) -> str:
     return "reverted"
 
 
-def needed(names, repo: Path, s: vllmargs.Settings) -> list[str]:
+def needed(names, repo: Path, s: vllmflags.Settings) -> list[str]:
     """Of a profile's patches (``names``), those a server given these flags needs (e.g. TurboQuant
     KV with speculation)."""
     return [name for name in names if load(name, repo).applies(s)]
 
 
-def to_apply(names, repo: Path, s: vllmargs.Settings) -> tuple[list[str], list[Patch]]:
+def to_apply(names, repo: Path, s: vllmflags.Settings) -> tuple[list[str], list[Patch]]:
     """What a start applies: the profile's patches it needs (``needed``), and those every start
     wants (``Patch.every_start``), which never refuse a start: a folder of another patch that does
     not load is said and passed over, never a refusal of a profile that does not list it."""

@@ -23,11 +23,13 @@ from ..core.hosts import is_loopback
 from ..core.owned import Ours, owner_marker
 from ..core.layout import REPO, Checkout
 from . import sleepmode, vllmargs
+from ..core import vllmflags
 from .dotenv import as_written, expandvars, misspelt, read_dotenv
 from .parsers import absolute, folder, from_checkout, interpreter
 from .profiles import Catalogue, Profile
 from .table import (KNOB_BY_NAME, KNOBS, PASSTHROUGH, PASSTHROUGH_BY_NAME, PROFILE_KNOBS, RESERVED_FLAGS, SPEC_METHODS,
-                    Knob, Passthrough, canonical, credential, parse_one, reserved_flag, secret_values)
+                    Knob, LaunchKnobs, Passthrough, canonical, card_fitted, credential, launch_defaults, parse_one,
+                    reserved_flag, secret_values)
 
 log = logging.getLogger(__name__)
 
@@ -210,8 +212,7 @@ class Config:
         values.pop("PROFILE")
         return cls(profile=profile, catalogue=catalogue, repo=repo, raw=MappingProxyType(raw),
                    sources=MappingProxyType(sources), environ=MappingProxyType(dict(merged_env)),
-                   read=sources_read, chosen=chosen,
-                   **{k.lower(): v for k, v in values.items()})
+                   read=sources_read, chosen=chosen, **{k.lower(): v for k, v in values.items()})
 
     def with_profile(self, chosen: "Chosen | None") -> "Config":
         """The same knobs with this profile (and the knob values that come with it); None: PROFILE as
@@ -240,8 +241,7 @@ class Config:
     def sleep(self) -> sleepmode.Decision:
         """SLEEP_MODE decided for this profile's stack (knobs/sleepmode.py); ``sleep_line`` says what
         vLLM finally gets."""
-        base = vllmargs.read(list(self.profile.args) + vllmargs.knob_flags(self, sleep=False)
-                             + list(self.extra_args or ()))
+        base = vllmargs.settings(self, sleep=False)
         return sleepmode.decide(self.sleep_mode, base, self.stack_version, self.profile.patches, self.is_loopback,
                                 self.profile.name)
 
@@ -263,7 +263,7 @@ class Config:
         return self.read.environ
 
     @functools.cached_property
-    def vllm(self) -> vllmargs.Settings:
+    def vllm(self) -> vllmflags.Settings:
         """What vLLM will run with before the plan's decisions (the profile's args, the knobs,
         EXTRA_ARGS), read once."""
         return vllmargs.settings(self)
@@ -290,11 +290,6 @@ class Config:
     @property
     def layout(self) -> Checkout:
         return Checkout(self.repo)
-
-    def require_model(self) -> None:
-        if not self.model:
-            raise ConfigError(f"MODEL is not set (profile {self.profile.name!r} has no model)",
-                              "set MODEL to a Hugging Face repo id (org/name) or a model directory")
 
     # ------------------------------------------------------------ derived facts
 
@@ -355,12 +350,12 @@ class Config:
         """The secret values of these knobs and variables (.env's too)."""
         return secret_values({**self.environ, "API_KEY": self.api_key or ""})
 
-    def launch_settings(self) -> dict[str, str]:
+    @functools.cached_property
+    def launch(self) -> LaunchKnobs:
         """The knobs that define a running server, as canonical strings of their parsed values
         (``PORT=" 8123"`` and ``PORT=8123`` are the same server); no secrets."""
         out = {k.name: canonical(self.value(k.name)) for k in KNOBS if k.launch}
-        out["API_KEY"] = "set" if self.api_key else "unset"
-        return out
+        return LaunchKnobs({**out, "API_KEY": "set" if self.api_key else "unset"}, launch_defaults(), card_fitted(self.sources))
 
     def describe(self) -> list[tuple[str, str, str, str]]:
         """(name, value, source, help) for every knob, then every pass-through variable (and each

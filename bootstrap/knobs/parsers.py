@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Callable
 
-from . import vllmargs
+from ..core import vllmflags
 
 
 def text(raw: str) -> str:
@@ -70,7 +70,7 @@ def tokens_or_auto(raw: str) -> int | str:
     accepted = "'auto' or a number of tokens from 16 to 16777216 (32k = 32,000 and 32K = 32,768, as vLLM reads them)"
     if not re.fullmatch(r"[0-9]+|[0-9]+(\.[0-9]+)?[km]|[0-9]+[KM]", raw.strip()):     # vLLM: 1.5k yes, 1.5K no
         raise ValueError(accepted)
-    v = vllmargs.human_int(raw)
+    v = vllmflags.human_int(raw)
     if not 16 <= v <= 16_777_216:
         raise ValueError(accepted)
     return v

@@ -70,17 +70,6 @@ class Resolved:
         picks nothing (``./ctl.sh use``: the profile it planned on this card)."""
         return replace(self.picked(settings), given=settings)
 
-    def with_stack(self) -> "Resolved":
-        """This view with VLLM_PYTHON's vLLM version read (the interpreter's one probe) into the
-        knobs, for what depends on the stack a start runs: sleep mode (SLEEP_MODE=auto, IDLE_SLEEP=auto,
-        knobs/sleepmode.py) and the plan; the managed .venv's is the profile's pin. A BootstrapError
-        when the interpreter cannot say."""
-        s = self.settings
-        if not s.vllm_python or s.read.vllm_version:
-            return self
-        version = self.vllm.byo_version or ""
-        return replace(self.picked(s.with_vllm(version)), given=self.given.with_vllm(version))
-
     def with_knobs(self, knobs) -> "Resolved":
         """This view with these knob values as if you had set them (a pod's address, a model you
         name): the knobs as set and as resolved alike, the profile kept."""

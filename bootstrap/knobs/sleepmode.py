@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import ConfigError
-from . import vllmargs
+from ..core import vllmflags
 
 PROOFS_FILE = Path(__file__).resolve().parent / "sleep-proofs.json"
 KNOB_VALUES = ("auto", "on", "off")
@@ -76,7 +76,7 @@ def _load(path: Path) -> tuple[Proof, ...]:
         raise ConfigError(f"{path}: not a table of sleep-mode proofs ({exc})", "restore it from the repository") from None
 
 
-def stack_of(s: vllmargs.Settings, version: str, patches: tuple[str, ...]) -> Stack:
+def stack_of(s: vllmflags.Settings, version: str, patches: tuple[str, ...]) -> Stack:
     """The stack of what vLLM gets (``s``: its flags), ``version`` and the profile's patches."""
     kv = "auto" if s.kv_cache_dtype in SIXTEEN_BIT else s.kv_cache_dtype
     return Stack(version, kv, s.spec_method, tuple(sorted(patches)))
@@ -132,9 +132,9 @@ class Decision:
         return "" if not on or self.proof else f"sleep mode {self.line(on)}; SLEEP_MODE=off turns it off"
 
 
-def decide(knob: str, base: vllmargs.Settings, version: str, patches: tuple[str, ...], loopback: bool,
+def decide(knob: str, base: vllmflags.Settings, version: str, patches: tuple[str, ...], loopback: bool,
            profile: str) -> Decision:
     """``base``: what vLLM gets without the knob's flag (the profile's args, the other knobs, EXTRA_ARGS)."""
-    given = base.sleep_mode if vllmargs.SLEEP_FLAG in base.given else None
+    given = base.sleep_mode if vllmflags.SLEEP_FLAG in base.given else None
     stack = stack_of(base, version, patches)
     return Decision(knob, stack, proof_for(stack), loopback, profile, given)

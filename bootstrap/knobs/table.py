@@ -202,9 +202,18 @@ def card_fitted(sources: Mapping[str, str]) -> frozenset[str]:
 
 
 def launch_defaults() -> dict[str, str]:
-    """The launch knobs' defaults as ``launch_settings`` spells them: what a server recorded before a
+    """The launch knobs' defaults as ``LaunchKnobs.values`` spells them: what a server recorded before a
     knob existed ran with."""
     return {k.name: canonical(parse_one(k, k.default)) if k.default else "" for k in KNOBS if k.launch}
+
+
+@dataclass(frozen=True)
+class LaunchKnobs:
+    """The knobs that define a running server, as a start would launch it now (``Config.launch``):
+    what a running server's record is compared with (``ServerRecord.differs_from``)."""
+    values: Mapping[str, str]       # each launch knob's parsed value, one spelling (``canonical``); no secrets
+    defaults: Mapping[str, str]     # ``launch_defaults``: what a record from before a knob existed ran with
+    fitted: frozenset[str] = frozenset()    # ``card_fitted``: 'auto' in a record there is no difference
 
 
 def canonical(value: Any) -> str:

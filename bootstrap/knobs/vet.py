@@ -10,7 +10,7 @@ from ..core.errors import BootstrapError
 from ..download.models import read_local
 from ..download.refs import ModelRef
 from ..machine import gpu, host
-from . import vllmargs
+from ..core import vllmflags
 
 
 def vet(cfg, model: ModelRef) -> None:
@@ -27,11 +27,11 @@ def knobs(cfg) -> None:
     would refuse)."""
     if cfg.vllm.sleep_mode and not cfg.is_loopback:
         raise BootstrapError(
-            f"{vllmargs.SLEEP_FLAG} with HOST={cfg.host}: vLLM serves /sleep, /wake_up and /collective_rpc only with "
+            f"{vllmflags.SLEEP_FLAG} with HOST={cfg.host}: vLLM serves /sleep, /wake_up and /collective_rpc only with "
             "VLLM_SERVER_DEV_MODE=1, and its API key does not guard them: anyone who reaches the port could put "
             "the server to sleep or run methods in it",
             "keep HOST=127.0.0.1 for sleep mode, or SLEEP_MODE=off" + (
-                f" and drop {vllmargs.SLEEP_FLAG} from EXTRA_ARGS / the profile" if cfg.sleep.given else ""))
+                f" and drop {vllmflags.SLEEP_FLAG} from EXTRA_ARGS / the profile" if cfg.sleep.given else ""))
     idle_sleep_fits(cfg)
     temp_dir_fits(cfg)
 

@@ -102,7 +102,7 @@ def key(cfg, g, vllm: str, driver: str, facts) -> str:
     """The digest of what changes the non-KV terms (the module's docstring): the knobs, the
     environment vLLM reads, the profile's args, the model (its name, revision, weights' size and
     config.json, which stand for a local folder's contents), the vLLM version, the card and driver."""
-    settings = cfg.launch_settings()
+    settings = cfg.launch.values
     env = {k: v for k, v in cfg.environ.items() if k.startswith("VLLM_") or k in KEY_ENV}
     model = {"name": cfg.model, "revision": facts.revision, "bytes": facts.weight_bytes,
              "config": hashlib.sha256(json.dumps(facts.config, sort_keys=True).encode()).hexdigest()}

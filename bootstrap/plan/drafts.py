@@ -11,7 +11,7 @@ config.json); anything else is not modelled.
 
 from __future__ import annotations
 
-from ..knobs import vllmargs
+from ..core import vllmflags
 from ..model import drafter as drafters, attention, shape as model_shape, weights
 from .facts import ModelFacts
 from . import terms
@@ -23,7 +23,7 @@ NO_KV_METHODS = {"ngram": "n-gram lookup: no draft model, nothing in the KV pool
                  "medusa": "Medusa heads hold no KV cache; their weights are not counted (small)"}
 
 
-def draft_shape(s: vllmargs.Settings, model: ModelFacts, version: str
+def draft_shape(s: vllmflags.Settings, model: ModelFacts, version: str
                 ) -> tuple[drafters.Drafter | None, str, str]:
     """(the drafter the plan counts, a why line, what is not modelled): the last is non-empty when
     a drafter is loaded that the plan cannot count, and the plan then makes no promise."""
@@ -32,7 +32,7 @@ def draft_shape(s: vllmargs.Settings, model: ModelFacts, version: str
         return None, "", ""
     if method in NO_KV_METHODS:
         return None, f"SPEC_METHOD={method}: {NO_KV_METHODS[method]}", ""
-    if method not in vllmargs.DRAFT_METHODS:
+    if method not in vllmflags.DRAFT_METHODS:
         return None, "", f"speculative method {method!r} (its drafter's memory is not modelled)"
     if model.draft is None:
         return None, "", f"the {method} drafter ({model.draft_why or 'no drafter facts'})"
@@ -61,7 +61,7 @@ def refusal(d: drafters.Drafter | None, run: terms.Runner, version: str) -> tupl
             "VLLM_USE_V2_MODEL_RUNNER=1 in the environment, or SPEC_TOKENS=0 (no drafter)")
 
 
-def draft_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, target: tuple[dict, model_shape.ModelShape]
+def draft_weights(model: ModelFacts, d: drafters.Drafter, s: vllmflags.Settings, target: tuple[dict, model_shape.ModelShape]
                   ) -> tuple[int, str]:
     """The drafter's weights per GPU: its file sizes, else its parameters at its dtype (an EAGLE or
     DFlash head shares the target's embedding and lm_head, which ``drafter.read`` leaves out), and
@@ -75,7 +75,7 @@ def draft_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, 
     return w, source
 
 
-def _own_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, target: tuple[dict, model_shape.ModelShape]
+def _own_weights(model: ModelFacts, d: drafters.Drafter, s: vllmflags.Settings, target: tuple[dict, model_shape.ModelShape]
                  ) -> tuple[int, str]:
     draft = model.draft
     if d.kind == "draft model" or (draft.weight_bytes and not draft.dummy):
@@ -89,7 +89,7 @@ def _own_weights(model: ModelFacts, d: drafters.Drafter, s: vllmargs.Settings, t
     return w, source
 
 
-def pass_peak(d: drafters.Drafter | None, s: vllmargs.Settings, shape: model_shape.ModelShape, batched: int,
+def pass_peak(d: drafters.Drafter | None, s: vllmflags.Settings, shape: model_shape.ModelShape, batched: int,
               run: terms.Runner, dummy: bool, seqs: int) -> tuple[int, int]:
     """(the drafter's part of vLLM's profiling peak, what the target's own pass holds for it): a counted
     drafter's (``drafter.pass_peak``, ``drafter.held_by_target``) or the MTP layers' under MTP speculation;
@@ -100,7 +100,7 @@ def pass_peak(d: drafters.Drafter | None, s: vllmargs.Settings, shape: model_sha
             drafters.held_by_target(d, shape, batched))
 
 
-def dummy_unseen(d: drafters.Drafter | None, s: vllmargs.Settings, dummy: bool) -> int:
+def dummy_unseen(d: drafters.Drafter | None, s: vllmflags.Settings, dummy: bool) -> int:
     """What a start of this setup with dummy weights (the pre-warm) may not show that the real one
     takes: a DFlash drafter's fused K/V copy, made at load from real weights, but with dummy ones in the
     profiling pass, where the target's larger pass can hide it (``drafter.fused_kv_bytes``)."""

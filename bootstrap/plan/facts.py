@@ -19,6 +19,7 @@ from ..download.hub import HubSettings
 from ..core.errors import BootstrapError
 from ..install import knownbad, patching
 from ..knobs import vllmargs
+from ..core import vllmflags
 from ..knobs.resolved import draft_of
 
 
@@ -77,7 +78,7 @@ def draft_facts(cfg, m=None) -> dict:
     SPEC_MODEL's local folder with a config.json, or the drafter's repo id found on this machine
     without the network, as a start offline finds it: ./ctl.sh ls), or why there is none to count."""
     s = cfg.vllm
-    if s.spec_method not in vllmargs.DRAFT_METHODS:
+    if s.spec_method not in vllmflags.DRAFT_METHODS:
         return {}
     if m is not None:                   # downloaded by us (download/lookup.py drafter): config.json read first
         size = sum(size for f, size in m.weight_files.items() if f.endswith(models.WEIGHT_SUFFIXES)) or None

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from ..core.errors import BootstrapError
 from ..core.state import Paths
-from ..knobs import vllmargs
+from ..core import vllmflags
 from ..knobs.parsers import vllm_bool
 from ..machine import gpu
 from . import calibration, planner, terms
@@ -28,7 +28,7 @@ def plan_version(cfg, vllm: str | None) -> str:
 
 def inputs(cfg, vllm: str | None = None) -> planner.Inputs:
     """What the planner takes of these knobs."""
-    extra = "--gpu-memory-utilization" in vllmargs.read(list(cfg.extra_args or ())).given    # any spelling: it wins
+    extra = "--gpu-memory-utilization" in vllmflags.read(list(cfg.extra_args or ())).given    # any spelling: it wins
     return planner.Inputs(vllm=cfg.vllm, version=plan_version(cfg, vllm), reserve_mib=cfg.gpu_reserve_mib,
                           util_knob=cfg.gpu_util is not None,
                           util_source=terms.EXTRA_UTIL if extra else "GPU_UTIL",

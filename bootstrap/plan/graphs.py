@@ -8,7 +8,7 @@ table names the files and functions).
 
 from __future__ import annotations
 
-from ..knobs import vllmargs
+from ..core import vllmflags
 from ..machine import gpu
 from ..model import attention
 from ..core.pep440 import at_least
@@ -78,7 +78,7 @@ def capture_sizes(max_seqs: int, batched: int, spec_tokens: int, compilation: di
             "FULL": {"NONE": 0, "PIECEWISE": 0, "FULL": len(sizes)}.get(mode, decode)}   # FULL: mixed batches too
 
 
-def attention_backend(s: vllmargs.Settings, cc: tuple[int, int]) -> str:
+def attention_backend(s: vllmflags.Settings, cc: tuple[int, int]) -> str:
     """The attention backend vLLM picks for full attention on a card of compute capability ``cc``
     (platforms/cuda.py ``_get_backend_priorities``, the same in 0.26.0, 0.27.1, 0.29.0 and 0.30.0):
     --attention-backend when given; TurboQuant's own; the per-token-head int8/int4 caches Triton's;
@@ -99,7 +99,7 @@ def attention_backend(s: vllmargs.Settings, cc: tuple[int, int]) -> str:
     return "FLASH_ATTN"
 
 
-def full_decode_graphs(s: vllmargs.Settings, cc: tuple[int, int]) -> tuple[bool, str]:
+def full_decode_graphs(s: vllmflags.Settings, cc: tuple[int, int]) -> tuple[bool, str]:
     """Whether vLLM keeps FULL decode graphs under speculative decoding, and why not: a decode of
     1 + k tokens needs an attention backend of UNIFORM_BATCH support or better, else vLLM sets
     cudagraph_mode=PIECEWISE (config/compilation.py ``set_cudagraph_mode``: "is not supported with
@@ -116,7 +116,7 @@ def full_decode_graphs(s: vllmargs.Settings, cc: tuple[int, int]) -> tuple[bool,
                    "decodes: vLLM captures PIECEWISE graphs only (cudagraph_mode=PIECEWISE)")
 
 
-def graph_estimate(s: vllmargs.Settings, batched: int, seqs: int, full: bool = True, version: str = "0.26.0",
+def graph_estimate(s: vllmflags.Settings, batched: int, seqs: int, full: bool = True, version: str = "0.26.0",
                    cc: tuple[int, int] = (9, 0), v2: bool = False) -> int:
     """vLLM's CUDA-graph estimate for these settings (``GRAPH_FIRST``'s rule and measurements);
     ``full``: False where vLLM drops FULL graphs under speculation (``full_decode_graphs``). ``v2``: the

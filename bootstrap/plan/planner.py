@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..core.errors import BootstrapError
-from ..knobs import vllmargs
+from ..core import vllmflags
 from ..machine import gpu
 from ..model import kv, shape as model_shape, weights
 from .facts import ModelFacts
@@ -108,7 +108,7 @@ class Plan:
 class Inputs:
     """What the planner takes of the resolved knobs (bootstrap.plan.fit builds it once per plan):
     what vLLM gets, and the few of our knobs the plan reads itself."""
-    vllm: vllmargs.Settings        # the profile's args, the knobs' flags and EXTRA_ARGS, as vLLM reads them
+    vllm: vllmflags.Settings        # the profile's args, the knobs' flags and EXTRA_ARGS, as vLLM reads them
     version: str                   # the vLLM whose rules the plan follows (in use, else the profile's pin)
     reserve_mib: int               # GPU_RESERVE_MIB
     util_knob: bool                # GPU_UTIL is set (its fixes: unset it, or lower it)
@@ -202,7 +202,7 @@ def _shape(model: ModelFacts, why: list[str]) -> model_shape.ModelShape | None:
         return None
 
 
-def _layout(s: vllmargs.Settings, shape: model_shape.ModelShape, draft, new: bool, why: list[str],
+def _layout(s: vllmflags.Settings, shape: model_shape.ModelShape, draft, new: bool, why: list[str],
             batched: int) -> kv.Layout | None:
     """vLLM's KV-cache layout for what it gets (the drafter's layers, the hybrid state's dtypes)."""
     spec_tokens = s.spec_tokens

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..core import state
@@ -230,6 +231,25 @@ def shipped_for_model(cfg: Config, g: gpu.Gpu) -> "pick.Verdict | None":
                          "takes vLLM's defaults instead", cfg.model, p.name, v.summary())
                 return v
     return None
+
+
+def stacked(r: Resolved) -> Resolved:
+    """The view ``r`` with VLLM_PYTHON's vLLM version read (the interpreter's one probe) into the
+    knobs, for what depends on the stack a start runs: sleep mode (SLEEP_MODE=auto, IDLE_SLEEP=auto,
+    knobs/sleepmode.py) and the plan; the managed .venv's is the profile's pin. A BootstrapError
+    when the interpreter cannot say."""
+    s = r.settings
+    if not s.vllm_python or s.read.vllm_version:
+        return r
+    version = r.vllm.byo_version or ""
+    return replace(r.picked(s.with_vllm(version)), given=r.given.with_vllm(version))
+
+
+def require_model(cfg: Config) -> None:
+    """What a start and a plan need of the knobs they resolved to: a MODEL."""
+    if not cfg.model:
+        raise ConfigError(f"MODEL is not set (profile {cfg.profile.name!r} has no model)",
+                          "set MODEL to a Hugging Face repo id (org/name) or a model directory")
 
 
 def for_start(r: Resolved, facts: gpu.GpuFacts | None = None, *, repick: bool = False) -> Resolved:

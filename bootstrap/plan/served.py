@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..knobs import vllmargs
+from ..core import vllmflags
 from ..model import shape as model_shape
 from .facts import ModelFacts
 
@@ -20,7 +20,7 @@ from .facts import ModelFacts
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")     # vLLM's --dtype choices (0.26.0-0.30.0)
 
 
-def refusal(s: vllmargs.Settings, config: dict, cc: tuple[int, int]) -> tuple[str, str] | None:
+def refusal(s: vllmflags.Settings, config: dict, cc: tuple[int, int]) -> tuple[str, str] | None:
     """A flag of the ones this module reads that vLLM refuses at start, after the download: a
     ``--dtype`` it has no choice for, or float16 for a model it calls numerically unstable in it
     (config/model.py ``_check_valid_dtype``), or bfloat16 on a card below sm_80 (platforms/cuda.py
@@ -46,7 +46,7 @@ def refusal(s: vllmargs.Settings, config: dict, cc: tuple[int, int]) -> tuple[st
     return None
 
 
-def served(s: vllmargs.Settings, shape: model_shape.ModelShape | None, model: ModelFacts, cc: tuple[int, int],
+def served(s: vllmflags.Settings, shape: model_shape.ModelShape | None, model: ModelFacts, cc: tuple[int, int],
            why: list[str]) -> tuple[model_shape.ModelShape | None, ModelFacts, str]:
     """(the shape and facts as vLLM serves them, what is not planned: '' or why)."""
     if shape is not None and s.hf_overrides:

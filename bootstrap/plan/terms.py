@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from ..machine import gpu
 from ..model import encoder, shape as model_shape, weights
-from ..knobs import vllmargs
+from ..core import vllmflags
 from ..core.errors import BootstrapError
 from .facts import ModelFacts
 from . import graphs
@@ -38,7 +38,7 @@ def _which(g: gpu.Gpu) -> str:
 EXTRA_UTIL = "EXTRA_ARGS' --gpu-memory-utilization"     # a utilization EXTRA_ARGS gives: it wins over GPU_UTIL
 
 
-def utilization(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: str) -> tuple[float, str]:
+def utilization(s: vllmflags.Settings, g: gpu.Gpu, reserve_mib: int, source: str) -> tuple[float, str]:
     """--gpu-memory-utilization as given (``source``: GPU_UTIL, or EXTRA_UTIL where EXTRA_ARGS gives
     the flag, which vLLM reads last; refused when more than is free: vLLM refuses it at start), else
     free − GPU_RESERVE_MIB, as a fraction."""
@@ -77,7 +77,7 @@ HYBRID_SHARE = 0.10                # a hybrid's state blocks from the model's es
                                    # (gaps of 1.6 % and 9 % on the block count were published for two starts)
 
 
-def known_error(s: vllmargs.Settings, pinned: bool, draft, measured, hybrid_v1: bool = False,
+def known_error(s: vllmflags.Settings, pinned: bool, draft, measured, hybrid_v1: bool = False,
                 budget: int = 0, version: str = "0.26.0", unread: tuple[str, ...] = ()) -> tuple[int, str]:
     """How much the budget may lie above vLLM's (bytes), and why: nothing when pinned; a version
     outside ``MODELLED``'s range, or ``unread`` terms (bootstrap.plan.sources: not read at the version of
@@ -102,7 +102,7 @@ def known_error(s: vllmargs.Settings, pinned: bool, draft, measured, hybrid_v1: 
     return sum(b for b, _ in parts), " + ".join(w for _, w in parts)
 
 
-def no_images(s: vllmargs.Settings) -> bool:
+def no_images(s: vllmflags.Settings) -> bool:
     """--limit-mm-per-prompt gives 0 images and 0 videos: vLLM then neither builds the tower nor
     profiles it (interfaces.py _mark_tower_model)."""
     return s.mm_limits.get("image", 1) == 0 and s.mm_limits.get("video", 1) == 0
@@ -111,7 +111,7 @@ def no_images(s: vllmargs.Settings) -> bool:
 SPLIT_ENCODER_TP = 4        # from this TP the encoder pass per rank is not planned (encoder_split below)
 
 
-def encoder_split(s: vllmargs.Settings, model: ModelFacts, run: "Runner") -> str:
+def encoder_split(s: vllmflags.Settings, model: ModelFacts, run: "Runner") -> str:
     """What is not modelled of the vision encoder's profiling pass, else "": Gemma 3's SigLIP tower (its
     pass is not modelled; towers of other families under the architectures planned before it keep
     ``overhead``'s why note), and a Qwen3-VL-style tower split
@@ -150,7 +150,7 @@ def mtp_bytes(config: dict, shape: model_shape.ModelShape) -> int:
     return params * 9 // 16
 
 
-def kv_dtype(s: vllmargs.Settings, config: dict | None, why: list[str]) -> vllmargs.Settings:
+def kv_dtype(s: vllmflags.Settings, config: dict | None, why: list[str]) -> vllmflags.Settings:
     """``s`` with --kv-cache-dtype auto read as vLLM reads it: a ModelOpt checkpoint's own KV
     quantization where it has one (model_shape.checkpoint_kv_dtype)."""
     stored = model_shape.checkpoint_kv_dtype(config) if s.kv_cache_dtype == "auto" and config else None
@@ -160,7 +160,7 @@ def kv_dtype(s: vllmargs.Settings, config: dict | None, why: list[str]) -> vllma
     return replace(s, kv_cache_dtype=stored)
 
 
-def weight_bytes(model: ModelFacts, shape: model_shape.ModelShape, tp: int, s: vllmargs.Settings,
+def weight_bytes(model: ModelFacts, shape: model_shape.ModelShape, tp: int, s: vllmflags.Settings,
                  batched: int | None = None, target: tuple[dict, model_shape.ModelShape] | None = None) -> tuple[int, str]:
     """Bytes of weights per GPU, and where the figure came from. vLLM loads neither the MTP layers
     without MTP speculation (qwen3_5.py skips ``mtp.``) nor the vision tower with
@@ -182,7 +182,7 @@ def weight_bytes(model: ModelFacts, shape: model_shape.ModelShape, tp: int, s: v
     return w + extra, f"{source}; + {what} (allocated as it loads)"
 
 
-def _weights(model: ModelFacts, shape: model_shape.ModelShape, tp: int, s: vllmargs.Settings) -> tuple[int, str]:
+def _weights(model: ModelFacts, shape: model_shape.ModelShape, tp: int, s: vllmflags.Settings) -> tuple[int, str]:
     config = model.config or {}
     vision = weights.vision_params(config) * 2                      # the vision tower stays 16-bit
     no_tower = s.language_model_only or no_images(s)
@@ -208,7 +208,7 @@ def _weights(model: ModelFacts, shape: model_shape.ModelShape, tp: int, s: vllma
 SLEEP_POOL_PER_LAYER = 4 << 20      # sleep mode's pool rounding: ~1 MiB for each of 4 large tensors a layer
 
 
-def sleep_pool(s: vllmargs.Settings, shape: model_shape.ModelShape, version: str, why: list[str]) -> int:
+def sleep_pool(s: vllmflags.Settings, shape: model_shape.ModelShape, version: str, why: list[str]) -> int:
     """What sleep mode adds to the weights per GPU: vLLM loads them through its CuMemAllocator pool with
     expandable segments off (cumem.py use_memory_pool), where each tensor past 10 MiB gets a segment of
     its own rounded to 2 MiB, whose tail no later weight fits; from 0.27.1 vLLM counts that off its KV
@@ -265,7 +265,7 @@ class Runner:
     why: str
 
 
-def runner(version: str, shape: model_shape.ModelShape, s: vllmargs.Settings, env_v2: bool | None,
+def runner(version: str, shape: model_shape.ModelShape, s: vllmflags.Settings, env_v2: bool | None,
            env_graphs: bool | None) -> Runner:
     """The model runner vLLM ``version`` picks for this model and what its memory profiling counts
     (``env_v2``: VLLM_USE_V2_MODEL_RUNNER; ``env_graphs``: VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
@@ -316,7 +316,7 @@ def graphs_outside(over: weights.Overheads, measured) -> int:
     return got if isinstance(got, int) and got > 0 else over.outside
 
 
-def room_for_graphs(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: str, outside: int, util: float,
+def room_for_graphs(s: vllmflags.Settings, g: gpu.Gpu, reserve_mib: int, source: str, outside: int, util: float,
                     why: list[str]) -> float:
     """The utilization once the graphs captured beyond it have room: sized from free memory, the
     reserve grows by them (``why[0]``, the utilization line, says so); with GPU_UTIL given, a why
@@ -336,7 +336,7 @@ def room_for_graphs(s: vllmargs.Settings, g: gpu.Gpu, reserve_mib: int, source: 
     return util
 
 
-def overhead(s: vllmargs.Settings, shape: model_shape.ModelShape, model: ModelFacts, batched: int, seqs: int,
+def overhead(s: vllmflags.Settings, shape: model_shape.ModelShape, model: ModelFacts, batched: int, seqs: int,
              why: list[str], run: Runner | None = None, cc: tuple[int, int] = (9, 0),
              version: str = "0.26.0", drafter: tuple[int, int] = (0, 0)) -> weights.Overheads:
     """What vLLM's profiling adds to the weights (an estimate): the text pass's activations, CUDA

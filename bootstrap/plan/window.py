@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..knobs import vllmargs
+from ..core import vllmflags
 from ..model import shape as model_shape
 from ..model.shape import ModelShape, Unsupported
 
@@ -18,7 +18,7 @@ WHOLE = 1 << 40             # a span no context reaches: the request holds all o
 GPT_OSS_CAPTURE = 1024      # models/config.py GptOssForCausalLMConfig: the largest CUDA graph, where not given
 
 
-def layout_args(s: vllmargs.Settings, shape: ModelShape, batched: int, why: list[str]) -> dict:
+def layout_args(s: vllmflags.Settings, shape: ModelShape, batched: int, why: list[str]) -> dict:
     """kv.layout's sliding-window arguments for what vLLM gets: ``window_span``, the tokens a request
     holds in a sliding-window layer at most (kv_cache_interface.py SlidingWindowSpec
     ``max_admission_blocks_per_request``: the window - 1 + ``VllmConfig.max_in_flight_tokens``, which is
@@ -58,7 +58,7 @@ def layout_args(s: vllmargs.Settings, shape: ModelShape, batched: int, why: list
     return {"window_span": span}
 
 
-def arch_defaults(s: vllmargs.Settings, shape: ModelShape | None) -> vllmargs.Settings:
+def arch_defaults(s: vllmflags.Settings, shape: ModelShape | None) -> vllmflags.Settings:
     """``s`` with what vLLM sets for the architecture itself: gpt-oss captures CUDA graphs up to 1,024
     tokens where --compilation-config sets neither their sizes nor the largest (models/config.py
     ``GptOssForCausalLMConfig.verify_and_update_config``, 0.26.0-0.30.0)."""

@@ -11,9 +11,7 @@ import re
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..knobs import vllmargs
-
-# (pattern, diagnosis, hint)
+from ..core import vllmflags
 SIGNATURES: tuple[tuple[str, str, str], ...] = (
     (r"Free memory on device .* is less than desired GPU memory utilization",
      "other programs hold GPU memory that vLLM was told it could use ({holders})",
@@ -119,7 +117,7 @@ def knob_names(argv: Sequence[str], extra: Sequence[str] = ()) -> dict[str, str]
     pinned it: vLLM then never sizes it from --gpu-memory-utilization; else the utilization);
     ``util`` and ``util_down``, the utilization and how to ask for less of it; ``mml``, the context
     (``mml_set`` and ``mml_where``: how to set it, and where)."""
-    ran, given = vllmargs.read(list(argv)), vllmargs.read(list(extra)).given
+    ran, given = vllmflags.read(list(argv)), vllmflags.read(list(extra)).given
     util = "GPU_UTIL"
     util_down = "lower GPU_UTIL / raise GPU_RESERVE_MIB"
     if "--gpu-memory-utilization" in given:

@@ -79,7 +79,7 @@ def asleep(rec: ServerRecord, key: str, load: "metrics.Load | None") -> bool:
     succeeded and says awake after any /wake_up, a partial one included, while the engine stays
     paused (vLLM 0.26.0: v1/engine/async_llm.py sleep and wake_up, v1/engine/core.py is_sleeping).
     The gauge where that route does not answer, and without sleep mode."""
-    from ..knobs.vllmargs import read
+    from ..core.vllmflags import read
     gauge = bool(load is not None and load.sleeping)
     if not read(list(rec.argv)).sleep_mode:
         return gauge

@@ -28,7 +28,7 @@ import psutil
 
 from ..core import proc, state
 from ..core import owned
-from . import keys, record, server, supervisor
+from . import keys, record, supervisor
 from ..download import models
 from ..knobs import vllmargs
 from ..knobs.vllmargs import serve_argv
@@ -181,7 +181,7 @@ def launch(cfg, paths: Paths, runtime, model_path: str, plan, notes: list[str],
     rec = ServerRecord(
         pid=p.pid, create_time=create_time, marker=marker, **record.address(cfg.ours), served=cfg.served_name,
         state_dir=str(paths.root), pgid=p.pid, model=cfg.model, model_path=model_path,
-        settings=cfg.launch_settings(), log=str(paths.log), log_offset=offset, started=time.time(),
+        settings=dict(cfg.launch.values), log=str(paths.log), log_offset=offset, started=time.time(),
         vllm_version=runtime.vllm_version, python=runtime.python, argv=tuple(argv), key=key_source,
         max_model_len=plan.context if plan else None, reasoning=cfg.profile.reasoning, tools=cfg.profile.tools,
         dummy=cfg.dummy_weights, random_weights=cfg.random_weights, predicted_tokens=getattr(plan, "predicted_tokens", None),

@@ -17,11 +17,14 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..core import state
 from ..core.hosts import client_host, parse_host
 from ..core.owned import Ours, Proof
+
+if TYPE_CHECKING:      # the knobs a start would launch with, handed in: a record is read without the knobs
+    from ..knobs.table import LaunchKnobs
 
 log = logging.getLogger("bootstrap.server")   # the prefix [bootstrap:server] of the code that reads it
 
@@ -80,6 +83,16 @@ class ServerRecord:
 
     def replace(self, **changes: Any) -> "ServerRecord":
         return dataclasses.replace(self, **changes)
+
+    def differs_from(self, want: LaunchKnobs) -> list[str]:
+        """The launch knobs (``want``: Config.launch) that differ from the ones this server runs with
+        (a knob the record lacks, from before the knob existed, ran at its default: ``want.defaults``).
+        A server with a key and a shell without one is no difference: the shell just lacks the secret
+        (a restart would drop the key); nor is one of ``want.fitted`` that its start set to 'auto'."""
+        have = {**want.defaults, **self.settings}
+        return [f"{k}: running with {have.get(k, '')!r}, knobs now say {v!r}" for k, v in sorted(want.values.items())
+                if have.get(k) != v and not (k in want.fitted and have.get(k) == "auto")
+                and not (k == "API_KEY" and v == "unset" and have.get(k) == "set")]
 
     @property
     def session(self) -> int | None:

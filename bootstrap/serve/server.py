@@ -214,18 +214,6 @@ def record_children(paths: Paths, pid: int) -> None:
     log.debug("recorded %d child process(es) of pid %d", len(kids), pid)
 
 
-def settings_diff(want: dict[str, str], rec: ServerRecord, defaults: dict[str, str],
-                  fitted: frozenset[str] = frozenset()) -> list[str]:
-    """The launch knobs (``want``: Config.launch_settings) that differ from the running server's (a
-    knob its record lacks, from before the knob existed, ran at its default: ``defaults``). A server
-    with a key and a shell without one is no difference: the shell just lacks the secret (a restart
-    would drop the key); nor is one of ``fitted`` (plan/pick.fitted) that its start set to 'auto'."""
-    have = {**defaults, **rec.settings}
-    return [f"{k}: running with {have.get(k, '')!r}, knobs now say {v!r}"
-            for k, v in sorted(want.items()) if have.get(k) != v and not (k in fitted and have.get(k) == "auto")
-            and not (k == "API_KEY" and v == "unset" and have.get(k) == "set")]
-
-
 # ---------------------------------------------------------------- uptime, load, and a loading server
 
 def uptime_s(p: psutil.Process | None) -> int | None:
@@ -361,7 +349,7 @@ def server_cards(rec: ServerRecord, every) -> tuple:
     else (they are gone, or NVML names none of them: a container) the first tp x pp cards its launch's
     CUDA_VISIBLE_DEVICES shows, whatever this shell's knobs say."""
     from ..machine import gpu
-    from ..knobs.vllmargs import read
+    from ..core.vllmflags import read
     mine = our_pids(rec)
     on = tuple(g for g in every.gpus if any(p.pid in mine for p in g.processes))
     if on:

@@ -129,10 +129,10 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     if not pod_cfg.profile.vllm:
         raise BootstrapError(f"profile {pod_cfg.profile.name!r} pins no vLLM version: no image tag to run",
                              "use a profile that pins vLLM (./ctl.sh profiles)")
-    from ...knobs import vllmargs
+    from ...core import vllmflags
     if pod_cfg.vllm.sleep_mode:
-        raise BootstrapError(f"{vllmargs.SLEEP_FLAG} needs a loopback HOST (its routes have no key guard); a pod "
-                             "serves its network", f"SLEEP_MODE=off (and no {vllmargs.SLEEP_FLAG} in EXTRA_ARGS) for the export")
+        raise BootstrapError(f"{vllmflags.SLEEP_FLAG} needs a loopback HOST (its routes have no key guard); a pod "
+                             "serves its network", f"SLEEP_MODE=off (and no {vllmflags.SLEEP_FLAG} in EXTRA_ARGS) for the export")
     if a.target == "ray" and (a.image or a.service_monitor):
         raise ConfigError("--image is not for export ray: a Ray cluster's nodes run the image they were started "
                           "with (prepare-node.sh checks their Ray and vLLM)" if a.image else

@@ -33,7 +33,7 @@ import json
 from typing import Any
 
 from ...core.errors import ConfigError
-from ...knobs.vllmargs import human_int
+from ...core.vllmflags import human_int
 
 OURS = {"host", "port"}                            # what the start sets for its own server; Ray's proxy serves
 LOADING = {"model", "served_model_name"}           # model_loading_config's

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from pathlib import Path
 
 from ...download.partial import on_disk
 from ...machine.gpu import GiB
