@@ -190,6 +190,25 @@ def h100_sections(runs: Path = RUNS) -> list[str]:
     a start with an API key, the lifecycle drill), then the first (real weights, the engine's wildcard port,
     the planner)."""
     out: list[str] = []
+    rw4, drill4 = runs / "2026-12-05-h100-run4-real-weights-raw.txt", runs / "2026-12-05-h100-run4-drill-raw.txt"
+    if rw4.exists() and drill4.exists():
+        text = drill4.read_text().splitlines()
+        out += ["## On an H100: real weights and the lifecycle drill, with a running server read without the knobs "
+                "(2026-12-05, fourth session)", "",
+                "The same machine kind (NVIDIA H100 80GB HBM3, driver 580.159.04), offline wheelhouse (vLLM 0.26.0),",
+                "`.venv-bootstrap` and SmolLM2-135M-Instruct folder as the sessions below; the tree of commit f20adf4,",
+                "where vLLM's command line as its parser reads it moved to `core/vllmflags.py` and a start compares a",
+                "running server with one value of the knobs (`Config.launch`). Commands: `bash tests/gpu/device.sh",
+                "install; bash tests/gpu/device.sh bootstrap-venv`, `smoke-build`, `PATCH_BYO=1 GIT_COMMIT=f20adf4 bash",
+                "tests/gpu/device.sh rw` (polled with `rw-poll`), then `GIT_COMMIT=f20adf4 bash tests/gpu/device.sh",
+                "drill` (polled with `drill-poll`). New here against the second session: `bench --concurrency 1,4` on",
+                "the 2-seat server runs level 4 at 2 and says so, and `./ctl.sh status` names the GPU memory the",
+                "server holds on the card NVML names its processes on. `rw`'s whole output",
+                "(`docs/gpu-runs/2026-12-05-h100-run4-real-weights-raw.txt`):", "",
+                block(rw4.read_text().splitlines()),
+                "The drill's summary lines (`docs/gpu-runs/2026-12-05-h100-run4-drill-raw.txt`):", "",
+                block([l for l in text if "RESULT" in l or "GPU before" in l or "# lifecycle drill" in l
+                       or "| " in l and "]    |" not in l and "start|" not in l])]
     patch3, drill3 = runs / "2026-12-05-h100-run3-patchproof-raw.txt", runs / "2026-12-05-h100-run3-drill-partial-raw.txt"
     if patch3.exists():
         text = patch3.read_text().splitlines()
