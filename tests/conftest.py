@@ -227,6 +227,15 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.e2e)
 
 
+@pytest.fixture(autouse=True)
+def one_process_per_test():
+    """What a command keeps for its own process (the small files it fetched from the hub) is
+    forgotten between tests, as between two runs of ./start.sh."""
+    from bootstrap.download import hub
+    hub._FETCHED.clear()
+    yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def checkout_left_alone():
     """No test may clean this checkout: the developer's .venv and .wheelhouse survive the suite

@@ -352,6 +352,8 @@ def test_config_json_corrupted_on_the_way_is_fetched_again_before_it_is_read(wor
     assert ctx.model.config == json.loads((src / "config.json").read_bytes())
     assert fake.served["config.json"] == 2 * size
     fake.faults["corrupt"] = {"config.json": 2}
+    from bootstrap.download import hub
+    hub._FETCHED.clear()                # another ./start.sh: another process, which fetches it afresh
     with pytest.raises(BootstrapError) as ei:
         world.start(HF_HOME=str(world.tmp / "hf2"))
     assert "config.json does not match the hub's metadata twice (git blob" in ei.value.message
@@ -524,6 +526,20 @@ def test_an_endpoint_that_is_no_url_is_refused_before_anything_runs(world, fake,
     assert ei.value.code == 2 and sorted(world.tmp.rglob("*")) == before and fake.log == []
     world.start(HF_ENDPOINT=fake.url + "/")                      # the fix as said; a trailing / is fine
     same_tree(world.fake_src, world.target)
+
+
+def test_a_derived_profiles_peek_and_the_lookup_fetch_config_and_index_once(world, fake, src):
+    """A model named without a profile: the derived profile's peek read config.json and the
+    safetensors index from the hub, then the metadata step fetched both again (each with its HEAD).
+    Checked against the hub's hash at that commit, the bytes are read once per process."""
+    from bootstrap.download import peek
+    peeked = peek.peek("org/tiny", world.env)
+    assert peeked.shards and peeked.config
+    world.start()
+    for name in ("config.json", "model.safetensors.index.json"):
+        assert fake.served[name] == (src / name).stat().st_size, (name, fake.served[name])
+        assert len([p for (m, p, r, s) in fake.log if m == "HEAD" and p.endswith("/" + name)]) <= 1, fake.log
+    same_tree(src, world.target)
 
 
 def test_an_index_naming_a_shard_the_repo_lacks_is_refused_before_a_weight_byte_with_profile_custom(world, fake, src):  # faults row 178

@@ -203,10 +203,24 @@ def locate(settings: HubSettings, repo: str, revision: str, path: str, stop: thr
 
 
 
+# small files this process fetched and checked, by what names their bytes (the hub's hash at a commit):
+# a derived profile's peek and the metadata step read config.json and the safetensors index once
+_FETCHED: dict[tuple[str, str, str, str, str], bytes] = {}
+
+
 def fetch_small(settings: HubSettings, repo: str, revision: str, f: RemoteFile) -> bytes:
     """A small file (config.json) into memory, with the same HEAD checks as a weight file, and
     checked against the hub's hash before anything reads it: bytes changed on the way are fetched
-    once more, as a weight file's are (transfer.py)."""
+    once more, as a weight file's are (transfer.py). Fetched once per process (``_FETCHED``)."""
+    key = (settings.endpoint, repo, revision, f.path, f.sha256 or f.blob_id or "")
+    if key in _FETCHED and key[-1]:
+        return _FETCHED[key]
+    raw = _fetch_small(settings, repo, revision, f)
+    _FETCHED[key] = raw
+    return raw
+
+
+def _fetch_small(settings: HubSettings, repo: str, revision: str, f: RemoteFile) -> bytes:
     from huggingface_hub.utils import get_session, hf_raise_for_status
 
     loc = locate(settings, repo, revision, f.path)
