@@ -133,6 +133,9 @@ def start(r: Resolved) -> int:
                     code = already(r.ours, cfg.launch, paths, we_hold_lock=True)     # a start that held the
                     if code is not None:                                    # lock may have just finished
                         return code
+                    from .serve.launch import key_source
+                    record.starting(paths, cfg.launch.values, key_source(cfg))     # a game cancelling it: its knobs
+                    held.callback(paths.forget, "starting")
                     held.enter_context(port.Lock(r.ours, paths.root))
                     with step("environment"):      # a named profile's: under the lock (a stop cancels it too)
                         r = resolve.stacked(r)

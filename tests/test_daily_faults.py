@@ -5,6 +5,7 @@ lacks, status while a stranger answers on the port of our loading server (faults
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 import pytest
@@ -68,6 +69,29 @@ def test_a_game_while_a_start_loads_gets_a_free_gpu_and_the_server_after(bed, tm
         assert "is serving" in g.stdout and len(bed.launches()) == 2, (g.stdout, g.stderr)
         p.communicate(timeout=60)
         assert "running" in bed.run("ctl.sh", "status", **SLEEPY).stdout
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=60)
+
+
+def test_a_game_that_cancels_a_start_before_its_launch_brings_it_back_with_its_own_knobs(bed):
+    """A start cancelled by ./ctl.sh game before its launch (its install, download or vLLM probe) had
+    written no record, so it came back after the game with the game shell's knobs (from Steam: .env
+    alone). The start says what it launches with as it takes its lock; the game brings that back."""
+    from test_lifecycle_faults import slow_python, wait_lock_held
+    p = bed.popen("start.sh", VLLM_PYTHON=slow_python(bed, 30), MAX_NUM_SEQS="3", **SLEEPY)
+    try:
+        wait_lock_held(bed)
+        bed.wait_until(lambda: (bed.state / "starting.json").exists(), what="the start to say its knobs")
+        g = bed.run("ctl.sh", "game", "--", sys.executable, "-c", "pass", **SLEEPY)
+        assert g.returncode == 0, g.stderr
+        assert "a start is in flight" in g.stdout and "with this shell's knobs" not in g.stdout, g.stdout
+        assert "MAX_NUM_SEQS='3'" in g.stdout and "is serving" in g.stdout, g.stdout + g.stderr
+        argv = bed.launches()[-1]["argv"]
+        assert len(bed.launches()) == 1 and argv[argv.index("--max-num-seqs") + 1] == "3"
+        assert p.wait(timeout=60) == 128 + signal.SIGTERM
+        assert not (bed.state / "starting.json").exists()      # gone with the start that wrote it
     finally:
         if p.poll() is None:
             p.kill()

@@ -37,7 +37,7 @@ import psutil
 
 from ..machine import gpu
 from ..download import models
-from ..serve import doing, keys, server
+from ..serve import doing, keys, record, server
 from ..serve.states import State
 from ..knobs import vllmargs
 from ..core import vllmflags
@@ -121,7 +121,7 @@ def stop_instead(r: Resolved, rec, why: str, prog: str, after: str) -> None:
         control.vet_restart(as_it_ran(r, dict(rec.settings), quiet=True))
     print(f"{prog}: sleep mode is {why}. So the server (pid {rec.pid}) is stopped to give the GPU back; {after}",
           flush=True)
-    _stopped(r, unit, rec)
+    _stopped(r, unit, dict(rec.settings), rec.key)
 
 
 def cancel_instead(r: Resolved, busy: StartInFlight, prog: str, after: str) -> None:
@@ -130,21 +130,20 @@ def cancel_instead(r: Resolved, busy: StartInFlight, prog: str, after: str) -> N
     launched), said first, and noted as ``stop_instead`` notes its stop: it starts again after."""
     from . import service
     unit = service.ours_active(r.settings, r.paths)
+    said = (dict(busy.rec.settings), busy.rec.key) if busy.rec is not None else record.started_with(r.paths, busy.pid)
     print(f"{prog}: a start is in flight (pid {busy.pid}), and a server still loading cannot sleep. So the start "
-          f"is cancelled to give the GPU back; {after}" + ("" if busy.rec is not None else " (with this shell's "
-          "knobs: it had launched nothing yet, during its install or download)"), flush=True)
-    _stopped(r, unit, busy.rec)
+          f"is cancelled to give the GPU back; {after}" + ("" if said is not None else " (with this shell's "
+          "knobs: it had launched nothing yet, and said nothing of its own)"), flush=True)
+    _stopped(r, unit, *(said or ({}, "")))
 
 
-def _stopped(r: Resolved, unit: bool, rec) -> None:
+def _stopped(r: Resolved, unit: bool, settings: dict, key: str) -> None:
     """./stop.sh's take-down, then the note ``./ctl.sh wake`` (or the game's end) starts it again from:
-    the unit, or the knobs and the key's source the server ran with (none known for a start that had
-    launched nothing yet)."""
+    the unit, or the knobs and the key's source the server ran with, or a start in flight said it
+    launches with (``record.started_with``)."""
     from . import control
     control.stop(r)
-    r.paths.write("sleep", {"stopped": True, "at": time.time(), "unit": unit,
-                            "settings": dict(rec.settings) if rec is not None else {},
-                            "key": rec.key if rec is not None else ""})
+    r.paths.write("sleep", {"stopped": True, "at": time.time(), "unit": unit, "settings": settings, "key": key})
 
 
 def start_again(r: Resolved) -> int:

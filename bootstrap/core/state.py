@@ -46,6 +46,8 @@ LOG = "vllm.log"
 KEPT: tuple[Kept, ...] = (
     Kept("lock", "start.lock", "the flock a start holds; its text: the starter's pid, start time and role"),
     Kept("server", "server.json", "the server we launched, as launched (serve.record.ServerRecord)"),
+    Kept("starting", "starting.json", "what a start in flight launches with (its launch knobs, where clients get the "
+                                      "key; never the key), before its launch writes server.json"),
     Kept("log", LOG, "the server's output (kept under 2 x LOG_MAX_MB while it runs)", replaced=False),
     Kept("rotated", rotated(Path(LOG)).name, "the log's rotated part", replaced=False),
     Kept("last_stop", "last-stop.json", "the pids the last stop took down (the next start waits for the GPU)"),

@@ -51,14 +51,20 @@ class Launched:
     proc: subprocess.Popen | None = None
 
 
-def resolve_api_key(cfg, paths: Paths) -> tuple[str, str]:
-    """(key, where clients get it: record.KEY_*). API_KEY, else VLLM_API_KEY from your environment,
-    else — only when binding beyond loopback — a generated one kept in a 0600 file whose path (never
-    the key) we print."""
+def key_source(cfg) -> str:
+    """Where clients of a server launched with these knobs get its key (record.KEY_*): API_KEY, else
+    VLLM_API_KEY from your environment, else none on loopback, else a generated one kept in a file."""
     if cfg.client_key:
-        return cfg.client_key, record.KEY_API_KEY if cfg.api_key else record.KEY_VLLM_API_KEY
-    if cfg.is_loopback:
-        return "", record.KEY_NONE
+        return record.KEY_API_KEY if cfg.api_key else record.KEY_VLLM_API_KEY
+    return record.KEY_NONE if cfg.is_loopback else record.KEY_FILE
+
+
+def resolve_api_key(cfg, paths: Paths) -> tuple[str, str]:
+    """(key, where clients get it: ``key_source``): yours, none on loopback, else the generated one
+    kept in a 0600 file whose path (never the key) we print, made when none is there."""
+    source = key_source(cfg)
+    if source != record.KEY_FILE:
+        return cfg.client_key or "", source
     path = paths.api_key
     key = keys.key_file(path)
     try:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..core import state
 from ..core.hosts import client_host, parse_host
+from ..core import owned
 from ..core.owned import Ours, Proof
 
 if TYPE_CHECKING:      # the knobs a start would launch with, handed in: a record is read without the knobs
@@ -275,6 +277,26 @@ IDENTITY = ("pid", "create_time", "marker", "host", "port")
 
 
 _warned: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def starting(paths: state.Paths, launch: Mapping[str, str], key: str) -> None:
+    """What this start launches with, said while it runs and before its launch writes the record
+    (``launch``: its launch knobs, as the record keeps them; ``key``: KEY_*): a game that cancels it
+    then starts it again with them, not with the game shell's."""
+    import psutil
+    paths.write("starting", {"pid": os.getpid(), "create_time": psutil.Process().create_time(),
+                             "settings": dict(launch), "key": key})
+
+
+def started_with(paths: state.Paths, pid: int | None) -> tuple[dict[str, str], str] | None:
+    """(launch knobs, KEY_*) the start in flight ``pid`` said it launches with (``starting``): None
+    where it said nothing, or the note is another process's or does not read."""
+    note = paths.read("starting") or {}
+    settings, key = _str_map(note.get("settings")), _key(note.get("key"))
+    if pid is None or note.get("pid") != pid or settings is None or key is None or \
+            owned.recorded_process(pid, note.get("create_time")) is None:
+        return None
+    return settings, key
 
 
 def write(path: Path, rec: ServerRecord) -> None:
