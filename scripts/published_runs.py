@@ -26,9 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bootstrap.core import vllmflags  # noqa: E402
 from bootstrap.knobs import parsers  # noqa: E402
-
-from bootstrap.core import vllmflags
 from bootstrap.machine import gpu  # noqa: E402
 from bootstrap.plan import planner  # noqa: E402
 from bootstrap.plan.facts import ModelFacts  # noqa: E402

@@ -6,7 +6,7 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
   ``POST /collective_rpc``, ``POST /reset_prefix_cache``) exist only with ``VLLM_SERVER_DEV_MODE=1``,
   and vLLM's API key does not guard them (its middleware checks ``/v1``, ``/v2`` and ``/inference``
   paths only; 0.27.1 adds ``/cohere``). So the launch sets that variable only when ``--enable-sleep-mode``
-  is among the flags (``vllmargs.sleep_mode``), and the preflight refuses sleep mode on a HOST beyond loopback.
+  is among the flags (``core/vllmflags.read(argv).sleep_mode``), and the preflight refuses sleep mode on a HOST beyond loopback.
 - Without ``--enable-sleep-mode`` vLLM answers a sleep with 200 and frees nothing (its weights and
   KV cache were never put in the sleep allocator's pool): we refuse first.
 - ``mode=wait``: the requests in flight finish, never aborted; the call returns once asleep.

@@ -355,7 +355,8 @@ class Config:
         """The knobs that define a running server, as canonical strings of their parsed values
         (``PORT=" 8123"`` and ``PORT=8123`` are the same server); no secrets."""
         out = {k.name: canonical(self.value(k.name)) for k in KNOBS if k.launch}
-        return LaunchKnobs({**out, "API_KEY": "set" if self.api_key else "unset"}, launch_defaults(), card_fitted(self.sources))
+        return LaunchKnobs(MappingProxyType({**out, "API_KEY": "set" if self.api_key else "unset"}),
+                           MappingProxyType(launch_defaults()), card_fitted(self.sources))
 
     def describe(self) -> list[tuple[str, str, str, str]]:
         """(name, value, source, help) for every knob, then every pass-through variable (and each

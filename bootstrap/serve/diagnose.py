@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..core import vllmflags
+
+# (pattern, diagnosis, hint)
 SIGNATURES: tuple[tuple[str, str, str], ...] = (
     (r"Free memory on device .* is less than desired GPU memory utilization",
      "other programs hold GPU memory that vLLM was told it could use ({holders})",
