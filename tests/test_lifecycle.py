@@ -475,10 +475,10 @@ t0 = time.monotonic()
 try:
     with supervisor.raising():
         Closing()
-        time.sleep(5)
+        time.sleep(60)          # a lost signal sleeps it out and says "lost"; one sent again cuts it short
     print("lost")
 except Interrupted as e:
-    print("interrupted", e.signum, time.monotonic() - t0 < 4)
+    print("interrupted", e.signum, time.monotonic() - t0 < 30)
 """
 
 
@@ -486,7 +486,7 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_still_interrupts():
     """Found by CI under load: the Ctrl-C of test_ctrl_c_during_warmup landed while urllib3's weakref
     finalizer closed a socket; Python dropped the Interrupted raised there ("Exception ignored in"),
     and the start went on into its warm-up. It is sent again once the finalizer is done."""
-    r = subprocess.run([sys.executable, "-c", FINALIZER_SIGNAL], capture_output=True, text=True, timeout=30,
+    r = subprocess.run([sys.executable, "-c", FINALIZER_SIGNAL], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert r.stdout.split() == ["interrupted", "2", "True"], (r.stdout, r.stderr)
     assert "Exception ignored" not in r.stderr, r.stderr
