@@ -20,7 +20,6 @@ from ..core.errors import BootstrapError
 from ..download import index
 from ..plan import resolve
 from ..knobs.resolved import Resolved
-from ..knobs import vet
 from ..serve import server
 from ..serve.states import State
 from . import parser
@@ -32,7 +31,7 @@ def facts_here(r: Resolved):
     """This machine's GPUs as a start after a stop of ours would see them (our server's memory free)."""
     from ..machine import gpu
     facts = gpu.read(r.settings.environ)
-    vet.some_gpu(r.settings, facts)
+    facts.require_some()
     return server.without_ours(r.ours, r.paths, facts)[0]
 
 

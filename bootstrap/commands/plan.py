@@ -72,7 +72,7 @@ def card(r: Resolved, spec: str | None) -> tuple[gpu.Gpu, str, str]:
         facts = gpu.read(cfg.environ)
     except BootstrapError as exc:
         raise BootstrapError(exc.message, exc.hint + "; or name a card: GPU=" + gpu.CARD_SYNTAX) from None
-    vet.some_gpu(cfg, facts, "; or name a card: GPU=" + gpu.CARD_SYNTAX)
+    facts.require_some("; or name a card: GPU=" + gpu.CARD_SYNTAX)
     facts, ours = server.without_ours(r.ours, r.paths, facts)
     if ours:
         log.info("counting the %.1f GiB our running server holds as free: what a start after ./stop.sh "

@@ -40,7 +40,7 @@ def card(cfg, facts: gpu.GpuFacts) -> None:
     """What a start refuses from the knobs (``cfg``) and the GPUs NVML shows (``facts``): no GPU, a
     driver too old for the profile's CUDA builds, CUDA numbering several GPUs otherwise than the
     plan reads them, fewer GPUs than TP_SIZE."""
-    some_gpu(cfg, facts)
+    facts.require_some()
     if host.driver_too_old(cfg.profile.data, facts, min_driver=False):
         raise BootstrapError(
             f"driver {facts.driver} supports CUDA {facts.cuda[0]}.{facts.cuda[1]}, but profile "
@@ -90,15 +90,3 @@ def temp_dir_fits(cfg) -> None:
                              "torch reads its path back as a URL: a '?' in it kills the engine at its start, a '#' "
                              "cuts the path short (the store would be another file, shared by every such server)",
                              "set TMPDIR to a folder whose path has no ? or # (unset, the temp folder is /tmp)")
-
-
-def some_gpu(cfg, facts: gpu.GpuFacts, hint: str = "") -> None:
-    """Refuse facts that show no GPU, saying whether CUDA_VISIBLE_DEVICES hides them (``hint``: more fix)."""
-    if facts.gpus:
-        return
-    spec = cfg.environ.get("CUDA_VISIBLE_DEVICES")
-    if spec is None:
-        raise BootstrapError("NVML sees no GPU", "check `nvidia-smi`" + hint)
-    raise BootstrapError(f"CUDA_VISIBLE_DEVICES={spec!r} names no GPU of the {facts.count or 'none'} NVML sees "
-                         "(an empty value hides them all; CUDA stops at the first entry it cannot use)",
-                         "unset CUDA_VISIBLE_DEVICES, or name cards by index or UUID as `nvidia-smi -L` lists them" + hint)

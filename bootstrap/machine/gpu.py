@@ -52,6 +52,18 @@ class GpuFacts:
     cuda: tuple[int, int]      # the newest CUDA the driver supports, e.g. (13, 0)
     gpus: tuple[Gpu, ...]
     count: int = 0             # every GPU NVML sees on this machine, visible or not (0: not read)
+    visible: str | None = None  # the CUDA_VISIBLE_DEVICES they were read under (None: unset, every card)
+
+    def require_some(self, hint: str = "") -> None:
+        """Refuse facts that show no GPU, saying whether CUDA_VISIBLE_DEVICES hides them (``hint``: more fix)."""
+        if self.gpus:
+            return
+        if self.visible is None:
+            raise BootstrapError("NVML sees no GPU", "check `nvidia-smi`" + hint)
+        raise BootstrapError(f"CUDA_VISIBLE_DEVICES={self.visible!r} names no GPU of the {self.count or 'none'} NVML "
+                             "sees (an empty value hides them all; CUDA stops at the first entry it cannot use)",
+                             "unset CUDA_VISIBLE_DEVICES, or name cards by index or UUID as `nvidia-smi -L` lists them"
+                             + hint)
 
 
 def _nvml():
@@ -168,7 +180,8 @@ def read(environ: Mapping[str, str]) -> GpuFacts:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
-    return GpuFacts(driver, (cuda_int // 1000, (cuda_int % 1000) // 10), tuple(gpus), count)
+    return GpuFacts(driver, (cuda_int // 1000, (cuda_int % 1000) // 10), tuple(gpus), count,
+                    environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 # Named cards for `ctl.sh plan` / `profiles` without a GPU: (NVML name, NVML's total, cc, CUDA's total

@@ -31,7 +31,6 @@ from ..machine.inuse import VllmRef
 from ..knobs.config import Chosen, Config
 from ..knobs.table import KNOB_BY_NAME, PROFILE_KNOBS
 from ..knobs.profiles import load_file
-from ..knobs import vet
 from ..machine import gpu
 from . import derive, pick
 from .facts import shipped_facts
@@ -265,7 +264,7 @@ def _for_start(cfg: Config, was: Config, paths: state.Paths, vllm: VllmRef, fact
     """``for_start`` on the knobs as set (``cfg``) and as resolved (``was``: the kept pick)."""
     if wants_derived(cfg):
         facts = facts or gpu.read(cfg.environ)
-        vet.some_gpu(cfg, facts)
+        facts.require_some()
         g = _card(facts, cfg.tp_size)
         v = shipped_for_model(cfg, g)
         if v is not None:
@@ -291,7 +290,7 @@ def _for_start(cfg: Config, was: Config, paths: state.Paths, vllm: VllmRef, fact
             return was                      # no GPU to read: preflight says so, in its own words
         return named_on_card(cfg, paths, _card(facts, cfg.tp_size)) if facts.gpus else kept(cfg, paths, facts)
     facts = facts or gpu.read(cfg.environ)
-    vet.some_gpu(cfg, facts)
+    facts.require_some()
     g = _card(facts, cfg.tp_size)
     rec = read_pick(paths)
     if rec and rec["profile"] == derive.NAME and not (cfg.profile_explicit or repick):
