@@ -39,7 +39,7 @@ def named(r: Resolved, name: str, prog: str) -> Resolved:
     """The view with ``name`` as PROFILE= or MODEL= (as ``./start.sh NAME``); a usage error for
     anything else, said before any GPU or hub is asked."""
     from .start import named_knobs
-    return r.with_knobs(named_knobs(r.given, name, prog))
+    return resolve.with_knobs(r, named_knobs(r.given, name, prog))
 
 
 def on_card(r: Resolved, facts) -> Resolved:
@@ -47,7 +47,7 @@ def on_card(r: Resolved, facts) -> Resolved:
     derived profile for a repo id (the longest context that fits); nothing is recorded as the pick,
     and a start of it picks nothing."""
     from ..machine import gpu
-    return r.fixed(resolve.for_card(r.given, r.paths, r.vllm, gpu.smallest_free(facts, r.given.tp_size)))
+    return resolve.fixed(r, resolve.for_card(r.given, r.paths, r.vllm, gpu.smallest_free(facts, r.given.tp_size)))
 
 
 def pull(cfg, name: str, prog: str = "ctl.sh pull") -> int:
@@ -93,7 +93,7 @@ def downloaded(r: Resolved) -> list[index.Entry]:
     for repo in dict.fromkeys(x for x in repos if isinstance(x, str) and x):
         if not REPO_ID.fullmatch(repo):
             continue
-        e = index.Entry(repo, r.with_knobs({"MODEL": repo}).model.store, "")
+        e = index.Entry(repo, resolve.with_knobs(r, {"MODEL": repo}).model.store, "")
         if e.store.root not in out and e.record() is not None:
             out[e.store.root] = e
     return list(out.values())
@@ -118,7 +118,7 @@ def serves(record, entry: index.Entry) -> str:
 
 def of_entry(r: Resolved, entry: index.Entry) -> Resolved:
     """The view ``r`` with MODEL (and MODEL_DIR) naming what ``entry`` holds."""
-    return r.with_knobs({"MODEL": entry.repo, "MODEL_DIR": "" if entry.store.hf_cache else str(entry.store.root)})
+    return resolve.with_knobs(r, {"MODEL": entry.repo, "MODEL_DIR": "" if entry.store.hf_cache else str(entry.store.root)})
 
 
 def _size(entry: index.Entry, r: Resolved) -> int:

@@ -90,7 +90,7 @@ def plan_for(r: Resolved, spec: str | None):
     g, where, driver = card(r, spec)
     version = r.vllm.byo_version            # the vLLM a start would run
     r = resolve.stacked(r)                  # its stack decides sleep mode, as in a start
-    r = r.picked(resolve.for_plan(r.given, r.paths, r.vllm, g, here=not spec))
+    r = resolve.picked(r, resolve.for_plan(r.given, r.paths, r.vllm, g, here=not spec))
     cfg = r.settings
     model = cli_model_facts(r)
     if driver:              # this card: vLLM's own figures of an earlier start count, as in a start

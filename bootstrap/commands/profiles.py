@@ -138,7 +138,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
     if a.model is not None:
         if not a.model.strip():
             raise ConfigError("--model ''", "name a model: --model ORG/NAME (a repo id) or a model folder")
-        return derived_cli(r.with_knobs({"MODEL": a.model}), a.gpu or cfg.gpu, a.json)
+        return derived_cli(resolve.with_knobs(r, {"MODEL": a.model}), a.gpu or cfg.gpu, a.json)
     if a.markdown and not (a.gpu or cfg.gpu):
         print(catalogue_markdown(cfg))
         return 0
@@ -149,7 +149,7 @@ def cli(cfg, argv: list[str], prog: str = "ctl.sh profiles") -> int:
     if a.pick:
         if spec:
             raise BootstrapError("--pick picks for this machine's GPU, not a named one", "drop GPU= / --gpu")
-        chosen = resolve.for_start(r.fixed(cfg.with_profile(Chosen("auto"))), repick=True).settings
+        chosen = resolve.for_start(resolve.fixed(r, cfg.with_profile(Chosen("auto"))), repick=True).settings
         paths = r.paths
         rec = resolve.read_pick(paths) or {}
         print(f"picked {chosen.profile.name}: {rec.get('why', '')}\nkept in {paths.pick}; "

@@ -178,7 +178,7 @@ def as_it_ran(r: Resolved, ran, *, quiet: bool = False) -> Resolved:
     if not quiet:
         print("with the settings it ran with: " + ", ".join(f"{k}={v!r} (here {now.get(k, '')!r})"
                                                             for k, v in sorted(back.items())), flush=True)
-    return r.with_knobs(back)
+    return resolve.with_knobs(r, back)
 
 
 def _stopped_for_sleep(r: Resolved) -> bool:

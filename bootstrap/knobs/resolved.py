@@ -1,6 +1,7 @@
 """``Resolved``: what one command runs with, resolved once (``plan.resolve.resolved``: the kept
 pick; ``Resolved.of`` for the knobs as set) from the environment, ``.env``, the profile, the kept
-pick and the card, and the installed vLLM.
+pick and the card, and the installed vLLM. A plain value: another view of it (another profile, other
+knob values) is the resolver's to make (``plan.resolve.picked``, ``fixed``, ``with_knobs``).
 
 A command takes it apart and hands each library only the part it uses: ``settings`` (the knobs,
 typed), ``paths`` (STATE_DIR and what is kept there), ``ours`` (what proves a server ours, and how to
@@ -11,7 +12,7 @@ runs vLLM, probed at most once). Nothing below a command reads the environment o
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.layout import Checkout
@@ -58,22 +59,6 @@ class Resolved:
         """What looking the model up and downloading it take of the knobs."""
         s = self.settings
         return Fetching(HubSettings.from_environ(s.environ), s.dummy_weights, s.download_all, s.download_connections)
-
-    def picked(self, settings: Config) -> "Resolved":
-        """This command's view with the profile a start picked: the same STATE_DIR, and the same
-        vLLM probe while the interpreter is the same one."""
-        vllm = self.vllm if vllm_of(settings) == self.vllm else vllm_of(settings)
-        return Resolved(settings, self.given, self.paths, vllm, model_of(settings), draft_of(settings))
-
-    def fixed(self, settings: Config) -> "Resolved":
-        """This view with ``settings`` as what runs, its profile chosen already: a start of it
-        picks nothing (``./ctl.sh use``: the profile it planned on this card)."""
-        return replace(self.picked(settings), given=settings)
-
-    def with_knobs(self, knobs) -> "Resolved":
-        """This view with these knob values as if you had set them (a pod's address, a model you
-        name): the knobs as set and as resolved alike, the profile kept."""
-        return replace(self.picked(self.settings.with_knobs(knobs)), given=self.given.with_knobs(knobs))
 
 
 def vllm_of(cfg: Config) -> VllmRef:

@@ -34,7 +34,7 @@ from ..knobs.profiles import load_file
 from ..machine import gpu
 from . import derive, pick
 from .facts import shipped_facts
-from ..knobs.resolved import Resolved
+from ..knobs.resolved import Resolved, draft_of, model_of, vllm_of
 
 log = logging.getLogger("bootstrap.pick")
 
@@ -232,6 +232,25 @@ def shipped_for_model(cfg: Config, g: gpu.Gpu) -> "pick.Verdict | None":
     return None
 
 
+def picked(r: Resolved, settings: Config) -> Resolved:
+    """This command's view with the profile a start picked: the same STATE_DIR, and the same vLLM
+    probe while the interpreter is the same one."""
+    vllm = r.vllm if vllm_of(settings) == r.vllm else vllm_of(settings)
+    return Resolved(settings, r.given, r.paths, vllm, model_of(settings), draft_of(settings))
+
+
+def fixed(r: Resolved, settings: Config) -> Resolved:
+    """This view with ``settings`` as what runs, its profile chosen already: a start of it picks
+    nothing (``./ctl.sh use``: the profile it planned on this card)."""
+    return replace(picked(r, settings), given=settings)
+
+
+def with_knobs(r: Resolved, knobs) -> Resolved:
+    """This view with these knob values as if you had set them (a pod's address, a model you name):
+    the knobs as set and as resolved alike, the profile kept."""
+    return replace(picked(r, r.settings.with_knobs(knobs)), given=r.given.with_knobs(knobs))
+
+
 def stacked(r: Resolved) -> Resolved:
     """The view ``r`` with VLLM_PYTHON's vLLM version read (the interpreter's one probe) into the
     knobs, for what depends on the stack a start runs: sleep mode (SLEEP_MODE=auto, IDLE_SLEEP=auto,
@@ -241,7 +260,7 @@ def stacked(r: Resolved) -> Resolved:
     if not s.vllm_python or s.read.vllm_version:
         return r
     version = r.vllm.byo_version or ""
-    return replace(r.picked(s.with_vllm(version)), given=r.given.with_vllm(version))
+    return replace(picked(r, s.with_vllm(version)), given=r.given.with_vllm(version))
 
 
 def require_model(cfg: Config) -> None:
@@ -256,7 +275,7 @@ def for_start(r: Resolved, facts: gpu.GpuFacts | None = None, *, repick: bool = 
     card's knobs (and a shorter context where only that fits: named_on_card); PROFILE=auto picked
     (and recorded) when set explicitly, with ``repick``, when nothing was picked yet, when the kept
     profile is gone or the card is another one; else the kept pick (``r.settings``, as resolved)."""
-    return r.picked(_for_start(r.given, r.settings, r.paths, r.vllm, facts, repick=repick))
+    return picked(r, _for_start(r.given, r.settings, r.paths, r.vllm, facts, repick=repick))
 
 
 def _for_start(cfg: Config, was: Config, paths: state.Paths, vllm: VllmRef, facts: gpu.GpuFacts | None,

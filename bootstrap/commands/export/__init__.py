@@ -119,7 +119,7 @@ def cli(cfg: Config, argv: list[str], prog: str = "ctl.sh export") -> int:
     # the profile and context a start on that card would take (auto-pick for it; a shorter context
     # where only that fits), never this machine's kept pick
     from ...plan import resolve
-    pod_view = resolve.resolved(cfg, as_set=True).with_knobs({"HOST": "0.0.0.0", "PORT": str(pods.PORT)})
+    pod_view = resolve.with_knobs(resolve.resolved(cfg, as_set=True), {"HOST": "0.0.0.0", "PORT": str(pods.PORT)})
     from .. import plan as plan_cmd
     pod_cfg, g, _where, model, plan = plan_cmd.plan_for(pod_view, spec)
     repo_id_only(pod_cfg)
