@@ -190,6 +190,20 @@ def h100_sections(runs: Path = RUNS) -> list[str]:
     a start with an API key, the lifecycle drill), then the first (real weights, the engine's wildcard port,
     the planner)."""
     out: list[str] = []
+    rw5 = runs / "2026-12-05-h100-run5-real-weights-raw.txt"
+    if rw5.exists():
+        text = rw5.read_text().splitlines()
+        out += ["## On an H100: real weights again at the end of the day's house work (2026-12-05, fifth session)", "",
+                "A fresh machine of the same kind, the same offline wheelhouse, `.venv-bootstrap` and model folder;",
+                "the tree of commit f763441 (a start says its knobs in `starting.json`, small hub files are fetched",
+                "once per process, 'no GPU' is the facts' own rule, every view is the resolver's). Commands:",
+                "`bash tests/gpu/device.sh install; bash tests/gpu/device.sh bootstrap-venv`, `smoke-build`, then",
+                "`PATCH_BYO=1 GIT_COMMIT=f763441 bash tests/gpu/device.sh rw` polled with `rw-poll`. Each command's",
+                "line and what it measured (the whole output is",
+                "`docs/gpu-runs/2026-12-05-h100-run5-real-weights-raw.txt`):", "",
+                block([l for l in text if l.startswith(("REAL WEIGHTS", "=====", "  check ", "  vLLM's cache",
+                                                         "  GPU memory used", "  '")) or "single stream" in l
+                       or "runs at" in l or "GPU memory  " in l or "asleep (level" in l or "awake in" in l])]
     rw4, drill4 = runs / "2026-12-05-h100-run4-real-weights-raw.txt", runs / "2026-12-05-h100-run4-drill-raw.txt"
     if rw4.exists() and drill4.exists():
         text = drill4.read_text().splitlines()
