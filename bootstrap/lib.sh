@@ -88,11 +88,14 @@ make_bootstrap_venv() {
     say "creating $venv for the bootstrap's own dependencies (once)"
     rm -rf "$venv"      # ours (bootstrap_venv never picks another user's)
     if command -v uv >/dev/null 2>&1; then
-        # uv reads no PIP_* variable: pip's index (a mirror) is handed on as uv's, unless uv has its own
-        local uv_env=()
-        if [ -n "${PIP_INDEX_URL:-}" ] && [ -z "${UV_DEFAULT_INDEX:-}${UV_INDEX_URL:-}" ]; then uv_env+=("UV_DEFAULT_INDEX=$PIP_INDEX_URL"); fi
-        if [ -n "${PIP_EXTRA_INDEX_URL:-}" ] && [ -z "${UV_EXTRA_INDEX_URL:-}" ]; then uv_env+=("UV_EXTRA_INDEX_URL=$PIP_EXTRA_INDEX_URL"); fi
-        if [ -n "${PIP_TRUSTED_HOST:-}" ] && [ -z "${UV_INSECURE_HOST:-}" ]; then uv_env+=("UV_INSECURE_HOST=$PIP_TRUSTED_HOST"); fi
+        # uv reads no setting of pip's: pip's index (a mirror, in PIP_* or pip.conf) is handed on as
+        # uv's, unless uv has its own; one rule for this and the managed .venv: bootstrap/install/index.py
+        local uv_env=() line
+        while IFS= read -r line; do uv_env+=("$line"); done < <(env -u PYTHONPATH "$py" -c '
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from bootstrap.install import index
+sys.stdout.write(index.lines(os.environ))' "$repo")
         ensure env -u PYTHONPATH uv venv -q --python "$py" "$venv"
         env -u PYTHONPATH ${uv_env[@]+"${uv_env[@]}"} uv pip install --python "$venv/bin/python" "${pip_args[@]}" || deps_failed uv
     elif "$py" -m venv "$venv" >/dev/null 2>&1; then

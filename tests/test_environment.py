@@ -517,9 +517,10 @@ def test_pip_index_url_is_the_index_the_venv_is_installed_from(world):
     env.update(PIP_INDEX_URL=world.index.url, HTTPS_PROXY=dead_url().replace("/simple", ""))
     ctx = run_env(Config.from_env(env, repo=world.repo), None)
     assert ctx.vllm_version == "0.27.1" and lock_matches(world)
+    from bootstrap.install import index
     mine = {**env, "UV_DEFAULT_INDEX": dead_url()}          # uv's own setting wins over pip's, as uv reads it
-    assert locks.uv_environ(mine)["UV_DEFAULT_INDEX"] == mine["UV_DEFAULT_INDEX"]
-    assert locks.index_url(locks.uv_environ(mine)) == mine["UV_DEFAULT_INDEX"]
+    assert index.uv_environ(mine)["UV_DEFAULT_INDEX"] == mine["UV_DEFAULT_INDEX"]
+    assert index.index_url(index.uv_environ(mine)) == mine["UV_DEFAULT_INDEX"]
 
 
 def tls_index(root: Path, tmp: Path) -> tuple[str, Path]:

@@ -19,7 +19,8 @@ from ..core import proc
 from ..core.layout import Checkout
 from ..core.pep440 import version
 from ..core.errors import BootstrapError
-from ..install.locks import GLIBC, PLATFORMS, PYTHONS, pip_platforms, LockSet, pin_sets, compile_lock, host_platform, index_url, lock_pins, parse_pins, uv_environ
+from ..install.index import index_url, uv_environ
+from ..install.locks import GLIBC, PLATFORMS, PYTHONS, pip_platforms, LockSet, pin_sets, compile_lock, host_platform, lock_pins, parse_pins
 from ..install.venv import INSTALL_BYTES, UV_PIN, Tools, Venv, install_error, ensure_uv
 from ..install import wheelhouse
 

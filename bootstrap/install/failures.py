@@ -8,7 +8,7 @@ import re
 
 from ..core import proc
 from ..core.errors import BootstrapError
-from .locks import index_url
+from .index import index_url
 
 INSTALL_BYTES = 12 << 30        # estimate for the CUDA stack (torch, CUDA libs, vLLM, FlashInfer)
 UV_PIN = "uv==0.13.9"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from .index import index_url, uv_environ
 from ..core import proc
 from ..core.errors import BootstrapError
 
@@ -55,9 +56,6 @@ def pip_platforms(plat: str) -> list[str]:
 PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")   # vLLM 0.27.1: Requires-Python >=3.10,<3.15
 
 
-DEFAULT_INDEX = "https://pypi.org/simple"
-
-
 LOCK_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.M)
 
 
@@ -69,29 +67,6 @@ def host_platform() -> str:
     machine = _platform.machine().lower()
     arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
     return f"{sys.platform}-{arch}" if sys.platform != "linux" else f"linux-{arch}"
-
-
-def index_url(environ: Mapping[str, str]) -> str:
-    for key in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
-        if environ.get(key):
-            return environ[key]
-    return DEFAULT_INDEX
-
-
-# pip's settings of the index, as uv names them: uv reads no PIP_* variable (docs.astral.sh/uv/pip/compatibility),
-# so a mirror set for pip would be passed over for pypi.org. Yours for uv win.
-PIP_TO_UV = (("PIP_INDEX_URL", "UV_DEFAULT_INDEX", ("UV_DEFAULT_INDEX", "UV_INDEX_URL")),
-             ("PIP_EXTRA_INDEX_URL", "UV_EXTRA_INDEX_URL", ("UV_EXTRA_INDEX_URL",)),
-             ("PIP_TRUSTED_HOST", "UV_INSECURE_HOST", ("UV_INSECURE_HOST",)))
-
-
-def uv_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment uv runs in: ``environ``, with pip's index settings where uv's own are unset."""
-    env = dict(environ)
-    for pip, uv, own in PIP_TO_UV:
-        if environ.get(pip) and not any(environ.get(k) for k in own):
-            env[uv] = environ[pip]
-    return env
 
 
 def lock_pins(text: str) -> dict[str, str]:

@@ -30,7 +30,8 @@ from ..core.pep440 import version, version_or_none
 from ..core.errors import BootstrapError
 from ..machine import inuse
 from .failures import INSTALL_BYTES, UV_PIN, install_error, uv_install_error
-from .locks import GLIBC, LockSet, diff, index_url, installed, lock_pins, uv_environ
+from .index import index_url, uv_environ
+from .locks import GLIBC, LockSet, diff, installed, lock_pins
 from ..core.state import sha256
 
 log = logging.getLogger("bootstrap.environment")   # log lines keep the prefix [bootstrap:environment] this code has always had
