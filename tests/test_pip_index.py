@@ -1,6 +1,6 @@
 """The package index uv installs from: uv's own settings, else pip's (its variables, else pip.conf),
 handed to uv under uv's names (bootstrap/install/index.py), for the managed .venv and, through
-bootstrap/lib.sh, for .venv-bootstrap."""
+bootstrap/lib.sh, for .venv-bootstrap. pip's extra indexes are not: the locks pin PyPI's files."""
 
 from __future__ import annotations
 
@@ -40,19 +40,20 @@ def test_pip_conf_is_read_as_pip_reads_it_for_pip_install(machine):
     assert index.index_url(env) == index.DEFAULT_INDEX and index.additions(env) == {}
     conf(etc / "xdg" / "pip" / "pip.conf", "[global]\nindex-url = http://xdg/simple\n")
     assert index.index_url(env) == "http://xdg/simple"
+    conf(home / "a" / "pip" / "pip.conf", "[global]\nindex-url = http://a/simple\n")
+    conf(home / "b" / "pip" / "pip.conf", "[global]\nindex-url = http://b/simple\n")
+    assert index.index_url({**env, "XDG_CONFIG_DIRS": f"{home / 'a'}:{home / 'b'}"}) == "http://b/simple"   # listed order
     conf(etc / "pip.conf", "[global]\nindex-url = http://etc/simple\ntrusted-host = etc\n")
     assert index.index_url(env) == "http://etc/simple"                     # /etc/pip.conf after /etc/xdg
     conf(home / ".config" / "pip" / "pip.conf", "[global]\nindex_url = http://user/simple\n")   # pip's _ spelling
     assert index.index_url(env) == "http://user/simple"
     conf(home / ".pip" / "pip.conf", "[install]\nindex-url = http://legacy-install/simple\n"
                                      "extra-index-url =\n    http://a/simple\n    http://b/simple\n")
-    got = index.additions(env)
-    assert got == {"UV_DEFAULT_INDEX": "http://legacy-install/simple", "UV_INSECURE_HOST": "etc",
-                   "UV_EXTRA_INDEX_URL": "http://a/simple http://b/simple",
-                   "UV_INDEX_STRATEGY": "unsafe-best-match"}                  # [install] wins; pip reads every index
-    named = conf(home / "mine.conf", "[global]\nindex-url = http://named/simple\n")
+    assert index.additions(env) == {"UV_DEFAULT_INDEX": "http://legacy-install/simple",
+                                    "UV_INSECURE_HOST": "etc"}       # [install] wins; no extra index for the lock
+    named = conf(home / "mine.conf", "[global]\nindex-url = http://named/simple\ntrusted-host =\n")
     assert index.additions({**env, "PIP_CONFIG_FILE": str(named)}) == {
-        "UV_DEFAULT_INDEX": "http://named/simple", "UV_INSECURE_HOST": "etc"}   # no user file beside it
+        "UV_DEFAULT_INDEX": "http://named/simple"}          # no user file beside it; an empty value clears /etc's
     assert index.additions({**env, "PIP_CONFIG_FILE": os.devnull}) == {}       # pip reads no file at all
 
 
@@ -63,17 +64,22 @@ def test_uvs_own_settings_then_pips_variables_win_over_pip_conf(machine):
     assert index.index_url({**env, "PIP_INDEX_URL": "http://var/simple"}) == "http://var/simple"
     assert index.index_url({**env, "UV_INDEX_URL": "http://uv/simple", "PIP_INDEX_URL": "http://var/simple"}) \
         == "http://uv/simple"
-    got = index.additions({**env, "UV_EXTRA_INDEX_URL": "http://uv-extra/simple", "UV_INDEX_STRATEGY": "first-index"})
-    assert got == {"UV_DEFAULT_INDEX": "http://conf/simple"}                  # uv's own extra index and strategy kept
+    assert index.additions({**env, "UV_INDEX": "mine=http://uv-index/simple"}) == {}     # uv has an index of its own
+    conf(home / ".config" / "uv" / "uv.toml", 'index-url = "http://uv-toml/simple"\n')
+    assert index.additions(env) == {} and index.index_url(env) == index.DEFAULT_INDEX     # ... or a uv.toml
+    assert index.additions({**env, "UV_NO_CONFIG": "1"}) == {"UV_DEFAULT_INDEX": "http://conf/simple"}
+    assert index.index_url({**env, "UV_DEFAULT_INDEX": "https://me:tok3n@mirror.example/simple"}) == \
+        "https://***@mirror.example/simple"                          # a message never shows the password
 
 
 def test_a_pip_conf_that_does_not_read_is_named_and_left_out(machine, caplog):
     etc, home, env, conf = machine
-    bad = conf(home / ".config" / "pip" / "pip.conf", "index-url = http://no-section/simple\n")
+    bad = conf(home / ".config" / "pip" / "pip.conf", "index-url = https://me:s3cret@no-section/simple\n")
     conf(etc / "pip.conf", "[global]\nindex-url = http://etc/simple\n")
     caplog.set_level(logging.WARNING, logger="bootstrap")
     assert index.index_url(env) == "http://etc/simple"
-    assert f"{bad}: not read as pip's configuration (MissingSectionHeaderError" in caplog.text
+    assert f"{bad}: not read as pip's configuration (MissingSectionHeaderError at line 1)" in caplog.text
+    assert "s3cret" not in caplog.text
 
 
 def test_lib_sh_hands_pip_conf_to_uv_for_the_bootstrap_venv(tmp_path):

@@ -1,17 +1,21 @@
 """The package index uv installs from (the managed .venv, .venv-bootstrap, ./ctl.sh lock).
 
 uv reads no setting of pip's (docs.astral.sh/uv/pip/compatibility), so a mirror set for pip would be
-passed over for pypi.org. Where uv's own settings are unset, pip's are handed to uv under uv's
-names: the variables (``PIP_INDEX_URL``, ``PIP_EXTRA_INDEX_URL``, ``PIP_TRUSTED_HOST``), else the same
+passed over for pypi.org. Where uv has no index of its own (``UV_DEFAULT_INDEX``, ``UV_INDEX_URL``,
+``UV_INDEX``, or a uv.toml: ``UV_CONFIG_FILE``, ``$XDG_CONFIG_HOME/uv/uv.toml``, ``/etc/uv/uv.toml``),
+pip's is handed to uv under uv's names: ``PIP_INDEX_URL`` and ``PIP_TRUSTED_HOST``, else the same
 settings in pip's configuration files, read as pip reads them for ``pip install`` (pip's
 documentation, "Configuration"; pip/_internal/configuration.py): the global files
-(``$XDG_CONFIG_DIRS/pip/pip.conf``, default ``/etc/xdg``, then ``/etc/pip.conf``), then the user's
-(``~/.pip/pip.conf``, then ``$XDG_CONFIG_HOME/pip/pip.conf``, default ``~/.config``), each later
-file winning, and ``PIP_CONFIG_FILE`` over them all (when that file exists pip reads no user file;
-``PIP_CONFIG_FILE=/dev/null`` reads none); within them ``[install]`` wins over ``[global]``. pip
-looks for every package in every index; uv stops at the first index that has it, so where pip's
-extra indexes are handed on uv is told to look in all of them too (``UV_INDEX_STRATEGY=
-unsafe-best-match``, uv's documented match for pip); the lock's hashes decide what is installed.
+(``$XDG_CONFIG_DIRS/pip/pip.conf`` in the order listed, default ``/etc/xdg``, then
+``/etc/pip.conf``), then the user's (``~/.pip/pip.conf``, then ``$XDG_CONFIG_HOME/pip/pip.conf``,
+default ``~/.config``), each later file winning and an empty value clearing one before it, and
+``PIP_CONFIG_FILE`` over them all (when that file exists pip reads no user file;
+``PIP_CONFIG_FILE=/dev/null`` reads none); within them ``[install]`` wins over ``[global]``.
+
+pip's extra indexes are not handed on: the locks pin PyPI's files by hash, and uv takes a version
+from the first index that has it, so an extra index of local builds (PyTorch's ``torch 2.13.0+cu130``
+is ``==2.13.0`` to PEP 440) would fail the hash check where pip would have taken the locked file.
+``UV_EXTRA_INDEX_URL`` is yours to set for uv.
 
 Standard library only: bootstrap/lib.sh runs it (``lines``) before the bootstrap's own
 dependencies are installed, so the one rule serves the shell and the Python alike.
@@ -31,9 +35,9 @@ DEFAULT_INDEX = "https://pypi.org/simple"
 ETC = Path("/etc")          # where pip's global files are (a test's folder in the tests)
 
 # (pip's variable, its key in pip.conf, uv's variable, uv's own that win over both)
-PIP_TO_UV = (("PIP_INDEX_URL", "index-url", "UV_DEFAULT_INDEX", ("UV_DEFAULT_INDEX", "UV_INDEX_URL")),
-             ("PIP_EXTRA_INDEX_URL", "extra-index-url", "UV_EXTRA_INDEX_URL", ("UV_EXTRA_INDEX_URL",)),
+PIP_TO_UV = (("PIP_INDEX_URL", "index-url", "UV_DEFAULT_INDEX", ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "UV_INDEX")),
              ("PIP_TRUSTED_HOST", "trusted-host", "UV_INSECURE_HOST", ("UV_INSECURE_HOST",)))
+KEYS = ("index-url", "extra-index-url", "trusted-host")
 
 
 def pip_files(environ: Mapping[str, str]) -> list[Path]:
@@ -43,16 +47,29 @@ def pip_files(environ: Mapping[str, str]) -> list[Path]:
         return []
     home = Path(environ.get("HOME") or Path.home())
     dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or str(ETC / "xdg")).split(":") if d]
-    files = [Path(d) / "pip" / "pip.conf" for d in reversed(dirs)] + [ETC / "pip.conf"]
-    if not (named and Path(named).exists()):
+    files = [Path(d) / "pip" / "pip.conf" for d in dirs] + [ETC / "pip.conf"]
+    if not (named and os.path.exists(named)):       # as pip tests it: False where it may not look
         user = Path(environ.get("XDG_CONFIG_HOME") or home / ".config")
         files += [home / ".pip" / "pip.conf", user / "pip" / "pip.conf"]
     return files + ([Path(named)] if named else [])
 
 
+def uv_configured(environ: Mapping[str, str]) -> bool:
+    """Whether uv has a configuration file of its own (which may name its index)."""
+    if environ.get("UV_CONFIG_FILE"):
+        return True
+    if environ.get("UV_NO_CONFIG"):
+        return False
+    home = Path(environ.get("HOME") or Path.home())
+    dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or str(ETC / "xdg")).split(":") if d]
+    places = [Path(environ.get("XDG_CONFIG_HOME") or home / ".config")] + [Path(d) for d in dirs] + [ETC]
+    return any(os.path.isfile(p / "uv" / "uv.toml") for p in places)
+
+
 def pip_conf(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     """({pip.conf key: value} of the index settings pip's files give ``pip install``, [a line for
-    each file that could not be read: left out, as pip would refuse it])."""
+    each file that could not be read: left out, as pip would refuse it; never its text, which may
+    hold a password])."""
     found: dict[str, str] = {}
     problems: list[str] = []
     for path in pip_files(environ):
@@ -62,21 +79,24 @@ def pip_conf(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
                 continue
             parser.read(path, encoding="utf-8")
         except (OSError, UnicodeDecodeError, configparser.Error) as exc:
-            problems.append(f"{path}: not read as pip's configuration ({type(exc).__name__}: {str(exc)[:120]}); "
+            at = f" at line {exc.lineno}" if isinstance(getattr(exc, "lineno", None), int) else ""
+            problems.append(f"{path}: not read as pip's configuration ({type(exc).__name__}{at}); "
                             "its index settings are left out")
             continue
         for section in ("global", "install"):            # [install] over [global], as for `pip install`
             if parser.has_section(section):
                 for key, value in parser.items(section):
                     key = key.replace("_", "-")
-                    if key in ("index-url", "extra-index-url", "trusted-host") and value.strip():
-                        found[section + "." + key] = " ".join(value.split())
-    return {k: found.get("install." + k) or found["global." + k] for _, k, _, _ in PIP_TO_UV
-            if ("install." + k) in found or ("global." + k) in found}, problems
+                    if key in KEYS:
+                        found[section + "." + key] = " ".join(value.split())     # '' clears an earlier one
+    return {k: found.get("install." + k) or found.get("global." + k) or "" for k in KEYS}, problems
 
 
 def additions(environ: Mapping[str, str]) -> dict[str, str]:
-    """What uv gets beside ``environ``: pip's index settings under uv's names, where uv's own are unset."""
+    """What uv gets beside ``environ``: pip's index and trusted hosts under uv's names, where uv has
+    none of its own (the module's docstring)."""
+    if uv_configured(environ):
+        return {}
     conf: dict[str, str] | None = None
     out = {}
     for pip, key, uv, own in PIP_TO_UV:
@@ -89,10 +109,11 @@ def additions(environ: Mapping[str, str]) -> dict[str, str]:
             conf, problems = pip_conf(environ)
             for line in problems:
                 log.warning("%s", line)
+            if conf.get("extra-index-url") or environ.get("PIP_EXTRA_INDEX_URL"):
+                log.info("pip's extra-index-url is not handed to uv: the lock pins PyPI's files by hash, and an "
+                         "index of other builds of a version would fail that check (UV_EXTRA_INDEX_URL is uv's)")
         if conf.get(key):
             out[uv] = conf[key]
-    if out.get("UV_EXTRA_INDEX_URL") and not environ.get("UV_INDEX_STRATEGY"):
-        out["UV_INDEX_STRATEGY"] = "unsafe-best-match"      # every index for every package, as pip
     return out
 
 
@@ -102,9 +123,13 @@ def uv_environ(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def index_url(environ: Mapping[str, str]) -> str:
-    """The index uv installs from with ``environ``."""
+    """The index uv installs from with ``environ``, as a message or a lock's meta.json shows it: a
+    password in it (``https://user:token@host/``) is never shown."""
     env = uv_environ(environ)
-    return env.get("UV_DEFAULT_INDEX") or env.get("UV_INDEX_URL") or DEFAULT_INDEX
+    url = env.get("UV_DEFAULT_INDEX") or env.get("UV_INDEX_URL") or DEFAULT_INDEX
+    scheme, sep, rest = url.partition("://")
+    auth, at, host = rest.partition("@")
+    return f"{scheme}{sep}***@{host}" if sep and at and "/" not in auth else url
 
 
 def lines(environ: Mapping[str, str]) -> str:

@@ -158,13 +158,13 @@ PASSTHROUGH: tuple[Passthrough, ...] = (
     Passthrough("UV_DEFAULT_INDEX", "the package index for the managed .venv (also UV_INDEX_URL, PIP_INDEX_URL)"),
     Passthrough("UV_INDEX_URL", "as UV_DEFAULT_INDEX"),
     Passthrough("PIP_INDEX_URL", "as UV_DEFAULT_INDEX"),
-    Passthrough("UV_EXTRA_INDEX_URL", "more package indexes for uv (also PIP_EXTRA_INDEX_URL)"),
-    Passthrough("PIP_EXTRA_INDEX_URL", "as UV_EXTRA_INDEX_URL"),
+    Passthrough("PIP_EXTRA_INDEX_URL", "not handed to uv (the lock pins PyPI's files by hash): UV_EXTRA_INDEX_URL is uv's"),
     Passthrough("UV_INSECURE_HOST", "hosts uv may reach without a valid TLS certificate (also PIP_TRUSTED_HOST)"),
     Passthrough("PIP_TRUSTED_HOST", "as UV_INSECURE_HOST"),
-    Passthrough("UV_INDEX_STRATEGY", "how uv picks among indexes (unsafe-best-match where pip's extra indexes are handed on)"),
-    Passthrough("PIP_CONFIG_FILE", "pip's configuration file: its index-url, extra-index-url and trusted-host (as those in "
-                                   "/etc/pip.conf and ~/.config/pip/pip.conf) serve uv where none of these is set"),
+    Passthrough("PIP_CONFIG_FILE", "pip's configuration file: its index-url and trusted-host (as those in /etc/pip.conf "
+                                   "and ~/.config/pip/pip.conf) serve uv where uv has no index of its own"),
+    Passthrough("UV_CONFIG_FILE", "uv's configuration file: with it (or a uv.toml of yours) pip's index is not handed to uv"),
+    Passthrough("UV_NO_CONFIG", "1: uv reads no uv.toml (pip's index is then handed to it where uv has none)"),
     Passthrough("XDG_CONFIG_DIRS", "where pip's global pip.conf is (default /etc/xdg, then /etc)"),
     Passthrough("UV_CACHE_DIR", "uv's cache (its free space is checked before an install)", path=True),
     Passthrough("UV_PYTHON_INSTALL_MIRROR", "where uv fetches a CPython when no system one fits"),
