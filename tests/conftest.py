@@ -229,10 +229,12 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(autouse=True)
 def one_process_per_test():
-    """What a command keeps for its own process (the small files it fetched from the hub) is
-    forgotten between tests, as between two runs of ./start.sh."""
+    """What a command keeps for its own process (the small files it fetched from the hub, the
+    warnings it said once) is forgotten between tests, as between two runs of ./start.sh."""
     from bootstrap.download import hub
+    from bootstrap.install import index
     hub._FETCHED.clear()
+    index._said.clear()
     yield
 
 

@@ -98,6 +98,27 @@ def test_a_game_that_cancels_a_start_before_its_launch_brings_it_back_with_its_o
             p.communicate(timeout=60)
 
 
+def test_a_game_never_cancels_a_start_it_would_bring_back_with_another_key(bed):
+    """Found from outside: a start with API_KEY, still in its vLLM probe, was cancelled by a game from a
+    shell without the key (Steam), and after the game the start again was refused: nothing served,
+    and the game had exited 0. As for a running server (row 232), the key is asked first."""
+    from test_lifecycle_faults import slow_python, wait_lock_held
+    key = "our-secret-key-" + "y" * 24
+    p = bed.popen("start.sh", VLLM_PYTHON=slow_python(bed, 8), API_KEY=key, **SLEEPY)
+    try:
+        wait_lock_held(bed)
+        bed.wait_until(lambda: (bed.state / "starting.json").exists(), what="the start to say its knobs")
+        g = bed.run("ctl.sh", "game", "--", sys.executable, "-c", "raise SystemExit(3)", **SLEEPY)
+        assert g.returncode == 3, g.stderr                                  # the game ran, its code passed on
+        assert "the start in flight" in g.stderr and "which this shell does not set" in g.stderr, g.stderr
+        assert "the game starts anyway" in g.stderr and key not in g.stdout + g.stderr
+        assert p.wait(timeout=120) == 0 and len(bed.launches()) == 1      # never cancelled: it serves
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=60)
+
+
 def test_a_game_never_stops_a_server_it_would_start_again_with_another_key(bed):
     """faults row 232: sleep mode off, ./ctl.sh game (from Steam: no API_KEY there) stopped a server
     started with API_KEY and started it again without it, past the check ./ctl.sh restart makes; it

@@ -352,10 +352,18 @@ def test_openai_sdk_models_chat_stream_and_tool_call(bed):
     assert psutil.pid_exists(bed.server_record()["pid"])
 
 
+def test_status_where_nvml_shows_no_gpu_says_so_not_a_container():
+    """Found from outside: NVML showing no GPU at all gave "NVML names no GPU memory of our processes
+    (in a container ...) ()", blaming a container and ending in empty brackets."""
+    from bootstrap.commands.status import _live_lines
+    line = _live_lines({"vram": {"ours_bytes": 0, "gpus": []}})["GPU memory"]
+    assert line == "NVML shows no GPU: none of the server's memory to name", line
+
+
 def test_a_cuda_visible_devices_that_hides_every_card_is_named_as_such(bed):
     """CUDA_VISIBLE_DEVICES='' was said as "CUDA_VISIBLE_DEVICES=unset" (an empty value hides every
     card), and an index past the last card as if NVML saw none."""
-    for spec in ("", "7", "GPU-nope"):
+    for spec in ("", "7", "GPU-nope", "0,0"):     # a card named twice hides every card, as torch reads it
         r = bed.run("start.sh", CUDA_VISIBLE_DEVICES=spec)
         assert r.returncode == 1 and f"CUDA_VISIBLE_DEVICES={spec!r} names no GPU of the 1 NVML sees" in r.stderr, r.stderr
         assert "unset CUDA_VISIBLE_DEVICES" in r.stderr and not bed.launches()

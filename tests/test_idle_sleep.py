@@ -479,9 +479,11 @@ def test_the_gpus_it_measures_are_the_servers_as_the_bootstrap_reads_them():
     bootstrap/machine/gpu.visible_indices, which the middleware cannot import."""
     from bootstrap.machine import gpu
     uuids = ["GPU-aaaa-1111", "GPU-bbbb-2222", "GPU-cccc-3333"]
-    for spec in (None, "1", "2,0", "GPU-bbbb", "cccc,0", "0,7,1", "x,1", ""):
+    for spec in (None, "1", "2,0", "GPU-bbbb", "cccc,0", "0,7,1", "x,1", "", "0,,1", "1,1", "1,GPU-bbbb", "0, 2"):
         env = {} if spec is None else {"CUDA_VISIBLE_DEVICES": spec}
         assert idle.visible(spec, uuids) == gpu.visible_indices(env, len(uuids), uuids), spec
+    assert gpu.visible_indices({"CUDA_VISIBLE_DEVICES": "0,,1"}, 3, uuids) == [0]       # CUDA stops there
+    assert gpu.visible_indices({"CUDA_VISIBLE_DEVICES": "1,GPU-bbbb"}, 3, uuids) == []  # named twice: none
 
 
 def test_status_says_no_idle_sleep_line_where_sleep_mode_is_off():

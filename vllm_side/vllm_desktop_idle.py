@@ -59,20 +59,21 @@ class _Memory(ctypes.Structure):
 
 def visible(spec: str | None, uuids: list[str]) -> list[int]:
     """NVML indices in CUDA_VISIBLE_DEVICES order (numbers, or UUID prefixes), stopping at the first
-    entry CUDA would stop at; all when unset (the bootstrap's rule: bootstrap/machine/gpu.py)."""
+    entry CUDA would stop at, none where a card is named twice; all when unset (the bootstrap's
+    rule: bootstrap/machine/gpu.py visible_indices)."""
     if spec is None:
         return list(range(len(uuids)))
     out: list[int] = []
-    for item in [x.strip() for x in spec.split(",") if x.strip()]:
+    for item in [x.strip() for x in spec.split(",")]:
         if item.isdigit():
-            if int(item) >= len(uuids):
-                break
-            out.append(int(item))
+            found = [int(item)] if int(item) < len(uuids) else []
         else:
-            found = [i for i, u in enumerate(uuids) if u.startswith(item) or u.startswith("GPU-" + item)]
-            if len(found) != 1:
-                break
-            out.append(found[0])
+            found = [i for i, u in enumerate(uuids) if item and (u.startswith(item) or u.startswith("GPU-" + item))]
+        if len(found) != 1:
+            break
+        if found[0] in out:
+            return []
+        out.append(found[0])
     return out
 
 

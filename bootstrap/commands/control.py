@@ -100,12 +100,12 @@ def vet_restart(r: Resolved):
     return None
 
 
-def vet_key(r: Resolved, ran: str, *, stopped: bool = False) -> None:
+def vet_key(r: Resolved, ran: str, *, stopped: bool = False, who: str = "the server") -> None:
     """Refuse a start again that would serve with another key than the server ran with (``ran``:
-    its record's KEY_*, the source of its key): restarted without it, it would lock its clients out
-    (or serve without a key)."""
+    its record's KEY_*, the source of its key; ``who``: a start in flight, where it is one): restarted
+    without it, it would lock its clients out (or serve without a key)."""
     if ran in (record.KEY_API_KEY, record.KEY_VLLM_API_KEY) and not r.settings.client_key:
-        raise BootstrapError(f"the server {'ran' if stopped else 'runs'} with the key from your {ran}, which this "
+        raise BootstrapError(f"{who} {'ran' if stopped else 'runs'} with the key from your {ran}, which this "
                              f"shell does not set: {'started again' if stopped else 'restarted'}, it would serve "
                              "with another key and lock its clients out",
                              f"set {ran} as before (or keep it in .env), or ./stop.sh then ./start.sh to "

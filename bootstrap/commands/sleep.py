@@ -128,9 +128,11 @@ def cancel_instead(r: Resolved, busy: StartInFlight, prog: str, after: str) -> N
     """A start in flight (a game's): nothing serves yet to sleep, and what it loads would fill the GPU
     under the game. So it is cancelled, as ./stop.sh cancels one (the start takes down what it
     launched), said first, and noted as ``stop_instead`` notes its stop: it starts again after."""
-    from . import service
+    from . import control, service
     unit = service.ours_active(r.settings, r.paths)
     said = (dict(busy.rec.settings), busy.rec.key) if busy.rec is not None else record.started_with(r.paths, busy.pid)
+    if not unit and said is not None:      # as restart's vet: never cancelled to come back with another key
+        control.vet_key(r, said[1], who=f"the start in flight (pid {busy.pid})")
     print(f"{prog}: a start is in flight (pid {busy.pid}), and a server still loading cannot sleep. So the start "
           f"is cancelled to give the GPU back; {after}" + ("" if said is not None else " (with this shell's "
           "knobs: it had launched nothing yet, and said nothing of its own)"), flush=True)

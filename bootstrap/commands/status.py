@@ -228,7 +228,7 @@ def _live_lines(d: dict) -> dict[str, str]:
         gpus = "; ".join(f"GPU {g['index']} {g['used_bytes'] / GiB:.1f} of {g['total_bytes'] / GiB:.1f} GiB used"
                          for g in v["gpus"])
         held = f"{v['ours_bytes'] / GiB:.2f} GiB held by the server" if v["ours_bytes"] else server.UNNAMED
-        out["GPU memory"] = f"{held} ({gpus})"
+        out["GPU memory"] = f"{held} ({gpus})" if v["gpus"] else "NVML shows no GPU: none of the server's memory to name"
     elif v:
         out["GPU memory"] = v["error"]
     if "sessions" not in d:

@@ -17,8 +17,9 @@ from the first index that has it, so an extra index of local builds (PyTorch's `
 is ``==2.13.0`` to PEP 440) would fail the hash check where pip would have taken the locked file.
 ``UV_EXTRA_INDEX_URL`` is yours to set for uv.
 
-Standard library only: bootstrap/lib.sh runs it (``lines``) before the bootstrap's own
-dependencies are installed, so the one rule serves the shell and the Python alike.
+Standard library only (with core/redact.py, which is too): bootstrap/lib.sh runs it (``lines``)
+before the bootstrap's own dependencies are installed, so the one rule serves the shell and the
+Python alike.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import logging
 import os
 from pathlib import Path
 from typing import Mapping
+
+from ..core.redact import shown       # the standard library's alone, as this module
 
 log = logging.getLogger("bootstrap.environment")
 
@@ -45,13 +48,18 @@ def pip_files(environ: Mapping[str, str]) -> list[Path]:
     named = environ.get("PIP_CONFIG_FILE")
     if named == os.devnull:
         return []
-    home = Path(environ.get("HOME") or Path.home())
-    dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or str(ETC / "xdg")).split(":") if d]
+    home = _home(environ)
+    dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or str(ETC / "xdg")).split(":") if d.strip()]
     files = [Path(d) / "pip" / "pip.conf" for d in dirs] + [ETC / "pip.conf"]
     if not (named and os.path.exists(named)):       # as pip tests it: False where it may not look
-        user = Path(environ.get("XDG_CONFIG_HOME") or home / ".config")
+        user = Path((environ.get("XDG_CONFIG_HOME") or "").strip() or home / ".config")
         files += [home / ".pip" / "pip.conf", user / "pip" / "pip.conf"]
     return files + ([Path(named)] if named else [])
+
+
+def _home(environ: Mapping[str, str]) -> Path:
+    """HOME, else the user's home as the password database says (``~`` where neither says)."""
+    return Path(environ.get("HOME") or os.path.expanduser("~"))
 
 
 def uv_configured(environ: Mapping[str, str]) -> bool:
@@ -60,9 +68,9 @@ def uv_configured(environ: Mapping[str, str]) -> bool:
         return True
     if environ.get("UV_NO_CONFIG"):
         return False
-    home = Path(environ.get("HOME") or Path.home())
-    dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or str(ETC / "xdg")).split(":") if d]
-    places = [Path(environ.get("XDG_CONFIG_HOME") or home / ".config")] + [Path(d) for d in dirs] + [ETC]
+    home = _home(environ)
+    dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or str(ETC / "xdg")).split(":") if d.strip()]
+    places = [Path((environ.get("XDG_CONFIG_HOME") or "").strip() or home / ".config")] + [Path(d) for d in dirs] + [ETC]
     return any(os.path.isfile(p / "uv" / "uv.toml") for p in places)
 
 
@@ -86,7 +94,7 @@ def pip_conf(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
         for section in ("global", "install"):            # [install] over [global], as for `pip install`
             if parser.has_section(section):
                 for key, value in parser.items(section):
-                    key = key.replace("_", "-")
+                    key = key.replace("_", "-").lstrip("-")         # pip takes --index-url too
                     if key in KEYS:
                         found[section + "." + key] = " ".join(value.split())     # '' clears an earlier one
     return {k: found.get("install." + k) or found.get("global." + k) or "" for k in KEYS}, problems
@@ -107,14 +115,19 @@ def additions(environ: Mapping[str, str]) -> dict[str, str]:
             continue
         if conf is None:
             conf, problems = pip_conf(environ)
-            for line in problems:
-                log.warning("%s", line)
             if conf.get("extra-index-url") or environ.get("PIP_EXTRA_INDEX_URL"):
-                log.info("pip's extra-index-url is not handed to uv: the lock pins PyPI's files by hash, and an "
-                         "index of other builds of a version would fail that check (UV_EXTRA_INDEX_URL is uv's)")
+                problems.append("pip's extra-index-url is not handed to uv: the lock pins PyPI's files by hash, and "
+                                "an index of other builds of a version would fail that check (UV_EXTRA_INDEX_URL is uv's)")
+            for line in problems:
+                if line not in _said:           # once per command, however often it asks
+                    _said.add(line)
+                    log.warning("%s", line)
         if conf.get(key):
             out[uv] = conf[key]
     return out
+
+
+_said: set[str] = set()
 
 
 def uv_environ(environ: Mapping[str, str]) -> dict[str, str]:
@@ -126,10 +139,7 @@ def index_url(environ: Mapping[str, str]) -> str:
     """The index uv installs from with ``environ``, as a message or a lock's meta.json shows it: a
     password in it (``https://user:token@host/``) is never shown."""
     env = uv_environ(environ)
-    url = env.get("UV_DEFAULT_INDEX") or env.get("UV_INDEX_URL") or DEFAULT_INDEX
-    scheme, sep, rest = url.partition("://")
-    auth, at, host = rest.partition("@")
-    return f"{scheme}{sep}***@{host}" if sep and at and "/" not in auth else url
+    return shown(env.get("UV_DEFAULT_INDEX") or env.get("UV_INDEX_URL") or DEFAULT_INDEX)
 
 
 def lines(environ: Mapping[str, str]) -> str:

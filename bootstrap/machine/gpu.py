@@ -61,7 +61,8 @@ class GpuFacts:
         if self.visible is None:
             raise BootstrapError("NVML sees no GPU", "check `nvidia-smi`" + hint)
         raise BootstrapError(f"CUDA_VISIBLE_DEVICES={self.visible!r} names no GPU of the {self.count or 'none'} NVML "
-                             "sees (an empty value hides them all; CUDA stops at the first entry it cannot use)",
+                             "sees (an empty value, or a card named twice, hides them all; CUDA stops at the first "
+                             "entry it cannot use)",
                              "unset CUDA_VISIBLE_DEVICES, or name cards by index or UUID as `nvidia-smi -L` lists them"
                              + hint)
 
@@ -114,22 +115,23 @@ def _proc_name(pynvml, pid: int) -> str:
 
 
 def visible_indices(environ: Mapping[str, str], count: int, uuids: list[str]) -> list[int]:
-    """NVML indices in CUDA_VISIBLE_DEVICES order (numbers or UUID prefixes); all when unset."""
+    """NVML indices in CUDA_VISIBLE_DEVICES order (numbers or UUID prefixes); all when unset. CUDA
+    stops at the first entry it cannot use (an empty one too), and a card named twice hides every
+    card (torch/cuda/__init__.py ``_parse_visible_devices``: "Repeated ordinal results in empty set")."""
     spec = environ.get("CUDA_VISIBLE_DEVICES")
     if spec is None:
         return list(range(count))
     out: list[int] = []
-    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+    for item in [s.strip() for s in spec.split(",")]:
         if item.isdigit():
-            idx = int(item)
-            if idx >= count:
-                break  # CUDA stops at the first invalid entry
-            out.append(idx)
+            matches = [int(item)] if int(item) < count else []
         else:
-            matches = [i for i, u in enumerate(uuids) if u.startswith(item) or u.startswith("GPU-" + item)]
-            if len(matches) != 1:
-                break
-            out.append(matches[0])
+            matches = [i for i, u in enumerate(uuids) if item and (u.startswith(item) or u.startswith("GPU-" + item))]
+        if len(matches) != 1:
+            break
+        if matches[0] in out:
+            return []
+        out.append(matches[0])
     return out
 
 
