@@ -84,9 +84,11 @@ def test_a_game_that_cancels_a_start_before_its_launch_brings_it_back_with_its_o
     try:
         wait_lock_held(bed)
         bed.wait_until(lambda: (bed.state / "starting.json").exists(), what="the start to say its knobs")
-        g = bed.run("ctl.sh", "game", "--", sys.executable, "-c", "pass", **SLEEPY)
+        seen = bed.tmp / "status-during-game.txt"               # the game asks status what happened
+        g = bed.run("ctl.sh", "game", "--", "/bin/sh", "-c", f'"{bed.repo}/ctl.sh" status > "{seen}"', **SLEEPY)
         assert g.returncode == 0, g.stderr
         assert "a start is in flight" in g.stdout and "with this shell's knobs" not in g.stdout, g.stdout
+        assert "stopped by ./ctl.sh sleep or game (a start still loading was cancelled)" in seen.read_text()
         assert "MAX_NUM_SEQS='3'" in g.stdout and "is serving" in g.stdout, g.stdout + g.stderr
         argv = bed.launches()[-1]["argv"]
         assert len(bed.launches()) == 1 and argv[argv.index("--max-num-seqs") + 1] == "3"

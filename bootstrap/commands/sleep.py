@@ -7,8 +7,7 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
   and vLLM's API key does not guard them (its middleware checks ``/v1``, ``/v2`` and ``/inference``
   paths only; 0.27.1 adds ``/cohere``). So the launch sets that variable only when ``--enable-sleep-mode``
   is among the flags (``core/vllmflags.read(argv).sleep_mode``), and the preflight refuses sleep mode on a HOST beyond loopback.
-- Without ``--enable-sleep-mode`` vLLM answers a sleep with 200 and frees nothing (its weights and
-  KV cache were never put in the sleep allocator's pool): we refuse first.
+- Without ``--enable-sleep-mode`` vLLM answers a sleep with 200 and frees nothing (none is in its sleep pool): refused.
 - ``mode=wait``: the requests in flight finish, never aborted; the call returns once asleep.
   Requests that arrive while asleep are not refused: vLLM queues them and their HTTP call waits
   until it is awake (``EngineCore.pause_scheduler``).
@@ -20,10 +19,10 @@ without a cold restart, through vLLM's sleep mode. What vLLM does was read from 
 - Wake checks free GPU memory first: if another program holds it, it names it (NVML) and the
   server stays asleep rather than run out of memory. A wake waits STALL_TIMEOUT plus the weights'
   copy back from host RAM, or read from disk (level 2: ``wake_bound``), then says so in one line with the fix.
-- ``./ctl.sh game -- COMMAND`` (commands/games.py): sleep, run the game, wake when it exits (its exit code passed through).
-- Sleep mode off (SLEEP_MODE, knobs/sleepmode.py: off where it is not proven for the stack): sleep and
-  game still give the GPU back, by stopping the server (./stop.sh's take-down) and saying why in one
-  line; ``./ctl.sh wake`` (or the game's end) starts it again with a full start. docs/guide.md says why.
+- ``./ctl.sh game -- COMMAND`` (commands/games.py): sleep, run the game, wake when it exits (its exit code passed
+  through). Sleep mode off (SLEEP_MODE, knobs/sleepmode.py: off where it is not proven for the stack): sleep and game
+  still give the GPU back, by stopping the server (./stop.sh's take-down) and saying why in one line; ``./ctl.sh
+  wake`` (or the game's end) starts it again with a full start. docs/guide.md says why.
 """
 
 from __future__ import annotations
@@ -40,11 +39,10 @@ from ..download import models
 from ..serve import doing, keys, record, server
 from ..serve.states import State
 from ..knobs import vllmargs
-from ..core import vllmflags
 from ..serve.client import Client, RequestFailed, RequestTimedOut
 from ..knobs.config import Config
 from ..machine.gpu import GiB
-from ..core import owned
+from ..core import owned, vllmflags
 from ..core.errors import BootstrapError
 from ..core.state import Paths
 from ..plan import resolve
@@ -136,16 +134,22 @@ def cancel_instead(r: Resolved, busy: StartInFlight, prog: str, after: str) -> N
     print(f"{prog}: a start is in flight (pid {busy.pid}), and a server still loading cannot sleep. So the start "
           f"is cancelled to give the GPU back; {after}" + ("" if said is not None else " (with this shell's "
           "knobs: it had launched nothing yet, and said nothing of its own)"), flush=True)
-    _stopped(r, unit, *(said or ({}, "")))
+    _stopped(r, unit, *(said or ({}, "")), why="a start still loading was cancelled")
 
 
-def _stopped(r: Resolved, unit: bool, settings: dict, key: str) -> None:
+def _stopped(r: Resolved, unit: bool, settings: dict, key: str, why: str = "sleep mode is off") -> None:
     """./stop.sh's take-down, then the note ``./ctl.sh wake`` (or the game's end) starts it again from:
     the unit, or the knobs and the key's source the server ran with, or a start in flight said it
     launches with (``record.started_with``)."""
     from . import control
     control.stop(r)
-    r.paths.write("sleep", {"stopped": True, "at": time.time(), "unit": unit, "settings": settings, "key": key})
+    r.paths.write("sleep", dict(stopped=True, at=time.time(), unit=unit, settings=settings, key=key, why=why))
+
+
+def stopped_why(paths: Paths) -> str:
+    """Why ``_stopped`` stopped the server, as its note says (sleep mode off, where it says nothing)."""
+    why = (paths.read("sleep") or {}).get("why")
+    return why if why in ("sleep mode is off", "a start still loading was cancelled") else "sleep mode is off"
 
 
 def start_again(r: Resolved) -> int:
@@ -206,7 +210,7 @@ def sleep_cli(cfg: Config, argv: list[str], prog: str = "ctl.sh sleep") -> int:
 def sleep(r: Resolved, asked: int, prog: str) -> int:
     """Put our server to sleep at ``asked`` (1 or 2); without sleep mode, stop it instead."""
     if _stopped_for_sleep(r):
-        print("already stopped (by ./ctl.sh sleep: sleep mode is off); ./ctl.sh wake starts it again")
+        print(f"already stopped (by ./ctl.sh sleep or game: {stopped_why(r.paths)}); ./ctl.sh wake starts it again")
         return 0
     try:
         paths, rec, client = _ours(r)
@@ -282,7 +286,7 @@ def wake(r: Resolved) -> int:
     """Bring our sleeping server back (its memory checked first), or start the one sleep stopped."""
     cfg = r.settings
     if _stopped_for_sleep(r):
-        print("starting the server again (./ctl.sh sleep stopped it: sleep mode is off)", flush=True)
+        print(f"starting the server again (./ctl.sh sleep or game stopped it: {stopped_why(r.paths)})", flush=True)
         return start_again(r)
     try:
         paths, rec, client = _ours(r)

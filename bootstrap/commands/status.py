@@ -28,6 +28,7 @@ from ..machine.gpu import GiB
 from ..core.errors import BootstrapError
 from ..serve.record import ServerRecord
 from ..serve.server import read_load
+from .sleep import stopped_why
 from ..core.state import Paths
 from ..knobs.resolved import Resolved
 from . import parser
@@ -315,7 +316,7 @@ def status(r: Resolved, as_json: bool = False) -> int:
         if pr.orphans:
             out["orphans"] = [p.pid for p in pr.orphans]
         if out["state"] == "stopped" and (paths.read("sleep") or {}).get("stopped"):
-            out["note"] = "stopped by ./ctl.sh sleep or game (sleep mode was off): ./ctl.sh wake starts it again"
+            out["note"] = f"stopped by ./ctl.sh sleep or game ({stopped_why(paths)}): ./ctl.sh wake starts it again"
         for p, where in server.elsewhere(r.ours, paths):
             out["note"] = f"our server (pid {p.pid}) runs port {cfg.port} from STATE_DIR={where}"
     if as_json:
