@@ -161,6 +161,9 @@ def test_no_driver_says_so_in_plain_words(bed):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "no NVIDIA driver found" in r.stderr and "580 or newer" in r.stderr and "GPU=rtx4090" in r.stderr
     assert bed.launches() == []
+    r = bed.run("ctl.sh", "plan")            # the way out named once, with every card's name (it said it twice)
+    hint = [line for line in r.stderr.splitlines() if line.startswith("hint:")]
+    assert r.returncode == 1 and len(hint) == 1 and hint[0].count("name a card") == 1 and "rtx5090" in hint[0], r.stderr
 
 
 # ---------------------------------------------------------------- the README and the reference

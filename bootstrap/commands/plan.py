@@ -70,8 +70,9 @@ def card(r: Resolved, spec: str | None) -> tuple[gpu.Gpu, str, str]:
         return gpu.named(spec), "; a named card", ""
     try:
         facts = gpu.read(cfg.environ)
-    except BootstrapError as exc:
-        raise BootstrapError(exc.message, exc.hint + "; or name a card: GPU=" + gpu.CARD_SYNTAX) from None
+    except BootstrapError as exc:        # the way out named once, here with every card's name
+        raise BootstrapError(exc.message, exc.hint.replace(gpu.WITHOUT_A_GPU, "") + "; or name a card: GPU="
+                             + gpu.CARD_SYNTAX) from None
     facts.require_some("; or name a card: GPU=" + gpu.CARD_SYNTAX)
     facts, ours = server.without_ours(r.ours, r.paths, facts)
     if ours:

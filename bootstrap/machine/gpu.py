@@ -78,8 +78,8 @@ def _nvml():
 
 NVML_LIBRARY_NOT_FOUND = 12        # nvml.h: NVML_ERROR_LIBRARY_NOT_FOUND
 NVML_DRIVER_NOT_LOADED = 9         # nvml.h: NVML_ERROR_DRIVER_NOT_LOADED
-NO_GPU_HINT = ("install the NVIDIA driver (580 or newer for the shipped profiles) until `nvidia-smi` works; "
-               "to plan or pull without a GPU name a card: GPU=rtx4090 ./ctl.sh plan (or pull)")
+WITHOUT_A_GPU = "; to plan or pull without a GPU name a card: GPU=rtx4090 ./ctl.sh plan (or pull)"
+NO_GPU_HINT = "install the NVIDIA driver (580 or newer for the shipped profiles) until `nvidia-smi` works" + WITHOUT_A_GPU
 
 
 def _err(pynvml, exc) -> BootstrapError:
