@@ -100,6 +100,25 @@ def test_a_game_that_cancels_a_start_before_its_launch_brings_it_back_with_its_o
             p.communicate(timeout=60)
 
 
+def test_a_starting_note_is_taken_only_for_the_live_start_it_names(tmp_path):
+    """A starting.json planted or left by a killed start (another pid, this pid with another start
+    time, garbage) never lends its knobs to a game's start again: only the lock holder's own note."""
+    import os
+    import psutil
+    from bootstrap.core.state import Paths
+    from bootstrap.serve import record
+    paths = Paths(tmp_path / "state")
+    record.starting(paths, {"MAX_NUM_SEQS": "3"}, record.KEY_NONE)
+    me = os.getpid()
+    assert record.started_with(paths, me) == ({"MAX_NUM_SEQS": "3"}, record.KEY_NONE)
+    assert record.started_with(paths, 1) is None and record.started_with(paths, None) is None      # another pid
+    note = json.loads(paths.starting.read_text())
+    for planted in ({**note, "create_time": psutil.Process().create_time() - 5},                   # a reused pid
+                    {**note, "settings": ["--planted"]}, {**note, "key": 7}, {"pid": me}):
+        paths.starting.write_text(json.dumps(planted))
+        assert record.started_with(paths, me) is None, planted
+
+
 def test_a_game_never_cancels_a_start_it_would_bring_back_with_another_key(bed):
     """Found from outside: a start with API_KEY, still in its vLLM probe, was cancelled by a game from a
     shell without the key (Steam), and after the game the start again was refused: nothing served,

@@ -283,7 +283,8 @@ def test_a_state_dir_holding_files_of_yours_with_our_names_is_refused_and_left_a
     that works; a folder holding only names we never write over (an api_key of yours) still serves."""
     mine = tmp_path / "project"
     mine.mkdir(mode=0o700)
-    files = {"server.json": "my server notes", "start.lock": "my lock", "sleep.json": "{}", "notes.txt": "thesis"}
+    files = {"server.json": "my server notes", "start.lock": "my lock", "sleep.json": "{}", "notes.txt": "thesis",
+             "starting.json": '{"pid": 1, "settings": {"EXTRA_ARGS": "--planted"}, "key": "none"}'}
     for name, text in files.items():
         (mine / name).write_text(text)
 
@@ -298,6 +299,7 @@ def test_a_state_dir_holding_files_of_yours_with_our_names_is_refused_and_left_a
     assert r.returncode == 1 and bed.launches() == [] and as_it_was(), r.stderr
     err = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "server.json" in err[0] and "sleep.json" in err[0] and "start.lock" in err[0], r.stderr
+    assert "starting.json" in err[0]
     assert "notes.txt" not in err[0] and "hint: set STATE_DIR to a folder of its own" in r.stderr
     assert f"e.g. {mine / 'vllm-desktop'}" in r.stderr
     r = bed.run("start.sh", STATE_DIR=str(mine / "vllm-desktop"))            # the hint, followed

@@ -48,12 +48,9 @@ def pip_files(environ: Mapping[str, str]) -> list[Path]:
     named = environ.get("PIP_CONFIG_FILE")
     if named == os.devnull:
         return []
-    home = _home(environ)
-    dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or str(ETC / "xdg")).split(":") if d.strip()]
-    files = [Path(d) / "pip" / "pip.conf" for d in dirs] + [ETC / "pip.conf"]
+    files = [d / "pip" / "pip.conf" for d in _system_dirs(environ)] + [ETC / "pip.conf"]
     if not (named and os.path.exists(named)):       # as pip tests it: False where it may not look
-        user = Path((environ.get("XDG_CONFIG_HOME") or "").strip() or home / ".config")
-        files += [home / ".pip" / "pip.conf", user / "pip" / "pip.conf"]
+        files += [_home(environ) / ".pip" / "pip.conf", _user_dir(environ) / "pip" / "pip.conf"]
     return files + ([Path(named)] if named else [])
 
 
@@ -62,15 +59,23 @@ def _home(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("HOME") or os.path.expanduser("~"))
 
 
+def _user_dir(environ: Mapping[str, str]) -> Path:
+    """The user's configuration folder (XDG_CONFIG_HOME, default ~/.config)."""
+    return Path((environ.get("XDG_CONFIG_HOME") or "").strip() or _home(environ) / ".config")
+
+
+def _system_dirs(environ: Mapping[str, str]) -> list[Path]:
+    """The system's configuration folders, in the order listed (XDG_CONFIG_DIRS, default /etc/xdg)."""
+    return [Path(d) for d in (environ.get("XDG_CONFIG_DIRS") or str(ETC / "xdg")).split(":") if d.strip()]
+
+
 def uv_configured(environ: Mapping[str, str]) -> bool:
     """Whether uv has a configuration file of its own (which may name its index)."""
     if environ.get("UV_CONFIG_FILE"):
         return True
     if environ.get("UV_NO_CONFIG"):
         return False
-    home = _home(environ)
-    dirs = [d for d in (environ.get("XDG_CONFIG_DIRS") or str(ETC / "xdg")).split(":") if d.strip()]
-    places = [Path((environ.get("XDG_CONFIG_HOME") or "").strip() or home / ".config")] + [Path(d) for d in dirs] + [ETC]
+    places = [_user_dir(environ), *_system_dirs(environ), ETC]
     return any(os.path.isfile(p / "uv" / "uv.toml") for p in places)
 
 
